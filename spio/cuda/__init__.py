@@ -1,0 +1,1 @@
+"""CUDA access without a toolkit: the driver API (Cython), NVRTC (ctypes) and path discovery."""
