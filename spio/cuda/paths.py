@@ -63,12 +63,20 @@ def _candidates() -> list[_Candidate]:
     cands: list[_Candidate] = []
     for nvidia in _nvidia_dirs():
         cands.append(
-            _Candidate(12, nvidia / "cuda_nvrtc" / "lib", nvidia / "cuda_runtime" / "include",
-                       f"CUDA 12 wheels in {nvidia}")
+            _Candidate(
+                12,
+                nvidia / "cuda_nvrtc" / "lib",
+                nvidia / "cuda_runtime" / "include",
+                f"CUDA 12 wheels in {nvidia}",
+            )
         )
         cands.append(
-            _Candidate(13, nvidia / "cu13" / "lib", nvidia / "cu13" / "include",
-                       f"CUDA 13 wheels in {nvidia}")
+            _Candidate(
+                13,
+                nvidia / "cu13" / "lib",
+                nvidia / "cu13" / "include",
+                f"CUDA 13 wheels in {nvidia}",
+            )
         )
     homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
     for home in dict.fromkeys(h for h in homes if h):

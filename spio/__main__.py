@@ -1,0 +1,100 @@
+"""spio's command line: python -m spio {info, clear-cache, ...}."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Callable
+
+
+def _gpu_summary() -> str:
+    """The GPUs spio sees through the CUDA driver, or why it sees none."""
+    try:
+        from .cuda import driver
+    except ImportError as error:
+        return f"unknown (spio.cuda.driver extension not built: {error})"
+    try:
+        count = driver.device_count()
+    except Exception as error:  # no driver, no device: say why, never crash `info`
+        return f"no GPU ({error})"
+    if count == 0:
+        return "no GPU (the driver reports 0 devices)"
+    lines = []
+    for ordinal in range(count):
+        attrs = driver.device_attributes(ordinal)
+        lines.append(f"cuda:{ordinal} {attrs['name']} ({attrs['arch']}, {attrs['sm_count']} SMs)")
+    return "; ".join(lines)
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
+        size /= 1024
+    return f"{n} B"
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from . import __version__, supported_arch
+    from .compiler.cache import cache_root, folder_size
+    from .cuda import nvrtc, paths
+
+    rows: list[tuple[str, str]] = [("spio", __version__)]
+    try:
+        import torch
+
+        rows.append(("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})"))
+    except ImportError:
+        rows.append(("torch", "not installed"))
+    try:
+        major, minor = nvrtc.version()
+        rows.append(("NVRTC", f"{major}.{minor} at {nvrtc.library_path()}"))
+        rows.append(("CUDA headers", str(paths.find_cuda_include(prefer_major=major))))
+    except Exception as error:  # report, don't crash: info is the first thing users run
+        rows.append(("NVRTC", f"not found: {error}"))
+    rows.append(("spio headers", str(paths.bundled_include_dir())))
+    rows.append(("GPU", _gpu_summary()))
+    rows.append(("supported arch", ", ".join(supported_arch)))
+    root = cache_root()
+    files, total = folder_size(root)
+    rows.append(("cache", f"{root} ({files} files, {_human_bytes(total)})"))
+    width = max(len(key) for key, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_clear_cache(args: argparse.Namespace) -> int:
+    from .compiler.cache import cache_root, folder_size
+
+    root = cache_root()
+    files, total = folder_size(root)
+    if root.exists():
+        shutil.rmtree(root)
+    print(f"removed {files} files ({_human_bytes(total)}) from {root}")
+    return 0
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+    "info": (cmd_info, "versions, where NVRTC and the headers were found, GPU, cache folder"),
+    "clear-cache": (cmd_clear_cache, "delete every cached cubin and emulator library"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m spio", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, description=help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return COMMANDS[args.command][0](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

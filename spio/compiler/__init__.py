@@ -1,0 +1,27 @@
+"""NVRTC compilation to cubin with resource reports, a disk cache, and a parallel compile pool."""
+
+from .arch import arch_of, check_arch
+from .cache import DiskCache, cache_root, hash_key
+from .compile import (
+    CompileError,
+    CompileResult,
+    ResourceUsage,
+    compile_cubin,
+    parse_resource_report,
+)
+from .pool import CompileJob, compile_many
+
+__all__ = [
+    "CompileError",
+    "CompileJob",
+    "CompileResult",
+    "DiskCache",
+    "ResourceUsage",
+    "arch_of",
+    "cache_root",
+    "check_arch",
+    "compile_cubin",
+    "compile_many",
+    "hash_key",
+    "parse_resource_report",
+]

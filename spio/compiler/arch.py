@@ -1,0 +1,27 @@
+"""GPU architecture names spio compiles for."""
+
+from __future__ import annotations
+
+from .. import experimental_arch, supported_arch
+
+_warned: set[str] = set()
+
+
+def check_arch(arch: str) -> str:
+    """Return `arch` if spio can compile for it; raise ValueError naming it otherwise."""
+    if arch in supported_arch:
+        return arch
+    if arch in experimental_arch:
+        if arch not in _warned:
+            _warned.add(arch)
+            from ..log import logger
+
+            logger.warning("%s is experimental: spio's kernels are not tested on it", arch)
+        return arch
+    known = ", ".join(supported_arch + experimental_arch)
+    raise ValueError(f"unknown GPU architecture {arch!r}; spio compiles for {known}")
+
+
+def arch_of(capability: tuple[int, int]) -> str:
+    """'sm_XY' for a (major, minor) compute capability."""
+    return f"sm_{capability[0]}{capability[1]}"

@@ -1,0 +1,176 @@
+"""A crash-safe, multi-process disk cache for compiled artefacts (cubins, emulator libraries).
+
+Entries are written to a temporary file and renamed into place, carry a checksum that is verified on
+load (a bad entry is a miss and is rebuilt), and are built under a file lock so that N processes
+asking for the same key build it once. When the cache folder cannot be written (read-only, full),
+the cache warns once and keeps entries in memory for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from ..log import logger
+
+#: Bump when the entry format or anything that decides cache keys changes.
+SCHEMA_VERSION = 1
+
+_MAGIC = b"SPIOCACH"
+_HEADER = struct.Struct("<8s32sQ")  # magic, sha256 of (meta + payload), length of meta
+
+
+def cache_root() -> Path:
+    """The cache folder: SPIO_CACHE_DIR, else platformdirs' user cache dir for spio."""
+    env = os.environ.get("SPIO_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("spio"))
+
+
+def hash_key(*parts: object) -> str:
+    """A hex digest of JSON-serialisable parts, for use as a cache key."""
+    blob = json.dumps([SCHEMA_VERSION, *parts], sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _encode(payload: bytes, meta: dict) -> bytes:
+    meta_bytes = json.dumps(meta, sort_keys=True).encode()
+    digest = hashlib.sha256(meta_bytes + payload).digest()
+    return _HEADER.pack(_MAGIC, digest, len(meta_bytes)) + meta_bytes + payload
+
+
+def _decode(blob: bytes) -> tuple[bytes, dict] | None:
+    """Payload and meta of a cache entry, or None when the entry is damaged."""
+    if len(blob) < _HEADER.size:
+        return None
+    magic, digest, meta_len = _HEADER.unpack_from(blob)
+    body = blob[_HEADER.size :]
+    if magic != _MAGIC or meta_len > len(body) or hashlib.sha256(body).digest() != digest:
+        return None
+    try:
+        meta = json.loads(body[:meta_len])
+    except ValueError:
+        return None
+    return body[meta_len:], meta
+
+
+class DiskCache:
+    """Entries of one kind (e.g. "cubin") under `<cache_root>/<namespace>/`."""
+
+    def __init__(self, namespace: str, root: Path | None = None):
+        self.namespace = namespace
+        self._root = root
+        self._memory: dict[str, tuple[bytes, dict]] = {}
+        self._memory_lock = threading.Lock()
+        self._warned = False
+
+    @property
+    def folder(self) -> Path:
+        return (self._root or cache_root()) / self.namespace
+
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}.bin"
+
+    def _warn_once(self, error: OSError) -> None:
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "spio cannot write its cache folder %s (%s); compiled kernels are kept in memory "
+                "for this process only. Set SPIO_CACHE_DIR to a writable folder.",
+                self.folder,
+                error,
+            )
+
+    def _load(self, path: Path) -> tuple[bytes, dict] | None:
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            logger.debug("cache read failed for %s: %s", path, error)
+            return None
+        entry = _decode(blob)
+        if entry is None:
+            logger.info("cache entry %s is damaged; rebuilding it", path.name)
+        return entry
+
+    def _store(self, path: Path, payload: bytes, meta: dict) -> None:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_encode(payload, meta))
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def get_or_build(
+        self, key: str, build: Callable[[], tuple[bytes, dict]]
+    ) -> tuple[bytes, dict, bool]:
+        """The entry for `key`, built by `build()` on a miss; returns (payload, meta, was_cached)."""
+        with self._memory_lock:
+            hit = self._memory.get(key)
+        if hit is not None:
+            return hit[0], hit[1], True
+        path = self.path(key)
+        entry = self._load(path)
+        if entry is not None:
+            self._remember(key, entry)
+            return entry[0], entry[1], True
+        import filelock
+
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            lock = filelock.FileLock(str(path) + ".lock")
+            lock.acquire()
+        except OSError as error:  # read-only or full cache folder: build, keep in memory
+            self._warn_once(error)
+            payload, meta = build()
+            self._remember(key, (payload, meta))
+            return payload, meta, False
+        try:
+            entry = self._load(path)  # another process may have built it meanwhile
+            if entry is not None:
+                self._remember(key, entry)
+                return entry[0], entry[1], True
+            payload, meta = build()
+            try:
+                self._store(path, payload, meta)
+            except OSError as error:
+                self._warn_once(error)
+        finally:
+            lock.release()
+        self._remember(key, (payload, meta))
+        return payload, meta, False
+
+    def _remember(self, key: str, entry: tuple[bytes, dict]) -> None:
+        with self._memory_lock:
+            self._memory[key] = entry
+
+    def clear_memory(self) -> None:
+        """Forget in-memory entries (the disk is untouched); used by tests."""
+        with self._memory_lock:
+            self._memory.clear()
+
+
+def folder_size(path: Path) -> tuple[int, int]:
+    """(number of files, total bytes) under `path`; (0, 0) when it does not exist."""
+    count = total = 0
+    if path.is_dir():
+        for entry in path.rglob("*"):
+            if entry.is_file():
+                count += 1
+                total += entry.stat().st_size
+    return count, total

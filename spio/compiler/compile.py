@@ -1,0 +1,190 @@
+"""Compile CUDA C++ with NVRTC to cubin, with ptxas resource reports and a disk cache."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cuda import nvrtc, paths
+from ..cuda.nvrtc import CompileError
+from ..log import logger
+from .arch import check_arch
+from .cache import DiskCache, hash_key
+
+_cubin_cache = DiskCache("cubin")
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    """ptxas' resource report for one kernel (entry function)."""
+
+    registers: int = 0
+    spill_stores: int = 0  # bytes
+    spill_loads: int = 0  # bytes
+    shared_bytes: int = 0  # static shared memory
+    stack_bytes: int = 0
+    barriers: int = 0
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """A compiled module: the cubin, each kernel's resources, the NVRTC log, and whether cached."""
+
+    cubin: bytes
+    arch: str
+    resources: dict[str, ResourceUsage] = field(default_factory=dict)
+    log: str = ""
+    ptx: str = ""
+    cached: bool = False
+    seconds: float = 0.0
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_BARRIERS = re.compile(r"used (\d+) barriers")
+
+
+def parse_resource_report(log: str) -> dict[str, ResourceUsage]:
+    """Parse `-Xptxas -v` output into a ResourceUsage per entry function."""
+    usage: dict[str, dict[str, int]] = {}
+    entry = props_of = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry = m.group(1)
+            usage.setdefault(entry, {})
+        elif m := _PROPS.search(line):
+            props_of = m.group(1)
+        elif (m := _STACK.search(line)) and props_of in usage:
+            usage[props_of].update(
+                stack_bytes=int(m.group(1)),
+                spill_stores=int(m.group(2)),
+                spill_loads=int(m.group(3)),
+            )
+        elif (m := _USED.search(line)) and entry is not None:
+            usage[entry]["registers"] = int(m.group(1))
+            if s := _SMEM.search(line):
+                usage[entry]["shared_bytes"] = int(s.group(1))
+            if b := _BARRIERS.search(line):
+                usage[entry]["barriers"] = int(b.group(1))
+    return {name: ResourceUsage(**values) for name, values in usage.items()}
+
+
+@functools.cache
+def _bundled_headers_digest() -> str:
+    """Hash of every header in spio/include: any edit there invalidates cached cubins."""
+    root = paths.bundled_include_dir()
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _cuda_include_dir() -> Path:
+    return paths.find_cuda_include(prefer_major=nvrtc.version()[0])
+
+
+@functools.cache
+def _cuda_headers_identity() -> str:
+    """Cheap identity of the CUDA headers in use: folder, file names, sizes and mtimes."""
+    folder = _cuda_include_dir()
+    digest = hashlib.sha256(str(folder).encode())
+    for path in sorted(folder.glob("*.h*")):
+        st = path.stat()
+        digest.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def nvrtc_options(arch: str, *, line_info: bool = False, debug: bool = False) -> list[str]:
+    """The NVRTC command line spio uses for `arch`."""
+    opts = [
+        f"--gpu-architecture={arch}",
+        "-std=c++17",
+        "--ptxas-options=-v",
+        f"-I{paths.bundled_include_dir()}",
+        f"-I{_cuda_include_dir()}",
+    ]
+    if line_info:
+        opts.append("-lineinfo")
+    if debug:
+        opts.append("-G")
+    return opts
+
+
+def compile_cubin(
+    source: str,
+    arch: str,
+    headers: dict[str, str] | None = None,
+    *,
+    name: str = "kernel.cu",
+    options: tuple[str, ...] | list[str] = (),
+    line_info: bool = False,
+    debug: bool = False,
+    use_cache: bool = True,
+) -> CompileResult:
+    """Compile `source` (plus in-memory `headers`) for `arch` to a cubin.
+
+    spio/include and the CUDA headers are on the include path. Results are cached on disk, keyed by
+    everything that decides the binary. Raises CompileError carrying the NVRTC log.
+    """
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"compile_cubin needs non-empty CUDA source for {name!r}, got {source!r}")
+    check_arch(arch)
+    headers = dict(headers or {})
+    opts = nvrtc_options(arch, line_info=line_info, debug=debug) + list(options)
+
+    def build() -> tuple[bytes, dict]:
+        start = time.perf_counter()
+        out = nvrtc.compile_program(source, name, opts, headers)
+        seconds = time.perf_counter() - start
+        logger.info("compiled %s for %s in %.2f s", name, arch, seconds)
+        return out.cubin, {"log": out.log, "ptx": out.ptx, "seconds": seconds}
+
+    if not use_cache:
+        cubin, meta = build()
+        cached = False
+    else:
+        key = hash_key(
+            "nvrtc",
+            source,
+            sorted(headers.items()),
+            opts[:3] + opts[5:],  # include paths are covered by the digests below
+            arch,
+            nvrtc.version(),
+            _bundled_headers_digest(),
+            _cuda_headers_identity(),
+        )
+        cubin, meta, cached = _cubin_cache.get_or_build(key, build)
+        if cached:
+            logger.debug("cached cubin for %s (%s)", name, arch)
+    return CompileResult(
+        cubin=cubin,
+        arch=arch,
+        resources=parse_resource_report(meta["log"]),
+        log=meta["log"],
+        ptx=meta["ptx"],
+        cached=cached,
+        seconds=meta["seconds"],
+    )
+
+
+__all__ = [
+    "CompileError",
+    "CompileResult",
+    "ResourceUsage",
+    "compile_cubin",
+    "parse_resource_report",
+]

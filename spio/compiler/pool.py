@@ -1,0 +1,122 @@
+"""A lazily created process pool that compiles many kernels in parallel, with a progress bar.
+
+SPIO_WORKERS sets the number of processes (default: the number of CPU cores). Workers share the disk
+cache, so the parent and later processes find every cubin a sweep compiled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from .compile import CompileResult, compile_cubin
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One compile_cubin call, described by value so it can travel to a worker process."""
+
+    source: str
+    arch: str
+    headers: dict[str, str] = field(default_factory=dict)
+    name: str = "kernel.cu"
+    options: tuple[str, ...] = ()
+
+    def run(self) -> CompileResult:
+        return compile_cubin(
+            self.source, self.arch, self.headers, name=self.name, options=self.options
+        )
+
+
+def default_workers() -> int:
+    """SPIO_WORKERS, else the number of CPU cores this process may use."""
+    env = os.environ.get("SPIO_WORKERS")
+    if env:
+        try:
+            workers = int(env)
+        except ValueError:
+            raise ValueError(f"SPIO_WORKERS must be a positive integer, got {env!r}") from None
+        if workers < 1:
+            raise ValueError(f"SPIO_WORKERS must be a positive integer, got {env!r}")
+        return workers
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+_pool: ProcessPoolExecutor | None = None
+_pool_workers = 0
+_pool_lock = threading.Lock()
+
+
+def _start_method() -> str:
+    """spawn, so workers inherit no torch threads or CUDA state; fork when __main__ is not a file
+    (stdin, notebooks), which spawn cannot re-import."""
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    return "spawn" if main_file and os.path.exists(main_file) else "fork"
+
+
+def _get_pool(workers: int) -> ProcessPoolExecutor:
+    global _pool, _pool_workers
+    with _pool_lock:
+        if _pool is None or _pool_workers != workers:
+            if _pool is not None:
+                _pool.shutdown(wait=True)
+            ctx = multiprocessing.get_context(_start_method())
+            _pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+            _pool_workers = workers
+            atexit.register(shutdown_pool)
+        return _pool
+
+
+def shutdown_pool() -> None:
+    """Stop the worker processes, if any were started."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None:
+            _pool.shutdown(wait=True, cancel_futures=True)
+            _pool = None
+
+
+def _run(job: CompileJob) -> CompileResult | BaseException:
+    try:
+        return job.run()
+    except Exception as error:  # returned, not raised: one bad kernel must not stop a sweep
+        return error
+
+
+def compile_many(
+    jobs: Sequence[CompileJob],
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    desc: str = "compiling kernels",
+) -> list[CompileResult | BaseException]:
+    """Run every job; returns, in job order, each CompileResult or the exception it raised."""
+    from tqdm import tqdm
+
+    workers = workers or default_workers()
+    jobs = list(jobs)
+    bar = tqdm(total=len(jobs), desc=desc, unit="kernel", disable=not progress or not jobs)
+    try:
+        if workers == 1 or len(jobs) <= 1:
+            results = []
+            for job in jobs:
+                results.append(_run(job))
+                bar.update()
+            return results
+        pool = _get_pool(workers)
+        futures: list[Future] = [pool.submit(_run, job) for job in jobs]
+        for future in futures:
+            future.add_done_callback(lambda _: bar.update())
+        return [future.result() for future in futures]
+    finally:
+        bar.close()

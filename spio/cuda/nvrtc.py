@@ -1,0 +1,145 @@
+"""NVRTC through ctypes: compile CUDA C++ to cubin and PTX without a CUDA toolkit.
+
+The library is found by spio.cuda.paths and loaded on first use, never at import time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import paths
+
+
+class NvrtcError(RuntimeError):
+    """An NVRTC call other than compilation failed."""
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a program; `.log` holds the compiler's full log."""
+
+    def __init__(self, name: str, log: str):
+        super().__init__(f"NVRTC failed to compile {name}:\n{log.strip()}")
+        self.name = name
+        self.log = log
+
+
+@dataclass(frozen=True)
+class NvrtcOutput:
+    """What one successful compilation produced."""
+
+    cubin: bytes
+    ptx: str
+    log: str
+
+
+_lock = threading.Lock()
+
+
+@functools.cache
+def library_path() -> Path:
+    """The libnvrtc that spio loads (see spio.cuda.paths for the search order)."""
+    return paths.find_nvrtc()
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    with _lock:
+        lib = ctypes.CDLL(str(library_path()))
+    c_char_pp = ctypes.POINTER(ctypes.c_char_p)
+    prog_p = ctypes.POINTER(ctypes.c_void_p)
+    size_p = ctypes.POINTER(ctypes.c_size_t)
+    signatures = {
+        "nvrtcVersion": [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
+        "nvrtcCreateProgram": [
+            prog_p,
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            c_char_pp,
+            c_char_pp,
+        ],
+        "nvrtcDestroyProgram": [prog_p],
+        "nvrtcCompileProgram": [ctypes.c_void_p, ctypes.c_int, c_char_pp],
+        "nvrtcGetProgramLogSize": [ctypes.c_void_p, size_p],
+        "nvrtcGetProgramLog": [ctypes.c_void_p, ctypes.c_char_p],
+        "nvrtcGetCUBINSize": [ctypes.c_void_p, size_p],
+        "nvrtcGetCUBIN": [ctypes.c_void_p, ctypes.c_char_p],
+        "nvrtcGetPTXSize": [ctypes.c_void_p, size_p],
+        "nvrtcGetPTX": [ctypes.c_void_p, ctypes.c_char_p],
+    }
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+    lib.nvrtcGetErrorString.argtypes = [ctypes.c_int]
+    lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+    return lib
+
+
+def _check(result: int, call: str) -> None:
+    if result != 0:
+        message = _lib().nvrtcGetErrorString(result).decode()
+        raise NvrtcError(f"{call} failed: {message} ({result})")
+
+
+@functools.cache
+def version() -> tuple[int, int]:
+    """NVRTC's (major, minor) version."""
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check(_lib().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+    return major.value, minor.value
+
+
+def _c_strings(items: list[bytes]):
+    return (ctypes.c_char_p * len(items))(*items) if items else None
+
+
+def _read(prog: ctypes.c_void_p, size_fn: str, get_fn: str) -> bytes:
+    lib = _lib()
+    size = ctypes.c_size_t()
+    _check(getattr(lib, size_fn)(prog, ctypes.byref(size)), size_fn)
+    buf = ctypes.create_string_buffer(size.value)
+    _check(getattr(lib, get_fn)(prog, buf), get_fn)
+    return buf.raw[: size.value]
+
+
+def compile_program(
+    source: str, name: str, options: list[str], headers: dict[str, str] | None = None
+) -> NvrtcOutput:
+    """Compile one translation unit; in-memory `headers` map include names to their text.
+
+    Raises CompileError (with the NVRTC log) when the program does not compile.
+    """
+    lib = _lib()
+    headers = headers or {}
+    prog = ctypes.c_void_p()
+    _check(
+        lib.nvrtcCreateProgram(
+            ctypes.byref(prog),
+            source.encode(),
+            name.encode(),
+            len(headers),
+            _c_strings([text.encode() for text in headers.values()]),
+            _c_strings([key.encode() for key in headers]),
+        ),
+        "nvrtcCreateProgram",
+    )
+    try:
+        opts = [o.encode() for o in options]
+        result = lib.nvrtcCompileProgram(prog, len(opts), _c_strings(opts))
+        log = (
+            _read(prog, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog")
+            .rstrip(b"\0")
+            .decode(errors="replace")
+        )
+        if result != 0:
+            raise CompileError(name, log)
+        cubin = _read(prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN")
+        ptx = _read(prog, "nvrtcGetPTXSize", "nvrtcGetPTX").rstrip(b"\0").decode()
+        return NvrtcOutput(cubin=cubin, ptx=ptx, log=log)
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
