@@ -1,0 +1,200 @@
+"""Layer parameters of the group-width-8, stride-1 2-D convolution, shared by all three passes.
+
+Importing this module does not import torch; only `Conv2dGw8Params.from_tensors` needs it.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Channels per group: the k-depth of the m16n8k8 tensor-core instruction.
+GROUP_WIDTH = 8
+
+#: Smallest and largest filter height / width the kernels support.
+MIN_FILTER, MAX_FILTER = 1, 5
+
+#: Activation dtypes the kernels take, by short name.
+DTYPES = ("fp16", "bf16")
+
+_ENCODED = re.compile(
+    r"n(?P<n>\d+)_c(?P<c>\d+)_h(?P<h>\d+)_w(?P<w>\d+)_pad(?P<ph>\d+)x(?P<pw>\d+)"
+    r"_r(?P<r>\d+)_s(?P<s>\d+)_bias(?P<bias>[01])_(?P<dtype>fp16|bf16)"
+)
+
+
+def _as_int(name: str, value: Any) -> int:
+    """Return value as an int, rejecting bools, floats and other non-integers by name."""
+    if isinstance(value, bool):
+        raise ValueError(f"Conv2dGw8Params needs an integer {name}, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"Conv2dGw8Params needs an integer {name}, got {value!r}") from None
+
+
+def _as_padding(padding: Any) -> tuple[int, int]:
+    """Normalise an int or a (pad_h, pad_w) pair to a pair of ints."""
+    if isinstance(padding, (tuple, list)):
+        if len(padding) != 2:
+            raise ValueError(f"Conv2dGw8Params needs padding as an int or a pair, got {padding!r}")
+        return (_as_int("padding", padding[0]), _as_int("padding", padding[1]))
+    pad = _as_int("padding", padding)
+    return (pad, pad)
+
+
+def dtype_name(dtype: Any) -> str:
+    """Return "fp16" or "bf16" for a torch dtype or a short name; ValueError for anything else."""
+    names = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+    key = str(dtype).removeprefix("torch.")
+    if key not in names:
+        raise ValueError(f"conv2d_gw8 needs dtype fp16 or bf16, got {dtype}")
+    return names[key]
+
+
+@dataclass(frozen=True)
+class Conv2dGw8Params:
+    """Shape of one grouped convolution: group width 8, stride 1, dilation 1, C == K.
+
+    Tensors are NCHW-shaped as in PyTorch: input (n, c, h, w), weight (c, 8, r, s),
+    output (n, c, p, q). `padding` is an int or a (pad_h, pad_w) pair; it is stored as a pair.
+    """
+
+    n: int
+    c: int
+    h: int
+    w: int
+    padding: tuple[int, int] = field(default=(1, 1))
+    r: int = 3
+    s: int = 3
+    has_bias: bool = False
+    dtype: str = "fp16"
+
+    def __post_init__(self) -> None:
+        for name in ("n", "c", "h", "w", "r", "s"):
+            object.__setattr__(self, name, _as_int(name, getattr(self, name)))
+        object.__setattr__(self, "padding", _as_padding(self.padding))
+        object.__setattr__(self, "has_bias", bool(self.has_bias))
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Conv2dGw8Params needs dtype fp16 or bf16, got {self.dtype!r}")
+        for name in ("n", "h", "w"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Conv2dGw8Params needs {name} >= 1, got {getattr(self, name)}")
+        if self.c <= 0 or self.c % GROUP_WIDTH:
+            raise ValueError(
+                f"conv2d_gw8 needs channels a positive multiple of {GROUP_WIDTH}, got {self.c}"
+            )
+        for name in ("r", "s"):
+            value = getattr(self, name)
+            if not MIN_FILTER <= value <= MAX_FILTER:
+                raise ValueError(
+                    f"conv2d_gw8 needs filter {name.upper()} in {MIN_FILTER}..{MAX_FILTER}, "
+                    f"got {value}"
+                )
+        if min(self.padding) < 0:
+            raise ValueError(f"conv2d_gw8 needs non-negative padding, got {self.padding}")
+        if self.p <= 0 or self.q <= 0:
+            raise ValueError(
+                f"conv2d_gw8 needs a non-empty output, got output size {self.p}x{self.q} "
+                f"for input {self.h}x{self.w}, filter {self.r}x{self.s}, padding {self.padding}"
+            )
+
+    @property
+    def padding_h(self) -> int:
+        """Rows of zero padding above and below the input."""
+        return self.padding[0]
+
+    @property
+    def padding_w(self) -> int:
+        """Columns of zero padding left and right of the input."""
+        return self.padding[1]
+
+    @property
+    def p(self) -> int:
+        """Output height (stride 1)."""
+        return self.h + 2 * self.padding_h - self.r + 1
+
+    @property
+    def q(self) -> int:
+        """Output width (stride 1)."""
+        return self.w + 2 * self.padding_w - self.s + 1
+
+    @property
+    def k(self) -> int:
+        """Output channels; always equal to the input channels."""
+        return self.c
+
+    @property
+    def groups(self) -> int:
+        """Number of groups of 8 channels."""
+        return self.c // GROUP_WIDTH
+
+    @property
+    def input_shape(self) -> tuple[int, int, int, int]:
+        """Shape of the input tensor, (n, c, h, w)."""
+        return (self.n, self.c, self.h, self.w)
+
+    @property
+    def weight_shape(self) -> tuple[int, int, int, int]:
+        """Shape of the weight tensor, (k, 8, r, s), as nn.Conv2d stores it."""
+        return (self.c, GROUP_WIDTH, self.r, self.s)
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        """Shape of the output tensor, (n, c, p, q), as the torch tensor shape."""
+        return (self.n, self.c, self.p, self.q)
+
+    def encode(self) -> str:
+        """Return a compact string naming this layer, e.g. for cache keys and benchmark tables."""
+        return (
+            f"n{self.n}_c{self.c}_h{self.h}_w{self.w}_pad{self.padding_h}x{self.padding_w}"
+            f"_r{self.r}_s{self.s}_bias{int(self.has_bias)}_{self.dtype}"
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> Conv2dGw8Params:
+        """Inverse of `encode`."""
+        match = _ENCODED.fullmatch(text.strip())
+        if match is None:
+            raise ValueError(f"not an encoded Conv2dGw8Params: {text!r}")
+        g = match.groupdict()
+        return cls(
+            n=int(g["n"]),
+            c=int(g["c"]),
+            h=int(g["h"]),
+            w=int(g["w"]),
+            padding=(int(g["ph"]), int(g["pw"])),
+            r=int(g["r"]),
+            s=int(g["s"]),
+            has_bias=g["bias"] == "1",
+            dtype=g["dtype"],
+        )
+
+    @classmethod
+    def from_tensors(cls, input, weight, bias=None, padding: Any = 1) -> Conv2dGw8Params:
+        """Return the params of conv2d_gw8(input, weight, bias, padding), checking the tensors.
+
+        input is (n, c, h, w), weight (c, 8, r, s) in the same fp16/bf16 dtype; bias, if any,
+        has c elements.
+        """
+        if input.dim() != 4:
+            raise ValueError(f"conv2d_gw8 needs a 4-D input, got {input.dim()}-D")
+        if weight.dim() != 4:
+            raise ValueError(f"conv2d_gw8 needs a 4-D weight, got {weight.dim()}-D")
+        n, c, h, w = input.shape
+        k, group_width, r, s = weight.shape
+        if group_width != GROUP_WIDTH:
+            raise ValueError(f"conv2d_gw8 needs group width 8, got {group_width}")
+        if k != c:
+            raise ValueError(f"conv2d_gw8 needs as many output as input channels, got C={c}, K={k}")
+        dtype = dtype_name(input.dtype)
+        if weight.dtype != input.dtype:
+            raise ValueError(
+                f"conv2d_gw8 needs weight dtype equal to input dtype {input.dtype}, "
+                f"got {weight.dtype}"
+            )
+        if bias is not None and tuple(bias.shape) != (k,):
+            raise ValueError(f"conv2d_gw8 needs a bias of shape ({k},), got {tuple(bias.shape)}")
+        return cls(n, c, h, w, padding=padding, r=r, s=s, has_bias=bias is not None, dtype=dtype)

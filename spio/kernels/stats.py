@@ -1,0 +1,111 @@
+"""Bytes that must move and FLOPs per pass of a conv2d_gw8 layer, for effective-bandwidth figures.
+
+"Bytes that must move" counts each tensor a pass reads or writes exactly once: what an ideal kernel
+would transfer to and from DRAM. Effective bandwidth = those bytes / measured kernel time, so a
+kernel that re-reads halos or spills shows up as lower bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params
+
+#: The three passes of training, by name.
+PASSES = ("fprop", "dgrad", "wgrad")
+
+#: Bytes per element: activations and weights in fp16/bf16; bias and weight gradient in fp32.
+ACTIVATION_BYTES = 2
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Conv2dStats:
+    """Bytes moved and FLOPs of FProp, DGrad and WGrad for one `Conv2dGw8Params`."""
+
+    params: Conv2dGw8Params
+
+    @property
+    def input_bytes(self) -> int:
+        """Size of x (or dx) in bytes."""
+        p = self.params
+        return p.n * p.c * p.h * p.w * ACTIVATION_BYTES
+
+    @property
+    def output_bytes(self) -> int:
+        """Size of y (or dy) in bytes."""
+        p = self.params
+        return p.n * p.c * p.p * p.q * ACTIVATION_BYTES
+
+    @property
+    def weight_elements(self) -> int:
+        p = self.params
+        return p.c * GROUP_WIDTH * p.r * p.s
+
+    @property
+    def weight_bytes(self) -> int:
+        """Size of w in the activation dtype."""
+        return self.weight_elements * ACTIVATION_BYTES
+
+    @property
+    def weight_grad_bytes(self) -> int:
+        """Size of dw, which the WGrad kernel writes in fp32."""
+        return self.weight_elements * FP32_BYTES
+
+    @property
+    def bias_bytes(self) -> int:
+        """Size of the fp32 bias, or 0 without one."""
+        return self.params.c * FP32_BYTES if self.params.has_bias else 0
+
+    @property
+    def fprop_bytes(self) -> int:
+        """FProp reads x, w (and bias) and writes y."""
+        return self.input_bytes + self.weight_bytes + self.output_bytes + self.bias_bytes
+
+    @property
+    def dgrad_bytes(self) -> int:
+        """DGrad reads dy and w and writes dx."""
+        return self.output_bytes + self.weight_bytes + self.input_bytes
+
+    @property
+    def wgrad_bytes(self) -> int:
+        """WGrad reads x and dy and writes dw (fp32)."""
+        return self.input_bytes + self.output_bytes + self.weight_grad_bytes
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of one pass: every output element sums 8 * R * S products."""
+        p = self.params
+        return p.n * p.p * p.q * p.c * GROUP_WIDTH * p.r * p.s
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of one pass (2 per multiply-accumulate); the same for all three passes."""
+        return 2 * self.macs
+
+    def bytes(self, pass_: str) -> int:
+        """Bytes that must move in pass_ ("fprop", "dgrad" or "wgrad")."""
+        return getattr(self, f"{_check_pass(pass_)}_bytes")
+
+    def arithmetic_intensity(self, pass_: str) -> float:
+        """FLOPs per byte moved in pass_."""
+        return self.flops / self.bytes(pass_)
+
+    def effective_bandwidth(self, seconds: float, pass_: str) -> float:
+        """Bytes per second of pass_ when its kernel took `seconds`."""
+        if not seconds > 0:
+            raise ValueError(f"effective_bandwidth needs a positive time, got {seconds}")
+        return self.bytes(pass_) / seconds
+
+    def throughput(self, seconds: float, pass_: str) -> float:
+        """FLOP/s of pass_ when its kernel took `seconds`."""
+        if not seconds > 0:
+            raise ValueError(f"throughput needs a positive time, got {seconds}")
+        _check_pass(pass_)
+        return self.flops / seconds
+
+
+def _check_pass(pass_: str) -> str:
+    if pass_ not in PASSES:
+        raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
+    return pass_

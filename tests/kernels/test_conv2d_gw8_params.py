@@ -1,0 +1,151 @@
+"""Conv2dGw8Params: derived shapes, validation, encode/decode, from_tensors."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spio.kernels import Conv2dGw8Params
+
+
+def test_defaults_and_derived_shapes():
+    p = Conv2dGw8Params(n=4, c=64, h=32, w=30)
+    assert p.padding == (1, 1) and p.padding_h == 1 and p.padding_w == 1
+    assert (p.r, p.s, p.has_bias, p.dtype) == (3, 3, False, "fp16")
+    assert (p.p, p.q) == (32, 30)
+    assert p.output_shape == (4, 64, 32, 30)
+    assert p.weight_shape == (64, 8, 3, 3)
+    assert p.groups == 8
+
+
+def test_asymmetric_padding_and_filter():
+    p = Conv2dGw8Params(2, 16, 10, 12, padding=(0, 2), r=1, s=5, has_bias=True, dtype="bf16")
+    assert p.padding == (0, 2)
+    assert (p.p, p.q) == (10 - 1 + 1, 12 + 4 - 5 + 1)
+    assert p.output_shape == (2, 16, 10, 12)
+
+
+def test_padding_list_is_normalised_to_tuple():
+    p = Conv2dGw8Params(1, 8, 5, 5, padding=[2, 1])
+    assert p.padding == (2, 1) and isinstance(p.padding, tuple)
+    assert p == Conv2dGw8Params(1, 8, 5, 5, padding=(2, 1))
+    assert hash(p) == hash(Conv2dGw8Params(1, 8, 5, 5, padding=(2, 1)))
+
+
+def test_frozen():
+    p = Conv2dGw8Params(1, 8, 5, 5)
+    with pytest.raises(AttributeError):
+        p.n = 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(c=12), "multiple of 8, got 12"),
+        (dict(c=0), "multiple of 8, got 0"),
+        (dict(c=-8), "multiple of 8, got -8"),
+        (dict(r=0), "R in 1..5, got 0"),
+        (dict(r=6), "R in 1..5, got 6"),
+        (dict(s=7), "S in 1..5, got 7"),
+        (dict(padding=-1), "non-negative padding, got (-1, -1)"),
+        (dict(padding=(1, -2)), "non-negative padding, got (1, -2)"),
+        (dict(padding=(1, 1, 1)), "padding as an int or a pair"),
+        (dict(n=0), "n >= 1, got 0"),
+        (dict(h=0), "h >= 1, got 0"),
+        (dict(w=-3), "w >= 1, got -3"),
+        (dict(dtype="fp32"), "dtype fp16 or bf16, got 'fp32'"),
+        (dict(h=2, padding=0), "non-empty output, got output size 0x1"),
+        (dict(w=1, s=5, padding=(1, 1)), "non-empty output, got output size 3x-1"),
+        (dict(n=2.0), "integer n, got 2.0"),
+        (dict(r=True), "integer r, got True"),
+    ],
+)
+def test_invalid(kwargs, message):
+    args = dict(n=1, c=16, h=3, w=3, padding=1) | kwargs
+    with pytest.raises(ValueError) as info:
+        Conv2dGw8Params(**args)
+    assert message in str(info.value)
+
+
+@given(
+    n=st.integers(1, 512),
+    c8=st.integers(1, 128),
+    h=st.integers(5, 300),
+    w=st.integers(5, 300),
+    ph=st.integers(0, 4),
+    pw=st.integers(0, 4),
+    r=st.integers(1, 5),
+    s=st.integers(1, 5),
+    has_bias=st.booleans(),
+    dtype=st.sampled_from(["fp16", "bf16"]),
+)
+def test_encode_decode_round_trip(n, c8, h, w, ph, pw, r, s, has_bias, dtype):
+    p = Conv2dGw8Params(n, 8 * c8, h, w, (ph, pw), r, s, has_bias, dtype)
+    text = p.encode()
+    assert " " not in text and "/" not in text
+    assert Conv2dGw8Params.decode(text) == p
+
+
+def test_encode_is_distinct():
+    a = Conv2dGw8Params(2, 16, 8, 9, padding=(1, 2))
+    b = Conv2dGw8Params(2, 16, 8, 9, padding=(2, 1))
+    assert a.encode() != b.encode()
+    assert a.encode() != Conv2dGw8Params(2, 16, 8, 9, padding=(1, 2), dtype="bf16").encode()
+
+
+@pytest.mark.parametrize("text", ["", "n1_c8", "n1_c8_h5_w5_pad1x1_r3_s3_bias2_fp16", "junk"])
+def test_decode_rejects_garbage(text):
+    with pytest.raises(ValueError, match="not an encoded"):
+        Conv2dGw8Params.decode(text)
+
+
+def test_decode_still_validates():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        Conv2dGw8Params.decode("n1_c12_h5_w5_pad1x1_r3_s3_bias0_fp16")
+
+
+def test_import_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, spio.kernels; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class TestFromTensors:
+    torch = pytest.importorskip("torch")
+
+    def test_shapes(self):
+        torch = self.torch
+        x = torch.randn(3, 24, 7, 9, dtype=torch.bfloat16)
+        w = torch.randn(24, 8, 3, 5, dtype=torch.bfloat16)
+        p = Conv2dGw8Params.from_tensors(x, w, torch.randn(24), padding=(1, 2))
+        assert p == Conv2dGw8Params(3, 24, 7, 9, (1, 2), 3, 5, True, "bf16")
+
+    @pytest.mark.parametrize(
+        "x_shape, w_shape, b_shape, dtype, message",
+        [
+            ((2, 16, 5, 5), (16, 4, 3, 3), None, "float16", "group width 8, got 4"),
+            ((2, 16, 5, 5), (32, 8, 3, 3), None, "float16", "C=16, K=32"),
+            ((16, 5, 5), (16, 8, 3, 3), None, "float16", "4-D input, got 3-D"),
+            ((2, 16, 5, 5), (16, 8, 3), None, "float16", "4-D weight, got 3-D"),
+            ((2, 16, 5, 5), (16, 8, 3, 3), (8,), "float16", "bias of shape (16,), got (8,)"),
+            ((2, 16, 5, 5), (16, 8, 3, 3), None, "float32", "fp16 or bf16, got torch.float32"),
+            ((2, 16, 5, 5), (16, 8, 7, 3), None, "float16", "R in 1..5, got 7"),
+        ],
+    )
+    def test_invalid(self, x_shape, w_shape, b_shape, dtype, message):
+        torch = self.torch
+        dt = getattr(torch, dtype)
+        x = torch.randn(x_shape, dtype=dt)
+        w = torch.randn(w_shape, dtype=dt)
+        b = None if b_shape is None else torch.randn(b_shape)
+        with pytest.raises(ValueError) as info:
+            Conv2dGw8Params.from_tensors(x, w, b)
+        assert message in str(info.value)
+
+    def test_mixed_dtypes(self):
+        torch = self.torch
+        x = torch.randn(1, 8, 4, 4, dtype=torch.float16)
+        w = torch.randn(8, 8, 3, 3, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="weight dtype equal to input dtype"):
+            Conv2dGw8Params.from_tensors(x, w)

@@ -1,0 +1,58 @@
+"""Conv2dStats against hand-computed byte and FLOP counts."""
+
+import pytest
+
+from spio.kernels import Conv2dGw8Params, Conv2dStats
+
+
+def test_hand_computed_3x3():
+    # N=2, C=16, 4x5 input, 3x3 filter, padding 1 -> 4x5 output.
+    stats = Conv2dStats(Conv2dGw8Params(2, 16, 4, 5))
+    x = 2 * 16 * 4 * 5 * 2  # 1280 bytes
+    y = 2 * 16 * 4 * 5 * 2  # 1280 bytes
+    w = 16 * 8 * 3 * 3 * 2  # 2304 bytes
+    dw = 16 * 8 * 3 * 3 * 4  # 4608 bytes, fp32
+    assert stats.fprop_bytes == x + w + y == 4864
+    assert stats.dgrad_bytes == y + w + x == 4864
+    assert stats.wgrad_bytes == x + y + dw == 7168
+    # 2 * N * P * Q * C * 8 * R * S
+    assert stats.flops == 2 * 2 * 4 * 5 * 16 * 8 * 9 == 92160
+    assert stats.bytes("wgrad") == 7168
+
+
+def test_bias_and_valid_padding_bf16():
+    # N=1, C=8, 6x6 input, 5x3 filter, padding (0, 1): output 2x6.
+    stats = Conv2dStats(Conv2dGw8Params(1, 8, 6, 6, (0, 1), r=5, s=3, has_bias=True, dtype="bf16"))
+    x = 1 * 8 * 6 * 6 * 2  # 576
+    y = 1 * 8 * 2 * 6 * 2  # 192
+    w = 8 * 8 * 5 * 3 * 2  # 1920
+    assert stats.fprop_bytes == x + w + y + 8 * 4 == 2720
+    assert stats.dgrad_bytes == 2688  # bias plays no part
+    assert stats.wgrad_bytes == x + y + 8 * 8 * 15 * 4 == 4608
+    assert stats.flops == 2 * 1 * 2 * 6 * 8 * 8 * 15 == 23040
+
+
+def test_effective_bandwidth_and_throughput():
+    stats = Conv2dStats(Conv2dGw8Params(2, 16, 4, 5))
+    assert stats.effective_bandwidth(1e-6, "fprop") == pytest.approx(4864e6)
+    assert stats.effective_bandwidth(2.0, "wgrad") == pytest.approx(3584.0)
+    assert stats.throughput(0.5, "dgrad") == pytest.approx(184320.0)
+    assert stats.arithmetic_intensity("fprop") == pytest.approx(92160 / 4864)
+
+
+def test_seed_intensity_figure():
+    # DESIGN: a 3x3 gw8 conv does 72 MACs per output element, about 36 FLOP/B in FProp.
+    stats = Conv2dStats(Conv2dGw8Params(256, 64, 64, 64))
+    assert stats.macs / (256 * 64 * 64 * 64) == 72
+    assert 35 < stats.arithmetic_intensity("fprop") < 37
+
+
+@pytest.mark.parametrize("seconds", [0, -1.0, float("nan")])
+def test_bad_time(seconds):
+    with pytest.raises(ValueError, match="positive time"):
+        Conv2dStats(Conv2dGw8Params(1, 8, 3, 3)).effective_bandwidth(seconds, "fprop")
+
+
+def test_bad_pass():
+    with pytest.raises(ValueError, match="fprop, dgrad, wgrad, got 'bprop'"):
+        Conv2dStats(Conv2dGw8Params(1, 8, 3, 3)).bytes("bprop")
