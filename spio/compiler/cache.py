@@ -119,7 +119,7 @@ class DiskCache:
     def get_or_build(
         self, key: str, build: Callable[[], tuple[bytes, dict]]
     ) -> tuple[bytes, dict, bool]:
-        """The entry for `key`, built by `build()` on a miss; returns (payload, meta, was_cached)."""
+        """The entry for `key`, built by `build()` on a miss: (payload, meta, was_cached)."""
         with self._memory_lock:
             hit = self._memory.get(key)
         if hit is not None:

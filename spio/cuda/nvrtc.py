@@ -26,6 +26,9 @@ class CompileError(RuntimeError):
         self.name = name
         self.log = log
 
+    def __reduce__(self):  # picklable, so compile pool workers can return it
+        return (CompileError, (self.name, self.log))
+
 
 @dataclass(frozen=True)
 class NvrtcOutput:

@@ -1,0 +1,212 @@
+"""compile_cubin: real NVRTC compiles for every arch, resource reports, errors, and the cache."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+
+import spio
+from spio.compiler import CompileError, cache, compile_cubin, parse_resource_report
+from spio.compiler import compile as compile_module
+from spio.cuda import nvrtc
+
+# A small kernel using each instruction family our kernels depend on.
+TENSOR_CORE_KERNEL = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void probe(float *out, const __half *in) {
+    __shared__ __align__(16) __half tile[32 * 8];
+    unsigned smem = (unsigned)__cvta_generic_to_shared(tile + threadIdx.x * 8);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem), "l"(in + threadIdx.x * 8), "r"(16));
+    asm volatile("cp.async.commit_group;\n");
+    asm volatile("cp.async.wait_group 0;\n");
+    __syncthreads();
+    unsigned a0, a1, b = 0;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(a0), "=r"(a1) : "r"(smem));
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b));
+    out[threadIdx.x] = c[0] + c[1] + c[2] + c[3];
+}
+"""
+
+
+def unique(source: str) -> str:
+    """The same program with a fresh cache key."""
+    return f"// {uuid.uuid4()}\n{source}"
+
+
+@pytest.mark.parametrize("arch", spio.supported_arch)
+def test_tensor_core_kernel_compiles_without_spills(arch, cache_dir):
+    result = compile_cubin(TENSOR_CORE_KERNEL, arch)
+    assert result.cubin[:4] == b"\x7fELF"
+    usage = result.resources["probe"]
+    assert usage.registers > 0
+    assert usage.spill_stores == 0 and usage.spill_loads == 0
+    assert usage.shared_bytes == 32 * 8 * 2
+    for instruction in ("mma.sync.aligned.m16n8k8", "ldmatrix.sync.aligned", "cp.async.cg"):
+        assert instruction in result.ptx
+    assert f".target {arch}" in result.ptx
+
+
+def test_broken_kernel_raises_with_nvrtc_log(cache_dir):
+    source = 'extern "C" __global__ void broken(float *x) { x[0] = undeclared_name; }'
+    with pytest.raises(CompileError) as info:
+        compile_cubin(source, "sm_80", name="broken.cu")
+    assert "undeclared_name" in info.value.log
+    assert "undeclared_name" in str(info.value) and "broken.cu" in str(info.value)
+
+
+def test_missing_header_error_names_it(cache_dir):
+    source = '#include "no_such_header.h"\nextern "C" __global__ void k() {}'
+    with pytest.raises(CompileError, match="no_such_header.h"):
+        compile_cubin(source, "sm_80")
+
+
+def test_in_memory_headers_are_included(cache_dir):
+    source = '#include "gen.h"\nextern "C" __global__ void k(int *x) { x[0] = GEN_VALUE; }'
+    result = compile_cubin(source, "sm_86", headers={"gen.h": "#define GEN_VALUE 42\n"})
+    assert "42" in result.ptx
+
+
+@pytest.mark.parametrize("arch", ["sm_70", "sm_91", "compute_80", ""])
+def test_unknown_arch_is_rejected(arch, cache_dir):
+    with pytest.raises(ValueError, match="unknown GPU architecture"):
+        compile_cubin(TENSOR_CORE_KERNEL, arch)
+
+
+@pytest.mark.parametrize("source", ["", "   \n"])
+def test_empty_source_is_rejected(source, cache_dir):
+    with pytest.raises(ValueError, match="non-empty CUDA source"):
+        compile_cubin(source, "sm_80")
+
+
+def test_experimental_arch_compiles(cache_dir):
+    result = compile_cubin(TENSOR_CORE_KERNEL, "sm_120")
+    assert "probe" in result.resources
+
+
+def test_line_info_and_debug_options_change_the_build(cache_dir):
+    source = unique(TENSOR_CORE_KERNEL)
+    plain = compile_cubin(source, "sm_80")
+    with_lines = compile_cubin(source, "sm_80", line_info=True)
+    assert not with_lines.cached
+    assert ".loc" in with_lines.ptx and ".loc" not in plain.ptx
+    debug = compile_cubin(source, "sm_80", debug=True)
+    assert not debug.cached
+
+
+def test_second_compile_is_a_cache_hit_without_nvrtc(cache_dir, monkeypatch):
+    source = unique(TENSOR_CORE_KERNEL)
+    first = compile_cubin(source, "sm_89")
+    assert not first.cached
+
+    def fail(*args, **kwargs):
+        raise AssertionError("NVRTC was called on a cache hit")
+
+    monkeypatch.setattr(nvrtc, "compile_program", fail)
+    second = compile_cubin(source, "sm_89")  # from memory
+    assert second.cached and second.cubin == first.cubin
+    compile_module._cubin_cache.clear_memory()
+    third = compile_cubin(source, "sm_89")  # from disk
+    assert third.cached and third.cubin == first.cubin
+    assert third.resources == first.resources
+
+
+def _only_entry(folder):
+    entries = list((folder / "cubin").glob("*.bin"))
+    assert len(entries) == 1, entries
+    return entries[0]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
+def test_damaged_cache_entry_is_recompiled(cache_dir, damage):
+    source = unique(TENSOR_CORE_KERNEL)
+    first = compile_cubin(source, "sm_80")
+    entry = _only_entry(cache_dir)
+    blob = entry.read_bytes()
+    if damage == "truncate":
+        entry.write_bytes(blob[: len(blob) // 2])
+    elif damage == "flip":
+        entry.write_bytes(blob[:-10] + bytes([blob[-10] ^ 0xFF]) + blob[-9:])
+    else:
+        entry.write_bytes(b"")
+    compile_module._cubin_cache.clear_memory()
+    second = compile_cubin(source, "sm_80")
+    assert not second.cached
+    assert second.cubin == first.cubin
+    assert cache._decode(entry.read_bytes()) is not None  # the entry was rewritten whole
+
+
+def test_unwritable_cache_folder_still_compiles(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    # Root ignores permission bits, so make the cache folder impossible: it lies under a file.
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(blocker / "cache"))
+    fresh = cache.DiskCache("cubin")
+    monkeypatch.setattr(compile_module, "_cubin_cache", fresh)
+    source = unique(TENSOR_CORE_KERNEL)
+    with caplog.at_level("WARNING", logger="spio"):
+        first = compile_cubin(source, "sm_90")
+        compile_cubin(unique(TENSOR_CORE_KERNEL), "sm_90")
+        again = compile_cubin(source, "sm_90")
+    assert not first.cached and again.cached  # kept in memory
+    warnings = [r for r in caplog.records if "cannot write its cache folder" in r.message]
+    assert len(warnings) == 1
+
+
+def test_concurrent_processes_compile_once(cache_dir):
+    source = unique(TENSOR_CORE_KERNEL)
+    script = textwrap.dedent(
+        """
+        import sys
+        from spio.compiler import compile_cubin
+        result = compile_cubin(sys.stdin.read(), "sm_80")
+        print("cached" if result.cached else "compiled")
+        """
+    )
+    env = dict(os.environ, SPIO_CACHE_DIR=str(cache_dir))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(source, timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(outputs) == ["cached", "cached", "cached", "compiled"]
+    entry = _only_entry(cache_dir)
+    assert cache._decode(entry.read_bytes()) is not None
+    assert not list((cache_dir / "cubin").glob("*.tmp"))
+
+
+def test_parse_resource_report_reads_each_entry():
+    log = textwrap.dedent(
+        """\
+        ptxas info    : 0 bytes gmem
+        ptxas info    : Compiling entry function 'first' for 'sm_80'
+        ptxas info    : Function properties for first
+        ptxas         .     16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+        ptxas info    : Used 255 registers, used 1 barriers, 4096 bytes smem, 368 bytes cmem[0]
+        ptxas info    : Compiling entry function 'second' for 'sm_80'
+        ptxas info    : Function properties for second
+        ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+        ptxas info    : Used 32 registers, 368 bytes cmem[0]
+        """
+    )
+    report = parse_resource_report(log)
+    first, second = report["first"], report["second"]
+    assert (first.registers, first.shared_bytes, first.barriers) == (255, 4096, 1)
+    assert (first.stack_bytes, first.spill_stores, first.spill_loads) == (16, 8, 4)
+    assert first.spills and not second.spills
+    assert (second.registers, second.shared_bytes) == (32, 0)

@@ -1,0 +1,39 @@
+"""The compile pool runs jobs in worker processes and returns results and errors in order."""
+
+import uuid
+
+import pytest
+
+from spio.compiler import CompileError, CompileJob, compile_many
+from spio.compiler.pool import default_workers
+
+GOOD = 'extern "C" __global__ void k(int *x) {{ x[threadIdx.x] = {value}; }}'
+BAD = 'extern "C" __global__ void k(int *x) { x[0] = nope; }'
+
+
+def test_compile_many_keeps_order_and_returns_errors(cache_dir):
+    tag = uuid.uuid4().hex
+    jobs = [
+        CompileJob(f"// {tag}\n" + GOOD.format(value=1), "sm_80"),
+        CompileJob(BAD, "sm_80", name="bad.cu"),
+        CompileJob(f"// {tag}\n" + GOOD.format(value=2), "sm_90"),
+    ]
+    results = compile_many(jobs, workers=2, progress=False)
+    assert results[0].arch == "sm_80" and "k" in results[0].resources
+    assert isinstance(results[1], CompileError) and "nope" in results[1].log
+    assert results[2].arch == "sm_90"
+    # The workers filled the shared disk cache: the parent now gets hits.
+    again = jobs[2].run()
+    assert again.cached and again.cubin == results[2].cubin
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_bad_worker_count_is_rejected(value, monkeypatch):
+    monkeypatch.setenv("SPIO_WORKERS", value)
+    with pytest.raises(ValueError, match="SPIO_WORKERS"):
+        default_workers()
+
+
+def test_worker_count_from_environment(monkeypatch):
+    monkeypatch.setenv("SPIO_WORKERS", "3")
+    assert default_workers() == 3

@@ -1,0 +1,74 @@
+"""The command line and the import contract: no GPU or NVRTC work at import time."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import gpu_available
+
+
+def run_spio(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "spio", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+def test_import_does_no_gpu_or_nvrtc_work():
+    code = (
+        "import sys, spio\n"
+        "assert 'torch' not in sys.modules, 'import spio imported torch'\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "assert 'libnvrtc' not in maps and 'libcuda' not in maps, 'loaded CUDA libraries'\n"
+        "assert not [t for t in __import__('threading').enumerate() if t.name != 'MainThread']\n"
+        "print(spio.__version__, spio.supported_arch)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "('sm_80', 'sm_86', 'sm_89', 'sm_90')" in out.stdout
+
+
+def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
+    out = run_spio("info", env={"SPIO_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(None, 1) for line in out.stdout.splitlines() if line.strip())
+    assert lines["spio"].strip()
+    assert "libnvrtc" in out.stdout
+    assert str(tmp_path) in out.stdout
+    gpu_line = next(line for line in out.stdout.splitlines() if line.startswith("GPU"))
+    if gpu_available():
+        assert "sm_" in gpu_line
+    else:
+        assert "no GPU" in gpu_line
+
+
+def test_clear_cache_removes_entries(tmp_path):
+    (tmp_path / "cubin").mkdir()
+    (tmp_path / "cubin" / "x.bin").write_bytes(b"12345")
+    out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert "removed 1 files (5 B)" in out.stdout
+    assert not tmp_path.exists()
+
+
+def test_unknown_command_fails_with_usage():
+    out = run_spio("frobnicate")
+    assert out.returncode == 2
+    assert "invalid choice" in out.stderr
+
+
+@pytest.mark.parametrize("level,shown", [("1", True), ("", False)])
+def test_spio_logger_env_shows_info_messages(level, shown, tmp_path):
+    code = (
+        "from spio.compiler import compile_cubin\n"
+        "compile_cubin('extern \"C\" __global__ void k() {}', 'sm_80')\n"
+    )
+    env = dict(os.environ, SPIO_LOGGER=level, SPIO_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert ("compiled kernel.cu for sm_80" in out.stderr) == shown
