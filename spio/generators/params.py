@@ -1,0 +1,142 @@
+"""ParamsSpec (a struct of compile-time constants) and MacroSpec (#define lines)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .spec import (
+    INT32_MAX,
+    INT32_MIN,
+    SECTION_DEFINITIONS,
+    SECTION_MACROS,
+    Dependency,
+    check_identifier,
+    check_unique_members,
+)
+
+
+def _float_literal(spec: str, key: str, value: float) -> str:
+    if not math.isfinite(value):
+        raise ValueError(f"{spec}: value {key!r} must be finite, got {value!r}")
+    text = repr(float(value))
+    return text if ("e" in text or "." in text) else text + ".0"
+
+
+def _check_mapping(spec: str, values: object) -> Mapping:
+    if not isinstance(values, Mapping) or not values:
+        raise ValueError(f"{spec}: values must be a non-empty dict, got {values!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class ParamsSpec:
+    """A struct `name` of `static constexpr` members: ints (32-bit), bools and floats.
+
+    C++: `ParamsSpec("Block", {"p": 8, "ok": True})` -> `struct Block { static constexpr int p = 8;
+    static constexpr bool ok = true; };`
+    """
+
+    name: str
+    values: Mapping[str, int | bool | float]
+
+    section: ClassVar[int] = SECTION_DEFINITIONS
+
+    def __post_init__(self) -> None:
+        label = f"ParamsSpec {self.name!r}"
+        check_identifier(label, "name", self.name)
+        for key, value in _check_mapping(label, self.values).items():
+            check_identifier(label, "value name", key)
+            self._member(label, key, value)
+        check_unique_members(label, self.name, list(self.values))
+
+    @staticmethod
+    def _member(label: str, key: str, value: object) -> str:
+        if isinstance(value, bool):
+            return f"static constexpr bool {key} = {'true' if value else 'false'};"
+        if isinstance(value, int):
+            if not INT32_MIN <= value <= INT32_MAX:
+                raise ValueError(f"{label}: value {key!r} does not fit a 32-bit int, got {value}")
+            return f"static constexpr int {key} = {value};"
+        if isinstance(value, float):
+            return f"static constexpr float {key} = {_float_literal(label, key, value)}f;"
+        raise ValueError(f"{label}: value {key!r} must be an int, bool or float, got {value!r}")
+
+    @property
+    def class_name(self) -> str:
+        """The C++ struct this spec defines."""
+        return self.name
+
+    def defined_names(self) -> tuple[str, ...]:
+        """Global names this spec defines."""
+        return (self.name,)
+
+    def dependencies(self) -> tuple[Dependency, ...]:
+        """None: the struct holds only constants."""
+        return ()
+
+    def generate(self) -> str:
+        """The C++ struct."""
+        label = f"ParamsSpec {self.name!r}"
+        lines = [f"/// Compile-time parameters {self.name}.", f"struct {self.name} {{"]
+        lines += [f"    {self._member(label, k, v)}" for k, v in self.values.items()]
+        lines.append("};")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class MacroSpec:
+    """`#define NAME value` lines, emitted before everything else in the header.
+
+    Values are ints (negative ones parenthesized), bools (1 or 0, usable in `#if`), floats, or
+    strings of replacement text without line breaks.
+    """
+
+    values: Mapping[str, int | bool | float | str]
+
+    section: ClassVar[int] = SECTION_MACROS
+
+    def __post_init__(self) -> None:
+        for key, value in _check_mapping("MacroSpec", self.values).items():
+            check_identifier("MacroSpec", "macro name", key)
+            self._replacement(key, value)
+
+    @staticmethod
+    def _replacement(key: str, value: object) -> str:
+        label = "MacroSpec"
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        if isinstance(value, int):
+            return f"({value})" if value < 0 else str(value)
+        if isinstance(value, float):
+            text = _float_literal(label, key, value)
+            return f"({text})" if value < 0 else text
+        if isinstance(value, str):
+            if any(c in value for c in "\n\r\\") or not value.strip():
+                raise ValueError(
+                    f"{label}: macro {key!r} text must be non-empty, on one line, without "
+                    f"backslashes, got {value!r}"
+                )
+            return value.strip()
+        raise ValueError(
+            f"{label}: macro {key!r} must be an int, bool, float or str, got {value!r}"
+        )
+
+    @property
+    def class_name(self) -> None:
+        """Macros define no class."""
+        return None
+
+    def defined_names(self) -> tuple[str, ...]:
+        """The macro names."""
+        return tuple(self.values)
+
+    def dependencies(self) -> tuple[Dependency, ...]:
+        """None."""
+        return ()
+
+    def generate(self) -> str:
+        """The #define lines."""
+        return "\n".join(f"#define {k} {self._replacement(k, v)}" for k, v in self.values.items())

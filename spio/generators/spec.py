@@ -1,0 +1,189 @@
+"""The protocol every generator spec implements, plus the name and dimension checks they share.
+
+A spec describes one piece of a generated C++ header. `generate()` (in `header.py`) asks each spec
+which names it defines (to reject duplicates), which dependencies it needs (includes and the
+host/device prelude, emitted once each in a fixed order) and for its C++ text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+#: Header sections, emitted in this order: macros, then dependencies, then definitions.
+SECTION_MACROS = 0
+SECTION_DEFINITIONS = 1
+
+INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
+
+
+@dataclass(frozen=True, order=True)
+class Dependency:
+    """A snippet of preprocessor text that some specs need; `order` fixes where it goes."""
+
+    order: int
+    text: str
+
+
+#: Dependencies, in the order the header emits them.
+VECTOR_TYPES = Dependency(
+    0,
+    "#if !defined(__CUDACC_RTC__)\n#include <vector_types.h>\n#endif",
+)
+CUDA_FP16 = Dependency(1, "#include <cuda_fp16.h>")
+CUDA_BF16 = Dependency(2, "#include <cuda_bf16.h>")
+FRAGMENTS = Dependency(3, "#include <spio/warp/fragments.h>")
+#: SPIO_GEN_FN: __host__ __device__ under a CUDA compiler (nvcc, NVRTC), plain inline otherwise.
+HOST_DEVICE = Dependency(
+    4,
+    "#ifndef SPIO_GEN_FN\n"
+    "#if defined(__CUDACC__)\n"
+    "#define SPIO_GEN_FN __host__ __device__ __forceinline__\n"
+    "#else\n"
+    "#define SPIO_GEN_FN inline\n"
+    "#endif\n"
+    "#endif",
+)
+
+
+@runtime_checkable
+class Spec(Protocol):
+    """What `generate()` needs from a spec."""
+
+    #: SECTION_MACROS or SECTION_DEFINITIONS.
+    section: ClassVar[int]
+
+    @property
+    def class_name(self) -> str | None:
+        """The C++ class or struct this spec defines, or None (macros)."""
+        ...
+
+    def defined_names(self) -> tuple[str, ...]:
+        """Every name this spec puts in the header's global scope (classes, macros)."""
+        ...
+
+    def dependencies(self) -> tuple[Dependency, ...]:
+        """Includes and preludes the generated text needs."""
+        ...
+
+    def generate(self) -> str:
+        """The spec's C++ text."""
+        ...
+
+
+# C++20 keywords and alternative tokens, plus names the preprocessor or NVRTC treat specially.
+CXX_KEYWORDS = frozenset(
+    """
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
+    char32_t class compl concept const consteval constexpr constinit const_cast continue co_await
+    co_return co_yield decltype default delete do double dynamic_cast else enum explicit export
+    extern false float for friend goto if inline int long mutable namespace new noexcept not
+    not_eq nullptr operator or or_eq private protected public register reinterpret_cast requires
+    return short signed sizeof static static_assert static_cast struct switch template this
+    thread_local throw true try typedef typeid typename union unsigned using virtual void volatile
+    wchar_t while xor xor_eq defined
+    """.split()
+)
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DIM_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+
+
+def check_identifier(spec: str, what: str, name: object) -> str:
+    """Return `name` if it is a usable C++ identifier, else raise ValueError naming spec and value.
+
+    Rejects empty and non-ASCII names, C++ keywords and reserved names (`__x`, `_X`).
+    """
+    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+        raise ValueError(f"{spec}: {what} must be a C++ identifier, got {name!r}")
+    if name in CXX_KEYWORDS:
+        raise ValueError(f"{spec}: {what} {name!r} is a C++ keyword")
+    if name.startswith("__") or re.match(r"_[A-Z]", name):
+        raise ValueError(f"{spec}: {what} {name!r} is reserved for the C++ implementation")
+    return name
+
+
+def check_dim_name(spec: str, name: object) -> str:
+    """Dimension names are lower-case identifiers, so their upper-case extent constants differ."""
+    check_identifier(spec, "dimension name", name)
+    assert isinstance(name, str)
+    if not _DIM_NAME.match(name):
+        raise ValueError(
+            f"{spec}: dimension name must be lower case ([a-z][a-z0-9_]*) so that its extent "
+            f"constant {name.upper()!r} differs from it, got {name!r}"
+        )
+    return name
+
+
+def check_unique_members(spec: str, class_name: str, members: list[str]) -> None:
+    """Raise ValueError when two members of one class, or a member and the class, share a name."""
+    seen: set[str] = set()
+    for member in members:
+        if member == class_name:
+            raise ValueError(f"{spec}: member name {member!r} equals the class name")
+        if member in seen:
+            raise ValueError(f"{spec}: member name {member!r} would be defined twice")
+        seen.add(member)
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One tensor dimension of `extent` indices stored in `padded` slots (default: `extent`).
+
+    Padding grows the stride of every outer dimension without adding indices, e.g.
+    `Dim(8, 9)` on the innermost dim of shared memory staggers rows to avoid bank conflicts.
+    In a dims dict, `8` means `Dim(8)` and `(8, 9)` means `Dim(8, 9)`.
+    """
+
+    extent: int
+    padded: int | None = None
+
+    @property
+    def stored(self) -> int:
+        """Number of slots the dimension occupies; the next-outer dim's stride is a multiple."""
+        return self.extent if self.padded is None else self.padded
+
+
+def normalize_dims(
+    spec: str, dims: object, allow_padding: bool = True
+) -> tuple[tuple[str, Dim], ...]:
+    """Check a dims mapping (outermost first) and return it as ((name, Dim), ...)."""
+    if not isinstance(dims, Mapping) or not dims:
+        raise ValueError(f"{spec}: dims must be a non-empty dict of name -> extent, got {dims!r}")
+    result = []
+    for name, value in dims.items():
+        check_dim_name(spec, name)
+        if isinstance(value, Dim):
+            dim = value
+        elif isinstance(value, tuple) and len(value) == 2:
+            dim = Dim(*value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            dim = Dim(value)
+        else:
+            raise ValueError(
+                f"{spec}: dim {name!r} must be an int, an (extent, padded) tuple or a Dim, "
+                f"got {value!r}"
+            )
+        for what, number in (("extent", dim.extent), ("padded length", dim.padded)):
+            if what == "padded length" and number is None:
+                continue
+            if not isinstance(number, int) or isinstance(number, bool) or number <= 0:
+                raise ValueError(
+                    f"{spec}: dim {name!r} {what} must be a positive int, got {number!r}"
+                )
+        if dim.padded is not None and dim.padded < dim.extent:
+            raise ValueError(
+                f"{spec}: dim {name!r} padded length {dim.padded} is smaller than its extent "
+                f"{dim.extent}"
+            )
+        if not allow_padding and dim.stored != dim.extent:
+            raise ValueError(f"{spec}: dim {name!r} cannot be padded here, got {dim!r}")
+        result.append((name, dim))
+    total = math.prod(dim.stored for _, dim in result)
+    if total > INT32_MAX:
+        raise ValueError(f"{spec}: dims span {total} elements, more than a C++ int holds")
+    return tuple(result)

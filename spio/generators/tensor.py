@@ -1,0 +1,237 @@
+"""TensorSpec (a typed cursor over a strided, optionally padded array) and IndexSpec (a flat index
+decomposed into named dims)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from .dtypes import parse_dtype
+from .spec import (
+    HOST_DEVICE,
+    INT32_MAX,
+    SECTION_DEFINITIONS,
+    Dependency,
+    Dim,
+    check_identifier,
+    check_unique_members,
+    normalize_dims,
+)
+
+_FN = "SPIO_GEN_FN constexpr"
+
+
+def _describe(dims: tuple[tuple[str, Dim], ...]) -> str:
+    parts = []
+    for name, dim in dims:
+        padded = f", padded to {dim.stored}" if dim.stored != dim.extent else ""
+        parts.append(f"{name}({dim.extent}{padded})")
+    return " > ".join(parts)
+
+
+def _index_members(dims: tuple[tuple[str, Dim], ...], with_offset: bool) -> list[str]:
+    names = [name for name, _ in dims]
+    extra = ["size", "flat", "i_"] + (["offset"] if with_offset else [])
+    return [name.upper() for name in names] + names + extra
+
+
+def _index_class(
+    class_name: str,
+    dims: tuple[tuple[str, Dim], ...],
+    strides: tuple[int, ...] | None,
+    indent: str,
+) -> list[str]:
+    """C++ lines of a class decomposing a flat index over `dims` (innermost fastest).
+
+    With `strides`, the class also gets offset(): the element offset in a padded tensor.
+    """
+    extents = [dim.extent for _, dim in dims]
+    unpadded = tuple((name, Dim(dim.extent)) for name, dim in dims)
+    lines = [
+        f"/// Decomposes a flat index i >= 0 into {_describe(unpadded)}, the last fastest.",
+        "/// The outermost dim does not wrap: i >= size gives an outermost index >= its extent.",
+        f"class {class_name} {{",
+        "  public:",
+    ]
+    lines += [f"    static constexpr int {name.upper()} = {dim.extent};" for name, dim in dims]
+    lines += [
+        "    /// Number of distinct indices: the product of the extents.",
+        f"    static constexpr int size = {math.prod(extents)};",
+        "",
+        f"    {_FN} explicit {class_name}(int i) : i_(i) {{}}",
+        "    /// The flat index this object decomposes.",
+        f"    {_FN} int flat() const {{ return i_; }}",
+    ]
+    for pos, (name, dim) in enumerate(dims):
+        inner = math.prod(extents[pos + 1 :])
+        expr = "i_" if inner == 1 else f"i_ / {inner}"
+        if pos > 0:
+            expr = f"{expr} % {dim.extent}"
+        lines.append(f"    {_FN} int {name}() const {{ return {expr}; }}")
+    if strides is not None:
+        terms = [
+            f"{name}()" if stride == 1 else f"{name}() * {stride}"
+            for (name, _), stride in zip(dims, strides, strict=True)
+        ]
+        lines += [
+            "    /// Element offset of this index in the tensor, padding included.",
+            f"    {_FN} int offset() const {{ return {' + '.join(terms)}; }}",
+        ]
+    lines += ["", "  private:", "    int i_;", "};"]
+    return [indent + line if line else "" for line in lines]
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """A class `name` that decomposes a flat index (e.g. threadIdx.x) into `dims`.
+
+    `dims` maps lower-case names to positive extents, outermost first; the innermost varies fastest.
+    C++: `Name idx(threadIdx.x); idx.n(); Name::N; Name::size`.
+    """
+
+    name: str
+    dims: Mapping[str, int]
+    _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False, compare=False)
+
+    section: ClassVar[int] = SECTION_DEFINITIONS
+
+    def __post_init__(self) -> None:
+        label = f"IndexSpec {self.name!r}"
+        check_identifier(label, "name", self.name)
+        dims = normalize_dims(label, self.dims, allow_padding=False)
+        check_unique_members(label, self.name, _index_members(dims, with_offset=False))
+        object.__setattr__(self, "_dims", dims)
+
+    @property
+    def class_name(self) -> str:
+        """The C++ class this spec defines."""
+        return self.name
+
+    def defined_names(self) -> tuple[str, ...]:
+        """Global names this spec defines."""
+        return (self.name,)
+
+    def dependencies(self) -> tuple[Dependency, ...]:
+        """The host/device function prelude."""
+        return (HOST_DEVICE,)
+
+    def generate(self) -> str:
+        """The C++ class."""
+        return "\n".join(_index_class(self.name, self._dims, None, ""))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A cursor class `name` over an array of `dtype` elements with named `dims`.
+
+    `dims` maps lower-case names to extents, outermost first. A value is an extent (int), an
+    `(extent, padded)` tuple or a `Dim`; a padded dim occupies `padded` slots, so every outer stride
+    grows. Strides are derived: innermost 1, each outer one the next inner stride times its stored
+    length. `dtype` is a C++ type name from `dtypes.ELEMENT_TYPES`, optionally "const ...".
+    C++: `Name t(ptr); t.n(i).k8(j).get(); *t; Name::N; Name::stride_n; Name::size;
+    Name::num_bytes; Name::data_type; Name::Index idx(i); idx.n(); idx.offset()`.
+    """
+
+    name: str
+    dtype: str
+    dims: Mapping[str, int | tuple[int, int] | Dim]
+    _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False, compare=False)
+    _dtype: tuple = field(init=False, repr=False, compare=False)
+
+    section: ClassVar[int] = SECTION_DEFINITIONS
+
+    def __post_init__(self) -> None:
+        label = f"TensorSpec {self.name!r}"
+        check_identifier(label, "name", self.name)
+        dtype = parse_dtype(label, self.dtype)
+        dims = normalize_dims(label, self.dims)
+        names = [name for name, _ in dims]
+        members = (
+            ["data_type", "size", "num_bytes", "get", "Index", "ptr_"]
+            + [name.upper() for name in names]
+            + [f"stride_{name}" for name in names]
+            + names
+        )
+        check_unique_members(label, self.name, members)
+        check_unique_members(f"{label} Index", "Index", _index_members(dims, with_offset=True))
+        size = math.prod(dim.stored for _, dim in dims)
+        if size * dtype[1] > INT32_MAX:
+            raise ValueError(f"{label}: {size} elements of {dtype[0]} exceed 2 GiB")
+        object.__setattr__(self, "_dims", dims)
+        object.__setattr__(self, "_dtype", dtype)
+
+    @property
+    def class_name(self) -> str:
+        """The C++ class this spec defines."""
+        return self.name
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Element stride of each dim, outermost first; padding included."""
+        strides = []
+        stride = 1
+        for _, dim in reversed(self._dims):
+            strides.append(stride)
+            stride *= dim.stored
+        return tuple(reversed(strides))
+
+    @property
+    def size(self) -> int:
+        """Elements spanned by the tensor, padding included."""
+        return math.prod(dim.stored for _, dim in self._dims)
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes spanned by the tensor, padding included."""
+        return self.size * self._dtype[1]
+
+    def defined_names(self) -> tuple[str, ...]:
+        """Global names this spec defines."""
+        return (self.name,)
+
+    def dependencies(self) -> tuple[Dependency, ...]:
+        """The element type's header, if any, and the host/device function prelude."""
+        dtype_dep = self._dtype[2]
+        return (HOST_DEVICE,) if dtype_dep is None else (dtype_dep, HOST_DEVICE)
+
+    def generate(self) -> str:
+        """The C++ class."""
+        cls, ctype = self.name, self._dtype[0]
+        strides = self.strides
+        lines = [
+            f"/// Cursor over {ctype} elements with dims {_describe(self._dims)}, innermost last.",
+            "/// Moves return a new cursor; offsets are in elements and are not bounds-checked.",
+            f"class {cls} {{",
+            "  public:",
+            f"    using data_type = {ctype};",
+        ]
+        lines += [f"    static constexpr int {n.upper()} = {d.extent};" for n, d in self._dims]
+        lines += [
+            f"    static constexpr int stride_{n} = {s};"
+            for (n, _), s in zip(self._dims, strides, strict=True)
+        ]
+        lines += [
+            "    /// Elements spanned, padding included.",
+            f"    static constexpr int size = {self.size};",
+            f"    static constexpr int num_bytes = {self.num_bytes};",
+            "    static_assert(num_bytes == size * static_cast<int>(sizeof(data_type)),",
+            f'                  "{cls}: unexpected sizeof({ctype})");',
+            "",
+            f"    {_FN} explicit {cls}(data_type *ptr = nullptr) : ptr_(ptr) {{}}",
+        ]
+        for name, _ in self._dims:
+            lines.append(
+                f"    {_FN} {cls} {name}(int i) const {{ return {cls}(ptr_ + i * stride_{name}); }}"
+            )
+        lines += [
+            "    /// The element pointer at the cursor.",
+            f"    {_FN} data_type *get() const {{ return ptr_; }}",
+            f"    {_FN} data_type &operator*() const {{ return *ptr_; }}",
+            f"    {_FN} data_type *operator->() const {{ return ptr_; }}",
+            "",
+        ]
+        lines += _index_class("Index", self._dims, strides, "    ")
+        lines += ["", "  private:", "    data_type *ptr_;", "};"]
+        return "\n".join(lines)
