@@ -1,0 +1,179 @@
+"""Bad specs raise ValueError naming the spec and the offending value."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spio.generators import (
+    Dim,
+    FragmentSpec,
+    IndexSpec,
+    MacroSpec,
+    ParamsSpec,
+    TensorSpec,
+    generate,
+)
+
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def make(kind: str, name: object):
+    """A spec of `kind` with class name `name` and otherwise valid arguments."""
+    if kind == "tensor":
+        return TensorSpec(name, "float", {"n": 2})
+    if kind == "index":
+        return IndexSpec(name, {"n": 2})
+    if kind == "params":
+        return ParamsSpec(name, {"p": 1})
+    if kind == "fragment":
+        return FragmentSpec(name, "FragC_m16n8_f32", row="q", col="k")
+    return MacroSpec({name: 1})
+
+
+KINDS = ["tensor", "index", "params", "fragment", "macro"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "name", ["", "1abc", "a-b", "a b", "né", None, 3, "class", "int", "__x", "_X"]
+)
+def test_bad_names(kind, name):
+    with pytest.raises(ValueError, match=re.escape(repr(name))):
+        make(kind, name)
+
+
+@given(st.text(max_size=12).filter(lambda s: not IDENTIFIER.match(s)))
+def test_non_identifiers_rejected(name):
+    for kind in KINDS:
+        with pytest.raises(ValueError, match="identifier"):
+            make(kind, name)
+
+
+@pytest.mark.parametrize("keyword", ["const", "namespace", "while", "nullptr", "and", "template"])
+def test_keywords_rejected_everywhere(keyword):
+    for kind in KINDS:
+        with pytest.raises(ValueError, match=f"'{keyword}' is a C\\+\\+ keyword"):
+            make(kind, keyword)
+    with pytest.raises(ValueError, match="keyword"):
+        TensorSpec("T", "float", {keyword: 2})
+    with pytest.raises(ValueError, match="keyword"):
+        ParamsSpec("P", {keyword: 2})
+    with pytest.raises(ValueError, match="keyword"):
+        FragmentSpec("F", "FragC_m16n8_f32", row=keyword, col="k")
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (TensorSpec("Out", "float", {"n": 2}), IndexSpec("Out", {"n": 2})),
+        (ParamsSpec("Block", {"p": 1}), ParamsSpec("Block", {"q": 1})),
+        (MacroSpec({"Acc": 1}), FragmentSpec("Acc", "FragC_m16n8_f32", row="q", col="k")),
+        (MacroSpec({"SPIO_X": 1}), MacroSpec({"SPIO_X": 2})),
+    ],
+)
+def test_duplicate_names_in_one_header(first, second):
+    name = first.defined_names()[0]
+    with pytest.raises(ValueError, match=f"name '{name}' is defined twice"):
+        generate([first, second])
+
+
+def test_reserved_macro_and_non_specs():
+    with pytest.raises(ValueError, match="SPIO_GEN_FN"):
+        generate([MacroSpec({"SPIO_GEN_FN": 1})])
+    with pytest.raises(ValueError, match="not a spec"):
+        generate(["struct X {};"])
+
+
+@pytest.mark.parametrize("extent", [0, -1, -8, True, 2.0, "4", None])
+def test_bad_extents(extent):
+    with pytest.raises(ValueError, match=r"TensorSpec 'T'.*'k8'.*" + re.escape(repr(extent))):
+        TensorSpec("T", "float", {"n": 2, "k8": extent})
+    with pytest.raises(ValueError, match=r"IndexSpec 'I'.*'k8'.*" + re.escape(repr(extent))):
+        IndexSpec("I", {"n": 2, "k8": extent})
+
+
+@pytest.mark.parametrize("padded", [0, -9, 7, 1])
+def test_padding_smaller_than_extent(padded):
+    with pytest.raises(ValueError, match=rf"TensorSpec 'T'.*'k8'.*{padded}"):
+        TensorSpec("T", "float", {"k8": (8, padded)})
+    with pytest.raises(ValueError, match=rf"TensorSpec 'T'.*'k8'.*{padded}"):
+        TensorSpec("T", "float", {"k8": Dim(8, padded)})
+
+
+@pytest.mark.parametrize("dims", [{}, None, [("n", 2)], {"n": (2, 3, 4)}, {"N": 2}, {"_n": 2}])
+def test_bad_dims(dims):
+    with pytest.raises(ValueError, match="TensorSpec 'T'"):
+        TensorSpec("T", "float", dims)
+
+
+def test_index_dims_cannot_be_padded():
+    with pytest.raises(ValueError, match=r"IndexSpec 'I'.*'n' cannot be padded"):
+        IndexSpec("I", {"n": (2, 3)})
+
+
+@pytest.mark.parametrize("dim", ["size", "get", "stride_n", "ptr_", "data_type", "flat", "offset"])
+def test_dim_names_that_clash_with_members(dim):
+    with pytest.raises(ValueError, match=f"TensorSpec 'T'.*'{dim}'"):
+        TensorSpec("T", "float", {"n": 2, dim: 3})
+
+
+def test_dim_name_equal_to_class_name():
+    with pytest.raises(ValueError, match="equals the class name"):
+        IndexSpec("n", {"n": 2})
+
+
+def test_too_large_tensor():
+    with pytest.raises(ValueError, match="TensorSpec 'Big'"):
+        TensorSpec("Big", "uint4", {"a": 2**16, "b": 2**13})
+    with pytest.raises(ValueError, match="IndexSpec 'Big'"):
+        IndexSpec("Big", {"a": 2**16, "b": 2**16})
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    ["half", "float16", "torch.float16", "const", "const const float", "uint4*", "", 3, None],
+)
+def test_unknown_dtypes(dtype):
+    with pytest.raises(ValueError, match=r"TensorSpec 'T'.*dtype.*" + re.escape(repr(dtype))):
+        TensorSpec("T", dtype, {"n": 2})
+
+
+@pytest.mark.parametrize("fragment_type", ["FragC_m16n8_f16", "fragc_m16n8_f32", "", "FragA"])
+def test_unknown_fragment_types(fragment_type):
+    with pytest.raises(ValueError, match=f"FragmentSpec 'F'.*{re.escape(repr(fragment_type))}"):
+        FragmentSpec("F", fragment_type, row="q", col="k")
+
+
+@pytest.mark.parametrize(
+    "row, col", [("q", "q"), ("row", "k"), ("q", "reg"), ("Q", "k"), ("q", "")]
+)
+def test_bad_fragment_dims(row, col):
+    with pytest.raises(ValueError, match="FragmentSpec 'F'"):
+        FragmentSpec("F", "FragA_m16n8k8_f16", row=row, col=col)
+
+
+@pytest.mark.parametrize("value", ["8", None, 2**31, -(2**31) - 1, float("inf"), float("nan"), [1]])
+def test_bad_param_values(value):
+    with pytest.raises(ValueError, match=r"ParamsSpec 'Block'.*'p'"):
+        ParamsSpec("Block", {"p": value})
+
+
+@pytest.mark.parametrize("values", [{}, None, {"p": 1, "Block": 2}])
+def test_bad_param_dicts(values):
+    with pytest.raises(ValueError, match="ParamsSpec 'Block'"):
+        ParamsSpec("Block", values)
+
+
+@pytest.mark.parametrize("value", ["a\nb", "x \\", "", "  ", None, float("nan"), [1]])
+def test_bad_macro_values(value):
+    with pytest.raises(ValueError, match=r"MacroSpec.*'SPIO_X'"):
+        MacroSpec({"SPIO_X": value})
+
+
+def test_bad_header_name():
+    with pytest.raises(ValueError, match="header_name"):
+        generate([ParamsSpec("P", {"p": 1})], header_name="...")

@@ -1,0 +1,88 @@
+"""ParamsSpec and MacroSpec headers compiled with g++: every value reads back exactly."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spio.generators import MacroSpec, ParamsSpec, generate
+
+NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True).filter(
+    lambda s: s not in {"int", "do", "if", "for", "new", "and", "or", "not", "xor", "asm", "try"}
+)
+VALUES = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.booleans(),
+    st.floats(width=32, allow_nan=False, allow_infinity=False),
+)
+
+
+def _printer(name: str, value: object, expr: str) -> str:
+    if isinstance(value, float):
+        return f'  std::printf("{name} %a\\n", (double){expr});'
+    return f'  std::printf("{name} %lld\\n", (long long){expr});'
+
+
+def _parse(stdout: str) -> dict[str, float | int]:
+    out: dict[str, float | int] = {}
+    for line in stdout.splitlines():
+        key, text = line.split(" ")
+        out[key] = float.fromhex(text) if "0x" in text else int(text)
+    return out
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.dictionaries(NAMES, VALUES, min_size=1, max_size=10), min_size=1, max_size=4))
+def test_params_values_read_back(cxx, structs):
+    """ints, bools and float32 values read back exactly; types are int, bool, float."""
+    specs = [ParamsSpec(f"Params{i}", values) for i, values in enumerate(structs)]
+    body, expected = [], {}
+    for i, values in enumerate(structs):
+        for key, value in values.items():
+            expr = f"Params{i}::{key}"
+            ctype = {bool: "bool", int: "int", float: "float"}[type(value)]
+            body.append(f"  static_assert(std::is_same<decltype({expr}), const {ctype}>::value);")
+            body.append(_printer(f"{i}.{key}", value, expr))
+            expected[f"{i}.{key}"] = int(value) if isinstance(value, bool) else value
+    program = "\n".join(
+        [
+            '#include "p.h"',
+            "#include <cstdio>",
+            "#include <type_traits>",
+            "int main() {",
+            *body,
+            "}",
+        ]
+    )
+    assert _parse(cxx.run(program, {"p.h": generate(specs)})) == expected
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.dictionaries(NAMES.map(lambda s: "SPIO_" + s.upper()), VALUES, min_size=1, max_size=12))
+def test_macro_values_read_back(cxx, values):
+    """Macro values expand to the same number, negative ones safely inside expressions."""
+    body, expected = [], {}
+    for key, value in values.items():
+        body.append(_printer(key, value, key))
+        body.append(_printer(key + "_neg", value, f"-{key}"))
+        expected[key] = int(value) if isinstance(value, bool) else value
+        expected[key + "_neg"] = -expected[key]
+    program = "\n".join(['#include "m.h"', "#include <cstdio>", "int main() {", *body, "}"])
+    header = generate([MacroSpec(values)])
+    stdout = cxx.run(program, {"m.h": header})
+    assert _parse(stdout) == expected
+
+
+def test_macros_usable_in_preprocessor_and_as_text(cxx):
+    """bools become 1/0 for #if; strings are replacement text (here a type)."""
+    spec = MacroSpec({"SPIO_ON": True, "SPIO_OFF": False, "SPIO_T": "double", "SPIO_N": -3})
+    program = """
+#include "m.h"
+#include <cstdio>
+#include <type_traits>
+#if SPIO_ON && !SPIO_OFF && SPIO_N < 0
+static_assert(std::is_same<SPIO_T, double>::value, "string macro is a type");
+int main() { std::printf("ok %d\\n", 2 * SPIO_N); }
+#endif
+"""
+    assert cxx.values(program, {"m.h": generate([spec])}) == {"ok": -6}
