@@ -1,0 +1,71 @@
+#ifndef SPIO_THREAD_ASYNC_COPY_H_
+#define SPIO_THREAD_ASYNC_COPY_H_
+
+/// Per-thread asynchronous copies from global to shared memory (cp.async, sm_80+).
+///
+/// A thread issues copies, closes them into a group with cp_async_commit_group, and later waits
+/// for its groups with cp_async_wait_group<N> or cp_async_wait_all. Waiting covers only the
+/// calling thread's copies: a __syncthreads() must follow before other threads read the data.
+/// Hazard: shared memory written by cp.async holds stale data until the wait returns.
+
+#include "spio/macros.h"
+
+namespace spio {
+
+/// Starts an asynchronous 16-byte copy from global to shared memory, zero-filling past src_bytes.
+///
+/// Parameters:
+///   smem_dst: generic pointer to the 16-byte aligned destination in shared memory.
+///   gmem_src: generic pointer to the 16-byte aligned source in global memory.
+///   src_bytes: bytes to read from gmem_src, 0..16; the remaining 16 - src_bytes destination
+///     bytes are set to zero (0 reads nothing: use it for padding outside the tensor).
+/// Assumes: the data are not read before a cp_async_wait_* covering this copy's group.
+SPIO_DEVICE void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
+#if defined(__CUDA_ARCH__)
+    const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const unsigned long long gmem_addr =
+        static_cast<unsigned long long>(__cvta_generic_to_global(gmem_src));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :
+                 : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes)
+                 : "memory");
+#else
+    ::spio::emu::cp_async_16(smem_dst, gmem_src, src_bytes);
+#endif
+}
+
+/// Closes the calling thread's copies issued since the last commit into one group.
+SPIO_DEVICE void cp_async_commit_group() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#else
+    ::spio::emu::cp_async_commit_group();
+#endif
+}
+
+/// Waits until at most N of the calling thread's most recent groups are still pending.
+///
+/// Parameters:
+///   N: number of newest groups allowed to remain in flight (0 waits for all committed groups).
+template <int N>
+SPIO_DEVICE void cp_async_wait_group() {
+    static_assert(N >= 0, "cp_async_wait_group needs N >= 0");
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#else
+    ::spio::emu::cp_async_wait_group<N>();
+#endif
+}
+
+/// Waits for all of the calling thread's copies, committed or not.
+SPIO_DEVICE void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#else
+    ::spio::emu::cp_async_wait_all();
+#endif
+}
+
+}  // namespace spio
+
+#endif  // SPIO_THREAD_ASYNC_COPY_H_

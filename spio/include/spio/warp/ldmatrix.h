@@ -1,0 +1,116 @@
+#ifndef SPIO_WARP_LDMATRIX_H_
+#define SPIO_WARP_LDMATRIX_H_
+
+/// Warp-wide loads of 8x8 matrices of 16-bit elements from shared memory (ldmatrix).
+///
+/// Every lane of the warp calls these together (ldmatrix.sync.aligned). row_ptr is the calling
+/// lane's generic pointer into shared memory: lanes 8j..8j+7 give the addresses of rows 0..7 of
+/// matrix j (x1 reads lanes 0-7, x2 lanes 0-15, x4 all 32; other lanes' pointers are ignored).
+/// Each row is 16 contiguous bytes (8 elements) and must be 16-byte aligned.
+/// Without .trans, lane l receives in d[j] row l >> 2, columns 2(l % 4) and 2(l % 4) + 1 of
+/// matrix j (lower column in the low half). With .trans it receives rows 2(l % 4) and
+/// 2(l % 4) + 1 of column l >> 2, i.e. the same positions of the transposed matrix.
+
+#include "spio/macros.h"
+
+namespace spio {
+
+/// Loads one 8x8 matrix from shared memory (ldmatrix.sync.aligned.m8n8.x1.shared.b16).
+///
+/// Parameters:
+///   d: d[j] receives the lane's two elements of matrix j.
+///   row_ptr: this lane's row address in shared memory (see the file comment).
+SPIO_DEVICE void ldmatrix_x1(unsigned (&d)[1], const void *row_ptr) {
+#if defined(__CUDA_ARCH__)
+    const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
+                 : "=r"(d[0])
+                 : "r"(smem_addr));
+#else
+    ::spio::emu::ldmatrix_x1(d, row_ptr);
+#endif
+}
+
+/// Loads two 8x8 matrices from shared memory (ldmatrix.sync.aligned.m8n8.x2.shared.b16).
+///
+/// Parameters:
+///   d: d[j] receives the lane's two elements of matrix j.
+///   row_ptr: this lane's row address in shared memory (see the file comment).
+SPIO_DEVICE void ldmatrix_x2(unsigned (&d)[2], const void *row_ptr) {
+#if defined(__CUDA_ARCH__)
+    const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(d[0]), "=r"(d[1])
+                 : "r"(smem_addr));
+#else
+    ::spio::emu::ldmatrix_x2(d, row_ptr);
+#endif
+}
+
+/// Loads four 8x8 matrices from shared memory (ldmatrix.sync.aligned.m8n8.x4.shared.b16).
+///
+/// Parameters:
+///   d: d[j] receives the lane's two elements of matrix j.
+///   row_ptr: this lane's row address in shared memory (see the file comment).
+SPIO_DEVICE void ldmatrix_x4(unsigned (&d)[4], const void *row_ptr) {
+#if defined(__CUDA_ARCH__)
+    const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(smem_addr));
+#else
+    ::spio::emu::ldmatrix_x4(d, row_ptr);
+#endif
+}
+
+/// Loads one 8x8 matrix from shared memory, transposed (ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16).
+///
+/// Parameters:
+///   d: d[j] receives the lane's two elements of matrix j transposed.
+///   row_ptr: this lane's row address in shared memory (see the file comment).
+SPIO_DEVICE void ldmatrix_x1_trans(unsigned (&d)[1], const void *row_ptr) {
+#if defined(__CUDA_ARCH__)
+    const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
+                 : "=r"(d[0])
+                 : "r"(smem_addr));
+#else
+    ::spio::emu::ldmatrix_x1_trans(d, row_ptr);
+#endif
+}
+
+/// Loads two 8x8 matrices from shared memory, transposed (ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16).
+///
+/// Parameters:
+///   d: d[j] receives the lane's two elements of matrix j transposed.
+///   row_ptr: this lane's row address in shared memory (see the file comment).
+SPIO_DEVICE void ldmatrix_x2_trans(unsigned (&d)[2], const void *row_ptr) {
+#if defined(__CUDA_ARCH__)
+    const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(d[0]), "=r"(d[1])
+                 : "r"(smem_addr));
+#else
+    ::spio::emu::ldmatrix_x2_trans(d, row_ptr);
+#endif
+}
+
+/// Loads four 8x8 matrices from shared memory, transposed (ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16).
+///
+/// Parameters:
+///   d: d[j] receives the lane's two elements of matrix j transposed.
+///   row_ptr: this lane's row address in shared memory (see the file comment).
+SPIO_DEVICE void ldmatrix_x4_trans(unsigned (&d)[4], const void *row_ptr) {
+#if defined(__CUDA_ARCH__)
+    const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(smem_addr));
+#else
+    ::spio::emu::ldmatrix_x4_trans(d, row_ptr);
+#endif
+}
+
+}  // namespace spio
+
+#endif  // SPIO_WARP_LDMATRIX_H_

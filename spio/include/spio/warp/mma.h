@@ -1,0 +1,114 @@
+#ifndef SPIO_WARP_MMA_H_
+#define SPIO_WARP_MMA_H_
+
+/// Warp-wide tensor-core matrix multiply-accumulate: D = A * B + C with mma.sync.
+///
+/// Every lane of the warp must call these together (mma.sync.aligned), with converged control
+/// flow. Fragment layouts are in spio/warp/fragments.h. d may be the same array as c.
+
+#include "spio/macros.h"
+#include "spio/warp/fragments.h"
+
+namespace spio {
+
+/// D (16x8 f32) = A (16x8 f16, row major) * B (8x8 f16, column major) + C (16x8 f32).
+///
+/// Parameters:
+///   d: the lane's 4 accumulator elements of the result.
+///   a: the lane's 2 registers of A (4 halves).
+///   b: the lane's register of B (2 halves).
+///   c: the lane's 4 accumulator elements of the addend.
+SPIO_DEVICE void mma_m16n8k8_f16(float (&d)[4], const unsigned (&a)[2], unsigned b,
+                                 const float (&c)[4]) {
+#if defined(__CUDA_ARCH__)
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %8, %9, %10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#else
+    ::spio::emu::mma_m16n8k8_f16(d, a, b, c);
+#endif
+}
+
+/// D (16x8 f32) = A (16x8 bf16, row major) * B (8x8 bf16, column major) + C (16x8 f32).
+///
+/// Parameters are those of mma_m16n8k8_f16, with bfloat16 elements in a and b.
+SPIO_DEVICE void mma_m16n8k8_bf16(float (&d)[4], const unsigned (&a)[2], unsigned b,
+                                  const float (&c)[4]) {
+#if defined(__CUDA_ARCH__)
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %8, %9, %10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#else
+    ::spio::emu::mma_m16n8k8_bf16(d, a, b, c);
+#endif
+}
+
+/// D (16x8 f32) = A (16x16 f16, row major) * B (16x8 f16, column major) + C (16x8 f32).
+///
+/// Parameters:
+///   d: the lane's 4 accumulator elements of the result.
+///   a: the lane's 4 registers of A (8 halves).
+///   b: the lane's 2 registers of B (4 halves).
+///   c: the lane's 4 accumulator elements of the addend.
+SPIO_DEVICE void mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                                  const float (&c)[4]) {
+#if defined(__CUDA_ARCH__)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]),
+          "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#else
+    ::spio::emu::mma_m16n8k16_f16(d, a, b, c);
+#endif
+}
+
+/// D (16x8 f32) = A (16x16 bf16, row major) * B (16x8 bf16, column major) + C (16x8 f32).
+///
+/// Parameters are those of mma_m16n8k16_f16, with bfloat16 elements in a and b.
+SPIO_DEVICE void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                                   const float (&c)[4]) {
+#if defined(__CUDA_ARCH__)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]),
+          "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#else
+    ::spio::emu::mma_m16n8k16_bf16(d, a, b, c);
+#endif
+}
+
+/// d = a * b + c on fragments, m16n8k8 f16 (d may be c).
+SPIO_DEVICE void mma(FragC_m16n8_f32 &d, const FragA_m16n8k8_f16 &a, const FragB_m16n8k8_f16 &b,
+                     const FragC_m16n8_f32 &c) {
+    mma_m16n8k8_f16(d.reg, a.reg, b.reg[0], c.reg);
+}
+
+/// d = a * b + c on fragments, m16n8k8 bf16 (d may be c).
+SPIO_DEVICE void mma(FragC_m16n8_f32 &d, const FragA_m16n8k8_bf16 &a,
+                     const FragB_m16n8k8_bf16 &b, const FragC_m16n8_f32 &c) {
+    mma_m16n8k8_bf16(d.reg, a.reg, b.reg[0], c.reg);
+}
+
+/// d = a * b + c on fragments, m16n8k16 f16 (d may be c).
+SPIO_DEVICE void mma(FragC_m16n8_f32 &d, const FragA_m16n8k16_f16 &a,
+                     const FragB_m16n8k16_f16 &b, const FragC_m16n8_f32 &c) {
+    mma_m16n8k16_f16(d.reg, a.reg, b.reg, c.reg);
+}
+
+/// d = a * b + c on fragments, m16n8k16 bf16 (d may be c).
+SPIO_DEVICE void mma(FragC_m16n8_f32 &d, const FragA_m16n8k16_bf16 &a,
+                     const FragB_m16n8k16_bf16 &b, const FragC_m16n8_f32 &c) {
+    mma_m16n8k16_bf16(d.reg, a.reg, b.reg, c.reg);
+}
+
+}  // namespace spio
+
+#endif  // SPIO_WARP_MMA_H_
