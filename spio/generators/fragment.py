@@ -29,8 +29,26 @@ FRAGMENT_TYPES: dict[str, tuple[int, int]] = {
     "FragC_m16n8_f32": (16, 8),
 }
 
-# Members of every fragment base type; the derived class must not hide them.
-_BASE_MEMBERS = ["reg", "num_regs", "num_elements", "row", "col", "fragment_type"]
+# Members of the fragment base types (the contract's and spio's helpers) and our typedef: a row or
+# column dim with one of these names would hide it.
+_BASE_MEMBERS = [
+    "reg",
+    "num_regs",
+    "num_elements",
+    "row",
+    "col",
+    "rows",
+    "cols",
+    "fill",
+    "zero",
+    "get",
+    "set",
+    "get_reg",
+    "set_reg",
+    "element_type",
+    "pair_type",
+    "fragment_type",
+]
 
 
 @dataclass(frozen=True)

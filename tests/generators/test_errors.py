@@ -149,7 +149,7 @@ def test_unknown_fragment_types(fragment_type):
 
 
 @pytest.mark.parametrize(
-    "row, col", [("q", "q"), ("row", "k"), ("q", "reg"), ("Q", "k"), ("q", "")]
+    "row, col", [("q", "q"), ("row", "k"), ("q", "reg"), ("rows", "k"), ("Q", "k"), ("q", "")]
 )
 def test_bad_fragment_dims(row, col):
     with pytest.raises(ValueError, match="FragmentSpec 'F'"):
