@@ -77,8 +77,62 @@ def cmd_clear_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    import random
+
+    from . import supported_arch
+    from .compiler import CompileResult, check_arch, compile_many
+    from .kernels.families import KERNEL_FAMILIES
+    from .kernels.layer_sets import compile_layer_set
+
+    archs = [check_arch(a) for a in (args.arch or supported_arch)]
+    families = [f for f in KERNEL_FAMILIES if not args.kernel or args.kernel in f]
+    if not families:
+        print(f"no kernel family matches {args.kernel!r}; families: {', '.join(KERNEL_FAMILIES)}")
+        return 2
+    kernels = {}
+    for params in compile_layer_set():
+        for family in families:
+            for kernel in KERNEL_FAMILIES[family](params):
+                kernels[kernel.name] = kernel
+    chosen = sorted(kernels.values(), key=lambda k: k.name)
+    if args.sample and args.sample < len(chosen):
+        chosen = sorted(random.Random(args.seed).sample(chosen, args.sample), key=lambda k: k.name)
+    jobs = [(kernel, arch) for kernel in chosen for arch in archs]
+    print(f"compiling {len(chosen)} kernels for {', '.join(archs)}: {len(jobs)} compiles")
+    results = compile_many([k.compile_job(a) for k, a in jobs], desc="compiling kernels")
+    failures = spills = 0
+    name_width = max(len(k.name) for k, _ in jobs)
+    print(f"{'kernel':<{name_width}}  arch   regs  spill(B)  smem(B)")
+    for (kernel, arch), result in zip(jobs, results, strict=True):
+        if not isinstance(result, CompileResult):
+            failures += 1
+            print(f"{kernel.name:<{name_width}}  {arch}  FAILED: {result}")
+            continue
+        usage = result.resources.get(kernel.entry)
+        if usage is None:
+            failures += 1
+            print(f"{kernel.name:<{name_width}}  {arch}  FAILED: no entry {kernel.entry}")
+            continue
+        spilled = usage.spill_stores + usage.spill_loads
+        spills += spilled > 0
+        smem = usage.shared_bytes + kernel.shared_mem_bytes
+        flag = "  SPILLS" if spilled else ""
+        print(
+            f"{kernel.name:<{name_width}}  {arch}  {usage.registers:4d}  {spilled:8d}  "
+            f"{smem:7d}{flag}"
+        )
+    print(f"{len(jobs)} compiles: {failures} failed, {spills} spilled")
+    return 1 if failures or spills else 0
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "info": (cmd_info, "versions, where NVRTC and the headers were found, GPU, cache folder"),
+    "compile": (
+        cmd_compile,
+        "compile every config of every kernel for the built-in layer set; exit 1 on any failure "
+        "or spill",
+    ),
     "clear-cache": (cmd_clear_cache, "delete every cached cubin and emulator library"),
 }
 
@@ -86,8 +140,16 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m spio", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parsers = {}
     for name, (_, help_text) in COMMANDS.items():
-        sub.add_parser(name, help=help_text, description=help_text)
+        parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+    compile_parser = parsers["compile"]
+    compile_parser.add_argument(
+        "--arch", action="append", help="sm_80, sm_86, sm_89 or sm_90 (repeatable; default: all)"
+    )
+    compile_parser.add_argument("--kernel", help="only kernel families whose name contains this")
+    compile_parser.add_argument("--sample", type=int, help="compile a random sample of N kernels")
+    compile_parser.add_argument("--seed", type=int, default=0, help="seed for --sample")
     return parser
 
 

@@ -1,0 +1,230 @@
+"""FProp and DGrad kernels of the group-width-8 convolution: configs, generated header, launch.
+
+The kernel source is spio/src/conv2d_gw8.cu; its leading comment states the algorithm. This module
+enumerates its tile configs for a layer, generates the header that fixes sizes and index arithmetic,
+and picks a config (a simple heuristic until the performance model lands).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
+from .conv2d_gw8_params import Conv2dGw8Params
+from .kernel import Kernel
+
+SOURCE_FILE = "conv2d_gw8.cu"
+HEADER_NAME = "conv2d_gw8_gen.h"
+ENTRY = "spio_conv2d_gw8"
+
+MAX_THREADS = 512
+# The smallest per-block opt-in limit among the supported archs (sm_86 and sm_89: 99 KiB).
+MAX_SHARED_BYTES = 99 * 1024
+
+_ELEMENT = {"fp16": ("__half", "__half2"), "bf16": ("__nv_bfloat16", "__nv_bfloat162")}
+
+
+@dataclass(frozen=True, order=True)
+class Conv2dGw8Config:
+    """A tile config: groups (of 8 channels) per block, output rows and columns per block, and the
+    number of 16-column runs each warp computes."""
+
+    groups: int = 8
+    block_p: int = 16
+    block_q: int = 32
+    warp_q16: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("groups", "block_p", "block_q", "warp_q16"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Conv2dGw8Config needs {name} a positive int, got {value!r}")
+        if self.block_q % (16 * self.warp_q16):
+            raise ValueError(
+                f"Conv2dGw8Config needs block_q a multiple of 16 * warp_q16 = "
+                f"{16 * self.warp_q16}, got {self.block_q}"
+            )
+        if not 32 <= self.threads <= 1024:
+            raise ValueError(
+                f"Conv2dGw8Config needs 32..1024 threads per block, got {self.threads} "
+                f"({self.warps} warps)"
+            )
+
+    @property
+    def warps(self) -> int:
+        return self.groups * self.block_q // (16 * self.warp_q16)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def encode(self) -> str:
+        return f"g{self.groups}_p{self.block_p}_q{self.block_q}_w{self.warp_q16}"
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """The convolution as the kernel sees it: In (ih x iw) -> Out (oh x ow) with signed padding."""
+
+    in_h: int
+    in_w: int
+    out_h: int
+    out_w: int
+    pad_h: int
+    pad_w: int
+
+    @staticmethod
+    def of(params: Conv2dGw8Params, igrad: bool) -> _Geometry:
+        if igrad:  # dy (p x q) -> dx (h x w), padding R-1-pad (negative when pad > R-1)
+            return _Geometry(
+                params.p,
+                params.q,
+                params.h,
+                params.w,
+                params.r - 1 - params.padding_h,
+                params.s - 1 - params.padding_w,
+            )
+        return _Geometry(params.h, params.w, params.p, params.q, params.padding_h, params.padding_w)
+
+
+def _pad_odd(n: int) -> int:
+    """n rounded up to an odd number: an odd stride in 16-byte units avoids bank conflicts."""
+    return n if n % 2 else n + 1
+
+
+def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8Config) -> int:
+    """Dynamic shared memory of one block: two stages of input rows plus the weights."""
+    in_x = _pad_odd(config.block_q + params.s - 1)
+    return 2 * config.groups * in_x * 16 + config.groups * params.r * params.s * 64 * 2
+
+
+def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Config]:
+    """Every tile config worth trying for this layer, in a fixed order."""
+    geo = _Geometry.of(params, igrad)
+    max_groups = 1 << math.ceil(math.log2(params.groups))  # no more than the layer has, rounded
+    max_q = 16 * math.ceil(geo.out_w / 16)
+    max_p = geo.out_h
+    found = []
+    for groups in (1, 2, 4, 8, 16):
+        if groups > max_groups:
+            continue
+        for block_q in (16, 32, 64, 128):
+            if block_q > max(16, max_q):
+                continue
+            for warp_q16 in (1, 2):
+                if block_q % (16 * warp_q16):
+                    continue
+                warps = groups * block_q // (16 * warp_q16)
+                if not 1 <= warps <= MAX_THREADS // 32:
+                    continue
+                for block_p in (2, 4, 8, 16, 32, 64):
+                    if block_p > 2 * max_p and block_p != 2:
+                        continue
+                    config = Conv2dGw8Config(groups, block_p, block_q, warp_q16)
+                    if shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
+                        found.append(config)
+    return found
+
+
+def default_config(params: Conv2dGw8Params, igrad: bool = False) -> Conv2dGw8Config:
+    """A reasonable config without measurements: wide enough tiles to amortise the halo, enough
+    blocks to fill a large GPU."""
+    geo = _Geometry.of(params, igrad)
+    groups = min(8, 1 << math.ceil(math.log2(params.groups)))
+    block_q = 32 if geo.out_w <= 32 else 64
+    warp_q16 = 2 if block_q >= 32 else 1
+    if groups * block_q // (16 * warp_q16) < 2:  # at least two warps
+        warp_q16 = 1
+    block_p = 16
+    tiles = params.n * math.ceil(params.groups / groups) * math.ceil(geo.out_w / block_q)
+    while block_p > 4 and tiles * math.ceil(geo.out_h / block_p) < 264:  # ~2 blocks per SM
+        block_p //= 2
+    block_p = min(block_p, 1 << math.ceil(math.log2(geo.out_h)))
+    return Conv2dGw8Config(groups, max(block_p, 1), block_q, warp_q16)
+
+
+def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> str:
+    """The C++ header that specialises conv2d_gw8.cu for one layer and config."""
+    geo = _Geometry.of(params, igrad)
+    element, pair = _ELEMENT[params.dtype]
+    c8 = params.groups
+    in_x = config.block_q + params.s - 1
+    tiles = {
+        "n": params.n,
+        "c8": math.ceil(c8 / config.groups),
+        "y": math.ceil(geo.out_h / config.block_p),
+        "x": math.ceil(geo.out_w / config.block_q),
+    }
+    specs = [
+        MacroSpec(
+            {
+                "SPIO_CONV_KERNEL": ENTRY,
+                "SPIO_CONV_ELEMENT": element,
+                "SPIO_CONV_BF16": int(params.dtype == "bf16"),
+                "SPIO_CONV_IGRAD": int(igrad),
+                "SPIO_CONV_HAS_BIAS": int(params.has_bias and not igrad),
+            }
+        ),
+        ParamsSpec("Conv", {"r": params.r, "s": params.s, "pad_h": geo.pad_h, "pad_w": geo.pad_w}),
+        ParamsSpec(
+            "Block",
+            {
+                "c8": config.groups,
+                "y": config.block_p,
+                "x": config.block_q,
+                "warp_x16": config.warp_q16,
+                "threads": config.threads,
+            },
+        ),
+        TensorSpec("Input", "const uint4", {"n": params.n, "y": geo.in_h, "x": geo.in_w, "c8": c8}),
+        TensorSpec(
+            "Output", pair, {"n": params.n, "y": geo.out_h, "x": geo.out_w, "k8": c8, "k2": 4}
+        ),
+        TensorSpec(
+            "Weights", f"const {element}", {"k": params.c, "c": 8, "r": params.r, "s": params.s}
+        ),
+        TensorSpec("Bias", "const float2", {"k8": c8, "k2": 4}),
+        TensorSpec(
+            "SmemInput", "uint4", {"stage": 2, "c8": config.groups, "x": (in_x, _pad_odd(in_x))}
+        ),
+        TensorSpec(
+            "SmemWeights",
+            element,
+            {"c8": config.groups, "r": params.r, "s": params.s, "k": 8, "c": 8},
+        ),
+        IndexSpec("BlockIdx", tiles),
+        IndexSpec(
+            "WarpIdx", {"c8": config.groups, "x16": config.block_q // (16 * config.warp_q16)}
+        ),
+        IndexSpec("InputLoadIdx", {"x": in_x, "c8": config.groups}),
+        IndexSpec(
+            "WeightLoadIdx", {"c8": config.groups, "k": 8, "c": 8, "r": params.r, "s": params.s}
+        ),
+    ]
+    return generate(specs)
+
+
+def make_kernel(
+    params: Conv2dGw8Params, config: Conv2dGw8Config | None = None, igrad: bool = False
+) -> Kernel:
+    """The FProp (or, with igrad, DGrad) kernel for `params` with tile `config`."""
+    config = config or default_config(params, igrad)
+    geo = _Geometry.of(params, igrad)
+    blocks = (
+        params.n
+        * math.ceil(params.groups / config.groups)
+        * math.ceil(geo.out_h / config.block_p)
+        * math.ceil(geo.out_w / config.block_q)
+    )
+    kind = "dgrad" if igrad else "fprop"
+    return Kernel(
+        name=f"conv2d_gw8_{kind}__{params.encode()}__{config.encode()}",
+        source_file=SOURCE_FILE,
+        entry=ENTRY,
+        headers=((HEADER_NAME, generate_header(params, config, igrad)),),
+        grid=(blocks, 1, 1),
+        block=(config.threads, 1, 1),
+        shared_mem_bytes=shared_mem_bytes(params, config),
+        info=(("params", params), ("config", config), ("igrad", igrad)),
+    )

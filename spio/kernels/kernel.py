@@ -1,0 +1,125 @@
+"""A compiled-on-demand kernel: its source, generated header, launch shape, and where it runs.
+
+A `Kernel` is a value: the factory of its family builds it from layer parameters and a tile
+config. It compiles with NVRTC for a GPU's arch and loads into that device's context, or builds for
+the CPU emulator; both are cached (cubins and emulator libraries on disk, loaded modules per device
+in memory).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..log import logger
+
+SOURCE_DIR = Path(__file__).resolve().parent.parent / "src"
+
+
+@functools.cache
+def kernel_source(file_name: str) -> str:
+    """The text of a kernel source file in spio/src."""
+    return (SOURCE_DIR / file_name).read_text()
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """Everything needed to compile and launch one kernel instance."""
+
+    name: str  # unique: encodes the kernel family, layer parameters and tile config
+    source_file: str  # in spio/src
+    entry: str  # the extern "C" function in the module
+    headers: tuple[tuple[str, str], ...]  # generated headers: (include name, text)
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem_bytes: int
+    # Extra values describing the instance (params, config), for logs and perf models.
+    info: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    @property
+    def source(self) -> str:
+        return kernel_source(self.source_file)
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    def compile(self, arch: str):
+        """Compile for `arch` (cached on disk); returns a spio.compiler.CompileResult."""
+        from ..compiler import compile_cubin
+
+        return compile_cubin(self.source, arch, dict(self.headers), name=f"{self.name}.cu")
+
+    def compile_job(self, arch: str):
+        """A CompileJob for the parallel compile pool."""
+        from ..compiler import CompileJob
+
+        return CompileJob(self.source, arch, dict(self.headers), name=f"{self.name}.cu")
+
+    def launch(self, args: list[Any], device: Any) -> None:
+        """Run on `device` (a torch.device): a CUDA GPU, or the CPU emulator for device 'cpu'."""
+        if device.type == "cuda":
+            _cuda_function(self, device.index or 0).launch_on_current_stream(self, args)
+        elif device.type == "cpu":
+            _emulator_function(self).launch(
+                self.grid, self.block, args, shared_mem_bytes=self.shared_mem_bytes
+            )
+        else:
+            raise ValueError(f"spio kernels run on CUDA devices or the CPU emulator, got {device}")
+
+
+class _LoadedCudaFunction:
+    """A kernel loaded into one device's primary context."""
+
+    def __init__(self, kernel: Kernel, ordinal: int):
+        from ..cuda import driver
+
+        attrs = driver.device_attributes(ordinal)
+        result = kernel.compile(attrs["arch"])
+        with driver.PrimaryContext(ordinal):
+            self.module = driver.Module.load(result.cubin)
+            self.function = self.module.get_function(kernel.entry)
+            if kernel.shared_mem_bytes > 48 * 1024:
+                self.function.set_max_dynamic_shared_memory(kernel.shared_mem_bytes)
+        self.ordinal = ordinal
+
+    def launch_on_current_stream(self, kernel: Kernel, args: list[Any]) -> None:
+        import torch
+
+        stream = torch.cuda.current_stream(self.ordinal).cuda_stream
+        self.function.launch(
+            kernel.grid, kernel.block, args, shared_mem_bytes=kernel.shared_mem_bytes, stream=stream
+        )
+
+
+_loaded: dict[tuple[Kernel, int], _LoadedCudaFunction] = {}
+_emulated: dict[Kernel, Any] = {}
+_lock = threading.Lock()
+
+
+def _cuda_function(kernel: Kernel, ordinal: int) -> _LoadedCudaFunction:
+    key = (kernel, ordinal)
+    loaded = _loaded.get(key)
+    if loaded is None:
+        with _lock:
+            loaded = _loaded.get(key)
+            if loaded is None:
+                loaded = _loaded[key] = _LoadedCudaFunction(kernel, ordinal)
+    return loaded
+
+
+def _emulator_function(kernel: Kernel):
+    function = _emulated.get(kernel)
+    if function is None:
+        from .. import emulator
+
+        with _lock:
+            function = _emulated.get(kernel)
+            if function is None:
+                logger.debug("building %s for the CPU emulator", kernel.name)
+                module = emulator.load_module(kernel.source, dict(kernel.headers), name=kernel.name)
+                function = _emulated[kernel] = module.get_function(kernel.entry)
+    return function

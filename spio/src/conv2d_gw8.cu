@@ -1,0 +1,211 @@
+/// Grouped 2-D convolution with group width 8, stride 1: FProp, and DGrad in "igrad" mode.
+///
+/// What it computes (NHWC; g is the group of 8 channels, c and k index inside a group):
+///   Out[n, y, x, 8g + k] = sum_{r, s, c} In[n, y + r - PAD_H, x + s - PAD_W, 8g + c] * Tap(g, r, s)[k][c]
+///                          (+ bias[8g + k] in FProp)
+///   FProp: In = x, Out = y, Tap(g, r, s)[k][c] = w[8g + k, c, r, s], PAD = padding.
+///   DGrad: In = dy, Out = dx, Tap(g, r, s)[k][c] = w[8g + c, k, R-1-r, S-1-s], PAD = R-1-padding (may
+///          be negative); the same kernel with the taps flipped and each 8x8 tap transposed, which
+///          ldmatrix .trans does for free.
+/// Inputs whose indices fall outside In are zero (cp.async zero-fill); w keeps PyTorch's [K, 8, R, S].
+///
+/// Tiling: a block owns image n, Block::c8 groups, Block::y output rows and Block::x output columns.
+/// It streams the Block::y + R - 1 input rows of its tile through shared memory one row at a time
+/// (cp.async, two stages). Each warp owns one group and Block::warp_x16 runs of 16 output columns.
+/// For each input row a warp loads, per filter column s, the 16x8 matrix of the shifted input
+/// (16 pixels x 8 channels, ldmatrix.x2) and multiplies it with the R taps (r, s) by
+/// mma.sync.m16n8k8, adding into a circular buffer of R output rows kept in registers
+/// (overlap-add): input row i feeds output rows i - r. The loop over input rows is unrolled by R so
+/// that each buffer slot is a fixed set of registers. After input row i, output row i - (R-1) is
+/// complete: it is rounded, biased and stored, and its slot zeroed for reuse.
+/// Weights are read once per block into shared memory ([c8][r][s][k][c]: each tap a 128-byte 8x8
+/// matrix) and then into registers, one register per tap per lane (ldmatrix.x1, .trans in DGrad).
+///
+/// Synchronisation: one __syncthreads per input row. At the top of row i every thread waits for its
+/// copies of row i (cp.async.wait_group 0), then the barrier publishes row i to all warps and
+/// guarantees that every warp has finished reading row i - 1, whose stage then receives row i + 1.
+///
+/// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
+/// SmemInput::num_bytes + SmemWeights::num_bytes bytes of dynamic shared memory.
+/// Arguments: (Out *out, const In *in, const Elem *weights, const float *bias or null).
+/// The generated header (conv2d_gw8_gen.h) defines Conv, Block, the tensors and the index classes.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "spio/thread/async_copy.h"
+#include "spio/warp/ldmatrix.h"
+#include "spio/warp/mma.h"
+
+#include "conv2d_gw8_gen.h"
+
+namespace {
+
+using Elem = SPIO_CONV_ELEMENT;
+
+// pack_pair rounds two floats to a pair of the kernel's element type; mma_tap adds A * B into acc.
+#if SPIO_CONV_BF16
+SPIO_DEVICE __nv_bfloat162 pack_pair(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+SPIO_DEVICE void mma_tap(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
+    spio::mma_m16n8k8_bf16(acc, a, b, acc);
+}
+#else
+SPIO_DEVICE __half2 pack_pair(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+SPIO_DEVICE void mma_tap(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
+    spio::mma_m16n8k8_f16(acc, a, b, acc);
+}
+#endif
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(Block::threads)
+    SPIO_CONV_KERNEL(Output::data_type *out, const uint4 *in, const Elem *weights, const float *bias) {
+    constexpr int R = Conv::r;
+    constexpr int S = Conv::s;
+    constexpr int ROWS = Block::y + R - 1;  // input rows per tile
+
+    extern __shared__ uint4 smem[];
+    const SmemInput smem_input(smem);
+    const SmemWeights smem_weights(reinterpret_cast<Elem *>(smem + SmemInput::size));
+
+    const BlockIdx block(blockIdx.x);
+    const int n = block.n();
+    const int block_c8 = block.c8() * Block::c8;
+    const int block_y = block.y() * Block::y;
+    const int block_x = block.x() * Block::x;
+
+    // Copies input row `row` of the tile (zero outside the image) into stage `stage`.
+    const auto load_input_row = [&](int row, int stage) {
+        const int y = block_y + row - Conv::pad_h;
+        const bool row_inside = y >= 0 && y < Input::Y;
+        for (int i = threadIdx.x; i < InputLoadIdx::size; i += Block::threads) {
+            const InputLoadIdx idx(i);
+            const int x = block_x + idx.x() - Conv::pad_w;
+            const int c8 = block_c8 + idx.c8();
+            const bool inside = row_inside && x >= 0 && x < Input::X && c8 < Input::C8;
+            const uint4 *src = inside ? Input(in).n(n).y(y).x(x).c8(c8).get() : in;
+            spio::cp_async_16(smem_input.stage(stage).c8(idx.c8()).x(idx.x()).get(), src,
+                              inside ? 16 : 0);
+        }
+        spio::cp_async_commit_group();
+    };
+    load_input_row(0, 0);
+
+    // Weights: PyTorch layout in global memory -> one 8x8 [k][c] matrix per tap in shared memory.
+    for (int i = threadIdx.x; i < WeightLoadIdx::size; i += Block::threads) {
+        const WeightLoadIdx idx(i);
+        const int c8 = block_c8 + idx.c8();
+        Elem value = Elem(0.0f);
+        if (c8 < Input::C8) {
+            value = *Weights(weights).k(c8 * 8 + idx.k()).c(idx.c()).r(idx.r()).s(idx.s());
+        }
+        *smem_weights.c8(idx.c8()).r(idx.r()).s(idx.s()).k(idx.k()).c(idx.c()) = value;
+    }
+    __syncthreads();
+
+    const int lane = threadIdx.x % 32;
+    const WarpIdx warp(threadIdx.x / 32);
+    const int warp_x = warp.x16() * (Block::warp_x16 * 16);  // first column of this warp in the tile
+    const int c8 = block_c8 + warp.c8();                      // this warp's group
+
+    // B operands: one register per tap. FProp wants B[c][k] = tap[k][c] (ldmatrix of the [k][c]
+    // rows); DGrad wants the flipped tap transposed (ldmatrix .trans).
+    unsigned taps[R][S];
+    SPIO_UNROLL
+    for (int r = 0; r < R; ++r) {
+        SPIO_UNROLL
+        for (int s = 0; s < S; ++s) {
+            unsigned reg[1];
+#if SPIO_CONV_IGRAD
+            spio::ldmatrix_x1_trans(reg, smem_weights.c8(warp.c8()).r(R - 1 - r).s(S - 1 - s).k(lane % 8).get());
+#else
+            spio::ldmatrix_x1(reg, smem_weights.c8(warp.c8()).r(r).s(s).k(lane % 8).get());
+#endif
+            taps[r][s] = reg[0];
+        }
+    }
+
+    float2 bias_pair = make_float2(0.0f, 0.0f);
+#if SPIO_CONV_HAS_BIAS
+    if (c8 < Output::K8) {
+        bias_pair = *Bias(reinterpret_cast<const float2 *>(bias)).k8(c8).k2(lane % 4);
+    }
+#endif
+
+    // The circular buffer: acc[slot][run] is a 16x8 f32 accumulator fragment.
+    float acc[R][Block::warp_x16][4];
+    SPIO_UNROLL
+    for (int slot = 0; slot < R; ++slot) {
+        SPIO_UNROLL
+        for (int run = 0; run < Block::warp_x16; ++run) {
+            SPIO_UNROLL
+            for (int e = 0; e < 4; ++e) {
+                acc[slot][run][e] = 0.0f;
+            }
+        }
+    }
+
+    // Rounds, biases and stores output row `row` of the tile from accumulator slot `slot`.
+    const auto store_output_row = [&](int row, float (&rows)[Block::warp_x16][4]) {
+        const int y = block_y + row;
+        if (y >= Output::Y || c8 >= Output::K8) {
+            return;
+        }
+        const Output out_row = Output(out).n(n).y(y);
+        SPIO_UNROLL
+        for (int run = 0; run < Block::warp_x16; ++run) {
+            SPIO_UNROLL
+            for (int half = 0; half < 2; ++half) {  // fragment rows g and g + 8
+                const int x = block_x + warp_x + run * 16 + lane / 4 + half * 8;
+                if (x < Output::X) {
+                    *out_row.x(x).k8(c8).k2(lane % 4) =
+                        pack_pair(rows[run][2 * half] + bias_pair.x, rows[run][2 * half + 1] + bias_pair.y);
+                }
+            }
+        }
+    };
+
+    for (int row0 = 0; row0 < ROWS; row0 += R) {
+        SPIO_UNROLL
+        for (int u = 0; u < R; ++u) {
+            const int row = row0 + u;
+            if (row < ROWS) {
+                spio::cp_async_wait_group<0>();
+                __syncthreads();
+                if (row + 1 < ROWS) {
+                    load_input_row(row + 1, (row + 1) % 2);
+                }
+                const SmemInput stage = smem_input.stage(row % 2).c8(warp.c8());
+                SPIO_UNROLL
+                for (int s = 0; s < S; ++s) {
+                    SPIO_UNROLL
+                    for (int run = 0; run < Block::warp_x16; ++run) {
+                        unsigned a[2];
+                        spio::ldmatrix_x2(a, stage.x(warp_x + run * 16 + s + lane % 16).get());
+                        SPIO_UNROLL
+                        for (int r = 0; r < R; ++r) {
+                            // Output row (row - r) lives in slot (u - r) mod R. Rows above the tile
+                            // (row < r) only exist in the first R - 1 input rows: skip them.
+                            if (row0 > 0 || r <= u) {
+                                mma_tap(acc[(u - r + R) % R][run], a, taps[r][s]);
+                            }
+                        }
+                    }
+                }
+                // Output row (row - (R - 1)) has all its input rows now.
+                const int done = row - (R - 1);
+                float (&finished)[Block::warp_x16][4] = acc[(u + 1) % R];
+                if (done >= 0) {
+                    store_output_row(done, finished);
+                }
+                SPIO_UNROLL
+                for (int run = 0; run < Block::warp_x16; ++run) {
+                    SPIO_UNROLL
+                    for (int e = 0; e < 4; ++e) {
+                        finished[run][e] = 0.0f;
+                    }
+                }
+            }
+        }
+    }
+}
