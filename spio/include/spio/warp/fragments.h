@@ -68,9 +68,7 @@ struct PairOf<__nv_bfloat16> {
 
 /// Row and column of each element of the m16n8k8 A operand (16x8, row major).
 struct LayoutA_m16n8k8 {
-    static constexpr int rows = 16;
-    static constexpr int cols = 8;
-    static constexpr int num_elements = 4;
+    enum : int { rows = 16, cols = 8, num_elements = 4 };
     SPIO_HOST_DEVICE static constexpr int row(int lane, int idx) {
         return (lane >> 2) + ((idx >> 1) & 1) * 8;
     }
@@ -81,9 +79,7 @@ struct LayoutA_m16n8k8 {
 
 /// Row and column of each element of the m16n8k8 B operand (8x8, column major).
 struct LayoutB_m16n8k8 {
-    static constexpr int rows = 8;
-    static constexpr int cols = 8;
-    static constexpr int num_elements = 2;
+    enum : int { rows = 8, cols = 8, num_elements = 2 };
     SPIO_HOST_DEVICE static constexpr int row(int lane, int idx) {
         return (lane & 3) * 2 + (idx & 1);
     }
@@ -92,9 +88,7 @@ struct LayoutB_m16n8k8 {
 
 /// Row and column of each element of the m16n8k16 A operand (16x16, row major).
 struct LayoutA_m16n8k16 {
-    static constexpr int rows = 16;
-    static constexpr int cols = 16;
-    static constexpr int num_elements = 8;
+    enum : int { rows = 16, cols = 16, num_elements = 8 };
     SPIO_HOST_DEVICE static constexpr int row(int lane, int idx) {
         return (lane >> 2) + ((idx >> 1) & 1) * 8;
     }
@@ -105,9 +99,7 @@ struct LayoutA_m16n8k16 {
 
 /// Row and column of each element of the m16n8k16 B operand (16x8, column major).
 struct LayoutB_m16n8k16 {
-    static constexpr int rows = 16;
-    static constexpr int cols = 8;
-    static constexpr int num_elements = 4;
+    enum : int { rows = 16, cols = 8, num_elements = 4 };
     SPIO_HOST_DEVICE static constexpr int row(int lane, int idx) {
         return (lane & 3) * 2 + (idx & 1) + ((idx >> 1) & 1) * 8;
     }
@@ -116,9 +108,7 @@ struct LayoutB_m16n8k16 {
 
 /// Row and column of each element of the 16x8 f32 accumulator (C and D of both shapes).
 struct LayoutC_m16n8 {
-    static constexpr int rows = 16;
-    static constexpr int cols = 8;
-    static constexpr int num_elements = 4;
+    enum : int { rows = 16, cols = 8, num_elements = 4 };
     SPIO_HOST_DEVICE static constexpr int row(int lane, int idx) {
         return (lane >> 2) + ((idx >> 1) & 1) * 8;
     }
@@ -217,14 +207,14 @@ struct FragC_m16n8_f32 {
         return detail::LayoutC_m16n8::col(lane, idx);
     }
 
-    /// Sets every element to `value` (zero() before the first mma).
+    /// Sets every element to `value`.
     SPIO_HOST_DEVICE void fill(float value) {
         for (int i = 0; i < num_regs; ++i) {
             reg[i] = value;
         }
     }
 
-    /// Sets every element to 0.
+    /// Sets every element to 0 (before the first mma).
     SPIO_HOST_DEVICE void zero() { fill(0.0f); }
 
     /// Elements 2i and 2i + 1 (row row(lane, 2i), columns 2t and 2t + 1) rounded to a __half2.
@@ -232,7 +222,7 @@ struct FragC_m16n8_f32 {
     /// Parameters:
     ///   i: pair index, 0 (row g) or 1 (row g + 8).
     /// Returns:
-    ///   .x = element 2i, .y = element 2i + 1, rounded to nearest.
+    ///   .x = element 2i, .y = element 2i + 1, rounded to nearest even.
     SPIO_HOST_DEVICE __half2 to_half2(int i) const {
         return __floats2half2_rn(reg[2 * i], reg[2 * i + 1]);
     }
