@@ -38,17 +38,11 @@
 #define SPIO_HOST_DEVICE __host__ __device__ __forceinline__
 #endif
 
-#elif defined(SPIO_EMULATOR)
+#else  // the emulator's host build, or a plain host compiler
 
-#ifndef SPIO_DEVICE
-#define SPIO_DEVICE __device__ __forceinline__
-#endif
-#ifndef SPIO_HOST_DEVICE
-#define SPIO_HOST_DEVICE inline
-#endif
-
-#else  // plain host compiler
-
+// Device functions become ordinary inline host functions. Plain `inline` (not __device__
+// __forceinline__) keeps them independent of how the CUDA keywords are defined on the host, and
+// lets the emulator's debug builds step into them.
 #ifndef SPIO_DEVICE
 #define SPIO_DEVICE inline
 #endif
