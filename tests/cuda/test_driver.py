@@ -1,0 +1,786 @@
+"""spio.cuda.driver: loading, errors, contexts, argument packing and launches.
+
+Without a GPU the wrapper is exercised against a fake libcuda (a small C library built here and
+selected with SPIO_LIBCUDA) in subprocesses, since the driver is loaded once per process. The fake
+checks what the real driver would: a context is current where one must be, parameter sizes, and
+dynamic shared memory limits. The `cuda` tests run the same API on a real GPU.
+"""
+
+import ctypes.util
+import enum
+import os
+import pickle
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+driver = pytest.importorskip("spio.cuda.driver", reason="build with setup.py build_ext --inplace")
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAKE_LIBCUDA = r"""
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct { int dev; int refs; } Ctx;
+typedef struct { Ctx *ctx; int loaded; } Mod;
+typedef struct { Ctx *ctx; const char *name; int nparams; size_t sizes[8]; int smem; int dyn; } Fn;
+
+static Ctx ctxs[2] = {{0, 0}, {1, 0}};
+static Ctx *stack[16];
+static int initialized;
+static Mod mods[64];
+static int nmods;
+static Fn fns[64];
+static int nfns;
+
+int depth, unloads, launches, refs0, refs1;
+unsigned last_dims[6], last_smem;
+unsigned long long last_stream;
+void *last_ctx;
+unsigned char last_params[256];
+
+static Ctx *current(void) { return depth ? stack[depth - 1] : NULL; }
+static void count_refs(void) { refs0 = ctxs[0].refs; refs1 = ctxs[1].refs; }
+
+CUresult cuInit(unsigned flags) {
+    const char *e = getenv("FAKE_CUDA_INIT_ERROR");
+    if (e) return atoi(e);
+    initialized = 1;
+    return 0;
+}
+CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+static const char *names[][3] = {
+    {"0", "CUDA_SUCCESS", "no error"},
+    {"1", "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {"3", "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {"100", "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {"101", "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {"200", "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {"201", "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {"400", "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {"500", "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+};
+static CUresult lookup(CUresult r, const char **s, int which) {
+    for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
+        if (atoi(names[i][0]) == r) { *s = names[i][which]; return 0; }
+    *s = NULL;
+    return 1;
+}
+CUresult cuGetErrorName(CUresult r, const char **s) { return lookup(r, s, 1); }
+CUresult cuGetErrorString(CUresult r, const char **s) { return lookup(r, s, 2); }
+CUresult cuDeviceGetCount(int *n) { if (!initialized) return 3; *n = 2; return 0; }
+CUresult cuDeviceGet(CUdevice *d, int o) {
+    if (!initialized) return 3;
+    if (o < 0 || o > 1) return 101;
+    *d = o;
+    return 0;
+}
+CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    snprintf(name, len, "Fake GPU %d", d);
+    return 0;
+}
+CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+    switch (attr) {
+    case 1: *v = 1024; return 0;       /* max threads per block */
+    case 8: *v = 49152; return 0;      /* shared memory per block */
+    case 10: *v = 32; return 0;        /* warp size */
+    case 13: *v = 1980000; return 0;   /* clock */
+    case 16: *v = 132 - d; return 0;   /* SMs */
+    case 37: *v = 6144; return 0;      /* bus width */
+    case 38: *v = 62914560; return 0;  /* L2 */
+    case 39: *v = 2048; return 0;
+    case 75: *v = 9; return 0;
+    case 76: *v = 0; return 0;
+    case 81: *v = 233472; return 0;
+    case 82: *v = 65536; return 0;
+    case 97: *v = 232448; return 0;    /* opt-in shared memory per block */
+    default: return 1;                 /* e.g. 36, the memory clock: "not reported" */
+    }
+}
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) { *bytes = 150000000000ULL; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void **c, CUdevice d) {
+    ctxs[d].refs++;
+    count_refs();
+    *c = &ctxs[d];
+    return 0;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    if (ctxs[d].refs == 0) return 201;
+    ctxs[d].refs--;
+    count_refs();
+    return 0;
+}
+CUresult cuCtxGetCurrent(void **c) { *c = current(); return 0; }
+CUresult cuCtxPushCurrent_v2(void *c) { stack[depth++] = c; return 0; }
+CUresult cuCtxPopCurrent_v2(void **c) {
+    if (!depth) return 201;
+    *c = stack[--depth];
+    return 0;
+}
+CUresult cuCtxGetDevice(CUdevice *d) { if (!depth) return 201; *d = current()->dev; return 0; }
+CUresult cuCtxSynchronize(void) { return depth ? 0 : 201; }
+CUresult cuModuleLoadData(void **m, const void *image) {
+    if (!current()) return 201;
+    if (memcmp(image, "FAKECUBIN", 9) != 0) return 200;
+    mods[nmods].ctx = current();
+    mods[nmods].loaded = 1;
+    *m = &mods[nmods++];
+    return 0;
+}
+CUresult cuModuleUnload(Mod *m) {
+    if (current() != m->ctx) return 201;
+    m->loaded = 0;
+    unloads++;
+    return 0;
+}
+CUresult cuModuleGetFunction(void **f, Mod *m, const char *name) {
+    if (!m->loaded) return 400;
+    Fn fn = {m->ctx, "", 0, {0}, 0, 49152};
+    if (!strcmp(name, "write_pattern")) {
+        fn.nparams = 3; fn.sizes[0] = 8; fn.sizes[1] = 4; fn.sizes[2] = 4;
+    } else if (!strcmp(name, "big_smem")) {
+        fn.nparams = 1; fn.sizes[0] = 8; fn.smem = 1024; fn.dyn = 49152 - 1024;
+    } else if (!strcmp(name, "no_params")) {
+    } else {
+        return 500;
+    }
+    fns[nfns] = fn;
+    *f = &fns[nfns++];
+    return 0;
+}
+CUresult cuFuncGetAttribute(int *v, int attr, Fn *f) {
+    switch (attr) {
+    case 0: *v = 1024; return 0;
+    case 1: *v = f->smem; return 0;
+    case 2: case 3: *v = 0; return 0;
+    case 4: *v = 40; return 0;
+    case 5: case 6: *v = 90; return 0;
+    case 8: *v = f->dyn; return 0;
+    default: return 1;
+    }
+}
+CUresult cuFuncSetAttribute(Fn *f, int attr, int v) {
+    if (attr != 8 || v < 0 || v + f->smem > 232448) return 1;
+    f->dyn = v;
+    return 0;
+}
+#ifndef NO_PARAM_INFO
+CUresult cuFuncGetParamInfo(Fn *f, size_t i, size_t *offset, size_t *size) {
+    size_t off = 0;
+    if (i >= (size_t)f->nparams) return 1;
+    for (size_t j = 0; j < i; ++j) off += f->sizes[j];
+    *offset = off;
+    *size = f->sizes[i];
+    return 0;
+}
+#endif
+CUresult cuLaunchKernel(Fn *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                        unsigned bz, unsigned smem, void *stream, void **params, void **extra) {
+    size_t off = 0;
+    if (current() != f->ctx) return 201;
+    if (smem > (unsigned)f->dyn) return 1;
+    unsigned dims[6] = {gx, gy, gz, bx, by, bz};
+    memcpy(last_dims, dims, sizeof dims);
+    last_smem = smem;
+    last_stream = (unsigned long long)stream;
+    last_ctx = current();
+    for (int i = 0; i < f->nparams; ++i) {
+        memcpy(last_params + off, params[i], f->sizes[i]);
+        off += f->sizes[i];
+    }
+    launches++;
+    return 0;
+}
+"""
+
+PRELUDE = """
+import ctypes, gc, os, struct
+import pytest
+from spio.cuda import driver as d
+library = os.environ["SPIO_LIBCUDA"]
+fake = ctypes.CDLL(library) if os.path.exists(library) else None
+def g(name):
+    return ctypes.c_int.in_dll(fake, name).value
+def current_ctx():
+    c = ctypes.c_void_p()
+    assert fake.cuCtxGetCurrent(ctypes.byref(c)) == 0
+    return c.value or 0
+class Tensor:
+    def __init__(self, ptr):
+        self.ptr = ptr
+    def data_ptr(self):
+        return self.ptr
+CUBIN = b"FAKECUBIN and the rest of an image"
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_libcuda(tmp_path_factory):
+    """Build the fake driver library twice: with and without cuFuncGetParamInfo."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs a C compiler to build the fake libcuda")
+    folder = tmp_path_factory.mktemp("fake_libcuda")
+    source = folder / "fake.c"
+    source.write_text(FAKE_LIBCUDA)
+    libs = {}
+    for variant, flags in (("new", []), ("old", ["-DNO_PARAM_INFO"])):
+        lib = folder / f"libcuda_{variant}.so"
+        subprocess.run(
+            [cc, "-shared", "-fPIC", "-O1", *flags, "-o", str(lib), str(source)], check=True
+        )
+        libs[variant] = lib
+    return libs
+
+
+def run_with(library, code: str, **env) -> None:
+    """Run `code` (after PRELUDE) in a fresh interpreter whose driver library is `library`."""
+    full_env = {**os.environ, "SPIO_LIBCUDA": str(library), "PYTHONPATH": str(REPO), **env}
+    script = PRELUDE + textwrap.dedent(code)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+# --------------------------------------------------------------------------------------------------
+# No driver at all
+
+
+def test_error_types_and_message():
+    assert issubclass(driver.CudaError, RuntimeError)
+    assert issubclass(driver.CudaDriverError, RuntimeError)
+    err = driver.CudaError(200, "CUDA_ERROR_INVALID_IMAGE", "cuModuleLoadData", "bad image")
+    assert str(err) == "cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE (bad image)"
+    assert (err.code, err.name, err.call) == (200, "CUDA_ERROR_INVALID_IMAGE", "cuModuleLoadData")
+    back = pickle.loads(pickle.dumps(err))
+    assert str(back) == str(err) and back.code == 200
+
+
+def test_missing_library_is_a_clear_driver_error(tmp_path):
+    missing = tmp_path / "libcuda.so.1"
+    with pytest.raises(driver.CudaDriverError, match="No NVIDIA driver found") as info:
+        driver._probe_library(str(missing))
+    assert str(missing) in str(info.value)
+
+
+def test_library_without_the_entry_points_is_rejected():
+    libc = ctypes.util.find_library("c")
+    if libc is None:
+        pytest.skip("no libc found to stand in for a wrong library")
+    with pytest.raises(driver.CudaDriverError, match="has no entry point cuInit"):
+        driver._probe_library(libc)
+
+
+def test_every_call_raises_without_a_driver(tmp_path):
+    code = """
+    for call in (d.init, d.driver_version, d.device_count, lambda: d.device_attributes(0),
+                 lambda: d.retain_primary_context(0), lambda: d.Module.load(CUBIN, 0)):
+        with pytest.raises(d.CudaDriverError, match="No NVIDIA driver found"):
+            call()
+    """
+    run_with(tmp_path / "nowhere" / "libcuda.so.1", code)
+
+
+def test_import_does_not_load_the_driver(tmp_path):
+    env = {**os.environ, "SPIO_LIBCUDA": str(tmp_path / "missing.so"), "PYTHONPATH": str(REPO)}
+    code = "from spio.cuda import driver as d; print(d.library_path(), d.built_with_cuda_version)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    path, version = proc.stdout.split()
+    assert path.endswith("missing.so") and int(version) >= 12000
+
+
+# --------------------------------------------------------------------------------------------------
+# Launch configuration and argument packing (no driver needed)
+
+
+@pytest.mark.parametrize(
+    ("grid", "block", "expected"),
+    [
+        (5, 128, ((5, 1, 1), (128, 1, 1))),
+        ((4, 3), [32, 8], ((4, 3, 1), (32, 8, 1))),
+        ((2**31 - 1, 65535, 65535), (8, 8, 16), ((2**31 - 1, 65535, 65535), (8, 8, 16))),
+    ],
+)
+def test_launch_config_normalized(grid, block, expected):
+    g, b, smem, stream = driver._check_launch_config_for_test(grid, block)
+    assert (g, b, smem, stream) == (*expected, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("grid", "block", "error", "match"),
+    [
+        (0, 32, ValueError, r"grid x must be in 1\.\.2147483647, got 0"),
+        (-1, 32, ValueError, "grid x"),
+        ((1, 65536), 32, ValueError, r"grid y must be in 1\.\.65535, got 65536"),
+        (2**40, 32, ValueError, "grid x"),
+        (1, 1025, ValueError, r"block x must be in 1\.\.1024, got 1025"),
+        (1, (1, 1, 65), ValueError, "block z"),
+        (1, (64, 32), ValueError, r"at most 1024 threads, got 64x32x1 = 2048"),
+        (1, (), ValueError, "1 to 3 dimensions"),
+        ((1, 1, 1, 1), 32, ValueError, "1 to 3 dimensions"),
+        ("8", 32, TypeError, "grid must be an int or a tuple"),
+        ((1.0, 2), 32, TypeError, "grid x must be an int"),
+        (1, (32, True), TypeError, "block y must be an int"),
+    ],
+)
+def test_launch_config_rejected(grid, block, error, match):
+    with pytest.raises(error, match=match):
+        driver._check_launch_config_for_test(grid, block)
+
+
+def test_shared_memory_and_stream_validation():
+    class TorchStream:
+        cuda_stream = 0xABC
+
+    assert driver._check_launch_config_for_test(1, 1, 4096, TorchStream())[2:] == (4096, 0xABC)
+    assert driver._check_launch_config_for_test(1, 1, 0, None)[3] == 0
+    with pytest.raises(ValueError, match="shared_mem_bytes"):
+        driver._check_launch_config_for_test(1, 1, -1)
+    with pytest.raises(TypeError, match="shared_mem_bytes"):
+        driver._check_launch_config_for_test(1, 1, 1.5)
+    with pytest.raises(ValueError, match="stream handle"):
+        driver._check_launch_config_for_test(1, 1, 0, -5)
+    with pytest.raises(TypeError, match="stream must be"):
+        driver._check_launch_config_for_test(1, 1, 0, "default")
+
+
+class FakeTensor:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def data_ptr(self):
+        return self.ptr
+
+
+class Color(enum.IntEnum):
+    RED = 3
+
+
+def test_arguments_packed_as_c_values():
+    blob = struct.pack("<iif", 1, 2, 3.0)
+    args = [
+        7,
+        -2,
+        1.5,
+        FakeTensor(0xDEADBEEF00),
+        driver.Int64(-(2**40)),
+        driver.UInt32(2**32 - 1),
+        driver.UInt64(2**64 - 1),
+        driver.Float64(0.1),
+        driver.Float32(0.25),
+        driver.Bool(1),
+        driver.Pointer(FakeTensor(16)),
+        driver.Pointer(32),
+        driver.Bytes(blob),
+        Color.RED,
+    ]
+    packed = driver._pack_args_for_test(args)
+    assert packed == [
+        struct.pack("<i", 7),
+        struct.pack("<i", -2),
+        struct.pack("<f", 1.5),
+        struct.pack("<Q", 0xDEADBEEF00),
+        struct.pack("<q", -(2**40)),
+        struct.pack("<I", 2**32 - 1),
+        struct.pack("<Q", 2**64 - 1),
+        struct.pack("<d", 0.1),
+        struct.pack("<f", 0.25),
+        b"\x01",
+        struct.pack("<Q", 16),
+        struct.pack("<Q", 32),
+        blob,
+        struct.pack("<i", 3),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ([2**31], ValueError, "does not fit in int32"),
+        ([-(2**31) - 1], ValueError, "does not fit in int32"),
+        ([True], TypeError, "bool is ambiguous"),
+        (["x"], TypeError, "argument 0 has unsupported type str"),
+        ([1, None], TypeError, "argument 1 has unsupported type NoneType"),
+        ([FakeTensor(-1)], ValueError, "not a 64-bit address"),
+        ([driver.Bytes(bytes(4096)), 1], ValueError, "exceed 4096 bytes"),
+    ],
+)
+def test_bad_arguments_rejected(args, error, match):
+    with pytest.raises(error, match=match):
+        driver._pack_args_for_test(args)
+
+
+@pytest.mark.parametrize(
+    ("make", "value", "error"),
+    [
+        (driver.Int32, 2**31, ValueError),
+        (driver.UInt32, -1, ValueError),
+        (driver.Int64, 2**63, ValueError),
+        (driver.UInt64, 2**64, ValueError),
+        (driver.Pointer, -8, ValueError),
+        (driver.Pointer, "0x10", TypeError),
+        (driver.Int64, 1.5, TypeError),
+        (driver.Int32, True, TypeError),
+        (driver.Bytes, b"", ValueError),
+    ],
+)
+def test_wrapper_ranges(make, value, error):
+    with pytest.raises(error):
+        make(value)
+
+
+def test_wrappers_cannot_be_built_directly():
+    for cls in (driver.KernelArg, driver.Module, driver.Function, driver.PrimaryContext):
+        with pytest.raises(TypeError):
+            cls()
+
+
+def test_arguments_checked_against_parameter_sizes():
+    assert driver._pack_args_for_test([FakeTensor(8), 1], param_sizes=[8, 4])
+    with pytest.raises(ValueError, match="takes 2 argument"):
+        driver._pack_args_for_test([FakeTensor(8)], param_sizes=[8, 4])
+    with pytest.raises(ValueError, match=r"argument 0 is a 8-byte parameter, but a Python int"):
+        driver._pack_args_for_test([5, 1], param_sizes=[8, 4])
+    with pytest.raises(ValueError, match=r"argument 1 is a 1-byte parameter"):
+        driver._pack_args_for_test([FakeTensor(8), 1.0], param_sizes=[8, 1])
+    packed = driver._pack_args_for_test([driver.Int64(5), driver.Bool(False)], param_sizes=[8, 1])
+    assert packed == [struct.pack("<q", 5), b"\x00"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The wrapper against a fake driver
+
+
+def test_fake_driver_devices(fake_libcuda):
+    run_with(
+        fake_libcuda["new"],
+        """
+    assert d.driver_version() == (13, 0)
+    d.init()
+    assert d.device_count() == 2
+    a = d.device_attributes(1)
+    assert a["name"] == "Fake GPU 1"
+    assert a["compute_capability"] == (9, 0) and a["arch"] == "sm_90"
+    assert a["sm_count"] == 131 and a["l2_cache_bytes"] == 62914560
+    assert a["max_shared_memory_per_block_optin"] == 232448
+    assert a["max_shared_memory_per_sm"] == 233472
+    assert a["warp_size"] == 32 and a["max_threads_per_block"] == 1024
+    assert a["memory_clock_khz"] is None and a["memory_bus_width_bits"] == 6144
+    a["name"] = "changed"
+    assert d.device_attributes(1)["name"] == "Fake GPU 1"
+    with pytest.raises(ValueError, match=r"ordinal must be in 0\\.\\.1, got 2"):
+        d.device_attributes(2)
+    """,
+    )
+
+
+def test_fake_driver_errors_carry_code_name_and_call(fake_libcuda):
+    run_with(
+        fake_libcuda["new"],
+        """
+    with pytest.raises(d.CudaError) as info:
+        d.init()
+    e = info.value
+    assert (e.code, e.name, e.call) == (100, "CUDA_ERROR_NO_DEVICE", "cuInit")
+    assert str(e).startswith("cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device")
+    """,
+        FAKE_CUDA_INIT_ERROR="100",
+    )
+    run_with(
+        fake_libcuda["new"],
+        """
+    with pytest.raises(d.CudaError, match="cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE"):
+        d.Module.load(b"not a cubin", 0)
+    with pytest.raises(ValueError, match="non-empty"):
+        d.Module.load(b"", 0)
+    with pytest.raises(TypeError, match="as bytes"):
+        d.Module.load("FAKECUBIN", 0)
+    m = d.Module.load(CUBIN, 0)
+    with pytest.raises(d.CudaError) as info:
+        m.get_function("missing_kernel")
+    assert info.value.code == 500 and info.value.call == "cuModuleGetFunction"
+    assert "no kernel named 'missing_kernel'" in str(info.value)
+    """,
+    )
+
+
+def test_fake_driver_contexts_pushed_and_restored(fake_libcuda):
+    run_with(
+        fake_libcuda["new"],
+        """
+    d.init()
+    assert current_ctx() == 0
+    m = d.Module.load(CUBIN, 0)  # the fake refuses to load without a current context
+    assert m.device == 0 and current_ctx() == 0 and g("depth") == 0
+    f = m.get_function("write_pattern")
+    ctx0 = d.retain_primary_context(0)
+    assert ctx0 is m.context and g("refs0") == 1
+    with d.retain_primary_context(1) as ctx1:
+        assert current_ctx() == ctx1.handle
+        f.launch(1, 32, (Tensor(64), 1, 2.0))
+        assert ctypes.c_void_p.in_dll(fake, "last_ctx").value == ctx0.handle
+        assert current_ctx() == ctx1.handle and g("depth") == 1
+        m1 = d.Module.load(CUBIN)  # no device: the current context's device
+        assert m1.device == 1
+    assert current_ctx() == 0 and g("depth") == 0
+    with ctx0:
+        f.launch(1, 32, (Tensor(64), 1, 2.0))  # fast path: already current
+        assert g("depth") == 1
+        ctx0.synchronize()
+    assert g("launches") == 2 and g("depth") == 0
+    """,
+    )
+
+
+def test_fake_driver_launch_passes_arguments(fake_libcuda):
+    run_with(
+        fake_libcuda["new"],
+        """
+    class Stream:
+        cuda_stream = 0x5150
+    f = d.Module.load(CUBIN, 0).get_function("write_pattern")
+    assert f.param_sizes == (8, 4, 4)
+    f.launch((3, 2), (64, 2), [Tensor(0x7F0000001000), -9, 0.75], stream=Stream())
+    dims = (ctypes.c_uint * 6).in_dll(fake, "last_dims")
+    assert list(dims) == [3, 2, 1, 64, 2, 1]
+    assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5150
+    params = bytes((ctypes.c_ubyte * 16).in_dll(fake, "last_params"))
+    assert params == struct.pack("<Qif", 0x7F0000001000, -9, 0.75)
+    with pytest.raises(ValueError, match="takes 3 argument"):
+        f.launch(1, 1, [Tensor(8), 1])
+    with pytest.raises(ValueError, match="argument 0 is a 8-byte parameter"):
+        f.launch(1, 1, [8, 1, 1.0])
+    with pytest.raises(ValueError, match="block x"):
+        f.launch(1, 2048, [Tensor(8), 1, 1.0])
+    assert g("launches") == 1
+    """,
+    )
+
+
+def test_fake_driver_dynamic_shared_memory(fake_libcuda):
+    run_with(
+        fake_libcuda["new"],
+        """
+    f = d.Module.load(CUBIN, 0).get_function("big_smem")
+    attrs = f.attributes()
+    assert attrs["num_regs"] == 40 and attrs["static_shared_bytes"] == 1024
+    assert attrs["max_threads_per_block"] == 1024
+    with pytest.raises(d.CudaError) as info:
+        f.launch(1, 128, [Tensor(8)], shared_mem_bytes=100000)
+    assert info.value.call == "cuLaunchKernel" and "'big_smem'" in str(info.value)
+    assert "100000 bytes of dynamic shared memory" in str(info.value)
+    f.set_max_dynamic_shared_memory(100000)
+    assert f.attributes()["max_dynamic_shared_bytes"] == 100000
+    f.launch(1, 128, [Tensor(8)], shared_mem_bytes=100000)
+    assert ctypes.c_uint.in_dll(fake, "last_smem").value == 100000
+    with pytest.raises(ValueError, match=r"at most 231424 bytes .* got 231425"):
+        f.set_max_dynamic_shared_memory(232448 - 1024 + 1)
+    with pytest.raises(ValueError, match=">= 0"):
+        f.set_max_dynamic_shared_memory(-1)
+    """,
+    )
+
+
+def test_fake_driver_module_lifetime(fake_libcuda):
+    run_with(
+        fake_libcuda["new"],
+        """
+    m = d.Module.load(CUBIN, 0)
+    f = m.get_function("no_params")
+    f.launch(1, 1)
+    m.close()
+    assert m.closed and g("unloads") == 1
+    m.close()
+    assert g("unloads") == 1
+    with pytest.raises(ValueError, match="closed Module"):
+        f.launch(1, 1)
+    with pytest.raises(ValueError, match="module is closed"):
+        m.get_function("no_params")
+    with d.Module.load(CUBIN, 0) as m2:
+        pass
+    assert m2.closed and g("unloads") == 2
+    m3 = d.Module.load(CUBIN, 0)
+    f3 = m3.get_function("no_params")
+    del m3
+    gc.collect()
+    assert g("unloads") == 2  # the Function keeps its module alive
+    del f3
+    gc.collect()
+    assert g("unloads") == 3 and g("depth") == 0
+    """,
+    )
+
+
+def test_fake_driver_primary_context_retain_release(fake_libcuda):
+    run_with(
+        fake_libcuda["new"],
+        """
+    c = d.retain_primary_context(0)
+    assert d.retain_primary_context(0) is c and g("refs0") == 1
+    c.release()
+    assert g("refs0") == 0 and not c.retained and c.handle == 0
+    c.release()
+    assert g("refs0") == 0
+    with pytest.raises(ValueError, match="released"):
+        c.synchronize()
+    c2 = d.retain_primary_context(0)
+    assert c2 is not c and g("refs0") == 1
+    """,
+    )
+
+
+def test_fake_old_driver_skips_parameter_checks(fake_libcuda):
+    run_with(
+        fake_libcuda["old"],
+        """
+    f = d.Module.load(CUBIN, 0).get_function("write_pattern")
+    assert f.param_sizes is None
+    f.launch(1, 1, [Tensor(0x1000), 5, 2.5])
+    params = bytes((ctypes.c_ubyte * 16).in_dll(fake, "last_params"))
+    assert params == struct.pack("<Qif", 0x1000, 5, 2.5)
+    """,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# A real GPU
+
+KERNELS = r"""
+extern "C" __global__ void write_pattern(float* out, int n, int scale, float offset) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = float(i * scale) + offset;
+}
+
+extern "C" __global__ void reverse_in_shared(float* out, int n) {
+    extern __shared__ float buffer[];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buffer[i] = float(i);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = buffer[n - 1 - i];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_module():
+    import torch
+
+    from spio.compiler import compile_cubin
+
+    torch.cuda.init()
+    arch = driver.device_attributes(torch.cuda.current_device())["arch"]
+    return driver.Module.load(compile_cubin(KERNELS, arch).cubin, torch.cuda.current_device())
+
+
+@pytest.mark.cuda
+def test_gpu_device_attributes_match_torch():
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    attrs = driver.device_attributes(0)
+    assert driver.device_count() == torch.cuda.device_count()
+    assert attrs["name"] == props.name
+    assert attrs["compute_capability"] == (props.major, props.minor)
+    assert attrs["sm_count"] == props.multi_processor_count
+    assert attrs["total_memory_bytes"] == props.total_memory
+    assert attrs["warp_size"] == 32 and attrs["max_threads_per_block"] == 1024
+    assert attrs["max_shared_memory_per_block_optin"] >= attrs["max_shared_memory_per_block"]
+    assert attrs["l2_cache_bytes"] > 1 << 20
+    assert driver.driver_version() >= (12, 0)
+
+
+@pytest.mark.cuda
+def test_gpu_launch_writes_pattern(gpu_module):
+    import torch
+
+    n = 10_000
+    out = torch.full((n,), float("nan"), device="cuda")
+    f = gpu_module.get_function("write_pattern")
+    assert f.param_sizes == (8, 4, 4, 4)
+    f.launch(
+        (n + 255) // 256, 256, (out, n, 3, 0.5), stream=torch.cuda.current_stream().cuda_stream
+    )
+    expected = torch.arange(n, device="cuda", dtype=torch.float32) * 3 + 0.5
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+def test_gpu_launch_from_a_thread_without_a_context(gpu_module):
+    import torch
+
+    out = torch.zeros(64, device="cuda")
+    torch.cuda.synchronize()
+    f = gpu_module.get_function("write_pattern")
+    errors = []
+
+    def work():
+        try:
+            f.launch(1, 64, (out, 64, 1, 1.0))
+            gpu_module.context.synchronize()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    torch.testing.assert_close(out.cpu(), torch.arange(64, dtype=torch.float32) + 1)
+
+
+@pytest.mark.cuda
+def test_gpu_dynamic_shared_memory_opt_in(gpu_module):
+    import torch
+
+    f = gpu_module.get_function("reverse_in_shared")
+    optin = driver.device_attributes(gpu_module.device)["max_shared_memory_per_block_optin"]
+    nbytes = optin - f.attributes()["static_shared_bytes"]
+    n = nbytes // 4
+    out = torch.zeros(n, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    if nbytes > 48 * 1024:
+        with pytest.raises(driver.CudaError, match="cuLaunchKernel"):
+            f.launch(1, 256, (out, n), shared_mem_bytes=nbytes, stream=stream)
+    f.set_max_dynamic_shared_memory(nbytes)
+    assert f.attributes()["max_dynamic_shared_bytes"] == nbytes
+    f.launch(1, 256, (out, n), shared_mem_bytes=nbytes, stream=stream)
+    expected = torch.arange(n - 1, -1, -1, device="cuda", dtype=torch.float32)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="at most"):
+        f.set_max_dynamic_shared_memory(nbytes + 1)
+
+
+@pytest.mark.cuda
+def test_gpu_unknown_function_and_bad_image(gpu_module):
+    with pytest.raises(driver.CudaError, match="no kernel named 'not_a_kernel'") as info:
+        gpu_module.get_function("not_a_kernel")
+    assert info.value.name == "CUDA_ERROR_NOT_FOUND"
+    with pytest.raises(driver.CudaError, match="cuModuleLoadData failed"):
+        driver.Module.load(b"\x7fELF but not really a cubin", gpu_module.device)
+
+
+@pytest.mark.cuda
+def test_gpu_primary_context_is_torchs():
+    import torch
+
+    torch.zeros(1, device="cuda")  # torch makes its primary context current on this thread
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    current = ctypes.c_void_p()
+    assert libcuda.cuCtxGetCurrent(ctypes.byref(current)) == 0
+    assert driver.retain_primary_context(torch.cuda.current_device()).handle == current.value
