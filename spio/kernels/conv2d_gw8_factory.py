@@ -88,14 +88,14 @@ class _Geometry:
         return _Geometry(params.h, params.w, params.p, params.q, params.padding_h, params.padding_w)
 
 
-def _pad_odd(n: int) -> int:
+def pad_odd(n: int) -> int:
     """n rounded up to an odd number: an odd stride in 16-byte units avoids bank conflicts."""
     return n if n % 2 else n + 1
 
 
 def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8Config) -> int:
     """Dynamic shared memory of one block: two stages of input rows plus the weights."""
-    in_x = _pad_odd(config.block_q + params.s - 1)
+    in_x = pad_odd(config.block_q + params.s - 1)
     return 2 * config.groups * in_x * 16 + config.groups * params.r * params.s * 64 * 2
 
 
@@ -186,7 +186,7 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
         ),
         TensorSpec("Bias", "const float2", {"k8": c8, "k2": 4}),
         TensorSpec(
-            "SmemInput", "uint4", {"stage": 2, "c8": config.groups, "x": (in_x, _pad_odd(in_x))}
+            "SmemInput", "uint4", {"stage": 2, "c8": config.groups, "x": (in_x, pad_odd(in_x))}
         ),
         TensorSpec(
             "SmemWeights",

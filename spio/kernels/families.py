@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import conv2d_gw8_factory as fprop_dgrad
+from . import conv2d_gw8_wgrad_factory as wgrad
 from .conv2d_gw8_params import Conv2dGw8Params
 from .kernel import Kernel
 
@@ -20,8 +21,13 @@ def _dgrad(params: Conv2dGw8Params) -> list[Kernel]:
     ]
 
 
+def _wgrad(params: Conv2dGw8Params) -> list[Kernel]:
+    return [wgrad.make_kernel(params, c) for c in wgrad.configs(params)]
+
+
 #: family name -> every kernel (one per tile config) of that family for a layer.
 KERNEL_FAMILIES: dict[str, Callable[[Conv2dGw8Params], list[Kernel]]] = {
     "conv2d_gw8_fprop": _fprop,
     "conv2d_gw8_dgrad": _dgrad,
+    "conv2d_gw8_wgrad": _wgrad,
 }

@@ -1,0 +1,186 @@
+"""WGrad kernel of the group-width-8 convolution: tile configs, generated header, launch shape.
+
+The kernel source is spio/src/conv2d_gw8_wgrad.cu; its leading comment states the algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
+from .conv2d_gw8_factory import MAX_SHARED_BYTES, MAX_THREADS, pad_odd
+from .conv2d_gw8_params import Conv2dGw8Params
+from .kernel import Kernel
+
+SOURCE_FILE = "conv2d_gw8_wgrad.cu"
+HEADER_NAME = "conv2d_gw8_wgrad_gen.h"
+ENTRY = "spio_conv2d_gw8_wgrad"
+
+
+@dataclass(frozen=True, order=True)
+class Conv2dGw8WgradConfig:
+    """A tile config: groups per block, dy rows and columns per block, images per block, and the
+    number of 8-column runs each warp computes."""
+
+    groups: int = 8
+    block_p: int = 16
+    block_q: int = 32
+    block_n: int = 1
+    warp_q8: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("groups", "block_p", "block_q", "block_n", "warp_q8"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Conv2dGw8WgradConfig needs {name} a positive int, got {value!r}")
+        if self.block_q % (8 * self.warp_q8):
+            raise ValueError(
+                f"Conv2dGw8WgradConfig needs block_q a multiple of 8 * warp_q8 = "
+                f"{8 * self.warp_q8}, got {self.block_q}"
+            )
+        if not 32 <= self.threads <= 1024:
+            raise ValueError(
+                f"Conv2dGw8WgradConfig needs 32..1024 threads per block, got {self.threads}"
+            )
+
+    @property
+    def warps(self) -> int:
+        return self.groups * self.block_q // (8 * self.warp_q8)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def encode(self) -> str:
+        return f"g{self.groups}_p{self.block_p}_q{self.block_q}_n{self.block_n}_w{self.warp_q8}"
+
+
+def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
+    """Two slots of x rows plus R + 2 slots of dy rows (R + 1 ring slots and a zero row)."""
+    x_row = config.groups * pad_odd(config.block_q + params.s - 1) * 16
+    dy_row = config.groups * pad_odd(config.block_q) * 16
+    return 2 * x_row + (params.r + 2) * dy_row
+
+
+def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
+    """Every tile config worth trying for this layer, in a fixed order."""
+    max_groups = 1 << math.ceil(math.log2(params.groups))
+    max_q = 8 * math.ceil(params.q / 8)
+    max_p = 1 << math.ceil(math.log2(params.p))
+    found = []
+    for groups in (1, 2, 4, 8, 16):
+        if groups > max_groups:
+            continue
+        for block_q in (8, 16, 32, 64):
+            if block_q > max(8, max_q):
+                continue
+            for warp_q8 in (1, 2, 4):
+                if block_q % (8 * warp_q8):
+                    continue
+                warps = groups * block_q // (8 * warp_q8)
+                if not 1 <= warps <= MAX_THREADS // 32:
+                    continue
+                for block_p in (4, 8, 16, 32, 64):
+                    if block_p > max(4, max_p):
+                        continue
+                    for block_n in (1, 4):
+                        if block_n > params.n:
+                            continue
+                        config = Conv2dGw8WgradConfig(groups, block_p, block_q, block_n, warp_q8)
+                        if shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
+                            found.append(config)
+    return found
+
+
+def default_config(params: Conv2dGw8Params) -> Conv2dGw8WgradConfig:
+    """A reasonable config without measurements: tall tiles (little halo), several images per
+    block when the batch is large (fewer atomics), enough blocks to fill a large GPU."""
+    groups = min(8, 1 << math.ceil(math.log2(params.groups)))
+    block_q = 32 if params.q <= 32 else 64
+    warp_q8 = 4 if block_q >= 64 else 2
+    if groups * block_q // (8 * warp_q8) < 1:
+        warp_q8 = 1
+    block_p = min(32, 1 << math.ceil(math.log2(params.p)))
+    tiles = math.ceil(params.groups / groups) * math.ceil(params.q / block_q)
+    tiles *= math.ceil(params.p / block_p)
+    block_n = 4 if params.n * tiles >= 4 * 264 else 1
+    return Conv2dGw8WgradConfig(groups, block_p, block_q, block_n, warp_q8)
+
+
+def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> str:
+    """The C++ header that specialises conv2d_gw8_wgrad.cu for one layer and config."""
+    c8 = params.groups
+    in_x = config.block_q + params.s - 1
+    tiles = {
+        "n": math.ceil(params.n / config.block_n),
+        "c8": math.ceil(c8 / config.groups),
+        "y": math.ceil(params.p / config.block_p),
+        "x": math.ceil(params.q / config.block_q),
+    }
+    specs = [
+        MacroSpec(
+            {
+                "SPIO_WGRAD_KERNEL": ENTRY,
+                "SPIO_WGRAD_BF16": int(params.dtype == "bf16"),
+                "SPIO_WGRAD_HAS_BIAS": int(params.has_bias),
+            }
+        ),
+        ParamsSpec(
+            "Conv",
+            {"r": params.r, "s": params.s, "pad_h": params.padding_h, "pad_w": params.padding_w},
+        ),
+        ParamsSpec(
+            "Block",
+            {
+                "c8": config.groups,
+                "y": config.block_p,
+                "x": config.block_q,
+                "n": config.block_n,
+                "warp_x8": config.warp_q8,
+                "threads": config.threads,
+            },
+        ),
+        TensorSpec("Input", "const uint4", {"n": params.n, "y": params.h, "x": params.w, "c8": c8}),
+        TensorSpec(
+            "DOutput", "const uint4", {"n": params.n, "y": params.p, "x": params.q, "k8": c8}
+        ),
+        TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
+        TensorSpec("DBias", "float", {"k": params.c}),
+        TensorSpec("SmemX", "uint4", {"stage": 2, "c8": config.groups, "x": (in_x, pad_odd(in_x))}),
+        TensorSpec(
+            "SmemDy",
+            "uint4",
+            {
+                "slot": params.r + 2,
+                "c8": config.groups,
+                "x": (config.block_q, pad_odd(config.block_q)),
+            },
+        ),
+        IndexSpec("BlockIdx", tiles),
+        IndexSpec("WarpIdx", {"c8": config.groups, "x8": config.block_q // (8 * config.warp_q8)}),
+        IndexSpec("XLoadIdx", {"x": in_x, "c8": config.groups}),
+        IndexSpec("DyLoadIdx", {"x": config.block_q, "c8": config.groups}),
+    ]
+    return generate(specs)
+
+
+def make_kernel(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = None) -> Kernel:
+    """The WGrad kernel for `params` with tile `config` (bias gradient too when has_bias)."""
+    config = config or default_config(params)
+    blocks = (
+        math.ceil(params.n / config.block_n)
+        * math.ceil(params.groups / config.groups)
+        * math.ceil(params.p / config.block_p)
+        * math.ceil(params.q / config.block_q)
+    )
+    return Kernel(
+        name=f"conv2d_gw8_wgrad__{params.encode()}__{config.encode()}",
+        source_file=SOURCE_FILE,
+        entry=ENTRY,
+        headers=((HEADER_NAME, generate_header(params, config)),),
+        grid=(blocks, 1, 1),
+        block=(config.threads, 1, 1),
+        shared_mem_bytes=shared_mem_bytes(params, config),
+        info=(("params", params), ("config", config)),
+    )

@@ -1,0 +1,210 @@
+/// Weight gradient of the grouped 2-D convolution with group width 8, stride 1 (and the bias
+/// gradient alongside).
+///
+/// What it computes (NHWC activations, fp32 results; g is the group, k and c index inside it):
+///   dw[8g + k, c, r, s] += sum_{n, p, q} dy[n, p, q, 8g + k] * x[n, p + r - PAD_H, q + s - PAD_W, 8g + c]
+///   dbias[8g + k]       += sum_{n, p, q} dy[n, p, q, 8g + k]
+/// Inputs outside x are zero. dw and dbias are accumulated with atomicAdd: the caller zeroes them.
+/// The sum order across blocks varies from launch to launch, so results may differ in the last
+/// bits of fp32 rounding, never more.
+///
+/// Tiling: a block owns Block::c8 groups, Block::y rows and Block::x columns of dy, for Block::n
+/// images in turn. Per image it streams the Block::y + R - 1 rows of x that the tile touches, one
+/// row per step (cp.async), together with one new row of dy, into shared memory. Step i pairs
+/// x row i with the dy rows i - r (r = 0..R-1) kept in a ring of R + 1 row slots (one spare slot
+/// receives the next row while the others are read; rows outside the tile or image are zero).
+/// Each warp owns one group and Block::warp_x8 runs of 8 dy columns. For a run it loads, per filter
+/// column s, B = the 8 pixels x 8 channels of x shifted by s (ldmatrix .trans), and, per pair of
+/// filter rows (r0, r1), A = the 8 channels x 8 pixels of dy rows i - r0 and i - r1 stacked into a
+/// 16x8 matrix (ldmatrix.x2 .trans); mma.sync.m16n8k8 then adds the taps (r0, s) and (r1, s) of the
+/// pixels' products into a 16x8 fp32 accumulator: the pixels are the reduction dimension. An odd R
+/// pairs its last row with an all-zero row. The bias gradient is one more mma of the dy rows i
+/// with an all-ones B. At the end each warp adds its accumulators to dw (and dbias) atomically.
+///
+/// Synchronisation: one __syncthreads per step. At the top of step t every thread waits for its
+/// copies of step t, the barrier publishes them and guarantees that step t - 1's reads are over, so
+/// step t + 1's rows can be copied into the slots step t - 1 read (x: 2 slots; dy: R + 1 slots, of
+/// which step t reads R).
+///
+/// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
+/// SmemX::num_bytes + SmemDy::num_bytes bytes of dynamic shared memory.
+/// Arguments: (float *dw, float *dbias or null, const uint4 *x, const uint4 *dy); dw and dbias
+/// zeroed by the caller. The generated header (conv2d_gw8_wgrad_gen.h) defines the rest.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "spio/thread/async_copy.h"
+#include "spio/warp/ldmatrix.h"
+#include "spio/warp/mma.h"
+
+#include "conv2d_gw8_wgrad_gen.h"
+
+namespace {
+
+// mma_pixels adds A (16 x 8 pixels) * B (8 pixels x 8) into acc; kOnes is a B register of ones.
+#if SPIO_WGRAD_BF16
+constexpr unsigned kOnes = 0x3F803F80u;  // two bfloat16 1.0
+SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
+    spio::mma_m16n8k8_bf16(acc, a, b, acc);
+}
+#else
+constexpr unsigned kOnes = 0x3C003C00u;  // two half 1.0
+SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
+    spio::mma_m16n8k8_f16(acc, a, b, acc);
+}
+#endif
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(Block::threads)
+    SPIO_WGRAD_KERNEL(float *dw, float *dbias, const uint4 *x, const uint4 *dy) {
+    constexpr int R = Conv::r;
+    constexpr int S = Conv::s;
+    constexpr int PAIRS = (R + 1) / 2;
+    constexpr int ROWS = Block::y + R - 1;  // x rows per tile and image
+    constexpr int SLOTS = R + 1;            // dy ring slots; slot SLOTS is the all-zero row
+    constexpr int ZERO_SLOT = SLOTS;
+
+    extern __shared__ uint4 smem[];
+    const SmemX smem_x(smem);
+    const SmemDy smem_dy(smem + SmemX::size);
+
+    const BlockIdx block(blockIdx.x);
+    const int block_n = block.n() * Block::n;
+    const int block_c8 = block.c8() * Block::c8;
+    const int block_y = block.y() * Block::y;
+    const int block_x = block.x() * Block::x;
+
+    // Zero every dy slot: rows above the first image's tile are read before any copy lands there,
+    // and the spare zero row is never written again.
+    for (int i = threadIdx.x; i < SmemDy::size; i += Block::threads) {
+        smem[SmemX::size + i] = make_uint4(0, 0, 0, 0);
+    }
+
+    // Copies step t's x row and dy row (zero outside the image or tile) into their slots.
+    const auto load_step = [&](int t) {
+        const int n = block_n + t / ROWS;
+        const int i = t % ROWS;
+        const bool image_inside = n < DOutput::N;
+        const int y = block_y + i - Conv::pad_h;
+        const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
+        for (int e = threadIdx.x; e < XLoadIdx::size; e += Block::threads) {
+            const XLoadIdx idx(e);
+            const int col = block_x + idx.x() - Conv::pad_w;
+            const int c8 = block_c8 + idx.c8();
+            const bool inside = x_row_inside && col >= 0 && col < Input::X && c8 < Input::C8;
+            const uint4 *src = inside ? Input(x).n(n).y(y).x(col).c8(c8).get() : x;
+            spio::cp_async_16(smem_x.stage(t % 2).c8(idx.c8()).x(idx.x()).get(), src,
+                              inside ? 16 : 0);
+        }
+        const int p = block_y + i;
+        const bool dy_row_inside = image_inside && i < Block::y && p < DOutput::Y;
+        for (int e = threadIdx.x; e < DyLoadIdx::size; e += Block::threads) {
+            const DyLoadIdx idx(e);
+            const int col = block_x + idx.x();
+            const int c8 = block_c8 + idx.c8();
+            const bool inside = dy_row_inside && col < DOutput::X && c8 < DOutput::K8;
+            const uint4 *src = inside ? DOutput(dy).n(n).y(p).x(col).k8(c8).get() : dy;
+            spio::cp_async_16(smem_dy.slot(t % SLOTS).c8(idx.c8()).x(idx.x()).get(), src,
+                              inside ? 16 : 0);
+        }
+        spio::cp_async_commit_group();
+    };
+
+    const int lane = threadIdx.x % 32;
+    const WarpIdx warp(threadIdx.x / 32);
+    const int warp_x = warp.x8() * (Block::warp_x8 * 8);  // first dy column of this warp in the tile
+
+    float acc[PAIRS][S][4];
+    float bias_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    SPIO_UNROLL
+    for (int pair = 0; pair < PAIRS; ++pair) {
+        SPIO_UNROLL
+        for (int s = 0; s < S; ++s) {
+            SPIO_UNROLL
+            for (int e = 0; e < 4; ++e) {
+                acc[pair][s][e] = 0.0f;
+            }
+        }
+    }
+
+    constexpr int STEPS = Block::n * ROWS;
+    __syncthreads();  // the zeroed dy slots are visible before copies start landing in them
+    load_step(0);
+    for (int t = 0; t < STEPS; ++t) {
+        spio::cp_async_wait_group<0>();
+        __syncthreads();
+        if (t + 1 < STEPS) {
+            load_step(t + 1);
+        }
+        const int i = t % ROWS;
+        const SmemX x_row = smem_x.stage(t % 2).c8(warp.c8());
+        SPIO_UNROLL
+        for (int run = 0; run < Block::warp_x8; ++run) {
+            const int col = warp_x + run * 8;
+            // B operands: x pixels col + s .. col + s + 7 of this row (x's tile starts PAD_W left).
+            unsigned b[S];
+            SPIO_UNROLL
+            for (int s = 0; s < S; ++s) {
+                unsigned reg[1];
+                spio::ldmatrix_x1_trans(reg, x_row.x(col + s + lane % 8).get());
+                b[s] = reg[0];
+            }
+            SPIO_UNROLL
+            for (int pair = 0; pair < PAIRS; ++pair) {
+                const int r0 = 2 * pair;
+                const int r1 = 2 * pair + 1;
+                const int j0 = i - r0;  // tile rows of dy paired with this x row
+                const int j1 = i - r1;
+                const bool any_row = (j0 >= 0 && j0 < Block::y) || (r1 < R && j1 >= 0 && j1 < Block::y);
+                if (!any_row && !(SPIO_WGRAD_HAS_BIAS && pair == 0)) {
+                    continue;  // both rows lie outside the tile: their slots hold zeros
+                }
+                // Lanes 0-7 address dy row j0's 8 pixels, lanes 8-15 row j1's (or the zero row).
+                const int slot0 = ((t - r0) % SLOTS + SLOTS) % SLOTS;
+                const int slot1 = r1 < R ? ((t - r1) % SLOTS + SLOTS) % SLOTS : ZERO_SLOT;
+                const int lane_slot = (lane / 8) % 2 == 0 ? slot0 : slot1;
+                unsigned a[2];
+                spio::ldmatrix_x2_trans(a, smem_dy.slot(lane_slot).c8(warp.c8()).x(col + lane % 8).get());
+                if (any_row) {
+                    SPIO_UNROLL
+                    for (int s = 0; s < S; ++s) {
+                        mma_pixels(acc[pair][s], a, b[s]);
+                    }
+                }
+#if SPIO_WGRAD_HAS_BIAS
+                if (pair == 0) {
+                    mma_pixels(bias_acc, a, kOnes);  // rows 0-7: the sums of dy row i
+                }
+#endif
+            }
+        }
+    }
+
+    // Accumulator element e of tap pair `pair`: row g (+8 for e >= 2) is channel k = g of filter
+    // row r0 (r1), column 2t + (e & 1) is channel c.
+    const int c8 = block_c8 + warp.c8();
+    if (c8 >= DW::K / 8) {
+        return;
+    }
+    const int k = c8 * 8 + lane / 4;
+    SPIO_UNROLL
+    for (int pair = 0; pair < PAIRS; ++pair) {
+        SPIO_UNROLL
+        for (int s = 0; s < S; ++s) {
+            SPIO_UNROLL
+            for (int e = 0; e < 4; ++e) {
+                const int r = 2 * pair + e / 2;
+                if (r < R) {
+                    atomicAdd(DW(dw).k(k).c(2 * (lane % 4) + e % 2).r(r).s(s).get(), acc[pair][s][e]);
+                }
+            }
+        }
+    }
+#if SPIO_WGRAD_HAS_BIAS
+    if (lane % 4 == 0) {
+        atomicAdd(DBias(dbias).k(k).get(), bias_acc[0]);
+    }
+#endif
+}
