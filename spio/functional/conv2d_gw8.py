@@ -1,0 +1,339 @@
+"""torch.library custom ops for the group-width-8 convolution: forward, backward, fake, autocast.
+
+`spio::conv2d_gw8` computes F.conv2d(input, weight, bias, padding=(padding_y, padding_x),
+groups=C // 8) for NCHW-shaped tensors with group width 8 and C == K. Gradients come from
+`spio::conv2d_gw8_backward`, which computes only the gradients its output mask asks for.
+
+Where the work runs: CUDA tensors (and CPU tensors when SPIO_EMULATE=1) go to spio's kernels
+through `spio.functional._kernels`; other CPU tensors use PyTorch's convolution in the input's
+dtype, so a transformed model runs anywhere.
+
+Autocast: a custom rule (not torch.library.register_autocast, which casts every floating tensor,
+bias included, to one fixed dtype) casts input and weight to the autocast dtype of the region,
+fp16 or bf16, and the bias to fp32, which is what the kernels take.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER, Conv2dGw8Params
+
+from . import _kernels
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def emulate_enabled() -> bool:
+    """True when SPIO_EMULATE asks CPU tensors to go through the kernels in the emulator."""
+    return os.environ.get("SPIO_EMULATE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def uses_kernels(device: torch.device) -> bool:
+    """True when tensors on `device` run spio's kernels rather than PyTorch's convolution."""
+    return device.type == "cuda" or (device.type == "cpu" and emulate_enabled())
+
+
+def check_args(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: int,
+    padding_y: int,
+    padding_x: int,
+    dilation: int,
+    groups: int,
+) -> None:
+    """Raise ValueError naming the violated constraint; works on fake (symbolic) tensors too."""
+    if stride != 1:
+        raise ValueError(f"conv2d_gw8 needs stride 1, got {stride}")
+    if dilation != 1:
+        raise ValueError(f"conv2d_gw8 needs dilation 1, got {dilation}")
+    if input.dim() != 4:
+        raise ValueError(f"conv2d_gw8 needs a 4-D NCHW input, got {input.dim()}-D")
+    if weight.dim() != 4:
+        raise ValueError(f"conv2d_gw8 needs a 4-D weight (K, 8, R, S), got {weight.dim()}-D")
+    tensors = {"input": input, "weight": weight} | ({} if bias is None else {"bias": bias})
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            raise ValueError(f"conv2d_gw8 needs floating-point tensors, got {name} of {t.dtype}")
+        if t.device != input.device:
+            raise ValueError(
+                f"conv2d_gw8 needs all tensors on one device, got input on {input.device} "
+                f"and {name} on {t.device}"
+            )
+    c, k = input.shape[1], weight.shape[0]
+    group_width, r, s = weight.shape[1], weight.shape[2], weight.shape[3]
+    if group_width != GROUP_WIDTH:
+        raise ValueError(f"conv2d_gw8 needs group width 8, got {group_width}")
+    if c % GROUP_WIDTH:
+        raise ValueError(f"conv2d_gw8 needs channels a multiple of 8, got {c}")
+    if k != c:
+        raise ValueError(f"conv2d_gw8 needs as many output as input channels, got C={c}, K={k}")
+    if groups != 1 and groups != c // GROUP_WIDTH:
+        raise ValueError(f"conv2d_gw8 needs groups = C / 8 = {c // GROUP_WIDTH}, got {groups}")
+    for name, value in (("R", r), ("S", s)):
+        if not MIN_FILTER <= value <= MAX_FILTER:
+            raise ValueError(
+                f"conv2d_gw8 needs filter {name} in {MIN_FILTER}..{MAX_FILTER}, got {value}"
+            )
+    if padding_y < 0 or padding_x < 0:
+        raise ValueError(f"conv2d_gw8 needs non-negative padding, got ({padding_y}, {padding_x})")
+    p = input.shape[2] + 2 * padding_y - r + 1
+    q = input.shape[3] + 2 * padding_x - s + 1
+    if p <= 0 or q <= 0:
+        raise ValueError(
+            f"conv2d_gw8 needs a non-empty output, got output size {p}x{q} for input "
+            f"{input.shape[2]}x{input.shape[3]}, filter {r}x{s}, padding ({padding_y}, {padding_x})"
+        )
+    if bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != k:
+            raise ValueError(f"conv2d_gw8 needs a bias of shape ({k},), got {tuple(bias.shape)}")
+        if bias.dtype not in (input.dtype, torch.float32):
+            raise ValueError(
+                f"conv2d_gw8 needs bias in fp32 or the input dtype {input.dtype}, got {bias.dtype}"
+            )
+    if weight.dtype != input.dtype:
+        raise ValueError(
+            f"conv2d_gw8 needs weight dtype equal to input dtype {input.dtype}, got {weight.dtype}"
+        )
+    if uses_kernels(input.device) and input.dtype not in _KERNEL_DTYPES:
+        raise ValueError(
+            f"conv2d_gw8 on {input.device.type} needs fp16 or bf16 tensors (or torch.autocast), "
+            f"got {input.dtype}"
+        )
+
+
+def memory_format(t: Tensor) -> torch.memory_format:
+    """channels_last when t is stored NHWC (and not also plain contiguous), else contiguous."""
+    if (
+        t.dim() == 4
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
+    ):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _empty(shape, like: Tensor, fmt: torch.memory_format, dtype=None) -> Tensor:
+    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device, memory_format=fmt)
+
+
+def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
+    """t with exactly the strides of a fresh tensor in fmt (the fake impls promise those)."""
+    if t.stride() == torch.empty(t.shape, device="meta", memory_format=fmt).stride():
+        return t
+    return _empty(t.shape, t, fmt).copy_(t)
+
+
+def _params(input: Tensor, weight: Tensor, bias: Tensor | None, py: int, px: int):
+    return Conv2dGw8Params.from_tensors(input, weight, bias, padding=(py, px))
+
+
+def _grad_dtype(grad_output: Tensor) -> torch.dtype:
+    """Weight and bias gradients are fp32 (float64 for float64 inputs)."""
+    return torch.promote_types(grad_output.dtype, torch.float32)
+
+
+@torch.library.custom_op("spio::conv2d_gw8", mutates_args=())
+def conv2d_gw8(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int = 1,
+    padding_y: int = 0,
+    padding_x: int = 0,
+    dilation: int = 1,
+    groups: int = 1,
+) -> Tensor:
+    """Grouped conv2d with group width 8, stride 1, C == K: input (N, C, H, W), weight (C, 8, R, S).
+
+    `groups` is accepted for F.conv2d compatibility: it must be C // 8, or 1 to mean "implied by
+    the weight". The output keeps the input's memory format (channels_last stays channels_last).
+    """
+    check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups)
+    fmt = memory_format(input)
+    if uses_kernels(input.device):
+        out = _kernels.fprop(
+            input, weight, bias, _params(input, weight, bias, padding_y, padding_x)
+        )
+    else:
+        b = None if bias is None else bias.to(input.dtype)
+        out = F.conv2d(
+            input, weight, b, padding=(padding_y, padding_x), groups=input.shape[1] // GROUP_WIDTH
+        )
+    return _in_format(out, fmt)
+
+
+@conv2d_gw8.register_fake
+def _conv2d_gw8_fake(input, weight, bias=None, stride=1, padding_y=0, padding_x=0, dilation=1,
+                     groups=1):  # fmt: skip
+    check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups)
+    n, c, h, w = input.shape
+    r, s = weight.shape[2], weight.shape[3]
+    shape = (n, c, h + 2 * padding_y - r + 1, w + 2 * padding_x - s + 1)
+    return _empty(shape, input, memory_format(input))
+
+
+@torch.library.custom_op("spio::conv2d_gw8_backward", mutates_args=())
+def conv2d_gw8_backward(
+    grad_output: Tensor,
+    input: Tensor,
+    weight: Tensor,
+    padding_y: int,
+    padding_x: int,
+    output_mask: list[bool],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad_input, grad_weight, grad_bias) of conv2d_gw8, computing only where output_mask is True.
+
+    A gradient not asked for is returned as an empty tensor. grad_input has the input's dtype and
+    memory format; grad_weight (the weight's memory format) and grad_bias are fp32 (float64 for
+    float64 inputs): the caller casts them to the parameters' dtypes.
+    """
+    _check_backward_args(grad_output, input, weight, padding_y, padding_x, output_mask)
+    need_input, need_weight, need_bias = output_mask
+    dx = dw = db = None
+    if need_input or need_weight:
+        if uses_kernels(input.device):
+            params = _params(input, weight, None, padding_y, padding_x)
+            if need_input:
+                dx = _kernels.dgrad(grad_output, weight, params)
+            if need_weight:
+                dw = _kernels.wgrad(input, grad_output, params)
+        else:
+            dx, dw, _ = torch.ops.aten.convolution_backward(
+                grad_output,
+                input,
+                weight,
+                None,
+                [1, 1],
+                [padding_y, padding_x],
+                [1, 1],
+                False,
+                [0, 0],
+                input.shape[1] // GROUP_WIDTH,
+                [need_input, need_weight, False],
+            )
+    if need_bias:
+        db = grad_output.sum(dim=(0, 2, 3), dtype=_grad_dtype(grad_output))
+    grad_dtype = _grad_dtype(grad_output)
+    empty = (0,)  # an unrequested gradient: an empty placeholder
+    return (
+        _in_format(dx.to(input.dtype), memory_format(input))
+        if need_input
+        else input.new_empty(empty),
+        _in_format(dw.to(grad_dtype), memory_format(weight))
+        if need_weight
+        else input.new_empty(empty, dtype=grad_dtype),
+        db if need_bias else input.new_empty(empty, dtype=grad_dtype),
+    )
+
+
+def _check_backward_args(grad_output, input, weight, padding_y, padding_x, output_mask):
+    if len(output_mask) != 3:
+        raise ValueError(f"conv2d_gw8_backward needs an output mask of 3 bools, got {output_mask}")
+    check_args(input, weight, None, 1, padding_y, padding_x, 1, 1)
+    r, s = weight.shape[2], weight.shape[3]
+    n, c, h, w = input.shape
+    expected = (n, c, h + 2 * padding_y - r + 1, w + 2 * padding_x - s + 1)
+    if tuple(grad_output.shape) != expected:
+        raise ValueError(
+            f"conv2d_gw8_backward needs grad_output of shape {expected}, "
+            f"got {tuple(grad_output.shape)}"
+        )
+    if grad_output.dtype != input.dtype or grad_output.device != input.device:
+        raise ValueError(
+            f"conv2d_gw8_backward needs grad_output of {input.dtype} on {input.device}, "
+            f"got {grad_output.dtype} on {grad_output.device}"
+        )
+
+
+@conv2d_gw8_backward.register_fake
+def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, output_mask):
+    _check_backward_args(grad_output, input, weight, padding_y, padding_x, output_mask)
+    need_input, need_weight, need_bias = output_mask
+    grad_dtype = _grad_dtype(grad_output)
+    contiguous = torch.contiguous_format
+    none = (0,)  # an unrequested gradient: an empty, contiguous placeholder
+    return (
+        _empty(input.shape, input, memory_format(input))
+        if need_input
+        else _empty(none, input, contiguous),
+        _empty(weight.shape, weight, memory_format(weight), grad_dtype)
+        if need_weight
+        else _empty(none, weight, contiguous, grad_dtype),
+        _empty((weight.shape[0],), weight, contiguous, grad_dtype)
+        if need_bias
+        else _empty(none, weight, contiguous, grad_dtype),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    input, weight, bias, _stride, padding_y, padding_x, _dilation, _groups = inputs
+    need_weight = ctx.needs_input_grad[1]
+    ctx.save_for_backward(input if need_weight else None, weight)
+    ctx.input_meta = (input.shape, input.dtype, input.device)
+    ctx.padding = (padding_y, padding_x)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.weight_dtype = weight.dtype
+
+
+def _backward(ctx, grad_output):
+    input, weight = ctx.saved_tensors
+    mask = [bool(m) for m in ctx.needs_input_grad[:3]]
+    if not any(mask):
+        return (None,) * 8
+    if input is None:
+        # Only grad_input is needed: the backward op takes the input for its shape alone.
+        shape, dtype, device = ctx.input_meta
+        input = torch.empty(shape, dtype=dtype, device=device)
+    dx, dw, db = conv2d_gw8_backward(grad_output, input, weight, *ctx.padding, mask)
+    return (
+        dx if mask[0] else None,
+        dw.to(ctx.weight_dtype) if mask[1] else None,
+        db.to(ctx.bias_dtype) if mask[2] else None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+conv2d_gw8.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _register_autocast(device_type: str) -> None:
+    """Cast input and weight to the region's autocast dtype and bias to fp32, then run the op."""
+    key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key_name))
+
+    def cast(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+        if t is None or not t.is_floating_point() or t.dtype == torch.float64:
+            return t
+        return t.to(dtype) if t.device.type == device_type else t
+
+    def kernel(_keyset, input, weight, bias=None, stride=1, padding_y=0, padding_x=0,
+               dilation=1, groups=1):  # fmt: skip
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return conv2d_gw8._opoverload(
+                cast(input, dtype),
+                cast(weight, dtype),
+                cast(bias, torch.float32),
+                stride,
+                padding_y,
+                padding_x,
+                dilation,
+                groups,
+            )
+
+    conv2d_gw8._lib.impl(conv2d_gw8._name, kernel, key_name, with_keyset=True)
+
+
+for _device_type in ("cuda", "cpu"):
+    _register_autocast(_device_type)

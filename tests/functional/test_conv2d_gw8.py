@@ -1,0 +1,319 @@
+"""spio::conv2d_gw8 custom ops on CPU: values, gradients, opcheck, compile, autocast, bad inputs."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spio.functional import conv2d_gw8, conv2d_gw8_backward
+from spio.reference import (
+    conv2d_gw8_bias_grad_ref,
+    conv2d_gw8_dgrad_ref,
+    conv2d_gw8_fprop_ref,
+    conv2d_gw8_wgrad_ref,
+)
+
+# (n, c, h, w, r, s, pad_y, pad_x)
+SHAPES = [
+    (2, 16, 6, 7, 3, 3, 1, 1),
+    (1, 8, 5, 9, 1, 5, 0, 2),
+    (3, 24, 4, 4, 5, 1, 2, 0),
+    (2, 8, 3, 3, 3, 3, 0, 0),
+]
+
+
+def _tensors(shape, dtype=torch.float64, bias=True, seed=0, channels_last=False):
+    n, c, h, w, r, s, _, _ = shape
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=gen, dtype=torch.float64).to(dtype)
+    wt = torch.randn(c, 8, r, s, generator=gen, dtype=torch.float64).to(dtype)
+    b = torch.randn(c, generator=gen, dtype=torch.float64).to(dtype) if bias else None
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    return x, wt, b
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_forward_and_backward_match_reference(shape, channels_last):
+    x, w, b = _tensors(shape, channels_last=channels_last)
+    pad = shape[6:]
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    y = conv2d_gw8(x, w, b, padding_y=pad[0], padding_x=pad[1])
+    assert y.is_contiguous(
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format
+    )
+    torch.testing.assert_close(y, conv2d_gw8_fprop_ref(x.detach(), w.detach(), b.detach(), pad))
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    torch.testing.assert_close(x.grad, conv2d_gw8_dgrad_ref(dy, w.detach(), pad, shape[2:4]))
+    torch.testing.assert_close(
+        w.grad, conv2d_gw8_wgrad_ref(x.detach(), dy, pad, shape[4], shape[5])
+    )
+    torch.testing.assert_close(b.grad, conv2d_gw8_bias_grad_ref(dy))
+    if channels_last:
+        assert x.grad.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_low_precision_cpu_path_matches_conv2d(dtype):
+    x, w, b = _tensors(SHAPES[0], dtype=dtype)
+    y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+    assert y.dtype == dtype
+    expected = F.conv2d(x, w, b, padding=1, groups=2)
+    torch.testing.assert_close(y, expected)
+
+
+def test_fp32_bias_with_half_input():
+    x, w, _ = _tensors(SHAPES[0], dtype=torch.bfloat16, bias=False)
+    b = torch.randn(16)
+    y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y, F.conv2d(x, w, b.to(torch.bfloat16), padding=1, groups=2))
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_groups_argument_is_implied_or_checked(groups):
+    x, w, _ = _tensors(SHAPES[2], bias=False)
+    y = conv2d_gw8(x, w, None, 1, 2, 0, 1, groups)
+    torch.testing.assert_close(y, F.conv2d(x, w, padding=(2, 0), groups=3))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    "requires_grad", [(True, True, True), (False, True, True), (True, False, False)]
+)
+def test_gradcheck(bias, requires_grad):
+    x, w, b = _tensors((1, 8, 3, 4, 2, 3, 1, 0), bias=bias)
+    x.requires_grad_(requires_grad[0])
+    w.requires_grad_(requires_grad[1])
+    if b is not None:
+        b.requires_grad_(requires_grad[2])
+    assert torch.autograd.gradcheck(
+        lambda x, w, b: conv2d_gw8(x, w, b, padding_y=1, padding_x=0), (x, w, b)
+    )
+
+
+@pytest.mark.parametrize(
+    "shape, bias, requires_grad, channels_last",
+    [
+        (SHAPES[0], True, (True, True, True), False),
+        (SHAPES[1], False, (True, False, False), True),
+        (SHAPES[2], True, (False, True, False), False),
+        (SHAPES[3], False, (False, False, False), True),
+    ],
+)
+def test_opcheck_forward(shape, bias, requires_grad, channels_last):
+    x, w, b = _tensors(shape, dtype=torch.float32, bias=bias, channels_last=channels_last)
+    for t, flag in zip((x, w, b), requires_grad, strict=True):
+        if t is not None:
+            t.requires_grad_(flag)
+    torch.library.opcheck(conv2d_gw8, (x, w, b), dict(padding_y=shape[6], padding_x=shape[7]))
+
+
+@pytest.mark.parametrize(
+    "mask", [[True, True, True], [True, False, False], [False, True, False], [False, False, True]]
+)
+def test_opcheck_backward(mask):
+    shape = SHAPES[1]
+    x, w, _ = _tensors(shape, dtype=torch.float32, bias=False, channels_last=True)
+    y = conv2d_gw8(x, w, None, padding_y=shape[6], padding_x=shape[7])
+    dy = torch.randn_like(y)
+    # The backward op has no autograd formula of its own (no double backward), so
+    # its inputs do not require grad here.
+    torch.library.opcheck(conv2d_gw8_backward, (dy, x, w, shape[6], shape[7], mask))
+
+
+def test_backward_op_computes_only_masked_gradients():
+    x, w, _ = _tensors(SHAPES[0], bias=False)
+    dy = torch.randn(2, 16, 6, 7, dtype=torch.float64)
+    dx, dw, db = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, False])
+    assert dx.numel() == 0 and db.numel() == 0
+    torch.testing.assert_close(dw, conv2d_gw8_wgrad_ref(x, dy, 1, 3, 3))
+    dx, dw, db = conv2d_gw8_backward(dy, x, w, 1, 1, [True, False, True])
+    assert dw.numel() == 0
+    torch.testing.assert_close(dx, conv2d_gw8_dgrad_ref(dy, w, 1, (6, 7)))
+    torch.testing.assert_close(db, conv2d_gw8_bias_grad_ref(dy))
+
+
+def test_weight_and_bias_grads_are_fp32_from_half_backward_op():
+    x, w, _ = _tensors(SHAPES[0], dtype=torch.bfloat16, bias=False)
+    dy = torch.randn(2, 16, 6, 7).to(torch.bfloat16)
+    dx, dw, db = conv2d_gw8_backward(dy, x, w, 1, 1, [True, True, True])
+    assert (dx.dtype, dw.dtype, db.dtype) == (torch.bfloat16, torch.float32, torch.float32)
+
+
+def test_only_input_grad_needed_does_not_save_input():
+    x, w, _ = _tensors(SHAPES[0], bias=False, channels_last=True)
+    x.requires_grad_(True)
+    y = conv2d_gw8(x, w, None, padding_y=1, padding_x=1)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    assert w.grad is None
+    torch.testing.assert_close(x.grad, conv2d_gw8_dgrad_ref(dy, w, 1, (6, 7)))
+    assert x.grad.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_autocast_cpu_bf16_keeps_fp32_params_and_bias():
+    x, w, b = _tensors(SHAPES[0], dtype=torch.float32)
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+    assert y.dtype == torch.bfloat16
+    xh, wh = x.to(torch.bfloat16), w.detach().to(torch.bfloat16)
+    expected = F.conv2d(xh, wh, b.detach().to(torch.bfloat16), padding=1, groups=2)
+    torch.testing.assert_close(y, expected)
+    y.float().sum().backward()
+    assert w.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
+    ones = torch.ones(y.shape, dtype=torch.float64)
+    dw = conv2d_gw8_wgrad_ref(xh, ones, 1, 3, 3)
+    torch.testing.assert_close(w.grad.double(), dw, rtol=2e-2, atol=0.5)
+    torch.testing.assert_close(b.grad.double(), conv2d_gw8_bias_grad_ref(ones))
+
+
+def test_autocast_fp16_leaves_float64_alone():
+    x, w, _ = _tensors(SHAPES[0], bias=False)
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = conv2d_gw8(x, w, None, padding_y=1, padding_x=1)
+    assert y.dtype == torch.float64
+
+
+def test_compile_matches_eager_without_recompiling_per_batch_size():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    compiles = []
+    aot_eager = lookup_backend("aot_eager")
+
+    def counting_backend(gm, example_inputs):
+        compiles.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    def fn(x, w, b):
+        return torch.tanh(conv2d_gw8(x, w, b, padding_y=1, padding_x=2))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=True)
+    for n in (2, 3, 5):
+        x, w, b = _tensors((n, 16, 6, 7, 3, 5, 1, 2), dtype=torch.float32, seed=n)
+        grads = []
+        for f in (compiled, fn):
+            args = [t.detach().clone().requires_grad_(True) for t in (x, w, b)]
+            y = f(*args)
+            y.backward(torch.ones_like(y))
+            grads.append((y.detach(), *(a.grad for a in args)))
+        for got, want in zip(*grads, strict=True):
+            torch.testing.assert_close(got, want)
+    assert len(compiles) == 1
+
+
+class TestEmulateSeam:
+    def test_half_tensors_reach_the_kernel_seam(self, monkeypatch):
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        x, w, b = _tensors(SHAPES[0], dtype=torch.float16)
+        with pytest.raises(NotImplementedError, match="kernels are not built yet"):
+            conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+        dy = torch.randn(2, 16, 6, 7).to(torch.float16)
+        with pytest.raises(NotImplementedError, match="WGrad"):
+            conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, False])
+
+    def test_seam_receives_params(self, monkeypatch):
+        from spio.functional import _kernels
+        from spio.kernels import Conv2dGw8Params
+
+        seen = []
+
+        def fake_fprop(input, weight, bias, params):
+            seen.append(params)
+            ref = conv2d_gw8_fprop_ref(input, weight, bias, params.padding)
+            return ref.to(input.dtype)  # contiguous, although the input is channels_last
+
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        monkeypatch.setattr(_kernels, "fprop", fake_fprop)
+        x, w, _ = _tensors(SHAPES[1], dtype=torch.bfloat16, bias=False, channels_last=True)
+        b = torch.randn(8)
+        y = conv2d_gw8(x, w, b, padding_y=0, padding_x=2)
+        assert seen == [Conv2dGw8Params(1, 8, 5, 9, (0, 2), 1, 5, True, "bf16")]
+        assert y.is_contiguous(memory_format=torch.channels_last)
+
+    def test_fp32_is_rejected_when_emulating(self, monkeypatch):
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        x, w, _ = _tensors(SHAPES[0], dtype=torch.float32, bias=False)
+        with pytest.raises(ValueError, match="needs fp16 or bf16 tensors .* got torch.float32"):
+            conv2d_gw8(x, w, None, padding_y=1, padding_x=1)
+
+
+def _bad_calls():
+    x = torch.randn(2, 16, 6, 6)
+    w = torch.randn(16, 8, 3, 3)
+    return [
+        ("stride", lambda: conv2d_gw8(x, w, None, 2, 1, 1), "stride 1, got 2"),
+        ("dilation", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 2), "dilation 1, got 2"),
+        ("group width", lambda: conv2d_gw8(x, torch.randn(16, 4, 3, 3)), "group width 8, got 4"),
+        ("C != K", lambda: conv2d_gw8(x, torch.randn(32, 8, 3, 3)), "C=16, K=32"),
+        ("channels", lambda: conv2d_gw8(torch.randn(1, 12, 4, 4), w), "multiple of 8, got 12"),
+        ("groups", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 4), "groups = C / 8 = 2, got 4"),
+        ("R", lambda: conv2d_gw8(x, torch.randn(16, 8, 7, 3)), "filter R in 1..5, got 7"),
+        ("S", lambda: conv2d_gw8(x, torch.randn(16, 8, 3, 6)), "filter S in 1..5, got 6"),
+        ("padding", lambda: conv2d_gw8(x, w, None, 1, -1, 0), "non-negative padding, got (-1, 0)"),
+        (
+            "empty",
+            lambda: conv2d_gw8(torch.randn(1, 8, 2, 9), torch.randn(8, 8, 3, 3)),
+            "non-empty output, got output size 0x7",
+        ),
+        ("3-D input", lambda: conv2d_gw8(x[0], w), "4-D NCHW input, got 3-D"),
+        ("5-D input", lambda: conv2d_gw8(x[None], w), "4-D NCHW input, got 5-D"),
+        ("3-D weight", lambda: conv2d_gw8(x, w[0]), "4-D weight"),
+        ("bias length", lambda: conv2d_gw8(x, w, torch.randn(8)), "bias of shape (16,), got (8,)"),
+        ("bias 2-D", lambda: conv2d_gw8(x, w, torch.randn(16, 1)), "got (16, 1)"),
+        (
+            "bias dtype",
+            lambda: conv2d_gw8(x.double(), w.double(), torch.randn(16).half()),
+            "bias in fp32 or the input dtype",
+        ),
+        ("devices", lambda: conv2d_gw8(x, w.to("meta")), "input on cpu and weight on meta"),
+        ("bias device", lambda: conv2d_gw8(x, w, torch.randn(16, device="meta")), "bias on meta"),
+        ("int input", lambda: conv2d_gw8(x.long(), w), "floating-point tensors, got input"),
+        ("int weight", lambda: conv2d_gw8(x, w.int()), "got weight of torch.int32"),
+        ("mixed dtype", lambda: conv2d_gw8(x, w.double()), "weight dtype equal to input dtype"),
+        (
+            "backward mask",
+            lambda: conv2d_gw8_backward(x, x, w, 1, 1, [True]),
+            "output mask of 3 bools",
+        ),
+        (
+            "backward grad shape",
+            lambda: conv2d_gw8_backward(x[:, :, 1:], x, w, 1, 1, [True, True, True]),
+            "grad_output of shape (2, 16, 6, 6)",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("name, call, message", _bad_calls(), ids=[c[0] for c in _bad_calls()])
+def test_bad_arguments_raise_value_error(name, call, message):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert message in str(info.value)
+
+
+def test_bad_argument_type_is_a_clean_error():
+    x = torch.randn(1, 8, 4, 4)
+    with pytest.raises((TypeError, RuntimeError), match="stride"):
+        conv2d_gw8(x, torch.randn(8, 8, 3, 3), None, (1, 1))
+
+
+@pytest.mark.cuda
+def test_fp32_cuda_outside_autocast_is_rejected():
+    x = torch.randn(1, 8, 4, 4, device="cuda")
+    w = torch.randn(8, 8, 3, 3, device="cuda")
+    with pytest.raises(ValueError, match="on cuda needs fp16 or bf16"):
+        conv2d_gw8(x, w, None, padding_y=1, padding_x=1)
+
+
+def test_import_spio_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, spio; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
