@@ -1,0 +1,336 @@
+"""Build a kernel source into an emulator shared library with the host C++ compiler.
+
+A library is: the runtime object (fibers, barriers, collectives, checks), the context switch, the
+kernel object (the .cu source compiled as C++ after force-including runtime/spio_emu.h, plus one
+generated entry per `extern "C" __global__` kernel) and a closing guard object. The checked variant
+compiles the kernel object with GCC's -fsanitize=kernel-address, so every load and store calls the
+runtime's __asan_*_noabort callbacks. Libraries and runtime objects are cached on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import re
+import shlex
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..compiler.cache import DiskCache, cache_root, hash_key
+from ..cuda import paths
+from ..log import logger
+
+#: Bump when the build recipe or the entry ABI changes.
+BUILD_VERSION = 1
+
+RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+
+_BASE_FLAGS = ("-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-w")
+_CHECK_FLAGS = (
+    "-fsanitize=kernel-address",
+    "--param",
+    "asan-instrumentation-with-call-threshold=0",
+    "--param",
+    "asan-stack=0",
+    "--param",
+    "asan-globals=0",
+)
+
+_KERNEL_RE = re.compile(
+    r'extern\s+"C"\s+(?:(?:__global__|__launch_bounds__\s*\([^)]*\)|static|inline)\s+)*'
+    r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?void\s+"
+    r"(?:__launch_bounds__\s*\([^)]*\)\s+)?([A-Za-z_]\w*)\s*\("
+)
+_KERNEL_RE_2 = re.compile(
+    r'extern\s+"C"\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?void\s+__global__\s+([A-Za-z_]\w*)\s*\('
+)
+_EXTERN_SHARED_RE = re.compile(
+    r"\bextern\s+__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)([^;\[\]]*?)\s*\b([A-Za-z_]\w*)"
+    r"\s*\[\s*\]\s*;"
+)
+
+
+class EmulatorBuildError(RuntimeError):
+    """The host compiler rejected a kernel source; the message carries the compiler's output."""
+
+
+@dataclass(frozen=True)
+class Library:
+    """A built emulator library on disk and what it exports."""
+
+    path: Path
+    kernels: tuple[str, ...]
+    checked: bool
+    cached: bool
+    seconds: float
+
+
+def compiler() -> str:
+    """The host C++ compiler: $CXX, else g++."""
+    return os.environ.get("CXX", "g++")
+
+
+@functools.cache
+def compiler_version(cxx: str) -> str:
+    """First line of `cxx --version`; raises EmulatorBuildError when it cannot run."""
+    try:
+        out = subprocess.run(
+            [*shlex.split(cxx), "--version"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as error:
+        raise EmulatorBuildError(
+            f"the emulator needs a host C++ compiler (CXX={cxx!r}); running it failed: {error}"
+        ) from error
+    return out.splitlines()[0] if out else cxx
+
+
+def kernel_names(text: str) -> list[str]:
+    """Names of the `extern "C" __global__` kernels declared in `text`, in order."""
+    names = [m.group(1) for m in _KERNEL_RE.finditer(text)]
+    names += [m.group(1) for m in _KERNEL_RE_2.finditer(text)]
+    return list(dict.fromkeys(names))
+
+
+def rewrite_extern_shared(text: str) -> str:
+    """Turn `extern __shared__ T name[];` into a reference to the dynamic shared-memory buffer."""
+
+    def repl(m: re.Match) -> str:
+        ctype = m.group(2).strip()
+        if not ctype:
+            return m.group(0)
+        return f"SPIO_EMU_EXTERN_SHARED({ctype}, {m.group(3)});"
+
+    return _EXTERN_SHARED_RE.sub(repl, text)
+
+
+def _digest_tree(root: Path) -> str:
+    digest = hashlib.sha256()
+    if root.is_dir():
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(root)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def runtime_digest() -> str:
+    """Hash of the runtime's own sources (runtime/ and its shims)."""
+    return _digest_tree(RUNTIME_DIR)
+
+
+@functools.cache
+def _cuda_include() -> Path:
+    return paths.find_cuda_include()
+
+
+def _cuda_identity() -> str:
+    folder = _cuda_include()
+    digest = hashlib.sha256(str(folder).encode())
+    for name in ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp", "vector_types.h"):
+        path = folder / name
+        if path.is_file():
+            st = path.stat()
+            digest.update(f"{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def _include_flags(extra: list[Path]) -> list[str]:
+    dirs = [RUNTIME_DIR / "shim", _cuda_include(), RUNTIME_DIR, *extra]
+    return [f"-I{d}" for d in dirs]
+
+
+def _run(cmd: list[str], what: str) -> None:
+    logger.debug("emulator: %s", " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EmulatorBuildError(
+            f"{what} failed (exit {proc.returncode}):\n{' '.join(cmd)}\n{proc.stderr[-20000:]}"
+        )
+
+
+_cache = DiskCache("emulator")
+
+
+def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
+    """The runtime, context-switch and closing-guard objects, compiled once and cached."""
+    arch = platform.machine()
+    sources = ["emu_runtime.cc"]
+    if arch in ("x86_64", "AMD64"):
+        sources.append("fiber_switch_x86_64.S")
+    out: list[Path] = []
+    for src in [*sources, "emu_tls_end.cc"]:
+        flags = [*_BASE_FLAGS, *_include_flags([])]
+        key = hash_key(
+            "emu-runtime",
+            BUILD_VERSION,
+            src,
+            runtime_digest(),
+            compiler_version(cxx),
+            flags,
+            arch,
+            _cuda_identity(),
+        )
+
+        def build(src: str = src, flags: list[str] = flags) -> tuple[bytes, dict]:
+            with tempfile.TemporaryDirectory(prefix="spio-emu-rt-") as tmp:
+                obj = Path(tmp) / (src + ".o")
+                _run(
+                    [*shlex.split(cxx), *flags, "-c", str(RUNTIME_DIR / src), "-o", str(obj)],
+                    f"compiling the emulator runtime ({src})",
+                )
+                return obj.read_bytes(), {"source": src}
+
+        payload, _, _ = _cache.get_or_build(key, build)
+        path = workdir / (src + ".o")
+        path.write_bytes(payload)
+        out.append(path)
+    return out
+
+
+def _entry_code(kernels: list[str]) -> str:
+    lines = ["", "// ---- emulator entries (generated) ----"]
+    for k in kernels:
+        lines.append(
+            f"SPIO_EMU_EXPORT int spio_emu_entry_{k}(const spio_emu_launch *cfg, "
+            f"const uint64_t *slots, int num_slots) {{\n"
+            f"    return ::spio::emu::detail::Entry<decltype(&{k}), &{k}>::launch(cfg, slots, "
+            f"num_slots);\n}}"
+        )
+        lines.append(
+            f"SPIO_EMU_EXPORT const char *spio_emu_signature_{k}() {{\n"
+            f"    return ::spio::emu::detail::Entry<decltype(&{k}), &{k}>::signature();\n}}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _bundled_needs_rewrite() -> bool:
+    root = paths.bundled_include_dir()
+    return any(
+        "__shared__" in p.read_text(errors="replace") and _EXTERN_SHARED_RE.search(p.read_text())
+        for p in root.rglob("*.h")
+    )
+
+
+def _so_folder() -> Path:
+    folder = cache_root() / "emulator" / "lib"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="spio-emu-lib-"))
+
+
+def build_library(
+    source: str,
+    headers: dict[str, str] | None = None,
+    *,
+    name: str = "kernel",
+    checked: bool = True,
+) -> Library:
+    """Compile `source` (and in-memory `headers`) into an emulator library; cached on disk."""
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"the emulator needs non-empty CUDA source for {name!r}, got {source!r}")
+    headers = dict(headers or {})
+    kernels = kernel_names(source) + [
+        k for text in headers.values() for k in kernel_names(text) if k not in source
+    ]
+    kernels = list(dict.fromkeys(kernels))
+    if not kernels:
+        raise ValueError(
+            f'{name}: no `extern "C" __global__ void <name>(...)` kernel found in the source'
+        )
+    cxx = compiler()
+    flags = [*_BASE_FLAGS, *(_CHECK_FLAGS if checked else ())]
+    key = hash_key(
+        "emu-lib",
+        BUILD_VERSION,
+        source,
+        sorted(headers.items()),
+        kernels,
+        compiler_version(cxx),
+        flags,
+        checked,
+        runtime_digest(),
+        _digest_tree(paths.bundled_include_dir()),
+        _cuda_identity(),
+        platform.machine(),
+    )
+
+    def build() -> tuple[bytes, dict]:
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="spio-emu-") as tmp:
+            work = Path(tmp)
+            inc = work / "include"
+            for hname, text in headers.items():
+                dest = inc / hname
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_text(rewrite_extern_shared(text))
+            bundled = paths.bundled_include_dir()
+            if _bundled_needs_rewrite():
+                copy = work / "bundled"
+                for path in bundled.rglob("*"):
+                    if path.is_file():
+                        dest = copy / path.relative_to(bundled)
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        dest.write_text(rewrite_extern_shared(path.read_text()))
+                bundled = copy
+            cu = work / f"{name}.cu"
+            cu.write_text(rewrite_extern_shared(source))
+            unit = work / "unit.cc"
+            unit.write_text(f'#include "{cu.name}"\n{_entry_code(kernels)}')
+            objs = _runtime_objects(cxx, work)
+            kobj = work / "kernel.o"
+            include = _include_flags([inc, bundled, work])
+            _run(
+                [
+                    *shlex.split(cxx),
+                    *flags,
+                    "-include",
+                    "spio_emu.h",
+                    *include,
+                    "-c",
+                    str(unit),
+                    "-o",
+                    str(kobj),
+                ],
+                f"compiling {name} for the CPU emulator",
+            )
+            lib = work / "lib.so"
+            # Order matters: runtime (opening TLS guard), kernel, closing guard last.
+            _run(
+                [
+                    *shlex.split(cxx),
+                    "-shared",
+                    "-o",
+                    str(lib),
+                    *[str(o) for o in objs[:-1]],
+                    str(kobj),
+                    str(objs[-1]),
+                ],
+                f"linking {name} for the CPU emulator",
+            )
+            seconds = time.perf_counter() - start
+            return lib.read_bytes(), {"kernels": kernels, "seconds": seconds}
+
+    start = time.perf_counter()
+    payload, meta, cached = _cache.get_or_build(key, build)
+    path = _so_folder() / f"{key}.so"
+    if not path.is_file() or path.stat().st_size != len(payload):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    seconds = time.perf_counter() - start
+    logger.info(
+        "emulator library for %s (%s): %s in %.2f s",
+        name,
+        "checked" if checked else "unchecked",
+        "cached" if cached else "compiled",
+        seconds,
+    )
+    return Library(path, tuple(meta["kernels"]), checked, cached, seconds)

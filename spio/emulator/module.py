@@ -1,0 +1,258 @@
+"""EmuModule / EmuFunction: the GPU driver's module API, running kernels on CPU tensors."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..log import logger
+from .build import Library, build_library
+
+#: Shared memory per block of the largest supported arch (sm_90: 227 KiB).
+MAX_SHARED_BYTES = 227 * 1024
+MAX_THREADS_PER_BLOCK = 1024
+_MAX_BLOCK = (1024, 1024, 64)
+_MAX_GRID = (2**31 - 1, 65535, 65535)
+#: Unregistered bytes placed around tensors copied for a checked launch.
+_REDZONE = 256
+
+
+class EmulatorError(RuntimeError):
+    """A hazard found while emulating a kernel (out of bounds, race, stale cp.async read, ...)."""
+
+
+class _Launch(ctypes.Structure):
+    _fields_ = [
+        ("grid", ctypes.c_uint32 * 3),
+        ("block", ctypes.c_uint32 * 3),
+        ("dynamic_shared_bytes", ctypes.c_uint64),
+        ("ranges", ctypes.POINTER(ctypes.c_uint64)),
+        ("num_ranges", ctypes.c_uint32),
+        ("check", ctypes.c_uint32),
+        ("seed", ctypes.c_uint64),
+        ("shuffle", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("kernel_name", ctypes.c_char_p),
+    ]
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    library: Library
+    handle: ctypes.CDLL
+    lock: threading.Lock
+
+
+def _dims(value: Any, what: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
+    dims = (value,) if isinstance(value, int) else tuple(value)
+    if not 1 <= len(dims) <= 3 or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in dims
+    ):
+        raise ValueError(f"{what} must be an int or 1-3 ints, got {value!r}")
+    dims = dims + (1,) * (3 - len(dims))
+    for axis, (d, lim) in enumerate(zip(dims, limits, strict=False)):
+        if not 1 <= d <= lim:
+            raise ValueError(f"{what}[{axis}] must be in 1..{lim}, got {d} ({what}={value!r})")
+    return dims  # type: ignore[return-value]
+
+
+def _span(t: Any) -> tuple[int, int]:
+    """[lo, hi) bytes a tensor's elements occupy."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    lo = hi = 0
+    for size, stride in zip(t.shape, t.stride(), strict=False):
+        extent = (size - 1) * stride
+        if extent < 0:
+            lo += extent
+        else:
+            hi += extent
+    return t.data_ptr() + lo * t.element_size(), t.data_ptr() + (hi + 1) * t.element_size()
+
+
+def _int_range(kind: str) -> tuple[int, int]:
+    bits = 8 * int(kind[1])
+    if kind[0] == "u":
+        return 0, 2**bits - 1
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+@dataclass(frozen=True)
+class EmuFunction:
+    """One kernel of an EmuModule; `launch` runs it on CPU tensors."""
+
+    module: EmuModule
+    name: str
+    _logged: list = field(default_factory=list, repr=False, compare=False)
+
+    def _signature(self, loaded: _Loaded) -> list[str]:
+        fn = getattr(loaded.handle, f"spio_emu_signature_{self.name}")
+        fn.restype = ctypes.c_char_p
+        text = fn().decode()
+        return text.split(",") if text else []
+
+    def _marshal(self, kinds: list[str], args: tuple, check: bool):
+        """Slots for the C++ side, registered ranges, and (original, copy) pairs to copy back."""
+        import torch
+
+        if len(args) != len(kinds):
+            raise TypeError(
+                f"kernel {self.name} takes {len(kinds)} arguments ({', '.join(kinds) or 'none'}), "
+                f"got {len(args)}"
+            )
+        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        spans = {i: _span(t) for i, t in tensors}
+        slots: list[int] = []
+        ranges: list[tuple[int, int]] = []
+        copies: list[tuple[Any, Any]] = []
+        for i, (kind, arg) in enumerate(zip(kinds, args, strict=False)):
+            where = f"argument {i} of kernel {self.name}"
+            if kind == "p":
+                if arg is None:
+                    slots.append(0)
+                    continue
+                if not isinstance(arg, torch.Tensor):
+                    raise TypeError(f"{where} is a pointer: pass a CPU tensor, got {type(arg)}")
+                if arg.device.type != "cpu":
+                    raise ValueError(f"{where} must be a CPU tensor, got one on {arg.device}")
+                lo, hi = spans[i]
+                overlaps = any(j != i and spans[j][0] < hi and lo < spans[j][1] for j, _ in tensors)
+                if check and arg.is_contiguous() and not overlaps and arg.numel() > 0:
+                    nbytes = hi - lo
+                    buf = torch.empty(nbytes + 2 * _REDZONE + 64, dtype=torch.uint8)
+                    start = (-buf.data_ptr()) % 64 + _REDZONE
+                    view = buf[start : start + nbytes].view(arg.dtype).view(arg.shape)
+                    view.copy_(arg)
+                    copies.append((arg, view))
+                    lo, hi = view.data_ptr(), view.data_ptr() + nbytes
+                    slots.append(view.data_ptr())
+                else:
+                    slots.append(arg.data_ptr())
+                ranges.append((lo, hi))
+            elif kind in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "b"):
+                if isinstance(arg, torch.Tensor) or not isinstance(arg, int):
+                    raise TypeError(f"{where} is an integer ({kind}), got {type(arg).__name__}")
+                lo_v, hi_v = (0, 1) if kind == "b" else _int_range(kind)
+                if not lo_v <= int(arg) <= hi_v:
+                    raise ValueError(f"{where} ({kind}) must be in {lo_v}..{hi_v}, got {arg}")
+                slots.append(int(arg) & 0xFFFFFFFFFFFFFFFF)
+            elif kind in ("f4", "f8"):
+                if isinstance(arg, bool) or not isinstance(arg, (int, float)):
+                    raise TypeError(f"{where} is a float ({kind}), got {type(arg).__name__}")
+                slots.append(struct.unpack("<Q", struct.pack("<d", float(arg)))[0])
+            else:
+                raise TypeError(
+                    f"{where} has a type the emulator cannot pass (only pointers, integers, "
+                    f"floats and bools are supported)"
+                )
+        return slots, ranges, copies
+
+    def launch(
+        self,
+        grid: Any,
+        block: Any,
+        args: tuple | list,
+        shared_mem_bytes: int = 0,
+        *,
+        check: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        """Run the kernel on CPU tensors; raises EmulatorError for a hazard (check=True)."""
+        grid3 = _dims(grid, "grid", _MAX_GRID)
+        block3 = _dims(block, "block", _MAX_BLOCK)
+        threads = math.prod(block3)
+        if threads > MAX_THREADS_PER_BLOCK:
+            raise ValueError(
+                f"a block has at most {MAX_THREADS_PER_BLOCK} threads, got {threads} "
+                f"(block={block!r})"
+            )
+        if not isinstance(shared_mem_bytes, int) or shared_mem_bytes < 0:
+            raise ValueError(f"shared_mem_bytes must be an int >= 0, got {shared_mem_bytes!r}")
+        loaded = self.module._load(check)
+        static = self.module.static_shared_bytes(check)
+        if shared_mem_bytes + static > MAX_SHARED_BYTES:
+            raise ValueError(
+                f"kernel {self.name}: {shared_mem_bytes} dynamic + {static} static shared bytes "
+                f"exceed the {MAX_SHARED_BYTES}-byte limit per block (sm_90)"
+            )
+        kinds = self._signature(loaded)
+        slots, ranges, copies = self._marshal(kinds, tuple(args), check)
+        if not self._logged:
+            self._logged.append(True)
+            logger.info("emulating %s on the CPU", self.name)
+        cfg = _Launch()
+        cfg.grid[:] = grid3
+        cfg.block[:] = block3
+        cfg.dynamic_shared_bytes = shared_mem_bytes
+        flat = (ctypes.c_uint64 * max(1, 2 * len(ranges)))(*[v for r in ranges for v in r])
+        cfg.ranges = flat
+        cfg.num_ranges = len(ranges)
+        cfg.check = int(bool(check))
+        cfg.seed = 0 if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
+        cfg.shuffle = 0 if seed is None else 1
+        name = self.name.encode()
+        cfg.kernel_name = name
+        slot_array = (ctypes.c_uint64 * max(1, len(slots)))(*slots)
+        entry = getattr(loaded.handle, f"spio_emu_entry_{self.name}")
+        entry.restype = ctypes.c_int
+        entry.argtypes = [ctypes.POINTER(_Launch), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+        with loaded.lock:
+            rc = entry(ctypes.byref(cfg), slot_array, len(slots))
+            message = loaded.handle.spio_emu_last_error
+            message.restype = ctypes.c_char_p
+            error = message().decode(errors="replace") if rc != 0 else ""
+        for original, copy in copies:
+            original.copy_(copy)
+        if rc != 0:
+            raise EmulatorError(error or f"emulated launch of {self.name} failed (code {rc})")
+
+
+@dataclass(frozen=True)
+class EmuModule:
+    """A kernel source built for the CPU emulator (checked and unchecked libraries, lazily)."""
+
+    name: str
+    source: str
+    headers: dict[str, str]
+    kernels: tuple[str, ...]
+    _loaded: dict = field(default_factory=dict, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def _load(self, checked: bool) -> _Loaded:
+        with self._lock:
+            hit = self._loaded.get(checked)
+            if hit is None:
+                lib = build_library(self.source, self.headers, name=self.name, checked=checked)
+                handle = ctypes.CDLL(str(lib.path))
+                hit = _Loaded(lib, handle, threading.Lock())
+                self._loaded[checked] = hit
+            return hit
+
+    def static_shared_bytes(self, checked: bool = True) -> int:
+        """Static __shared__ bytes of all kernels of this module together."""
+        fn = self._load(checked).handle.spio_emu_static_shared_bytes
+        fn.restype = ctypes.c_uint64
+        return int(fn())
+
+    def get_function(self, kernel_name: str) -> EmuFunction:
+        """The kernel `kernel_name` (declared `extern "C" __global__`)."""
+        if kernel_name not in self.kernels:
+            raise KeyError(
+                f"module {self.name} has no kernel {kernel_name!r}; it declares "
+                f"{', '.join(self.kernels)}"
+            )
+        return EmuFunction(self, kernel_name)
+
+
+def load_module(
+    source: str, headers: dict[str, str] | None = None, *, name: str = "kernel"
+) -> EmuModule:
+    """Build `source` for the CPU emulator (checked variant first) and return its module."""
+    lib = build_library(source, headers, name=name, checked=True)
+    module = EmuModule(name, source, dict(headers or {}), lib.kernels)
+    module._load(True)
+    return module

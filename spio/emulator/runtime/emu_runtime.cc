@@ -1,0 +1,1055 @@
+/// The CPU emulator's runtime: fibers, block and warp barriers, warp collectives (mma.sync,
+/// ldmatrix, shuffles), deferred cp.async copies and the hazard checks.
+///
+/// This file is compiled without instrumentation and linked first into every emulator library.
+/// In checked libraries the kernel object is compiled with GCC's -fsanitize=kernel-address and
+/// calls __asan_{load,store}*_noabort before every memory access; those callbacks (at the end of
+/// this file) classify the address (fiber stack, shared arena, registered tensor, library data)
+/// and run the race and cp.async checks on shared memory.
+///
+/// Blocks run one at a time on the calling host thread; Python serialises launches per library.
+
+#include "spio_emu.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+extern "C" {
+__attribute__((visibility("hidden"))) void spio_emu_switch(void **save_sp, void *resume_sp);
+__attribute__((visibility("hidden"))) void spio_emu_fiber_start();
+}
+
+namespace spio {
+namespace emu {
+namespace detail {
+
+uint3 g_thread_idx;
+uint3 g_block_idx;
+dim3 g_block_dim;
+dim3 g_grid_dim;
+
+/// Opening guard of the static shared-memory arena (see emu_tls_end.cc).
+__attribute__((visibility("hidden"), aligned(16))) thread_local char g_tls_arena_begin[64];
+extern __attribute__((visibility("hidden"))) thread_local char g_tls_arena_end[64];
+
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr std::size_t kStackBytes = 256 * 1024;
+constexpr std::size_t kGuardBytes = 4096;
+constexpr std::size_t kMaxDynamicShared = 227 * 1024;
+constexpr std::size_t kDynGuard = 256;
+constexpr uint16_t kMany = 0xffff;
+
+enum class State { kRunnable, kBlockWait, kWarpWait, kDone };
+enum class Op { kNone, kSyncwarp, kShfl, kBallot, kMma, kLdmatrix };
+
+struct PendingCopy {
+    char *dst;
+    const char *src;
+    int bytes;
+    uint64_t group;
+};
+
+struct Fiber {
+    void *sp = nullptr;
+#if !defined(__x86_64__)
+    ucontext_t uc;
+#endif
+    char *stack_lo = nullptr;
+    char *stack_hi = nullptr;
+    uint3 idx{};
+    int tid = 0;
+    int warp = 0;
+    int lane = 0;
+    State state = State::kDone;
+    uint64_t committed = 0;
+    std::vector<PendingCopy> pending;
+};
+
+struct Warp {
+    uint32_t existing = 0;  ///< lanes that exist (the last warp may be partial)
+    uint32_t arrived = 0;
+    uint32_t expected = 0;
+    uint32_t exited = 0;
+    Op op = Op::kNone;
+    int sub = 0;  ///< op detail: mma kind, ldmatrix count/trans, shuffle mode
+    unsigned gen = 0;
+    uint32_t sync_epoch = 0;
+    uint32_t in[2][32][10];
+    int arg[2][32];
+    int arg2[2][32];
+    const void *ptr[2][32];
+    uint64_t val[2][32];
+    uint32_t out[2][32][4];
+};
+
+/// Race-detection state of one shared-memory byte.
+struct Shadow {
+    uint32_t w_epoch, r_epoch;
+    uint32_t w_wep, r_wep;
+    uint16_t w_tid, r_tid, r_warp, async_tid;
+};
+
+struct Runtime {
+    // Launch
+    const spio_emu_launch *cfg = nullptr;
+    void (*thunk)() = nullptr;
+    bool check = false;
+    int nthreads = 0;
+    int nwarps = 0;
+    // Fibers
+    char *stacks = nullptr;
+    Fiber fibers[kMaxThreads];
+    Warp warps[kMaxThreads / 32];
+    Fiber *cur = nullptr;
+    void *sched_sp = nullptr;
+#if !defined(__x86_64__)
+    ucontext_t sched_uc;
+#endif
+    int done = 0;
+    int block_arrived = 0;
+    bool failed = false;
+    std::string error;
+    std::mt19937_64 rng;
+    // Arena
+    char *s_lo = nullptr, *s_hi = nullptr;  ///< static shared variables (TLS between the guards)
+    char *s_guard_lo = nullptr, *s_guard_hi = nullptr;
+    char *d_lo = nullptr;  ///< dynamic shared memory
+    std::size_t d_size = 0;
+    std::vector<Shadow> shadow;
+    uint32_t epoch = 0;
+    // Library segments (constants, statics)
+    std::vector<std::pair<uintptr_t, uintptr_t>> segments;
+};
+
+Runtime g_rt;
+alignas(128) char g_dynamic[kDynGuard + kMaxDynamicShared + kDynGuard];
+
+std::string format(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+std::string who(const Fiber *f) {
+    std::string s = format("kernel %s, block (%u,%u,%u)",
+                           g_rt.cfg && g_rt.cfg->kernel_name ? g_rt.cfg->kernel_name : "?",
+                           g_block_idx.x, g_block_idx.y, g_block_idx.z);
+    if (f) s += format(", thread (%u,%u,%u)", f->idx.x, f->idx.y, f->idx.z);
+    return s;
+}
+
+void switch_to_scheduler(Fiber *f) {
+#if defined(__x86_64__)
+    spio_emu_switch(&f->sp, g_rt.sched_sp);
+#else
+    swapcontext(&f->uc, &g_rt.sched_uc);
+#endif
+}
+
+/// Reports a hazard for fiber `f` and abandons the launch (never returns inside a fiber).
+[[noreturn]] void fail(const Fiber *f, const std::string &what) {
+    if (!g_rt.failed) {
+        g_rt.failed = true;
+        g_rt.error = who(f) + ": " + what;
+    }
+    Fiber *self = g_rt.cur;
+    if (self) {
+        self->state = State::kDone;
+        switch_to_scheduler(self);
+    }
+    std::fprintf(stderr, "spio emulator: %s\n", g_rt.error.c_str());
+    std::abort();
+}
+
+/// Parks the running fiber until the scheduler resumes it.
+void block_current(State st) {
+    Fiber *f = g_rt.cur;
+    f->state = st;
+    switch_to_scheduler(f);
+    g_thread_idx = f->idx;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Address classification
+// ---------------------------------------------------------------------------------------------
+
+int find_segments(struct dl_phdr_info *info, size_t, void *data) {
+    auto *base = static_cast<uintptr_t *>(data);
+    if (info->dlpi_addr != base[0]) return 0;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const auto &ph = info->dlpi_phdr[i];
+        if (ph.p_type == PT_LOAD) {
+            uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+            g_rt.segments.push_back({lo, lo + ph.p_memsz});
+        }
+    }
+    return 1;
+}
+
+void init_segments() {
+    if (!g_rt.segments.empty()) return;
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void *>(&init_segments), &info) && info.dli_fbase) {
+        uintptr_t base[1] = {reinterpret_cast<uintptr_t>(info.dli_fbase)};
+        dl_iterate_phdr(find_segments, base);
+    }
+}
+
+/// 0: static arena, 1: dynamic arena, -1: inside an arena's guard (out of bounds), -2: not shared.
+int shared_region(uintptr_t a, std::size_t n, std::size_t *offset) {
+    auto lo = reinterpret_cast<uintptr_t>(g_rt.s_lo), hi = reinterpret_cast<uintptr_t>(g_rt.s_hi);
+    if (a >= lo && a + n <= hi) {
+        *offset = a - lo;
+        return 0;
+    }
+    auto dlo = reinterpret_cast<uintptr_t>(g_rt.d_lo);
+    if (a >= dlo && a + n <= dlo + g_rt.d_size) {
+        *offset = (hi - lo) + (a - dlo);
+        return 1;
+    }
+    auto glo = reinterpret_cast<uintptr_t>(g_rt.s_guard_lo);
+    auto ghi = reinterpret_cast<uintptr_t>(g_rt.s_guard_hi);
+    if (a + n > glo && a < ghi) return -1;
+    auto dg = reinterpret_cast<uintptr_t>(g_dynamic);
+    if (a + n > dg && a < dg + sizeof g_dynamic) return -1;
+    return -2;
+}
+
+bool in_global(uintptr_t a, std::size_t n) {
+    const spio_emu_launch *cfg = g_rt.cfg;
+    for (uint32_t i = 0; i < cfg->num_ranges; ++i) {
+        if (a >= cfg->ranges[2 * i] && a + n <= cfg->ranges[2 * i + 1]) return true;
+    }
+    return false;
+}
+
+bool in_library(uintptr_t a, std::size_t n) {
+    for (const auto &seg : g_rt.segments) {
+        if (a >= seg.first && a + n <= seg.second) return true;
+    }
+    return false;
+}
+
+const char *verb(bool write) { return write ? "writes" : "reads"; }
+
+std::string thread_name(int tid) {
+    const Fiber &f = g_rt.fibers[tid];
+    return format("thread (%u,%u,%u)", f.idx.x, f.idx.y, f.idx.z);
+}
+
+/// Race and cp.async checks for `n` shared bytes at arena offset `off`, accessed by thread `tid`.
+void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n, bool write) {
+    const uint16_t tid = static_cast<uint16_t>(f->tid);
+    const uint16_t warp = static_cast<uint16_t>(f->warp);
+    const uint32_t wep = g_rt.warps[f->warp].sync_epoch;
+    const uint32_t e = g_rt.epoch;
+    for (std::size_t i = 0; i < n; ++i) {
+        Shadow &s = g_rt.shadow[off + i];
+        if (s.async_tid) {
+            fail(f, format("%s shared address %#lx, the destination of a cp.async issued by %s, "
+                           "before a cp_async_wait_group/cp_async_wait_all covering it "
+                           "(stale data)",
+                           verb(write), static_cast<unsigned long>(addr + i),
+                           thread_name(s.async_tid - 1).c_str()));
+        }
+        if (s.w_epoch == e && s.w_tid != tid &&
+            !(s.w_tid / 32 == warp && g_rt.warps[warp].sync_epoch > s.w_wep)) {
+            fail(f, format("shared-memory race: %s address %#lx, which %s wrote with no "
+                           "__syncthreads() in between",
+                           verb(write), static_cast<unsigned long>(addr + i),
+                           thread_name(s.w_tid).c_str()));
+        }
+        if (write) {
+            if (s.r_epoch == e && s.r_tid != tid &&
+                !(s.r_warp == warp && g_rt.warps[warp].sync_epoch > s.r_wep)) {
+                std::string other =
+                    s.r_tid == kMany ? std::string("other threads") : thread_name(s.r_tid);
+                fail(f, format("shared-memory race: writes address %#lx, which %s read with no "
+                               "__syncthreads() in between",
+                               static_cast<unsigned long>(addr + i), other.c_str()));
+            }
+            s.w_epoch = e;
+            s.w_tid = tid;
+            s.w_wep = wep;
+        } else if (s.r_epoch != e) {
+            s.r_epoch = e;
+            s.r_tid = tid;
+            s.r_warp = warp;
+            s.r_wep = wep;
+        } else {
+            if (s.r_tid != tid) s.r_tid = kMany;
+            if (s.r_warp != warp) s.r_warp = kMany;
+            s.r_wep = wep;
+        }
+    }
+}
+
+/// Full check of one access by fiber `f` (used by the callbacks and by the runtime's own reads).
+void check_access(const Fiber *f, uintptr_t a, std::size_t n, bool write) {
+    if (a >= reinterpret_cast<uintptr_t>(f->stack_lo) &&
+        a + n <= reinterpret_cast<uintptr_t>(f->stack_hi)) {
+        return;
+    }
+    std::size_t off;
+    int region = shared_region(a, n, &off);
+    if (region >= 0) {
+        shadow_access(f, a, off, n, write);
+        return;
+    }
+    if (region == -1) {
+        fail(f, format("out-of-bounds shared-memory access: %s %zu bytes at %#lx, outside the "
+                       "block's shared memory (%zu static + %zu dynamic bytes)",
+                       verb(write), n, static_cast<unsigned long>(a),
+                       static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo), g_rt.d_size));
+    }
+    if (in_global(a, n) || in_library(a, n)) return;
+    if (a < reinterpret_cast<uintptr_t>(f->stack_lo) &&
+        a + 65536 >= reinterpret_cast<uintptr_t>(f->stack_lo)) {
+        fail(f, format("stack overflow of the emulated thread at %#lx (%zu-byte fiber stacks)",
+                       static_cast<unsigned long>(a), kStackBytes));
+    }
+    fail(f, format("out-of-bounds global-memory access: %s %zu bytes at %#lx, outside every "
+                   "tensor passed to the kernel",
+                   verb(write), n, static_cast<unsigned long>(a)));
+}
+
+/// The shared-arena offset of a pointer the runtime itself dereferences (ldmatrix, cp.async).
+void require_shared(const Fiber *f, const void *p, std::size_t n, std::size_t align,
+                    const char *what) {
+    auto a = reinterpret_cast<uintptr_t>(p);
+    std::size_t off;
+    if (shared_region(a, n, &off) < 0) {
+        fail(f, format("%s: address %#lx is not inside the block's shared memory (%zu static + "
+                       "%zu dynamic bytes)",
+                       what, static_cast<unsigned long>(a),
+                       static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo), g_rt.d_size));
+    }
+    if (a % align) {
+        fail(f, format("%s: shared address %#lx is not %zu-byte aligned", what,
+                       static_cast<unsigned long>(a), align));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fibers and scheduling
+// ---------------------------------------------------------------------------------------------
+
+void fiber_main(Fiber *f);
+
+#if !defined(__x86_64__)
+void fiber_main_uc(int hi, int lo) {
+    auto p = (static_cast<uintptr_t>(static_cast<unsigned>(hi)) << 32) | static_cast<unsigned>(lo);
+    fiber_main(reinterpret_cast<Fiber *>(p));
+}
+#endif
+
+bool ensure_stacks() {
+    if (g_rt.stacks) return true;
+    const std::size_t per = kStackBytes + kGuardBytes;
+    void *mem = mmap(nullptr, per * kMaxThreads, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) return false;
+    g_rt.stacks = static_cast<char *>(mem);
+    for (int i = 0; i < kMaxThreads; ++i) {
+        char *base = g_rt.stacks + i * per;
+        mprotect(base, kGuardBytes, PROT_NONE);
+        g_rt.fibers[i].stack_lo = base + kGuardBytes;
+        g_rt.fibers[i].stack_hi = base + per;
+    }
+    return true;
+}
+
+void init_fiber(Fiber &f) {
+#if defined(__x86_64__)
+    auto top = reinterpret_cast<uintptr_t>(f.stack_hi) & ~uintptr_t(15);
+    auto *slot = reinterpret_cast<uint64_t *>(top - 24);  // return address; 8 mod 16
+    auto *sp = slot - 8;
+    uint32_t mxcsr;
+    uint16_t fcw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fcw));
+    sp[0] = fcw;
+    sp[1] = mxcsr;
+    sp[2] = 0;                                                // r15
+    sp[3] = 0;                                                // r14
+    sp[4] = reinterpret_cast<uint64_t>(&fiber_main);          // r13: function
+    sp[5] = reinterpret_cast<uint64_t>(&f);                   // r12: argument
+    sp[6] = 0;                                                // rbx
+    sp[7] = 0;                                                // rbp
+    slot[0] = reinterpret_cast<uint64_t>(&spio_emu_fiber_start);
+    f.sp = sp;
+#else
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = f.stack_lo;
+    f.uc.uc_stack.ss_size = static_cast<std::size_t>(f.stack_hi - f.stack_lo);
+    f.uc.uc_link = nullptr;
+    auto p = reinterpret_cast<uintptr_t>(&f);
+    makecontext(&f.uc, reinterpret_cast<void (*)()>(&fiber_main_uc), 2,
+                static_cast<int>(p >> 32), static_cast<int>(p & 0xffffffffu));
+#endif
+}
+
+void resume(Fiber &f) {
+    g_rt.cur = &f;
+    g_thread_idx = f.idx;
+#if defined(__x86_64__)
+    spio_emu_switch(&g_rt.sched_sp, f.sp);
+#else
+    swapcontext(&g_rt.sched_uc, &f.uc);
+#endif
+    g_rt.cur = nullptr;
+}
+
+void release_block_barrier() {
+    for (int i = 0; i < g_rt.nthreads; ++i) {
+        if (g_rt.fibers[i].state == State::kBlockWait) g_rt.fibers[i].state = State::kRunnable;
+    }
+    g_rt.block_arrived = 0;
+    ++g_rt.epoch;
+}
+
+const char *op_name(Op op) {
+    switch (op) {
+    case Op::kSyncwarp: return "__syncwarp";
+    case Op::kShfl: return "__shfl_*_sync";
+    case Op::kBallot: return "__ballot_sync";
+    case Op::kMma: return "mma.sync";
+    case Op::kLdmatrix: return "ldmatrix";
+    default: return "nothing";
+    }
+}
+
+void drop_pending(Fiber &f) {
+    if (g_rt.check) {
+        for (const auto &pc : f.pending) {
+            std::size_t off;
+            if (shared_region(reinterpret_cast<uintptr_t>(pc.dst), 16, &off) >= 0) {
+                for (int i = 0; i < 16; ++i) g_rt.shadow[off + i].async_tid = 0;
+            }
+        }
+    }
+    f.pending.clear();
+}
+
+void fiber_main(Fiber *f) {
+    g_rt.thunk();
+    f->state = State::kDone;
+    ++g_rt.done;
+    Warp &w = g_rt.warps[f->warp];
+    const uint32_t bit = 1u << f->lane;
+    w.exited |= bit;
+    if (w.arrived && (w.expected & bit)) {
+        fail(f, format("exits while lanes of its warp wait for it in %s", op_name(w.op)));
+    }
+    if (g_rt.block_arrived && g_rt.block_arrived + g_rt.done == g_rt.nthreads) {
+        release_block_barrier();
+    }
+    drop_pending(*f);
+    switch_to_scheduler(f);
+    std::abort();  // a finished fiber is never resumed
+}
+
+std::string deadlock_report() {
+    std::string at_block, at_warp;
+    int nb = 0, nw = 0;
+    for (int i = 0; i < g_rt.nthreads; ++i) {
+        const Fiber &f = g_rt.fibers[i];
+        if (f.state == State::kBlockWait && nb++ < 4) at_block += " " + thread_name(i);
+        if (f.state == State::kWarpWait && nw++ < 4) {
+            at_warp += " " + thread_name(i) + " in " + op_name(g_rt.warps[f.warp].op);
+        }
+    }
+    return format("deadlock: %d threads wait at __syncthreads() (%s ...), %d at a warp "
+                  "collective (%s ...), %d exited; a barrier is not reached by every thread",
+                  nb, at_block.c_str(), nw, at_warp.c_str(), g_rt.done);
+}
+
+int run_block() {
+    const int n = g_rt.nthreads;
+    const dim3 bd = g_block_dim;
+    for (int t = 0; t < n; ++t) {
+        Fiber &f = g_rt.fibers[t];
+        f.tid = t;
+        f.warp = t / 32;
+        f.lane = t % 32;
+        f.idx = uint3{static_cast<unsigned>(t % bd.x), static_cast<unsigned>((t / bd.x) % bd.y),
+                      static_cast<unsigned>(t / (bd.x * bd.y))};
+        f.state = State::kRunnable;
+        f.committed = 0;
+        f.pending.clear();
+        init_fiber(f);
+    }
+    for (int w = 0; w < g_rt.nwarps; ++w) {
+        Warp &wp = g_rt.warps[w];
+        int lanes = std::min(32, n - 32 * w);
+        wp.existing = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1);
+        wp.arrived = wp.expected = wp.exited = 0;
+        wp.op = Op::kNone;
+        wp.gen = 0;
+        ++wp.sync_epoch;
+    }
+    g_rt.done = 0;
+    g_rt.block_arrived = 0;
+    ++g_rt.epoch;
+    std::memset(g_rt.s_lo, 0xff, static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo));
+    std::memset(g_rt.d_lo, 0xff, g_rt.d_size);
+
+    std::vector<int> order(n);
+    for (int t = 0; t < n; ++t) order[t] = t;
+    while (g_rt.done < n) {
+        if (g_rt.cfg->shuffle) std::shuffle(order.begin(), order.end(), g_rt.rng);
+        bool progress = false;
+        for (int t : order) {
+            Fiber &f = g_rt.fibers[t];
+            if (f.state != State::kRunnable) continue;
+            progress = true;
+            resume(f);
+            if (g_rt.failed) return -1;
+        }
+        if (!progress) {
+            g_rt.failed = true;
+            g_rt.error = who(nullptr) + ": " + deadlock_report();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp collectives: deposit, warp barrier, the last lane to arrive computes every lane's result.
+// ---------------------------------------------------------------------------------------------
+
+void complete(Warp &w, int slot, int warp_index);
+
+/// Joins the running lane to its warp's collective; returns the deposit slot to fill.
+int begin_collective(Op op, int sub, uint32_t mask, bool full_warp) {
+    Fiber *f = g_rt.cur;
+    Warp &w = g_rt.warps[f->warp];
+    const uint32_t bit = 1u << f->lane;
+    if (full_warp) {
+        if (w.existing != 0xffffffffu) {
+            fail(f, format("%s needs all 32 lanes of a warp; this warp has only %d threads "
+                           "(blockDim is not a multiple of 32)",
+                           op_name(op), __builtin_popcount(w.existing)));
+        }
+        mask = 0xffffffffu;
+    }
+    if (!(mask & bit)) {
+        fail(f, format("calls %s with mask %#x, which does not include its own lane %d",
+                       op_name(op), mask, f->lane));
+    }
+    mask &= w.existing;
+    if (mask & w.exited) {
+        fail(f, format("%s with mask %#x waits for lanes that have exited (%#x)", op_name(op),
+                       mask, mask & w.exited));
+    }
+    if (w.arrived == 0) {
+        w.op = op;
+        w.sub = sub;
+        w.expected = mask;
+    } else if (w.op != op || w.sub != sub || w.expected != mask) {
+        fail(f, format("lane %d reaches %s (mask %#x) while other lanes of its warp wait in %s "
+                       "(mask %#x): divergent warp collectives",
+                       f->lane, op_name(op), mask, op_name(w.op), w.expected));
+    }
+    return static_cast<int>(w.gen & 1);
+}
+
+/// Arrives at the warp barrier; returns when every expected lane has deposited and results exist.
+void finish_collective(int slot) {
+    Fiber *f = g_rt.cur;
+    Warp &w = g_rt.warps[f->warp];
+    w.arrived |= 1u << f->lane;
+    if (w.arrived == w.expected) {
+        complete(w, slot, f->warp);
+        for (uint32_t m = w.expected & ~(1u << f->lane); m; m &= m - 1) {
+            g_rt.fibers[f->warp * 32 + __builtin_ctz(m)].state = State::kRunnable;
+        }
+        w.arrived = 0;
+        ++w.gen;
+        return;
+    }
+    block_current(State::kWarpWait);
+}
+
+float half_to_float(uint16_t h) {
+    const uint32_t sign = (h >> 15) & 1u, exp = (h >> 10) & 31u, man = h & 1023u;
+    float v;
+    if (exp == 0) {
+        v = std::ldexp(static_cast<float>(man), -24);
+    } else if (exp == 31) {
+        v = man ? NAN : INFINITY;
+    } else {
+        v = std::ldexp(static_cast<float>(man | 1024u), static_cast<int>(exp) - 25);
+    }
+    return sign ? -v : v;
+}
+
+float bf16_to_float(uint16_t h) {
+    uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+}
+
+/// Element `half` (0: low, 1: high) of a register holding two 16-bit values.
+inline float elem(uint32_t reg, int half, bool bf16) {
+    const uint16_t h = static_cast<uint16_t>(half ? reg >> 16 : reg);
+    return bf16 ? bf16_to_float(h) : half_to_float(h);
+}
+
+/// mma.sync m16n8k{8,16} with fp32 accumulate, from the PTX ISA fragment layouts
+/// (g = lane >> 2, t = lane % 4). Deposit: in[0..3] A registers, in[4..5] B, in[6..9] C bits.
+void complete_mma(Warp &w, int slot) {
+    const bool k16 = (w.sub & 1) != 0;
+    const bool bf16 = (w.sub & 2) != 0;
+    const int kdim = k16 ? 16 : 8;
+    double a[16][16], b[16][8];
+    for (int r = 0; r < 16; ++r) {
+        for (int k = 0; k < kdim; ++k) {
+            const int lane = (r % 8) * 4 + (k % 8) / 2;
+            const int reg = (r / 8) + 2 * (k / 8);
+            a[r][k] = elem(w.in[slot][lane][reg], k % 2, bf16);
+        }
+    }
+    for (int k = 0; k < kdim; ++k) {
+        for (int n = 0; n < 8; ++n) {
+            const int lane = n * 4 + (k % 8) / 2;
+            b[k][n] = elem(w.in[slot][lane][4 + k / 8], k % 2, bf16);
+        }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane >> 2, t = lane & 3;
+        for (int i = 0; i < 4; ++i) {
+            const int r = g + 8 * (i / 2), n = 2 * t + (i % 2);
+            float c;
+            std::memcpy(&c, &w.in[slot][lane][6 + i], 4);
+            double acc = c;
+            for (int k = 0; k < kdim; ++k) acc += a[r][k] * b[k][n];
+            const float d = static_cast<float>(acc);
+            std::memcpy(&w.out[slot][lane][i], &d, 4);
+        }
+    }
+}
+
+/// ldmatrix .x{1,2,4}[.trans]: lanes 8j..8j+7 give the row addresses of matrix j.
+void complete_ldmatrix(Warp &w, int slot, int warp_index) {
+    const int nmat = w.sub & 7;
+    const bool trans = (w.sub & 8) != 0;
+    for (int j = 0; j < nmat; ++j) {
+        for (int r = 0; r < 8; ++r) {
+            const int src = 8 * j + r;
+            const Fiber *owner = &g_rt.fibers[warp_index * 32 + src];
+            require_shared(owner, w.ptr[slot][src], 16, 16, "ldmatrix row address");
+            if (g_rt.check) {
+                auto a = reinterpret_cast<uintptr_t>(w.ptr[slot][src]);
+                std::size_t off;
+                shared_region(a, 16, &off);
+                shadow_access(owner, a, off, 16, false);
+            }
+        }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+        for (int j = 0; j < nmat; ++j) {
+            const auto *rows = &w.ptr[slot][8 * j];
+            uint32_t v;
+            if (!trans) {
+                std::memcpy(&v, static_cast<const char *>(rows[lane >> 2]) + 4 * (lane & 3), 4);
+            } else {
+                const int col = lane >> 2, r0 = 2 * (lane & 3);
+                uint16_t lo, hi;
+                std::memcpy(&lo, static_cast<const char *>(rows[r0]) + 2 * col, 2);
+                std::memcpy(&hi, static_cast<const char *>(rows[r0 + 1]) + 2 * col, 2);
+                v = lo | (static_cast<uint32_t>(hi) << 16);
+            }
+            w.out[slot][lane][j] = v;
+        }
+    }
+}
+
+void complete_shfl(Warp &w, int slot) {
+    const int mode = w.sub;
+    for (uint32_t m = w.expected; m; m &= m - 1) {
+        const int lane = __builtin_ctz(m);
+        const int b = w.arg[slot][lane];
+        const int width = w.arg2[slot][lane];
+        // PTX shfl.sync: c = ((32 - width) << 8) | clamp, clamp 0 for .up and 31 otherwise.
+        const int seg = (32 - width) & 31;
+        const int clamp = mode == kShflUp ? 0 : 31;
+        const int min_lane = lane & seg;
+        const int max_lane = min_lane | (clamp & ~seg);
+        int j;
+        bool ok;
+        switch (mode) {
+        case kShflUp: j = lane - b; ok = j >= max_lane; break;
+        case kShflDown: j = lane + b; ok = j <= max_lane; break;
+        case kShflXor: j = lane ^ b; ok = j <= max_lane; break;
+        default: j = min_lane | (b & ~seg & 31); ok = j <= max_lane; break;
+        }
+        if (!ok || j < 0 || j > 31) j = lane;
+        // A source lane outside the mask gives an undefined value; the emulator returns its own.
+        const uint64_t v = (w.expected >> j) & 1u ? w.val[slot][j] : w.val[slot][lane];
+        std::memcpy(&w.out[slot][lane][0], &v, 8);
+    }
+}
+
+void complete(Warp &w, int slot, int warp_index) {
+    switch (w.op) {
+    case Op::kMma: complete_mma(w, slot); break;
+    case Op::kLdmatrix: complete_ldmatrix(w, slot, warp_index); break;
+    case Op::kShfl: complete_shfl(w, slot); break;
+    case Op::kBallot: {
+        uint32_t ballot = 0;
+        for (uint32_t m = w.expected; m; m &= m - 1) {
+            const int lane = __builtin_ctz(m);
+            if (w.arg[slot][lane]) ballot |= 1u << lane;
+        }
+        for (int lane = 0; lane < 32; ++lane) w.out[slot][lane][0] = ballot;
+        break;
+    }
+    case Op::kSyncwarp: ++w.sync_epoch; break;
+    default: break;
+    }
+}
+
+template <int A, int B>
+void mma_common(float (&d)[4], const unsigned *a, const unsigned *b, const float (&c)[4],
+                int sub) {
+    const int slot = begin_collective(Op::kMma, sub, 0xffffffffu, true);
+    Fiber *f = g_rt.cur;
+    Warp &w = g_rt.warps[f->warp];
+    uint32_t *in = w.in[slot][f->lane];
+    for (int i = 0; i < A; ++i) in[i] = a[i];
+    for (int i = 0; i < B; ++i) in[4 + i] = b[i];
+    std::memcpy(in + 6, c, 16);
+    finish_collective(slot);
+    std::memcpy(d, w.out[slot][f->lane], 16);
+}
+
+template <int N>
+void ldmatrix_common(unsigned *d, const void *row_ptr, bool trans) {
+    const int slot = begin_collective(Op::kLdmatrix, N | (trans ? 8 : 0), 0xffffffffu, true);
+    Fiber *f = g_rt.cur;
+    Warp &w = g_rt.warps[f->warp];
+    w.ptr[slot][f->lane] = row_ptr;
+    finish_collective(slot);
+    for (int i = 0; i < N; ++i) d[i] = w.out[slot][f->lane][i];
+}
+
+void complete_copy(Fiber *f, const PendingCopy &pc) {
+    if (g_rt.check) {
+        std::size_t off;
+        shared_region(reinterpret_cast<uintptr_t>(pc.dst), 16, &off);
+        for (int i = 0; i < 16; ++i) g_rt.shadow[off + i].async_tid = 0;
+        shadow_access(f, reinterpret_cast<uintptr_t>(pc.dst), off, 16, true);
+    }
+    if (pc.bytes) std::memcpy(pc.dst, pc.src, pc.bytes);
+    std::memset(pc.dst + pc.bytes, 0, 16 - pc.bytes);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Interface used by the kernel translation unit
+// ---------------------------------------------------------------------------------------------
+
+char *dynamic_shared_base() { return g_dynamic + kDynGuard; }
+
+int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
+    g_rt.cfg = cfg;
+    g_rt.thunk = thunk;
+    g_rt.check = cfg->check != 0;
+    g_rt.failed = false;
+    g_rt.error.clear();
+    g_rt.rng.seed(cfg->seed);
+    if (!ensure_stacks()) {
+        g_rt.error = "cannot map fiber stacks";
+        return -1;
+    }
+    init_segments();
+    g_rt.s_guard_lo = g_tls_arena_begin;
+    g_rt.s_lo = g_tls_arena_begin + sizeof g_tls_arena_begin;
+    g_rt.s_hi = g_tls_arena_end;
+    g_rt.s_guard_hi = g_tls_arena_end + sizeof g_tls_arena_end;
+    g_rt.d_lo = dynamic_shared_base();
+    g_rt.d_size = cfg->dynamic_shared_bytes;
+    if (g_rt.s_hi < g_rt.s_lo || g_rt.d_size > kMaxDynamicShared) {
+        g_rt.error = "bad shared-memory layout";
+        return -1;
+    }
+    if (g_rt.check) {
+        const std::size_t need = static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo) + g_rt.d_size;
+        if (g_rt.shadow.size() < need) g_rt.shadow.resize(need);
+        for (auto &s : g_rt.shadow) s = Shadow{};
+        g_rt.epoch = 0;
+    }
+    g_block_dim = dim3(cfg->block[0], cfg->block[1], cfg->block[2]);
+    g_grid_dim = dim3(cfg->grid[0], cfg->grid[1], cfg->grid[2]);
+    g_rt.nthreads = static_cast<int>(cfg->block[0] * cfg->block[1] * cfg->block[2]);
+    g_rt.nwarps = (g_rt.nthreads + 31) / 32;
+    const uint64_t nblocks = uint64_t(cfg->grid[0]) * cfg->grid[1] * cfg->grid[2];
+    std::vector<uint64_t> blocks;
+    if (cfg->shuffle) {
+        blocks.resize(nblocks);
+        for (uint64_t i = 0; i < nblocks; ++i) blocks[i] = i;
+        std::shuffle(blocks.begin(), blocks.end(), g_rt.rng);
+    }
+    for (uint64_t i = 0; i < nblocks; ++i) {
+        const uint64_t b = cfg->shuffle ? blocks[i] : i;
+        g_block_idx = uint3{static_cast<unsigned>(b % cfg->grid[0]),
+                            static_cast<unsigned>((b / cfg->grid[0]) % cfg->grid[1]),
+                            static_cast<unsigned>(b / (uint64_t(cfg->grid[0]) * cfg->grid[1]))};
+        if (run_block() != 0) {
+            for (int t = 0; t < g_rt.nthreads; ++t) drop_pending(g_rt.fibers[t]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void syncthreads() {
+    Fiber *f = g_rt.cur;
+    Warp &w = g_rt.warps[f->warp];
+    if (w.arrived) {
+        fail(f, format("reaches __syncthreads() while lanes of its warp wait in %s",
+                       op_name(w.op)));
+    }
+    ++g_rt.block_arrived;
+    if (g_rt.block_arrived + g_rt.done == g_rt.nthreads) {
+        release_block_barrier();
+        f->state = State::kRunnable;
+        switch_to_scheduler(f);  // let the others run first: more interleavings
+        g_thread_idx = f->idx;
+        return;
+    }
+    block_current(State::kBlockWait);
+}
+
+void syncwarp(unsigned mask) {
+    const int slot = begin_collective(Op::kSyncwarp, 0, mask, false);
+    finish_collective(slot);
+}
+
+uint64_t shfl(unsigned mask, uint64_t value, int mode, int lane_or_delta, int width) {
+    Fiber *f = g_rt.cur;
+    if (width <= 0 || width > 32 || (width & (width - 1))) {
+        fail(f, format("shuffle width must be a power of two in 1..32, got %d", width));
+    }
+    const int slot = begin_collective(Op::kShfl, mode, mask, false);
+    Warp &w = g_rt.warps[f->warp];
+    w.val[slot][f->lane] = value;
+    w.arg[slot][f->lane] = lane_or_delta;
+    w.arg2[slot][f->lane] = width;
+    finish_collective(slot);
+    uint64_t out;
+    std::memcpy(&out, &w.out[slot][f->lane][0], 8);
+    return out;
+}
+
+unsigned ballot(unsigned mask, int predicate) {
+    Fiber *f = g_rt.cur;
+    const int slot = begin_collective(Op::kBallot, 0, mask, false);
+    Warp &w = g_rt.warps[f->warp];
+    w.arg[slot][f->lane] = predicate != 0;
+    finish_collective(slot);
+    return w.out[slot][f->lane][0];
+}
+
+unsigned active_mask() {
+    const Warp &w = g_rt.warps[g_rt.cur->warp];
+    return w.existing & ~w.exited;
+}
+
+void atomic_rmw(void *addr, const void *value, void *old, int kind) {
+    Fiber *f = g_rt.cur;
+    const std::size_t n = (kind == kAddF64 || kind == kAddU64) ? 8 : 4;
+    auto a = reinterpret_cast<uintptr_t>(addr);
+    if (a % n) fail(f, format("atomic on a misaligned address %#lx", static_cast<unsigned long>(a)));
+    if (g_rt.check) {
+        std::size_t off;
+        int region = shared_region(a, n, &off);
+        if (region == -1 || (region == -2 && !in_global(a, n))) {
+            fail(f, format("out-of-bounds atomic at %#lx", static_cast<unsigned long>(a)));
+        }
+    }
+    std::memcpy(old, addr, n);
+    switch (kind) {
+    case kAddF32: *static_cast<float *>(addr) += *static_cast<const float *>(value); break;
+    case kAddF64: *static_cast<double *>(addr) += *static_cast<const double *>(value); break;
+    case kAddI32:
+        *static_cast<int *>(addr) = static_cast<int>(static_cast<unsigned>(*static_cast<int *>(addr)) +
+                                                     static_cast<unsigned>(*static_cast<const int *>(value)));
+        break;
+    case kAddU32: *static_cast<unsigned *>(addr) += *static_cast<const unsigned *>(value); break;
+    case kAddU64:
+        *static_cast<unsigned long long *>(addr) += *static_cast<const unsigned long long *>(value);
+        break;
+    case kMaxI32:
+        *static_cast<int *>(addr) = std::max(*static_cast<int *>(addr), *static_cast<const int *>(value));
+        break;
+    case kMinI32:
+        *static_cast<int *>(addr) = std::min(*static_cast<int *>(addr), *static_cast<const int *>(value));
+        break;
+    case kExchU32: *static_cast<unsigned *>(addr) = *static_cast<const unsigned *>(value); break;
+    case kCasU32: {
+        const auto *pair = static_cast<const unsigned *>(value);
+        if (*static_cast<unsigned *>(addr) == pair[0]) *static_cast<unsigned *>(addr) = pair[1];
+        break;
+    }
+    default: break;
+    }
+}
+
+void cp_async_wait(int n) {
+    Fiber *f = g_rt.cur;
+    if (n < 0) ++f->committed;  // wait_all = commit_group + wait_group 0
+    const uint64_t keep = n < 0 ? 0 : static_cast<uint64_t>(n);
+    const uint64_t limit = f->committed > keep ? f->committed - keep : 0;
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < f->pending.size(); ++i) {
+        const PendingCopy pc = f->pending[i];
+        if (pc.group < limit) {
+            complete_copy(f, pc);
+        } else {
+            f->pending[kept++] = pc;
+        }
+    }
+    f->pending.resize(kept);
+}
+
+}  // namespace detail
+
+using detail::g_rt;
+using detail::Fiber;
+
+void mma_m16n8k8_f16(float (&d)[4], const unsigned (&a)[2], unsigned b, const float (&c)[4]) {
+    detail::mma_common<2, 1>(d, a, &b, c, 0);
+}
+void mma_m16n8k8_bf16(float (&d)[4], const unsigned (&a)[2], unsigned b, const float (&c)[4]) {
+    detail::mma_common<2, 1>(d, a, &b, c, 2);
+}
+void mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                      const float (&c)[4]) {
+    detail::mma_common<4, 2>(d, a, b, c, 1);
+}
+void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                       const float (&c)[4]) {
+    detail::mma_common<4, 2>(d, a, b, c, 3);
+}
+void ldmatrix_x1(unsigned (&d)[1], const void *p) { detail::ldmatrix_common<1>(d, p, false); }
+void ldmatrix_x2(unsigned (&d)[2], const void *p) { detail::ldmatrix_common<2>(d, p, false); }
+void ldmatrix_x4(unsigned (&d)[4], const void *p) { detail::ldmatrix_common<4>(d, p, false); }
+void ldmatrix_x1_trans(unsigned (&d)[1], const void *p) { detail::ldmatrix_common<1>(d, p, true); }
+void ldmatrix_x2_trans(unsigned (&d)[2], const void *p) { detail::ldmatrix_common<2>(d, p, true); }
+void ldmatrix_x4_trans(unsigned (&d)[4], const void *p) { detail::ldmatrix_common<4>(d, p, true); }
+
+void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
+    Fiber *f = g_rt.cur;
+    if (src_bytes < 0 || src_bytes > 16) {
+        detail::fail(f, detail::format("cp_async_16 src_bytes must be in 0..16, got %d", src_bytes));
+    }
+    detail::require_shared(f, smem_dst, 16, 16, "cp_async_16 destination");
+    auto src = reinterpret_cast<uintptr_t>(gmem_src);
+    if (src_bytes > 0) {
+        if (src % 16) {
+            detail::fail(f, detail::format("cp_async_16 source %#lx is not 16-byte aligned",
+                                           static_cast<unsigned long>(src)));
+        }
+        if (g_rt.check && !detail::in_global(src, static_cast<std::size_t>(src_bytes))) {
+            detail::fail(f, detail::format("out-of-bounds global-memory access: cp_async_16 reads "
+                                           "%d bytes at %#lx, outside every tensor passed to the "
+                                           "kernel",
+                                           src_bytes, static_cast<unsigned long>(src)));
+        }
+    }
+    auto *dst = static_cast<char *>(smem_dst);
+    if (g_rt.check) {
+        std::size_t off;
+        detail::shared_region(reinterpret_cast<uintptr_t>(dst), 16, &off);
+        for (int i = 0; i < 16; ++i) {
+            if (g_rt.shadow[off + i].async_tid) {
+                detail::fail(f, detail::format("cp_async_16 to %#lx overlaps a cp.async that has "
+                                               "not been waited for",
+                                               reinterpret_cast<unsigned long>(dst)));
+            }
+        }
+        for (int i = 0; i < 16; ++i) {
+            g_rt.shadow[off + i].async_tid = static_cast<uint16_t>(f->tid + 1);
+        }
+    }
+    f->pending.push_back({dst, static_cast<const char *>(gmem_src), src_bytes, f->committed});
+}
+
+void cp_async_commit_group() { ++g_rt.cur->committed; }
+
+void cp_async_wait_all() { detail::cp_async_wait(-1); }
+
+}  // namespace emu
+}  // namespace spio
+
+// ---------------------------------------------------------------------------------------------
+// Exports for Python and the instrumentation callbacks
+// ---------------------------------------------------------------------------------------------
+
+SPIO_EMU_EXPORT const char *spio_emu_last_error() { return spio::emu::g_rt.error.c_str(); }
+
+SPIO_EMU_EXPORT int spio_emu_abi_version() { return 1; }
+
+/// Bytes of static shared memory in this library (every kernel's __shared__ variables together).
+SPIO_EMU_EXPORT uint64_t spio_emu_static_shared_bytes() {
+    return static_cast<uint64_t>(spio::emu::detail::g_tls_arena_end -
+                                 (spio::emu::detail::g_tls_arena_begin +
+                                  sizeof spio::emu::detail::g_tls_arena_begin));
+}
+
+namespace {
+inline void on_access(unsigned long addr, std::size_t n, bool write) {
+    spio::emu::detail::Fiber *f = spio::emu::g_rt.cur;
+    if (f == nullptr || !spio::emu::g_rt.check) return;  // host code (launch glue) is not checked
+    spio::emu::detail::check_access(f, addr, n, write);
+}
+}  // namespace
+
+#define SPIO_EMU_CALLBACKS(n)                                                                      \
+    extern "C" __attribute__((visibility("hidden"))) void __asan_load##n##_noabort(                \
+        unsigned long addr) {                                                                      \
+        on_access(addr, n, false);                                                                 \
+    }                                                                                              \
+    extern "C" __attribute__((visibility("hidden"))) void __asan_store##n##_noabort(               \
+        unsigned long addr) {                                                                      \
+        on_access(addr, n, true);                                                                  \
+    }
+SPIO_EMU_CALLBACKS(1)
+SPIO_EMU_CALLBACKS(2)
+SPIO_EMU_CALLBACKS(4)
+SPIO_EMU_CALLBACKS(8)
+SPIO_EMU_CALLBACKS(16)
+#undef SPIO_EMU_CALLBACKS
+
+extern "C" __attribute__((visibility("hidden"))) void __asan_loadN_noabort(unsigned long addr,
+                                                                           std::size_t n) {
+    on_access(addr, n, false);
+}
+extern "C" __attribute__((visibility("hidden"))) void __asan_storeN_noabort(unsigned long addr,
+                                                                            std::size_t n) {
+    on_access(addr, n, true);
+}
+extern "C" __attribute__((visibility("hidden"))) void __asan_handle_no_return() {}
