@@ -549,7 +549,6 @@ cdef class KernelArg:
     cdef Py_ssize_t _size  # bytes in the kernel's parameter
     cdef bytes _blob  # Bytes only: the raw parameter
     cdef object _value
-    cdef const char* _ctype
 
     def __init__(self, *args, **kwargs):
         raise TypeError("use a concrete wrapper: Int32, UInt32, Int64, UInt64, Float32, "
@@ -580,7 +579,6 @@ cdef int _set_int(KernelArg arg, value, object lo, object hi, Py_ssize_t size,
     arg._bits = <uint64_t>(value & 0xFFFFFFFFFFFFFFFF)
     arg._size = size
     arg._value = value
-    arg._ctype = ctype
     return 0
 
 
@@ -619,7 +617,6 @@ cdef class Bool(KernelArg):
         self._bits = 1 if value else 0
         self._size = 1
         self._value = bool(value)
-        self._ctype = b"bool"
 
 
 cdef class Float32(KernelArg):
@@ -631,7 +628,6 @@ cdef class Float32(KernelArg):
         memcpy(&self._bits, &f, 4)
         self._size = 4
         self._value = float(value)
-        self._ctype = b"float32"
 
 
 cdef class Float64(KernelArg):
@@ -642,11 +638,13 @@ cdef class Float64(KernelArg):
         memcpy(&self._bits, &d, 8)
         self._size = 8
         self._value = d
-        self._ctype = b"float64"
 
 
 cdef class Pointer(KernelArg):
-    """A 64-bit device pointer: an int address or anything with .data_ptr()."""
+    """A 64-bit device pointer: an int address or anything with .data_ptr().
+
+    Only the address is kept: the tensor it came from must stay alive while kernels use it.
+    """
 
     def __init__(self, value):
         if not isinstance(value, int):
@@ -668,7 +666,6 @@ cdef class Bytes(KernelArg):
         self._blob = blob
         self._size = len(blob)
         self._value = blob
-        self._ctype = b"bytes"
 
 
 # --------------------------------------------------------------------------------------------------
