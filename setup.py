@@ -1,6 +1,7 @@
 """Build the Cython driver extension against a cuda.h found without a CUDA toolkit."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from Cython.Build import cythonize
@@ -12,6 +13,7 @@ def _load_paths_module():
     path = Path(__file__).parent / "spio" / "cuda" / "paths.py"
     spec = importlib.util.spec_from_file_location("_spio_paths", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

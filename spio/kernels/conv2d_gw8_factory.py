@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
 from .conv2d_gw8_params import Conv2dGw8Params
-from .kernel import Kernel
+from .kernel import Kernel, KernelFactory
 
 SOURCE_FILE = "conv2d_gw8.cu"
 HEADER_NAME = "conv2d_gw8_gen.h"
@@ -228,3 +228,63 @@ def make_kernel(
         shared_mem_bytes=shared_mem_bytes(params, config),
         info=(("params", params), ("config", config), ("igrad", igrad)),
     )
+
+
+def _nhwc(t):
+    """`t` (N, C, H, W) in channels_last memory, the kernels' NHWC layout."""
+    import torch
+
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
+    import torch
+
+    expected = {"fp16": torch.float16, "bf16": torch.bfloat16}[params.dtype]
+    for t in tensors:
+        if t is not None and t.dtype != expected:
+            raise ValueError(
+                f"conv2d_gw8 {params.dtype} kernels need {expected} tensors, got {t.dtype}"
+            )
+
+
+def fprop(
+    x, weight, bias, params: Conv2dGw8Params, config: Conv2dGw8Config | None = None, out=None
+):
+    """y = conv2d_gw8(x, weight) + bias with the FProp kernel; x (N, C, H, W) any layout, weight
+    (C, 8, R, S), bias fp32 (C,) or None. Returns y in channels_last memory."""
+    import torch
+
+    _check_dtype(params, x, weight)
+    kernel = make_kernel(params, config)
+    if out is None:
+        out = torch.empty(
+            params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
+        )
+    bias = None if bias is None else bias.to(torch.float32).contiguous()
+    kernel.launch([out, _nhwc(x), weight.contiguous(), bias], x.device)
+    return out
+
+
+def dgrad(dy, weight, params: Conv2dGw8Params, config: Conv2dGw8Config | None = None, out=None):
+    """dx = the input gradient of conv2d_gw8 for output gradient dy, with the DGrad kernel.
+    Returns dx (N, C, H, W) in channels_last memory."""
+    import torch
+
+    _check_dtype(params, dy, weight)
+    kernel = make_kernel(params, config, igrad=True)
+    if out is None:
+        out = torch.empty(
+            params.input_shape, dtype=dy.dtype, device=dy.device, memory_format=torch.channels_last
+        )
+    kernel.launch([out, _nhwc(dy), weight.contiguous(), None], dy.device)
+    return out
+
+
+#: FProp and DGrad (igrad=True) of the group-width-8 convolution.
+conv2d_gw8_kernel_factory = KernelFactory(
+    name="conv2d_gw8",
+    configs=configs,
+    make_kernel=make_kernel,
+    default_config=default_config,
+)

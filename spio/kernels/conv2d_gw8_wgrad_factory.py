@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
 from .conv2d_gw8_factory import MAX_SHARED_BYTES, MAX_THREADS, pad_odd
 from .conv2d_gw8_params import Conv2dGw8Params
-from .kernel import Kernel
+from .kernel import Kernel, KernelFactory
 
 SOURCE_FILE = "conv2d_gw8_wgrad.cu"
 HEADER_NAME = "conv2d_gw8_wgrad_gen.h"
@@ -184,3 +184,27 @@ def make_kernel(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = N
         shared_mem_bytes=shared_mem_bytes(params, config),
         info=(("params", params), ("config", config)),
     )
+
+
+def wgrad(x, dy, params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = None):
+    """(dw, dbias) of conv2d_gw8 with the WGrad kernel: dw fp32 (C, 8, R, S); dbias fp32 (C,)
+    when params.has_bias, else None. x and dy (N, C, ., .) in any memory layout."""
+    import torch
+
+    from .conv2d_gw8_factory import _check_dtype, _nhwc
+
+    _check_dtype(params, x, dy)
+    kernel = make_kernel(params, config)
+    dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=x.device)
+    dbias = torch.zeros(params.c, dtype=torch.float32, device=x.device) if params.has_bias else None
+    kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy)], x.device)
+    return dw, dbias
+
+
+#: WGrad (and the bias gradient) of the group-width-8 convolution.
+conv2d_gw8_wgrad_kernel_factory = KernelFactory(
+    name="conv2d_gw8_wgrad",
+    configs=configs,
+    make_kernel=make_kernel,
+    default_config=default_config,
+)

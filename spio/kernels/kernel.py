@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,14 @@ class Kernel:
         return CompileJob(self.source, arch, dict(self.headers), name=f"{self.name}.cu")
 
     def launch(self, args: list[Any], device: Any) -> None:
-        """Run on `device` (a torch.device): a CUDA GPU, or the CPU emulator for device 'cpu'."""
+        """Run on `device` (a torch.device): a CUDA GPU, or the CPU emulator for device 'cpu'.
+
+        `args` are tensors (passed as pointers), ints, floats, or None for a null pointer.
+        """
         if device.type == "cuda":
+            from ..cuda import driver
+
+            args = [driver.Pointer(0) if a is None else a for a in args]
             _cuda_function(self, device.index or 0).launch_on_current_stream(self, args)
         elif device.type == "cpu":
             _emulator_function(self).launch(
@@ -69,6 +76,20 @@ class Kernel:
             )
         else:
             raise ValueError(f"spio kernels run on CUDA devices or the CPU emulator, got {device}")
+
+
+@dataclass(frozen=True)
+class KernelFactory:
+    """One kernel family: its tile configs, how to build a kernel, and how to pick a config."""
+
+    name: str
+    configs: Callable[..., list]
+    make_kernel: Callable[..., Kernel]
+    default_config: Callable[..., Any]
+
+    def get_kernel(self, params: Any, device: Any = None, **options: Any) -> Kernel:
+        """The kernel to run `params` on `device` (a torch.device; None: any)."""
+        return self.make_kernel(params, self.default_config(params, **options), **options)
 
 
 class _LoadedCudaFunction:
