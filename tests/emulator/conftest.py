@@ -1,0 +1,250 @@
+"""Kernel sources of the emulator tests, built once per session.
+
+Every source here also compiles with NVRTC for sm_80..sm_90 (test_nvrtc.py), so the host branch of
+a primitive cannot hide a broken PTX branch. Fragments are packed by hand from the PTX ISA layouts
+(g = lane >> 2, t = lane % 4) and checked against torch matrix products.
+"""
+
+import pytest
+
+PRIMITIVES = r"""
+#include "spio/warp/mma.h"
+#include "spio/warp/ldmatrix.h"
+#include "spio/thread/async_copy.h"
+
+__device__ __forceinline__ unsigned pack2(unsigned short lo, unsigned short hi) {
+    return unsigned(lo) | (unsigned(hi) << 16);
+}
+
+/// One warp: D (16x8 f32) = A (16xK, row-major 16-bit bits) * B (K x 8, stored [n][k]) + C.
+template <int K, bool BF16>
+__device__ void mma_test(float *d, const unsigned short *a, const unsigned short *b,
+                         const float *c) {
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    float cr[4], dr[4];
+    for (int i = 0; i < 4; ++i) cr[i] = c[(g + 8 * (i / 2)) * 8 + 2 * t + (i % 2)];
+    if (K == 8) {
+        unsigned ar[2];
+        for (int i = 0; i < 2; ++i) {
+            const int row = g + 8 * i, col = 2 * t;
+            ar[i] = pack2(a[row * K + col], a[row * K + col + 1]);
+        }
+        const unsigned br = pack2(b[g * K + 2 * t], b[g * K + 2 * t + 1]);
+        if (BF16) spio::mma_m16n8k8_bf16(dr, ar, br, cr);
+        else spio::mma_m16n8k8_f16(dr, ar, br, cr);
+    } else {
+        unsigned ar[4], br[2];
+        for (int i = 0; i < 4; ++i) {
+            const int row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+            ar[i] = pack2(a[row * K + col], a[row * K + col + 1]);
+        }
+        for (int i = 0; i < 2; ++i) {
+            const int k = 2 * t + 8 * i;
+            br[i] = pack2(b[g * K + k], b[g * K + k + 1]);
+        }
+        if (BF16) spio::mma_m16n8k16_bf16(dr, ar, br, cr);
+        else spio::mma_m16n8k16_f16(dr, ar, br, cr);
+    }
+    for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + (i % 2)] = dr[i];
+}
+
+extern "C" __global__ void mma_k8_f16(float *d, const unsigned short *a, const unsigned short *b,
+                                      const float *c) { mma_test<8, false>(d, a, b, c); }
+extern "C" __global__ void mma_k8_bf16(float *d, const unsigned short *a, const unsigned short *b,
+                                       const float *c) { mma_test<8, true>(d, a, b, c); }
+extern "C" __global__ void mma_k16_f16(float *d, const unsigned short *a, const unsigned short *b,
+                                       const float *c) { mma_test<16, false>(d, a, b, c); }
+extern "C" __global__ void mma_k16_bf16(float *d, const unsigned short *a, const unsigned short *b,
+                                        const float *c) { mma_test<16, true>(d, a, b, c); }
+
+/// ldmatrix of `mats` 8x8 matrices (input [4][8][8] 16-bit): matrix j row r lives at
+/// smem[j][perm(r)] with a 24-element row pitch; each lane writes its 4 result registers.
+template <int N, bool TRANS>
+__device__ void ldm_test(unsigned *out, const unsigned short *m) {
+    __shared__ __align__(16) unsigned short smem[4][8][24];
+    const int lane = threadIdx.x;
+    for (int i = lane; i < 4 * 8 * 8; i += 32) {
+        const int j = i / 64, r = (i / 8) % 8, c = i % 8;
+        smem[j][(r * 3) % 8][8 * (j % 2) + c] = m[i];
+    }
+    __syncthreads();
+    const int j = lane / 8, r = lane % 8;
+    const void *row = &smem[j][(r * 3) % 8][8 * (j % 2)];
+    unsigned d[4] = {0, 0, 0, 0};
+    if (N == 1 && !TRANS) spio::ldmatrix_x1(reinterpret_cast<unsigned (&)[1]>(d), row);
+    if (N == 2 && !TRANS) spio::ldmatrix_x2(reinterpret_cast<unsigned (&)[2]>(d), row);
+    if (N == 4 && !TRANS) spio::ldmatrix_x4(d, row);
+    if (N == 1 && TRANS) spio::ldmatrix_x1_trans(reinterpret_cast<unsigned (&)[1]>(d), row);
+    if (N == 2 && TRANS) spio::ldmatrix_x2_trans(reinterpret_cast<unsigned (&)[2]>(d), row);
+    if (N == 4 && TRANS) spio::ldmatrix_x4_trans(d, row);
+    for (int i = 0; i < 4; ++i) out[lane * 4 + i] = d[i];
+}
+
+extern "C" __global__ void ldm_x1(unsigned *o, const unsigned short *m) { ldm_test<1, false>(o, m); }
+extern "C" __global__ void ldm_x2(unsigned *o, const unsigned short *m) { ldm_test<2, false>(o, m); }
+extern "C" __global__ void ldm_x4(unsigned *o, const unsigned short *m) { ldm_test<4, false>(o, m); }
+extern "C" __global__ void ldm_x1_trans(unsigned *o, const unsigned short *m) { ldm_test<1, true>(o, m); }
+extern "C" __global__ void ldm_x2_trans(unsigned *o, const unsigned short *m) { ldm_test<2, true>(o, m); }
+extern "C" __global__ void ldm_x4_trans(unsigned *o, const unsigned short *m) { ldm_test<4, true>(o, m); }
+
+/// D = A (16x16 row-major f16) * B (16x8 row-major f16): A by ldmatrix_x4, B by ldmatrix_x2_trans.
+extern "C" __global__ void ldm_mma_k16(float *d, const unsigned short *a, const unsigned short *b) {
+    __shared__ __align__(16) unsigned short as[16][16];
+    __shared__ __align__(16) unsigned short bs[16][8];
+    const int lane = threadIdx.x;
+    for (int i = lane; i < 256; i += 32) as[i / 16][i % 16] = a[i];
+    for (int i = lane; i < 128; i += 32) bs[i / 8][i % 8] = b[i];
+    __syncthreads();
+    unsigned ar[4], br[2];
+    const int j = lane / 8, r = lane % 8;
+    spio::ldmatrix_x4(ar, &as[r + 8 * (j % 2)][8 * (j / 2)]);
+    spio::ldmatrix_x2_trans(br, &bs[lane % 16][0]);
+    float c[4] = {0.f, 0.f, 0.f, 0.f}, dr[4];
+    spio::mma_m16n8k16_f16(dr, ar, br, c);
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + (i % 2)] = dr[i];
+}
+
+/// Thread i copies 16-byte chunk i with src_bytes[i] bytes (rest zero-filled) via cp.async.
+extern "C" __global__ void cp_async_fill(unsigned char *out, const unsigned char *src,
+                                         const int *src_bytes, int n) {
+    __shared__ __align__(16) unsigned char smem[128 * 16];
+    const int i = threadIdx.x;
+    if (i < n) spio::cp_async_16(&smem[16 * i], src + 16 * i, src_bytes[i]);
+    spio::cp_async_commit_group();
+    spio::cp_async_wait_all();
+    __syncthreads();
+    if (i < n) {
+        for (int b = 0; b < 16; ++b) out[16 * i + b] = smem[16 * i + b];
+    }
+}
+
+/// Two groups, wait_group<1> then wait_group<0>: snapshots of the second chunk before and after.
+extern "C" __global__ void cp_async_groups(float *out, const float *src) {
+    __shared__ __align__(16) float smem[2][32][4];
+    const int i = threadIdx.x;
+    spio::cp_async_16(&smem[0][i][0], src + 4 * i, 16);
+    spio::cp_async_commit_group();
+    spio::cp_async_16(&smem[1][i][0], src + 128 + 4 * i, 16);
+    spio::cp_async_commit_group();
+    spio::cp_async_wait_group<1>();
+    for (int k = 0; k < 4; ++k) out[i * 12 + k] = smem[0][i][k];
+    for (int k = 0; k < 4; ++k) out[i * 12 + 4 + k] = smem[1][i][k];  // not yet waited for
+    spio::cp_async_wait_group<0>();
+    for (int k = 0; k < 4; ++k) out[i * 12 + 8 + k] = smem[1][i][k];
+}
+
+extern "C" __global__ void shuffles(int *out, const int *in, int width, int delta) {
+    const int lane = threadIdx.x;
+    const int v = in[lane];
+    out[lane * 4 + 0] = __shfl_sync(0xffffffffu, v, (lane * 7 + delta) & 31, width);
+    out[lane * 4 + 1] = __shfl_up_sync(0xffffffffu, v, delta, width);
+    out[lane * 4 + 2] = __shfl_down_sync(0xffffffffu, v, delta, width);
+    out[lane * 4 + 3] = __shfl_xor_sync(0xffffffffu, v, delta, width);
+}
+
+extern "C" __global__ void shuffle_float(float *out, const float *in) {
+    const int lane = threadIdx.x;
+    float v = in[lane];
+    for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+    out[lane] = v;
+}
+
+extern "C" __global__ void atomic_scatter(float *out, const int *index, const float *value, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(&out[index[i]], value[i]);
+}
+
+extern "C" __global__ void dynamic_shared(float *out, const float *in, int n) {
+    extern __shared__ __align__(16) float dyn[];
+    const int i = threadIdx.x;
+    dyn[i] = in[i] * 2.0f;
+    __syncthreads();
+    out[i] = dyn[n - 1 - i];
+}
+"""
+
+HAZARDS = r"""
+#include "spio/thread/async_copy.h"
+
+/// Each thread reads its neighbour's shared value; `fixed` puts the barrier in.
+extern "C" __global__ void neighbour(float *out, const float *in, int fixed) {
+    __shared__ float s[128];
+    const int i = threadIdx.x;
+    s[i] = in[i];
+    if (fixed) __syncthreads();
+    out[i] = s[(i + 1) % 128];
+}
+
+/// cp.async staging; `fixed` puts the wait in.
+extern "C" __global__ void staged(float *out, const float *in, int fixed) {
+    __shared__ __align__(16) float s[64 * 4];
+    const int i = threadIdx.x;
+    spio::cp_async_16(&s[4 * i], in + 4 * i, 16);
+    spio::cp_async_commit_group();
+    if (fixed) spio::cp_async_wait_all();
+    __syncthreads();
+    out[i] = s[(4 * i + 5) % 256];
+}
+
+/// out[i + shift] = in[i] for i < n: shift 1 writes one element past the end.
+extern "C" __global__ void shifted_write(float *out, const float *in, int n, int shift) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i + shift] = in[i];
+}
+
+/// Lanes 0..15 leave before a full-warp shuffle.
+extern "C" __global__ void early_exit(int *out, int leave) {
+    const int lane = threadIdx.x;
+    if (leave && lane < 16) return;
+    out[lane] = __shfl_xor_sync(0xffffffffu, lane, 1);
+}
+"""
+
+SHARED_OOB = r"""
+/// Writes s[i + shift]: shift 1 indexes one element past the static shared array.
+extern "C" __global__ void shared_index(float *out, const float *in, int shift) {
+    __shared__ float s[128];
+    const int i = threadIdx.x;
+    s[i + shift] = in[i];
+    __syncthreads();
+    out[i] = s[i];
+}
+
+/// Same with dynamic shared memory of 128 floats.
+extern "C" __global__ void dynamic_index(float *out, const float *in, int shift) {
+    extern __shared__ float d[];
+    const int i = threadIdx.x;
+    d[i + shift] = in[i];
+    __syncthreads();
+    out[i] = d[i];
+}
+"""
+
+SOURCES = {"primitives": PRIMITIVES, "hazards": HAZARDS, "shared_oob": SHARED_OOB}
+
+
+@pytest.fixture(scope="session")
+def emu_sources() -> dict[str, str]:
+    return SOURCES
+
+
+@pytest.fixture(scope="session")
+def prims():
+    from spio.emulator import load_module
+
+    return load_module(PRIMITIVES, name="emu_test_primitives")
+
+
+@pytest.fixture(scope="session")
+def hazards():
+    from spio.emulator import load_module
+
+    return load_module(HAZARDS, name="emu_test_hazards")
+
+
+@pytest.fixture(scope="session")
+def shared_oob():
+    from spio.emulator import load_module
+
+    return load_module(SHARED_OOB, name="emu_test_shared_oob")

@@ -1,0 +1,154 @@
+"""Each emulated primitive against a torch reference on random data."""
+
+import pytest
+import torch
+
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """16-bit float tensor -> its bits as int16 (the kernels take unsigned short)."""
+    return t.contiguous().view(torch.int16)
+
+
+@pytest.mark.parametrize("k", [8, 16])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mma_matches_matmul(prims, k, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(16, k, generator=gen).to(DTYPES[dtype])
+    b = torch.randn(k, 8, generator=gen).to(DTYPES[dtype])
+    c = torch.randn(16, 8, generator=gen)
+    d = torch.full((16, 8), float("nan"))
+    fn = prims.get_function(f"mma_k{k}_{dtype}")
+    fn.launch(1, 32, (d, bits(a), bits(b.t()), c))
+    ref = a.double() @ b.double() + c.double()
+    torch.testing.assert_close(d.double(), ref, rtol=1e-6, atol=1e-5 * k)
+
+
+def _ldm_reference(m: torch.Tensor, n: int, trans: bool) -> torch.Tensor:
+    """Registers each lane receives, from the PTX ISA ldmatrix fragment layout."""
+    out = torch.zeros(32, 4, dtype=torch.int64)
+    for lane in range(32):
+        for j in range(n):
+            if trans:
+                lo, hi = m[j, 2 * (lane % 4), lane >> 2], m[j, 2 * (lane % 4) + 1, lane >> 2]
+            else:
+                lo, hi = m[j, lane >> 2, 2 * (lane % 4)], m[j, lane >> 2, 2 * (lane % 4) + 1]
+            out[lane, j] = (int(lo) & 0xFFFF) | ((int(hi) & 0xFFFF) << 16)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("trans", [False, True])
+def test_ldmatrix_fragment_layout(prims, n, trans):
+    m = torch.randint(-(2**15), 2**15, (4, 8, 8), dtype=torch.int16)
+    out = torch.full((32, 4), -1, dtype=torch.int32)
+    name = f"ldm_x{n}" + ("_trans" if trans else "")
+    prims.get_function(name).launch(1, 32, (out, m))
+    got = out.to(torch.int64) & 0xFFFFFFFF
+    ref = _ldm_reference(m, n, trans)
+    assert torch.equal(got[:, :n], ref[:, :n])
+    assert torch.equal(got[:, n:], torch.zeros_like(got[:, n:]))
+
+
+def test_ldmatrix_feeds_mma_k16(prims):
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(16, 16, generator=gen).half()
+    b = torch.randn(16, 8, generator=gen).half()
+    d = torch.full((16, 8), float("nan"))
+    prims.get_function("ldm_mma_k16").launch(1, 32, (d, bits(a), bits(b)))
+    torch.testing.assert_close(d.double(), a.double() @ b.double(), rtol=1e-6, atol=1e-4)
+
+
+def test_cp_async_partial_zero_fill(prims):
+    n = 100
+    gen = torch.Generator().manual_seed(4)
+    src = torch.randint(1, 256, (n * 16,), dtype=torch.uint8, generator=gen)
+    src_bytes = torch.randint(0, 17, (n,), dtype=torch.int32, generator=gen)
+    out = torch.zeros(n * 16, dtype=torch.uint8)
+    prims.get_function("cp_async_fill").launch(1, 128, (out, src, src_bytes, n))
+    ref = src.view(n, 16).clone()
+    keep = torch.arange(16)[None, :] < src_bytes[:, None]
+    ref[~keep] = 0
+    assert torch.equal(out.view(n, 16), ref)
+
+
+def test_cp_async_copy_happens_at_the_covering_wait(prims):
+    src = torch.randn(256)
+    out = torch.zeros(32, 12)
+    # Unchecked: reading the second group's destination before its wait sees the NaN poison.
+    prims.get_function("cp_async_groups").launch(1, 32, (out, src), check=False)
+    assert torch.equal(out[:, 0:4], src[:128].view(32, 4))
+    assert torch.isnan(out[:, 4:8]).all()
+    assert torch.equal(out[:, 8:12], src[128:].view(32, 4))
+
+
+def test_cp_async_stale_read_is_reported_when_checked(prims):
+    from spio.emulator import EmulatorError
+
+    with pytest.raises(EmulatorError, match="cp.async"):
+        prims.get_function("cp_async_groups").launch(1, 32, (torch.zeros(32, 12), torch.randn(256)))
+
+
+def _shfl_src(lane: int, mode: str, b: int, width: int) -> int:
+    base = lane - lane % width
+    if mode == "idx":
+        return base + b % width
+    if mode == "up":
+        return lane - b if lane % width >= b else lane
+    if mode == "down":
+        return lane + b if lane % width + b < width else lane
+    return lane ^ b if (lane ^ b) // width == lane // width else lane
+
+
+@pytest.mark.parametrize("width,delta", [(32, 1), (32, 5), (16, 3), (8, 2), (4, 1)])
+def test_shuffles(prims, width, delta):
+    vals = torch.randint(-1000, 1000, (32,), dtype=torch.int32)
+    out = torch.zeros(32, 4, dtype=torch.int32)
+    prims.get_function("shuffles").launch(1, 32, (out, vals, width, delta))
+    for lane in range(32):
+        srcs = [
+            _shfl_src(lane, "idx", (lane * 7 + delta) & 31, width),
+            _shfl_src(lane, "up", delta, width),
+            _shfl_src(lane, "down", delta, width),
+            _shfl_src(lane, "xor", delta, width),
+        ]
+        assert out[lane].tolist() == [int(vals[s]) for s in srcs], f"lane {lane}"
+
+
+def test_shuffle_xor_reduction(prims):
+    vals = torch.randn(32)
+    out = torch.zeros(32)
+    prims.get_function("shuffle_float").launch(1, 32, (out, vals))
+    torch.testing.assert_close(out.double(), vals.double().sum().expand(32), rtol=1e-5, atol=1e-5)
+
+
+def test_atomic_add_float(prims):
+    n = 1000
+    gen = torch.Generator().manual_seed(5)
+    index = torch.randint(0, 37, (n,), dtype=torch.int32, generator=gen)
+    value = torch.randn(n, generator=gen)
+    out = torch.zeros(37)
+    prims.get_function("atomic_scatter").launch(8, 128, (out, index, value, n), seed=11)
+    ref = torch.zeros(37, dtype=torch.float64).index_add_(0, index.long(), value.double())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_shared_memory(prims):
+    x = torch.randn(96)
+    out = torch.zeros(96)
+    prims.get_function("dynamic_shared").launch(1, 96, (out, x, 96), shared_mem_bytes=96 * 4)
+    torch.testing.assert_close(out, (x * 2).flip(0))
+
+
+def test_thread_order_shuffle_gives_same_result(prims):
+    gen = torch.Generator().manual_seed(6)
+    a = torch.randn(16, 16, generator=gen).half()
+    b = torch.randn(16, 8, generator=gen).half()
+    results = []
+    for seed in (None, 1, 2):
+        d = torch.full((16, 8), float("nan"))
+        prims.get_function("ldm_mma_k16").launch(1, 32, (d, bits(a), bits(b)), seed=seed)
+        results.append(d)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
