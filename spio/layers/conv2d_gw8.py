@@ -1,0 +1,198 @@
+"""Conv2dGw8: an nn.Conv2d whose forward runs spio::conv2d_gw8 (group width 8, stride 1, C == K)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.utils import _pair
+
+from spio.functional.conv2d_gw8 import conv2d_gw8, uses_kernels
+from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
+from spio.log import logger
+
+_HALF = (torch.float16, torch.bfloat16)
+_logged_fallbacks: set[str] = set()
+
+
+def resolve_padding(padding: Any, kernel_size: Any, dilation: Any = 1) -> tuple[int, int] | None:
+    """Padding as an (pad_h, pad_w) pair of ints, or None when it is not symmetric per axis.
+
+    "valid" is (0, 0); "same" is ((r - 1) // 2, (s - 1) // 2) for odd filters at dilation 1 and
+    None otherwise (PyTorch pads an even filter asymmetrically).
+    """
+    r, s = _pair(kernel_size)
+    if padding == "valid":
+        return (0, 0)
+    if padding == "same":
+        if _pair(dilation) != (1, 1) or r % 2 == 0 or s % 2 == 0:
+            return None
+        return ((r - 1) // 2, (s - 1) // 2)
+    if isinstance(padding, str):
+        return None
+    pad = _pair(padding)
+    return (int(pad[0]), int(pad[1]))
+
+
+def ineligibility(
+    in_channels: int,
+    out_channels: int,
+    kernel_size: Any,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+    padding_mode: str = "zeros",
+) -> str | None:
+    """Why an nn.Conv2d with these arguments cannot run spio's kernels, or None if it can."""
+    r, s = _pair(kernel_size)
+    if in_channels % groups or in_channels // groups != GROUP_WIDTH:
+        return f"needs group width 8, got in_channels={in_channels}, groups={groups}"
+    if out_channels != in_channels:
+        return f"needs out_channels == in_channels, got {out_channels} != {in_channels}"
+    if _pair(stride) != (1, 1):
+        return f"needs stride 1, got {_pair(stride)}"
+    if _pair(dilation) != (1, 1):
+        return f"needs dilation 1, got {_pair(dilation)}"
+    if not (MIN_FILTER <= r <= MAX_FILTER and MIN_FILTER <= s <= MAX_FILTER):
+        return f"needs a kernel size in {MIN_FILTER}..{MAX_FILTER}, got {(r, s)}"
+    if padding_mode != "zeros":
+        return f"needs padding_mode 'zeros', got {padding_mode!r}"
+    pad = resolve_padding(padding, (r, s), dilation)
+    if pad is None:
+        return f"needs symmetric padding, got {padding!r} for kernel size {(r, s)}"
+    if min(pad) < 0:
+        return f"needs non-negative padding, got {pad}"
+    return None
+
+
+def module_ineligibility(module: nn.Module) -> str | None:
+    """Why `module` cannot be replaced by a Conv2dGw8, or None if it can."""
+    if type(module) is not nn.Conv2d:
+        return f"is a {type(module).__name__}, not exactly nn.Conv2d"
+    reason = ineligibility(
+        module.in_channels,
+        module.out_channels,
+        module.kernel_size,
+        module.stride,
+        module.padding,
+        module.dilation,
+        module.groups,
+        module.padding_mode,
+    )
+    if reason is not None:
+        return reason
+    if not isinstance(module._parameters.get("weight"), nn.Parameter):
+        return "has a weight that is not a Parameter (e.g. weight_norm)"
+    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
+        return "has hooks, which a replacement would drop"
+    return None
+
+
+def _bind_conv2d_args(args: tuple, kwargs: dict) -> dict[str, Any]:
+    bound = inspect.signature(nn.Conv2d.__init__).bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return dict(list(bound.arguments.items())[1:])
+
+
+def _log_fallback_once(reason: str) -> None:
+    if reason not in _logged_fallbacks:
+        _logged_fallbacks.add(reason)
+        logger.warning("Conv2dGw8 falls back to F.conv2d: %s", reason)
+
+
+class Conv2dGw8(nn.Conv2d):
+    """nn.Conv2d (same arguments, Parameters and state_dict) that runs spio's grouped conv.
+
+    Only group width 8, out_channels == in_channels, stride 1, dilation 1, kernel 1..5,
+    zeros padding. Inputs the op cannot take (fp32 CUDA tensors outside autocast, float64 on
+    CUDA, integer tensors) fall back to F.conv2d, logging the reason once.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        arguments = _bind_conv2d_args(args, kwargs)
+        reason = ineligibility(
+            **{k: arguments[k] for k in inspect.signature(ineligibility).parameters}
+        )
+        if reason is not None:
+            raise ValueError(f"Conv2dGw8 {reason}")
+        super().__init__(**arguments)
+        self.padding = resolve_padding(self.padding, self.kernel_size, self.dilation)
+
+    @classmethod
+    def make(cls, *args: Any, **kwargs: Any) -> nn.Conv2d:
+        """A Conv2dGw8 when nn.Conv2d(*args, **kwargs) is eligible, else that nn.Conv2d."""
+        arguments = _bind_conv2d_args(args, kwargs)
+        reason = ineligibility(
+            **{k: arguments[k] for k in inspect.signature(ineligibility).parameters}
+        )
+        if reason is not None:
+            logger.debug("make_conv2d keeps nn.Conv2d: %s", reason)
+            return nn.Conv2d(**arguments)
+        return cls(**arguments)
+
+    @staticmethod
+    def match(module: nn.Module) -> bool:
+        """True when module is exactly an nn.Conv2d that spio can run (subclasses never match)."""
+        return module_ineligibility(module) is None
+
+    @classmethod
+    def from_torch_module(cls, module: nn.Conv2d) -> Conv2dGw8:
+        """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies)."""
+        reason = module_ineligibility(module)
+        if reason is not None:
+            raise ValueError(f"Conv2dGw8.from_torch_module: the module {reason}")
+        new = cls(
+            module.in_channels,
+            module.out_channels,
+            module.kernel_size,
+            stride=module.stride,
+            padding=module.padding,
+            dilation=module.dilation,
+            groups=module.groups,
+            bias=module.bias is not None,
+            padding_mode=module.padding_mode,
+            device="meta",
+        )
+        new.weight = module.weight
+        new.bias = module.bias
+        new.train(module.training)
+        return new
+
+    def _unsupported(self, input: Tensor) -> str | None:
+        """Why the spio op cannot take this input (so forward uses F.conv2d), or None."""
+        if input.dim() not in (3, 4):
+            return f"input is {input.dim()}-D"
+        if not input.is_floating_point():
+            return f"input is {input.dtype}"
+        if input.device != self.weight.device:
+            return f"input on {input.device}, weight on {self.weight.device}"
+        if torch.is_autocast_enabled(input.device.type):
+            if torch.float64 in (input.dtype, self.weight.dtype):
+                return "float64 tensors under autocast"
+            return None
+        if input.dtype != self.weight.dtype:
+            return f"input {input.dtype} and weight {self.weight.dtype} differ"
+        if self.bias is not None and self.bias.dtype not in (input.dtype, torch.float32):
+            return f"bias {self.bias.dtype} with input {input.dtype}"
+        if uses_kernels(input.device) and input.dtype not in _HALF:
+            return f"{input.dtype} {input.device.type} tensors outside autocast"
+        return None
+
+    def forward(self, input: Tensor) -> Tensor:
+        reason = self._unsupported(input)
+        if reason is not None:
+            _log_fallback_once(reason)
+            return super().forward(input)
+        unbatched = input.dim() == 3
+        x = input.unsqueeze(0) if unbatched else input
+        pad_h, pad_w = self.padding
+        y = conv2d_gw8(x, self.weight, self.bias, 1, pad_h, pad_w, 1, self.groups)
+        return y.squeeze(0) if unbatched else y
+
+
+def make_conv2d(*args: Any, **kwargs: Any) -> nn.Conv2d:
+    """nn.Conv2d(*args, **kwargs), as a Conv2dGw8 when spio can run it."""
+    return Conv2dGw8.make(*args, **kwargs)

@@ -1,0 +1,145 @@
+"""Conv2dGw8 and make_conv2d: eligibility, parameter sharing, state_dict, fallbacks."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spio.layers import Conv2dGw8, make_conv2d
+from spio.reference import conv2d_gw8_fprop_ref
+
+INELIGIBLE = [
+    ((16, 16, 3), dict(stride=2, groups=2), "stride 1"),
+    ((16, 16, 3), dict(groups=4), "group width 8"),
+    ((16, 32, 3), dict(groups=2), "out_channels == in_channels"),
+    ((16, 32, 3), dict(groups=4), "group width 8"),
+    ((16, 16, 3), dict(groups=2, dilation=2), "dilation 1"),
+    ((16, 16, 7), dict(groups=2, padding=3), "kernel size in 1..5"),
+    ((16, 16, 3), dict(groups=2, padding=1, padding_mode="reflect"), "padding_mode 'zeros'"),
+    ((16, 16, 4), dict(groups=2, padding="same"), "symmetric padding"),
+]
+
+
+def test_make_conv2d_eligible():
+    m = make_conv2d(24, 24, (3, 5), padding=(1, 2), groups=3, bias=False)
+    assert type(m) is Conv2dGw8
+    assert m.padding == (1, 2) and m.bias is None and m.groups == 3
+
+
+@pytest.mark.parametrize("padding, expected", [("same", (2, 1)), ("valid", (0, 0)), (1, (1, 1))])
+def test_padding_strings_are_resolved(padding, expected):
+    m = make_conv2d(8, 8, (5, 3), padding=padding)
+    assert type(m) is Conv2dGw8 and m.padding == expected
+    x = torch.randn(2, 8, 6, 7)
+    torch.testing.assert_close(m(x), F.conv2d(x, m.weight, m.bias, padding=padding))
+
+
+@pytest.mark.parametrize("args, kwargs, reason", INELIGIBLE)
+def test_make_conv2d_ineligible_gives_plain_conv(args, kwargs, reason):
+    m = make_conv2d(*args, **kwargs)
+    assert type(m) is nn.Conv2d
+    with pytest.raises(ValueError, match=reason):
+        Conv2dGw8(*args, **kwargs)
+    assert not Conv2dGw8.match(m)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_match():
+    class MyConv(nn.Conv2d):
+        pass
+
+    assert Conv2dGw8.match(nn.Conv2d(16, 16, 3, padding=1, groups=2))
+    assert Conv2dGw8.match(nn.Conv2d(8, 8, 1))
+    assert not Conv2dGw8.match(MyConv(16, 16, 3, padding=1, groups=2))
+    assert not Conv2dGw8.match(Conv2dGw8(16, 16, 3, padding=1, groups=2))
+    assert not Conv2dGw8.match(nn.Linear(8, 8))
+    hooked = nn.Conv2d(8, 8, 3)
+    hooked.register_forward_hook(lambda *a: None)
+    assert not Conv2dGw8.match(hooked)
+    normed = torch.nn.utils.weight_norm(nn.Conv2d(8, 8, 3))
+    assert not Conv2dGw8.match(normed)
+    parametrized = torch.nn.utils.parametrizations.weight_norm(nn.Conv2d(8, 8, 3))
+    assert not Conv2dGw8.match(parametrized)
+
+
+def test_from_torch_module_shares_parameters_and_gradients():
+    conv = nn.Conv2d(16, 16, 3, padding="same", groups=2).double().eval()
+    spio_conv = Conv2dGw8.from_torch_module(conv)
+    assert spio_conv.weight is conv.weight and spio_conv.bias is conv.bias
+    assert not spio_conv.training and spio_conv.padding == (1, 1)
+    x = torch.randn(2, 16, 5, 6, dtype=torch.float64)
+    y = spio_conv(x)
+    torch.testing.assert_close(
+        y, conv2d_gw8_fprop_ref(x, conv.weight.detach(), conv.bias.detach(), 1)
+    )
+    y.square().sum().backward()
+    grads = (conv.weight.grad.clone(), conv.bias.grad.clone())
+    conv.zero_grad()
+    conv(x).square().sum().backward()
+    torch.testing.assert_close(grads, (conv.weight.grad, conv.bias.grad))
+
+
+def test_from_torch_module_rejects_ineligible():
+    with pytest.raises(ValueError, match="needs stride 1"):
+        Conv2dGw8.from_torch_module(nn.Conv2d(16, 16, 3, stride=2, groups=2))
+
+
+def test_state_dict_round_trip():
+    spio_conv = make_conv2d(16, 16, 3, padding=1, groups=2)
+    plain = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    plain.load_state_dict(spio_conv.state_dict())
+    x = torch.randn(1, 16, 4, 4)
+    torch.testing.assert_close(plain(x), spio_conv(x))
+    with torch.no_grad():
+        plain.weight.mul_(2)
+    spio_conv.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(spio_conv(x), plain(x))
+    assert set(spio_conv.state_dict()) == {"weight", "bias"}
+
+
+def test_unbatched_input():
+    m = make_conv2d(8, 8, 3, padding=1).double()
+    x = torch.randn(8, 5, 5, dtype=torch.float64)
+    torch.testing.assert_close(m(x), F.conv2d(x[None], m.weight, m.bias, padding=1)[0])
+
+
+def test_cpu_autocast_matches_nn_conv2d():
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    spio_conv = Conv2dGw8.from_torch_module(conv)
+    x = torch.randn(2, 16, 5, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, expected = spio_conv(x), conv(x)
+    assert y.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(y, expected)
+
+
+def test_fallback_logs_once(monkeypatch, caplog):
+    # With SPIO_EMULATE=1, fp32 CPU tensors cannot go to the kernels: F.conv2d takes them.
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    m = make_conv2d(8, 8, 3, padding=1)
+    x = torch.randn(1, 8, 4, 4)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        y1 = m(x)
+        y2 = m(x)
+    torch.testing.assert_close(y1, F.conv2d(x, m.weight, m.bias, padding=1))
+    torch.testing.assert_close(y2, y1)
+    messages = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert messages == [
+        "Conv2dGw8 falls back to F.conv2d: torch.float32 cpu tensors outside autocast"
+    ]
+
+
+def test_half_input_with_fp32_weight_falls_back_to_torch_error():
+    m = make_conv2d(8, 8, 3, padding=1)
+    with pytest.raises(RuntimeError):
+        m(torch.randn(1, 8, 4, 4, dtype=torch.bfloat16))
+
+
+@pytest.mark.cuda
+def test_cuda_fp32_outside_autocast_falls_back():
+    m = make_conv2d(8, 8, 3, padding=1).cuda()
+    x = torch.randn(1, 8, 4, 4, device="cuda")
+    torch.testing.assert_close(m(x), F.conv2d(x, m.weight, m.bias, padding=1))
