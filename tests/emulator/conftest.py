@@ -248,3 +248,71 @@ def shared_oob():
     from spio.emulator import load_module
 
     return load_module(SHARED_OOB, name="emu_test_shared_oob")
+
+
+BENCH = r"""
+#include <cuda_fp16.h>
+#include "spio/warp/mma.h"
+#include "spio/warp/ldmatrix.h"
+#include "spio/thread/async_copy.h"
+
+/// Benchmark kernel of conv-like work: a 3x3 grouped (group width 8) fp16 conv, N=1, C=K=64,
+/// 32x32, padding 1, NHWC input/output, weights [K][3][3][8].
+/// Tiling: one block per output row, 256 threads = 8 warps, warp w computes channel group w.
+/// Each warp: 2 strips of 16 output pixels x 9 taps, one mma.sync m16n8k8 per strip and tap
+/// (A = 16 shifted input pixels x 8 channels by ldmatrix_x2, B = the 8x8 tap by ldmatrix_x1).
+/// Staging: 3 padded input rows and all weights by cp.async (zero-fill outside the image),
+/// one wait_all and one __syncthreads. Launch: grid 32, block 256, no dynamic shared memory.
+#define BH 32
+#define BW 32
+#define BC 64
+
+extern "C" __global__ void __launch_bounds__(256) conv_gw8_bench(__half *y, const __half *x,
+                                                                 const __half *w) {
+    __shared__ __align__(16) __half xs[3][BW + 2][BC];
+    __shared__ __align__(16) __half ws[BC][9][8];
+    const int row = blockIdx.x, tid = threadIdx.x;
+    for (int id = tid; id < 3 * (BW + 2) * 8; id += 256) {
+        const int r = id / ((BW + 2) * 8), col = (id / 8) % (BW + 2), grp = id % 8;
+        const int iy = row + r - 1, ix = col - 1;
+        const bool ok = iy >= 0 && iy < BH && ix >= 0 && ix < BW;
+        const __half *src = ok ? x + (iy * BW + ix) * BC + 8 * grp : x;
+        spio::cp_async_16(&xs[r][col][8 * grp], src, ok ? 16 : 0);
+    }
+    for (int id = tid; id < BC * 9; id += 256) {
+        spio::cp_async_16(&ws[id / 9][id % 9][0], w + 8 * id, 16);
+    }
+    spio::cp_async_commit_group();
+    spio::cp_async_wait_all();
+    __syncthreads();
+    const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    for (int s = 0; s < 2; ++s) {
+        const int x0 = 16 * s;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int r = 0; r < 3; ++r) {
+            for (int q = 0; q < 3; ++q) {
+                unsigned a[2], b[1];
+                spio::ldmatrix_x2(a, &xs[r][x0 + (lane % 16) + q][8 * warp]);
+                spio::ldmatrix_x1(b, &ws[8 * warp + (lane % 8)][r * 3 + q][0]);
+                spio::mma_m16n8k8_f16(acc, a, b[0], acc);
+            }
+        }
+        for (int i = 0; i < 4; ++i) {
+            const int px = x0 + g + 8 * (i / 2), ch = 8 * warp + 2 * t + (i % 2);
+            y[(row * BW + px) * BC + ch] = __float2half(acc[i]);
+        }
+    }
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def bench_source() -> str:
+    return BENCH
+
+
+@pytest.fixture(scope="session")
+def bench():
+    from spio.emulator import load_module
+
+    return load_module(BENCH, name="emu_test_bench")

@@ -1,0 +1,106 @@
+"""Bad launches fail with a clear error before anything runs; module API and integration hooks."""
+
+import logging
+
+import pytest
+import torch
+
+import spio.emulator as emulator
+from spio.emulator.build import EmulatorBuildError, kernel_names, rewrite_extern_shared
+
+
+@pytest.fixture
+def add_fn(hazards):
+    return hazards.get_function("shifted_write")
+
+
+@pytest.mark.parametrize(
+    "args,error,match",
+    [
+        ((torch.zeros(4), torch.zeros(4), 4), TypeError, "takes 4 arguments"),
+        ((torch.zeros(4), torch.zeros(4), 4, 0, 1), TypeError, "takes 4 arguments"),
+        ((1.5, torch.zeros(4), 4, 0), TypeError, "argument 0 .* pointer"),
+        ((torch.zeros(4), torch.zeros(4), 4.0, 0), TypeError, "argument 2 .* integer"),
+        ((torch.zeros(4), torch.zeros(4), torch.tensor(4), 0), TypeError, "argument 2"),
+        ((torch.zeros(4), torch.zeros(4), 2**31, 0), ValueError, "argument 2 .*2147483647"),
+    ],
+)
+def test_bad_arguments(add_fn, args, error, match):
+    with pytest.raises(error, match=match):
+        add_fn.launch(1, 4, args)
+
+
+@pytest.mark.parametrize(
+    "grid,block,shared,match",
+    [
+        (0, 32, 0, r"grid\[0\] must be in 1"),
+        ((1, 0), 32, 0, r"grid\[1\] must be in 1"),
+        (1, 1025, 0, r"block\[0\] must be in 1..1024"),
+        (1, (32, 32, 2), 0, "at most 1024 threads, got 2048"),
+        (1, (1, 1, 65), 0, r"block\[2\] must be in 1..64"),
+        (1, 32, 227 * 1024 + 1, "exceed the 232448-byte limit"),
+        (1, 32, -1, "shared_mem_bytes must be"),
+        ((1, 2, 3, 4), 32, 0, "1-3 ints"),
+    ],
+)
+def test_bad_launch_configuration(add_fn, grid, block, shared, match):
+    out = torch.full((4,), 3.0)
+    with pytest.raises(ValueError, match=match):
+        add_fn.launch(grid, block, (out, torch.zeros(4), 4, 0), shared_mem_bytes=shared)
+    assert torch.equal(out, torch.full((4,), 3.0))  # nothing ran
+
+
+def test_unknown_kernel(hazards):
+    with pytest.raises(KeyError, match="no kernel 'nope'.*neighbour"):
+        hazards.get_function("nope")
+
+
+def test_compile_error_carries_compiler_output():
+    src = 'extern "C" __global__ void broken(float *x) { x[0] = undefined_name; }'
+    with pytest.raises(EmulatorBuildError, match="undefined_name"):
+        emulator.load_module(src, name="emu_test_broken")
+
+
+def test_source_without_kernels():
+    with pytest.raises(ValueError, match='no `extern "C" __global__'):
+        emulator.load_module("__device__ int f() { return 1; }")
+
+
+def test_kernel_name_scan():
+    src = """
+    extern "C" __global__ void a(int *x) {}
+    extern "C" __global__ __launch_bounds__(256) void b(int *x) {}
+    extern "C" __launch_bounds__(128, 2) __global__ void c(int *x) {}
+    __global__ void not_extern_c(int *x) {}
+    """
+    assert kernel_names(src) == ["a", "b", "c"]
+
+
+def test_extern_shared_rewrite():
+    text = "extern __shared__ __align__(16) unsigned char smem[];"
+    assert rewrite_extern_shared(text) == "SPIO_EMU_EXTERN_SHARED(unsigned char, smem);"
+
+
+def test_is_enabled(monkeypatch):
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    assert emulator.is_enabled()
+    monkeypatch.setenv("SPIO_EMULATE", "0")
+    assert not emulator.is_enabled()
+    monkeypatch.delenv("SPIO_EMULATE")
+    assert not emulator.is_enabled()
+
+
+def test_first_launch_logs_once(hazards, caplog):
+    fn = hazards.get_function("neighbour")
+    with caplog.at_level(logging.INFO, logger="spio"):
+        for _ in range(2):
+            fn.launch(1, 128, (torch.zeros(128), torch.randn(128), 1))
+    lines = [r.getMessage() for r in caplog.records if "emulating" in r.getMessage()]
+    assert lines == ["emulating neighbour on the CPU"]
+
+
+def test_float_and_int_arguments(prims):
+    x = torch.randn(96)
+    out = torch.zeros(96)
+    prims.get_function("dynamic_shared").launch((1,), (96, 1, 1), [out, x, 96], 384)
+    torch.testing.assert_close(out, (2 * x).flip(0))

@@ -1,0 +1,23 @@
+"""The emulator's test kernels also compile with NVRTC, so the host branch cannot hide a broken
+PTX branch of a primitive."""
+
+import pytest
+
+import spio
+
+
+@pytest.mark.parametrize("arch", spio.supported_arch)
+@pytest.mark.parametrize("which", ["primitives", "hazards", "shared_oob", "bench"])
+def test_test_kernels_compile_with_nvrtc(emu_sources, bench_source, arch, which):
+    compiler = pytest.importorskip("spio.compiler")
+    try:
+        from spio.cuda.paths import find_nvrtc
+
+        find_nvrtc()
+    except Exception as error:  # no NVRTC on this machine
+        pytest.skip(f"NVRTC not available: {error}")
+    source = bench_source if which == "bench" else emu_sources[which]
+    result = compiler.compile_cubin(source, arch, name=f"emu_{which}.cu")
+    assert result.cubin
+    for kernel, usage in result.resources.items():
+        assert usage.spill_stores == 0 and usage.spill_loads == 0, (kernel, usage)
