@@ -127,21 +127,40 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
     return found
 
 
-def default_config(params: Conv2dGw8Params, igrad: bool = False) -> Conv2dGw8Config:
-    """A reasonable config without measurements: wide enough tiles to amortise the halo, enough
-    blocks to fill a large GPU."""
+#: Blocks that keep a large GPU busy (about two per SM on a 132-SM H100/H200).
+BUSY_BLOCKS = 264
+
+
+def sector_waste(params: Conv2dGw8Params, config) -> float:
+    """Bytes moved per useful byte when a block's pixel spans config.groups * 16 contiguous bytes:
+    DRAM moves whole 32-byte sectors, so one group alone (16 bytes) wastes half of each."""
+    span = min(config.groups, params.groups) * 16
+    return math.ceil(span / 32) * 32 / span if params.groups > 1 else 1.0
+
+
+def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool = False) -> float:
+    """A unitless cost for ranking configs without measurements: memory traffic (halo and tile
+    overrun included) relative to the ideal, inflated when too few blocks fill the GPU."""
     geo = _Geometry.of(params, igrad)
-    groups = min(8, 1 << math.ceil(math.log2(params.groups)))
-    block_q = 32 if geo.out_w <= 32 else 64
-    warp_q16 = 2 if block_q >= 32 else 1
-    if groups * block_q // (16 * warp_q16) < 2:  # at least two warps
-        warp_q16 = 1
-    block_p = 16
-    tiles = params.n * math.ceil(params.groups / groups) * math.ceil(geo.out_w / block_q)
-    while block_p > 4 and tiles * math.ceil(geo.out_h / block_p) < 264:  # ~2 blocks per SM
-        block_p //= 2
-    block_p = min(block_p, 1 << math.ceil(math.log2(geo.out_h)))
-    return Conv2dGw8Config(groups, max(block_p, 1), block_q, warp_q16)
+    tiles_y = math.ceil(geo.out_h / config.block_p)
+    tiles_x = math.ceil(geo.out_w / config.block_q)
+    groups = math.ceil(params.groups / config.groups) * config.groups
+    blocks = params.n * tiles_y * tiles_x * (groups // config.groups)
+    useful = geo.out_h * geo.out_w * params.groups
+    read = tiles_y * (config.block_p + params.r - 1) * tiles_x * (config.block_q + params.s - 1)
+    computed = tiles_y * config.block_p * tiles_x * config.block_q * groups
+    traffic = (read * groups + useful) / (2 * useful)
+    compute = computed / useful
+    fill = min(1.0, blocks / BUSY_BLOCKS)
+    return (
+        sector_waste(params, config) * max(traffic, 0.5 * compute) / fill
+        + 0.01 * config.threads / 256
+    )
+
+
+def default_config(params: Conv2dGw8Params, igrad: bool = False) -> Conv2dGw8Config:
+    """The config with the lowest estimated_cost (until the performance model lands)."""
+    return min(configs(params, igrad), key=lambda c: (estimated_cost(params, c, igrad), c))
 
 
 def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> str:

@@ -9,7 +9,13 @@ import math
 from dataclasses import dataclass
 
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
-from .conv2d_gw8_factory import MAX_SHARED_BYTES, MAX_THREADS, pad_odd
+from .conv2d_gw8_factory import (
+    BUSY_BLOCKS,
+    MAX_SHARED_BYTES,
+    MAX_THREADS,
+    pad_odd,
+    sector_waste,
+)
 from .conv2d_gw8_params import Conv2dGw8Params
 from .kernel import Kernel, KernelFactory
 
@@ -93,19 +99,28 @@ def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
     return found
 
 
+def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> float:
+    """A unitless cost for ranking configs without measurements: x and dy traffic (halo and tile
+    overrun included) relative to the ideal, atomics per pixel, and GPU fill."""
+    tiles_y = math.ceil(params.p / config.block_p)
+    tiles_x = math.ceil(params.q / config.block_q)
+    groups = math.ceil(params.groups / config.groups) * config.groups
+    blocks = math.ceil(params.n / config.block_n) * tiles_y * tiles_x * (groups // config.groups)
+    useful = params.p * params.q * params.groups * params.n
+    n_run = math.ceil(params.n / config.block_n) * config.block_n
+    x_read = tiles_y * (config.block_p + params.r - 1) * tiles_x * (config.block_q + params.s - 1)
+    dy_read = tiles_y * config.block_p * tiles_x * config.block_q
+    traffic = (x_read + dy_read) * groups * n_run / (2 * useful)
+    atomics = blocks * config.warps * 32 * ((params.r + 1) // 2) * params.s * 4
+    fill = min(1.0, blocks / BUSY_BLOCKS)
+    return (
+        sector_waste(params, config) * traffic + atomics / (8 * useful)
+    ) / fill + 0.01 * config.threads / 256
+
+
 def default_config(params: Conv2dGw8Params) -> Conv2dGw8WgradConfig:
-    """A reasonable config without measurements: tall tiles (little halo), several images per
-    block when the batch is large (fewer atomics), enough blocks to fill a large GPU."""
-    groups = min(8, 1 << math.ceil(math.log2(params.groups)))
-    block_q = 32 if params.q <= 32 else 64
-    warp_q8 = 4 if block_q >= 64 else 2
-    if groups * block_q // (8 * warp_q8) < 1:
-        warp_q8 = 1
-    block_p = min(32, 1 << math.ceil(math.log2(params.p)))
-    tiles = math.ceil(params.groups / groups) * math.ceil(params.q / block_q)
-    tiles *= math.ceil(params.p / block_p)
-    block_n = 4 if params.n * tiles >= 4 * 264 else 1
-    return Conv2dGw8WgradConfig(groups, block_p, block_q, block_n, warp_q8)
+    """The config with the lowest estimated_cost (until the performance model lands)."""
+    return min(configs(params), key=lambda c: (estimated_cost(params, c), c))
 
 
 def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> str:

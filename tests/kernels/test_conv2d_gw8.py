@@ -1,0 +1,114 @@
+"""FProp and DGrad kernels: NVRTC builds for every arch, and results against the float64
+reference in the CPU emulator (sampled configs in CI, all with -m slow) and on a GPU (-m cuda)."""
+
+import itertools
+import random
+
+import pytest
+
+import spio
+from spio.kernels import conv2d_gw8_factory as fd
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.layer_sets import compile_layer_set
+from tests.kernels.conv2d_gw8_cases import (
+    CI_LAYERS,
+    SLOW_LAYERS,
+    check_dgrad,
+    check_fprop,
+    sample_configs,
+)
+
+CHECKS = {"fprop": (check_fprop, False), "dgrad": (check_dgrad, True)}
+
+
+def _compile_sample(count: int, seed: int):
+    """(kernel, arch) pairs: a reproducible sample of every layer's configs, both passes."""
+    rng = random.Random(seed)
+    kernels = []
+    for params in compile_layer_set():
+        for igrad in (False, True):
+            for config in rng.sample(fd.configs(params, igrad), 1):
+                kernels.append(fd.make_kernel(params, config, igrad))
+    return rng.sample(kernels, count)
+
+
+@pytest.mark.parametrize("arch", spio.supported_arch)
+def test_sampled_configs_compile_without_spills(arch):
+    from spio.compiler import compile_many
+
+    kernels = _compile_sample(count=12, seed=7)
+    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        usage = result.resources[kernel.entry]
+        assert not usage.spills, f"{kernel.name} spills on {arch}: {usage}"
+        assert usage.registers * kernel.threads <= 65536, f"{kernel.name}: {usage.registers} regs"
+
+
+def test_default_config_is_among_configs():
+    for params, igrad in itertools.product(CI_LAYERS + SLOW_LAYERS, (False, True)):
+        assert fd.default_config(params, igrad) in fd.configs(params, igrad)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(groups=0), dict(block_q=24), dict(block_q=16, warp_q16=2), dict(groups=64, block_q=64)],
+)
+def test_bad_configs_are_rejected(bad):
+    with pytest.raises(ValueError, match="Conv2dGw8Config needs"):
+        fd.Conv2dGw8Config(**bad)
+
+
+def test_kernel_names_encode_params_and_config():
+    params = Conv2dGw8Params(n=2, c=16, h=8, w=8)
+    a = fd.make_kernel(params, fd.Conv2dGw8Config(2, 4, 16, 1))
+    b = fd.make_kernel(params, fd.Conv2dGw8Config(2, 8, 16, 1))
+    c = fd.make_kernel(params, fd.Conv2dGw8Config(2, 4, 16, 1), igrad=True)
+    assert len({a.name, b.name, c.name}) == 3
+    assert params.encode() in a.name and "fprop" in a.name and "dgrad" in c.name
+
+
+def test_wrong_dtype_is_rejected():
+    import torch
+
+    params = Conv2dGw8Params(n=1, c=8, h=4, w=4)
+    x = torch.randn(params.input_shape)
+    w = torch.randn(params.weight_shape)
+    with pytest.raises(ValueError, match="fp16 kernels need torch.float16"):
+        fd.fprop(x, w, None, params)
+
+
+def _emulated_cases(layers, configs_per_layer, seed):
+    for index, params in enumerate(layers):
+        for name, (_, igrad) in CHECKS.items():
+            configs = fd.configs(params, igrad)
+            chosen = (
+                configs
+                if configs_per_layer is None
+                else sample_configs(
+                    configs, fd.default_config(params, igrad), configs_per_layer, seed + index
+                )
+            )
+            for config in chosen:
+                yield pytest.param(
+                    name, params, config, id=f"{name}-{params.encode()}-{config.encode()}"
+                )
+
+
+@pytest.mark.parametrize("pass_,params,config", list(_emulated_cases(CI_LAYERS, 1, seed=3)))
+def test_emulated_kernel_matches_reference(pass_, params, config):
+    CHECKS[pass_][0](params, config, "cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pass_,params,config", list(_emulated_cases(SLOW_LAYERS, 4, seed=11)))
+def test_emulated_kernel_matches_reference_sweep(pass_, params, config):
+    CHECKS[pass_][0](params, config, "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "pass_,params,config", list(_emulated_cases(CI_LAYERS + SLOW_LAYERS, 6, seed=5))
+)
+def test_gpu_kernel_matches_reference(pass_, params, config):
+    CHECKS[pass_][0](params, config, "cuda")
