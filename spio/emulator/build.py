@@ -41,13 +41,17 @@ _CHECK_FLAGS = (
     "asan-globals=0",
 )
 
+_GLOBAL = r"(?:__global__|__spio_emu_global__)"
 _KERNEL_RE = re.compile(
-    r'extern\s+"C"\s+(?:(?:__global__|__launch_bounds__\s*\([^)]*\)|static|inline)\s+)*'
-    r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?void\s+"
+    r'extern\s+"C"\s+(?:(?:__launch_bounds__\s*\([^)]*\)|static|inline)\s+)*'
+    + _GLOBAL
+    + r"\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?void\s+"
     r"(?:__launch_bounds__\s*\([^)]*\)\s+)?([A-Za-z_]\w*)\s*\("
 )
 _KERNEL_RE_2 = re.compile(
-    r'extern\s+"C"\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?void\s+__global__\s+([A-Za-z_]\w*)\s*\('
+    r'extern\s+"C"\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?void\s+'
+    + _GLOBAL
+    + r"\s+([A-Za-z_]\w*)\s*\("
 )
 _EXTERN_SHARED_RE = re.compile(
     r"\bextern\s+__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)([^;\[\]]*?)\s*\b([A-Za-z_]\w*)"
@@ -208,6 +212,37 @@ def _entry_code(kernels: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _scan_kernels(cxx: str, cu: Path, include: list[str], name: str) -> list[str]:
+    """Kernel names from the preprocessed source, so kernels declared by macros are found."""
+    proc = subprocess.run(
+        [
+            *shlex.split(cxx),
+            "-std=c++17",
+            "-E",
+            "-P",
+            "-DSPIO_EMU_SCAN",
+            "-include",
+            "spio_emu.h",
+            *include,
+            "-x",
+            "c++",
+            str(cu),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise EmulatorBuildError(
+            f"preprocessing {name} for the CPU emulator failed:\n{proc.stderr[-20000:]}"
+        )
+    kernels = kernel_names(proc.stdout)
+    if not kernels:
+        raise ValueError(
+            f'{name}: no `extern "C" __global__ void <name>(...)` kernel found in the source'
+        )
+    return kernels
+
+
 def _bundled_needs_rewrite() -> bool:
     root = paths.bundled_include_dir()
     return any(
@@ -236,14 +271,6 @@ def build_library(
     if not isinstance(source, str) or not source.strip():
         raise ValueError(f"the emulator needs non-empty CUDA source for {name!r}, got {source!r}")
     headers = dict(headers or {})
-    kernels = kernel_names(source) + [
-        k for text in headers.values() for k in kernel_names(text) if k not in source
-    ]
-    kernels = list(dict.fromkeys(kernels))
-    if not kernels:
-        raise ValueError(
-            f'{name}: no `extern "C" __global__ void <name>(...)` kernel found in the source'
-        )
     cxx = compiler()
     flags = [*_BASE_FLAGS, *(_CHECK_FLAGS if checked else ())]
     key = hash_key(
@@ -251,7 +278,6 @@ def build_library(
         BUILD_VERSION,
         source,
         sorted(headers.items()),
-        kernels,
         compiler_version(cxx),
         flags,
         checked,
@@ -281,11 +307,12 @@ def build_library(
                 bundled = copy
             cu = work / f"{name}.cu"
             cu.write_text(rewrite_extern_shared(source))
+            include = _include_flags([inc, bundled, work])
+            kernels = _scan_kernels(cxx, cu, include, name)
             unit = work / "unit.cc"
             unit.write_text(f'#include "{cu.name}"\n{_entry_code(kernels)}')
             objs = _runtime_objects(cxx, work)
             kobj = work / "kernel.o"
-            include = _include_flags([inc, bundled, work])
             _run(
                 [
                     *shlex.split(cxx),

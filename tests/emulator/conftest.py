@@ -80,14 +80,18 @@ __device__ void ldm_test(unsigned *out, const unsigned short *m) {
     for (int i = 0; i < 4; ++i) out[lane * 4 + i] = d[i];
 }
 
-extern "C" __global__ void ldm_x1(unsigned *o, const unsigned short *m) { ldm_test<1, false>(o, m); }
-extern "C" __global__ void ldm_x2(unsigned *o, const unsigned short *m) { ldm_test<2, false>(o, m); }
-extern "C" __global__ void ldm_x4(unsigned *o, const unsigned short *m) { ldm_test<4, false>(o, m); }
-extern "C" __global__ void ldm_x1_trans(unsigned *o, const unsigned short *m) { ldm_test<1, true>(o, m); }
-extern "C" __global__ void ldm_x2_trans(unsigned *o, const unsigned short *m) { ldm_test<2, true>(o, m); }
-extern "C" __global__ void ldm_x4_trans(unsigned *o, const unsigned short *m) { ldm_test<4, true>(o, m); }
+#define LDM_KERNEL(name, n, trans)                                                   \
+    extern "C" __global__ void name(unsigned *o, const unsigned short *m) {          \
+        ldm_test<n, trans>(o, m);                                                    \
+    }
+LDM_KERNEL(ldm_x1, 1, false)
+LDM_KERNEL(ldm_x2, 2, false)
+LDM_KERNEL(ldm_x4, 4, false)
+LDM_KERNEL(ldm_x1_trans, 1, true)
+LDM_KERNEL(ldm_x2_trans, 2, true)
+LDM_KERNEL(ldm_x4_trans, 4, true)
 
-/// D = A (16x16 row-major f16) * B (16x8 row-major f16): A by ldmatrix_x4, B by ldmatrix_x2_trans.
+/// A (16x16 row-major f16) * B (16x8 row-major f16): A by ldmatrix_x4, B by ldmatrix_x2_trans.
 extern "C" __global__ void ldm_mma_k16(float *d, const unsigned short *a, const unsigned short *b) {
     __shared__ __align__(16) unsigned short as[16][16];
     __shared__ __align__(16) unsigned short bs[16][8];

@@ -29,7 +29,12 @@
 /// Entry points Python looks up with dlsym.
 #define SPIO_EMU_EXPORT extern "C" __attribute__((visibility("default")))
 
+/// The build step preprocesses with SPIO_EMU_SCAN to find kernels declared through macros.
+#if defined(SPIO_EMU_SCAN)
+#define __global__ __spio_emu_global__
+#else
 #define __global__
+#endif
 #define __shared__ thread_local
 #define __constant__
 #define __managed__
