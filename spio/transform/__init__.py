@@ -1,0 +1,22 @@
+"""Model-level tools: transform(model) swaps in spio layers; scan_modules lists the layers met.
+
+`spio.transform` names both this package and the function. Importing the package makes the
+import system set the attribute spio.transform to the package, hiding a re-exported function,
+so the package itself is callable: spio.transform(model) works either way.
+"""
+
+import sys
+import types
+
+from .transform import scan_modules, transform
+
+__all__ = ["scan_modules", "transform"]
+
+
+class _CallablePackage(types.ModuleType):
+    def __call__(self, model):
+        """Same as spio.transform.transform(model)."""
+        return transform(model)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

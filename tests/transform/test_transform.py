@@ -1,0 +1,124 @@
+"""spio.transform and spio.scan_modules on a ConvNet mixing eligible and ineligible convolutions."""
+
+import copy
+import importlib.util
+import logging
+import pathlib
+
+import pytest
+import torch
+from torch import nn
+
+import spio.transform as spio_transform
+from spio.kernels import Conv2dGw8Params
+from spio.layers import Conv2dGw8
+from spio.transform import scan_modules, transform
+
+_spec = importlib.util.spec_from_file_location(
+    "spio_test_convnet", pathlib.Path(__file__).with_name("convnet.py")
+)
+convnet = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(convnet)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return convnet.MixedConvNet().double()
+
+
+def test_replaces_exactly_the_eligible_convs(caplog):
+    model = _model()
+    original = copy.deepcopy(model)
+    with caplog.at_level(logging.INFO, logger="spio"):
+        out = transform(model)
+    assert out is model
+    assert "replaced 4 of 10 nn.Conv2d modules" in caplog.text
+    kinds = {name: type(m) for name, m in model.named_modules()}
+    assert kinds["blocks.0"] is Conv2dGw8
+    assert kinds["blocks.3"] is Conv2dGw8
+    assert kinds["heads.row"] is Conv2dGw8
+    assert kinds["shared_a"] is Conv2dGw8 and model.shared_a is model.shared_b
+    for name in ("stem", "blocks.4", "blocks.5", "heads.wide", "heads.reflect"):
+        assert kinds[name] is nn.Conv2d, name
+    assert kinds["heads.sub"] is convnet.SubclassConv
+    n_spio = sum(isinstance(m, Conv2dGw8) for m in model.modules())
+    assert n_spio == convnet.MixedConvNet.ELIGIBLE
+    assert model.blocks[3].padding == (2, 2)
+    # Parameters are shared with the modules replaced, not copied.
+    assert dict(model.named_parameters()).keys() == dict(original.named_parameters()).keys()
+
+
+def test_outputs_and_gradients_preserved():
+    model = _model(1)
+    reference = copy.deepcopy(model)
+    transform(model)
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    y, y_ref = model(x), reference(x)
+    torch.testing.assert_close(y, y_ref)
+    y.square().sum().backward()
+    y_ref.square().sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, msg=name)
+    # The BatchNorm running statistics moved identically.
+    torch.testing.assert_close(model.blocks[1].running_mean, reference.blocks[1].running_mean)
+
+
+def test_state_dict_round_trip():
+    model = transform(_model(2))
+    plain = _model(3)
+    plain.load_state_dict(model.state_dict())
+    x = torch.randn(1, 3, 6, 6, dtype=torch.float64)
+    model.eval()
+    plain.eval()
+    torch.testing.assert_close(plain(x), model(x))
+    other = _model(4)
+    model.load_state_dict(other.state_dict())
+    other.eval()
+    torch.testing.assert_close(model(x), other(x))
+
+
+def test_transform_is_idempotent_and_handles_a_bare_conv():
+    model = transform(_model())
+    before = [type(m) for m in model.modules()]
+    assert transform(model) is model
+    assert [type(m) for m in model.modules()] == before
+    bare = nn.Conv2d(8, 8, 3, padding=1)
+    assert type(transform(bare)) is Conv2dGw8
+    assert type(transform(nn.Conv2d(8, 8, 3, stride=2))) is nn.Conv2d
+
+
+def test_package_is_callable():
+    model = spio_transform(_model())
+    assert isinstance(model.blocks[0], Conv2dGw8)
+
+
+@pytest.mark.parametrize("transformed", [False, True])
+def test_scan_modules(transformed):
+    model = _model()
+    if transformed:
+        transform(model)
+    model.train()
+    stats = copy.deepcopy(model.blocks[1].state_dict())
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    found = scan_modules(model, x)
+    p = dict(n=2, c=16, h=9, w=8, dtype="fp16")
+    assert found == [
+        Conv2dGw8Params(**p, padding=1, r=3, s=3, has_bias=True),
+        Conv2dGw8Params(**p, padding=2, r=5, s=5, has_bias=True),
+        Conv2dGw8Params(**p | dict(h=5, w=4), padding=(0, 1), r=1, s=3, has_bias=False),
+        Conv2dGw8Params(**p | dict(h=5, w=4), padding=1, r=3, s=3, has_bias=True),
+    ]
+    # No side effects: buffers restored, no hooks left, mode unchanged.
+    for key, value in model.blocks[1].state_dict().items():
+        torch.testing.assert_close(value, stats[key], msg=key)
+    assert model.training
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_scan_modules_reads_autocast_dtype():
+    model = transform(_model()).float()
+    x = torch.randn(1, 3, 6, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        found = scan_modules(model, x)
+    assert found and all(p.dtype == "bf16" for p in found)
