@@ -160,15 +160,25 @@ def _run(cmd: list[str], what: str) -> None:
 _cache = DiskCache("emulator")
 
 
+def use_ucontext() -> bool:
+    """glibc ucontext fibers instead of the assembly switch: other CPUs, or SPIO_EMU_UCONTEXT=1."""
+    return (
+        platform.machine() not in ("x86_64", "AMD64")
+        or os.environ.get("SPIO_EMU_UCONTEXT", "").strip() == "1"
+    )
+
+
 def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
     """The runtime, context-switch and closing-guard objects, compiled once and cached."""
     arch = platform.machine()
     sources = ["emu_runtime.cc"]
-    if arch in ("x86_64", "AMD64"):
+    if not use_ucontext():
         sources.append("fiber_switch_x86_64.S")
     out: list[Path] = []
     for src in [*sources, "emu_tls_end.cc"]:
         flags = [*_BASE_FLAGS, *_include_flags([])]
+        if use_ucontext():
+            flags.append("-DSPIO_EMU_UCONTEXT")
         key = hash_key(
             "emu-runtime",
             BUILD_VERSION,
@@ -285,6 +295,7 @@ def build_library(
         _digest_tree(paths.bundled_include_dir()),
         _cuda_identity(),
         platform.machine(),
+        use_ucontext(),
     )
 
     def build() -> tuple[bytes, dict]:

@@ -152,3 +152,17 @@ def test_thread_order_shuffle_gives_same_result(prims):
         prims.get_function("ldm_mma_k16").launch(1, 32, (d, bits(a), bits(b)), seed=seed)
         results.append(d)
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+def test_ucontext_fallback_runs_the_same_kernel(monkeypatch, emu_sources):
+    """The portable glibc-ucontext fibers (used on non-x86-64 CPUs) give the same results."""
+    from spio.emulator import load_module
+
+    monkeypatch.setenv("SPIO_EMU_UCONTEXT", "1")
+    module = load_module(emu_sources["primitives"], name="emu_test_ucontext")
+    gen = torch.Generator().manual_seed(8)
+    a = torch.randn(16, 16, generator=gen).half()
+    b = torch.randn(16, 8, generator=gen).half()
+    d = torch.full((16, 8), float("nan"))
+    module.get_function("ldm_mma_k16").launch(1, 32, (d, bits(a), bits(b)), seed=3)
+    torch.testing.assert_close(d.double(), a.double() @ b.double(), rtol=1e-6, atol=1e-4)

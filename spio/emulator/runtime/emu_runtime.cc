@@ -23,7 +23,11 @@
 #include <string>
 #include <vector>
 
-#if !defined(__x86_64__)
+/// The assembly context switch on x86-64; glibc's ucontext elsewhere (or with SPIO_EMU_UCONTEXT).
+#if SPIO_EMU_ASM_SWITCH && !defined(SPIO_EMU_UCONTEXT)
+#define SPIO_EMU_ASM_SWITCH 1
+#else
+#define SPIO_EMU_ASM_SWITCH 0
 #include <ucontext.h>
 #endif
 
@@ -66,7 +70,7 @@ struct PendingCopy {
 
 struct Fiber {
     void *sp = nullptr;
-#if !defined(__x86_64__)
+#if !SPIO_EMU_ASM_SWITCH
     ucontext_t uc;
 #endif
     char *stack_lo = nullptr;
@@ -117,7 +121,7 @@ struct Runtime {
     Warp warps[kMaxThreads / 32];
     Fiber *cur = nullptr;
     void *sched_sp = nullptr;
-#if !defined(__x86_64__)
+#if !SPIO_EMU_ASM_SWITCH
     ucontext_t sched_uc;
 #endif
     int done = 0;
@@ -157,7 +161,7 @@ std::string who(const Fiber *f) {
 }
 
 void switch_to_scheduler(Fiber *f) {
-#if defined(__x86_64__)
+#if SPIO_EMU_ASM_SWITCH
     spio_emu_switch(&f->sp, g_rt.sched_sp);
 #else
     swapcontext(&f->uc, &g_rt.sched_uc);
@@ -354,7 +358,7 @@ void require_shared(const Fiber *f, const void *p, std::size_t n, std::size_t al
 
 void fiber_main(Fiber *f);
 
-#if !defined(__x86_64__)
+#if !SPIO_EMU_ASM_SWITCH
 void fiber_main_uc(int hi, int lo) {
     auto p = (static_cast<uintptr_t>(static_cast<unsigned>(hi)) << 32) | static_cast<unsigned>(lo);
     fiber_main(reinterpret_cast<Fiber *>(p));
@@ -378,7 +382,7 @@ bool ensure_stacks() {
 }
 
 void init_fiber(Fiber &f) {
-#if defined(__x86_64__)
+#if SPIO_EMU_ASM_SWITCH
     auto top = reinterpret_cast<uintptr_t>(f.stack_hi) & ~uintptr_t(15);
     auto *slot = reinterpret_cast<uint64_t *>(top - 24);  // return address; 8 mod 16
     auto *sp = slot - 8;
@@ -410,7 +414,7 @@ void init_fiber(Fiber &f) {
 void resume(Fiber &f) {
     g_rt.cur = &f;
     g_thread_idx = f.idx;
-#if defined(__x86_64__)
+#if SPIO_EMU_ASM_SWITCH
     spio_emu_switch(&g_rt.sched_sp, f.sp);
 #else
     swapcontext(&g_rt.sched_uc, &f.uc);
