@@ -178,7 +178,6 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
     specs = [
         MacroSpec(
             {
-                "SPIO_CONV_KERNEL": ENTRY,
                 "SPIO_CONV_ELEMENT": element,
                 "SPIO_CONV_BF16": int(params.dtype == "bf16"),
                 "SPIO_CONV_IGRAD": int(igrad),

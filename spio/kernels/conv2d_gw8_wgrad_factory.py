@@ -136,7 +136,6 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> st
     specs = [
         MacroSpec(
             {
-                "SPIO_WGRAD_KERNEL": ENTRY,
                 "SPIO_WGRAD_BF16": int(params.dtype == "bf16"),
                 "SPIO_WGRAD_HAS_BIAS": int(params.has_bias),
             }

@@ -59,7 +59,7 @@ SPIO_DEVICE void mma_tap(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(Block::threads)
-    SPIO_CONV_KERNEL(Output::data_type *out, const uint4 *in, const Elem *weights, const float *bias) {
+    spio_conv2d_gw8(Output::data_type *out, const uint4 *in, const Elem *weights, const float *bias) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
     constexpr int ROWS = Block::y + R - 1;  // input rows per tile

@@ -58,7 +58,7 @@ SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2], unsigned b)
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(Block::threads)
-    SPIO_WGRAD_KERNEL(float *dw, float *dbias, const uint4 *x, const uint4 *dy) {
+    spio_conv2d_gw8_wgrad(float *dw, float *dbias, const uint4 *x, const uint4 *dy) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
     constexpr int PAIRS = (R + 1) / 2;

@@ -1,0 +1,78 @@
+"""WGrad kernel: NVRTC builds for every arch, and dw (and dbias) against the float64 reference in
+the CPU emulator (sampled configs in CI, more with -m slow) and on a GPU (-m cuda)."""
+
+import random
+
+import pytest
+
+import spio
+from spio.kernels import conv2d_gw8_wgrad_factory as wg
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.layer_sets import compile_layer_set
+from tests.kernels.conv2d_gw8_cases import CI_LAYERS, SLOW_LAYERS, check_wgrad, sample_configs
+
+
+@pytest.mark.parametrize("arch", spio.supported_arch)
+def test_sampled_configs_compile_without_spills(arch):
+    from spio.compiler import compile_many
+
+    rng = random.Random(13)
+    kernels = [
+        wg.make_kernel(params, rng.choice(wg.configs(params))) for params in compile_layer_set()
+    ]
+    kernels = rng.sample(kernels, 8)
+    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        usage = result.resources[kernel.entry]
+        assert not usage.spills, f"{kernel.name} spills on {arch}: {usage}"
+        assert usage.registers * kernel.threads <= 65536, f"{kernel.name}: {usage.registers} regs"
+
+
+def test_default_config_is_among_configs():
+    for params in CI_LAYERS + SLOW_LAYERS:
+        assert wg.default_config(params) in wg.configs(params)
+
+
+@pytest.mark.parametrize(
+    "bad", [dict(block_n=0), dict(block_q=12), dict(block_q=8, warp_q8=2), dict(groups=64)]
+)
+def test_bad_configs_are_rejected(bad):
+    with pytest.raises(ValueError, match="Conv2dGw8WgradConfig needs"):
+        wg.Conv2dGw8WgradConfig(**bad)
+
+
+def _cases(layers, configs_per_layer, seed):
+    for index, params in enumerate(layers):
+        configs = wg.configs(params)
+        chosen = (
+            configs
+            if configs_per_layer is None
+            else sample_configs(configs, wg.default_config(params), configs_per_layer, seed + index)
+        )
+        for config in chosen:
+            yield pytest.param(params, config, id=f"{params.encode()}-{config.encode()}")
+
+
+@pytest.mark.parametrize("params,config", list(_cases(CI_LAYERS, 1, seed=3)))
+def test_emulated_wgrad_matches_reference(params, config):
+    check_wgrad(params, config, "cpu")
+
+
+def test_emulated_wgrad_with_several_images_per_block():
+    params = Conv2dGw8Params(n=5, c=16, h=6, w=9, padding=1, r=3, s=2, has_bias=True)
+    config = wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=16, block_n=4, warp_q8=1)
+    assert config in wg.configs(params)
+    check_wgrad(params, config, "cpu")  # 5 images: the second block has one real, three absent
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params,config", list(_cases(SLOW_LAYERS, 4, seed=11)))
+def test_emulated_wgrad_matches_reference_sweep(params, config):
+    check_wgrad(params, config, "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("params,config", list(_cases(CI_LAYERS + SLOW_LAYERS, 3, seed=5)))
+def test_gpu_wgrad_matches_reference(params, config):
+    check_wgrad(params, config, "cuda")
