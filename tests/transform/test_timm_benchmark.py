@@ -1,0 +1,77 @@
+"""scripts/timm_benchmark.py: argument parsing, and a clear non-zero exit without a GPU or timm."""
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "timm_benchmark.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("timm_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parse_args(bench):
+    args = bench.parse_args(
+        "--model regnetx_002 --spio --amp-dtype float16 --channels-last --bench train "
+        "--batch-size 32 --img-size 160".split()
+    )
+    assert args.model == "regnetx_002" and args.spio and args.channels_last
+    assert (args.amp_dtype, args.bench, args.batch_size, args.img_size) == (
+        "float16",
+        "train",
+        32,
+        160,
+    )
+    defaults = bench.parse_args(["--model", "resnet18"])
+    assert not defaults.spio and not defaults.channels_last
+    assert (defaults.amp_dtype, defaults.bench) == ("bfloat16", "inference")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--model", "m", "--amp-dtype", "float32"],
+        ["--model", "m", "--bench", "eval"],
+        ["--model", "m", "--batch-size", "0"],
+    ],
+)
+def test_bad_arguments_exit_2(bench, argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(argv)
+    assert info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_missing_gpu_or_timm_exits_non_zero_with_message(bench, capsys):
+    missing = bench.missing_requirements()
+    if not missing:
+        pytest.skip("this machine has a GPU and timm: the benchmark would run")
+    assert bench.main(["--model", "resnet18", "--spio"]) == 2
+    err = capsys.readouterr().err
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "needs a CUDA GPU" in err
+    if importlib.util.find_spec("timm") is None:
+        assert "needs timm" in err
+
+
+def test_script_exit_status():
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "resnet18"], capture_output=True, text=True
+    )
+    import torch
+
+    if torch.cuda.is_available() and importlib.util.find_spec("timm") is not None:
+        pytest.skip("this machine has a GPU and timm: the benchmark would run")
+    assert proc.returncode == 2
+    assert "timm_benchmark needs" in proc.stderr
