@@ -143,3 +143,40 @@ def test_cuda_fp32_outside_autocast_falls_back():
     m = make_conv2d(8, 8, 3, padding=1).cuda()
     x = torch.randn(1, 8, 4, 4, device="cuda")
     torch.testing.assert_close(m(x), F.conv2d(x, m.weight, m.bias, padding=1))
+
+
+def test_compiled_layers_under_autocast_match_eager():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        make_conv2d(16, 16, 3, padding=1, groups=2),
+        nn.ReLU(),
+        make_conv2d(16, 16, (1, 5), padding=(0, 2), groups=2, bias=False),
+    )
+    compiles = []
+    aot_eager = lookup_backend("aot_eager")
+
+    def counting_backend(gm, example_inputs):
+        compiles.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    def step(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=counting_backend, fullgraph=True, dynamic=True)
+    for n in (2, 3):
+        x = torch.randn(n, 16, 6, 7).to(memory_format=torch.channels_last)
+        results = []
+        for f in (compiled, step):
+            model.zero_grad()
+            y = f(x)
+            y.float().square().sum().backward()
+            results.append((y, model[0].weight.grad.clone(), model[2].weight.grad.clone()))
+        (y, *grads), (y_eager, *grads_eager) = results
+        assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(y, y_eager)
+        torch.testing.assert_close(grads, grads_eager)
+    assert len(compiles) == 1
