@@ -7,6 +7,7 @@ and picks a config (a simple heuristic until the performance model lands).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -27,19 +28,23 @@ _ELEMENT = {"fp16": ("__half", "__half2"), "bf16": ("__nv_bfloat16", "__nv_bfloa
 
 @dataclass(frozen=True, order=True)
 class Conv2dGw8Config:
-    """A tile config: groups (of 8 channels) per block, output rows and columns per block, and the
-    number of 16-column runs each warp computes."""
+    """A tile config: groups (of 8 channels) per block, output rows and columns per block, the
+    number of 16-column runs each warp computes, and the input-row buffers (stages - 1 rows are
+    in flight while one is computed)."""
 
     groups: int = 8
     block_p: int = 16
     block_q: int = 32
     warp_q16: int = 1
+    stages: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("groups", "block_p", "block_q", "warp_q16"):
+        for name in ("groups", "block_p", "block_q", "warp_q16", "stages"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Conv2dGw8Config needs {name} a positive int, got {value!r}")
+        if self.stages < 2:
+            raise ValueError(f"Conv2dGw8Config needs stages >= 2, got {self.stages}")
         if self.block_q % (16 * self.warp_q16):
             raise ValueError(
                 f"Conv2dGw8Config needs block_q a multiple of 16 * warp_q16 = "
@@ -60,7 +65,7 @@ class Conv2dGw8Config:
         return 32 * self.warps
 
     def encode(self) -> str:
-        return f"g{self.groups}_p{self.block_p}_q{self.block_q}_w{self.warp_q16}"
+        return f"g{self.groups}_p{self.block_p}_q{self.block_q}_w{self.warp_q16}_s{self.stages}"
 
 
 @dataclass(frozen=True)
@@ -94,41 +99,41 @@ def pad_odd(n: int) -> int:
 
 
 def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8Config) -> int:
-    """Dynamic shared memory of one block: two stages of input rows plus the weights."""
+    """Dynamic shared memory of one block: the input-row stages plus the weights."""
     in_x = pad_odd(config.block_q + params.s - 1)
-    return 2 * config.groups * in_x * 16 + config.groups * params.r * params.s * 64 * 2
+    return config.stages * config.groups * in_x * 16 + config.groups * params.r * params.s * 64 * 2
 
 
 def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Config]:
     """Every tile config worth trying for this layer, in a fixed order."""
     geo = _Geometry.of(params, igrad)
     max_groups = 1 << math.ceil(math.log2(params.groups))  # no more than the layer has, rounded
-    max_q = 16 * math.ceil(geo.out_w / 16)
-    max_p = geo.out_h
+    max_q = max(16, 16 * math.ceil(geo.out_w / 16))
+    max_p = max(4, 1 << math.ceil(math.log2(geo.out_h)))
     found = []
-    for groups in (1, 2, 4, 8, 16):
-        if groups > max_groups:
+    for groups, block_q, warp_q16, block_p, stages in itertools.product(
+        (1, 2, 4, 8), (16, 32, 64), (1, 2), (4, 8, 16, 32, 64), (2, 3, 4)
+    ):
+        if groups > max_groups or block_q > max_q or block_p > max_p:
             continue
-        for block_q in (16, 32, 64, 128):
-            if block_q > max(16, max_q):
-                continue
-            for warp_q16 in (1, 2):
-                if block_q % (16 * warp_q16):
-                    continue
-                warps = groups * block_q // (16 * warp_q16)
-                if not 1 <= warps <= MAX_THREADS // 32:
-                    continue
-                for block_p in (2, 4, 8, 16, 32, 64):
-                    if block_p > 2 * max_p and block_p != 2:
-                        continue
-                    config = Conv2dGw8Config(groups, block_p, block_q, warp_q16)
-                    if shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
-                        found.append(config)
+        if block_q % (16 * warp_q16) or stages > 2 and block_p < 8:
+            continue
+        warps = groups * block_q // (16 * warp_q16)
+        if warps > MAX_THREADS // 32:
+            continue
+        config = Conv2dGw8Config(groups, block_p, block_q, warp_q16, stages)
+        if config.threads >= 32 and shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
+            found.append(config)
     return found
 
 
-#: Blocks that keep a large GPU busy (about two per SM on a 132-SM H100/H200).
-BUSY_BLOCKS = 264
+#: Rough machine model for ranking configs without measurements (an H100/H200-class GPU).
+SMS = 132
+REGISTERS_PER_SM = 65536
+THREADS_PER_SM = 2048
+SHARED_BYTES_PER_SM = 228 * 1024
+#: Bytes each SM must keep in flight to cover DRAM latency (~4 TB/s x ~1 us / 132 SMs).
+BYTES_IN_FLIGHT_PER_SM = 32 * 1024
 
 
 def sector_waste(params: Conv2dGw8Params, config) -> float:
@@ -138,24 +143,47 @@ def sector_waste(params: Conv2dGw8Params, config) -> float:
     return math.ceil(span / 32) * 32 / span if params.groups > 1 else 1.0
 
 
+def latency_cover(
+    blocks: int, threads: int, registers: int, smem: int, bytes_per_block: int
+) -> float:
+    """Fraction (0..1] of the DRAM latency-bandwidth product the resident blocks keep in flight."""
+    registers = min(255, 8 * math.ceil(registers / 8))
+    per_sm = min(
+        32,
+        REGISTERS_PER_SM // (registers * threads),
+        THREADS_PER_SM // threads,
+        SHARED_BYTES_PER_SM // max(smem + 1024, 1),
+    )
+    resident = min(max(per_sm, 1), math.ceil(blocks / SMS))
+    busy_sms = min(1.0, blocks / SMS)
+    return busy_sms * min(1.0, resident * bytes_per_block / BYTES_IN_FLIGHT_PER_SM)
+
+
 def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool = False) -> float:
-    """A unitless cost for ranking configs without measurements: memory traffic (halo and tile
-    overrun included) relative to the ideal, inflated when too few blocks fill the GPU."""
+    """A unitless cost for ranking configs without measurements: memory traffic (halo, tile
+    overrun and sector waste included) relative to the ideal, divided by how well the resident
+    blocks cover DRAM latency."""
     geo = _Geometry.of(params, igrad)
     tiles_y = math.ceil(geo.out_h / config.block_p)
     tiles_x = math.ceil(geo.out_w / config.block_q)
     groups = math.ceil(params.groups / config.groups) * config.groups
     blocks = params.n * tiles_y * tiles_x * (groups // config.groups)
     useful = geo.out_h * geo.out_w * params.groups
-    read = tiles_y * (config.block_p + params.r - 1) * tiles_x * (config.block_q + params.s - 1)
+    in_x = config.block_q + params.s - 1
+    read = tiles_y * (config.block_p + params.r - 1) * tiles_x * in_x
     computed = tiles_y * config.block_p * tiles_x * config.block_q * groups
     traffic = (read * groups + useful) / (2 * useful)
     compute = computed / useful
-    fill = min(1.0, blocks / BUSY_BLOCKS)
-    return (
-        sector_waste(params, config) * max(traffic, 0.5 * compute) / fill
-        + 0.01 * config.threads / 256
+    registers = 40 + 4 * params.r * config.warp_q16 + params.r * params.s
+    row_bytes = config.groups * in_x * 16
+    cover = latency_cover(
+        blocks,
+        config.threads,
+        registers,
+        shared_mem_bytes(params, config),
+        (config.stages - 1) * row_bytes,
     )
+    return sector_waste(params, config) * max(traffic, 0.5 * compute) / cover
 
 
 def default_config(params: Conv2dGw8Params, igrad: bool = False) -> Conv2dGw8Config:
@@ -193,6 +221,7 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
                 "x": config.block_q,
                 "warp_x16": config.warp_q16,
                 "threads": config.threads,
+                "stages": config.stages,
             },
         ),
         TensorSpec("Input", "const uint4", {"n": params.n, "y": geo.in_h, "x": geo.in_w, "c8": c8}),
@@ -204,7 +233,9 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
         ),
         TensorSpec("Bias", "const float2", {"k8": c8, "k2": 4}),
         TensorSpec(
-            "SmemInput", "uint4", {"stage": 2, "c8": config.groups, "x": (in_x, pad_odd(in_x))}
+            "SmemInput",
+            "uint4",
+            {"stage": config.stages, "c8": config.groups, "x": (in_x, pad_odd(in_x))},
         ),
         TensorSpec(
             "SmemWeights",

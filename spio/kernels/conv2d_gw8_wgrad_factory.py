@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
 from .conv2d_gw8_factory import (
-    BUSY_BLOCKS,
     MAX_SHARED_BYTES,
     MAX_THREADS,
+    latency_cover,
     pad_odd,
     sector_waste,
 )
@@ -100,8 +100,9 @@ def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
 
 
 def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> float:
-    """A unitless cost for ranking configs without measurements: x and dy traffic (halo and tile
-    overrun included) relative to the ideal, atomics per pixel, and GPU fill."""
+    """A unitless cost for ranking configs without measurements: x and dy traffic (halo, tile
+    overrun and sector waste included) relative to the ideal plus atomics per pixel, divided by
+    how well the resident blocks cover DRAM latency."""
     tiles_y = math.ceil(params.p / config.block_p)
     tiles_x = math.ceil(params.q / config.block_q)
     groups = math.ceil(params.groups / config.groups) * config.groups
@@ -112,10 +113,12 @@ def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> flo
     dy_read = tiles_y * config.block_p * tiles_x * config.block_q
     traffic = (x_read + dy_read) * groups * n_run / (2 * useful)
     atomics = blocks * config.warps * 32 * ((params.r + 1) // 2) * params.s * 4
-    fill = min(1.0, blocks / BUSY_BLOCKS)
-    return (
-        sector_waste(params, config) * traffic + atomics / (8 * useful)
-    ) / fill + 0.01 * config.threads / 256
+    registers = 40 + ((params.r + 1) // 2) * params.s * 4 + params.s
+    step_bytes = config.groups * (2 * config.block_q + params.s - 1) * 16
+    cover = latency_cover(
+        blocks, config.threads, registers, shared_mem_bytes(params, config), step_bytes
+    )
+    return (sector_waste(params, config) * traffic + atomics / (8 * useful)) / cover
 
 
 def default_config(params: Conv2dGw8Params) -> Conv2dGw8WgradConfig:

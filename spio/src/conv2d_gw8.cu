@@ -11,7 +11,8 @@
 ///
 /// Tiling: a block owns image n, Block::c8 groups, Block::y output rows and Block::x output columns.
 /// It streams the Block::y + R - 1 input rows of its tile through shared memory one row at a time
-/// (cp.async, two stages). Each warp owns one group and Block::warp_x16 runs of 16 output columns.
+/// (cp.async, Block::stages row buffers, so up to Block::stages - 1 rows are in flight while one is
+/// being computed). Each warp owns one group and Block::warp_x16 runs of 16 output columns.
 /// For each input row a warp loads, per filter column s, the 16x8 matrix of the shifted input
 /// (16 pixels x 8 channels, ldmatrix.x2) and multiplies it with the R taps (r, s) by
 /// mma.sync.m16n8k8, adding into a circular buffer of R output rows kept in registers
@@ -21,9 +22,11 @@
 /// Weights are read once per block into shared memory ([c8][r][s][k][c]: each tap a 128-byte 8x8
 /// matrix) and then into registers, one register per tap per lane (ldmatrix.x1, .trans in DGrad).
 ///
-/// Synchronisation: one __syncthreads per input row. At the top of row i every thread waits for its
-/// copies of row i (cp.async.wait_group 0), then the barrier publishes row i to all warps and
-/// guarantees that every warp has finished reading row i - 1, whose stage then receives row i + 1.
+/// Synchronisation: one __syncthreads per input row. Every row index commits exactly one cp.async
+/// group (empty past the last row). At the top of row i every thread waits for its copies of row i
+/// (cp.async.wait_group STAGES - 2 leaves the newer rows in flight), then the barrier publishes row i
+/// to all warps and guarantees that every warp has finished reading row i - 1, whose stage then
+/// receives row i + STAGES - 1.
 ///
 /// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
 /// SmemInput::num_bytes + SmemWeights::num_bytes bytes of dynamic shared memory.
@@ -74,8 +77,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
     const int block_y = block.y() * Block::y;
     const int block_x = block.x() * Block::x;
 
-    // Copies input row `row` of the tile (zero outside the image) into stage `stage`.
-    const auto load_input_row = [&](int row, int stage) {
+    constexpr int STAGES = Block::stages;
+
+    // Copies input row `row` of the tile (zero outside the image) into its stage; no commit.
+    const auto load_input_row = [&](int row) {
+        const int stage = row % STAGES;
         const int y = block_y + row - Conv::pad_h;
         const bool row_inside = y >= 0 && y < Input::Y;
         for (int i = threadIdx.x; i < InputLoadIdx::size; i += Block::threads) {
@@ -87,9 +93,14 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
             spio::cp_async_16(smem_input.stage(stage).c8(idx.c8()).x(idx.x()).get(), src,
                               inside ? 16 : 0);
         }
-        spio::cp_async_commit_group();
     };
-    load_input_row(0, 0);
+    SPIO_UNROLL
+    for (int row = 0; row < STAGES - 1; ++row) {
+        if (row < ROWS) {
+            load_input_row(row);
+        }
+        spio::cp_async_commit_group();
+    }
 
     // Weights: PyTorch layout in global memory -> one 8x8 [k][c] matrix per tap in shared memory.
     for (int i = threadIdx.x; i < WeightLoadIdx::size; i += Block::threads) {
@@ -170,12 +181,13 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
         for (int u = 0; u < R; ++u) {
             const int row = row0 + u;
             if (row < ROWS) {
-                spio::cp_async_wait_group<0>();
+                spio::cp_async_wait_group<STAGES - 2>();
                 __syncthreads();
-                if (row + 1 < ROWS) {
-                    load_input_row(row + 1, (row + 1) % 2);
+                if (row + STAGES - 1 < ROWS) {
+                    load_input_row(row + STAGES - 1);
                 }
-                const SmemInput stage = smem_input.stage(row % 2).c8(warp.c8());
+                spio::cp_async_commit_group();
+                const SmemInput stage = smem_input.stage(row % STAGES).c8(warp.c8());
                 SPIO_UNROLL
                 for (int s = 0; s < S; ++s) {
                     SPIO_UNROLL
