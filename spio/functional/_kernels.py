@@ -1,7 +1,7 @@
 """TEMPORARY SEAM between the conv2d_gw8 custom ops and spio's CUDA kernels (not built yet).
 
-The custom ops in `spio.functional.conv2d_gw8` call these three functions for CUDA tensors, and for
-CPU tensors when SPIO_EMULATE=1. The FProp/DGrad and WGrad kernel issues replace the bodies with
+The custom ops in `spio.functional.conv2d_gw8_op` call these three functions for CUDA tensors, and
+for CPU tensors when SPIO_EMULATE=1. The FProp/DGrad and WGrad kernel issues replace the bodies with
 kernel launches (via the kernel factories and the emulator); the signatures are the contract:
 
 - The ops have already validated every argument (see `Conv2dGw8Params.from_tensors`): tensors are

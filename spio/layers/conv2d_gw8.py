@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from spio.functional.conv2d_gw8 import conv2d_gw8, uses_kernels
+from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
 from spio.log import logger
 

@@ -276,7 +276,7 @@ def _setup_context(ctx, inputs, output) -> None:
     input, weight, bias, _stride, padding_y, padding_x, _dilation, _groups = inputs
     need_weight = ctx.needs_input_grad[1]
     ctx.save_for_backward(input if need_weight else None, weight)
-    ctx.input_meta = (input.shape, input.dtype, input.device)
+    ctx.input_meta = (input.shape, input.dtype, input.device, memory_format(input))
     ctx.padding = (padding_y, padding_x)
     ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.weight_dtype = weight.dtype
@@ -289,8 +289,8 @@ def _backward(ctx, grad_output):
         return (None,) * 8
     if input is None:
         # Only grad_input is needed: the backward op takes the input for its shape alone.
-        shape, dtype, device = ctx.input_meta
-        input = torch.empty(shape, dtype=dtype, device=device)
+        shape, dtype, device, fmt = ctx.input_meta
+        input = torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
     dx, dw, db = conv2d_gw8_backward(grad_output, input, weight, *ctx.padding, mask)
     return (
         dx if mask[0] else None,
