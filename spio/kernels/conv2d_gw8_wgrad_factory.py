@@ -5,6 +5,7 @@ The kernel source is spio/src/conv2d_gw8_wgrad.cu; its leading comment states th
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -26,20 +27,23 @@ ENTRY = "spio_conv2d_gw8_wgrad"
 
 @dataclass(frozen=True, order=True)
 class Conv2dGw8WgradConfig:
-    """A tile config: groups per block, dy rows and columns per block, images per block, and the
-    number of 8-column runs each warp computes."""
+    """A tile config: groups per block, dy rows and columns per block, images per block, the
+    number of 8-column runs each warp computes, and the row buffers (stages - 1 steps in flight)."""
 
     groups: int = 8
     block_p: int = 16
     block_q: int = 32
     block_n: int = 1
     warp_q8: int = 2
+    stages: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("groups", "block_p", "block_q", "block_n", "warp_q8"):
+        for name in ("groups", "block_p", "block_q", "block_n", "warp_q8", "stages"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Conv2dGw8WgradConfig needs {name} a positive int, got {value!r}")
+        if self.stages < 2:
+            raise ValueError(f"Conv2dGw8WgradConfig needs stages >= 2, got {self.stages}")
         if self.block_q % (8 * self.warp_q8):
             raise ValueError(
                 f"Conv2dGw8WgradConfig needs block_q a multiple of 8 * warp_q8 = "
@@ -59,43 +63,35 @@ class Conv2dGw8WgradConfig:
         return 32 * self.warps
 
     def encode(self) -> str:
-        return f"g{self.groups}_p{self.block_p}_q{self.block_q}_n{self.block_n}_w{self.warp_q8}"
+        return (
+            f"g{self.groups}_p{self.block_p}_q{self.block_q}_n{self.block_n}_w{self.warp_q8}"
+            f"_s{self.stages}"
+        )
 
 
 def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
-    """Two slots of x rows plus R + 2 slots of dy rows (R + 1 ring slots and a zero row)."""
+    """`stages` slots of x rows plus R + stages slots of dy rows (the ring and a zero row)."""
     x_row = config.groups * pad_odd(config.block_q + params.s - 1) * 16
     dy_row = config.groups * pad_odd(config.block_q) * 16
-    return 2 * x_row + (params.r + 2) * dy_row
+    return config.stages * x_row + (params.r + config.stages) * dy_row
 
 
 def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
     """Every tile config worth trying for this layer, in a fixed order."""
     max_groups = 1 << math.ceil(math.log2(params.groups))
-    max_q = 8 * math.ceil(params.q / 8)
-    max_p = 1 << math.ceil(math.log2(params.p))
+    max_q = max(8, 8 * math.ceil(params.q / 8))
+    max_p = max(4, 1 << math.ceil(math.log2(params.p)))
     found = []
-    for groups in (1, 2, 4, 8, 16):
-        if groups > max_groups:
+    for groups, block_q, warp_q8, block_p, block_n, stages in itertools.product(
+        (1, 2, 4, 8), (8, 16, 32, 64), (1, 2, 4), (4, 8, 16, 32, 64), (1, 4), (2, 3)
+    ):
+        if groups > max_groups or block_q > max_q or block_p > max_p or block_n > params.n:
             continue
-        for block_q in (8, 16, 32, 64):
-            if block_q > max(8, max_q):
-                continue
-            for warp_q8 in (1, 2, 4):
-                if block_q % (8 * warp_q8):
-                    continue
-                warps = groups * block_q // (8 * warp_q8)
-                if not 1 <= warps <= MAX_THREADS // 32:
-                    continue
-                for block_p in (4, 8, 16, 32, 64):
-                    if block_p > max(4, max_p):
-                        continue
-                    for block_n in (1, 4):
-                        if block_n > params.n:
-                            continue
-                        config = Conv2dGw8WgradConfig(groups, block_p, block_q, block_n, warp_q8)
-                        if shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
-                            found.append(config)
+        if block_q % (8 * warp_q8) or groups * block_q // (8 * warp_q8) > MAX_THREADS // 32:
+            continue
+        config = Conv2dGw8WgradConfig(groups, block_p, block_q, block_n, warp_q8, stages)
+        if shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
+            found.append(config)
     return found
 
 
@@ -114,7 +110,7 @@ def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> flo
     traffic = (x_read + dy_read) * groups * n_run / (2 * useful)
     atomics = blocks * config.warps * 32 * ((params.r + 1) // 2) * params.s * 4
     registers = 40 + ((params.r + 1) // 2) * params.s * 4 + params.s
-    step_bytes = config.groups * (2 * config.block_q + params.s - 1) * 16
+    step_bytes = (config.stages - 1) * config.groups * (2 * config.block_q + params.s - 1) * 16
     cover = latency_cover(
         blocks, config.threads, registers, shared_mem_bytes(params, config), step_bytes
     )
@@ -156,6 +152,7 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> st
                 "n": config.block_n,
                 "warp_x8": config.warp_q8,
                 "threads": config.threads,
+                "stages": config.stages,
             },
         ),
         TensorSpec("Input", "const uint4", {"n": params.n, "y": params.h, "x": params.w, "c8": c8}),
@@ -164,12 +161,16 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> st
         ),
         TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
         TensorSpec("DBias", "float", {"k": params.c}),
-        TensorSpec("SmemX", "uint4", {"stage": 2, "c8": config.groups, "x": (in_x, pad_odd(in_x))}),
+        TensorSpec(
+            "SmemX",
+            "uint4",
+            {"stage": config.stages, "c8": config.groups, "x": (in_x, pad_odd(in_x))},
+        ),
         TensorSpec(
             "SmemDy",
             "uint4",
             {
-                "slot": params.r + 2,
+                "slot": params.r + config.stages,
                 "c8": config.groups,
                 "x": (config.block_q, pad_odd(config.block_q)),
             },

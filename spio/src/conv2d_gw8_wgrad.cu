@@ -10,9 +10,10 @@
 ///
 /// Tiling: a block owns Block::c8 groups, Block::y rows and Block::x columns of dy, for Block::n
 /// images in turn. Per image it streams the Block::y + R - 1 rows of x that the tile touches, one
-/// row per step (cp.async), together with one new row of dy, into shared memory. Step i pairs
-/// x row i with the dy rows i - r (r = 0..R-1) kept in a ring of R + 1 row slots (one spare slot
-/// receives the next row while the others are read; rows outside the tile or image are zero).
+/// row per step (cp.async, STAGES = Block::stages x-row buffers, so STAGES - 1 steps are in flight
+/// while one is computed), together with one new row of dy, into shared memory. Step i pairs x row
+/// i with the dy rows i - r (r = 0..R-1) kept in a ring of R + STAGES - 1 row slots (the spare slots
+/// receive the next rows while the others are read; rows outside the tile or image are zero).
 /// Each warp owns one group and Block::warp_x8 runs of 8 dy columns. For a run it loads, per filter
 /// column s, B = the 8 pixels x 8 channels of x shifted by s (ldmatrix .trans), and, per pair of
 /// filter rows (r0, r1), A = the 8 channels x 8 pixels of dy rows i - r0 and i - r1 stacked into a
@@ -21,10 +22,11 @@
 /// pairs its last row with an all-zero row. The bias gradient is one more mma of the dy rows i
 /// with an all-ones B. At the end each warp adds its accumulators to dw (and dbias) atomically.
 ///
-/// Synchronisation: one __syncthreads per step. At the top of step t every thread waits for its
-/// copies of step t, the barrier publishes them and guarantees that step t - 1's reads are over, so
-/// step t + 1's rows can be copied into the slots step t - 1 read (x: 2 slots; dy: R + 1 slots, of
-/// which step t reads R).
+/// Synchronisation: one __syncthreads per step; every step index commits exactly one cp.async group
+/// (empty past the end). At the top of step t every thread waits for its copies of step t
+/// (wait_group STAGES - 2), the barrier publishes them and guarantees that step t - 1's reads are
+/// over, so step t + STAGES - 1's rows can be copied into the slots step t - 1 read last (x: STAGES
+/// slots; dy: R + STAGES - 1 slots, of which step t reads R).
 ///
 /// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
 /// SmemX::num_bytes + SmemDy::num_bytes bytes of dynamic shared memory.
@@ -63,7 +65,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
     constexpr int S = Conv::s;
     constexpr int PAIRS = (R + 1) / 2;
     constexpr int ROWS = Block::y + R - 1;  // x rows per tile and image
-    constexpr int SLOTS = R + 1;            // dy ring slots; slot SLOTS is the all-zero row
+    constexpr int STAGES = Block::stages;
+    constexpr int SLOTS = R + STAGES - 1;   // dy ring slots; slot SLOTS is the all-zero row
     constexpr int ZERO_SLOT = SLOTS;
 
     extern __shared__ uint4 smem[];
@@ -82,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
         smem[SmemX::size + i] = make_uint4(0, 0, 0, 0);
     }
 
-    // Copies step t's x row and dy row (zero outside the image or tile) into their slots.
+    // Copies step t's x row and dy row (zero outside the image or tile) into their slots; no commit.
     const auto load_step = [&](int t) {
         const int n = block_n + t / ROWS;
         const int i = t % ROWS;
@@ -95,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
             const int c8 = block_c8 + idx.c8();
             const bool inside = x_row_inside && col >= 0 && col < Input::X && c8 < Input::C8;
             const uint4 *src = inside ? Input(x).n(n).y(y).x(col).c8(c8).get() : x;
-            spio::cp_async_16(smem_x.stage(t % 2).c8(idx.c8()).x(idx.x()).get(), src,
+            spio::cp_async_16(smem_x.stage(t % STAGES).c8(idx.c8()).x(idx.x()).get(), src,
                               inside ? 16 : 0);
         }
         const int p = block_y + i;
@@ -109,7 +112,6 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
             spio::cp_async_16(smem_dy.slot(t % SLOTS).c8(idx.c8()).x(idx.x()).get(), src,
                               inside ? 16 : 0);
         }
-        spio::cp_async_commit_group();
     };
 
     const int lane = threadIdx.x % 32;
@@ -131,15 +133,22 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
 
     constexpr int STEPS = Block::n * ROWS;
     __syncthreads();  // the zeroed dy slots are visible before copies start landing in them
-    load_step(0);
-    for (int t = 0; t < STEPS; ++t) {
-        spio::cp_async_wait_group<0>();
-        __syncthreads();
-        if (t + 1 < STEPS) {
-            load_step(t + 1);
+    SPIO_UNROLL
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < STEPS) {
+            load_step(t);
         }
+        spio::cp_async_commit_group();
+    }
+    for (int t = 0; t < STEPS; ++t) {
+        spio::cp_async_wait_group<STAGES - 2>();
+        __syncthreads();
+        if (t + STAGES - 1 < STEPS) {
+            load_step(t + STAGES - 1);
+        }
+        spio::cp_async_commit_group();
         const int i = t % ROWS;
-        const SmemX x_row = smem_x.stage(t % 2).c8(warp.c8());
+        const SmemX x_row = smem_x.stage(t % STAGES).c8(warp.c8());
         SPIO_UNROLL
         for (int run = 0; run < Block::warp_x8; ++run) {
             const int col = warp_x + run * 8;
