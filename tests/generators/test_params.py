@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from spio.generators import MacroSpec, ParamsSpec, generate
+
+# Each example compiles a C++ program; shrinking a failure would take minutes, and the
+# failing program's expected-vs-actual diff already says what is wrong.
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True).filter(
     lambda s: s not in {"int", "do", "if", "for", "new", "and", "or", "not", "xor", "asm", "try"}
@@ -31,7 +35,7 @@ def _parse(stdout: str) -> dict[str, float | int]:
     return out
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=6, deadline=None, phases=NO_SHRINK)
 @given(st.lists(st.dictionaries(NAMES, VALUES, min_size=1, max_size=10), min_size=1, max_size=4))
 def test_params_values_read_back(cxx, structs):
     """ints, bools and float32 values read back exactly; types are int, bool, float."""
@@ -57,7 +61,7 @@ def test_params_values_read_back(cxx, structs):
     assert _parse(cxx.run(program, {"p.h": generate(specs)})) == expected
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=4, deadline=None, phases=NO_SHRINK)
 @given(st.dictionaries(NAMES.map(lambda s: "SPIO_" + s.upper()), VALUES, min_size=1, max_size=12))
 def test_macro_values_read_back(cxx, values):
     """Macro values expand to the same number, negative ones safely inside expressions."""

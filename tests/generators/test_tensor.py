@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from spio.generators import ELEMENT_TYPES, Dim, IndexSpec, TensorSpec, generate
+
+# Each example compiles a C++ program; shrinking a failure would take minutes, and the
+# failing program's expected-vs-actual diff already says what is wrong.
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 DIM_NAMES = ["n", "p", "q", "c8", "k8", "h", "w", "x", "y", "lane", "warp", "r", "s", "g"]
 HOST_DTYPES = ["float", "int", "double", "long long", "unsigned"]
@@ -62,7 +66,7 @@ def reference_decompose(dims: list[tuple[str, int]], flat: int) -> dict[str, int
     return out
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=6, deadline=None, phases=NO_SHRINK)
 @given(data=st.data())
 def test_tensor_cursor_offsets_strides_and_index(cxx, data):
     """One program checks constants, random cursor moves (negative too), *cursor, and Index."""
@@ -143,7 +147,7 @@ def test_tensor_cursor_offsets_strides_and_index(cxx, data):
     assert cxx.values(program, {"tensors.h": header}) == expected
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=5, deadline=None, phases=NO_SHRINK)
 @given(st.lists(dims_dicts(allow_padding=False), min_size=2, max_size=8), st.data())
 def test_index_decomposition(cxx, all_dims, data):
     """IndexSpec digits match mixed-radix arithmetic; the outermost digit does not wrap."""
