@@ -8,7 +8,7 @@ so the package itself is callable: spio.transform(model) works either way.
 import sys
 import types
 
-from .transform import scan_modules, transform
+from .modules import scan_modules, transform
 
 __all__ = ["scan_modules", "transform"]
 
