@@ -56,3 +56,15 @@ def test_bad_time(seconds):
 def test_bad_pass():
     with pytest.raises(ValueError, match="fprop, dgrad, wgrad, got 'bprop'"):
         Conv2dStats(Conv2dGw8Params(1, 8, 3, 3)).bytes("bprop")
+
+
+def test_kernel_factories_are_lazy_re_exports():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, spio.kernels as k;"
+        " assert 'spio.kernels.conv2d_gw8_factory' not in sys.modules;"
+        " assert k.conv2d_gw8_kernel_factory.configs and k.conv2d_gw8_wgrad_kernel_factory.configs"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
