@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .spec import (
@@ -40,17 +40,21 @@ class ParamsSpec:
     """
 
     name: str
-    values: Mapping[str, int | bool | float]
+    values: Mapping[str, int | bool | float] = field(compare=False)
+    # The rendered members; equality and hashing use them (True and 1 differ).
+    _members: tuple[str, ...] = field(init=False, repr=False)
 
     section: ClassVar[int] = SECTION_DEFINITIONS
 
     def __post_init__(self) -> None:
         label = f"ParamsSpec {self.name!r}"
         check_identifier(label, "name", self.name)
+        members = []
         for key, value in _check_mapping(label, self.values).items():
             check_identifier(label, "value name", key)
-            self._member(label, key, value)
+            members.append(self._member(label, key, value))
         check_unique_members(label, self.name, list(self.values))
+        object.__setattr__(self, "_members", tuple(members))
 
     @staticmethod
     def _member(label: str, key: str, value: object) -> str:
@@ -79,9 +83,8 @@ class ParamsSpec:
 
     def generate(self) -> str:
         """The C++ struct."""
-        label = f"ParamsSpec {self.name!r}"
         lines = [f"/// Compile-time parameters {self.name}.", f"struct {self.name} {{"]
-        lines += [f"    {self._member(label, k, v)}" for k, v in self.values.items()]
+        lines += [f"    {member}" for member in self._members]
         lines.append("};")
         return "\n".join(lines)
 
@@ -94,14 +97,18 @@ class MacroSpec:
     strings of replacement text without line breaks.
     """
 
-    values: Mapping[str, int | bool | float | str]
+    values: Mapping[str, int | bool | float | str] = field(compare=False)
+    # (name, replacement text) pairs; equality and hashing use them.
+    _defines: tuple[tuple[str, str], ...] = field(init=False, repr=False)
 
     section: ClassVar[int] = SECTION_MACROS
 
     def __post_init__(self) -> None:
+        defines = []
         for key, value in _check_mapping("MacroSpec", self.values).items():
             check_identifier("MacroSpec", "macro name", key)
-            self._replacement(key, value)
+            defines.append((key, self._replacement(key, value)))
+        object.__setattr__(self, "_defines", tuple(defines))
 
     @staticmethod
     def _replacement(key: str, value: object) -> str:
@@ -131,7 +138,7 @@ class MacroSpec:
 
     def defined_names(self) -> tuple[str, ...]:
         """The macro names."""
-        return tuple(self.values)
+        return tuple(key for key, _ in self._defines)
 
     def dependencies(self) -> tuple[Dependency, ...]:
         """None."""
@@ -139,4 +146,4 @@ class MacroSpec:
 
     def generate(self) -> str:
         """The #define lines."""
-        return "\n".join(f"#define {k} {self._replacement(k, v)}" for k, v in self.values.items())
+        return "\n".join(f"#define {key} {text}" for key, text in self._defines)

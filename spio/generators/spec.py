@@ -180,6 +180,8 @@ def normalize_dims(
                 f"{spec}: dim {name!r} padded length {dim.padded} is smaller than its extent "
                 f"{dim.extent}"
             )
+        if dim.padded == dim.extent:
+            dim = Dim(dim.extent)  # one spelling per layout, so equal layouts compare equal
         if not allow_padding and dim.stored != dim.extent:
             raise ValueError(f"{spec}: dim {name!r} cannot be padded here, got {dim!r}")
         result.append((name, dim))

@@ -92,8 +92,9 @@ class IndexSpec:
     """
 
     name: str
-    dims: Mapping[str, int]
-    _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False, compare=False)
+    dims: Mapping[str, int] = field(compare=False)
+    # Checked copy of dims; equality and hashing use it, so dim order matters.
+    _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False)
 
     section: ClassVar[int] = SECTION_DEFINITIONS
 
@@ -136,8 +137,9 @@ class TensorSpec:
 
     name: str
     dtype: str
-    dims: Mapping[str, int | tuple[int, int] | Dim]
-    _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False, compare=False)
+    dims: Mapping[str, int | tuple[int, int] | Dim] = field(compare=False)
+    # Checked copy of dims; equality and hashing use it, so dim order matters.
+    _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False)
     _dtype: tuple = field(init=False, repr=False, compare=False)
 
     section: ClassVar[int] = SECTION_DEFINITIONS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from spio.generators import (
+    Dim,
     FragmentSpec,
     IndexSpec,
     MacroSpec,
@@ -32,6 +33,25 @@ def test_every_spec_implements_the_protocol():
         assert isinstance(spec, Spec)
         names = spec.defined_names()
         assert spec.class_name is None or names == (spec.class_name,)
+
+
+def test_specs_compare_and_hash_by_what_they_generate():
+    """Dim order matters, spellings of one layout do not; True and 1 differ; later dict edits
+    do not leak into a spec."""
+    a = TensorSpec("T", "float", {"n": 2, "c": 3})
+    assert (
+        a
+        == TensorSpec("T", "float", {"n": 2, "c": (3, 3)})
+        == TensorSpec("T", "float", {"n": 2, "c": Dim(3)})
+    )
+    assert a != TensorSpec("T", "float", {"c": 3, "n": 2})
+    assert len({a, TensorSpec("T", "float", {"n": 2, "c": (3, 4)}), IndexSpec("T", {"n": 2})}) == 3
+    assert ParamsSpec("P", {"p": 1}) != ParamsSpec("P", {"p": True})
+    assert hash(MacroSpec({"X": 1})) == hash(MacroSpec({"X": 1}))
+    dims = {"n": 2}
+    spec = TensorSpec("T", "float", dims)
+    dims["n"] = 5
+    assert spec.size == 2 and "static constexpr int N = 2;" in spec.generate()
 
 
 def test_sections_in_fixed_order_whatever_the_spec_order():
