@@ -140,7 +140,7 @@ class TensorSpec:
     dims: Mapping[str, int | tuple[int, int] | Dim] = field(compare=False)
     # Checked copy of dims; equality and hashing use it, so dim order matters.
     _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False)
-    _dtype: tuple = field(init=False, repr=False, compare=False)
+    _dtype: tuple[str, int, Dependency | None] = field(init=False, repr=False, compare=False)
 
     section: ClassVar[int] = SECTION_DEFINITIONS
 
