@@ -1,7 +1,14 @@
 """spio: fast CUDA kernels for training convolutional networks with PyTorch.
 
-Importing spio does no GPU or NVRTC work: the driver, NVRTC and compile pool start on first use.
+Importing spio does no GPU or NVRTC work and does not import torch: the driver, NVRTC, the compile
+pool and the PyTorch-facing modules load on first use.
+
+    import spio
+    model = spio.transform(model)          # eligible nn.Conv2d layers now run spio kernels
+    layers = spio.scan_modules(model, x)   # the Conv2dGw8Params met in one forward pass
 """
+
+import importlib
 
 from .log import logger
 
@@ -13,4 +20,15 @@ supported_arch = ("sm_80", "sm_86", "sm_89", "sm_90")
 #: Architectures NVRTC may target but spio does not test yet.
 experimental_arch = ("sm_100", "sm_120")
 
-__all__ = ["__version__", "experimental_arch", "logger", "supported_arch"]
+# Public names loaded on first access (they import torch).
+_LAZY = {"transform": "spio.transform", "scan_modules": "spio.transform"}
+
+__all__ = ["__version__", "experimental_arch", "logger", "supported_arch", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        # spio.transform is a callable package: importing it already bound the name here.
+        return module if name == "transform" else getattr(module, name)
+    raise AttributeError(f"module 'spio' has no attribute {name!r}")

@@ -1,26 +1,36 @@
-"""TEMPORARY SEAM between the conv2d_gw8 custom ops and spio's CUDA kernels (not built yet).
+"""The seam between the conv2d_gw8 custom ops and spio's kernels (GPU, or the CPU emulator).
 
-The custom ops in `spio.functional.conv2d_gw8_op` call these three functions for CUDA tensors, and
-for CPU tensors when SPIO_EMULATE=1. The FProp/DGrad and WGrad kernel issues replace the bodies with
-kernel launches (via the kernel factories and the emulator); the signatures are the contract:
+The custom ops in `spio.functional.conv2d_gw8_op` call these functions for CUDA tensors, and for
+CPU tensors when SPIO_EMULATE=1. Contract:
 
 - The ops have already validated every argument (see `Conv2dGw8Params.from_tensors`): tensors are
   NCHW-shaped, on one device, input/weight/grad_output in params.dtype (fp16 or bf16), bias fp32
   or params.dtype. They may be in any memory format and may be non-contiguous (e.g. an expanded
-  grad_output); converting to the layout a kernel needs is the seam's job.
-- Each function returns a new tensor of the stated shape on the input's device. Its memory format
-  does not matter: the op copies to the format the caller expects only if the strides differ, so
-  returning channels_last for channels_last inputs avoids that copy.
-- Never return a view of an argument.
+  grad_output); the kernel wrappers convert to the NHWC (channels_last) layout the kernels read.
+- Each function returns new tensors on the input's device, never views of an argument.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from spio.kernels import conv2d_gw8_factory, conv2d_gw8_wgrad_factory
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.kernel import Kernel, KernelFactory
 
-_NOT_BUILT = "spio's CUDA kernels are not built yet (issue: {})"
+# Kernel choice per (factory, layer, device, options): config selection and header generation run
+# once per layer, not on every call.
+_chosen: dict[tuple, Kernel] = {}
+
+
+def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.device, **options):
+    key = (factory.name, params, device, tuple(sorted(options.items())))
+    kernel = _chosen.get(key)
+    if kernel is None:
+        kernel = _chosen[key] = factory.get_kernel(params, device, **options)
+    return kernel
 
 
 def fprop(
@@ -30,7 +40,8 @@ def fprop(
     params: Conv2dGw8Params,
 ) -> torch.Tensor:
     """y = conv2d_gw8(input, weight, bias) in params.dtype, shape params.output_shape."""
-    raise NotImplementedError(_NOT_BUILT.format("FProp/DGrad"))
+    kernel = _kernel(conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, input.device)
+    return conv2d_gw8_factory.fprop(input, weight, bias, params, kernel=kernel)
 
 
 def dgrad(
@@ -39,13 +50,20 @@ def dgrad(
     params: Conv2dGw8Params,
 ) -> torch.Tensor:
     """dx from dy (shape params.output_shape) in params.dtype, shape params.input_shape."""
-    raise NotImplementedError(_NOT_BUILT.format("FProp/DGrad"))
+    kernel = _kernel(
+        conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, grad_output.device, igrad=True
+    )
+    return conv2d_gw8_factory.dgrad(grad_output, weight, params, kernel=kernel)
 
 
 def wgrad(
     input: torch.Tensor,
     grad_output: torch.Tensor,
     params: Conv2dGw8Params,
-) -> torch.Tensor:
-    """dw from x and dy, accumulated and returned in fp32, shape params.weight_shape."""
-    raise NotImplementedError(_NOT_BUILT.format("WGrad"))
+    with_bias: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dw, dbias) from x and dy in fp32: dw of shape params.weight_shape; dbias (C,) computed in
+    the same pass when `with_bias`, else None."""
+    params = dataclasses.replace(params, has_bias=with_bias)
+    kernel = _kernel(conv2d_gw8_wgrad_factory.conv2d_gw8_wgrad_kernel_factory, params, input.device)
+    return conv2d_gw8_wgrad_factory.wgrad(input, grad_output, params, kernel=kernel)

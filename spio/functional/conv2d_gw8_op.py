@@ -202,8 +202,8 @@ def conv2d_gw8_backward(
             params = _params(input, weight, None, padding_y, padding_x)
             if need_input:
                 dx = _kernels.dgrad(grad_output, weight, params)
-            if need_weight:
-                dw = _kernels.wgrad(input, grad_output, params)
+            if need_weight:  # the bias gradient comes from the same pass over dy
+                dw, db = _kernels.wgrad(input, grad_output, params, with_bias=need_bias)
         else:
             dx, dw, _ = torch.ops.aten.convolution_backward(
                 grad_output,
@@ -218,7 +218,7 @@ def conv2d_gw8_backward(
                 input.shape[1] // GROUP_WIDTH,
                 [need_input, need_weight, False],
             )
-    if need_bias:
+    if need_bias and db is None:
         db = grad_output.sum(dim=(0, 2, 3), dtype=_grad_dtype(grad_output))
     grad_dtype = _grad_dtype(grad_output)
     empty = (0,)  # an unrequested gradient: an empty placeholder

@@ -298,14 +298,20 @@ def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
 
 
 def fprop(
-    x, weight, bias, params: Conv2dGw8Params, config: Conv2dGw8Config | None = None, out=None
+    x,
+    weight,
+    bias,
+    params: Conv2dGw8Params,
+    config: Conv2dGw8Config | None = None,
+    out=None,
+    kernel: Kernel | None = None,
 ):
     """y = conv2d_gw8(x, weight) + bias with the FProp kernel; x (N, C, H, W) any layout, weight
     (C, 8, R, S), bias fp32 (C,) or None. Returns y in channels_last memory."""
     import torch
 
     _check_dtype(params, x, weight)
-    kernel = make_kernel(params, config)
+    kernel = kernel or make_kernel(params, config)
     if out is None:
         out = torch.empty(
             params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
@@ -315,13 +321,20 @@ def fprop(
     return out
 
 
-def dgrad(dy, weight, params: Conv2dGw8Params, config: Conv2dGw8Config | None = None, out=None):
+def dgrad(
+    dy,
+    weight,
+    params: Conv2dGw8Params,
+    config: Conv2dGw8Config | None = None,
+    out=None,
+    kernel: Kernel | None = None,
+):
     """dx = the input gradient of conv2d_gw8 for output gradient dy, with the DGrad kernel.
     Returns dx (N, C, H, W) in channels_last memory."""
     import torch
 
     _check_dtype(params, dy, weight)
-    kernel = make_kernel(params, config, igrad=True)
+    kernel = kernel or make_kernel(params, config, igrad=True)
     if out is None:
         out = torch.empty(
             params.input_shape, dtype=dy.dtype, device=dy.device, memory_format=torch.channels_last

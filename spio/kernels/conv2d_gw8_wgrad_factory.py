@@ -204,7 +204,13 @@ def make_kernel(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = N
     )
 
 
-def wgrad(x, dy, params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = None):
+def wgrad(
+    x,
+    dy,
+    params: Conv2dGw8Params,
+    config: Conv2dGw8WgradConfig | None = None,
+    kernel: Kernel | None = None,
+):
     """(dw, dbias) of conv2d_gw8 with the WGrad kernel: dw fp32 (C, 8, R, S); dbias fp32 (C,)
     when params.has_bias, else None. x and dy (N, C, ., .) in any memory layout."""
     import torch
@@ -212,7 +218,7 @@ def wgrad(x, dy, params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = 
     from .conv2d_gw8_factory import _check_dtype, _nhwc
 
     _check_dtype(params, x, dy)
-    kernel = make_kernel(params, config)
+    kernel = kernel or make_kernel(params, config)
     dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=x.device)
     dbias = torch.zeros(params.c, dtype=torch.float32, device=x.device) if params.has_bias else None
     kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy)], x.device)

@@ -5,10 +5,13 @@ import torch
 import torch.nn.functional as F
 
 from spio.functional import conv2d_gw8, conv2d_gw8_backward
+from spio.kernels import Conv2dGw8Params
 from spio.reference import (
+    Tolerance,
     conv2d_gw8_bias_grad_ref,
     conv2d_gw8_dgrad_ref,
     conv2d_gw8_fprop_ref,
+    conv2d_gw8_tolerance,
     conv2d_gw8_wgrad_ref,
 )
 
@@ -212,18 +215,31 @@ def test_compile_matches_eager_without_recompiling_per_batch_size():
 
 
 class TestEmulateSeam:
-    def test_half_tensors_reach_the_kernel_seam(self, monkeypatch):
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+    def test_emulated_kernels_forward_and_backward_match_reference(self, monkeypatch, dtype):
         monkeypatch.setenv("SPIO_EMULATE", "1")
-        x, w, b = _tensors(SHAPES[0], dtype=torch.float16)
-        with pytest.raises(NotImplementedError, match="kernels are not built yet"):
-            conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
-        dy = torch.randn(2, 16, 6, 7).to(torch.float16)
-        with pytest.raises(NotImplementedError, match="WGrad"):
-            conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, False])
+        x, w, b = _tensors(SHAPES[0], dtype=dtype, channels_last=True)
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+        b = b.float().requires_grad_(True)
+        y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+        y.backward(dy)
+        params = Conv2dGw8Params.from_tensors(x, w, b, padding=(1, 1))
+        want_y = conv2d_gw8_fprop_ref(x.detach(), w.detach(), b.detach(), (1, 1))
+        conv2d_gw8_tolerance(params, "fprop", x.detach(), w.detach()).assert_close(y, want_y)
+        want_dx = conv2d_gw8_dgrad_ref(dy, w.detach(), (1, 1), tuple(x.shape[-2:]))
+        conv2d_gw8_tolerance(params, "dgrad", dy, w.detach()).assert_close(x.grad, want_dx)
+        # dw is accumulated in fp32, then stored in the weight's dtype: one more rounding.
+        want_dw = conv2d_gw8_wgrad_ref(x.detach(), dy, (1, 1), w.shape[2], w.shape[3])
+        tol = conv2d_gw8_tolerance(params, "wgrad", x.detach(), dy)
+        tol = Tolerance(tol.atol, tol.rtol + torch.finfo(dtype).eps)
+        tol.assert_close(w.grad, want_dw)
+        want_db = conv2d_gw8_bias_grad_ref(dy)
+        conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1)).assert_close(b.grad, want_db)
 
     def test_seam_receives_params(self, monkeypatch):
         from spio.functional import _kernels
-        from spio.kernels import Conv2dGw8Params
 
         seen = []
 
