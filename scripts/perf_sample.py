@@ -1,0 +1,209 @@
+"""Measure every tile config of spio's kernel families over a sweep of layers on a CUDA GPU.
+
+Appends one CSV row per (family, layer, config): family, arch, device name, driver, layer params,
+config fields, median time per launch (CUDA events after warm-up, inputs rotated when they fit in
+L2), effective bandwidth and spio version. scripts/train_perf_model.py trains the performance
+models from these rows.
+
+Work comes in resumable chunks: rows already in the CSV for this device are skipped, and the run
+stops after --budget-s seconds (at most 450, so a chunk stays under 8 minutes); repeated runs
+complete a sweep. The next layer's kernels compile in parallel (spio.compiler.compile_many, cached
+on disk) while the current one is timed.
+
+    python scripts/perf_sample.py --csv perf_samples.csv [--budget-s 360] [--families ...]
+
+Needs a CUDA GPU; without one it exits with status 1 and a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import random
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+#: Chunks stay under 8 minutes: the budget is checked before each config is timed.
+MAX_BUDGET_S = 450
+
+
+def sweep_layers(batches=(32, 64, 128, 256), dtypes=("fp16", "bf16"), extra: int = 0, seed=0):
+    """The layer table of the design brief (each at every batch size and dtype), plus `extra`
+    random layers for variety."""
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
+
+    shapes = [
+        dict(c=64, h=64, w=64, r=3, s=3),
+        dict(c=128, h=32, w=32, r=3, s=3),
+        dict(c=256, h=16, w=16, r=3, s=3),
+        dict(c=512, h=8, w=8, r=3, s=3),
+        dict(c=96, h=56, w=56, r=5, s=5),
+        dict(c=192, h=28, w=28, r=5, s=5),
+        dict(c=128, h=32, w=32, r=1, s=3),
+        dict(c=128, h=32, w=32, r=3, s=1),
+        # stride-1 group-width-8 layers of timm regnetx_002 at 224x224
+        dict(c=24, h=56, w=56, r=3, s=3),
+        dict(c=56, h=28, w=28, r=3, s=3),
+        dict(c=152, h=14, w=14, r=3, s=3),
+        dict(c=368, h=7, w=7, r=3, s=3),
+    ]
+    layers = []
+    for shape, n, dtype in itertools.product(shapes, batches, dtypes):
+        pad = (shape["r"] // 2, shape["s"] // 2)
+        layers.append(P(n=n, padding=pad, dtype=dtype, **shape))
+    rng = random.Random(seed)
+    for _ in range(extra):
+        r, s = rng.choice([(3, 3), (5, 5), (1, 3), (3, 1), (1, 1), (2, 2), (4, 4), (3, 5)])
+        size = rng.choice([7, 8, 14, 16, 28, 32, 56, 64])
+        layers.append(
+            P(
+                n=rng.choice([8, 16, 32, 64, 128]),
+                c=8 * rng.randint(1, 64),
+                h=size,
+                w=size + rng.choice([0, 0, 1, 5]),
+                padding=(rng.randint(0, r // 2 + 1), rng.randint(0, s // 2 + 1)),
+                r=r,
+                s=s,
+                has_bias=rng.random() < 0.3,
+                dtype=rng.choice(list(dtypes)),
+            )
+        )
+    return layers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", type=Path, default=Path("perf_samples.csv"), help="CSV to extend")
+    parser.add_argument("--budget-s", type=float, default=360.0, help="stop after this long")
+    parser.add_argument("--families", nargs="*", help="kernel families (default: all)")
+    parser.add_argument("--dtypes", nargs="*", default=["fp16", "bf16"])
+    parser.add_argument("--batches", nargs="*", type=int, default=[32, 64, 128, 256])
+    parser.add_argument("--extra-layers", type=int, default=0, help="random layers to add")
+    parser.add_argument("--max-configs", type=int, default=0, help="sample this many per layer")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--workers", type=int, default=0, help="compile processes (0: all cores)")
+    args = parser.parse_args(argv)
+    if not 0 < args.budget_s <= MAX_BUDGET_S:
+        parser.error(f"--budget-s must be in (0, {MAX_BUDGET_S}] seconds, got {args.budget_s}")
+
+    start = time.monotonic()
+    try:
+        import torch
+    except ImportError:
+        print("perf_sample: needs PyTorch with CUDA; torch is not installed", file=sys.stderr)
+        return 1
+    if not torch.cuda.is_available():
+        print("perf_sample: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
+        return 1
+
+    import spio
+    from spio.compiler import compile_many
+    from spio.cuda import driver
+    from spio.kernels import autotune
+    from spio.kernels.perf_model import (
+        FAMILIES,
+        Sample,
+        append_samples,
+        get_family,
+        read_samples,
+    )
+
+    families = [get_family(name) for name in (args.families or FAMILIES)]
+    device = torch.device("cuda", args.device)
+    torch.cuda.set_device(device)
+    attrs = driver.device_attributes(args.device)
+    major, minor = driver.driver_version()
+    arch, name, drv = attrs["arch"], attrs["name"], f"{major}.{minor}"
+    done = set()
+    if args.csv.exists():
+        done = {s.key() for s in read_samples(args.csv)[0] if s.device == name}
+    rng = random.Random(args.seed)
+    work = []  # (family, params, configs still to measure)
+    for params in sweep_layers(args.batches, args.dtypes, args.extra_layers, args.seed):
+        for family in families:
+            configs = family.configs(params)
+            if args.max_configs and len(configs) > args.max_configs:
+                configs = sorted(rng.sample(configs, args.max_configs))
+            todo = [
+                c for c in configs if (family.name, name, params.encode(), c.encode()) not in done
+            ]
+            if todo:
+                work.append((family, params, todo))
+    total = sum(len(todo) for _, _, todo in work)
+    print(f"perf_sample: {name} ({arch}, driver {drv}): {total} configs to time", flush=True)
+
+    from tqdm import tqdm
+
+    measured = failed = 0
+    bar = tqdm(total=total, unit="config", desc="timing")
+
+    def compile_layer(index: int):
+        family, params, todo = work[index]
+        kernels = [family.make_kernel(params, c) for c in todo]
+        jobs = [k.compile_job(arch) for k in kernels]
+        return kernels, compile_many(jobs, workers=args.workers or None, progress=False)
+
+    # Compile the next layer's kernels (in parallel processes) while this layer is timed.
+    with ThreadPoolExecutor(max_workers=1) as ahead:
+        pending = ahead.submit(compile_layer, 0) if work else None
+        for index, (family, params, todo) in enumerate(work):
+            if time.monotonic() - start > args.budget_s:
+                break
+            kernels, results = pending.result()
+            pending = ahead.submit(compile_layer, index + 1) if index + 1 < len(work) else None
+            copies = autotune.input_copies(family.name, params, attrs["l2_cache_bytes"])
+            arg_sets = [
+                autotune.kernel_inputs(family.name, params, device, seed) for seed in range(copies)
+            ]
+            rows = []
+            for config, kernel, result in zip(todo, kernels, results, strict=True):
+                if time.monotonic() - start > args.budget_s:
+                    break
+                bar.update()
+                if isinstance(result, BaseException):
+                    print(f"perf_sample: {kernel.name} did not compile: {result}", file=sys.stderr)
+                    failed += 1
+                    continue
+                try:
+                    seconds = autotune.time_kernel(
+                        kernel, arg_sets, device, warmup=args.warmup, repeats=args.repeats
+                    )
+                except Exception as error:
+                    print(f"perf_sample: {kernel.name} failed: {error}", file=sys.stderr)
+                    failed += 1
+                    continue
+                rows.append(
+                    Sample(
+                        family=family.name,
+                        arch=arch,
+                        device=name,
+                        driver=drv,
+                        spio_version=spio.__version__,
+                        synthetic=False,
+                        params=params,
+                        config=config,
+                        seconds=seconds,
+                        date=datetime.date.today().isoformat(),
+                    )
+                )
+            measured += append_samples(args.csv, rows)  # after each layer: a stop loses little
+            del arg_sets
+        if pending is not None:
+            pending.cancel()
+    bar.close()
+    left = total - measured - failed
+    print(
+        f"perf_sample: measured {measured}, skipped {failed} (compile or launch error), "
+        f"{left} left{'; run again to continue' if left else ''}; rows in {args.csv}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

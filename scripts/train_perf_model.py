@@ -1,0 +1,291 @@
+"""Train spio's kernel performance models from measured samples (scripts/perf_sample.py CSVs).
+
+One XGBoost regressor per kernel family and GPU arch (with --per-device: per device name too).
+Features are the layer params, the tile config and derived quantities (spio.kernels.perf_model);
+the target is log seconds per byte moved (log time less a per-layer constant). Layers, not rows,
+are held out: the model is first trained without the held-out layers and scored on them (Spearman
+rank correlation of predicted vs measured times within each layer, and regret = measured time of
+the predicted-best config / measured-best time, median and p95); the model written is then refit
+on every layer. Output per family: `<out>/<arch>[/<device-slug>]/<family>.ubj` and a JSON beside
+it (data size, GPU, date, scores, whether the data was synthetic).
+
+    python scripts/train_perf_model.py perf_samples.csv [--out DIR] [--per-device]
+
+Models trained on synthetic data are never written into spio/perf_models/ (pass --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import random
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from spio.kernels.perf_model import (
+    FEATURE_VERSION,
+    PACKAGED_MODELS_DIR,
+    TARGET,
+    Sample,
+    device_slug,
+    get_family,
+    model_path,
+    read_samples,
+    target_offset,
+)
+
+DEFAULTS = {"trees": 300, "depth": 6, "eta": 0.08, "subsample": 0.9, "min_child_weight": 2.0}
+
+
+def dedupe(samples: Sequence[Sample]) -> list[Sample]:
+    """One sample per (family, device, params, config): repeated measurements -> their median."""
+    groups: dict[tuple, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        groups[sample.key()].append(sample)
+    out = []
+    for group in groups.values():
+        seconds = statistics.median(s.seconds for s in group)
+        first = group[0]
+        out.append(
+            Sample(
+                **{**{f: getattr(first, f) for f in first.__dataclass_fields__}, "seconds": seconds}
+            )
+        )
+    return out
+
+
+def by_layer(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
+    """Samples grouped by layer params (dtype included), in a stable order."""
+    layers: dict[str, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        layers[sample.params.encode()].append(sample)
+    return dict(sorted(layers.items()))
+
+
+def design(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """(features, target) of samples of one family, built one layer at a time."""
+    family = get_family(samples[0].family)
+    xs, ys = [], []
+    for group in by_layer(samples).values():
+        params = group[0].params
+        xs.append(family.features(params, [s.config for s in group]))
+        offset = target_offset(family, params)
+        ys.append(np.log([s.seconds for s in group]) - offset)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def fit(samples: Sequence[Sample], hyper: dict, seed: int, threads: int):
+    """An XGBoost booster fit to samples of one family."""
+    import xgboost
+
+    x, y = design(samples)
+    names = list(get_family(samples[0].family).feature_names)
+    data = xgboost.DMatrix(x, label=y, feature_names=names, nthread=threads)
+    booster_params = {
+        "objective": "reg:squarederror",
+        "tree_method": "hist",
+        "max_depth": hyper["depth"],
+        "eta": hyper["eta"],
+        "subsample": hyper["subsample"],
+        "min_child_weight": hyper["min_child_weight"],
+        "nthread": threads,
+        "seed": seed,
+    }
+    return xgboost.train(booster_params, data, num_boost_round=hyper["trees"])
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n with ties given their average rank."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(1, len(values) + 1)
+    for value in np.unique(values):
+        tied = values == value
+        if tied.sum() > 1:
+            ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation of a and b (nan when either is constant)."""
+    ra, rb = _ranks(np.asarray(a, float)), _ranks(np.asarray(b, float))
+    if ra.std() == 0 or rb.std() == 0:
+        return math.nan
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def score(booster, samples: Sequence[Sample]) -> dict:
+    """Per-layer Spearman and regret of `booster` on samples (held-out layers) of one family."""
+    import xgboost
+
+    family = get_family(samples[0].family)
+    regrets, correlations = [], []
+    for group in by_layer(samples).values():
+        if len(group) < 2:
+            continue
+        params = group[0].params
+        features = family.features(params, [s.config for s in group])
+        names = list(family.feature_names)
+        predicted = booster.predict(xgboost.DMatrix(features, feature_names=names))
+        measured = np.array([s.seconds for s in group])
+        regrets.append(float(measured[int(np.argmin(predicted))] / measured.min()))
+        rho = spearman(predicted, measured)
+        if not math.isnan(rho):
+            correlations.append(rho)
+    if not regrets:
+        return {"heldout_layers_scored": 0}
+    return {
+        "heldout_layers_scored": len(regrets),
+        "regret_median": float(np.median(regrets)),
+        "regret_p95": float(np.percentile(regrets, 95)),
+        "regret_max": float(max(regrets)),
+        "spearman_median": float(np.median(correlations)) if correlations else None,
+        "spearman_min": float(min(correlations)) if correlations else None,
+    }
+
+
+def split_layers(samples: Sequence[Sample], fraction: float, seed: int):
+    """(train, held-out) samples, holding out a `fraction` of the layer shapes (fp16 and bf16 of
+    one shape go to the same side)."""
+    keys = sorted({s.layer_key for s in samples})
+    if len(keys) < 2 or fraction <= 0:
+        return list(samples), []
+    random.Random(seed).shuffle(keys)
+    held = set(keys[: max(1, min(len(keys) - 1, round(fraction * len(keys))))])
+    train = [s for s in samples if s.layer_key not in held]
+    test = [s for s in samples if s.layer_key in held]
+    return train, test
+
+
+def train_group(
+    samples: Sequence[Sample], *, holdout: float, seed: int, hyper: dict, threads: int
+) -> tuple[object, dict]:
+    """Score a model trained without held-out layers, then refit on all; (booster, metrics)."""
+    train, test = split_layers(samples, holdout, seed)
+    metrics: dict = {"heldout_layers": len({s.layer_key for s in test})}
+    if test:
+        metrics.update(score(fit(train, hyper, seed, threads), test))
+        metrics["metrics_from"] = (
+            "a model fit without the held-out layers; the model written is refit on all layers"
+        )
+    return fit(samples, hyper, seed, threads), metrics
+
+
+def is_synthetic(samples: Sequence[Sample], comments: Sequence[str]) -> bool:
+    """True when any sample or header comment says the data is synthetic."""
+    return any(s.synthetic for s in samples) or any("SYNTHETIC" in c.upper() for c in comments)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("csv", nargs="+", type=Path, help="sample CSVs from perf_sample.py")
+    parser.add_argument("--out", type=Path, default=PACKAGED_MODELS_DIR, help="models folder")
+    parser.add_argument("--families", nargs="*", help="only these kernel families")
+    parser.add_argument("--arch", nargs="*", help="only these archs, e.g. sm_90")
+    parser.add_argument("--per-device", action="store_true", help="one model per device name")
+    parser.add_argument("--holdout", type=float, default=0.2, help="fraction of layers held out")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="XGBoost threads")
+    for name, value in DEFAULTS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    args = parser.parse_args(argv)
+    hyper = {name: getattr(args, name) for name in DEFAULTS}
+
+    samples, comments = [], []
+    for path in args.csv:
+        try:
+            got, notes = read_samples(path)
+        except (OSError, ValueError) as error:
+            print(f"train_perf_model: cannot read {path}: {error}", file=sys.stderr)
+            return 2
+        samples += got
+        comments += notes
+    if args.families:
+        for name in args.families:
+            get_family(name)
+        samples = [s for s in samples if s.family in args.families]
+    if args.arch:
+        samples = [s for s in samples if s.arch in args.arch]
+    if not samples:
+        print("train_perf_model: no samples to train on", file=sys.stderr)
+        return 2
+    synthetic = is_synthetic(samples, comments)
+    if synthetic and _inside(args.out, PACKAGED_MODELS_DIR):
+        print(
+            "train_perf_model: refusing to write models trained on SYNTHETIC data into "
+            f"{PACKAGED_MODELS_DIR}; only measured data may ship (pass --out DIR to experiment)",
+            file=sys.stderr,
+        )
+        return 2
+
+    groups: dict[tuple, list[Sample]] = defaultdict(list)
+    for sample in dedupe(samples):
+        device = sample.device if args.per_device else None
+        groups[(sample.family, sample.arch, device)].append(sample)
+
+    import xgboost
+
+    import spio
+
+    for (family, arch, device), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        booster, metrics = train_group(
+            group, holdout=args.holdout, seed=args.seed, hyper=hyper, threads=args.threads
+        )
+        path = model_path(args.out, family, arch, device)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        booster.save_model(str(path))
+        meta = {
+            "family": family,
+            "arch": arch,
+            "device": device,
+            "device_slug": device_slug(device) if device else None,
+            "measured_on": sorted({s.device for s in group}),
+            "drivers": sorted({s.driver for s in group}),
+            "spio_versions": sorted({s.spio_version for s in group}),
+            "synthetic": synthetic,
+            "rows": len(group),
+            "layers": len({s.params.encode() for s in group}),
+            "configs": len({s.config for s in group}),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "sources": [p.name for p in args.csv],
+            "feature_version": FEATURE_VERSION,
+            "features": list(get_family(family).feature_names),
+            "target": TARGET,
+            "trained_with": {
+                "spio": spio.__version__,
+                "xgboost": xgboost.__version__,
+                "seed": args.seed,
+                "holdout": args.holdout,
+                **hyper,
+            },
+            **metrics,
+        }
+        path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+        regret = (
+            f"regret median {metrics['regret_median']:.3f} p95 {metrics['regret_p95']:.3f}, "
+            f"spearman median {metrics['spearman_median']:.3f}"
+            if "regret_median" in metrics
+            else "no held-out layers scored"
+        )
+        print(f"{family} {arch}{' ' + device if device else ''}: {len(group)} rows; {regret}")
+        print(f"  wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

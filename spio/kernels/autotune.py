@@ -1,0 +1,260 @@
+"""Measured autotuning: time the performance model's top-k configs once, keep the winner on disk.
+
+With SPIO_AUTOTUNE=1, `KernelFactory.get_kernel` on a CUDA device times the k configs the model
+ranks best (SPIO_AUTOTUNE_TOPK, default 5) the first time it meets a layer, and stores the fastest
+in `<cache_root>/autotune/`, keyed by device name, driver, spio version, kernel family and layer
+params. Later uses, in this process or another, read the entry and time nothing.
+
+The timing helpers here (`kernel_inputs`, `time_kernel`) are also what scripts/perf_sample.py uses
+to measure the data the models are trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..log import logger
+from .conv2d_gw8_params import Conv2dGw8Params
+from .kernel import Kernel
+from .stats import Conv2dStats
+
+DEFAULT_TOP_K = 5
+
+#: A timer: (family name, params, kernel, device) -> seconds per launch.
+Timer = Callable[[str, Conv2dGw8Params, Kernel, Any], float]
+
+
+def autotune_enabled() -> bool:
+    """True when SPIO_AUTOTUNE=1."""
+    return os.environ.get("SPIO_AUTOTUNE", "").strip() == "1"
+
+
+def top_k() -> int:
+    """How many configs to time: SPIO_AUTOTUNE_TOPK (a positive int), default 5."""
+    text = os.environ.get("SPIO_AUTOTUNE_TOPK", "").strip()
+    if not text:
+        return DEFAULT_TOP_K
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"SPIO_AUTOTUNE_TOPK needs a positive integer, got {text!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Timing on a GPU
+
+
+def kernel_inputs(family: str, params: Conv2dGw8Params, device: Any, seed: int = 0) -> list[Any]:
+    """Launch arguments of one kernel of `family` for `params`: random inputs (never zeros) in
+    the kernels' NHWC layout and an output, on `device`."""
+    import torch
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[params.dtype]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    cl = torch.channels_last
+
+    def randn(shape, dt=dtype):
+        return torch.randn(shape, generator=gen).to(device=device, dtype=dt)
+
+    def act(shape):
+        return randn(shape).contiguous(memory_format=cl)
+
+    weight = randn(params.weight_shape).contiguous()
+    if family == "conv2d_gw8_fprop":
+        out = torch.empty(params.output_shape, dtype=dtype, device=device, memory_format=cl)
+        bias = randn((params.c,), torch.float32) if params.has_bias else None
+        return [out, act(params.input_shape), weight, bias]
+    if family == "conv2d_gw8_dgrad":
+        out = torch.empty(params.input_shape, dtype=dtype, device=device, memory_format=cl)
+        return [out, act(params.output_shape), weight, None]
+    if family == "conv2d_gw8_wgrad":
+        dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
+        dbias = torch.zeros(params.c, dtype=torch.float32, device=device)
+        return [dw, dbias if params.has_bias else None, act(params.input_shape),
+                act(params.output_shape)]  # fmt: skip
+    raise ValueError(f"kernel_inputs needs a conv2d_gw8 family, got {family!r}")
+
+
+def input_copies(family: str, params: Conv2dGw8Params, l2_bytes: int, limit: int = 16) -> int:
+    """Input sets to rotate through so that consecutive launches do not find their data in L2:
+    enough to span 3x the L2 size when one set fits in it, else 1."""
+    from .perf_model import get_family
+
+    size = Conv2dStats(params).bytes(get_family(family).pass_)
+    if size >= 2 * l2_bytes:
+        return 1
+    return max(1, min(limit, math.ceil(3 * l2_bytes / size)))
+
+
+def time_kernel(
+    kernel: Kernel,
+    arg_sets: Sequence[list[Any]],
+    device: Any,
+    *,
+    warmup: int = 5,
+    repeats: int = 25,
+    round_s: float = 200e-6,
+) -> float:
+    """Median seconds per launch of `kernel` on a CUDA `device`, timed with CUDA events.
+
+    After `warmup` launches, each of `repeats` rounds launches the kernel back to back (enough
+    launches to last about `round_s`), rotating through `arg_sets`; the median round, divided by
+    its launches, is returned.
+    """
+    import torch
+
+    if not arg_sets:
+        raise ValueError("time_kernel needs at least one set of kernel arguments, got none")
+    launched = 0
+
+    def launch(count: int) -> None:
+        nonlocal launched
+        for _ in range(count):
+            kernel.launch(arg_sets[launched % len(arg_sets)], device)
+            launched += 1
+
+    def timed_round(count: int) -> float:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch(count)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3 / count
+
+    with torch.cuda.device(device):
+        launch(max(1, warmup))
+        torch.cuda.synchronize(device)
+        estimate = timed_round(1)
+        per_round = max(1, min(100, math.ceil(round_s / max(estimate, 1e-7))))
+        times = [timed_round(per_round) for _ in range(max(1, repeats))]
+    return statistics.median(times)
+
+
+def default_timer(family: str, params: Conv2dGw8Params, kernel: Kernel, device: Any) -> float:
+    """Seconds per launch of `kernel`, with inputs rotated when they fit in the device's L2."""
+    l2 = _l2_bytes(device)
+    copies = input_copies(family, params, l2)
+    arg_sets = [kernel_inputs(family, params, device, seed) for seed in range(copies)]
+    return time_kernel(kernel, arg_sets, device)
+
+
+def _l2_bytes(device: Any) -> int:
+    from ..cuda import driver
+
+    return int(driver.device_attributes(device.index or 0)["l2_cache_bytes"])
+
+
+# --------------------------------------------------------------------------------------------
+# The autotune cache
+
+
+def cache_key(family: str, params: Conv2dGw8Params, identity: Any) -> str:
+    """The cache key of a tuned layer: device name, driver, spio version, family and params."""
+    from .. import __version__
+    from ..compiler import hash_key
+
+    return hash_key(
+        "autotune", identity.name, identity.driver, __version__, family, params.encode()
+    )
+
+
+def _cache():
+    from ..compiler import DiskCache
+
+    global _default_cache
+    if _default_cache is None:
+        _default_cache = DiskCache("autotune")
+    return _default_cache
+
+
+_default_cache = None
+
+
+def autotune(
+    family: Any,
+    params: Conv2dGw8Params,
+    device: Any,
+    identity: Any,
+    candidates: Sequence,
+    *,
+    model: Any = None,
+    timer: Timer | None = None,
+    cache: Any = None,
+) -> Any:
+    """The fastest of `candidates` for `params` on `device`, measured once and then cached.
+
+    `family` is a perf_model.Family; `identity` the device's DeviceIdentity; `timer` defaults to
+    `default_timer`; `cache` to DiskCache("autotune"). A config that fails to build or launch
+    counts as infinitely slow.
+    """
+    if not candidates:
+        raise ValueError(f"autotune of {family.name} needs at least one candidate config")
+    cache = _cache() if cache is None else cache
+    key = cache_key(family.name, params, identity)
+
+    def build() -> tuple[bytes, dict]:
+        run = timer or default_timer
+        times = []
+        for config in candidates:
+            try:
+                seconds = float(
+                    run(family.name, params, family.make_kernel(params, config), device)
+                )
+            except Exception as error:  # one broken config must not stop tuning
+                logger.warning("autotune: %s %s failed: %s", family.name, config.encode(), error)
+                seconds = math.inf
+            times.append(seconds)
+        best = min(range(len(candidates)), key=lambda i: times[i])
+        if not math.isfinite(times[best]):
+            raise RuntimeError(
+                f"autotune of {family.name} for {params.encode()}: all {len(candidates)} "
+                "candidate configs failed"
+            )
+        winner = candidates[best]
+        logger.info(
+            "autotune: %s %s on %s: %s in %.2f us (of %d timed; model pick %s)",
+            family.name,
+            params.encode(),
+            identity.name,
+            winner.encode(),
+            times[best] * 1e6,
+            len(candidates),
+            candidates[0].encode(),
+        )
+        entry = {
+            "family": family.name,
+            "params": params.encode(),
+            "device": identity.name,
+            "driver": identity.driver,
+            "config": {name: getattr(winner, name) for name in family.config_fields},
+            "timed": {c.encode(): t for c, t in zip(candidates, times, strict=True)},
+            "model": None if model is None else str(model.path),
+        }
+        return json.dumps(entry, sort_keys=True).encode(), {"family": family.name}
+
+    payload, _meta, cached = cache.get_or_build(key, build)
+    try:
+        config = family.config_from_fields(json.loads(payload)["config"])
+    except (ValueError, KeyError, TypeError) as error:
+        logger.warning("autotune: ignoring unusable cache entry %s: %s", key, error)
+        return candidates[0]
+    if cached:
+        logger.debug("autotune: %s %s: cached %s", family.name, params.encode(), config.encode())
+        if config not in family.configs(params):
+            logger.warning(
+                "autotune: cached config %s is no longer a config of %s; using %s",
+                config.encode(),
+                family.name,
+                candidates[0].encode(),
+            )
+            return candidates[0]
+    return config

@@ -1,0 +1,632 @@
+"""Kernel selection: an XGBoost performance model per kernel family and GPU arch.
+
+A model predicts, for one layer, the run time of every tile config of a kernel family from features
+of the layer, the config and a few derived quantities (the terms of the analytic `estimated_cost`,
+blocks, threads, shared memory). `select_config` ranks all configs with one batched prediction and
+returns the fastest; without a model for the device's arch it falls back to the analytic heuristic
+(and logs that once). With SPIO_AUTOTUNE=1 the model's top-k configs are timed on first use and the
+winner is kept in a disk cache (`spio.kernels.autotune`).
+
+Models live in `spio/perf_models/<arch>/<family>.ubj` (or a device-specific
+`<arch>/<device-slug>/<family>.ubj`, preferred when present) with a JSON of metadata beside each;
+SPIO_PERF_MODELS points the loader at another folder. Nothing is downloaded.
+
+This module also defines the CSV schema of measured samples, shared by scripts/perf_sample.py (which
+writes them on a GPU) and scripts/train_perf_model.py (which trains from them).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import math
+import operator
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..log import logger
+from . import conv2d_gw8_factory as fd
+from . import conv2d_gw8_wgrad_factory as wg
+from .conv2d_gw8_params import Conv2dGw8Params
+from .stats import Conv2dStats
+
+#: Folder of the models shipped in the package.
+PACKAGED_MODELS_DIR = Path(__file__).resolve().parent.parent / "perf_models"
+
+#: Version of the feature set and target; a model whose JSON names another version is refused.
+FEATURE_VERSION = 1
+
+#: What a model predicts: log of seconds per byte that must move. Within one layer this is log
+#: time minus a constant, so it ranks configs exactly as log time does, while sparing the trees
+#: from learning the layer's size.
+TARGET = "log_seconds_per_byte"
+
+
+class PerfModelError(RuntimeError):
+    """A model file that cannot be used: unreadable, corrupted, or for other features."""
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel families
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel family as the performance model sees it."""
+
+    name: str
+    pass_: str  # Conv2dStats pass whose bytes the kernel moves
+    config_type: type
+    igrad: bool = False
+
+    @property
+    def config_fields(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.config_type))
+
+    def configs(self, params: Conv2dGw8Params) -> list:
+        if self.config_type is wg.Conv2dGw8WgradConfig:
+            return wg.configs(params)
+        return fd.configs(params, self.igrad)
+
+    def make_kernel(self, params: Conv2dGw8Params, config: Any):
+        if self.config_type is wg.Conv2dGw8WgradConfig:
+            return wg.make_kernel(params, config)
+        return fd.make_kernel(params, config, igrad=self.igrad)
+
+    def estimated_cost(self, params: Conv2dGw8Params, config: Any) -> float:
+        """The analytic heuristic's cost of `config` (lower is better)."""
+        if self.config_type is wg.Conv2dGw8WgradConfig:
+            return wg.estimated_cost(params, config)
+        return fd.estimated_cost(params, config, self.igrad)
+
+    def default_config(self, params: Conv2dGw8Params) -> Any:
+        if self.config_type is wg.Conv2dGw8WgradConfig:
+            return wg.default_config(params)
+        return fd.default_config(params, self.igrad)
+
+    def config_from_fields(self, values: dict[str, Any]) -> Any:
+        """The config whose fields are `values` (ints, or strings of ints)."""
+        return self.config_type(**{name: int(values[name]) for name in self.config_fields})
+
+    def features(self, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
+        """Feature matrix (len(configs) x len(feature_names)), float32, for one layer."""
+        return _feature_matrix(self, params, configs)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return _feature_names(self)
+
+
+FAMILIES: dict[str, Family] = {
+    "conv2d_gw8_fprop": Family("conv2d_gw8_fprop", "fprop", fd.Conv2dGw8Config),
+    "conv2d_gw8_dgrad": Family("conv2d_gw8_dgrad", "dgrad", fd.Conv2dGw8Config, igrad=True),
+    "conv2d_gw8_wgrad": Family("conv2d_gw8_wgrad", "wgrad", wg.Conv2dGw8WgradConfig),
+}
+
+
+def family_of(factory_name: str, options: dict[str, Any]) -> Family | None:
+    """The family a KernelFactory call selects for: by factory name (and igrad); None if unknown."""
+    if factory_name == "conv2d_gw8":
+        return FAMILIES["conv2d_gw8_dgrad" if options.get("igrad") else "conv2d_gw8_fprop"]
+    return FAMILIES.get(factory_name)
+
+
+def get_family(name: str) -> Family:
+    """The Family called `name`; ValueError naming the known ones otherwise."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(
+            f"kernel family must be one of {', '.join(FAMILIES)}, got {name!r}"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Features (vectorised over the configs of one layer: a layer has up to a few hundred)
+
+_PARAM_FEATURES = (
+    "n", "c", "groups", "h", "w", "pad_h", "pad_w", "r", "s", "has_bias", "bf16",
+    "out_h", "out_w", "log_bytes", "log_macs",
+)  # fmt: skip
+_DERIVED_FEATURES = (
+    "threads", "smem_bytes", "blocks", "log_blocks", "tiles_y", "tiles_x", "overrun_y",
+    "overrun_x", "halo", "traffic", "compute", "sector_waste", "fill", "resident", "waves",
+    "log_bytes_in_flight",
+)  # fmt: skip
+
+#: A rough machine model for the derived features (an H100/H200-class GPU). The model is trained
+#: per arch, so these only shape the features; they need not match the GPU exactly.
+_SMS = 132
+_THREADS_PER_SM = 2048
+_SHARED_BYTES_PER_SM = 228 * 1024
+
+
+@functools.cache
+def _feature_names(family: Family) -> tuple[str, ...]:
+    configs = tuple(f"cfg_{name}" for name in family.config_fields)
+    return _PARAM_FEATURES + configs + _DERIVED_FEATURES
+
+
+def _config_columns(family: Family, configs: Sequence) -> dict[str, np.ndarray]:
+    names = family.config_fields
+    getter = operator.attrgetter(*names)
+    table = np.array([getter(c) for c in configs], dtype=np.float64).reshape(len(configs), -1)
+    return {name: table[:, i] for i, name in enumerate(names)}
+
+
+def _feature_matrix(family: Family, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
+    if not configs:
+        raise ValueError(f"{family.name} features need at least one config, got none")
+    cfg = _config_columns(family, configs)
+    g, r, s = params.groups, params.r, params.s
+    wgrad = family.config_type is wg.Conv2dGw8WgradConfig
+    smem_of = wg.shared_mem_bytes if wgrad else fd.shared_mem_bytes
+    smem = np.array([smem_of(params, c) for c in configs], dtype=np.float64)
+    threads = np.array([c.threads for c in configs], dtype=np.float64)
+    cg, bp, bq = cfg["groups"], cfg["block_p"], cfg["block_q"]
+    stages = cfg.get("stages", np.full(len(configs), 2.0))
+    groups_run = np.ceil(g / cg) * cg
+    span = np.minimum(cg, g) * 16
+    sector = np.ceil(span / 32) * 32 / span if g > 1 else np.ones(len(configs))
+    if wgrad:  # tiles of dy; each block also spans block_n images
+        out_h, out_w = params.p, params.q
+        images = np.ceil(params.n / cfg["block_n"])
+        n_run = images * cfg["block_n"]
+        row_bytes = cg * (2 * bq + s - 1) * 16
+    else:  # tiles of the output (dx for DGrad)
+        out_h, out_w = (params.h, params.w) if family.igrad else (params.p, params.q)
+        images = n_run = np.full(len(configs), float(params.n))
+        row_bytes = cg * (bq + s - 1) * 16
+    tiles_y, tiles_x = np.ceil(out_h / bp), np.ceil(out_w / bq)
+    blocks = images * tiles_y * tiles_x * (groups_run / cg)
+    useful = out_h * out_w * g * params.n
+    read = tiles_y * (bp + r - 1) * tiles_x * (bq + s - 1)
+    computed = tiles_y * bp * tiles_x * bq
+    traffic = (read + computed) * groups_run * n_run / (2 * useful)
+    compute = computed * groups_run * n_run / useful
+    resident = np.maximum(
+        1,
+        np.minimum.reduce(
+            [
+                np.full(len(configs), 32.0),
+                _THREADS_PER_SM // threads,
+                _SHARED_BYTES_PER_SM // (smem + 1024),
+            ]
+        ),
+    )
+    resident = np.minimum(resident, np.ceil(blocks / _SMS))
+    stats = Conv2dStats(params)
+    values = {
+        "n": params.n,
+        "c": params.c,
+        "groups": g,
+        "h": params.h,
+        "w": params.w,
+        "pad_h": params.padding_h,
+        "pad_w": params.padding_w,
+        "r": r,
+        "s": s,
+        "has_bias": float(params.has_bias),
+        "bf16": float(params.dtype == "bf16"),
+        "out_h": out_h,
+        "out_w": out_w,
+        "log_bytes": math.log(stats.bytes(family.pass_)),
+        "log_macs": math.log(stats.macs),
+        **{f"cfg_{name}": column for name, column in cfg.items()},
+        "threads": threads,
+        "smem_bytes": smem,
+        "blocks": blocks,
+        "log_blocks": np.log(blocks),
+        "tiles_y": tiles_y,
+        "tiles_x": tiles_x,
+        "overrun_y": tiles_y * bp / out_h,
+        "overrun_x": tiles_x * bq / out_w,
+        "halo": read / computed,
+        "traffic": traffic,
+        "compute": compute,
+        "sector_waste": sector,
+        "fill": np.minimum(1.0, blocks / _SMS),
+        "resident": resident,
+        "waves": blocks / (_SMS * resident),
+        "log_bytes_in_flight": np.log(resident * (stages - 1) * row_bytes),
+    }
+    names = _feature_names(family)
+    matrix = np.empty((len(configs), len(names)), dtype=np.float32)
+    for i, name in enumerate(names):
+        matrix[:, i] = values[name]
+    return matrix
+
+
+def target_offset(family: Family, params: Conv2dGw8Params) -> float:
+    """log(bytes that must move): predicted log time = prediction + this offset."""
+    return math.log(Conv2dStats(params).bytes(family.pass_))
+
+
+# --------------------------------------------------------------------------------------------
+# Measured samples (CSV)
+
+#: Config fields of every family, in CSV column order (a family leaves the others empty).
+CONFIG_COLUMNS = tuple(
+    dict.fromkeys(name for family in FAMILIES.values() for name in family.config_fields)
+)
+PARAM_COLUMNS = ("n", "c", "h", "w", "pad_h", "pad_w", "r", "s", "has_bias", "dtype")
+_BASE_COLUMNS = ("family", "arch", "device", "driver", "spio_version", "synthetic")
+SAMPLE_COLUMNS = (
+    _BASE_COLUMNS
+    + PARAM_COLUMNS
+    + tuple(f"cfg_{name}" for name in CONFIG_COLUMNS)
+    + ("time_us", "bandwidth_gbs", "date")
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured (or synthetic) run time of a kernel config on a layer."""
+
+    family: str
+    arch: str
+    device: str
+    driver: str
+    spio_version: str
+    synthetic: bool
+    params: Conv2dGw8Params
+    config: Any
+    seconds: float
+    date: str = ""
+
+    @property
+    def layer_key(self) -> str:
+        """The layer, dtype excluded: fp16 and bf16 of one shape are held out together."""
+        return self.params.encode().rsplit("_", 1)[0]
+
+    def key(self) -> tuple[str, str, str, str]:
+        """What identifies a sample when resuming a sweep."""
+        return (self.family, self.device, self.params.encode(), self.config.encode())
+
+
+def sample_row(sample: Sample) -> dict[str, str]:
+    """The CSV row of a sample."""
+    p = sample.params
+    row = {
+        "family": sample.family,
+        "arch": sample.arch,
+        "device": sample.device,
+        "driver": sample.driver,
+        "spio_version": sample.spio_version,
+        "synthetic": str(int(sample.synthetic)),
+        "n": p.n,
+        "c": p.c,
+        "h": p.h,
+        "w": p.w,
+        "pad_h": p.padding_h,
+        "pad_w": p.padding_w,
+        "r": p.r,
+        "s": p.s,
+        "has_bias": int(p.has_bias),
+        "dtype": p.dtype,
+        "time_us": f"{sample.seconds * 1e6:.4f}",
+        "bandwidth_gbs": (
+            f"{Conv2dStats(p).effective_bandwidth(sample.seconds, get_family(sample.family).pass_) / 1e9:.2f}"  # noqa: E501
+        ),
+        "date": sample.date,
+    }
+    for name in CONFIG_COLUMNS:
+        row[f"cfg_{name}"] = getattr(sample.config, name, "")
+    return {k: str(v) for k, v in row.items()}
+
+
+def parse_sample(row: dict[str, str]) -> Sample:
+    """The Sample of a CSV row; ValueError naming the bad column otherwise."""
+    family = get_family(row.get("family") or "")
+    needed = _BASE_COLUMNS + PARAM_COLUMNS + tuple(f"cfg_{n}" for n in family.config_fields)
+    missing = [c for c in needed + ("time_us", "date") if row.get(c) is None]
+    if missing:
+        raise ValueError(f"{family.name} sample rows need columns {', '.join(missing)}")
+    params = Conv2dGw8Params(
+        n=int(row["n"]),
+        c=int(row["c"]),
+        h=int(row["h"]),
+        w=int(row["w"]),
+        padding=(int(row["pad_h"]), int(row["pad_w"])),
+        r=int(row["r"]),
+        s=int(row["s"]),
+        has_bias=row["has_bias"].strip() == "1",
+        dtype=row["dtype"].strip(),
+    )
+    config = family.config_from_fields({k: row[f"cfg_{k}"] for k in family.config_fields})
+    seconds = float(row["time_us"]) * 1e-6
+    if not seconds > 0 or not math.isfinite(seconds):
+        raise ValueError(f"perf sample needs a positive finite time_us, got {row['time_us']!r}")
+    return Sample(
+        family=family.name,
+        arch=row["arch"],
+        device=row["device"],
+        driver=row["driver"],
+        spio_version=row["spio_version"],
+        synthetic=row["synthetic"].strip() == "1",
+        params=params,
+        config=config,
+        seconds=seconds,
+        date=row["date"],
+    )
+
+
+def read_samples(path: str | os.PathLike) -> tuple[list[Sample], list[str]]:
+    """(samples, comment lines) of a sample CSV; lines starting with '#' are comments."""
+    comments: list[str] = []
+    lines: list[str] = []
+    with open(path, newline="") as f:
+        for line in f:
+            (comments if line.startswith("#") else lines).append(line)
+    if not lines:
+        return [], comments
+    reader = csv.DictReader(lines)
+    samples = []
+    for number, row in enumerate(reader, start=2):
+        try:
+            samples.append(parse_sample(row))
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{path}: data row {number - 1}: {error}") from None
+    return samples, comments
+
+
+def append_samples(path: str | os.PathLike, samples: Iterable[Sample]) -> int:
+    """Append samples to a CSV (header written when the file is new); returns the count."""
+    path = Path(path)
+    new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        with open(path, newline="") as f:
+            header = next((line for line in f if not line.startswith("#")), "")
+        if header.strip().split(",") != list(SAMPLE_COLUMNS):
+            raise ValueError(f"{path} has columns {header.strip()!r}, expected {SAMPLE_COLUMNS}")
+    count = 0
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS)
+        if new:
+            writer.writeheader()
+        for sample in samples:
+            writer.writerow(sample_row(sample))
+            count += 1
+        f.flush()
+        os.fsync(f.fileno())
+    return count
+
+
+# --------------------------------------------------------------------------------------------
+# Devices and model files
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """What decides which model (and which autotune cache entry) applies to a GPU."""
+
+    arch: str
+    name: str
+    driver: str
+
+    @property
+    def slug(self) -> str:
+        return device_slug(self.name)
+
+
+def device_slug(name: str) -> str:
+    """A folder name for a device name: 'NVIDIA H200' -> 'nvidia-h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+@functools.cache
+def _cuda_identity(ordinal: int) -> DeviceIdentity:
+    from ..cuda import driver
+
+    attrs = driver.device_attributes(ordinal)
+    major, minor = driver.driver_version()
+    return DeviceIdentity(arch=attrs["arch"], name=attrs["name"], driver=f"{major}.{minor}")
+
+
+def device_identity(device: Any) -> DeviceIdentity | None:
+    """Arch, name and driver of a CUDA torch.device; None for None or a non-CUDA device."""
+    if device is None or getattr(device, "type", None) != "cuda":
+        return None
+    return _cuda_identity(device.index or 0)
+
+
+def models_dir() -> Path:
+    """Where models are looked up: SPIO_PERF_MODELS, else the package's spio/perf_models."""
+    env = os.environ.get("SPIO_PERF_MODELS", "").strip()
+    return Path(env) if env else PACKAGED_MODELS_DIR
+
+
+def model_path(folder: Path, family: str, arch: str, device_name: str | None = None) -> Path:
+    """`<folder>/<arch>[/<device-slug>]/<family>.ubj`."""
+    base = Path(folder) / arch
+    if device_name is not None:
+        base = base / device_slug(device_name)
+    return base / f"{family}.ubj"
+
+
+def model_candidates(folder: Path, family: str, identity: DeviceIdentity) -> list[Path]:
+    """Model files that apply to a device, most specific first."""
+    return [
+        model_path(folder, family, identity.arch, identity.name),
+        model_path(folder, family, identity.arch),
+    ]
+
+
+@dataclass(frozen=True)
+class PerfModel:
+    """A trained model of one kernel family's run time, with the metadata stored beside it."""
+
+    family: Family
+    path: Path
+    meta: dict = field(compare=False, repr=False)
+    booster: Any = field(compare=False, repr=False)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> PerfModel:
+        """Load `<family>.ubj` and its `<family>.json`; PerfModelError if either is unusable."""
+        import json
+
+        path = Path(path)
+        meta_path = path.with_suffix(".json")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as error:
+            raise PerfModelError(
+                f"perf model metadata {meta_path} is unreadable: {error}"
+            ) from None
+        if not isinstance(meta, dict):
+            raise PerfModelError(f"perf model metadata {meta_path} is not a JSON object")
+        family = FAMILIES.get(meta.get("family", ""))
+        if family is None:
+            raise PerfModelError(
+                f"perf model {path} is for family {meta.get('family')!r}; "
+                f"known families: {', '.join(FAMILIES)}"
+            )
+        if meta.get("feature_version") != FEATURE_VERSION or tuple(
+            meta.get("features", ())
+        ) != tuple(family.feature_names):
+            raise PerfModelError(
+                f"perf model {path} was trained on feature set version "
+                f"{meta.get('feature_version')!r}; this spio computes version {FEATURE_VERSION} "
+                "(retrain it with scripts/train_perf_model.py)"
+            )
+        import xgboost
+
+        try:
+            booster = xgboost.Booster(model_file=str(path))
+        except (xgboost.core.XGBoostError, OSError, ValueError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
+            raise PerfModelError(f"perf model {path} is unreadable or corrupted: {first}") from None
+        if booster.num_features() != len(family.feature_names):
+            raise PerfModelError(
+                f"perf model {path} takes {booster.num_features()} features, "
+                f"expected {len(family.feature_names)}"
+            )
+        booster.set_param({"nthread": 1})  # one layer's configs: threads only add overhead
+        return cls(family=family, path=path, meta=meta, booster=booster)
+
+    def predict_log_seconds(self, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
+        """Predicted log run time (seconds) of each config, in one batched call."""
+        features = self.family.features(params, configs)
+        prediction = self.booster.inplace_predict(features, validate_features=False)
+        return np.asarray(prediction, dtype=np.float64) + target_offset(self.family, params)
+
+    def rank(self, params: Conv2dGw8Params, configs: Sequence) -> list:
+        """configs ordered from the fastest predicted to the slowest (ties: config order)."""
+        predicted = self.predict_log_seconds(params, configs)
+        return [configs[i] for i in np.argsort(predicted, kind="stable")]
+
+
+_models: dict[tuple[str, int, int], PerfModel] = {}
+_warned: set[Any] = set()
+_selected: dict[tuple, Any] = {}
+_lock = threading.Lock()
+
+
+def _warn_once(key: Any, message: str, *args: Any, level: Callable = logger.warning) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    level(message, *args)
+
+
+def load_model_cached(path: Path) -> PerfModel:
+    """PerfModel.load, memoised by path, size and modification time."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    model = _models.get(key)
+    if model is None:
+        model = PerfModel.load(path)
+        with _lock:
+            _models[key] = model
+    return model
+
+
+def find_model(
+    family: Family, identity: DeviceIdentity, folder: Path | None = None
+) -> PerfModel | None:
+    """The model that applies to `identity`, or None. Unusable files are logged and skipped."""
+    folder = models_dir() if folder is None else Path(folder)
+    for path in model_candidates(folder, family.name, identity):
+        if not path.is_file():
+            continue
+        try:
+            return load_model_cached(path)
+        except (PerfModelError, OSError) as error:
+            _warn_once(
+                ("bad", str(path)), "ignoring perf model: %s; using the analytic heuristic", error
+            )
+    return None
+
+
+def clear_caches() -> None:
+    """Forget loaded models, memoised selections and one-time warnings (for tests)."""
+    with _lock:
+        _models.clear()
+        _selected.clear()
+        _warned.clear()
+    _cuda_identity.cache_clear()
+
+
+def rank_configs(
+    family: Family, params: Conv2dGw8Params, identity: DeviceIdentity, folder: Path | None = None
+) -> tuple[list, PerfModel | None]:
+    """All configs of `family` for `params`, fastest first by the model (or by the analytic
+    heuristic, logged once per family and arch, where no model applies)."""
+    configs = family.configs(params)
+    if not configs:
+        raise ValueError(f"{family.name} has no tile config for layer {params.encode()}")
+    model = find_model(family, identity, folder)
+    if model is not None:
+        return model.rank(params, configs), model
+    _warn_once(
+        ("none", family.name, identity.arch, identity.name),
+        "no perf model for %s on %s (%s) under %s; using the analytic heuristic",
+        family.name,
+        identity.arch,
+        identity.name,
+        folder or models_dir(),
+        level=logger.info,
+    )
+    return sorted(configs, key=lambda c: (family.estimated_cost(params, c), c)), None
+
+
+def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **options: Any):
+    """The tile config `factory.get_kernel` builds for `params` on `device`.
+
+    CUDA device: the perf model's best config (SPIO_AUTOTUNE=1: the fastest of its top-k, timed
+    once and cached on disk); the analytic heuristic where no model applies. No device or a CPU
+    device: the analytic heuristic. Selections are memoised per process.
+    """
+    family = family_of(factory.name, options)
+    identity = device_identity(device) if family is not None else None
+    if identity is None:
+        return factory.default_config(params, **options)
+    from . import autotune
+
+    tune = autotune.autotune_enabled()
+    folder = models_dir()
+    key = (family.name, params, identity, str(folder), tune, device.index or 0)
+    config = _selected.get(key)
+    if config is not None:
+        return config
+    ranked, model = rank_configs(family, params, identity, folder)
+    if tune:
+        config = autotune.autotune(
+            family, params, device, identity, ranked[: autotune.top_k()], model=model
+        )
+    elif model is None:
+        config = factory.default_config(params, **options)
+    else:
+        config = ranked[0]
+    with _lock:
+        _selected[key] = config
+    return config
