@@ -117,6 +117,7 @@ struct Runtime {
     int nwarps = 0;
     // Fibers
     char *stacks = nullptr;
+    int mapped_stacks = 0;
     Fiber fibers[kMaxThreads];
     Warp warps[kMaxThreads / 32];
     Fiber *cur = nullptr;
@@ -365,14 +366,19 @@ void fiber_main_uc(int hi, int lo) {
 }
 #endif
 
-bool ensure_stacks() {
-    if (g_rt.stacks) return true;
+/// Maps `n` fiber stacks, each below a PROT_NONE guard page, for one launch.
+///
+/// Stacks live only for the launch (release_stacks unmaps them): every library links its own
+/// runtime, and each guard page splits the mapping, so stacks kept per library would exhaust the
+/// process's mapping limit (vm.max_map_count) after a few dozen kernels.
+bool map_stacks(int n) {
     const std::size_t per = kStackBytes + kGuardBytes;
-    void *mem = mmap(nullptr, per * kMaxThreads, PROT_READ | PROT_WRITE,
+    void *mem = mmap(nullptr, per * n, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mem == MAP_FAILED) return false;
     g_rt.stacks = static_cast<char *>(mem);
-    for (int i = 0; i < kMaxThreads; ++i) {
+    g_rt.mapped_stacks = n;
+    for (int i = 0; i < n; ++i) {
         char *base = g_rt.stacks + i * per;
         mprotect(base, kGuardBytes, PROT_NONE);
         g_rt.fibers[i].stack_lo = base + kGuardBytes;
@@ -380,6 +386,20 @@ bool ensure_stacks() {
     }
     return true;
 }
+
+/// Unmaps the stacks of the finished launch.
+void release_stacks() {
+    if (g_rt.stacks) {
+        munmap(g_rt.stacks, (kStackBytes + kGuardBytes) * g_rt.mapped_stacks);
+        g_rt.stacks = nullptr;
+        g_rt.mapped_stacks = 0;
+    }
+}
+
+/// Releases the stacks when a launch returns, whichever way it returns.
+struct StackLease {
+    ~StackLease() { release_stacks(); }
+};
 
 void init_fiber(Fiber &f) {
 #if SPIO_EMU_ASM_SWITCH
@@ -784,10 +804,6 @@ int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
     g_rt.failed = false;
     g_rt.error.clear();
     g_rt.rng.seed(cfg->seed);
-    if (!ensure_stacks()) {
-        g_rt.error = "cannot map fiber stacks";
-        return -1;
-    }
     init_segments();
     g_rt.s_guard_lo = g_tls_arena_begin;
     g_rt.s_lo = g_tls_arena_begin + sizeof g_tls_arena_begin;
@@ -809,6 +825,11 @@ int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
     g_grid_dim = dim3(cfg->grid[0], cfg->grid[1], cfg->grid[2]);
     g_rt.nthreads = static_cast<int>(cfg->block[0] * cfg->block[1] * cfg->block[2]);
     g_rt.nwarps = (g_rt.nthreads + 31) / 32;
+    StackLease lease;
+    if (!map_stacks(g_rt.nthreads)) {
+        g_rt.error = "cannot map fiber stacks";
+        return -1;
+    }
     const uint64_t nblocks = uint64_t(cfg->grid[0]) * cfg->grid[1] * cfg->grid[2];
     std::vector<uint64_t> blocks;
     if (cfg->shuffle) {
