@@ -41,7 +41,7 @@ from spio.kernels.perf_model import (
     target_offset,
 )
 
-DEFAULTS = {"trees": 300, "depth": 6, "eta": 0.08, "subsample": 0.9, "min_child_weight": 2.0}
+DEFAULTS = {"trees": 200, "depth": 6, "eta": 0.1, "subsample": 0.9, "min_child_weight": 2.0}
 
 
 def dedupe(samples: Sequence[Sample]) -> list[Sample]:

@@ -88,8 +88,15 @@ class KernelFactory:
     default_config: Callable[..., Any]
 
     def get_kernel(self, params: Any, device: Any = None, **options: Any) -> Kernel:
-        """The kernel to run `params` on `device` (a torch.device; None: any)."""
-        return self.make_kernel(params, self.default_config(params, **options), **options)
+        """The kernel to run `params` on `device` (a torch.device; None: any).
+
+        On a CUDA device the config comes from the performance model of the device's arch
+        (SPIO_AUTOTUNE=1: the fastest of its top-k, measured once and cached on disk), else from
+        the analytic heuristic `default_config`; see spio.kernels.perf_model.
+        """
+        from .perf_model import select_config
+
+        return self.make_kernel(params, select_config(self, params, device, **options), **options)
 
 
 class _LoadedCudaFunction:

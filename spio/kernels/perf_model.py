@@ -567,10 +567,11 @@ def find_model(
     return None
 
 
-def clear_caches() -> None:
-    """Forget loaded models, memoised selections and one-time warnings (for tests)."""
+def clear_caches(models: bool = True) -> None:
+    """Forget memoised selections, one-time warnings and (with `models`) loaded models."""
     with _lock:
-        _models.clear()
+        if models:
+            _models.clear()
         _selected.clear()
         _warned.clear()
     _cuda_identity.cache_clear()

@@ -129,5 +129,21 @@ def write_csv(path: Path = CSV_PATH, **kwargs) -> int:
     return count
 
 
+def load_script(name: str):
+    """A module of scripts/ (not a package), loaded from its file."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"spio_scripts_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def train_models(out: Path, *args: str) -> int:
+    """Run scripts/train_perf_model.py on the synthetic CSV into `out`; returns its exit status."""
+    return load_script("train_perf_model").main([str(CSV_PATH), "--out", str(out), *args])
+
+
 if __name__ == "__main__":
     print(f"wrote {write_csv()} synthetic samples to {CSV_PATH}")

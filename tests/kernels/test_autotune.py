@@ -1,0 +1,233 @@
+"""Autotuning (SPIO_AUTOTUNE=1): the model's top-k configs are timed once, the winner is cached on
+disk and reused without timing; fake timers on a fake device here, real ones under `-m cuda`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from spio.kernels import autotune
+from spio.kernels import perf_model as pm
+from spio.kernels.conv2d_gw8_factory import conv2d_gw8_kernel_factory
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
+from spio.kernels.conv2d_gw8_wgrad_factory import conv2d_gw8_wgrad_kernel_factory
+from tests.data import synthetic_perf as syn
+
+H200 = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H200", driver="13.0")
+LAYER = P(n=16, c=64, h=28, w=28, padding=1)
+
+
+class FakeCuda:
+    type = "cuda"
+    index = 0
+
+
+class FakeTimer:
+    """Records what it times; the *last* of the k candidates is the fastest, so a tuned choice
+    differs from the model's first pick."""
+
+    def __init__(self, fail=()):
+        self.calls: list[tuple[str, str]] = []
+        self.fail = set(fail)
+
+    def __call__(self, family, params, kernel, device):
+        config = dict(kernel.info)["config"]
+        self.calls.append((family, config.encode()))
+        if config.encode() in self.fail:
+            raise RuntimeError("launch failed")
+        return 1e-3 / len(self.calls)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    out = tmp_path_factory.mktemp("perf_models")
+    assert syn.train_models(out, "--trees", "60") == 0
+    return out
+
+
+@pytest.fixture
+def tuned(monkeypatch, tmp_path, models):
+    """SPIO_AUTOTUNE=1 on a fake H200 with a temporary cache folder and a fake timer."""
+    monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "4")
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
+    monkeypatch.setattr(pm, "device_identity", lambda d: H200 if d is not None else None)
+    monkeypatch.setattr(autotune, "_default_cache", None)
+    timer = FakeTimer()
+    monkeypatch.setattr(autotune, "default_timer", timer)
+    pm.clear_caches()
+    yield timer
+    pm.clear_caches()
+
+
+def new_process(monkeypatch):
+    """Forget everything held in memory, as a new process would."""
+    pm.clear_caches()
+    monkeypatch.setattr(autotune, "_default_cache", None)
+
+
+def test_first_use_times_the_top_k_then_the_disk_cache_answers(tuned, monkeypatch, tmp_path):
+    model = pm.find_model(pm.FAMILIES["conv2d_gw8_fprop"], H200)
+    top = model.rank(LAYER, pm.FAMILIES["conv2d_gw8_fprop"].configs(LAYER))[:4]
+
+    kernel = conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert tuned.calls == [("conv2d_gw8_fprop", c.encode()) for c in top]
+    assert dict(kernel.info)["config"] == top[-1]  # the measured winner, not the model's pick
+    entries = list((tmp_path / "cache" / "autotune").rglob("*"))
+    assert any(e.is_file() and not e.name.endswith(".lock") for e in entries)
+
+    # Same process: memoised. New process: read from disk. Neither times anything.
+    tuned.calls.clear()
+    assert conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda()) == kernel
+    new_process(monkeypatch)
+    assert conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda()) == kernel
+    assert tuned.calls == []
+
+    # Another family or layer is tuned on its own.
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda(), igrad=True)
+    conv2d_gw8_wgrad_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert [family for family, _ in tuned.calls] == ["conv2d_gw8_dgrad"] * 4 + [
+        "conv2d_gw8_wgrad"
+    ] * 4
+
+
+def test_cache_key_names_device_driver_version_family_and_params():
+    key = autotune.cache_key("conv2d_gw8_fprop", LAYER, H200)
+    other_gpu = pm.DeviceIdentity("sm_90", "NVIDIA H100 80GB HBM3", "13.0")
+    other_driver = pm.DeviceIdentity("sm_90", "NVIDIA H200", "12.8")
+    assert len({
+        key,
+        autotune.cache_key("conv2d_gw8_fprop", LAYER, other_gpu),
+        autotune.cache_key("conv2d_gw8_fprop", LAYER, other_driver),
+        autotune.cache_key("conv2d_gw8_dgrad", LAYER, H200),
+        autotune.cache_key("conv2d_gw8_fprop", P(n=16, c=64, h=28, w=28, padding=0), H200),
+    }) == 5  # fmt: skip
+    assert key == autotune.cache_key("conv2d_gw8_fprop", P(16, 64, 28, 28, padding=(1, 1)), H200)
+
+
+def test_cache_entry_records_what_was_timed(tuned, tmp_path):
+    from spio.compiler import DiskCache
+
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    cache = DiskCache("autotune", root=tmp_path / "cache")
+    payload, _, cached = cache.get_or_build(
+        autotune.cache_key("conv2d_gw8_fprop", LAYER, H200), lambda: pytest.fail("not cached")
+    )
+    entry = json.loads(payload)
+    assert cached and entry["device"] == "NVIDIA H200" and entry["driver"] == "13.0"
+    assert len(entry["timed"]) == 4 and entry["model"].endswith("conv2d_gw8_fprop.ubj")
+    winner = pm.FAMILIES["conv2d_gw8_fprop"].config_from_fields(entry["config"])
+    assert winner.encode() == min(entry["timed"], key=entry["timed"].get)
+
+
+def test_a_failing_config_counts_as_slowest(monkeypatch, tmp_path):
+    family = pm.FAMILIES["conv2d_gw8_wgrad"]
+    candidates = family.configs(LAYER)[:3]
+    timer = FakeTimer(fail={candidates[2].encode()})  # would have been the fastest
+    cache = _cache(tmp_path)
+    config = autotune.autotune(
+        family, LAYER, FakeCuda(), H200, candidates, timer=timer, cache=cache
+    )
+    assert config == candidates[1]
+    other = P(n=2, c=16, h=9, w=9)
+    others = family.configs(other)[:3]
+    everything = FakeTimer(fail={c.encode() for c in others})
+    with pytest.raises(RuntimeError, match="all 3 candidate configs failed"):
+        autotune.autotune(family, other, FakeCuda(), H200, others, timer=everything, cache=cache)
+
+
+def test_without_a_model_the_heuristic_top_k_is_timed(tuned, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path / "none"))
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    ranked = sorted(family.configs(LAYER), key=lambda c: (family.estimated_cost(LAYER, c), c))
+    assert ranked[0] == conv2d_gw8_kernel_factory.default_config(LAYER)
+    kernel = conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert tuned.calls == [("conv2d_gw8_fprop", c.encode()) for c in ranked[:4]]
+    assert dict(kernel.info)["config"] == ranked[3]
+
+
+def test_autotune_is_off_unless_asked(monkeypatch, models):
+    monkeypatch.delenv("SPIO_AUTOTUNE", raising=False)
+    assert not autotune.autotune_enabled()
+    monkeypatch.setenv("SPIO_AUTOTUNE", "0")
+    assert not autotune.autotune_enabled()
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "zero")
+    with pytest.raises(ValueError, match="SPIO_AUTOTUNE_TOPK needs a positive integer, got 'zero'"):
+        autotune.top_k()
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "3")
+    assert autotune.top_k() == 3
+
+
+def test_kernel_inputs_match_the_kernels_argument_order():
+    import torch
+
+    params = P(n=2, c=16, h=6, w=7, padding=1, has_bias=True, dtype="bf16")
+    fprop = autotune.kernel_inputs("conv2d_gw8_fprop", params, "cpu")
+    assert [tuple(t.shape) for t in fprop] == [
+        params.output_shape, params.input_shape, params.weight_shape, (16,)
+    ]  # fmt: skip
+    assert fprop[1].is_contiguous(memory_format=torch.channels_last)
+    assert fprop[1].dtype == torch.bfloat16 and fprop[3].dtype == torch.float32
+    assert fprop[1].abs().sum() > 0 and fprop[2].abs().sum() > 0  # never zeros
+    dgrad = autotune.kernel_inputs("conv2d_gw8_dgrad", params, "cpu")
+    assert tuple(dgrad[0].shape) == params.input_shape and dgrad[3] is None
+    wgrad = autotune.kernel_inputs("conv2d_gw8_wgrad", params, "cpu")
+    assert wgrad[0].dtype == torch.float32 and tuple(wgrad[0].shape) == params.weight_shape
+    assert tuple(wgrad[3].shape) == params.output_shape
+    a, b = (autotune.kernel_inputs("conv2d_gw8_fprop", params, "cpu", seed) for seed in (0, 1))
+    assert not torch.equal(a[1], b[1])  # rotated input sets differ
+
+
+def test_inputs_rotate_only_when_they_fit_in_l2():
+    l2 = 60 * 2**20
+    small = P(n=1, c=64, h=16, w=16)
+    assert autotune.input_copies("conv2d_gw8_fprop", small, l2) == 16  # capped
+    big = P(n=256, c=64, h=64, w=64)
+    assert autotune.input_copies("conv2d_gw8_fprop", big, l2) == 1
+    mid = P(n=128, c=64, h=32, w=32)  # 34 MB per set
+    copies = autotune.input_copies("conv2d_gw8_wgrad", mid, l2)
+    assert copies == math.ceil(3 * l2 / pm.Conv2dStats(mid).wgrad_bytes)
+
+
+def _cache(tmp_path):
+    from spio.compiler import DiskCache
+
+    return DiskCache("autotune", root=tmp_path)
+
+
+@pytest.mark.cuda
+def test_autotune_on_a_gpu_times_once_and_reuses(monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "3")
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_default_cache", None)
+    pm.clear_caches()
+    calls = []
+    real = autotune.default_timer
+
+    def counting(*args):
+        calls.append(args[0])
+        seconds = real(*args)
+        assert 0 < seconds < 1
+        return seconds
+
+    monkeypatch.setattr(autotune, "default_timer", counting)
+    device = torch.device("cuda", 0)
+    params = P(n=8, c=64, h=32, w=32, padding=1, dtype="bf16")
+    kernel = conv2d_gw8_kernel_factory.get_kernel(params, device)
+    assert len(calls) == 3
+    new_process(monkeypatch)
+    assert conv2d_gw8_kernel_factory.get_kernel(params, device) == kernel
+    assert len(calls) == 3
+    x = torch.randn(params.input_shape, device=device, dtype=torch.bfloat16)
+    w = torch.randn(params.weight_shape, device=device, dtype=torch.bfloat16)
+    from spio.kernels.conv2d_gw8_factory import fprop
+
+    y = fprop(x, w, None, params, config=dict(kernel.info)["config"])
+    ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1, groups=params.groups)
+    assert torch.allclose(y.double(), ref, atol=0.1, rtol=0.02)
