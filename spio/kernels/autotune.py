@@ -139,12 +139,23 @@ def time_kernel(
     return statistics.median(times)
 
 
-def default_timer(family: str, params: Conv2dGw8Params, kernel: Kernel, device: Any) -> float:
-    """Seconds per launch of `kernel`, with inputs rotated when they fit in the device's L2."""
-    l2 = _l2_bytes(device)
-    copies = input_copies(family, params, l2)
-    arg_sets = [kernel_inputs(family, params, device, seed) for seed in range(copies)]
-    return time_kernel(kernel, arg_sets, device)
+class _DefaultTimer:
+    """Times kernels on the GPU; `prepare` compiles the candidates in parallel beforehand."""
+
+    def __call__(self, family: str, params: Conv2dGw8Params, kernel: Kernel, device: Any) -> float:
+        """Seconds per launch of `kernel`, with inputs rotated when they fit in the device's L2."""
+        copies = input_copies(family, params, _l2_bytes(device))
+        arg_sets = [kernel_inputs(family, params, device, seed) for seed in range(copies)]
+        return time_kernel(kernel, arg_sets, device)
+
+    def prepare(self, kernels: Sequence[Kernel], arch: str) -> None:
+        from ..compiler import compile_many
+
+        compile_many([k.compile_job(arch) for k in kernels], progress=False)
+
+
+#: The timer autotune uses unless given another (tests replace it with a fake).
+default_timer: Timer = _DefaultTimer()
 
 
 def _l2_bytes(device: Any) -> int:
@@ -203,12 +214,14 @@ def autotune(
 
     def build() -> tuple[bytes, dict]:
         run = timer or default_timer
+        kernels = [family.make_kernel(params, config) for config in candidates]
+        prepare = getattr(run, "prepare", None)
+        if prepare is not None:
+            prepare(kernels, identity.arch)
         times = []
-        for config in candidates:
+        for config, kernel in zip(candidates, kernels, strict=True):
             try:
-                seconds = float(
-                    run(family.name, params, family.make_kernel(params, config), device)
-                )
+                seconds = float(run(family.name, params, kernel, device))
             except Exception as error:  # one broken config must not stop tuning
                 logger.warning("autotune: %s %s failed: %s", family.name, config.encode(), error)
                 seconds = math.inf

@@ -231,3 +231,34 @@ def test_autotune_on_a_gpu_times_once_and_reuses(monkeypatch, tmp_path):
     y = fprop(x, w, None, params, config=dict(kernel.info)["config"])
     ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1, groups=params.groups)
     assert torch.allclose(y.double(), ref, atol=0.1, rtol=0.02)
+
+
+def test_a_timer_may_prepare_all_candidates_before_timing(tmp_path):
+    events = []
+
+    class Preparing(FakeTimer):
+        def prepare(self, kernels, arch):
+            events.append(("prepare", arch, [dict(k.info)["config"] for k in kernels]))
+
+        def __call__(self, *args):
+            events.append(("time",))
+            return super().__call__(*args)
+
+    family = pm.FAMILIES["conv2d_gw8_dgrad"]
+    candidates = family.configs(LAYER)[:3]
+    autotune.autotune(
+        family, LAYER, FakeCuda(), H200, candidates, timer=Preparing(), cache=_cache(tmp_path)
+    )
+    assert events == [("prepare", "sm_90", candidates)] + [("time",)] * 3
+
+
+def test_importing_selection_modules_loads_neither_xgboost_nor_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, spio.kernels.perf_model, spio.kernels.autotune; "
+        "print(sorted(m for m in ('xgboost', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
