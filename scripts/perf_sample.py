@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", nargs="*", default=["fp16", "bf16"])
     parser.add_argument("--batches", nargs="*", type=int, default=[32, 64, 128, 256])
     parser.add_argument("--extra-layers", type=int, default=0, help="random layers to add")
+    parser.add_argument("--layers", type=int, default=0, help="only the first N layers")
     parser.add_argument("--max-configs", type=int, default=0, help="sample this many per layer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         done = {s.key() for s in read_samples(args.csv)[0] if s.device == name}
     rng = random.Random(args.seed)
     work = []  # (family, params, configs still to measure)
-    for params in sweep_layers(args.batches, args.dtypes, args.extra_layers, args.seed):
+    layers = sweep_layers(args.batches, args.dtypes, args.extra_layers, args.seed)
+    for params in layers[: args.layers or None]:
         for family in families:
             configs = family.configs(params)
             if args.max_configs and len(configs) > args.max_configs:

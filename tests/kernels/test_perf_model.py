@@ -340,3 +340,72 @@ def test_perf_sample_sweep_covers_the_layer_table():
     assert {(p.r, p.s) for p in layers} >= {(3, 3), (5, 5), (1, 3), (3, 1)}
     assert {p.dtype for p in layers} == {"fp16", "bf16"}
     assert {p.n for p in layers} >= {32, 64, 128, 256}
+
+
+@pytest.mark.cuda
+def test_sample_resume_and_train_on_a_gpu(tmp_path):
+    """The real pipeline, small: time 3 configs of 2 layers per family, resume (nothing left),
+    train into a temporary folder, and load the models."""
+    csv_path = tmp_path / "samples.csv"
+    command = [
+        sys.executable, str(REPO / "scripts" / "perf_sample.py"), "--csv", str(csv_path),
+        "--layers", "2", "--batches", "8", "--dtypes", "fp16", "--max-configs", "3",
+        "--budget-s", "240", "--repeats", "5",
+    ]  # fmt: skip
+    first = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert first.returncode == 0, first.stderr
+    samples, _ = pm.read_samples(csv_path)
+    assert len(samples) == 2 * 3 * len(pm.FAMILIES)
+    assert all(not s.synthetic and 0 < s.seconds < 0.1 for s in samples)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert again.returncode == 0 and "0 configs to time" in again.stdout
+    assert len(pm.read_samples(csv_path)[0]) == len(samples)
+    train = syn.load_script("train_perf_model")
+    assert train.main([str(csv_path), "--out", str(tmp_path / "models"), "--trees", "20"]) == 0
+    for name in pm.FAMILIES:
+        model = pm.PerfModel.load(pm.model_path(tmp_path / "models", name, samples[0].arch))
+        assert model.meta["synthetic"] is False and model.meta["rows"] == 6
+
+
+def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkeypatch):
+    """perf_sample's bookkeeping on CPU: the GPU, compiler and timer are fakes."""
+    import torch
+
+    import spio.compiler
+    from spio.cuda import driver
+    from spio.kernels import autotune
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    attrs = {"arch": "sm_90", "name": "Fake GPU", "l2_cache_bytes": 60 * 2**20}
+    monkeypatch.setattr(driver, "device_attributes", lambda ordinal=0: dict(attrs))
+    monkeypatch.setattr(driver, "driver_version", lambda: (13, 0))
+    compiled = []
+    monkeypatch.setattr(
+        spio.compiler,
+        "compile_many",
+        lambda jobs, **kw: compiled.extend(jobs) or [None] * len(jobs),
+    )
+    monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])
+    timed = []
+
+    def fake_time(kernel, arg_sets, device, **kw):
+        timed.append(kernel.name)
+        return 1e-5 * (1 + len(timed) % 7)
+
+    monkeypatch.setattr(autotune, "time_kernel", fake_time)
+    script = syn.load_script("perf_sample")
+    csv_path = tmp_path / "samples.csv"
+    args = ["--csv", str(csv_path), "--layers", "2", "--batches", "8", "--dtypes", "fp16",
+            "--max-configs", "4", "--workers", "1"]  # fmt: skip
+    assert script.main(args) == 0
+    samples, _ = pm.read_samples(csv_path)
+    assert len(samples) == len(timed) == len(compiled) == 2 * 4 * len(pm.FAMILIES)
+    assert {s.device for s in samples} == {"Fake GPU"} and not any(s.synthetic for s in samples)
+    assert {s.driver for s in samples} == {"13.0"}
+    timed.clear()
+    assert script.main(args) == 0  # resumed: nothing left to time
+    assert timed == [] and len(pm.read_samples(csv_path)[0]) == len(samples)
+    more = ["--csv", str(tmp_path / "b.csv"), "--batches", "8", "--budget-s", "0.001"]
+    assert script.main(more) == 0  # the budget ends the run early
+    assert len(timed) < 5
