@@ -1,0 +1,202 @@
+"""Benchmark results: one CSV row per (layer, batch, pass, implementation), and the summary table.
+
+The CSV is self-describing: every row carries the run's GPU, driver, torch, CUDA and spio versions,
+date and command line, so files from different machines can be concatenated and still be read.
+Nothing here needs a GPU or torch; the plots and the table are made from these rows alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+#: Implementations timed per pass: spio's kernel, PyTorch (cuDNN), and a device copy of the
+#: same number of bytes (the bandwidth a memory-bound kernel could at best reach).
+IMPLS = ("spio", "torch", "copy")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Where and how a benchmark ran; repeated in every CSV row."""
+
+    gpu: str
+    driver: str
+    torch: str
+    cuda: str
+    spio: str
+    date: str
+    command: str
+    timing: str
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """The measured time of one implementation of one pass of one layer at one batch size."""
+
+    layer: str
+    n: int
+    c: int
+    h: int
+    w: int
+    r: int
+    s: int
+    pad_h: int
+    pad_w: int
+    dtype: str
+    pass_: str
+    impl: str
+    bytes: int
+    flops: int
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    reps: int
+    rotation_sets: int
+    config: str
+    gpu: str
+    driver: str
+    torch: str
+    cuda: str
+    spio: str
+    date: str
+    command: str
+    timing: str
+
+    @property
+    def gbps(self) -> float:
+        """Effective bandwidth in GB/s (1e9 bytes per second): bytes that must move / time."""
+        return self.bytes / (self.median_ms * 1e-3) / 1e9
+
+    @property
+    def tflops(self) -> float:
+        """Arithmetic throughput in TFLOP/s (copy rows: 0)."""
+        return self.flops / (self.median_ms * 1e-3) / 1e12
+
+
+#: CSV header: the dataclass fields ("pass_" written as "pass") plus derived columns.
+_DERIVED = ("gbps", "tflops")
+
+
+def _column(name: str) -> str:
+    return "pass" if name == "pass_" else name
+
+
+def write_csv(rows: Iterable[BenchRow], path: Path) -> Path:
+    """Write rows (with derived GB/s and TFLOP/s columns) to path; returns path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = [f.name for f in fields(BenchRow)]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([_column(n) for n in names] + list(_DERIVED))
+        for row in rows:
+            values = asdict(row)
+            writer.writerow([values[n] for n in names] + [f"{row.gbps:.2f}", f"{row.tflops:.3f}"])
+    return path
+
+
+def read_csv(path: Path) -> list[BenchRow]:
+    """Rows of a CSV written by write_csv (derived columns are recomputed, not read)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark CSV not found: {path}")
+    types = {f.name: f.type for f in fields(BenchRow)}
+    rows = []
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = {_column(n) for n in types} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(
+                f"{path} is not a spio benchmark CSV: missing columns {sorted(missing)}"
+            )
+        for line_no, record in enumerate(reader, start=2):
+            values = {}
+            for name, kind in types.items():
+                text = record[_column(name)]
+                try:
+                    values[name] = (
+                        int(text) if kind == "int" else float(text) if kind == "float" else text
+                    )
+                except ValueError:
+                    raise ValueError(f"{path}:{line_no}: bad {_column(name)} {text!r}") from None
+            rows.append(BenchRow(**values))
+    return rows
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """spio vs PyTorch vs copy for one (layer, batch, dtype, pass)."""
+
+    layer: str
+    n: int
+    dtype: str
+    pass_: str
+    spio: BenchRow | None
+    torch: BenchRow | None
+    copy: BenchRow | None
+
+    @property
+    def speedup(self) -> float | None:
+        """PyTorch time / spio time (> 1: spio is faster)."""
+        if self.spio is None or self.torch is None:
+            return None
+        return self.torch.median_ms / self.spio.median_ms
+
+    def copy_fraction(self, impl: str) -> float | None:
+        """impl's effective bandwidth as a fraction of the copy's."""
+        row = getattr(self, impl)
+        if row is None or self.copy is None:
+            return None
+        return row.gbps / self.copy.gbps
+
+
+def compare(rows: Iterable[BenchRow]) -> list[Comparison]:
+    """Group rows by (layer, batch, dtype, pass), keeping first-seen order."""
+    groups: dict[tuple, dict[str, BenchRow]] = {}
+    for row in rows:
+        groups.setdefault((row.layer, row.n, row.dtype, row.pass_), {})[row.impl] = row
+    return [
+        Comparison(*key, impls.get("spio"), impls.get("torch"), impls.get("copy"))
+        for key, impls in groups.items()
+    ]
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """format(value, spec), or "-" right-aligned to the spec's width when value is None."""
+    if value is None:
+        width = int(spec.split(".")[0] or 0)
+        return "-".rjust(width)
+    return format(value, spec)
+
+
+def format_table(rows: Iterable[BenchRow]) -> str:
+    """The printed summary: ms, effective GB/s, % of copy bandwidth, speedup over PyTorch."""
+    comparisons = compare(rows)
+    header = (
+        f"{'layer':<16} {'N':>4} {'dtype':<5} {'pass':<5} {'spio ms':>9} {'torch ms':>9} "
+        f"{'copy ms':>8} {'spio GB/s':>9} {'torch GB/s':>10} {'copy GB/s':>9} "
+        f"{'spio %cp':>8} {'torch %cp':>9} {'speedup':>7}"
+    )
+    lines = [header, "-" * len(header)]
+    for cmp in comparisons:
+        ms = {i: None if getattr(cmp, i) is None else getattr(cmp, i).median_ms for i in IMPLS}
+        bw = {i: None if getattr(cmp, i) is None else getattr(cmp, i).gbps for i in IMPLS}
+        pct = {i: cmp.copy_fraction(i) for i in ("spio", "torch")}
+        lines.append(
+            f"{cmp.layer:<16} {cmp.n:>4} {cmp.dtype:<5} {cmp.pass_:<5} "
+            f"{_fmt(ms['spio'], '9.4f')} {_fmt(ms['torch'], '9.4f')} {_fmt(ms['copy'], '8.4f')} "
+            f"{_fmt(bw['spio'], '9.0f')} {_fmt(bw['torch'], '10.0f')} {_fmt(bw['copy'], '9.0f')} "
+            f"{_fmt(None if pct['spio'] is None else 100 * pct['spio'], '7.0f')}% "
+            f"{_fmt(None if pct['torch'] is None else 100 * pct['torch'], '8.0f')}% "
+            f"{_fmt(cmp.speedup, '6.2f')}x"
+        )
+    speedups = [c.speedup for c in comparisons if c.speedup is not None]
+    if speedups:
+        lines.append(
+            f"speedup over PyTorch: median {statistics.median(speedups):.2f}x, "
+            f"min {min(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} cases"
+        )
+    return "\n".join(lines)

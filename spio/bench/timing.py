@@ -1,0 +1,146 @@
+"""GPU timing with CUDA events on a pre-filled stream, rotating inputs that would sit in L2.
+
+Launch overhead (tens of microseconds of Python per call) exceeds the run time of small kernels,
+so events recorded around a call on an idle GPU would time the CPU. We therefore first queue a
+spin kernel (`torch.cuda._sleep`) long enough for the CPU to enqueue a whole batch of calls with
+their events behind it; the GPU then runs the batch back to back and each start/end event pair
+brackets only that call's GPU work. A batch counts only if the spin was still running when the
+last call was queued; otherwise it is retried with a longer spin.
+
+Inputs are rotated over enough copies that the data of one call has left the L2 cache (the
+H200 has 60 MB) by the time it is used again, so small layers are not timed from cache.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..log import logger
+
+#: Calls queued behind one spin kernel; keeps the launch queue far from full.
+BATCH_CALLS = 50
+
+#: Distinct data that must pass between two uses of one rotation set, in multiples of L2.
+L2_FLUSH_FACTOR = 3
+
+#: Most rotation sets (bounds memory for tiny layers).
+MAX_SETS = 64
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call GPU times in milliseconds (median of many) and how they were taken."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    reps: int
+    prefilled: bool  # every batch was queued behind the spin kernel
+
+    @staticmethod
+    def of(times_ms: list[float], prefilled: bool) -> Timing:
+        ordered = sorted(times_ms)
+        return Timing(
+            median_ms=statistics.median(ordered),
+            p10_ms=ordered[int(0.1 * (len(ordered) - 1))],
+            p90_ms=ordered[math.ceil(0.9 * (len(ordered) - 1))],
+            reps=len(ordered),
+            prefilled=prefilled,
+        )
+
+
+def rotation_sets(bytes_per_set: int, l2_bytes: int) -> int:
+    """Copies of a call's data to cycle through so that each is evicted from L2 before reuse."""
+    if bytes_per_set <= 0:
+        raise ValueError(f"rotation_sets needs a positive size, got {bytes_per_set}")
+    if l2_bytes <= 0 or bytes_per_set >= L2_FLUSH_FACTOR * l2_bytes:
+        return 1
+    return min(MAX_SETS, math.ceil(L2_FLUSH_FACTOR * l2_bytes / bytes_per_set) + 1)
+
+
+def l2_cache_bytes(device_index: int = 0) -> int:
+    """The GPU's L2 size in bytes (torch's device properties; 0 if torch does not report it)."""
+    import torch
+
+    return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 0))
+
+
+class SpinCalibration:
+    """Converts seconds to `torch.cuda._sleep` cycles, measured once per process."""
+
+    _cycles_per_second: float | None = None
+
+    @classmethod
+    def cycles(cls, seconds: float) -> int:
+        import torch
+
+        if cls._cycles_per_second is None:
+            probe = 2_000_000
+            torch.cuda._sleep(probe)  # warm up the spin kernel
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(probe)
+            end.record()
+            end.synchronize()
+            cls._cycles_per_second = probe / max(start.elapsed_time(end) * 1e-3, 1e-6)
+        return max(1000, int(seconds * cls._cycles_per_second))
+
+
+def time_calls(
+    call: Callable[[int], object], warmup: int = 5, reps: int = 100, max_retries: int = 3
+) -> Timing:
+    """GPU time of call(i) (i counts calls; use it to pick a rotation set), median of reps calls.
+
+    Runs `warmup` untimed calls first. Times are per call: everything the call enqueues on the
+    current stream between its start and end events.
+    """
+    import torch
+
+    if warmup < 1 or reps < 1:
+        raise ValueError(f"time_calls needs warmup >= 1 and reps >= 1, got {warmup}, {reps}")
+    counter = 0
+
+    def run_once() -> None:
+        nonlocal counter
+        call(counter)
+        counter += 1
+
+    for _ in range(warmup):
+        run_once()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(min(5, warmup)):
+        run_once()
+    torch.cuda.synchronize()
+    cpu_per_call = (time.perf_counter() - started) / min(5, warmup)
+
+    times: list[float] = []
+    all_prefilled = True
+    while len(times) < reps:
+        batch = min(BATCH_CALLS, reps - len(times))
+        spin_seconds = 2.0 * cpu_per_call * batch + 1e-3
+        for attempt in range(max_retries + 1):
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+            spin_done = torch.cuda.Event()
+            torch.cuda._sleep(SpinCalibration.cycles(spin_seconds))
+            spin_done.record()
+            for start, end in zip(starts, ends, strict=True):
+                start.record()
+                run_once()
+                end.record()
+            prefilled = not spin_done.query()  # still spinning: nothing ran while we queued
+            torch.cuda.synchronize()
+            if prefilled or attempt == max_retries:
+                break
+            spin_seconds *= 3
+        if not prefilled:
+            all_prefilled = False
+            logger.warning("timing batch was not fully queued behind the spin kernel")
+        times += [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    return Timing.of(times, all_prefilled)

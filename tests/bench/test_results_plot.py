@@ -1,0 +1,109 @@
+"""Benchmark CSV round trip, the summary table, and PNG plots rendered from a CSV (no GPU).
+
+The rows here are synthetic fixtures labelled as such, only to exercise formatting and plotting.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spio.bench.layers import layer_table
+from spio.bench.results import BenchRow, compare, format_table, read_csv, write_csv
+from spio.kernels.stats import Conv2dStats
+
+FIXTURE = "FIXTURE: synthetic numbers, not a measurement"
+
+
+def _rows():
+    """Two layers x two batch sizes x three passes x three impls, with made-up times."""
+    rows = []
+    for layer in layer_table()[:2]:
+        for n in (32, 64):
+            params = layer.params(n)
+            stats = Conv2dStats(params)
+            for pass_ in ("fprop", "dgrad", "wgrad"):
+                for impl, ms in (("spio", 0.1), ("torch", 0.3), ("copy", 0.08)):
+                    rows.append(
+                        BenchRow(
+                            layer=layer.name, n=n, c=params.c, h=params.h, w=params.w,
+                            r=params.r, s=params.s, pad_h=params.padding_h,
+                            pad_w=params.padding_w, dtype="fp16", pass_=pass_, impl=impl,
+                            bytes=stats.bytes(pass_), flops=0 if impl == "copy" else stats.flops,
+                            median_ms=ms * n / 32, p10_ms=ms * n / 32, p90_ms=ms * n / 32,
+                            reps=20, rotation_sets=3, config="g8_p16_q32_w1", gpu=FIXTURE,
+                            driver="-", torch="-", cuda="-", spio="-", date="2000-01-01",
+                            command="python -m spio bench (fixture)", timing=FIXTURE,
+                        )
+                    )  # fmt: skip
+    return rows
+
+
+@pytest.fixture
+def bench_csv(tmp_path):
+    return write_csv(_rows(), tmp_path / "run" / "bench_fp16.csv")
+
+
+def test_csv_round_trip_keeps_every_field(bench_csv):
+    assert read_csv(bench_csv) == _rows()
+    header = bench_csv.read_text().splitlines()[0].split(",")
+    for column in ("gpu", "driver", "torch", "spio", "date", "command", "pass", "gbps"):
+        assert column in header
+
+
+def test_read_csv_rejects_other_files(tmp_path):
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a spio benchmark CSV"):
+        read_csv(other)
+    with pytest.raises(FileNotFoundError):
+        read_csv(tmp_path / "missing.csv")
+
+
+def test_table_reports_bandwidth_copy_fraction_and_speedup():
+    rows = _rows()
+    comparisons = compare(rows)
+    assert len(comparisons) == 2 * 2 * 3
+    first = comparisons[0]
+    assert first.speedup == pytest.approx(3.0)
+    assert first.copy_fraction("spio") == pytest.approx(0.8)
+    table = format_table(rows)
+    assert "speedup over PyTorch: median 3.00x" in table
+    line = next(line for line in table.splitlines() if line.startswith("64c_64x64_3x3"))
+    gbps = first.spio.bytes / 0.1e-3 / 1e9
+    assert f"{gbps:.0f}" in line and "80%" in line and "3.00x" in line
+
+
+def _assert_pngs(folder, expected):
+    for name in expected:
+        path = folder / name
+        assert path.is_file(), f"{name} missing"
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
+        assert len(data) > 20_000, f"{name} is suspiciously small: {len(data)} bytes"
+
+
+def test_plots_render_one_png_per_pass(bench_csv, tmp_path):
+    pytest.importorskip("matplotlib")
+    from spio.bench.plot import plot_rows
+
+    paths = plot_rows(read_csv(bench_csv), tmp_path / "plots")
+    names = [p.name for p in paths]
+    assert names == ["bandwidth_fprop_fp16.png", "bandwidth_dgrad_fp16.png",
+                     "bandwidth_wgrad_fp16.png"]  # fmt: skip
+    _assert_pngs(tmp_path / "plots", names)
+
+
+def test_plot_only_command_needs_no_gpu(bench_csv):
+    pytest.importorskip("matplotlib")
+    out = subprocess.run(
+        [sys.executable, "-m", "spio", "bench", "--plot-only", str(bench_csv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "speedup over PyTorch" in out.stdout
+    _assert_pngs(bench_csv.parent, ["bandwidth_fprop_fp16.png", "bandwidth_wgrad_fp16.png"])
