@@ -294,6 +294,7 @@ class Sample:
 def sample_row(sample: Sample) -> dict[str, str]:
     """The CSV row of a sample."""
     p = sample.params
+    bandwidth = Conv2dStats(p).effective_bandwidth(sample.seconds, get_family(sample.family).pass_)
     row = {
         "family": sample.family,
         "arch": sample.arch,
@@ -312,9 +313,7 @@ def sample_row(sample: Sample) -> dict[str, str]:
         "has_bias": int(p.has_bias),
         "dtype": p.dtype,
         "time_us": f"{sample.seconds * 1e6:.4f}",
-        "bandwidth_gbs": (
-            f"{Conv2dStats(p).effective_bandwidth(sample.seconds, get_family(sample.family).pass_) / 1e9:.2f}"  # noqa: E501
-        ),
+        "bandwidth_gbs": f"{bandwidth / 1e9:.2f}",
         "date": sample.date,
     }
     for name in CONFIG_COLUMNS:
