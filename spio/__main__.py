@@ -126,12 +126,34 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 1 if failures or spills else 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import cmd_check as run
+
+    return run(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench.cli import cmd_bench as run
+
+    return run(args)
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "info": (cmd_info, "versions, where NVRTC and the headers were found, GPU, cache folder"),
     "compile": (
         cmd_compile,
         "compile every config of every kernel for the built-in layer set; exit 1 on any failure "
         "or spill",
+    ),
+    "check": (
+        cmd_check,
+        "numerical self-test of every kernel pass in fp16 and bf16 against float64 references "
+        "(the GPU if present, else the CPU emulator); exit 1 on any failure",
+    ),
+    "bench": (
+        cmd_bench,
+        "time spio vs PyTorch (cuDNN) vs a device copy on the layer table; table, CSV and plots "
+        "(needs a GPU, except --plot-only)",
     ),
     "clear-cache": (cmd_clear_cache, "delete every cached cubin and emulator library"),
 }
@@ -150,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     compile_parser.add_argument("--kernel", help="only kernel families whose name contains this")
     compile_parser.add_argument("--sample", type=int, help="compile a random sample of N kernels")
     compile_parser.add_argument("--seed", type=int, default=0, help="seed for --sample")
+    from .bench.cli import add_arguments as add_bench_arguments
+    from .check import add_arguments as add_check_arguments
+
+    add_check_arguments(parsers["check"])
+    add_bench_arguments(parsers["bench"])
     return parser
 
 

@@ -1,0 +1,161 @@
+"""`python -m spio bench`: arguments and the command, kept here so spio/__main__.py stays small."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from ..kernels.stats import PASSES
+from .layers import BATCH_SIZES, QUICK_BATCH_SIZES, layer_table, select_layers
+
+NO_GPU_MESSAGE = (
+    "spio bench needs a CUDA GPU, and none is available on this machine "
+    "(torch.cuda.is_available() is False); `--plot-only CSV` renders plots from an earlier run"
+)
+
+DEFAULT_OUT = "spio_bench_out"
+
+
+def _passes(text: str) -> tuple[str, ...]:
+    passes = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in passes if p not in PASSES]
+    if bad or not passes:
+        raise argparse.ArgumentTypeError(
+            f"passes must be a comma-separated subset of {','.join(PASSES)}, got {text!r}"
+        )
+    return passes
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"batch sizes must be integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    return sizes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench command's options."""
+    parser.add_argument(
+        "--quick", action="store_true", help="batch sizes 32 and 128, fewer repetitions"
+    )
+    parser.add_argument(
+        "--out", type=Path, help=f"folder for the CSV and PNG files (default ./{DEFAULT_OUT})"
+    )
+    parser.add_argument(
+        "--passes",
+        type=_passes,
+        default=PASSES,
+        help="comma-separated passes to time (default fprop,dgrad,wgrad)",
+    )
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    parser.add_argument(
+        "--in-situ",
+        action="store_true",
+        help="instead of isolated layers, profile each layer inside ConvFirst- and MBConv-style "
+        "block stacks (torch.profiler kernel times)",
+    )
+    parser.add_argument(
+        "--plot-only",
+        type=Path,
+        metavar="CSV",
+        help="render the table and plots from an earlier run's CSV; needs no GPU",
+    )
+    parser.add_argument(
+        "--layers",
+        action="append",
+        help="only layers whose name contains this (repeatable), e.g. 64c_64x64",
+    )
+    parser.add_argument(
+        "--batch-sizes", type=_batch_sizes, help="comma-separated batch sizes (overrides --quick)"
+    )
+
+
+def command_line() -> str:
+    """This process's command line, as a user would type it."""
+    args = sys.argv[1:]
+    return shlex.join(["python", "-m", "spio", *args])
+
+
+def _plot(rows, out_dir: Path) -> int:
+    from .plot import plot_rows
+
+    try:
+        paths = plot_rows(rows, out_dir)
+    except RuntimeError as error:  # matplotlib missing
+        print(error, file=sys.stderr)
+        return 1
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark (or only render plots) as the arguments say; returns the exit status."""
+    from .results import format_table, read_csv, write_csv
+
+    if args.plot_only is not None:
+        rows = read_csv(args.plot_only)
+        if not rows:
+            print(f"{args.plot_only} has no rows", file=sys.stderr)
+            return 1
+        print(format_table(rows))
+        return _plot(rows, args.out or args.plot_only.parent)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NO_GPU_MESSAGE, file=sys.stderr)
+        return 2
+    out_dir = args.out or Path(DEFAULT_OUT)
+    layers = tuple(select_layers(layer_table(), args.layers))
+    batch_sizes = args.batch_sizes or (QUICK_BATCH_SIZES if args.quick else BATCH_SIZES)
+    if args.in_situ:
+        return _in_situ(args, layers, batch_sizes, out_dir)
+
+    from .run import BenchSettings, run_bench
+
+    settings = BenchSettings(
+        layers=layers,
+        batch_sizes=tuple(batch_sizes),
+        passes=args.passes,
+        dtype=args.dtype,
+        warmup=3 if args.quick else 5,
+        reps=20 if args.quick else 100,
+    )
+    rows = run_bench(settings, command_line())
+    expected = len(layers) * len(batch_sizes) * len(args.passes) * 3
+    if rows:
+        path = write_csv(rows, out_dir / f"bench_{args.dtype}.csv")
+        print(format_table(rows))
+        print(f"wrote {path}")
+    status = _plot(rows, out_dir) if rows else 1
+    if len(rows) < expected:
+        print(f"{expected - len(rows)} of {expected} timings failed (see the log)", file=sys.stderr)
+        return 1
+    return status
+
+
+def _in_situ(args: argparse.Namespace, layers, batch_sizes, out_dir: Path) -> int:
+    from .insitu import format_insitu_table, run_insitu, write_insitu_csv
+    from .run import run_info
+
+    info = run_info(command_line())
+    n = batch_sizes[0] if args.batch_sizes else 64
+    rows = run_insitu(
+        list(layers[:3] if args.quick and not args.layers else layers),
+        n=n,
+        dtype=args.dtype,
+        info=info,
+        passes=args.passes,
+        warmup=3 if args.quick else 5,
+        steps=10 if args.quick else 20,
+    )
+    path = write_insitu_csv(rows, out_dir / f"insitu_{args.dtype}.csv")
+    print(format_insitu_table(rows))
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,283 @@
+"""The isolated-layer benchmark: FProp, DGrad and WGrad of spio and of PyTorch (cuDNN), and a
+device copy of the same bytes, for every layer of the table at several batch sizes, in one run.
+
+spio runs through the factory functions (`fprop`, `dgrad`, `wgrad`) with each layer's default
+config; PyTorch runs `F.conv2d` and, for the gradients, `aten.convolution_backward` (what autograd
+calls) with only dx or only dw requested, so each pass is timed alone. Tensors are channels_last,
+in the same dtype, filled with random values (never zeros), and rotated through enough copies to
+defeat the L2 cache. cudnn.benchmark is on, so cuDNN picks its fastest algorithm during warm-up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..kernels.conv2d_gw8_params import Conv2dGw8Params
+from ..kernels.stats import PASSES, Conv2dStats
+from ..log import logger
+from .layers import BenchLayer
+from .results import BenchRow, RunInfo
+from .timing import Timing, l2_cache_bytes, rotation_sets, time_calls
+
+TIMING_METHOD = "cuda-events, stream pre-filled behind a spin kernel; median per call"
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What to run and how many times."""
+
+    layers: tuple[BenchLayer, ...]
+    batch_sizes: tuple[int, ...]
+    passes: tuple[str, ...] = PASSES
+    dtype: str = "fp16"
+    warmup: int = 5
+    reps: int = 100
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.passes if p not in PASSES]
+        if bad or not self.passes:
+            raise ValueError(f"bench passes must be among {', '.join(PASSES)}, got {self.passes}")
+        if self.dtype not in ("fp16", "bf16"):
+            raise ValueError(f"bench dtype must be fp16 or bf16, got {self.dtype!r}")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"bench batch sizes must be positive, got {self.batch_sizes}")
+
+
+def driver_version() -> str:
+    """The NVIDIA driver release from nvidia-smi, else the driver's CUDA API version."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        import ctypes
+
+        version = ctypes.c_int()
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+        return f"CUDA driver API {version.value // 1000}.{version.value % 1000 // 10}"
+    except OSError:
+        return "unknown"
+
+
+def run_info(command: str, device_index: int = 0) -> RunInfo:
+    """The GPU, driver, versions, date and command of this run."""
+    import torch
+
+    from .. import __version__
+
+    return RunInfo(
+        gpu=torch.cuda.get_device_name(device_index),
+        driver=driver_version(),
+        torch=torch.__version__,
+        cuda=str(torch.version.cuda),
+        spio=__version__,
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        command=command,
+        timing=TIMING_METHOD,
+    )
+
+
+def spio_config(params: Conv2dGw8Params, pass_: str):
+    """The config spio picks for this pass (its default)."""
+    from ..kernels import conv2d_gw8_factory as fd
+    from ..kernels import conv2d_gw8_wgrad_factory as wg
+
+    if pass_ == "wgrad":
+        return wg.default_config(params)
+    return fd.default_config(params, igrad=pass_ == "dgrad")
+
+
+def spio_kernel(params: Conv2dGw8Params, pass_: str):
+    """The Kernel spio launches for this pass."""
+    from ..kernels import conv2d_gw8_factory as fd
+    from ..kernels import conv2d_gw8_wgrad_factory as wg
+
+    config = spio_config(params, pass_)
+    if pass_ == "wgrad":
+        return wg.make_kernel(params, config)
+    return fd.make_kernel(params, config, igrad=pass_ == "dgrad")
+
+
+def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], arch: str) -> list[str]:
+    """Compile every spio kernel of `cases` in parallel into the disk cache, so timing loops only
+    load cubins; returns one message per kernel that failed to compile."""
+    from ..compiler import compile_many
+
+    kernels = {spio_kernel(params, pass_) for params, pass_ in cases}
+    jobs = [k.compile_job(arch) for k in kernels]
+    results = compile_many(jobs, desc=f"compiling {len(jobs)} spio kernels for {arch}")
+    return [
+        f"{k.name}: {r}" for k, r in zip(kernels, results, strict=True) if isinstance(r, Exception)
+    ]
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+
+
+class PassCase:
+    """Rotation sets of random tensors for one pass of one layer, and the three timed calls."""
+
+    def __init__(self, params: Conv2dGw8Params, pass_: str, l2_bytes: int, device="cuda"):
+        import torch
+
+        self.params = params
+        self.pass_ = pass_
+        self.stats = Conv2dStats(params)
+        self.bytes = self.stats.bytes(pass_)
+        self.sets = rotation_sets(self.bytes, l2_bytes)
+        self.config = spio_config(params, pass_)
+        dtype = _torch_dtype(params.dtype)
+        cl = torch.channels_last
+
+        def randn(shape, scale=1.0):
+            return (torch.randn(shape, device=device) * scale).to(dtype)
+
+        self.data = []
+        for _ in range(self.sets):
+            item = {"w": randn(params.weight_shape, 1 / 3)}
+            item["w_cl"] = item["w"].contiguous(memory_format=cl)
+            if pass_ in ("fprop", "wgrad"):
+                item["x"] = randn(params.input_shape).contiguous(memory_format=cl)
+            if pass_ in ("dgrad", "wgrad"):
+                item["dy"] = randn(params.output_shape).contiguous(memory_format=cl)
+            if pass_ == "dgrad":  # convolution_backward reads only x's shape and layout
+                item["x"] = torch.empty(
+                    params.input_shape, dtype=dtype, device=device, memory_format=cl
+                )
+            if pass_ == "fprop":
+                item["out"] = torch.empty(
+                    params.output_shape, dtype=dtype, device=device, memory_format=cl
+                )
+            if pass_ == "dgrad":
+                item["out"] = torch.empty(
+                    params.input_shape, dtype=dtype, device=device, memory_format=cl
+                )
+            self.data.append(item)
+        half = self.bytes // 4  # 2-byte elements read (and as many written) by the copy
+        self.copy_bytes = 4 * half
+        self.copy_data = [
+            (randn((half,)), torch.empty(half, dtype=dtype, device=device))
+            for _ in range(rotation_sets(4 * half, l2_bytes))
+        ]
+
+    def spio_call(self) -> Callable[[int], object]:
+        """spio's kernel for this pass on rotation set i."""
+        from ..kernels import conv2d_gw8_factory as fd
+        from ..kernels import conv2d_gw8_wgrad_factory as wg
+
+        params, config, data, pass_ = self.params, self.config, self.data, self.pass_
+
+        def call(i: int):
+            item = data[i % len(data)]
+            if pass_ == "fprop":
+                return fd.fprop(item["x"], item["w"], None, params, config, out=item["out"])
+            if pass_ == "dgrad":
+                return fd.dgrad(item["dy"], item["w"], params, config, out=item["out"])
+            return wg.wgrad(item["x"], item["dy"], params, config)
+
+        return call
+
+    def torch_call(self) -> Callable[[int], object]:
+        """F.conv2d, or the dx-only / dw-only convolution_backward autograd would call."""
+        import torch
+        import torch.nn.functional as F
+
+        p, data, pass_ = self.params, self.data, self.pass_
+        padding = list(p.padding)
+        mask = [pass_ == "dgrad", pass_ == "wgrad", False]
+
+        def call(i: int):
+            item = data[i % len(data)]
+            if pass_ == "fprop":
+                return F.conv2d(item["x"], item["w_cl"], None, 1, padding, 1, p.groups)
+            return torch.ops.aten.convolution_backward(
+                item["dy"], item["x"], item["w_cl"], None, [1, 1], padding, [1, 1], False,
+                [0, 0], p.groups, mask,
+            )  # fmt: skip
+
+        return call
+
+    def copy_call(self) -> Callable[[int], object]:
+        """A device-to-device copy moving (about) the same number of bytes as the pass."""
+        pairs = self.copy_data
+
+        def call(i: int):
+            src, dst = pairs[i % len(pairs)]
+            return dst.copy_(src)
+
+        return call
+
+
+def _row(
+    layer: BenchLayer, params: Conv2dGw8Params, pass_: str, impl: str, timing: Timing,
+    nbytes: int, flops: int, sets: int, config: str, info: RunInfo,
+) -> BenchRow:  # fmt: skip
+    return BenchRow(
+        layer=layer.name, n=params.n, c=params.c, h=params.h, w=params.w, r=params.r,
+        s=params.s, pad_h=params.padding_h, pad_w=params.padding_w, dtype=params.dtype,
+        pass_=pass_, impl=impl, bytes=nbytes, flops=flops, median_ms=timing.median_ms,
+        p10_ms=timing.p10_ms, p90_ms=timing.p90_ms, reps=timing.reps, rotation_sets=sets,
+        config=config, gpu=info.gpu, driver=info.driver, torch=info.torch, cuda=info.cuda,
+        spio=info.spio, date=info.date, command=info.command,
+        timing=info.timing if timing.prefilled else info.timing + " (NOT fully pre-filled)",
+    )  # fmt: skip
+
+
+def run_bench(settings: BenchSettings, command: str) -> list[BenchRow]:
+    """Time every (layer, batch size, pass) of settings; needs a CUDA GPU."""
+    import torch
+    from tqdm import tqdm
+
+    from ..cuda import driver
+
+    arch = driver.device_attributes(0)["arch"]
+    cases = [
+        (layer, layer.params(n, settings.dtype), pass_)
+        for layer in settings.layers
+        for n in settings.batch_sizes
+        for pass_ in settings.passes
+    ]
+    failed = precompile([(params, pass_) for _, params, pass_ in cases], arch)
+    for message in failed:
+        logger.error("compile failed: %s", message)
+    torch.backends.cudnn.benchmark = True
+    info = run_info(command + " (cudnn.benchmark=True)")
+    l2 = l2_cache_bytes()
+    rows: list[BenchRow] = []
+    for layer, params, pass_ in tqdm(cases, desc="benchmark", unit="case"):
+        case = PassCase(params, pass_, l2)
+        flops = case.stats.flops
+        timed = {
+            "spio": (case.spio_call(), flops, case.sets, case.config.encode()),
+            "torch": (case.torch_call(), flops, case.sets, "cudnn"),
+            "copy": (case.copy_call(), 0, len(case.copy_data), ""),
+        }
+        for impl, (call, impl_flops, sets, config) in timed.items():
+            nbytes = case.copy_bytes if impl == "copy" else case.bytes
+            try:
+                timing = time_calls(call, warmup=settings.warmup, reps=settings.reps)
+            except Exception as error:  # report the case, keep the sweep going
+                logger.error("%s %s %s failed: %s", impl, pass_, params.encode(), error)
+                torch.cuda.synchronize()
+                continue
+            rows.append(
+                _row(layer, params, pass_, impl, timing, nbytes, impl_flops, sets, config, info)
+            )
+        del case
+    return rows

@@ -1,0 +1,279 @@
+"""`python -m spio check`: a numerical self-test of every kernel pass in both dtypes.
+
+Runs FProp, DGrad and WGrad (with the bias gradient where the layer has a bias) over a sample of
+layers and tile configs on a CUDA GPU, or in the CPU emulator without one, and compares each
+result with the float64 reference under the tolerance derived from accumulation depth
+(`spio.reference.conv2d_gw8_tolerance`). Inputs are random and outputs are poisoned with NaN
+first, so a kernel that skips an element fails. One line per pass and dtype reports the worst
+error as a fraction of the tolerance (<= 1 passes); any failure gives a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from .kernels.conv2d_gw8_params import Conv2dGw8Params
+from .kernels.stats import PASSES
+
+DTYPES = ("fp16", "bf16")
+
+P = Conv2dGw8Params
+
+#: Small layers for the emulator: 3x3 with bias, a 1-row filter, padding larger than the filter
+#: (negative DGrad padding), a tall non-square filter with 5 groups (partial group blocks), and
+#: a tiny unpadded image with several images.
+EMULATOR_LAYERS = (
+    P(n=1, c=16, h=6, w=5, padding=1, r=3, s=3, has_bias=True),
+    P(n=2, c=8, h=9, w=20, padding=(0, 2), r=1, s=5),
+    P(n=1, c=24, h=7, w=19, padding=4, r=3, s=3),
+    P(n=1, c=40, h=11, w=10, padding=(2, 1), r=5, s=2, has_bias=True),
+    P(n=3, c=8, h=4, w=4, padding=0, r=4, s=1),
+)
+
+#: Extra layers on a GPU: table-sized shapes (several tiles, many groups, larger batches).
+GPU_LAYERS = EMULATOR_LAYERS + (
+    P(n=4, c=64, h=64, w=64, padding=1, r=3, s=3),
+    P(n=2, c=96, h=56, w=56, padding=2, r=5, s=5, has_bias=True),
+    P(n=8, c=368, h=7, w=7, padding=1, r=3, s=3),
+    P(n=4, c=128, h=32, w=32, padding=(0, 1), r=1, s=3),
+    P(n=3, c=152, h=14, w=14, padding=1, r=3, s=3, has_bias=True),
+)
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """Every run of one pass in one dtype."""
+
+    pass_: str
+    dtype: str
+    runs: int = 0
+    worst: float = 0.0  # largest |error| / (atol + rtol * |expected|) over all runs and elements
+    failures: tuple[str, ...] = field(default=())
+
+    @property
+    def passed(self) -> bool:
+        return self.runs > 0 and not self.failures
+
+    def line(self) -> str:
+        status = "PASS" if self.passed else "FAIL"
+        text = (
+            f"{self.pass_:<5} {self.dtype}  {status}  worst error {self.worst:.3g} of tolerance "
+            f"({self.runs} runs)"
+        )
+        if self.failures:
+            text += f"; {len(self.failures)} failed, first: {self.failures[0]}"
+        return text
+
+
+def error_ratio(actual, expected, atol: float, rtol: float) -> float:
+    """max |actual - expected| / (atol + rtol * |expected|); inf when actual has NaN or Inf."""
+    import torch
+
+    actual = actual.detach().to("cpu", torch.float64)
+    expected = expected.to(torch.float64)
+    if actual.shape != expected.shape:
+        raise ValueError(f"shape {tuple(actual.shape)} differs from {tuple(expected.shape)}")
+    if not torch.isfinite(actual).all():
+        return math.inf
+    allowed = atol + rtol * expected.abs()
+    return float(((actual - expected).abs() / allowed).max())
+
+
+def _inputs(params: Conv2dGw8Params, seed: int) -> dict:
+    """Random CPU tensors (never zeros) in the layer's dtype: x, w, dy, and an fp32 bias or None."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[params.dtype]
+    return {
+        "x": torch.randn(params.input_shape, generator=gen).to(dtype),
+        "w": (torch.randn(params.weight_shape, generator=gen) / 3).to(dtype),
+        "dy": torch.randn(params.output_shape, generator=gen).to(dtype),
+        "bias": torch.randn(params.c, generator=gen) if params.has_bias else None,
+    }
+
+
+def _poisoned(shape, like, device: str):
+    import torch
+
+    return torch.full(shape, float("nan"), dtype=like.dtype, device=device).contiguous(
+        memory_format=torch.channels_last
+    )
+
+
+def run_one(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int = 0) -> float:
+    """Worst error / tolerance of one kernel run (bias gradient included for WGrad)."""
+    import torch
+
+    from .kernels import conv2d_gw8_factory as fd
+    from .kernels import conv2d_gw8_wgrad_factory as wg
+    from .reference import (
+        conv2d_gw8_bias_grad_ref,
+        conv2d_gw8_dgrad_ref,
+        conv2d_gw8_fprop_ref,
+        conv2d_gw8_tolerance,
+        conv2d_gw8_wgrad_ref,
+    )
+
+    t = _inputs(params, seed)
+    dev = {k: None if v is None else v.to(device) for k, v in t.items()}
+    if pass_ == "fprop":
+        out = _poisoned(params.output_shape, t["x"], device)
+        out = fd.fprop(dev["x"], dev["w"], dev["bias"], params, config, out=out)
+        expected = conv2d_gw8_fprop_ref(t["x"], t["w"], t["bias"], params.padding)
+        tol = conv2d_gw8_tolerance(params, "fprop", t["x"], t["w"])
+        return error_ratio(out, expected, tol.atol, tol.rtol)
+    if pass_ == "dgrad":
+        out = _poisoned(params.input_shape, t["dy"], device)
+        out = fd.dgrad(dev["dy"], dev["w"], params, config, out=out)
+        expected = conv2d_gw8_dgrad_ref(t["dy"], t["w"], params.padding, (params.h, params.w))
+        tol = conv2d_gw8_tolerance(params, "dgrad", t["dy"], t["w"])
+        return error_ratio(out, expected, tol.atol, tol.rtol)
+    if pass_ != "wgrad":
+        raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
+    dw, dbias = wg.wgrad(dev["x"], dev["dy"], params, config)
+    expected = conv2d_gw8_wgrad_ref(t["x"], t["dy"], params.padding, params.r, params.s)
+    tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"])
+    worst = error_ratio(dw, expected, tol.atol, tol.rtol)
+    if params.has_bias:
+        if dbias is None:
+            return math.inf
+        bias_tol = conv2d_gw8_tolerance(params, "wgrad", t["dy"], torch.ones(1))
+        expected_bias = conv2d_gw8_bias_grad_ref(t["dy"])
+        worst = max(worst, error_ratio(dbias, expected_bias, bias_tol.atol, bias_tol.rtol))
+    return worst
+
+
+def configs_to_run(params: Conv2dGw8Params, pass_: str, extra: int, seed: int) -> list:
+    """The default config of the pass plus `extra` others drawn reproducibly."""
+    from .kernels import conv2d_gw8_factory as fd
+    from .kernels import conv2d_gw8_wgrad_factory as wg
+
+    if pass_ == "wgrad":
+        default, every = wg.default_config(params), wg.configs(params)
+    else:
+        igrad = pass_ == "dgrad"
+        default, every = fd.default_config(params, igrad), fd.configs(params, igrad)
+    others = [c for c in every if c != default]
+    return [default] + random.Random(seed).sample(others, min(extra, len(others)))
+
+
+def check_pass(
+    device: str,
+    layers: Sequence[Conv2dGw8Params],
+    pass_: str,
+    dtype: str,
+    extra_configs: int = 1,
+) -> PassResult:
+    """Run one pass in one dtype over layers (re-typed to dtype), each with sampled configs."""
+    from tqdm import tqdm
+
+    result = PassResult(pass_, dtype)
+    typed = [replace(p, dtype=dtype) for p in layers]
+    jobs = [
+        (params, config)
+        for index, params in enumerate(typed)
+        for config in configs_to_run(params, pass_, extra_configs, seed=index)
+    ]
+    for params, config in tqdm(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run"):
+        case = f"{params.encode()} {config.encode()}"
+        try:
+            ratio = run_one(params, pass_, config, device)
+        except Exception as error:  # a launch or build error is a failure, not a crash
+            ratio, case = math.inf, f"{case}: {type(error).__name__}: {error}"
+        failures = result.failures + ((case,) if not ratio <= 1.0 else ())
+        result = replace(
+            result, runs=result.runs + 1, worst=max(result.worst, ratio), failures=failures
+        )
+    return result
+
+
+def run_check(
+    device: str,
+    layers: Sequence[Conv2dGw8Params],
+    extra_configs: int = 1,
+    passes: Sequence[str] = PASSES,
+    dtypes: Sequence[str] = DTYPES,
+    isolate: bool = False,
+    report: Callable[[str], None] = print,
+) -> list[PassResult]:
+    """Check every (pass, dtype); report one line each as it finishes.
+
+    isolate runs each (pass, dtype) in a fresh process. The CPU emulator needs it for more than
+    about 30 kernels: every loaded emulator module maps ~2,050 memory regions (guarded fiber
+    stacks), and a process may hold at most vm.max_map_count (usually 65,530).
+    """
+    results = []
+    for dtype in dtypes:
+        for pass_ in passes:
+            args = (device, tuple(layers), pass_, dtype, extra_configs)
+            if isolate:
+                import multiprocessing
+                from concurrent.futures import ProcessPoolExecutor
+
+                context = multiprocessing.get_context("spawn")
+                with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                    result = pool.submit(check_pass, *args).result()
+            else:
+                result = check_pass(*args)
+            report(result.line())
+            results.append(result)
+    return results
+
+
+def resolve_device(requested: str | None) -> str:
+    """ "cuda" or "cpu": the requested device, else a GPU when torch sees one."""
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("spio check --device cuda needs a CUDA GPU; none is available")
+    if requested:
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The check command's options."""
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        help="cuda: the real kernels; cpu: the CPU emulator (default: cuda if a GPU is present)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer layers and only each pass's default config"
+    )
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Run the self-test; exit status 0 when every pass and dtype passed, 1 otherwise."""
+    try:
+        device = resolve_device(args.device)
+    except RuntimeError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if device == "cuda":
+        layers = GPU_LAYERS[:4] + GPU_LAYERS[-3:] if args.quick else GPU_LAYERS
+        extra = 0 if args.quick else 2
+    else:
+        layers = EMULATOR_LAYERS[:2] if args.quick else EMULATOR_LAYERS
+        extra = 0 if args.quick else 1
+    where = "GPU (real kernels)" if device == "cuda" else "CPU emulator"
+    print(
+        f"spio check on the {where}: {len(layers)} layers, default config + {extra} sampled "
+        "per layer, pass and dtype"
+    )
+    started = time.perf_counter()
+    results = run_check(device, layers, extra_configs=extra, isolate=device == "cpu")
+    failed = [r for r in results if not r.passed]
+    seconds = time.perf_counter() - started
+    if failed:
+        print(f"FAILED: {len(failed)} of {len(results)} pass/dtype checks ({seconds:.0f} s)")
+        return 1
+    print(f"all {len(results)} pass/dtype checks passed ({seconds:.0f} s)")
+    return 0

@@ -1,0 +1,52 @@
+"""`python -m spio bench` without a GPU, and its argument checks."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spio.__main__ import build_parser
+from tests.conftest import gpu_available
+
+
+def run_spio(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "spio", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present: bench would run for real")
+def test_bench_without_gpu_exits_nonzero_with_message(tmp_path):
+    out = run_spio("bench", "--quick", "--out", str(tmp_path))
+    assert out.returncode == 2
+    assert "needs a CUDA GPU" in out.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_bench_and_check_are_listed_commands():
+    out = run_spio("--help")
+    assert out.returncode == 0
+    assert "bench" in out.stdout and "check" in out.stdout
+
+
+def test_bench_arguments_parse():
+    args = build_parser().parse_args(
+        ["bench", "--quick", "--passes", "wgrad,fprop", "--dtype", "bf16", "--in-situ"]
+    )
+    assert args.quick and args.in_situ and args.passes == ("wgrad", "fprop")
+    assert args.dtype == "bf16"
+    assert build_parser().parse_args(["bench"]).passes == ("fprop", "dgrad", "wgrad")
+
+
+@pytest.mark.parametrize(
+    "bad", [["--passes", "fprop,bprop"], ["--dtype", "fp32"], ["--batch-sizes", "0"]]
+)
+def test_bench_rejects_bad_arguments(bad):
+    out = run_spio("bench", *bad)
+    assert out.returncode == 2
+    assert "error" in out.stderr
