@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# One-command validation of spio on a GPU machine without network access.
+#
+#   scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: ./gpu_check_out)
+#   scripts/gpu_check.sh --list           (print the steps and their time limits)
+#
+# Steps, each time-limited, each logged to OUT_DIR/<step>.log; a failed step does not stop the
+# run. The whole run keeps within GPU_CHECK_BUDGET seconds (default 470, under 8 minutes): a step
+# gets the smaller of its own limit and the time left, and is SKIPPED when under 20 s are left.
+#   wheels     carried wheels in .whl/ -> /tmp/site (PYTHONPATH), if .whl/ exists
+#   build      pip install --no-build-isolation --no-deps --no-index -e .
+#   info       python -m spio info, nvidia-smi
+#   check      python -m spio check --device cuda --quick
+#   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
+#   racecheck  compute-sanitizer --tool racecheck on the same launches
+#   launch     scripts/bench_launch.py: host microseconds per kernel launch
+#   bench      python -m spio bench --quick --out OUT_DIR/bench
+#   tests      pytest -m "cuda and not slow", every test function first, then round-robin, until
+#              its time limit (GPU_CHECK_TEST_SECONDS, default 240) or the budget runs out
+# A compact summary (step, status, seconds) is printed last; the exit status is 1 if any step
+# failed, timed out or was skipped for lack of time.
+
+set -u -o pipefail
+
+STEPS=(
+    "wheels:60"
+    "build:180"
+    "info:60"
+    "check:90"
+    "memcheck:120"
+    "racecheck:120"
+    "launch:60"
+    "bench:200"
+    "tests:${GPU_CHECK_TEST_SECONDS:-240}"
+)
+
+if [[ "${1:-}" == "--list" ]]; then
+    printf '%s\n' "${STEPS[@]}"
+    exit 0
+fi
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT_DIR=${1:-./gpu_check_out}
+mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
+cd "$REPO" || exit 1
+PYTHON=${PYTHON:-python}
+BUDGET=${GPU_CHECK_BUDGET:-470}
+MIN_STEP_SECONDS=20
+
+declare -a SUMMARY=()
+FAILED=0
+NOTE=""
+
+log() { printf '[gpu_check %4ds] %s\n' "$SECONDS" "$*"; }
+
+find_sanitizer() {
+    local candidate
+    for candidate in "$(command -v compute-sanitizer 2>/dev/null)" \
+        "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
+        /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
+        /opt/nvidia/*/compute-sanitizer/compute-sanitizer; do
+        if [[ -n "$candidate" && -x "$candidate" ]]; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+step_wheels() {
+    local limit=$1
+    shopt -s nullglob
+    local wheels=(.whl/*.whl)
+    shopt -u nullglob
+    if [[ ${#wheels[@]} -eq 0 ]]; then
+        NOTE="no .whl/ wheels"
+        echo "no wheels in .whl/: nothing to install"
+        return 200
+    fi
+    timeout -k 10 "$limit" "$PYTHON" -m pip install --no-index --no-deps --target /tmp/site \
+        "${wheels[@]}" || return $?
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    NOTE="${#wheels[@]} wheels"
+}
+
+step_build() {
+    timeout -k 10 "$1" "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index -e .
+}
+
+step_info() {
+    nvidia-smi || echo "(nvidia-smi not available)"
+    timeout -k 10 "$1" "$PYTHON" -m spio info
+}
+
+step_check() {
+    timeout -k 10 "$1" "$PYTHON" -m spio check --device cuda --quick
+}
+
+sanitize() {
+    local tool=$1 limit=$2 sanitizer
+    if ! sanitizer=$(find_sanitizer); then
+        echo "compute-sanitizer not found (PATH, CUDA_HOME, /usr/local/cuda*)"
+        NOTE="compute-sanitizer not found"
+        return 1
+    fi
+    local filter=()
+    if "$sanitizer" --help 2>/dev/null | grep -q -- "--kernel-name"; then
+        filter=(--kernel-name kns=spio_conv2d_gw8)  # instrument only spio's kernels
+    fi
+    echo "$sanitizer --tool $tool ${filter[*]}"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$limit" "$sanitizer" --tool "$tool" \
+        --error-exitcode 1 "${filter[@]}" "$PYTHON" -m spio.bench.sanitize
+}
+
+step_memcheck() { sanitize memcheck "$1"; }
+
+step_racecheck() { sanitize racecheck "$1"; }
+
+step_launch() {
+    timeout -k 10 "$1" "$PYTHON" scripts/bench_launch.py --launches 2000 --repeats 3
+}
+
+step_bench() {
+    timeout -k 10 "$1" "$PYTHON" -m spio bench --quick --out "$OUT_DIR/bench"
+}
+
+step_tests() {
+    local limit=$1 ids="$OUT_DIR/tests_collected.txt" order="$OUT_DIR/tests_order.txt"
+    "$PYTHON" -m pytest -m "cuda and not slow" --collect-only -q -p no:cacheprovider \
+        | grep '::' >"$ids"
+    local total
+    total=$(wc -l <"$ids")
+    if [[ "$total" -eq 0 ]]; then
+        echo "no cuda tests collected"
+        NOTE="no cuda tests collected"
+        return 1
+    fi
+    # Every test function once (shuffled parameters), then round-robin over functions.
+    "$PYTHON" - "$ids" >"$order" <<'EOF'
+import random
+import sys
+from collections import defaultdict
+
+groups = defaultdict(list)
+for line in open(sys.argv[1]):
+    if "::" in line:
+        groups[line.strip().split("[")[0]].append(line.strip())
+rng = random.Random(0)
+for members in groups.values():
+    rng.shuffle(members)
+while any(groups.values()):
+    for members in groups.values():
+        if members:
+            print(members.pop())
+EOF
+    local ordered=()
+    mapfile -t ordered <"$order"
+    echo "running up to ${#ordered[@]} cuda tests for at most ${limit}s"
+    timeout -s INT -k 30 "$limit" "$PYTHON" -m pytest -q -p no:cacheprovider -m "cuda and not slow" \
+        "${ordered[@]}"
+    local rc=$?
+    local summary
+    summary=$(grep -E '[0-9]+ (passed|failed|error)' "$OUT_DIR/tests.log" | tail -1)
+    NOTE="${summary:-no summary} (of $total)"
+    if [[ $rc -eq 124 ]] && ! grep -qE '[0-9]+ (failed|error)' <<<"$summary"; then
+        NOTE="time limit: $NOTE"
+        return 201  # stopped by the time limit without a failure: a sample, not a failure
+    fi
+    return "$rc"
+}
+
+run_step() {
+    local name=$1 limit=$2
+    local left=$((BUDGET - SECONDS))
+    local status
+    NOTE=""
+    if ((left < MIN_STEP_SECONDS)); then
+        status="SKIPPED (budget spent)"
+        FAILED=1
+        SUMMARY+=("$(printf '%-10s %-48s %5d' "$name" "$status" 0)")
+        log "$name: $status"
+        return
+    fi
+    ((limit > left)) && limit=$left
+    log "$name (limit ${limit}s) -> $OUT_DIR/$name.log"
+    local started=$SECONDS
+    "step_$name" "$limit" >"$OUT_DIR/$name.log" 2>&1
+    local rc=$?
+    local took=$((SECONDS - started))
+    case $rc in
+        0) status="PASS" ;;
+        200) status="n/a" ;;
+        201) status="PASS (sampled)" ;;
+        124 | 137)
+            status="TIMEOUT after ${limit}s"
+            FAILED=1
+            ;;
+        *)
+            status="FAIL (exit $rc)"
+            FAILED=1
+            ;;
+    esac
+    [[ -n "$NOTE" ]] && status="$status: $NOTE"
+    case $status in
+        PASS* | n/a*) ;;
+        *)
+            echo "---- last lines of $name.log ----"
+            tail -n 15 "$OUT_DIR/$name.log"
+            echo "----"
+            ;;
+    esac
+    SUMMARY+=("$(printf '%-10s %-48s %5d' "$name" "${status:0:48}" "$took")")
+    log "$name: $status (${took}s)"
+}
+
+log "repository $REPO, output $OUT_DIR, budget ${BUDGET}s, python $("$PYTHON" --version 2>&1)"
+for step in "${STEPS[@]}"; do
+    run_step "${step%%:*}" "${step##*:}"
+done
+
+{
+    echo
+    echo "gpu_check summary ($(date -u '+%Y-%m-%d %H:%M UTC'), logs in $OUT_DIR)"
+    printf '%-10s %-48s %5s\n' step status sec
+    printf '%s\n' "${SUMMARY[@]}"
+    printf '%-10s %-48s %5d\n' total "$([[ $FAILED -eq 0 ]] && echo PASS || echo FAIL)" "$SECONDS"
+} | tee "$OUT_DIR/summary.txt"
+exit "$FAILED"

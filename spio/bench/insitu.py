@@ -1,0 +1,346 @@
+"""In-situ benchmark: a table layer inside ConvFirst-style and MBConv-style block stacks.
+
+Isolated timings can flatter a kernel (warm caches, no neighbours). Here the gw8 layer runs in a
+training step of a small residual stack, with spio's kernels (through the factory functions) or
+PyTorch's (F.conv2d and convolution_backward, cuDNN), and torch.profiler attributes GPU kernel time
+to each pass through record_function ranges named `bench::<impl>::<pass>`.
+
+- ConvFirst-style block: gw8 conv (C) -> BatchNorm -> 1x1 C->4C -> ReLU -> 1x1 4C->C, + input.
+- MBConv-style block: 1x1 C/4->C -> BN -> ReLU -> gw8 conv (C) -> BN -> ReLU -> 1x1 C->C/4 -> BN,
+  + input. The gw8 conv of both styles is exactly the table layer (C, H, W, R, S, padding).
+
+Importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params
+from ..kernels.stats import PASSES
+from .layers import BenchLayer
+from .results import RunInfo
+
+STYLES = ("convfirst", "mbconv")
+IMPLS = ("spio", "torch")
+
+
+def _range(impl: str, pass_: str) -> str:
+    return f"bench::{impl}::{pass_}"
+
+
+class _SpioConv(torch.autograd.Function):
+    """gw8 conv through spio's factory functions; each pass inside its own profiler range."""
+
+    @staticmethod
+    def forward(ctx, x, weight, padding):
+        from ..kernels import conv2d_gw8_factory as fd
+
+        params = Conv2dGw8Params.from_tensors(x, weight, padding=padding)
+        with torch.profiler.record_function(_range("spio", "fprop")):
+            y = fd.fprop(x, weight, None, params)
+        ctx.save_for_backward(x, weight)
+        ctx.params = params
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from ..kernels import conv2d_gw8_factory as fd
+        from ..kernels import conv2d_gw8_wgrad_factory as wg
+
+        x, weight = ctx.saved_tensors
+        with torch.profiler.record_function(_range("spio", "dgrad")):
+            dx = fd.dgrad(dy, weight, ctx.params)
+        with torch.profiler.record_function(_range("spio", "wgrad")):
+            dw, _ = wg.wgrad(x, dy, ctx.params)
+        return dx, dw.to(weight.dtype), None
+
+
+class _TorchConv(torch.autograd.Function):
+    """gw8 conv through F.conv2d and convolution_backward (dx and dw requested separately)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, padding):
+        with torch.profiler.record_function(_range("torch", "fprop")):
+            y = F.conv2d(x, weight, None, 1, padding, 1, x.shape[1] // GROUP_WIDTH)
+        ctx.save_for_backward(x, weight)
+        ctx.padding = padding
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        args = ([1, 1], list(ctx.padding), [1, 1], False, [0, 0], x.shape[1] // GROUP_WIDTH)
+        aten = torch.ops.aten.convolution_backward
+        with torch.profiler.record_function(_range("torch", "dgrad")):
+            dx = aten(dy, x, weight, None, *args, [True, False, False])[0]
+        with torch.profiler.record_function(_range("torch", "wgrad")):
+            dw = aten(dy, x, weight, None, *args, [False, True, False])[1]
+        return dx, dw, None
+
+
+class GwConv(nn.Module):
+    """A group-width-8, stride-1, bias-free conv running spio's kernels or PyTorch's."""
+
+    def __init__(self, layer: BenchLayer, impl: str):
+        super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"GwConv impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        self.impl = impl
+        self.padding = tuple(layer.padding)
+        weight = (
+            torch.randn(layer.c, GROUP_WIDTH, layer.r, layer.s)
+            / (GROUP_WIDTH * layer.r * layer.s) ** 0.5
+        )
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x):
+        fn = _SpioConv if self.impl == "spio" else _TorchConv
+        return fn.apply(x, self.weight, self.padding)
+
+
+class ConvFirstBlock(nn.Module):
+    """gw8 conv -> BN -> 1x1 expand (4x) -> ReLU -> 1x1 project, with a residual connection."""
+
+    def __init__(self, layer: BenchLayer, impl: str):
+        super().__init__()
+        c = layer.c
+        self.conv = GwConv(layer, impl)
+        self.norm = nn.BatchNorm2d(c)
+        self.expand = nn.Conv2d(c, 4 * c, 1, bias=False)
+        self.project = nn.Conv2d(4 * c, c, 1, bias=False)
+
+    def forward(self, x):
+        return x + self.project(F.relu(self.expand(self.norm(self.conv(x)))))
+
+
+class MBConvBlock(nn.Module):
+    """1x1 expand (C/4 -> C) -> BN/ReLU -> gw8 conv -> BN/ReLU -> 1x1 project -> BN, residual."""
+
+    def __init__(self, layer: BenchLayer, impl: str):
+        super().__init__()
+        c = layer.c
+        if c % 4:
+            raise ValueError(f"MBConvBlock needs channels divisible by 4, got {c}")
+        self.expand = nn.Conv2d(c // 4, c, 1, bias=False)
+        self.norm1 = nn.BatchNorm2d(c)
+        self.conv = GwConv(layer, impl)
+        self.norm2 = nn.BatchNorm2d(c)
+        self.project = nn.Conv2d(c, c // 4, 1, bias=False)
+        self.norm3 = nn.BatchNorm2d(c // 4)
+
+    def forward(self, x):
+        y = F.relu(self.norm1(self.expand(x)))
+        y = F.relu(self.norm2(self.conv(y)))
+        return x + self.norm3(self.project(y))
+
+
+def make_stack(style: str, layer: BenchLayer, impl: str, depth: int = 4) -> nn.Sequential:
+    """`depth` blocks of `style` ("convfirst" or "mbconv") around the layer."""
+    block = {"convfirst": ConvFirstBlock, "mbconv": MBConvBlock}.get(style)
+    if block is None:
+        raise ValueError(f"stack style must be one of {', '.join(STYLES)}, got {style!r}")
+    return nn.Sequential(*(block(layer, impl) for _ in range(depth)))
+
+
+def stack_input_channels(style: str, layer: BenchLayer) -> int:
+    """Channels the stack takes as input."""
+    return layer.c if style == "convfirst" else layer.c // 4
+
+
+def training_step(stack: nn.Module, x: torch.Tensor) -> None:
+    """Forward, a scalar loss, backward; gradients are dropped afterwards."""
+    stack(x).float().square().mean().backward()
+    for p in stack.parameters():
+        p.grad = None
+
+
+@dataclass(frozen=True)
+class InSituRow:
+    """GPU time of one pass of the gw8 layer inside a stack, from torch.profiler."""
+
+    layer: str
+    style: str
+    n: int
+    dtype: str
+    impl: str
+    pass_: str
+    calls: int
+    us_per_call: float  # summed GPU kernel time under the pass's range, per call
+    kernels: str  # "name:us;..." per call, the kernels behind that time
+    step_ms: float  # median training-step time of the whole stack (CUDA events)
+    gpu: str
+    driver: str
+    torch: str
+    spio: str
+    date: str
+    command: str
+
+
+def _kernels_under(event) -> list[tuple[str, float]]:
+    """(name, µs) of every GPU kernel attributed to event or its CPU descendants."""
+    found = [(k.name, float(k.duration)) for k in getattr(event, "kernels", [])]
+    for child in getattr(event, "cpu_children", []):
+        found += _kernels_under(child)
+    return found
+
+
+def profile_passes(stack: nn.Module, x: torch.Tensor, steps: int) -> dict[tuple[str, str], dict]:
+    """Per (impl, pass): calls and GPU kernel time by kernel name over `steps` profiled steps.
+
+    ("spio", "all") holds every spio kernel seen, attributed to a range or not: the fallback when
+    the profiler does not link the driver-API launches to their ranges.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            training_step(stack, x)
+        torch.cuda.synchronize()
+    found: dict[tuple[str, str], dict] = {}
+    spio_kernels: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if "spio_conv2d_gw8" in event.name and event.device_type != DeviceType.CPU:
+            spio_kernels[event.name] += float(event.device_time_total)
+        if not event.name.startswith("bench::"):
+            continue
+        _, impl, pass_ = event.name.split("::")
+        entry = found.setdefault((impl, pass_), {"calls": 0, "kernels": defaultdict(float)})
+        entry["calls"] += 1
+        for name, us in _kernels_under(event):
+            entry["kernels"][name] += us
+    found[("spio", "all")] = {"calls": steps, "kernels": spio_kernels}
+    return found
+
+
+def step_time_ms(stack: nn.Module, x: torch.Tensor, steps: int) -> float:
+    """Median wall time of a training step on the GPU (CUDA events)."""
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        training_step(stack, x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_insitu(
+    layers: list[BenchLayer],
+    n: int,
+    dtype: str,
+    info: RunInfo,
+    passes: tuple[str, ...] = PASSES,
+    depth: int = 4,
+    warmup: int = 5,
+    steps: int = 20,
+) -> list[InSituRow]:
+    """Profile every layer in both stack styles with both implementations; needs a CUDA GPU."""
+    from tqdm import tqdm
+
+    torch.backends.cudnn.benchmark = True
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    rows = []
+    cases = [(layer, style, impl) for layer in layers for style in STYLES for impl in IMPLS]
+    for layer, style, impl in tqdm(cases, desc="in-situ", unit="stack"):
+        torch.manual_seed(0)
+        stack = make_stack(style, layer, impl, depth)
+        stack = stack.to(device="cuda", dtype=torch_dtype, memory_format=torch.channels_last)
+        shape = (n, stack_input_channels(style, layer), layer.h, layer.w)
+        x = torch.randn(shape, device="cuda", dtype=torch_dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        for _ in range(warmup):
+            training_step(stack, x)
+        step_ms = step_time_ms(stack, x, steps)
+        measured = profile_passes(stack, x, steps)
+        for pass_ in passes:
+            entry = measured.get((impl, pass_), {"calls": 0, "kernels": {}})
+            calls = max(entry["calls"], 1)
+            per_kernel = {k: us / calls for k, us in entry["kernels"].items()}
+            us_per_call = sum(per_kernel.values())
+            kernels = ";".join(f"{k}:{us:.1f}" for k, us in sorted(per_kernel.items()))
+            if entry["calls"] and not per_kernel:  # launches not linked to the range
+                seen = measured.get(("spio", "all"), {"kernels": {}})["kernels"]
+                us_per_call = float("nan")
+                kernels = "not attributed; per step: " + ";".join(
+                    f"{k}:{us / steps:.1f}" for k, us in sorted(seen.items())
+                )
+            rows.append(
+                InSituRow(
+                    layer=layer.name,
+                    style=style,
+                    n=n,
+                    dtype=dtype,
+                    impl=impl,
+                    pass_=pass_,
+                    calls=entry["calls"],
+                    us_per_call=us_per_call,
+                    kernels=kernels,
+                    step_ms=step_ms,
+                    gpu=info.gpu,
+                    driver=info.driver,
+                    torch=info.torch,
+                    spio=info.spio,
+                    date=info.date,
+                    command=info.command,
+                )  # fmt: skip
+            )
+        del stack, x
+    return rows
+
+
+def write_insitu_csv(rows: list[InSituRow], path: Path) -> Path:
+    """Write in-situ rows to path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = [f.name for f in fields(InSituRow)]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["pass" if n == "pass_" else n for n in names])
+        for row in rows:
+            values = asdict(row)
+            writer.writerow([values[n] for n in names])
+    return path
+
+
+def _measured(row: InSituRow | None) -> float | None:
+    if row is None or not row.calls or math.isnan(row.us_per_call):
+        return None
+    return row.us_per_call
+
+
+def format_insitu_table(rows: list[InSituRow]) -> str:
+    """µs per pass of spio and PyTorch in each stack, the speedup, and each stack's step time."""
+    by_key: dict[tuple, dict[str, InSituRow]] = {}
+    for row in rows:
+        by_key.setdefault((row.layer, row.style, row.n, row.pass_), {})[row.impl] = row
+    header = (
+        f"{'layer':<16} {'stack':<9} {'N':>4} {'pass':<5} {'spio us':>9} {'torch us':>9} "
+        f"{'speedup':>7} {'spio step ms':>12} {'torch step ms':>13}"
+    )
+    lines = [header, "-" * len(header)]
+    for (layer, style, n, pass_), impls in by_key.items():
+        spio, torch_row = impls.get("spio"), impls.get("torch")
+        spio_us = _measured(spio)
+        torch_us = _measured(torch_row)
+        speedup = torch_us / spio_us if spio_us and torch_us else None
+        lines.append(
+            f"{layer:<16} {style:<9} {n:>4} {pass_:<5} "
+            f"{'-' if spio_us is None else f'{spio_us:.1f}':>9} "
+            f"{'-' if torch_us is None else f'{torch_us:.1f}':>9} "
+            f"{'-' if speedup is None else f'{speedup:.2f}x':>7} "
+            f"{'-' if spio is None else f'{spio.step_ms:.3f}':>12} "
+            f"{'-' if torch_row is None else f'{torch_row.step_ms:.3f}':>13}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""scripts/gpu_check.sh: syntax, its step list, and a full run with stand-in tools (no GPU).
+
+The stand-ins replace python (except for the script's own inline Python), compute-sanitizer and
+pytest's results, so the test checks the driver logic: every step runs, logs land in OUT_DIR, a
+failed step does not stop the run but makes the exit status non-zero, and the summary is last.
+"""
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [[ "$1" == "-" ]]; then exec {real} "$@"; fi
+if [[ "$1 $2" == "--version " ]]; then echo "Python (stand-in)"; exit 0; fi
+if [[ "$1 $2" == "-m pytest" ]]; then
+    if [[ " $* " == *" --collect-only "* ]]; then
+        printf 'tests/a.py::test_x[1]\\ntests/a.py::test_x[2]\\ntests/b.py::test_y\\n\\n3 tests\\n'
+        exit 0
+    fi
+    if [[ -n "${{FAKE_PYTEST_HANG:-}}" ]]; then  # like pytest on SIGINT: summary, exit 2
+        trap 'echo "KeyboardInterrupt"; echo "${{FAKE_PYTEST_HANG}} in 2.00s"; exit 2' INT
+        sleep 60 &
+        wait
+    fi
+    echo "ran: $*"
+    echo "3 passed in 0.01s"
+    exit 0
+fi
+if [[ "$*" == *"spio bench"* ]]; then echo "bench stand-in"; exit ${{FAKE_BENCH_RC:-0}}; fi
+echo "python stand-in: $*"
+exit 0
+"""
+
+FAKE_SANITIZER = """#!/usr/bin/env bash
+if [[ "$1" == "--help" ]]; then echo "  --kernel-name arg"; exit 0; fi
+echo "sanitizer stand-in: $*"
+exit 0
+"""
+
+
+def _executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+@pytest.fixture
+def stand_ins(tmp_path):
+    fake_python = _executable(tmp_path / "python", FAKE_PYTHON.format(real=sys.executable))
+    cuda_home = tmp_path / "cuda"
+    (cuda_home / "bin").mkdir(parents=True)
+    _executable(cuda_home / "bin" / "compute-sanitizer", FAKE_SANITIZER)
+    path = ":".join(p for p in os.environ["PATH"].split(":") if "cuda" not in p)
+    return dict(os.environ, PYTHON=str(fake_python), CUDA_HOME=str(cuda_home), PATH=path)
+
+
+def _run(env, out_dir, **extra):
+    return subprocess.run(
+        ["bash", str(SCRIPT), str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(env, **extra),
+        cwd=ROOT,
+    )
+
+
+def test_script_parses():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+
+
+def test_step_list_is_sane():
+    out = subprocess.run(["bash", str(SCRIPT), "--list"], capture_output=True, text=True)
+    assert out.returncode == 0
+    steps = [line.split(":") for line in out.stdout.split()]
+    names = [name for name, _ in steps]
+    limits = {name: int(limit) for name, limit in steps}
+    assert names == [
+        "wheels", "build", "info", "check", "memcheck", "racecheck", "launch", "bench", "tests"
+    ]  # fmt: skip
+    assert len(set(names)) == len(names)
+    assert names.index("build") < min(names.index(n) for n in names if n not in ("wheels", "build"))
+    assert all(0 < limit <= 300 for limit in limits.values())
+    assert limits["tests"] == 240  # "sampled to about 4 minutes"
+    text = SCRIPT.read_text()
+    assert "GPU_CHECK_BUDGET:-470" in text  # the whole run stays under 8 minutes
+    assert "pip install --no-build-isolation --no-deps --no-index -e ." in text
+    for needle in ("memcheck", "racecheck", "spio bench --quick", "spio info", "-m cuda"):
+        assert needle in text.replace('"cuda and not slow"', "-m cuda"), needle
+
+
+def test_full_run_with_stand_ins_passes_and_prints_summary_last(stand_ins, tmp_path):
+    out_dir = tmp_path / "out"
+    out = _run(stand_ins, out_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    tail = out.stdout.strip().splitlines()
+    assert tail[-1].startswith("total") and "PASS" in tail[-1]
+    summary = {line.split()[0]: line for line in tail[-11:-1]}
+    assert "n/a" in summary["wheels"]  # no .whl/ in the repository
+    for step in ("build", "info", "check", "memcheck", "racecheck", "launch", "bench", "tests"):
+        assert " PASS" in summary[step], summary[step]
+        assert (out_dir / f"{step}.log").is_file()
+    assert "3 passed" in summary["tests"]
+    memcheck_log = (out_dir / "memcheck.log").read_text()
+    assert "--tool memcheck" in memcheck_log and "kns=spio_conv2d_gw8" in memcheck_log
+    order = (out_dir / "tests_order.txt").read_text().split()
+    assert sorted(order) == sorted(["tests/a.py::test_x[1]", "tests/a.py::test_x[2]",
+                                    "tests/b.py::test_y"])  # fmt: skip
+    assert {order[0].split("[")[0], order[1].split("[")[0]} == {"tests/a.py::test_x",
+                                                                "tests/b.py::test_y"}  # fmt: skip
+    assert (out_dir / "summary.txt").read_text().strip().splitlines()[-1] == tail[-1]
+
+
+def test_a_failed_step_is_reported_and_later_steps_still_run(stand_ins, tmp_path):
+    out = _run(stand_ins, tmp_path / "out", FAKE_BENCH_RC="3")
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if "gpu_check summary" in line) :]
+    bench = next(line for line in lines if line.startswith("bench "))
+    assert "FAIL (exit 3)" in bench
+    tests = next(line for line in lines if line.startswith("tests "))
+    assert "PASS" in tests
+    assert lines[-1].startswith("total") and "FAIL" in lines[-1]
+
+
+def test_steps_are_skipped_when_the_budget_is_spent(stand_ins, tmp_path):
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_BUDGET="0")
+    assert out.returncode == 1
+    assert out.stdout.count("SKIPPED (budget spent)") >= 9
+
+
+@pytest.mark.parametrize(
+    "summary,status",
+    [("2 passed", "PASS (sampled): time limit: 2 passed"), ("1 failed, 1 passed", "TIMEOUT")],
+)
+def test_tests_step_stops_at_its_time_limit(stand_ins, tmp_path, summary, status):
+    out = _run(stand_ins, tmp_path / "out", FAKE_PYTEST_HANG=summary, GPU_CHECK_TEST_SECONDS="2")
+    tests = [line for line in out.stdout.splitlines() if line.startswith("tests ")][-1]
+    assert status in tests
+    assert out.returncode == (0 if status.startswith("PASS") else 1)
