@@ -35,11 +35,13 @@ from spio.kernels.perf_model import (
     TARGET,
     Sample,
     device_slug,
+    feature_names,
     get_family,
     model_path,
     read_samples,
     target_offset,
 )
+from spio.kernels.perf_model import features as perf_model_features
 
 DEFAULTS = {"trees": 200, "depth": 6, "eta": 0.1, "subsample": 0.9, "min_child_weight": 2.0}
 
@@ -75,7 +77,7 @@ def design(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for group in by_layer(samples).values():
         params = group[0].params
-        xs.append(family.features(params, [s.config for s in group]))
+        xs.append(perf_model_features(family, params, [s.config for s in group]))
         offset = target_offset(family, params)
         ys.append(np.log([s.seconds for s in group]) - offset)
     return np.concatenate(xs), np.concatenate(ys)
@@ -86,7 +88,7 @@ def fit(samples: Sequence[Sample], hyper: dict, seed: int, threads: int):
     import xgboost
 
     x, y = design(samples)
-    names = list(get_family(samples[0].family).feature_names)
+    names = list(feature_names(get_family(samples[0].family)))
     data = xgboost.DMatrix(x, label=y, feature_names=names, nthread=threads)
     booster_params = {
         "objective": "reg:squarederror",
@@ -131,8 +133,8 @@ def score(booster, samples: Sequence[Sample]) -> dict:
         if len(group) < 2:
             continue
         params = group[0].params
-        features = family.features(params, [s.config for s in group])
-        names = list(family.feature_names)
+        features = perf_model_features(family, params, [s.config for s in group])
+        names = list(feature_names(family))
         predicted = booster.predict(xgboost.DMatrix(features, feature_names=names))
         measured = np.array([s.seconds for s in group])
         regrets.append(float(measured[int(np.argmin(predicted))] / measured.min()))
@@ -264,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "sources": [p.name for p in args.csv],
             "feature_version": FEATURE_VERSION,
-            "features": list(get_family(family).feature_names),
+            "features": list(feature_names(get_family(family))),
             "target": TARGET,
             "trained_with": {
                 "spio": spio.__version__,

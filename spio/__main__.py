@@ -82,18 +82,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     from . import supported_arch
     from .compiler import CompileResult, check_arch, compile_many
-    from .kernels.families import KERNEL_FAMILIES
+    from .kernels.families import FAMILIES
     from .kernels.layer_sets import compile_layer_set
 
     archs = [check_arch(a) for a in (args.arch or supported_arch)]
-    families = [f for f in KERNEL_FAMILIES if not args.kernel or args.kernel in f]
+    families = [f for f in FAMILIES if not args.kernel or args.kernel in f]
     if not families:
-        print(f"no kernel family matches {args.kernel!r}; families: {', '.join(KERNEL_FAMILIES)}")
+        print(f"no kernel family matches {args.kernel!r}; families: {', '.join(FAMILIES)}")
         return 2
     kernels = {}
     for params in compile_layer_set():
         for family in families:
-            for kernel in KERNEL_FAMILIES[family](params):
+            for kernel in FAMILIES[family].kernels(params):
                 kernels[kernel.name] = kernel
     chosen = sorted(kernels.values(), key=lambda k: k.name)
     if args.sample and args.sample < len(chosen):

@@ -1,33 +1,90 @@
-"""The table of kernel families: adding a kernel family means adding one entry here."""
+"""The table of kernel families: adding a kernel family means adding one entry here.
+
+A family is one kernel source specialised by tile configs; the compile sweep, the performance
+model, autotuning and the sampling scripts all reach the kernels through this table.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
 
-from . import conv2d_gw8_factory as fprop_dgrad
-from . import conv2d_gw8_wgrad_factory as wgrad
+from . import conv2d_gw8_factory as fd
+from . import conv2d_gw8_wgrad_factory as wg
 from .conv2d_gw8_params import Conv2dGw8Params
 from .kernel import Kernel
 
 
-def _fprop(params: Conv2dGw8Params) -> list[Kernel]:
-    return [fprop_dgrad.make_kernel(params, c) for c in fprop_dgrad.configs(params)]
+@dataclass(frozen=True)
+class Family:
+    """One kernel family: its configs, kernels, heuristic, and the pass whose bytes it moves."""
+
+    name: str
+    pass_: str  # the Conv2dStats pass: fprop, dgrad or wgrad
+    config_type: type
+    configs: Callable[[Conv2dGw8Params], list]
+    make_kernel: Callable[[Conv2dGw8Params, Any], Kernel]
+    estimated_cost: Callable[[Conv2dGw8Params, Any], float]  # lower is better
+    default_config: Callable[[Conv2dGw8Params], Any]
+    shared_mem_bytes: Callable[[Conv2dGw8Params, Any], int]  # dynamic, per block
+
+    @property
+    def config_fields(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.config_type))
+
+    def config_from_fields(self, values: dict[str, Any]) -> Any:
+        """The config whose fields are `values` (ints, or strings of ints)."""
+        return self.config_type(**{name: int(values[name]) for name in self.config_fields})
+
+    def kernels(self, params: Conv2dGw8Params) -> list[Kernel]:
+        """Every kernel of this family for a layer, one per config."""
+        return [self.make_kernel(params, config) for config in self.configs(params)]
 
 
-def _dgrad(params: Conv2dGw8Params) -> list[Kernel]:
-    return [
-        fprop_dgrad.make_kernel(params, c, igrad=True)
-        for c in fprop_dgrad.configs(params, igrad=True)
-    ]
+def _fprop_dgrad(name: str, pass_: str, igrad: bool) -> Family:
+    bind = functools.partial
+    return Family(
+        name=name,
+        pass_=pass_,
+        config_type=fd.Conv2dGw8Config,
+        configs=bind(fd.configs, igrad=igrad),
+        make_kernel=bind(fd.make_kernel, igrad=igrad),
+        estimated_cost=bind(fd.estimated_cost, igrad=igrad),
+        default_config=bind(fd.default_config, igrad=igrad),
+        shared_mem_bytes=fd.shared_mem_bytes,
+    )
 
 
-def _wgrad(params: Conv2dGw8Params) -> list[Kernel]:
-    return [wgrad.make_kernel(params, c) for c in wgrad.configs(params)]
-
-
-#: family name -> every kernel (one per tile config) of that family for a layer.
-KERNEL_FAMILIES: dict[str, Callable[[Conv2dGw8Params], list[Kernel]]] = {
-    "conv2d_gw8_fprop": _fprop,
-    "conv2d_gw8_dgrad": _dgrad,
-    "conv2d_gw8_wgrad": _wgrad,
+FAMILIES: dict[str, Family] = {
+    "conv2d_gw8_fprop": _fprop_dgrad("conv2d_gw8_fprop", "fprop", igrad=False),
+    "conv2d_gw8_dgrad": _fprop_dgrad("conv2d_gw8_dgrad", "dgrad", igrad=True),
+    "conv2d_gw8_wgrad": Family(
+        name="conv2d_gw8_wgrad",
+        pass_="wgrad",
+        config_type=wg.Conv2dGw8WgradConfig,
+        configs=wg.configs,
+        make_kernel=wg.make_kernel,
+        estimated_cost=wg.estimated_cost,
+        default_config=wg.default_config,
+        shared_mem_bytes=wg.shared_mem_bytes,
+    ),
 }
+
+
+def family_of(factory_name: str, options: dict[str, Any]) -> Family | None:
+    """The family a KernelFactory call selects for: by factory name (and igrad); None if unknown."""
+    if factory_name == "conv2d_gw8":
+        return FAMILIES["conv2d_gw8_dgrad" if options.get("igrad") else "conv2d_gw8_fprop"]
+    return FAMILIES.get(factory_name)
+
+
+def get_family(name: str) -> Family:
+    """The Family called `name`; ValueError naming the known ones otherwise."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(
+            f"kernel family must be one of {', '.join(FAMILIES)}, got {name!r}"
+        ) from None

@@ -25,16 +25,15 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..log import logger
-from . import conv2d_gw8_factory as fd
-from . import conv2d_gw8_wgrad_factory as wg
 from .conv2d_gw8_params import Conv2dGw8Params
+from .families import FAMILIES, Family, family_of, get_family
 from .stats import Conv2dStats
 
 #: Folder of the models shipped in the package.
@@ -51,81 +50,6 @@ TARGET = "log_seconds_per_byte"
 
 class PerfModelError(RuntimeError):
     """A model file that cannot be used: unreadable, corrupted, or for other features."""
-
-
-# --------------------------------------------------------------------------------------------
-# Kernel families
-
-
-@dataclass(frozen=True)
-class Family:
-    """One kernel family as the performance model sees it."""
-
-    name: str
-    pass_: str  # Conv2dStats pass whose bytes the kernel moves
-    config_type: type
-    igrad: bool = False
-
-    @property
-    def config_fields(self) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(self.config_type))
-
-    def configs(self, params: Conv2dGw8Params) -> list:
-        if self.config_type is wg.Conv2dGw8WgradConfig:
-            return wg.configs(params)
-        return fd.configs(params, self.igrad)
-
-    def make_kernel(self, params: Conv2dGw8Params, config: Any):
-        if self.config_type is wg.Conv2dGw8WgradConfig:
-            return wg.make_kernel(params, config)
-        return fd.make_kernel(params, config, igrad=self.igrad)
-
-    def estimated_cost(self, params: Conv2dGw8Params, config: Any) -> float:
-        """The analytic heuristic's cost of `config` (lower is better)."""
-        if self.config_type is wg.Conv2dGw8WgradConfig:
-            return wg.estimated_cost(params, config)
-        return fd.estimated_cost(params, config, self.igrad)
-
-    def default_config(self, params: Conv2dGw8Params) -> Any:
-        if self.config_type is wg.Conv2dGw8WgradConfig:
-            return wg.default_config(params)
-        return fd.default_config(params, self.igrad)
-
-    def config_from_fields(self, values: dict[str, Any]) -> Any:
-        """The config whose fields are `values` (ints, or strings of ints)."""
-        return self.config_type(**{name: int(values[name]) for name in self.config_fields})
-
-    def features(self, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
-        """Feature matrix (len(configs) x len(feature_names)), float32, for one layer."""
-        return _feature_matrix(self, params, configs)
-
-    @property
-    def feature_names(self) -> tuple[str, ...]:
-        return _feature_names(self)
-
-
-FAMILIES: dict[str, Family] = {
-    "conv2d_gw8_fprop": Family("conv2d_gw8_fprop", "fprop", fd.Conv2dGw8Config),
-    "conv2d_gw8_dgrad": Family("conv2d_gw8_dgrad", "dgrad", fd.Conv2dGw8Config, igrad=True),
-    "conv2d_gw8_wgrad": Family("conv2d_gw8_wgrad", "wgrad", wg.Conv2dGw8WgradConfig),
-}
-
-
-def family_of(factory_name: str, options: dict[str, Any]) -> Family | None:
-    """The family a KernelFactory call selects for: by factory name (and igrad); None if unknown."""
-    if factory_name == "conv2d_gw8":
-        return FAMILIES["conv2d_gw8_dgrad" if options.get("igrad") else "conv2d_gw8_fprop"]
-    return FAMILIES.get(factory_name)
-
-
-def get_family(name: str) -> Family:
-    """The Family called `name`; ValueError naming the known ones otherwise."""
-    try:
-        return FAMILIES[name]
-    except KeyError:
-        raise ValueError(
-            f"kernel family must be one of {', '.join(FAMILIES)}, got {name!r}"
-        ) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,7 +73,8 @@ _SHARED_BYTES_PER_SM = 228 * 1024
 
 
 @functools.cache
-def _feature_names(family: Family) -> tuple[str, ...]:
+def feature_names(family: Family) -> tuple[str, ...]:
+    """The model's input columns for `family`, in order."""
     configs = tuple(f"cfg_{name}" for name in family.config_fields)
     return _PARAM_FEATURES + configs + _DERIVED_FEATURES
 
@@ -161,14 +86,14 @@ def _config_columns(family: Family, configs: Sequence) -> dict[str, np.ndarray]:
     return {name: table[:, i] for i, name in enumerate(names)}
 
 
-def _feature_matrix(family: Family, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
+def features(family: Family, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
+    """Feature matrix (len(configs) x len(feature_names)), float32, for one layer."""
     if not configs:
         raise ValueError(f"{family.name} features need at least one config, got none")
     cfg = _config_columns(family, configs)
     g, r, s = params.groups, params.r, params.s
-    wgrad = family.config_type is wg.Conv2dGw8WgradConfig
-    smem_of = wg.shared_mem_bytes if wgrad else fd.shared_mem_bytes
-    smem = np.array([smem_of(params, c) for c in configs], dtype=np.float64)
+    wgrad = family.pass_ == "wgrad"
+    smem = np.array([family.shared_mem_bytes(params, c) for c in configs], dtype=np.float64)
     threads = np.array([c.threads for c in configs], dtype=np.float64)
     cg, bp, bq = cfg["groups"], cfg["block_p"], cfg["block_q"]
     stages = cfg.get("stages", np.full(len(configs), 2.0))
@@ -181,7 +106,7 @@ def _feature_matrix(family: Family, params: Conv2dGw8Params, configs: Sequence) 
         n_run = images * cfg["block_n"]
         row_bytes = cg * (2 * bq + s - 1) * 16
     else:  # tiles of the output (dx for DGrad)
-        out_h, out_w = (params.h, params.w) if family.igrad else (params.p, params.q)
+        out_h, out_w = (params.h, params.w) if family.pass_ == "dgrad" else (params.p, params.q)
         images = n_run = np.full(len(configs), float(params.n))
         row_bytes = cg * (bq + s - 1) * 16
     tiles_y, tiles_x = np.ceil(out_h / bp), np.ceil(out_w / bq)
@@ -237,7 +162,7 @@ def _feature_matrix(family: Family, params: Conv2dGw8Params, configs: Sequence) 
         "waves": blocks / (_SMS * resident),
         "log_bytes_in_flight": np.log(resident * (stages - 1) * row_bytes),
     }
-    names = _feature_names(family)
+    names = feature_names(family)
     matrix = np.empty((len(configs), len(names)), dtype=np.float32)
     for i, name in enumerate(names):
         matrix[:, i] = values[name]
@@ -490,7 +415,7 @@ class PerfModel:
             )
         if meta.get("feature_version") != FEATURE_VERSION or tuple(
             meta.get("features", ())
-        ) != tuple(family.feature_names):
+        ) != feature_names(family):
             raise PerfModelError(
                 f"perf model {path} was trained on feature set version "
                 f"{meta.get('feature_version')!r}; this spio computes version {FEATURE_VERSION} "
@@ -503,18 +428,18 @@ class PerfModel:
         except (xgboost.core.XGBoostError, OSError, ValueError) as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
             raise PerfModelError(f"perf model {path} is unreadable or corrupted: {first}") from None
-        if booster.num_features() != len(family.feature_names):
+        if booster.num_features() != len(feature_names(family)):
             raise PerfModelError(
                 f"perf model {path} takes {booster.num_features()} features, "
-                f"expected {len(family.feature_names)}"
+                f"expected {len(feature_names(family))}"
             )
         booster.set_param({"nthread": 1})  # one layer's configs: threads only add overhead
         return cls(family=family, path=path, meta=meta, booster=booster)
 
     def predict_log_seconds(self, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
         """Predicted log run time (seconds) of each config, in one batched call."""
-        features = self.family.features(params, configs)
-        prediction = self.booster.inplace_predict(features, validate_features=False)
+        matrix = features(self.family, params, configs)
+        prediction = self.booster.inplace_predict(matrix, validate_features=False)
         return np.asarray(prediction, dtype=np.float64) + target_offset(self.family, params)
 
     def rank(self, params: Conv2dGw8Params, configs: Sequence) -> list:

@@ -48,7 +48,7 @@ def synthetic_seconds(family: str, params: Conv2dGw8Params, config) -> float:
         out_h, out_w, bn = params.p, params.q, config.block_n
         smem = wg.shared_mem_bytes(params, config)
     else:
-        out_h, out_w = (params.h, params.w) if fam.igrad else (params.p, params.q)
+        out_h, out_w = (params.h, params.w) if fam.pass_ == "dgrad" else (params.p, params.q)
         bn = 1
         smem = fd.shared_mem_bytes(params, config)
     blocks = (

@@ -115,13 +115,13 @@ def test_features_agree_with_the_kernels():
     for params in layers:
         for family in pm.FAMILIES.values():
             configs = family.configs(params)
-            x = family.features(params, configs)
-            assert x.shape == (len(configs), len(family.feature_names))
+            x = pm.features(family, params, configs)
+            assert x.shape == (len(configs), len(pm.feature_names(family)))
             assert np.isfinite(x).all()
             picks = range(0, len(configs), max(1, len(configs) // 6))
             for i in picks:
                 kernel = family.make_kernel(params, configs[i])
-                row = dict(zip(family.feature_names, x[i], strict=True))
+                row = dict(zip(pm.feature_names(family), x[i], strict=True))
                 assert row["blocks"] == kernel.grid[0]
                 assert row["threads"] == kernel.threads
                 assert row["smem_bytes"] == kernel.shared_mem_bytes
@@ -149,7 +149,7 @@ def test_training_writes_models_with_honest_metadata(models):
         assert meta["synthetic"] is True
         assert meta["measured_on"] == [syn.DEVICE]
         assert meta["rows"] > 100 and meta["layers"] >= 20
-        assert meta["features"] == list(pm.FAMILIES[name].feature_names)
+        assert meta["features"] == list(pm.feature_names(pm.FAMILIES[name]))
         assert meta["heldout_layers"] >= 3
         # held-out layers rank as the formula says
         assert meta["regret_median"] <= 1.05, meta
