@@ -73,6 +73,6 @@ def test_emulated_wgrad_matches_reference_sweep(params, config):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("params,config", list(_cases(CI_LAYERS + SLOW_LAYERS, 3, seed=5)))
-def test_gpu_wgrad_matches_reference(params, config):
+@pytest.mark.parametrize("params,config", list(_cases(CI_LAYERS + SLOW_LAYERS, 2, seed=5)))
+def test_gpu_wgrad_matches_reference(params, config, gpu_kernels_compiled):
     check_wgrad(params, config, "cuda")
