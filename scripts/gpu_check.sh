@@ -103,9 +103,12 @@ sanitize() {
         NOTE="compute-sanitizer not found"
         return 1
     fi
-    local filter=()
-    if "$sanitizer" --help 2>/dev/null | grep -q -- "--kernel-name"; then
-        filter=(--kernel-name kns=spio_conv2d_gw8)  # instrument only spio's kernels
+    local filter=() help
+    help=$("$sanitizer" --help 2>/dev/null)
+    if grep -q -- "--kernel-name" <<<"$help"; then  # instrument only spio's kernels
+        filter=(--kernel-name kns=spio_conv2d_gw8)
+    elif grep -q -- "--filter" <<<"$help"; then  # older releases
+        filter=(--filter kns=spio_conv2d_gw8)
     fi
     echo "$sanitizer --tool $tool ${filter[*]}"
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$limit" "$sanitizer" --tool "$tool" \

@@ -194,6 +194,33 @@ def check_pass(
     return result
 
 
+def precompile(
+    layers: Sequence[Conv2dGw8Params],
+    extra_configs: int,
+    passes: Sequence[str] = PASSES,
+    dtypes: Sequence[str] = DTYPES,
+) -> None:
+    """Compile every kernel the GPU check will launch, in parallel, into the disk cache."""
+    from .compiler import compile_many
+    from .cuda import driver
+    from .kernels import conv2d_gw8_factory as fd
+    from .kernels import conv2d_gw8_wgrad_factory as wg
+
+    arch = driver.device_attributes(0)["arch"]
+    kernels = {}
+    for dtype in dtypes:
+        for pass_ in passes:
+            for index, params in enumerate(replace(p, dtype=dtype) for p in layers):
+                for config in configs_to_run(params, pass_, extra_configs, seed=index):
+                    kernel = (
+                        wg.make_kernel(params, config)
+                        if pass_ == "wgrad"
+                        else fd.make_kernel(params, config, igrad=pass_ == "dgrad")
+                    )
+                    kernels[kernel.name] = kernel
+    compile_many([k.compile_job(arch) for k in kernels.values()], desc="compiling kernels")
+
+
 def run_check(
     device: str,
     layers: Sequence[Conv2dGw8Params],
@@ -209,6 +236,8 @@ def run_check(
     about 30 kernels: every loaded emulator module maps ~2,050 memory regions (guarded fiber
     stacks), and a process may hold at most vm.max_map_count (usually 65,530).
     """
+    if device == "cuda":
+        precompile(layers, extra_configs, passes, dtypes)
     results = []
     for dtype in dtypes:
         for pass_ in passes:

@@ -249,6 +249,13 @@ def run_insitu(
     """Profile every layer in both stack styles with both implementations; needs a CUDA GPU."""
     from tqdm import tqdm
 
+    from ..cuda import driver
+    from .run import precompile
+
+    precompile(
+        [(layer.params(n, dtype), pass_) for layer in layers for pass_ in PASSES],
+        driver.device_attributes(0)["arch"],
+    )
     torch.backends.cudnn.benchmark = True
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     rows = []

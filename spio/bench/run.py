@@ -116,7 +116,7 @@ def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], arch: str) -> list[
     load cubins; returns one message per kernel that failed to compile."""
     from ..compiler import compile_many
 
-    kernels = {spio_kernel(params, pass_) for params, pass_ in cases}
+    kernels = list({spio_kernel(params, pass_): None for params, pass_ in cases})
     jobs = [k.compile_job(arch) for k in kernels]
     results = compile_many(jobs, desc=f"compiling {len(jobs)} spio kernels for {arch}")
     return [
@@ -274,7 +274,11 @@ def run_bench(settings: BenchSettings, command: str) -> list[BenchRow]:
                 timing = time_calls(call, warmup=settings.warmup, reps=settings.reps)
             except Exception as error:  # report the case, keep the sweep going
                 logger.error("%s %s %s failed: %s", impl, pass_, params.encode(), error)
-                torch.cuda.synchronize()
+                try:
+                    torch.cuda.synchronize()
+                except RuntimeError as sticky:  # the context is broken: stop here
+                    logger.error("CUDA context unusable, stopping the sweep: %s", sticky)
+                    return rows
                 continue
             rows.append(
                 _row(layer, params, pass_, impl, timing, nbytes, impl_flops, sets, config, info)

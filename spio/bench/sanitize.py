@@ -11,15 +11,17 @@ the sanitizer passes but that computes garbage still fails. Exit status 1 on any
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
-from ..kernels.conv2d_gw8_params import Conv2dGw8Params as P
+from ..check import EMULATOR_LAYERS
 from ..kernels.stats import PASSES
 
-#: Edge cases with several blocks: partial tiles, bias, padding > R, a partial group block, bf16.
+#: Edge cases: bias, padding > R (negative DGrad padding) in bf16, a 5x2 filter over 5 groups
+#: (a partial group block). `spio check` runs the same kernels, so they are usually cached.
 LAYERS = (
-    P(n=2, c=16, h=9, w=21, padding=1, r=3, s=3, has_bias=True),
-    P(n=1, c=40, h=7, w=19, padding=4, r=3, s=3, dtype="bf16"),
-    P(n=2, c=24, h=11, w=10, padding=(2, 1), r=5, s=2, has_bias=True),
+    EMULATOR_LAYERS[0],
+    replace(EMULATOR_LAYERS[2], dtype="bf16"),
+    EMULATOR_LAYERS[3],
 )
 
 
