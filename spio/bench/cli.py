@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--in-situ",
         action="store_true",
         help="instead of isolated layers, profile each layer inside ConvFirst- and MBConv-style "
-        "block stacks (torch.profiler kernel times)",
+        "block stacks at N=64 or the first --batch-sizes (torch.profiler kernel times; --quick: "
+        "the first three layers)",
     )
     parser.add_argument(
         "--plot-only",
