@@ -206,9 +206,20 @@ class EmuFunction:
             message.restype = ctypes.c_char_p
             error = message().decode(errors="replace") if rc != 0 else ""
         for original, copy in copies:
-            original.copy_(copy)
+            if not _same_bits(original, copy):  # copying back read-only inputs would bump
+                original.copy_(copy)  # their autograd version counters
         if rc != 0:
             raise EmulatorError(error or f"emulated launch of {self.name} failed (code {rc})")
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    """True when tensors a and b hold identical bytes (NaNs included)."""
+    import torch
+
+    try:
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    except RuntimeError:  # a layout that cannot be viewed as bytes
+        return torch.equal(a, b)
 
 
 @dataclass(frozen=True)

@@ -125,3 +125,13 @@ def test_launch_leaves_no_fiber_stack_mappings_behind():
     fn.launch(1, 1024, (out,))  # loads the library and runs 1024 fibers
     assert _mappings() - before < 64
     assert torch.equal(out, torch.arange(1024, dtype=torch.float32))
+
+
+def test_checked_launch_leaves_read_only_inputs_untouched(add_fn):
+    # Checked launches run on guarded copies; copying an unchanged input back would bump its
+    # autograd version counter and break backward passes that saved it.
+    src, dst = torch.randn(8), torch.zeros(8)
+    version = src._version
+    add_fn.launch(1, 8, (dst, src, 8, 0))
+    assert src._version == version
+    assert torch.equal(dst, src)

@@ -180,3 +180,29 @@ def test_compiled_layers_under_autocast_match_eager():
         torch.testing.assert_close(y, y_eager)
         torch.testing.assert_close(grads, grads_eager)
     assert len(compiles) == 1
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_eager_path_equals_the_custom_op(monkeypatch, bias):
+    """Outside torch.compile the layer skips the custom-op dispatch; same kernels, same bits."""
+    from spio.functional import conv2d_gw8
+    from spio.functional import eager as eager_module
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    calls = []
+    real = eager_module._Conv2dGw8.apply
+    monkeypatch.setattr(eager_module._Conv2dGw8, "apply", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=bias).half()
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1 = layer(x1)
+    assert calls, "the layer did not take the eager path"
+    y2 = conv2d_gw8(x2, layer.weight, layer.bias, 1, 1, 1, 1, 2)
+    assert torch.equal(y1, y2)
+    assert y1.is_contiguous(memory_format=torch.channels_last)
+    dy = torch.randn_like(y1)
+    g1 = torch.autograd.grad(y1, [x1, layer.weight] + ([layer.bias] if bias else []), dy)
+    g2 = torch.autograd.grad(y2, [x2, layer.weight] + ([layer.bias] if bias else []), dy)
+    for a, b in zip(g1, g2, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
