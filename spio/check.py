@@ -150,17 +150,20 @@ def run_one(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int 
     return worst
 
 
+_FAMILY_OF_PASS = {
+    "fprop": "conv2d_gw8_fprop",
+    "dgrad": "conv2d_gw8_dgrad",
+    "wgrad": "conv2d_gw8_wgrad",
+}
+
+
 def configs_to_run(params: Conv2dGw8Params, pass_: str, extra: int, seed: int) -> list:
     """The default config of the pass plus `extra` others drawn reproducibly."""
-    from .kernels import conv2d_gw8_factory as fd
-    from .kernels import conv2d_gw8_wgrad_factory as wg
+    from .kernels.families import FAMILIES
 
-    if pass_ == "wgrad":
-        default, every = wg.default_config(params), wg.configs(params)
-    else:
-        igrad = pass_ == "dgrad"
-        default, every = fd.default_config(params, igrad), fd.configs(params, igrad)
-    others = [c for c in every if c != default]
+    family = FAMILIES[_FAMILY_OF_PASS[pass_]]
+    default = family.default_config(params)
+    others = [c for c in family.configs(params) if c != default]
     return [default] + random.Random(seed).sample(others, min(extra, len(others)))
 
 
@@ -203,20 +206,16 @@ def precompile(
     """Compile every kernel the GPU check will launch, in parallel, into the disk cache."""
     from .compiler import compile_many
     from .cuda import driver
-    from .kernels import conv2d_gw8_factory as fd
-    from .kernels import conv2d_gw8_wgrad_factory as wg
+    from .kernels.families import FAMILIES
 
     arch = driver.device_attributes(0)["arch"]
     kernels = {}
     for dtype in dtypes:
         for pass_ in passes:
+            family = FAMILIES[_FAMILY_OF_PASS[pass_]]
             for index, params in enumerate(replace(p, dtype=dtype) for p in layers):
                 for config in configs_to_run(params, pass_, extra_configs, seed=index):
-                    kernel = (
-                        wg.make_kernel(params, config)
-                        if pass_ == "wgrad"
-                        else fd.make_kernel(params, config, igrad=pass_ == "dgrad")
-                    )
+                    kernel = family.make_kernel(params, config)
                     kernels[kernel.name] = kernel
     compile_many([k.compile_job(arch) for k in kernels.values()], desc="compiling kernels")
 
@@ -227,30 +226,15 @@ def run_check(
     extra_configs: int = 1,
     passes: Sequence[str] = PASSES,
     dtypes: Sequence[str] = DTYPES,
-    isolate: bool = False,
     report: Callable[[str], None] = print,
 ) -> list[PassResult]:
-    """Check every (pass, dtype); report one line each as it finishes.
-
-    isolate runs each (pass, dtype) in a fresh process. The CPU emulator needs it for more than
-    about 30 kernels: every loaded emulator module maps ~2,050 memory regions (guarded fiber
-    stacks), and a process may hold at most vm.max_map_count (usually 65,530).
-    """
+    """Check every (pass, dtype); report one line each as it finishes."""
     if device == "cuda":
         precompile(layers, extra_configs, passes, dtypes)
     results = []
     for dtype in dtypes:
         for pass_ in passes:
-            args = (device, tuple(layers), pass_, dtype, extra_configs)
-            if isolate:
-                import multiprocessing
-                from concurrent.futures import ProcessPoolExecutor
-
-                context = multiprocessing.get_context("spawn")
-                with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-                    result = pool.submit(check_pass, *args).result()
-            else:
-                result = check_pass(*args)
+            result = check_pass(device, tuple(layers), pass_, dtype, extra_configs)
             report(result.line())
             results.append(result)
     return results
@@ -298,7 +282,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         "per layer, pass and dtype"
     )
     started = time.perf_counter()
-    results = run_check(device, layers, extra_configs=extra, isolate=device == "cpu")
+    results = run_check(device, layers, extra_configs=extra)
     failed = [r for r in results if not r.passed]
     seconds = time.perf_counter() - started
     if failed:

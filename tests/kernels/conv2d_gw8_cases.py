@@ -7,20 +7,8 @@ smaller than a tile, several groups per block with a partial last block, bias, f
 
 from __future__ import annotations
 
-import random
-
-import torch
-
-from spio.kernels import conv2d_gw8_factory as fd
-from spio.kernels import conv2d_gw8_wgrad_factory as wg
+from spio.check import configs_to_run, run_one
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
-from spio.reference import (
-    conv2d_gw8_bias_grad_ref,
-    conv2d_gw8_dgrad_ref,
-    conv2d_gw8_fprop_ref,
-    conv2d_gw8_wgrad_ref,
-)
-from spio.reference.tolerance import conv2d_gw8_tolerance
 
 P = Conv2dGw8Params
 
@@ -47,63 +35,15 @@ SLOW_LAYERS = [
 ]
 
 
-def sample_configs(configs: list, default, count: int, seed: int) -> list:
-    """The default config plus `count` others drawn reproducibly."""
-    others = [c for c in configs if c != default]
-    return [default] + random.Random(seed).sample(others, min(count, len(others)))
+def sample_configs(params: Conv2dGw8Params, pass_: str, count: int, seed: int) -> list:
+    """The pass's default config plus `count` others drawn reproducibly."""
+    return configs_to_run(params, pass_, count, seed)
 
 
-def _torch_dtype(params: Conv2dGw8Params) -> torch.dtype:
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[params.dtype]
-
-
-def make_inputs(params: Conv2dGw8Params, device: str, seed: int = 0):
-    """Random x, w, bias and dy (never zeros) in the layer's dtype; bias fp32."""
-    gen = torch.Generator().manual_seed(seed)
-    dtype = _torch_dtype(params)
-    x = torch.randn(params.input_shape, generator=gen).to(dtype)
-    w = (torch.randn(params.weight_shape, generator=gen) / 3).to(dtype)
-    dy = torch.randn(params.output_shape, generator=gen).to(dtype)
-    bias = torch.randn(params.c, generator=gen) if params.has_bias else None
-    move = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return move(x), move(w), move(bias), move(dy)
-
-
-def _poisoned(shape, dtype, device):
-    return torch.full(shape, float("nan"), dtype=dtype, device=device).contiguous(
-        memory_format=torch.channels_last
+def check(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int = 0) -> None:
+    """Run one kernel on random inputs into NaN-poisoned outputs and compare with the float64
+    reference at the tolerance derived from accumulation depth (spio.check.run_one)."""
+    ratio = run_one(params, pass_, config, device, seed)
+    assert ratio <= 1.0, (
+        f"{pass_} {params.encode()} {config}: worst error {ratio:.3g} times the tolerance"
     )
-
-
-def check_fprop(params: Conv2dGw8Params, config, device: str, seed: int = 0) -> None:
-    x, w, bias, _ = make_inputs(params, device, seed)
-    out = _poisoned(params.output_shape, x.dtype, device)
-    fd.fprop(x, w, bias, params, config, out=out)
-    expected = conv2d_gw8_fprop_ref(
-        x.cpu(), w.cpu(), None if bias is None else bias.cpu(), params.padding
-    )
-    tol = conv2d_gw8_tolerance(params, "fprop", x.cpu(), w.cpu())
-    tol.assert_close(out.cpu(), expected, msg=f"fprop {params.encode()} {config}")
-
-
-def check_dgrad(params: Conv2dGw8Params, config, device: str, seed: int = 0) -> None:
-    _, w, _, dy = make_inputs(params, device, seed)
-    out = _poisoned(params.input_shape, dy.dtype, device)
-    fd.dgrad(dy, w, params, config, out=out)
-    expected = conv2d_gw8_dgrad_ref(dy.cpu(), w.cpu(), params.padding, (params.h, params.w))
-    tol = conv2d_gw8_tolerance(params, "dgrad", dy.cpu(), w.cpu())
-    tol.assert_close(out.cpu(), expected, msg=f"dgrad {params.encode()} {config}")
-
-
-def check_wgrad(params: Conv2dGw8Params, config, device: str, seed: int = 0) -> None:
-    x, _, _, dy = make_inputs(params, device, seed)
-    dw, dbias = wg.wgrad(x, dy, params, config)
-    expected = conv2d_gw8_wgrad_ref(x.cpu(), dy.cpu(), params.padding, params.r, params.s)
-    tol = conv2d_gw8_tolerance(params, "wgrad", x.cpu(), dy.cpu())
-    tol.assert_close(dw.cpu(), expected, msg=f"wgrad {params.encode()} {config}")
-    if params.has_bias:
-        expected_bias = conv2d_gw8_bias_grad_ref(dy.cpu())
-        bias_tol = conv2d_gw8_tolerance(params, "wgrad", dy.cpu(), torch.ones(1))
-        bias_tol.assert_close(dbias.cpu(), expected_bias, msg=f"dbias {params.encode()} {config}")
-    else:
-        assert dbias is None

@@ -10,15 +10,9 @@ import spio
 from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.layer_sets import compile_layer_set
-from tests.kernels.conv2d_gw8_cases import (
-    CI_LAYERS,
-    SLOW_LAYERS,
-    check_dgrad,
-    check_fprop,
-    sample_configs,
-)
+from tests.kernels.conv2d_gw8_cases import CI_LAYERS, SLOW_LAYERS, check, sample_configs
 
-CHECKS = {"fprop": (check_fprop, False), "dgrad": (check_dgrad, True)}
+PASSES = ("fprop", "dgrad")
 
 
 def _compile_sample(count: int, seed: int):
@@ -80,30 +74,22 @@ def test_wrong_dtype_is_rejected():
 
 def _emulated_cases(layers, configs_per_layer, seed):
     for index, params in enumerate(layers):
-        for name, (_, igrad) in CHECKS.items():
-            configs = fd.configs(params, igrad)
-            chosen = (
-                configs
-                if configs_per_layer is None
-                else sample_configs(
-                    configs, fd.default_config(params, igrad), configs_per_layer, seed + index
-                )
-            )
-            for config in chosen:
+        for pass_ in PASSES:
+            for config in sample_configs(params, pass_, configs_per_layer, seed + index):
                 yield pytest.param(
-                    name, params, config, id=f"{name}-{params.encode()}-{config.encode()}"
+                    pass_, params, config, id=f"{pass_}-{params.encode()}-{config.encode()}"
                 )
 
 
 @pytest.mark.parametrize("pass_,params,config", list(_emulated_cases(CI_LAYERS, 1, seed=3)))
 def test_emulated_kernel_matches_reference(pass_, params, config):
-    CHECKS[pass_][0](params, config, "cpu")
+    check(params, pass_, config, "cpu")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pass_,params,config", list(_emulated_cases(SLOW_LAYERS, 4, seed=11)))
 def test_emulated_kernel_matches_reference_sweep(pass_, params, config):
-    CHECKS[pass_][0](params, config, "cpu")
+    check(params, pass_, config, "cpu")
 
 
 @pytest.mark.cuda
@@ -111,4 +97,4 @@ def test_emulated_kernel_matches_reference_sweep(pass_, params, config):
     "pass_,params,config", list(_emulated_cases(CI_LAYERS + SLOW_LAYERS, 2, seed=5))
 )
 def test_gpu_kernel_matches_reference(pass_, params, config, gpu_kernels_compiled):
-    CHECKS[pass_][0](params, config, "cuda")
+    check(params, pass_, config, "cuda")

@@ -9,7 +9,7 @@ import spio
 from spio.kernels import conv2d_gw8_wgrad_factory as wg
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.layer_sets import compile_layer_set
-from tests.kernels.conv2d_gw8_cases import CI_LAYERS, SLOW_LAYERS, check_wgrad, sample_configs
+from tests.kernels.conv2d_gw8_cases import CI_LAYERS, SLOW_LAYERS, check, sample_configs
 
 
 @pytest.mark.parametrize("arch", spio.supported_arch)
@@ -44,35 +44,29 @@ def test_bad_configs_are_rejected(bad):
 
 def _cases(layers, configs_per_layer, seed):
     for index, params in enumerate(layers):
-        configs = wg.configs(params)
-        chosen = (
-            configs
-            if configs_per_layer is None
-            else sample_configs(configs, wg.default_config(params), configs_per_layer, seed + index)
-        )
-        for config in chosen:
+        for config in sample_configs(params, "wgrad", configs_per_layer, seed + index):
             yield pytest.param(params, config, id=f"{params.encode()}-{config.encode()}")
 
 
 @pytest.mark.parametrize("params,config", list(_cases(CI_LAYERS, 1, seed=3)))
 def test_emulated_wgrad_matches_reference(params, config):
-    check_wgrad(params, config, "cpu")
+    check(params, "wgrad", config, "cpu")
 
 
 def test_emulated_wgrad_with_several_images_per_block():
     params = Conv2dGw8Params(n=5, c=16, h=6, w=9, padding=1, r=3, s=2, has_bias=True)
     config = wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=16, block_n=4, warp_q8=1)
     assert config in wg.configs(params)
-    check_wgrad(params, config, "cpu")  # 5 images: the second block has one real, three absent
+    check(params, "wgrad", config, "cpu")  # 5 images: the second block has one real, three absent
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("params,config", list(_cases(SLOW_LAYERS, 4, seed=11)))
 def test_emulated_wgrad_matches_reference_sweep(params, config):
-    check_wgrad(params, config, "cpu")
+    check(params, "wgrad", config, "cpu")
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("params,config", list(_cases(CI_LAYERS + SLOW_LAYERS, 2, seed=5)))
 def test_gpu_wgrad_matches_reference(params, config, gpu_kernels_compiled):
-    check_wgrad(params, config, "cuda")
+    check(params, "wgrad", config, "cuda")
