@@ -1,4 +1,4 @@
-"""spio's command line: python -m spio {info, clear-cache, ...}."""
+"""spio's command line: python -m spio {info, check, compile, bench, clear-cache}."""
 
 from __future__ import annotations
 
@@ -155,7 +155,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
         "time spio vs PyTorch (cuDNN) vs a device copy on the layer table; table, CSV and plots "
         "(needs a GPU, except --plot-only)",
     ),
-    "clear-cache": (cmd_clear_cache, "delete every cached cubin and emulator library"),
+    "clear-cache": (
+        cmd_clear_cache,
+        "delete every cached cubin, emulator library and autotuning result",
+    ),
 }
 
 
