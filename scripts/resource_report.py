@@ -1,0 +1,118 @@
+"""Write the kernels' resource report (registers, spills, shared memory, occupancy) to markdown.
+
+For every layer of the benchmark table at one batch size, each kernel family's default config is
+compiled with NVRTC for every supported arch; ptxas' report gives registers, spills and static
+shared memory, and the theoretical occupancy follows from the arch's per-SM limits (CUDA programming
+guide, compute capability table). No GPU is needed. Commit the output under docs/perf/ so that
+register or shared-memory regressions show in review:
+
+    python scripts/resource_report.py --out docs/perf/resources.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import sys
+from dataclasses import dataclass
+
+import spio
+from spio.bench.layers import layer_table
+from spio.compiler import CompileResult, compile_many
+from spio.kernels.families import FAMILIES
+
+
+@dataclass(frozen=True)
+class SmLimits:
+    threads: int
+    blocks: int
+    shared_bytes: int  # per SM, usable by blocks
+    registers: int = 65536
+
+
+#: Per-SM limits by arch (CUDA C++ Programming Guide, "Technical Specifications per Compute
+#: Capability"); each block also reserves 1 KiB of shared memory on these archs.
+LIMITS = {
+    "sm_80": SmLimits(threads=2048, blocks=32, shared_bytes=164 * 1024),
+    "sm_86": SmLimits(threads=1536, blocks=16, shared_bytes=100 * 1024),
+    "sm_89": SmLimits(threads=1536, blocks=24, shared_bytes=100 * 1024),
+    "sm_90": SmLimits(threads=2048, blocks=32, shared_bytes=228 * 1024),
+}
+RESERVED_SHARED_PER_BLOCK = 1024
+REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
+
+
+def blocks_per_sm(limits: SmLimits, threads: int, registers: int, shared_bytes: int) -> int:
+    """Resident blocks per SM allowed by threads, registers and shared memory."""
+    warps = math.ceil(threads / 32)
+    per_warp = (
+        math.ceil(max(registers, 1) * 32 / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
+    )
+    by_registers = (limits.registers // per_warp) // warps
+    by_shared = limits.shared_bytes // (shared_bytes + RESERVED_SHARED_PER_BLOCK)
+    by_threads = limits.threads // threads
+    return min(limits.blocks, by_registers, by_shared, by_threads)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="markdown file to write (default: print)")
+    parser.add_argument("--n", type=int, default=128, help="batch size (default 128)")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    args = parser.parse_args(argv)
+
+    rows = []
+    for layer in layer_table():
+        params = layer.params(args.n, args.dtype)
+        for family in FAMILIES.values():
+            config = family.default_config(params)
+            rows.append((layer.name, family, config, family.make_kernel(params, config)))
+    jobs = [(row, arch) for row in rows for arch in spio.supported_arch]
+    results = compile_many([row[3].compile_job(arch) for row, arch in jobs], desc="compiling")
+
+    lines = [
+        f"# Kernel resource report ({args.dtype}, N = {args.n})",
+        "",
+        f"Made on {datetime.date.today()} by `python scripts/resource_report.py"
+        f" --n {args.n} --dtype {args.dtype}` (NVRTC, no GPU): each family's default config "
+        "(the analytic heuristic) per layer of the benchmark table. Occupancy is theoretical: "
+        "resident warps per SM from ptxas' registers and the block's shared memory under the "
+        "arch's limits, as a share of the SM's maximum.",
+        "",
+        "| layer | kernel | config | arch | regs | spill B | smem B | threads | blocks/SM "
+        "| occupancy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    failures = 0
+    for ((name, family, config, kernel), arch), result in zip(jobs, results, strict=True):
+        if not isinstance(result, CompileResult):
+            failures += 1
+            lines.append(
+                f"| {name} | {family.name} | {config.encode()} | {arch} | FAILED: {result} |"
+            )
+            continue
+        usage = result.resources[kernel.entry]
+        smem = usage.shared_bytes + kernel.shared_mem_bytes
+        limits = LIMITS[arch]
+        blocks = blocks_per_sm(limits, kernel.threads, usage.registers, smem)
+        occupancy = blocks * kernel.threads / limits.threads
+        spills = usage.spill_stores + usage.spill_loads
+        failures += spills > 0
+        lines.append(
+            f"| {name} | {family.name.removeprefix('conv2d_gw8_')} | {config.encode()} | {arch} | "
+            f"{usage.registers} | {spills} | {smem} | {kernel.threads} | {blocks} | "
+            f"{occupancy:.0%} |"
+        )
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {args.out} ({len(rows) * len(spio.supported_arch)} kernels)")
+    else:
+        print(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
