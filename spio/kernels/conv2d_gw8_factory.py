@@ -29,22 +29,26 @@ _ELEMENT = {"fp16": ("__half", "__half2"), "bf16": ("__nv_bfloat16", "__nv_bfloa
 @dataclass(frozen=True, order=True)
 class Conv2dGw8Config:
     """A tile config: groups (of 8 channels) per block, output rows and columns per block, the
-    number of 16-column runs each warp computes, and the input-row buffers (stages - 1 rows are
-    in flight while one is computed)."""
+    number of 16-column runs each warp computes, the input-row buffers (stages - 1 rows are in
+    flight while one is computed), and the mma depth: 8 (one filter tap per m16n8k8) or 16 (two
+    taps s, s + 1 per m16n8k16, half the mma instructions)."""
 
     groups: int = 8
     block_p: int = 16
     block_q: int = 32
     warp_q16: int = 1
     stages: int = 2
+    mma_k: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("groups", "block_p", "block_q", "warp_q16", "stages"):
+        for name in ("groups", "block_p", "block_q", "warp_q16", "stages", "mma_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Conv2dGw8Config needs {name} a positive int, got {value!r}")
         if self.stages < 2:
             raise ValueError(f"Conv2dGw8Config needs stages >= 2, got {self.stages}")
+        if self.mma_k not in (8, 16):
+            raise ValueError(f"Conv2dGw8Config needs mma_k 8 or 16, got {self.mma_k}")
         if self.block_q % (16 * self.warp_q16):
             raise ValueError(
                 f"Conv2dGw8Config needs block_q a multiple of 16 * warp_q16 = "
@@ -65,7 +69,10 @@ class Conv2dGw8Config:
         return 32 * self.warps
 
     def encode(self) -> str:
-        return f"g{self.groups}_p{self.block_p}_q{self.block_q}_w{self.warp_q16}_s{self.stages}"
+        return (
+            f"g{self.groups}_p{self.block_p}_q{self.block_q}_w{self.warp_q16}_s{self.stages}"
+            f"_k{self.mma_k}"
+        )
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,9 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
     max_q = max(16, 16 * math.ceil(geo.out_w / 16))
     max_p = max(4, 1 << math.ceil(math.log2(geo.out_h)))
     found = []
-    for groups, block_q, warp_q16, block_p, stages in itertools.product(
-        (1, 2, 4, 8), (16, 32, 64), (1, 2), (4, 8, 16, 32, 64), (2, 3, 4)
+    mma_ks = (8, 16) if params.s > 1 else (8,)  # one filter column has no pair to share an mma
+    for groups, block_q, warp_q16, block_p, stages, mma_k in itertools.product(
+        (1, 2, 4, 8), (16, 32, 64), (1, 2), (4, 8, 16, 32, 64), (2, 3, 4), mma_ks
     ):
         if groups > max_groups or block_q > max_q or block_p > max_p:
             continue
@@ -121,7 +129,7 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
         warps = groups * block_q // (16 * warp_q16)
         if warps > MAX_THREADS // 32:
             continue
-        config = Conv2dGw8Config(groups, block_p, block_q, warp_q16, stages)
+        config = Conv2dGw8Config(groups, block_p, block_q, warp_q16, stages, mma_k)
         if config.threads >= 32 and shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
             found.append(config)
     return found
@@ -222,6 +230,7 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
                 "warp_x16": config.warp_q16,
                 "threads": config.threads,
                 "stages": config.stages,
+                "mma_k": config.mma_k,
             },
         ),
         TensorSpec("Input", "const uint4", {"n": params.n, "y": geo.in_h, "x": geo.in_w, "c8": c8}),

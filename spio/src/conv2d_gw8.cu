@@ -15,7 +15,8 @@
 /// being computed). Each warp owns one group and Block::warp_x16 runs of 16 output columns.
 /// For each input row a warp loads, per filter column s, the 16x8 matrix of the shifted input
 /// (16 pixels x 8 channels, ldmatrix.x2) and multiplies it with the R taps (r, s) by
-/// mma.sync.m16n8k8, adding into a circular buffer of R output rows kept in registers
+/// mma.sync.m16n8k8 (or, with Block::mma_k == 16, two filter columns per mma.sync.m16n8k16: A is
+/// the two shifted 16x8 matrices side by side, B the two 8x8 taps stacked), adding into a circular buffer of R output rows kept in registers
 /// (overlap-add): input row i feeds output rows i - r. The loop over input rows is unrolled by R so
 /// that each buffer slot is a fixed set of registers. After input row i, output row i - (R-1) is
 /// complete: it is rounded, biased and stored, and its slot zeroed for reuse.
@@ -46,16 +47,30 @@ namespace {
 
 using Elem = SPIO_CONV_ELEMENT;
 
-// pack_pair rounds two floats to a pair of the kernel's element type; mma_tap adds A * B into acc.
+// pack_pair rounds two floats to a pair of the kernel's element type; mma_tap adds A * B into acc
+// for one tap (m16n8k8), mma_two_taps adds [A0 A1] * [B0; B1] for taps s and s + 1 in one
+// m16n8k16: its A fragment is the two k8 fragments' registers in order, its B the two B registers.
 #if SPIO_CONV_BF16
 SPIO_DEVICE __nv_bfloat162 pack_pair(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
 SPIO_DEVICE void mma_tap(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
     spio::mma_m16n8k8_bf16(acc, a, b, acc);
 }
+SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const unsigned (&a1)[2],
+                              unsigned b0, unsigned b1) {
+    const unsigned a[4] = {a0[0], a0[1], a1[0], a1[1]};
+    const unsigned b[2] = {b0, b1};
+    spio::mma_m16n8k16_bf16(acc, a, b, acc);
+}
 #else
 SPIO_DEVICE __half2 pack_pair(float lo, float hi) { return __floats2half2_rn(lo, hi); }
 SPIO_DEVICE void mma_tap(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
     spio::mma_m16n8k8_f16(acc, a, b, acc);
+}
+SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const unsigned (&a1)[2],
+                              unsigned b0, unsigned b1) {
+    const unsigned a[4] = {a0[0], a0[1], a1[0], a1[1]};
+    const unsigned b[2] = {b0, b1};
+    spio::mma_m16n8k16_f16(acc, a, b, acc);
 }
 #endif
 
@@ -188,18 +203,30 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
                 }
                 spio::cp_async_commit_group();
                 const SmemInput stage = smem_input.stage(row % STAGES).c8(warp.c8());
+                // Block::mma_k == 16 pairs filter columns s and s + 1 into one m16n8k16.
+                constexpr int TAPS_PER_MMA = Block::mma_k / 8;
                 SPIO_UNROLL
-                for (int s = 0; s < S; ++s) {
+                for (int s = 0; s < S; s += TAPS_PER_MMA) {
+                    const bool two_taps = TAPS_PER_MMA == 2 && s + 1 < S;
+                    const int s1 = two_taps ? s + 1 : s;
                     SPIO_UNROLL
                     for (int run = 0; run < Block::warp_x16; ++run) {
-                        unsigned a[2];
-                        spio::ldmatrix_x2(a, stage.x(warp_x + run * 16 + s + lane % 16).get());
+                        unsigned a[2][2];
+                        spio::ldmatrix_x2(a[0], stage.x(warp_x + run * 16 + s + lane % 16).get());
+                        if (two_taps) {
+                            spio::ldmatrix_x2(a[1], stage.x(warp_x + run * 16 + s1 + lane % 16).get());
+                        }
                         SPIO_UNROLL
                         for (int r = 0; r < R; ++r) {
                             // Output row (row - r) lives in slot (u - r) mod R. Rows above the tile
                             // (row < r) only exist in the first R - 1 input rows: skip them.
                             if (row0 > 0 || r <= u) {
-                                mma_tap(acc[(u - r + R) % R][run], a, taps[r][s]);
+                                float (&out_rows)[4] = acc[(u - r + R) % R][run];
+                                if (two_taps) {
+                                    mma_two_taps(out_rows, a[0], a[1], taps[r][s], taps[r][s1]);
+                                } else {
+                                    mma_tap(out_rows, a[0], taps[r][s]);
+                                }
                             }
                         }
                     }

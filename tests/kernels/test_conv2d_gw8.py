@@ -1,6 +1,7 @@
 """FProp and DGrad kernels: NVRTC builds for every arch, and results against the float64
 reference in the CPU emulator (sampled configs in CI, all with -m slow) and on a GPU (-m cuda)."""
 
+import dataclasses
 import itertools
 import random
 
@@ -98,3 +99,27 @@ def test_emulated_kernel_matches_reference_sweep(pass_, params, config):
 )
 def test_gpu_kernel_matches_reference(pass_, params, config, gpu_kernels_compiled):
     check(params, pass_, config, "cuda")
+
+
+@pytest.mark.parametrize("igrad", [False, True])
+def test_every_config_has_its_own_kernel_name(igrad):
+    params = Conv2dGw8Params(n=2, c=64, h=20, w=19, r=3, s=3)
+    names = {fd.make_kernel(params, c, igrad).name for c in fd.configs(params, igrad)}
+    assert len(names) == len(fd.configs(params, igrad))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        Conv2dGw8Params(n=1, c=16, h=7, w=9, padding=1, r=3, s=3, has_bias=True),  # pair + single
+        Conv2dGw8Params(n=1, c=8, h=5, w=17, padding=(1, 0), r=2, s=2),  # one pair
+        Conv2dGw8Params(n=1, c=16, h=6, w=12, padding=2, r=5, s=5, dtype="bf16"),  # 2 pairs + 1
+    ],
+    ids=lambda p: p.encode(),
+)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_emulated_two_taps_per_mma(pass_, params):
+    """mma_k = 16 pairs filter columns s, s + 1 into one m16n8k16 (odd S leaves one m16n8k8)."""
+    config = dataclasses.replace(fd.default_config(params, pass_ == "dgrad"), mma_k=16)
+    assert config in fd.configs(params, pass_ == "dgrad")
+    check(params, pass_, config, "cpu")
