@@ -28,7 +28,8 @@ ENTRY = "spio_conv2d_gw8_wgrad"
 @dataclass(frozen=True, order=True)
 class Conv2dGw8WgradConfig:
     """A tile config: groups per block, dy rows and columns per block, images per block, the
-    number of 8-column runs each warp computes, and the row buffers (stages - 1 steps in flight)."""
+    number of 8-column runs each warp computes, the row buffers (stages - 1 steps in flight), and
+    the pixels per mma: 8 (m16n8k8) or 16 (two runs per m16n8k16, half the mma instructions)."""
 
     groups: int = 8
     block_p: int = 16
@@ -36,14 +37,20 @@ class Conv2dGw8WgradConfig:
     block_n: int = 1
     warp_q8: int = 2
     stages: int = 2
+    mma_k: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("groups", "block_p", "block_q", "block_n", "warp_q8", "stages"):
+        for name in ("groups", "block_p", "block_q", "block_n", "warp_q8", "stages", "mma_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Conv2dGw8WgradConfig needs {name} a positive int, got {value!r}")
         if self.stages < 2:
             raise ValueError(f"Conv2dGw8WgradConfig needs stages >= 2, got {self.stages}")
+        if self.mma_k not in (8, 16) or self.warp_q8 % (self.mma_k // 8):
+            raise ValueError(
+                f"Conv2dGw8WgradConfig needs mma_k 8, or 16 with an even warp_q8; got mma_k "
+                f"{self.mma_k}, warp_q8 {self.warp_q8}"
+            )
         if self.block_q % (8 * self.warp_q8):
             raise ValueError(
                 f"Conv2dGw8WgradConfig needs block_q a multiple of 8 * warp_q8 = "
@@ -65,7 +72,7 @@ class Conv2dGw8WgradConfig:
     def encode(self) -> str:
         return (
             f"g{self.groups}_p{self.block_p}_q{self.block_q}_n{self.block_n}_w{self.warp_q8}"
-            f"_s{self.stages}"
+            f"_s{self.stages}_k{self.mma_k}"
         )
 
 
@@ -82,14 +89,16 @@ def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
     max_q = max(8, 8 * math.ceil(params.q / 8))
     max_p = max(4, 1 << math.ceil(math.log2(params.p)))
     found = []
-    for groups, block_q, warp_q8, block_p, block_n, stages in itertools.product(
-        (1, 2, 4, 8), (8, 16, 32, 64), (1, 2, 4), (4, 8, 16, 32, 64), (1, 4), (2, 3)
+    for groups, block_q, warp_q8, block_p, block_n, stages, mma_k in itertools.product(
+        (1, 2, 4, 8), (8, 16, 32, 64), (1, 2, 4), (4, 8, 16, 32, 64), (1, 4), (2, 3), (8, 16)
     ):
         if groups > max_groups or block_q > max_q or block_p > max_p or block_n > params.n:
             continue
         if block_q % (8 * warp_q8) or groups * block_q // (8 * warp_q8) > MAX_THREADS // 32:
             continue
-        config = Conv2dGw8WgradConfig(groups, block_p, block_q, block_n, warp_q8, stages)
+        if warp_q8 % (mma_k // 8):
+            continue
+        config = Conv2dGw8WgradConfig(groups, block_p, block_q, block_n, warp_q8, stages, mma_k)
         if shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
             found.append(config)
     return found
@@ -153,6 +162,7 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> st
                 "warp_x8": config.warp_q8,
                 "threads": config.threads,
                 "stages": config.stages,
+                "mma_k": config.mma_k,
             },
         ),
         TensorSpec("Input", "const uint4", {"n": params.n, "y": params.h, "x": params.w, "c8": c8}),

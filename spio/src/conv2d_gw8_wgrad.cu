@@ -18,7 +18,8 @@
 /// column s, B = the 8 pixels x 8 channels of x shifted by s (ldmatrix .trans), and, per pair of
 /// filter rows (r0, r1), A = the 8 channels x 8 pixels of dy rows i - r0 and i - r1 stacked into a
 /// 16x8 matrix (ldmatrix.x2 .trans); mma.sync.m16n8k8 then adds the taps (r0, s) and (r1, s) of the
-/// pixels' products into a 16x8 fp32 accumulator: the pixels are the reduction dimension. An odd R
+/// pixels' products into a 16x8 fp32 accumulator: the pixels are the reduction dimension. With
+/// Block::mma_k == 16 one mma.sync.m16n8k16 takes two consecutive runs (16 pixels) at once. An odd R
 /// pairs its last row with an all-zero row. The bias gradient is one more mma of the dy rows i
 /// with an all-ones B. At the end each warp adds its accumulators to dw (and dbias) atomically.
 ///
@@ -44,16 +45,33 @@
 
 namespace {
 
-// mma_pixels adds A (16 x 8 pixels) * B (8 pixels x 8) into acc; kOnes is a B register of ones.
+// mma_pixels adds A * B into acc, the product summing over the pixels: with PIXELS == 8 one
+// m16n8k8 (A 16 x 8 pixels, B 8 pixels x 8); with PIXELS == 16 (Block::mma_k == 16) one m16n8k16
+// over two consecutive 8-pixel runs, whose A fragment is the two runs' k8 A registers in order and
+// whose B is the two runs' B registers. kOnes is a B register of ones (for the bias gradient).
+constexpr int PIXELS = Block::mma_k;
+constexpr int RUNS_PER_MMA = PIXELS / 8;
 #if SPIO_WGRAD_BF16
 constexpr unsigned kOnes = 0x3F803F80u;  // two bfloat16 1.0
-SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
-    spio::mma_m16n8k8_bf16(acc, a, b, acc);
-}
 #else
 constexpr unsigned kOnes = 0x3C003C00u;  // two half 1.0
-SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
-    spio::mma_m16n8k8_f16(acc, a, b, acc);
+#endif
+
+#if SPIO_WGRAD_BF16
+SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[1][2], const unsigned (&b)[1]) {
+    spio::mma_m16n8k8_bf16(acc, a[0], b[0], acc);
+}
+SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2][2], const unsigned (&b)[2]) {
+    const unsigned a4[4] = {a[0][0], a[0][1], a[1][0], a[1][1]};
+    spio::mma_m16n8k16_bf16(acc, a4, b, acc);
+}
+#else
+SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[1][2], const unsigned (&b)[1]) {
+    spio::mma_m16n8k8_f16(acc, a[0], b[0], acc);
+}
+SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2][2], const unsigned (&b)[2]) {
+    const unsigned a4[4] = {a[0][0], a[0][1], a[1][0], a[1][1]};
+    spio::mma_m16n8k16_f16(acc, a4, b, acc);
 }
 #endif
 
@@ -150,15 +168,18 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
         const int i = t % ROWS;
         const SmemX x_row = smem_x.stage(t % STAGES).c8(warp.c8());
         SPIO_UNROLL
-        for (int run = 0; run < Block::warp_x8; ++run) {
-            const int col = warp_x + run * 8;
-            // B operands: x pixels col + s .. col + s + 7 of this row (x's tile starts PAD_W left).
-            unsigned b[S];
+        for (int run = 0; run < Block::warp_x8; run += RUNS_PER_MMA) {
+            // B operands: x pixels col + s .. col + s + 7 of this row (x's tile starts PAD_W left),
+            // for each 8-pixel run of this mma.
+            unsigned b[S][RUNS_PER_MMA];
             SPIO_UNROLL
             for (int s = 0; s < S; ++s) {
-                unsigned reg[1];
-                spio::ldmatrix_x1_trans(reg, x_row.x(col + s + lane % 8).get());
-                b[s] = reg[0];
+                SPIO_UNROLL
+                for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
+                    unsigned reg[1];
+                    spio::ldmatrix_x1_trans(reg, x_row.x(warp_x + (run + sub) * 8 + s + lane % 8).get());
+                    b[s][sub] = reg[0];
+                }
             }
             SPIO_UNROLL
             for (int pair = 0; pair < PAIRS; ++pair) {
@@ -174,8 +195,12 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
                 const int slot0 = ((t - r0) % SLOTS + SLOTS) % SLOTS;
                 const int slot1 = r1 < R ? ((t - r1) % SLOTS + SLOTS) % SLOTS : ZERO_SLOT;
                 const int lane_slot = (lane / 8) % 2 == 0 ? slot0 : slot1;
-                unsigned a[2];
-                spio::ldmatrix_x2_trans(a, smem_dy.slot(lane_slot).c8(warp.c8()).x(col + lane % 8).get());
+                unsigned a[RUNS_PER_MMA][2];
+                SPIO_UNROLL
+                for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
+                    spio::ldmatrix_x2_trans(
+                        a[sub], smem_dy.slot(lane_slot).c8(warp.c8()).x(warp_x + (run + sub) * 8 + lane % 8).get());
+                }
                 if (any_row) {
                     SPIO_UNROLL
                     for (int s = 0; s < S; ++s) {
@@ -184,7 +209,12 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
                 }
 #if SPIO_WGRAD_HAS_BIAS
                 if (pair == 0) {
-                    mma_pixels(bias_acc, a, kOnes);  // rows 0-7: the sums of dy row i
+                    unsigned ones[RUNS_PER_MMA];
+                    SPIO_UNROLL
+                    for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
+                        ones[sub] = kOnes;
+                    }
+                    mma_pixels(bias_acc, a, ones);  // rows 0-7: the sums of dy row i
                 }
 #endif
             }

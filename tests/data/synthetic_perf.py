@@ -64,7 +64,11 @@ def synthetic_seconds(family: str, params: Conv2dGw8Params, config) -> float:
     waves = blocks / (SMS * per_sm)
     tail = math.ceil(waves) / waves if waves > 0 else 1.0
     mma = blocks * bn * bp * bq * cg * 8 * 8 * r * s * 2 / MMA_FLOPS
-    seconds = max(dram / DRAM_BYTES_PER_S / max(cover, 0.1), mma) * (1 + 0.25 * (tail - 1))
+    # mma_k = 16 issues half the mma instructions: faster tensor work, a little less issue overhead.
+    k16 = getattr(config, "mma_k", 8) == 16
+    mma *= 0.6 if k16 else 1.0
+    issue = 1.0 if k16 else 1.04
+    seconds = issue * max(dram / DRAM_BYTES_PER_S / max(cover, 0.1), mma) * (1 + 0.25 * (tail - 1))
     if family == "conv2d_gw8_wgrad":
         seconds += blocks * config.warps * 32 * r * s / 2e12  # fp32 atomics of partial sums
     return seconds + LAUNCH_S
@@ -92,7 +96,7 @@ def synthetic_layers(count: int, seed: int) -> list[Conv2dGw8Params]:
     return list(layers.values())
 
 
-def synthetic_samples(layers: int = 24, configs_per_layer: int = 40, seed: int = 0) -> list[Sample]:
+def synthetic_samples(layers: int = 24, configs_per_layer: int = 64, seed: int = 0) -> list[Sample]:
     """Samples of every family on `layers` random layers, `configs_per_layer` random configs
     each, with log-normal noise."""
     rng = random.Random(seed + 1)

@@ -70,3 +70,31 @@ def test_emulated_wgrad_matches_reference_sweep(params, config):
 @pytest.mark.parametrize("params,config", list(_cases(CI_LAYERS + SLOW_LAYERS, 2, seed=5)))
 def test_gpu_wgrad_matches_reference(params, config, gpu_kernels_compiled):
     check(params, "wgrad", config, "cuda")
+
+
+def test_every_config_has_its_own_kernel_name():
+    params = Conv2dGw8Params(n=4, c=64, h=20, w=19, r=3, s=3)
+    names = {wg.make_kernel(params, c).name for c in wg.configs(params)}
+    assert len(names) == len(wg.configs(params))
+
+
+@pytest.mark.parametrize(
+    "params,config",
+    [
+        (
+            Conv2dGw8Params(n=2, c=16, h=7, w=21, padding=1, r=3, s=3, has_bias=True),
+            wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=16, warp_q8=2, mma_k=16),
+        ),
+        (
+            Conv2dGw8Params(
+                n=1, c=8, h=6, w=33, padding=(2, 1), r=5, s=2, dtype="bf16", has_bias=True
+            ),
+            wg.Conv2dGw8WgradConfig(groups=1, block_p=4, block_q=32, warp_q8=2, mma_k=16),
+        ),
+    ],
+    ids=["fp16_3x3", "bf16_5x2"],
+)
+def test_emulated_wgrad_sixteen_pixels_per_mma(params, config):
+    """mma_k = 16 sums two 8-pixel runs per m16n8k16 (dw and the fused bias gradient)."""
+    assert config in wg.configs(params)
+    check(params, "wgrad", config, "cpu")
