@@ -100,27 +100,33 @@ class KernelFactory:
 
 
 class _LoadedCudaFunction:
-    """A kernel loaded into one device's primary context."""
+    """A kernel loaded into one device's primary context (the context PyTorch uses)."""
 
     def __init__(self, kernel: Kernel, ordinal: int):
         from ..cuda import driver
 
-        attrs = driver.device_attributes(ordinal)
-        result = kernel.compile(attrs["arch"])
-        with driver.PrimaryContext(ordinal):
-            self.module = driver.Module.load(result.cubin)
-            self.function = self.module.get_function(kernel.entry)
-            if kernel.shared_mem_bytes > 48 * 1024:
-                self.function.set_max_dynamic_shared_memory(kernel.shared_mem_bytes)
+        result = kernel.compile(driver.device_attributes(ordinal)["arch"])
+        self.module = driver.Module.load(result.cubin, device=ordinal)
+        self.function = self.module.get_function(kernel.entry)
+        if kernel.shared_mem_bytes > 48 * 1024:  # beyond the default limit: opt in
+            self.function.set_max_dynamic_shared_memory(kernel.shared_mem_bytes)
         self.ordinal = ordinal
 
     def launch_on_current_stream(self, kernel: Kernel, args: list[Any]) -> None:
-        import torch
-
-        stream = torch.cuda.current_stream(self.ordinal).cuda_stream
         self.function.launch(
-            kernel.grid, kernel.block, args, shared_mem_bytes=kernel.shared_mem_bytes, stream=stream
+            kernel.grid,
+            kernel.block,
+            args,
+            shared_mem_bytes=kernel.shared_mem_bytes,
+            stream=current_stream(self.ordinal),
         )
+
+
+def current_stream(ordinal: int) -> int:
+    """The CUstream handle of PyTorch's current stream on device `ordinal`."""
+    import torch
+
+    return torch.cuda.current_stream(ordinal).cuda_stream
 
 
 _loaded: dict[tuple[Kernel, int], _LoadedCudaFunction] = {}

@@ -1,0 +1,51 @@
+"""Kernel.launch on a CUDA device, against the fake libcuda of the driver tests: the module loads
+into the right device's primary context, shared memory beyond 48 KiB is opted into, None becomes a
+null pointer, and the launch goes to PyTorch's current stream."""
+
+from tests.cuda.test_driver import fake_libcuda, run_with  # noqa: F401  (fixture)
+
+SETUP = """
+import types
+import torch
+from spio.kernels import kernel as K
+K.Kernel.compile = lambda self, arch: types.SimpleNamespace(cubin=CUBIN)
+K.current_stream = lambda ordinal: 0x5000 + ordinal
+def make(entry, smem):
+    return K.Kernel(name=f"test_{entry}", source_file="conv2d_gw8.cu", entry=entry, headers=(),
+                    grid=(3, 1, 1), block=(64, 1, 1), shared_mem_bytes=smem)
+"""
+
+
+def test_launch_on_a_second_device(fake_libcuda):  # noqa: F811
+    run_with(
+        fake_libcuda["new"],
+        SETUP
+        + """
+kernel = make("write_pattern", 0)
+kernel.launch([Tensor(0x1000), 7, 9], torch.device("cuda", 1))
+assert g("launches") > 0
+assert list((ctypes.c_uint * 6).in_dll(fake, "last_dims")) == [3, 1, 1, 64, 1, 1]
+assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5001
+assert g("refs1") == 1 and g("refs0") == 0   # device 1's primary context, retained once
+params = bytes((ctypes.c_ubyte * 16).in_dll(fake, "last_params"))
+assert struct.unpack("<Qii", params) == (0x1000, 7, 9)
+again = g("launches")
+kernel.launch([Tensor(0x2000), 1, 2], torch.device("cuda", 1))  # loaded once, launched twice
+assert g("launches") > again and g("refs1") == 1
+""",
+    )
+
+
+def test_large_shared_memory_and_null_pointer(fake_libcuda):  # noqa: F811
+    run_with(
+        fake_libcuda["new"],
+        SETUP
+        + """
+kernel = make("big_smem", 100 * 1024)
+kernel.launch([None], torch.device("cuda", 0))
+assert ctypes.c_uint.in_dll(fake, "last_smem").value == 100 * 1024
+params = bytes((ctypes.c_ubyte * 8).in_dll(fake, "last_params"))
+assert struct.unpack("<Q", params) == (0,)
+assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5000
+""",
+    )
