@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from spio.cuda import paths
+from spio.emulator.build import RUNTIME_DIR
 
 HOST_DIR = Path(__file__).resolve().parent / "host"
 
@@ -47,9 +48,10 @@ def build_and_run(host_cxx, cuda_include, tmp_path):
             "-Werror",
             # CUDA's own headers trip some warnings; keep them out of -Werror.
             f"-isystem{cuda_include}",
-            # Stand-ins for crt/host_defines.h and <nv/target>, missing from the pip wheels.
+            # The emulator's stand-ins for crt/host_defines.h and <nv/target>, which the pip
+            # wheels lack (after the real include dirs, so a full toolkit's headers win).
             "-idirafter",
-            str(HOST_DIR / "shim"),
+            str(RUNTIME_DIR / "shim"),
             f"-I{paths.bundled_include_dir()}",
             f"-I{HOST_DIR}",
             *[f"-D{d}" for d in defines],
