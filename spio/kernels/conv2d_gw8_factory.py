@@ -215,7 +215,6 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
         MacroSpec(
             {
                 "SPIO_CONV_ELEMENT": element,
-                "SPIO_CONV_BF16": int(params.dtype == "bf16"),
                 "SPIO_CONV_IGRAD": int(igrad),
                 "SPIO_CONV_HAS_BIAS": int(params.has_bias and not igrad),
             }

@@ -47,32 +47,18 @@ namespace {
 
 using Elem = SPIO_CONV_ELEMENT;
 
-// pack_pair rounds two floats to a pair of the kernel's element type; mma_tap adds A * B into acc
-// for one tap (m16n8k8), mma_two_taps adds [A0 A1] * [B0; B1] for taps s and s + 1 in one
-// m16n8k16: its A fragment is the two k8 fragments' registers in order, its B the two B registers.
-#if SPIO_CONV_BF16
-SPIO_DEVICE __nv_bfloat162 pack_pair(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+// mma_tap adds A * B into acc for one tap (m16n8k8); mma_two_taps adds [A0 A1] * [B0; B1] for
+// taps s and s + 1 in one m16n8k16: its A fragment is the two k8 fragments' registers in order, its
+// B the two B registers.
 SPIO_DEVICE void mma_tap(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
-    spio::mma_m16n8k8_bf16(acc, a, b, acc);
+    spio::mma_m16n8k8<Elem>(acc, a, b, acc);
 }
 SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const unsigned (&a1)[2],
                               unsigned b0, unsigned b1) {
     const unsigned a[4] = {a0[0], a0[1], a1[0], a1[1]};
     const unsigned b[2] = {b0, b1};
-    spio::mma_m16n8k16_bf16(acc, a, b, acc);
+    spio::mma_m16n8k16<Elem>(acc, a, b, acc);
 }
-#else
-SPIO_DEVICE __half2 pack_pair(float lo, float hi) { return __floats2half2_rn(lo, hi); }
-SPIO_DEVICE void mma_tap(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
-    spio::mma_m16n8k8_f16(acc, a, b, acc);
-}
-SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const unsigned (&a1)[2],
-                              unsigned b0, unsigned b1) {
-    const unsigned a[4] = {a0[0], a0[1], a1[0], a1[1]};
-    const unsigned b[2] = {b0, b1};
-    spio::mma_m16n8k16_f16(acc, a, b, acc);
-}
-#endif
 
 }  // namespace
 
@@ -185,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
                 const int x = block_x + warp_x + run * 16 + lane / 4 + half * 8;
                 if (x < Output::X) {
                     *out_row.x(x).k8(c8).k2(lane % 4) =
-                        pack_pair(rows[run][2 * half] + bias_pair.x, rows[run][2 * half + 1] + bias_pair.y);
+                        spio::pack_pair<Elem>(rows[run][2 * half] + bias_pair.x, rows[run][2 * half + 1] + bias_pair.y);
                 }
             }
         }

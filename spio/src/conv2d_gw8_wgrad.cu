@@ -51,29 +51,17 @@ namespace {
 // whose B is the two runs' B registers. kOnes is a B register of ones (for the bias gradient).
 constexpr int PIXELS = Block::mma_k;
 constexpr int RUNS_PER_MMA = PIXELS / 8;
-#if SPIO_WGRAD_BF16
-constexpr unsigned kOnes = 0x3F803F80u;  // two bfloat16 1.0
-#else
-constexpr unsigned kOnes = 0x3C003C00u;  // two half 1.0
-#endif
+using Elem = SPIO_WGRAD_ELEMENT;
+/// A B register of two ones: the pixel sums of A (the bias gradient).
+constexpr unsigned kOnes = SPIO_WGRAD_BF16 ? 0x3F803F80u : 0x3C003C00u;
 
-#if SPIO_WGRAD_BF16
 SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[1][2], const unsigned (&b)[1]) {
-    spio::mma_m16n8k8_bf16(acc, a[0], b[0], acc);
+    spio::mma_m16n8k8<Elem>(acc, a[0], b[0], acc);
 }
 SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2][2], const unsigned (&b)[2]) {
     const unsigned a4[4] = {a[0][0], a[0][1], a[1][0], a[1][1]};
-    spio::mma_m16n8k16_bf16(acc, a4, b, acc);
+    spio::mma_m16n8k16<Elem>(acc, a4, b, acc);
 }
-#else
-SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[1][2], const unsigned (&b)[1]) {
-    spio::mma_m16n8k8_f16(acc, a[0], b[0], acc);
-}
-SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2][2], const unsigned (&b)[2]) {
-    const unsigned a4[4] = {a[0][0], a[0][1], a[1][0], a[1][1]};
-    spio::mma_m16n8k16_f16(acc, a4, b, acc);
-}
-#endif
 
 }  // namespace
 

@@ -171,6 +171,20 @@ struct OperandFragment {
 
 }  // namespace detail
 
+/// Two floats rounded to nearest and packed in a pair of Element (.x = lo, .y = hi).
+template <typename Element>
+SPIO_HOST_DEVICE typename detail::PairOf<Element>::type pack_pair(float lo, float hi);
+
+template <>
+SPIO_HOST_DEVICE __half2 pack_pair<__half>(float lo, float hi) {
+    return __floats2half2_rn(lo, hi);
+}
+
+template <>
+SPIO_HOST_DEVICE __nv_bfloat162 pack_pair<__nv_bfloat16>(float lo, float hi) {
+    return __floats2bfloat162_rn(lo, hi);
+}
+
 /// m16n8k8 A operand, f16: 16x8 row-major, 2 registers (4 elements) per lane.
 using FragA_m16n8k8_f16 = detail::OperandFragment<detail::LayoutA_m16n8k8, __half>;
 /// m16n8k8 A operand, bf16.

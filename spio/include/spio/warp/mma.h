@@ -85,6 +85,43 @@ SPIO_DEVICE void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const 
 #endif
 }
 
+/// mma_m16n8k8_f16 or mma_m16n8k8_bf16, chosen by the operand element type.
+///
+/// Parameters are those of mma_m16n8k8_f16. Element is __half or __nv_bfloat16; kernels written
+/// for both name their element type once instead of branching at every mma.
+template <typename Element>
+SPIO_DEVICE void mma_m16n8k8(float (&d)[4], const unsigned (&a)[2], unsigned b,
+                             const float (&c)[4]);
+
+template <>
+SPIO_DEVICE void mma_m16n8k8<__half>(float (&d)[4], const unsigned (&a)[2], unsigned b,
+                                     const float (&c)[4]) {
+    mma_m16n8k8_f16(d, a, b, c);
+}
+
+template <>
+SPIO_DEVICE void mma_m16n8k8<__nv_bfloat16>(float (&d)[4], const unsigned (&a)[2], unsigned b,
+                                            const float (&c)[4]) {
+    mma_m16n8k8_bf16(d, a, b, c);
+}
+
+/// mma_m16n8k16_f16 or mma_m16n8k16_bf16, chosen by the operand element type.
+template <typename Element>
+SPIO_DEVICE void mma_m16n8k16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
+                              const float (&c)[4]);
+
+template <>
+SPIO_DEVICE void mma_m16n8k16<__half>(float (&d)[4], const unsigned (&a)[4],
+                                      const unsigned (&b)[2], const float (&c)[4]) {
+    mma_m16n8k16_f16(d, a, b, c);
+}
+
+template <>
+SPIO_DEVICE void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const unsigned (&a)[4],
+                                             const unsigned (&b)[2], const float (&c)[4]) {
+    mma_m16n8k16_bf16(d, a, b, c);
+}
+
 /// d = a * b + c on fragments, m16n8k8 f16 (d may be c).
 SPIO_DEVICE void mma(FragC_m16n8_f32 &d, const FragA_m16n8k8_f16 &a, const FragB_m16n8k8_f16 &b,
                      const FragC_m16n8_f32 &c) {
