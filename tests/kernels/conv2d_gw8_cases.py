@@ -7,8 +7,12 @@ smaller than a tile, several groups per block with a partial last block, bias, f
 
 from __future__ import annotations
 
+import random
+
 from spio.check import configs_to_run, run_one
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.families import FAMILIES
+from spio.kernels.layer_sets import compile_layer_set
 
 P = Conv2dGw8Params
 
@@ -47,3 +51,20 @@ def check(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int = 
     assert ratio <= 1.0, (
         f"{pass_} {params.encode()} {config}: worst error {ratio:.3g} times the tolerance"
     )
+
+
+def assert_sample_compiles_without_spills(family: str, arch: str, count: int, seed: int) -> None:
+    """Compile `count` kernels of `family` (one random config of each built-in layer, then a
+    random subset) for `arch`: each must build, spill nothing and fit the register file."""
+    from spio.compiler import compile_many
+
+    rng = random.Random(seed)
+    fam = FAMILIES[family]
+    kernels = [fam.make_kernel(p, rng.choice(fam.configs(p))) for p in compile_layer_set()]
+    kernels = rng.sample(kernels, count)
+    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        usage = result.resources[kernel.entry]
+        assert not usage.spills, f"{kernel.name} spills on {arch}: {usage}"
+        assert usage.registers * kernel.threads <= 65536, f"{kernel.name}: {usage.registers} regs"

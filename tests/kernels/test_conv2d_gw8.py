@@ -3,41 +3,27 @@ reference in the CPU emulator (sampled configs in CI, all with -m slow) and on a
 
 import dataclasses
 import itertools
-import random
 
 import pytest
 
 import spio
 from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
-from spio.kernels.layer_sets import compile_layer_set
-from tests.kernels.conv2d_gw8_cases import CI_LAYERS, SLOW_LAYERS, check, sample_configs
+from tests.kernels.conv2d_gw8_cases import (
+    CI_LAYERS,
+    SLOW_LAYERS,
+    assert_sample_compiles_without_spills,
+    check,
+    sample_configs,
+)
 
 PASSES = ("fprop", "dgrad")
 
 
-def _compile_sample(count: int, seed: int):
-    """(kernel, arch) pairs: a reproducible sample of every layer's configs, both passes."""
-    rng = random.Random(seed)
-    kernels = []
-    for params in compile_layer_set():
-        for igrad in (False, True):
-            for config in rng.sample(fd.configs(params, igrad), 1):
-                kernels.append(fd.make_kernel(params, config, igrad))
-    return rng.sample(kernels, count)
-
-
 @pytest.mark.parametrize("arch", spio.supported_arch)
-def test_sampled_configs_compile_without_spills(arch):
-    from spio.compiler import compile_many
-
-    kernels = _compile_sample(count=12, seed=7)
-    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
-    for kernel, result in zip(kernels, results, strict=True):
-        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
-        usage = result.resources[kernel.entry]
-        assert not usage.spills, f"{kernel.name} spills on {arch}: {usage}"
-        assert usage.registers * kernel.threads <= 65536, f"{kernel.name}: {usage.registers} regs"
+@pytest.mark.parametrize("family", ["conv2d_gw8_fprop", "conv2d_gw8_dgrad"])
+def test_sampled_configs_compile_without_spills(family, arch):
+    assert_sample_compiles_without_spills(family, arch, count=6, seed=7)
 
 
 def test_default_config_is_among_configs():

@@ -1,32 +1,23 @@
 """WGrad kernel: NVRTC builds for every arch, and dw (and dbias) against the float64 reference in
 the CPU emulator (sampled configs in CI, more with -m slow) and on a GPU (-m cuda)."""
 
-import random
-
 import pytest
 
 import spio
 from spio.kernels import conv2d_gw8_wgrad_factory as wg
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
-from spio.kernels.layer_sets import compile_layer_set
-from tests.kernels.conv2d_gw8_cases import CI_LAYERS, SLOW_LAYERS, check, sample_configs
+from tests.kernels.conv2d_gw8_cases import (
+    CI_LAYERS,
+    SLOW_LAYERS,
+    assert_sample_compiles_without_spills,
+    check,
+    sample_configs,
+)
 
 
 @pytest.mark.parametrize("arch", spio.supported_arch)
 def test_sampled_configs_compile_without_spills(arch):
-    from spio.compiler import compile_many
-
-    rng = random.Random(13)
-    kernels = [
-        wg.make_kernel(params, rng.choice(wg.configs(params))) for params in compile_layer_set()
-    ]
-    kernels = rng.sample(kernels, 8)
-    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
-    for kernel, result in zip(kernels, results, strict=True):
-        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
-        usage = result.resources[kernel.entry]
-        assert not usage.spills, f"{kernel.name} spills on {arch}: {usage}"
-        assert usage.registers * kernel.threads <= 65536, f"{kernel.name}: {usage.registers} regs"
+    assert_sample_compiles_without_spills("conv2d_gw8_wgrad", arch, count=8, seed=13)
 
 
 def test_default_config_is_among_configs():
