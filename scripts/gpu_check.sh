@@ -4,6 +4,9 @@
 #   scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: ./gpu_check_out)
 #   scripts/gpu_check.sh --list           (print the steps and their time limits)
 #
+# The GPU machine has no network: first run scripts/fetch_gpu_wheels.sh on a connected machine,
+# which puts the wheels it lacks (xgboost-cpu, platformdirs) into .whl/, and carry .whl/ along.
+#
 # Steps, each time-limited, each logged to OUT_DIR/<step>.log; a failed step does not stop the
 # run. The whole run keeps within GPU_CHECK_BUDGET seconds (default 470, under 8 minutes): a step
 # gets the smaller of its own limit and the time left, and is SKIPPED when under 20 s are left.

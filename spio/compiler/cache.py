@@ -31,8 +31,11 @@ def cache_root() -> Path:
     env = os.environ.get("SPIO_CACHE_DIR")
     if env:
         return Path(env)
-    import platformdirs
-
+    try:
+        import platformdirs
+    except ImportError:  # a declared dependency, but offline GPU machines may lack it
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(xdg) / "spio"
     return Path(platformdirs.user_cache_dir("spio"))
 
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Download, on a machine with network access, the wheels an offline GPU machine lacks (Python 3.12,
+# manylinux x86_64) into .whl/ (git-ignored); scripts/gpu_check.sh installs them from there.
+#
+#   scripts/fetch_gpu_wheels.sh [PYTHON_VERSION]     (default 3.12)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version=${1:-3.12}
+mkdir -p .whl
+# xgboost-cpu: the same xgboost module without the multi-GB CUDA build; platformdirs: cache folder.
+python3 -m pip download --quiet --only-binary=:all: --no-deps --dest .whl \
+    --python-version "$version" --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+    xgboost-cpu platformdirs
+ls -l .whl
