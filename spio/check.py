@@ -85,7 +85,7 @@ def error_ratio(actual, expected, atol: float, rtol: float) -> float:
     return float(((actual - expected).abs() / allowed).max())
 
 
-def _inputs(params: Conv2dGw8Params, seed: int) -> dict:
+def random_inputs(params: Conv2dGw8Params, seed: int) -> dict:
     """Random CPU tensors (never zeros) in the layer's dtype: x, w, dy, and an fp32 bias or None."""
     import torch
 
@@ -121,7 +121,7 @@ def run_one(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int 
         conv2d_gw8_wgrad_ref,
     )
 
-    t = _inputs(params, seed)
+    t = random_inputs(params, seed)
     dev = {k: None if v is None else v.to(device) for k, v in t.items()}
     if pass_ == "fprop":
         out = _poisoned(params.output_shape, t["x"], device)

@@ -123,8 +123,9 @@ class EmuFunction:
                 overlaps = any(j != i and spans[j][0] < hi and lo < spans[j][1] for j, _ in tensors)
                 if check and arg.is_contiguous() and not overlaps and arg.numel() > 0:
                     nbytes = hi - lo
-                    buf = torch.empty(nbytes + 2 * _REDZONE + 64, dtype=torch.uint8)
-                    start = (-buf.data_ptr()) % 64 + _REDZONE
+                    buf = torch.empty(nbytes + 2 * _REDZONE + 128, dtype=torch.uint8)
+                    # Keep the original's alignment (mod 64) so misaligned tensors stay misaligned.
+                    start = (-buf.data_ptr()) % 64 + _REDZONE + arg.data_ptr() % 64
                     view = buf[start : start + nbytes].view(arg.dtype).view(arg.shape)
                     view.copy_(arg)
                     copies.append((arg, view))

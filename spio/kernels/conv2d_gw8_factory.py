@@ -288,10 +288,26 @@ def make_kernel(
 
 
 def _nhwc(t):
-    """`t` (N, C, H, W) in channels_last memory, the kernels' NHWC layout."""
+    """`t` (N, C, H, W) in channels_last memory, the kernels' NHWC layout, 16-byte aligned (the
+    kernels copy 8-channel vectors with cp.async, which faults on a misaligned address)."""
     import torch
 
-    return t.contiguous(memory_format=torch.channels_last)
+    t = t.contiguous(memory_format=torch.channels_last)
+    return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.channels_last)
+
+
+def _check_out(out, shape: tuple, dtype) -> None:
+    """A caller-provided output must be what the kernel writes: NHWC, the right shape and dtype,
+    aligned for its 4-byte stores."""
+    import torch
+
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise ValueError(
+            f"conv2d_gw8 out must be {dtype} of shape {tuple(shape)}, got {out.dtype} "
+            f"{tuple(out.shape)}"
+        )
+    if not out.is_contiguous(memory_format=torch.channels_last) or out.data_ptr() % 4:
+        raise ValueError("conv2d_gw8 out must be channels_last contiguous and 4-byte aligned")
 
 
 def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
@@ -324,7 +340,10 @@ def fprop(
         out = torch.empty(
             params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
         )
-    bias = None if bias is None else bias.to(torch.float32).contiguous()
+    _check_out(out, params.output_shape, x.dtype)
+    if bias is not None:  # read as float2: 8-byte aligned
+        bias = bias.to(torch.float32).contiguous()
+        bias = bias if bias.data_ptr() % 8 == 0 else bias.clone()
     kernel.launch([out, _nhwc(x), weight.contiguous(), bias], x.device)
     return out
 
@@ -347,6 +366,7 @@ def dgrad(
         out = torch.empty(
             params.input_shape, dtype=dy.dtype, device=dy.device, memory_format=torch.channels_last
         )
+    _check_out(out, params.input_shape, dy.dtype)
     kernel.launch([out, _nhwc(dy), weight.contiguous(), None], dy.device)
     return out
 

@@ -5,8 +5,10 @@ import dataclasses
 import itertools
 
 import pytest
+import torch
 
 import spio
+from spio.check import random_inputs
 from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from tests.kernels.conv2d_gw8_cases import (
@@ -109,3 +111,41 @@ def test_emulated_two_taps_per_mma(pass_, params):
     config = dataclasses.replace(fd.default_config(params, pass_ == "dgrad"), mma_k=16)
     assert config in fd.configs(params, pass_ == "dgrad")
     check(params, pass_, config, "cpu")
+
+
+def _misaligned_channels_last(t):
+    """A copy of t (N, C, H, W) stored channels_last two bytes past a 16-byte boundary."""
+    n, c, h, w = t.shape
+    storage = torch.empty(t.numel() + 8, dtype=t.dtype)
+    offset = next(i for i in range(8) if (storage.data_ptr() + 2 * i) % 16 == 2)
+    view = storage.as_strided((n, c, h, w), (h * w * c, 1, w * c, c), offset)
+    view.copy_(t)
+    assert view.is_contiguous(memory_format=torch.channels_last) and view.data_ptr() % 16 == 2
+    return view
+
+
+@pytest.mark.parametrize("pass_", PASSES)
+def test_misaligned_inputs_are_realigned(pass_):
+    """cp.async needs 16-byte aligned sources: a channels_last view at an odd offset is copied."""
+    from spio.reference import conv2d_gw8_dgrad_ref, conv2d_gw8_fprop_ref
+
+    params = Conv2dGw8Params(n=1, c=16, h=5, w=7, padding=1)
+    t = random_inputs(params, seed=0)
+    x, w, dy = t["x"], t["w"], t["dy"]
+    if pass_ == "fprop":
+        got = fd.fprop(_misaligned_channels_last(x), w, None, params)
+        want = conv2d_gw8_fprop_ref(x, w, None, params.padding)
+    else:
+        got = fd.dgrad(_misaligned_channels_last(dy), w, params)
+        want = conv2d_gw8_dgrad_ref(dy, w, params.padding, (params.h, params.w))
+    torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
+
+
+def test_bad_out_is_rejected():
+    params = Conv2dGw8Params(n=1, c=8, h=4, w=4)
+    t = random_inputs(params, seed=0)
+    x, w = t["x"], t["w"]
+    with pytest.raises(ValueError, match="out must be torch.float16 of shape"):
+        fd.fprop(x, w, None, params, out=torch.empty(1, 8, 3, 3, dtype=torch.float16))
+    with pytest.raises(ValueError, match="channels_last contiguous"):
+        fd.fprop(x, w, None, params, out=torch.empty(params.output_shape, dtype=torch.float16))
