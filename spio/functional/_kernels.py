@@ -19,6 +19,7 @@ import torch
 from spio.kernels import conv2d_gw8_factory, conv2d_gw8_wgrad_factory
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.kernel import Kernel, KernelFactory
+from spio.log import logger
 
 # Kernel choice per (factory, layer, device, options): config selection and header generation run
 # once per layer, not on every call.
@@ -63,7 +64,42 @@ def wgrad(
     with_bias: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dw, dbias) from x and dy in fp32: dw of shape params.weight_shape; dbias (C,) computed in
-    the same pass when `with_bias`, else None."""
+    the same pass when `with_bias`, else None.
+
+    The WGrad kernel sums blocks with fp32 atomics, so its last bits vary from run to run. Under
+    torch.use_deterministic_algorithms(True) the gradients come from PyTorch instead.
+    """
+    if torch.are_deterministic_algorithms_enabled():
+        return _deterministic_wgrad(input, grad_output, params, with_bias)
     params = dataclasses.replace(params, has_bias=with_bias)
     kernel = _kernel(conv2d_gw8_wgrad_factory.conv2d_gw8_wgrad_kernel_factory, params, input.device)
     return conv2d_gw8_wgrad_factory.wgrad(input, grad_output, params, kernel=kernel)
+
+
+_logged_deterministic = False
+
+
+def _deterministic_wgrad(input, grad_output, params: Conv2dGw8Params, with_bias: bool):
+    global _logged_deterministic
+    if not _logged_deterministic:
+        _logged_deterministic = True
+        logger.info(
+            "deterministic algorithms are on: conv2d_gw8 weight gradients use PyTorch, not spio's "
+            "WGrad kernel (whose fp32 atomics vary in the last bits)"
+        )
+    # In fp32, as the kernel accumulates: fp16/bf16 values are exact in fp32 (and in TF32).
+    _, dw, _ = torch.ops.aten.convolution_backward(
+        grad_output.float(),
+        input.float(),
+        torch.empty(params.weight_shape, dtype=torch.float32, device=input.device),
+        None,
+        [1, 1],
+        list(params.padding),
+        [1, 1],
+        False,
+        [0, 0],
+        params.groups,
+        [False, True, False],
+    )
+    dbias = grad_output.sum(dim=(0, 2, 3), dtype=torch.float32) if with_bias else None
+    return dw, dbias

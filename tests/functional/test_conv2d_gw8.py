@@ -336,3 +336,33 @@ def test_import_spio_does_not_import_torch():
 
     code = "import sys, spio; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_deterministic_mode_takes_weight_gradients_from_pytorch(monkeypatch):
+    """spio's WGrad sums with fp32 atomics; under use_deterministic_algorithms the op does not."""
+    from spio.functional import _kernels
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    launched = []
+    real = _kernels.conv2d_gw8_wgrad_factory.wgrad
+    monkeypatch.setattr(
+        _kernels.conv2d_gw8_wgrad_factory,
+        "wgrad",
+        lambda *a, **k: launched.append(1) or real(*a, **k),
+    )
+    x, w, b = _tensors(SHAPES[0], dtype=torch.float16)
+    dy = torch.randn(2, 16, 6, 7, generator=torch.Generator().manual_seed(1)).to(torch.float16)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        _, dw, db = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
+        _, dw2, db2 = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert not launched
+    assert torch.equal(dw, dw2) and torch.equal(db, db2)
+    params = Conv2dGw8Params.from_tensors(x, w, None, padding=(1, 1))
+    tol = conv2d_gw8_tolerance(params, "wgrad", x, dy)
+    tol.assert_close(dw, conv2d_gw8_wgrad_ref(x, dy, (1, 1), 3, 3))
+    _, dw3, _ = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
+    assert launched  # deterministic mode off again: the kernel runs
