@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -84,14 +83,13 @@ def kernel_inputs(family: str, params: Conv2dGw8Params, device: Any, seed: int =
 
 
 def input_copies(family: str, params: Conv2dGw8Params, l2_bytes: int, limit: int = 16) -> int:
-    """Input sets to rotate through so that consecutive launches do not find their data in L2:
-    enough to span 3x the L2 size when one set fits in it, else 1."""
-    from .perf_model import get_family
+    """Input sets to rotate through so that a launch does not find its data in L2 (the bench's
+    rule, spio.bench.timing.rotation_sets), at most `limit` (each set is a device allocation)."""
+    from ..bench.timing import rotation_sets
+    from .families import get_family
 
     size = Conv2dStats(params).bytes(get_family(family).pass_)
-    if size >= 2 * l2_bytes:
-        return 1
-    return max(1, min(limit, math.ceil(3 * l2_bytes / size)))
+    return min(limit, rotation_sets(size, l2_bytes))
 
 
 def time_kernel(
@@ -101,42 +99,25 @@ def time_kernel(
     *,
     warmup: int = 5,
     repeats: int = 25,
-    round_s: float = 200e-6,
 ) -> float:
-    """Median seconds per launch of `kernel` on a CUDA `device`, timed with CUDA events.
+    """Median seconds per launch of `kernel` on a CUDA `device`, rotating through `arg_sets`.
 
-    After `warmup` launches, each of `repeats` rounds launches the kernel back to back (enough
-    launches to last about `round_s`), rotating through `arg_sets`; the median round, divided by
-    its launches, is returned.
+    Uses the benchmark's timing (spio.bench.timing.time_calls): launches queued behind a spin
+    kernel, so each event pair brackets one launch's GPU work and not the host's launch cost.
     """
     import torch
 
+    from ..bench.timing import time_calls
+
     if not arg_sets:
         raise ValueError("time_kernel needs at least one set of kernel arguments, got none")
-    launched = 0
-
-    def launch(count: int) -> None:
-        nonlocal launched
-        for _ in range(count):
-            kernel.launch(arg_sets[launched % len(arg_sets)], device)
-            launched += 1
-
-    def timed_round(count: int) -> float:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch(count)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3 / count
-
     with torch.cuda.device(device):
-        launch(max(1, warmup))
-        torch.cuda.synchronize(device)
-        estimate = timed_round(1)
-        per_round = max(1, min(100, math.ceil(round_s / max(estimate, 1e-7))))
-        times = [timed_round(per_round) for _ in range(max(1, repeats))]
-    return statistics.median(times)
+        timing = time_calls(
+            lambda i: kernel.launch(arg_sets[i % len(arg_sets)], device),
+            warmup=max(1, warmup),
+            reps=max(1, repeats),
+        )
+    return timing.median_ms * 1e-3
 
 
 class _DefaultTimer:
