@@ -7,6 +7,7 @@ smaller than a tile, several groups per block with a partial last block, bias, f
 
 from __future__ import annotations
 
+import os
 import random
 
 from spio.check import configs_to_run, run_one
@@ -39,8 +40,14 @@ SLOW_LAYERS = [
 ]
 
 
-def sample_configs(params: Conv2dGw8Params, pass_: str, count: int, seed: int) -> list:
-    """The pass's default config plus `count` others drawn reproducibly."""
+#: Configs per layer in the `slow` sweep; SPIO_TEST_ALL_CONFIGS=1 runs every config (hours).
+SLOW_CONFIGS = None if os.environ.get("SPIO_TEST_ALL_CONFIGS") == "1" else 4
+
+
+def sample_configs(params: Conv2dGw8Params, pass_: str, count: int | None, seed: int) -> list:
+    """The pass's default config plus `count` others drawn reproducibly (None: every config)."""
+    if count is None:
+        return list(FAMILIES[f"conv2d_gw8_{pass_}"].configs(params))
     return configs_to_run(params, pass_, count, seed)
 
 

@@ -13,6 +13,7 @@ from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from tests.kernels.conv2d_gw8_cases import (
     CI_LAYERS,
+    SLOW_CONFIGS,
     SLOW_LAYERS,
     assert_sample_compiles_without_spills,
     check,
@@ -76,7 +77,9 @@ def test_emulated_kernel_matches_reference(pass_, params, config):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pass_,params,config", list(_emulated_cases(SLOW_LAYERS, 4, seed=11)))
+@pytest.mark.parametrize(
+    "pass_,params,config", list(_emulated_cases(SLOW_LAYERS, SLOW_CONFIGS, seed=11))
+)
 def test_emulated_kernel_matches_reference_sweep(pass_, params, config):
     check(params, pass_, config, "cpu")
 

@@ -8,6 +8,7 @@ from spio.kernels import conv2d_gw8_wgrad_factory as wg
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from tests.kernels.conv2d_gw8_cases import (
     CI_LAYERS,
+    SLOW_CONFIGS,
     SLOW_LAYERS,
     assert_sample_compiles_without_spills,
     check,
@@ -52,7 +53,7 @@ def test_emulated_wgrad_with_several_images_per_block():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("params,config", list(_cases(SLOW_LAYERS, 4, seed=11)))
+@pytest.mark.parametrize("params,config", list(_cases(SLOW_LAYERS, SLOW_CONFIGS, seed=11)))
 def test_emulated_wgrad_matches_reference_sweep(params, config):
     check(params, "wgrad", config, "cpu")
 
