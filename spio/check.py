@@ -150,18 +150,11 @@ def run_one(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int 
     return worst
 
 
-_FAMILY_OF_PASS = {
-    "fprop": "conv2d_gw8_fprop",
-    "dgrad": "conv2d_gw8_dgrad",
-    "wgrad": "conv2d_gw8_wgrad",
-}
-
-
 def configs_to_run(params: Conv2dGw8Params, pass_: str, extra: int, seed: int) -> list:
     """The default config of the pass plus `extra` others drawn reproducibly."""
-    from .kernels.families import FAMILIES
+    from .kernels.families import FAMILY_OF_PASS
 
-    family = FAMILIES[_FAMILY_OF_PASS[pass_]]
+    family = FAMILY_OF_PASS[pass_]
     default = family.default_config(params)
     others = [c for c in family.configs(params) if c != default]
     return [default] + random.Random(seed).sample(others, min(extra, len(others)))
@@ -206,13 +199,13 @@ def precompile(
     """Compile every kernel the GPU check will launch, in parallel, into the disk cache."""
     from .compiler import compile_many
     from .cuda import driver
-    from .kernels.families import FAMILIES
+    from .kernels.families import FAMILY_OF_PASS
 
     arch = driver.device_attributes(0)["arch"]
     kernels = {}
     for dtype in dtypes:
         for pass_ in passes:
-            family = FAMILIES[_FAMILY_OF_PASS[pass_]]
+            family = FAMILY_OF_PASS[pass_]
             for index, params in enumerate(replace(p, dtype=dtype) for p in layers):
                 for config in configs_to_run(params, pass_, extra_configs, seed=index):
                     kernel = family.make_kernel(params, config)

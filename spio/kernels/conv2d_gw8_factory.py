@@ -23,7 +23,8 @@ MAX_THREADS = 512
 # The smallest per-block opt-in limit among the supported archs (sm_86 and sm_89: 99 KiB).
 MAX_SHARED_BYTES = 99 * 1024
 
-_ELEMENT = {"fp16": ("__half", "__half2"), "bf16": ("__nv_bfloat16", "__nv_bfloat162")}
+#: C++ element and pair types of each dtype.
+ELEMENT_TYPES = {"fp16": ("__half", "__half2"), "bf16": ("__nv_bfloat16", "__nv_bfloat162")}
 
 
 @dataclass(frozen=True, order=True)
@@ -202,7 +203,7 @@ def default_config(params: Conv2dGw8Params, igrad: bool = False) -> Conv2dGw8Con
 def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> str:
     """The C++ header that specialises conv2d_gw8.cu for one layer and config."""
     geo = _Geometry.of(params, igrad)
-    element, pair = _ELEMENT[params.dtype]
+    element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups
     in_x = config.block_q + params.s - 1
     tiles = {

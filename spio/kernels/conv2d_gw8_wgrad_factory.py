@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
 from .conv2d_gw8_factory import (
-    _ELEMENT,
+    ELEMENT_TYPES,
     MAX_SHARED_BYTES,
     MAX_THREADS,
     latency_cover,
@@ -145,7 +145,7 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> st
     specs = [
         MacroSpec(
             {
-                "SPIO_WGRAD_ELEMENT": _ELEMENT[params.dtype][0],
+                "SPIO_WGRAD_ELEMENT": ELEMENT_TYPES[params.dtype][0],
                 "SPIO_WGRAD_BF16": int(params.dtype == "bf16"),
                 "SPIO_WGRAD_HAS_BIAS": int(params.has_bias),
             }

@@ -73,6 +73,10 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+#: pass ("fprop", "dgrad", "wgrad") -> the family that computes it.
+FAMILY_OF_PASS: dict[str, Family] = {family.pass_: family for family in FAMILIES.values()}
+
+
 def family_of(factory_name: str, options: dict[str, Any]) -> Family | None:
     """The family a KernelFactory call selects for: by factory name (and igrad); None if unknown."""
     if factory_name == "conv2d_gw8":

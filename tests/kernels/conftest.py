@@ -10,7 +10,7 @@ def gpu_kernels_compiled(request):
     import torch
 
     from spio.compiler import arch_of, compile_many
-    from spio.kernels.families import FAMILIES
+    from spio.kernels.families import FAMILY_OF_PASS
 
     arch = arch_of(torch.cuda.get_device_capability())
     jobs = {}
@@ -19,10 +19,8 @@ def gpu_kernels_compiled(request):
         if item.get_closest_marker("cuda") is None or callspec is None:
             continue
         params, config = callspec.params.get("params"), callspec.params.get("config")
-        family = {"fprop": "conv2d_gw8_fprop", "dgrad": "conv2d_gw8_dgrad"}.get(
-            callspec.params.get("pass_"), "conv2d_gw8_wgrad"
-        )
+        family = FAMILY_OF_PASS[callspec.params.get("pass_", "wgrad")]
         if params is not None and config is not None:
-            kernel = FAMILIES[family].make_kernel(params, config)
+            kernel = family.make_kernel(params, config)
             jobs[kernel.name] = kernel.compile_job(arch)
     compile_many(list(jobs.values()), desc="compiling GPU test kernels")

@@ -12,7 +12,7 @@ import random
 
 from spio.check import configs_to_run, run_one
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
-from spio.kernels.families import FAMILIES
+from spio.kernels.families import FAMILIES, FAMILY_OF_PASS
 from spio.kernels.layer_sets import compile_layer_set
 
 P = Conv2dGw8Params
@@ -47,7 +47,7 @@ SLOW_CONFIGS = None if os.environ.get("SPIO_TEST_ALL_CONFIGS") == "1" else 4
 def sample_configs(params: Conv2dGw8Params, pass_: str, count: int | None, seed: int) -> list:
     """The pass's default config plus `count` others drawn reproducibly (None: every config)."""
     if count is None:
-        return list(FAMILIES[f"conv2d_gw8_{pass_}"].configs(params))
+        return list(FAMILY_OF_PASS[pass_].configs(params))
     return configs_to_run(params, pass_, count, seed)
 
 
