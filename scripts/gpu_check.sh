@@ -10,18 +10,24 @@
 # Steps, each time-limited, each logged to OUT_DIR/<step>.log; a failed step does not stop the
 # run. The whole run keeps within GPU_CHECK_BUDGET seconds (default 470, under 8 minutes): a step
 # gets the smaller of its own limit and the time left, and is SKIPPED when under 20 s are left.
+# The steps run in order of value, so a short budget still gets correctness and the benchmark.
 #   wheels     carried wheels in .whl/ -> /tmp/site (PYTHONPATH), if .whl/ exists
 #   build      pip install --no-build-isolation --no-deps --no-index -e .
 #   info       python -m spio info, nvidia-smi
 #   check      python -m spio check --device cuda --quick
-#   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
-#   racecheck  compute-sanitizer --tool racecheck on the same launches
-#   launch     scripts/bench_launch.py: host microseconds per kernel launch
 #   bench      python -m spio bench --quick --out OUT_DIR/bench
+#   overhead   scripts/bench_launch.py (µs per driver launch) and scripts/bench_op_overhead.py
+#              (µs per custom-op / module call over F.conv2d's)
+#   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
 #   tests      pytest -m "cuda and not slow", every test function first, then round-robin, until
-#              its time limit (GPU_CHECK_TEST_SECONDS, default 240) or the budget runs out
+#              its time limit (GPU_CHECK_TEST_SECONDS, default 150) or the budget runs out
+#   timm       scripts/timm_benchmark.py: regnetx_002 training samples/s, PyTorch and spio
+#   racecheck  compute-sanitizer --tool racecheck on the same launches as memcheck
+#   perf       scripts/perf_sample.py into OUT_DIR/perf_samples.csv with the time left (data for
+#              the performance model; a partial sweep is still useful)
 # A compact summary (step, status, seconds) is printed last; the exit status is 1 if any step
-# failed, timed out or was skipped for lack of time.
+# failed, timed out or was skipped for lack of time (the perf step never counts as failed for
+# running out of time: it samples until its limit).
 
 set -u -o pipefail
 
@@ -30,11 +36,13 @@ STEPS=(
     "build:180"
     "info:60"
     "check:90"
-    "memcheck:120"
-    "racecheck:120"
-    "launch:60"
     "bench:200"
-    "tests:${GPU_CHECK_TEST_SECONDS:-240}"
+    "overhead:60"
+    "memcheck:120"
+    "tests:${GPU_CHECK_TEST_SECONDS:-150}"
+    "timm:120"
+    "racecheck:120"
+    "perf:${GPU_CHECK_PERF_SECONDS:-300}"
 )
 
 if [[ "${1:-}" == "--list" ]]; then
@@ -122,8 +130,35 @@ step_memcheck() { sanitize memcheck "$1"; }
 
 step_racecheck() { sanitize racecheck "$1"; }
 
-step_launch() {
-    timeout -k 10 "$1" "$PYTHON" scripts/bench_launch.py --launches 2000 --repeats 3
+step_overhead() {
+    local half=$(($1 / 2))
+    timeout -k 10 "$half" "$PYTHON" scripts/bench_launch.py --launches 2000 --repeats 3
+    local rc=$?
+    timeout -k 10 "$half" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 3 || rc=$?
+    return "$rc"
+}
+
+step_timm() {
+    if ! "$PYTHON" -c "import timm" 2>/dev/null; then
+        NOTE="timm not installed"
+        return 200
+    fi
+    timeout -k 10 "$1" "$PYTHON" scripts/timm_benchmark.py --model regnetx_002 --spio \
+        --amp-dtype float16 --channels-last --bench train --batch-size 256 --warmup 5 --iters 20
+    local rc=$?
+    NOTE=$(grep -E "^spio / pytorch" "$OUT_DIR/timm.log" | tail -1)
+    return "$rc"
+}
+
+step_perf() {
+    # perf_sample.py stops itself before its budget runs out; keep 20 s for it to write the CSV.
+    local budget=$(($1 - 20))
+    ((budget < 10)) && return 200
+    timeout -k 10 "$1" "$PYTHON" scripts/perf_sample.py --csv "$OUT_DIR/perf_samples.csv" \
+        --budget-s "$budget" --batches 128 --dtypes fp16 --max-configs 120
+    local rc=$?
+    NOTE="$(($(wc -l <"$OUT_DIR/perf_samples.csv" 2>/dev/null || echo 1) - 1)) rows"
+    return "$rc"
 }
 
 step_bench() {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +49,25 @@ def library_path() -> Path:
     return paths.find_nvrtc()
 
 
+_BUILTINS_NAME = re.compile(r"^libnvrtc-builtins\.so(\.\d+)*$")
+
+
+def builtins_beside(nvrtc: Path) -> list[Path]:
+    """The libnvrtc-builtins libraries in libnvrtc's own folder (not the `.alt` variants)."""
+    folder = nvrtc.resolve().parent
+    return sorted(p for p in folder.iterdir() if _BUILTINS_NAME.match(p.name))
+
+
 @functools.cache
 def _lib() -> ctypes.CDLL:
+    path = library_path()
     with _lock:
-        lib = ctypes.CDLL(str(library_path()))
+        # libnvrtc dlopens libnvrtc-builtins by soname when it compiles. The CUDA 13 wheels do
+        # not put their lib folder on its search path ("failed to open libnvrtc-builtins.so.13.0"),
+        # so load the builtins from libnvrtc's folder first: dlopen then finds them by soname.
+        for builtins in builtins_beside(path):
+            ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+        lib = ctypes.CDLL(str(path))
     c_char_pp = ctypes.POINTER(ctypes.c_char_p)
     prog_p = ctypes.POINTER(ctypes.c_void_p)
     size_p = ctypes.POINTER(ctypes.c_size_t)

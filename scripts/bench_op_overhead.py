@@ -1,0 +1,96 @@
+"""Host cost per call of spio's PyTorch entry points, next to F.conv2d's, on a layer small enough
+that the host, not the GPU, sets the pace.
+
+Issue #7's target: the custom-op path adds no more than about 10 µs per call over F.conv2d's own
+dispatch. Each case is called many times without synchronising; the host time per call is reported
+(median of repeats), then the time including the final synchronise. Needs a CUDA GPU.
+
+    python scripts/bench_op_overhead.py [--calls 2000] [--repeats 5] [--dtype fp16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+TARGET_US = 10.0
+
+
+def _time_calls(call, calls: int, repeats: int, synchronize) -> tuple[float, float]:
+    """Median µs per call on the host, without and with the final synchronise."""
+    for _ in range(100):  # warm-up: kernel compile and load, caches
+        call()
+    synchronize()
+    host, total = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        issued = time.perf_counter()
+        synchronize()
+        done = time.perf_counter()
+        host.append((issued - start) / calls * 1e6)
+        total.append((done - start) / calls * 1e6)
+    return statistics.median(host), statistics.median(total)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="calls per repeat")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    parser.add_argument("--channels", type=int, default=64)
+    parser.add_argument("--size", type=int, default=8, help="H and W of the input")
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_op_overhead: needs a CUDA GPU; none is available on this machine")
+
+    import spio.functional  # noqa: F401  (registers torch.ops.spio)
+    from spio.layers import Conv2dGw8
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    c, groups = args.channels, args.channels // 8
+    x = torch.randn(1, c, args.size, args.size, device="cuda", dtype=dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    torch_conv = torch.nn.Conv2d(c, c, 3, padding=1, groups=groups, bias=True)
+    torch_conv = torch_conv.to("cuda", dtype).to(memory_format=torch.channels_last)
+    spio_conv = Conv2dGw8.from_torch_module(torch_conv)
+    w, b = torch_conv.weight.detach(), torch_conv.bias.detach()
+    op = torch.ops.spio.conv2d_gw8.default
+
+    torch.backends.cudnn.benchmark = True
+    with torch.no_grad():
+        cases = {
+            "F.conv2d (cuDNN)": lambda: F.conv2d(x, w, b, 1, 1, 1, groups),
+            "torch.ops.spio.conv2d_gw8": lambda: op(x, w, b, 1, 1, 1, 1, groups),
+            "nn.Conv2d module (cuDNN)": lambda: torch_conv(x),
+            "Conv2dGw8 module (eager path)": lambda: spio_conv(x),
+        }
+        print(
+            f"{torch.cuda.get_device_name()}, torch {torch.__version__}, layer "
+            f"1x{c}x{args.size}x{args.size} 3x3 {args.dtype} channels_last, bias, no_grad; "
+            f"{args.calls} calls x {args.repeats} repeats, median"
+        )
+        print(f"{'case':32s} {'host µs/call':>13s} {'with sync':>10s}")
+        results = {}
+        for name, call in cases.items():
+            host, total = _time_calls(call, args.calls, args.repeats, torch.cuda.synchronize)
+            results[name] = host
+            print(f"{name:32s} {host:13.2f} {total:10.2f}")
+
+    op_extra = results["torch.ops.spio.conv2d_gw8"] - results["F.conv2d (cuDNN)"]
+    module_extra = results["Conv2dGw8 module (eager path)"] - results["nn.Conv2d module (cuDNN)"]
+    print(f"custom op over F.conv2d: {op_extra:+.2f} µs; module over nn.Conv2d: {module_extra:+.2f} µs")
+    verdict = "met" if max(op_extra, module_extra) <= TARGET_US else "MISSED"
+    print(f"target <= {TARGET_US:g} µs over PyTorch's own dispatch: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
