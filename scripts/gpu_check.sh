@@ -157,7 +157,9 @@ step_perf() {
     timeout -k 10 "$1" "$PYTHON" scripts/perf_sample.py --csv "$OUT_DIR/perf_samples.csv" \
         --budget-s "$budget" --batches 128 --dtypes fp16 --max-configs 120
     local rc=$?
-    NOTE="$(($(wc -l <"$OUT_DIR/perf_samples.csv" 2>/dev/null || echo 1) - 1)) rows"
+    local lines=1
+    [[ -f "$OUT_DIR/perf_samples.csv" ]] && lines=$(wc -l <"$OUT_DIR/perf_samples.csv")
+    NOTE="$((lines - 1)) rows"
     return "$rc"
 }
 
@@ -201,7 +203,7 @@ EOF
         "${ordered[@]}"
     local rc=$?
     local summary
-    summary=$(grep -E '[0-9]+ (passed|failed|error)' "$OUT_DIR/tests.log" | tail -1)
+    summary=$(grep -E '[0-9]+ (passed|failed|error|skipped)' "$OUT_DIR/tests.log" | tail -1)
     NOTE="${summary:-no summary} (of $total)"
     if [[ $rc -eq 124 ]] && ! grep -qE '[0-9]+ (failed|error)' <<<"$summary"; then
         NOTE="time limit: $NOTE"
