@@ -65,8 +65,11 @@ NOTE=""
 log() { printf '[gpu_check %4ds] %s\n' "$SECONDS" "$*"; }
 
 find_sanitizer() {
-    local candidate
+    local candidate site
+    site=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null)
     for candidate in "$(command -v compute-sanitizer 2>/dev/null)" \
+        "$site"/nvidia/*/bin/compute-sanitizer \
+        "$site"/nvidia/cuda_sanitizer_api/compute-sanitizer/compute-sanitizer \
         "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
         /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
         /opt/nvidia/*/compute-sanitizer/compute-sanitizer; do
