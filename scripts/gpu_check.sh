@@ -25,9 +25,10 @@
 #   racecheck  compute-sanitizer --tool racecheck on the same launches as memcheck
 #   perf       scripts/perf_sample.py into OUT_DIR/perf_samples.csv with the time left (data for
 #              the performance model; a partial sweep is still useful)
-# A compact summary (step, status, seconds) is printed last; the exit status is 1 if any step
-# failed, timed out or was skipped for lack of time (the perf step never counts as failed for
-# running out of time: it samples until its limit).
+# When build or info fails (e.g. `spio info` finds that the driver extension does not load),
+# the remaining steps are skipped. A compact summary (step, status, seconds) is printed last; the
+# exit status is 1 if any step failed, timed out or was skipped (the perf step stops itself before
+# its limit, so running out of time there is not a failure).
 
 set -u -o pipefail
 
@@ -61,6 +62,7 @@ MIN_STEP_SECONDS=20
 declare -a SUMMARY=()
 FAILED=0
 NOTE=""
+BROKEN=""
 
 log() { printf '[gpu_check %4ds] %s\n' "$SECONDS" "$*"; }
 
@@ -220,6 +222,13 @@ run_step() {
     local left=$((BUDGET - SECONDS))
     local status
     NOTE=""
+    if [[ -n "$BROKEN" ]]; then
+        status="SKIPPED ($BROKEN)"
+        FAILED=1
+        SUMMARY+=("$(printf '%-10s %-48s %5d' "$name" "$status" 0)")
+        log "$name: $status"
+        return
+    fi
     if ((left < MIN_STEP_SECONDS)); then
         status="SKIPPED (budget spent)"
         FAILED=1
@@ -255,6 +264,9 @@ run_step() {
             echo "----"
             ;;
     esac
+    if [[ $rc -ne 0 && ($name == build || $name == info) ]]; then
+        BROKEN="$name failed"  # nothing after this can work: don't spend GPU time on it
+    fi
     SUMMARY+=("$(printf '%-10s %-48s %5d' "$name" "${status:0:48}" "$took")")
     log "$name: $status (${took}s)"
 }

@@ -8,12 +8,15 @@ import sys
 from collections.abc import Callable
 
 
+_BROKEN = "BROKEN INSTALL"
+
+
 def _gpu_summary() -> str:
     """The GPUs spio sees through the CUDA driver, or why it sees none."""
     try:
         from .cuda import driver
     except ImportError as error:
-        return f"unknown (spio.cuda.driver extension not built: {error})"
+        return f"unknown: {_BROKEN}, the spio.cuda.driver extension does not load ({error})"
     try:
         count = driver.device_count()
     except Exception as error:  # no driver, no device: say why, never crash `info`
@@ -53,7 +56,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("NVRTC", f"{major}.{minor} at {nvrtc.library_path()}"))
         rows.append(("CUDA headers", str(paths.find_cuda_include(prefer_major=major))))
     except Exception as error:  # report, don't crash: info is the first thing users run
-        rows.append(("NVRTC", f"not found: {error}"))
+        rows.append(("NVRTC", f"{_BROKEN}, not found: {error}"))
     rows.append(("spio headers", str(paths.bundled_include_dir())))
     rows.append(("GPU", _gpu_summary()))
     rows.append(("supported arch", ", ".join(supported_arch)))
@@ -63,7 +66,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
-    return 0
+    # No GPU is fine (the emulator and the PyTorch reference still work); a missing part is not.
+    return 1 if any(_BROKEN in value for _, value in rows) else 0
 
 
 def cmd_clear_cache(args: argparse.Namespace) -> int:

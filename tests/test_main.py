@@ -47,6 +47,37 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
         assert "no GPU" in gpu_line
 
 
+@pytest.mark.parametrize("broken", ["driver", "nvrtc"])
+def test_info_fails_on_a_broken_install(broken, tmp_path, monkeypatch, capsys):
+    """A driver extension that does not load (e.g. a Cython bug) or a missing NVRTC is a broken
+    install: `info` still prints every line, then exits 1. No GPU alone is not broken (above)."""
+    import builtins
+
+    from spio import __main__ as cli
+    from spio.cuda import nvrtc
+
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    if broken == "driver":
+        real_import = builtins.__import__
+
+        def fake_import(name, globals=None, locals=None, fromlist=(), level=0):
+            if level == 1 and name == "cuda" and fromlist and "driver" in fromlist:
+                raise ImportError("undefined symbol: __pyx_tp_new_vectorcall_x")
+            return real_import(name, globals, locals, fromlist, level)
+
+        monkeypatch.setattr(builtins, "__import__", fake_import)
+    else:
+
+        def no_nvrtc():
+            raise FileNotFoundError("libnvrtc not found")
+
+        monkeypatch.setattr(nvrtc, "version", no_nvrtc)
+    assert cli.cmd_info(None) == 1
+    out = capsys.readouterr().out
+    assert "BROKEN INSTALL" in out
+    assert "supported arch" in out and str(tmp_path) in out
+
+
 def test_clear_cache_removes_entries(tmp_path):
     (tmp_path / "cubin").mkdir()
     (tmp_path / "cubin" / "x.bin").write_bytes(b"12345")

@@ -550,7 +550,10 @@ cdef class KernelArg:
     cdef bytes _blob  # Bytes only: the raw parameter
     cdef object _value
 
-    def __init__(self, *args, **kwargs):
+    # One fixed argument, like the subclasses: with `*args, **kwargs` here, Cython 3.3.0 gives the
+    # subclasses a vectorcall tp_new that calls a base one it never defines (cython#7936), and
+    # the module fails to import with an undefined symbol.
+    def __init__(self, value=None):
         raise TypeError("use a concrete wrapper: Int32, UInt32, Int64, UInt64, Float32, "
                         "Float64, Bool, Pointer or Bytes")
 
