@@ -153,6 +153,17 @@ def score(booster, samples: Sequence[Sample]) -> dict:
     }
 
 
+def describe_metrics(metrics: dict) -> str:
+    """One line on held-out quality; a Spearman of None (constant predictions) prints as n/a."""
+    if metrics.get("regret_median") is None:
+        return "no held-out layers scored"
+    rho = metrics.get("spearman_median")
+    return (
+        f"regret median {metrics['regret_median']:.3f} p95 {metrics['regret_p95']:.3f}, "
+        f"spearman median {'n/a' if rho is None else f'{rho:.3f}'}"
+    )
+
+
 def split_layers(samples: Sequence[Sample], fraction: float, seed: int):
     """(train, held-out) samples, holding out a `fraction` of the layer shapes (fp16 and bf16 of
     one shape go to the same side)."""
@@ -278,12 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             **metrics,
         }
         path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-        regret = (
-            f"regret median {metrics['regret_median']:.3f} p95 {metrics['regret_p95']:.3f}, "
-            f"spearman median {metrics['spearman_median']:.3f}"
-            if "regret_median" in metrics
-            else "no held-out layers scored"
-        )
+        regret = describe_metrics(metrics)
         print(f"{family} {arch}{' ' + device if device else ''}: {len(group)} rows; {regret}")
         print(f"  wrote {path}")
     return 0

@@ -127,6 +127,16 @@ def test_features_agree_with_the_kernels():
                 assert row["smem_bytes"] == kernel.shared_mem_bytes
 
 
+def test_metrics_line_survives_constant_predictions():
+    """A model too small to rank (constant predictions) has no Spearman: the summary line says
+    n/a instead of crashing, as it did on the H200 on 2026-11-29."""
+    describe = syn.load_script("train_perf_model").describe_metrics
+    assert describe({"heldout_layers_scored": 0}) == "no held-out layers scored"
+    line = describe({"regret_median": 1.0, "regret_p95": 1.2, "spearman_median": None})
+    assert line == "regret median 1.000 p95 1.200, spearman median n/a"
+    assert "0.500" in describe({"regret_median": 1.0, "regret_p95": 1.0, "spearman_median": 0.5})
+
+
 def test_layers_are_held_out_whole():
     train_script = syn.load_script("train_perf_model")
     samples, _ = pm.read_samples(syn.CSV_PATH)
