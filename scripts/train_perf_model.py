@@ -3,13 +3,15 @@
 One XGBoost regressor per kernel family and GPU arch (with --per-device: per device name too).
 Features are the layer params, the tile config and derived quantities (spio.kernels.perf_model);
 the target is log seconds per byte moved (log time less a per-layer constant). Layers, not rows,
-are held out: the model is first trained without the held-out layers and scored on them (Spearman
-rank correlation of predicted vs measured times within each layer, and regret = measured time of
-the predicted-best config / measured-best time, median and p95); the model written is then refit
-on every layer. Output per family: `<out>/<arch>[/<device-slug>]/<family>.ubj` and a JSON beside
-it (data size, GPU, date, scores, whether the data was synthetic).
+are held out: with --holdout F > 0 a model is first trained without a fraction F of the layer shapes
+and scored on them (Spearman rank correlation of predicted vs measured times within each layer, and
+regret = measured time of the predicted-best config / measured-best time, median and p95); the
+model written is then trained on all rows. --holdout 0 skips the evaluation. Output per family:
+`<out>/<arch>[/<device-slug>]/<family>.ubj` and a JSON beside it (data size, GPU, date, the batch
+sizes and dtypes measured, held-out scores, whether the data was synthetic). At run time a model
+is only used for batch sizes from half the smallest to twice the largest measured one.
 
-    python scripts/train_perf_model.py perf_samples.csv [--out DIR] [--per-device]
+    python scripts/train_perf_model.py perf_samples.csv [--out DIR] [--per-device] [--holdout F]
 
 Models trained on synthetic data are never written into spio/perf_models/ (pass --out).
 """
@@ -180,15 +182,37 @@ def split_layers(samples: Sequence[Sample], fraction: float, seed: int):
 def train_group(
     samples: Sequence[Sample], *, holdout: float, seed: int, hyper: dict, threads: int
 ) -> tuple[object, dict]:
-    """Score a model trained without held-out layers, then refit on all; (booster, metrics)."""
+    """(booster trained on all samples, metrics). With holdout > 0 the metrics score a model
+    trained without the held-out layers on those layers; with 0 (or one layer) there are none."""
     train, test = split_layers(samples, holdout, seed)
-    metrics: dict = {"heldout_layers": len({s.layer_key for s in test})}
+    held = sorted({s.layer_key for s in test})
+    metrics: dict = {"heldout_layers": len(held)}
     if test:
         metrics.update(score(fit(train, hyper, seed, threads), test))
+        metrics["heldout_layer_keys"] = held
         metrics["metrics_from"] = (
-            "a model fit without the held-out layers; the model written is refit on all layers"
+            f"held-out split of {len(held)} of {len({s.layer_key for s in samples})} layers "
+            f"({len(test)} rows), scored by a model trained on the other {len(train)} rows; "
+            "the model written was retrained on all rows"
         )
+    else:
+        metrics["metrics_from"] = "no held-out evaluation (--holdout 0); trained on all rows"
     return fit(samples, hyper, seed, threads), metrics
+
+
+def training_domain(samples: Sequence[Sample]) -> dict:
+    """The batch sizes and dtypes the samples were measured at (PerfModel.covers reads the
+    batch sizes; the dtypes are only recorded)."""
+    return {
+        "batch_sizes": sorted({s.params.n for s in samples}),
+        "dtypes": sorted({s.params.dtype for s in samples}),
+    }
+
+
+def source_name(path: Path) -> str:
+    """A CSV's path relative to the repository root when it lies inside it, else its name."""
+    root = PACKAGED_MODELS_DIR.parent.parent
+    return path.resolve().relative_to(root).as_posix() if _inside(path, root) else path.name
 
 
 def is_synthetic(samples: Sequence[Sample], comments: Sequence[str]) -> bool:
@@ -211,13 +235,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", nargs="*", help="only these kernel families")
     parser.add_argument("--arch", nargs="*", help="only these archs, e.g. sm_90")
     parser.add_argument("--per-device", action="store_true", help="one model per device name")
-    parser.add_argument("--holdout", type=float, default=0.2, help="fraction of layers held out")
+    parser.add_argument(
+        "--holdout",
+        type=float,
+        default=0.2,
+        help="fraction of layer shapes held out to score a model first (0: no evaluation)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="XGBoost threads")
     for name, value in DEFAULTS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = parser.parse_args(argv)
     hyper = {name: getattr(args, name) for name in DEFAULTS}
+    if not 0 <= args.holdout < 1:
+        print(
+            f"train_perf_model: --holdout needs a fraction in [0, 1), got {args.holdout}",
+            file=sys.stderr,
+        )
+        return 2
 
     samples, comments = [], []
     for path in args.csv:
@@ -274,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
             "rows": len(group),
             "layers": len({s.params.encode() for s in group}),
             "configs": len({s.config for s in group}),
+            **training_domain(group),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "sources": [p.name for p in args.csv],
+            "sources": [source_name(p) for p in args.csv],
             "feature_version": FEATURE_VERSION,
             "features": list(feature_names(get_family(family))),
             "target": TARGET,

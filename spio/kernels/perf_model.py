@@ -3,9 +3,10 @@
 A model predicts, for one layer, the run time of every tile config of a kernel family from features
 of the layer, the config and a few derived quantities (the terms of the analytic `estimated_cost`,
 blocks, threads, shared memory). `select_config` ranks all configs with one batched prediction and
-returns the fastest; without a model for the device's arch it falls back to the analytic heuristic
-(and logs that once). With SPIO_AUTOTUNE=1 the model's top-k configs are timed on first use and the
-winner is kept in a disk cache (`spio.kernels.autotune`).
+returns the fastest; without a model for the device's arch, or for a layer whose batch size lies
+outside the range the model was measured at (`PerfModel.covers`), it falls back to the analytic
+heuristic (and logs that once). With SPIO_AUTOTUNE=1 the top-k configs of whichever ranking
+applies are timed on first use and the winner is kept in a disk cache (`spio.kernels.autotune`).
 
 Models live in `spio/perf_models/<arch>/<family>.ubj` (or a device-specific
 `<arch>/<device-slug>/<family>.ubj`, preferred when present) with a JSON of metadata beside each;
@@ -46,6 +47,10 @@ FEATURE_VERSION = 1
 #: time minus a constant, so it ranks configs exactly as log time does, while sparing the trees
 #: from learning the layer's size.
 TARGET = "log_seconds_per_byte"
+
+#: A model is trusted from 1/COVER_FACTOR of the smallest to COVER_FACTOR times the largest batch
+#: size it was measured at (`PerfModel.covers`); outside that the analytic heuristic decides.
+COVER_FACTOR = 2
 
 
 class PerfModelError(RuntimeError):
@@ -433,8 +438,37 @@ class PerfModel:
                 f"perf model {path} takes {booster.num_features()} features, "
                 f"expected {len(feature_names(family))}"
             )
+        _check_batch_sizes(path, meta)
         booster.set_param({"nthread": 1})  # one layer's configs: threads only add overhead
         return cls(family=family, path=path, meta=meta, booster=booster)
+
+    @property
+    def batch_range(self) -> tuple[float, float] | None:
+        """(lowest, highest) batch size the model is trusted at: half the smallest to twice the
+        largest measured one; None for a model that does not record its batch sizes."""
+        sizes = self.meta.get("batch_sizes")
+        if not sizes:
+            return None
+        return min(sizes) / COVER_FACTOR, float(max(sizes) * COVER_FACTOR)
+
+    def coverage_gap(self, params: Conv2dGw8Params) -> tuple[str, str] | None:
+        """(reason, explanation) when the model does not apply to `params`, else None. The
+        reason ('batch sizes below the range' or '... above the range') groups log lines; the
+        explanation names the batch size and the measured range."""
+        bounds = self.batch_range
+        if bounds is None or bounds[0] <= params.n <= bounds[1]:
+            return None
+        side = "below" if params.n < bounds[0] else "above"
+        sizes = ", ".join(str(n) for n in sorted(self.meta["batch_sizes"]))
+        return f"batch sizes {side} the range", (
+            f"batch size {params.n} is {side} the range it covers, {bounds[0]:g} to "
+            f"{bounds[1]:g} (measured at batch sizes {sizes})"
+        )
+
+    def covers(self, params: Conv2dGw8Params) -> bool:
+        """True when `params.n` lies within [min/2, 2*max] of the measured batch sizes (always
+        True for a model without them). Dtype is not checked: fp16 and bf16 move the same bytes."""
+        return self.coverage_gap(params) is None
 
     def predict_log_seconds(self, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
         """Predicted log run time (seconds) of each config, in one batched call."""
@@ -446,6 +480,20 @@ class PerfModel:
         """configs ordered from the fastest predicted to the slowest (ties: config order)."""
         predicted = self.predict_log_seconds(params, configs)
         return [configs[i] for i in np.argsort(predicted, kind="stable")]
+
+
+def _check_batch_sizes(path: Path, meta: dict) -> None:
+    """PerfModelError unless `batch_sizes`, where present, is a list of positive integers."""
+    sizes = meta.get("batch_sizes")
+    if sizes is None:
+        return
+    if not isinstance(sizes, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes
+    ):
+        raise PerfModelError(
+            f"perf model metadata {path.with_suffix('.json')} has batch_sizes {sizes!r}; "
+            "expected a list of positive integers"
+        )
 
 
 _models: dict[tuple[str, int, int], PerfModel] = {}
@@ -504,31 +552,53 @@ def clear_caches(models: bool = True) -> None:
 def rank_configs(
     family: Family, params: Conv2dGw8Params, identity: DeviceIdentity, folder: Path | None = None
 ) -> tuple[list, PerfModel | None]:
-    """All configs of `family` for `params`, fastest first by the model (or by the analytic
-    heuristic, logged once per family and arch, where no model applies)."""
+    """All configs of `family` for `params`, fastest first, and the model that ranked them.
+
+    The analytic heuristic ranks them instead (and the model returned is None) where no model
+    applies: none for the device, or one measured at other batch sizes (`PerfModel.covers`). Each
+    fallback is logged once per family, arch and reason.
+    """
     configs = family.configs(params)
     if not configs:
         raise ValueError(f"{family.name} has no tile config for layer {params.encode()}")
     model = find_model(family, identity, folder)
-    if model is not None:
+    if model is None:
+        _warn_once(
+            ("none", family.name, identity.arch, identity.name),
+            "no perf model for %s on %s (%s) under %s; using the analytic heuristic",
+            family.name,
+            identity.arch,
+            identity.name,
+            folder or models_dir(),
+            level=logger.info,
+        )
+        return heuristic_ranking(family, params, configs), None
+    gap = model.coverage_gap(params)
+    if gap is None:
         return model.rank(params, configs), model
+    reason, explanation = gap
     _warn_once(
-        ("none", family.name, identity.arch, identity.name),
-        "no perf model for %s on %s (%s) under %s; using the analytic heuristic",
-        family.name,
-        identity.arch,
-        identity.name,
-        folder or models_dir(),
+        ("uncovered", family.name, identity.arch, reason),
+        "perf model %s does not apply: %s; using the analytic heuristic (not logged again for %s)",
+        model.path,
+        explanation,
+        reason,
         level=logger.info,
     )
-    return sorted(configs, key=lambda c: (family.estimated_cost(params, c), c)), None
+    return heuristic_ranking(family, params, configs), None
+
+
+def heuristic_ranking(family: Family, params: Conv2dGw8Params, configs: Sequence) -> list:
+    """configs ordered by the analytic `estimated_cost` (ties: config order)."""
+    return sorted(configs, key=lambda c: (family.estimated_cost(params, c), c))
 
 
 def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **options: Any):
     """The tile config `factory.get_kernel` builds for `params` on `device`.
 
     CUDA device: the perf model's best config (SPIO_AUTOTUNE=1: the fastest of its top-k, timed
-    once and cached on disk); the analytic heuristic where no model applies. No device or a CPU
+    once and cached on disk); the analytic heuristic (SPIO_AUTOTUNE=1: its top-k, timed) where no
+    model applies, including a batch size the model does not cover. No device or a CPU
     device: the analytic heuristic. Selections are memoised per process.
     """
     family = family_of(factory.name, options)

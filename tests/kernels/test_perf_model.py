@@ -161,10 +161,38 @@ def test_training_writes_models_with_honest_metadata(models):
         assert meta["rows"] > 100 and meta["layers"] >= 20
         assert meta["features"] == list(pm.feature_names(pm.FAMILIES[name]))
         assert meta["heldout_layers"] >= 3
+        assert "retrained on all rows" in meta["metrics_from"]
+        samples = [s for s in pm.read_samples(syn.CSV_PATH)[0] if s.family == name]
+        assert meta["batch_sizes"] == sorted({s.params.n for s in samples})
+        assert meta["dtypes"] == ["bf16", "fp16"]
+        assert meta["sources"] == ["tests/data/synthetic_perf_samples.csv"]
         # held-out layers rank as the formula says
         assert meta["regret_median"] <= 1.05, meta
         assert meta["regret_p95"] <= 1.35, meta
         assert meta["spearman_median"] >= 0.85, meta
+
+
+def test_holdout_scores_first_and_the_model_written_is_trained_on_all_rows(tmp_path, capsys):
+    import json
+
+    args = ("--families", "conv2d_gw8_wgrad", "--trees", "20", "--seed", "4")
+    assert syn.train_models(tmp_path / "held", *args, "--holdout", "0.3") == 0
+    assert syn.train_models(tmp_path / "all", *args, "--holdout", "0") == 0
+    held, every = (
+        pm.model_path(tmp_path / d, "conv2d_gw8_wgrad", syn.ARCH) for d in ("held", "all")
+    )
+    assert held.read_bytes() == every.read_bytes()  # the split only scored a first model
+    scored = json.loads(held.with_suffix(".json").read_text())
+    plain = json.loads(every.with_suffix(".json").read_text())
+    assert scored["heldout_layers"] == len(scored["heldout_layer_keys"]) > 0
+    assert scored["metrics_from"].startswith(f"held-out split of {scored['heldout_layers']} of ")
+    assert scored["regret_median"] >= 1.0 and scored["rows"] == plain["rows"]
+    assert plain["heldout_layers"] == 0 and "regret_median" not in plain
+    assert "no held-out evaluation" in plain["metrics_from"]
+    capsys.readouterr()
+    assert syn.train_models(tmp_path / "bad", *args, "--holdout", "1") == 2
+    assert "--holdout needs a fraction in [0, 1), got 1.0" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_model_ranks_unseen_layers_like_the_formula(models):
@@ -251,7 +279,72 @@ def test_missing_model_falls_back_to_the_heuristic_logged_once(fake_device, tmp_
     assert len(notes) == 1 and "analytic heuristic" in notes[0].getMessage()
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "json", "features"])
+def test_a_model_covers_half_its_smallest_to_twice_its_largest_batch_size():
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+
+    def model(**meta):
+        return pm.PerfModel(family=family, path=Path("m.ubj"), meta=meta, booster=None)
+
+    measured = model(batch_sizes=[32, 128], dtypes=["fp16"])
+    assert measured.batch_range == (16.0, 256.0)
+    for n, covered in [(15, False), (16, True), (64, True), (256, True), (257, False)]:
+        assert measured.covers(P(n, 64, 28, 28, padding=1)) is covered, n
+    assert measured.covers(P(64, 64, 28, 28, padding=1, dtype="bf16"))  # dtype is not checked
+    reason, explanation = measured.coverage_gap(P(1, 64, 28, 28, padding=1))
+    assert reason == "batch sizes below the range"
+    assert explanation == (
+        "batch size 1 is below the range it covers, 16 to 256 (measured at batch sizes 32, 128)"
+    )
+    assert model().covers(P(1, 64, 28, 28, padding=1))  # older models: no batch sizes recorded
+    assert model().batch_range is None
+
+
+def test_uncovered_batch_size_falls_back_to_the_heuristic_logged_once(fake_device, models, caplog):
+    meta = pm.PerfModel.load(pm.model_path(models, "conv2d_gw8_fprop", "sm_90")).meta
+    assert meta["batch_sizes"] == [4, 8, 16, 32, 64]  # covers 2 to 128
+    layers = [P(n, 64, 28, 28, padding=1) for n in (1000, 129, 4096)]
+    with caplog.at_level(logging.INFO, logger="spio"):
+        for params in layers:
+            for factory, options in CALLS.values():
+                kernel = factory.get_kernel(params, fake_device, **options)
+                assert dict(kernel.info)["config"] == factory.default_config(params, **options)
+        conv2d_gw8_kernel_factory.get_kernel(P(1, 64, 28, 28, padding=1), fake_device)  # below
+    notes = [r.getMessage() for r in caplog.records if "does not apply" in r.getMessage()]
+    assert len(notes) == len(CALLS) + 1, notes
+    assert all(r.levelno == logging.INFO for r in caplog.records)
+    above = [note for note in notes if "batch size 1000 is above the range it covers" in note]
+    assert sorted(name for name in CALLS for note in above if f"{name}.ubj" in note) == sorted(
+        CALLS
+    )
+    assert all("2 to 128" in note and "analytic heuristic" in note for note in notes)
+    assert "batch size 1 is below the range" in notes[-1] and "fprop.ubj" in notes[-1]
+
+
+def test_autotune_times_the_heuristic_top_k_for_an_uncovered_batch_size(fake_device, monkeypatch):
+    from spio.kernels import autotune
+
+    seen = []
+
+    def fake_autotune(family, params, device, identity, candidates, *, model=None):
+        seen.append((candidates, model))
+        return candidates[0]
+
+    monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "3")
+    monkeypatch.setattr(autotune, "autotune", fake_autotune)
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    uncovered, covered = P(1000, 64, 28, 28, padding=1), P(16, 64, 28, 28, padding=1)
+    conv2d_gw8_kernel_factory.get_kernel(uncovered, fake_device)
+    conv2d_gw8_kernel_factory.get_kernel(covered, fake_device)
+    (heuristic, none), (ranked, model) = seen
+    assert none is None
+    assert heuristic == pm.heuristic_ranking(family, uncovered, family.configs(uncovered))[:3]
+    assert model is not None and ranked == model.rank(covered, family.configs(covered))[:3]
+
+
+@pytest.mark.parametrize(
+    "damage", ["garbage", "truncated", "empty", "json", "features", "batch_sizes"]
+)
 def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
     damage, fake_device, tmp_path, models, caplog, monkeypatch
 ):
@@ -271,9 +364,13 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
         dst.write_bytes(b"")
     elif damage == "json":
         dst.with_suffix(".json").write_text("{not json")
-    else:
+    elif damage == "features":
         meta = json.loads(dst.with_suffix(".json").read_text())
         meta["features"] = meta["features"][:-1]
+        dst.with_suffix(".json").write_text(json.dumps(meta))
+    else:
+        meta = json.loads(dst.with_suffix(".json").read_text())
+        meta["batch_sizes"] = "128"
         dst.with_suffix(".json").write_text(json.dumps(meta))
 
     with pytest.raises(pm.PerfModelError, match=str(dst.with_suffix("")) + r"\.(ubj|json)"):
