@@ -34,14 +34,32 @@ def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.devic
     return kernel
 
 
+def fprop_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
+    """The FProp kernel for params on device (chosen once per layer and device)."""
+    return _kernel(conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, device)
+
+
+def dgrad_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
+    """The DGrad kernel for params on device (chosen once per layer and device)."""
+    return _kernel(conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, device, igrad=True)
+
+
+def wgrad_kernel(params: Conv2dGw8Params, device: torch.device, with_bias: bool) -> Kernel:
+    """The WGrad kernel for params on device, computing the bias gradient too when `with_bias`."""
+    params = dataclasses.replace(params, has_bias=with_bias)
+    return _kernel(conv2d_gw8_wgrad_factory.conv2d_gw8_wgrad_kernel_factory, params, device)
+
+
 def fprop(
     input: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     params: Conv2dGw8Params,
+    kernel: Kernel | None = None,
 ) -> torch.Tensor:
-    """y = conv2d_gw8(input, weight, bias) in params.dtype, shape params.output_shape."""
-    kernel = _kernel(conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, input.device)
+    """y = conv2d_gw8(input, weight, bias) in params.dtype, shape params.output_shape.
+    `kernel`: fprop_kernel(params, input.device), when the caller already holds it."""
+    kernel = kernel or fprop_kernel(params, input.device)
     return conv2d_gw8_factory.fprop(input, weight, bias, params, kernel=kernel)
 
 
@@ -49,11 +67,11 @@ def dgrad(
     grad_output: torch.Tensor,
     weight: torch.Tensor,
     params: Conv2dGw8Params,
+    kernel: Kernel | None = None,
 ) -> torch.Tensor:
-    """dx from dy (shape params.output_shape) in params.dtype, shape params.input_shape."""
-    kernel = _kernel(
-        conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, grad_output.device, igrad=True
-    )
+    """dx from dy (shape params.output_shape) in params.dtype, shape params.input_shape.
+    `kernel`: dgrad_kernel(params, grad_output.device), when the caller already holds it."""
+    kernel = kernel or dgrad_kernel(params, grad_output.device)
     return conv2d_gw8_factory.dgrad(grad_output, weight, params, kernel=kernel)
 
 
@@ -62,17 +80,20 @@ def wgrad(
     grad_output: torch.Tensor,
     params: Conv2dGw8Params,
     with_bias: bool = False,
+    kernel: Kernel | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dw, dbias) from x and dy in fp32: dw of shape params.weight_shape; dbias (C,) computed in
-    the same pass when `with_bias`, else None.
+    the same pass when `with_bias`, else None. `kernel`: wgrad_kernel(params, input.device,
+    with_bias), when the caller already holds it.
 
     The WGrad kernel sums blocks with fp32 atomics, so its last bits vary from run to run. Under
     torch.use_deterministic_algorithms(True) the gradients come from PyTorch instead.
     """
     if torch.are_deterministic_algorithms_enabled():
         return _deterministic_wgrad(input, grad_output, params, with_bias)
-    params = dataclasses.replace(params, has_bias=with_bias)
-    kernel = _kernel(conv2d_gw8_wgrad_factory.conv2d_gw8_wgrad_kernel_factory, params, input.device)
+    kernel = kernel or wgrad_kernel(params, input.device, with_bias)
+    if params.has_bias != with_bias:
+        params = dataclasses.replace(params, has_bias=with_bias)
     return conv2d_gw8_wgrad_factory.wgrad(input, grad_output, params, kernel=kernel)
 
 

@@ -123,9 +123,17 @@ def _empty(shape, like: Tensor, fmt: torch.memory_format, dtype=None) -> Tensor:
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device, memory_format=fmt)
 
 
+def fresh_strides(shape: tuple[int, ...], fmt: torch.memory_format) -> tuple[int, ...]:
+    """The strides torch.empty(shape, memory_format=fmt) gives a 4-D tensor (NCHW or NHWC)."""
+    n, c, h, w = shape
+    if fmt == torch.channels_last:
+        return (h * w * c, 1, w * c, c)
+    return (c * h * w, h * w, w, 1)
+
+
 def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
     """t with exactly the strides of a fresh tensor in fmt (the fake impls promise those)."""
-    if t.stride() == torch.empty(t.shape, device="meta", memory_format=fmt).stride():
+    if t.stride() == fresh_strides(tuple(t.shape), fmt):
         return t
     return _empty(t.shape, t, fmt).copy_(t)
 

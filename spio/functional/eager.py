@@ -1,29 +1,97 @@
 """A light eager path to spio's kernels for Conv2dGw8 modules.
 
 A torch.library custom op pays its dispatch (schema parsing, fake-tensor plumbing, autograd
-wrapper) on every call, tens of microseconds on a host CPU: comparable to the kernel itself for
-small layers. Outside torch.compile, Conv2dGw8 calls this autograd.Function instead, which goes
-straight to the same kernel seam (`spio.functional._kernels`). Under torch.compile the module uses
-the custom op, whose fake and autograd registrations the compiler needs. Both compute the same
-thing; the tests compare them.
+wrapper) on every call: on an H200 host that measured 73 µs over F.conv2d's own 19 µs
+(docs/perf/2026-11-29-h200.md), more than a small layer's kernel. Outside torch.compile,
+Conv2dGw8 calls `conv2d_gw8_eager` instead, which goes straight to the same kernel seam
+(`spio.functional._kernels`). Under torch.compile the module uses the custom op, whose fake and
+autograd registrations the compiler needs. Both compute the same thing; the tests compare them.
+
+What keeps it light:
+- a layer's validation, parameters and kernels are found once per call signature (shapes, dtypes,
+  devices, padding) and reused (`_Layer`);
+- without autograd (no_grad, or no tensor requiring grad) the kernels run directly, without an
+  autograd.Function;
+- the launch itself skips the per-call lookups (see `spio.kernels.kernel.Kernel`).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import Tensor
 
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.kernel import Kernel
 
 from . import _kernels
 from .conv2d_gw8_op import check_args, memory_format
 
-# Validated layer parameters by call signature: a model calls each layer with the same shapes
-# again and again, and validation costs more than the rest of the host path.
-_validated: dict[tuple, Conv2dGw8Params] = {}
+#: At most this many call signatures are remembered; a model has a few dozen. Past it the cache
+#: starts over, so shapes that change on every call cost validation, not memory.
+MAX_SIGNATURES = 4096
 
 
-def _params(input: Tensor, weight: Tensor, bias: Tensor | None, pad_y: int, pad_x: int):
+class _Layer:
+    """One call signature: its validated parameters, and its kernels once first needed."""
+
+    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad", "_weight_of", "_weight")
+
+    def __init__(self, params: Conv2dGw8Params, device: torch.device):
+        self.params = params
+        self.device = device
+        self._fprop: Kernel | None = None
+        self._dgrad: Kernel | None = None
+        self._wgrad: dict[bool, Kernel] = {}
+        self._weight_of: tuple = (None, -1)  # (weakref to the source weight, its version)
+        self._weight: Tensor | None = None
+
+    def contiguous_weight(self, weight: Tensor) -> Tensor:
+        """weight in the contiguous (K, 8, R, S) layout the kernels read.
+
+        `model.to(memory_format=torch.channels_last)` also makes 4-D weights channels_last, which
+        would cost a copy on every call. The copy is kept while it is still the same tensor at
+        the same version: any in-place update (an optimizer step) bumps the version.
+        """
+        if weight.is_contiguous():
+            return weight
+        ref, version = self._weight_of
+        if ref is None or ref() is not weight or version != weight._version:
+            self._weight = weight.contiguous()
+            self._weight_of = (weakref.ref(weight), weight._version)
+        return self._weight
+
+    def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        kernel = self._fprop
+        if kernel is None:
+            kernel = self._fprop = _kernels.fprop_kernel(self.params, self.device)
+        weight = self.contiguous_weight(weight)
+        return _kernels.fprop(input, weight, bias, self.params, kernel=kernel)
+
+    def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
+        kernel = self._dgrad
+        if kernel is None:
+            kernel = self._dgrad = _kernels.dgrad_kernel(self.params, self.device)
+        weight = self.contiguous_weight(weight)
+        return _kernels.dgrad(grad_output, weight, self.params, kernel=kernel)
+
+    def wgrad(self, input: Tensor, grad_output: Tensor, with_bias: bool):
+        if torch.are_deterministic_algorithms_enabled():  # PyTorch's, via the seam
+            return _kernels.wgrad(input, grad_output, self.params, with_bias)
+        kernel = self._wgrad.get(with_bias)
+        if kernel is None:
+            kernel = self._wgrad[with_bias] = _kernels.wgrad_kernel(
+                self.params, self.device, with_bias
+            )
+        return _kernels.wgrad(input, grad_output, self.params, with_bias, kernel=kernel)
+
+
+_layers: dict[tuple, _Layer] = {}
+
+
+def _layer(input: Tensor, weight: Tensor, bias: Tensor | None, pad_y: int, pad_x: int) -> _Layer:
+    """The validated layer for this call signature (check_args raises on the first bad call)."""
     key = (
         input.shape,
         input.dtype,
@@ -35,12 +103,14 @@ def _params(input: Tensor, weight: Tensor, bias: Tensor | None, pad_y: int, pad_
         pad_y,
         pad_x,
     )
-    params = _validated.get(key)
-    if params is None:
+    layer = _layers.get(key)
+    if layer is None:
         check_args(input, weight, bias, 1, pad_y, pad_x, 1, 1)
         params = Conv2dGw8Params.from_tensors(input, weight, bias, padding=(pad_y, pad_x))
-        _validated[key] = params
-    return params
+        if len(_layers) >= MAX_SIGNATURES:
+            _layers.clear()
+        layer = _layers[key] = _Layer(params, input.device)
+    return layer
 
 
 def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
@@ -50,24 +120,24 @@ def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
 
 class _Conv2dGw8(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, params: Conv2dGw8Params):
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, layer: _Layer):
         need_weight = ctx.needs_input_grad[1]
         ctx.save_for_backward(input if need_weight else None, weight)
-        ctx.params = params
+        ctx.layer = layer
         ctx.input_format = memory_format(input)
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return _in_format(_kernels.fprop(input, weight, bias, params), ctx.input_format)
+        return _in_format(layer.fprop(input, weight, bias), ctx.input_format)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         input, weight = ctx.saved_tensors
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
-        params = ctx.params
+        layer = ctx.layer
         dx = dw = db = None
         if need_input:
-            dx = _in_format(_kernels.dgrad(grad_output, weight, params), ctx.input_format)
+            dx = _in_format(layer.dgrad(grad_output, weight), ctx.input_format)
         if need_weight:  # the bias gradient comes from the same pass over dy
-            dw, db = _kernels.wgrad(input, grad_output, params, with_bias=need_bias)
+            dw, db = layer.wgrad(input, grad_output, with_bias=need_bias)
             dw = dw.to(weight.dtype)
         if need_bias:
             if db is None:
@@ -84,10 +154,16 @@ def conv2d_gw8_eager(
     Autocast is applied as the custom op applies it: input and weight to the region's dtype, bias
     to fp32. Validation is the custom op's own.
     """
-    device_type = input.device.type
+    device_type = "cuda" if input.is_cuda else input.device.type
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
-        input, weight = input.to(dtype), weight.to(dtype)
+        # One op for the weight: cast, and the contiguous layout the kernels read.
+        input = input.to(dtype)
+        weight = weight.to(dtype=dtype, memory_format=torch.contiguous_format)
         bias = None if bias is None else bias.to(torch.float32)
-    params = _params(input, weight, bias, padding_y, padding_x)
-    return _Conv2dGw8.apply(input, weight, bias, params)
+    layer = _layer(input, weight, bias, padding_y, padding_x)
+    if torch.is_grad_enabled() and (
+        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return _Conv2dGw8.apply(input, weight, bias, layer)
+    return _in_format(layer.fprop(input, weight, bias), memory_format(input))

@@ -7,6 +7,8 @@ and picks a config (a simple heuristic until the performance model lands).
 
 from __future__ import annotations
 
+import functools
+
 import itertools
 import math
 from dataclasses import dataclass
@@ -293,8 +295,14 @@ def _nhwc(t):
     kernels copy 8-channel vectors with cp.async, which faults on a misaligned address)."""
     import torch
 
-    t = t.contiguous(memory_format=torch.channels_last)
+    if not t.is_contiguous(memory_format=torch.channels_last):  # cheaper than a no-op copy call
+        t = t.contiguous(memory_format=torch.channels_last)
     return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.channels_last)
+
+
+def _contiguous(t):
+    """t in contiguous memory; is_contiguous is cheaper than a no-op contiguous() call."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _check_out(out, shape: tuple, dtype) -> None:
@@ -311,10 +319,15 @@ def _check_out(out, shape: tuple, dtype) -> None:
         raise ValueError("conv2d_gw8 out must be channels_last contiguous and 4-byte aligned")
 
 
-def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
+@functools.cache
+def _torch_dtypes() -> dict:
     import torch
 
-    expected = {"fp16": torch.float16, "bf16": torch.bfloat16}[params.dtype]
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
+    expected = _torch_dtypes()[params.dtype]
     for t in tensors:
         if t is not None and t.dtype != expected:
             raise ValueError(
@@ -341,11 +354,13 @@ def fprop(
         out = torch.empty(
             params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
         )
-    _check_out(out, params.output_shape, x.dtype)
+    else:
+        _check_out(out, params.output_shape, x.dtype)
     if bias is not None:  # read as float2: 8-byte aligned
-        bias = bias.to(torch.float32).contiguous()
+        if bias.dtype != torch.float32 or not bias.is_contiguous():
+            bias = bias.to(torch.float32).contiguous()
         bias = bias if bias.data_ptr() % 8 == 0 else bias.clone()
-    kernel.launch([out, _nhwc(x), weight.contiguous(), bias], x.device)
+    kernel.launch([out, _nhwc(x), _contiguous(weight), bias], x.device)
     return out
 
 
@@ -367,8 +382,9 @@ def dgrad(
         out = torch.empty(
             params.input_shape, dtype=dy.dtype, device=dy.device, memory_format=torch.channels_last
         )
-    _check_out(out, params.input_shape, dy.dtype)
-    kernel.launch([out, _nhwc(dy), weight.contiguous(), None], dy.device)
+    else:
+        _check_out(out, params.input_shape, dy.dtype)
+    kernel.launch([out, _nhwc(dy), _contiguous(weight), None], dy.device)
     return out
 
 

@@ -40,6 +40,11 @@ class Kernel:
     # Extra values describing the instance (params, config), for logs and perf models.
     info: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
+    def __hash__(self) -> int:
+        # The name is unique (it encodes family, params and config), and hashing it is cheap;
+        # the generated dataclass hash would rehash the headers' text on every launch.
+        return hash(self.name)
+
     @property
     def source(self) -> str:
         return kernel_source(self.source_file)
@@ -66,9 +71,8 @@ class Kernel:
         `args` are tensors (passed as pointers), ints, floats, or None for a null pointer.
         """
         if device.type == "cuda":
-            from ..cuda import driver
-
-            args = [driver.Pointer(0) if a is None else a for a in args]
+            null = _null_pointer()
+            args = [null if a is None else a for a in args]
             _cuda_function(self, device.index or 0).launch_on_current_stream(self, args)
         elif device.type == "cpu":
             _emulator_function(self).launch(
@@ -124,9 +128,28 @@ class _LoadedCudaFunction:
 
 def current_stream(ordinal: int) -> int:
     """The CUstream handle of PyTorch's current stream on device `ordinal`."""
+    return _raw_stream()(ordinal)
+
+
+@functools.cache
+def _raw_stream() -> Callable[[int], int]:
+    """PyTorch's fastest way to the current stream's handle. torch.cuda.current_stream builds a
+    Stream object per call (a few µs, paid on every launch); the raw getter that compilers built
+    on PyTorch use returns the handle directly. Fall back to the public API where it is missing."""
     import torch
 
-    return torch.cuda.current_stream(ordinal).cuda_stream
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda ordinal: torch.cuda.current_stream(ordinal).cuda_stream
+
+
+@functools.cache
+def _null_pointer():
+    """The null-pointer kernel argument (for None), made once."""
+    from ..cuda import driver
+
+    return driver.Pointer(0)
 
 
 _loaded: dict[tuple[Kernel, int], _LoadedCudaFunction] = {}

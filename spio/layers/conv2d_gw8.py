@@ -162,38 +162,44 @@ class Conv2dGw8(nn.Conv2d):
         new.train(module.training)
         return new
 
-    def _unsupported(self, input: Tensor) -> str | None:
-        """Why the spio op cannot take this input (so forward uses F.conv2d), or None."""
+    @staticmethod
+    def _unsupported(
+        input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool
+    ) -> str | None:
+        """Why the spio op cannot take this input (so forward uses F.conv2d), or None.
+        `kernels`: whether input's device runs spio's kernels (uses_kernels)."""
         if input.dim() not in (3, 4):
             return f"input is {input.dim()}-D"
         if not input.is_floating_point():
             return f"input is {input.dtype}"
-        if input.device != self.weight.device:
-            return f"input on {input.device}, weight on {self.weight.device}"
-        if torch.is_autocast_enabled(input.device.type):
-            if torch.float64 in (input.dtype, self.weight.dtype):
+        if input.device != weight.device:
+            return f"input on {input.device}, weight on {weight.device}"
+        if torch.is_autocast_enabled("cuda" if input.is_cuda else input.device.type):
+            if torch.float64 in (input.dtype, weight.dtype):
                 return "float64 tensors under autocast"
             return None
-        if input.dtype != self.weight.dtype:
-            return f"input {input.dtype} and weight {self.weight.dtype} differ"
-        if self.bias is not None and self.bias.dtype not in (input.dtype, torch.float32):
-            return f"bias {self.bias.dtype} with input {input.dtype}"
-        if uses_kernels(input.device) and input.dtype not in _HALF:
+        if input.dtype != weight.dtype:
+            return f"input {input.dtype} and weight {weight.dtype} differ"
+        if bias is not None and bias.dtype not in (input.dtype, torch.float32):
+            return f"bias {bias.dtype} with input {input.dtype}"
+        if kernels and input.dtype not in _HALF:
             return f"{input.dtype} {input.device.type} tensors outside autocast"
         return None
 
     def forward(self, input: Tensor) -> Tensor:
-        reason = self._unsupported(input)
+        weight, bias = self.weight, self.bias  # one nn.Module attribute lookup each
+        kernels = input.is_cuda or uses_kernels(input.device)
+        reason = self._unsupported(input, weight, bias, kernels)
         if reason is not None:
             _log_fallback_once(reason)
             return super().forward(input)
         unbatched = input.dim() == 3
         x = input.unsqueeze(0) if unbatched else input
         pad_h, pad_w = self.padding
-        if uses_kernels(x.device) and not torch.compiler.is_compiling():
-            y = conv2d_gw8_eager(x, self.weight, self.bias, pad_h, pad_w)  # no op dispatch cost
+        if kernels and not torch.compiler.is_compiling():
+            y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w)  # no op dispatch cost
         else:
-            y = conv2d_gw8(x, self.weight, self.bias, 1, pad_h, pad_w, 1, self.groups)
+            y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, self.groups)
         return y.squeeze(0) if unbatched else y
 
 

@@ -366,3 +366,14 @@ def test_deterministic_mode_takes_weight_gradients_from_pytorch(monkeypatch):
     tol.assert_close(dw, conv2d_gw8_wgrad_ref(x, dy, (1, 1), 3, 3))
     _, dw3, _ = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
     assert launched  # deterministic mode off again: the kernel runs
+
+
+def test_fresh_strides_are_torch_empty_strides():
+    """The custom op checks its output's strides arithmetically, not with a meta tensor per call."""
+    import itertools
+
+    from spio.functional.conv2d_gw8_op import fresh_strides
+
+    for shape in itertools.product([1, 3], [8, 24], [1, 4], [1, 7]):
+        for fmt in (torch.contiguous_format, torch.channels_last):
+            assert fresh_strides(shape, fmt) == torch.empty(shape, memory_format=fmt).stride()

@@ -2,6 +2,8 @@
 into the right device's primary context, shared memory beyond 48 KiB is opted into, None becomes a
 null pointer, and the launch goes to PyTorch's current stream."""
 
+import pytest
+
 from tests.cuda.test_driver import fake_libcuda, run_with  # noqa: F401  (fixture)
 
 SETUP = """
@@ -49,3 +51,29 @@ assert struct.unpack("<Q", params) == (0,)
 assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5000
 """,
     )
+
+
+def test_kernel_hashes_by_its_unique_name():
+    """Launch looks the loaded kernel up by Kernel on every call: the hash is the name's (the
+    generated one would rehash the headers' text), and equality still compares every field."""
+    from spio.kernels.kernel import Kernel
+
+    def make(headers, name="k1"):
+        return Kernel(name=name, source_file="conv2d_gw8.cu", entry="e", headers=headers,
+                      grid=(1, 1, 1), block=(32, 1, 1), shared_mem_bytes=0)  # fmt: skip
+
+    a, b = make((("h.h", "x" * 100_000),)), make((("h.h", "x" * 100_000),))
+    assert a == b and hash(a) == hash(b) == hash("k1")
+    assert a != make((("h.h", "y"),)) and len({a, b, make((), "k2")}) == 2
+
+
+@pytest.mark.cuda
+def test_current_stream_is_torchs():
+    import torch
+
+    from spio.kernels import kernel as K
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        assert K.current_stream(torch.cuda.current_device()) == s.cuda_stream
+    assert K.current_stream(0) == torch.cuda.current_stream(0).cuda_stream

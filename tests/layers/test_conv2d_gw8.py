@@ -206,3 +206,62 @@ def test_eager_path_equals_the_custom_op(monkeypatch, bias):
     g2 = torch.autograd.grad(y2, [x2, layer.weight] + ([layer.bias] if bias else []), dy)
     for a, b in zip(g1, g2, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_eager_path_without_autograd_skips_the_autograd_function(monkeypatch):
+    """Inference (no_grad, or nothing requiring grad) runs the kernels directly: same bits as the
+    custom op, and no autograd.Function is built."""
+    from spio.functional import conv2d_gw8
+    from spio.functional import eager as eager_module
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr(
+        eager_module._Conv2dGw8, "apply", lambda *a: pytest.fail("autograd.Function used")
+    )
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=True).half()
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        y = layer(x)
+    expected = conv2d_gw8(x, layer.weight.detach(), layer.bias.detach(), 1, 1, 1, 1, 2)
+    assert torch.equal(y, expected) and not y.requires_grad
+    layer.requires_grad_(False)
+    assert torch.equal(layer(x), expected)
+
+
+def test_channels_last_weight_is_copied_once_per_version(monkeypatch):
+    """`model.to(memory_format=channels_last)` makes the weight channels_last; the kernels read it
+    contiguous. The copy is reused until the weight changes in place (an optimizer step), and a
+    different tensor never reuses it."""
+    from spio.functional import eager as eager_module
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=False).half()
+    layer = layer.to(memory_format=torch.channels_last)
+    assert not layer.weight.is_contiguous()
+    x = torch.randn(1, 16, 6, 6).half().to(memory_format=torch.channels_last)
+    copies = []
+    real = torch.Tensor.contiguous
+    monkeypatch.setattr(
+        torch.Tensor, "contiguous", lambda t, *a, **k: copies.append(t.shape) or real(t, *a, **k)
+    )
+
+    def check():
+        with torch.no_grad():
+            y = layer(x)
+        ref = conv2d_gw8_fprop_ref(x.double(), layer.weight.double(), None, (1, 1))
+        torch.testing.assert_close(y.double(), ref, atol=2e-2, rtol=2e-2)
+
+    check()
+    weight_copies = sum(s == layer.weight.shape for s in copies)
+    check()
+    assert sum(s == layer.weight.shape for s in copies) == weight_copies == 1
+    with torch.no_grad():
+        layer.weight.mul_(-1)  # in place: a new version
+    check()
+    assert sum(s == layer.weight.shape for s in copies) == 2
+    layer.weight = nn.Parameter(layer.weight.detach().clone(memory_format=torch.channels_last))
+    check()
+    assert sum(s == layer.weight.shape for s in copies) == 3
+    assert len(eager_module._layers) >= 1
