@@ -8,7 +8,6 @@ and picks a config (a simple heuristic until the performance model lands).
 from __future__ import annotations
 
 import functools
-
 import itertools
 import math
 from dataclasses import dataclass
