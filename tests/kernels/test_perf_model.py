@@ -219,9 +219,37 @@ def test_refuses_to_ship_a_model_trained_on_synthetic_data(capsys):
     assert sorted(pm.PACKAGED_MODELS_DIR.rglob("*")) == before
 
 
-def test_no_model_is_shipped_until_measured():
-    assert not list(pm.PACKAGED_MODELS_DIR.rglob("*.ubj")), "ship models only from measured data"
-    assert (pm.PACKAGED_MODELS_DIR / "README.md").is_file()
+def test_shipped_models_were_measured_on_a_real_gpu_and_load():
+    paths = sorted(pm.PACKAGED_MODELS_DIR.rglob("*.ubj"))
+    assert paths and (pm.PACKAGED_MODELS_DIR / "README.md").is_file()
+    for path in paths:
+        model = pm.PerfModel.load(path)  # loadable, and for this spio's feature set
+        meta = model.meta
+        assert path.stem == meta["family"] and meta["arch"] in path.parts, path
+        assert meta["synthetic"] is False and meta["feature_version"] == pm.FEATURE_VERSION
+        assert meta["measured_on"] and all(
+            name.strip() and "SYNTHETIC" not in name.upper() for name in meta["measured_on"]
+        ), meta["measured_on"]
+        assert meta["rows"] > 0 and meta["layers"] > 0
+        assert meta["batch_sizes"] and meta["dtypes"] and model.batch_range is not None
+        assert meta["heldout_layers_scored"] > 0 and meta["regret_median"] >= 1.0
+        for source in meta["sources"]:  # the measured data ships in the repository too
+            samples, comments = pm.read_samples(REPO / source)
+            assert not any(s.synthetic for s in samples) and not any(
+                "SYNTHETIC" in c.upper() for c in comments
+            )
+
+
+def test_shipped_sm90_model_leaves_small_batches_to_the_heuristic():
+    """Measured at N = 128 only, the H200 models picked a 2-block config for N = 1."""
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    pm.clear_caches()
+    small, large = P(1, 64, 64, 64, padding=1), P(128, 64, 64, 64, padding=1)
+    ranked, model = pm.rank_configs(family, small, H200, pm.PACKAGED_MODELS_DIR)
+    assert model is None and ranked[0] == conv2d_gw8_kernel_factory.default_config(small)
+    ranked, model = pm.rank_configs(family, large, H200, pm.PACKAGED_MODELS_DIR)
+    assert model is not None and model.meta["measured_on"] == ["NVIDIA H200"]
+    pm.clear_caches()
 
 
 # --- run time ---------------------------------------------------------------------------------
