@@ -24,7 +24,10 @@
 #   timm       scripts/timm_benchmark.py: regnetx_002 training samples/s, PyTorch and spio
 #   racecheck  compute-sanitizer --tool racecheck on the same launches as memcheck
 #   perf       scripts/perf_sample.py into OUT_DIR/perf_samples.csv with the time left (data for
-#              the performance model; a partial sweep is still useful)
+#              the performance model; a partial sweep is still useful), continuing from the
+#              samples committed under docs/perf/
+# GPU_CHECK_ARCHIVE=FILE.tgz also packs OUT_DIR into that one file at the end (for transports
+# that bring back only a few files).
 # When build or info fails (e.g. `spio info` finds that the driver extension does not load),
 # the remaining steps are skipped. A compact summary (step, status, seconds) is printed last; the
 # exit status is 1 if any step failed, timed out or was skipped (the perf step stops itself before
@@ -165,8 +168,17 @@ step_perf() {
     # perf_sample.py stops itself before its budget runs out; keep 20 s for it to write the CSV.
     local budget=$(($1 - 20))
     ((budget < 10)) && return 200
-    timeout -k 10 "$1" "$PYTHON" scripts/perf_sample.py --csv "$OUT_DIR/perf_samples.csv" \
-        --budget-s "$budget" --batches 128 --dtypes fp16 --max-configs 120
+    # Resume from the samples already committed (perf_sample skips what this GPU model has), and
+    # widen the batch sizes the shipped models cover.
+    local csv="$OUT_DIR/perf_samples.csv" seed
+    if [[ ! -f "$csv" ]]; then
+        for seed in docs/perf/*/perf_samples.csv; do
+            [[ -f "$seed" ]] || continue
+            if [[ -f "$csv" ]]; then tail -n +2 "$seed" >>"$csv"; else cp "$seed" "$csv"; fi
+        done
+    fi
+    timeout -k 10 "$1" "$PYTHON" scripts/perf_sample.py --csv "$csv" \
+        --budget-s "$budget" --batches 32 256 128 --dtypes fp16 --max-configs 120
     local rc=$?
     local lines=1
     [[ -f "$OUT_DIR/perf_samples.csv" ]] && lines=$(wc -l <"$OUT_DIR/perf_samples.csv")
@@ -289,4 +301,7 @@ done
     printf '%s\n' "${SUMMARY[@]}"
     printf '%-10s %-48s %5d\n' total "$([[ $FAILED -eq 0 ]] && echo PASS || echo FAIL)" "$SECONDS"
 } | tee "$OUT_DIR/summary.txt"
+if [[ -n "${GPU_CHECK_ARCHIVE:-}" ]]; then
+    tar czf "$GPU_CHECK_ARCHIVE" -C "$OUT_DIR" . && log "packed $OUT_DIR into $GPU_CHECK_ARCHIVE"
+fi
 exit "$FAILED"
