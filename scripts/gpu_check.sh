@@ -18,6 +18,8 @@
 #   bench      python -m spio bench --quick --out OUT_DIR/bench
 #   overhead   scripts/bench_launch.py (µs per driver launch) and scripts/bench_op_overhead.py
 #              (µs per custom-op / module call over F.conv2d's)
+#   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma or stores
+#              switched off, to show where their time goes
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
 #   tests      pytest -m "cuda and not slow", every test function first, then round-robin, until
 #              its time limit (GPU_CHECK_TEST_SECONDS, default 150) or the budget runs out
@@ -42,6 +44,7 @@ STEPS=(
     "check:90"
     "bench:200"
     "overhead:60"
+    "ablate:60"
     "memcheck:120"
     "tests:${GPU_CHECK_TEST_SECONDS:-150}"
     "timm:120"
@@ -150,6 +153,10 @@ step_overhead() {
     local rc=$?
     timeout -k 10 "$half" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 3 || rc=$?
     return "$rc"
+}
+
+step_ablate() {
+    timeout -k 10 "$1" "$PYTHON" scripts/ablate_kernel.py --layer 64c_64x64_3x3 --n 128
 }
 
 step_timm() {

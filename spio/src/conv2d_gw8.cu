@@ -43,6 +43,21 @@
 
 #include "conv2d_gw8_gen.h"
 
+// Ablation switches, for finding where a kernel's time goes on a GPU (scripts/ablate_kernel.py
+// defines them in a copy of the generated header). Production kernels never set them: each one
+// makes the results wrong. SPIO_ABLATE_LOADS: no global reads (shared memory keeps whatever it
+// holds). SPIO_ABLATE_MMA: no tensor-core work. SPIO_ABLATE_STORES: results are written only
+// under a condition the compiler cannot prove false, so the work that produces them stays.
+#ifndef SPIO_ABLATE_LOADS
+#define SPIO_ABLATE_LOADS 0
+#endif
+#ifndef SPIO_ABLATE_MMA
+#define SPIO_ABLATE_MMA 0
+#endif
+#ifndef SPIO_ABLATE_STORES
+#define SPIO_ABLATE_STORES 0
+#endif
+
 namespace {
 
 using Elem = SPIO_CONV_ELEMENT;
@@ -91,8 +106,10 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
             const int c8 = block_c8 + idx.c8();
             const bool inside = row_inside && x >= 0 && x < Input::X && c8 < Input::C8;
             const uint4 *src = inside ? Input(in).n(n).y(y).x(x).c8(c8).get() : in;
-            spio::cp_async_16(smem_input.stage(stage).c8(idx.c8()).x(idx.x()).get(), src,
-                              inside ? 16 : 0);
+            if (!SPIO_ABLATE_LOADS) {
+                spio::cp_async_16(smem_input.stage(stage).c8(idx.c8()).x(idx.x()).get(), src,
+                                  inside ? 16 : 0);
+            }
         }
     };
     SPIO_UNROLL
@@ -169,9 +186,15 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
             SPIO_UNROLL
             for (int half = 0; half < 2; ++half) {  // fragment rows g and g + 8
                 const int x = block_x + warp_x + run * 16 + lane / 4 + half * 8;
+                const float v0 = rows[run][2 * half] + bias_pair.x;
+                const float v1 = rows[run][2 * half + 1] + bias_pair.y;
+#if SPIO_ABLATE_STORES
+                if (__float_as_uint(v0) != 0x7fc0beefu) {
+                    continue;
+                }
+#endif
                 if (x < Output::X) {
-                    *out_row.x(x).k8(c8).k2(lane % 4) =
-                        spio::pack_pair<Elem>(rows[run][2 * half] + bias_pair.x, rows[run][2 * half + 1] + bias_pair.y);
+                    *out_row.x(x).k8(c8).k2(lane % 4) = spio::pack_pair<Elem>(v0, v1);
                 }
             }
         }
@@ -206,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
                         for (int r = 0; r < R; ++r) {
                             // Output row (row - r) lives in slot (u - r) mod R. Rows above the tile
                             // (row < r) only exist in the first R - 1 input rows: skip them.
-                            if (row0 > 0 || r <= u) {
+                            if (!SPIO_ABLATE_MMA && (row0 > 0 || r <= u)) {
                                 float (&out_rows)[4] = acc[(u - r + R) % R][run];
                                 if (two_taps) {
                                     mma_two_taps(out_rows, a[0], a[1], taps[r][s], taps[r][s1]);

@@ -43,6 +43,21 @@
 
 #include "conv2d_gw8_wgrad_gen.h"
 
+// Ablation switches, for finding where a kernel's time goes on a GPU (scripts/ablate_kernel.py
+// defines them in a copy of the generated header). Production kernels never set them: each one
+// makes the results wrong. SPIO_ABLATE_LOADS: no global reads (shared memory keeps whatever it
+// holds). SPIO_ABLATE_MMA: no tensor-core work. SPIO_ABLATE_STORES: results are written only
+// under a condition the compiler cannot prove false, so the work that produces them stays.
+#ifndef SPIO_ABLATE_LOADS
+#define SPIO_ABLATE_LOADS 0
+#endif
+#ifndef SPIO_ABLATE_MMA
+#define SPIO_ABLATE_MMA 0
+#endif
+#ifndef SPIO_ABLATE_STORES
+#define SPIO_ABLATE_STORES 0
+#endif
+
 namespace {
 
 // mma_pixels adds A * B into acc, the product summing over the pixels: with PIXELS == 8 one
@@ -104,8 +119,10 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
             const int c8 = block_c8 + idx.c8();
             const bool inside = x_row_inside && col >= 0 && col < Input::X && c8 < Input::C8;
             const uint4 *src = inside ? Input(x).n(n).y(y).x(col).c8(c8).get() : x;
-            spio::cp_async_16(smem_x.stage(t % STAGES).c8(idx.c8()).x(idx.x()).get(), src,
-                              inside ? 16 : 0);
+            if (!SPIO_ABLATE_LOADS) {
+                spio::cp_async_16(smem_x.stage(t % STAGES).c8(idx.c8()).x(idx.x()).get(), src,
+                                  inside ? 16 : 0);
+            }
         }
         const int p = block_y + i;
         const bool dy_row_inside = image_inside && i < Block::y && p < DOutput::Y;
@@ -115,8 +132,10 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
             const int c8 = block_c8 + idx.c8();
             const bool inside = dy_row_inside && col < DOutput::X && c8 < DOutput::K8;
             const uint4 *src = inside ? DOutput(dy).n(n).y(p).x(col).k8(c8).get() : dy;
-            spio::cp_async_16(smem_dy.slot(t % SLOTS).c8(idx.c8()).x(idx.x()).get(), src,
-                              inside ? 16 : 0);
+            if (!SPIO_ABLATE_LOADS) {
+                spio::cp_async_16(smem_dy.slot(t % SLOTS).c8(idx.c8()).x(idx.x()).get(), src,
+                                  inside ? 16 : 0);
+            }
         }
     };
 
@@ -189,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
                     spio::ldmatrix_x2_trans(
                         a[sub], smem_dy.slot(lane_slot).c8(warp.c8()).x(warp_x + (run + sub) * 8 + lane % 8).get());
                 }
-                if (any_row) {
+                if (any_row && !SPIO_ABLATE_MMA) {
                     SPIO_UNROLL
                     for (int s = 0; s < S; ++s) {
                         mma_pixels(acc[pair][s], a, b[s]);
@@ -223,6 +242,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
             SPIO_UNROLL
             for (int e = 0; e < 4; ++e) {
                 const int r = 2 * pair + e / 2;
+#if SPIO_ABLATE_STORES
+                if (__float_as_uint(acc[pair][s][e]) != 0x7fc0beefu) {
+                    continue;
+                }
+#endif
                 if (r < R) {
                     atomicAdd(DW(dw).k(k).c(2 * (lane % 4) + e % 2).r(r).s(s).get(), acc[pair][s][e]);
                 }

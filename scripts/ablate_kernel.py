@@ -1,0 +1,129 @@
+"""Where a kernel's time goes: time it with parts of its work switched off, on a CUDA GPU.
+
+For one layer and each pass, the kernel spio would pick (or --config) is timed as is and with the
+ablation switches of spio/src (SPIO_ABLATE_LOADS / _MMA / _STORES) defined in its generated
+header. An ablated kernel computes garbage; only its time means something:
+
+    full         the real kernel
+    no-stores    results kept only under an impossible condition (the work that makes them stays)
+    no-mma       no tensor-core work (loads, barriers and stores stay)
+    no-loads     no global reads (compute on whatever shared memory holds)
+    skeleton     no loads and no mma: index math, barriers and stores only
+
+If no-loads is much faster than full, the loads' latency or bandwidth bounds the kernel; if
+no-mma or skeleton are close to full, issue and synchronisation do. A device copy of the pass's
+bytes is timed alongside for scale.
+
+    python scripts/ablate_kernel.py [--layer 64c_64x64_3x3] [--n 128] [--dtype fp16]
+                                    [--passes fprop dgrad wgrad] [--config ENCODED]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+VARIANTS = {
+    "full": (),
+    "no-stores": ("SPIO_ABLATE_STORES",),
+    "no-mma": ("SPIO_ABLATE_MMA",),
+    "no-loads": ("SPIO_ABLATE_LOADS",),
+    "skeleton": ("SPIO_ABLATE_LOADS", "SPIO_ABLATE_MMA"),
+}
+
+
+def ablated(kernel, switches: tuple[str, ...]):
+    """A copy of `kernel` whose generated header defines `switches` (a new name, so a new cubin)."""
+    if not switches:
+        return kernel
+    defines = "".join(f"#define {name} 1\n" for name in switches)
+    headers = tuple((name, text + "\n" + defines) for name, text in kernel.headers)
+    suffix = "_".join(name.removeprefix("SPIO_ABLATE_").lower() for name in switches)
+    return dataclasses.replace(kernel, name=f"{kernel.name}__ablate_{suffix}", headers=headers)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layer", default="64c_64x64_3x3", help="a layer of the bench table")
+    parser.add_argument("--n", type=int, default=128, help="batch size")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    parser.add_argument("--passes", nargs="+", default=["fprop", "dgrad", "wgrad"])
+    parser.add_argument("--config", help="an encoded tile config (default: spio's choice)")
+    parser.add_argument("--repeats", type=int, default=50)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("ablate_kernel: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
+        return 1
+
+    from spio.bench.layers import layer_table
+    from spio.bench.timing import time_calls
+    from spio.compiler import compile_many
+    from spio.cuda import driver
+    from spio.kernels import autotune
+    from spio.kernels.families import FAMILY_OF_PASS
+    from spio.kernels.perf_model import select_config
+    from spio.kernels.stats import Conv2dStats
+
+    layers = {layer.name: layer for layer in layer_table()}
+    if args.layer not in layers:
+        print(f"--layer must be one of {', '.join(layers)}, got {args.layer!r}", file=sys.stderr)
+        return 2
+    params = layers[args.layer].params(args.n, args.dtype)
+    device = torch.device("cuda", torch.cuda.current_device())
+    attrs = driver.device_attributes(device.index)
+    stats = Conv2dStats(params)
+    print(f"{attrs['name']} ({attrs['arch']}), layer {args.layer} N={args.n} {args.dtype}")
+    print(f"{'pass':6s} {'variant':10s} {'µs':>8s} {'GB/s':>7s} {'vs full':>8s}  config")
+    for pass_ in args.passes:
+        family = FAMILY_OF_PASS[pass_]
+        if args.config:
+            matches = [c for c in family.configs(params) if c.encode() == args.config]
+            if not matches:
+                print(f"{pass_}: no config {args.config!r} for this layer", file=sys.stderr)
+                return 2
+            config = matches[0]
+        else:  # the config spio's get_kernel would use on this GPU
+            config = select_config(_factory_of(family), params, device, **_options(family))
+        base = family.make_kernel(params, config)
+        kernels = {name: ablated(base, switches) for name, switches in VARIANTS.items()}
+        compile_many([k.compile_job(attrs["arch"]) for k in kernels.values()], progress=False)
+        copies = autotune.input_copies(family.name, params, attrs["l2_cache_bytes"])
+        arg_sets = [autotune.kernel_inputs(family.name, params, device, s) for s in range(copies)]
+        nbytes = stats.bytes(pass_)
+        full = None
+        for name, kernel in kernels.items():
+            seconds = autotune.time_kernel(kernel, arg_sets, device, repeats=args.repeats)
+            full = full or seconds
+            print(
+                f"{pass_:6s} {name:10s} {seconds * 1e6:8.1f} {nbytes / seconds / 1e9:7.0f} "
+                f"{seconds / full:8.2f}  {config.encode()}"
+            )
+        half = nbytes // 4  # 2-byte elements, read and written once each by the copy
+        src = torch.randn(half, device=device).half()
+        dst = torch.empty_like(src)
+        timing = time_calls(lambda i, d=dst, s=src: d.copy_(s), warmup=3, reps=args.repeats)
+        copy = timing.median_ms * 1e-3
+        print(f"{pass_:6s} {'copy':10s} {copy * 1e6:8.1f} {4 * half / copy / 1e9:7.0f}")
+    return 0
+
+
+def _factory_of(family):
+    from spio.kernels.conv2d_gw8_factory import conv2d_gw8_kernel_factory
+    from spio.kernels.conv2d_gw8_wgrad_factory import conv2d_gw8_wgrad_kernel_factory
+
+    return conv2d_gw8_wgrad_kernel_factory if family.pass_ == "wgrad" else conv2d_gw8_kernel_factory
+
+
+def _options(family) -> dict:
+    return {"igrad": True} if family.pass_ == "dgrad" else {}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
