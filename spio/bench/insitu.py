@@ -9,6 +9,12 @@ to each pass through record_function ranges named `bench::<impl>::<pass>`.
 - MBConv-style block: 1x1 C/4->C -> BN -> ReLU -> gw8 conv (C) -> BN -> ReLU -> 1x1 C->C/4 -> BN,
   + input. The gw8 conv of both styles is exactly the table layer (C, H, W, R, S, padding).
 
+The profiler does not always link the kernels launched inside a range in a backward function to
+that range (pytorch/pytorch#144778, pytorch/kineto#1132). So each pass is also bracketed by CUDA
+events on its stream while profiling. Where the profiler attributes no kernel to a pass, the
+table uses the event time, marked "(e)". It includes any gap in which the GPU waited for the
+host, so for small layers it is an upper bound on the kernel time.
+
 Importing this module imports torch.
 """
 
@@ -18,6 +24,7 @@ import csv
 import math
 import statistics
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -38,6 +45,38 @@ def _range(impl: str, pass_: str) -> str:
     return f"bench::{impl}::{pass_}"
 
 
+class _PassEvents:
+    """CUDA event pairs bracketing each pass, by (impl, pass), while a profile is taken."""
+
+    def __init__(self):
+        self.pairs: dict[tuple[str, str], list] = defaultdict(list)
+
+    def us_per_call(self, key: tuple[str, str]) -> float:
+        """Mean GPU time between the events of each call (call after torch.cuda.synchronize)."""
+        pairs = self.pairs.get(key, [])
+        if not pairs:
+            return math.nan
+        return sum(start.elapsed_time(end) for start, end in pairs) * 1e3 / len(pairs)
+
+
+_events: _PassEvents | None = None  # set by profile_passes while it profiles
+
+
+@contextmanager
+def _pass(impl: str, pass_: str):
+    """A profiler range for one pass and, while profiling, CUDA events around it."""
+    with torch.profiler.record_function(_range(impl, pass_)):
+        events = _events
+        if events is None:
+            yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        events.pairs[(impl, pass_)].append((start, end))
+
+
 class _SpioConv(torch.autograd.Function):
     """gw8 conv through spio's factory functions; each pass inside its own profiler range."""
 
@@ -46,7 +85,7 @@ class _SpioConv(torch.autograd.Function):
         from ..kernels import conv2d_gw8_factory as fd
 
         params = Conv2dGw8Params.from_tensors(x, weight, padding=padding)
-        with torch.profiler.record_function(_range("spio", "fprop")):
+        with _pass("spio", "fprop"):
             y = fd.fprop(x, weight, None, params)
         ctx.save_for_backward(x, weight)
         ctx.params = params
@@ -58,9 +97,9 @@ class _SpioConv(torch.autograd.Function):
         from ..kernels import conv2d_gw8_wgrad_factory as wg
 
         x, weight = ctx.saved_tensors
-        with torch.profiler.record_function(_range("spio", "dgrad")):
+        with _pass("spio", "dgrad"):
             dx = fd.dgrad(dy, weight, ctx.params)
-        with torch.profiler.record_function(_range("spio", "wgrad")):
+        with _pass("spio", "wgrad"):
             dw, _ = wg.wgrad(x, dy, ctx.params)
         return dx, dw.to(weight.dtype), None
 
@@ -70,7 +109,7 @@ class _TorchConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, padding):
-        with torch.profiler.record_function(_range("torch", "fprop")):
+        with _pass("torch", "fprop"):
             y = F.conv2d(x, weight, None, 1, padding, 1, x.shape[1] // GROUP_WIDTH)
         ctx.save_for_backward(x, weight)
         ctx.padding = padding
@@ -81,9 +120,9 @@ class _TorchConv(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         args = ([1, 1], list(ctx.padding), [1, 1], False, [0, 0], x.shape[1] // GROUP_WIDTH)
         aten = torch.ops.aten.convolution_backward
-        with torch.profiler.record_function(_range("torch", "dgrad")):
+        with _pass("torch", "dgrad"):
             dx = aten(dy, x, weight, None, *args, [True, False, False])[0]
-        with torch.profiler.record_function(_range("torch", "wgrad")):
+        with _pass("torch", "wgrad"):
             dw = aten(dy, x, weight, None, *args, [False, True, False])[1]
         return dx, dw, None
 
@@ -175,8 +214,9 @@ class InSituRow:
     impl: str
     pass_: str
     calls: int
-    us_per_call: float  # summed GPU kernel time under the pass's range, per call
+    us_per_call: float  # summed GPU kernel time under the pass's range, per call (profiler)
     kernels: str  # "name:us;..." per call, the kernels behind that time
+    event_us_per_call: float  # GPU time between CUDA events around the pass, per call
     step_ms: float  # median training-step time of the whole stack (CUDA events)
     gpu: str
     driver: str
@@ -203,10 +243,15 @@ def profile_passes(stack: nn.Module, x: torch.Tensor, steps: int) -> dict[tuple[
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            training_step(stack, x)
-        torch.cuda.synchronize()
+    global _events
+    _events = events = _PassEvents()
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                training_step(stack, x)
+            torch.cuda.synchronize()
+    finally:
+        _events = None
     found: dict[tuple[str, str], dict] = {}
     spio_kernels: dict[str, float] = defaultdict(float)
     for event in prof.events():
@@ -219,6 +264,8 @@ def profile_passes(stack: nn.Module, x: torch.Tensor, steps: int) -> dict[tuple[
         entry["calls"] += 1
         for name, us in _kernels_under(event):
             entry["kernels"][name] += us
+    for key, entry in found.items():
+        entry["event_us"] = events.us_per_call(key)
     found[("spio", "all")] = {"calls": steps, "kernels": spio_kernels}
     return found
 
@@ -272,7 +319,7 @@ def run_insitu(
         step_ms = step_time_ms(stack, x, steps)
         measured = profile_passes(stack, x, steps)
         for pass_ in passes:
-            entry = measured.get((impl, pass_), {"calls": 0, "kernels": {}})
+            entry = measured.get((impl, pass_), {"calls": 0, "kernels": {}, "event_us": math.nan})
             calls = max(entry["calls"], 1)
             per_kernel = {k: us / calls for k, us in entry["kernels"].items()}
             us_per_call = sum(per_kernel.values())
@@ -294,6 +341,7 @@ def run_insitu(
                     calls=entry["calls"],
                     us_per_call=us_per_call,
                     kernels=kernels,
+                    event_us_per_call=entry["event_us"],
                     step_ms=step_ms,
                     gpu=info.gpu,
                     driver=info.driver,
@@ -321,10 +369,19 @@ def write_insitu_csv(rows: list[InSituRow], path: Path) -> Path:
     return path
 
 
-def _measured(row: InSituRow | None) -> float | None:
-    if row is None or not row.calls or math.isnan(row.us_per_call):
+def _measured(row: InSituRow | None) -> tuple[float, str] | None:
+    """(µs per call, "" from the profiler or "(e)" from the CUDA events), or None."""
+    if row is None or not row.calls:
         return None
-    return row.us_per_call
+    if row.us_per_call > 0:  # NaN compares false
+        return row.us_per_call, ""
+    if row.event_us_per_call > 0:
+        return row.event_us_per_call, "(e)"
+    return None
+
+
+def _cell(measured: tuple[float, str] | None) -> str:
+    return "-" if measured is None else f"{measured[1]}{measured[0]:.1f}"
 
 
 def format_insitu_table(rows: list[InSituRow]) -> str:
@@ -339,15 +396,15 @@ def format_insitu_table(rows: list[InSituRow]) -> str:
     lines = [header, "-" * len(header)]
     for (layer, style, n, pass_), impls in by_key.items():
         spio, torch_row = impls.get("spio"), impls.get("torch")
-        spio_us = _measured(spio)
-        torch_us = _measured(torch_row)
-        speedup = torch_us / spio_us if spio_us and torch_us else None
+        spio_us, torch_us = _measured(spio), _measured(torch_row)
+        speedup = torch_us[0] / spio_us[0] if spio_us and torch_us else None
         lines.append(
             f"{layer:<16} {style:<9} {n:>4} {pass_:<5} "
-            f"{'-' if spio_us is None else f'{spio_us:.1f}':>9} "
-            f"{'-' if torch_us is None else f'{torch_us:.1f}':>9} "
+            f"{_cell(spio_us):>9} {_cell(torch_us):>9} "
             f"{'-' if speedup is None else f'{speedup:.2f}x':>7} "
             f"{'-' if spio is None else f'{spio.step_ms:.3f}':>12} "
             f"{'-' if torch_row is None else f'{torch_row.step_ms:.3f}':>13}"
         )
+    if any("(e)" in line for line in lines[2:]):
+        lines.append("(e): CUDA-event time around the pass (no kernel attributed by the profiler)")
     return "\n".join(lines)

@@ -62,10 +62,59 @@ def test_insitu_table_shows_speedup_and_unattributed_times():
                   step_ms=1.0, gpu="FIXTURE", driver="-", torch="-", spio="-", date="-",
                   command="-")  # fmt: skip
     rows = [
-        InSituRow(impl="spio", us_per_call=10.0, kernels="k:10.0", **common),
-        InSituRow(impl="torch", us_per_call=30.0, kernels="c:30.0", **common),
+        InSituRow(
+            impl="spio", us_per_call=10.0, kernels="k:10.0", event_us_per_call=12.0, **common
+        ),  # fmt: skip
+        InSituRow(
+            impl="torch", us_per_call=30.0, kernels="c:30.0", event_us_per_call=33.0, **common
+        ),  # fmt: skip
     ]
-    assert "3.00x" in format_insitu_table(rows)
-    rows[0] = InSituRow(impl="spio", us_per_call=math.nan, kernels="not attributed", **common)
-    fields = format_insitu_table(rows).splitlines()[-1].split()
-    assert fields[4:7] == ["-", "30.0", "-"]  # spio us, torch us, speedup
+    table = format_insitu_table(rows)
+    assert "3.00x" in table and "(e)" not in table  # profiler times win where they exist
+    # The profiler attributed nothing to spio's pass (pytorch#144778): the event time stands in.
+    rows[0] = InSituRow(impl="spio", us_per_call=math.nan, kernels="not attributed",
+                        event_us_per_call=15.0, **common)  # fmt: skip
+    lines = format_insitu_table(rows).splitlines()
+    assert lines[2].split()[4:7] == ["(e)15.0", "30.0", "2.00x"]  # spio us, torch us, speedup
+    assert lines[-1].startswith("(e): CUDA-event time")
+    # Neither measure: no number, no speedup.
+    rows[0] = InSituRow(impl="spio", us_per_call=math.nan, kernels="not attributed",
+                        event_us_per_call=math.nan, **common)  # fmt: skip
+    fields = format_insitu_table(rows).splitlines()[2].split()
+    assert fields[4:7] == ["-", "30.0", "-"]
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+def test_profile_passes_counts_ranges_and_event_times_on_cpu(monkeypatch):
+    """profile_passes' bookkeeping without a GPU: CUDA events are stand-ins that report 0.25 ms
+    per pass, so every pass of both impls gets calls = depth x steps and 250 µs of event time."""
+    from spio.bench import insitu
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.25
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    for impl in ("torch", "spio"):
+        torch.manual_seed(0)
+        stack = make_stack("convfirst", TINY, impl, depth=2).half()
+        stack = stack.to(memory_format=torch.channels_last)
+        x = (
+            torch.randn(2, TINY.c, TINY.h, TINY.w)
+            .half()
+            .contiguous(memory_format=torch.channels_last)
+        )
+        found = insitu.profile_passes(stack, x, steps=3)
+        for pass_ in ("fprop", "dgrad", "wgrad"):
+            entry = found[(impl, pass_)]
+            assert entry["calls"] == 2 * 3, (impl, pass_, entry)
+            assert entry["event_us"] == pytest.approx(250.0)
+        assert insitu._events is None  # switched off after profiling
