@@ -13,13 +13,17 @@ CPU tensors when SPIO_EMULATE=1. Contract:
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import torch
+from torch import Tensor
 
 from spio.kernels import conv2d_gw8_factory, conv2d_gw8_wgrad_factory
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
+
+from .checks import check_args
 
 # Kernel choice per (factory, layer, device, options): config selection and header generation run
 # once per layer, not on every call.
@@ -95,6 +99,101 @@ def wgrad(
     if params.has_bias != with_bias:
         params = dataclasses.replace(params, has_bias=with_bias)
     return conv2d_gw8_wgrad_factory.wgrad(input, grad_output, params, kernel=kernel)
+
+
+class Layer:
+    """One call signature (shapes, dtypes, devices, padding): its validated parameters, and its
+    kernels once first needed. Both the custom ops and the eager path run through it, so a model
+    pays validation, config selection and kernel lookup once per layer, not once per call."""
+
+    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad", "_weight_of", "_weight")
+
+    def __init__(self, params: Conv2dGw8Params, device: torch.device):
+        self.params = params
+        self.device = device
+        self._fprop: Kernel | None = None
+        self._dgrad: Kernel | None = None
+        self._wgrad: dict[bool, Kernel] = {}
+        self._weight_of: tuple = (None, -1)  # (weakref to the source weight, its version)
+        self._weight: Tensor | None = None
+
+    def contiguous_weight(self, weight: Tensor) -> Tensor:
+        """weight in the contiguous (K, 8, R, S) layout the kernels read.
+
+        `model.to(memory_format=torch.channels_last)` also makes 4-D weights channels_last, which
+        would cost a copy on every call. The copy is kept while it is still the same tensor at
+        the same version: any in-place update (an optimizer step) bumps the version.
+        """
+        if weight.is_contiguous():
+            return weight
+        ref, version = self._weight_of
+        if ref is None or ref() is not weight or version != weight._version:
+            self._weight = weight.contiguous()
+            self._weight_of = (weakref.ref(weight), weight._version)
+        return self._weight
+
+    def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        kernel = self._fprop
+        if kernel is None:
+            kernel = self._fprop = fprop_kernel(self.params, self.device)
+        return fprop(input, self.contiguous_weight(weight), bias, self.params, kernel=kernel)
+
+    def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
+        kernel = self._dgrad
+        if kernel is None:
+            kernel = self._dgrad = dgrad_kernel(self.params, self.device)
+        return dgrad(grad_output, self.contiguous_weight(weight), self.params, kernel=kernel)
+
+    def wgrad(self, input: Tensor, grad_output: Tensor, with_bias: bool):
+        if torch.are_deterministic_algorithms_enabled():  # PyTorch's, see wgrad()
+            return wgrad(input, grad_output, self.params, with_bias)
+        kernel = self._wgrad.get(with_bias)
+        if kernel is None:
+            kernel = self._wgrad[with_bias] = wgrad_kernel(self.params, self.device, with_bias)
+        return wgrad(input, grad_output, self.params, with_bias, kernel=kernel)
+
+
+#: At most this many call signatures are remembered; a model has a few dozen. Past it the cache
+#: starts over, so shapes that change on every call cost validation, not memory.
+MAX_SIGNATURES = 4096
+
+_layers: dict[tuple, Layer] = {}
+
+
+def layer(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    pad_y: int,
+    pad_x: int,
+    stride: int = 1,
+    dilation: int = 1,
+    groups: int = 1,
+) -> Layer:
+    """The validated Layer of this call; check_args raises on the first call with bad arguments
+    (a bad call is never cached)."""
+    key = (
+        input.shape,
+        input.dtype,
+        input.device,
+        weight.shape,
+        weight.dtype,
+        weight.device,
+        None if bias is None else (bias.shape, bias.dtype, bias.device),
+        pad_y,
+        pad_x,
+        stride,
+        dilation,
+        groups,
+    )
+    found = _layers.get(key)
+    if found is None:
+        check_args(input, weight, bias, stride, pad_y, pad_x, dilation, groups)
+        params = Conv2dGw8Params.from_tensors(input, weight, bias, padding=(pad_y, pad_x))
+        if len(_layers) >= MAX_SIGNATURES:
+            _layers.clear()
+        found = _layers[key] = Layer(params, input.device)
+    return found
 
 
 _logged_deterministic = False

@@ -15,108 +15,23 @@ fp16 or bf16, and the bias to fp32, which is what the kernels take.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER, Conv2dGw8Params
+from spio.kernels.conv2d_gw8_params import GROUP_WIDTH
 
 from . import _kernels
+from .checks import check_args, emulate_enabled, memory_format, uses_kernels
 
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def emulate_enabled() -> bool:
-    """True when SPIO_EMULATE asks CPU tensors to go through the kernels in the emulator."""
-    return os.environ.get("SPIO_EMULATE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def uses_kernels(device: torch.device) -> bool:
-    """True when tensors on `device` run spio's kernels rather than PyTorch's convolution."""
-    return device.type == "cuda" or (device.type == "cpu" and emulate_enabled())
-
-
-def check_args(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    stride: int,
-    padding_y: int,
-    padding_x: int,
-    dilation: int,
-    groups: int,
-) -> None:
-    """Raise ValueError naming the violated constraint; works on fake (symbolic) tensors too."""
-    if stride != 1:
-        raise ValueError(f"conv2d_gw8 needs stride 1, got {stride}")
-    if dilation != 1:
-        raise ValueError(f"conv2d_gw8 needs dilation 1, got {dilation}")
-    if input.dim() != 4:
-        raise ValueError(f"conv2d_gw8 needs a 4-D NCHW input, got {input.dim()}-D")
-    if weight.dim() != 4:
-        raise ValueError(f"conv2d_gw8 needs a 4-D weight (K, 8, R, S), got {weight.dim()}-D")
-    tensors = {"input": input, "weight": weight} | ({} if bias is None else {"bias": bias})
-    for name, t in tensors.items():
-        if not t.is_floating_point():
-            raise ValueError(f"conv2d_gw8 needs floating-point tensors, got {name} of {t.dtype}")
-        if t.device != input.device:
-            raise ValueError(
-                f"conv2d_gw8 needs all tensors on one device, got input on {input.device} "
-                f"and {name} on {t.device}"
-            )
-    c, k = input.shape[1], weight.shape[0]
-    group_width, r, s = weight.shape[1], weight.shape[2], weight.shape[3]
-    if group_width != GROUP_WIDTH:
-        raise ValueError(f"conv2d_gw8 needs group width 8, got {group_width}")
-    if c % GROUP_WIDTH:
-        raise ValueError(f"conv2d_gw8 needs channels a multiple of 8, got {c}")
-    if k != c:
-        raise ValueError(f"conv2d_gw8 needs as many output as input channels, got C={c}, K={k}")
-    if groups != 1 and groups != c // GROUP_WIDTH:
-        raise ValueError(f"conv2d_gw8 needs groups = C / 8 = {c // GROUP_WIDTH}, got {groups}")
-    for name, value in (("R", r), ("S", s)):
-        if not MIN_FILTER <= value <= MAX_FILTER:
-            raise ValueError(
-                f"conv2d_gw8 needs filter {name} in {MIN_FILTER}..{MAX_FILTER}, got {value}"
-            )
-    if padding_y < 0 or padding_x < 0:
-        raise ValueError(f"conv2d_gw8 needs non-negative padding, got ({padding_y}, {padding_x})")
-    p = input.shape[2] + 2 * padding_y - r + 1
-    q = input.shape[3] + 2 * padding_x - s + 1
-    if p <= 0 or q <= 0:
-        raise ValueError(
-            f"conv2d_gw8 needs a non-empty output, got output size {p}x{q} for input "
-            f"{input.shape[2]}x{input.shape[3]}, filter {r}x{s}, padding ({padding_y}, {padding_x})"
-        )
-    if bias is not None:
-        if bias.dim() != 1 or bias.shape[0] != k:
-            raise ValueError(f"conv2d_gw8 needs a bias of shape ({k},), got {tuple(bias.shape)}")
-        if bias.dtype not in (input.dtype, torch.float32):
-            raise ValueError(
-                f"conv2d_gw8 needs bias in fp32 or the input dtype {input.dtype}, got {bias.dtype}"
-            )
-    if weight.dtype != input.dtype:
-        raise ValueError(
-            f"conv2d_gw8 needs weight dtype equal to input dtype {input.dtype}, got {weight.dtype}"
-        )
-    if uses_kernels(input.device) and input.dtype not in _KERNEL_DTYPES:
-        raise ValueError(
-            f"conv2d_gw8 on {input.device.type} needs fp16 or bf16 tensors (or torch.autocast), "
-            f"got {input.dtype}"
-        )
-
-
-def memory_format(t: Tensor) -> torch.memory_format:
-    """channels_last when t is stored NHWC (and not also plain contiguous), else contiguous."""
-    if (
-        t.dim() == 4
-        and not t.is_contiguous()
-        and t.is_contiguous(memory_format=torch.channels_last)
-    ):
-        return torch.channels_last
-    return torch.contiguous_format
+__all__ = [
+    "check_args",
+    "conv2d_gw8",
+    "conv2d_gw8_backward",
+    "emulate_enabled",
+    "memory_format",
+    "uses_kernels",
+]
 
 
 def _empty(shape, like: Tensor, fmt: torch.memory_format, dtype=None) -> Tensor:
@@ -136,10 +51,6 @@ def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
     if t.stride() == fresh_strides(tuple(t.shape), fmt):
         return t
     return _empty(t.shape, t, fmt).copy_(t)
-
-
-def _params(input: Tensor, weight: Tensor, bias: Tensor | None, py: int, px: int):
-    return Conv2dGw8Params.from_tensors(input, weight, bias, padding=(py, px))
 
 
 def _grad_dtype(grad_output: Tensor) -> torch.dtype:
@@ -163,13 +74,12 @@ def conv2d_gw8(
     `groups` is accepted for F.conv2d compatibility: it must be C // 8, or 1 to mean "implied by
     the weight". The output keeps the input's memory format (channels_last stays channels_last).
     """
-    check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups)
     fmt = memory_format(input)
-    if uses_kernels(input.device):
-        out = _kernels.fprop(
-            input, weight, bias, _params(input, weight, bias, padding_y, padding_x)
-        )
+    if uses_kernels(input.device):  # validated once per call signature, with its kernels
+        layer = _kernels.layer(input, weight, bias, padding_y, padding_x, stride, dilation, groups)
+        out = layer.fprop(input, weight, bias)
     else:
+        check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups)
         b = None if bias is None else bias.to(input.dtype)
         out = F.conv2d(
             input, weight, b, padding=(padding_y, padding_x), groups=input.shape[1] // GROUP_WIDTH
@@ -202,16 +112,19 @@ def conv2d_gw8_backward(
     memory format; grad_weight (the weight's memory format) and grad_bias are fp32 (float64 for
     float64 inputs): the caller casts them to the parameters' dtypes.
     """
-    _check_backward_args(grad_output, input, weight, padding_y, padding_x, output_mask)
+    kernels = uses_kernels(input.device)
+    layer = None
+    if kernels:  # input and weight validated once per call signature
+        layer = _kernels.layer(input, weight, None, padding_y, padding_x)
+    _check_backward_args(grad_output, input, weight, padding_y, padding_x, output_mask, layer)
     need_input, need_weight, need_bias = output_mask
     dx = dw = db = None
     if need_input or need_weight:
-        if uses_kernels(input.device):
-            params = _params(input, weight, None, padding_y, padding_x)
+        if layer is not None:
             if need_input:
-                dx = _kernels.dgrad(grad_output, weight, params)
+                dx = layer.dgrad(grad_output, weight)
             if need_weight:  # the bias gradient comes from the same pass over dy
-                dw, db = _kernels.wgrad(input, grad_output, params, with_bias=need_bias)
+                dw, db = layer.wgrad(input, grad_output, with_bias=need_bias)
         else:
             dx, dw, _ = torch.ops.aten.convolution_backward(
                 grad_output,
@@ -241,13 +154,19 @@ def conv2d_gw8_backward(
     )
 
 
-def _check_backward_args(grad_output, input, weight, padding_y, padding_x, output_mask):
+def _check_backward_args(
+    grad_output, input, weight, padding_y, padding_x, output_mask, layer=None
+) -> None:
+    """Raise ValueError on bad backward arguments; `layer`: input and weight already validated."""
     if len(output_mask) != 3:
         raise ValueError(f"conv2d_gw8_backward needs an output mask of 3 bools, got {output_mask}")
-    check_args(input, weight, None, 1, padding_y, padding_x, 1, 1)
-    r, s = weight.shape[2], weight.shape[3]
-    n, c, h, w = input.shape
-    expected = (n, c, h + 2 * padding_y - r + 1, w + 2 * padding_x - s + 1)
+    if layer is None:
+        check_args(input, weight, None, 1, padding_y, padding_x, 1, 1)
+        r, s = weight.shape[2], weight.shape[3]
+        n, c, h, w = input.shape
+        expected = (n, c, h + 2 * padding_y - r + 1, w + 2 * padding_x - s + 1)
+    else:
+        expected = layer.params.output_shape
     if tuple(grad_output.shape) != expected:
         raise ValueError(
             f"conv2d_gw8_backward needs grad_output of shape {expected}, "

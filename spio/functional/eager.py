@@ -9,7 +9,7 @@ autograd registrations the compiler needs. Both compute the same thing; the test
 
 What keeps it light:
 - a layer's validation, parameters and kernels are found once per call signature (shapes, dtypes,
-  devices, padding) and reused (`_Layer`);
+  devices, padding) and reused (`_kernels.Layer`, shared with the custom ops);
 - without autograd (no_grad, or no tensor requiring grad) the kernels run directly, without an
   autograd.Function;
 - the launch itself skips the per-call lookups (see `spio.kernels.kernel.Kernel`).
@@ -17,100 +17,11 @@ What keeps it light:
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import Tensor
 
-from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
-from spio.kernels.kernel import Kernel
-
 from . import _kernels
-from .conv2d_gw8_op import check_args, memory_format
-
-#: At most this many call signatures are remembered; a model has a few dozen. Past it the cache
-#: starts over, so shapes that change on every call cost validation, not memory.
-MAX_SIGNATURES = 4096
-
-
-class _Layer:
-    """One call signature: its validated parameters, and its kernels once first needed."""
-
-    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad", "_weight_of", "_weight")
-
-    def __init__(self, params: Conv2dGw8Params, device: torch.device):
-        self.params = params
-        self.device = device
-        self._fprop: Kernel | None = None
-        self._dgrad: Kernel | None = None
-        self._wgrad: dict[bool, Kernel] = {}
-        self._weight_of: tuple = (None, -1)  # (weakref to the source weight, its version)
-        self._weight: Tensor | None = None
-
-    def contiguous_weight(self, weight: Tensor) -> Tensor:
-        """weight in the contiguous (K, 8, R, S) layout the kernels read.
-
-        `model.to(memory_format=torch.channels_last)` also makes 4-D weights channels_last, which
-        would cost a copy on every call. The copy is kept while it is still the same tensor at
-        the same version: any in-place update (an optimizer step) bumps the version.
-        """
-        if weight.is_contiguous():
-            return weight
-        ref, version = self._weight_of
-        if ref is None or ref() is not weight or version != weight._version:
-            self._weight = weight.contiguous()
-            self._weight_of = (weakref.ref(weight), weight._version)
-        return self._weight
-
-    def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        kernel = self._fprop
-        if kernel is None:
-            kernel = self._fprop = _kernels.fprop_kernel(self.params, self.device)
-        weight = self.contiguous_weight(weight)
-        return _kernels.fprop(input, weight, bias, self.params, kernel=kernel)
-
-    def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
-        kernel = self._dgrad
-        if kernel is None:
-            kernel = self._dgrad = _kernels.dgrad_kernel(self.params, self.device)
-        weight = self.contiguous_weight(weight)
-        return _kernels.dgrad(grad_output, weight, self.params, kernel=kernel)
-
-    def wgrad(self, input: Tensor, grad_output: Tensor, with_bias: bool):
-        if torch.are_deterministic_algorithms_enabled():  # PyTorch's, via the seam
-            return _kernels.wgrad(input, grad_output, self.params, with_bias)
-        kernel = self._wgrad.get(with_bias)
-        if kernel is None:
-            kernel = self._wgrad[with_bias] = _kernels.wgrad_kernel(
-                self.params, self.device, with_bias
-            )
-        return _kernels.wgrad(input, grad_output, self.params, with_bias, kernel=kernel)
-
-
-_layers: dict[tuple, _Layer] = {}
-
-
-def _layer(input: Tensor, weight: Tensor, bias: Tensor | None, pad_y: int, pad_x: int) -> _Layer:
-    """The validated layer for this call signature (check_args raises on the first bad call)."""
-    key = (
-        input.shape,
-        input.dtype,
-        input.device,
-        weight.shape,
-        weight.dtype,
-        weight.device,
-        None if bias is None else (bias.shape, bias.dtype, bias.device),
-        pad_y,
-        pad_x,
-    )
-    layer = _layers.get(key)
-    if layer is None:
-        check_args(input, weight, bias, 1, pad_y, pad_x, 1, 1)
-        params = Conv2dGw8Params.from_tensors(input, weight, bias, padding=(pad_y, pad_x))
-        if len(_layers) >= MAX_SIGNATURES:
-            _layers.clear()
-        layer = _layers[key] = _Layer(params, input.device)
-    return layer
+from .checks import memory_format
 
 
 def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
@@ -120,7 +31,7 @@ def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
 
 class _Conv2dGw8(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, layer: _Layer):
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, layer: _kernels.Layer):
         need_weight = ctx.needs_input_grad[1]
         ctx.save_for_backward(input if need_weight else None, weight)
         ctx.layer = layer
@@ -161,7 +72,7 @@ def conv2d_gw8_eager(
         input = input.to(dtype)
         weight = weight.to(dtype=dtype, memory_format=torch.contiguous_format)
         bias = None if bias is None else bias.to(torch.float32)
-    layer = _layer(input, weight, bias, padding_y, padding_x)
+    layer = _kernels.layer(input, weight, bias, padding_y, padding_x)
     if torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):

@@ -243,7 +243,7 @@ class TestEmulateSeam:
 
         seen = []
 
-        def fake_fprop(input, weight, bias, params):
+        def fake_fprop(input, weight, bias, params, kernel=None):
             seen.append(params)
             ref = conv2d_gw8_fprop_ref(input, weight, bias, params.padding)
             return ref.to(input.dtype)  # contiguous, although the input is channels_last
@@ -377,3 +377,31 @@ def test_fresh_strides_are_torch_empty_strides():
     for shape in itertools.product([1, 3], [8, 24], [1, 4], [1, 7]):
         for fmt in (torch.contiguous_format, torch.channels_last):
             assert fresh_strides(shape, fmt) == torch.empty(shape, memory_format=fmt).stride()
+
+
+def test_kernel_path_validates_once_per_signature_and_bad_calls_still_raise(monkeypatch):
+    """The ops' kernel path checks a call signature once (then reuses its params and kernels); a
+    bad call is never cached, and the backward op still checks grad_output on every call."""
+    from spio.functional import _kernels
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr(_kernels, "_layers", {})
+    checks = []
+    real = _kernels.check_args
+    monkeypatch.setattr(_kernels, "check_args", lambda *a: checks.append(a) or real(*a))
+    x, w, b = _tensors(SHAPES[0], dtype=torch.float16, channels_last=True)
+    b = b.float()
+    first = conv2d_gw8(x, w, b, 1, 1, 1, 1, 2)
+    assert torch.equal(conv2d_gw8(x, w, b, 1, 1, 1, 1, 2), first)
+    assert len(checks) == 1
+    for _ in range(2):
+        with pytest.raises(ValueError, match="needs stride 1, got 2"):
+            conv2d_gw8(x, w, b, 2, 1, 1, 1, 2)
+        with pytest.raises(ValueError, match="needs groups = C / 8 = 2, got 3"):
+            conv2d_gw8(x, w, b, 1, 1, 1, 1, 3)
+    dy = torch.randn(first.shape).half()
+    dx, dw, db = conv2d_gw8_backward(dy, x, w, 1, 1, [True, True, True])
+    assert dx.shape == x.shape and dw.shape == w.shape and db.shape == (16,)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="needs grad_output of shape"):
+            conv2d_gw8_backward(dy[:, :, :-1], x, w, 1, 1, [True, False, False])

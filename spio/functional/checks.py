@@ -1,0 +1,107 @@
+"""Argument checks shared by the conv2d_gw8 custom ops and the eager path, and where work runs.
+
+Each check raises ValueError naming the violated constraint and the value; they work on fake
+(symbolic) tensors too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def emulate_enabled() -> bool:
+    """True when SPIO_EMULATE asks CPU tensors to go through the kernels in the emulator."""
+    return os.environ.get("SPIO_EMULATE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def uses_kernels(device: torch.device) -> bool:
+    """True when tensors on `device` run spio's kernels rather than PyTorch's convolution."""
+    return device.type == "cuda" or (device.type == "cpu" and emulate_enabled())
+
+
+def check_args(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: int,
+    padding_y: int,
+    padding_x: int,
+    dilation: int,
+    groups: int,
+) -> None:
+    """Raise ValueError naming the violated constraint; works on fake (symbolic) tensors too."""
+    if stride != 1:
+        raise ValueError(f"conv2d_gw8 needs stride 1, got {stride}")
+    if dilation != 1:
+        raise ValueError(f"conv2d_gw8 needs dilation 1, got {dilation}")
+    if input.dim() != 4:
+        raise ValueError(f"conv2d_gw8 needs a 4-D NCHW input, got {input.dim()}-D")
+    if weight.dim() != 4:
+        raise ValueError(f"conv2d_gw8 needs a 4-D weight (K, 8, R, S), got {weight.dim()}-D")
+    tensors = {"input": input, "weight": weight} | ({} if bias is None else {"bias": bias})
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            raise ValueError(f"conv2d_gw8 needs floating-point tensors, got {name} of {t.dtype}")
+        if t.device != input.device:
+            raise ValueError(
+                f"conv2d_gw8 needs all tensors on one device, got input on {input.device} "
+                f"and {name} on {t.device}"
+            )
+    c, k = input.shape[1], weight.shape[0]
+    group_width, r, s = weight.shape[1], weight.shape[2], weight.shape[3]
+    if group_width != GROUP_WIDTH:
+        raise ValueError(f"conv2d_gw8 needs group width 8, got {group_width}")
+    if c % GROUP_WIDTH:
+        raise ValueError(f"conv2d_gw8 needs channels a multiple of 8, got {c}")
+    if k != c:
+        raise ValueError(f"conv2d_gw8 needs as many output as input channels, got C={c}, K={k}")
+    if groups != 1 and groups != c // GROUP_WIDTH:
+        raise ValueError(f"conv2d_gw8 needs groups = C / 8 = {c // GROUP_WIDTH}, got {groups}")
+    for name, value in (("R", r), ("S", s)):
+        if not MIN_FILTER <= value <= MAX_FILTER:
+            raise ValueError(
+                f"conv2d_gw8 needs filter {name} in {MIN_FILTER}..{MAX_FILTER}, got {value}"
+            )
+    if padding_y < 0 or padding_x < 0:
+        raise ValueError(f"conv2d_gw8 needs non-negative padding, got ({padding_y}, {padding_x})")
+    p = input.shape[2] + 2 * padding_y - r + 1
+    q = input.shape[3] + 2 * padding_x - s + 1
+    if p <= 0 or q <= 0:
+        raise ValueError(
+            f"conv2d_gw8 needs a non-empty output, got output size {p}x{q} for input "
+            f"{input.shape[2]}x{input.shape[3]}, filter {r}x{s}, padding ({padding_y}, {padding_x})"
+        )
+    if bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != k:
+            raise ValueError(f"conv2d_gw8 needs a bias of shape ({k},), got {tuple(bias.shape)}")
+        if bias.dtype not in (input.dtype, torch.float32):
+            raise ValueError(
+                f"conv2d_gw8 needs bias in fp32 or the input dtype {input.dtype}, got {bias.dtype}"
+            )
+    if weight.dtype != input.dtype:
+        raise ValueError(
+            f"conv2d_gw8 needs weight dtype equal to input dtype {input.dtype}, got {weight.dtype}"
+        )
+    if uses_kernels(input.device) and input.dtype not in _KERNEL_DTYPES:
+        raise ValueError(
+            f"conv2d_gw8 on {input.device.type} needs fp16 or bf16 tensors (or torch.autocast), "
+            f"got {input.dtype}"
+        )
+
+
+def memory_format(t: Tensor) -> torch.memory_format:
+    """channels_last when t is stored NHWC (and not also plain contiguous), else contiguous."""
+    if (
+        t.dim() == 4
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
+    ):
+        return torch.channels_last
+    return torch.contiguous_format
