@@ -1,0 +1,77 @@
+"""Host cost of spio's Python path per call, on the CPU, with the kernel launch stubbed out.
+
+No GPU needed: CPU tensors take the kernel path (SPIO_EMULATE=1), and Kernel.launch is replaced by
+a no-op, so what is timed is spio's own Python (validation, kernel lookup, allocation, argument
+preparation) plus PyTorch's dispatch. Use it to see host-path changes between commits. On a GPU,
+scripts/bench_op_overhead.py measures the real thing against F.conv2d. The numbers depend on this
+machine's CPU: compare runs on one machine only.
+
+    python scripts/bench_host_path.py [--calls 3000] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def _per_call_us(call, calls: int, repeats: int) -> float:
+    for _ in range(200):
+        call()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        runs.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    os.environ["SPIO_EMULATE"] = "1"
+    import torch
+
+    import spio.functional  # noqa: F401  (registers torch.ops.spio)
+    from spio.kernels.kernel import Kernel
+    from spio.layers import Conv2dGw8
+
+    Kernel.launch = lambda self, args, device: None  # the stub: no GPU, no emulator
+    torch.manual_seed(0)
+    cl = torch.channels_last
+    x = torch.randn(1, 64, 8, 8, dtype=torch.float16).contiguous(memory_format=cl)
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1, groups=8, bias=True).half().to(memory_format=cl)
+    module = Conv2dGw8.from_torch_module(conv)
+    w, b = conv.weight.detach(), conv.bias.detach()
+    op = torch.ops.spio.conv2d_gw8.default
+    xg = x.detach().clone().requires_grad_()
+    dy = torch.ones(1, 64, 8, 8, dtype=torch.float16).contiguous(memory_format=cl)
+
+    def train_step():
+        module(xg).backward(dy)
+
+    print(f"torch {torch.__version__}, 1x64x8x8 3x3 fp16 channels_last, bias; launch stubbed")
+    print(f"{'case':36s} {'µs/call':>8s}")
+    with torch.no_grad():
+        cases = {
+            "torch.empty (a floor)": lambda: torch.empty((1, 64, 8, 8), dtype=torch.float16),
+            "torch.ops.spio.conv2d_gw8": lambda: op(x, w, b, 1, 1, 1, 1, 8),
+            "Conv2dGw8 module, no grad": lambda: module(x),
+        }
+        for name, call in cases.items():
+            print(f"{name:36s} {_per_call_us(call, args.calls, args.repeats):8.2f}")
+    steps = max(1, args.calls // 4)
+    print(f"{'Conv2dGw8 module, forward + backward':36s} "
+          f"{_per_call_us(train_step, steps, args.repeats):8.2f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
