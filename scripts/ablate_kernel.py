@@ -10,6 +10,9 @@ header. An ablated kernel computes garbage; only its time means something:
     no-loads     no global reads (compute on whatever shared memory holds)
     skeleton     no loads and no mma: index math, barriers and stores only
 
+For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
+a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partials+sum").
+
 If no-loads is much faster than full, the loads' latency or bandwidth bounds the kernel; if
 no-mma or skeleton are close to full, issue and synchronisation do. A device copy of the pass's
 bytes is timed alongside for scale.
@@ -105,6 +108,14 @@ def main(argv=None) -> int:
                 f"{pass_:6s} {name:10s} {seconds * 1e6:8.1f} {nbytes / seconds / 1e9:7.0f} "
                 f"{seconds / full:8.2f}  {config.encode()}"
             )
+        if pass_ == "wgrad":  # issue #6: atomics into zeroed dw, or per-warp partial sums + a sum
+            for name, seconds in time_wgrad_reductions(
+                params, config, base, arg_sets, attrs["arch"], args.repeats
+            ).items():
+                print(
+                    f"{pass_:6s} {name:12s} {seconds * 1e6:6.1f} {nbytes / seconds / 1e9:7.0f} "
+                    f"{seconds / full:8.2f}  whole wrapper, as autograd calls it"
+                )
         half = nbytes // 4  # 2-byte elements, read and written once each by the copy
         src = torch.randn(half, device=device).half()
         dst = torch.empty_like(src)
@@ -112,6 +123,26 @@ def main(argv=None) -> int:
         copy = timing.median_ms * 1e-3
         print(f"{pass_:6s} {'copy':10s} {copy * 1e6:8.1f} {4 * half / copy / 1e9:7.0f}")
     return 0
+
+
+def time_wgrad_reductions(params, config, atomic, arg_sets, arch, repeats) -> dict[str, float]:
+    """Seconds per call of the WGrad wrapper with atomics (dw zeroed first) and with per-warp
+    partial sums (then summed), on the inputs of arg_sets (rotated)."""
+    from spio.bench.timing import time_calls
+    from spio.compiler import compile_many
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    partials = wg.make_kernel(params, config, partials=True)
+    compile_many([partials.compile_job(arch)], progress=False)
+    results = {}
+    for name, kernel in (("atomic+zero", atomic), ("partials+sum", partials)):
+
+        def call(i: int, kernel=kernel) -> None:
+            x, dy = arg_sets[i % len(arg_sets)][2:4]
+            wg.wgrad(x, dy, params, kernel=kernel)
+
+        results[name] = time_calls(call, warmup=3, reps=repeats).median_ms * 1e-3
+    return results
 
 
 def _factory_of(family):

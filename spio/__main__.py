@@ -7,7 +7,6 @@ import shutil
 import sys
 from collections.abc import Callable
 
-
 _BROKEN = "BROKEN INSTALL"
 
 

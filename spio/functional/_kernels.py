@@ -48,10 +48,39 @@ def dgrad_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
     return _kernel(conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, device, igrad=True)
 
 
-def wgrad_kernel(params: Conv2dGw8Params, device: torch.device, with_bias: bool) -> Kernel:
-    """The WGrad kernel for params on device, computing the bias gradient too when `with_bias`."""
+#: The largest partial-sum buffer a deterministic WGrad allocates; beyond it PyTorch computes dw.
+MAX_PARTIAL_BYTES = 256 * 2**20
+
+
+def wgrad_kernel(
+    params: Conv2dGw8Params, device: torch.device, with_bias: bool, deterministic: bool = False
+) -> Kernel | None:
+    """The WGrad kernel for params on device, computing the bias gradient too when `with_bias`.
+
+    `deterministic`: the partial-sums variant of the same config, whose result does not depend
+    on the order blocks run in; None when its buffer would exceed MAX_PARTIAL_BYTES.
+    """
+    wf = conv2d_gw8_wgrad_factory
     params = dataclasses.replace(params, has_bias=with_bias)
-    return _kernel(conv2d_gw8_wgrad_factory.conv2d_gw8_wgrad_kernel_factory, params, device)
+    kernel = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
+    if not deterministic:
+        return kernel
+    key = ("partials", kernel.name, device)
+    if key not in _chosen:
+        config = wf.kernel_info(kernel, "config")
+        size = wf.partial_bytes(params, config)
+        if size > MAX_PARTIAL_BYTES:
+            logger.info(
+                "conv2d_gw8 %s: the deterministic WGrad would need %d MiB of partial sums (limit "
+                "%d MiB); PyTorch computes this weight gradient",
+                params.encode(),
+                size >> 20,
+                MAX_PARTIAL_BYTES >> 20,
+            )
+            _chosen[key] = None
+        else:
+            _chosen[key] = wf.make_kernel(params, config, partials=True)
+    return _chosen[key]
 
 
 def fprop(
@@ -88,14 +117,19 @@ def wgrad(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dw, dbias) from x and dy in fp32: dw of shape params.weight_shape; dbias (C,) computed in
     the same pass when `with_bias`, else None. `kernel`: wgrad_kernel(params, input.device,
-    with_bias), when the caller already holds it.
+    with_bias, deterministic), when the caller already holds it.
 
     The WGrad kernel sums blocks with fp32 atomics, so its last bits vary from run to run. Under
-    torch.use_deterministic_algorithms(True) the gradients come from PyTorch instead.
+    torch.use_deterministic_algorithms(True) its partial-sums variant runs instead (per-warp sums,
+    then a sum over them), or PyTorch where that buffer would be too large.
     """
-    if torch.are_deterministic_algorithms_enabled():
-        return _deterministic_wgrad(input, grad_output, params, with_bias)
-    kernel = kernel or wgrad_kernel(params, input.device, with_bias)
+    if kernel is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        kernel = wgrad_kernel(params, input.device, with_bias, deterministic)
+        if deterministic:
+            _log_deterministic_once(kernel is not None)
+        if kernel is None:
+            return _pytorch_wgrad(input, grad_output, params, with_bias)
     if params.has_bias != with_bias:
         params = dataclasses.replace(params, has_bias=with_bias)
     return conv2d_gw8_wgrad_factory.wgrad(input, grad_output, params, kernel=kernel)
@@ -113,7 +147,7 @@ class Layer:
         self.device = device
         self._fprop: Kernel | None = None
         self._dgrad: Kernel | None = None
-        self._wgrad: dict[bool, Kernel] = {}
+        self._wgrad: dict[tuple[bool, bool], Kernel | None] = {}  # (bias, deterministic)
         self._weight_of: tuple = (None, -1)  # (weakref to the source weight, its version)
         self._weight: Tensor | None = None
 
@@ -145,11 +179,15 @@ class Layer:
         return dgrad(grad_output, self.contiguous_weight(weight), self.params, kernel=kernel)
 
     def wgrad(self, input: Tensor, grad_output: Tensor, with_bias: bool):
-        if torch.are_deterministic_algorithms_enabled():  # PyTorch's, see wgrad()
-            return wgrad(input, grad_output, self.params, with_bias)
-        kernel = self._wgrad.get(with_bias)
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        key = (with_bias, deterministic)
+        if key not in self._wgrad:
+            self._wgrad[key] = wgrad_kernel(self.params, self.device, with_bias, deterministic)
+        kernel = self._wgrad[key]
+        if deterministic:
+            _log_deterministic_once(kernel is not None)
         if kernel is None:
-            kernel = self._wgrad[with_bias] = wgrad_kernel(self.params, self.device, with_bias)
+            return _pytorch_wgrad(input, grad_output, self.params, with_bias)
         return wgrad(input, grad_output, self.params, with_bias, kernel=kernel)
 
 
@@ -196,17 +234,22 @@ def layer(
     return found
 
 
-_logged_deterministic = False
+_logged_deterministic: set[bool] = set()
 
 
-def _deterministic_wgrad(input, grad_output, params: Conv2dGw8Params, with_bias: bool):
-    global _logged_deterministic
-    if not _logged_deterministic:
-        _logged_deterministic = True
+def _log_deterministic_once(spio_kernel: bool) -> None:
+    if spio_kernel in _logged_deterministic:
+        return
+    _logged_deterministic.add(spio_kernel)
+    if spio_kernel:
         logger.info(
-            "deterministic algorithms are on: conv2d_gw8 weight gradients use PyTorch, not spio's "
-            "WGrad kernel (whose fp32 atomics vary in the last bits)"
+            "deterministic algorithms are on: conv2d_gw8 weight gradients use spio's "
+            "partial-sums WGrad (per-warp sums, then a sum over them) instead of fp32 atomics"
         )
+
+
+def _pytorch_wgrad(input, grad_output, params: Conv2dGw8Params, with_bias: bool):
+    """dw (and dbias) from PyTorch, for layers whose partial-sum buffer would be too large."""
     # In fp32, as the kernel accumulates: fp16/bf16 values are exact in fp32 (and in TF32).
     _, dw, _ = torch.ops.aten.convolution_backward(
         grad_output.float(),

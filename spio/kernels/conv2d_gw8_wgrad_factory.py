@@ -132,22 +132,38 @@ def default_config(params: Conv2dGw8Params) -> Conv2dGw8WgradConfig:
     return min(configs(params), key=lambda c: (estimated_cost(params, c), c))
 
 
-def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> str:
-    """The C++ header that specialises conv2d_gw8_wgrad.cu for one layer and config."""
-    c8 = params.groups
-    in_x = config.block_q + params.s - 1
-    tiles = {
+def _tiles(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> dict[str, int]:
+    """Blocks along each dimension of the grid, outermost first."""
+    return {
         "n": math.ceil(params.n / config.block_n),
-        "c8": math.ceil(c8 / config.groups),
+        "c8": math.ceil(params.groups / config.groups),
         "y": math.ceil(params.p / config.block_p),
         "x": math.ceil(params.q / config.block_q),
     }
+
+
+def partial_slots(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
+    """Slots of the partial-sum buffers with `partials`: one per warp of a dy tile (all groups of
+    a warp's column runs share a slot, each writing its own channels)."""
+    tiles = _tiles(params, config)
+    return tiles["n"] * tiles["y"] * tiles["x"] * (config.block_q // (8 * config.warp_q8))
+
+
+def generate_header(
+    params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, partials: bool = False
+) -> str:
+    """The C++ header that specialises conv2d_gw8_wgrad.cu for one layer and config."""
+    c8 = params.groups
+    in_x = config.block_q + params.s - 1
+    tiles = _tiles(params, config)
+    slots = partial_slots(params, config)
     specs = [
         MacroSpec(
             {
                 "SPIO_WGRAD_ELEMENT": ELEMENT_TYPES[params.dtype][0],
                 "SPIO_WGRAD_BF16": int(params.dtype == "bf16"),
                 "SPIO_WGRAD_HAS_BIAS": int(params.has_bias),
+                "SPIO_WGRAD_PARTIALS": int(partials),
             }
         ),
         ParamsSpec(
@@ -174,6 +190,10 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> st
         TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
         TensorSpec("DBias", "float", {"k": params.c}),
         TensorSpec(
+            "DWPart", "float", {"t": slots, "k": params.c, "c": 8, "r": params.r, "s": params.s}
+        ),
+        TensorSpec("DBiasPart", "float", {"t": slots, "k": params.c}),
+        TensorSpec(
             "SmemX",
             "uint4",
             {"stage": config.stages, "c8": config.groups, "x": (in_x, pad_odd(in_x))},
@@ -195,8 +215,15 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> st
     return generate(specs)
 
 
-def make_kernel(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = None) -> Kernel:
-    """The WGrad kernel for `params` with tile `config` (bias gradient too when has_bias)."""
+def make_kernel(
+    params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = None, partials: bool = False
+) -> Kernel:
+    """The WGrad kernel for `params` with tile `config` (bias gradient too when has_bias).
+
+    `partials`: each warp stores its sums to its own slot of a partial-sum buffer
+    (partial_slots(params, config) slots) instead of adding them atomically; the caller sums the
+    slots (see `wgrad`). The result then does not depend on the order the blocks run in.
+    """
     config = config or default_config(params)
     blocks = (
         math.ceil(params.n / config.block_n)
@@ -205,15 +232,27 @@ def make_kernel(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = N
         * math.ceil(params.q / config.block_q)
     )
     return Kernel(
-        name=f"conv2d_gw8_wgrad__{params.encode()}__{config.encode()}",
+        name=f"conv2d_gw8_wgrad__{params.encode()}__{config.encode()}"
+        + ("__partials" if partials else ""),
         source_file=SOURCE_FILE,
         entry=ENTRY,
-        headers=((HEADER_NAME, generate_header(params, config)),),
+        headers=((HEADER_NAME, generate_header(params, config, partials)),),
         grid=(blocks, 1, 1),
         block=(config.threads, 1, 1),
         shared_mem_bytes=shared_mem_bytes(params, config),
-        info=(("params", params), ("config", config)),
+        info=(("params", params), ("config", config), ("partials", partials)),
     )
+
+
+def kernel_info(kernel: Kernel, key: str):
+    """A value recorded in kernel.info ("params", "config", "partials")."""
+    return dict(kernel.info).get(key)
+
+
+def partial_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
+    """Bytes of the partial-sum buffers (dw and, with has_bias, dbias) of a `partials` kernel."""
+    per_slot = params.c * 8 * params.r * params.s + (params.c if params.has_bias else 0)
+    return 4 * partial_slots(params, config) * per_slot
 
 
 def wgrad(
@@ -224,16 +263,28 @@ def wgrad(
     kernel: Kernel | None = None,
 ):
     """(dw, dbias) of conv2d_gw8 with the WGrad kernel: dw fp32 (C, 8, R, S); dbias fp32 (C,)
-    when params.has_bias, else None. x and dy (N, C, ., .) in any memory layout."""
+    when params.has_bias, else None. x and dy (N, C, ., .) in any memory layout.
+
+    A `partials` kernel (make_kernel(..., partials=True)) writes per-warp sums that are then
+    summed here: the result is the same on every run."""
     import torch
 
     from .conv2d_gw8_factory import _check_dtype, _nhwc
 
     _check_dtype(params, x, dy)
     kernel = kernel or make_kernel(params, config)
-    dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=x.device)
-    dbias = torch.zeros(params.c, dtype=torch.float32, device=x.device) if params.has_bias else None
-    kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy)], x.device)
+    device = x.device
+    if kernel_info(kernel, "partials"):
+        slots = partial_slots(params, kernel_info(kernel, "config"))
+        dw = torch.empty((slots, *params.weight_shape), dtype=torch.float32, device=device)
+        dbias = None
+        if params.has_bias:
+            dbias = torch.empty((slots, params.c), dtype=torch.float32, device=device)
+        kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy)], device)
+        return dw.sum(dim=0), None if dbias is None else dbias.sum(dim=0)
+    dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
+    dbias = torch.zeros(params.c, dtype=torch.float32, device=device) if params.has_bias else None
+    kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy)], device)
     return dw, dbias
 
 

@@ -6,7 +6,9 @@
 ///   dbias[8g + k]       += sum_{n, p, q} dy[n, p, q, 8g + k]
 /// Inputs outside x are zero. dw and dbias are accumulated with atomicAdd: the caller zeroes them.
 /// The sum order across blocks varies from launch to launch, so results may differ in the last
-/// bits of fp32 rounding, never more.
+/// bits of fp32 rounding, never more. With SPIO_WGRAD_PARTIALS each warp instead stores its sums
+/// to its own slot of DWPart / DBiasPart (no atomics, nothing to zero) and the caller sums the
+/// slots: a second pass over a small buffer, with a result that does not depend on launch order.
 ///
 /// Tiling: a block owns Block::c8 groups, Block::y rows and Block::x columns of dy, for Block::n
 /// images in turn. Per image it streams the Block::y + R - 1 rows of x that the tile touches, one
@@ -32,7 +34,7 @@
 /// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
 /// SmemX::num_bytes + SmemDy::num_bytes bytes of dynamic shared memory.
 /// Arguments: (float *dw, float *dbias or null, const uint4 *x, const uint4 *dy); dw and dbias
-/// zeroed by the caller. The generated header (conv2d_gw8_wgrad_gen.h) defines the rest.
+/// zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and DBiasPart buffers, unzeroed). The generated header (conv2d_gw8_wgrad_gen.h) defines the rest.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -235,6 +237,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
         return;
     }
     const int k = c8 * 8 + lane / 4;
+#if SPIO_WGRAD_PARTIALS
+    // This warp's slot: its dy tile (images, rows, columns) and its runs of columns in the tile.
+    const int part = ((block.n() * BlockIdx::Y + block.y()) * BlockIdx::X + block.x()) * WarpIdx::X8
+                     + warp.x8();
+#endif
     SPIO_UNROLL
     for (int pair = 0; pair < PAIRS; ++pair) {
         SPIO_UNROLL
@@ -248,14 +255,22 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
                 }
 #endif
                 if (r < R) {
+#if SPIO_WGRAD_PARTIALS
+                    *DWPart(dw).t(part).k(k).c(2 * (lane % 4) + e % 2).r(r).s(s).get() = acc[pair][s][e];
+#else
                     atomicAdd(DW(dw).k(k).c(2 * (lane % 4) + e % 2).r(r).s(s).get(), acc[pair][s][e]);
+#endif
                 }
             }
         }
     }
 #if SPIO_WGRAD_HAS_BIAS
     if (lane % 4 == 0) {
+#if SPIO_WGRAD_PARTIALS
+        *DBiasPart(dbias).t(part).k(k).get() = bias_acc[0];
+#else
         atomicAdd(DBias(dbias).k(k).get(), bias_acc[0]);
+#endif
     }
 #endif
 }

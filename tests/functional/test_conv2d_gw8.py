@@ -338,17 +338,24 @@ def test_import_spio_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_deterministic_mode_takes_weight_gradients_from_pytorch(monkeypatch):
-    """spio's WGrad sums with fp32 atomics; under use_deterministic_algorithms the op does not."""
+@pytest.mark.parametrize("limit", ["default", "tiny"])
+def test_deterministic_mode_uses_the_partial_sums_wgrad(monkeypatch, limit):
+    """spio's WGrad sums with fp32 atomics; under use_deterministic_algorithms it runs the
+    partial-sums variant instead (per-warp sums, then one sum over them), or, where that buffer
+    would pass MAX_PARTIAL_BYTES, takes the gradients from PyTorch."""
     from spio.functional import _kernels
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr(_kernels, "_layers", {})
+    monkeypatch.setattr(_kernels, "_chosen", {})  # kernel choices depend on the limit
+    if limit == "tiny":
+        monkeypatch.setattr(_kernels, "MAX_PARTIAL_BYTES", 16)
     launched = []
     real = _kernels.conv2d_gw8_wgrad_factory.wgrad
     monkeypatch.setattr(
         _kernels.conv2d_gw8_wgrad_factory,
         "wgrad",
-        lambda *a, **k: launched.append(1) or real(*a, **k),
+        lambda *a, **k: launched.append(k["kernel"].name) or real(*a, **k),
     )
     x, w, b = _tensors(SHAPES[0], dtype=torch.float16)
     dy = torch.randn(2, 16, 6, 7, generator=torch.Generator().manual_seed(1)).to(torch.float16)
@@ -359,13 +366,19 @@ def test_deterministic_mode_takes_weight_gradients_from_pytorch(monkeypatch):
         _, dw2, db2 = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
     finally:
         torch.use_deterministic_algorithms(previous)
-    assert not launched
+    if limit == "tiny":
+        assert not launched  # PyTorch's gradients
+    else:
+        assert len(launched) == 2 and all(name.endswith("__partials") for name in launched)
     assert torch.equal(dw, dw2) and torch.equal(db, db2)
     params = Conv2dGw8Params.from_tensors(x, w, None, padding=(1, 1))
     tol = conv2d_gw8_tolerance(params, "wgrad", x, dy)
     tol.assert_close(dw, conv2d_gw8_wgrad_ref(x, dy, (1, 1), 3, 3))
-    _, dw3, _ = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
-    assert launched  # deterministic mode off again: the kernel runs
+    tol = conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1))
+    tol.assert_close(db, conv2d_gw8_bias_grad_ref(dy))
+    launched.clear()
+    conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
+    assert launched and not launched[0].endswith("__partials")  # deterministic mode off again
 
 
 def test_fresh_strides_are_torch_empty_strides():

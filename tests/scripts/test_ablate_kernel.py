@@ -64,3 +64,37 @@ def test_without_a_gpu_it_says_so(capsys):
         pytest.skip("a GPU is present")
     assert ablate.main([]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_wgrad_reductions_time_both_wrappers_on_their_inputs(monkeypatch):
+    """The atomics-versus-partial-sums comparison calls the real wrapper with each kernel (on the
+    CPU emulator here; the timer is a stand-in that runs each call once)."""
+    import types
+
+    import torch
+
+    import spio.bench.timing
+    import spio.compiler
+    from spio.kernels import autotune
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+
+    ran = []
+    real_wgrad = wg.wgrad
+    monkeypatch.setattr(
+        wg, "wgrad", lambda *a, **k: ran.append(k["kernel"].name) or real_wgrad(*a, **k)
+    )
+    monkeypatch.setattr(spio.compiler, "compile_many", lambda jobs, **k: None)
+    fake_timing = types.SimpleNamespace(median_ms=0.5)
+    monkeypatch.setattr(
+        spio.bench.timing, "time_calls", lambda call, warmup, reps: call(0) or fake_timing
+    )
+    params = Conv2dGw8Params(n=2, c=16, h=6, w=7, padding=1, r=3, s=3)
+    config = wg.default_config(params)
+    cpu = torch.device("cpu")
+    arg_sets = [autotune.kernel_inputs("conv2d_gw8_wgrad", params, cpu, seed) for seed in (0, 1)]
+    times = ablate.time_wgrad_reductions(
+        params, config, wg.make_kernel(params, config), arg_sets, "sm_90", 5
+    )
+    assert times == {"atomic+zero": 0.5e-3, "partials+sum": 0.5e-3}
+    assert len(ran) == 2 and not ran[0].endswith("__partials") and ran[1].endswith("__partials")
