@@ -106,7 +106,8 @@ def test_emulated_wgrad_sixteen_pixels_per_mma(params, config):
     ],
     ids=lambda v: v.encode() if hasattr(v, "encode") else str(v),
 )
-def test_emulated_partial_sums_cover_every_slot_and_match_reference(params, config):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_partial_sums_cover_every_slot_and_match_reference(params, config, device):
     """The partials variant writes every slot of its buffers exactly where the sum expects it:
     NaN-poisoned buffers, summed, match the float64 reference (a missed slot would be NaN)."""
     import torch
@@ -121,19 +122,22 @@ def test_emulated_partial_sums_cover_every_slot_and_match_reference(params, conf
     assert config in wg.configs(params)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[params.dtype]
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(params.input_shape, generator=gen).to(dtype)
-    dy = torch.randn(params.output_shape, generator=gen).to(dtype)
+    x = torch.randn(params.input_shape, generator=gen).to(dtype).to(device)
+    dy = torch.randn(params.output_shape, generator=gen).to(dtype).to(device)
     kernel = wg.make_kernel(params, config, partials=True)
     assert kernel.name.endswith("__partials")
     slots = wg.partial_slots(params, config)
-    dw_parts = torch.full((slots, *params.weight_shape), float("nan"))
-    db_parts = torch.full((slots, params.c), float("nan")) if params.has_bias else None
-    kernel.launch([dw_parts, db_parts, _nhwc(x), _nhwc(dy)], torch.device("cpu"))
+    nan = float("nan")
+    dw_parts = torch.full((slots, *params.weight_shape), nan, device=device)
+    db_parts = torch.full((slots, params.c), nan, device=device) if params.has_bias else None
+    kernel.launch([dw_parts, db_parts, _nhwc(x), _nhwc(dy)], torch.device(device))
+    x, dy = x.cpu(), dy.cpu()
     want = conv2d_gw8_wgrad_ref(x.double(), dy.double(), params.padding, params.r, params.s)
-    conv2d_gw8_tolerance(params, "wgrad", x, dy).assert_close(dw_parts.sum(0), want)
+    conv2d_gw8_tolerance(params, "wgrad", x, dy).assert_close(dw_parts.sum(0).cpu(), want)
     if params.has_bias:
         tol = conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1))
-        tol.assert_close(db_parts.sum(0), conv2d_gw8_bias_grad_ref(dy.double()))
+        tol.assert_close(db_parts.sum(0).cpu(), conv2d_gw8_bias_grad_ref(dy.double()))
+    x, dy = x.to(device), dy.to(device)
     # The wrapper gives the same sums, and the same bits on every run.
     dw, db = wg.wgrad(x, dy, params, kernel=kernel)
     assert torch.equal(dw, dw_parts.sum(0)) and torch.equal(
