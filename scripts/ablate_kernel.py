@@ -42,8 +42,10 @@ def ablated(kernel, switches: tuple[str, ...]):
         return kernel
     defines = "".join(f"#define {name} 1\n" for name in switches)
     headers = tuple((name, text + "\n" + defines) for name, text in kernel.headers)
-    suffix = "_".join(name.removeprefix("SPIO_ABLATE_").lower() for name in switches)
-    return dataclasses.replace(kernel, name=f"{kernel.name}__ablate_{suffix}", headers=headers)
+    suffix = "_".join(
+        name.removeprefix("SPIO_ABLATE_").removeprefix("SPIO_").lower() for name in switches
+    )
+    return dataclasses.replace(kernel, name=f"{kernel.name}__variant_{suffix}", headers=headers)
 
 
 def parse_args(argv=None):

@@ -95,20 +95,41 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
 
     constexpr int STAGES = Block::stages;
 
-    // Copies input row `row` of the tile (zero outside the image) into its stage; no commit.
-    const auto load_input_row = [&](int row) {
-        const int stage = row % STAGES;
-        const int y = block_y + row - Conv::pad_h;
-        const bool row_inside = y >= 0 && y < Input::Y;
-        for (int i = threadIdx.x; i < InputLoadIdx::size; i += Block::threads) {
+    // Input copies: thread t copies elements t + j * Block::threads of every row. The part of an
+    // element's addresses that does not depend on the row is worked out once, here: its offset in
+    // a stage (-1: this thread has no element j) and in an input row (-1: outside the image or the
+    // channels, so it is zero-filled). Per row only the row's offset and bounds remain.
+    constexpr int LOADS = (InputLoadIdx::size + Block::threads - 1) / Block::threads;
+    int load_dst[LOADS];
+    int load_col[LOADS];
+    SPIO_UNROLL
+    for (int j = 0; j < LOADS; ++j) {
+        const int i = threadIdx.x + j * Block::threads;
+        load_dst[j] = -1;
+        load_col[j] = -1;
+        if (i < InputLoadIdx::size) {
             const InputLoadIdx idx(i);
             const int x = block_x + idx.x() - Conv::pad_w;
             const int c8 = block_c8 + idx.c8();
-            const bool inside = row_inside && x >= 0 && x < Input::X && c8 < Input::C8;
-            const uint4 *src = inside ? Input(in).n(n).y(y).x(x).c8(c8).get() : in;
-            if (!SPIO_ABLATE_LOADS) {
-                spio::cp_async_16(smem_input.stage(stage).c8(idx.c8()).x(idx.x()).get(), src,
-                                  inside ? 16 : 0);
+            load_dst[j] = static_cast<int>(smem_input.stage(0).c8(idx.c8()).x(idx.x()).get() -
+                                           smem_input.stage(0).get());
+            if (x >= 0 && x < Input::X && c8 < Input::C8) {
+                load_col[j] = x * Input::stride_x + c8 * Input::stride_c8;
+            }
+        }
+    }
+    const uint4 *image = Input(in).n(n).get();
+    // Copies input row `row` of the tile (zero outside the image) into its stage; no commit.
+    const auto load_input_row = [&](int row) {
+        const int y = block_y + row - Conv::pad_h;
+        const bool row_inside = y >= 0 && y < Input::Y;
+        uint4 *stage = smem_input.stage(row % STAGES).get();
+        SPIO_UNROLL
+        for (int j = 0; j < LOADS; ++j) {
+            if (load_dst[j] >= 0 && !SPIO_ABLATE_LOADS) {
+                const bool inside = row_inside && load_col[j] >= 0;
+                const uint4 *src = inside ? image + (y * Input::stride_y + load_col[j]) : in;
+                spio::cp_async_16(stage + load_dst[j], src, inside ? 16 : 0);
             }
         }
     };

@@ -116,6 +116,27 @@ def test_emulated_two_taps_per_mma(pass_, params):
     check(params, pass_, config, "cpu")
 
 
+@pytest.mark.parametrize(
+    "pass_,params,config",
+    [
+        # one warp copies 34 elements a row: two copies per thread, the second partly idle
+        ("fprop", Conv2dGw8Params(n=1, c=16, h=9, w=40, padding=1, r=3, s=3),
+         "g1_p8_q32_w2_s2_k8"),
+        # 16 warps copy 280 elements a row: some threads copy nothing; 3 of 8 groups absent
+        ("dgrad", Conv2dGw8Params(n=1, c=40, h=5, w=33, padding=(1, 0), r=2, s=4),
+         "g8_p8_q32_w1_s3_k16"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else v.encode(),
+)  # fmt: skip
+def test_emulated_input_copies_per_thread(pass_, params, config):
+    """Each thread's row-independent copy addresses are worked out once per block: check blocks
+    whose threads copy more than one element a row, or none."""
+    igrad = pass_ == "dgrad"
+    matches = [c for c in fd.configs(params, igrad) if c.encode() == config]
+    assert matches, f"{config} is not a config of {params.encode()}"
+    check(params, pass_, matches[0], "cpu")
+
+
 def _misaligned_channels_last(t):
     """A copy of t (N, C, H, W) stored channels_last two bytes past a 16-byte boundary."""
     n, c, h, w = t.shape

@@ -50,7 +50,7 @@ def test_ablation_is_a_new_kernel_and_production_is_unchanged(base_kernels):
     before = dataclasses.replace(kernel)
     variant = ablate.ablated(kernel, ("SPIO_ABLATE_LOADS", "SPIO_ABLATE_MMA"))
     assert ablate.ablated(kernel, ()) is kernel
-    assert variant.name == kernel.name + "__ablate_loads_mma" and variant != kernel
+    assert variant.name == kernel.name + "__variant_loads_mma" and variant != kernel
     assert "#define SPIO_ABLATE_LOADS 1" in variant.headers[0][1]
     assert kernel == before and "SPIO_ABLATE" not in kernel.headers[0][1]
     source = kernel.source
