@@ -108,6 +108,50 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
         smem[SmemX::size + i] = make_uint4(0, 0, 0, 0);
     }
 
+    // Copies: thread tid copies elements tid + j * Block::threads of each step's x row and dy row.
+    // The part of an element's addresses that does not depend on the step is worked out once,
+    // here: its offset in a slot (-1: this thread has no element j) and in a row (-1: outside the
+    // image or the channels, so it is zero-filled). Per step only the row's offset and bounds
+    // remain.
+    constexpr int X_LOADS = (XLoadIdx::size + Block::threads - 1) / Block::threads;
+    constexpr int DY_LOADS = (DyLoadIdx::size + Block::threads - 1) / Block::threads;
+    int x_dst[X_LOADS];
+    int x_col[X_LOADS];
+    SPIO_UNROLL
+    for (int j = 0; j < X_LOADS; ++j) {
+        const int e = threadIdx.x + j * Block::threads;
+        x_dst[j] = -1;
+        x_col[j] = -1;
+        if (e < XLoadIdx::size) {
+            const XLoadIdx idx(e);
+            const int col = block_x + idx.x() - Conv::pad_w;
+            const int c8 = block_c8 + idx.c8();
+            x_dst[j] = static_cast<int>(smem_x.stage(0).c8(idx.c8()).x(idx.x()).get() -
+                                        smem_x.stage(0).get());
+            if (col >= 0 && col < Input::X && c8 < Input::C8) {
+                x_col[j] = col * Input::stride_x + c8 * Input::stride_c8;
+            }
+        }
+    }
+    int dy_dst[DY_LOADS];
+    int dy_col[DY_LOADS];
+    SPIO_UNROLL
+    for (int j = 0; j < DY_LOADS; ++j) {
+        const int e = threadIdx.x + j * Block::threads;
+        dy_dst[j] = -1;
+        dy_col[j] = -1;
+        if (e < DyLoadIdx::size) {
+            const DyLoadIdx idx(e);
+            const int col = block_x + idx.x();
+            const int c8 = block_c8 + idx.c8();
+            dy_dst[j] = static_cast<int>(smem_dy.slot(0).c8(idx.c8()).x(idx.x()).get() -
+                                         smem_dy.slot(0).get());
+            if (col < DOutput::X && c8 < DOutput::K8) {
+                dy_col[j] = col * DOutput::stride_x + c8 * DOutput::stride_k8;
+            }
+        }
+    }
+
     // Copies step t's x row and dy row (zero outside the image or tile) into their slots; no commit.
     const auto load_step = [&](int t) {
         const int n = block_n + t / ROWS;
@@ -115,28 +159,26 @@ extern "C" __global__ void __launch_bounds__(Block::threads)
         const bool image_inside = n < DOutput::N;
         const int y = block_y + i - Conv::pad_h;
         const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
-        for (int e = threadIdx.x; e < XLoadIdx::size; e += Block::threads) {
-            const XLoadIdx idx(e);
-            const int col = block_x + idx.x() - Conv::pad_w;
-            const int c8 = block_c8 + idx.c8();
-            const bool inside = x_row_inside && col >= 0 && col < Input::X && c8 < Input::C8;
-            const uint4 *src = inside ? Input(x).n(n).y(y).x(col).c8(c8).get() : x;
-            if (!SPIO_ABLATE_LOADS) {
-                spio::cp_async_16(smem_x.stage(t % STAGES).c8(idx.c8()).x(idx.x()).get(), src,
-                                  inside ? 16 : 0);
+        uint4 *x_slot = smem_x.stage(t % STAGES).get();
+        SPIO_UNROLL
+        for (int j = 0; j < X_LOADS; ++j) {
+            if (x_dst[j] >= 0 && !SPIO_ABLATE_LOADS) {
+                const bool inside = x_row_inside && x_col[j] >= 0;
+                const uint4 *src =
+                    inside ? x + (n * Input::stride_n + y * Input::stride_y + x_col[j]) : x;
+                spio::cp_async_16(x_slot + x_dst[j], src, inside ? 16 : 0);
             }
         }
         const int p = block_y + i;
         const bool dy_row_inside = image_inside && i < Block::y && p < DOutput::Y;
-        for (int e = threadIdx.x; e < DyLoadIdx::size; e += Block::threads) {
-            const DyLoadIdx idx(e);
-            const int col = block_x + idx.x();
-            const int c8 = block_c8 + idx.c8();
-            const bool inside = dy_row_inside && col < DOutput::X && c8 < DOutput::K8;
-            const uint4 *src = inside ? DOutput(dy).n(n).y(p).x(col).k8(c8).get() : dy;
-            if (!SPIO_ABLATE_LOADS) {
-                spio::cp_async_16(smem_dy.slot(t % SLOTS).c8(idx.c8()).x(idx.x()).get(), src,
-                                  inside ? 16 : 0);
+        uint4 *dy_slot = smem_dy.slot(t % SLOTS).get();
+        SPIO_UNROLL
+        for (int j = 0; j < DY_LOADS; ++j) {
+            if (dy_dst[j] >= 0 && !SPIO_ABLATE_LOADS) {
+                const bool inside = dy_row_inside && dy_col[j] >= 0;
+                const uint4 *src =
+                    inside ? dy + (n * DOutput::stride_n + p * DOutput::stride_y + dy_col[j]) : dy;
+                spio::cp_async_16(dy_slot + dy_dst[j], src, inside ? 16 : 0);
             }
         }
     };

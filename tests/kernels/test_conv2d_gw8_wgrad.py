@@ -158,3 +158,12 @@ def test_partial_sums_variant_compiles_without_spills(arch):
     ):
         assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
         assert not result.resources[kernel.entry].spills, kernel.name
+
+
+def test_emulated_wgrad_with_several_copies_per_thread():
+    """One warp copies 34 x elements a step: two copies per thread, the second partly idle (the
+    row-independent part of each copy's addresses is worked out once per block)."""
+    params = Conv2dGw8Params(n=2, c=8, h=9, w=40, padding=1, r=3, s=3, has_bias=True)
+    config = wg.Conv2dGw8WgradConfig(groups=1, block_p=4, block_q=32, warp_q8=4, stages=3)
+    assert config in wg.configs(params) and config.threads == 32
+    check(params, "wgrad", config, "cpu")
