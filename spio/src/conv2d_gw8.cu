@@ -77,7 +77,9 @@ SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const un
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(Block::threads)
+// Min. 1 block per SM: with the thread count alone, ptxas (NVRTC 12.9 and 13.0) capped registers
+// below the need of some register-heavy configs and spilled; this way it never spills them.
+extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     spio_conv2d_gw8(Output::data_type *out, const uint4 *in, const Elem *weights, const float *bias) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
