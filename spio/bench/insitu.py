@@ -1,9 +1,9 @@
 """In-situ benchmark: a table layer inside ConvFirst-style and MBConv-style block stacks.
 
 Isolated timings can flatter a kernel (warm caches, no neighbours). Here the gw8 layer runs in a
-training step of a small residual stack, with spio's kernels (through the factory functions) or
-PyTorch's (F.conv2d and convolution_backward, cuDNN), and torch.profiler attributes GPU kernel time
-to each pass through record_function ranges named `bench::<impl>::<pass>`.
+training step of a small residual stack, with spio's kernels (through the path the custom ops
+use) or PyTorch's (F.conv2d and convolution_backward, cuDNN), and torch.profiler attributes GPU
+kernel time to each pass through record_function ranges named `bench::<impl>::<pass>`.
 
 - ConvFirst-style block: gw8 conv (C) -> BatchNorm -> 1x1 C->4C -> ReLU -> 1x1 4C->C, + input.
 - MBConv-style block: 1x1 C/4->C -> BN -> ReLU -> gw8 conv (C) -> BN -> ReLU -> 1x1 C->C/4 -> BN,
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params
+from ..kernels.conv2d_gw8_params import GROUP_WIDTH
 from ..kernels.stats import PASSES
 from .layers import BenchLayer
 from .results import RunInfo
@@ -78,29 +78,27 @@ def _pass(impl: str, pass_: str):
 
 
 class _SpioConv(torch.autograd.Function):
-    """gw8 conv through spio's factory functions; each pass inside its own profiler range."""
+    """gw8 conv through spio's production kernel path (spio.functional._kernels: the config the
+    custom ops pick for this device); each pass inside its own profiler range."""
 
     @staticmethod
     def forward(ctx, x, weight, padding):
-        from ..kernels import conv2d_gw8_factory as fd
+        from ..functional import _kernels
 
-        params = Conv2dGw8Params.from_tensors(x, weight, padding=padding)
+        layer = _kernels.layer(x, weight, None, *padding)
         with _pass("spio", "fprop"):
-            y = fd.fprop(x, weight, None, params)
+            y = layer.fprop(x, weight, None)
         ctx.save_for_backward(x, weight)
-        ctx.params = params
+        ctx.layer = layer
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        from ..kernels import conv2d_gw8_factory as fd
-        from ..kernels import conv2d_gw8_wgrad_factory as wg
-
         x, weight = ctx.saved_tensors
         with _pass("spio", "dgrad"):
-            dx = fd.dgrad(dy, weight, ctx.params)
+            dx = ctx.layer.dgrad(dy, weight)
         with _pass("spio", "wgrad"):
-            dw, _ = wg.wgrad(x, dy, ctx.params)
+            dw, _ = ctx.layer.wgrad(x, dy, with_bias=False)
         return dx, dw.to(weight.dtype), None
 
 
@@ -302,6 +300,7 @@ def run_insitu(
     precompile(
         [(layer.params(n, dtype), pass_) for layer in layers for pass_ in PASSES],
         driver.device_attributes(0)["arch"],
+        torch.device("cuda", 0),
     )
     torch.backends.cudnn.benchmark = True
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]

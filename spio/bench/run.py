@@ -90,33 +90,30 @@ def run_info(command: str, device_index: int = 0) -> RunInfo:
     )
 
 
-def spio_config(params: Conv2dGw8Params, pass_: str):
-    """The config spio picks for this pass (its default)."""
-    from ..kernels import conv2d_gw8_factory as fd
-    from ..kernels import conv2d_gw8_wgrad_factory as wg
+def spio_kernel(params: Conv2dGw8Params, pass_: str, device=None):
+    """The Kernel spio launches for this pass on `device` (a torch.device), chosen as the custom
+    ops choose it: the performance model of the device's arch where one covers the layer, else
+    the analytic heuristic (also for device None or a CPU)."""
+    from ..functional import _kernels
 
-    if pass_ == "wgrad":
-        return wg.default_config(params)
-    return fd.default_config(params, igrad=pass_ == "dgrad")
-
-
-def spio_kernel(params: Conv2dGw8Params, pass_: str):
-    """The Kernel spio launches for this pass."""
-    from ..kernels import conv2d_gw8_factory as fd
-    from ..kernels import conv2d_gw8_wgrad_factory as wg
-
-    config = spio_config(params, pass_)
-    if pass_ == "wgrad":
-        return wg.make_kernel(params, config)
-    return fd.make_kernel(params, config, igrad=pass_ == "dgrad")
+    if pass_ == "fprop":
+        return _kernels.fprop_kernel(params, device)
+    if pass_ == "dgrad":
+        return _kernels.dgrad_kernel(params, device)
+    return _kernels.wgrad_kernel(params, device, with_bias=params.has_bias)
 
 
-def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], arch: str) -> list[str]:
-    """Compile every spio kernel of `cases` in parallel into the disk cache, so timing loops only
-    load cubins; returns one message per kernel that failed to compile."""
+def spio_config(params: Conv2dGw8Params, pass_: str, device=None):
+    """The tile config of spio_kernel(params, pass_, device)."""
+    return dict(spio_kernel(params, pass_, device).info)["config"]
+
+
+def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], arch: str, device=None) -> list[str]:
+    """Compile every spio kernel of `cases` (as chosen for `device`) in parallel into the disk
+    cache, so timing loops only load cubins; returns one message per kernel that failed."""
     from ..compiler import compile_many
 
-    kernels = list({spio_kernel(params, pass_): None for params, pass_ in cases})
+    kernels = list({spio_kernel(params, pass_, device): None for params, pass_ in cases})
     jobs = [k.compile_job(arch) for k in kernels]
     results = compile_many(jobs, desc=f"compiling {len(jobs)} spio kernels for {arch}")
     return [
@@ -141,7 +138,8 @@ class PassCase:
         self.stats = Conv2dStats(params)
         self.bytes = self.stats.bytes(pass_)
         self.sets = rotation_sets(self.bytes, l2_bytes)
-        self.config = spio_config(params, pass_)
+        self.kernel = spio_kernel(params, pass_, torch.device(device))
+        self.config = dict(self.kernel.info)["config"]
         dtype = _torch_dtype(params.dtype)
         cl = torch.channels_last
 
@@ -181,15 +179,15 @@ class PassCase:
         from ..kernels import conv2d_gw8_factory as fd
         from ..kernels import conv2d_gw8_wgrad_factory as wg
 
-        params, config, data, pass_ = self.params, self.config, self.data, self.pass_
+        params, kernel, data, pass_ = self.params, self.kernel, self.data, self.pass_
 
         def call(i: int):
             item = data[i % len(data)]
             if pass_ == "fprop":
-                return fd.fprop(item["x"], item["w"], None, params, config, out=item["out"])
+                return fd.fprop(item["x"], item["w"], None, params, kernel=kernel, out=item["out"])
             if pass_ == "dgrad":
-                return fd.dgrad(item["dy"], item["w"], params, config, out=item["out"])
-            return wg.wgrad(item["x"], item["dy"], params, config)
+                return fd.dgrad(item["dy"], item["w"], params, kernel=kernel, out=item["out"])
+            return wg.wgrad(item["x"], item["dy"], params, kernel=kernel)
 
         return call
 
@@ -253,7 +251,9 @@ def run_bench(settings: BenchSettings, command: str) -> list[BenchRow]:
         for n in settings.batch_sizes
         for pass_ in settings.passes
     ]
-    failed = precompile([(params, pass_) for _, params, pass_ in cases], arch)
+    failed = precompile(
+        [(params, pass_) for _, params, pass_ in cases], arch, torch.device("cuda", 0)
+    )
     for message in failed:
         logger.error("compile failed: %s", message)
     torch.backends.cudnn.benchmark = True

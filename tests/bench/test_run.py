@@ -51,3 +51,25 @@ def test_settings_reject_unknown_passes_and_dtypes():
         BenchSettings(layers=(TINY,), batch_sizes=(1,), passes=("bprop",))
     with pytest.raises(ValueError, match="dtype"):
         BenchSettings(layers=(TINY,), batch_sizes=(1,), dtype="fp32")
+
+
+@pytest.mark.parametrize("pass_", ["fprop", "dgrad", "wgrad"])
+def test_bench_times_the_kernel_the_custom_ops_choose(monkeypatch, pass_):
+    """The benchmark's spio column is what users get: the config selection of the custom ops
+    (the performance model on a GPU), not the heuristic default."""
+    import torch
+
+    from spio.bench import run
+    from spio.functional import _kernels
+    from spio.kernels import perf_model
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    params = TINY.params(2)
+    family = FAMILY_OF_PASS[pass_]
+    chosen = family.configs(params)[-1]
+    assert chosen != family.default_config(params)
+    monkeypatch.setattr(_kernels, "_chosen", {})
+    monkeypatch.setattr(perf_model, "select_config", lambda factory, p, device, **o: chosen)
+    kernel = run.spio_kernel(params, pass_, torch.device("cuda", 0))
+    assert dict(kernel.info)["config"] == chosen
+    assert run.spio_config(params, pass_, torch.device("cuda", 0)) == chosen
