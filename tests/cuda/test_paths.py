@@ -115,3 +115,26 @@ def test_real_installation_is_found():
     assert lib.is_file() and "nvrtc" in lib.name
     assert (paths.find_cuda_include() / "cuda_fp16.h").is_file()
     assert (paths.bundled_include_dir()).is_dir()
+
+
+def test_nvrtc_builtins_are_found_beside_libnvrtc(tmp_path):
+    """CUDA 13 wheels: libnvrtc dlopens libnvrtc-builtins by soname, but not from its own folder
+    ("failed to open libnvrtc-builtins.so.13.0" on the H200, 2026-11-29). spio preloads the
+    builtins that sit beside the libnvrtc it loads, never the `.alt` variant."""
+    from spio.cuda import nvrtc
+
+    for name in ("libnvrtc.so.13", "libnvrtc-builtins.so.13.0", "libnvrtc-builtins.alt.so.13.0",
+                 "libnvrtc.alt.so.13", "libcudart.so.13"):  # fmt: skip
+        (tmp_path / name).write_bytes(b"")
+    found = nvrtc.builtins_beside(tmp_path / "libnvrtc.so.13")
+    assert [p.name for p in found] == ["libnvrtc-builtins.so.13.0"]
+
+
+def test_nvrtc_compiles_with_its_builtins_preloaded():
+    """The NVRTC spio finds compiles a program that needs its builtins (a device function with
+    math), so the preload above did not break the CUDA 12 wheels' layout either."""
+    from spio.compiler import compile_cubin
+
+    source = 'extern "C" __global__ void k(float *x) { x[0] = sinf(x[0]) + __expf(x[1]); }'
+    result = compile_cubin(source, "sm_80")
+    assert result.cubin[:4] == b"\x7fELF"
