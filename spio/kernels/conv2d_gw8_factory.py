@@ -113,6 +113,12 @@ def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8Config) -> int:
     return config.stages * config.groups * in_x * 16 + config.groups * params.r * params.s * 64 * 2
 
 
+#: Input-row buffers per block. 6 and 8 let a short tile (block_p 8 or 16, as on small images)
+#: keep most of its rows in flight at once; on the H200 the 8x8 and 16x16 layers ran faster with
+#: 4 stages than with 2 (docs/perf/2026-11-29-h200/perf_samples.csv), longer tiles did not care.
+STAGES = (2, 3, 4, 6, 8)
+
+
 def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Config]:
     """Every tile config worth trying for this layer, in a fixed order."""
     geo = _Geometry.of(params, igrad)
@@ -122,12 +128,14 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
     found = []
     mma_ks = (8, 16) if params.s > 1 else (8,)  # one filter column has no pair to share an mma
     for groups, block_q, warp_q16, block_p, stages, mma_k in itertools.product(
-        (1, 2, 4, 8), (16, 32, 64), (1, 2), (4, 8, 16, 32, 64), (2, 3, 4), mma_ks
+        (1, 2, 4, 8), (16, 32, 64), (1, 2), (4, 8, 16, 32, 64), STAGES, mma_ks
     ):
         if groups > max_groups or block_q > max_q or block_p > max_p:
             continue
         if block_q % (16 * warp_q16) or stages > 2 and block_p < 8:
             continue
+        if stages > 4 and (block_p > 16 or stages > block_p + params.r - 1):
+            continue  # deep pipelines: only for short tiles, and never more stages than rows
         warps = groups * block_q // (16 * warp_q16)
         if warps > MAX_THREADS // 32:
             continue

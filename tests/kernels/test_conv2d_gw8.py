@@ -137,6 +137,33 @@ def test_emulated_input_copies_per_thread(pass_, params, config):
     check(params, pass_, matches[0], "cpu")
 
 
+@pytest.mark.parametrize(
+    "pass_,params,config",
+    [
+        ("fprop", Conv2dGw8Params(n=2, c=32, h=8, w=8, padding=1, r=3, s=3, has_bias=True),
+         "g2_p8_q16_w1_s8_k16"),  # 8 of the tile's 10 rows in flight
+        ("dgrad", Conv2dGw8Params(n=1, c=16, h=13, w=7, padding=2, r=5, s=3),
+         "g1_p16_q16_w1_s6_k8"),  # two tiles; 6 stages over 20 rows, negative padding
+    ],
+    ids=lambda v: v if isinstance(v, str) else v.encode(),
+)  # fmt: skip
+def test_emulated_deep_pipelines(pass_, params, config):
+    """Short tiles may keep 6 or 8 input rows in flight (STAGES): the stage ring and cp.async
+    wait counts stay right with more stages than filter rows."""
+    igrad = pass_ == "dgrad"
+    matches = [c for c in fd.configs(params, igrad) if c.encode() == config]
+    assert matches, f"{config} is not a config of {params.encode()}"
+    check(params, pass_, matches[0], "cpu")
+
+
+def test_deep_pipelines_only_for_short_tiles():
+    params = Conv2dGw8Params(n=8, c=64, h=64, w=64, padding=1, r=3, s=3)
+    deep = [c for c in fd.configs(params) if c.stages > 4]
+    assert deep and all(c.block_p in (8, 16) for c in deep)
+    small = Conv2dGw8Params(n=8, c=64, h=4, w=4, padding=1, r=3, s=3)
+    assert all(c.stages <= c.block_p + 2 for c in fd.configs(small))
+
+
 def _misaligned_channels_last(t):
     """A copy of t (N, C, H, W) stored channels_last two bytes past a 16-byte boundary."""
     n, c, h, w = t.shape
