@@ -8,6 +8,10 @@ CPU tensors when SPIO_EMULATE=1. Contract:
   or params.dtype. They may be in any memory format and may be non-contiguous (e.g. an expanded
   grad_output); the kernel wrappers convert to the NHWC (channels_last) layout the kernels read.
 - Each function returns new tensors on the input's device, never views of an argument.
+
+`layer()` is where the ops and the eager path meet: it validates a call signature (shapes,
+dtypes, devices, padding) once and returns its `Layer`, which keeps that layer's kernels, so a
+model pays validation, config selection and kernel lookup once per layer, not on every call.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from spio.log import logger
 from .checks import check_args
 
 # Kernel choice per (factory, layer, device, options): config selection and header generation run
-# once per layer, not on every call.
-_chosen: dict[tuple, Kernel] = {}
+# once per layer, not on every call. None: no partial-sums kernel (its buffer would be too big).
+_chosen: dict[tuple, Kernel | None] = {}
 
 
 def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.device, **options):
