@@ -13,21 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
-
-
-def _per_call_us(call, calls: int, repeats: int) -> float:
-    for _ in range(200):
-        call()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        runs.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import spio.functional  # noqa: F401  (registers torch.ops.spio)
+    from spio.bench.timing import host_us_per_call
     from spio.kernels.kernel import Kernel
     from spio.layers import Conv2dGw8
 
@@ -66,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
             "Conv2dGw8 module, no grad": lambda: module(x),
         }
         for name, call in cases.items():
-            print(f"{name:36s} {_per_call_us(call, args.calls, args.repeats):8.2f}")
+            print(f"{name:36s} {host_us_per_call(call, args.calls, args.repeats)[0]:8.2f}")
     steps = max(1, args.calls // 4)
     print(f"{'Conv2dGw8 module, forward + backward':36s} "
-          f"{_per_call_us(train_step, steps, args.repeats):8.2f}")  # fmt: skip
+          f"{host_us_per_call(train_step, steps, args.repeats)[0]:8.2f}")  # fmt: skip
     return 0
 
 

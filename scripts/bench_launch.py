@@ -10,9 +10,7 @@ target is under 5 µs per launch. Needs a CUDA GPU; without one it exits with a 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 SOURCE = r"""
 extern "C" __global__ void empty_kernel() {}
@@ -20,24 +18,6 @@ extern "C" __global__ void empty_kernel_args(float* out, int n, int stride, floa
 """
 
 TARGET_US = 5.0
-
-
-def _time_loop(launch, launches: int, repeats: int, synchronize) -> tuple[float, float]:
-    """Median µs per call of `launch`, measured on the host, without and with the final sync."""
-    for _ in range(200):  # warm-up: lazy loading, caches
-        launch()
-    synchronize()
-    host, total = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(launches):
-            launch()
-        issued = time.perf_counter()
-        synchronize()
-        done = time.perf_counter()
-        host.append((issued - start) / launches * 1e6)
-        total.append((done - start) / launches * 1e6)
-    return statistics.median(host), statistics.median(total)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         sys.exit("bench_launch: needs a CUDA GPU; none is available on this machine")
 
+    from spio.bench.timing import host_us_per_call
     from spio.compiler import compile_cubin
     from spio.cuda import driver
 
@@ -90,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':34s} {'host µs/launch':>15s} {'with sync':>10s}")
     results = {}
     for name, launch in cases.items():
-        host, total = _time_loop(launch, args.launches, args.repeats, torch.cuda.synchronize)
+        host, total = host_us_per_call(launch, args.launches, args.repeats, torch.cuda.synchronize)
         results[name] = host
         print(f"{name:34s} {host:15.2f} {total:10.2f}")
     worst = max(v for k, v in results.items() if k.startswith("spio"))

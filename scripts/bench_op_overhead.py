@@ -13,29 +13,9 @@ including the final synchronise. A training step (forward and backward) is timed
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 TARGET_US = 10.0
-
-
-def _time_calls(call, calls: int, repeats: int, synchronize) -> tuple[float, float]:
-    """Median µs per call on the host, without and with the final synchronise."""
-    for _ in range(100):  # warm-up: kernel compile and load, caches
-        call()
-    synchronize()
-    host, total = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        issued = time.perf_counter()
-        synchronize()
-        done = time.perf_counter()
-        host.append((issued - start) / calls * 1e6)
-        total.append((done - start) / calls * 1e6)
-    return statistics.median(host), statistics.median(total)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("bench_op_overhead: needs a CUDA GPU; none is available on this machine")
 
     import spio.functional  # noqa: F401  (registers torch.ops.spio)
+    from spio.bench.timing import host_us_per_call
     from spio.layers import Conv2dGw8
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
@@ -82,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'case':32s} {'host µs/call':>13s} {'with sync':>10s}")
         results = {}
         for name, call in cases.items():
-            host, total = _time_calls(call, args.calls, args.repeats, torch.cuda.synchronize)
+            host, total = host_us_per_call(call, args.calls, args.repeats, torch.cuda.synchronize)
             results[name] = host
             print(f"{name:32s} {host:13.2f} {total:10.2f}")
 
@@ -98,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{'training step (fwd + bwd)':32s} {'host µs/step':>13s} {'with sync':>10s}")
     for name, module in (("nn.Conv2d (cuDNN)", torch_conv), ("Conv2dGw8", spio_conv)):
-        host, total = _time_calls(
+        host, total = host_us_per_call(
             train(module), args.calls // 4, args.repeats, torch.cuda.synchronize
         )
         results[f"train {name}"] = host

@@ -144,3 +144,28 @@ def time_calls(
             logger.warning("timing batch was not fully queued behind the spin kernel")
         times += [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
     return Timing.of(times, all_prefilled)
+
+
+def host_us_per_call(
+    call: Callable[[], object],
+    calls: int,
+    repeats: int,
+    synchronize: Callable[[], object] = lambda: None,
+    warmup: int = 200,
+) -> tuple[float, float]:
+    """Median µs per call of `call` measured on the host: (issuing only, including the final
+    `synchronize`). For host-overhead probes (launch cost, dispatch cost), not GPU time."""
+    for _ in range(warmup):  # lazy loading, caches, first-call compiles
+        call()
+    synchronize()
+    host, total = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        issued = time.perf_counter()
+        synchronize()
+        done = time.perf_counter()
+        host.append((issued - start) / calls * 1e6)
+        total.append((done - start) / calls * 1e6)
+    return statistics.median(host), statistics.median(total)
