@@ -105,7 +105,7 @@ def spio_kernel(params: Conv2dGw8Params, pass_: str, device=None):
 
 def spio_config(params: Conv2dGw8Params, pass_: str, device=None):
     """The tile config of spio_kernel(params, pass_, device)."""
-    return dict(spio_kernel(params, pass_, device).info)["config"]
+    return spio_kernel(params, pass_, device).info_value("config")
 
 
 def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], arch: str, device=None) -> list[str]:
@@ -139,7 +139,7 @@ class PassCase:
         self.bytes = self.stats.bytes(pass_)
         self.sets = rotation_sets(self.bytes, l2_bytes)
         self.kernel = spio_kernel(params, pass_, torch.device(device))
-        self.config = dict(self.kernel.info)["config"]
+        self.config = self.kernel.info_value("config")
         dtype = _torch_dtype(params.dtype)
         cl = torch.channels_last
 

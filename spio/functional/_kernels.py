@@ -71,7 +71,7 @@ def wgrad_kernel(
         return kernel
     key = ("partials", kernel.name, device)
     if key not in _chosen:
-        config = wf.kernel_info(kernel, "config")
+        config = kernel.info_value("config")
         size = wf.partial_bytes(params, config)
         if size > MAX_PARTIAL_BYTES:
             logger.info(

@@ -134,8 +134,8 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
             continue
         if block_q % (16 * warp_q16) or stages > 2 and block_p < 8:
             continue
-        if stages > 4 and (block_p > 16 or stages > block_p + params.r - 1):
-            continue  # deep pipelines: only for short tiles, and never more stages than rows
+        if stages > 4 and block_p > 16:
+            continue  # deep pipelines only for short tiles; block_p >= 8 rows >= 8 stages
         warps = groups * block_q // (16 * warp_q16)
         if warps > MAX_THREADS // 32:
             continue

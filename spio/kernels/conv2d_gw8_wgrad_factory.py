@@ -244,11 +244,6 @@ def make_kernel(
     )
 
 
-def kernel_info(kernel: Kernel, key: str):
-    """A value recorded in kernel.info ("params", "config", "partials")."""
-    return dict(kernel.info).get(key)
-
-
 def partial_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
     """Bytes of the partial-sum buffers (dw and, with has_bias, dbias) of a `partials` kernel."""
     per_slot = params.c * 8 * params.r * params.s + (params.c if params.has_bias else 0)
@@ -274,8 +269,8 @@ def wgrad(
     _check_dtype(params, x, dy)
     kernel = kernel or make_kernel(params, config)
     device = x.device
-    if kernel_info(kernel, "partials"):
-        slots = partial_slots(params, kernel_info(kernel, "config"))
+    if kernel.info_value("partials"):
+        slots = partial_slots(params, kernel.info_value("config"))
         dw = torch.empty((slots, *params.weight_shape), dtype=torch.float32, device=device)
         dbias = None
         if params.has_bias:

@@ -45,6 +45,10 @@ class Kernel:
         # the generated dataclass hash would rehash the headers' text on every launch.
         return hash(self.name)
 
+    def info_value(self, key: str, default: Any = None) -> Any:
+        """One value of `info` ("params", "config", ...), or default."""
+        return dict(self.info).get(key, default)
+
     @property
     def source(self) -> str:
         return kernel_source(self.source_file)
