@@ -20,12 +20,11 @@ Importing this module imports torch.
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ from torch import nn
 from ..kernels.conv2d_gw8_params import GROUP_WIDTH
 from ..kernels.stats import PASSES
 from .layers import BenchLayer
-from .results import RunInfo
+from .results import RunInfo, write_rows
 
 STYLES = ("convfirst", "mbconv")
 IMPLS = ("spio", "torch")
@@ -356,16 +355,7 @@ def run_insitu(
 
 def write_insitu_csv(rows: list[InSituRow], path: Path) -> Path:
     """Write in-situ rows to path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    names = [f.name for f in fields(InSituRow)]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["pass" if n == "pass_" else n for n in names])
-        for row in rows:
-            values = asdict(row)
-            writer.writerow([values[n] for n in names])
-    return path
+    return write_rows(rows, path, InSituRow)
 
 
 def _measured(row: InSituRow | None) -> tuple[float, str] | None:

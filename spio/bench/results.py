@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -77,25 +77,38 @@ class BenchRow:
 
 
 #: CSV header: the dataclass fields ("pass_" written as "pass") plus derived columns.
-_DERIVED = ("gbps", "tflops")
+#: Columns written after BenchRow's fields, computed from them (and skipped when reading).
+_DERIVED: dict[str, Callable] = {
+    "gbps": lambda row: f"{row.gbps:.2f}",
+    "tflops": lambda row: f"{row.tflops:.3f}",
+}
 
 
 def _column(name: str) -> str:
     return "pass" if name == "pass_" else name
 
 
-def write_csv(rows: Iterable[BenchRow], path: Path) -> Path:
-    """Write rows (with derived GB/s and TFLOP/s columns) to path; returns path."""
+def write_rows(
+    rows: Iterable, path: Path, row_type: type, derived: dict[str, Callable] | None = None
+) -> Path:
+    """Write dataclass rows of `row_type` to a CSV at path, one column per field ("pass_" is
+    written "pass"), then one per `derived` name (its function formats a row's value)."""
+    derived = derived or {}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    names = [f.name for f in fields(BenchRow)]
+    names = [f.name for f in fields(row_type)]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow([_column(n) for n in names] + list(_DERIVED))
+        writer.writerow([_column(n) for n in names] + list(derived))
         for row in rows:
             values = asdict(row)
-            writer.writerow([values[n] for n in names] + [f"{row.gbps:.2f}", f"{row.tflops:.3f}"])
+            writer.writerow([values[n] for n in names] + [fn(row) for fn in derived.values()])
     return path
+
+
+def write_csv(rows: Iterable[BenchRow], path: Path) -> Path:
+    """Write rows (with derived GB/s and TFLOP/s columns) to path; returns path."""
+    return write_rows(rows, path, BenchRow, _DERIVED)
 
 
 def read_csv(path: Path) -> list[BenchRow]:
