@@ -125,14 +125,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto load_input_row = [&](int row) {
         const int y = block_y + row - Conv::pad_h;
         const bool row_inside = y >= 0 && y < Input::Y;
-        uint4 *stage = smem_input.stage(row % STAGES).get();
-        SPIO_UNROLL
-        for (int j = 0; j < LOADS; ++j) {
-            if (load_dst[j] >= 0 && !SPIO_ABLATE_LOADS) {
-                const bool inside = row_inside && load_col[j] >= 0;
-                const uint4 *src = inside ? image + (y * Input::stride_y + load_col[j]) : in;
-                spio::cp_async_16(stage + load_dst[j], src, inside ? 16 : 0);
-            }
+        if (!SPIO_ABLATE_LOADS) {
+            spio::cp_async_row_16(smem_input.stage(row % STAGES).get(), load_dst, load_col, image,
+                                  y * Input::stride_y, row_inside, in);
         }
     };
     SPIO_UNROLL

@@ -161,27 +161,15 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         const bool image_inside = n < DOutput::N;
         const int y = block_y + i - Conv::pad_h;
         const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
-        uint4 *x_slot = smem_x.stage(t % STAGES).get();
-        SPIO_UNROLL
-        for (int j = 0; j < X_LOADS; ++j) {
-            if (x_dst[j] >= 0 && !SPIO_ABLATE_LOADS) {
-                const bool inside = x_row_inside && x_col[j] >= 0;
-                const uint4 *src =
-                    inside ? x + (n * Input::stride_n + y * Input::stride_y + x_col[j]) : x;
-                spio::cp_async_16(x_slot + x_dst[j], src, inside ? 16 : 0);
-            }
+        if (!SPIO_ABLATE_LOADS) {
+            spio::cp_async_row_16(smem_x.stage(t % STAGES).get(), x_dst, x_col, x,
+                                  n * Input::stride_n + y * Input::stride_y, x_row_inside, x);
         }
         const int p = block_y + i;
         const bool dy_row_inside = image_inside && i < Block::y && p < DOutput::Y;
-        uint4 *dy_slot = smem_dy.slot(t % SLOTS).get();
-        SPIO_UNROLL
-        for (int j = 0; j < DY_LOADS; ++j) {
-            if (dy_dst[j] >= 0 && !SPIO_ABLATE_LOADS) {
-                const bool inside = dy_row_inside && dy_col[j] >= 0;
-                const uint4 *src =
-                    inside ? dy + (n * DOutput::stride_n + p * DOutput::stride_y + dy_col[j]) : dy;
-                spio::cp_async_16(dy_slot + dy_dst[j], src, inside ? 16 : 0);
-            }
+        if (!SPIO_ABLATE_LOADS) {
+            spio::cp_async_row_16(smem_dy.slot(t % SLOTS).get(), dy_dst, dy_col, dy,
+                                  n * DOutput::stride_n + p * DOutput::stride_y, dy_row_inside, dy);
         }
     };
 

@@ -66,6 +66,24 @@ SPIO_DEVICE void cp_async_wait_all() {
 #endif
 }
 
+/// Copies one row of 16-byte elements into shared memory with cp_async_16, following a per-thread
+/// plan worked out once: this thread's element j goes to slot + dst[j] (dst[j] < 0: the thread
+/// has no element j) from base + row_offset + col[j] (col[j] < 0, or !row_inside: zero-filled,
+/// reading nothing; `fallback` is then the in-bounds address the instruction is given). No commit.
+template <int N, typename T>
+SPIO_DEVICE void cp_async_row_16(T *slot, const int (&dst)[N], const int (&col)[N],
+                                 const T *base, int row_offset, bool row_inside,
+                                 const T *fallback) {
+    SPIO_UNROLL
+    for (int j = 0; j < N; ++j) {
+        if (dst[j] >= 0) {
+            const bool inside = row_inside && col[j] >= 0;
+            const T *src = inside ? base + (row_offset + col[j]) : fallback;
+            cp_async_16(slot + dst[j], src, inside ? 16 : 0);
+        }
+    }
+}
+
 }  // namespace spio
 
 #endif  // SPIO_THREAD_ASYNC_COPY_H_
