@@ -9,6 +9,8 @@ header. An ablated kernel computes garbage; only its time means something:
     no-mma       no tensor-core work (loads, barriers and stores stay)
     no-loads     no global reads (compute on whatever shared memory holds)
     skeleton     no loads and no mma: index math, barriers and stores only
+    loads-only   no mma and no stores: the input pipeline alone (copies, waits, barriers)
+    no-sync      no barrier per input row (warps no longer wait for each other)
 
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
 a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partials+sum").
@@ -18,7 +20,7 @@ no-mma or skeleton are close to full, issue and synchronisation do. A device cop
 bytes is timed alongside for scale.
 
     python scripts/ablate_kernel.py [--layer 64c_64x64_3x3] [--n 128] [--dtype fp16]
-                                    [--passes fprop dgrad wgrad] [--config ENCODED]
+                                    [--passes fprop dgrad wgrad] [--config ENCODED ...]
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ VARIANTS = {
     "no-mma": ("SPIO_ABLATE_MMA",),
     "no-loads": ("SPIO_ABLATE_LOADS",),
     "skeleton": ("SPIO_ABLATE_LOADS", "SPIO_ABLATE_MMA"),
+    "loads-only": ("SPIO_ABLATE_MMA", "SPIO_ABLATE_STORES"),
+    "no-sync": ("SPIO_ABLATE_SYNC",),
 }
 
 
@@ -54,7 +58,9 @@ def parse_args(argv=None):
     parser.add_argument("--n", type=int, default=128, help="batch size")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument("--passes", nargs="+", default=["fprop", "dgrad", "wgrad"])
-    parser.add_argument("--config", help="an encoded tile config (default: spio's choice)")
+    parser.add_argument(
+        "--config", nargs="+", help="encoded tile configs to time (default: spio's choice)"
+    )
     parser.add_argument("--repeats", type=int, default=50)
     return parser.parse_args(argv)
 
@@ -89,35 +95,37 @@ def main(argv=None) -> int:
     for pass_ in args.passes:
         family = FAMILY_OF_PASS[pass_]
         if args.config:
-            matches = [c for c in family.configs(params) if c.encode() == args.config]
-            if not matches:
-                print(f"{pass_}: no config {args.config!r} for this layer", file=sys.stderr)
+            by_name = {c.encode(): c for c in family.configs(params)}
+            missing = [name for name in args.config if name not in by_name]
+            if missing:
+                print(f"{pass_}: no config {', '.join(missing)} for this layer", file=sys.stderr)
                 return 2
-            config = matches[0]
+            configs = [by_name[name] for name in args.config]
         else:  # the config spio's get_kernel would use on this GPU
-            config = select_config(_factory_of(family), params, device, **_options(family))
-        base = family.make_kernel(params, config)
-        kernels = {name: ablated(base, switches) for name, switches in VARIANTS.items()}
-        compile_many([k.compile_job(attrs["arch"]) for k in kernels.values()], progress=False)
+            configs = [select_config(_factory_of(family), params, device, **_options(family))]
+        nbytes = stats.bytes(pass_)
         copies = autotune.input_copies(family.name, params, attrs["l2_cache_bytes"])
         arg_sets = [autotune.kernel_inputs(family.name, params, device, s) for s in range(copies)]
-        nbytes = stats.bytes(pass_)
-        full = None
-        for name, kernel in kernels.items():
-            seconds = autotune.time_kernel(kernel, arg_sets, device, repeats=args.repeats)
-            full = full or seconds
-            print(
-                f"{pass_:6s} {name:10s} {seconds * 1e6:8.1f} {nbytes / seconds / 1e9:7.0f} "
-                f"{seconds / full:8.2f}  {config.encode()}"
-            )
-        if pass_ == "wgrad":  # issue #6: atomics into zeroed dw, or per-warp partial sums + a sum
-            for name, seconds in time_wgrad_reductions(
-                params, config, base, arg_sets, attrs["arch"], args.repeats
-            ).items():
+        for config in configs:
+            base = family.make_kernel(params, config)
+            kernels = {name: ablated(base, switches) for name, switches in VARIANTS.items()}
+            compile_many([k.compile_job(attrs["arch"]) for k in kernels.values()], progress=False)
+            full = None
+            for name, kernel in kernels.items():
+                seconds = autotune.time_kernel(kernel, arg_sets, device, repeats=args.repeats)
+                full = full or seconds
                 print(
-                    f"{pass_:6s} {name:12s} {seconds * 1e6:6.1f} {nbytes / seconds / 1e9:7.0f} "
-                    f"{seconds / full:8.2f}  whole wrapper, as autograd calls it"
+                    f"{pass_:6s} {name:10s} {seconds * 1e6:8.1f} {nbytes / seconds / 1e9:7.0f} "
+                    f"{seconds / full:8.2f}  {config.encode()}"
                 )
+            if pass_ == "wgrad":  # issue #6: atomics into zeroed dw, or per-warp partials + a sum
+                for name, seconds in time_wgrad_reductions(
+                    params, config, base, arg_sets, attrs["arch"], args.repeats
+                ).items():
+                    print(
+                        f"{pass_:6s} {name:12s} {seconds * 1e6:6.1f} {nbytes / seconds / 1e9:7.0f} "
+                        f"{seconds / full:8.2f}  whole wrapper, as autograd calls it"
+                    )
         half = nbytes // 4  # 2-byte elements, read and written once each by the copy
         src = torch.randn(half, device=device).half()
         dst = torch.empty_like(src)

@@ -44,7 +44,7 @@ STEPS=(
     "check:90"
     "bench:200"
     "overhead:60"
-    "ablate:60"
+    "ablate:90"
     "memcheck:120"
     "tests:${GPU_CHECK_TEST_SECONDS:-150}"
     "timm:120"
@@ -156,7 +156,16 @@ step_overhead() {
 }
 
 step_ablate() {
-    timeout -k 10 "$1" "$PYTHON" scripts/ablate_kernel.py --layer 64c_64x64_3x3 --n 128
+    # The headline layer with spio's choice for every pass, then FProp with a few tile shapes
+    # (deep pipeline, wide rows) and the no-halo 1x3 layer, to tell latency from throughput.
+    local deadline=$((SECONDS + $1)) rc=0
+    timeout -k 10 "$1" "$PYTHON" scripts/ablate_kernel.py --layer 64c_64x64_3x3 --n 128 || rc=$?
+    timeout -k 10 $((deadline - SECONDS)) "$PYTHON" scripts/ablate_kernel.py \
+        --layer 64c_64x64_3x3 --n 128 --passes fprop --repeats 30 \
+        --config g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q64_w2_s4_k16 || rc=$?
+    timeout -k 10 $((deadline - SECONDS)) "$PYTHON" scripts/ablate_kernel.py \
+        --layer 128c_32x32_1x3 --n 128 --passes fprop --repeats 30 || rc=$?
+    return $rc
 }
 
 step_timm() {

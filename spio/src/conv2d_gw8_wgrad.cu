@@ -50,6 +50,10 @@
 // makes the results wrong. SPIO_ABLATE_LOADS: no global reads (shared memory keeps whatever it
 // holds). SPIO_ABLATE_MMA: no tensor-core work. SPIO_ABLATE_STORES: results are written only
 // under a condition the compiler cannot prove false, so the work that produces them stays.
+// SPIO_ABLATE_SYNC: no barrier per row (warps race ahead of each other's copies).
+#ifndef SPIO_ABLATE_SYNC
+#define SPIO_ABLATE_SYNC 0
+#endif
 #ifndef SPIO_ABLATE_LOADS
 #define SPIO_ABLATE_LOADS 0
 #endif
@@ -201,7 +205,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     }
     for (int t = 0; t < STEPS; ++t) {
         spio::cp_async_wait_group<STAGES - 2>();
-        __syncthreads();
+        if (!SPIO_ABLATE_SYNC) {
+            __syncthreads();
+        }
         if (t + STAGES - 1 < STEPS) {
             load_step(t + STAGES - 1);
         }
