@@ -237,7 +237,6 @@ def profile_passes(stack: nn.Module, x: torch.Tensor, steps: int) -> dict[tuple[
     ("spio", "all") holds every spio kernel seen, attributed to a range or not: the fallback when
     the profiler does not link the driver-API launches to their ranges.
     """
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     global _events
@@ -249,22 +248,37 @@ def profile_passes(stack: nn.Module, x: torch.Tensor, steps: int) -> dict[tuple[
             torch.cuda.synchronize()
     finally:
         _events = None
+    found, spio_kernels = tally_events(prof.events())
+    for key, entry in found.items():
+        entry["event_us"] = events.us_per_call(key)
+    found[("spio", "all")] = {"calls": steps, "kernels": spio_kernels}
+    return found
+
+
+def tally_events(events) -> tuple[dict[tuple[str, str], dict], dict[str, float]]:
+    """From profiler events: calls and kernel µs by name per (impl, pass), and µs per spio kernel
+    name, attributed to a range or not.
+
+    A `bench::impl::pass` range counts once, as its CPU event: recent PyTorch also reports each
+    record_function range as a GPU-side user annotation of the same name, which would count it
+    twice.
+    """
+    from torch.autograd import DeviceType
+
     found: dict[tuple[str, str], dict] = {}
     spio_kernels: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        if "spio_conv2d_gw8" in event.name and event.device_type != DeviceType.CPU:
+    for event in events:
+        on_cpu = event.device_type == DeviceType.CPU
+        if "spio_conv2d_gw8" in event.name and not on_cpu:
             spio_kernels[event.name] += float(event.device_time_total)
-        if not event.name.startswith("bench::"):
+        if not event.name.startswith("bench::") or not on_cpu:
             continue
         _, impl, pass_ = event.name.split("::")
         entry = found.setdefault((impl, pass_), {"calls": 0, "kernels": defaultdict(float)})
         entry["calls"] += 1
         for name, us in _kernels_under(event):
             entry["kernels"][name] += us
-    for key, entry in found.items():
-        entry["event_us"] = events.us_per_call(key)
-    found[("spio", "all")] = {"calls": steps, "kernels": spio_kernels}
-    return found
+    return found, spio_kernels
 
 
 def step_time_ms(stack: nn.Module, x: torch.Tensor, steps: int) -> float:

@@ -118,3 +118,31 @@ def test_profile_passes_counts_ranges_and_event_times_on_cpu(monkeypatch):
             assert entry["calls"] == 2 * 3, (impl, pass_, entry)
             assert entry["event_us"] == pytest.approx(250.0)
         assert insitu._events is None  # switched off after profiling
+
+
+def test_tally_counts_each_range_once_though_the_profiler_reports_it_on_both_sides():
+    """PyTorch 2.11 on an H200 reported every bench:: range twice, as the CPU range and as a GPU
+    user annotation: calls came out 12 where 6 were made. Only the CPU event counts."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from spio.bench.insitu import tally_events
+
+    def event(name, device, kernels=(), children=(), device_us=0.0):
+        return SimpleNamespace(name=name, device_type=device, kernels=list(kernels),
+                               cpu_children=list(children), device_time_total=device_us)  # fmt: skip
+
+    kernel = SimpleNamespace(name="spio_conv2d_gw8", duration=7.0)
+    launch = event("cuLaunchKernel", DeviceType.CPU, kernels=[kernel])
+    events = []
+    for _ in range(3):
+        events += [
+            event("bench::spio::fprop", DeviceType.CPU, children=[launch]),
+            event("bench::spio::fprop", DeviceType.CUDA),  # the GPU-side annotation
+            event("spio_conv2d_gw8", DeviceType.CUDA, device_us=7.0),
+        ]
+    found, spio_kernels = tally_events(events)
+    assert found[("spio", "fprop")]["calls"] == 3
+    assert found[("spio", "fprop")]["kernels"] == {"spio_conv2d_gw8": 21.0}
+    assert spio_kernels == {"spio_conv2d_gw8": 21.0}
