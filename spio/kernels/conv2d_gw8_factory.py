@@ -108,14 +108,20 @@ def pad_odd(n: int) -> int:
 
 
 def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8Config) -> int:
-    """Dynamic shared memory of one block: the input-row stages plus the weights."""
+    """Dynamic shared memory of one block: the input-row stages, the weights and the two output
+    staging rows."""
     in_x = pad_odd(config.block_q + params.s - 1)
-    return config.stages * config.groups * in_x * 16 + config.groups * params.r * params.s * 64 * 2
+    return (
+        config.stages * config.groups * in_x * 16
+        + config.groups * params.r * params.s * 64 * 2
+        + 2 * config.block_q * (config.groups + 1) * 16
+    )
 
 
-#: Input-row buffers per block. 6 and 8 let a short tile (block_p 8 or 16, as on small images)
-#: keep most of its rows in flight at once; on the H200 the 8x8 and 16x16 layers ran faster with
-#: 4 stages than with 2 (docs/perf/2026-11-29-h200/perf_samples.csv), longer tiles did not care.
+#: Input-row buffers per block. On the H200 the input pipeline alone (ablated kernel, no mma, no
+#: stores) of the 64c 64x64 layer ran in 53 us with 2 stages and 43 us with 4, against 19 us for
+#: reading the same bytes at copy speed (docs/perf/2026-11-29-h200-2/ablate.log): rows in flight
+#: bound it, so up to 7 may be.
 STAGES = (2, 3, 4, 6, 8)
 
 
@@ -134,8 +140,6 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
             continue
         if block_q % (16 * warp_q16) or stages > 2 and block_p < 8:
             continue
-        if stages > 4 and block_p > 16:
-            continue  # deep pipelines only for short tiles; block_p >= 8 rows >= 8 stages
         warps = groups * block_q // (16 * warp_q16)
         if warps > MAX_THREADS // 32:
             continue
@@ -260,11 +264,18 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
             element,
             {"c8": config.groups, "r": params.r, "s": params.s, "k": 8, "c": 8},
         ),
+        # Output staging rows; a pixel's groups padded by one 16-byte chunk against bank conflicts.
+        TensorSpec(
+            "SmemOutput",
+            pair,
+            {"buf": 2, "x": config.block_q, "k8": (config.groups, config.groups + 1), "k2": 4},
+        ),
         IndexSpec("BlockIdx", tiles),
         IndexSpec(
             "WarpIdx", {"c8": config.groups, "x16": config.block_q // (16 * config.warp_q16)}
         ),
         IndexSpec("InputLoadIdx", {"x": in_x, "c8": config.groups}),
+        IndexSpec("OutputStoreIdx", {"x": config.block_q, "c8": config.groups}),
         IndexSpec(
             "WeightLoadIdx", {"c8": config.groups, "k": 8, "c": 8, "r": params.r, "s": params.s}
         ),

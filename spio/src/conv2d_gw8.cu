@@ -19,7 +19,9 @@
 /// the two shifted 16x8 matrices side by side, B the two 8x8 taps stacked), adding into a circular buffer of R output rows kept in registers
 /// (overlap-add): input row i feeds output rows i - r. The loop over input rows is unrolled by R so
 /// that each buffer slot is a fixed set of registers. After input row i, output row i - (R-1) is
-/// complete: it is rounded, biased and stored, and its slot zeroed for reuse.
+/// complete: it is rounded, biased and written to a shared-memory staging buffer, and its slot
+/// zeroed for reuse. In the next step all threads copy the staged row to global memory in whole
+/// 16-byte chunks, a pixel's groups side by side (two staging buffers alternate).
 /// Weights are read once per block into shared memory ([c8][r][s][k][c]: each tap a 128-byte 8x8
 /// matrix) and then into registers, one register per tap per lane (ldmatrix.x1, .trans in DGrad).
 ///
@@ -27,10 +29,13 @@
 /// group (empty past the last row). At the top of row i every thread waits for its copies of row i
 /// (cp.async.wait_group STAGES - 2 leaves the newer rows in flight), then the barrier publishes row i
 /// to all warps and guarantees that every warp has finished reading row i - 1, whose stage then
-/// receives row i + STAGES - 1.
+/// receives row i + STAGES - 1. The same barrier publishes the output row staged in step i - 1,
+/// which the threads copy out in step i; its buffer is staged into again only in step i + 1, after
+/// the next barrier. One more barrier after the last step publishes the tile's last output row.
 ///
 /// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
-/// SmemInput::num_bytes + SmemWeights::num_bytes bytes of dynamic shared memory.
+/// SmemInput::num_bytes + SmemWeights::num_bytes + SmemOutput::num_bytes bytes of dynamic shared
+/// memory.
 /// Arguments: (Out *out, const In *in, const Elem *weights, const float *bias or null).
 /// The generated header (conv2d_gw8_gen.h) defines Conv, Block, the tensors and the index classes.
 
@@ -92,6 +97,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     extern __shared__ uint4 smem[];
     const SmemInput smem_input(smem);
     const SmemWeights smem_weights(reinterpret_cast<Elem *>(smem + SmemInput::size));
+    static_assert(SmemWeights::num_bytes % 16 == 0, "output staging must be 16-byte aligned");
+    const SmemOutput smem_output(reinterpret_cast<Output::data_type *>(
+        smem + SmemInput::size + SmemWeights::num_bytes / 16));
 
     const BlockIdx block(blockIdx.x);
     const int n = block.n();
@@ -196,28 +204,44 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         }
     }
 
-    // Rounds, biases and stores output row `row` of the tile from accumulator slot `slot`.
-    const auto store_output_row = [&](int row, float (&rows)[Block::warp_x16][4]) {
-        const int y = block_y + row;
-        if (y >= Output::Y || c8 >= Output::K8) {
-            return;
-        }
-        const Output out_row = Output(out).n(n).y(y);
+    // Output rows leave through shared memory so that global stores are whole 16-byte chunks,
+    // consecutive threads writing consecutive chunks (all the block's groups of a pixel, then the
+    // next pixel), instead of each lane writing 4 bytes into every pixel's 16-byte group slice.
+    // Rounds, biases and writes output row `row` of the tile from accumulator slot `rows` into its
+    // staging buffer.
+    const auto stage_output_row = [&](int row, float (&rows)[Block::warp_x16][4]) {
+        const SmemOutput staged = smem_output.buf(row % 2).k8(warp.c8()).k2(lane % 4);
         SPIO_UNROLL
         for (int run = 0; run < Block::warp_x16; ++run) {
             SPIO_UNROLL
             for (int half = 0; half < 2; ++half) {  // fragment rows g and g + 8
-                const int x = block_x + warp_x + run * 16 + lane / 4 + half * 8;
+                const int x = warp_x + run * 16 + lane / 4 + half * 8;
                 const float v0 = rows[run][2 * half] + bias_pair.x;
                 const float v1 = rows[run][2 * half + 1] + bias_pair.y;
+                *staged.x(x) = spio::pack_pair<Elem>(v0, v1);
+            }
+        }
+    };
+    // Copies staged output row `row` of the tile to global memory (all threads).
+    const auto store_output_row = [&](int row) {
+        const int y = block_y + row;
+        if (y >= Output::Y) {
+            return;
+        }
+        const Output out_row = Output(out).n(n).y(y);
+        const SmemOutput staged = smem_output.buf(row % 2);
+        for (int i = threadIdx.x; i < OutputStoreIdx::size; i += Block::threads) {
+            const OutputStoreIdx idx(i);
+            const int x = block_x + idx.x();
+            const int k8 = block_c8 + idx.c8();
+            const uint4 chunk = *reinterpret_cast<const uint4 *>(staged.x(idx.x()).k8(idx.c8()).get());
 #if SPIO_ABLATE_STORES
-                if (__float_as_uint(v0) != 0x7fc0beefu) {
-                    continue;
-                }
+            if (chunk.x != 0x7fc0beefu) {
+                continue;
+            }
 #endif
-                if (x < Output::X) {
-                    *out_row.x(x).k8(c8).k2(lane % 4) = spio::pack_pair<Elem>(v0, v1);
-                }
+            if (x < Output::X && k8 < Output::K8) {
+                *reinterpret_cast<uint4 *>(out_row.x(x).k8(k8).get()) = chunk;
             }
         }
     };
@@ -235,6 +259,10 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     load_input_row(row + STAGES - 1);
                 }
                 spio::cp_async_commit_group();
+                // The output row staged in the previous step is visible to all threads now.
+                if (row >= R) {
+                    store_output_row(row - R);
+                }
                 const SmemInput stage = smem_input.stage(row % STAGES).c8(warp.c8());
                 // Block::mma_k == 16 pairs filter columns s and s + 1 into one m16n8k16.
                 constexpr int TAPS_PER_MMA = Block::mma_k / 8;
@@ -268,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 const int done = row - (R - 1);
                 float (&finished)[Block::warp_x16][4] = acc[(u + 1) % R];
                 if (done >= 0) {
-                    store_output_row(done, finished);
+                    stage_output_row(done, finished);
                 }
                 SPIO_UNROLL
                 for (int run = 0; run < Block::warp_x16; ++run) {
@@ -280,4 +308,6 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             }
         }
     }
+    __syncthreads();  // the last output row of the tile is staged
+    store_output_row(Block::y - 1);
 }

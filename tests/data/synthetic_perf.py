@@ -96,7 +96,7 @@ def synthetic_layers(count: int, seed: int) -> list[Conv2dGw8Params]:
     return list(layers.values())
 
 
-def synthetic_samples(layers: int = 24, configs_per_layer: int = 64, seed: int = 0) -> list[Sample]:
+def synthetic_samples(layers: int = 24, configs_per_layer: int = 80, seed: int = 0) -> list[Sample]:
     """Samples of every family on `layers` random layers, `configs_per_layer` random configs
     each, with log-normal noise."""
     rng = random.Random(seed + 1)

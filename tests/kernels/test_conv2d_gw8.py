@@ -144,22 +144,25 @@ def test_emulated_input_copies_per_thread(pass_, params, config):
          "g2_p8_q16_w1_s8_k16"),  # 8 of the tile's 10 rows in flight
         ("dgrad", Conv2dGw8Params(n=1, c=16, h=13, w=7, padding=2, r=5, s=3),
          "g1_p16_q16_w1_s6_k8"),  # two tiles; 6 stages over 20 rows, negative padding
+        ("fprop", Conv2dGw8Params(n=1, c=24, h=40, w=20, padding=1, r=3, s=3, has_bias=True),
+         "g2_p32_q16_w1_s8_k16"),  # a long tile: 8 stages over 34 rows; a second, short tile
     ],
     ids=lambda v: v if isinstance(v, str) else v.encode(),
 )  # fmt: skip
 def test_emulated_deep_pipelines(pass_, params, config):
-    """Short tiles may keep 6 or 8 input rows in flight (STAGES): the stage ring and cp.async
-    wait counts stay right with more stages than filter rows."""
+    """Up to 7 input rows in flight (STAGES 6 and 8): the stage ring and cp.async wait counts
+    stay right with more stages than filter rows, on short and long tiles."""
     igrad = pass_ == "dgrad"
     matches = [c for c in fd.configs(params, igrad) if c.encode() == config]
     assert matches, f"{config} is not a config of {params.encode()}"
     check(params, pass_, matches[0], "cpu")
 
 
-def test_deep_pipelines_only_for_short_tiles():
+def test_deep_pipelines_only_for_tiles_of_eight_rows_or_more():
     params = Conv2dGw8Params(n=8, c=64, h=64, w=64, padding=1, r=3, s=3)
-    deep = [c for c in fd.configs(params) if c.stages > 4]
-    assert deep and all(c.block_p in (8, 16) for c in deep)
+    deep = [c for c in fd.configs(params) if c.stages > 2]
+    assert {c.block_p for c in deep} == {8, 16, 32, 64}
+    assert {c.stages for c in deep if c.block_p == 64} == {3, 4, 6, 8}
     # Never more stages than input rows, even for one filter row (rows = block_p + R - 1).
     one_row = Conv2dGw8Params(n=8, c=64, h=64, w=64, padding=0, r=1, s=3)
     assert any(c.stages == 8 for c in fd.configs(one_row))
