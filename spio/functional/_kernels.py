@@ -54,6 +54,10 @@ def dgrad_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
 
 #: The largest partial-sum buffer a deterministic WGrad allocates; beyond it PyTorch computes dw.
 MAX_PARTIAL_BYTES = 256 * 2**20
+#: The largest partial-sum buffer the default WGrad allocates; beyond it blocks add into dw with
+#: atomics. Per-warp partial sums and one sum beat atomics into a zeroed dw on the H200: 82.9
+#: against 100.6 us for the 64c 64x64 3x3 layer at N = 128 (docs/perf/2026-11-29-h200-2/).
+PARTIAL_BYTES = 64 * 2**20
 
 
 def wgrad_kernel(
@@ -61,19 +65,22 @@ def wgrad_kernel(
 ) -> Kernel | None:
     """The WGrad kernel for params on device, computing the bias gradient too when `with_bias`.
 
-    `deterministic`: the partial-sums variant of the same config, whose result does not depend
-    on the order blocks run in; None when its buffer would exceed MAX_PARTIAL_BYTES.
+    Its partial-sums variant (per-warp sums, then one sum; the same bits on every run) when the
+    buffer fits in PARTIAL_BYTES, else the atomic one. `deterministic`: always the partial-sums
+    variant, or None (PyTorch computes dw) when its buffer would exceed MAX_PARTIAL_BYTES.
     """
     wf = conv2d_gw8_wgrad_factory
     params = dataclasses.replace(params, has_bias=with_bias)
-    kernel = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
-    if not deterministic:
-        return kernel
-    key = ("partials", kernel.name, device)
+    atomic = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
+    key = ("wgrad", atomic.name, device, deterministic)
     if key not in _chosen:
-        config = kernel.info_value("config")
+        config = atomic.info_value("config")
         size = wf.partial_bytes(params, config)
-        if size > MAX_PARTIAL_BYTES:
+        if size <= (MAX_PARTIAL_BYTES if deterministic else PARTIAL_BYTES):
+            _chosen[key] = wf.make_kernel(params, config, partials=True)
+        elif not deterministic:
+            _chosen[key] = atomic
+        else:
             logger.info(
                 "conv2d_gw8 %s: the deterministic WGrad would need %d MiB of partial sums (limit "
                 "%d MiB); PyTorch computes this weight gradient",
@@ -82,8 +89,6 @@ def wgrad_kernel(
                 MAX_PARTIAL_BYTES >> 20,
             )
             _chosen[key] = None
-        else:
-            _chosen[key] = wf.make_kernel(params, config, partials=True)
     return _chosen[key]
 
 
@@ -123,9 +128,10 @@ def wgrad(
     the same pass when `with_bias`, else None. `kernel`: wgrad_kernel(params, input.device,
     with_bias, deterministic), when the caller already holds it.
 
-    The WGrad kernel sums blocks with fp32 atomics, so its last bits vary from run to run. Under
-    torch.use_deterministic_algorithms(True) its partial-sums variant runs instead (per-warp sums,
-    then a sum over them), or PyTorch where that buffer would be too large.
+    The kernel is wgrad_kernel's choice: per-warp partial sums then a sum (the same bits on every
+    run), or, for layers whose partial sums would pass PARTIAL_BYTES, fp32 atomics (the last bits
+    vary from run to run). Under torch.use_deterministic_algorithms(True) the partial sums always,
+    or PyTorch where that buffer would pass MAX_PARTIAL_BYTES.
     """
     if kernel is None:
         deterministic = torch.are_deterministic_algorithms_enabled()

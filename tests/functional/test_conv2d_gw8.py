@@ -340,9 +340,9 @@ def test_import_spio_does_not_import_torch():
 
 @pytest.mark.parametrize("limit", ["default", "tiny"])
 def test_deterministic_mode_uses_the_partial_sums_wgrad(monkeypatch, limit):
-    """spio's WGrad sums with fp32 atomics; under use_deterministic_algorithms it runs the
-    partial-sums variant instead (per-warp sums, then one sum over them), or, where that buffer
-    would pass MAX_PARTIAL_BYTES, takes the gradients from PyTorch."""
+    """Under use_deterministic_algorithms spio's WGrad runs the partial-sums variant (per-warp
+    sums, then one sum over them), or, where that buffer would pass MAX_PARTIAL_BYTES, takes the
+    gradients from PyTorch. Outside it, partial sums up to PARTIAL_BYTES, then fp32 atomics."""
     from spio.functional import _kernels
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
@@ -376,9 +376,19 @@ def test_deterministic_mode_uses_the_partial_sums_wgrad(monkeypatch, limit):
     tol.assert_close(dw, conv2d_gw8_wgrad_ref(x, dy, (1, 1), 3, 3))
     tol = conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1))
     tol.assert_close(db, conv2d_gw8_bias_grad_ref(dy))
+    # Deterministic mode off again: partial sums by default while their buffer is small, atomics
+    # into a zeroed dw past PARTIAL_BYTES.
     launched.clear()
     conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
-    assert launched and not launched[0].endswith("__partials")  # deterministic mode off again
+    assert launched and launched[0].endswith("__partials")
+    monkeypatch.setattr(_kernels, "PARTIAL_BYTES", 16)
+    monkeypatch.setattr(_kernels, "_layers", {})
+    monkeypatch.setattr(_kernels, "_chosen", {})
+    launched.clear()
+    _, dw3, _ = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
+    assert launched and not launched[0].endswith("__partials")
+    tol = conv2d_gw8_tolerance(params, "wgrad", x, dy)
+    tol.assert_close(dw3, conv2d_gw8_wgrad_ref(x, dy, (1, 1), 3, 3))
 
 
 def test_fresh_strides_are_torch_empty_strides():

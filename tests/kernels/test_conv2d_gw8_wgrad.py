@@ -167,3 +167,20 @@ def test_emulated_wgrad_with_several_copies_per_thread():
     config = wg.Conv2dGw8WgradConfig(groups=1, block_p=4, block_q=32, warp_q8=4, stages=3)
     assert config in wg.configs(params) and config.threads == 32
     check(params, "wgrad", config, "cpu")
+
+
+@pytest.mark.parametrize(
+    "params,config",
+    [
+        (Conv2dGw8Params(n=5, c=16, h=9, w=10, padding=1, r=3, s=3, has_bias=True),
+         wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=16, block_n=4, warp_q8=2, stages=6)),
+        (Conv2dGw8Params(n=2, c=8, h=11, w=7, padding=2, r=5, s=4),
+         wg.Conv2dGw8WgradConfig(groups=1, block_p=8, block_q=8, warp_q8=1, stages=4, mma_k=8)),
+    ],
+    ids=["s6-images-across-steps", "s4-r5"],
+)  # fmt: skip
+def test_emulated_wgrad_deep_pipelines(params, config):
+    """4 and 6 row buffers: more steps in flight than filter rows, and (block_n 4) steps that
+    run across image boundaries; the dy ring then has R + 6 slots."""
+    assert config in wg.configs(params)
+    check(params, "wgrad", config, "cpu")
