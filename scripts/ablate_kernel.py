@@ -54,12 +54,21 @@ def ablated(kernel, switches: tuple[str, ...]):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layer", default="64c_64x64_3x3", help="a layer of the bench table")
+    parser.add_argument(
+        "--layer", nargs="+", default=["64c_64x64_3x3"], help="layers of the bench table"
+    )
     parser.add_argument("--n", type=int, default=128, help="batch size")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument("--passes", nargs="+", default=["fprop", "dgrad", "wgrad"])
     parser.add_argument(
         "--config", nargs="+", help="encoded tile configs to time (default: spio's choice)"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=list(VARIANTS),
+        help="ablation variants to time (default: all)",
     )
     parser.add_argument("--repeats", type=int, default=50)
     return parser.parse_args(argv)
@@ -74,6 +83,23 @@ def main(argv=None) -> int:
         return 1
 
     from spio.bench.layers import layer_table
+
+    layers = {layer.name: layer for layer in layer_table()}
+    unknown = [name for name in args.layer if name not in layers]
+    if unknown:
+        print(f"--layer must be among {', '.join(layers)}, got {unknown}", file=sys.stderr)
+        return 2
+    for name in args.layer:
+        status = ablate_layer(args, layers[name])
+        if status:
+            return status
+    return 0
+
+
+def ablate_layer(args, layer) -> int:
+    """Times the variants of each pass of one layer; 0, or 2 for a config the layer lacks."""
+    import torch
+
     from spio.bench.timing import time_calls
     from spio.compiler import compile_many
     from spio.cuda import driver
@@ -82,15 +108,11 @@ def main(argv=None) -> int:
     from spio.kernels.perf_model import select_config
     from spio.kernels.stats import Conv2dStats
 
-    layers = {layer.name: layer for layer in layer_table()}
-    if args.layer not in layers:
-        print(f"--layer must be one of {', '.join(layers)}, got {args.layer!r}", file=sys.stderr)
-        return 2
-    params = layers[args.layer].params(args.n, args.dtype)
+    params = layer.params(args.n, args.dtype)
     device = torch.device("cuda", torch.cuda.current_device())
     attrs = driver.device_attributes(device.index)
     stats = Conv2dStats(params)
-    print(f"{attrs['name']} ({attrs['arch']}), layer {args.layer} N={args.n} {args.dtype}")
+    print(f"{attrs['name']} ({attrs['arch']}), layer {layer.name} N={args.n} {args.dtype}")
     print(f"{'pass':6s} {'variant':10s} {'µs':>8s} {'GB/s':>7s} {'vs full':>8s}  config")
     for pass_ in args.passes:
         family = FAMILY_OF_PASS[pass_]
@@ -108,7 +130,7 @@ def main(argv=None) -> int:
         arg_sets = [autotune.kernel_inputs(family.name, params, device, s) for s in range(copies)]
         for config in configs:
             base = family.make_kernel(params, config)
-            kernels = {name: ablated(base, switches) for name, switches in VARIANTS.items()}
+            kernels = {name: ablated(base, VARIANTS[name]) for name in args.variants}
             compile_many([k.compile_job(attrs["arch"]) for k in kernels.values()], progress=False)
             full = None
             for name, kernel in kernels.items():

@@ -7,7 +7,11 @@ pays torch.library's dispatch; Conv2dGw8 modules outside torch.compile take spio
 without synchronising; the host time per call is reported (median of repeats), then the time
 including the final synchronise. A training step (forward and backward) is timed too. Needs a GPU.
 
-    python scripts/bench_op_overhead.py [--calls 2000] [--repeats 5] [--dtype fp16]
+    python scripts/bench_op_overhead.py [--calls 2000] [--repeats 5] [--dtype fp16] [--profile]
+
+--profile also prints where the host time of Conv2dGw8's forward and training step goes: the
+PyTorch ops each step dispatches (torch.profiler, CPU only) and the Python functions that take the
+most time (cProfile).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--size", type=int, default=8, help="H and W of the input")
+    parser.add_argument("--profile", action="store_true", help="show where the host time goes")
     args = parser.parse_args(argv)
 
     import torch
@@ -96,7 +101,50 @@ def main(argv: list[str] | None = None) -> int:
     # PyTorch's, paid only where torch.compile needs the op (and removed there by compilation).
     verdict = "met" if module_extra <= TARGET_US else "MISSED"
     print(f"target <= {TARGET_US:g} µs for Conv2dGw8 over nn.Conv2d: {verdict}")
+    if args.profile:
+        sync = torch.cuda.synchronize
+        with torch.no_grad():
+            profile_host(
+                "Conv2dGw8 forward (no_grad)", lambda: spio_conv(x), args.calls // 4, sync
+            )
+        profile_host("Conv2dGw8 training step", train(spio_conv), args.calls // 4, sync)
     return 0
+
+
+def profile_host(title: str, call, calls: int, sync, rows: int = 12) -> None:
+    """Prints the PyTorch ops `call` dispatches (per call) and its costliest Python functions;
+    `sync()` waits for the device."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(10):
+        call()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            call()
+        sync()
+    print(f"\n{title}: PyTorch ops per call ({calls} calls profiled)")
+    print(f"{'op':48s} {'per call':>8s} {'self µs':>8s}")
+    averages = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    for event in averages[:rows]:
+        print(
+            f"{event.key[:48]:48s} {event.count / calls:8.2f} "
+            f"{event.self_cpu_time_total / calls:8.2f}"
+        )
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    sync()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(rows)
+    print(f"{title}: Python functions by own time (cProfile, {calls} calls)")
+    print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[-3000:])
 
 
 if __name__ == "__main__":

@@ -18,16 +18,17 @@
 #   bench      python -m spio bench --quick --out OUT_DIR/bench
 #   overhead   scripts/bench_launch.py (µs per driver launch) and scripts/bench_op_overhead.py
 #              (µs per custom-op / module call over F.conv2d's)
-#   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma or stores
-#              switched off, to show where their time goes
+#   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma, stores or
+#              barriers switched off, to show where their time goes; WGrad's atomics against its
+#              partial sums on every bench layer
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
 #   tests      pytest -m "cuda and not slow", every test function first, then round-robin, until
 #              its time limit (GPU_CHECK_TEST_SECONDS, default 150) or the budget runs out
 #   timm       scripts/timm_benchmark.py: regnetx_002 training samples/s, PyTorch and spio
 #   racecheck  compute-sanitizer --tool racecheck on the same launches as memcheck
 #   perf       scripts/perf_sample.py into OUT_DIR/perf_samples.csv with the time left (data for
-#              the performance model; a partial sweep is still useful), continuing from the
-#              samples committed under docs/perf/
+#              the performance model; a partial sweep is still useful); GPU_CHECK_PERF_SEED=CSV
+#              continues from earlier samples
 # GPU_CHECK_ARCHIVE=FILE.tgz also packs OUT_DIR into that one file at the end (for transports
 # that bring back only a few files).
 # When build or info fails (e.g. `spio info` finds that the driver extension does not load),
@@ -44,7 +45,7 @@ STEPS=(
     "check:90"
     "bench:200"
     "overhead:60"
-    "ablate:90"
+    "ablate:120"
     "memcheck:120"
     "tests:${GPU_CHECK_TEST_SECONDS:-150}"
     "timm:120"
@@ -151,7 +152,7 @@ step_overhead() {
     local half=$(($1 / 2))
     timeout -k 10 "$half" "$PYTHON" scripts/bench_launch.py --launches 2000 --repeats 3
     local rc=$?
-    timeout -k 10 "$half" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 3 || rc=$?
+    timeout -k 10 "$half" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 3 --profile || rc=$?
     return "$rc"
 }
 
@@ -165,6 +166,12 @@ step_ablate() {
         --config g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q64_w2_s4_k16 || rc=$?
     timeout -k 10 $((deadline - SECONDS)) "$PYTHON" scripts/ablate_kernel.py \
         --layer 128c_32x32_1x3 --n 128 --passes fprop --repeats 30 || rc=$?
+    # WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and a sum) on
+    # every bench layer.
+    timeout -k 10 $((deadline - SECONDS)) "$PYTHON" scripts/ablate_kernel.py --passes wgrad \
+        --variants full --repeats 30 --layer $("$PYTHON" -c \
+        "from spio.bench.layers import layer_table; print(*(l.name for l in layer_table()))") \
+        || rc=$?
     return $rc
 }
 
@@ -184,17 +191,17 @@ step_perf() {
     # perf_sample.py stops itself before its budget runs out; keep 20 s for it to write the CSV.
     local budget=$(($1 - 20))
     ((budget < 10)) && return 200
-    # Resume from the samples already committed (perf_sample skips what this GPU model has), and
-    # widen the batch sizes the shipped models cover.
-    local csv="$OUT_DIR/perf_samples.csv" seed
-    if [[ ! -f "$csv" ]]; then
-        for seed in docs/perf/*/perf_samples.csv; do
-            [[ -f "$seed" ]] || continue
-            if [[ -f "$csv" ]]; then tail -n +2 "$seed" >>"$csv"; else cp "$seed" "$csv"; fi
-        done
+    # A fresh sample of the kernels as they are now; GPU_CHECK_PERF_SEED=CSV resumes from earlier
+    # samples instead (perf_sample skips what this GPU model already has), which is right only
+    # while the kernels they timed are unchanged. FProp and DGrad first (their kernels changed
+    # last), N = 128 first (the shipped models cover N = 64..256).
+    local csv="$OUT_DIR/perf_samples.csv"
+    if [[ -n "${GPU_CHECK_PERF_SEED:-}" && ! -f "$csv" ]]; then
+        cp "$GPU_CHECK_PERF_SEED" "$csv"
     fi
     timeout -k 10 "$1" "$PYTHON" scripts/perf_sample.py --csv "$csv" \
-        --budget-s "$budget" --batches 32 256 128 --dtypes fp16 --max-configs 120
+        --budget-s "$budget" --batches 128 32 --dtypes fp16 --max-configs 100 \
+        --families conv2d_gw8_fprop conv2d_gw8_dgrad conv2d_gw8_wgrad
     local rc=$?
     local lines=1
     [[ -f "$OUT_DIR/perf_samples.csv" ]] && lines=$(wc -l <"$OUT_DIR/perf_samples.csv")

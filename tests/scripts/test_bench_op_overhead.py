@@ -1,0 +1,27 @@
+"""scripts/bench_op_overhead.py's --profile report, on the CPU: it names the PyTorch ops a call
+dispatches, with their count per call, and the Python functions that cost the most."""
+
+import importlib.util
+import pathlib
+
+import torch
+
+_path = pathlib.Path(__file__).parents[2] / "scripts" / "bench_op_overhead.py"
+_spec = importlib.util.spec_from_file_location("bench_op_overhead", _path)
+bench_op_overhead = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_op_overhead)
+
+
+def test_profile_host_reports_ops_per_call_and_python_functions(capsys):
+    x = torch.ones(4)
+
+    def call():
+        torch.add(x, x)
+        torch.mul(x, x)
+        torch.mul(x, x)
+
+    bench_op_overhead.profile_host("toy", call, calls=20, sync=lambda: None)
+    out = capsys.readouterr().out
+    ops = {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if "aten::" in line}
+    assert ops["aten::mul"] == 2.0 and ops["aten::add"] == 1.0, out
+    assert "toy: Python functions by own time" in out and "call" in out
