@@ -45,7 +45,7 @@ STEPS=(
     "check:90"
     "bench:200"
     "overhead:60"
-    "ablate:120"
+    "ablate:150"
     "memcheck:120"
     "tests:${GPU_CHECK_TEST_SECONDS:-150}"
     "timm:120"
@@ -157,21 +157,25 @@ step_overhead() {
 }
 
 step_ablate() {
-    # The headline layer with spio's choice for every pass, then FProp with a few tile shapes
-    # (deep pipeline, wide rows) and the no-halo 1x3 layer, to tell latency from throughput.
-    local deadline=$((SECONDS + $1)) rc=0
-    timeout -k 10 "$1" "$PYTHON" scripts/ablate_kernel.py --layer 64c_64x64_3x3 --n 128 || rc=$?
-    timeout -k 10 $((deadline - SECONDS)) "$PYTHON" scripts/ablate_kernel.py \
-        --layer 64c_64x64_3x3 --n 128 --passes fprop --repeats 30 \
-        --config g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q64_w2_s4_k16 || rc=$?
-    timeout -k 10 $((deadline - SECONDS)) "$PYTHON" scripts/ablate_kernel.py \
-        --layer 128c_32x32_1x3 --n 128 --passes fprop --repeats 30 || rc=$?
-    # WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and a sum) on
-    # every bench layer.
-    timeout -k 10 $((deadline - SECONDS)) "$PYTHON" scripts/ablate_kernel.py --passes wgrad \
-        --variants full --repeats 30 --layer $("$PYTHON" -c \
-        "from spio.bench.layers import layer_table; print(*(l.name for l in layer_table()))") \
-        || rc=$?
+    # The headline layer with spio's choice for every pass; FProp tile shapes from shallow to
+    # deep pipelines; the no-halo 1x3 layer; WGrad with 2 to 6 stages; then WGrad's two
+    # reductions (atomics into a zeroed dw, per-warp partial sums and a sum) on every bench layer.
+    local deadline=$((SECONDS + $1)) rc=0 layers
+    local ablate=("$PYTHON" scripts/ablate_kernel.py --n 128)
+    timeout -k 10 "$1" "${ablate[@]}" --layer 64c_64x64_3x3 || rc=$?
+    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 64c_64x64_3x3 --passes fprop \
+        --repeats 30 --variants full no-stores loads-only skeleton --config \
+        g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s8_k16 g8_p64_q32_w1_s6_k16 \
+        g8_p64_q64_w2_s4_k16 g8_p32_q32_w1_s8_k16 g8_p16_q64_w2_s8_k16 || rc=$?
+    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 128c_32x32_1x3 --passes fprop \
+        --repeats 30 --config g8_p4_q16_w1_s2_k8 || rc=$?
+    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 64c_64x64_3x3 --passes wgrad \
+        --repeats 30 --variants full no-stores loads-only --config \
+        g1_p64_q32_n1_w4_s2_k16 g1_p64_q32_n1_w4_s4_k16 g1_p64_q32_n1_w4_s6_k16 || rc=$?
+    layers=$("$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
+    # shellcheck disable=SC2086  # one word per layer
+    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --passes wgrad --variants full \
+        --repeats 30 --layer $layers || rc=$?
     return $rc
 }
 
