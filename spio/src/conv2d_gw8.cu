@@ -222,26 +222,45 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             }
         }
     };
+    // Output copies: thread t copies chunks t + j * Block::threads of every staged row. As for the
+    // input, the row-independent part of each address is worked out once: the chunk's offset in
+    // a staging buffer and in an output row (-1: no chunk j, or outside the image or channels).
+    constexpr int STORES = (OutputStoreIdx::size + Block::threads - 1) / Block::threads;
+    int store_src[STORES];
+    int store_dst[STORES];
+    SPIO_UNROLL
+    for (int j = 0; j < STORES; ++j) {
+        const int i = threadIdx.x + j * Block::threads;
+        store_src[j] = 0;
+        store_dst[j] = -1;
+        if (i < OutputStoreIdx::size) {
+            const OutputStoreIdx idx(i);
+            const int x = block_x + idx.x();
+            const int k8 = block_c8 + idx.c8();
+            store_src[j] = static_cast<int>(smem_output.x(idx.x()).k8(idx.c8()).get() - smem_output.get());
+            if (x < Output::X && k8 < Output::K8) {
+                store_dst[j] = x * Output::stride_x + k8 * Output::stride_k8;
+            }
+        }
+    }
     // Copies staged output row `row` of the tile to global memory (all threads).
     const auto store_output_row = [&](int row) {
         const int y = block_y + row;
         if (y >= Output::Y) {
             return;
         }
-        const Output out_row = Output(out).n(n).y(y);
-        const SmemOutput staged = smem_output.buf(row % 2);
-        for (int i = threadIdx.x; i < OutputStoreIdx::size; i += Block::threads) {
-            const OutputStoreIdx idx(i);
-            const int x = block_x + idx.x();
-            const int k8 = block_c8 + idx.c8();
-            const uint4 chunk = *reinterpret_cast<const uint4 *>(staged.x(idx.x()).k8(idx.c8()).get());
+        Output::data_type *out_row = Output(out).n(n).y(y).get();
+        const Output::data_type *staged = smem_output.buf(row % 2).get();
+        SPIO_UNROLL
+        for (int j = 0; j < STORES; ++j) {
+            const uint4 chunk = *reinterpret_cast<const uint4 *>(staged + store_src[j]);
 #if SPIO_ABLATE_STORES
             if (chunk.x != 0x7fc0beefu) {
                 continue;
             }
 #endif
-            if (x < Output::X && k8 < Output::K8) {
-                *reinterpret_cast<uint4 *>(out_row.x(x).k8(k8).get()) = chunk;
+            if (store_dst[j] >= 0) {
+                *reinterpret_cast<uint4 *>(out_row + store_dst[j]) = chunk;
             }
         }
     };
