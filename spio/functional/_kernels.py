@@ -150,7 +150,7 @@ class Layer:
     kernels once first needed. Both the custom ops and the eager path run through it, so a model
     pays validation, config selection and kernel lookup once per layer, not once per call."""
 
-    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad", "_weight_of", "_weight")
+    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad", "_weight", "_bias")
 
     def __init__(self, params: Conv2dGw8Params, device: torch.device):
         self.params = params
@@ -158,29 +158,32 @@ class Layer:
         self._fprop: Kernel | None = None
         self._dgrad: Kernel | None = None
         self._wgrad: dict[tuple[bool, bool], Kernel | None] = {}  # (bias, deterministic)
-        self._weight_of: tuple = (None, -1)  # (weakref to the source weight, its version)
-        self._weight: Tensor | None = None
+        self._weight = _Converted()
+        self._bias = _Converted()
 
     def contiguous_weight(self, weight: Tensor) -> Tensor:
         """weight in the contiguous (K, 8, R, S) layout the kernels read.
 
         `model.to(memory_format=torch.channels_last)` also makes 4-D weights channels_last, which
-        would cost a copy on every call. The copy is kept while it is still the same tensor at
-        the same version: any in-place update (an optimizer step) bumps the version.
+        would cost a copy on every call; the copy is kept (see _Converted).
         """
         if weight.is_contiguous():
             return weight
-        ref, version = self._weight_of
-        if ref is None or ref() is not weight or version != weight._version:
-            self._weight = weight.contiguous()
-            self._weight_of = (weakref.ref(weight), weight._version)
-        return self._weight
+        return self._weight.get(weight, Tensor.contiguous)
+
+    def fp32_bias(self, bias: Tensor | None) -> Tensor | None:
+        """bias as the contiguous fp32 vector the FProp kernel reads. A half-precision bias
+        would otherwise be converted (a copy kernel and an allocation) on every call."""
+        if bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()):
+            return bias
+        return self._bias.get(bias, lambda b: b.to(torch.float32).contiguous())
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         kernel = self._fprop
         if kernel is None:
             kernel = self._fprop = fprop_kernel(self.params, self.device)
-        return fprop(input, self.contiguous_weight(weight), bias, self.params, kernel=kernel)
+        weight, bias = self.contiguous_weight(weight), self.fp32_bias(bias)
+        return fprop(input, weight, bias, self.params, kernel=kernel)
 
     def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
         kernel = self._dgrad
@@ -199,6 +202,27 @@ class Layer:
         if kernel is None:
             return _pytorch_wgrad(input, grad_output, self.params, with_bias)
         return wgrad(input, grad_output, self.params, with_bias, kernel=kernel)
+
+
+class _Converted:
+    """convert(t) for the last tensor t it was asked about, kept while t is the same tensor at the
+    same version: any in-place update (an optimizer step) bumps the version, and a new tensor
+    (a new parameter) is a new identity. Holds t only weakly."""
+
+    __slots__ = ("_ref", "_version", "_value")
+
+    def __init__(self) -> None:
+        self._ref = None
+        self._version = -1
+        self._value: Tensor | None = None
+
+    def get(self, t: Tensor, convert) -> Tensor:
+        ref = self._ref
+        if ref is None or ref() is not t or self._version != t._version:
+            self._value = convert(t)
+            self._ref = weakref.ref(t)
+            self._version = t._version
+        return self._value
 
 
 #: At most this many call signatures are remembered; a model has a few dozen. Past it the cache

@@ -265,3 +265,24 @@ def test_channels_last_weight_is_copied_once_per_version(monkeypatch):
     check()
     assert sum(s == layer.weight.shape for s in copies) == 3
     assert len(_kernels._layers) >= 1
+
+
+def test_half_bias_is_converted_once_per_version():
+    """The FProp kernel reads an fp32 bias; a half bias is converted once and the copy reused
+    until the bias changes in place or is replaced. An fp32 bias is used as is."""
+    from spio.functional import _kernels
+
+    x = torch.randn(1, 16, 6, 6).half()
+    w = torch.randn(16, 8, 3, 3).half()
+    bias = torch.randn(16).half()
+    layer = _kernels.layer(x, w, bias, 1, 1, groups=2)
+    first = layer.fp32_bias(bias)
+    assert first.dtype == torch.float32 and torch.equal(first, bias.float())
+    assert layer.fp32_bias(bias) is first
+    bias.mul_(-1)  # in place: a new version
+    second = layer.fp32_bias(bias)
+    assert second is not first and torch.equal(second, bias.float())
+    other = bias.clone()
+    assert layer.fp32_bias(other) is not second and torch.equal(layer.fp32_bias(other), second)
+    fp32 = torch.randn(16)
+    assert layer.fp32_bias(fp32) is fp32 and layer.fp32_bias(None) is None
