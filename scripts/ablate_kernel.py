@@ -17,9 +17,10 @@ a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partia
 
 If no-loads is much faster than full, the loads' latency or bandwidth bounds the kernel; if
 no-mma or skeleton are close to full, issue and synchronisation do. A device copy of the pass's
-bytes is timed alongside for scale.
+bytes is timed alongside for scale, and a read-only pass (a sum) over half of them: the ceiling
+for the input pipeline alone.
 
-    python scripts/ablate_kernel.py [--layer 64c_64x64_3x3] [--n 128] [--dtype fp16]
+    python scripts/ablate_kernel.py [--layer NAME-or-C,H,W[,R,S] ...] [--n 128] [--dtype fp16]
                                     [--passes fprop dgrad wgrad] [--config ENCODED ...]
 """
 
@@ -55,7 +56,10 @@ def ablated(kernel, switches: tuple[str, ...]):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--layer", nargs="+", default=["64c_64x64_3x3"], help="layers of the bench table"
+        "--layer",
+        nargs="+",
+        default=["64c_64x64_3x3"],
+        help="layers: names from the bench table, or shapes C,H,W[,R,S] (padding R//2, S//2)",
     )
     parser.add_argument("--n", type=int, default=128, help="batch size")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
@@ -82,18 +86,33 @@ def main(argv=None) -> int:
         print("ablate_kernel: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
         return 1
 
-    from spio.bench.layers import layer_table
-
-    layers = {layer.name: layer for layer in layer_table()}
-    unknown = [name for name in args.layer if name not in layers]
-    if unknown:
-        print(f"--layer must be among {', '.join(layers)}, got {unknown}", file=sys.stderr)
+    try:
+        layers = [parse_layer(text) for text in args.layer]
+    except ValueError as error:
+        print(f"ablate_kernel: {error}", file=sys.stderr)
         return 2
-    for name in args.layer:
-        status = ablate_layer(args, layers[name])
+    for layer in layers:
+        status = ablate_layer(args, layer)
         if status:
             return status
     return 0
+
+
+def parse_layer(text: str):
+    """A BenchLayer from a bench-table name or a shape C,H,W[,R,S] (padding R//2, S//2): shapes
+    let one layer be compared with a neighbour, e.g. an image size that is not a power of 2."""
+    from spio.bench.layers import BenchLayer, layer_table
+
+    table = {layer.name: layer for layer in layer_table()}
+    if text in table:
+        return table[text]
+    parts = text.split(",")
+    if len(parts) not in (3, 5) or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(
+            f"--layer takes a bench-table name ({', '.join(table)}) or C,H,W[,R,S], got {text!r}"
+        )
+    c, h, w, r, s = (list(map(int, parts)) + [3, 3])[:5]
+    return BenchLayer(f"{c}c_{h}x{w}_{r}x{s}", c, h, w, r, s, padding=(r // 2, s // 2))
 
 
 def ablate_layer(args, layer) -> int:
@@ -154,6 +173,13 @@ def ablate_layer(args, layer) -> int:
         timing = time_calls(lambda i, d=dst, s=src: d.copy_(s), warmup=3, reps=args.repeats)
         copy = timing.median_ms * 1e-3
         print(f"{pass_:6s} {'copy':10s} {copy * 1e6:8.1f} {4 * half / copy / 1e9:7.0f}")
+        # A read-only pass over the copy's source (a sum): the ceiling for the input pipeline alone
+        # (loads-only reads the pass's inputs, about half its bytes).
+        timing = time_calls(
+            lambda i, s=src: s.sum(dtype=torch.float32), warmup=3, reps=args.repeats
+        )
+        read = timing.median_ms * 1e-3
+        print(f"{pass_:6s} {'read':10s} {read * 1e6:8.1f} {2 * half / read / 1e9:7.0f}")
     return 0
 
 

@@ -104,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         sync = torch.cuda.synchronize
         with torch.no_grad():
-            profile_host(
-                "Conv2dGw8 forward (no_grad)", lambda: spio_conv(x), args.calls // 4, sync
-            )
+            profile_host("Conv2dGw8 forward (no_grad)", lambda: spio_conv(x), args.calls // 4, sync)
         profile_host("Conv2dGw8 training step", train(spio_conv), args.calls // 4, sync)
     return 0
 

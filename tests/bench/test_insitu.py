@@ -130,8 +130,13 @@ def test_tally_counts_each_range_once_though_the_profiler_reports_it_on_both_sid
     from spio.bench.insitu import tally_events
 
     def event(name, device, kernels=(), children=(), device_us=0.0):
-        return SimpleNamespace(name=name, device_type=device, kernels=list(kernels),
-                               cpu_children=list(children), device_time_total=device_us)  # fmt: skip
+        return SimpleNamespace(
+            name=name,
+            device_type=device,
+            kernels=list(kernels),
+            cpu_children=list(children),
+            device_time_total=device_us,
+        )
 
     kernel = SimpleNamespace(name="spio_conv2d_gw8", duration=7.0)
     launch = event("cuLaunchKernel", DeviceType.CPU, kernels=[kernel])

@@ -98,3 +98,24 @@ def test_wgrad_reductions_time_both_wrappers_on_their_inputs(monkeypatch):
     )
     assert times == {"atomic+zero": 0.5e-3, "partials+sum": 0.5e-3}
     assert len(ran) == 2 and not ran[0].endswith("__partials") and ran[1].endswith("__partials")
+
+
+def test_layers_by_name_or_shape():
+    from spio.bench.layers import layer_table
+
+    assert ablate.parse_layer("64c_64x64_3x3") == layer_table()[0]
+    layer = ablate.parse_layer("64,64,60")
+    assert (layer.c, layer.h, layer.w, layer.r, layer.s, layer.padding) == (
+        64,
+        64,
+        60,
+        3,
+        3,
+        (1, 1),
+    )
+    assert layer.name == "64c_64x60_3x3"
+    five = ablate.parse_layer("96,56,56,5,1")
+    assert (five.r, five.s, five.padding) == (5, 1, (2, 0))
+    for bad in ("64,64", "64,64,60,3", "a,b,c", "nope"):
+        with pytest.raises(ValueError, match="C,H,W"):
+            ablate.parse_layer(bad)
