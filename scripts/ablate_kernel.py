@@ -2,7 +2,8 @@
 
 For one layer and each pass, the kernel spio would pick (or --config) is timed as is and with the
 ablation switches of spio/src (SPIO_ABLATE_LOADS / _MMA / _STORES) defined in its generated
-header. An ablated kernel computes garbage; only its time means something:
+header. An ablated kernel computes garbage; only its time means something (l2-256 is a variant
+that stays correct):
 
     full         the real kernel
     no-stores    results kept only under an impossible condition (the work that makes them stays)
@@ -11,6 +12,7 @@ header. An ablated kernel computes garbage; only its time means something:
     skeleton     no loads and no mma: index math, barriers and stores only
     loads-only   no mma and no stores: the input pipeline alone (copies, waits, barriers)
     no-sync      no barrier per input row (warps no longer wait for each other)
+    l2-256       the real kernel, its input copies asking L2 to prefetch 256 bytes (.L2::256B)
 
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
 a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partials+sum").
@@ -38,19 +40,26 @@ VARIANTS = {
     "skeleton": ("SPIO_ABLATE_LOADS", "SPIO_ABLATE_MMA"),
     "loads-only": ("SPIO_ABLATE_MMA", "SPIO_ABLATE_STORES"),
     "no-sync": ("SPIO_ABLATE_SYNC",),
+    "l2-256": ("SPIO_L2_PREFETCH=256",),
 }
 
 
 def ablated(kernel, switches: tuple[str, ...]):
-    """A copy of `kernel` whose generated header defines `switches` (a new name, so a new cubin)."""
+    """A copy of `kernel` whose generated header defines `switches` ("NAME" as 1, or "NAME=VALUE";
+    a new name, so a new cubin)."""
     if not switches:
         return kernel
-    defines = "".join(f"#define {name} 1\n" for name in switches)
+    defines = ""
+    parts = []
+    for switch in switches:
+        name, _, value = switch.partition("=")
+        defines += f"#define {name} {value or 1}\n"
+        short = name.removeprefix("SPIO_ABLATE_").removeprefix("SPIO_").lower()
+        parts.append(f"{short}{value}")
     headers = tuple((name, text + "\n" + defines) for name, text in kernel.headers)
-    suffix = "_".join(
-        name.removeprefix("SPIO_ABLATE_").removeprefix("SPIO_").lower() for name in switches
+    return dataclasses.replace(
+        kernel, name=f"{kernel.name}__variant_{'_'.join(parts)}", headers=headers
     )
-    return dataclasses.replace(kernel, name=f"{kernel.name}__variant_{suffix}", headers=headers)
 
 
 def parse_args(argv=None):

@@ -165,7 +165,7 @@ step_ablate() {
     local ablate=("$PYTHON" scripts/ablate_kernel.py --n 128)
     timeout -k 10 "$1" "${ablate[@]}" --layer 64c_64x64_3x3 || rc=$?
     timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 64c_64x64_3x3 --passes fprop \
-        --repeats 30 --variants full no-stores loads-only skeleton --config \
+        --repeats 30 --variants full no-stores loads-only skeleton l2-256 --config \
         g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s8_k16 g8_p64_q32_w1_s6_k16 \
         g8_p64_q64_w2_s4_k16 g8_p32_q32_w1_s8_k16 g8_p16_q64_w2_s8_k16 || rc=$?
     timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 128c_32x32_1x3 --passes fprop \
@@ -173,7 +173,7 @@ step_ablate() {
     # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
     # camping would show as a faster loads-only there), next to a read-only pass.
     timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 64,64,64 64,64,60 64,60,64 \
-        64,62,62 --passes fprop --repeats 30 --variants full loads-only \
+        64,62,62 --passes fprop --repeats 30 --variants full loads-only l2-256 \
         --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 || rc=$?
     layers=$("$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
     # shellcheck disable=SC2086  # one word per layer

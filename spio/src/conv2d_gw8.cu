@@ -54,6 +54,10 @@
 // holds). SPIO_ABLATE_MMA: no tensor-core work. SPIO_ABLATE_STORES: results are written only
 // under a condition the compiler cannot prove false, so the work that produces them stays.
 // SPIO_ABLATE_SYNC: no barrier per row (warps race ahead of each other's copies).
+// SPIO_L2_PREFETCH (0, 128 or 256; results stay right): the L2 prefetch hint of the input copies.
+#ifndef SPIO_L2_PREFETCH
+#define SPIO_L2_PREFETCH 0
+#endif
 #ifndef SPIO_ABLATE_SYNC
 #define SPIO_ABLATE_SYNC 0
 #endif
@@ -138,8 +142,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         const int y = block_y + row - Conv::pad_h;
         const bool row_inside = y >= 0 && y < Input::Y;
         if (!SPIO_ABLATE_LOADS) {
-            spio::cp_async_row_16(smem_input.stage(row % STAGES).get(), load_dst, load_col, image,
-                                  y * Input::stride_y, row_inside, in);
+            spio::cp_async_row_16<SPIO_L2_PREFETCH>(smem_input.stage(row % STAGES).get(), load_dst,
+                                                    load_col, image, y * Input::stride_y,
+                                                    row_inside, in);
         }
     };
     SPIO_UNROLL

@@ -51,6 +51,10 @@
 // holds). SPIO_ABLATE_MMA: no tensor-core work. SPIO_ABLATE_STORES: results are written only
 // under a condition the compiler cannot prove false, so the work that produces them stays.
 // SPIO_ABLATE_SYNC: no barrier per row (warps race ahead of each other's copies).
+// SPIO_L2_PREFETCH (0, 128 or 256; results stay right): the L2 prefetch hint of the input copies.
+#ifndef SPIO_L2_PREFETCH
+#define SPIO_L2_PREFETCH 0
+#endif
 #ifndef SPIO_ABLATE_SYNC
 #define SPIO_ABLATE_SYNC 0
 #endif
@@ -166,14 +170,16 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         const int y = block_y + i - Conv::pad_h;
         const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
         if (!SPIO_ABLATE_LOADS) {
-            spio::cp_async_row_16(smem_x.stage(t % STAGES).get(), x_dst, x_col, x,
-                                  n * Input::stride_n + y * Input::stride_y, x_row_inside, x);
+            spio::cp_async_row_16<SPIO_L2_PREFETCH>(smem_x.stage(t % STAGES).get(), x_dst, x_col, x,
+                                                    n * Input::stride_n + y * Input::stride_y,
+                                                    x_row_inside, x);
         }
         const int p = block_y + i;
         const bool dy_row_inside = image_inside && i < Block::y && p < DOutput::Y;
         if (!SPIO_ABLATE_LOADS) {
-            spio::cp_async_row_16(smem_dy.slot(t % SLOTS).get(), dy_dst, dy_col, dy,
-                                  n * DOutput::stride_n + p * DOutput::stride_y, dy_row_inside, dy);
+            spio::cp_async_row_16<SPIO_L2_PREFETCH>(smem_dy.slot(t % SLOTS).get(), dy_dst, dy_col,
+                                                    dy, n * DOutput::stride_n + p * DOutput::stride_y,
+                                                    dy_row_inside, dy);
         }
     };
 

@@ -119,3 +119,18 @@ def test_layers_by_name_or_shape():
     for bad in ("64,64", "64,64,60,3", "a,b,c", "nope"):
         with pytest.raises(ValueError, match="C,H,W"):
             ablate.parse_layer(bad)
+
+
+def test_l2_prefetch_variant_builds_for_every_arch_and_stays_correct(base_kernels):
+    """l2-256 is not an ablation: the input copies carry the .L2::256B hint and the results are
+    unchanged (the emulator ignores the hint; NVRTC must accept it on every arch)."""
+    import spio
+    from spio.compiler import compile_many
+
+    variant = ablate.ablated(base_kernels["fprop"], ablate.VARIANTS["l2-256"])
+    assert variant.name.endswith("__variant_l2_prefetch256")
+    assert "#define SPIO_L2_PREFETCH 256" in variant.headers[0][1]
+    results = compile_many([variant.compile_job(a) for a in spio.supported_arch], progress=False)
+    for arch, result in zip(spio.supported_arch, results, strict=True):
+        assert not isinstance(result, BaseException), (arch, result)
+        assert not any(r.spills for r in result.resources.values()), arch

@@ -15,20 +15,37 @@ namespace spio {
 /// Starts an asynchronous 16-byte copy from global to shared memory, zero-filling past src_bytes.
 ///
 /// Parameters:
+///   L2_PREFETCH: 0, 128 or 256: with 128 or 256, L2 is asked to fetch that many bytes around the
+///     source (PTX .L2::128B / .L2::256B), a hint for streaming reads; 0 gives no hint.
 ///   smem_dst: generic pointer to the 16-byte aligned destination in shared memory.
 ///   gmem_src: generic pointer to the 16-byte aligned source in global memory.
 ///   src_bytes: bytes to read from gmem_src, 0..16; the remaining 16 - src_bytes destination
 ///     bytes are set to zero (0 reads nothing: use it for padding outside the tensor).
 /// Assumes: the data are not read before a cp_async_wait_* covering this copy's group.
+template <int L2_PREFETCH = 0>
 SPIO_DEVICE void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
+    static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
+                  "cp_async_16 needs L2_PREFETCH 0, 128 or 256");
 #if defined(__CUDA_ARCH__)
     const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
     const unsigned long long gmem_addr =
         static_cast<unsigned long long>(__cvta_generic_to_global(gmem_src));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :
-                 : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes)
-                 : "memory");
+    if constexpr (L2_PREFETCH == 256) {
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n"
+                     :
+                     : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes)
+                     : "memory");
+    } else if constexpr (L2_PREFETCH == 128) {
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n"
+                     :
+                     : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes)
+                     : "memory");
+    } else {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :
+                     : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes)
+                     : "memory");
+    }
 #else
     ::spio::emu::cp_async_16(smem_dst, gmem_src, src_bytes);
 #endif
@@ -70,7 +87,8 @@ SPIO_DEVICE void cp_async_wait_all() {
 /// plan worked out once: this thread's element j goes to slot + dst[j] (dst[j] < 0: the thread
 /// has no element j) from base + row_offset + col[j] (col[j] < 0, or !row_inside: zero-filled,
 /// reading nothing; `fallback` is then the in-bounds address the instruction is given). No commit.
-template <int N, typename T>
+/// L2_PREFETCH as for cp_async_16.
+template <int L2_PREFETCH = 0, int N, typename T>
 SPIO_DEVICE void cp_async_row_16(T *slot, const int (&dst)[N], const int (&col)[N],
                                  const T *base, int row_offset, bool row_inside,
                                  const T *fallback) {
@@ -79,7 +97,7 @@ SPIO_DEVICE void cp_async_row_16(T *slot, const int (&dst)[N], const int (&col)[
         if (dst[j] >= 0) {
             const bool inside = row_inside && col[j] >= 0;
             const T *src = inside ? base + (row_offset + col[j]) : fallback;
-            cp_async_16(slot + dst[j], src, inside ? 16 : 0);
+            cp_async_16<L2_PREFETCH>(slot + dst[j], src, inside ? 16 : 0);
         }
     }
 }
