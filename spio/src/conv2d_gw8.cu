@@ -242,7 +242,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             const OutputStoreIdx idx(i);
             const int x = block_x + idx.x();
             const int k8 = block_c8 + idx.c8();
-            store_src[j] = static_cast<int>(smem_output.x(idx.x()).k8(idx.c8()).get() - smem_output.get());
+            const SmemOutput chunk = smem_output.x(idx.x()).k8(idx.c8());
+            store_src[j] = static_cast<int>(chunk.get() - smem_output.get());
             if (x < Output::X && k8 < Output::K8) {
                 store_dst[j] = x * Output::stride_x + k8 * Output::stride_k8;
             }
