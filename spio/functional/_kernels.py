@@ -55,8 +55,9 @@ def dgrad_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
 #: The largest partial-sum buffer a deterministic WGrad allocates; beyond it PyTorch computes dw.
 MAX_PARTIAL_BYTES = 256 * 2**20
 #: The largest partial-sum buffer the default WGrad allocates; beyond it blocks add into dw with
-#: atomics. Per-warp partial sums and one sum beat atomics into a zeroed dw on the H200: 82.9
-#: against 100.6 us for the 64c 64x64 3x3 layer at N = 128 (docs/perf/2026-11-29-h200-2/).
+#: atomics. On the H200 (N = 128, docs/perf/2026-11-29-h200-2.md) per-warp partial sums and one
+#: sum beat atomics into a zeroed dw by 19-31 % on the 64c 64x64 and 128c 32x32 3x3 layers and by
+#: 6-11 % on the two smallest, tied on two and lost by 1.5-2.7 % on four.
 PARTIAL_BYTES = 64 * 2**20
 
 
@@ -278,7 +279,8 @@ def _log_deterministic_once(spio_kernel: bool) -> None:
     if spio_kernel:
         logger.info(
             "deterministic algorithms are on: conv2d_gw8 weight gradients use spio's "
-            "partial-sums WGrad (per-warp sums, then a sum over them) instead of fp32 atomics"
+            "partial-sums WGrad (per-warp sums, then a sum over them) up to %d MiB of partials",
+            MAX_PARTIAL_BYTES >> 20,
         )
 
 
