@@ -158,7 +158,8 @@ step_overhead() {
 
 step_ablate() {
     # The headline layer with spio's choice for every pass; FProp tile shapes from shallow to
-    # deep pipelines; the no-halo 1x3 layer; the input pipeline on image sizes around 64x64;
+    # deep pipelines; the no-halo 1x3 layer; the small layers; the input pipeline on image sizes
+    # around 64x64;
     # then WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and a sum) on
     # every bench layer.
     local deadline=$((SECONDS + $1)) rc=0 layers
@@ -170,6 +171,9 @@ step_ablate() {
         g8_p64_q64_w2_s4_k16 g8_p32_q32_w1_s8_k16 g8_p16_q64_w2_s8_k16 || rc=$?
     timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 128c_32x32_1x3 --passes fprop \
         --repeats 30 --config g8_p4_q16_w1_s2_k8 || rc=$?
+    # The small layers that lose to cuDNN in every pass.
+    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 512c_8x8_3x3 368c_7x7_3x3 \
+        --passes fprop wgrad --repeats 30 || rc=$?
     # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
     # camping would show as a faster loads-only there), next to a read-only pass.
     timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 64,64,64 64,64,60 64,60,64 \
