@@ -6,6 +6,7 @@ Both walk the module tree instead of tracing, so they work on models FX cannot t
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -15,20 +16,31 @@ from spio.layers.conv2d_gw8 import Conv2dGw8, module_ineligibility, resolve_padd
 from spio.log import logger
 
 
-def transform(model: nn.Module) -> nn.Module:
+def transform(
+    model: nn.Module, include: Callable[[str, nn.Conv2d], bool] | None = None
+) -> nn.Module:
     """Replace, in place, every eligible nn.Conv2d of model by a Conv2dGw8 sharing its Parameters.
 
     Eligible: exactly nn.Conv2d (subclasses are left alone), group width 8, C == K, stride 1,
-    dilation 1, kernel 1..5, zeros padding that is symmetric. A module reachable by several
-    paths is replaced once and stays shared. Returns model (or its replacement if model itself
+    dilation 1, kernel 1..5, zeros padding that is symmetric. `include(name, conv)`, if given,
+    is asked about each eligible convolution (`name` as in model.named_modules()) and keeps those
+    it returns False for as they are: for instance a network's last stages, whose 7x7 and 8x8
+    layers still run faster in cuDNN (docs/perf/). A module reachable by several paths is decided
+    once, by its first name, and stays shared. Returns model (or its replacement if model itself
     is an eligible convolution).
     """
     if Conv2dGw8.match(model):
+        if include is not None and not include("", model):
+            logger.info("spio.transform replaced 0 of 1 nn.Conv2d modules (1 excluded)")
+            return model
         logger.info("spio.transform replaced 1 of 1 nn.Conv2d modules")
         return Conv2dGw8.from_torch_module(model)
-    replacements: dict[int, Conv2dGw8] = {}
+    names = {id(module): name for name, module in model.named_modules(remove_duplicate=False)}
+    replacements: dict[int, nn.Conv2d] = {}
     skipped: Counter[str] = Counter()
+    excluded = 0
     for parent in list(model.modules()):
+        prefix = names.get(id(parent), "")
         for name, child in list(parent._modules.items()):
             if child is None:
                 continue
@@ -39,10 +51,18 @@ def transform(model: nn.Module) -> nn.Module:
                 if reason is not None:
                     skipped[reason] += 1
                     continue
+                if include is not None and not include(
+                    f"{prefix}.{name}" if prefix else name, child
+                ):
+                    replacements[id(child)] = child  # kept as it is, wherever it appears
+                    excluded += 1
+                    continue
                 replacements[id(child)] = Conv2dGw8.from_torch_module(child)
             parent._modules[name] = replacements[id(child)]
+    replaced = len(replacements) - excluded
     total = len(replacements) + sum(skipped.values())
-    logger.info("spio.transform replaced %d of %d nn.Conv2d modules", len(replacements), total)
+    note = f" ({excluded} excluded)" if excluded else ""
+    logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
     for reason, count in skipped.most_common():
         logger.debug("spio.transform kept %d nn.Conv2d: %s", count, reason)
     return model

@@ -48,6 +48,30 @@ def test_replaces_exactly_the_eligible_convs(caplog):
     assert dict(model.named_parameters()).keys() == dict(original.named_parameters()).keys()
 
 
+def test_include_keeps_the_convs_it_rejects(caplog):
+    """include(name, conv) decides per eligible convolution; the names are model.named_modules()
+    names, a shared module is decided once, and the rejected ones stay plain nn.Conv2d."""
+    model = _model()
+    asked = []
+
+    def include(name, conv):
+        asked.append(name)
+        assert type(conv) is nn.Conv2d
+        return not name.startswith("blocks.")
+
+    with caplog.at_level(logging.INFO, logger="spio"):
+        transform(model, include=include)
+    assert "replaced 2 of 10 nn.Conv2d modules (2 excluded)" in caplog.text
+    assert sorted(asked) == ["blocks.0", "blocks.3", "heads.row", "shared_a"]
+    kinds = {name: type(m) for name, m in model.named_modules()}
+    assert kinds["blocks.0"] is nn.Conv2d and kinds["blocks.3"] is nn.Conv2d
+    assert kinds["heads.row"] is Conv2dGw8 and kinds["shared_a"] is Conv2dGw8
+    assert model.shared_a is model.shared_b
+    bare = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    assert transform(bare, include=lambda name, conv: False) is bare
+    assert type(transform(bare, include=lambda name, conv: name == "")) is Conv2dGw8
+
+
 def test_outputs_and_gradients_preserved():
     model = _model(1)
     reference = copy.deepcopy(model)
