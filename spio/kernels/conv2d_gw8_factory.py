@@ -325,7 +325,7 @@ def _contiguous(t):
 
 def _check_out(out, shape: tuple, dtype) -> None:
     """A caller-provided output must be what the kernel writes: NHWC, the right shape and dtype,
-    aligned for its 4-byte stores."""
+    16-byte aligned (FProp/DGrad store whole 8-channel chunks)."""
     import torch
 
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
@@ -333,8 +333,11 @@ def _check_out(out, shape: tuple, dtype) -> None:
             f"conv2d_gw8 out must be {dtype} of shape {tuple(shape)}, got {out.dtype} "
             f"{tuple(out.shape)}"
         )
-    if not out.is_contiguous(memory_format=torch.channels_last) or out.data_ptr() % 4:
-        raise ValueError("conv2d_gw8 out must be channels_last contiguous and 4-byte aligned")
+    if not out.is_contiguous(memory_format=torch.channels_last) or out.data_ptr() % 16:
+        raise ValueError(
+            "conv2d_gw8 out must be channels_last contiguous and 16-byte aligned, got strides "
+            f"{tuple(out.stride())} at address {out.data_ptr():#x}"
+        )
 
 
 @functools.cache

@@ -3,6 +3,7 @@ reference in the CPU emulator (sampled configs in CI, all with -m slow) and on a
 
 import dataclasses
 import itertools
+import math
 
 import pytest
 import torch
@@ -205,3 +206,11 @@ def test_bad_out_is_rejected():
         fd.fprop(x, w, None, params, out=torch.empty(1, 8, 3, 3, dtype=torch.float16))
     with pytest.raises(ValueError, match="channels_last contiguous"):
         fd.fprop(x, w, None, params, out=torch.empty(params.output_shape, dtype=torch.float16))
+    # 8 bytes past a 16-byte boundary: fine for 4-byte stores, not for the kernel's 16-byte ones.
+    storage = torch.empty(math.prod(params.output_shape) + 16, dtype=torch.float16)
+    offset = next(i for i in range(8, 16) if (storage.data_ptr() + 2 * i) % 16 == 8)
+    n, c, h, w_ = params.output_shape
+    out = storage.as_strided(params.output_shape, (h * w_ * c, 1, w_ * c, c), offset)
+    assert out.is_contiguous(memory_format=torch.channels_last) and out.data_ptr() % 16 == 8
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        fd.fprop(x, w, None, params, out=out)
