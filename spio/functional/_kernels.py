@@ -17,7 +17,6 @@ model pays validation, config selection and kernel lookup once per layer, not on
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import torch
 from torch import Tensor
@@ -151,46 +150,32 @@ class Layer:
     kernels once first needed. Both the custom ops and the eager path run through it, so a model
     pays validation, config selection and kernel lookup once per layer, not once per call."""
 
-    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad", "_weight", "_bias")
+    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad")
 
     def __init__(self, params: Conv2dGw8Params, device: torch.device):
         self.params = params
         self.device = device
-        self._fprop: Kernel | None = None
-        self._dgrad: Kernel | None = None
+        # Kernels by (weights_cl, bias_elem): the variant that reads the weight and bias as the
+        # caller holds them (conv2d_gw8_factory.operand_layout), so neither is copied per call.
+        self._fprop: dict[tuple[bool, bool], Kernel] = {}
+        self._dgrad: dict[bool, Kernel] = {}
         self._wgrad: dict[tuple[bool, bool], Kernel | None] = {}  # (bias, deterministic)
-        self._weight = _Converted()
-        self._bias = _Converted()
-
-    def contiguous_weight(self, weight: Tensor) -> Tensor:
-        """weight in the contiguous (K, 8, R, S) layout the kernels read.
-
-        `model.to(memory_format=torch.channels_last)` also makes 4-D weights channels_last, which
-        would cost a copy on every call; the copy is kept (see _Converted).
-        """
-        if weight.is_contiguous():
-            return weight
-        return self._weight.get(weight, Tensor.contiguous)
-
-    def fp32_bias(self, bias: Tensor | None) -> Tensor | None:
-        """bias as the contiguous fp32 vector the FProp kernel reads. A half-precision bias
-        would otherwise be converted (a copy kernel and an allocation) on every call."""
-        if bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()):
-            return bias
-        return self._bias.get(bias, lambda b: b.to(torch.float32).contiguous())
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        kernel = self._fprop
+        layout = conv2d_gw8_factory.operand_layout(weight, bias)
+        kernel = self._fprop.get(layout)
         if kernel is None:
-            kernel = self._fprop = fprop_kernel(self.params, self.device)
-        weight, bias = self.contiguous_weight(weight), self.fp32_bias(bias)
+            base = fprop_kernel(self.params, self.device)
+            kernel = self._fprop[layout] = conv2d_gw8_factory.variant(base, *layout)
         return fprop(input, weight, bias, self.params, kernel=kernel)
 
     def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
-        kernel = self._dgrad
+        weights_cl, _ = conv2d_gw8_factory.operand_layout(weight)
+        kernel = self._dgrad.get(weights_cl)
         if kernel is None:
-            kernel = self._dgrad = dgrad_kernel(self.params, self.device)
-        return dgrad(grad_output, self.contiguous_weight(weight), self.params, kernel=kernel)
+            base = dgrad_kernel(self.params, self.device)
+            kernel = self._dgrad[weights_cl] = conv2d_gw8_factory.variant(base, weights_cl, False)
+        return dgrad(grad_output, weight, self.params, kernel=kernel)
 
     def wgrad(self, input: Tensor, grad_output: Tensor, with_bias: bool):
         deterministic = torch.are_deterministic_algorithms_enabled()
@@ -203,27 +188,6 @@ class Layer:
         if kernel is None:
             return _pytorch_wgrad(input, grad_output, self.params, with_bias)
         return wgrad(input, grad_output, self.params, with_bias, kernel=kernel)
-
-
-class _Converted:
-    """convert(t) for the last tensor t it was asked about, kept while t is the same tensor at the
-    same version: any in-place update (an optimizer step) bumps the version, and a new tensor
-    (a new parameter) is a new identity. Holds t only weakly."""
-
-    __slots__ = ("_ref", "_version", "_value")
-
-    def __init__(self) -> None:
-        self._ref = None
-        self._version = -1
-        self._value: Tensor | None = None
-
-    def get(self, t: Tensor, convert) -> Tensor:
-        ref = self._ref
-        if ref is None or ref() is not t or self._version != t._version:
-            self._value = convert(t)
-            self._ref = weakref.ref(t)
-            self._version = t._version
-        return self._value
 
 
 #: At most this many call signatures are remembered; a model has a few dozen. Past it the cache

@@ -213,8 +213,16 @@ def default_config(params: Conv2dGw8Params, igrad: bool = False) -> Conv2dGw8Con
     return min(configs(params, igrad), key=lambda c: (estimated_cost(params, c, igrad), c))
 
 
-def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> str:
-    """The C++ header that specialises conv2d_gw8.cu for one layer and config."""
+def generate_header(
+    params: Conv2dGw8Params,
+    config: Conv2dGw8Config,
+    igrad: bool,
+    weights_cl: bool = False,
+    bias_elem: bool = False,
+) -> str:
+    """The C++ header that specialises conv2d_gw8.cu for one layer and config. `weights_cl`: the
+    weights are read in channels_last memory ([K, R, S, 8]) instead of contiguous ([K, 8, R, S]);
+    `bias_elem`: the bias is read in the activations' dtype instead of fp32."""
     geo = _Geometry.of(params, igrad)
     element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups
@@ -225,6 +233,11 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
         "y": math.ceil(geo.out_h / config.block_p),
         "x": math.ceil(geo.out_w / config.block_q),
     }
+    k, r, s = params.c, params.r, params.s
+    # PyTorch's channels_last weight is [K, R, S, 8] in memory.
+    weight_dims = (
+        {"k": k, "r": r, "s": s, "c": 8} if weights_cl else {"k": k, "c": 8, "r": r, "s": s}
+    )
     specs = [
         MacroSpec(
             {
@@ -250,10 +263,8 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
         TensorSpec(
             "Output", pair, {"n": params.n, "y": geo.out_h, "x": geo.out_w, "k8": c8, "k2": 4}
         ),
-        TensorSpec(
-            "Weights", f"const {element}", {"k": params.c, "c": 8, "r": params.r, "s": params.s}
-        ),
-        TensorSpec("Bias", "const float2", {"k8": c8, "k2": 4}),
+        TensorSpec("Weights", f"const {element}", weight_dims),
+        TensorSpec("Bias", f"const {pair if bias_elem else 'float2'}", {"k8": c8, "k2": 4}),
         TensorSpec(
             "SmemInput",
             "uint4",
@@ -284,10 +295,18 @@ def generate_header(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: boo
 
 
 def make_kernel(
-    params: Conv2dGw8Params, config: Conv2dGw8Config | None = None, igrad: bool = False
+    params: Conv2dGw8Params,
+    config: Conv2dGw8Config | None = None,
+    igrad: bool = False,
+    weights_cl: bool = False,
+    bias_elem: bool = False,
 ) -> Kernel:
-    """The FProp (or, with igrad, DGrad) kernel for `params` with tile `config`."""
+    """The FProp (or, with igrad, DGrad) kernel for `params` with tile `config`; `weights_cl`
+    reads channels_last weights, `bias_elem` (FProp with a bias) a bias in the activations'
+    dtype (see generate_header). The tile loop is the same in every variant."""
     config = config or default_config(params, igrad)
+    bias_elem = bias_elem and params.has_bias and not igrad
+    variant = ("__wcl" if weights_cl else "") + ("__belem" if bias_elem else "")
     geo = _Geometry.of(params, igrad)
     blocks = (
         params.n
@@ -297,15 +316,41 @@ def make_kernel(
     )
     kind = "dgrad" if igrad else "fprop"
     return Kernel(
-        name=f"conv2d_gw8_{kind}__{params.encode()}__{config.encode()}",
+        name=f"conv2d_gw8_{kind}__{params.encode()}__{config.encode()}{variant}",
         source_file=SOURCE_FILE,
         entry=ENTRY,
-        headers=((HEADER_NAME, generate_header(params, config, igrad)),),
+        headers=((HEADER_NAME, generate_header(params, config, igrad, weights_cl, bias_elem)),),
         grid=(blocks, 1, 1),
         block=(config.threads, 1, 1),
         shared_mem_bytes=shared_mem_bytes(params, config),
-        info=(("params", params), ("config", config), ("igrad", igrad)),
+        info=(
+            ("params", params),
+            ("config", config),
+            ("igrad", igrad),
+            ("weights_cl", weights_cl),
+            ("bias_elem", bias_elem),
+        ),
     )
+
+
+def operand_layout(weight, bias=None) -> tuple[bool, bool]:
+    """(weights_cl, bias_elem) of the kernel variant that reads `weight` and `bias` as they are
+    held: channels_last weights, a bias in half precision. Other weight layouts get (False, ...):
+    fprop and dgrad copy them into the contiguous layout."""
+    import torch
+
+    weights_cl = not weight.is_contiguous() and weight.is_contiguous(
+        memory_format=torch.channels_last
+    )
+    return weights_cl, bias is not None and bias.dtype != torch.float32
+
+
+def variant(kernel: Kernel, weights_cl: bool, bias_elem: bool) -> Kernel:
+    """`kernel` (same params and config) reading weights and bias as make_kernel's flags say."""
+    if (weights_cl, bias_elem) == (kernel.info_value("weights_cl"), kernel.info_value("bias_elem")):
+        return kernel
+    params, igrad = kernel.info_value("params"), kernel.info_value("igrad")
+    return make_kernel(params, kernel.info_value("config"), igrad, weights_cl, bias_elem)
 
 
 def _nhwc(t):
@@ -318,9 +363,28 @@ def _nhwc(t):
     return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.channels_last)
 
 
-def _contiguous(t):
-    """t in contiguous memory; is_contiguous is cheaper than a no-op contiguous() call."""
-    return t if t.is_contiguous() else t.contiguous()
+def _weight_as(kernel: Kernel, weight):
+    """weight in the memory layout `kernel` reads (contiguous, or channels_last for a weights_cl
+    variant); is_contiguous is cheaper than a no-op contiguous() call."""
+    import torch
+
+    fmt = torch.channels_last if kernel.info_value("weights_cl") else torch.contiguous_format
+    return (
+        weight if weight.is_contiguous(memory_format=fmt) else weight.contiguous(memory_format=fmt)
+    )
+
+
+def _bias_as(kernel: Kernel, bias, dtype):
+    """bias as `kernel` reads it: fp32, or the activations' `dtype` for a bias_elem variant;
+    contiguous and aligned for its pair loads (8 bytes for float2, 4 for a half pair)."""
+    import torch
+
+    if bias is None:
+        return None
+    want, align = (dtype, 4) if kernel.info_value("bias_elem") else (torch.float32, 8)
+    if bias.dtype != want or not bias.is_contiguous():
+        bias = bias.to(want).contiguous()
+    return bias if bias.data_ptr() % align == 0 else bias.clone()
 
 
 def _check_out(out, shape: tuple, dtype) -> None:
@@ -365,8 +429,9 @@ def fprop(
     out=None,
     kernel: Kernel | None = None,
 ):
-    """y = conv2d_gw8(x, weight) + bias with the FProp kernel; x (N, C, H, W) any layout, weight
-    (C, 8, R, S), bias fp32 (C,) or None. Returns y in channels_last memory."""
+    """y = conv2d_gw8(x, weight) + bias with the FProp kernel; x (N, C, H, W) and weight
+    (C, 8, R, S) in any layout, bias (C,) or None. Whatever `kernel` does not read as given (see
+    operand_layout and variant) is copied into what it reads. Returns y in channels_last memory."""
     import torch
 
     _check_dtype(params, x, weight)
@@ -377,11 +442,8 @@ def fprop(
         )
     else:
         _check_out(out, params.output_shape, x.dtype)
-    if bias is not None:  # read as float2: 8-byte aligned
-        if bias.dtype != torch.float32 or not bias.is_contiguous():
-            bias = bias.to(torch.float32).contiguous()
-        bias = bias if bias.data_ptr() % 8 == 0 else bias.clone()
-    kernel.launch([out, _nhwc(x), _contiguous(weight), bias], x.device)
+    bias = _bias_as(kernel, bias, x.dtype)
+    kernel.launch([out, _nhwc(x), _weight_as(kernel, weight), bias], x.device)
     return out
 
 
@@ -405,7 +467,7 @@ def dgrad(
         )
     else:
         _check_out(out, params.input_shape, dy.dtype)
-    kernel.launch([out, _nhwc(dy), _contiguous(weight), None], dy.device)
+    kernel.launch([out, _nhwc(dy), _weight_as(kernel, weight), None], dy.device)
     return out
 
 

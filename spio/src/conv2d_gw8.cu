@@ -36,7 +36,10 @@
 /// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
 /// SmemInput::num_bytes + SmemWeights::num_bytes + SmemOutput::num_bytes bytes of dynamic shared
 /// memory.
-/// Arguments: (Out *out, const In *in, const Elem *weights, const float *bias or null).
+/// Arguments: (Out *out, const In *in, const Elem *weights, const Bias *bias or null). The
+/// generated header sets the weights' layout (PyTorch's contiguous [K, 8, R, S] or its
+/// channels_last [K, R, S, 8]) and the bias element (fp32, or the activations' dtype), so either
+/// is read as the caller holds it.
 /// The generated header (conv2d_gw8_gen.h) defines Conv, Block, the tensors and the index classes.
 
 #include <cuda_bf16.h>
@@ -93,7 +96,8 @@ SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const un
 // Min. 1 block per SM: with the thread count alone, ptxas (NVRTC 12.9 and 13.0) capped registers
 // below the need of some register-heavy configs and spilled; this way it never spills them.
 extern "C" __global__ void __launch_bounds__(Block::threads, 1)
-    spio_conv2d_gw8(Output::data_type *out, const uint4 *in, const Elem *weights, const float *bias) {
+    spio_conv2d_gw8(Output::data_type *out, const uint4 *in, const Elem *weights,
+                    Bias::data_type *bias) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
     constexpr int ROWS = Block::y + R - 1;  // input rows per tile
@@ -192,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     float2 bias_pair = make_float2(0.0f, 0.0f);
 #if SPIO_CONV_HAS_BIAS
     if (c8 < Output::K8) {
-        bias_pair = *Bias(reinterpret_cast<const float2 *>(bias)).k8(c8).k2(lane % 4);
+        bias_pair = spio::unpack_pair(*Bias(bias).k8(c8).k2(lane % 4));
     }
 #endif
 

@@ -185,6 +185,11 @@ SPIO_HOST_DEVICE __nv_bfloat162 pack_pair<__nv_bfloat16>(float lo, float hi) {
     return __floats2bfloat162_rn(lo, hi);
 }
 
+/// A pair of fp16, bf16 or fp32 values as two floats (.x, .y), exactly.
+SPIO_HOST_DEVICE float2 unpack_pair(__half2 pair) { return __half22float2(pair); }
+SPIO_HOST_DEVICE float2 unpack_pair(__nv_bfloat162 pair) { return __bfloat1622float2(pair); }
+SPIO_HOST_DEVICE float2 unpack_pair(float2 pair) { return pair; }
+
 /// m16n8k8 A operand, f16: 16x8 row-major, 2 registers (4 elements) per lane.
 using FragA_m16n8k8_f16 = detail::OperandFragment<detail::LayoutA_m16n8k8, __half>;
 /// m16n8k8 A operand, bf16.
