@@ -123,10 +123,12 @@ def wgrad(
     params: Conv2dGw8Params,
     with_bias: bool = False,
     kernel: Kernel | None = None,
+    dtypes: tuple[torch.dtype, torch.dtype] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dw, dbias) from x and dy in fp32: dw of shape params.weight_shape; dbias (C,) computed in
-    the same pass when `with_bias`, else None. `kernel`: wgrad_kernel(params, input.device,
-    with_bias, deterministic), when the caller already holds it.
+    """(dw, dbias) from x and dy: dw of shape params.weight_shape; dbias (C,) computed in the
+    same pass when `with_bias`, else None; fp32, or `dtypes` (dw's, dbias's), rounded once.
+    `kernel`: wgrad_kernel(params, input.device, with_bias, deterministic), when the caller
+    already holds it.
 
     The kernel is wgrad_kernel's choice: per-warp partial sums then a sum (the same bits on every
     run), or, for layers whose partial sums would pass PARTIAL_BYTES, fp32 atomics (the last bits
@@ -142,7 +144,7 @@ def wgrad(
             return _pytorch_wgrad(input, grad_output, params, with_bias)
     if params.has_bias != with_bias:
         params = dataclasses.replace(params, has_bias=with_bias)
-    return conv2d_gw8_wgrad_factory.wgrad(input, grad_output, params, kernel=kernel)
+    return conv2d_gw8_wgrad_factory.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes)
 
 
 class Layer:
@@ -177,7 +179,15 @@ class Layer:
             kernel = self._dgrad[weights_cl] = conv2d_gw8_factory.variant(base, weights_cl, False)
         return dgrad(grad_output, weight, self.params, kernel=kernel)
 
-    def wgrad(self, input: Tensor, grad_output: Tensor, with_bias: bool):
+    def wgrad(
+        self,
+        input: Tensor,
+        grad_output: Tensor,
+        with_bias: bool,
+        dtypes: tuple[torch.dtype, torch.dtype] | None = None,
+    ):
+        """(dw, dbias) as module-level wgrad gives them: fp32, or `dtypes` where spio's kernels
+        compute them (PyTorch's fallback gives fp32: callers cast what is not their dtype)."""
         deterministic = torch.are_deterministic_algorithms_enabled()
         key = (with_bias, deterministic)
         if key not in self._wgrad:
@@ -187,7 +197,7 @@ class Layer:
             _log_deterministic_once(kernel is not None)
         if kernel is None:
             return _pytorch_wgrad(input, grad_output, self.params, with_bias)
-        return wgrad(input, grad_output, self.params, with_bias, kernel=kernel)
+        return wgrad(input, grad_output, self.params, with_bias, kernel=kernel, dtypes=dtypes)
 
 
 #: At most this many call signatures are remembered; a model has a few dozen. Past it the cache

@@ -47,13 +47,16 @@ class _Conv2dGw8(torch.autograd.Function):
         dx = dw = db = None
         if need_input:
             dx = _in_format(layer.dgrad(grad_output, weight), ctx.input_format)
-        if need_weight:  # the bias gradient comes from the same pass over dy
-            dw, db = layer.wgrad(input, grad_output, with_bias=need_bias)
-            dw = dw.to(weight.dtype)
+        if need_weight:  # the bias gradient comes from the same pass over dy, in their dtypes
+            dtypes = (weight.dtype, ctx.bias_dtype or torch.float32)
+            dw, db = layer.wgrad(input, grad_output, with_bias=need_bias, dtypes=dtypes)
+            if dw.dtype != weight.dtype:  # PyTorch's fallback gives fp32
+                dw = dw.to(weight.dtype)
         if need_bias:
             if db is None:
                 db = grad_output.sum(dim=(0, 2, 3), dtype=torch.float32)
-            db = db.to(ctx.bias_dtype)
+            if db.dtype != ctx.bias_dtype:
+                db = db.to(ctx.bias_dtype)
         return dx, dw, db, None
 
 

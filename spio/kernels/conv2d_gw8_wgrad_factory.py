@@ -5,6 +5,7 @@ The kernel source is spio/src/conv2d_gw8_wgrad.cu; its leading comment states th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -24,6 +25,14 @@ from .kernel import Kernel, KernelFactory
 SOURCE_FILE = "conv2d_gw8_wgrad.cu"
 HEADER_NAME = "conv2d_gw8_wgrad_gen.h"
 ENTRY = "spio_conv2d_gw8_wgrad"
+
+#: The second pass of the partial-sums variant (spio/src/sum_slots.cu).
+SUM_SOURCE_FILE = "sum_slots.cu"
+SUM_HEADER_NAME = "sum_slots_gen.h"
+SUM_ENTRY = "spio_sum_slots"
+SUM_THREADS = 256
+#: C++ types of the gradients sum_slots writes, by dtype name.
+SUM_TYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 
 
 @dataclass(frozen=True, order=True)
@@ -256,18 +265,53 @@ def partial_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
     return 4 * partial_slots(params, config) * per_slot
 
 
+@functools.lru_cache(maxsize=1024)  # called on every partials WGrad: build each one once
+def sum_kernel(
+    params: Conv2dGw8Params, dw_dtype: str = "fp32", dbias_dtype: str = "fp32"
+) -> Kernel:
+    """The kernel that sums a partials WGrad's slots into dw (and dbias, with params.has_bias)
+    of dtypes `dw_dtype` and `dbias_dtype` ("fp32", "fp16" or "bf16"), rounding once. Sizes are
+    launch arguments, so there is one cubin per pair of dtypes; the grid covers this layer."""
+    for dtype in (dw_dtype, dbias_dtype):
+        if dtype not in SUM_TYPES:
+            raise ValueError(f"sum_kernel needs dtypes among {sorted(SUM_TYPES)}, got {dtype!r}")
+    header = generate(
+        [
+            MacroSpec(
+                {
+                    "SPIO_SUM_DW_TYPE": SUM_TYPES[dw_dtype],
+                    "SPIO_SUM_DBIAS_TYPE": SUM_TYPES[dbias_dtype],
+                }
+            )
+        ]
+    )
+    columns = params.c * 8 * params.r * params.s + (params.c if params.has_bias else 0)
+    return Kernel(
+        name=f"sum_slots__{dw_dtype}_{dbias_dtype}",
+        source_file=SUM_SOURCE_FILE,
+        entry=SUM_ENTRY,
+        headers=((SUM_HEADER_NAME, header),),
+        grid=(math.ceil(columns / SUM_THREADS), 1, 1),
+        block=(SUM_THREADS, 1, 1),
+        shared_mem_bytes=0,
+        info=(("dtypes", (dw_dtype, dbias_dtype)),),
+    )
+
+
 def wgrad(
     x,
     dy,
     params: Conv2dGw8Params,
     config: Conv2dGw8WgradConfig | None = None,
     kernel: Kernel | None = None,
+    dtypes: tuple | None = None,
 ):
-    """(dw, dbias) of conv2d_gw8 with the WGrad kernel: dw fp32 (C, 8, R, S); dbias fp32 (C,)
-    when params.has_bias, else None. x and dy (N, C, ., .) in any memory layout.
+    """(dw, dbias) of conv2d_gw8 with the WGrad kernel: dw (C, 8, R, S); dbias (C,) when
+    params.has_bias, else None; both fp32 or, with `dtypes` = (dw dtype, dbias dtype) as torch
+    dtypes, rounded once to those. x and dy (N, C, ., .) in any memory layout.
 
-    A `partials` kernel (make_kernel(..., partials=True)) writes per-warp sums that are then
-    summed here: the result is the same on every run."""
+    A `partials` kernel (make_kernel(..., partials=True)) writes per-warp sums into one buffer,
+    which sum_slots then sums in a fixed order: the result is the same on every run."""
     import torch
 
     from .conv2d_gw8_factory import _check_dtype, _nhwc
@@ -275,18 +319,36 @@ def wgrad(
     _check_dtype(params, x, dy)
     kernel = kernel or make_kernel(params, config)
     device = x.device
+    dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)
     if kernel.info_value("partials"):
         slots = partial_slots(params, kernel.info_value("config"))
-        dw = torch.empty((slots, *params.weight_shape), dtype=torch.float32, device=device)
-        dbias = None
-        if params.has_bias:
-            dbias = torch.empty((slots, params.c), dtype=torch.float32, device=device)
-        kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy)], device)
-        return dw.sum(dim=0), None if dbias is None else dbias.sum(dim=0)
+        w_size = math.prod(params.weight_shape)
+        c = params.c if params.has_bias else 0
+        part = torch.empty(slots * (w_size + c), dtype=torch.float32, device=device)
+        dw_part, dbias_part = part[: slots * w_size], part[slots * w_size :] if c else None
+        kernel.launch([dw_part, dbias_part, _nhwc(x), _nhwc(dy)], device)
+        dw = torch.empty(params.weight_shape, dtype=dw_dtype, device=device)
+        dbias = torch.empty(params.c, dtype=dbias_dtype, device=device) if c else None
+        summing = sum_kernel(params, _dtype_name(dw_dtype), _dtype_name(dbias_dtype))
+        summing.launch([dw, dbias, dw_part, dbias_part, slots, w_size, c], device)
+        return dw, dbias
     dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
     dbias = torch.zeros(params.c, dtype=torch.float32, device=device) if params.has_bias else None
     kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy)], device)
+    if dw_dtype != torch.float32:
+        dw = dw.to(dw_dtype)
+    if dbias is not None and dbias_dtype != torch.float32:
+        dbias = dbias.to(dbias_dtype)
     return dw, dbias
+
+
+def _dtype_name(dtype) -> str:
+    import torch
+
+    names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    if dtype not in names:
+        raise ValueError(f"WGrad gradients are fp32, fp16 or bf16, got {dtype}")
+    return names[dtype]
 
 
 #: WGrad (and the bias gradient) of the group-width-8 convolution.

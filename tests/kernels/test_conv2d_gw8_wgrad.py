@@ -138,11 +138,14 @@ def test_partial_sums_cover_every_slot_and_match_reference(params, config, devic
         tol = conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1))
         tol.assert_close(db_parts.sum(0).cpu(), conv2d_gw8_bias_grad_ref(dy.double()))
     x, dy = x.to(device), dy.to(device)
-    # The wrapper gives the same sums, and the same bits on every run.
+    # The wrapper gives the same sums (sum_slots adds the slots in order), and the same bits on
+    # every run.
     dw, db = wg.wgrad(x, dy, params, kernel=kernel)
-    assert torch.equal(dw, dw_parts.sum(0)) and torch.equal(
+    assert torch.equal(dw, _in_order_sum(dw_parts)) and torch.equal(
         dw, wg.wgrad(x, dy, params, kernel=kernel)[0]
     )
+    if params.has_bias:
+        assert torch.equal(db, _in_order_sum(db_parts))
     assert wg.partial_bytes(params, config) == 4 * slots * (
         params.c * 8 * params.r * params.s + (params.c if params.has_bias else 0)
     )
@@ -184,3 +187,49 @@ def test_emulated_wgrad_deep_pipelines(params, config):
     run across image boundaries; the dy ring then has R + 6 slots."""
     assert config in wg.configs(params)
     check(params, "wgrad", config, "cpu")
+
+
+def _in_order_sum(parts):
+    """parts[0] + parts[1] + ... in fp32, in that order (what sum_slots computes)."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("dw_dtype,dbias_dtype", [("fp32", "fp32"), ("fp16", "fp32"),
+                                                  ("bf16", "bf16")])  # fmt: skip
+def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype):
+    """sum_slots: every dw and dbias element is the in-order fp32 sum of its slots, rounded once
+    to the gradient's dtype; dw's columns and dbias's come from their own buffers."""
+    import torch
+
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    params = Conv2dGw8Params(n=1, c=40, h=4, w=4, padding=1, r=3, s=2, has_bias=True)
+    slots, w_size = 7, 40 * 8 * 3 * 2
+    gen = torch.Generator().manual_seed(0)
+    dw_parts = torch.randn(slots, w_size, generator=gen).to(device)
+    db_parts = (torch.randn(slots, 40, generator=gen) * 100).to(device)
+    dw = torch.full((40, 8, 3, 2), float("nan"), dtype=dtypes[dw_dtype], device=device)
+    db = torch.full((40,), float("nan"), dtype=dtypes[dbias_dtype], device=device)
+    kernel = wg.sum_kernel(params, dw_dtype, dbias_dtype)
+    assert kernel.grid[0] * kernel.block[0] >= w_size + 40
+    kernel.launch([dw, db, dw_parts, db_parts, slots, w_size, 40], torch.device(device))
+    want_dw = _in_order_sum(dw_parts).to(dtypes[dw_dtype]).reshape(dw.shape)
+    assert torch.equal(dw, want_dw)
+    assert torch.equal(db, _in_order_sum(db_parts).to(dtypes[dbias_dtype]))
+    assert wg.sum_kernel(params, dw_dtype, dbias_dtype) is kernel  # built once
+    with pytest.raises(ValueError, match="fp32, fp16 or bf16|among"):
+        wg.sum_kernel(params, "fp64")
+
+
+def test_sum_slots_builds_for_every_arch():
+    from spio.compiler import compile_many
+
+    params = Conv2dGw8Params(n=1, c=16, h=4, w=4, padding=1, has_bias=True)
+    kernels = [wg.sum_kernel(params, a, b) for a, b in [("fp32", "fp32"), ("fp16", "bf16")]]
+    jobs = [k.compile_job(arch) for k in kernels for arch in spio.supported_arch]
+    for job, result in zip(jobs, compile_many(jobs, progress=False), strict=True):
+        assert not isinstance(result, BaseException), (job.name, result)
+        assert not any(r.spills for r in result.resources.values()), job.name
