@@ -216,8 +216,9 @@ def test_bad_out_is_rejected():
         fd.fprop(x, w, None, params, out=out)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_emulated_variants_read_channels_last_weights_and_half_bias(dtype):
+def test_variants_read_channels_last_weights_and_half_bias(dtype, device):
     """The weights_cl / bias_elem variants read PyTorch's channels_last weight ([K, R, S, 8] in
     memory) and a bias in the activations' dtype as held; R != S catches a swapped r and s."""
     from spio.reference import conv2d_gw8_dgrad_ref, conv2d_gw8_fprop_ref, conv2d_gw8_tolerance
@@ -225,17 +226,18 @@ def test_emulated_variants_read_channels_last_weights_and_half_bias(dtype):
     params = Conv2dGw8Params(n=2, c=24, h=7, w=9, padding=(2, 1), r=4, s=3, has_bias=True,
                              dtype=dtype)  # fmt: skip
     t = random_inputs(params, seed=3)
-    w_cl = t["w"].contiguous(memory_format=torch.channels_last)
+    w_cl = t["w"].contiguous(memory_format=torch.channels_last).to(device)
     bias = t["bias"].to(t["x"].dtype)
+    x, dy = t["x"].to(device), t["dy"].to(device)
     assert not w_cl.is_contiguous() and fd.operand_layout(w_cl, bias) == (True, True)
     base = fd.make_kernel(params, fd.default_config(params))
     kernel = fd.variant(base, *fd.operand_layout(w_cl, bias))
     assert kernel.name == base.name + "__wcl__belem" and fd.variant(kernel, False, False) == base
-    y = fd.fprop(t["x"], w_cl, bias, params, kernel=kernel)
+    y = fd.fprop(x, w_cl, bias.to(device), params, kernel=kernel).cpu()
     expected = conv2d_gw8_fprop_ref(t["x"], t["w"], bias, params.padding)
     conv2d_gw8_tolerance(params, "fprop", t["x"], t["w"]).assert_close(y, expected)
     dbase = fd.make_kernel(params, fd.default_config(params, igrad=True), igrad=True)
     dkernel = fd.variant(dbase, True, False)
-    dx = fd.dgrad(t["dy"], w_cl, params, kernel=dkernel)
+    dx = fd.dgrad(dy, w_cl, params, kernel=dkernel).cpu()
     expected = conv2d_gw8_dgrad_ref(t["dy"], t["w"], params.padding, (params.h, params.w))
     conv2d_gw8_tolerance(params, "dgrad", t["dy"], t["w"]).assert_close(dx, expected)
