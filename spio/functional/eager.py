@@ -12,6 +12,7 @@ What keeps it light:
   devices, padding) and reused (`_kernels.Layer`, shared with the custom ops);
 - without autograd (no_grad, or no tensor requiring grad) the kernels run directly, without an
   autograd.Function;
+- channels_last weights and a half bias are read as held by kernel variants, not copied;
 - the launch itself skips the per-call lookups (see `spio.kernels.kernel.Kernel`).
 """
 
