@@ -159,30 +159,34 @@ step_overhead() {
 step_ablate() {
     # The headline layer with spio's choice for every pass; FProp tile shapes from shallow to
     # deep pipelines; the no-halo 1x3 layer; the small layers; the input pipeline on image sizes
-    # around 64x64;
-    # then WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and a sum) on
-    # every bench layer.
+    # around 64x64; then WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums
+    # and a sum) on every bench layer. Each part gets the step's time left; a part that would get
+    # under 10 s is skipped (timeout 0 would mean no limit at all).
     local deadline=$((SECONDS + $1)) rc=0 layers
-    local ablate=("$PYTHON" scripts/ablate_kernel.py --n 128)
-    timeout -k 10 "$1" "${ablate[@]}" --layer 64c_64x64_3x3 || rc=$?
-    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 64c_64x64_3x3 --passes fprop \
+    ablate() {
+        local left=$((deadline - SECONDS))
+        if ((left < 10)); then
+            echo "ablate: ${left}s left, skipped: $*"
+            rc=1
+            return
+        fi
+        timeout -k 10 "$left" "$PYTHON" scripts/ablate_kernel.py --n 128 "$@" || rc=$?
+    }
+    ablate --layer 64c_64x64_3x3
+    ablate --layer 64c_64x64_3x3 --passes fprop \
         --repeats 30 --variants full no-stores loads-only skeleton l2-256 --config \
         g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s8_k16 g8_p64_q32_w1_s6_k16 \
-        g8_p64_q64_w2_s4_k16 g8_p32_q32_w1_s8_k16 g8_p16_q64_w2_s8_k16 || rc=$?
-    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 128c_32x32_1x3 --passes fprop \
-        --repeats 30 --config g8_p4_q16_w1_s2_k8 || rc=$?
+        g8_p64_q64_w2_s4_k16 g8_p32_q32_w1_s8_k16 g8_p16_q64_w2_s8_k16
+    ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8
     # The small layers that lose to cuDNN in every pass.
-    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 512c_8x8_3x3 368c_7x7_3x3 \
-        --passes fprop wgrad --repeats 30 || rc=$?
+    ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30
     # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
     # camping would show as a faster loads-only there), next to a read-only pass.
-    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --layer 64,64,64 64,64,60 64,60,64 \
-        64,62,62 --passes fprop --repeats 30 --variants full loads-only l2-256 \
-        --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 || rc=$?
+    ablate --layer 64,64,64 64,64,60 64,60,64 64,62,62 --passes fprop --repeats 30 \
+        --variants full loads-only l2-256 --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16
     layers=$("$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
     # shellcheck disable=SC2086  # one word per layer
-    timeout -k 10 $((deadline - SECONDS)) "${ablate[@]}" --passes wgrad --variants full \
-        --repeats 30 --layer $layers || rc=$?
+    ablate --passes wgrad --variants full --repeats 30 --layer $layers
     return $rc
 }
 
