@@ -241,3 +241,25 @@ def test_variants_read_channels_last_weights_and_half_bias(dtype, device):
     dx = fd.dgrad(dy, w_cl, params, kernel=dkernel).cpu()
     expected = conv2d_gw8_dgrad_ref(t["dy"], t["w"], params.padding, (params.h, params.w))
     conv2d_gw8_tolerance(params, "dgrad", t["dy"], t["w"]).assert_close(dx, expected)
+
+
+@pytest.mark.parametrize("arch", spio.supported_arch)
+def test_sampled_variants_compile_without_spills(arch):
+    """The weights_cl / bias_elem variants (the kernels a channels_last, half-precision model
+    runs) of sampled configs build without spills, like the plain kernels."""
+    import random
+
+    from spio.compiler import compile_many
+
+    rng = random.Random(7)
+    kernels = []
+    for params in CI_LAYERS[:4]:
+        params = dataclasses.replace(params, has_bias=True)
+        for igrad in (False, True):
+            base = fd.make_kernel(params, rng.choice(fd.configs(params, igrad)), igrad)
+            kernels.append(fd.variant(base, True, not igrad))
+    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        assert not result.resources[kernel.entry].spills, kernel.name
+        assert kernel.name.endswith("__wcl__belem" if not kernel.info_value("igrad") else "__wcl")
