@@ -60,6 +60,13 @@ MAX_PARTIAL_BYTES = 256 * 2**20
 PARTIAL_BYTES = 64 * 2**20
 
 
+def uses_partial_sums(params: Conv2dGw8Params, config, deterministic: bool = False) -> bool:
+    """Whether the WGrad of `params` with tile `config` sums per-warp partials: while their buffer
+    fits in PARTIAL_BYTES (MAX_PARTIAL_BYTES under deterministic algorithms)."""
+    limit = MAX_PARTIAL_BYTES if deterministic else PARTIAL_BYTES
+    return conv2d_gw8_wgrad_factory.partial_bytes(params, config) <= limit
+
+
 def wgrad_kernel(
     params: Conv2dGw8Params, device: torch.device, with_bias: bool, deterministic: bool = False
 ) -> Kernel | None:
@@ -75,8 +82,7 @@ def wgrad_kernel(
     key = ("wgrad", atomic.name, device, deterministic)
     if key not in _chosen:
         config = atomic.info_value("config")
-        size = wf.partial_bytes(params, config)
-        if size <= (MAX_PARTIAL_BYTES if deterministic else PARTIAL_BYTES):
+        if uses_partial_sums(params, config, deterministic):
             _chosen[key] = wf.make_kernel(params, config, partials=True)
         elif not deterministic:
             _chosen[key] = atomic
@@ -85,7 +91,7 @@ def wgrad_kernel(
                 "conv2d_gw8 %s: the deterministic WGrad would need %d MiB of partial sums (limit "
                 "%d MiB); PyTorch computes this weight gradient",
                 params.encode(),
-                size >> 20,
+                wf.partial_bytes(params, config) >> 20,
                 MAX_PARTIAL_BYTES >> 20,
             )
             _chosen[key] = None
@@ -135,13 +141,20 @@ def wgrad(
     vary from run to run). Under torch.use_deterministic_algorithms(True) the partial sums always,
     or PyTorch where that buffer would pass MAX_PARTIAL_BYTES.
     """
+    deterministic = False
     if kernel is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
         kernel = wgrad_kernel(params, input.device, with_bias, deterministic)
-        if deterministic:
-            _log_deterministic_once(kernel is not None)
-        if kernel is None:
-            return _pytorch_wgrad(input, grad_output, params, with_bias)
+    return _run_wgrad(kernel, deterministic, input, grad_output, params, with_bias, dtypes)
+
+
+def _run_wgrad(kernel, deterministic, input, grad_output, params, with_bias, dtypes):
+    """wgrad with wgrad_kernel's choice made: None (deterministic mode, partials too big) means
+    PyTorch's gradients, in fp32."""
+    if deterministic:
+        _log_deterministic_once(kernel is not None)
+    if kernel is None:
+        return _pytorch_wgrad(input, grad_output, params, with_bias)
     if params.has_bias != with_bias:
         params = dataclasses.replace(params, has_bias=with_bias)
     return conv2d_gw8_wgrad_factory.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes)
@@ -193,11 +206,7 @@ class Layer:
         if key not in self._wgrad:
             self._wgrad[key] = wgrad_kernel(self.params, self.device, with_bias, deterministic)
         kernel = self._wgrad[key]
-        if deterministic:
-            _log_deterministic_once(kernel is not None)
-        if kernel is None:
-            return _pytorch_wgrad(input, grad_output, self.params, with_bias)
-        return wgrad(input, grad_output, self.params, with_bias, kernel=kernel, dtypes=dtypes)
+        return _run_wgrad(kernel, deterministic, input, grad_output, self.params, with_bias, dtypes)
 
 
 #: At most this many call signatures are remembered; a model has a few dozen. Past it the cache

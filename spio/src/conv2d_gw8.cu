@@ -124,22 +124,16 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     constexpr int LOADS = (InputLoadIdx::size + Block::threads - 1) / Block::threads;
     int load_dst[LOADS];
     int load_col[LOADS];
-    SPIO_UNROLL
-    for (int j = 0; j < LOADS; ++j) {
-        const int i = threadIdx.x + j * Block::threads;
-        load_dst[j] = -1;
-        load_col[j] = -1;
-        if (i < InputLoadIdx::size) {
-            const InputLoadIdx idx(i);
+    spio::plan_row_16<InputLoadIdx, Block::threads>(
+        load_dst, load_col, [&](const InputLoadIdx &idx, int &dst, int &col) {
             const int x = block_x + idx.x() - Conv::pad_w;
             const int c8 = block_c8 + idx.c8();
-            load_dst[j] = static_cast<int>(smem_input.stage(0).c8(idx.c8()).x(idx.x()).get() -
-                                           smem_input.stage(0).get());
+            dst = static_cast<int>(smem_input.stage(0).c8(idx.c8()).x(idx.x()).get() -
+                                   smem_input.stage(0).get());
             if (x >= 0 && x < Input::X && c8 < Input::C8) {
-                load_col[j] = x * Input::stride_x + c8 * Input::stride_c8;
+                col = x * Input::stride_x + c8 * Input::stride_c8;
             }
-        }
-    }
+        });
     const uint4 *image = Input(in).n(n).get();
     // Copies input row `row` of the tile (zero outside the image) into its stage; no commit.
     const auto load_input_row = [&](int row) {
@@ -233,26 +227,20 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     };
     // Output copies: thread t copies chunks t + j * Block::threads of every staged row. As for the
     // input, the row-independent part of each address is worked out once: the chunk's offset in
-    // a staging buffer and in an output row (-1: no chunk j, or outside the image or channels).
+    // a staging buffer and in an output row (plan_row_16; an output offset of -1, for no chunk j
+    // or one outside the image or channels, means the chunk is neither read nor written).
     constexpr int STORES = (OutputStoreIdx::size + Block::threads - 1) / Block::threads;
     int store_src[STORES];
     int store_dst[STORES];
-    SPIO_UNROLL
-    for (int j = 0; j < STORES; ++j) {
-        const int i = threadIdx.x + j * Block::threads;
-        store_src[j] = 0;
-        store_dst[j] = -1;
-        if (i < OutputStoreIdx::size) {
-            const OutputStoreIdx idx(i);
+    spio::plan_row_16<OutputStoreIdx, Block::threads>(
+        store_src, store_dst, [&](const OutputStoreIdx &idx, int &src, int &dst) {
             const int x = block_x + idx.x();
             const int k8 = block_c8 + idx.c8();
-            const SmemOutput chunk = smem_output.x(idx.x()).k8(idx.c8());
-            store_src[j] = static_cast<int>(chunk.get() - smem_output.get());
+            src = static_cast<int>(smem_output.x(idx.x()).k8(idx.c8()).get() - smem_output.get());
             if (x < Output::X && k8 < Output::K8) {
-                store_dst[j] = x * Output::stride_x + k8 * Output::stride_k8;
+                dst = x * Output::stride_x + k8 * Output::stride_k8;
             }
-        }
-    }
+        });
     // Copies staged output row `row` of the tile to global memory (all threads).
     const auto store_output_row = [&](int row) {
         const int y = block_y + row;
@@ -263,15 +251,16 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         const Output::data_type *staged = smem_output.buf(row % 2).get();
         SPIO_UNROLL
         for (int j = 0; j < STORES; ++j) {
+            if (store_dst[j] < 0) {  // no chunk j, or outside the image or channels
+                continue;
+            }
             const uint4 chunk = *reinterpret_cast<const uint4 *>(staged + store_src[j]);
 #if SPIO_ABLATE_STORES
             if (chunk.x != 0x7fc0beefu) {
                 continue;
             }
 #endif
-            if (store_dst[j] >= 0) {
-                *reinterpret_cast<uint4 *>(out_row + store_dst[j]) = chunk;
-            }
+            *reinterpret_cast<uint4 *>(out_row + store_dst[j]) = chunk;
         }
     };
 

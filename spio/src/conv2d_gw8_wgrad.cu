@@ -127,40 +127,28 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     constexpr int DY_LOADS = (DyLoadIdx::size + Block::threads - 1) / Block::threads;
     int x_dst[X_LOADS];
     int x_col[X_LOADS];
-    SPIO_UNROLL
-    for (int j = 0; j < X_LOADS; ++j) {
-        const int e = threadIdx.x + j * Block::threads;
-        x_dst[j] = -1;
-        x_col[j] = -1;
-        if (e < XLoadIdx::size) {
-            const XLoadIdx idx(e);
-            const int col = block_x + idx.x() - Conv::pad_w;
+    spio::plan_row_16<XLoadIdx, Block::threads>(
+        x_dst, x_col, [&](const XLoadIdx &idx, int &dst, int &col) {
+            const int x = block_x + idx.x() - Conv::pad_w;
             const int c8 = block_c8 + idx.c8();
-            x_dst[j] = static_cast<int>(smem_x.stage(0).c8(idx.c8()).x(idx.x()).get() -
-                                        smem_x.stage(0).get());
-            if (col >= 0 && col < Input::X && c8 < Input::C8) {
-                x_col[j] = col * Input::stride_x + c8 * Input::stride_c8;
+            dst = static_cast<int>(smem_x.stage(0).c8(idx.c8()).x(idx.x()).get() -
+                                   smem_x.stage(0).get());
+            if (x >= 0 && x < Input::X && c8 < Input::C8) {
+                col = x * Input::stride_x + c8 * Input::stride_c8;
             }
-        }
-    }
+        });
     int dy_dst[DY_LOADS];
     int dy_col[DY_LOADS];
-    SPIO_UNROLL
-    for (int j = 0; j < DY_LOADS; ++j) {
-        const int e = threadIdx.x + j * Block::threads;
-        dy_dst[j] = -1;
-        dy_col[j] = -1;
-        if (e < DyLoadIdx::size) {
-            const DyLoadIdx idx(e);
-            const int col = block_x + idx.x();
+    spio::plan_row_16<DyLoadIdx, Block::threads>(
+        dy_dst, dy_col, [&](const DyLoadIdx &idx, int &dst, int &col) {
+            const int x = block_x + idx.x();
             const int c8 = block_c8 + idx.c8();
-            dy_dst[j] = static_cast<int>(smem_dy.slot(0).c8(idx.c8()).x(idx.x()).get() -
-                                         smem_dy.slot(0).get());
-            if (col < DOutput::X && c8 < DOutput::K8) {
-                dy_col[j] = col * DOutput::stride_x + c8 * DOutput::stride_k8;
+            dst = static_cast<int>(smem_dy.slot(0).c8(idx.c8()).x(idx.x()).get() -
+                                   smem_dy.slot(0).get());
+            if (x < DOutput::X && c8 < DOutput::K8) {
+                col = x * DOutput::stride_x + c8 * DOutput::stride_k8;
             }
-        }
-    }
+        });
 
     // Copies step t's x row and dy row (zero outside the image or tile) into their slots; no commit.
     const auto load_step = [&](int t) {

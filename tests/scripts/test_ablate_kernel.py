@@ -134,3 +134,17 @@ def test_l2_prefetch_variant_builds_for_every_arch_and_stays_correct(base_kernel
     for arch, result in zip(spio.supported_arch, results, strict=True):
         assert not isinstance(result, BaseException), (arch, result)
         assert not any(r.spills for r in result.resources.values()), arch
+    # The same results as the plain kernel (emulated, on a small layer).
+    import torch
+
+    from spio.check import random_inputs
+    from spio.kernels import conv2d_gw8_factory as fd
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+
+    params = Conv2dGw8Params(n=2, c=16, h=7, w=9, padding=1, has_bias=True)
+    t = random_inputs(params, seed=1)
+    plain = fd.make_kernel(params, fd.default_config(params))
+    hinted = ablate.ablated(plain, ablate.VARIANTS["l2-256"])
+    y_plain = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=plain)
+    y_hinted = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=hinted)
+    assert torch.equal(y_plain, y_hinted) and y_plain.abs().sum() > 0

@@ -83,8 +83,26 @@ SPIO_DEVICE void cp_async_wait_all() {
 #endif
 }
 
+/// Works out, once per block, the part of a thread's row-copy addresses that does not depend on
+/// the row. Thread t handles elements t + j * THREADS (j < N) of a row of Idx::size 16-byte
+/// elements; for each of them `locate(idx, slot, col)` sets its offset in a shared-memory slot and
+/// its offset in a global row (leaving col at -1 when the element lies outside the tensor). An
+/// element past Idx::size keeps slot = col = -1: the thread has no element j.
+template <typename Idx, int THREADS, int N, typename Locate>
+SPIO_DEVICE void plan_row_16(int (&slot)[N], int (&col)[N], Locate locate) {
+    SPIO_UNROLL
+    for (int j = 0; j < N; ++j) {
+        const int i = threadIdx.x + j * THREADS;
+        slot[j] = -1;
+        col[j] = -1;
+        if (i < Idx::size) {
+            locate(Idx(i), slot[j], col[j]);
+        }
+    }
+}
+
 /// Copies one row of 16-byte elements into shared memory with cp_async_16, following a per-thread
-/// plan worked out once: this thread's element j goes to slot + dst[j] (dst[j] < 0: the thread
+/// plan worked out once (plan_row_16): this thread's element j goes to slot + dst[j] (dst[j] < 0: the thread
 /// has no element j) from base + row_offset + col[j] (col[j] < 0, or !row_inside: zero-filled,
 /// reading nothing; `fallback` is then the in-bounds address the instruction is given). No commit.
 /// L2_PREFETCH as for cp_async_16.
