@@ -128,10 +128,10 @@ sanitize() {
     fi
     local filter=() help
     help=$("$sanitizer" --help 2>/dev/null)
-    if grep -q -- "--kernel-name" <<<"$help"; then  # instrument only spio's kernels
-        filter=(--kernel-name kns=spio_conv2d_gw8)
+    if grep -q -- "--kernel-name" <<<"$help"; then  # instrument only spio's kernels (spio_conv2d_gw8*, spio_sum_slots)
+        filter=(--kernel-name kns=spio_)
     elif grep -q -- "--filter" <<<"$help"; then  # older releases
-        filter=(--filter kns=spio_conv2d_gw8)
+        filter=(--filter kns=spio_)
     fi
     # spio's driver finds a kernel's parameter count by calling cuFuncGetParamInfo until it returns
     # CUDA_ERROR_INVALID_VALUE (the documented end of the list); the sanitizer would count each

@@ -269,7 +269,7 @@ def tally_events(events) -> tuple[dict[tuple[str, str], dict], dict[str, float]]
     spio_kernels: dict[str, float] = defaultdict(float)
     for event in events:
         on_cpu = event.device_type == DeviceType.CPU
-        if "spio_conv2d_gw8" in event.name and not on_cpu:
+        if event.name.startswith("spio_") and not on_cpu:  # every spio entry point
             spio_kernels[event.name] += float(event.device_time_total)
         if not event.name.startswith("bench::") or not on_cpu:
             continue

@@ -146,8 +146,10 @@ def test_tally_counts_each_range_once_though_the_profiler_reports_it_on_both_sid
             event("bench::spio::fprop", DeviceType.CPU, children=[launch]),
             event("bench::spio::fprop", DeviceType.CUDA),  # the GPU-side annotation
             event("spio_conv2d_gw8", DeviceType.CUDA, device_us=7.0),
+            event("spio_sum_slots", DeviceType.CUDA, device_us=1.0),  # WGrad's second pass
+            event("void at::native::reduce_kernel", DeviceType.CUDA, device_us=5.0),
         ]
     found, spio_kernels = tally_events(events)
     assert found[("spio", "fprop")]["calls"] == 3
     assert found[("spio", "fprop")]["kernels"] == {"spio_conv2d_gw8": 21.0}
-    assert spio_kernels == {"spio_conv2d_gw8": 21.0}
+    assert spio_kernels == {"spio_conv2d_gw8": 21.0, "spio_sum_slots": 3.0}
