@@ -81,7 +81,7 @@ def parse_args(argv=None):
         nargs="+",
         choices=list(VARIANTS),
         default=list(VARIANTS),
-        help="ablation variants to time (default: all)",
+        help="ablation variants to time (default: all; full is always timed, first)",
     )
     parser.add_argument("--repeats", type=int, default=50)
     return parser.parse_args(argv)
@@ -158,7 +158,9 @@ def ablate_layer(args, layer) -> int:
         arg_sets = [autotune.kernel_inputs(family.name, params, device, s) for s in range(copies)]
         for config in configs:
             base = family.make_kernel(params, config)
-            kernels = {name: ablated(base, VARIANTS[name]) for name in args.variants}
+            # "full" first: the "vs full" column divides by it.
+            names = ["full"] + [name for name in args.variants if name != "full"]
+            kernels = {name: ablated(base, VARIANTS[name]) for name in names}
             compile_many([k.compile_job(attrs["arch"]) for k in kernels.values()], progress=False)
             full = None
             for name, kernel in kernels.items():
