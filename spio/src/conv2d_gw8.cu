@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     int load_dst[LOADS];
     int load_col[LOADS];
     spio::plan_row_16<InputLoadIdx, Block::threads>(
-        load_dst, load_col, [&](const InputLoadIdx &idx, int &dst, int &col) {
+        load_dst, load_col, threadIdx.x, [&](const InputLoadIdx &idx, int &dst, int &col) {
             const int x = block_x + idx.x() - Conv::pad_w;
             const int c8 = block_c8 + idx.c8();
             dst = static_cast<int>(smem_input.stage(0).c8(idx.c8()).x(idx.x()).get() -
@@ -233,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     int store_src[STORES];
     int store_dst[STORES];
     spio::plan_row_16<OutputStoreIdx, Block::threads>(
-        store_src, store_dst, [&](const OutputStoreIdx &idx, int &src, int &dst) {
+        store_src, store_dst, threadIdx.x, [&](const OutputStoreIdx &idx, int &src, int &dst) {
             const int x = block_x + idx.x();
             const int k8 = block_c8 + idx.c8();
             src = static_cast<int>(smem_output.x(idx.x()).k8(idx.c8()).get() - smem_output.get());

@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     int x_dst[X_LOADS];
     int x_col[X_LOADS];
     spio::plan_row_16<XLoadIdx, Block::threads>(
-        x_dst, x_col, [&](const XLoadIdx &idx, int &dst, int &col) {
+        x_dst, x_col, threadIdx.x, [&](const XLoadIdx &idx, int &dst, int &col) {
             const int x = block_x + idx.x() - Conv::pad_w;
             const int c8 = block_c8 + idx.c8();
             dst = static_cast<int>(smem_x.stage(0).c8(idx.c8()).x(idx.x()).get() -
@@ -140,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     int dy_dst[DY_LOADS];
     int dy_col[DY_LOADS];
     spio::plan_row_16<DyLoadIdx, Block::threads>(
-        dy_dst, dy_col, [&](const DyLoadIdx &idx, int &dst, int &col) {
+        dy_dst, dy_col, threadIdx.x, [&](const DyLoadIdx &idx, int &dst, int &col) {
             const int x = block_x + idx.x();
             const int c8 = block_c8 + idx.c8();
             dst = static_cast<int>(smem_dy.slot(0).c8(idx.c8()).x(idx.x()).get() -

@@ -84,15 +84,16 @@ SPIO_DEVICE void cp_async_wait_all() {
 }
 
 /// Works out, once per block, the part of a thread's row-copy addresses that does not depend on
-/// the row. Thread t handles elements t + j * THREADS (j < N) of a row of Idx::size 16-byte
-/// elements; for each of them `locate(idx, slot, col)` sets its offset in a shared-memory slot and
-/// its offset in a global row (leaving col at -1 when the element lies outside the tensor). An
-/// element past Idx::size keeps slot = col = -1: the thread has no element j.
+/// the row. Thread `thread` (threadIdx.x) handles elements thread + j * THREADS (j < N) of a row
+/// of Idx::size 16-byte elements; for each of them `locate(idx, slot, col)` sets its offset in a
+/// shared-memory slot and its offset in a global row (leaving col at -1 when the element lies
+/// outside the tensor). An element past Idx::size keeps slot = col = -1: the thread has no
+/// element j.
 template <typename Idx, int THREADS, int N, typename Locate>
-SPIO_DEVICE void plan_row_16(int (&slot)[N], int (&col)[N], Locate locate) {
+SPIO_DEVICE void plan_row_16(int (&slot)[N], int (&col)[N], int thread, Locate locate) {
     SPIO_UNROLL
     for (int j = 0; j < N; ++j) {
-        const int i = threadIdx.x + j * THREADS;
+        const int i = thread + j * THREADS;
         slot[j] = -1;
         col[j] = -1;
         if (i < Idx::size) {
