@@ -164,7 +164,9 @@ def ablate_layer(args, layer) -> int:
             compile_many([k.compile_job(attrs["arch"]) for k in kernels.values()], progress=False)
             full = None
             for name, kernel in kernels.items():
-                seconds = autotune.time_kernel(kernel, arg_sets, device, repeats=args.repeats)
+                seconds = autotune.time_kernel(
+                    family.name, params, kernel, arg_sets, device, repeats=args.repeats
+                )
                 full = full or seconds
                 print(
                     f"{pass_:6s} {name:10s} {seconds * 1e6:8.1f} {nbytes / seconds / 1e9:7.0f} "
@@ -172,7 +174,7 @@ def ablate_layer(args, layer) -> int:
                 )
             if pass_ == "wgrad":  # issue #6: atomics into zeroed dw, or per-warp partials + a sum
                 for name, seconds in time_wgrad_reductions(
-                    params, config, base, arg_sets, attrs["arch"], args.repeats
+                    params, config, arg_sets, attrs["arch"], args.repeats
                 ).items():
                     print(
                         f"{pass_:6s} {name:12s} {seconds * 1e6:6.1f} {nbytes / seconds / 1e9:7.0f} "
@@ -194,15 +196,16 @@ def ablate_layer(args, layer) -> int:
     return 0
 
 
-def time_wgrad_reductions(params, config, atomic, arg_sets, arch, repeats) -> dict[str, float]:
+def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, float]:
     """Seconds per call of the WGrad wrapper with atomics (dw zeroed first) and with per-warp
     partial sums (then summed), on the inputs of arg_sets (rotated)."""
     from spio.bench.timing import time_calls
     from spio.compiler import compile_many
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
+    atomic = wg.make_kernel(params, config, partials=False)
     partials = wg.make_kernel(params, config, partials=True)
-    compile_many([partials.compile_job(arch)], progress=False)
+    compile_many([atomic.compile_job(arch), partials.compile_job(arch)], progress=False)
     results = {}
     for name, kernel in (("atomic+zero", atomic), ("partials+sum", partials)):
 

@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         Sample,
         append_samples,
         get_family,
+        kernel_variant,
         read_samples,
     )
 
@@ -174,7 +175,13 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 try:
                     seconds = autotune.time_kernel(
-                        kernel, arg_sets, device, warmup=args.warmup, repeats=args.repeats
+                        family.name,
+                        params,
+                        kernel,
+                        arg_sets,
+                        device,
+                        warmup=args.warmup,
+                        repeats=args.repeats,
                     )
                 except Exception as error:
                     print(f"perf_sample: {kernel.name} failed: {error}", file=sys.stderr)
@@ -192,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                         config=config,
                         seconds=seconds,
                         date=datetime.date.today().isoformat(),
+                        variant=kernel_variant(family, params, config),
                     )
                 )
             measured += append_samples(args.csv, rows)  # after each layer: a stop loses little

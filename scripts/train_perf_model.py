@@ -39,6 +39,7 @@ from spio.kernels.perf_model import (
     device_slug,
     feature_names,
     get_family,
+    kernel_variant,
     model_path,
     read_samples,
     target_offset,
@@ -63,6 +64,25 @@ def dedupe(samples: Sequence[Sample]) -> list[Sample]:
             )
         )
     return out
+
+
+def runs_as_sampled(samples: Sequence[Sample]) -> list[Sample]:
+    """The samples that timed what spio runs for their config (kernel_variant; synthetic ones
+    have no kernel), printing how many others are left out: e.g. WGrad samples of the atomic
+    kernel alone, measured before spio ran partial sums and timed its whole WGrad."""
+    kept, left_out = [], defaultdict(int)
+    for sample in samples:
+        runs = kernel_variant(get_family(sample.family), sample.params, sample.config)
+        if sample.synthetic or sample.variant == runs:
+            kept.append(sample)
+        else:
+            left_out[(sample.family, sample.variant or "none", runs)] += 1
+    for (family, timed, runs), count in sorted(left_out.items()):
+        print(
+            f"train_perf_model: leaving out {count} {family} samples that timed {timed!r} where "
+            f"spio runs {runs!r} for their config"
+        )
+    return kept
 
 
 def by_layer(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
@@ -269,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         samples = [s for s in samples if s.family in args.families]
     if args.arch:
         samples = [s for s in samples if s.arch in args.arch]
+    samples = runs_as_sampled(samples)
     if not samples:
         print("train_perf_model: no samples to train on", file=sys.stderr)
         return 2

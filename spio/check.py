@@ -138,9 +138,7 @@ def run_one(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int 
     if pass_ != "wgrad":
         raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
     # As spio runs it: per-warp partial sums and sum_slots while they fit, else atomics.
-    from .functional._kernels import uses_partial_sums
-
-    kernel = wg.make_kernel(params, config, partials=uses_partial_sums(params, config))
+    kernel = wg.production_kernel(params, config)
     dw, dbias = wg.wgrad(dev["x"], dev["dy"], params, kernel=kernel)
     expected = conv2d_gw8_wgrad_ref(t["x"], t["dy"], params.padding, params.r, params.s)
     tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"])

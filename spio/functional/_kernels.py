@@ -21,7 +21,8 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from spio.kernels import conv2d_gw8_factory, conv2d_gw8_wgrad_factory
+from spio.kernels import conv2d_gw8_factory
+from spio.kernels import conv2d_gw8_wgrad_factory as wf
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
@@ -51,22 +52,6 @@ def dgrad_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
     return _kernel(conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, device, igrad=True)
 
 
-#: The largest partial-sum buffer a deterministic WGrad allocates; beyond it PyTorch computes dw.
-MAX_PARTIAL_BYTES = 256 * 2**20
-#: The largest partial-sum buffer the default WGrad allocates; beyond it blocks add into dw with
-#: atomics. On the H200 (N = 128, docs/perf/2026-11-29-h200-2.md) per-warp partial sums and one
-#: sum beat atomics into a zeroed dw by 19-31 % on the 64c 64x64 and 128c 32x32 3x3 layers and by
-#: 6-11 % on the two smallest, tied on two and lost by 1.5-2.7 % on four.
-PARTIAL_BYTES = 64 * 2**20
-
-
-def uses_partial_sums(params: Conv2dGw8Params, config, deterministic: bool = False) -> bool:
-    """Whether the WGrad of `params` with tile `config` sums per-warp partials: while their buffer
-    fits in PARTIAL_BYTES (MAX_PARTIAL_BYTES under deterministic algorithms)."""
-    limit = MAX_PARTIAL_BYTES if deterministic else PARTIAL_BYTES
-    return conv2d_gw8_wgrad_factory.partial_bytes(params, config) <= limit
-
-
 def wgrad_kernel(
     params: Conv2dGw8Params, device: torch.device, with_bias: bool, deterministic: bool = False
 ) -> Kernel | None:
@@ -76,13 +61,12 @@ def wgrad_kernel(
     buffer fits in PARTIAL_BYTES, else the atomic one. `deterministic`: always the partial-sums
     variant, or None (PyTorch computes dw) when its buffer would exceed MAX_PARTIAL_BYTES.
     """
-    wf = conv2d_gw8_wgrad_factory
     params = dataclasses.replace(params, has_bias=with_bias)
     atomic = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
     key = ("wgrad", atomic.name, device, deterministic)
     if key not in _chosen:
         config = atomic.info_value("config")
-        if uses_partial_sums(params, config, deterministic):
+        if wf.uses_partial_sums(params, config, deterministic):
             _chosen[key] = wf.make_kernel(params, config, partials=True)
         elif not deterministic:
             _chosen[key] = atomic
@@ -92,7 +76,7 @@ def wgrad_kernel(
                 "%d MiB); PyTorch computes this weight gradient",
                 params.encode(),
                 wf.partial_bytes(params, config) >> 20,
-                MAX_PARTIAL_BYTES >> 20,
+                wf.MAX_PARTIAL_BYTES >> 20,
             )
             _chosen[key] = None
     return _chosen[key]
@@ -157,7 +141,7 @@ def _run_wgrad(kernel, deterministic, input, grad_output, params, with_bias, dty
         return _pytorch_wgrad(input, grad_output, params, with_bias)
     if params.has_bias != with_bias:
         params = dataclasses.replace(params, has_bias=with_bias)
-    return conv2d_gw8_wgrad_factory.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes)
+    return wf.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes)
 
 
 class Layer:
@@ -263,7 +247,7 @@ def _log_deterministic_once(spio_kernel: bool) -> None:
         logger.info(
             "deterministic algorithms are on: conv2d_gw8 weight gradients use spio's "
             "partial-sums WGrad (per-warp sums, then a sum over them) up to %d MiB of partials",
-            MAX_PARTIAL_BYTES >> 20,
+            wf.MAX_PARTIAL_BYTES >> 20,
         )
 
 

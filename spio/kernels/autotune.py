@@ -6,7 +6,8 @@ in `<cache_root>/autotune/`, keyed by device name, driver, spio version, kernel 
 params. Later uses, in this process or another, read the entry and time nothing.
 
 The timing helpers here (`kernel_inputs`, `time_kernel`) are also what scripts/perf_sample.py uses
-to measure the data the models are trained on.
+to measure the data the models are trained on. They time a pass as spio runs it: a WGrad time
+includes its reduction (zeroing and atomics, or partial sums and their sum).
 """
 
 from __future__ import annotations
@@ -92,7 +93,24 @@ def input_copies(family: str, params: Conv2dGw8Params, l2_bytes: int, limit: int
     return min(limit, rotation_sets(size, l2_bytes))
 
 
+def pass_call(
+    family: str, params: Conv2dGw8Params, kernel: Kernel, args: list[Any], device: Any
+) -> Callable[[], Any]:
+    """One call of the pass that `kernel` (of `family`) computes, on the launch arguments `args`
+    (kernel_inputs), as spio runs it: one launch for FProp and DGrad; for WGrad the whole
+    wrapper, `wgrad` (zeroing dw then the atomic kernel, or the partial-sums kernel then
+    sum_slots), so that a WGrad time includes its reduction."""
+    if family == "conv2d_gw8_wgrad":
+        from .conv2d_gw8_wgrad_factory import wgrad
+
+        x, dy = args[2], args[3]
+        return lambda: wgrad(x, dy, params, kernel=kernel)
+    return lambda: kernel.launch(args, device)
+
+
 def time_kernel(
+    family: str,
+    params: Conv2dGw8Params,
     kernel: Kernel,
     arg_sets: Sequence[list[Any]],
     device: Any,
@@ -100,10 +118,11 @@ def time_kernel(
     warmup: int = 5,
     repeats: int = 25,
 ) -> float:
-    """Median seconds per launch of `kernel` on a CUDA `device`, rotating through `arg_sets`.
+    """Median seconds per call (`pass_call`) of `kernel` on a CUDA `device`, rotating through
+    `arg_sets`.
 
-    Uses the benchmark's timing (spio.bench.timing.time_calls): launches queued behind a spin
-    kernel, so each event pair brackets one launch's GPU work and not the host's launch cost.
+    Uses the benchmark's timing (spio.bench.timing.time_calls): calls queued behind a spin
+    kernel, so each event pair brackets one call's GPU work and not the host's launch cost.
     """
     import torch
 
@@ -111,9 +130,10 @@ def time_kernel(
 
     if not arg_sets:
         raise ValueError("time_kernel needs at least one set of kernel arguments, got none")
+    calls = [pass_call(family, params, kernel, args, device) for args in arg_sets]
     with torch.cuda.device(device):
         timing = time_calls(
-            lambda i: kernel.launch(arg_sets[i % len(arg_sets)], device),
+            lambda i: calls[i % len(calls)](),
             warmup=max(1, warmup),
             reps=max(1, repeats),
         )
@@ -127,7 +147,7 @@ class _DefaultTimer:
         """Seconds per launch of `kernel`, with inputs rotated when they fit in the device's L2."""
         copies = input_copies(family, params, _l2_bytes(device))
         arg_sets = [kernel_inputs(family, params, device, seed) for seed in range(copies)]
-        return time_kernel(kernel, arg_sets, device)
+        return time_kernel(family, params, kernel, arg_sets, device)
 
     def prepare(self, kernels: Sequence[Kernel], arch: str) -> None:
         from ..compiler import compile_many

@@ -122,8 +122,9 @@ def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
 
 def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> float:
     """A unitless cost for ranking configs without measurements: x and dy traffic (halo, tile
-    overrun and sector waste included) relative to the ideal plus atomics per pixel, divided by
-    how well the resident blocks cover DRAM latency."""
+    overrun and sector waste included) relative to the ideal, plus the cross-block reduction spio
+    runs for this config (partial sums written and summed, or atomics), divided by how well the
+    resident blocks cover DRAM latency."""
     tiles_y = math.ceil(params.p / config.block_p)
     tiles_x = math.ceil(params.q / config.block_q)
     groups = math.ceil(params.groups / config.groups) * config.groups
@@ -133,13 +134,16 @@ def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> flo
     x_read = tiles_y * (config.block_p + params.r - 1) * tiles_x * (config.block_q + params.s - 1)
     dy_read = tiles_y * config.block_p * tiles_x * config.block_q
     traffic = (x_read + dy_read) * groups * n_run / (2 * useful)
-    atomics = blocks * config.warps * 32 * ((params.r + 1) // 2) * params.s * 4
+    if uses_partial_sums(params, config):  # each slot written once, then read by sum_slots
+        reduction = partial_bytes(params, config) / (16 * useful)
+    else:  # fp32 atomics, a few pixel reads' worth each
+        reduction = blocks * config.warps * 32 * ((params.r + 1) // 2) * params.s * 4 / (8 * useful)
     registers = 40 + ((params.r + 1) // 2) * params.s * 4 + params.s
     step_bytes = (config.stages - 1) * config.groups * (2 * config.block_q + params.s - 1) * 16
     cover = latency_cover(
         blocks, config.threads, registers, shared_mem_bytes(params, config), step_bytes
     )
-    return (sector_waste(params, config) * traffic + atomics / (8 * useful)) / cover
+    return (sector_waste(params, config) * traffic + reduction) / cover
 
 
 def default_config(params: Conv2dGw8Params) -> Conv2dGw8WgradConfig:
@@ -162,6 +166,37 @@ def partial_slots(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
     a warp's column runs share a slot, each writing its own channels)."""
     tiles = _tiles(params, config)
     return tiles["n"] * tiles["y"] * tiles["x"] * (config.block_q // (8 * config.warp_q8))
+
+
+def partial_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
+    """Bytes of the partial-sum buffers (dw and, with has_bias, dbias) of a `partials` kernel."""
+    per_slot = params.c * 8 * params.r * params.s + (params.c if params.has_bias else 0)
+    return 4 * partial_slots(params, config) * per_slot
+
+
+#: The largest partial-sum buffer a deterministic WGrad allocates; beyond it PyTorch computes dw.
+MAX_PARTIAL_BYTES = 256 * 2**20
+#: The largest partial-sum buffer the default WGrad allocates; beyond it blocks add into dw with
+#: atomics. On the H200 (N = 128, docs/perf/2026-11-29-h200-2.md) per-warp partial sums and one
+#: sum beat atomics into a zeroed dw by 19-31 % on the 64c 64x64 and 128c 32x32 3x3 layers and by
+#: 6-11 % on the two smallest, tied on two and lost by 1.5-2.7 % on four.
+PARTIAL_BYTES = 64 * 2**20
+
+
+def uses_partial_sums(
+    params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, deterministic: bool = False
+) -> bool:
+    """Whether spio's WGrad of `params` with tile `config` sums per-warp partials: while their
+    buffer fits in PARTIAL_BYTES (MAX_PARTIAL_BYTES under deterministic algorithms)."""
+    limit = MAX_PARTIAL_BYTES if deterministic else PARTIAL_BYTES
+    return partial_bytes(params, config) <= limit
+
+
+def production_kernel(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> Kernel:
+    """The kernel spio runs for `params` with tile `config` by default: the partial-sums variant
+    when uses_partial_sums, else the atomic one. Autotuning and perf sampling time this one (with
+    `wgrad`, which adds the sum or the zeroing), so configs are ranked by what runs."""
+    return make_kernel(params, config, partials=uses_partial_sums(params, config))
 
 
 def generate_header(
@@ -259,10 +294,6 @@ def make_kernel(
     )
 
 
-def partial_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
-    """Bytes of the partial-sum buffers (dw and, with has_bias, dbias) of a `partials` kernel."""
-    per_slot = params.c * 8 * params.r * params.s + (params.c if params.has_bias else 0)
-    return 4 * partial_slots(params, config) * per_slot
 
 
 @functools.lru_cache(maxsize=1024)  # called on every partials WGrad: build each one once

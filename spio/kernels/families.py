@@ -19,7 +19,9 @@ from .kernel import Kernel
 
 @dataclass(frozen=True)
 class Family:
-    """One kernel family: its configs, kernels, heuristic, and the pass whose bytes it moves."""
+    """One kernel family: its configs, kernels, heuristic, and the pass whose bytes it moves.
+    `make_kernel` makes the kernel spio runs for a config (for WGrad, the reduction variant
+    `uses_partial_sums` picks), so what is compiled, timed and modelled is what runs."""
 
     name: str
     pass_: str  # the Conv2dStats pass: fprop, dgrad or wgrad
@@ -65,7 +67,7 @@ FAMILIES: dict[str, Family] = {
         pass_="wgrad",
         config_type=wg.Conv2dGw8WgradConfig,
         configs=wg.configs,
-        make_kernel=wg.make_kernel,
+        make_kernel=wg.production_kernel,  # partial sums or atomics, as spio runs the config
         estimated_cost=wg.estimated_cost,
         default_config=wg.default_config,
         shared_mem_bytes=wg.shared_mem_bytes,

@@ -192,8 +192,23 @@ SAMPLE_COLUMNS = (
     _BASE_COLUMNS
     + PARAM_COLUMNS
     + tuple(f"cfg_{name}" for name in CONFIG_COLUMNS)
-    + ("time_us", "bandwidth_gbs", "date")
+    + ("time_us", "bandwidth_gbs", "date", "variant")
 )
+
+#: The variant of WGrad samples measured before samples named theirs: the atomic kernel alone,
+#: without zeroing dw; no longer what spio runs for any config, so never trained on.
+LEGACY_WGRAD_VARIANT = "atomic-kernel-only"
+
+
+def kernel_variant(family: Family, params: Conv2dGw8Params, config: Any) -> str:
+    """What a sample of this family and config times, as spio runs it: "" for FProp and DGrad
+    (one launch); for WGrad "partials" (partial sums, then sum_slots) or "atomic" (dw zeroed,
+    then the atomic kernel), whichever `uses_partial_sums` picks."""
+    if family.pass_ != "wgrad":
+        return ""
+    from .conv2d_gw8_wgrad_factory import uses_partial_sums
+
+    return "partials" if uses_partial_sums(params, config) else "atomic"
 
 
 @dataclass(frozen=True)
@@ -210,6 +225,7 @@ class Sample:
     config: Any
     seconds: float
     date: str = ""
+    variant: str = ""  # kernel_variant of what was timed
 
     @property
     def layer_key(self) -> str:
@@ -245,6 +261,7 @@ def sample_row(sample: Sample) -> dict[str, str]:
         "time_us": f"{sample.seconds * 1e6:.4f}",
         "bandwidth_gbs": f"{bandwidth / 1e9:.2f}",
         "date": sample.date,
+        "variant": sample.variant,
     }
     for name in CONFIG_COLUMNS:
         row[f"cfg_{name}"] = getattr(sample.config, name, "")
@@ -273,17 +290,22 @@ def parse_sample(row: dict[str, str]) -> Sample:
     seconds = float(row["time_us"]) * 1e-6
     if not seconds > 0 or not math.isfinite(seconds):
         raise ValueError(f"perf sample needs a positive finite time_us, got {row['time_us']!r}")
+    synthetic = row["synthetic"].strip() == "1"
+    variant = row.get("variant")
+    if variant is None:  # a CSV from before the column: WGrad rows timed the atomic kernel alone
+        variant = LEGACY_WGRAD_VARIANT if family.pass_ == "wgrad" and not synthetic else ""
     return Sample(
         family=family.name,
         arch=row["arch"],
         device=row["device"],
         driver=row["driver"],
         spio_version=row["spio_version"],
-        synthetic=row["synthetic"].strip() == "1",
+        synthetic=synthetic,
         params=params,
         config=config,
         seconds=seconds,
         date=row["date"],
+        variant=variant.strip(),
     )
 
 

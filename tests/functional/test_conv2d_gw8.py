@@ -344,16 +344,17 @@ def test_deterministic_mode_uses_the_partial_sums_wgrad(monkeypatch, limit):
     sums, then one sum over them), or, where that buffer would pass MAX_PARTIAL_BYTES, takes the
     gradients from PyTorch. Outside it, partial sums up to PARTIAL_BYTES, then fp32 atomics."""
     from spio.functional import _kernels
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
     monkeypatch.setattr(_kernels, "_layers", {})
     monkeypatch.setattr(_kernels, "_chosen", {})  # kernel choices depend on the limit
     if limit == "tiny":
-        monkeypatch.setattr(_kernels, "MAX_PARTIAL_BYTES", 16)
+        monkeypatch.setattr(wg, "MAX_PARTIAL_BYTES", 16)
     launched = []
-    real = _kernels.conv2d_gw8_wgrad_factory.wgrad
+    real = wg.wgrad
     monkeypatch.setattr(
-        _kernels.conv2d_gw8_wgrad_factory,
+        wg,
         "wgrad",
         lambda *a, **k: launched.append(k["kernel"].name) or real(*a, **k),
     )
@@ -381,7 +382,7 @@ def test_deterministic_mode_uses_the_partial_sums_wgrad(monkeypatch, limit):
     launched.clear()
     conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, True])
     assert launched and launched[0].endswith("__partials")
-    monkeypatch.setattr(_kernels, "PARTIAL_BYTES", 16)
+    monkeypatch.setattr(wg, "PARTIAL_BYTES", 16)
     monkeypatch.setattr(_kernels, "_layers", {})
     monkeypatch.setattr(_kernels, "_chosen", {})
     launched.clear()
@@ -406,6 +407,7 @@ def test_kernel_path_validates_once_per_signature_and_bad_calls_still_raise(monk
     """The ops' kernel path checks a call signature once (then reuses its params and kernels); a
     bad call is never cached, and the backward op still checks grad_output on every call."""
     from spio.functional import _kernels
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
     monkeypatch.setattr(_kernels, "_layers", {})

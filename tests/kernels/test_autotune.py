@@ -180,6 +180,32 @@ def test_kernel_inputs_match_the_kernels_argument_order():
     assert not torch.equal(a[1], b[1])  # rotated input sets differ
 
 
+def test_a_timed_wgrad_call_is_the_whole_pass_as_spio_runs_it(monkeypatch):
+    """pass_call runs FProp and DGrad as one launch, WGrad as the `wgrad` wrapper: zeroing dw and
+    atomics, or partial sums and sum_slots, whichever the kernel is (emulated here)."""
+    import torch
+
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+    from spio.reference import conv2d_gw8_wgrad_ref
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    params = P(n=2, c=16, h=5, w=6, padding=1)
+    cpu = torch.device("cpu")
+    args = autotune.kernel_inputs("conv2d_gw8_wgrad", params, cpu, seed=2)
+    config = wg.default_config(params)
+    expected = conv2d_gw8_wgrad_ref(args[2].float(), args[3].float(), (1, 1), 3, 3)
+    for partials in (False, True):
+        kernel = wg.make_kernel(params, config, partials=partials)
+        dw, dbias = autotune.pass_call("conv2d_gw8_wgrad", params, kernel, args, cpu)()
+        torch.testing.assert_close(dw.double(), expected, rtol=1e-2, atol=1e-2)
+        assert dbias is None
+    launched = []
+    monkeypatch.setattr(type(kernel), "launch", lambda self, a, d: launched.append(a))
+    fprop = autotune.kernel_inputs("conv2d_gw8_fprop", params, cpu)
+    autotune.pass_call("conv2d_gw8_fprop", params, kernel, fprop, cpu)()
+    assert launched == [fprop]
+
+
 def test_inputs_rotate_only_when_they_fit_in_l2():
     l2 = 60 * 2**20
     small = P(n=1, c=64, h=16, w=16)

@@ -95,6 +95,14 @@ def test_sample_csv_round_trip_and_errors(tmp_path):
     assert back[0].params == params and back[0].config == config
     assert back[0].seconds == pytest.approx(12.5e-6)
     assert back[0].key() == sample.key()
+    assert back[0].variant == ""  # none given
+
+    # A CSV from before the variant column: its WGrad rows timed the atomic kernel alone.
+    old = tmp_path / "old.csv"
+    lines = path.read_text().splitlines()
+    old.write_text("\n".join(line.rsplit(",", 1)[0] for line in lines) + "\n")
+    assert "variant" not in old.read_text()
+    assert pm.read_samples(old)[0][0].variant == pm.LEGACY_WGRAD_VARIANT
 
     bad = tmp_path / "bad.csv"
     bad.write_text(path.read_text().replace("12.5000", "-1", 1))
@@ -104,6 +112,37 @@ def test_sample_csv_round_trip_and_errors(tmp_path):
     other.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="has columns"):
         pm.append_samples(other, [sample])
+
+
+def test_samples_name_the_wgrad_reduction_spio_runs(monkeypatch, tmp_path, capsys):
+    """WGrad samples time the whole pass as spio runs the config (partial sums and their sum, or
+    zeroing and atomics), and training leaves out samples that timed anything else."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    train = syn.load_script("train_perf_model")
+    params = P(8, 32, 16, 16, padding=1)
+    wgrad, fprop = pm.FAMILIES["conv2d_gw8_wgrad"], pm.FAMILIES["conv2d_gw8_fprop"]
+    config = wgrad.configs(params)[0]
+    assert pm.kernel_variant(fprop, params, fprop.configs(params)[0]) == ""
+    assert pm.kernel_variant(wgrad, params, config) == "partials"
+    assert wgrad.make_kernel(params, config).name.endswith("__partials")
+    monkeypatch.setattr(wg, "PARTIAL_BYTES", 16)  # no partial-sum buffer fits: atomics
+    assert pm.kernel_variant(wgrad, params, config) == "atomic"
+    assert not wgrad.make_kernel(params, config).name.endswith("__partials")
+    monkeypatch.undo()
+
+    def sample(variant, synthetic=False):
+        return pm.Sample(
+            wgrad.name, "sm_90", "GPU", "13.0", "0", synthetic, params, config, 1e-5, "", variant
+        )
+
+    samples = [sample("partials"), sample("atomic"), sample(pm.LEGACY_WGRAD_VARIANT),
+               sample("", synthetic=True)]  # fmt: skip
+    kept = train.runs_as_sampled(samples)
+    assert kept == [samples[0], samples[3]]
+    out = capsys.readouterr().out
+    assert "leaving out 1 conv2d_gw8_wgrad samples that timed 'atomic' where spio runs" in out
+    assert f"timed {pm.LEGACY_WGRAD_VARIANT!r}" in out
 
 
 def test_features_agree_with_the_kernels():
@@ -524,7 +563,7 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
     monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])
     timed = []
 
-    def fake_time(kernel, arg_sets, device, **kw):
+    def fake_time(family, params, kernel, arg_sets, device, **kw):
         timed.append(kernel.name)
         return 1e-5 * (1 + len(timed) % 7)
 
