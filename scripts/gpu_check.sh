@@ -208,15 +208,16 @@ step_perf() {
     ((budget < 10)) && return 200
     # A fresh sample of the kernels as they are now; GPU_CHECK_PERF_SEED=CSV resumes from earlier
     # samples instead (perf_sample skips what this GPU model already has), which is right only
-    # while the kernels they timed are unchanged. FProp and DGrad first (their kernels changed
-    # last), N = 128 first (the shipped models cover N = 64..256).
+    # while the kernels they timed are unchanged (and the CSV has the same columns). Layer by
+    # layer, WGrad first in each (its samples now time the whole pass as spio runs it, and the
+    # WGrad model cannot be retrained without them), N = 128 first.
     local csv="$OUT_DIR/perf_samples.csv"
     if [[ -n "${GPU_CHECK_PERF_SEED:-}" && ! -f "$csv" ]]; then
         cp "$GPU_CHECK_PERF_SEED" "$csv"
     fi
     timeout -k 10 "$1" "$PYTHON" scripts/perf_sample.py --csv "$csv" \
         --budget-s "$budget" --batches 128 32 --dtypes fp16 --max-configs 100 \
-        --families conv2d_gw8_fprop conv2d_gw8_dgrad conv2d_gw8_wgrad
+        --families conv2d_gw8_wgrad conv2d_gw8_fprop conv2d_gw8_dgrad
     local rc=$?
     local lines=1
     [[ -f "$OUT_DIR/perf_samples.csv" ]] && lines=$(wc -l <"$OUT_DIR/perf_samples.csv")
