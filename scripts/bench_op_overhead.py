@@ -4,8 +4,10 @@ that the host, not the GPU, sets the pace.
 Issue #7's target: no more than about 10 µs per call over PyTorch's own dispatch. The raw custom op
 pays torch.library's dispatch; Conv2dGw8 modules outside torch.compile take spio's light eager path
 (spio.functional.eager), which is what the target is checked on. Each case is called many times
-without synchronising; the host time per call is reported (median of repeats), then the time
-including the final synchronise. A training step (forward and backward) is timed too. Needs a GPU.
+without synchronising, the cases taking turns in every repeat so that a slow patch of the host
+hits them alike; the host time per call is reported (median of repeats), and each gap is the median
+of the differences within a repeat. A training step (forward and backward) is timed too. Needs a
+GPU.
 
     python scripts/bench_op_overhead.py [--calls 2000] [--repeats 5] [--dtype fp16] [--profile]
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from statistics import median
 
 TARGET_US = 10.0
 
@@ -25,7 +28,7 @@ TARGET_US = 10.0
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="calls per repeat")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats (median reported)")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--size", type=int, default=8, help="H and W of the input")
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("bench_op_overhead: needs a CUDA GPU; none is available on this machine")
 
     import spio.functional  # noqa: F401  (registers torch.ops.spio)
-    from spio.bench.timing import host_us_per_call
+    from spio.bench.timing import host_us_interleaved, paired_gap
     from spio.layers import Conv2dGw8
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
@@ -63,14 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{torch.cuda.get_device_name()}, torch {torch.__version__}, layer "
             f"1x{c}x{args.size}x{args.size} 3x3 {args.dtype} channels_last, bias, no_grad; "
-            f"{args.calls} calls x {args.repeats} repeats, median"
+            f"{args.calls} calls x {args.repeats} repeats, cases interleaved, median"
         )
-        print(f"{'case':32s} {'host µs/call':>13s} {'with sync':>10s}")
-        results = {}
-        for name, call in cases.items():
-            host, total = host_us_per_call(call, args.calls, args.repeats, torch.cuda.synchronize)
-            results[name] = host
-            print(f"{name:32s} {host:13.2f} {total:10.2f}")
+        times = host_us_interleaved(cases, args.calls, args.repeats, torch.cuda.synchronize)
+    print(f"{'case':32s} {'host µs/call':>13s} {'min':>8s} {'max':>8s}")
+    for name, values in times.items():
+        print(f"{name:32s} {median(values):13.2f} {min(values):8.2f} {max(values):8.2f}")
 
     # Training: forward and backward (input, weight and bias gradients) of the module.
     xg = x.detach().clone().requires_grad_()
@@ -82,20 +83,20 @@ def main(argv: list[str] | None = None) -> int:
 
         return step
 
-    print(f"{'training step (fwd + bwd)':32s} {'host µs/step':>13s} {'with sync':>10s}")
-    for name, module in (("nn.Conv2d (cuDNN)", torch_conv), ("Conv2dGw8", spio_conv)):
-        host, total = host_us_per_call(
-            train(module), args.calls // 4, args.repeats, torch.cuda.synchronize
-        )
-        results[f"train {name}"] = host
-        print(f"{name:32s} {host:13.2f} {total:10.2f}")
+    steps = {"nn.Conv2d (cuDNN)": train(torch_conv), "Conv2dGw8": train(spio_conv)}
+    step_times = host_us_interleaved(steps, args.calls // 4, args.repeats, torch.cuda.synchronize)
+    print(f"{'training step (fwd + bwd)':32s} {'host µs/step':>13s} {'min':>8s} {'max':>8s}")
+    for name, values in step_times.items():
+        print(f"{name:32s} {median(values):13.2f} {min(values):8.2f} {max(values):8.2f}")
 
-    op_extra = results["torch.ops.spio.conv2d_gw8"] - results["F.conv2d (cuDNN)"]
-    module_extra = results["Conv2dGw8 module (eager path)"] - results["nn.Conv2d module (cuDNN)"]
-    train_extra = results["train Conv2dGw8"] - results["train nn.Conv2d (cuDNN)"]
+    # Differences within each repeat (the cases took turns), then their median.
+    op_extra = paired_gap(times, "torch.ops.spio.conv2d_gw8", "F.conv2d (cuDNN)")
+    module_extra = paired_gap(times, "Conv2dGw8 module (eager path)", "nn.Conv2d module (cuDNN)")
+    train_extra = paired_gap(step_times, "Conv2dGw8", "nn.Conv2d (cuDNN)")
     print(
         f"custom op over F.conv2d: {op_extra:+.2f} µs; module over nn.Conv2d: "
-        f"{module_extra:+.2f} µs; training step: {train_extra:+.2f} µs"
+        f"{module_extra:+.2f} µs; training step: {train_extra:+.2f} µs (median of paired "
+        "differences)"
     )
     # The eager module path is the one the target applies to: the custom op's own dispatch is
     # PyTorch's, paid only where torch.compile needs the op (and removed there by compilation).

@@ -152,7 +152,7 @@ step_overhead() {
     local half=$(($1 / 2))
     timeout -k 10 "$half" "$PYTHON" scripts/bench_launch.py --launches 2000 --repeats 3
     local rc=$?
-    timeout -k 10 "$half" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 3 --profile || rc=$?
+    timeout -k 10 "$half" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 7 --profile || rc=$?
     return "$rc"
 }
 

@@ -169,3 +169,38 @@ def host_us_per_call(
         host.append((issued - start) / calls * 1e6)
         total.append((done - start) / calls * 1e6)
     return statistics.median(host), statistics.median(total)
+
+
+def host_us_interleaved(
+    cases: dict[str, Callable[[], object]],
+    calls: int,
+    repeats: int,
+    synchronize: Callable[[], object] = lambda: None,
+    warmup: int = 200,
+) -> dict[str, list[float]]:
+    """µs per call issued on the host for each case, one value per repeat, the cases taking
+    turns within every repeat (each block of `calls` ends with `synchronize`, so no case inherits
+    another's queued work). A slow patch of the host then hits every case alike, and the
+    per-repeat differences between cases compare like with like (see `paired_gap`)."""
+    if calls < 1 or repeats < 1:
+        raise ValueError(
+            f"host_us_interleaved needs calls >= 1 and repeats >= 1, got {calls}, {repeats}"
+        )
+    for call in cases.values():
+        for _ in range(warmup):
+            call()
+    synchronize()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, call in cases.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+            synchronize()
+    return times
+
+
+def paired_gap(times: dict[str, list[float]], case: str, baseline: str) -> float:
+    """Median over repeats of case's time minus baseline's in the same repeat."""
+    return statistics.median(a - b for a, b in zip(times[case], times[baseline], strict=True))

@@ -294,8 +294,6 @@ def make_kernel(
     )
 
 
-
-
 @functools.lru_cache(maxsize=1024)  # called on every partials WGrad: build each one once
 def sum_kernel(
     params: Conv2dGw8Params, dw_dtype: str = "fp32", dbias_dtype: str = "fp32"

@@ -24,3 +24,23 @@ def test_timing_summary_is_median_and_percentiles():
     timing = Timing.of([float(v) for v in range(1, 12)], prefilled=True)
     assert timing.median_ms == 6.0 and timing.p10_ms == 2.0 and timing.p90_ms == 10.0
     assert timing.reps == 11 and timing.prefilled
+
+
+def test_interleaved_host_timing_takes_turns_and_pairs_repeats():
+    """The cases take turns within each repeat (each block ends with a synchronise), and a gap is
+    the median of per-repeat differences: a case made slow in one repeat moves it little."""
+    from spio.bench.timing import host_us_interleaved, paired_gap
+
+    order = []
+    cases = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    syncs = []
+    times = host_us_interleaved(
+        cases, calls=3, repeats=4, synchronize=lambda: syncs.append(1), warmup=1
+    )
+    assert order == ["a", "b"] + (["a"] * 3 + ["b"] * 3) * 4
+    assert len(syncs) == 1 + 2 * 4
+    assert all(len(v) == 4 and min(v) > 0 for v in times.values())
+    made = {"fast": [1.0, 1.0, 9.0, 1.0, 1.0], "slow": [3.0, 3.1, 11.0, 2.9, 3.0]}
+    assert paired_gap(made, "slow", "fast") == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="calls >= 1 and repeats >= 1"):
+        host_us_interleaved(cases, calls=0, repeats=1)

@@ -407,7 +407,6 @@ def test_kernel_path_validates_once_per_signature_and_bad_calls_still_raise(monk
     """The ops' kernel path checks a call signature once (then reuses its params and kernels); a
     bad call is never cached, and the backward op still checks grad_output on every call."""
     from spio.functional import _kernels
-    from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
     monkeypatch.setattr(_kernels, "_layers", {})
