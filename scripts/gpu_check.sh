@@ -181,9 +181,11 @@ step_ablate() {
     # The small layers that lose to cuDNN in every pass.
     ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30
     # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
-    # camping would show as a faster loads-only there), next to a read-only pass.
+    # camping would show as a faster loads-only there), next to a read-only pass; and blocks
+    # made to start apart (stagger), which would also help if lockstep blocks camp.
     ablate --layer 64,64,64 64,64,60 64,60,64 64,62,62 --passes fprop --repeats 30 \
-        --variants full loads-only l2-256 --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16
+        --variants full loads-only l2-256 stagger loads-stagger \
+        --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16
     layers=$("$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
     # shellcheck disable=SC2086  # one word per layer
     ablate --passes wgrad --variants full --repeats 30 --layer $layers

@@ -58,6 +58,12 @@
 // under a condition the compiler cannot prove false, so the work that produces them stays.
 // SPIO_ABLATE_SYNC: no barrier per row (warps race ahead of each other's copies).
 // SPIO_L2_PREFETCH (0, 128 or 256; results stay right): the L2 prefetch hint of the input copies.
+// SPIO_STAGGER_NS (results stay right): block b first sleeps (b % 16) * SPIO_STAGGER_NS ns, so that
+// blocks that would stream the same rows of their images in lockstep drift apart (a test for DRAM
+// channel camping on power-of-2 image strides).
+#ifndef SPIO_STAGGER_NS
+#define SPIO_STAGGER_NS 0
+#endif
 #ifndef SPIO_L2_PREFETCH
 #define SPIO_L2_PREFETCH 0
 #endif
@@ -101,6 +107,10 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
     constexpr int ROWS = Block::y + R - 1;  // input rows per tile
+
+    if (SPIO_STAGGER_NS) {
+        __nanosleep((blockIdx.x % 16) * SPIO_STAGGER_NS);
+    }
 
     extern __shared__ uint4 smem[];
     const SmemInput smem_input(smem);

@@ -119,16 +119,20 @@ def test_layers_by_name_or_shape():
             ablate.parse_layer(bad)
 
 
-def test_l2_prefetch_variant_builds_for_every_arch_and_stays_correct(base_kernels):
-    """l2-256 is not an ablation: the input copies carry the .L2::256B hint and the results are
-    unchanged (the emulator ignores the hint; NVRTC must accept it on every arch)."""
+@pytest.mark.parametrize(
+    "variant,define",
+    [("l2-256", "#define SPIO_L2_PREFETCH 256"), ("stagger", "#define SPIO_STAGGER_NS 400")],
+)
+def test_timing_variants_build_for_every_arch_and_stay_correct(base_kernels, variant, define):
+    """l2-256 and stagger are not ablations: the input copies carry the .L2::256B hint, or blocks
+    start late (__nanosleep), and the results are unchanged (the emulator ignores both; NVRTC must
+    accept them on every arch)."""
     import spio
     from spio.compiler import compile_many
 
-    variant = ablate.ablated(base_kernels["fprop"], ablate.VARIANTS["l2-256"])
-    assert variant.name.endswith("__variant_l2_prefetch256")
-    assert "#define SPIO_L2_PREFETCH 256" in variant.headers[0][1]
-    results = compile_many([variant.compile_job(a) for a in spio.supported_arch], progress=False)
+    kernel = ablate.ablated(base_kernels["fprop"], ablate.VARIANTS[variant])
+    assert define in kernel.headers[0][1]
+    results = compile_many([kernel.compile_job(a) for a in spio.supported_arch], progress=False)
     for arch, result in zip(spio.supported_arch, results, strict=True):
         assert not isinstance(result, BaseException), (arch, result)
         assert not any(r.spills for r in result.resources.values()), arch
@@ -142,7 +146,7 @@ def test_l2_prefetch_variant_builds_for_every_arch_and_stays_correct(base_kernel
     params = Conv2dGw8Params(n=2, c=16, h=7, w=9, padding=1, has_bias=True)
     t = random_inputs(params, seed=1)
     plain = fd.make_kernel(params, fd.default_config(params))
-    hinted = ablate.ablated(plain, ablate.VARIANTS["l2-256"])
+    changed = ablate.ablated(plain, ablate.VARIANTS[variant])
     y_plain = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=plain)
-    y_hinted = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=hinted)
-    assert torch.equal(y_plain, y_hinted) and y_plain.abs().sum() > 0
+    y_changed = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=changed)
+    assert torch.equal(y_plain, y_changed) and y_plain.abs().sum() > 0

@@ -203,6 +203,7 @@ inline void __syncthreads() { ::spio::emu::detail::syncthreads(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ::spio::emu::detail::syncwarp(mask); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
+inline void __nanosleep(unsigned) {}  // timing only: nothing to emulate
 inline unsigned __activemask() { return ::spio::emu::detail::active_mask(); }
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
     return ::spio::emu::detail::ballot(mask, predicate);
