@@ -234,10 +234,11 @@ def generate_header(
         "x": math.ceil(geo.out_w / config.block_q),
     }
     k, r, s = params.c, params.r, params.s
+
     # PyTorch's channels_last weight is [K, R, S, 8] in memory.
-    weight_dims = (
-        {"k": k, "r": r, "s": s, "c": 8} if weights_cl else {"k": k, "c": 8, "r": r, "s": s}
-    )
+    def weight_dims(k: int) -> dict[str, int]:
+        return {"k": k, "r": r, "s": s, "c": 8} if weights_cl else {"k": k, "c": 8, "r": r, "s": s}
+
     specs = [
         MacroSpec(
             {
@@ -263,18 +264,15 @@ def generate_header(
         TensorSpec(
             "Output", pair, {"n": params.n, "y": geo.out_h, "x": geo.out_w, "k8": c8, "k2": 4}
         ),
-        TensorSpec("Weights", f"const {element}", weight_dims),
+        TensorSpec("Weights", f"const {element}", weight_dims(k)),
         TensorSpec("Bias", f"const {pair if bias_elem else 'float2'}", {"k8": c8, "k2": 4}),
         TensorSpec(
             "SmemInput",
             "uint4",
             {"stage": config.stages, "c8": config.groups, "x": (in_x, pad_odd(in_x))},
         ),
-        TensorSpec(
-            "SmemWeights",
-            element,
-            {"c8": config.groups, "r": params.r, "s": params.s, "k": 8, "c": 8},
-        ),
+        # The block's groups of the weights, in their global layout (copied as they are).
+        TensorSpec("SmemWeights", element, {"c8": config.groups, **weight_dims(8)}),
         # Output staging rows; a pixel's groups padded by one 16-byte chunk against bank conflicts.
         TensorSpec(
             "SmemOutput",
@@ -287,9 +285,7 @@ def generate_header(
         ),
         IndexSpec("InputLoadIdx", {"x": in_x, "c8": config.groups}),
         IndexSpec("OutputStoreIdx", {"x": config.block_q, "c8": config.groups}),
-        IndexSpec(
-            "WeightLoadIdx", {"c8": config.groups, "k": 8, "c": 8, "r": params.r, "s": params.s}
-        ),
+        IndexSpec("WeightChunkIdx", {"c8": config.groups, "chunk": 8 * params.r * params.s}),
     ]
     return generate(specs)
 
@@ -365,13 +361,14 @@ def _nhwc(t):
 
 def _weight_as(kernel: Kernel, weight):
     """weight in the memory layout `kernel` reads (contiguous, or channels_last for a weights_cl
-    variant); is_contiguous is cheaper than a no-op contiguous() call."""
+    variant), 16-byte aligned (the kernels copy it in 16-byte chunks); is_contiguous is cheaper
+    than a no-op contiguous() call."""
     import torch
 
     fmt = torch.channels_last if kernel.info_value("weights_cl") else torch.contiguous_format
-    return (
-        weight if weight.is_contiguous(memory_format=fmt) else weight.contiguous(memory_format=fmt)
-    )
+    if not weight.is_contiguous(memory_format=fmt):
+        weight = weight.contiguous(memory_format=fmt)
+    return weight if weight.data_ptr() % 16 == 0 else weight.clone(memory_format=fmt)
 
 
 def _bias_as(kernel: Kernel, bias, dtype):

@@ -22,12 +22,13 @@
 /// complete: it is rounded, biased and written to a shared-memory staging buffer, and its slot
 /// zeroed for reuse. In the next step all threads copy the staged row to global memory in whole
 /// 16-byte chunks, a pixel's groups side by side (two staging buffers alternate).
-/// Weights are read once per block into shared memory ([c8][r][s][k][c]: each tap a 128-byte 8x8
-/// matrix) and then into registers, one register per tap per lane (ldmatrix.x1, .trans in DGrad).
+/// Weights are read once per block into shared memory, copied as they are held (the block's groups
+/// are one contiguous run), and from there into registers, one register per tap per lane.
 ///
-/// Synchronisation: one __syncthreads per input row. Every row index commits exactly one cp.async
-/// group (empty past the last row). At the top of row i every thread waits for its copies of row i
-/// (cp.async.wait_group STAGES - 2 leaves the newer rows in flight), then the barrier publishes row i
+/// Synchronisation: one __syncthreads per input row, and one before the taps are read. Every row
+/// index commits exactly one cp.async group (empty past the last row); row 0's also holds the
+/// weights. At the top of row i every thread waits for its copies of row i (cp.async.wait_group
+/// STAGES - 2 leaves the newer rows in flight), then the barrier publishes row i
 /// to all warps and guarantees that every warp has finished reading row i - 1, whose stage then
 /// receives row i + STAGES - 1. The same barrier publishes the output row staged in step i - 1,
 /// which the threads copy out in step i; its buffer is staged into again only in step i + 1, after
@@ -90,6 +91,13 @@ using Elem = SPIO_CONV_ELEMENT;
 SPIO_DEVICE void mma_tap(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
     spio::mma_m16n8k8<Elem>(acc, a, b, acc);
 }
+// The 32-bit register holding lo (bits 0-15) and hi (bits 16-31), as ldmatrix would load them.
+SPIO_DEVICE unsigned short element_bits(__half e) { return __half_as_ushort(e); }
+SPIO_DEVICE unsigned short element_bits(__nv_bfloat16 e) { return __bfloat16_as_ushort(e); }
+SPIO_DEVICE unsigned pack_elements(Elem lo, Elem hi) {
+    return element_bits(lo) | (static_cast<unsigned>(element_bits(hi)) << 16);
+}
+
 SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const unsigned (&a1)[2],
                               unsigned b0, unsigned b1) {
     const unsigned a[4] = {a0[0], a0[1], a1[0], a1[1]};
@@ -155,6 +163,23 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                                                     row_inside, in);
         }
     };
+    // Weights: the block's groups are one contiguous run of the weights in global memory
+    // (PyTorch's [K, 8, R, S], or channels_last [K, R, S, 8]), copied as it is, in 16-byte chunks,
+    // into shared memory (SmemWeights has the same layout), with the first input row's copies.
+    // Groups past the layer's are zero-filled.
+    {
+        constexpr int CHUNKS = SmemWeights::num_bytes / 16;
+        const Elem *run = Weights(weights).k(block_c8 * 8).get();
+        SPIO_UNROLL
+        for (int j = 0; j < (CHUNKS + Block::threads - 1) / Block::threads; ++j) {
+            const int chunk = threadIdx.x + j * Block::threads;
+            if (chunk < CHUNKS) {
+                const bool inside = block_c8 + WeightChunkIdx(chunk).c8() < Input::C8;
+                spio::cp_async_16(smem_weights.get() + chunk * 8, inside ? run + chunk * 8 : weights,
+                                  inside ? 16 : 0);
+            }
+        }
+    }
     SPIO_UNROLL
     for (int row = 0; row < STAGES - 1; ++row) {
         if (row < ROWS) {
@@ -162,17 +187,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         }
         spio::cp_async_commit_group();
     }
-
-    // Weights: PyTorch layout in global memory -> one 8x8 [k][c] matrix per tap in shared memory.
-    for (int i = threadIdx.x; i < WeightLoadIdx::size; i += Block::threads) {
-        const WeightLoadIdx idx(i);
-        const int c8 = block_c8 + idx.c8();
-        Elem value = Elem(0.0f);
-        if (c8 < Input::C8) {
-            value = *Weights(weights).k(c8 * 8 + idx.k()).c(idx.c()).r(idx.r()).s(idx.s());
-        }
-        *smem_weights.c8(idx.c8()).r(idx.r()).s(idx.s()).k(idx.k()).c(idx.c()) = value;
-    }
+    spio::cp_async_wait_group<STAGES - 2>();  // the weights (and input row 0) have landed
     __syncthreads();
 
     const int lane = threadIdx.x % 32;
@@ -180,20 +195,26 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const int warp_x = warp.x16() * (Block::warp_x16 * 16);  // first column of this warp in the tile
     const int c8 = block_c8 + warp.c8();                      // this warp's group
 
-    // B operands: one register per tap. FProp wants B[c][k] = tap[k][c] (ldmatrix of the [k][c]
-    // rows); DGrad wants the flipped tap transposed (ldmatrix .trans).
+    // B operands: one register per tap, lane l holding B[j][i] and B[j + 1][i] (i = l / 4,
+    // j = 2 (l % 4); the mma's B is [c][k]). FProp: B[c][k] = w[8g + k, c, r, s]. DGrad:
+    // B[c][k] = w[8g + c, k, R-1-r, S-1-s]. Read element by element from the weights as held.
     unsigned taps[R][S];
-    SPIO_UNROLL
-    for (int r = 0; r < R; ++r) {
+    {
+        const SmemWeights group = smem_weights.c8(warp.c8());
+        const int i = lane / 4;
+        const int j = 2 * (lane % 4);
         SPIO_UNROLL
-        for (int s = 0; s < S; ++s) {
-            unsigned reg[1];
+        for (int r = 0; r < R; ++r) {
+            SPIO_UNROLL
+            for (int s = 0; s < S; ++s) {
 #if SPIO_CONV_IGRAD
-            spio::ldmatrix_x1_trans(reg, smem_weights.c8(warp.c8()).r(R - 1 - r).s(S - 1 - s).k(lane % 8).get());
+                const SmemWeights tap = group.r(R - 1 - r).s(S - 1 - s);
+                taps[r][s] = pack_elements(*tap.k(j).c(i), *tap.k(j + 1).c(i));
 #else
-            spio::ldmatrix_x1(reg, smem_weights.c8(warp.c8()).r(r).s(s).k(lane % 8).get());
+                const SmemWeights tap = group.r(r).s(s);
+                taps[r][s] = pack_elements(*tap.k(i).c(j), *tap.k(i).c(j + 1));
 #endif
-            taps[r][s] = reg[0];
+            }
         }
     }
 

@@ -243,6 +243,36 @@ def test_variants_read_channels_last_weights_and_half_bias(dtype, device):
     conv2d_gw8_tolerance(params, "dgrad", t["dy"], t["w"]).assert_close(dx, expected)
 
 
+@pytest.mark.parametrize("weights_cl", [False, True])
+@pytest.mark.parametrize("igrad", [False, True])
+def test_weights_are_copied_as_held_into_partly_filled_blocks(igrad, weights_cl):
+    """The kernels copy the block's run of weights in 16-byte chunks as held: a misaligned weight
+    (a view 2 bytes past a boundary) is realigned first, and a block whose last groups lie past
+    the layer's (3 groups, 2 per block) zero-fills them. R != S catches a swapped r and s."""
+    from spio.reference import conv2d_gw8_dgrad_ref, conv2d_gw8_fprop_ref, conv2d_gw8_tolerance
+
+    params = Conv2dGw8Params(n=2, c=24, h=6, w=7, padding=(1, 2), r=2, s=5, has_bias=not igrad)
+    t = random_inputs(params, seed=5)
+    fmt = torch.channels_last if weights_cl else torch.contiguous_format
+    storage = torch.empty(t["w"].numel() + 8, dtype=t["w"].dtype)
+    offset = next(i for i in range(8) if (storage.data_ptr() + 2 * i) % 16 == 2)
+    k, c, r, s = t["w"].shape
+    strides = (r * s * c, 1, s * c, c) if weights_cl else (c * r * s, r * s, s, 1)
+    w = storage.as_strided(t["w"].shape, strides, offset)
+    w.copy_(t["w"])
+    assert w.is_contiguous(memory_format=fmt) and w.data_ptr() % 16 == 2
+    config = next(cf for cf in fd.configs(params, igrad) if cf.groups == 2)
+    kernel = fd.make_kernel(params, config, igrad, weights_cl=weights_cl)
+    if igrad:
+        got = fd.dgrad(t["dy"], w, params, kernel=kernel)
+        want = conv2d_gw8_dgrad_ref(t["dy"], t["w"], params.padding, (params.h, params.w))
+        conv2d_gw8_tolerance(params, "dgrad", t["dy"], t["w"]).assert_close(got, want)
+    else:
+        got = fd.fprop(t["x"], w, t["bias"], params, kernel=kernel)
+        want = conv2d_gw8_fprop_ref(t["x"], t["w"], t["bias"], params.padding)
+        conv2d_gw8_tolerance(params, "fprop", t["x"], t["w"]).assert_close(got, want)
+
+
 @pytest.mark.parametrize("arch", spio.supported_arch)
 def test_sampled_variants_compile_without_spills(arch):
     """The weights_cl / bias_elem variants (the kernels a channels_last, half-precision model
