@@ -98,6 +98,16 @@ def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> i
 #: same bytes (docs/perf/2026-11-29-h200-2/ablate.log): more steps in flight may help.
 STAGES = (2, 3, 4, 6)
 
+#: Images per block. 16 only for images of at most SMALL_IMAGE output pixels: there a block's work
+#: per image is small, and each block writes one slot of partial sums for all its images, so more
+#: images per block write (and sum) fewer slots. The 512c 8x8 and 368c 7x7 layers' WGrad at
+#: N = 128, with the 4 images per block the H200 run picked (g4_p8_q8_n4_w1_s3_k8), writes partial
+#: sums of 28 % and 37 % of the bytes of x and dy, then reads them again to sum them. Not with 2
+#: stages: ptxas then unrolls the whole loop over the block's rows (even with #pragma unroll 1)
+#: and spills at 16 images.
+BLOCK_N = (1, 4, 16)
+SMALL_IMAGE = 256
+
 
 def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
     """Every tile config worth trying for this layer, in a fixed order."""
@@ -106,9 +116,11 @@ def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
     max_p = max(4, 1 << math.ceil(math.log2(params.p)))
     found = []
     for groups, block_q, warp_q8, block_p, block_n, stages, mma_k in itertools.product(
-        (1, 2, 4, 8), (8, 16, 32, 64), (1, 2, 4), (4, 8, 16, 32, 64), (1, 4), STAGES, (8, 16)
+        (1, 2, 4, 8), (8, 16, 32, 64), (1, 2, 4), (4, 8, 16, 32, 64), BLOCK_N, STAGES, (8, 16)
     ):
         if groups > max_groups or block_q > max_q or block_p > max_p or block_n > params.n:
+            continue
+        if block_n > 4 and (params.p * params.q > SMALL_IMAGE or stages < 3):
             continue
         if block_q % (8 * warp_q8) or groups * block_q // (8 * warp_q8) > MAX_THREADS // 32:
             continue

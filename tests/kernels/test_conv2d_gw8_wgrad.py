@@ -233,3 +233,18 @@ def test_sum_slots_builds_for_every_arch():
     for job, result in zip(jobs, compile_many(jobs, progress=False), strict=True):
         assert not isinstance(result, BaseException), (job.name, result)
         assert not any(r.spills for r in result.resources.values()), job.name
+
+
+def test_sixteen_images_per_block_only_on_small_images():
+    """block_n 16 is offered where a block's work per image is small (at most SMALL_IMAGE output
+    pixels), and computes the right dw across a partly filled last block (N = 19)."""
+    small = Conv2dGw8Params(n=19, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True)
+    big = Conv2dGw8Params(n=32, c=16, h=20, w=19, padding=1)
+    assert any(c.block_n == 16 for c in wg.configs(small))
+    assert not any(c.block_n == 16 for c in wg.configs(big))
+    config = wg.Conv2dGw8WgradConfig(
+        groups=2, block_p=4, block_q=8, block_n=16, warp_q8=1, stages=3
+    )
+    assert config in wg.configs(small)
+    check(small, "wgrad", config, "cpu")
+    assert wg.partial_slots(small, config) == 2 * 2  # 2 image blocks x 2 row tiles
