@@ -29,6 +29,7 @@ class Family:
     configs: Callable[[Conv2dGw8Params], list]
     make_kernel: Callable[[Conv2dGw8Params, Any], Kernel]
     estimated_cost: Callable[[Conv2dGw8Params, Any], float]  # lower is better
+    heuristic_key: Callable[[Conv2dGw8Params, Any], tuple]  # the heuristic's order: ascending
     default_config: Callable[[Conv2dGw8Params], Any]
     shared_mem_bytes: Callable[[Conv2dGw8Params, Any], int]  # dynamic, per block
 
@@ -54,6 +55,7 @@ def _fprop_dgrad(name: str, pass_: str, igrad: bool) -> Family:
         configs=bind(fd.configs, igrad=igrad),
         make_kernel=bind(fd.make_kernel, igrad=igrad),
         estimated_cost=bind(fd.estimated_cost, igrad=igrad),
+        heuristic_key=bind(fd.heuristic_key, igrad=igrad),
         default_config=bind(fd.default_config, igrad=igrad),
         shared_mem_bytes=fd.shared_mem_bytes,
     )
@@ -69,6 +71,7 @@ FAMILIES: dict[str, Family] = {
         configs=wg.configs,
         make_kernel=wg.production_kernel,  # partial sums or atomics, as spio runs the config
         estimated_cost=wg.estimated_cost,
+        heuristic_key=wg.heuristic_key,
         default_config=wg.default_config,
         shared_mem_bytes=wg.shared_mem_bytes,
     ),

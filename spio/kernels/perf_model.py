@@ -611,8 +611,8 @@ def rank_configs(
 
 
 def heuristic_ranking(family: Family, params: Conv2dGw8Params, configs: Sequence) -> list:
-    """configs ordered by the analytic `estimated_cost` (ties: config order)."""
-    return sorted(configs, key=lambda c: (family.estimated_cost(params, c), c))
+    """configs in the analytic heuristic's order (`family.heuristic_key`)."""
+    return sorted(configs, key=lambda c: family.heuristic_key(params, c))
 
 
 def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **options: Any):
