@@ -25,7 +25,7 @@ from .stats import Conv2dStats
 
 DEFAULT_TOP_K = 5
 
-#: A timer: (family name, params, kernel, device) -> seconds per launch.
+#: A timer: (family name, params, kernel, device) -> seconds per call of the pass (`pass_call`).
 Timer = Callable[[str, Conv2dGw8Params, Kernel, Any], float]
 
 
@@ -144,7 +144,8 @@ class _DefaultTimer:
     """Times kernels on the GPU; `prepare` compiles the candidates in parallel beforehand."""
 
     def __call__(self, family: str, params: Conv2dGw8Params, kernel: Kernel, device: Any) -> float:
-        """Seconds per launch of `kernel`, with inputs rotated when they fit in the device's L2."""
+        """Seconds per call (`pass_call`) of `kernel`, with inputs rotated when they fit in the
+        device's L2."""
         copies = input_copies(family, params, _l2_bytes(device))
         arg_sets = [kernel_inputs(family, params, device, seed) for seed in range(copies)]
         return time_kernel(family, params, kernel, arg_sets, device)
