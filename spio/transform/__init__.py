@@ -14,9 +14,9 @@ __all__ = ["scan_modules", "transform"]
 
 
 class _CallablePackage(types.ModuleType):
-    def __call__(self, model):
-        """Same as spio.transform.transform(model)."""
-        return transform(model)
+    def __call__(self, *args, **kwargs):
+        """Same as spio.transform.transform(*args, **kwargs)."""
+        return transform(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallablePackage

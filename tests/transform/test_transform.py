@@ -70,6 +70,11 @@ def test_include_keeps_the_convs_it_rejects(caplog):
     bare = nn.Conv2d(16, 16, 3, padding=1, groups=2)
     assert transform(bare, include=lambda name, conv: False) is bare
     assert type(transform(bare, include=lambda name, conv: name == "")) is Conv2dGw8
+    # The same through the public name, spio.transform (a callable package).
+    import spio
+
+    assert spio.transform(bare, include=lambda name, conv: False) is bare
+    assert type(spio.transform(bare, include=lambda name, conv: True)) is Conv2dGw8
 
 
 def test_outputs_and_gradients_preserved():
