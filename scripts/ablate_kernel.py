@@ -1,9 +1,9 @@
 """Where a kernel's time goes: time it with parts of its work switched off, on a CUDA GPU.
 
 For one layer and each pass, the kernel spio would pick (or --config) is timed as is and with the
-ablation switches of spio/src (SPIO_ABLATE_LOADS / _MMA / _STORES) defined in its generated
-header. An ablated kernel computes garbage; only its time means something (l2-256 is a variant
-that stays correct, and so is stagger):
+ablation switches of spio/include/spio/ablation.h (SPIO_ABLATE_LOADS / _MMA / _STORES / _SYNC)
+defined in its generated header. An ablated kernel computes garbage; only its time means something
+(l2-256 and stagger are variants that stay correct):
 
     full         the real kernel
     no-stores    results kept only under an impossible condition (the work that makes them stays)
@@ -13,8 +13,8 @@ that stays correct, and so is stagger):
     loads-only   no mma and no stores: the input pipeline alone (copies, waits, barriers)
     no-sync      no barrier per input row (warps no longer wait for each other)
     l2-256       the real kernel, its input copies asking L2 to prefetch 256 bytes (.L2::256B)
-    stagger      the real kernel, block b starting (b % 16) x 400 ns late (FProp/DGrad only):
-                 lockstep blocks stop reading the same image rows at the same time
+    stagger      the real kernel, block b starting (b % 16) x 400 ns late: lockstep blocks stop
+                 reading the same image rows at the same time
     loads-stagger  loads-only, staggered
 
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
@@ -45,12 +45,10 @@ VARIANTS = {
     "no-sync": ("SPIO_ABLATE_SYNC",),
     "l2-256": ("SPIO_L2_PREFETCH=256",),
     # Not ablations either: blocks start up to 15 x 400 ns apart, so that lockstep blocks stop
-    # reading the same rows of their images at once (FProp/DGrad only).
+    # reading the same rows of their images at once.
     "stagger": ("SPIO_STAGGER_NS=400",),
     "loads-stagger": ("SPIO_ABLATE_MMA", "SPIO_ABLATE_STORES", "SPIO_STAGGER_NS=400"),
 }
-#: Variants whose switch only the FProp/DGrad kernel has.
-FPROP_DGRAD_ONLY = frozenset({"stagger", "loads-stagger"})
 
 
 def ablated(kernel, switches: tuple[str, ...]):
@@ -168,11 +166,7 @@ def ablate_layer(args, layer) -> int:
         for config in configs:
             base = family.make_kernel(params, config)
             # "full" first: the "vs full" column divides by it.
-            names = ["full"] + [
-                name
-                for name in args.variants
-                if name != "full" and (pass_ != "wgrad" or name not in FPROP_DGRAD_ONLY)
-            ]
+            names = ["full"] + [name for name in args.variants if name != "full"]
             kernels = {name: ablated(base, VARIANTS[name]) for name in names}
             compile_many([k.compile_job(attrs["arch"]) for k in kernels.values()], progress=False)
             full = None

@@ -51,35 +51,8 @@
 #include "spio/warp/mma.h"
 
 #include "conv2d_gw8_gen.h"
-
-// Ablation switches, for finding where a kernel's time goes on a GPU (scripts/ablate_kernel.py
-// defines them in a copy of the generated header). Production kernels never set them: each one
-// makes the results wrong. SPIO_ABLATE_LOADS: no global reads (shared memory keeps whatever it
-// holds). SPIO_ABLATE_MMA: no tensor-core work. SPIO_ABLATE_STORES: results are written only
-// under a condition the compiler cannot prove false, so the work that produces them stays.
-// SPIO_ABLATE_SYNC: no barrier per row (warps race ahead of each other's copies).
-// SPIO_L2_PREFETCH (0, 128 or 256; results stay right): the L2 prefetch hint of the input copies.
-// SPIO_STAGGER_NS (results stay right): block b first sleeps (b % 16) * SPIO_STAGGER_NS ns, so that
-// blocks that would stream the same rows of their images in lockstep drift apart (a test for DRAM
-// channel camping on power-of-2 image strides).
-#ifndef SPIO_STAGGER_NS
-#define SPIO_STAGGER_NS 0
-#endif
-#ifndef SPIO_L2_PREFETCH
-#define SPIO_L2_PREFETCH 0
-#endif
-#ifndef SPIO_ABLATE_SYNC
-#define SPIO_ABLATE_SYNC 0
-#endif
-#ifndef SPIO_ABLATE_LOADS
-#define SPIO_ABLATE_LOADS 0
-#endif
-#ifndef SPIO_ABLATE_MMA
-#define SPIO_ABLATE_MMA 0
-#endif
-#ifndef SPIO_ABLATE_STORES
-#define SPIO_ABLATE_STORES 0
-#endif
+// After the generated header, where scripts/ablate_kernel.py defines its switches.
+#include "spio/ablation.h"
 
 namespace {
 
@@ -116,9 +89,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     constexpr int S = Conv::s;
     constexpr int ROWS = Block::y + R - 1;  // input rows per tile
 
-    if (SPIO_STAGGER_NS) {
-        __nanosleep((blockIdx.x % 16) * SPIO_STAGGER_NS);
-    }
+    spio::stagger_start(blockIdx.x);  // nothing unless timing with SPIO_STAGGER_NS
 
     extern __shared__ uint4 smem[];
     const SmemInput smem_input(smem);

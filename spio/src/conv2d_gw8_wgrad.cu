@@ -44,29 +44,8 @@
 #include "spio/warp/mma.h"
 
 #include "conv2d_gw8_wgrad_gen.h"
-
-// Ablation switches, for finding where a kernel's time goes on a GPU (scripts/ablate_kernel.py
-// defines them in a copy of the generated header). Production kernels never set them: each one
-// makes the results wrong. SPIO_ABLATE_LOADS: no global reads (shared memory keeps whatever it
-// holds). SPIO_ABLATE_MMA: no tensor-core work. SPIO_ABLATE_STORES: results are written only
-// under a condition the compiler cannot prove false, so the work that produces them stays.
-// SPIO_ABLATE_SYNC: no barrier per row (warps race ahead of each other's copies).
-// SPIO_L2_PREFETCH (0, 128 or 256; results stay right): the L2 prefetch hint of the input copies.
-#ifndef SPIO_L2_PREFETCH
-#define SPIO_L2_PREFETCH 0
-#endif
-#ifndef SPIO_ABLATE_SYNC
-#define SPIO_ABLATE_SYNC 0
-#endif
-#ifndef SPIO_ABLATE_LOADS
-#define SPIO_ABLATE_LOADS 0
-#endif
-#ifndef SPIO_ABLATE_MMA
-#define SPIO_ABLATE_MMA 0
-#endif
-#ifndef SPIO_ABLATE_STORES
-#define SPIO_ABLATE_STORES 0
-#endif
+// After the generated header, where scripts/ablate_kernel.py defines its switches.
+#include "spio/ablation.h"
 
 namespace {
 
@@ -101,6 +80,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     constexpr int STAGES = Block::stages;
     constexpr int SLOTS = R + STAGES - 1;   // dy ring slots; slot SLOTS is the all-zero row
     constexpr int ZERO_SLOT = SLOTS;
+
+    spio::stagger_start(blockIdx.x);  // nothing unless timing with SPIO_STAGGER_NS
 
     extern __shared__ uint4 smem[];
     const SmemX smem_x(smem);

@@ -47,6 +47,21 @@ extern "C" __global__ void macros_kernel(int *SPIO_RESTRICT out, const int *SPIO
 )
 
 _kernel(
+    "ablation.h",
+    "ablation_kernel",
+    r"""
+static_assert(SPIO_ABLATE_LOADS == 0 && SPIO_ABLATE_MMA == 0 && SPIO_ABLATE_STORES == 0 &&
+              SPIO_ABLATE_SYNC == 0 && SPIO_L2_PREFETCH == 0 && SPIO_STAGGER_NS == 0,
+              "production kernels get every switch off");
+extern "C" __global__ void ablation_kernel(int *out) {
+    spio::stagger_start(blockIdx.x);
+    out[threadIdx.x] = 1;
+}
+""",
+    [],
+)
+
+_kernel(
     "warp/fragments.h",
     "fragments_kernel",
     r"""

@@ -53,8 +53,14 @@ def test_ablation_is_a_new_kernel_and_production_is_unchanged(base_kernels):
     assert variant.name == kernel.name + "__variant_loads_mma" and variant != kernel
     assert "#define SPIO_ABLATE_LOADS 1" in variant.headers[0][1]
     assert kernel == before and "SPIO_ABLATE" not in kernel.headers[0][1]
+    # Off unless a header turns it on: the kernel takes the defaults of spio/ablation.h, after
+    # the generated header (where the switches are defined).
     source = kernel.source
-    assert "#define SPIO_ABLATE_LOADS 0" in source  # off unless a header turns it on
+    assert source.index('#include "conv2d_gw8_gen.h"') < source.index('#include "spio/ablation.h"')
+    from spio.cuda import paths
+
+    defaults = (paths.bundled_include_dir() / "spio" / "ablation.h").read_text()
+    assert "#ifndef SPIO_ABLATE_LOADS\n#define SPIO_ABLATE_LOADS 0" in defaults
 
 
 def test_without_a_gpu_it_says_so(capsys):

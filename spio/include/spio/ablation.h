@@ -1,0 +1,54 @@
+#ifndef SPIO_ABLATION_H_
+#define SPIO_ABLATION_H_
+
+/// Switches for finding where a kernel's time goes on a GPU. scripts/ablate_kernel.py defines them
+/// in a copy of a kernel's generated header, which the kernel includes before this one; production
+/// kernels never set them, and get the defaults below.
+///
+/// Ablations (each makes the results wrong; only the time means something):
+///   SPIO_ABLATE_LOADS   no global reads (shared memory keeps whatever it holds)
+///   SPIO_ABLATE_MMA     no tensor-core work
+///   SPIO_ABLATE_STORES  results are written only under a condition the compiler cannot prove
+///                       false, so the work that produces them stays
+///   SPIO_ABLATE_SYNC    no barrier per row (warps race ahead of each other's copies)
+/// Variants (the results stay right):
+///   SPIO_L2_PREFETCH    0, 128 or 256: the L2 prefetch hint of the input copies (cp_async_16)
+///   SPIO_STAGGER_NS     block b first sleeps (b % 16) * SPIO_STAGGER_NS ns (stagger_start), so
+///                       that blocks streaming the same rows of their images in lockstep drift
+///                       apart: a test for DRAM channel camping on power-of-2 image strides
+
+#include "spio/macros.h"
+
+#ifndef SPIO_ABLATE_LOADS
+#define SPIO_ABLATE_LOADS 0
+#endif
+#ifndef SPIO_ABLATE_MMA
+#define SPIO_ABLATE_MMA 0
+#endif
+#ifndef SPIO_ABLATE_STORES
+#define SPIO_ABLATE_STORES 0
+#endif
+#ifndef SPIO_ABLATE_SYNC
+#define SPIO_ABLATE_SYNC 0
+#endif
+#ifndef SPIO_L2_PREFETCH
+#define SPIO_L2_PREFETCH 0
+#endif
+#ifndef SPIO_STAGGER_NS
+#define SPIO_STAGGER_NS 0
+#endif
+
+namespace spio {
+
+/// Delays the start of block `block` by (block % 16) * SPIO_STAGGER_NS ns; nothing by default.
+SPIO_DEVICE void stagger_start(unsigned block) {
+#if SPIO_STAGGER_NS
+    __nanosleep((block % 16) * SPIO_STAGGER_NS);
+#else
+    (void)block;
+#endif
+}
+
+}  // namespace spio
+
+#endif  // SPIO_ABLATION_H_
