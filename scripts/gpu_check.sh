@@ -186,6 +186,8 @@ step_ablate() {
     ablate --layer 64,64,64 64,64,60 64,60,64 64,62,62 --passes fprop --repeats 30 \
         --variants full loads-only l2-256 stagger loads-stagger \
         --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16
+    ablate --layer 64,64,64 64,64,60 --passes wgrad --repeats 30 \
+        --variants full loads-only stagger loads-stagger
     layers=$("$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
     # shellcheck disable=SC2086  # one word per layer
     ablate --passes wgrad --variants full --repeats 30 --layer $layers
@@ -198,9 +200,10 @@ step_timm() {
         return 200
     fi
     timeout -k 10 "$1" "$PYTHON" scripts/timm_benchmark.py --model regnetx_002 --spio \
+        --spio-where-faster \
         --amp-dtype float16 --channels-last --bench train --batch-size 256 --warmup 5 --iters 20
     local rc=$?
-    NOTE=$(grep -E "^spio / pytorch" "$OUT_DIR/timm.log" | tail -1)
+    NOTE=$(grep -E "^spio(-faster)? / pytorch" "$OUT_DIR/timm.log" | tr '\n' ' ')
     return "$rc"
 }
 

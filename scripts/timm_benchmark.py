@@ -23,6 +23,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", required=True, help="timm model name, e.g. regnetx_002")
     parser.add_argument("--spio", action="store_true", help="also time the spio.transform'ed model")
     parser.add_argument(
+        "--spio-where-faster",
+        action="store_true",
+        help="also time the model with spio only in the layers it ran faster here "
+        "(spio.transform.where_faster)",
+    )
+    parser.add_argument(
         "--amp-dtype",
         choices=("float16", "bfloat16"),
         default="bfloat16",
@@ -84,14 +90,20 @@ def _step_fn(model, args, x):
     return step
 
 
-def time_model(model, args) -> float:
-    """Median samples/s over args.iters steps after args.warmup untimed ones."""
+def example_input(args):
+    """A random batch of the benchmark's size and memory format, on the GPU."""
     import torch
 
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device="cuda")
-    x = x.contiguous(memory_format=fmt)
-    step = _step_fn(model, args, x)
+    return x.contiguous(memory_format=fmt)
+
+
+def time_model(model, args) -> float:
+    """Median samples/s over args.iters steps after args.warmup untimed ones."""
+    import torch
+
+    step = _step_fn(model, args, example_input(args))
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
@@ -129,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         variants["spio"] = spio.transform.transform(copy.deepcopy(base))
         n = sum(isinstance(m, Conv2dGw8) for m in variants["spio"].modules())
         print(f"spio.transform replaced {n} convolutions in {args.model}")
+    if args.spio_where_faster:
+        model = copy.deepcopy(base)
+        x = example_input(args)
+        with torch.autocast("cuda", dtype=getattr(torch, args.amp_dtype)):
+            include = spio.transform.where_faster(model, x, training=args.bench == "train")
+        variants["spio-faster"] = spio.transform.transform(model, include=include)
+        n = sum(isinstance(m, Conv2dGw8) for m in model.modules())
+        print(f"spio.transform with where_faster replaced {n} convolutions in {args.model}")
     print(
         f"{args.model} {args.bench} batch {args.batch_size} img {args.img_size} "
         f"{args.amp_dtype} channels_last={args.channels_last} on {torch.cuda.get_device_name()}"
@@ -138,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         results[name] = time_model(model, args)
         print(f"{name:8s} {results[name]:10.1f} samples/s  ({time.perf_counter() - t0:.1f} s)")
-    if "spio" in results:
-        print(f"spio / pytorch = {results['spio'] / results['pytorch']:.3f}")
+    for name in ("spio", "spio-faster"):
+        if name in results:
+            print(f"{name} / pytorch = {results[name] / results['pytorch']:.3f}")
     return 0
 
 

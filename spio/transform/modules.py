@@ -105,12 +105,22 @@ def scan_modules(model: nn.Module, *inputs: object) -> list[Conv2dGw8Params]:
     statistics) is restored afterwards, so the model is left unchanged.
     """
     found: list[Conv2dGw8Params] = []
+    for _, params in _layers_met(model, inputs):
+        if params not in found:
+            found.append(params)
+    return found
+
+
+def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2dGw8Params]]:
+    """(module, params) for each call of a spio-eligible convolution in one forward pass of
+    model(*inputs), in order, without autograd; buffers are restored afterwards."""
+    met: list[tuple[nn.Module, Conv2dGw8Params]] = []
 
     def hook(module: nn.Module, args: tuple, output: object) -> None:
         if args and isinstance(args[0], torch.Tensor):
             params = _layer_params(module, args[0])
-            if params is not None and params not in found:
-                found.append(params)
+            if params is not None:
+                met.append((module, params))
 
     modules = [m for m in model.modules() if isinstance(m, Conv2dGw8) or Conv2dGw8.match(m)]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
@@ -124,4 +134,83 @@ def scan_modules(model: nn.Module, *inputs: object) -> list[Conv2dGw8Params]:
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
-    return found
+    return met
+
+
+#: A layer timer for where_faster: (params, pass, impl "spio" or "torch") -> seconds per call.
+LayerTimer = Callable[[Conv2dGw8Params, str, str], float]
+
+
+def where_faster(
+    model: nn.Module, *inputs: object, training: bool = True, timer: LayerTimer | None = None
+) -> Callable[[str, nn.Conv2d], bool]:
+    """An `include` for transform that keeps spio only where it is faster, by measurement.
+
+    Runs model(*inputs) once (as scan_modules; under autocast if the model will run under it) to
+    learn the layer each eligible convolution computes, then times every distinct layer on the
+    inputs' GPU, in spio and in PyTorch: FProp, and with `training` also DGrad and WGrad, summed.
+    The returned function says True for convolutions whose layers ran at least as fast in spio,
+    False for the others and for convolutions the forward pass did not reach. It logs one line
+    per layer. Use: spio.transform(model, include=spio.transform.where_faster(model, x)).
+    `timer` replaces the GPU timing (tests).
+    """
+    met = _layers_met(model, inputs)
+    if timer is None:
+        device = _cuda_device(inputs)
+        timer = _gpu_layer_timer(device)
+    passes = ("fprop", "dgrad", "wgrad") if training else ("fprop",)
+    faster: dict[Conv2dGw8Params, bool] = {}
+    for params in dict.fromkeys(p for _, p in met):
+        spio_s = sum(timer(params, pass_, "spio") for pass_ in passes)
+        torch_s = sum(timer(params, pass_, "torch") for pass_ in passes)
+        faster[params] = spio_s <= torch_s
+        logger.info(
+            "where_faster: %s %s: spio %.1f us, PyTorch %.1f us (%s): %s",
+            params.encode(),
+            "+".join(passes),
+            spio_s * 1e6,
+            torch_s * 1e6,
+            f"{torch_s / spio_s:.2f}x" if spio_s > 0 else "n/a",
+            "spio" if faster[params] else "PyTorch",
+        )
+    chosen: dict[int, bool] = {}
+    for module, params in met:  # a module called on several layers must be faster on all
+        chosen[id(module)] = chosen.get(id(module), True) and faster[params]
+
+    def include(name: str, conv: nn.Conv2d) -> bool:
+        return chosen.get(id(conv), False)
+
+    return include
+
+
+def _cuda_device(inputs: tuple) -> torch.device:
+    devices = {t.device for t in inputs if isinstance(t, torch.Tensor)}
+    cuda = [d for d in devices if d.type == "cuda"]
+    if not cuda:
+        raise ValueError(
+            "where_faster times layers on the inputs' GPU; got inputs on "
+            f"{', '.join(sorted(str(d) for d in devices)) or 'no tensor'}"
+        )
+    return cuda[0]
+
+
+def _gpu_layer_timer(device: torch.device) -> LayerTimer:
+    """Times a pass as `spio bench` does (spio.bench.run.PassCase: rotated inputs, CUDA events),
+    median of 20 calls; each layer's inputs are made once and shared by its passes' timings."""
+    from spio.bench.run import PassCase
+    from spio.bench.timing import l2_cache_bytes, time_calls
+
+    l2 = l2_cache_bytes(device.index or 0)
+    cases: dict[tuple, PassCase] = {}
+
+    def timer(params: Conv2dGw8Params, pass_: str, impl: str) -> float:
+        key = (params, pass_)
+        if key not in cases:
+            cases.clear()  # one layer's tensors at a time
+            cases[key] = PassCase(params, pass_, l2, device=device)
+        case = cases[key]
+        call = case.spio_call() if impl == "spio" else case.torch_call()
+        with torch.cuda.device(device):
+            return time_calls(call, warmup=3, reps=20).median_ms * 1e-3
+
+    return timer

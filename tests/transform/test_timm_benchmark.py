@@ -24,6 +24,8 @@ def test_parse_args(bench):
         "--batch-size 32 --img-size 160".split()
     )
     assert args.model == "regnetx_002" and args.spio and args.channels_last
+    assert not args.spio_where_faster
+    assert bench.parse_args(["--model", "m", "--spio-where-faster"]).spio_where_faster
     assert (args.amp_dtype, args.bench, args.batch_size, args.img_size) == (
         "float16",
         "train",

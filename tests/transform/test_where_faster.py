@@ -1,0 +1,100 @@
+"""where_faster: transform's `include` chosen by timing each layer in spio and in PyTorch. The GPU
+timer is replaced by a fake here; the real one runs under `-m cuda`."""
+
+import importlib.util
+import logging
+import pathlib
+
+import pytest
+import torch
+from torch import nn
+
+import spio
+from spio.layers import Conv2dGw8
+from spio.transform import where_faster
+
+_spec = importlib.util.spec_from_file_location(
+    "spio_test_convnet", pathlib.Path(__file__).with_name("convnet.py")
+)
+convnet = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(convnet)
+
+
+class FakeTimer:
+    """spio takes 1 s per pass on 3x3 layers and 3 s elsewhere; PyTorch always 2 s."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, params, pass_, impl):
+        self.calls.append((params.encode(), pass_, impl))
+        if impl == "torch":
+            return 2.0
+        return 1.0 if (params.r, params.s) == (3, 3) else 3.0
+
+
+def test_keeps_spio_only_where_it_was_faster(caplog):
+    torch.manual_seed(0)
+    model = convnet.MixedConvNet().half()
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float16)
+    timer = FakeTimer()
+    with caplog.at_level(logging.INFO, logger="spio"):
+        include = where_faster(model, x, timer=timer)
+        spio.transform(model, include=include)
+    kinds = {name: type(m) for name, m in model.named_modules()}
+    assert kinds["blocks.0"] is Conv2dGw8 and kinds["shared_a"] is Conv2dGw8  # 3x3: faster
+    assert kinds["blocks.3"] is nn.Conv2d and kinds["heads.row"] is nn.Conv2d  # 5x5, 1x3: slower
+    assert "replaced 2 of 10 nn.Conv2d modules (2 excluded)" in caplog.text
+    # Each distinct layer timed once per pass and implementation; training: all three passes.
+    layers = {c[0] for c in timer.calls}
+    assert len(layers) == 4 and len(timer.calls) == 4 * 3 * 2
+    assert {c[1] for c in timer.calls} == {"fprop", "dgrad", "wgrad"}
+    assert "spio 3000000.0 us, PyTorch 6000000.0 us (2.00x): spio" in caplog.text
+    assert "(0.67x): PyTorch" in caplog.text
+
+
+def test_inference_times_fprop_only_and_unreached_convs_stay():
+    class TwoPaths(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+            self.unused = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+            self.twice = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+
+        def forward(self, x):
+            x = self.used(x)
+            # The same module on two layers: spio must win on both (the fake makes 4x4 lose).
+            return self.twice(x) + nn.functional.interpolate(
+                self.twice(x[..., :4, :4]), x.shape[2:]
+            )
+
+    def timer(params, pass_, impl):
+        assert pass_ == "fprop"
+        return 2.0 if impl == "torch" else (3.0 if params.h == 4 else 1.0)
+
+    model = TwoPaths().half()
+    include = where_faster(model, torch.randn(1, 16, 8, 8).half(), training=False, timer=timer)
+    assert include("used", model.used) and not include("unused", model.unused)
+    assert not include("twice", model.twice)
+
+
+def test_needs_a_gpu_unless_given_a_timer():
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)).half()
+    with pytest.raises(ValueError, match="times layers on the inputs' GPU; got inputs on cpu"):
+        where_faster(model, torch.randn(1, 16, 8, 8).half())
+
+
+@pytest.mark.cuda
+def test_where_faster_times_on_the_gpu(caplog):
+    """On a GPU: real, positive times for both implementations, and a decision that follows them."""
+    import re
+
+    model = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, groups=8)).cuda().half()
+    x = torch.randn(8, 64, 32, 32, device="cuda", dtype=torch.float16)
+    with caplog.at_level(logging.INFO, logger="spio"):
+        include = where_faster(model, x.contiguous(memory_format=torch.channels_last))
+    found = re.search(r"spio ([0-9.]+) us, PyTorch ([0-9.]+) us .*: (spio|PyTorch)", caplog.text)
+    assert found, caplog.text
+    spio_us, torch_us = float(found.group(1)), float(found.group(2))
+    assert 0 < spio_us < 1e5 and 0 < torch_us < 1e5
+    assert include("0", model[0]) == (spio_us <= torch_us) == (found.group(3) == "spio")
