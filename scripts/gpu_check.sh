@@ -21,6 +21,8 @@
 #   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma, stores or
 #              barriers switched off, to show where their time goes; WGrad's atomics against its
 #              partial sums on every bench layer
+#   probe      scripts/read_probe.py: this GPU's read rate through plain loads, cp.async and the
+#              kernels' row-by-row structure, next to torch's sum and copy
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
 #   tests      pytest -m "cuda and not slow", every test function first, then round-robin, until
 #              its time limit (GPU_CHECK_TEST_SECONDS, default 150) or the budget runs out
@@ -46,6 +48,7 @@ STEPS=(
     "bench:200"
     "overhead:60"
     "ablate:150"
+    "probe:60"
     "memcheck:120"
     "tests:${GPU_CHECK_TEST_SECONDS:-150}"
     "timm:120"
@@ -192,6 +195,10 @@ step_ablate() {
     # shellcheck disable=SC2086  # one word per layer
     ablate --passes wgrad --variants full --repeats 30 --layer $layers
     return $rc
+}
+
+step_probe() {
+    timeout -k 10 "$1" "$PYTHON" scripts/read_probe.py --mbytes 64 --repeats 30
 }
 
 step_timm() {

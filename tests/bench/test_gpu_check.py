@@ -88,8 +88,8 @@ def test_step_list_is_sane():
     limits = {name: int(limit) for name, limit in steps}
     # Correctness and the benchmark first: a short budget still gets them.
     assert names == [
-        "wheels", "build", "info", "check", "bench", "overhead", "ablate", "memcheck", "tests",
-        "timm", "racecheck", "perf",
+        "wheels", "build", "info", "check", "bench", "overhead", "ablate", "probe", "memcheck",
+        "tests", "timm", "racecheck", "perf",
     ]  # fmt: skip
     assert len(set(names)) == len(names)
     assert names.index("build") < min(names.index(n) for n in names if n not in ("wheels", "build"))
@@ -108,11 +108,11 @@ def test_full_run_with_stand_ins_passes_and_prints_summary_last(stand_ins, tmp_p
     assert out.returncode == 0, out.stdout + out.stderr
     tail = out.stdout.strip().splitlines()
     assert tail[-1].startswith("total") and "PASS" in tail[-1]
-    summary = {line.split()[0]: line for line in tail[-14:-1]}
+    summary = {line.split()[0]: line for line in tail[-15:-1]}
     wheels = list(ROOT.glob(".whl/*.whl"))  # git-ignored: present after fetch_gpu_wheels.sh
     assert (f"PASS: {len(wheels)} wheels" if wheels else "n/a") in summary["wheels"]
-    steps = ("build", "info", "check", "bench", "overhead", "ablate", "memcheck", "tests", "timm",
-             "racecheck", "perf")  # fmt: skip
+    steps = ("build", "info", "check", "bench", "overhead", "ablate", "probe", "memcheck", "tests",
+             "timm", "racecheck", "perf")  # fmt: skip
     for step in steps:
         assert " PASS" in summary[step], summary[step]
         assert (out_dir / f"{step}.log").is_file()
@@ -164,7 +164,7 @@ def test_a_broken_install_skips_the_steps_after_it(stand_ins, tmp_path):
     out = _run(stand_ins, tmp_path / "out", FAKE_INFO_RC="1")
     assert out.returncode == 1
     summary = out.stdout[out.stdout.index("gpu_check summary") :]
-    assert summary.count("SKIPPED (info failed)") == 9  # check .. perf
+    assert summary.count("SKIPPED (info failed)") == 10  # check .. perf
     assert not (tmp_path / "out" / "bench.log").exists()
 
 

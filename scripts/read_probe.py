@@ -1,0 +1,97 @@
+"""How fast this GPU reads, through each load path spio's kernels use, next to torch's own kernels.
+
+On the H200 (docs/perf/2026-11-29-h200-2.md) the FProp kernel's input pipeline alone read the 64c
+64x64 layer's 67 MB at about 1.65 TB/s in every tile config, while a device copy moved 134 MB in
+38 µs, reading at about the same rate while it also wrote. This script tells apart what could
+cap it: the memory system's read rate (torch's sum, a pure read), cp.async itself against plain
+loads into registers, the convolution's row-by-row structure with a barrier per row, and DRAM
+channel camping when lockstep blocks read rows a power of 2 apart (an image stride of 512 KB
+against 528 KB).
+
+Each probe (spio/src/read_probe.cu) reads the same number of bytes; times are medians of CUDA-event
+timed calls, the input rotated through copies when it would fit in L2 (as spio bench does).
+
+    python scripts/read_probe.py [--mbytes 64] [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def probes(total: int, sms: int) -> list:
+    """The probes for `total` bytes of reads (a multiple of 512 KiB): plain loads and cp.async over
+    contiguous regions; the headline FProp's pattern (one block per 512 KiB image, rows of 8 KiB,
+    in lockstep) at a power-of-2 stride and at a stride that is not; and short tiles (8 rows per
+    block), whose blocks are not in lockstep."""
+    from spio.bench.probe import Probe
+
+    image = 512 * 1024
+    images = total // image
+    blocks = 8 * sms
+    region = (total // blocks) // 16 * 16
+    found = []
+    for depth in (1, 4, 8):
+        found.append(Probe("ldg", blocks, 256, depth, region, region))
+    for depth in (2, 4, 8):
+        found.append(Probe("cp.async", blocks, 256, depth, region, region))
+    for depth in (2, 4, 8):
+        found.append(Probe("rows", images, 512, depth, image, image, row_bytes=8192))
+    for depth in (4, 8):
+        found.append(Probe("rows", images, 512, depth, image, image + 16 * 1024, row_bytes=8192))
+    found.append(Probe("rows", 8 * images, 512, 4, image // 8, image // 8, row_bytes=8192))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mbytes", type=int, default=64, help="MiB each probe reads")
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args(argv)
+    if args.mbytes < 1 or args.repeats < 1:
+        parser.error(f"--mbytes and --repeats must be positive, got {args.mbytes}, {args.repeats}")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("read_probe: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
+        return 1
+
+    from spio.bench.timing import l2_cache_bytes, rotation_sets, time_calls
+    from spio.compiler import compile_many
+    from spio.cuda import driver
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    attrs = driver.device_attributes(device.index)
+    total = args.mbytes << 20
+    found = probes(total, attrs["sm_count"])
+    compile_many([p.kernel().compile_job(attrs["arch"]) for p in found], progress=False)
+    span = max(p.span_bytes for p in found)
+    sets = rotation_sets(span, l2_cache_bytes(device.index))
+    data = [torch.randint(0, 256, (span,), dtype=torch.uint8, device=device) for _ in range(sets)]
+    print(f"{attrs['name']} ({attrs['arch']}): {args.mbytes} MiB per probe, {sets} rotated copies")
+    print(f"{'probe':70s} {'µs':>8s} {'GB/s':>7s}")
+
+    def report(label: str, nbytes: int, call) -> None:
+        ms = time_calls(call, warmup=3, reps=args.repeats).median_ms
+        print(f"{label:70s} {ms * 1e3:8.1f} {nbytes / ms / 1e6:7.0f}")
+
+    for probe in found:
+        out = torch.empty(probe.blocks * probe.threads, dtype=torch.int32, device=device)
+        report(probe.label(), probe.read_bytes, lambda i, p=probe, o=out: p.run(data[i % sets], o))
+    halves = [d[:total].view(torch.float16) for d in data]
+    report(
+        "torch: sum of fp16 (reads only)",
+        total,
+        lambda i: halves[i % sets].sum(dtype=torch.float32),
+    )
+    dst = torch.empty_like(halves[0])
+    report(
+        "torch: copy (reads, and writes as much)", 2 * total, lambda i: dst.copy_(halves[i % sets])
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

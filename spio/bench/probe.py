@@ -1,0 +1,144 @@
+"""The read-bandwidth probe kernel (spio/src/read_probe.cu): how fast a GPU reads through the load
+paths spio's kernels use, for scripts/read_probe.py. A diagnostic; the convolutions do not use it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ..generators import MacroSpec, ParamsSpec, generate
+from ..kernels.kernel import Kernel
+
+#: How a block reads its region (the source's leading comment says more).
+MODES = {"ldg": 0, "cp.async": 1, "rows": 2}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe launch: `blocks` blocks of `threads` threads; block b reads `region_bytes` bytes
+    at byte offset b * `region_stride` of the input with `mode`, keeping `depth` loads (ldg),
+    copies (cp.async) or rows (rows, of `row_bytes`) in flight."""
+
+    mode: str
+    blocks: int
+    threads: int
+    depth: int
+    region_bytes: int
+    region_stride: int
+    row_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"Probe mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("blocks", "threads", "depth", "region_bytes", "region_stride"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Probe needs {name} >= 1, got {getattr(self, name)}")
+        if self.threads % 32 or self.threads > 1024:
+            raise ValueError(f"Probe needs threads a multiple of 32 up to 1024, got {self.threads}")
+        if self.depth < 2 and self.mode != "ldg":
+            raise ValueError(f"Probe mode {self.mode} needs depth >= 2, got {self.depth}")
+        if self.region_bytes % 16 or self.region_stride % 16:
+            raise ValueError(
+                f"Probe needs region_bytes and region_stride multiples of 16, got "
+                f"{self.region_bytes} and {self.region_stride}"
+            )
+        if self.mode == "rows" and (
+            self.row_bytes < 16 or self.row_bytes % 16 or self.region_bytes % self.row_bytes
+        ):
+            raise ValueError(
+                f"Probe mode rows needs row_bytes a multiple of 16 dividing region_bytes "
+                f"{self.region_bytes}, got {self.row_bytes}"
+            )
+        if self.span_bytes >= 2**31:
+            raise ValueError(f"Probe reads at most 2 GiB, got a span of {self.span_bytes} bytes")
+
+    @property
+    def span_bytes(self) -> int:
+        """Bytes from the input's start to the end of the last block's region."""
+        return (self.blocks - 1) * self.region_stride + self.region_bytes
+
+    @property
+    def read_bytes(self) -> int:
+        return self.blocks * self.region_bytes
+
+    @property
+    def shared_mem_bytes(self) -> int:
+        if self.mode == "cp.async":
+            return self.depth * self.threads * 16
+        if self.mode == "rows":
+            return self.depth * self.row_bytes
+        return 0
+
+    def label(self) -> str:
+        row = f" rows of {self.row_bytes} B" if self.mode == "rows" else ""
+        return (
+            f"{self.mode:8s} depth {self.depth}{row}, {self.blocks} blocks x {self.threads}, "
+            f"{self.region_bytes >> 10} KiB each every {self.region_stride >> 10} KiB"
+        )
+
+    def kernel(self) -> Kernel:
+        """The probe's kernel (made once per probe: calls are timed back to back)."""
+        return _kernel(self)
+
+    def run(self, data, out=None):
+        """Launch on `data` (a uint8 tensor of at least span_bytes, 16-byte aligned, on a GPU or
+        the CPU for the emulator); returns the per-thread XORs (blocks x threads int32)."""
+        import torch
+
+        if data.dtype != torch.uint8 or data.numel() < self.span_bytes or data.data_ptr() % 16:
+            raise ValueError(
+                f"Probe needs a 16-byte aligned uint8 tensor of at least {self.span_bytes} bytes, "
+                f"got {data.dtype} of {data.numel()} at {data.data_ptr():#x}"
+            )
+        if out is None:
+            out = torch.empty(self.blocks * self.threads, dtype=torch.int32, device=data.device)
+        self.kernel().launch([out, data], data.device)
+        return out
+
+
+@functools.lru_cache(maxsize=256)
+def _kernel(probe: Probe) -> Kernel:
+    header = generate(
+        [
+            MacroSpec({"SPIO_PROBE_MODE": MODES[probe.mode]}),
+            ParamsSpec(
+                "Probe",
+                {
+                    "blocks": probe.blocks,
+                    "threads": probe.threads,
+                    "depth": probe.depth,
+                    "region_bytes": probe.region_bytes,
+                    "region_stride": probe.region_stride,
+                    "row_bytes": max(probe.row_bytes, 16),
+                },
+            ),
+        ]
+    )
+    name = (
+        f"read_probe__{probe.mode.replace('.', '')}_b{probe.blocks}_t{probe.threads}"
+        f"_d{probe.depth}_r{probe.region_bytes}_s{probe.region_stride}_w{probe.row_bytes}"
+    )
+    return Kernel(
+        name=name,
+        source_file="read_probe.cu",
+        entry="spio_read_probe",
+        headers=(("read_probe_gen.h", header),),
+        grid=(probe.blocks, 1, 1),
+        block=(probe.threads, 1, 1),
+        shared_mem_bytes=probe.shared_mem_bytes,
+        info=(("probe", probe),),
+    )
+
+
+def expected_xors(probe: Probe, data) -> list[int]:
+    """The per-block XOR of all 32-bit words each block reads (the XOR of its threads' outputs),
+    computed on the host."""
+    import numpy as np
+
+    words = data.cpu().numpy().view(np.uint32)
+    out = []
+    for b in range(probe.blocks):
+        start = b * probe.region_stride // 4
+        out.append(int(np.bitwise_xor.reduce(words[start : start + probe.region_bytes // 4])))
+    return out

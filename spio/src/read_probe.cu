@@ -1,0 +1,107 @@
+/// Read-bandwidth probe: how fast this GPU reads through the load paths spio's kernels use. A
+/// diagnostic for scripts/read_probe.py; the convolutions do not use it.
+///
+/// What it computes: block b reads the Probe::region_bytes bytes at in + b * Probe::region_stride
+/// bytes, in 16-byte chunks, and thread t of block b writes the XOR of the 32-bit words it read to
+/// out[b * Probe::threads + t] (so no load can be dropped). Three ways to read (Probe::mode):
+///   0 (ldg)      each thread keeps Probe::depth 16-byte loads in flight in registers, striding
+///                over the region's chunks with the block's other threads;
+///   1 (cp.async) each thread streams its chunks (the same ones) through a ring of Probe::depth
+///                shared-memory slots of its own, Probe::depth - 1 copies in flight, waiting only
+///                for its own copies: no barriers;
+///   2 (rows)     the block streams the region in rows of Probe::row_bytes through a ring of
+///                Probe::depth row buffers, one cp.async group, wait and __syncthreads per row,
+///                as the convolution kernels stream input rows.
+/// Comparing them (and torch's own kernels) separates the memory system's read ceiling from the
+/// cost of cp.async and of the row-by-row structure.
+///
+/// Launch contract: grid = Probe::blocks blocks of Probe::threads threads; dynamic shared memory
+/// Probe::depth * Probe::threads * 16 bytes (mode 1), Probe::depth * Probe::row_bytes (mode 2), or
+/// none (mode 0). region_bytes and row_bytes are multiples of 16, region_bytes of row_bytes.
+/// Arguments: (unsigned *out, const uint4 *in).
+
+#include "spio/macros.h"
+#include "spio/thread/async_copy.h"
+
+#include "read_probe_gen.h"
+
+namespace {
+
+SPIO_DEVICE unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(Probe::threads)
+    spio_read_probe(unsigned *out, const uint4 *in) {
+    constexpr int THREADS = Probe::threads;
+    constexpr int DEPTH = Probe::depth;
+    constexpr int CHUNKS = Probe::region_bytes / 16;
+    const uint4 *region = in + static_cast<long long>(blockIdx.x) * (Probe::region_stride / 16);
+    const int t = threadIdx.x;
+    unsigned acc = 0;
+
+#if SPIO_PROBE_MODE == 0
+    for (int base = t; base < CHUNKS; base += THREADS * DEPTH) {
+        uint4 v[DEPTH];
+        SPIO_UNROLL
+        for (int k = 0; k < DEPTH; ++k) {
+            const int i = base + k * THREADS;
+            v[k] = i < CHUNKS ? region[i] : make_uint4(0u, 0u, 0u, 0u);
+        }
+        SPIO_UNROLL
+        for (int k = 0; k < DEPTH; ++k) {
+            acc ^= fold(v[k]);
+        }
+    }
+#elif SPIO_PROBE_MODE == 1
+    extern __shared__ uint4 smem[];
+    uint4 *ring = smem + t * DEPTH;
+    const int mine = (CHUNKS - t + THREADS - 1) / THREADS;  // chunks t, t + THREADS, ...
+    SPIO_UNROLL
+    for (int k = 0; k < DEPTH - 1; ++k) {
+        if (k < mine) {
+            spio::cp_async_16(ring + k, region + t + k * THREADS, 16);
+        }
+        spio::cp_async_commit_group();
+    }
+    for (int k = 0; k < mine; ++k) {
+        spio::cp_async_wait_group<DEPTH - 2>();
+        acc ^= fold(ring[k % DEPTH]);  // read (and used) before its slot is refilled below
+        const int next = k + DEPTH - 1;
+        if (next < mine) {
+            spio::cp_async_16(ring + next % DEPTH, region + t + next * THREADS, 16);
+        }
+        spio::cp_async_commit_group();
+    }
+#else
+    extern __shared__ uint4 smem[];
+    constexpr int ROW_CHUNKS = Probe::row_bytes / 16;
+    constexpr int ROWS = Probe::region_bytes / Probe::row_bytes;
+    const auto load_row = [&](int row) {
+        uint4 *stage = smem + (row % DEPTH) * ROW_CHUNKS;
+        for (int c = t; c < ROW_CHUNKS; c += THREADS) {
+            spio::cp_async_16(stage + c, region + row * ROW_CHUNKS + c, 16);
+        }
+    };
+    SPIO_UNROLL
+    for (int row = 0; row < DEPTH - 1; ++row) {
+        if (row < ROWS) {
+            load_row(row);
+        }
+        spio::cp_async_commit_group();
+    }
+    for (int row = 0; row < ROWS; ++row) {
+        spio::cp_async_wait_group<DEPTH - 2>();
+        __syncthreads();  // row is visible to all; every thread is done with row - 1's buffer
+        if (row + DEPTH - 1 < ROWS) {
+            load_row(row + DEPTH - 1);
+        }
+        spio::cp_async_commit_group();
+        const uint4 *stage = smem + (row % DEPTH) * ROW_CHUNKS;
+        for (int c = t; c < ROW_CHUNKS; c += THREADS) {
+            acc ^= fold(stage[c]);
+        }
+    }
+#endif
+    out[blockIdx.x * THREADS + t] = acc;
+}

@@ -1,0 +1,88 @@
+"""The read-bandwidth probe (spio/src/read_probe.cu, scripts/read_probe.py): every mode reads
+exactly its blocks' regions (checked through the per-thread XORs, emulated here and on a GPU
+under `cuda`), builds for every arch without spills, and rejects bad shapes by name."""
+
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+import spio
+from spio.bench.probe import Probe, expected_xors
+
+CASES = [
+    Probe("ldg", 3, 64, 4, 4096, 8192),
+    Probe("ldg", 2, 32, 1, 1040, 1056),  # chunks not a multiple of the threads
+    Probe("cp.async", 3, 64, 3, 4096, 8192),
+    Probe("cp.async", 2, 32, 2, 1040, 1056),
+    Probe("rows", 3, 64, 3, 4096, 8192, row_bytes=1024),
+    Probe("rows", 2, 32, 4, 4800, 4800, row_bytes=480),  # more row buffers than rows in flight
+]
+
+
+def _block_xors(out, probe):
+    words = out.cpu().numpy().view(np.uint32).reshape(probe.blocks, probe.threads)
+    return [int(np.bitwise_xor.reduce(row)) for row in words]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("probe", CASES, ids=lambda p: f"{p.mode}-d{p.depth}-r{p.region_bytes}")
+def test_each_block_reads_exactly_its_region(probe, device):
+    gen = torch.Generator().manual_seed(probe.depth)
+    data = torch.randint(0, 256, (probe.span_bytes + 64,), dtype=torch.uint8, generator=gen)
+    out = torch.full((probe.blocks * probe.threads,), 7, dtype=torch.int32)
+    got = probe.run(data.to(device), out.to(device))
+    assert _block_xors(got, probe) == expected_xors(probe, data)
+    assert len(set(expected_xors(probe, data))) == probe.blocks  # the regions differ
+
+
+@pytest.mark.parametrize("arch", spio.supported_arch)
+def test_script_probes_build_without_spills(arch):
+    from spio.compiler import compile_many
+
+    spec = importlib.util.spec_from_file_location(
+        "read_probe", pathlib.Path(__file__).parents[2] / "scripts" / "read_probe.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    found = script.probes(64 << 20, 132)
+    assert {p.mode for p in found} == {"ldg", "cp.async", "rows"}
+    assert all(p.read_bytes > 63 << 20 for p in found)
+    kernels = [p.kernel() for p in found]
+    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), (kernel.name, result)
+        assert not result.resources[kernel.entry].spills, kernel.name
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(mode="tma"), "mode must be one of"),
+        (dict(threads=48), "threads a multiple of 32"),
+        (dict(mode="rows", row_bytes=1000), "row_bytes a multiple of 16 dividing"),
+        (dict(region_bytes=1000), "multiples of 16"),
+        (dict(mode="cp.async", depth=1), "needs depth >= 2"),
+    ],
+)
+def test_bad_probes_are_rejected(kwargs, message):
+    base = dict(mode="ldg", blocks=2, threads=32, depth=2, region_bytes=4096, region_stride=4096)
+    with pytest.raises(ValueError, match=message):
+        Probe(**{**base, **kwargs})
+    probe = Probe(**base)
+    with pytest.raises(ValueError, match="aligned uint8 tensor of at least 8192 bytes"):
+        probe.run(torch.zeros(100, dtype=torch.uint8))
+
+
+def test_script_without_a_gpu_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    spec = importlib.util.spec_from_file_location(
+        "read_probe", pathlib.Path(__file__).parents[2] / "scripts" / "read_probe.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
