@@ -32,7 +32,8 @@
 #              the performance model; a partial sweep is still useful); GPU_CHECK_PERF_SEED=CSV
 #              continues from earlier samples
 # GPU_CHECK_ARCHIVE=FILE.tgz also packs OUT_DIR into that one file at the end (for transports
-# that bring back only a few files).
+# that bring back only a few files). GPU_CHECK_ONLY="wheels build info perf" runs only the steps
+# named (e.g. a second call that spends what device time is left on perf samples).
 # When build or info fails (e.g. `spio info` finds that the driver extension does not load),
 # the remaining steps are skipped. A compact summary (step, status, seconds) is printed last; the
 # exit status is 1 if any step failed, timed out or was skipped (the perf step stops itself before
@@ -291,6 +292,11 @@ run_step() {
     local left=$((BUDGET - SECONDS))
     local status
     NOTE=""
+    if [[ -n "${GPU_CHECK_ONLY:-}" && " $GPU_CHECK_ONLY " != *" $name "* ]]; then
+        SUMMARY+=("$(printf '%-10s %-48s %5d' "$name" "not selected (GPU_CHECK_ONLY)" 0)")
+        log "$name: not selected"
+        return
+    fi
     if [[ -n "$BROKEN" ]]; then
         status="SKIPPED ($BROKEN)"
         FAILED=1

@@ -188,3 +188,13 @@ def test_archive_packs_the_output_folder(stand_ins, tmp_path):
     with tarfile.open(archive) as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"summary.txt", "bench.log", "tests.log", "perf_samples.csv"} <= names
+
+
+def test_only_the_selected_steps_run(stand_ins, tmp_path):
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="build info perf")
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = out.stdout[out.stdout.index("gpu_check summary") :]
+    status = {line.split()[0]: line.split()[1] for line in summary.splitlines()[2:] if line}
+    assert all(status[step].startswith("PASS") for step in ("build", "info", "perf")), summary
+    assert summary.count("not selected (GPU_CHECK_ONLY)") == 10
+    assert not (tmp_path / "out" / "bench.log").exists()
