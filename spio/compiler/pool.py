@@ -1,7 +1,8 @@
 """A lazily created process pool that compiles many kernels in parallel, with a progress bar.
 
 SPIO_WORKERS sets the number of processes (default: the number of CPU cores). Workers share the disk
-cache, so the parent and later processes find every cubin a sweep compiled.
+cache, so the parent and later processes find every cubin a sweep compiled; each job is compiled
+into the parent's cache folder as it was when the job was submitted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from .cache import cache_root
 from .compile import CompileResult, compile_cubin
 
 
@@ -86,7 +88,11 @@ def shutdown_pool() -> None:
             _pool = None
 
 
-def _run(job: CompileJob) -> CompileResult | BaseException:
+def _run(job: CompileJob, cache_dir: str | None = None) -> CompileResult | BaseException:
+    """Runs a job; in a worker, `cache_dir` is the parent's cache folder at submit time (the pool
+    outlives changes to SPIO_CACHE_DIR in the parent, which its workers would not see)."""
+    if cache_dir is not None:
+        os.environ["SPIO_CACHE_DIR"] = cache_dir
     try:
         return job.run()
     except Exception as error:  # returned, not raised: one bad kernel must not stop a sweep
@@ -114,7 +120,8 @@ def compile_many(
                 bar.update()
             return results
         pool = _get_pool(workers)
-        futures: list[Future] = [pool.submit(_run, job) for job in jobs]
+        root = str(cache_root())
+        futures: list[Future] = [pool.submit(_run, job, root) for job in jobs]
         for future in futures:
             future.add_done_callback(lambda _: bar.update())
         return [future.result() for future in futures]

@@ -27,6 +27,20 @@ def test_compile_many_keeps_order_and_returns_errors(cache_dir):
     assert again.cached and again.cubin == results[2].cubin
 
 
+def test_workers_follow_the_parents_cache_folder(cache_dir, tmp_path, monkeypatch):
+    """The pool outlives a change of SPIO_CACHE_DIR in the parent (its workers were started with
+    the old one): jobs still land in the parent's current folder, where the parent finds them."""
+    job = CompileJob(f"// {uuid.uuid4().hex}\n" + GOOD.format(value=3), "sm_80")
+    compile_many([job, job], workers=2, progress=False)  # the pool starts with cache_dir
+    assert job.run().cached
+    other = tmp_path / "other"
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(other))
+    fresh = CompileJob(f"// {uuid.uuid4().hex}\n" + GOOD.format(value=4), "sm_80")
+    compile_many([fresh, fresh], workers=2, progress=False)  # the same pool
+    assert fresh.run().cached
+    assert any((other / "cubin").iterdir())
+
+
 @pytest.mark.parametrize("value", ["0", "-3", "many"])
 def test_bad_worker_count_is_rejected(value, monkeypatch):
     monkeypatch.setenv("SPIO_WORKERS", value)
