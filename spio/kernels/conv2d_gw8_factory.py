@@ -119,9 +119,9 @@ def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8Config) -> int:
 
 
 #: Input-row buffers per block. On the H200 the input pipeline alone (ablated kernel, no mma, no
-#: stores) of the 64c 64x64 layer ran in 53 us with 2 stages and 43 us with 4, against 19 us for
-#: reading the same bytes at copy speed (docs/perf/2026-11-29-h200-2/ablate.log): rows in flight
-#: bound it, so up to 7 may be.
+#: stores) of the 64c 64x64 layer ran in 53 us with 2 stages and 43 us with 4; a device copy read
+#: the same bytes (while writing as many) in 38 us (docs/perf/2026-11-29-h200-2/ablate.log). Rows
+#: in flight mattered up to 3, so up to 7 may be.
 STAGES = (2, 3, 4, 6, 8)
 
 
@@ -358,26 +358,29 @@ def variant(kernel: Kernel, weights_cl: bool, bias_elem: bool) -> Kernel:
     return make_kernel(params, kernel.info_value("config"), igrad, weights_cl, bias_elem)
 
 
+def _aligned_in(t, fmt):
+    """`t` contiguous in memory format `fmt` and 16-byte aligned (the kernels copy 16-byte chunks
+    with cp.async, which faults on a misaligned address); is_contiguous is cheaper than a no-op
+    contiguous() call."""
+    if not t.is_contiguous(memory_format=fmt):
+        t = t.contiguous(memory_format=fmt)
+    return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=fmt)
+
+
 def _nhwc(t):
-    """`t` (N, C, H, W) in channels_last memory, the kernels' NHWC layout, 16-byte aligned (the
-    kernels copy 8-channel vectors with cp.async, which faults on a misaligned address)."""
+    """`t` (N, C, H, W) in channels_last memory, the kernels' NHWC layout, 16-byte aligned."""
     import torch
 
-    if not t.is_contiguous(memory_format=torch.channels_last):  # cheaper than a no-op copy call
-        t = t.contiguous(memory_format=torch.channels_last)
-    return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.channels_last)
+    return _aligned_in(t, torch.channels_last)
 
 
 def _weight_as(kernel: Kernel, weight):
     """weight in the memory layout `kernel` reads (contiguous, or channels_last for a weights_cl
-    variant), 16-byte aligned (the kernels copy it in 16-byte chunks); is_contiguous is cheaper
-    than a no-op contiguous() call."""
+    variant), 16-byte aligned."""
     import torch
 
     fmt = torch.channels_last if kernel.info_value("weights_cl") else torch.contiguous_format
-    if not weight.is_contiguous(memory_format=fmt):
-        weight = weight.contiguous(memory_format=fmt)
-    return weight if weight.data_ptr() % 16 == 0 else weight.clone(memory_format=fmt)
+    return _aligned_in(weight, fmt)
 
 
 def _bias_as(kernel: Kernel, bias, dtype):

@@ -185,10 +185,14 @@ def partial_slots(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
     return tiles["n"] * tiles["y"] * tiles["x"] * (config.block_q // (8 * config.warp_q8))
 
 
+def _slot_columns(params: Conv2dGw8Params) -> tuple[int, int]:
+    """fp32 values per partial-sum slot: (dw's, dbias's; 0 without has_bias)."""
+    return math.prod(params.weight_shape), params.c if params.has_bias else 0
+
+
 def partial_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
     """Bytes of the partial-sum buffers (dw and, with has_bias, dbias) of a `partials` kernel."""
-    per_slot = params.c * 8 * params.r * params.s + (params.c if params.has_bias else 0)
-    return 4 * partial_slots(params, config) * per_slot
+    return 4 * partial_slots(params, config) * sum(_slot_columns(params))
 
 
 #: The largest partial-sum buffer a deterministic WGrad allocates; beyond it PyTorch computes dw.
@@ -331,7 +335,7 @@ def sum_kernel(
             )
         ]
     )
-    columns = params.c * 8 * params.r * params.s + (params.c if params.has_bias else 0)
+    columns = sum(_slot_columns(params))
     return Kernel(
         name=f"sum_slots__{dw_dtype}_{dbias_dtype}",
         source_file=SUM_SOURCE_FILE,
@@ -368,8 +372,7 @@ def wgrad(
     dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)
     if kernel.info_value("partials"):
         slots = partial_slots(params, kernel.info_value("config"))
-        w_size = math.prod(params.weight_shape)
-        c = params.c if params.has_bias else 0
+        w_size, c = _slot_columns(params)
         part = torch.empty(slots * (w_size + c), dtype=torch.float32, device=device)
         dw_part, dbias_part = part[: slots * w_size], part[slots * w_size :] if c else None
         kernel.launch([dw_part, dbias_part, _nhwc(x), _nhwc(dy)], device)

@@ -104,11 +104,7 @@ def scan_modules(model: nn.Module, *inputs: object) -> list[Conv2dGw8Params]:
     first met. The pass runs without autograd, and every buffer (e.g. BatchNorm running
     statistics) is restored afterwards, so the model is left unchanged.
     """
-    found: list[Conv2dGw8Params] = []
-    for _, params in _layers_met(model, inputs):
-        if params not in found:
-            found.append(params)
-    return found
+    return list(dict.fromkeys(params for _, params in _layers_met(model, inputs)))
 
 
 def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2dGw8Params]]:
