@@ -192,17 +192,18 @@ def _cuda_device(inputs: tuple) -> torch.device:
 
 def _gpu_layer_timer(device: torch.device) -> LayerTimer:
     """Times a pass as `spio bench` does (spio.bench.run.PassCase: rotated inputs, CUDA events),
-    median of 20 calls; each layer's inputs are made once and shared by its passes' timings."""
+    median of 20 calls; a layer's inputs for each pass are made once, for both implementations."""
     from spio.bench.run import PassCase
     from spio.bench.timing import l2_cache_bytes, time_calls
 
     l2 = l2_cache_bytes(device.index or 0)
-    cases: dict[tuple, PassCase] = {}
+    cases: dict[tuple, PassCase] = {}  # one layer's passes at a time: both impls time each
 
     def timer(params: Conv2dGw8Params, pass_: str, impl: str) -> float:
         key = (params, pass_)
         if key not in cases:
-            cases.clear()  # one layer's tensors at a time
+            if any(layer != params for layer, _ in cases):
+                cases.clear()
             cases[key] = PassCase(params, pass_, l2, device=device)
         case = cases[key]
         call = case.spio_call() if impl == "spio" else case.torch_call()

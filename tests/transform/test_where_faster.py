@@ -98,3 +98,40 @@ def test_where_faster_times_on_the_gpu(caplog):
     spio_us, torch_us = float(found.group(1)), float(found.group(2))
     assert 0 < spio_us < 1e5 and 0 < torch_us < 1e5
     assert include("0", model[0]) == (spio_us <= torch_us) == (found.group(3) == "spio")
+
+
+def test_gpu_timer_makes_each_pass_inputs_once_per_layer(monkeypatch):
+    """The GPU timer builds a pass's inputs (PassCase) once for both implementations, and keeps
+    only one layer's at a time; the CUDA parts are stand-ins here."""
+    import types
+
+    import spio.bench.run
+    import spio.bench.timing
+    from spio.kernels import Conv2dGw8Params
+    from spio.transform import modules
+
+    made = []
+
+    class FakeCase:
+        def __init__(self, params, pass_, l2, device):
+            made.append((params.c, pass_))
+
+        def spio_call(self):
+            return "spio"
+
+        def torch_call(self):
+            return "torch"
+
+    monkeypatch.setattr(spio.bench.run, "PassCase", FakeCase)
+    monkeypatch.setattr(spio.bench.timing, "l2_cache_bytes", lambda index: 1)
+    fake = types.SimpleNamespace(median_ms=2.0)
+    monkeypatch.setattr(spio.bench.timing, "time_calls", lambda call, warmup, reps: fake)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    timer = modules._gpu_layer_timer(torch.device("cuda", 0))
+    a, b = (Conv2dGw8Params(n=2, c=c, h=8, w=8, padding=1) for c in (16, 24))
+    for params in (a, b):
+        for impl in ("spio", "torch"):
+            for pass_ in ("fprop", "dgrad", "wgrad"):
+                assert timer(params, pass_, impl) == 2e-3
+    assert made == [(16, "fprop"), (16, "dgrad"), (16, "wgrad"),
+                    (24, "fprop"), (24, "dgrad"), (24, "wgrad")]  # fmt: skip
