@@ -187,8 +187,27 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             load_step(t + STAGES - 1);
         }
         spio::cp_async_commit_group();
+        // What does not change along the row is worked out once per step, not once per run: each
+        // tap pair's dy rows, and this lane's addresses in x's row and in the pair's dy slots
+        // (runs then add constant offsets).
         const int i = t % ROWS;
-        const SmemX x_row = smem_x.stage(t % STAGES).c8(warp.c8());
+        const SmemX x_lane = smem_x.stage(t % STAGES).c8(warp.c8()).x(warp_x + lane % 8);
+        bool pair_rows[PAIRS];   // the pair has a dy row inside the tile
+        SmemDy dy_lane[PAIRS];   // lanes 0-7: dy row i - r0's pixels, lanes 8-15: row i - r1's
+        SPIO_UNROLL
+        for (int pair = 0; pair < PAIRS; ++pair) {
+            const int r0 = 2 * pair;
+            const int r1 = 2 * pair + 1;
+            const int j0 = i - r0;  // tile rows of dy paired with this x row
+            const int j1 = i - r1;
+            pair_rows[pair] = (j0 >= 0 && j0 < Block::y) || (r1 < R && j1 >= 0 && j1 < Block::y);
+            // Ring slot of the dy row of step t - r; t + SLOTS - r >= 0, so unsigned % is exact.
+            const int slot0 = static_cast<unsigned>(t + SLOTS - r0) % SLOTS;
+            const int slot1 = r1 < R ? static_cast<int>(static_cast<unsigned>(t + SLOTS - r1) % SLOTS)
+                                     : ZERO_SLOT;
+            const int lane_slot = (lane / 8) % 2 == 0 ? slot0 : slot1;
+            dy_lane[pair] = smem_dy.slot(lane_slot).c8(warp.c8()).x(warp_x + lane % 8);
+        }
         SPIO_UNROLL
         for (int run = 0; run < Block::warp_x8; run += RUNS_PER_MMA) {
             // B operands: x pixels col + s .. col + s + 7 of this row (x's tile starts PAD_W left),
@@ -199,31 +218,21 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 SPIO_UNROLL
                 for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
                     unsigned reg[1];
-                    spio::ldmatrix_x1_trans(reg, x_row.x(warp_x + (run + sub) * 8 + s + lane % 8).get());
+                    spio::ldmatrix_x1_trans(reg, x_lane.x((run + sub) * 8 + s).get());
                     b[s][sub] = reg[0];
                 }
             }
             SPIO_UNROLL
             for (int pair = 0; pair < PAIRS; ++pair) {
-                const int r0 = 2 * pair;
-                const int r1 = 2 * pair + 1;
-                const int j0 = i - r0;  // tile rows of dy paired with this x row
-                const int j1 = i - r1;
-                const bool any_row = (j0 >= 0 && j0 < Block::y) || (r1 < R && j1 >= 0 && j1 < Block::y);
-                if (!any_row && !(SPIO_WGRAD_HAS_BIAS && pair == 0)) {
+                if (!pair_rows[pair] && !(SPIO_WGRAD_HAS_BIAS && pair == 0)) {
                     continue;  // both rows lie outside the tile: their slots hold zeros
                 }
-                // Lanes 0-7 address dy row j0's 8 pixels, lanes 8-15 row j1's (or the zero row).
-                const int slot0 = ((t - r0) % SLOTS + SLOTS) % SLOTS;
-                const int slot1 = r1 < R ? ((t - r1) % SLOTS + SLOTS) % SLOTS : ZERO_SLOT;
-                const int lane_slot = (lane / 8) % 2 == 0 ? slot0 : slot1;
                 unsigned a[RUNS_PER_MMA][2];
                 SPIO_UNROLL
                 for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
-                    spio::ldmatrix_x2_trans(
-                        a[sub], smem_dy.slot(lane_slot).c8(warp.c8()).x(warp_x + (run + sub) * 8 + lane % 8).get());
+                    spio::ldmatrix_x2_trans(a[sub], dy_lane[pair].x((run + sub) * 8).get());
                 }
-                if (any_row && !SPIO_ABLATE_MMA) {
+                if (pair_rows[pair] && !SPIO_ABLATE_MMA) {
                     SPIO_UNROLL
                     for (int s = 0; s < S; ++s) {
                         mma_pixels(acc[pair][s], a, b[s]);
