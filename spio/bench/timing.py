@@ -155,20 +155,8 @@ def host_us_per_call(
 ) -> tuple[float, float]:
     """Median µs per call of `call` measured on the host: (issuing only, including the final
     `synchronize`). For host-overhead probes (launch cost, dispatch cost), not GPU time."""
-    for _ in range(warmup):  # lazy loading, caches, first-call compiles
-        call()
-    synchronize()
-    host, total = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        issued = time.perf_counter()
-        synchronize()
-        done = time.perf_counter()
-        host.append((issued - start) / calls * 1e6)
-        total.append((done - start) / calls * 1e6)
-    return statistics.median(host), statistics.median(total)
+    (blocks,) = _host_blocks({"call": call}, calls, repeats, synchronize, warmup).values()
+    return statistics.median(b[0] for b in blocks), statistics.median(b[1] for b in blocks)
 
 
 def host_us_interleaved(
@@ -182,22 +170,35 @@ def host_us_interleaved(
     turns within every repeat (each block of `calls` ends with `synchronize`, so no case inherits
     another's queued work). A slow patch of the host then hits every case alike, and the
     per-repeat differences between cases compare like with like (see `paired_gap`)."""
+    blocks = _host_blocks(cases, calls, repeats, synchronize, warmup)
+    return {name: [issued for issued, _ in times] for name, times in blocks.items()}
+
+
+def _host_blocks(
+    cases: dict[str, Callable[[], object]],
+    calls: int,
+    repeats: int,
+    synchronize: Callable[[], object],
+    warmup: int,
+) -> dict[str, list[tuple[float, float]]]:
+    """For each case and repeat, µs per call of a block of `calls` calls: (issued, including
+    the `synchronize` that ends the block); the cases take turns within every repeat."""
     if calls < 1 or repeats < 1:
-        raise ValueError(
-            f"host_us_interleaved needs calls >= 1 and repeats >= 1, got {calls}, {repeats}"
-        )
-    for call in cases.values():
+        raise ValueError(f"host timing needs calls >= 1 and repeats >= 1, got {calls}, {repeats}")
+    for call in cases.values():  # lazy loading, caches, first-call compiles
         for _ in range(warmup):
             call()
     synchronize()
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     for _ in range(repeats):
         for name, call in cases.items():
             start = time.perf_counter()
             for _ in range(calls):
                 call()
-            times[name].append((time.perf_counter() - start) / calls * 1e6)
+            issued = time.perf_counter()
             synchronize()
+            done = time.perf_counter()
+            times[name].append(((issued - start) / calls * 1e6, (done - start) / calls * 1e6))
     return times
 
 

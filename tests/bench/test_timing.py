@@ -44,3 +44,23 @@ def test_interleaved_host_timing_takes_turns_and_pairs_repeats():
     assert paired_gap(made, "slow", "fast") == pytest.approx(2.0)
     with pytest.raises(ValueError, match="calls >= 1 and repeats >= 1"):
         host_us_interleaved(cases, calls=0, repeats=1)
+
+
+def test_host_per_call_counts_the_synchronise_in_the_total_only():
+    """(issued, total): a synchronise that takes 2 ms per block of 10 calls adds about 200 µs
+    per call to the total and nothing to the issue time."""
+    import time
+
+    from spio.bench.timing import host_us_per_call
+
+    calls = []
+    issued, total = host_us_per_call(
+        lambda: calls.append(1),
+        calls=10,
+        repeats=3,
+        synchronize=lambda: time.sleep(0.002),
+        warmup=2,
+    )
+    assert len(calls) == 2 + 10 * 3
+    assert issued < 50
+    assert total - issued > 150
