@@ -32,6 +32,7 @@ _INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 _PREDICATE = re.compile(r"^@!?U?P[T0-9]\s+")
+_COUNTED = ("HMMA", "LDSM", "LDGSTS")  # mma.sync, ldmatrix, cp.async
 
 
 @dataclass(frozen=True)
@@ -139,12 +140,15 @@ def main(argv: list[str] | None = None) -> int:
                 loop = main_loop(disassemble(result.cubin, nvdisasm))
                 registers = max(r.registers for r in result.resources.values())
                 if loop is None:
-                    print(f"{family.name:18s} {params.encode():42s} {name:26s} {registers:4d} no loop")
+                    print(
+                        f"{family.name:18s} {params.encode():42s} {name:26s} {registers:4d} no loop"
+                    )
                     continue
-                c = loop.counts
-                print(f"{family.name:18s} {params.encode():42s} {name:26s} {registers:4d} "
-                      f"{loop.per_step:6.1f} {c['HMMA'] / loop.barriers:4.1f} "
-                      f"{c['LDSM'] / loop.barriers:4.1f} {c['LDGSTS'] / loop.barriers:8.1f}")  # fmt: skip
+                mma, ldsm, copies = (loop.counts[op] / loop.barriers for op in _COUNTED)
+                print(
+                    f"{family.name:18s} {params.encode():42s} {name:26s} {registers:4d} "
+                    f"{loop.per_step:6.1f} {mma:4.1f} {ldsm:4.1f} {copies:8.1f}"
+                )
     print("per row step (per barrier of the main loop), SASS for", args.arch)
     return 0
 
