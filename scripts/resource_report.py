@@ -3,8 +3,10 @@
 For every layer of the benchmark table at one batch size, each kernel family's default config is
 compiled with NVRTC for every supported arch; ptxas' report gives registers, spills and static
 shared memory, and the theoretical occupancy follows from the arch's per-SM limits (CUDA programming
-guide, compute capability table). No GPU is needed. Commit the output under docs/perf/ so that
-register or shared-memory regressions show in review:
+guide, compute capability table). Where nvdisasm is installed, each kernel's main loop is read
+from its SASS too (spio.compiler.sass): instructions a warp issues per row step. No GPU is
+needed. Commit the output under docs/perf/ so that register, shared-memory or instruction-count
+regressions show in review:
 
     python scripts/resource_report.py --out docs/perf/resources.md
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import spio
 from spio.bench.layers import layer_table
 from spio.compiler import CompileResult, compile_many
+from spio.compiler.sass import find_nvdisasm, loop_report
 from spio.kernels.families import FAMILIES
 
 
@@ -55,6 +58,14 @@ def blocks_per_sm(limits: SmLimits, threads: int, registers: int, shared_bytes: 
     return min(limits.blocks, by_registers, by_shared, by_threads)
 
 
+def _steps(cubin: bytes, nvdisasm: str | None) -> str:
+    """The main loop's instructions per row step, with its mma and ldmatrix: '162 (24, 20)'."""
+    loop = loop_report(cubin, nvdisasm) if nvdisasm else None
+    if loop is None:
+        return "–" if nvdisasm is None else "no loop"
+    return f"{loop.per_step:.0f} ({loop.per_step_of('HMMA'):.0f}, {loop.per_step_of('LDSM'):.0f})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="markdown file to write (default: print)")
@@ -71,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(row, arch) for row in rows for arch in spio.supported_arch]
     results = compile_many([row[3].compile_job(arch) for row, arch in jobs], desc="compiling")
 
+    nvdisasm = find_nvdisasm()
+    steps_note = (
+        "Instr/step: SASS instructions a warp issues per row step of the main loop (per barrier; "
+        "`spio.compiler.sass`), of which mma.sync and ldmatrix."
+        if nvdisasm
+        else "Instr/step: not counted (no nvdisasm on the machine that made this report)."
+    )
     lines = [
         f"# Kernel resource report ({args.dtype}, N = {args.n})",
         "",
@@ -78,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         f" --n {args.n} --dtype {args.dtype}` (NVRTC, no GPU): each family's default config "
         "(the analytic heuristic) per layer of the benchmark table. Occupancy is theoretical: "
         "resident warps per SM from ptxas' registers and the block's shared memory under the "
-        "arch's limits, as a share of the SM's maximum.",
+        f"arch's limits, as a share of the SM's maximum. {steps_note}",
         "",
         "| layer | kernel | config | arch | regs | spill B | smem B | threads | blocks/SM "
-        "| occupancy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| occupancy | instr/step (mma, ldmatrix) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     failures = 0
     for ((name, family, config, kernel), arch), result in zip(jobs, results, strict=True):
@@ -102,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"| {name} | {family.name.removeprefix('conv2d_gw8_')} | {config.encode()} | {arch} | "
             f"{usage.registers} | {spills} | {smem} | {kernel.threads} | {blocks} | "
-            f"{occupancy:.0%} |"
+            f"{occupancy:.0%} | {_steps(result.cubin, nvdisasm)} |"
         )
     text = "\n".join(lines) + "\n"
     if args.out:
