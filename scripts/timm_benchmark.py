@@ -147,8 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         with torch.autocast("cuda", dtype=getattr(torch, args.amp_dtype)):
             include = spio.transform.where_faster(model, x, training=args.bench == "train")
         variants["spio-faster"] = spio.transform.transform(model, include=include)
-        n = sum(isinstance(m, Conv2dGw8) for m in model.modules())
-        print(f"spio.transform with where_faster replaced {n} convolutions in {args.model}")
+        convs = [m for m in model.modules() if isinstance(m, Conv2dGw8)]
+        per_pass = ", ".join(
+            f"{p} {sum(p in m.spio_passes for m in convs)}" for p in ("fprop", "dgrad", "wgrad")
+        )
+        print(
+            f"spio.transform with where_faster replaced {len(convs)} convolutions in "
+            f"{args.model} (spio runs {per_pass} of their passes)"
+        )
     print(
         f"{args.model} {args.bench} batch {args.batch_size} img {args.img_size} "
         f"{args.amp_dtype} channels_last={args.channels_last} on {torch.cuda.get_device_name()}"

@@ -12,11 +12,16 @@ CPU tensors when SPIO_EMULATE=1. Contract:
 `layer()` is where the ops and the eager path meet: it validates a call signature (shapes,
 dtypes, devices, padding) once and returns its `Layer`, which keeps that layer's kernels, so a
 model pays validation, config selection and kernel lookup once per layer, not on every call.
+
+Passes: a call's `passes` (bits FPROP, DGRAD, WGRAD) says which of its passes run spio's
+kernels; the others run PyTorch's convolution (cuDNN on a GPU) in the tensors' dtype. That keeps
+cuDNN for a pass it runs faster, e.g. WGrad, while spio runs the others (see where_faster).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
@@ -28,6 +33,73 @@ from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
 
 from .checks import check_args
+
+#: Bits of a call's `passes`: the passes that run spio's kernels.
+FPROP, DGRAD, WGRAD = 1, 2, 4
+ALL_PASSES = FPROP | DGRAD | WGRAD
+PASS_BITS = {"fprop": FPROP, "dgrad": DGRAD, "wgrad": WGRAD}
+
+
+def pass_mask(passes: Iterable[str]) -> int:
+    """The `passes` bits of pass names ("fprop", "dgrad", "wgrad")."""
+    names = (passes,) if isinstance(passes, str) else tuple(passes)
+    unknown = [name for name in names if name not in PASS_BITS]
+    if unknown:
+        raise ValueError(f"conv2d_gw8 passes must be among {tuple(PASS_BITS)}, got {unknown}")
+    mask = 0
+    for name in names:
+        mask |= PASS_BITS[name]
+    return mask
+
+
+def pass_names(mask: int) -> tuple[str, ...]:
+    """The pass names of `passes` bits, in pass order."""
+    return tuple(name for name, bit in PASS_BITS.items() if mask & bit)
+
+
+def check_passes(passes: int) -> None:
+    """Raise ValueError unless `passes` is a combination of FPROP, DGRAD and WGRAD (the op's
+    schema has already made it an int)."""
+    if not 0 <= passes <= ALL_PASSES:
+        raise ValueError(
+            f"conv2d_gw8 needs passes in 0..{ALL_PASSES} (bits fprop=1, dgrad=2, wgrad=4), "
+            f"got {passes!r}"
+        )
+
+
+def torch_fprop(input: Tensor, weight: Tensor, bias: Tensor | None, padding: tuple[int, int]):
+    """conv2d_gw8 by PyTorch's convolution, in the input's dtype (the bias cast to it)."""
+    b = None if bias is None else bias.to(input.dtype)
+    return torch.nn.functional.conv2d(
+        input, weight, b, padding=padding, groups=weight.shape[0] // 8
+    )
+
+
+def torch_grads(
+    grad_output: Tensor,
+    input: Tensor,
+    weight: Tensor,
+    padding: tuple[int, int],
+    need_input: bool,
+    need_weight: bool,
+) -> tuple[Tensor | None, Tensor | None]:
+    """(dx, dw) of conv2d_gw8 by PyTorch's convolution_backward, in the input's dtype; None for
+    a gradient not asked for."""
+    dx, dw, _ = torch.ops.aten.convolution_backward(
+        grad_output,
+        input,
+        weight,
+        None,
+        [1, 1],
+        list(padding),
+        [1, 1],
+        False,
+        [0, 0],
+        weight.shape[0] // 8,
+        [need_input, need_weight, False],
+    )
+    return dx, dw
+
 
 # Kernel choice per (factory, layer, device, options): config selection and header generation run
 # once per layer, not on every call. None: no partial-sums kernel (its buffer would be too big).
@@ -159,6 +231,49 @@ class Layer:
         self._fprop: dict[tuple[bool, bool], Kernel] = {}
         self._dgrad: dict[bool, Kernel] = {}
         self._wgrad: dict[tuple[bool, bool], Kernel | None] = {}  # (bias, deterministic)
+
+    def forward(self, input: Tensor, weight: Tensor, bias: Tensor | None, passes: int) -> Tensor:
+        """y, by spio's FProp if `passes` has FPROP, else by PyTorch (same dtype and layout)."""
+        if passes & FPROP:
+            return self.fprop(input, weight, bias)
+        return torch_fprop(input, weight, bias, self.params.padding)
+
+    def backward(
+        self,
+        grad_output: Tensor,
+        input: Tensor,
+        weight: Tensor,
+        mask: tuple[bool, bool, bool],
+        passes: int,
+        dtypes: tuple[torch.dtype, torch.dtype] | None = None,
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """(dx, dw, dbias) where `mask` asks for them (else None): dx in the input's dtype; dw and
+        dbias fp32, or `dtypes` (dw's, dbias's). DGrad and WGrad run spio's kernels where
+        `passes` says so, PyTorch's convolution_backward otherwise; the bias gradient comes from
+        spio's WGrad pass over dy when that runs, else from a sum over dy."""
+        need_input, need_weight, need_bias = mask
+        dw_dtype, db_dtype = dtypes or (torch.float32, torch.float32)
+        dx = dw = db = None
+        if need_input and passes & DGRAD:
+            dx = self.dgrad(grad_output, weight)
+        if need_weight and passes & WGRAD:
+            dw, db = self.wgrad(input, grad_output, with_bias=need_bias, dtypes=dtypes)
+        torch_input = need_input and not passes & DGRAD
+        torch_weight = need_weight and not passes & WGRAD
+        if torch_input or torch_weight:
+            torch_dx, torch_dw = torch_grads(
+                grad_output, input, weight, self.params.padding, torch_input, torch_weight
+            )
+            dx = torch_dx if torch_input else dx
+            dw = torch_dw if torch_weight else dw
+        if dw is not None and dw.dtype != dw_dtype:  # PyTorch's: the input's dtype, or fp32
+            dw = dw.to(dw_dtype)
+        if need_bias:
+            if db is None:
+                db = grad_output.sum(dim=(0, 2, 3), dtype=torch.float32)
+            if db.dtype != db_dtype:
+                db = db.to(db_dtype)
+        return dx, dw, db
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         layout = conv2d_gw8_factory.operand_layout(weight, bias)

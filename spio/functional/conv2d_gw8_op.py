@@ -5,7 +5,8 @@ groups=C // 8) for NCHW-shaped tensors with group width 8 and C == K. Gradients 
 `spio::conv2d_gw8_backward`, which computes only the gradients its output mask asks for.
 
 Where the work runs: CUDA tensors (and CPU tensors when SPIO_EMULATE=1) go to spio's kernels
-through `spio.functional._kernels`; other CPU tensors use PyTorch's convolution in the input's
+through `spio.functional._kernels`, each pass unless `passes` (bits fprop=1, dgrad=2, wgrad=4;
+default all) leaves it to PyTorch; other CPU tensors use PyTorch's convolution in the input's
 dtype, so a transformed model runs anywhere.
 
 Autocast: a custom rule (not torch.library.register_autocast, which casts every floating tensor,
@@ -16,12 +17,10 @@ fp16 or bf16, and the bias to fp32, which is what the kernels take.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from spio.kernels.conv2d_gw8_params import GROUP_WIDTH
-
 from . import _kernels
+from ._kernels import ALL_PASSES, check_passes
 from .checks import check_args, emulate_enabled, memory_format, uses_kernels
 
 __all__ = [
@@ -68,28 +67,30 @@ def conv2d_gw8(
     padding_x: int = 0,
     dilation: int = 1,
     groups: int = 1,
+    passes: int = ALL_PASSES,
 ) -> Tensor:
     """Grouped conv2d with group width 8, stride 1, C == K: input (N, C, H, W), weight (C, 8, R, S).
 
     `groups` is accepted for F.conv2d compatibility: it must be C // 8, or 1 to mean "implied by
     the weight". The output keeps the input's memory format (channels_last stays channels_last).
+    `passes`: which passes run spio's kernels, as bits (fprop 1, dgrad 2, wgrad 4); the others
+    run PyTorch's convolution. Only where spio's kernels run at all (CUDA; CPU with SPIO_EMULATE).
     """
+    check_passes(passes)
     fmt = memory_format(input)
     if uses_kernels(input.device):  # validated once per call signature, with its kernels
         layer = _kernels.layer(input, weight, bias, padding_y, padding_x, stride, dilation, groups)
-        out = layer.fprop(input, weight, bias)
+        out = layer.forward(input, weight, bias, passes)
     else:
         check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups)
-        b = None if bias is None else bias.to(input.dtype)
-        out = F.conv2d(
-            input, weight, b, padding=(padding_y, padding_x), groups=input.shape[1] // GROUP_WIDTH
-        )
+        out = _kernels.torch_fprop(input, weight, bias, (padding_y, padding_x))
     return _in_format(out, fmt)
 
 
 @conv2d_gw8.register_fake
 def _conv2d_gw8_fake(input, weight, bias=None, stride=1, padding_y=0, padding_x=0, dilation=1,
-                     groups=1):  # fmt: skip
+                     groups=1, passes=ALL_PASSES):  # fmt: skip
+    check_passes(passes)
     check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups)
     n, c, h, w = input.shape
     r, s = weight.shape[2], weight.shape[3]
@@ -105,43 +106,29 @@ def conv2d_gw8_backward(
     padding_y: int,
     padding_x: int,
     output_mask: list[bool],
+    passes: int = ALL_PASSES,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_input, grad_weight, grad_bias) of conv2d_gw8, computing only where output_mask is True.
 
     A gradient not asked for is returned as an empty tensor. grad_input has the input's dtype and
     memory format; grad_weight (the weight's memory format) and grad_bias are fp32 (float64 for
-    float64 inputs): the caller casts them to the parameters' dtypes.
+    float64 inputs): the caller casts them to the parameters' dtypes. `passes` as for conv2d_gw8
+    (its dgrad and wgrad bits).
     """
-    kernels = uses_kernels(input.device)
+    check_passes(passes)
     layer = None
-    if kernels:  # input and weight validated once per call signature
+    if uses_kernels(input.device):  # input and weight validated once per call signature
         layer = _kernels.layer(input, weight, None, padding_y, padding_x)
     _check_backward_args(grad_output, input, weight, padding_y, padding_x, output_mask, layer)
     need_input, need_weight, need_bias = output_mask
-    dx = dw = db = None
-    if need_input or need_weight:
-        if layer is not None:
-            if need_input:
-                dx = layer.dgrad(grad_output, weight)
-            if need_weight:  # the bias gradient comes from the same pass over dy
-                dw, db = layer.wgrad(input, grad_output, with_bias=need_bias)
-        else:
-            dx, dw, _ = torch.ops.aten.convolution_backward(
-                grad_output,
-                input,
-                weight,
-                None,
-                [1, 1],
-                [padding_y, padding_x],
-                [1, 1],
-                False,
-                [0, 0],
-                input.shape[1] // GROUP_WIDTH,
-                [need_input, need_weight, False],
-            )
-    if need_bias and db is None:
-        db = grad_output.sum(dim=(0, 2, 3), dtype=_grad_dtype(grad_output))
     grad_dtype = _grad_dtype(grad_output)
+    if layer is not None:
+        dx, dw, db = layer.backward(grad_output, input, weight, tuple(output_mask), passes)
+    else:
+        dx, dw = _kernels.torch_grads(
+            grad_output, input, weight, (padding_y, padding_x), need_input, need_weight
+        )
+        db = grad_output.sum(dim=(0, 2, 3), dtype=grad_dtype) if need_bias else None
     empty = (0,)  # an unrequested gradient: an empty placeholder
     return (
         _in_format(dx.to(input.dtype), memory_format(input))
@@ -180,7 +167,9 @@ def _check_backward_args(
 
 
 @conv2d_gw8_backward.register_fake
-def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, output_mask):
+def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, output_mask,
+                              passes=ALL_PASSES):  # fmt: skip
+    check_passes(passes)
     _check_backward_args(grad_output, input, weight, padding_y, padding_x, output_mask)
     need_input, need_weight, need_bias = output_mask
     grad_dtype = _grad_dtype(grad_output)
@@ -200,11 +189,12 @@ def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, 
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    input, weight, bias, _stride, padding_y, padding_x, _dilation, _groups = inputs
+    input, weight, bias, _stride, padding_y, padding_x, _dilation, _groups, passes = inputs
     need_weight = ctx.needs_input_grad[1]
     ctx.save_for_backward(input if need_weight else None, weight)
     ctx.input_meta = (input.shape, input.dtype, input.device, memory_format(input))
     ctx.padding = (padding_y, padding_x)
+    ctx.passes = passes
     ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.weight_dtype = weight.dtype
 
@@ -213,22 +203,17 @@ def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
     mask = [bool(m) for m in ctx.needs_input_grad[:3]]
     if not any(mask):
-        return (None,) * 8
+        return (None,) * 9
     if input is None:
         # Only grad_input is needed: the backward op takes the input for its shape alone.
         shape, dtype, device, fmt = ctx.input_meta
         input = torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
-    dx, dw, db = conv2d_gw8_backward(grad_output, input, weight, *ctx.padding, mask)
+    dx, dw, db = conv2d_gw8_backward(grad_output, input, weight, *ctx.padding, mask, ctx.passes)
     return (
         dx if mask[0] else None,
         dw.to(ctx.weight_dtype) if mask[1] else None,
         db.to(ctx.bias_dtype) if mask[2] else None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+    ) + (None,) * 6
 
 
 conv2d_gw8.register_autograd(_backward, setup_context=_setup_context)
@@ -245,7 +230,7 @@ def _register_autocast(device_type: str) -> None:
         return t.to(dtype) if t.device.type == device_type else t
 
     def kernel(_keyset, input, weight, bias=None, stride=1, padding_y=0, padding_x=0,
-               dilation=1, groups=1):  # fmt: skip
+               dilation=1, groups=1, passes=ALL_PASSES):  # fmt: skip
         dtype = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(excluded):
             return conv2d_gw8._opoverload(
@@ -257,6 +242,7 @@ def _register_autocast(device_type: str) -> None:
                 padding_x,
                 dilation,
                 groups,
+                passes,
             )
 
     conv2d_gw8._lib.impl(conv2d_gw8._name, kernel, key_name, with_keyset=True)

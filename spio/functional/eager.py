@@ -32,42 +32,46 @@ def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
 
 class _Conv2dGw8(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, layer: _kernels.Layer):
+    def forward(
+        ctx,
+        input: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        layer: _kernels.Layer,
+        passes: int,
+    ):
         need_weight = ctx.needs_input_grad[1]
         ctx.save_for_backward(input if need_weight else None, weight)
         ctx.layer = layer
+        ctx.passes = passes
         ctx.input_format = memory_format(input)
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return _in_format(layer.fprop(input, weight, bias), ctx.input_format)
+        return _in_format(layer.forward(input, weight, bias, passes), ctx.input_format)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         input, weight = ctx.saved_tensors
-        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
-        layer = ctx.layer
-        dx = dw = db = None
-        if need_input:
-            dx = _in_format(layer.dgrad(grad_output, weight), ctx.input_format)
-        if need_weight:  # the bias gradient comes from the same pass over dy, in their dtypes
-            dtypes = (weight.dtype, ctx.bias_dtype or torch.float32)
-            dw, db = layer.wgrad(input, grad_output, with_bias=need_bias, dtypes=dtypes)
-            if dw.dtype != weight.dtype:  # PyTorch's fallback gives fp32
-                dw = dw.to(weight.dtype)
-        if need_bias:
-            if db is None:
-                db = grad_output.sum(dim=(0, 2, 3), dtype=torch.float32)
-            if db.dtype != ctx.bias_dtype:
-                db = db.to(ctx.bias_dtype)
-        return dx, dw, db, None
+        mask = tuple(ctx.needs_input_grad[:3])
+        # The weight and bias gradients in their parameters' dtypes, rounded once.
+        dtypes = (weight.dtype, ctx.bias_dtype or torch.float32)
+        dx, dw, db = ctx.layer.backward(grad_output, input, weight, mask, ctx.passes, dtypes)
+        if dx is not None:
+            dx = _in_format(dx, ctx.input_format)
+        return dx, dw, db, None, None
 
 
 def conv2d_gw8_eager(
-    input: Tensor, weight: Tensor, bias: Tensor | None, padding_y: int, padding_x: int
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    padding_y: int,
+    padding_x: int,
+    passes: int = _kernels.ALL_PASSES,
 ) -> Tensor:
     """spio::conv2d_gw8 for tensors that run spio's kernels, without the custom-op dispatch.
 
     Autocast is applied as the custom op applies it: input and weight to the region's dtype, bias
-    to fp32. Validation is the custom op's own.
+    to fp32. Validation is the custom op's own. `passes` as for the op.
     """
     device_type = "cuda" if input.is_cuda else input.device.type
     if torch.is_autocast_enabled(device_type):
@@ -80,5 +84,5 @@ def conv2d_gw8_eager(
     if torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
-        return _Conv2dGw8.apply(input, weight, bias, layer)
-    return _in_format(layer.fprop(input, weight, bias), memory_format(input))
+        return _Conv2dGw8.apply(input, weight, bias, layer, passes)
+    return _in_format(layer.forward(input, weight, bias, passes), memory_format(input))

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
+from spio.functional._kernels import ALL_PASSES, pass_mask, pass_names
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
 from spio.functional.eager import conv2d_gw8_eager
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
@@ -110,6 +111,10 @@ class Conv2dGw8(nn.Conv2d):
     Only group width 8, out_channels == in_channels, stride 1, dilation 1, kernel 1..5,
     zeros padding. Inputs the op cannot take (fp32 CUDA tensors outside autocast, float64 on
     CUDA, integer tensors) fall back to F.conv2d, logging the reason once.
+
+    `spio_passes` names the passes that run spio's kernels, of "fprop", "dgrad" and "wgrad" (all
+    by default); the others run PyTorch's convolution (cuDNN on a GPU), e.g. where cuDNN's WGrad
+    is faster (spio.transform.where_faster measures that per pass).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -121,6 +126,22 @@ class Conv2dGw8(nn.Conv2d):
             raise ValueError(f"Conv2dGw8 {reason}")
         super().__init__(**arguments)
         self.padding = resolve_padding(self.padding, self.kernel_size, self.dilation)
+        self._pass_bits = ALL_PASSES
+
+    @property
+    def spio_passes(self) -> tuple[str, ...]:
+        """The passes that run spio's kernels ("fprop", "dgrad", "wgrad"); the others PyTorch's."""
+        return pass_names(self._pass_bits)
+
+    @spio_passes.setter
+    def spio_passes(self, passes: Any) -> None:
+        self._pass_bits = pass_mask(passes)
+
+    def extra_repr(self) -> str:
+        text = super().extra_repr()
+        if self._pass_bits != ALL_PASSES:
+            text += f", spio_passes={self.spio_passes}"
+        return text
 
     @classmethod
     def make(cls, *args: Any, **kwargs: Any) -> nn.Conv2d:
@@ -140,8 +161,11 @@ class Conv2dGw8(nn.Conv2d):
         return module_ineligibility(module) is None
 
     @classmethod
-    def from_torch_module(cls, module: nn.Conv2d) -> Conv2dGw8:
-        """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies)."""
+    def from_torch_module(
+        cls, module: nn.Conv2d, passes: Any = ("fprop", "dgrad", "wgrad")
+    ) -> Conv2dGw8:
+        """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies),
+        running spio's kernels for `passes` (see spio_passes)."""
         reason = module_ineligibility(module)
         if reason is not None:
             raise ValueError(f"Conv2dGw8.from_torch_module: the module {reason}")
@@ -160,6 +184,7 @@ class Conv2dGw8(nn.Conv2d):
         new.weight = module.weight
         new.bias = module.bias
         new.train(module.training)
+        new.spio_passes = passes
         return new
 
     @staticmethod
@@ -196,10 +221,11 @@ class Conv2dGw8(nn.Conv2d):
         unbatched = input.dim() == 3
         x = input.unsqueeze(0) if unbatched else input
         pad_h, pad_w = self.padding
+        passes = self._pass_bits
         if kernels and not torch.compiler.is_compiling():
-            y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w)  # no op dispatch cost
+            y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w, passes)  # no op dispatch cost
         else:
-            y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, self.groups)
+            y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, self.groups, passes)
         return y.squeeze(0) if unbatched else y
 
 

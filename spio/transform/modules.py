@@ -6,7 +6,7 @@ Both walk the module tree instead of tracing, so they work on models FX cannot t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -15,9 +15,15 @@ from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
 from spio.layers.conv2d_gw8 import Conv2dGw8, module_ineligibility, resolve_padding
 from spio.log import logger
 
+#: What transform's `include` may answer: True (spio runs every pass), False (the convolution
+#: stays as it is), or the names of the passes spio runs ("fprop", "dgrad", "wgrad"; none is False).
+Included = bool | Iterable[str]
+
+_ALL_PASSES = ("fprop", "dgrad", "wgrad")
+
 
 def transform(
-    model: nn.Module, include: Callable[[str, nn.Conv2d], bool] | None = None
+    model: nn.Module, include: Callable[[str, nn.Conv2d], Included] | None = None
 ) -> nn.Module:
     """Replace, in place, every eligible nn.Conv2d of model by a Conv2dGw8 sharing its Parameters.
 
@@ -25,16 +31,18 @@ def transform(
     dilation 1, kernel 1..5, zeros padding that is symmetric. `include(name, conv)`, if given,
     is asked about each eligible convolution (`name` as in model.named_modules()) and keeps those
     it returns False for as they are: for instance a network's last stages, whose 7x7 and 8x8
-    layers still run faster in cuDNN (docs/perf/). A module reachable by several paths is decided
-    once, by its first name, and stays shared. Returns model (or its replacement if model itself
-    is an eligible convolution).
+    layers still run faster in cuDNN (docs/perf/). It may instead return the passes spio should
+    run, e.g. ("fprop", "dgrad"), leaving the others to PyTorch (Conv2dGw8.spio_passes). A module
+    reachable by several paths is decided once, by its first name, and stays shared. Returns model
+    (or its replacement if model itself is an eligible convolution).
     """
     if Conv2dGw8.match(model):
-        if include is not None and not include("", model):
+        passes = _passes(include, "", model)
+        if not passes:
             logger.info("spio.transform replaced 0 of 1 nn.Conv2d modules (1 excluded)")
             return model
         logger.info("spio.transform replaced 1 of 1 nn.Conv2d modules")
-        return Conv2dGw8.from_torch_module(model)
+        return Conv2dGw8.from_torch_module(model, passes)
     names = {id(module): name for name, module in model.named_modules(remove_duplicate=False)}
     replacements: dict[int, nn.Conv2d] = {}
     skipped: Counter[str] = Counter()
@@ -51,13 +59,12 @@ def transform(
                 if reason is not None:
                     skipped[reason] += 1
                     continue
-                if include is not None and not include(
-                    f"{prefix}.{name}" if prefix else name, child
-                ):
+                passes = _passes(include, f"{prefix}.{name}" if prefix else name, child)
+                if not passes:
                     replacements[id(child)] = child  # kept as it is, wherever it appears
                     excluded += 1
                     continue
-                replacements[id(child)] = Conv2dGw8.from_torch_module(child)
+                replacements[id(child)] = Conv2dGw8.from_torch_module(child, passes)
             parent._modules[name] = replacements[id(child)]
     replaced = len(replacements) - excluded
     total = len(replacements) + sum(skipped.values())
@@ -66,6 +73,14 @@ def transform(
     for reason, count in skipped.most_common():
         logger.debug("spio.transform kept %d nn.Conv2d: %s", count, reason)
     return model
+
+
+def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, ...]:
+    """The passes spio runs for `conv` by include's answer (empty: keep conv as it is)."""
+    answer = True if include is None else include(name, conv)
+    if isinstance(answer, bool):
+        return _ALL_PASSES if answer else ()
+    return tuple(answer)
 
 
 def _activation_dtype(x: torch.Tensor) -> str:
@@ -139,42 +154,44 @@ LayerTimer = Callable[[Conv2dGw8Params, str, str], float]
 
 def where_faster(
     model: nn.Module, *inputs: object, training: bool = True, timer: LayerTimer | None = None
-) -> Callable[[str, nn.Conv2d], bool]:
-    """An `include` for transform that keeps spio only where it is faster, by measurement.
+) -> Callable[[str, nn.Conv2d], tuple[str, ...]]:
+    """An `include` for transform that runs spio only for the passes it runs faster, by measurement.
 
     Runs model(*inputs) once (as scan_modules; under autocast if the model will run under it) to
     learn the layer each eligible convolution computes, then times every distinct layer on the
-    inputs' GPU, in spio and in PyTorch: FProp, and with `training` also DGrad and WGrad, summed.
-    The returned function says True for convolutions whose layers ran at least as fast in spio,
-    False for the others and for convolutions the forward pass did not reach. It logs one line
-    per layer. Use: spio.transform(model, include=spio.transform.where_faster(model, x)).
+    inputs' GPU, in spio and in PyTorch: FProp, DGrad and WGrad each (FProp alone with
+    `training=False`). The returned function gives, for each convolution, the passes whose spio
+    time was at most PyTorch's (with `training=False`: all three if FProp was, else none); no
+    pass for convolutions the forward pass did not reach, which then stay as they are. It logs
+    one line per layer. Use: spio.transform(model, include=spio.transform.where_faster(model, x)).
     `timer` replaces the GPU timing (tests).
     """
     met = _layers_met(model, inputs)
     if timer is None:
         device = _cuda_device(inputs)
         timer = _gpu_layer_timer(device)
-    passes = ("fprop", "dgrad", "wgrad") if training else ("fprop",)
-    faster: dict[Conv2dGw8Params, bool] = {}
+    timed = _ALL_PASSES if training else ("fprop",)
+    faster: dict[Conv2dGw8Params, tuple[str, ...]] = {}
     for params in dict.fromkeys(p for _, p in met):
-        spio_s = sum(timer(params, pass_, "spio") for pass_ in passes)
-        torch_s = sum(timer(params, pass_, "torch") for pass_ in passes)
-        faster[params] = spio_s <= torch_s
+        times = {p: (timer(params, p, "spio"), timer(params, p, "torch")) for p in timed}
+        won = tuple(p for p, (spio_s, torch_s) in times.items() if spio_s <= torch_s)
+        faster[params] = won if training else (_ALL_PASSES if won else ())
         logger.info(
-            "where_faster: %s %s: spio %.1f us, PyTorch %.1f us (%s): %s",
+            "where_faster: %s: %s; spio runs %s",
             params.encode(),
-            "+".join(passes),
-            spio_s * 1e6,
-            torch_s * 1e6,
-            f"{torch_s / spio_s:.2f}x" if spio_s > 0 else "n/a",
-            "spio" if faster[params] else "PyTorch",
+            ", ".join(
+                f"{p} spio {s * 1e6:.1f} us / PyTorch {t * 1e6:.1f} us"
+                for p, (s, t) in times.items()
+            ),
+            "+".join(faster[params]) or "nothing (PyTorch's layer)",
         )
-    chosen: dict[int, bool] = {}
-    for module, params in met:  # a module called on several layers must be faster on all
-        chosen[id(module)] = chosen.get(id(module), True) and faster[params]
+    chosen: dict[int, tuple[str, ...]] = {}
+    for module, params in met:  # a module called on several layers: the passes faster on all
+        previous = chosen.get(id(module), _ALL_PASSES)
+        chosen[id(module)] = tuple(p for p in previous if p in faster[params])
 
-    def include(name: str, conv: nn.Conv2d) -> bool:
-        return chosen.get(id(conv), False)
+    def include(name: str, conv: nn.Conv2d) -> tuple[str, ...]:
+        return chosen.get(id(conv), ())
 
     return include
 

@@ -1,0 +1,168 @@
+"""Per-pass choice (`passes`): each pass runs spio's kernels or PyTorch's convolution as asked, in
+the custom ops, the eager path and Conv2dGw8, with the same values either way."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spio.functional import _kernels, conv2d_gw8, conv2d_gw8_backward
+from spio.functional._kernels import ALL_PASSES, DGRAD, FPROP, WGRAD, pass_mask, pass_names
+from spio.kernels import Conv2dGw8Params
+from spio.layers import Conv2dGw8
+from spio.reference import (
+    Tolerance,
+    conv2d_gw8_bias_grad_ref,
+    conv2d_gw8_dgrad_ref,
+    conv2d_gw8_fprop_ref,
+    conv2d_gw8_tolerance,
+    conv2d_gw8_wgrad_ref,
+)
+
+
+def test_pass_names_and_bits():
+    assert pass_mask(("fprop", "wgrad")) == FPROP | WGRAD
+    assert pass_mask("dgrad") == DGRAD
+    assert pass_names(ALL_PASSES) == ("fprop", "dgrad", "wgrad")
+    assert pass_names(0) == ()
+    with pytest.raises(ValueError, match=r"passes must be among .* got \['bgrad'\]"):
+        pass_mask(("fprop", "bgrad"))
+
+
+@pytest.fixture
+def spied(monkeypatch):
+    """SPIO_EMULATE=1, and a record of which spio kernels (Layer methods) each call ran."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    ran = []
+    for name in ("fprop", "dgrad", "wgrad"):
+        original = getattr(_kernels.Layer, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            ran.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(_kernels.Layer, name, spy)
+    return ran
+
+
+def _layer_tensors(dtype=torch.float16):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 16, 6, 7, generator=gen).to(dtype).to(memory_format=torch.channels_last)
+    w = torch.randn(16, 8, 3, 3, generator=gen).to(dtype)
+    b = torch.randn(16, generator=gen)
+    dy = torch.randn(2, 16, 6, 7, generator=gen).to(dtype).to(memory_format=torch.channels_last)
+    return x, w, b, dy
+
+
+def _check(passes, x, w, b, dy, y, dx, dw, db):
+    """spio's passes against the float64 reference, at the kernels' tolerance; PyTorch's against
+    PyTorch's own autograd of F.conv2d on the same tensors (PyTorch's CPU fp16 convolution rounds
+    more than spio's fp32 accumulation, so the reference's tolerance does not apply to it)."""
+    params = Conv2dGw8Params.from_tensors(x, w, b, padding=(1, 1))
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b.to(x.dtype))]
+    torch_y = F.conv2d(*leaves, padding=1, groups=2)
+    torch_y.backward(dy)
+    torch_dx, torch_dw, torch_db = (t.grad for t in leaves)
+    if passes & FPROP:
+        want = conv2d_gw8_fprop_ref(x, w, b, (1, 1))
+        conv2d_gw8_tolerance(params, "fprop", x, w).assert_close(y, want)
+    else:
+        torch.testing.assert_close(y, torch_y)
+    if passes & DGRAD:
+        want_dx = conv2d_gw8_dgrad_ref(dy, w, (1, 1), tuple(x.shape[-2:]))
+        conv2d_gw8_tolerance(params, "dgrad", dy, w).assert_close(dx, want_dx)
+    else:
+        torch.testing.assert_close(dx, torch_dx)
+    if passes & WGRAD:
+        tol = conv2d_gw8_tolerance(params, "wgrad", x, dy)  # plus dw's rounding to fp16
+        Tolerance(tol.atol, tol.rtol + torch.finfo(w.dtype).eps).assert_close(
+            dw, conv2d_gw8_wgrad_ref(x, dy, (1, 1), 3, 3)
+        )
+    else:
+        torch.testing.assert_close(dw, torch_dw)
+    # The bias gradient: from spio's WGrad pass, or a sum over dy; in the bias's dtype.
+    tol = conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1))
+    Tolerance(tol.atol, tol.rtol + torch.finfo(db.dtype).eps).assert_close(
+        db.float(), conv2d_gw8_bias_grad_ref(dy)
+    )
+
+
+@pytest.mark.parametrize("passes", [FPROP | DGRAD, WGRAD, 0])
+def test_op_runs_spio_for_the_passes_asked_and_pytorch_for_the_others(spied, passes):
+    x, w, b, dy = _layer_tensors()
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = conv2d_gw8(*leaves, 1, 1, 1, 1, 1, passes)
+    y.backward(dy)
+    assert sorted(spied) == sorted(pass_names(passes))
+    _check(passes, x, w, b, dy, y, *(t.grad for t in leaves))
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert leaves[0].grad.is_contiguous(memory_format=torch.channels_last)
+    assert leaves[1].grad.dtype == torch.float16 and leaves[2].grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("passes", [("fprop", "wgrad"), ("dgrad",)])
+def test_module_eager_path_follows_spio_passes(spied, passes):
+    x, w, b, dy = _layer_tensors()
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+    with torch.no_grad():
+        conv.weight.copy_(w)
+        conv.bias.copy_(b.half())
+    module = Conv2dGw8.from_torch_module(conv, passes)
+    assert module.spio_passes == passes and f"spio_passes={passes}" in repr(module)
+    xg = x.clone().requires_grad_()
+    y = module(xg)
+    y.backward(dy)
+    assert sorted(spied) == sorted(passes)
+    grads = (xg.grad, module.weight.grad, module.bias.grad)
+    _check(pass_mask(passes), x, w, b.half().float(), dy, y, *grads)
+
+
+def test_backward_op_honours_passes(spied):
+    x, w, _, dy = _layer_tensors()
+    dx, dw, db = conv2d_gw8_backward(dy, x, w, 1, 1, [True, True, True], DGRAD)
+    assert spied == ["dgrad"]
+    assert dx.dtype == torch.float16 and dw.dtype == torch.float32 and db.dtype == torch.float32
+    spio_dx, _, spio_db = conv2d_gw8_backward(dy, x, w, 1, 1, [True, True, True])
+    torch.testing.assert_close(dx, spio_dx)  # both spio's DGrad
+    _, torch_dw, _ = torch.ops.aten.convolution_backward(
+        dy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 2, [False, True, False]
+    )
+    torch.testing.assert_close(dw, torch_dw.float())  # PyTorch's, widened to fp32
+    params = Conv2dGw8Params.from_tensors(x, w, None, padding=(1, 1))
+    bias_tol = conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1))
+    bias_tol.assert_close(db, spio_db)  # a sum over dy against spio's WGrad pass
+
+
+def test_opcheck_with_passes():
+    x = torch.randn(2, 16, 6, 7)
+    w = torch.randn(16, 8, 3, 3, requires_grad=True)
+    torch.library.opcheck(conv2d_gw8, (x, w, None, 1, 1, 1, 1, 1, FPROP | WGRAD))
+    dy = torch.randn(2, 16, 6, 7)
+    torch.library.opcheck(conv2d_gw8_backward, (dy, x, w.detach(), 1, 1, [True, True, False], 0))
+
+
+@pytest.mark.parametrize("passes", [8, -1])
+def test_bad_passes_raise_value_error(passes):
+    x, w = torch.randn(1, 8, 4, 4), torch.randn(8, 8, 3, 3)
+    with pytest.raises(ValueError, match=r"passes in 0\.\.7 \(bits fprop=1, dgrad=2, wgrad=4\)"):
+        conv2d_gw8(x, w, None, 1, 1, 1, 1, 1, passes)
+    with pytest.raises(ValueError, match=r"passes in 0\.\.7"):
+        conv2d_gw8_backward(x, x, w, 1, 1, [True, True, True], passes)
+
+
+def test_compiled_module_with_spio_passes_matches_eager():
+    """torch.compile(fullgraph=True) takes the op with the module's passes, without a break."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).double()
+    module = Conv2dGw8.from_torch_module(conv, ("fprop", "dgrad"))
+    x = torch.randn(2, 16, 6, 7, dtype=torch.float64, requires_grad=True)
+    compiled = torch.compile(module, backend="eager", fullgraph=True)
+    y = compiled(x)
+    y.sum().backward()
+    got = (y.detach(), x.grad.clone(), conv.weight.grad.clone())
+    x.grad = None
+    conv.weight.grad = None
+    want_y = module(x)
+    want_y.sum().backward()
+    for a, b in zip(got, (want_y.detach(), x.grad, conv.weight.grad), strict=True):
+        torch.testing.assert_close(a, b)
