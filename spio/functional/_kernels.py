@@ -32,7 +32,7 @@ from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
 
-from .checks import check_args
+from .checks import check_args, memory_format
 
 #: Bits of a call's `passes`: the passes that run spio's kernels.
 FPROP, DGRAD, WGRAD = 1, 2, 4
@@ -241,7 +241,7 @@ class Layer:
     def backward(
         self,
         grad_output: Tensor,
-        input: Tensor,
+        input: Tensor | None,
         weight: Tensor,
         mask: tuple[bool, bool, bool],
         passes: int,
@@ -260,6 +260,13 @@ class Layer:
             dw, db = self.wgrad(input, grad_output, with_bias=need_bias, dtypes=dtypes)
         torch_input = need_input and not passes & DGRAD
         torch_weight = need_weight and not passes & WGRAD
+        if torch_input and input is None:  # not kept without a weight gradient: its shape will do
+            input = torch.empty(
+                self.params.input_shape,
+                dtype=grad_output.dtype,
+                device=grad_output.device,
+                memory_format=memory_format(grad_output),
+            )
         if torch_input or torch_weight:
             torch_dx, torch_dw = torch_grads(
                 grad_output, input, weight, self.params.padding, torch_input, torch_weight

@@ -117,6 +117,23 @@ def test_module_eager_path_follows_spio_passes(spied, passes):
     _check(pass_mask(passes), x, w, b.half().float(), dy, y, *grads)
 
 
+def test_input_gradient_alone_from_pytorch(spied):
+    """Without a weight gradient the eager path keeps no input; PyTorch's DGrad still gets one."""
+    x, w, _, dy = _layer_tensors()
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2, bias=False).half().requires_grad_(False)
+    with torch.no_grad():
+        conv.weight.copy_(w)
+    module = Conv2dGw8.from_torch_module(conv, ("fprop",))
+    xg = x.clone().requires_grad_()
+    module(xg).backward(dy)
+    assert spied == ["fprop"]
+    _, torch_dx = torch.autograd.functional.vjp(
+        lambda t: F.conv2d(t, w, padding=1, groups=2), x, dy
+    )
+    torch.testing.assert_close(xg.grad, torch_dx)
+    assert xg.grad.is_contiguous(memory_format=torch.channels_last)
+
+
 def test_backward_op_honours_passes(spied):
     x, w, _, dy = _layer_tensors()
     dx, dw, db = conv2d_gw8_backward(dy, x, w, 1, 1, [True, True, True], DGRAD)
