@@ -22,12 +22,25 @@ def _model() -> nn.Module:
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_transformed_model_matches_float64_pytorch(monkeypatch, dtype):
+# Passes spio runs per layer (by index in the Sequential); None: all three (plain transform).
+_MIXED = {0: ("fprop", "wgrad"), 2: ("dgrad",), 4: ("fprop", "dgrad", "wgrad")}
+
+
+@pytest.mark.parametrize(
+    "dtype, passes",
+    [(torch.float16, None), (torch.bfloat16, None), (torch.float16, _MIXED)],
+    ids=["fp16", "bf16", "fp16-mixed-passes"],
+)
+def test_transformed_model_matches_float64_pytorch(monkeypatch, dtype, passes):
+    """The mixed case has each layer run some passes in spio and the others in PyTorch."""
     monkeypatch.setenv("SPIO_EMULATE", "1")
     reference = _model().double()
-    model = transform(copy.deepcopy(reference).to(dtype))
-    assert sum(isinstance(m, Conv2dGw8) for m in model.modules()) == 3
+    include = None if passes is None else (lambda name, conv: passes[int(name)])
+    model = transform(copy.deepcopy(reference).to(dtype), include=include)
+    convs = [m for m in model.modules() if isinstance(m, Conv2dGw8)]
+    assert len(convs) == 3
+    if passes is not None:
+        assert [m.spio_passes for m in convs] == list(passes.values())
 
     x = torch.randn(2, 16, 7, 6, generator=torch.Generator().manual_seed(1))
     x = x.to(dtype).to(memory_format=torch.channels_last)
