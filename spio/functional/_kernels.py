@@ -34,10 +34,11 @@ from spio.log import logger
 
 from .checks import check_args, memory_format
 
-#: Bits of a call's `passes`: the passes that run spio's kernels.
+#: The passes of a convolution, and their bits in a call's `passes` (those running spio's kernels).
+PASSES = ("fprop", "dgrad", "wgrad")
 FPROP, DGRAD, WGRAD = 1, 2, 4
 ALL_PASSES = FPROP | DGRAD | WGRAD
-PASS_BITS = {"fprop": FPROP, "dgrad": DGRAD, "wgrad": WGRAD}
+PASS_BITS = dict(zip(PASSES, (FPROP, DGRAD, WGRAD), strict=True))
 
 
 def pass_mask(passes: Iterable[str]) -> int:
@@ -45,7 +46,7 @@ def pass_mask(passes: Iterable[str]) -> int:
     names = (passes,) if isinstance(passes, str) else tuple(passes)
     unknown = [name for name in names if name not in PASS_BITS]
     if unknown:
-        raise ValueError(f"conv2d_gw8 passes must be among {tuple(PASS_BITS)}, got {unknown}")
+        raise ValueError(f"conv2d_gw8 passes must be among {PASSES}, got {unknown}")
     mask = 0
     for name in names:
         mask |= PASS_BITS[name]

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from spio.functional._kernels import ALL_PASSES, pass_mask, pass_names
+from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
 from spio.functional.eager import conv2d_gw8_eager
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
@@ -161,9 +161,7 @@ class Conv2dGw8(nn.Conv2d):
         return module_ineligibility(module) is None
 
     @classmethod
-    def from_torch_module(
-        cls, module: nn.Conv2d, passes: Any = ("fprop", "dgrad", "wgrad")
-    ) -> Conv2dGw8:
+    def from_torch_module(cls, module: nn.Conv2d, passes: Any = PASSES) -> Conv2dGw8:
         """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies),
         running spio's kernels for `passes` (see spio_passes)."""
         reason = module_ineligibility(module)

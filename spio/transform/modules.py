@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from spio.functional._kernels import PASSES
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
 from spio.layers.conv2d_gw8 import Conv2dGw8, module_ineligibility, resolve_padding
 from spio.log import logger
@@ -18,8 +19,6 @@ from spio.log import logger
 #: What transform's `include` may answer: True (spio runs every pass), False (the convolution
 #: stays as it is), or the names of the passes spio runs ("fprop", "dgrad", "wgrad"; none is False).
 Included = bool | Iterable[str]
-
-_ALL_PASSES = ("fprop", "dgrad", "wgrad")
 
 
 def transform(
@@ -79,7 +78,7 @@ def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, 
     """The passes spio runs for `conv` by include's answer (empty: keep conv as it is)."""
     answer = True if include is None else include(name, conv)
     if isinstance(answer, bool):
-        return _ALL_PASSES if answer else ()
+        return PASSES if answer else ()
     return tuple(answer)
 
 
@@ -170,12 +169,12 @@ def where_faster(
     if timer is None:
         device = _cuda_device(inputs)
         timer = _gpu_layer_timer(device)
-    timed = _ALL_PASSES if training else ("fprop",)
+    timed = PASSES if training else ("fprop",)
     faster: dict[Conv2dGw8Params, tuple[str, ...]] = {}
     for params in dict.fromkeys(p for _, p in met):
         times = {p: (timer(params, p, "spio"), timer(params, p, "torch")) for p in timed}
         won = tuple(p for p, (spio_s, torch_s) in times.items() if spio_s <= torch_s)
-        faster[params] = won if training else (_ALL_PASSES if won else ())
+        faster[params] = won if training else (PASSES if won else ())
         logger.info(
             "where_faster: %s: %s; spio runs %s",
             params.encode(),
@@ -187,7 +186,7 @@ def where_faster(
         )
     chosen: dict[int, tuple[str, ...]] = {}
     for module, params in met:  # a module called on several layers: the passes faster on all
-        previous = chosen.get(id(module), _ALL_PASSES)
+        previous = chosen.get(id(module), PASSES)
         chosen[id(module)] = tuple(p for p in previous if p in faster[params])
 
     def include(name: str, conv: nn.Conv2d) -> tuple[str, ...]:
