@@ -3,15 +3,22 @@
 SPIO_WORKERS sets the number of processes (default: the number of CPU cores). Workers share the disk
 cache, so the parent and later processes find every cubin a sweep compiled; each job is compiled
 into the parent's cache folder as it was when the job was submitted.
+
+Workers are spawned (they inherit no torch threads or CUDA state), all of them when the pool is
+made, with a stand-in `__main__`: spawn would otherwise re-run the parent's script in every worker,
+and a user's script without an `if __name__ == "__main__"` guard (say, training with
+SPIO_AUTOTUNE=1) would run once per worker. The workers need nothing from it.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import os
 import sys
 import threading
+import types
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -58,12 +65,26 @@ _pool_workers = 0
 _pool_lock = threading.Lock()
 
 
-def _start_method() -> str:
-    """spawn, so workers inherit no torch threads or CUDA state; fork when __main__ is not a file
-    (stdin, notebooks), which spawn cannot re-import."""
+@contextlib.contextmanager
+def _stand_in_main():
+    """sys.modules["__main__"] is an empty module meanwhile: processes spawned then do not import
+    the parent's script (spawn imports whatever __main__ names by file or module name)."""
     main = sys.modules.get("__main__")
-    main_file = getattr(main, "__file__", None)
-    return "spawn" if main_file and os.path.exists(main_file) else "fork"
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is None:
+            del sys.modules["__main__"]
+        else:
+            sys.modules["__main__"] = main
+
+
+def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
+    """Start all of the pool's processes now: the executor spawns one per submit while no worker
+    is idle, and a process takes far longer to start than these submits take."""
+    for future in [pool.submit(os.getpid) for _ in range(workers)]:
+        future.result()
 
 
 def _get_pool(workers: int) -> ProcessPoolExecutor:
@@ -72,10 +93,12 @@ def _get_pool(workers: int) -> ProcessPoolExecutor:
         if _pool is None or _pool_workers != workers:
             if _pool is not None:
                 _pool.shutdown(wait=True)
-            ctx = multiprocessing.get_context(_start_method())
+            ctx = multiprocessing.get_context("spawn")
             _pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
             _pool_workers = workers
             atexit.register(shutdown_pool)
+            with _stand_in_main():
+                _start_workers(_pool, workers)
         return _pool
 
 

@@ -51,3 +51,32 @@ def test_bad_worker_count_is_rejected(value, monkeypatch):
 def test_worker_count_from_environment(monkeypatch):
     monkeypatch.setenv("SPIO_WORKERS", "3")
     assert default_workers() == 3
+
+
+_UNGUARDED_SCRIPT = """\
+import uuid
+from spio.compiler import CompileJob, compile_many
+
+print("script body ran", flush=True)
+source = 'extern "C" __global__ void k(int *x) {{ x[threadIdx.x] = 5; }}'
+jobs = [CompileJob(f"// {{uuid.uuid4().hex}}\\n" + source, arch) for arch in ("sm_80", "sm_90")]
+results = compile_many(jobs, workers=2, progress=False)
+print("compiled", sum(not isinstance(r, BaseException) for r in results), flush=True)
+"""
+
+
+def test_a_script_without_a_main_guard_runs_once(cache_dir, tmp_path):
+    """Workers are spawned processes, and spawn re-runs the parent's script in each of them unless
+    that script guards its body with `if __name__ == "__main__"`; a user's training script with
+    SPIO_AUTOTUNE=1 would then run once per worker (and the pool hang). The pool starts its
+    workers with a stand-in __main__, so the script's body runs once, in the parent."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["script body ran", "compiled 2"], done.stdout
