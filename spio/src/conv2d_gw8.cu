@@ -189,8 +189,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         }
     }
 
-    float2 bias_pair = make_float2(0.0f, 0.0f);
 #if SPIO_CONV_HAS_BIAS
+    float2 bias_pair = make_float2(0.0f, 0.0f);
     if (c8 < Output::K8) {
         bias_pair = spio::unpack_pair(*Bias(bias).k8(c8).k2(lane % 4));
     }
@@ -221,8 +221,12 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             SPIO_UNROLL
             for (int half = 0; half < 2; ++half) {  // fragment rows g and g + 8
                 const int x = warp_x + run * 16 + lane / 4 + half * 8;
-                const float v0 = rows[run][2 * half] + bias_pair.x;
-                const float v1 = rows[run][2 * half + 1] + bias_pair.y;
+                float v0 = rows[run][2 * half];
+                float v1 = rows[run][2 * half + 1];
+#if SPIO_CONV_HAS_BIAS
+                v0 += bias_pair.x;  // (x + 0.0f is not x for x = -0.0: without a bias, no add)
+                v1 += bias_pair.y;
+#endif
                 *staged.x(x) = spio::pack_pair<Elem>(v0, v1);
             }
         }
