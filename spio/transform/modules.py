@@ -68,6 +68,10 @@ def transform(
     replaced = len(replacements) - excluded
     total = len(replacements) + sum(skipped.values())
     note = f" ({excluded} excluded)" if excluded else ""
+    convs = [m for m in replacements.values() if isinstance(m, Conv2dGw8)]
+    if any(m.spio_passes != PASSES for m in convs):  # some passes left to PyTorch: say how many
+        counts = ", ".join(f"{p} {sum(p in m.spio_passes for m in convs)}" for p in PASSES)
+        note += f"; spio runs {counts} of their passes"
     logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
     for reason, count in skipped.most_common():
         logger.debug("spio.transform kept %d nn.Conv2d: %s", count, reason)

@@ -55,7 +55,7 @@ def test_keeps_spio_only_where_it_was_faster(caplog):
     assert model.blocks[0].spio_passes == ("fprop", "dgrad", "wgrad")
 
 
-def test_runs_spio_for_the_passes_it_won():
+def test_runs_spio_for_the_passes_it_won(caplog):
     """spio faster in FProp and DGrad, slower in WGrad (as on run 5's H200 for most layers): the
     layer keeps spio for the first two and PyTorch's WGrad."""
     model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)).half()
@@ -65,8 +65,10 @@ def test_runs_spio_for_the_passes_it_won():
 
     include = where_faster(model, torch.randn(2, 16, 8, 8).half(), timer=timer)
     assert include("0", model[0]) == ("fprop", "dgrad")  # a tie goes to spio
-    spio.transform(model, include=include)
+    with caplog.at_level(logging.INFO, logger="spio"):
+        spio.transform(model, include=include)
     assert isinstance(model[0], Conv2dGw8) and model[0].spio_passes == ("fprop", "dgrad")
+    assert "replaced 1 of 1 nn.Conv2d modules; spio runs fprop 1, dgrad 1, wgrad 0" in caplog.text
 
 
 def test_inference_times_fprop_only_and_unreached_convs_stay():
