@@ -28,7 +28,7 @@ from torch import Tensor
 
 from spio.kernels import conv2d_gw8_factory
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
-from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
 
@@ -72,7 +72,7 @@ def torch_fprop(input: Tensor, weight: Tensor, bias: Tensor | None, padding: tup
     """conv2d_gw8 by PyTorch's convolution, in the input's dtype (the bias cast to it)."""
     b = None if bias is None else bias.to(input.dtype)
     return torch.nn.functional.conv2d(
-        input, weight, b, padding=padding, groups=weight.shape[0] // 8
+        input, weight, b, padding=padding, groups=weight.shape[0] // GROUP_WIDTH
     )
 
 
@@ -96,7 +96,7 @@ def torch_grads(
         [1, 1],
         False,
         [0, 0],
-        weight.shape[0] // 8,
+        weight.shape[0] // GROUP_WIDTH,
         [need_input, need_weight, False],
     )
     return dx, dw
@@ -377,18 +377,7 @@ def _log_deterministic_once(spio_kernel: bool) -> None:
 def _pytorch_wgrad(input, grad_output, params: Conv2dGw8Params, with_bias: bool):
     """dw (and dbias) from PyTorch, for layers whose partial-sum buffer would be too large."""
     # In fp32, as the kernel accumulates: fp16/bf16 values are exact in fp32 (and in TF32).
-    _, dw, _ = torch.ops.aten.convolution_backward(
-        grad_output.float(),
-        input.float(),
-        torch.empty(params.weight_shape, dtype=torch.float32, device=input.device),
-        None,
-        [1, 1],
-        list(params.padding),
-        [1, 1],
-        False,
-        [0, 0],
-        params.groups,
-        [False, True, False],
-    )
+    weight = torch.empty(params.weight_shape, dtype=torch.float32, device=input.device)
+    _, dw = torch_grads(grad_output.float(), input.float(), weight, params.padding, False, True)
     dbias = grad_output.sum(dim=(0, 2, 3), dtype=torch.float32) if with_bias else None
     return dw, dbias
