@@ -183,3 +183,18 @@ def test_compiled_module_with_spio_passes_matches_eager():
     want_y.sum().backward()
     for a, b in zip(got, (want_y.detach(), x.grad, conv.weight.grad), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_compiled_module_passes_its_spio_passes_to_the_op(spied):
+    """Under torch.compile the module calls the custom op with its passes: with the kernels
+    emulated, only the passes asked run spio's kernels (the CPU test above cannot tell)."""
+    x, w, _, dy = _layer_tensors()
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2, bias=False).half()
+    with torch.no_grad():
+        conv.weight.copy_(w)
+    module = Conv2dGw8.from_torch_module(conv, ("fprop", "dgrad"))
+    compiled = torch.compile(module, backend="eager", fullgraph=True)
+    xg = x.clone().requires_grad_()
+    compiled(xg).backward(dy)
+    assert sorted(spied) == ["dgrad", "fprop"]
+    assert module.weight.grad is not None and xg.grad is not None
