@@ -278,3 +278,32 @@ def test_channels_last_weight_and_half_bias_are_read_as_held(monkeypatch):
     assert any(
         k.name.endswith("__wcl") for lay in _kernels._layers.values() for k in lay._dgrad.values()
     )
+
+
+def test_exported_model_keeps_the_spio_op_and_round_trips(tmp_path):
+    """torch.export of a transformed model: the graph calls spio's op (not a decomposition), the
+    batch size stays dynamic, and the program saved and loaded again computes what the model does,
+    gradients included."""
+    import spio
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(16, 16, 3, padding=1, groups=2),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, (3, 1), padding=(1, 0), groups=2, bias=False),
+    )
+    spio.transform(model)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(model, (torch.randn(2, 16, 9, 7),), dynamic_shapes=({0: batch},))
+    calls = [n for n in program.graph.nodes if n.target is torch.ops.spio.conv2d_gw8.default]
+    assert len(calls) == 2
+
+    torch.export.save(program, tmp_path / "model.pt2")
+    loaded = torch.export.load(tmp_path / "model.pt2").module()
+    x = torch.randn(5, 16, 9, 7, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    y, y_ref = loaded(x), model(x_ref)
+    torch.testing.assert_close(y, y_ref)
+    y.square().sum().backward()
+    y_ref.square().sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
