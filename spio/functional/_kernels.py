@@ -26,7 +26,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from spio.kernels import conv2d_gw8_factory
+from spio.kernels import autotune, conv2d_gw8_factory
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params
 from spio.kernels.kernel import Kernel, KernelFactory
@@ -111,8 +111,16 @@ def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.devic
     key = (factory.name, params, device, tuple(sorted(options.items())))
     kernel = _chosen.get(key)
     if kernel is None:
-        kernel = _chosen[key] = factory.get_kernel(params, device, **options)
+        kernel = factory.get_kernel(params, device, **options)
+        if not _tuning_deferred(device):
+            _chosen[key] = kernel
     return kernel
+
+
+def _tuning_deferred(device: torch.device) -> bool:
+    """True when autotuning had to wait because `device` is capturing a CUDA graph: the choice
+    then serves this call only (see spio.kernels.perf_model.select_config)."""
+    return device.type == "cuda" and autotune.autotune_enabled() and autotune.capturing(device)
 
 
 def fprop_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:

@@ -34,6 +34,17 @@ def autotune_enabled() -> bool:
     return os.environ.get("SPIO_AUTOTUNE", "").strip() == "1"
 
 
+def capturing(device: Any) -> bool:
+    """True while a CUDA graph is being captured on `device`'s current stream. Timing configs
+    then would synchronise with the GPU, which a capture forbids."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    with torch.cuda.device(device.index or 0):
+        return torch.cuda.is_current_stream_capturing()
+
+
 def top_k() -> int:
     """How many configs to time: SPIO_AUTOTUNE_TOPK (a positive int), default 5."""
     text = os.environ.get("SPIO_AUTOTUNE_TOPK", "").strip()
@@ -205,6 +216,7 @@ def autotune(
 ) -> Any:
     """The fastest of `candidates` for `params` on `device`, measured once and then cached.
 
+    Not to be called while `device`'s stream is capturing a CUDA graph (`capturing`).
     `family` is a perf_model.Family; `identity` the device's DeviceIdentity; `timer` defaults to
     `default_timer`; `cache` to DiskCache("autotune"). A config that fails to build or launch
     counts as infinitely slow.

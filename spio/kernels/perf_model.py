@@ -621,7 +621,8 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     CUDA device: the perf model's best config (SPIO_AUTOTUNE=1: the fastest of its top-k, timed
     once and cached on disk); the analytic heuristic (SPIO_AUTOTUNE=1: its top-k, timed) where no
     model applies, including a batch size the model does not cover. No device or a CPU
-    device: the analytic heuristic. Selections are memoised per process.
+    device: the analytic heuristic. Selections are memoised per process. Inside a CUDA graph
+    capture autotuning waits: the untuned pick serves that call only.
     """
     family = family_of(factory.name, options)
     identity = device_identity(device) if family is not None else None
@@ -636,14 +637,23 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     if config is not None:
         return config
     ranked, model = rank_configs(family, params, identity, folder)
+    untuned = factory.default_config(params, **options) if model is None else ranked[0]
+    if tune and autotune.capturing(device):
+        _warn_once(
+            ("capture", family.name, params),
+            "autotune: %s %s is first used inside a CUDA graph capture, where nothing can be "
+            "timed; the capture gets %s, and the layer is tuned at its first use outside one",
+            family.name,
+            params.encode(),
+            untuned.encode(),
+        )
+        return untuned  # not memoised, so that a later call outside the capture tunes
     if tune:
         config = autotune.autotune(
             family, params, device, identity, ranked[: autotune.top_k()], model=model
         )
-    elif model is None:
-        config = factory.default_config(params, **options)
     else:
-        config = ranked[0]
+        config = untuned
     with _lock:
         _selected[key] = config
     return config

@@ -93,6 +93,30 @@ def test_first_use_times_the_top_k_then_the_disk_cache_answers(tuned, monkeypatc
     ] * 4
 
 
+def test_inside_a_graph_capture_tuning_waits_for_a_later_call(tuned, monkeypatch, caplog):
+    """Timing synchronises, which a CUDA graph capture forbids: a layer first met inside one runs
+    the model's pick for that call, remembered nowhere, and is tuned at its first call outside."""
+    from spio.functional import _kernels
+
+    model = pm.find_model(pm.FAMILIES["conv2d_gw8_fprop"], H200)
+    top = model.rank(LAYER, pm.FAMILIES["conv2d_gw8_fprop"].configs(LAYER))[:4]
+    monkeypatch.setattr(_kernels, "_chosen", {})
+    device = FakeCuda()
+    monkeypatch.setattr(autotune, "capturing", lambda d: True)
+    with caplog.at_level("WARNING", logger="spio"):
+        for _ in range(2):
+            assert _kernels.fprop_kernel(LAYER, device).info_value("config") == top[0]
+    assert tuned.calls == []
+    assert sum("inside a CUDA graph capture" in r.message for r in caplog.records) == 1
+
+    monkeypatch.setattr(autotune, "capturing", lambda d: False)
+    assert _kernels.fprop_kernel(LAYER, device).info_value("config") == top[-1]
+    assert tuned.calls == [("conv2d_gw8_fprop", c.encode()) for c in top]
+    tuned.calls.clear()
+    assert _kernels.fprop_kernel(LAYER, device).info_value("config") == top[-1]
+    assert tuned.calls == []
+
+
 def test_cache_key_names_device_driver_version_family_and_params():
     key = autotune.cache_key("conv2d_gw8_fprop", LAYER, H200)
     other_gpu = pm.DeviceIdentity("sm_90", "NVIDIA H100 80GB HBM3", "13.0")
