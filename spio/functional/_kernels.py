@@ -111,16 +111,18 @@ def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.devic
     key = (factory.name, params, device, tuple(sorted(options.items())))
     kernel = _chosen.get(key)
     if kernel is None:
-        kernel = factory.get_kernel(params, device, **options)
-        if not _tuning_deferred(device):
-            _chosen[key] = kernel
+        kernel = _keep(_chosen, key, factory.get_kernel(params, device, **options), device)
     return kernel
 
 
-def _tuning_deferred(device: torch.device) -> bool:
-    """True when autotuning had to wait because `device` is capturing a CUDA graph: the choice
-    then serves this call only (see spio.kernels.perf_model.select_config)."""
-    return device.type == "cuda" and autotune.autotune_enabled() and autotune.capturing(device)
+def _keep(store: dict, key: tuple, kernel: Kernel | None, device: torch.device) -> Kernel | None:
+    """Remember `kernel` as the choice for `key`, unless autotuning had to wait because `device`
+    is capturing a CUDA graph: that choice serves this call only (see
+    spio.kernels.perf_model.select_config), so that a later call outside the capture tunes."""
+    deferred = device.type == "cuda" and autotune.autotune_enabled() and autotune.capturing(device)
+    if not deferred:
+        store[key] = kernel
+    return kernel
 
 
 def fprop_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
@@ -293,19 +295,25 @@ class Layer:
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         layout = conv2d_gw8_factory.operand_layout(weight, bias)
-        kernel = self._fprop.get(layout)
-        if kernel is None:
-            base = fprop_kernel(self.params, self.device)
-            kernel = self._fprop[layout] = conv2d_gw8_factory.variant(base, *layout)
+        kernel = self._fprop.get(layout) or self.fprop_kernel(layout)
         return fprop(input, weight, bias, self.params, kernel=kernel)
 
     def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
         weights_cl, _ = conv2d_gw8_factory.operand_layout(weight)
-        kernel = self._dgrad.get(weights_cl)
-        if kernel is None:
-            base = dgrad_kernel(self.params, self.device)
-            kernel = self._dgrad[weights_cl] = conv2d_gw8_factory.variant(base, weights_cl, False)
+        kernel = self._dgrad.get(weights_cl) or self.dgrad_kernel(weights_cl)
         return dgrad(grad_output, weight, self.params, kernel=kernel)
+
+    def fprop_kernel(self, layout: tuple[bool, bool]) -> Kernel:
+        """The FProp kernel reading weight and bias as `layout` (weights_cl, bias_elem) says."""
+        base = fprop_kernel(self.params, self.device)
+        kernel = conv2d_gw8_factory.variant(base, *layout)
+        return _keep(self._fprop, layout, kernel, self.device)
+
+    def dgrad_kernel(self, weights_cl: bool) -> Kernel:
+        """The DGrad kernel, reading channels_last weights when `weights_cl`."""
+        base = dgrad_kernel(self.params, self.device)
+        kernel = conv2d_gw8_factory.variant(base, weights_cl, False)
+        return _keep(self._dgrad, weights_cl, kernel, self.device)
 
     def wgrad(
         self,
@@ -318,10 +326,16 @@ class Layer:
         compute them (PyTorch's fallback gives fp32: callers cast what is not their dtype)."""
         deterministic = torch.are_deterministic_algorithms_enabled()
         key = (with_bias, deterministic)
-        if key not in self._wgrad:
-            self._wgrad[key] = wgrad_kernel(self.params, self.device, with_bias, deterministic)
-        kernel = self._wgrad[key]
+        if key in self._wgrad:
+            kernel = self._wgrad[key]
+        else:
+            kernel = self.wgrad_kernel(with_bias, deterministic)
         return _run_wgrad(kernel, deterministic, input, grad_output, self.params, with_bias, dtypes)
+
+    def wgrad_kernel(self, with_bias: bool, deterministic: bool) -> Kernel | None:
+        """wgrad_kernel's choice for this layer (None: PyTorch computes dw)."""
+        kernel = wgrad_kernel(self.params, self.device, with_bias, deterministic)
+        return _keep(self._wgrad, (with_bias, deterministic), kernel, self.device)
 
 
 #: At most this many call signatures are remembered; a model has a few dozen. Past it the cache

@@ -95,25 +95,33 @@ def test_first_use_times_the_top_k_then_the_disk_cache_answers(tuned, monkeypatc
 
 def test_inside_a_graph_capture_tuning_waits_for_a_later_call(tuned, monkeypatch, caplog):
     """Timing synchronises, which a CUDA graph capture forbids: a layer first met inside one runs
-    the model's pick for that call, remembered nowhere, and is tuned at its first call outside."""
+    the model's pick for that call, remembered nowhere (neither per process nor in the op's
+    Layer), and is tuned at its first call outside."""
     from spio.functional import _kernels
 
     model = pm.find_model(pm.FAMILIES["conv2d_gw8_fprop"], H200)
     top = model.rank(LAYER, pm.FAMILIES["conv2d_gw8_fprop"].configs(LAYER))[:4]
     monkeypatch.setattr(_kernels, "_chosen", {})
-    device = FakeCuda()
+    layer = _kernels.Layer(LAYER, FakeCuda())
+    layout = (False, False)  # contiguous weights, no bias
     monkeypatch.setattr(autotune, "capturing", lambda d: True)
     with caplog.at_level("WARNING", logger="spio"):
         for _ in range(2):
-            assert _kernels.fprop_kernel(LAYER, device).info_value("config") == top[0]
+            assert layer.fprop_kernel(layout).info_value("config") == top[0]
+            layer.dgrad_kernel(False)
+            layer.wgrad_kernel(False, False)
     assert tuned.calls == []
-    assert sum("inside a CUDA graph capture" in r.message for r in caplog.records) == 1
+    # Only the WGrad reduction variant of the untuned config is kept (keyed by that config).
+    assert all(key[0] == "wgrad" for key in _kernels._chosen)
+    assert layer._fprop == layer._dgrad == layer._wgrad == {}
+    assert sum("inside a CUDA graph capture" in r.message for r in caplog.records) == 3
 
     monkeypatch.setattr(autotune, "capturing", lambda d: False)
-    assert _kernels.fprop_kernel(LAYER, device).info_value("config") == top[-1]
+    assert layer.fprop_kernel(layout).info_value("config") == top[-1]
     assert tuned.calls == [("conv2d_gw8_fprop", c.encode()) for c in top]
+    assert layer._fprop[layout].info_value("config") == top[-1]
     tuned.calls.clear()
-    assert _kernels.fprop_kernel(LAYER, device).info_value("config") == top[-1]
+    assert layer.fprop_kernel(layout).info_value("config") == top[-1]
     assert tuned.calls == []
 
 
