@@ -273,7 +273,7 @@ class Layer:
         torch_weight = need_weight and not passes & WGRAD
         if torch_input and input is None:  # not kept without a weight gradient: its shape will do
             input = torch.empty(
-                self.params.input_shape,
+                (grad_output.shape[0], *self.params.input_shape[1:]),
                 dtype=grad_output.dtype,
                 device=grad_output.device,
                 memory_format=memory_format(grad_output),
@@ -338,6 +338,20 @@ class Layer:
         return _keep(self._wgrad, (with_bias, deterministic), kernel, self.device)
 
 
+class _EmptyBatchLayer(Layer):
+    """A call with no images (N = 0), which nn.Conv2d allows: PyTorch's convolution gives the
+    empty output and gradients (dx empty, dw and dbias zero); nothing reaches the kernels. Its
+    params are the layer's with N = 1, so every other constraint is checked as for any call."""
+
+    __slots__ = ()
+
+    def forward(self, input: Tensor, weight: Tensor, bias: Tensor | None, passes: int) -> Tensor:
+        return super().forward(input, weight, bias, 0)
+
+    def backward(self, grad_output, input, weight, mask, passes, dtypes=None):
+        return super().backward(grad_output, input, weight, mask, 0, dtypes)
+
+
 #: At most this many call signatures are remembered; a model has a few dozen. Past it the cache
 #: starts over, so shapes that change on every call cost validation, not memory.
 MAX_SIGNATURES = 4096
@@ -374,10 +388,15 @@ def layer(
     found = _layers.get(key)
     if found is None:
         check_args(input, weight, bias, stride, pad_y, pad_x, dilation, groups)
-        params = Conv2dGw8Params.from_tensors(input, weight, bias, padding=(pad_y, pad_x))
+        kind = Layer
+        shape = input
+        if input.shape[0] == 0:  # checked as one image (a shape-only stand-in), run by PyTorch
+            kind = _EmptyBatchLayer
+            shape = torch.empty((1, *input.shape[1:]), dtype=input.dtype, device="meta")
+        params = Conv2dGw8Params.from_tensors(shape, weight, bias, padding=(pad_y, pad_x))
         if len(_layers) >= MAX_SIGNATURES:
             _layers.clear()
-        found = _layers[key] = Layer(params, input.device)
+        found = _layers[key] = kind(params, input.device)
     return found
 
 

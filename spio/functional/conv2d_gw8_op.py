@@ -152,8 +152,8 @@ def _check_backward_args(
         r, s = weight.shape[2], weight.shape[3]
         n, c, h, w = input.shape
         expected = (n, c, h + 2 * padding_y - r + 1, w + 2 * padding_x - s + 1)
-    else:
-        expected = layer.params.output_shape
+    else:  # (the batch size from input: an empty batch's layer has params for one image)
+        expected = (input.shape[0], *layer.params.output_shape[1:])
     if tuple(grad_output.shape) != expected:
         raise ValueError(
             f"conv2d_gw8_backward needs grad_output of shape {expected}, "

@@ -238,6 +238,37 @@ class TestEmulateSeam:
         want_db = conv2d_gw8_bias_grad_ref(dy)
         conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1)).assert_close(b.grad, want_db)
 
+    @pytest.mark.parametrize("bias", [True, False])
+    def test_empty_batch_runs_like_nn_conv2d(self, monkeypatch, bias):
+        """N = 0 is legal in nn.Conv2d: an empty output, an empty dx, zero dw and dbias. The kernels
+        have nothing to do and are not called (they would reject N = 0); the op and the module's
+        eager path give PyTorch's results, and the op passes opcheck."""
+        from spio.kernels.kernel import Kernel
+        from spio.layers import make_conv2d
+
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+
+        def no_launch(self, args, device):
+            raise AssertionError(f"launched {self.name} for an empty batch")
+
+        monkeypatch.setattr(Kernel, "launch", no_launch)
+        module = make_conv2d(16, 16, 3, padding=1, groups=2, bias=bias).half()
+        x = torch.randn(0, 16, 6, 5).half().to(memory_format=torch.channels_last)
+        for run in (module, lambda t: conv2d_gw8(t, module.weight, module.bias, 1, 1, 1)):
+            module.zero_grad()
+            xg = x.clone().requires_grad_()
+            y = run(xg)
+            assert y.shape == (0, 16, 6, 5) and y.dtype == torch.float16
+            y.float().sum().backward()
+            assert xg.grad.shape == x.shape
+            assert torch.equal(module.weight.grad, torch.zeros_like(module.weight))
+            if bias:
+                assert torch.equal(module.bias.grad, torch.zeros_like(module.bias))
+        args = (x.requires_grad_(), module.weight.detach().requires_grad_(), None, 1, 1, 1)
+        torch.library.opcheck(conv2d_gw8, args)
+        with pytest.raises(ValueError, match="filter R in 1..5, got 7"):
+            conv2d_gw8(x, torch.randn(16, 8, 7, 3).half())
+
     def test_seam_receives_params(self, monkeypatch):
         from spio.functional import _kernels
 
