@@ -12,6 +12,8 @@ CPU tensors when SPIO_EMULATE=1. Contract:
 `layer()` is where the ops and the eager path meet: it validates a call signature (shapes,
 dtypes, devices, padding) once and returns its `Layer`, which keeps that layer's kernels, so a
 model pays validation, config selection and kernel lookup once per layer, not on every call.
+A batch whose activations pass what a kernel takes (MAX_TENSOR_BYTES) runs in chunks of images
+(`_ChunkedLayer`); an empty batch, or one image past it, runs in PyTorch (`_TorchLayer`).
 
 Passes: a call's `passes` (bits FPROP, DGRAD, WGRAD) says which of its passes run spio's
 kernels; the others run PyTorch's convolution (cuDNN on a GPU) in the tensors' dtype. That keeps
@@ -294,26 +296,30 @@ class Layer:
         return dx, dw, db
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        layout = conv2d_gw8_factory.operand_layout(weight, bias)
-        kernel = self._fprop.get(layout) or self.fprop_kernel(layout)
+        kernel = self.fprop_kernel(conv2d_gw8_factory.operand_layout(weight, bias))
         return fprop(input, weight, bias, self.params, kernel=kernel)
 
     def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
-        weights_cl, _ = conv2d_gw8_factory.operand_layout(weight)
-        kernel = self._dgrad.get(weights_cl) or self.dgrad_kernel(weights_cl)
+        kernel = self.dgrad_kernel(conv2d_gw8_factory.operand_layout(weight)[0])
         return dgrad(grad_output, weight, self.params, kernel=kernel)
 
     def fprop_kernel(self, layout: tuple[bool, bool]) -> Kernel:
         """The FProp kernel reading weight and bias as `layout` (weights_cl, bias_elem) says."""
-        base = fprop_kernel(self.params, self.device)
-        kernel = conv2d_gw8_factory.variant(base, *layout)
-        return _keep(self._fprop, layout, kernel, self.device)
+        kernel = self._fprop.get(layout)
+        if kernel is None:
+            base = fprop_kernel(self.params, self.device)
+            kernel = conv2d_gw8_factory.variant(base, *layout)
+            _keep(self._fprop, layout, kernel, self.device)
+        return kernel
 
     def dgrad_kernel(self, weights_cl: bool) -> Kernel:
         """The DGrad kernel, reading channels_last weights when `weights_cl`."""
-        base = dgrad_kernel(self.params, self.device)
-        kernel = conv2d_gw8_factory.variant(base, weights_cl, False)
-        return _keep(self._dgrad, weights_cl, kernel, self.device)
+        kernel = self._dgrad.get(weights_cl)
+        if kernel is None:
+            base = dgrad_kernel(self.params, self.device)
+            kernel = conv2d_gw8_factory.variant(base, weights_cl, False)
+            _keep(self._dgrad, weights_cl, kernel, self.device)
+        return kernel
 
     def wgrad(
         self,
@@ -325,23 +331,23 @@ class Layer:
         """(dw, dbias) as module-level wgrad gives them: fp32, or `dtypes` where spio's kernels
         compute them (PyTorch's fallback gives fp32: callers cast what is not their dtype)."""
         deterministic = torch.are_deterministic_algorithms_enabled()
-        key = (with_bias, deterministic)
-        if key in self._wgrad:
-            kernel = self._wgrad[key]
-        else:
-            kernel = self.wgrad_kernel(with_bias, deterministic)
+        kernel = self.wgrad_kernel(with_bias, deterministic)
         return _run_wgrad(kernel, deterministic, input, grad_output, self.params, with_bias, dtypes)
 
     def wgrad_kernel(self, with_bias: bool, deterministic: bool) -> Kernel | None:
         """wgrad_kernel's choice for this layer (None: PyTorch computes dw)."""
+        key = (with_bias, deterministic)
+        if key in self._wgrad:
+            return self._wgrad[key]
         kernel = wgrad_kernel(self.params, self.device, with_bias, deterministic)
-        return _keep(self._wgrad, (with_bias, deterministic), kernel, self.device)
+        return _keep(self._wgrad, key, kernel, self.device)
 
 
-class _EmptyBatchLayer(Layer):
-    """A call with no images (N = 0), which nn.Conv2d allows: PyTorch's convolution gives the
-    empty output and gradients (dx empty, dw and dbias zero); nothing reaches the kernels. Its
-    params are the layer's with N = 1, so every other constraint is checked as for any call."""
+class _TorchLayer(Layer):
+    """A call the kernels cannot take although its arguments are valid, so PyTorch's convolution
+    runs every pass: no images (N = 0, which nn.Conv2d allows: an empty output, zero dw and
+    dbias), or one image's tensor too large for the kernels (`MAX_TENSOR_BYTES`). Its params
+    are the layer's with N = 1, so every other constraint is checked as for any call."""
 
     __slots__ = ()
 
@@ -350,6 +356,86 @@ class _EmptyBatchLayer(Layer):
 
     def backward(self, grad_output, input, weight, mask, passes, dtypes=None):
         return super().backward(grad_output, input, weight, mask, 0, dtypes)
+
+
+#: The largest tensor a kernel takes: its generated header counts bytes in a C++ int.
+MAX_TENSOR_BYTES = 2**31 - 1
+
+
+def image_bytes(params: Conv2dGw8Params) -> int:
+    """Bytes of one image of the layer's larger activation tensor (input or output)."""
+    return params.c * max(params.h * params.w, params.p * params.q) * 2
+
+
+def batch_chunks(n: int, limit: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges splitting a batch of n into the fewest chunks of at most `limit`
+    images, as even as they come (at most two sizes, so at most two sets of kernels)."""
+    count = -(-n // limit)
+    size = -(-n // count)
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+class _ChunkedLayer(Layer):
+    """A batch whose activations pass MAX_TENSOR_BYTES, run in chunks of images that do not:
+    FProp and DGrad write each chunk's slice of one output; WGrad adds the chunks' fp32 weight
+    (and bias) gradients in chunk order, so the result is the same on every run."""
+
+    __slots__ = ("_chunks",)
+
+    def __init__(self, params: Conv2dGw8Params, device: torch.device, limit: int):
+        super().__init__(params, device)
+        by_size: dict[int, Layer] = {}
+        self._chunks = []
+        for start, stop in batch_chunks(params.n, limit):
+            size = stop - start
+            if size not in by_size:
+                by_size[size] = Layer(dataclasses.replace(params, n=size), device)
+            self._chunks.append((start, stop, by_size[size]))
+
+    def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        out = self._empty_nhwc(self.params.output_shape, input)
+        layout = conv2d_gw8_factory.operand_layout(weight, bias)
+        for start, stop, chunk in self._chunks:
+            conv2d_gw8_factory.fprop(
+                input[start:stop],
+                weight,
+                bias,
+                chunk.params,
+                out=out[start:stop],
+                kernel=chunk.fprop_kernel(layout),
+            )
+        return out
+
+    def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
+        out = self._empty_nhwc(self.params.input_shape, grad_output)
+        weights_cl = conv2d_gw8_factory.operand_layout(weight)[0]
+        for start, stop, chunk in self._chunks:
+            conv2d_gw8_factory.dgrad(
+                grad_output[start:stop],
+                weight,
+                chunk.params,
+                out=out[start:stop],
+                kernel=chunk.dgrad_kernel(weights_cl),
+            )
+        return out
+
+    def wgrad(self, input, grad_output, with_bias, dtypes=None):
+        dw = db = None
+        for start, stop, chunk in self._chunks:
+            part_w, part_b = chunk.wgrad(input[start:stop], grad_output[start:stop], with_bias)
+            dw = part_w if dw is None else dw.add_(part_w)
+            if with_bias:
+                db = part_b if db is None else db.add_(part_b)
+        if dtypes is not None:
+            dw = dw.to(dtypes[0])
+            db = None if db is None else db.to(dtypes[1])
+        return dw, db
+
+    @staticmethod
+    def _empty_nhwc(shape: tuple[int, ...], like: Tensor) -> Tensor:
+        return torch.empty(
+            shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last
+        )
 
 
 #: At most this many call signatures are remembered; a model has a few dozen. Past it the cache
@@ -388,16 +474,33 @@ def layer(
     found = _layers.get(key)
     if found is None:
         check_args(input, weight, bias, stride, pad_y, pad_x, dilation, groups)
-        kind = Layer
-        shape = input
-        if input.shape[0] == 0:  # checked as one image (a shape-only stand-in), run by PyTorch
-            kind = _EmptyBatchLayer
-            shape = torch.empty((1, *input.shape[1:]), dtype=input.dtype, device="meta")
-        params = Conv2dGw8Params.from_tensors(shape, weight, bias, padding=(pad_y, pad_x))
         if len(_layers) >= MAX_SIGNATURES:
             _layers.clear()
-        found = _layers[key] = kind(params, input.device)
+        found = _layers[key] = _new_layer(input, weight, bias, (pad_y, pad_x))
     return found
+
+
+def _new_layer(input: Tensor, weight: Tensor, bias: Tensor | None, padding) -> Layer:
+    """The Layer that runs this (checked) call: one batch, chunks of it, or PyTorch."""
+    n = input.shape[0]
+    # Params of one image first: a shape-only stand-in, so that N = 0 is checked like N = 1.
+    one = torch.empty((1, *input.shape[1:]), dtype=input.dtype, device="meta")
+    params = Conv2dGw8Params.from_tensors(one, weight, bias, padding=padding)
+    limit = MAX_TENSOR_BYTES // image_bytes(params)
+    if n == 0 or limit == 0:
+        if limit == 0:
+            logger.info(
+                "conv2d_gw8 %s: one image's activations take %d MiB, more than the kernels' "
+                "%d MiB; PyTorch runs this layer",
+                params.encode(),
+                image_bytes(params) >> 20,
+                MAX_TENSOR_BYTES >> 20,
+            )
+        return _TorchLayer(params, input.device)
+    params = dataclasses.replace(params, n=n)
+    if n > limit:
+        return _ChunkedLayer(params, input.device, limit)
+    return Layer(params, input.device)
 
 
 _logged_deterministic: set[bool] = set()

@@ -214,6 +214,21 @@ def test_compile_matches_eager_without_recompiling_per_batch_size():
     assert len(compiles) == 1
 
 
+@pytest.mark.parametrize(
+    "n, limit, chunks",
+    [
+        (5, 2, [(0, 2), (2, 4), (4, 5)]),
+        (300, 256, [(0, 150), (150, 300)]),
+        (256, 256, [(0, 256)]),
+        (7, 1, [(i, i + 1) for i in range(7)]),
+    ],
+)
+def test_batch_chunks_are_few_and_even(n, limit, chunks):
+    from spio.functional._kernels import batch_chunks
+
+    assert batch_chunks(n, limit) == chunks
+
+
 class TestEmulateSeam:
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
     def test_emulated_kernels_forward_and_backward_match_reference(self, monkeypatch, dtype):
@@ -268,6 +283,68 @@ class TestEmulateSeam:
         torch.library.opcheck(conv2d_gw8, args)
         with pytest.raises(ValueError, match="filter R in 1..5, got 7"):
             conv2d_gw8(x, torch.randn(16, 8, 7, 3).half())
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+    def test_batches_past_the_kernels_tensor_limit_run_in_chunks(self, monkeypatch, dtype):
+        """Activations larger than a kernel takes (2 GiB; here lowered to two images) run in
+        chunks of images: each pass matches the float64 reference, the weight and bias
+        gradients sum over every chunk, and each chunk size gets its own kernels."""
+        from spio.functional import _kernels
+        from spio.kernels.kernel import Kernel
+
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        shape = (5, 16, 6, 7, 3, 3, 1, 1)
+        x, w, b = _tensors(shape, dtype=dtype, channels_last=True)
+        params = Conv2dGw8Params.from_tensors(x, w, b, padding=(1, 1))
+        monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", 2 * _kernels.image_bytes(params))
+        monkeypatch.setattr(_kernels, "_layers", {})
+        launched = []
+        launch = Kernel.launch
+
+        def spy(self, args, device):
+            params = self.info_value("params")  # None for WGrad's sum_slots
+            launched.append((self.name.split("__")[0], params and params.n))
+            return launch(self, args, device)
+
+        monkeypatch.setattr(Kernel, "launch", spy)
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+        b = b.float().requires_grad_(True)
+        y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+        y.backward(dy)
+        # Chunks of 2, 2 and 1 images: three launches of each pass (WGrad's sum_slots aside).
+        for kind in ("fprop", "dgrad", "wgrad"):
+            sizes = [n for name, n in launched if name == f"conv2d_gw8_{kind}"]
+            assert sizes == [2, 2, 1], (kind, launched)
+        want_y = conv2d_gw8_fprop_ref(x.detach(), w.detach(), b.detach(), (1, 1))
+        conv2d_gw8_tolerance(params, "fprop", x.detach(), w.detach()).assert_close(y, want_y)
+        want_dx = conv2d_gw8_dgrad_ref(dy, w.detach(), (1, 1), tuple(x.shape[-2:]))
+        conv2d_gw8_tolerance(params, "dgrad", dy, w.detach()).assert_close(x.grad, want_dx)
+        want_dw = conv2d_gw8_wgrad_ref(x.detach(), dy, (1, 1), w.shape[2], w.shape[3])
+        tol = conv2d_gw8_tolerance(params, "wgrad", x.detach(), dy)
+        Tolerance(tol.atol, tol.rtol + torch.finfo(dtype).eps).assert_close(w.grad, want_dw)
+        want_db = conv2d_gw8_bias_grad_ref(dy)
+        conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1)).assert_close(b.grad, want_db)
+
+    def test_an_image_past_the_kernels_tensor_limit_runs_in_pytorch(self, monkeypatch, caplog):
+        from spio.functional import _kernels
+        from spio.kernels.kernel import Kernel
+
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        x, w, b = _tensors(SHAPES[0], dtype=torch.float16)
+        params = Conv2dGw8Params.from_tensors(x, w, b, padding=(1, 1))
+        monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", _kernels.image_bytes(params) - 1)
+        monkeypatch.setattr(_kernels, "_layers", {})
+
+        def no_launch(self, args, device):
+            raise AssertionError(f"launched {self.name}")
+
+        monkeypatch.setattr(Kernel, "launch", no_launch)
+        with caplog.at_level("INFO", logger="spio"):
+            y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+        torch.testing.assert_close(y, F.conv2d(x, w, b, padding=1, groups=2))
+        assert any("PyTorch runs this layer" in r.message for r in caplog.records)
 
     def test_seam_receives_params(self, monkeypatch):
         from spio.functional import _kernels
