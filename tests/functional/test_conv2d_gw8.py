@@ -438,6 +438,36 @@ def test_fp32_cuda_outside_autocast_is_rejected():
         conv2d_gw8(x, w, None, padding_y=1, padding_x=1)
 
 
+#: fp16 results of 72-term sums, spio against cuDNN: each rounds differently.
+_LOOSE = dict(atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.cuda
+def test_activations_past_2_gib_run_in_chunks_on_the_gpu():
+    """A real batch past the kernels' tensor limit (2.06 GiB input: two chunks of 515 images)
+    against PyTorch's convolution in the same dtype."""
+    from spio.functional import _kernels
+
+    torch.manual_seed(0)
+    n, c, h, w = 1030, 64, 128, 128
+    x = torch.randn(n, c, h, w, device="cuda", dtype=torch.float16)
+    x = x.to(memory_format=torch.channels_last).requires_grad_()
+    weight = torch.randn(c, 8, 3, 3, device="cuda", dtype=torch.float16, requires_grad=True)
+    assert x.numel() * 2 > _kernels.MAX_TENSOR_BYTES
+    y = conv2d_gw8(x, weight, None, padding_y=1, padding_x=1)
+    assert isinstance(_kernels.layer(x, weight, None, 1, 1), _kernels._ChunkedLayer)
+    dy = torch.randn_like(y)
+    dx, dw = torch.autograd.grad(y, (x, weight), dy)
+    with torch.no_grad():
+        torch.testing.assert_close(y, F.conv2d(x, weight, padding=1, groups=c // 8), **_LOOSE)
+    y_ref = F.conv2d(x, weight, padding=1, groups=c // 8)
+    dx_ref, dw_ref = torch.autograd.grad(y_ref, (x, weight), dy)
+    torch.testing.assert_close(dx, dx_ref, **_LOOSE)
+    # dw sums 1030 * 128 * 128 products: compare relative to its scale.
+    torch.testing.assert_close(dw.float(), dw_ref.float(), atol=1e-3 * dw_ref.abs().max().item(),
+                               rtol=1e-2)  # fmt: skip
+
+
 def test_import_spio_does_not_import_torch():
     import subprocess
     import sys
