@@ -88,7 +88,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .kernels.families import FAMILIES
     from .kernels.layer_sets import compile_layer_set
 
-    archs = [check_arch(a) for a in (args.arch or supported_arch)]
+    archs = args.arch or [check_arch(a) for a in supported_arch]
     families = [f for f in FAMILIES if not args.kernel or args.kernel in f]
     if not families:
         print(f"no kernel family matches {args.kernel!r}; families: {', '.join(FAMILIES)}")
@@ -165,6 +165,16 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
 }
 
 
+def _arch(text: str) -> str:
+    """An --arch value spio compiles for; a usage error (exit 2) names the known ones otherwise."""
+    from .compiler.arch import check_arch
+
+    try:
+        return check_arch(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m spio", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -173,7 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
         parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
     compile_parser = parsers["compile"]
     compile_parser.add_argument(
-        "--arch", action="append", help="sm_80, sm_86, sm_89 or sm_90 (repeatable; default: all)"
+        "--arch",
+        action="append",
+        type=_arch,
+        help="sm_80, sm_86, sm_89 or sm_90 (repeatable; default: all)",
     )
     compile_parser.add_argument("--kernel", help="only kernel families whose name contains this")
     compile_parser.add_argument("--sample", type=int, help="compile a random sample of N kernels")

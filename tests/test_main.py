@@ -93,6 +93,13 @@ def test_unknown_command_fails_with_usage():
     assert "invalid choice" in out.stderr
 
 
+def test_compile_names_the_known_archs_for_an_unknown_one():
+    out = run_spio("compile", "--arch", "sm_75")
+    assert out.returncode == 2
+    assert "unknown GPU architecture 'sm_75'; spio compiles for sm_80" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize("level,shown", [("1", True), ("", False)])
 def test_spio_logger_env_shows_info_messages(level, shown, tmp_path):
     code = (
