@@ -2,7 +2,8 @@
 
 `spio::conv2d_gw8` computes F.conv2d(input, weight, bias, padding=(padding_y, padding_x),
 groups=C // 8) for NCHW-shaped tensors with group width 8 and C == K. Gradients come from
-`spio::conv2d_gw8_backward`, which computes only the gradients its output mask asks for.
+`spio::conv2d_gw8_backward`, which computes only the gradients its output mask asks for, and
+whose own gradients (double backward) come from the two ops again (`_double_backward`).
 
 Where the work runs: CUDA tensors (and CPU tensors when SPIO_EMULATE=1) go to spio's kernels
 through `spio.functional._kernels`, each pass unless `passes` (bits fprop=1, dgrad=2, wgrad=4;
@@ -217,6 +218,49 @@ def _backward(ctx, grad_output):
 
 
 conv2d_gw8.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _setup_backward_context(ctx, inputs, output) -> None:
+    grad_output, input, weight, padding_y, padding_x, output_mask, passes = inputs
+    ctx.save_for_backward(grad_output, input, weight)
+    ctx.padding = (padding_y, padding_x)
+    ctx.mask = [bool(m) for m in output_mask]
+    ctx.passes = passes
+
+
+def _double_backward(ctx, grad_dx, grad_dw, grad_db):
+    """Gradients through the backward op (double backward, e.g. a gradient penalty), by the
+    same two ops, so they run spio's kernels and are differentiable in turn.
+
+    FProp, DGrad and WGrad are one trilinear form T(x, w, dy) = <FProp(x, w), dy> =
+    <x, DGrad(dy, w)> = <w, WGrad(x, dy)>, with dx = dT/dx and dw = dT/dw. So <g, dx> = T(g, w, dy)
+    has gradients FProp(g, w) for dy and WGrad(g, dy) for w; <g, dw> = T(x, g, dy) has FProp(x, g)
+    for dy and DGrad(dy, g) for x; <g, db> = <g, sum of dy> gives g itself for dy."""
+    dy, x, w = ctx.saved_tensors
+    need_dy, need_x, need_w = ctx.needs_input_grad[:3]
+    pad, passes = ctx.padding, ctx.passes
+    g_dy = g_x = g_w = None
+    if ctx.mask[0] and grad_dx is not None:
+        g = grad_dx.to(dy.dtype)
+        if need_dy:
+            g_dy = conv2d_gw8(g, w, None, 1, *pad, 1, 1, passes)
+        if need_w:
+            g_w = conv2d_gw8_backward(dy, g, w, *pad, [False, True, False], passes)[1]
+            g_w = g_w.to(w.dtype)
+    if ctx.mask[1] and grad_dw is not None:
+        g = grad_dw.to(x.dtype)
+        if need_dy:
+            term = conv2d_gw8(x, g, None, 1, *pad, 1, 1, passes)
+            g_dy = term if g_dy is None else g_dy + term
+        if need_x:
+            g_x = conv2d_gw8_backward(dy, x, g, *pad, [True, False, False], passes)[0]
+    if ctx.mask[2] and grad_db is not None and need_dy:
+        term = grad_db.to(dy.dtype).view(1, -1, 1, 1).expand_as(dy)
+        g_dy = term if g_dy is None else g_dy + term
+    return g_dy, g_x, g_w, None, None, None, None
+
+
+conv2d_gw8_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)
 
 
 def _register_autocast(device_type: str) -> None:

@@ -52,12 +52,38 @@ class _Conv2dGw8(torch.autograd.Function):
     def backward(ctx, grad_output: Tensor):
         input, weight = ctx.saved_tensors
         mask = tuple(ctx.needs_input_grad[:3])
+        if torch.is_grad_enabled():  # create_graph: gradients that are differentiable in turn
+            return _differentiable_backward(ctx, grad_output, input, weight, mask)
         # The weight and bias gradients in their parameters' dtypes, rounded once.
         dtypes = (weight.dtype, ctx.bias_dtype or torch.float32)
         dx, dw, db = ctx.layer.backward(grad_output, input, weight, mask, ctx.passes, dtypes)
         if dx is not None:
             dx = _in_format(dx, ctx.input_format)
         return dx, dw, db, None, None
+
+
+def _differentiable_backward(ctx, grad_output, input, weight, mask):
+    """The gradients by the custom backward op, whose autograd formula (double backward) records
+    them; for backward(create_graph=True), e.g. a gradient penalty. Same kernels, same values."""
+    from .conv2d_gw8_op import conv2d_gw8_backward
+
+    params = ctx.layer.params
+    if input is None:  # not kept without a weight gradient: the op takes it for its shape alone
+        input = torch.empty(
+            (grad_output.shape[0], *params.input_shape[1:]),
+            dtype=weight.dtype,
+            device=weight.device,
+            memory_format=ctx.input_format,
+        )
+    dx, dw, db = conv2d_gw8_backward(grad_output, input, weight, *params.padding, list(mask),
+                                     ctx.passes)  # fmt: skip
+    return (
+        dx if mask[0] else None,
+        dw.to(weight.dtype) if mask[1] else None,
+        db.to(ctx.bias_dtype) if mask[2] else None,
+        None,
+        None,
+    )
 
 
 def conv2d_gw8_eager(

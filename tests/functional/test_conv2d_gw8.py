@@ -98,6 +98,22 @@ def test_gradcheck(bias, requires_grad):
     )
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    "requires_grad", [(True, True, True), (False, True, True), (True, False, False)]
+)
+def test_gradgradcheck(bias, requires_grad):
+    """Double backward (e.g. a gradient penalty) through the backward op's autograd formula."""
+    x, w, b = _tensors((2, 16, 4, 5, 3, 2, 1, 0), bias=bias, seed=4)
+    x.requires_grad_(requires_grad[0])
+    w.requires_grad_(requires_grad[1])
+    if b is not None:
+        b.requires_grad_(requires_grad[2])
+    assert torch.autograd.gradgradcheck(
+        lambda x, w, b: conv2d_gw8(x, w, b, padding_y=1, padding_x=0), (x, w, b)
+    )
+
+
 @pytest.mark.parametrize(
     "shape, bias, requires_grad, channels_last",
     [

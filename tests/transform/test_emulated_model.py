@@ -60,3 +60,53 @@ def test_transformed_model_matches_float64_pytorch(monkeypatch, dtype, passes):
         torch.testing.assert_close(
             p.grad.double(), p_ref.grad, atol=32 * eps * g_scale, rtol=16 * eps, msg=name
         )
+
+
+@pytest.mark.parametrize("wrt", ["input", "weight"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gradient_penalty_matches_float64_pytorch(monkeypatch, dtype, wrt):
+    """Double backward through a transformed model, with spio's kernels in both backward passes,
+    against float64 PyTorch: a penalty on the norm of the input gradient (as in WGAN-GP or R1),
+    or of the first layer's weight gradient (which takes the other half of the formulas)."""
+    from spio.kernels.kernel import Kernel
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    # The penalty is sensitive to rounding its weights and input (on this model, rounding them
+    # to fp16 alone moves the first layer's gradient by 75 eps of its scale), so the float64
+    # reference gets the model's rounded weights and input: what is compared is the arithmetic.
+    model = _model().to(dtype)
+    reference = copy.deepcopy(model).double()
+    model = transform(model)
+    x = torch.randn(2, 16, 7, 6, generator=torch.Generator().manual_seed(2)).to(dtype)
+
+    def penalty(net, x):
+        """The penalty, and the input it took (whose .grad the penalty's backward fills)."""
+        x = x.clone().requires_grad_()
+        of = x if wrt == "input" else net[0].weight
+        (g,) = torch.autograd.grad(net(x).double().square().sum(), of, create_graph=True)
+        return g.double().square().sum(), x
+
+    launched = []
+    launch = Kernel.launch
+
+    def spy(self, args, device):
+        launched.append(self.name.split("__")[0])
+        return launch(self, args, device)
+
+    gp, x_model = penalty(model, x.to(memory_format=torch.channels_last))
+    monkeypatch.setattr(Kernel, "launch", spy)
+    gp.backward()
+    for kind in ("fprop", "dgrad", "wgrad"):  # the second backward runs all three passes
+        assert f"conv2d_gw8_{kind}" in launched, launched
+    gp_ref, x_ref = penalty(reference, x.double())
+    gp_ref.backward()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(gp, gp_ref, atol=0, rtol=8 * eps)
+    pairs = [(name, p.grad, p_ref.grad) for (name, p), (_, p_ref) in zip(
+        model.named_parameters(), reference.named_parameters(), strict=True
+    )] + [("input", x_model.grad, x_ref.grad)]  # fmt: skip
+    for name, grad, grad_ref in pairs:
+        g_scale = grad_ref.abs().max().item()
+        torch.testing.assert_close(
+            grad.double(), grad_ref, atol=8 * eps * g_scale, rtol=8 * eps, msg=name
+        )
