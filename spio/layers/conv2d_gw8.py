@@ -220,7 +220,7 @@ class Conv2dGw8(nn.Conv2d):
         x = input.unsqueeze(0) if unbatched else input
         pad_h, pad_w = self.padding
         passes = self._pass_bits
-        if kernels and not torch.compiler.is_compiling():
+        if kernels and not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
             y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w, passes)  # no op dispatch cost
         else:
             y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, self.groups, passes)

@@ -307,3 +307,20 @@ def test_exported_model_keeps_the_spio_op_and_round_trips(tmp_path):
     y.square().sum().backward()
     y_ref.square().sum().backward()
     torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.trace.* is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_jit_trace_records_the_op(monkeypatch, emulate):
+    """torch.jit.trace cannot see a kernel launch: a traced layer must call spio's op, else the
+    trace would hold an empty output. With SPIO_EMULATE=1 the layer otherwise takes the eager
+    kernel path, as on a GPU."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    layer = make_conv2d(16, 16, 3, padding=1, groups=2).half()
+    gen = torch.Generator().manual_seed(0)
+    x, x2 = (torch.randn(2, 16, 6, 5, generator=gen).half() for _ in range(2))
+    with torch.no_grad():
+        traced = torch.jit.trace(layer, x)
+        kinds = [node.kind() for node in traced.graph.nodes()]
+        assert "spio::conv2d_gw8" in kinds
+        torch.testing.assert_close(traced(x2), layer(x2))
