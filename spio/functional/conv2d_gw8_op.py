@@ -189,6 +189,29 @@ def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, 
     )
 
 
+@conv2d_gw8.register_vmap
+def _conv2d_gw8_vmap(info, in_dims, input, weight, bias=None, stride=1, padding_y=0, padding_x=0,
+                     dilation=1, groups=1, passes=ALL_PASSES):  # fmt: skip
+    """torch.vmap: inputs batched over one weight (and bias) are one call, the vmapped dimension
+    folded into the images; batched weights or biases (e.g. a vmapped ensemble), one call per
+    slice."""
+    x_dim, w_dim, b_dim = in_dims[:3]
+    rest = (stride, padding_y, padding_x, dilation, groups, passes)
+    if w_dim is None and b_dim is None:
+        x = input.movedim(x_dim, 0)
+        y = conv2d_gw8(x.flatten(0, 1), weight, bias, *rest)
+        return y.unflatten(0, x.shape[:2]), 0
+
+    def pick(t: Tensor | None, dim: int | None, i: int) -> Tensor | None:
+        return t if dim is None else t.select(dim, i)
+
+    slices = [
+        conv2d_gw8(pick(input, x_dim, i), pick(weight, w_dim, i), pick(bias, b_dim, i), *rest)
+        for i in range(info.batch_size)
+    ]
+    return torch.stack(slices), 0
+
+
 def _setup_context(ctx, inputs, output) -> None:
     input, weight, bias, _stride, padding_y, padding_x, _dilation, _groups, passes = inputs
     need_weight = ctx.needs_input_grad[1]

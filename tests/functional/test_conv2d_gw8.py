@@ -98,6 +98,42 @@ def test_gradcheck(bias, requires_grad):
     )
 
 
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_vmap_has_a_batching_rule(monkeypatch, emulate):
+    """torch.vmap over inputs is one call, the vmapped dim folded into the images; over weights (a
+    vmapped ensemble) or both, one call per slice. PyTorch's fallback would make one call per
+    slice in every case (and warn)."""
+    from spio.functional import conv2d_gw8_op
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    calls = []
+    check_passes = conv2d_gw8_op.check_passes
+
+    def counting(passes):  # the op's implementation checks its passes first
+        calls.append(passes)
+        return check_passes(passes)
+
+    monkeypatch.setattr(conv2d_gw8_op, "check_passes", counting)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 16, 5, 4, generator=gen).half()
+    ws = torch.randn(3, 16, 8, 3, 3, generator=gen).half()
+    b = torch.randn(16, generator=gen)
+
+    def f(x, w, b):
+        return conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+
+    cases = [((0, None, None), (x, ws[0], b), 1), ((None, 0, None), (x[0], ws, b), 3),
+             ((0, 0, None), (x, ws, b), 3)]  # fmt: skip
+    for in_dims, args, expected_calls in cases:
+        calls.clear()
+        y = torch.vmap(f, in_dims=in_dims)(*args)
+        assert len(calls) == expected_calls, in_dims
+        pick = [(lambda t, i: t) if d is None else (lambda t, i: t[i]) for d in in_dims]
+        want = torch.stack([f(*(p(t, i) for p, t in zip(pick, args, strict=True)))
+                            for i in range(3)])  # fmt: skip
+        torch.testing.assert_close(y, want)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(
     "requires_grad", [(True, True, True), (False, True, True), (True, False, False)]
