@@ -4,9 +4,10 @@ On the H200 (docs/perf/2026-11-29-h200-2.md) the FProp kernel's input pipeline a
 64x64 layer's 67 MB at about 1.65 TB/s in every tile config, while a device copy moved 134 MB in
 38 µs, reading at about the same rate while it also wrote. This script tells apart what could
 cap it: the memory system's read rate (torch's sum, a pure read), cp.async itself against plain
-loads into registers, the convolution's row-by-row structure with a barrier per row, and DRAM
+loads into registers, the convolution's row-by-row structure with a barrier per row, DRAM
 channel camping when lockstep blocks read rows a power of 2 apart (an image stride of 512 KB
-against 528 KB).
+against 528 KB), and, on sm_90, whether bulk copies (cp.async.bulk, one thread per row) read
+faster than per-thread cp.async.
 
 Each probe (spio/src/read_probe.cu) reads the same number of bytes; times are medians of CUDA-event
 timed calls, the input rotated through copies when it would fit in L2 (as spio bench does).
@@ -20,11 +21,12 @@ import argparse
 import sys
 
 
-def probes(total: int, sms: int) -> list:
+def probes(total: int, sms: int, arch: str) -> list:
     """The probes for `total` bytes of reads (a multiple of 512 KiB): plain loads and cp.async over
     contiguous regions; the headline FProp's pattern (one block per 512 KiB image, rows of 8 KiB,
-    in lockstep) at a power-of-2 stride and at a stride that is not; and short tiles (8 rows per
-    block), whose blocks are not in lockstep."""
+    in lockstep) at a power-of-2 stride and at a stride that is not; short tiles (8 rows per
+    block), whose blocks are not in lockstep; and on sm_90 and newer, the same rows by bulk copies
+    (one thread, one instruction per row: does the copy engine read faster?)."""
     from spio.bench.probe import Probe
 
     image = 512 * 1024
@@ -41,6 +43,11 @@ def probes(total: int, sms: int) -> list:
     for depth in (4, 8):
         found.append(Probe("rows", images, 512, depth, image, image + 16 * 1024, row_bytes=8192))
     found.append(Probe("rows", 8 * images, 512, 4, image // 8, image // 8, row_bytes=8192))
+    if int(arch.removeprefix("sm_")) >= 90:
+        for depth in (2, 4, 8):
+            found.append(Probe("bulk", images, 128, depth, image, image, row_bytes=8192))
+        found.append(Probe("bulk", images, 128, 4, image, image, row_bytes=32768))
+        found.append(Probe("bulk", 8 * images, 128, 4, image // 8, image // 8, row_bytes=8192))
     return found
 
 
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     attrs = driver.device_attributes(device.index)
     total = args.mbytes << 20
-    found = probes(total, attrs["sm_count"])
+    found = probes(total, attrs["sm_count"], attrs["arch"])
     compile_many([p.kernel().compile_job(attrs["arch"]) for p in found], progress=False)
     span = max(p.span_bytes for p in found)
     sets = rotation_sets(span, l2_cache_bytes(device.index))
@@ -77,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         ms = time_calls(call, warmup=3, reps=args.repeats).median_ms
         print(f"{label:70s} {ms * 1e3:8.1f} {nbytes / ms / 1e6:7.0f}")
 
-    for probe in found:
-        out = torch.empty(probe.blocks * probe.threads, dtype=torch.int32, device=device)
-        report(probe.label(), probe.read_bytes, lambda i, p=probe, o=out: p.run(data[i % sets], o))
+    # torch's kernels first, then the probes in order (the bulk ones, the newest code, last).
     halves = [d[:total].view(torch.float16) for d in data]
     report(
         "torch: sum of fp16 (reads only)",
@@ -90,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     report(
         "torch: copy (reads, and writes as much)", 2 * total, lambda i: dst.copy_(halves[i % sets])
     )
+    for probe in found:
+        out = torch.empty(probe.blocks * probe.threads, dtype=torch.int32, device=device)
+        report(probe.label(), probe.read_bytes, lambda i, p=probe, o=out: p.run(data[i % sets], o))
     return 0
 
 

@@ -11,14 +11,17 @@ from ..generators import MacroSpec, ParamsSpec, generate
 from ..kernels.kernel import Kernel
 
 #: How a block reads its region (the source's leading comment says more).
-MODES = {"ldg": 0, "cp.async": 1, "rows": 2}
+MODES = {"ldg": 0, "cp.async": 1, "rows": 2, "bulk": 3}
+
+#: Modes that read in rows of `row_bytes`.
+ROW_MODES = ("rows", "bulk")
 
 
 @dataclass(frozen=True)
 class Probe:
     """One probe launch: `blocks` blocks of `threads` threads; block b reads `region_bytes` bytes
     at byte offset b * `region_stride` of the input with `mode`, keeping `depth` loads (ldg),
-    copies (cp.async) or rows (rows, of `row_bytes`) in flight."""
+    copies (cp.async) or rows (rows and bulk, of `row_bytes`) in flight. Mode bulk needs sm_90."""
 
     mode: str
     blocks: int
@@ -43,13 +46,15 @@ class Probe:
                 f"Probe needs region_bytes and region_stride multiples of 16, got "
                 f"{self.region_bytes} and {self.region_stride}"
             )
-        if self.mode == "rows" and (
+        if self.mode in ROW_MODES and (
             self.row_bytes < 16 or self.row_bytes % 16 or self.region_bytes % self.row_bytes
         ):
             raise ValueError(
-                f"Probe mode rows needs row_bytes a multiple of 16 dividing region_bytes "
+                f"Probe mode {self.mode} needs row_bytes a multiple of 16 dividing region_bytes "
                 f"{self.region_bytes}, got {self.row_bytes}"
             )
+        if self.mode == "bulk" and self.row_bytes >= 1 << 20:
+            raise ValueError(f"Probe mode bulk needs rows under 1 MiB, got {self.row_bytes} bytes")
         if self.span_bytes >= 2**31:
             raise ValueError(f"Probe reads at most 2 GiB, got a span of {self.span_bytes} bytes")
 
@@ -68,10 +73,12 @@ class Probe:
             return self.depth * self.threads * 16
         if self.mode == "rows":
             return self.depth * self.row_bytes
+        if self.mode == "bulk":
+            return self.depth * (self.row_bytes + 8)  # the buffers, then one mbarrier each
         return 0
 
     def label(self) -> str:
-        row = f" rows of {self.row_bytes} B" if self.mode == "rows" else ""
+        row = f" rows of {self.row_bytes} B" if self.mode in ROW_MODES else ""
         return (
             f"{self.mode:8s} depth {self.depth}{row}, {self.blocks} blocks x {self.threads}, "
             f"{self.region_bytes >> 10} KiB each every {self.region_stride >> 10} KiB"

@@ -11,19 +11,27 @@
 ///                for its own copies: no barriers;
 ///   2 (rows)     the block streams the region in rows of Probe::row_bytes through a ring of
 ///                Probe::depth row buffers, one cp.async group, wait and __syncthreads per row,
-///                as the convolution kernels stream input rows.
+///                as the convolution kernels stream input rows;
+///   3 (bulk)     the same rows, each copied by thread 0 with one bulk copy (cp.async.bulk, the
+///                copy engine of Hopper's TMA) and waited for on the row buffer's mbarrier, all
+///                Probe::depth buffers in flight; sm_90 only.
 /// Comparing them (and torch's own kernels) separates the memory system's read ceiling from the
-/// cost of cp.async and of the row-by-row structure.
+/// cost of cp.async and of the row-by-row structure, and tells whether the bulk copy engine reads
+/// faster than per-thread copies.
 ///
 /// Launch contract: grid = Probe::blocks blocks of Probe::threads threads; dynamic shared memory
-/// Probe::depth * Probe::threads * 16 bytes (mode 1), Probe::depth * Probe::row_bytes (mode 2), or
-/// none (mode 0). region_bytes and row_bytes are multiples of 16, region_bytes of row_bytes.
+/// Probe::depth * Probe::threads * 16 bytes (mode 1), Probe::depth * Probe::row_bytes (mode 2),
+/// Probe::depth * (Probe::row_bytes + 8) (mode 3: the buffers, then one mbarrier each), or none
+/// (mode 0). region_bytes and row_bytes are multiples of 16, region_bytes of row_bytes.
 /// Arguments: (unsigned *out, const uint4 *in).
 
 #include "spio/macros.h"
 #include "spio/thread/async_copy.h"
 
 #include "read_probe_gen.h"
+#if SPIO_PROBE_MODE == 3
+#include "spio/thread/bulk_copy.h"
+#endif
 
 namespace {
 
@@ -72,6 +80,44 @@ extern "C" __global__ void __launch_bounds__(Probe::threads)
             spio::cp_async_16(ring + next % DEPTH, region + t + next * THREADS, 16);
         }
         spio::cp_async_commit_group();
+    }
+#elif SPIO_PROBE_MODE == 3
+    extern __shared__ uint4 smem[];
+    constexpr int ROW_CHUNKS = Probe::row_bytes / 16;
+    constexpr int ROWS = Probe::region_bytes / Probe::row_bytes;
+    unsigned long long *bars = reinterpret_cast<unsigned long long *>(smem + DEPTH * ROW_CHUNKS);
+    if (t == 0) {
+        SPIO_UNROLL
+        for (int k = 0; k < DEPTH; ++k) {
+            spio::mbarrier_init(bars + k, 1);
+        }
+        spio::fence_mbarrier_init();
+    }
+    __syncthreads();
+    // Thread 0 copies row `row` into buffer row % DEPTH, whose barrier counts its bytes.
+    const auto load_row = [&](int row) {
+        unsigned long long *bar = bars + row % DEPTH;
+        spio::mbarrier_arrive_expect_tx(bar, Probe::row_bytes);
+        spio::cp_async_bulk_g2s(smem + (row % DEPTH) * ROW_CHUNKS, region + row * ROW_CHUNKS,
+                                Probe::row_bytes, bar);
+    };
+    if (t == 0) {
+        for (int row = 0; row < DEPTH && row < ROWS; ++row) {
+            load_row(row);
+        }
+    }
+    for (int row = 0; row < ROWS; ++row) {
+        // The buffer's (row / DEPTH)-th fill: its phases alternate parity 0, 1, 0, ...
+        spio::mbarrier_wait_parity(bars + row % DEPTH, (row / DEPTH) & 1);
+        const uint4 *stage = smem + (row % DEPTH) * ROW_CHUNKS;
+        for (int c = t; c < ROW_CHUNKS; c += THREADS) {
+            acc ^= fold(stage[c]);
+        }
+        __syncthreads();  // every thread is done with the buffer before thread 0 refills it
+        if (t == 0 && row + DEPTH < ROWS) {
+            spio::fence_proxy_async_shared();
+            load_row(row + DEPTH);
+        }
     }
 #else
     extern __shared__ uint4 smem[];

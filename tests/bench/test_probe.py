@@ -19,6 +19,8 @@ CASES = [
     Probe("cp.async", 2, 32, 2, 1040, 1056),
     Probe("rows", 3, 64, 3, 4096, 8192, row_bytes=1024),
     Probe("rows", 2, 32, 4, 4800, 4800, row_bytes=480),  # more row buffers than rows in flight
+    Probe("bulk", 3, 64, 3, 4096, 8192, row_bytes=512),
+    Probe("bulk", 2, 32, 4, 1440, 1440, row_bytes=480),  # more buffers than rows
 ]
 
 
@@ -30,6 +32,8 @@ def _block_xors(out, probe):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("probe", CASES, ids=lambda p: f"{p.mode}-d{p.depth}-r{p.region_bytes}")
 def test_each_block_reads_exactly_its_region(probe, device):
+    if device == "cuda" and probe.mode == "bulk" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("bulk copies need sm_90")
     gen = torch.Generator().manual_seed(probe.depth)
     data = torch.randint(0, 256, (probe.span_bytes + 64,), dtype=torch.uint8, generator=gen)
     out = torch.full((probe.blocks * probe.threads,), 7, dtype=torch.int32)
@@ -47,8 +51,9 @@ def test_script_probes_build_without_spills(arch):
     )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    found = script.probes(64 << 20, 132)
-    assert {p.mode for p in found} == {"ldg", "cp.async", "rows"}
+    found = script.probes(64 << 20, 132, arch)
+    modes = {"ldg", "cp.async", "rows"} | ({"bulk"} if arch == "sm_90" else set())
+    assert {p.mode for p in found} == modes
     assert all(p.read_bytes > 63 << 20 for p in found)
     kernels = [p.kernel() for p in found]
     results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
@@ -63,6 +68,7 @@ def test_script_probes_build_without_spills(arch):
         (dict(mode="tma"), "mode must be one of"),
         (dict(threads=48), "threads a multiple of 32"),
         (dict(mode="rows", row_bytes=1000), "row_bytes a multiple of 16 dividing"),
+        (dict(mode="bulk", row_bytes=0), "mode bulk needs row_bytes a multiple of 16"),
         (dict(region_bytes=1000), "multiples of 16"),
         (dict(mode="cp.async", depth=1), "needs depth >= 2"),
     ],

@@ -225,6 +225,43 @@ extern "C" __global__ void dynamic_index(float *out, const float *in, int shift)
 }
 """
 
+BULK = r"""
+#include "spio/thread/bulk_copy.h"
+
+/// Streams `rows` rows of 64 floats through two shared buffers with bulk copies, one mbarrier per
+/// buffer; thread i writes out[row * 64 + i] = row's element (i * 5) % 64. `bug`: 0 none, 1 read
+/// before the wait, 2 announce 16 bytes more than copied, 3 skip the last wait, 4 wait on the
+/// wrong parity.
+extern "C" __global__ void bulk_rows(float *out, const float *in, int rows, int bug) {
+    __shared__ __align__(16) float buf[2][64];
+    __shared__ __align__(8) unsigned long long bar[2];
+    const int i = threadIdx.x;
+    if (i == 0) {
+        spio::mbarrier_init(&bar[0], 1);
+        spio::mbarrier_init(&bar[1], 1);
+        spio::fence_mbarrier_init();
+    }
+    __syncthreads();
+    const auto load = [&](int row) {
+        spio::mbarrier_arrive_expect_tx(&bar[row % 2], 256 + (bug == 2 ? 16 : 0));
+        spio::cp_async_bulk_g2s(buf[row % 2], in + 64 * row, 256, &bar[row % 2]);
+    };
+    if (i == 0) {
+        for (int row = 0; row < 2 && row < rows; ++row) load(row);
+    }
+    for (int row = 0; row < rows; ++row) {
+        const bool skip = bug == 1 || (bug == 3 && row == rows - 1);
+        if (!skip) spio::mbarrier_wait_parity(&bar[row % 2], ((row / 2) & 1) ^ (bug == 4));
+        out[row * 64 + i] = buf[row % 2][(i * 5) % 64];
+        __syncthreads();  // every thread is done with the buffer before it is refilled
+        if (i == 0 && row + 2 < rows) {
+            spio::fence_proxy_async_shared();
+            load(row + 2);
+        }
+    }
+}
+"""
+
 SOURCES = {"primitives": PRIMITIVES, "hazards": HAZARDS, "shared_oob": SHARED_OOB}
 
 
@@ -245,6 +282,13 @@ def hazards():
     from spio.emulator import load_module
 
     return load_module(HAZARDS, name="emu_test_hazards")
+
+
+@pytest.fixture(scope="session")
+def bulk():
+    from spio.emulator import load_module
+
+    return load_module(BULK, name="emu_test_bulk")
 
 
 @pytest.fixture(scope="session")

@@ -95,3 +95,32 @@ def test_unchecked_run_skips_checks(hazards):
     hazards.get_function("neighbour").launch(1, 128, (out, x, 0), check=False)
     # Fibers run until they block: without a barrier, thread i reads s[i+1] before it is written.
     assert torch.isnan(out[:127]).all() and out[127] == x[0]
+
+
+def _bulk_want(x, rows):
+    return x.view(rows, 64)[:, (torch.arange(64) * 5) % 64]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_bulk_copies_through_mbarriers(bulk, rows):
+    x = torch.randn(rows * 64)
+    out = torch.zeros(rows, 64)
+    bulk.get_function("bulk_rows").launch(1, 64, (out, x, rows, 0))
+    assert torch.equal(out, _bulk_want(x, rows))
+
+
+@pytest.mark.parametrize(
+    "bug,message",
+    [
+        (1, "before a cp_async_wait_group/cp_async_wait_all or mbarrier wait"),
+        (2, "mbarrier wait never ends"),
+        (3, "before a cp_async_wait_group/cp_async_wait_all or mbarrier wait"),
+        # Which comes first depends on the order threads run: a stale read, or a wait for a
+        # phase that never comes.
+        (4, "before a cp_async_wait_group/cp_async_wait_all or mbarrier wait|wait never ends"),
+    ],
+    ids=["read-before-wait", "too-many-bytes-announced", "last-wait-skipped", "wrong-parity"],
+)
+def test_bulk_copy_bugs_are_reported(bulk, bug, message):
+    with pytest.raises(EmulatorError, match=message):
+        bulk.get_function("bulk_rows").launch(1, 64, (torch.zeros(5, 64), torch.randn(320), 5, bug))

@@ -1,5 +1,6 @@
 /// The CPU emulator's runtime: fibers, block and warp barriers, warp collectives (mma.sync,
-/// ldmatrix, shuffles), deferred cp.async copies and the hazard checks.
+/// ldmatrix, shuffles), deferred cp.async copies, mbarriers with bulk copies, and the hazard
+/// checks.
 ///
 /// This file is compiled without instrumentation and linked first into every emulator library.
 /// In checked libraries the kernel object is compiled with GCC's -fsanitize=kernel-address and
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -66,6 +68,24 @@ struct PendingCopy {
     const char *src;
     int bytes;
     uint64_t group;
+};
+
+/// A bulk copy (cp.async.bulk) waiting to land: it lands when a thread waits on its mbarrier
+/// after the phase's last arrival, the latest moment the hardware may complete it.
+struct BulkCopy {
+    char *dst;
+    const char *src;
+    unsigned bytes;
+};
+
+/// An mbarrier: arrivals still expected in the current phase, bytes announced and not yet
+/// landed (tx), the current phase's parity, and the phase's bulk copies.
+struct MBarrier {
+    unsigned expected = 0;
+    unsigned pending = 0;
+    long long tx = 0;
+    unsigned phase = 0;
+    std::vector<BulkCopy> copies;
 };
 
 struct Fiber {
@@ -137,6 +157,9 @@ struct Runtime {
     std::size_t d_size = 0;
     std::vector<Shadow> shadow;
     uint32_t epoch = 0;
+    // mbarriers of the running block, by shared address; failed waits since one last changed
+    std::map<uintptr_t, MBarrier> mbarriers;
+    uint64_t mbarrier_spins = 0;
     // Library segments (constants, statics)
     std::vector<std::pair<uintptr_t, uintptr_t>> segments;
 };
@@ -269,9 +292,9 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
     for (std::size_t i = 0; i < n; ++i) {
         Shadow &s = g_rt.shadow[off + i];
         if (s.async_tid) {
-            fail(f, format("%s shared address %#lx, the destination of a cp.async issued by %s, "
-                           "before a cp_async_wait_group/cp_async_wait_all covering it "
-                           "(stale data)",
+            fail(f, format("%s shared address %#lx, the destination of an async copy (cp.async "
+                           "or bulk) issued by %s, before a cp_async_wait_group/cp_async_wait_all "
+                           "or mbarrier wait covering it (stale data)",
                            verb(write), static_cast<unsigned long>(addr + i),
                            thread_name(s.async_tid - 1).c_str()));
         }
@@ -473,6 +496,22 @@ void drop_pending(Fiber &f) {
     f.pending.clear();
 }
 
+/// Forgets the previous block's mbarriers and the shadow marks of bulk copies that never landed.
+void drop_mbarriers() {
+    if (g_rt.check) {
+        for (const auto &entry : g_rt.mbarriers) {
+            for (const BulkCopy &c : entry.second.copies) {
+                std::size_t off;
+                if (shared_region(reinterpret_cast<uintptr_t>(c.dst), c.bytes, &off) >= 0) {
+                    for (unsigned i = 0; i < c.bytes; ++i) g_rt.shadow[off + i].async_tid = 0;
+                }
+            }
+        }
+    }
+    g_rt.mbarriers.clear();
+    g_rt.mbarrier_spins = 0;
+}
+
 void fiber_main(Fiber *f) {
     g_rt.thunk();
     f->state = State::kDone;
@@ -535,6 +574,7 @@ int run_block() {
     ++g_rt.epoch;
     std::memset(g_rt.s_lo, 0xff, static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo));
     std::memset(g_rt.d_lo, 0xff, g_rt.d_size);
+    drop_mbarriers();
 
     std::vector<int> order(n);
     for (int t = 0; t < n; ++t) order[t] = t;
@@ -551,6 +591,16 @@ int run_block() {
         if (!progress) {
             g_rt.failed = true;
             g_rt.error = who(nullptr) + ": " + deadlock_report();
+            return -1;
+        }
+    }
+    for (const auto &[addr, bar] : g_rt.mbarriers) {
+        if (!bar.copies.empty()) {
+            g_rt.failed = true;
+            g_rt.error = who(nullptr) + ": " +
+                         format("the block ends with %zu bulk copies on the mbarrier at %#lx that "
+                                "no thread waited for",
+                                bar.copies.size(), static_cast<unsigned long>(addr));
             return -1;
         }
     }
@@ -1024,6 +1074,138 @@ void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
 }
 
 void cp_async_commit_group() { ++g_rt.cur->committed; }
+
+// mbarriers and bulk copies. A barrier's state lives here, keyed by its shared address (the
+// kernel never reads the 8 bytes itself). Bulk copies land when a thread waits on their barrier
+// after the phase's last arrival; until then their destination is marked like a cp.async's, so a
+// read before the wait is reported as stale. Their writes take no part in race detection.
+
+namespace detail {
+
+MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what) {
+    require_shared(f, bar, 8, 8, what);
+    auto it = g_rt.mbarriers.find(reinterpret_cast<uintptr_t>(bar));
+    if (it == g_rt.mbarriers.end()) {
+        fail(f, format("%s on the mbarrier at %#lx, which mbarrier_init has not initialised", what,
+                       reinterpret_cast<unsigned long>(bar)));
+    }
+    return it->second;
+}
+
+void land(MBarrier &b) {
+    for (const BulkCopy &c : b.copies) {
+        if (g_rt.check) {
+            std::size_t off;
+            shared_region(reinterpret_cast<uintptr_t>(c.dst), c.bytes, &off);
+            for (unsigned i = 0; i < c.bytes; ++i) g_rt.shadow[off + i].async_tid = 0;
+        }
+        std::memcpy(c.dst, c.src, c.bytes);
+        b.tx -= c.bytes;
+    }
+    b.copies.clear();
+}
+
+}  // namespace detail
+
+void mbarrier_init(unsigned long long *bar, unsigned count) {
+    Fiber *f = g_rt.cur;
+    detail::require_shared(f, bar, 8, 8, "mbarrier_init");
+    if (count == 0) detail::fail(f, "mbarrier_init needs a count of at least 1, got 0");
+    auto &b = g_rt.mbarriers[reinterpret_cast<uintptr_t>(bar)];
+    if (!b.copies.empty()) {
+        detail::fail(f, detail::format("mbarrier_init on the mbarrier at %#lx while %zu bulk "
+                                       "copies on it have not landed",
+                                       reinterpret_cast<unsigned long>(bar), b.copies.size()));
+    }
+    b = detail::MBarrier{count, count, 0, 0, {}};
+    g_rt.mbarrier_spins = 0;
+}
+
+void fence_mbarrier_init() {}  // the emulator's barriers are visible at once
+
+void fence_proxy_async_shared() {}
+
+void mbarrier_arrive_expect_tx(unsigned long long *bar, unsigned bytes) {
+    Fiber *f = g_rt.cur;
+    detail::MBarrier &b = detail::mbarrier_at(f, bar, "mbarrier_arrive_expect_tx");
+    if (b.pending == 0) {
+        detail::fail(f, detail::format("mbarrier_arrive_expect_tx on the mbarrier at %#lx, whose "
+                                       "phase has had all %u arrivals mbarrier_init allowed",
+                                       reinterpret_cast<unsigned long>(bar), b.expected));
+    }
+    b.tx += bytes;
+    --b.pending;
+    g_rt.mbarrier_spins = 0;
+}
+
+void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long long *bar) {
+    Fiber *f = g_rt.cur;
+    if (bytes == 0 || bytes % 16) {
+        detail::fail(f, detail::format("cp_async_bulk_g2s needs a positive multiple of 16 bytes, "
+                                       "got %u", bytes));
+    }
+    detail::require_shared(f, dst, bytes, 16, "cp_async_bulk_g2s destination");
+    const auto s = reinterpret_cast<uintptr_t>(src);
+    if (s % 16) {
+        detail::fail(f, detail::format("cp_async_bulk_g2s source %#lx is not 16-byte aligned",
+                                       static_cast<unsigned long>(s)));
+    }
+    if (g_rt.check && !detail::in_global(s, bytes)) {
+        detail::fail(f, detail::format("out-of-bounds global-memory access: cp_async_bulk_g2s "
+                                       "reads %u bytes at %#lx, outside every tensor passed to "
+                                       "the kernel",
+                                       bytes, static_cast<unsigned long>(s)));
+    }
+    detail::MBarrier &b = detail::mbarrier_at(f, bar, "cp_async_bulk_g2s");
+    auto *d = static_cast<char *>(dst);
+    if (g_rt.check) {
+        std::size_t off;
+        detail::shared_region(reinterpret_cast<uintptr_t>(d), bytes, &off);
+        for (unsigned i = 0; i < bytes; ++i) {
+            if (g_rt.shadow[off + i].async_tid) {
+                detail::fail(f, detail::format("cp_async_bulk_g2s to %#lx overlaps an async copy "
+                                               "that has not landed",
+                                               reinterpret_cast<unsigned long>(d + i)));
+            }
+        }
+        for (unsigned i = 0; i < bytes; ++i) {
+            g_rt.shadow[off + i].async_tid = static_cast<uint16_t>(f->tid + 1);
+        }
+    }
+    b.copies.push_back({d, static_cast<const char *>(src), bytes});
+    g_rt.mbarrier_spins = 0;
+}
+
+bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity) {
+    Fiber *f = g_rt.cur;
+    detail::MBarrier &b = detail::mbarrier_at(f, bar, "mbarrier_try_wait_parity");
+    if (b.pending == 0) {  // every arrival is in: the phase's copies land now
+        detail::land(b);
+        if (b.tx < 0) {
+            detail::fail(f, detail::format("bulk copies on the mbarrier at %#lx moved %lld bytes "
+                                           "more than mbarrier_arrive_expect_tx announced",
+                                           reinterpret_cast<unsigned long>(bar), -b.tx));
+        }
+        if (b.tx == 0) {
+            b.phase ^= 1;
+            b.pending = b.expected;
+            g_rt.mbarrier_spins = 0;
+        }
+    }
+    if (b.phase != (parity & 1)) return true;  // the phase with this parity has completed
+    // Not yet: let the other threads run. A wait that no thread can ever end is a deadlock.
+    if (++g_rt.mbarrier_spins > 64ull * g_rt.nthreads + 1024) {
+        detail::fail(f, detail::format("mbarrier wait never ends: phase parity %u of the "
+                                       "mbarrier at %#lx has %u of %u arrivals left and %lld "
+                                       "announced bytes not copied, and no thread changes it",
+                                       parity & 1, reinterpret_cast<unsigned long>(bar),
+                                       b.pending, b.expected, b.tx));
+    }
+    f->state = detail::State::kRunnable;
+    detail::switch_to_scheduler(f);
+    detail::g_thread_idx = f->idx;
+    return false;
+}
 
 void cp_async_wait_all() { detail::cp_async_wait(-1); }
 

@@ -177,6 +177,13 @@ SPIO_EMU_API void ldmatrix_x4_trans(unsigned (&d)[4], const void *row_ptr);
 SPIO_EMU_API void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes);
 SPIO_EMU_API void cp_async_commit_group();
 SPIO_EMU_API void cp_async_wait_all();
+SPIO_EMU_API void mbarrier_init(unsigned long long *bar, unsigned count);
+SPIO_EMU_API void fence_mbarrier_init();
+SPIO_EMU_API void fence_proxy_async_shared();
+SPIO_EMU_API void mbarrier_arrive_expect_tx(unsigned long long *bar, unsigned bytes);
+SPIO_EMU_API void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes,
+                                    unsigned long long *bar);
+SPIO_EMU_API bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity);
 
 /// cp.async.wait_group N: at most N of the calling thread's newest committed groups stay pending.
 template <int N>

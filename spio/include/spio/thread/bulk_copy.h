@@ -1,0 +1,123 @@
+#ifndef SPIO_THREAD_BULK_COPY_H_
+#define SPIO_THREAD_BULK_COPY_H_
+
+/// Bulk asynchronous copies from global to shared memory, completed through an mbarrier (sm_90).
+///
+/// One thread copies a whole contiguous block of bytes with one instruction (cp.async.bulk, the
+/// copy engine Hopper's TMA uses), instead of every thread copying 16 bytes. Completion is tracked
+/// by an mbarrier in shared memory: a phase of the barrier completes when its expected arrivals
+/// have arrived and the bytes announced with mbarrier_arrive_expect_tx have landed. Threads wait
+/// for a phase by its parity (0 for the barrier's first phase, then 1, 0, ...).
+///
+/// Typical use, with one barrier per buffer and a barrier count of 1:
+///   thread 0: mbarrier_init(bar, 1) for each barrier, then fence_mbarrier_init(); __syncthreads()
+///   thread 0: mbarrier_arrive_expect_tx(bar, bytes); cp_async_bulk_g2s(dst, src, bytes, bar)
+///   all:      mbarrier_wait_parity(bar, use & 1); read dst; __syncthreads() before a refill
+///   thread 0: fence_proxy_async_shared() before refilling a buffer that threads have read.
+/// Hazard: dst holds stale data until a wait on the copy's phase returns.
+///
+/// GPU code needs sm_90 or newer (PTX ISA 8.0); the emulator runs it anywhere.
+
+#include "spio/macros.h"
+
+namespace spio {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "spio/thread/bulk_copy.h needs sm_90 or newer (cp.async.bulk and mbarrier tx-counts)"
+#endif
+
+/// Initialises the mbarrier at `bar` (8-byte aligned shared memory) for `count` arrivals per phase;
+/// its first phase has parity 0. Make it visible with fence_mbarrier_init() and a barrier before
+/// other threads use it.
+SPIO_DEVICE void mbarrier_init(unsigned long long *bar, unsigned count) {
+#if defined(__CUDA_ARCH__)
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+#else
+    ::spio::emu::mbarrier_init(bar, count);
+#endif
+}
+
+/// Orders this thread's mbarrier_init before the copy engine's use of the barriers.
+SPIO_DEVICE void fence_mbarrier_init() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+    ::spio::emu::fence_mbarrier_init();
+#endif
+}
+
+/// Orders this thread's earlier shared-memory accesses (and those it synchronised with) before its
+/// later bulk copies: issue it before refilling a buffer that threads have read.
+SPIO_DEVICE void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+    ::spio::emu::fence_proxy_async_shared();
+#endif
+}
+
+/// Arrives on `bar` once and announces `bytes` more bytes of bulk copies for its current phase.
+SPIO_DEVICE void mbarrier_arrive_expect_tx(unsigned long long *bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__)
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+    unsigned long long state;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;\n"
+                 : "=l"(state)
+                 : "r"(addr), "r"(bytes)
+                 : "memory");
+    (void)state;
+#else
+    ::spio::emu::mbarrier_arrive_expect_tx(bar, bytes);
+#endif
+}
+
+/// Starts copying `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte
+/// aligned) in one bulk copy; the bytes count towards the current phase of `bar`.
+SPIO_DEVICE void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes,
+                                   unsigned long long *bar) {
+#if defined(__CUDA_ARCH__)
+    const unsigned dst_addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    const unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+    const unsigned long long src_addr =
+        static_cast<unsigned long long>(__cvta_generic_to_global(src));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+        :
+        : "r"(dst_addr), "l"(src_addr), "r"(bytes), "r"(bar_addr)
+        : "memory");
+#else
+    ::spio::emu::cp_async_bulk_g2s(dst, src, bytes, bar);
+#endif
+}
+
+/// True once the phase of `bar` with parity `parity` has completed (its copies' data are then
+/// visible to the calling thread); false if it has not yet, after waiting a little.
+SPIO_DEVICE bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__)
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+    unsigned done;
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+    return done != 0;
+#else
+    return ::spio::emu::mbarrier_try_wait_parity(bar, parity);
+#endif
+}
+
+/// Waits until the phase of `bar` with parity `parity` has completed.
+SPIO_DEVICE void mbarrier_wait_parity(unsigned long long *bar, unsigned parity) {
+    while (!mbarrier_try_wait_parity(bar, parity)) {
+    }
+}
+
+}  // namespace spio
+
+#endif  // SPIO_THREAD_BULK_COPY_H_
