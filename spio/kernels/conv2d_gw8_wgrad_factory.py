@@ -371,14 +371,12 @@ def wgrad(
     device = x.device
     dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)
     if kernel.info_value("partials"):
-        slots = partial_slots(params, kernel.info_value("config"))
-        w_size, c = _slot_columns(params)
-        part = torch.empty(slots * (w_size + c), dtype=torch.float32, device=device)
-        dw_part, dbias_part = part[: slots * w_size], part[slots * w_size :] if c else None
+        slots, w_size, c, summing = _partials_plan(kernel, params, dw_dtype, dbias_dtype)
+        dw_part = torch.empty(slots * w_size, dtype=torch.float32, device=device)
+        dbias_part = torch.empty(slots * c, dtype=torch.float32, device=device) if c else None
         kernel.launch([dw_part, dbias_part, _nhwc(x), _nhwc(dy)], device)
         dw = torch.empty(params.weight_shape, dtype=dw_dtype, device=device)
         dbias = torch.empty(params.c, dtype=dbias_dtype, device=device) if c else None
-        summing = sum_kernel(params, _dtype_name(dw_dtype), _dtype_name(dbias_dtype))
         summing.launch([dw, dbias, dw_part, dbias_part, slots, w_size, c], device)
         return dw, dbias
     dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
@@ -389,6 +387,22 @@ def wgrad(
     if dbias is not None and dbias_dtype != torch.float32:
         dbias = dbias.to(dbias_dtype)
     return dw, dbias
+
+
+#: (partials kernel name, dw dtype, dbias dtype) -> (slots, dw and dbias values per slot, the
+#: sum_slots kernel): worked out once, as wgrad runs on every backward pass.
+_partials_plans: dict[tuple, tuple[int, int, int, Kernel]] = {}
+
+
+def _partials_plan(kernel: Kernel, params: Conv2dGw8Params, dw_dtype, dbias_dtype):
+    key = (kernel.name, dw_dtype, dbias_dtype)
+    plan = _partials_plans.get(key)
+    if plan is None:
+        slots = partial_slots(params, kernel.info_value("config"))
+        w_size, c = _slot_columns(params)
+        summing = sum_kernel(params, _dtype_name(dw_dtype), _dtype_name(dbias_dtype))
+        plan = _partials_plans[key] = (slots, w_size, c, summing)
+    return plan
 
 
 def _dtype_name(dtype) -> str:
