@@ -16,6 +16,10 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
     stagger      the real kernel, block b starting (b % 16) x 400 ns late: lockstep blocks stop
                  reading the same image rows at the same time
     loads-stagger  loads-only, staggered
+    ldg          the real kernel, its input rows loaded into registers with plain 16-byte loads
+                 and stored to shared memory (FProp/DGrad, configs whose stages - 1 divide R):
+                 is the per-thread cp.async path the bound?
+    ldg-loads-only  loads-only, through registers
 
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
 a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partials+sum").
@@ -48,6 +52,9 @@ VARIANTS = {
     # reading the same rows of their images at once.
     "stagger": ("SPIO_STAGGER_NS=400",),
     "loads-stagger": ("SPIO_ABLATE_MMA", "SPIO_ABLATE_STORES", "SPIO_STAGGER_NS=400"),
+    # Input rows through registers instead of cp.async (correct results; FProp and DGrad).
+    "ldg": ("SPIO_LOAD_VIA_REGS",),
+    "ldg-loads-only": ("SPIO_LOAD_VIA_REGS", "SPIO_ABLATE_MMA", "SPIO_ABLATE_STORES"),
 }
 
 

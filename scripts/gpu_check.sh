@@ -177,6 +177,10 @@ step_ablate() {
         timeout -k 10 "$left" "$PYTHON" scripts/ablate_kernel.py --n 128 "$@" || rc=$?
     }
     ablate --layer 64c_64x64_3x3
+    # Input rows through registers (plain loads) against cp.async, in the full kernel and alone.
+    ablate --layer 64c_64x64_3x3 --passes fprop dgrad --repeats 30 \
+        --variants full ldg loads-only ldg-loads-only \
+        --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s2_k16
     ablate --layer 64c_64x64_3x3 --passes fprop \
         --repeats 30 --variants full no-stores loads-only skeleton l2-256 --config \
         g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s8_k16 g8_p64_q32_w1_s6_k16 \

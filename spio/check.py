@@ -107,8 +107,11 @@ def _poisoned(shape, like, device: str):
     )
 
 
-def run_one(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int = 0) -> float:
-    """Worst error / tolerance of one kernel run (bias gradient included for WGrad)."""
+def run_one(
+    params: Conv2dGw8Params, pass_: str, config, device: str, seed: int = 0, kernel=None
+) -> float:
+    """Worst error / tolerance of one kernel run (bias gradient included for WGrad). `kernel`:
+    an FProp or DGrad kernel to run instead of the one `config` makes (e.g. a timing variant)."""
     import torch
 
     from .kernels import conv2d_gw8_factory as fd
@@ -125,13 +128,13 @@ def run_one(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int 
     dev = {k: None if v is None else v.to(device) for k, v in t.items()}
     if pass_ == "fprop":
         out = _poisoned(params.output_shape, t["x"], device)
-        out = fd.fprop(dev["x"], dev["w"], dev["bias"], params, config, out=out)
+        out = fd.fprop(dev["x"], dev["w"], dev["bias"], params, config, out=out, kernel=kernel)
         expected = conv2d_gw8_fprop_ref(t["x"], t["w"], t["bias"], params.padding)
         tol = conv2d_gw8_tolerance(params, "fprop", t["x"], t["w"])
         return error_ratio(out, expected, tol.atol, tol.rtol)
     if pass_ == "dgrad":
         out = _poisoned(params.input_shape, t["dy"], device)
-        out = fd.dgrad(dev["dy"], dev["w"], params, config, out=out)
+        out = fd.dgrad(dev["dy"], dev["w"], params, config, out=out, kernel=kernel)
         expected = conv2d_gw8_dgrad_ref(t["dy"], t["w"], params.padding, (params.h, params.w))
         tol = conv2d_gw8_tolerance(params, "dgrad", t["dy"], t["w"])
         return error_ratio(out, expected, tol.atol, tol.rtol)

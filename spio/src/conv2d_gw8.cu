@@ -134,6 +134,36 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                                                     row_inside, in);
         }
     };
+#if SPIO_LOAD_VIA_REGS
+    // The timing variant SPIO_LOAD_VIA_REGS (spio/ablation.h): input rows travel through
+    // registers instead of cp.async. Row r is loaded with plain 16-byte loads into register slot
+    // r % DEPTH at the end of step r - 1 - DEPTH, and stored into its stage at the end of step
+    // r - 1, so DEPTH = STAGES - 1 rows are in flight, as with cp.async. The slots are indexed
+    // by the unrolled step (u + 1) % DEPTH, which needs DEPTH to divide R.
+    constexpr int DEPTH = STAGES - 1;
+    static_assert(R % DEPTH == 0, "SPIO_LOAD_VIA_REGS needs STAGES - 1 to divide the filter's R");
+    uint4 held[DEPTH][LOADS];
+    const auto load_row_regs = [&](int row, uint4(&slot)[LOADS]) {
+        const int y = block_y + row - Conv::pad_h;
+        const bool row_inside = y >= 0 && y < Input::Y;
+        SPIO_UNROLL
+        for (int j = 0; j < LOADS; ++j) {
+            slot[j] = make_uint4(0u, 0u, 0u, 0u);
+            if (row_inside && load_dst[j] >= 0 && load_col[j] >= 0) {
+                slot[j] = image[y * Input::stride_y + load_col[j]];
+            }
+        }
+    };
+    const auto store_row_regs = [&](int row, const uint4(&slot)[LOADS]) {
+        uint4 *stage = smem_input.stage(row % STAGES).get();
+        SPIO_UNROLL
+        for (int j = 0; j < LOADS; ++j) {
+            if (load_dst[j] >= 0) {
+                stage[load_dst[j]] = slot[j];
+            }
+        }
+    };
+#endif
     // Weights: the block's groups are one contiguous run of the weights in global memory
     // (PyTorch's [K, 8, R, S], or channels_last [K, R, S, 8]), copied as it is, in 16-byte chunks,
     // into shared memory (SmemWeights has the same layout), with the first input row's copies.
@@ -151,6 +181,20 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             }
         }
     }
+#if SPIO_LOAD_VIA_REGS
+    spio::cp_async_commit_group();  // the weights
+    SPIO_UNROLL
+    for (int row = 0; row < DEPTH; ++row) {
+        if (row < ROWS) {
+            load_row_regs(row, held[row]);
+        }
+    }
+    store_row_regs(0, held[0]);
+    if (DEPTH < ROWS) {
+        load_row_regs(DEPTH, held[0]);
+    }
+    spio::cp_async_wait_all();  // the weights have landed
+#else
     SPIO_UNROLL
     for (int row = 0; row < STAGES - 1; ++row) {
         if (row < ROWS) {
@@ -159,6 +203,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         spio::cp_async_commit_group();
     }
     spio::cp_async_wait_group<STAGES - 2>();  // the weights (and input row 0) have landed
+#endif
     __syncthreads();
 
     const int lane = threadIdx.x % 32;
@@ -275,6 +320,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         for (int u = 0; u < R; ++u) {
             const int row = row0 + u;
             if (row < ROWS) {
+#if SPIO_LOAD_VIA_REGS
+                if (!SPIO_ABLATE_SYNC) {
+                    __syncthreads();
+                }
+#else
                 spio::cp_async_wait_group<STAGES - 2>();
                 if (!SPIO_ABLATE_SYNC) {
                     __syncthreads();
@@ -283,6 +333,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     load_input_row(row + STAGES - 1);
                 }
                 spio::cp_async_commit_group();
+#endif
                 // The output row staged in the previous step is visible to all threads now.
                 if (row >= R) {
                     store_output_row(row - R);
@@ -329,6 +380,17 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                         finished[run][e] = 0.0f;
                     }
                 }
+#if SPIO_LOAD_VIA_REGS
+                // Row row + 1 into its stage, which held row + 1 - STAGES, done with before this
+                // step's barrier (the next barrier publishes it); then row row + 1 + DEPTH into
+                // the register slot that frees.
+                if (row + 1 < ROWS) {
+                    store_row_regs(row + 1, held[(u + 1) % DEPTH]);
+                }
+                if (row + 1 + DEPTH < ROWS) {
+                    load_row_regs(row + 1 + DEPTH, held[(u + 1) % DEPTH]);
+                }
+#endif
             }
         }
     }

@@ -293,3 +293,62 @@ def test_sampled_variants_compile_without_spills(arch):
         assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
         assert not result.resources[kernel.entry].spills, kernel.name
         assert kernel.name.endswith("__wcl__belem" if not kernel.info_value("igrad") else "__wcl")
+
+
+def _load_via_regs_cases():
+    """Layers and configs for the SPIO_LOAD_VIA_REGS timing variant (STAGES - 1 must divide R):
+    1, 3 and 5 rows in flight, tiles taller and shorter than the image, partial group blocks."""
+    import random
+
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
+
+    layers = [
+        P(n=2, c=24, h=20, w=19, padding=1, r=3, s=3, has_bias=True),
+        P(n=1, c=16, h=11, w=10, padding=2, r=5, s=3, dtype="bf16"),
+        P(n=2, c=8, h=9, w=20, padding=(0, 2), r=1, s=5),
+        P(n=1, c=40, h=3, w=17, padding=(1, 0), r=3, s=2),
+    ]
+    rng = random.Random(5)
+    for params in layers:
+        for pass_ in PASSES:
+            configs = fd.configs(params, pass_ == "dgrad")
+            fitting = [c for c in configs if params.r % (c.stages - 1) == 0]
+            for config in rng.sample(fitting, min(3, len(fitting))):
+                yield pytest.param(
+                    pass_, params, config, id=f"{pass_}-{params.encode()}-{config.encode()}"
+                )
+
+
+def _load_via_regs(kernel):
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location(
+        "ablate_kernel", pathlib.Path(__file__).parents[2] / "scripts" / "ablate_kernel.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script.ablated(kernel, script.VARIANTS["ldg"])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("pass_,params,config", list(_load_via_regs_cases()))
+def test_load_via_regs_variant_matches_reference(pass_, params, config, device):
+    """The timing variant whose input rows travel through registers instead of cp.async
+    (scripts/ablate_kernel.py's `ldg`) must compute the same results: it is timed as a fix."""
+    from spio.check import run_one
+
+    kernel = _load_via_regs(fd.make_kernel(params, config, igrad=pass_ == "dgrad"))
+    assert "SPIO_LOAD_VIA_REGS" in kernel.headers[0][1]
+    ratio = run_one(params, pass_, config, device, kernel=kernel)
+    assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_load_via_regs_variant_builds_without_spills(arch):
+    params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1)
+    for name in ("g8_p64_q64_w2_s4_k16", "g8_p64_q16_w1_s4_k16", "g8_p64_q16_w1_s2_k16"):
+        config = {c.encode(): c for c in fd.configs(params)}[name]
+        kernel = _load_via_regs(fd.make_kernel(params, config))
+        usage = kernel.compile(arch).resources[kernel.entry]
+        assert not usage.spills and usage.registers * kernel.threads <= 65536, (name, usage)
