@@ -17,8 +17,8 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
                  reading the same image rows at the same time
     loads-stagger  loads-only, staggered
     ldg          the real kernel, its input rows loaded into registers with plain 16-byte loads
-                 and stored to shared memory (FProp/DGrad, configs whose stages - 1 divide R):
-                 is the per-thread cp.async path the bound?
+                 and stored to shared memory (FProp/DGrad: configs whose stages - 1 divide R;
+                 WGrad: any): is the per-thread cp.async path the bound?
     ldg-loads-only  loads-only, through registers
 
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into

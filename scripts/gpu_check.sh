@@ -181,6 +181,9 @@ step_ablate() {
     ablate --layer 64c_64x64_3x3 --passes fprop dgrad --repeats 30 \
         --variants full ldg loads-only ldg-loads-only \
         --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s2_k16
+    ablate --layer 64c_64x64_3x3 --passes wgrad --repeats 30 \
+        --variants full ldg loads-only ldg-loads-only \
+        --config g2_p32_q64_n4_w4_s6_k8 g2_p32_q64_n4_w4_s3_k8
     ablate --layer 64c_64x64_3x3 --passes fprop \
         --repeats 30 --variants full no-stores loads-only skeleton l2-256 --config \
         g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s8_k16 g8_p64_q32_w1_s6_k16 \

@@ -111,7 +111,7 @@ def run_one(
     params: Conv2dGw8Params, pass_: str, config, device: str, seed: int = 0, kernel=None
 ) -> float:
     """Worst error / tolerance of one kernel run (bias gradient included for WGrad). `kernel`:
-    an FProp or DGrad kernel to run instead of the one `config` makes (e.g. a timing variant)."""
+    a kernel to run instead of the one spio makes for `config` (e.g. a timing variant)."""
     import torch
 
     from .kernels import conv2d_gw8_factory as fd
@@ -141,7 +141,7 @@ def run_one(
     if pass_ != "wgrad":
         raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
     # As spio runs it: per-warp partial sums and sum_slots while they fit, else atomics.
-    kernel = wg.production_kernel(params, config)
+    kernel = kernel or wg.production_kernel(params, config)
     dw, dbias = wg.wgrad(dev["x"], dev["dy"], params, kernel=kernel)
     expected = conv2d_gw8_wgrad_ref(t["x"], t["dy"], params.padding, params.r, params.s)
     tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"])

@@ -33,6 +33,8 @@
 /// receives row i + STAGES - 1. The same barrier publishes the output row staged in step i - 1,
 /// which the threads copy out in step i; its buffer is staged into again only in step i + 1, after
 /// the next barrier. One more barrier after the last step publishes the tile's last output row.
+/// (The timing variant SPIO_LOAD_VIA_REGS moves input rows through registers instead; its
+/// comment is at its code.)
 ///
 /// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
 /// SmemInput::num_bytes + SmemWeights::num_bytes + SmemOutput::num_bytes bytes of dynamic shared

@@ -29,7 +29,8 @@
 /// (empty past the end). At the top of step t every thread waits for its copies of step t
 /// (wait_group STAGES - 2), the barrier publishes them and guarantees that step t - 1's reads are
 /// over, so step t + STAGES - 1's rows can be copied into the slots step t - 1 read last (x: STAGES
-/// slots; dy: R + STAGES - 1 slots, of which step t reads R).
+/// slots; dy: R + STAGES - 1 slots, of which step t reads R). (The timing variant
+/// SPIO_LOAD_VIA_REGS moves rows through registers instead; its comment is at its code.)
 ///
 /// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
 /// SmemX::num_bytes + SmemDy::num_bytes bytes of dynamic shared memory.
@@ -171,22 +172,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 
     constexpr int STEPS = Block::n * ROWS;
     __syncthreads();  // the zeroed dy slots are visible before copies start landing in them
-    SPIO_UNROLL
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < STEPS) {
-            load_step(t);
-        }
-        spio::cp_async_commit_group();
-    }
-    for (int t = 0; t < STEPS; ++t) {
-        spio::cp_async_wait_group<STAGES - 2>();
-        if (!SPIO_ABLATE_SYNC) {
-            __syncthreads();
-        }
-        if (t + STAGES - 1 < STEPS) {
-            load_step(t + STAGES - 1);
-        }
-        spio::cp_async_commit_group();
+    // One step's work, once its x row and dy row are in shared memory.
+    const auto compute_step = [&](int t) {
         // What does not change along the row is worked out once per step, not once per run: each
         // tap pair's dy rows, and this lane's addresses in x's row and in the pair's dy slots
         // (runs then add constant offsets).
@@ -250,7 +237,108 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 #endif
             }
         }
+    };
+
+#if SPIO_LOAD_VIA_REGS
+    // The timing variant SPIO_LOAD_VIA_REGS (spio/ablation.h): the x and dy rows of step t are
+    // loaded with plain 16-byte loads into register slot t % DEPTH at the end of step
+    // t - 1 - DEPTH and stored into their slots at the end of step t - 1, so DEPTH = STAGES - 1
+    // steps are in flight, as with cp.async. The step loop is unrolled by DEPTH so that the
+    // register slots are indexed by constants.
+    constexpr int DEPTH = STAGES - 1;
+    uint4 held_x[DEPTH][X_LOADS];
+    uint4 held_dy[DEPTH][DY_LOADS];
+    const auto load_step_regs = [&](int t, uint4(&hx)[X_LOADS], uint4(&hdy)[DY_LOADS]) {
+        const int n = block_n + t / ROWS;
+        const int i = t % ROWS;
+        const bool image_inside = n < DOutput::N;
+        const int y = block_y + i - Conv::pad_h;
+        const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
+        SPIO_UNROLL
+        for (int j = 0; j < X_LOADS; ++j) {
+            hx[j] = make_uint4(0u, 0u, 0u, 0u);
+            if (x_row_inside && x_dst[j] >= 0 && x_col[j] >= 0) {
+                hx[j] = x[n * Input::stride_n + y * Input::stride_y + x_col[j]];
+            }
+        }
+        const int p = block_y + i;
+        const bool dy_row_inside = image_inside && i < Block::y && p < DOutput::Y;
+        SPIO_UNROLL
+        for (int j = 0; j < DY_LOADS; ++j) {
+            hdy[j] = make_uint4(0u, 0u, 0u, 0u);
+            if (dy_row_inside && dy_dst[j] >= 0 && dy_col[j] >= 0) {
+                hdy[j] = dy[n * DOutput::stride_n + p * DOutput::stride_y + dy_col[j]];
+            }
+        }
+    };
+    const auto store_step_regs = [&](int t, const uint4(&hx)[X_LOADS],
+                                     const uint4(&hdy)[DY_LOADS]) {
+        uint4 *x_slot = smem_x.stage(t % STAGES).get();
+        SPIO_UNROLL
+        for (int j = 0; j < X_LOADS; ++j) {
+            if (x_dst[j] >= 0) {
+                x_slot[x_dst[j]] = hx[j];
+            }
+        }
+        uint4 *dy_slot = smem_dy.slot(t % SLOTS).get();
+        SPIO_UNROLL
+        for (int j = 0; j < DY_LOADS; ++j) {
+            if (dy_dst[j] >= 0) {
+                dy_slot[dy_dst[j]] = hdy[j];
+            }
+        }
+    };
+    SPIO_UNROLL
+    for (int t = 0; t < DEPTH; ++t) {
+        if (t < STEPS) {
+            load_step_regs(t, held_x[t], held_dy[t]);
+        }
     }
+    store_step_regs(0, held_x[0], held_dy[0]);
+    if (DEPTH < STEPS) {
+        load_step_regs(DEPTH, held_x[0], held_dy[0]);
+    }
+    for (int t0 = 0; t0 < STEPS; t0 += DEPTH) {
+        SPIO_UNROLL
+        for (int u = 0; u < DEPTH; ++u) {
+            const int t = t0 + u;
+            if (t < STEPS) {
+                if (!SPIO_ABLATE_SYNC) {
+                    __syncthreads();  // step t's rows are in; step t - 1's reads are over
+                }
+                compute_step(t);
+                // Step t + 1's rows into their slots (free since the barrier above), then step
+                // t + 1 + DEPTH's loads into the register slot that frees.
+                const int slot = (u + 1) % DEPTH;  // a constant once the loop is unrolled
+                if (t + 1 < STEPS) {
+                    store_step_regs(t + 1, held_x[slot], held_dy[slot]);
+                }
+                if (t + 1 + DEPTH < STEPS) {
+                    load_step_regs(t + 1 + DEPTH, held_x[slot], held_dy[slot]);
+                }
+            }
+        }
+    }
+#else
+    SPIO_UNROLL
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < STEPS) {
+            load_step(t);
+        }
+        spio::cp_async_commit_group();
+    }
+    for (int t = 0; t < STEPS; ++t) {
+        spio::cp_async_wait_group<STAGES - 2>();
+        if (!SPIO_ABLATE_SYNC) {
+            __syncthreads();
+        }
+        if (t + STAGES - 1 < STEPS) {
+            load_step(t + STAGES - 1);
+        }
+        spio::cp_async_commit_group();
+        compute_step(t);
+    }
+#endif
 
     // Accumulator element e of tap pair `pair`: row g (+8 for e >= 2) is channel k = g of filter
     // row r0 (r1), column 2t + (e & 1) is channel c.

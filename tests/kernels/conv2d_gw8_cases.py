@@ -75,3 +75,17 @@ def assert_sample_compiles_without_spills(family: str, arch: str, count: int, se
         usage = result.resources[kernel.entry]
         assert not usage.spills, f"{kernel.name} spills on {arch}: {usage}"
         assert usage.registers * kernel.threads <= 65536, f"{kernel.name}: {usage.registers} regs"
+
+
+def load_via_regs(kernel):
+    """`kernel` as scripts/ablate_kernel.py's `ldg` timing variant (input rows through registers
+    instead of cp.async): a variant timed as a candidate fix must compute the same results."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location(
+        "ablate_kernel", pathlib.Path(__file__).parents[2] / "scripts" / "ablate_kernel.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script.ablated(kernel, script.VARIANTS["ldg"])

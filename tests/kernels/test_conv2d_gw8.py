@@ -18,6 +18,7 @@ from tests.kernels.conv2d_gw8_cases import (
     SLOW_LAYERS,
     assert_sample_compiles_without_spills,
     check,
+    load_via_regs,
     sample_configs,
 )
 
@@ -319,18 +320,6 @@ def _load_via_regs_cases():
                 )
 
 
-def _load_via_regs(kernel):
-    import importlib.util
-    import pathlib
-
-    spec = importlib.util.spec_from_file_location(
-        "ablate_kernel", pathlib.Path(__file__).parents[2] / "scripts" / "ablate_kernel.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script.ablated(kernel, script.VARIANTS["ldg"])
-
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("pass_,params,config", list(_load_via_regs_cases()))
 def test_load_via_regs_variant_matches_reference(pass_, params, config, device):
@@ -338,7 +327,7 @@ def test_load_via_regs_variant_matches_reference(pass_, params, config, device):
     (scripts/ablate_kernel.py's `ldg`) must compute the same results: it is timed as a fix."""
     from spio.check import run_one
 
-    kernel = _load_via_regs(fd.make_kernel(params, config, igrad=pass_ == "dgrad"))
+    kernel = load_via_regs(fd.make_kernel(params, config, igrad=pass_ == "dgrad"))
     assert "SPIO_LOAD_VIA_REGS" in kernel.headers[0][1]
     ratio = run_one(params, pass_, config, device, kernel=kernel)
     assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
@@ -349,6 +338,6 @@ def test_load_via_regs_variant_builds_without_spills(arch):
     params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1)
     for name in ("g8_p64_q64_w2_s4_k16", "g8_p64_q16_w1_s4_k16", "g8_p64_q16_w1_s2_k16"):
         config = {c.encode(): c for c in fd.configs(params)}[name]
-        kernel = _load_via_regs(fd.make_kernel(params, config))
+        kernel = load_via_regs(fd.make_kernel(params, config))
         usage = kernel.compile(arch).resources[kernel.entry]
         assert not usage.spills and usage.registers * kernel.threads <= 65536, (name, usage)

@@ -12,6 +12,7 @@ from tests.kernels.conv2d_gw8_cases import (
     SLOW_LAYERS,
     assert_sample_compiles_without_spills,
     check,
+    load_via_regs,
     sample_configs,
 )
 
@@ -248,3 +249,49 @@ def test_sixteen_images_per_block_only_on_small_images():
     assert config in wg.configs(small)
     check(small, "wgrad", config, "cpu")
     assert wg.partial_slots(small, config) == 2 * 2  # 2 image blocks x 2 row tiles
+
+
+def _load_via_regs_cases():
+    """WGrad configs for the SPIO_LOAD_VIA_REGS timing variant: every stage count (1 to 5 steps in
+    flight through registers), several images per block, partial tiles and group blocks."""
+    import random
+
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
+
+    layers = [
+        P(n=3, c=24, h=20, w=19, padding=1, r=3, s=3, has_bias=True),
+        P(n=2, c=16, h=11, w=10, padding=2, r=5, s=3, dtype="bf16"),
+        P(n=17, c=8, h=6, w=5, padding=(0, 2), r=1, s=5, has_bias=True),
+        P(n=1, c=40, h=3, w=17, padding=(1, 0), r=2, s=2),
+    ]
+    rng = random.Random(6)
+    for params in layers:
+        by_stages = {}
+        for config in wg.configs(params):
+            by_stages.setdefault(config.stages, []).append(config)
+        for stages in sorted(by_stages):
+            config = rng.choice(by_stages[stages])
+            yield pytest.param(params, config, id=f"{params.encode()}-{config.encode()}")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("params,config", list(_load_via_regs_cases()))
+def test_load_via_regs_variant_matches_reference(params, config, device):
+    """scripts/ablate_kernel.py's `ldg` variant of WGrad (x and dy rows through registers instead
+    of cp.async), as spio runs it (partial sums or atomics), against the float64 reference."""
+    from spio.check import run_one
+
+    kernel = load_via_regs(wg.production_kernel(params, config))
+    assert "SPIO_LOAD_VIA_REGS" in kernel.headers[0][1]
+    ratio = run_one(params, "wgrad", config, device, kernel=kernel)
+    assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_load_via_regs_variant_builds_without_spills(arch):
+    params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1)
+    by_name = {c.encode(): c for c in wg.configs(params)}
+    for name in ("g2_p32_q64_n4_w4_s6_k8", "g1_p64_q32_n1_w4_s2_k16", "g2_p32_q64_n4_w4_s3_k8"):
+        kernel = load_via_regs(wg.production_kernel(params, by_name[name]))
+        usage = kernel.compile(arch).resources[kernel.entry]
+        assert not usage.spills and usage.registers * kernel.threads <= 65536, (name, usage)

@@ -16,9 +16,9 @@
 ///   SPIO_STAGGER_NS     block b first sleeps (b % 16) * SPIO_STAGGER_NS ns (stagger_start), so
 ///                       that blocks streaming the same rows of their images in lockstep drift
 ///                       apart: a test for DRAM channel camping on power-of-2 image strides
-///   SPIO_LOAD_VIA_REGS  FProp/DGrad only: input rows travel through registers (plain 16-byte
-///                       loads, STAGES - 1 rows ahead, stored to shared memory a step before
-///                       use) instead of cp.async; needs STAGES - 1 to divide R
+///   SPIO_LOAD_VIA_REGS  input rows travel through registers (plain 16-byte loads, STAGES - 1
+///                       rows ahead, stored to shared memory a step before use) instead of
+///                       cp.async; FProp/DGrad need STAGES - 1 to divide R
 
 #include "spio/macros.h"
 
