@@ -58,6 +58,14 @@ VARIANTS = {
 }
 
 
+def variant_applies(name: str, pass_: str, params, config) -> bool:
+    """Whether variant `name` can build for this pass and config: FProp and DGrad's `ldg` index
+    their register slots by the R-step unroll, so it needs stages - 1 to divide R."""
+    if name.startswith("ldg") and pass_ in ("fprop", "dgrad"):
+        return params.r % (config.stages - 1) == 0
+    return True
+
+
 def ablated(kernel, switches: tuple[str, ...]):
     """A copy of `kernel` whose generated header defines `switches` ("NAME" as 1, or "NAME=VALUE";
     a new name, so a new cubin)."""
@@ -174,6 +182,10 @@ def ablate_layer(args, layer) -> int:
             base = family.make_kernel(params, config)
             # "full" first: the "vs full" column divides by it.
             names = ["full"] + [name for name in args.variants if name != "full"]
+            skipped = [n for n in names if not variant_applies(n, pass_, params, config)]
+            if skipped:
+                print(f"{pass_:6s} {', '.join(skipped)}: not for {config.encode()} (see --help)")
+            names = [n for n in names if n not in skipped]
             kernels = {name: ablated(base, VARIANTS[name]) for name in names}
             compile_many([k.compile_job(attrs["arch"]) for k in kernels.values()], progress=False)
             full = None

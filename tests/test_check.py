@@ -35,8 +35,8 @@ def test_check_passes_every_pass_and_dtype_in_the_emulator():
 def test_check_reports_a_broken_fprop(monkeypatch):
     real = fd.fprop
 
-    def off_by_a_little(x, w, bias, params, config=None, out=None):
-        y = real(x, w, bias, params, config, out=out)
+    def off_by_a_little(x, w, bias, params, config=None, out=None, kernel=None):
+        y = real(x, w, bias, params, config, out=out, kernel=kernel)
         y[0, 3, 2, 4] += 0.25  # one wrong element
         return y
 

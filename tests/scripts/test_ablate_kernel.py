@@ -31,6 +31,7 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
         (pass_, name): ablate.ablated(kernel, switches)
         for pass_, kernel in base_kernels.items()
         for name, switches in ablate.VARIANTS.items()
+        if ablate.variant_applies(name, pass_, *_params_and_config(kernel))
     }
     results = compile_many([k.compile_job("sm_90") for k in kernels.values()], progress=False)
     by_key = dict(zip(kernels, results, strict=True))
@@ -43,6 +44,21 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
         assert len(by_key[(pass_, "no-loads")].cubin) < full
         assert len(by_key[(pass_, "no-mma")].cubin) < full
         assert len(by_key[(pass_, "skeleton")].cubin) < len(by_key[(pass_, "no-mma")].cubin)
+
+
+def _params_and_config(kernel):
+    return kernel.info_value("params"), kernel.info_value("config")
+
+
+def test_ldg_applies_to_fprop_and_dgrad_configs_whose_stages_divide_r(base_kernels):
+    params, config = _params_and_config(base_kernels["fprop"])
+    four = dataclasses.replace(config, stages=4)
+    eight = dataclasses.replace(config, stages=8)
+    assert params.r == 3
+    assert ablate.variant_applies("ldg", "fprop", params, four)
+    assert not ablate.variant_applies("ldg-loads-only", "dgrad", params, eight)
+    assert ablate.variant_applies("ldg", "wgrad", params, eight)
+    assert ablate.variant_applies("stagger", "fprop", params, eight)
 
 
 def test_ablation_is_a_new_kernel_and_production_is_unchanged(base_kernels):
