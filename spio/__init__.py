@@ -21,7 +21,11 @@ supported_arch = ("sm_80", "sm_86", "sm_89", "sm_90")
 experimental_arch = ("sm_100", "sm_120")
 
 # Public names loaded on first access (they import torch).
-_LAZY = {"transform": "spio.transform", "scan_modules": "spio.transform"}
+_LAZY = {
+    "transform": "spio.transform",
+    "untransform": "spio.transform",
+    "scan_modules": "spio.transform",
+}
 
 __all__ = ["__version__", "experimental_arch", "logger", "supported_arch", *_LAZY]
 

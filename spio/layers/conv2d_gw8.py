@@ -185,6 +185,26 @@ class Conv2dGw8(nn.Conv2d):
         new.spio_passes = passes
         return new
 
+    def to_torch_module(self) -> nn.Conv2d:
+        """A plain nn.Conv2d computing the same function, sharing this module's Parameters (the
+        inverse of from_torch_module)."""
+        plain = nn.Conv2d(
+            self.in_channels,
+            self.out_channels,
+            self.kernel_size,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+            bias=self.bias is not None,
+            padding_mode=self.padding_mode,
+            device="meta",
+        )
+        plain.weight = self.weight
+        plain.bias = self.bias
+        plain.train(self.training)
+        return plain
+
     @staticmethod
     def _unsupported(
         input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool

@@ -1,5 +1,6 @@
-"""Model-level tools: transform(model) swaps in spio layers; scan_modules lists the layers met;
-where_faster(model, x) measures which layers spio runs faster, for transform's `include`.
+"""Model-level tools: transform(model) swaps in spio layers and untransform(model) swaps them
+back; scan_modules lists the layers met; where_faster(model, x) measures which layers spio runs
+faster, for transform's `include`.
 
 `spio.transform` names both this package and the function. Importing the package makes the
 import system set the attribute spio.transform to the package, hiding a re-exported function,
@@ -9,9 +10,9 @@ so the package itself is callable: spio.transform(model) works either way.
 import sys
 import types
 
-from .modules import scan_modules, transform, where_faster
+from .modules import scan_modules, transform, untransform, where_faster
 
-__all__ = ["scan_modules", "transform", "where_faster"]
+__all__ = ["scan_modules", "transform", "untransform", "where_faster"]
 
 
 class _CallablePackage(types.ModuleType):

@@ -78,6 +78,24 @@ def transform(
     return model
 
 
+def untransform(model: nn.Module) -> nn.Module:
+    """Replace, in place, every Conv2dGw8 of model by a plain nn.Conv2d sharing its Parameters:
+    the inverse of transform. The model then runs PyTorch's convolution everywhere, e.g. for
+    torch.onnx.export, which has no translation of spio's op. A module reachable by several paths
+    stays shared. Returns model (or its replacement if model itself is a Conv2dGw8)."""
+    if isinstance(model, Conv2dGw8):
+        return model.to_torch_module()
+    replacements: dict[int, nn.Conv2d] = {}
+    for parent in list(model.modules()):
+        for name, child in list(parent._modules.items()):
+            if isinstance(child, Conv2dGw8):
+                if id(child) not in replacements:
+                    replacements[id(child)] = child.to_torch_module()
+                parent._modules[name] = replacements[id(child)]
+    logger.info("spio.untransform restored %d nn.Conv2d modules", len(replacements))
+    return model
+
+
 def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, ...]:
     """The passes spio runs for `conv` by include's answer (empty: keep conv as it is)."""
     answer = True if include is None else include(name, conv)

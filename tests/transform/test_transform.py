@@ -117,6 +117,28 @@ def test_transform_is_idempotent_and_handles_a_bare_conv():
     assert type(transform(nn.Conv2d(8, 8, 3, stride=2))) is nn.Conv2d
 
 
+def test_untransform_restores_plain_convs_sharing_parameters():
+    """untransform undoes transform: exact nn.Conv2d modules (for torch.onnx.export, or a machine
+    without spio), the same Parameter objects, shared modules still shared, same outputs."""
+    import spio
+
+    reference = _model(5)
+    model = transform(copy.deepcopy(reference))
+    weights = {name: p for name, p in model.named_parameters()}
+    model = spio.untransform(model)
+    assert not any(isinstance(m, Conv2dGw8) for m in model.modules())
+    assert [type(m) for m in model.modules()] == [type(m) for m in reference.modules()]
+    assert all(p is weights[name] for name, p in model.named_parameters())
+    assert model.shared_a is model.shared_b
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    model.eval()
+    reference.eval()
+    torch.testing.assert_close(model(x), reference(x))
+    bare = Conv2dGw8(8, 8, 3, padding=1, groups=1).train(False)
+    plain = spio.untransform(bare)
+    assert type(plain) is nn.Conv2d and plain.weight is bare.weight and not plain.training
+
+
 def test_package_is_callable():
     model = spio_transform(_model())
     assert isinstance(model.blocks[0], Conv2dGw8)
