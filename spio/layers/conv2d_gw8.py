@@ -167,43 +167,14 @@ class Conv2dGw8(nn.Conv2d):
         reason = module_ineligibility(module)
         if reason is not None:
             raise ValueError(f"Conv2dGw8.from_torch_module: the module {reason}")
-        new = cls(
-            module.in_channels,
-            module.out_channels,
-            module.kernel_size,
-            stride=module.stride,
-            padding=module.padding,
-            dilation=module.dilation,
-            groups=module.groups,
-            bias=module.bias is not None,
-            padding_mode=module.padding_mode,
-            device="meta",
-        )
-        new.weight = module.weight
-        new.bias = module.bias
-        new.train(module.training)
+        new = _sharing(cls, module)
         new.spio_passes = passes
         return new
 
     def to_torch_module(self) -> nn.Conv2d:
         """A plain nn.Conv2d computing the same function, sharing this module's Parameters (the
         inverse of from_torch_module)."""
-        plain = nn.Conv2d(
-            self.in_channels,
-            self.out_channels,
-            self.kernel_size,
-            stride=self.stride,
-            padding=self.padding,
-            dilation=self.dilation,
-            groups=self.groups,
-            bias=self.bias is not None,
-            padding_mode=self.padding_mode,
-            device="meta",
-        )
-        plain.weight = self.weight
-        plain.bias = self.bias
-        plain.train(self.training)
-        return plain
+        return _sharing(nn.Conv2d, self)
 
     @staticmethod
     def _unsupported(
@@ -245,6 +216,27 @@ class Conv2dGw8(nn.Conv2d):
         else:
             y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, self.groups, passes)
         return y.squeeze(0) if unbatched else y
+
+
+def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
+    """A `cls` with module's hyperparameters, Parameters (the same objects, not copies) and
+    training mode."""
+    new = cls(
+        module.in_channels,
+        module.out_channels,
+        module.kernel_size,
+        stride=module.stride,
+        padding=module.padding,
+        dilation=module.dilation,
+        groups=module.groups,
+        bias=module.bias is not None,
+        padding_mode=module.padding_mode,
+        device="meta",
+    )
+    new.weight = module.weight
+    new.bias = module.bias
+    new.train(module.training)
+    return new
 
 
 def make_conv2d(*args: Any, **kwargs: Any) -> nn.Conv2d:
