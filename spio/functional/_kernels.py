@@ -121,8 +121,7 @@ def _keep(store: dict, key: tuple, kernel: Kernel | None, device: torch.device) 
     """Remember `kernel` as the choice for `key`, unless autotuning had to wait because `device`
     is capturing a CUDA graph: that choice serves this call only (see
     spio.kernels.perf_model.select_config), so that a later call outside the capture tunes."""
-    deferred = device.type == "cuda" and autotune.autotune_enabled() and autotune.capturing(device)
-    if not deferred:
+    if not autotune.deferred(device):
         store[key] = kernel
     return kernel
 

@@ -45,6 +45,12 @@ def capturing(device: Any) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
 
+def deferred(device: Any) -> bool:
+    """True when autotuning is on but must wait because `device` is capturing a CUDA graph: the
+    untuned choice then serves the call, and nothing may remember it."""
+    return getattr(device, "type", None) == "cuda" and autotune_enabled() and capturing(device)
+
+
 def top_k() -> int:
     """How many configs to time: SPIO_AUTOTUNE_TOPK (a positive int), default 5."""
     text = os.environ.get("SPIO_AUTOTUNE_TOPK", "").strip()

@@ -638,7 +638,7 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
         return config
     ranked, model = rank_configs(family, params, identity, folder)
     untuned = factory.default_config(params, **options) if model is None else ranked[0]
-    if tune and autotune.capturing(device):
+    if autotune.deferred(device):
         _warn_once(
             ("capture", family.name, params),
             "autotune: %s %s is first used inside a CUDA graph capture, where nothing can be "
