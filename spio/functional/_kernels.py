@@ -273,12 +273,7 @@ class Layer:
         torch_input = need_input and not passes & DGRAD
         torch_weight = need_weight and not passes & WGRAD
         if torch_input and input is None:  # not kept without a weight gradient: its shape will do
-            input = torch.empty(
-                (grad_output.shape[0], *self.params.input_shape[1:]),
-                dtype=grad_output.dtype,
-                device=grad_output.device,
-                memory_format=memory_format(grad_output),
-            )
+            input = self.stand_in_input(grad_output, memory_format(grad_output))
         if torch_input or torch_weight:
             torch_dx, torch_dw = torch_grads(
                 grad_output, input, weight, self.params.padding, torch_input, torch_weight
@@ -293,6 +288,16 @@ class Layer:
             if db.dtype != db_dtype:
                 db = db.to(db_dtype)
         return dx, dw, db
+
+    def stand_in_input(self, grad_output: Tensor, fmt: torch.memory_format) -> Tensor:
+        """An uninitialised input for grad_output's batch, for callers that did not keep the
+        input (no weight gradient) and pass it on for its shape alone."""
+        return torch.empty(
+            (grad_output.shape[0], *self.params.input_shape[1:]),
+            dtype=grad_output.dtype,
+            device=grad_output.device,
+            memory_format=fmt,
+        )
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         kernel = self.fprop_kernel(conv2d_gw8_factory.operand_layout(weight, bias))

@@ -67,16 +67,10 @@ def _differentiable_backward(ctx, grad_output, input, weight, mask):
     them; for backward(create_graph=True), e.g. a gradient penalty. Same kernels, same values."""
     from .conv2d_gw8_op import conv2d_gw8_backward
 
-    params = ctx.layer.params
     if input is None:  # not kept without a weight gradient: the op takes it for its shape alone
-        input = torch.empty(
-            (grad_output.shape[0], *params.input_shape[1:]),
-            dtype=weight.dtype,
-            device=weight.device,
-            memory_format=ctx.input_format,
-        )
-    dx, dw, db = conv2d_gw8_backward(grad_output, input, weight, *params.padding, list(mask),
-                                     ctx.passes)  # fmt: skip
+        input = ctx.layer.stand_in_input(grad_output, ctx.input_format)
+    dx, dw, db = conv2d_gw8_backward(grad_output, input, weight, *ctx.layer.params.padding,
+                                     list(mask), ctx.passes)  # fmt: skip
     return (
         dx if mask[0] else None,
         dw.to(weight.dtype) if mask[1] else None,
