@@ -147,23 +147,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     uint4 held[DEPTH][LOADS];
     const auto load_row_regs = [&](int row, uint4(&slot)[LOADS]) {
         const int y = block_y + row - Conv::pad_h;
-        const bool row_inside = y >= 0 && y < Input::Y;
-        SPIO_UNROLL
-        for (int j = 0; j < LOADS; ++j) {
-            slot[j] = make_uint4(0u, 0u, 0u, 0u);
-            if (row_inside && load_dst[j] >= 0 && load_col[j] >= 0) {
-                slot[j] = image[y * Input::stride_y + load_col[j]];
-            }
-        }
+        spio::load_row_16(slot, load_dst, load_col, image, y * Input::stride_y,
+                          y >= 0 && y < Input::Y);
     };
     const auto store_row_regs = [&](int row, const uint4(&slot)[LOADS]) {
-        uint4 *stage = smem_input.stage(row % STAGES).get();
-        SPIO_UNROLL
-        for (int j = 0; j < LOADS; ++j) {
-            if (load_dst[j] >= 0) {
-                stage[load_dst[j]] = slot[j];
-            }
-        }
+        spio::store_row_16(smem_input.stage(row % STAGES).get(), load_dst, slot);
     };
 #endif
     // Weights: the block's groups are one contiguous run of the weights in global memory

@@ -254,39 +254,17 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         const bool image_inside = n < DOutput::N;
         const int y = block_y + i - Conv::pad_h;
         const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
-        SPIO_UNROLL
-        for (int j = 0; j < X_LOADS; ++j) {
-            hx[j] = make_uint4(0u, 0u, 0u, 0u);
-            if (x_row_inside && x_dst[j] >= 0 && x_col[j] >= 0) {
-                hx[j] = x[n * Input::stride_n + y * Input::stride_y + x_col[j]];
-            }
-        }
+        spio::load_row_16(hx, x_dst, x_col, x, n * Input::stride_n + y * Input::stride_y,
+                          x_row_inside);
         const int p = block_y + i;
         const bool dy_row_inside = image_inside && i < Block::y && p < DOutput::Y;
-        SPIO_UNROLL
-        for (int j = 0; j < DY_LOADS; ++j) {
-            hdy[j] = make_uint4(0u, 0u, 0u, 0u);
-            if (dy_row_inside && dy_dst[j] >= 0 && dy_col[j] >= 0) {
-                hdy[j] = dy[n * DOutput::stride_n + p * DOutput::stride_y + dy_col[j]];
-            }
-        }
+        spio::load_row_16(hdy, dy_dst, dy_col, dy, n * DOutput::stride_n + p * DOutput::stride_y,
+                          dy_row_inside);
     };
     const auto store_step_regs = [&](int t, const uint4(&hx)[X_LOADS],
                                      const uint4(&hdy)[DY_LOADS]) {
-        uint4 *x_slot = smem_x.stage(t % STAGES).get();
-        SPIO_UNROLL
-        for (int j = 0; j < X_LOADS; ++j) {
-            if (x_dst[j] >= 0) {
-                x_slot[x_dst[j]] = hx[j];
-            }
-        }
-        uint4 *dy_slot = smem_dy.slot(t % SLOTS).get();
-        SPIO_UNROLL
-        for (int j = 0; j < DY_LOADS; ++j) {
-            if (dy_dst[j] >= 0) {
-                dy_slot[dy_dst[j]] = hdy[j];
-            }
-        }
+        spio::store_row_16(smem_x.stage(t % STAGES).get(), x_dst, hx);
+        spio::store_row_16(smem_dy.slot(t % SLOTS).get(), dy_dst, hdy);
     };
     SPIO_UNROLL
     for (int t = 0; t < DEPTH; ++t) {

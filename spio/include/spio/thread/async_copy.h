@@ -121,6 +121,32 @@ SPIO_DEVICE void cp_async_row_16(T *slot, const int (&dst)[N], const int (&col)[
     }
 }
 
+/// The same planned row, through registers instead of cp.async (plain loads and stores, no PTX):
+/// load_row_16 loads this thread's elements of a row into `held` (zero where col[j] < 0 or
+/// !row_inside, and for elements the thread does not have), store_row_16 stores them into a slot.
+/// Issuing the loads several steps before the stores keeps rows in flight as cp.async groups do.
+template <int N, typename T>
+SPIO_DEVICE void load_row_16(T (&held)[N], const int (&dst)[N], const int (&col)[N], const T *base,
+                             int row_offset, bool row_inside) {
+    SPIO_UNROLL
+    for (int j = 0; j < N; ++j) {
+        held[j] = T{};
+        if (row_inside && dst[j] >= 0 && col[j] >= 0) {
+            held[j] = base[row_offset + col[j]];
+        }
+    }
+}
+
+template <int N, typename T>
+SPIO_DEVICE void store_row_16(T *slot, const int (&dst)[N], const T (&held)[N]) {
+    SPIO_UNROLL
+    for (int j = 0; j < N; ++j) {
+        if (dst[j] >= 0) {
+            slot[dst[j]] = held[j];
+        }
+    }
+}
+
 }  // namespace spio
 
 #endif  // SPIO_THREAD_ASYNC_COPY_H_
