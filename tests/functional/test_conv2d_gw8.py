@@ -87,15 +87,22 @@ def test_groups_argument_is_implied_or_checked(groups):
 @pytest.mark.parametrize(
     "requires_grad", [(True, True, True), (False, True, True), (True, False, False)]
 )
-def test_gradcheck(bias, requires_grad):
-    x, w, b = _tensors((1, 8, 3, 4, 2, 3, 1, 0), bias=bias)
+@pytest.mark.parametrize(
+    "check, shape, seed",
+    [
+        (torch.autograd.gradcheck, (1, 8, 3, 4, 2, 3, 1, 0), 0),
+        # Double backward (e.g. a gradient penalty), through the backward op's autograd formula.
+        (torch.autograd.gradgradcheck, (2, 16, 4, 5, 3, 2, 1, 0), 4),
+    ],
+    ids=["gradcheck", "gradgradcheck"],
+)
+def test_gradcheck(check, shape, seed, bias, requires_grad):
+    x, w, b = _tensors(shape, bias=bias, seed=seed)
     x.requires_grad_(requires_grad[0])
     w.requires_grad_(requires_grad[1])
     if b is not None:
         b.requires_grad_(requires_grad[2])
-    assert torch.autograd.gradcheck(
-        lambda x, w, b: conv2d_gw8(x, w, b, padding_y=1, padding_x=0), (x, w, b)
-    )
+    assert check(lambda x, w, b: conv2d_gw8(x, w, b, padding_y=1, padding_x=0), (x, w, b))
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
@@ -132,22 +139,6 @@ def test_vmap_has_a_batching_rule(monkeypatch, emulate):
         want = torch.stack([f(*(p(t, i) for p, t in zip(pick, args, strict=True)))
                             for i in range(3)])  # fmt: skip
         torch.testing.assert_close(y, want)
-
-
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize(
-    "requires_grad", [(True, True, True), (False, True, True), (True, False, False)]
-)
-def test_gradgradcheck(bias, requires_grad):
-    """Double backward (e.g. a gradient penalty) through the backward op's autograd formula."""
-    x, w, b = _tensors((2, 16, 4, 5, 3, 2, 1, 0), bias=bias, seed=4)
-    x.requires_grad_(requires_grad[0])
-    w.requires_grad_(requires_grad[1])
-    if b is not None:
-        b.requires_grad_(requires_grad[2])
-    assert torch.autograd.gradgradcheck(
-        lambda x, w, b: conv2d_gw8(x, w, b, padding_y=1, padding_x=0), (x, w, b)
-    )
 
 
 @pytest.mark.parametrize(
