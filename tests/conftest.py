@@ -1,8 +1,14 @@
-"""Shared test setup: the `cuda` marker skips cleanly on machines without a GPU."""
+"""Shared test setup: the `cuda` marker skips cleanly on machines without a GPU, and emulated
+kernels run their blocks and threads in a shuffled order (a GPU promises none)."""
 
 import functools
+import os
 
 import pytest
+
+# Emulated launches in shuffled block and thread order (spio.kernels.kernel reads it at each
+# launch); a run may set its own seed, and a test may set another for itself.
+os.environ.setdefault("SPIO_EMULATOR_ORDER_SEED", "1")
 
 
 @functools.cache

@@ -9,6 +9,7 @@ in memory).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,7 +81,8 @@ class Kernel:
             _cuda_function(self, device.index or 0).launch_on_current_stream(self, args)
         elif device.type == "cpu":
             _emulator_function(self).launch(
-                self.grid, self.block, args, shared_mem_bytes=self.shared_mem_bytes
+                self.grid, self.block, args, shared_mem_bytes=self.shared_mem_bytes,
+                seed=_emulator_order_seed(),
             )
         else:
             raise ValueError(f"spio kernels run on CUDA devices or the CPU emulator, got {device}")
@@ -170,6 +172,19 @@ def _cuda_function(kernel: Kernel, ordinal: int) -> _LoadedCudaFunction:
             if loaded is None:
                 loaded = _loaded[key] = _LoadedCudaFunction(kernel, ordinal)
     return loaded
+
+
+def _emulator_order_seed() -> int | None:
+    """SPIO_EMULATOR_ORDER_SEED=<int>: emulated launches run their blocks, and each block's
+    threads, in an order shuffled by that seed instead of in index order; a GPU promises no
+    order, and a kernel whose result depends on one fails under some seed. Unset: index order."""
+    text = os.environ.get("SPIO_EMULATOR_ORDER_SEED", "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"SPIO_EMULATOR_ORDER_SEED must be an integer, got {text!r}") from None
 
 
 def _emulator_function(kernel: Kernel):

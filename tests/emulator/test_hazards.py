@@ -124,3 +124,16 @@ def test_bulk_copies_through_mbarriers(bulk, rows):
 def test_bulk_copy_bugs_are_reported(bulk, bug, message):
     with pytest.raises(EmulatorError, match=message):
         bulk.get_function("bulk_rows").launch(1, 64, (torch.zeros(5, 64), torch.randn(320), 5, bug))
+
+
+def test_emulator_order_seed(monkeypatch):
+    """SPIO_EMULATOR_ORDER_SEED shuffles emulated block and thread order (unset: index order)."""
+    from spio.kernels import kernel as K
+
+    monkeypatch.delenv("SPIO_EMULATOR_ORDER_SEED", raising=False)
+    assert K._emulator_order_seed() is None
+    monkeypatch.setenv("SPIO_EMULATOR_ORDER_SEED", " 7 ")
+    assert K._emulator_order_seed() == 7
+    monkeypatch.setenv("SPIO_EMULATOR_ORDER_SEED", "seven")
+    with pytest.raises(ValueError, match="SPIO_EMULATOR_ORDER_SEED must be an integer, got 'seven'"):
+        K._emulator_order_seed()
