@@ -221,11 +221,16 @@ def train_group(
 
 
 def training_domain(samples: Sequence[Sample]) -> dict:
-    """The batch sizes and dtypes the samples were measured at (PerfModel.covers reads the
-    batch sizes; the dtypes are only recorded)."""
+    """The batch sizes and dtypes the samples were measured at, and each config field's values
+    (PerfModel.covers reads the batch sizes, PerfModel.measured the config values; the dtypes
+    are only recorded)."""
+    fields = get_family(samples[0].family).config_fields
     return {
         "batch_sizes": sorted({s.params.n for s in samples}),
         "dtypes": sorted({s.params.dtype for s in samples}),
+        "config_values": {
+            name: sorted({getattr(s.config, name) for s in samples}) for name in fields
+        },
     }
 
 

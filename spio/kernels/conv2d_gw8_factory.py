@@ -32,8 +32,10 @@ ELEMENT_TYPES = {"fp16": ("__half", "__half2"), "bf16": ("__nv_bfloat16", "__nv_
 class Conv2dGw8Config:
     """A tile config: groups (of 8 channels) per block, output rows and columns per block, the
     number of 16-column runs each warp computes, the input-row buffers (stages - 1 rows are in
-    flight while one is computed), and the mma depth: 8 (one filter tap per m16n8k8) or 16 (two
-    taps s, s + 1 per m16n8k16, half the mma instructions)."""
+    flight while one is computed), the mma depth: 8 (one filter tap per m16n8k8) or 16 (two
+    taps s, s + 1 per m16n8k16, half the mma instructions), and the images per block (the block
+    streams its tile of each image in turn, its pipeline running on from one to the next, with
+    the weights read once)."""
 
     groups: int = 8
     block_p: int = 16
@@ -41,9 +43,10 @@ class Conv2dGw8Config:
     warp_q16: int = 1
     stages: int = 2
     mma_k: int = 8
+    block_n: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("groups", "block_p", "block_q", "warp_q16", "stages", "mma_k"):
+        for name in ("groups", "block_p", "block_q", "warp_q16", "stages", "mma_k", "block_n"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Conv2dGw8Config needs {name} a positive int, got {value!r}")
@@ -71,9 +74,12 @@ class Conv2dGw8Config:
         return 32 * self.warps
 
     def encode(self) -> str:
+        """e.g. g8_p64_q16_w1_s4_k16; _n4 follows for 4 images per block (none for one, the
+        name configs had before there was a choice)."""
+        images = f"_n{self.block_n}" if self.block_n > 1 else ""
         return (
             f"g{self.groups}_p{self.block_p}_q{self.block_q}_w{self.warp_q16}_s{self.stages}"
-            f"_k{self.mma_k}"
+            f"_k{self.mma_k}{images}"
         )
 
 
@@ -125,6 +131,12 @@ def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8Config) -> int:
 STAGES = (2, 3, 4, 6, 8)
 
 
+#: Images per block. More than one only where a block's tile is the whole image: small images,
+#: whose blocks are otherwise short enough that reading the weights and filling and draining the
+#: pipeline take much of their time.
+BLOCK_NS = (1, 2, 4, 8)
+
+
 def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Config]:
     """Every tile config worth trying for this layer, in a fixed order."""
     geo = _Geometry.of(params, igrad)
@@ -133,17 +145,20 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
     max_p = max(4, 1 << math.ceil(math.log2(geo.out_h)))
     found = []
     mma_ks = (8, 16) if params.s > 1 else (8,)  # one filter column has no pair to share an mma
-    for groups, block_q, warp_q16, block_p, stages, mma_k in itertools.product(
-        (1, 2, 4, 8), (16, 32, 64), (1, 2), (4, 8, 16, 32, 64), STAGES, mma_ks
+    for groups, block_q, warp_q16, block_p, stages, mma_k, block_n in itertools.product(
+        (1, 2, 4, 8), (16, 32, 64), (1, 2), (4, 8, 16, 32, 64), STAGES, mma_ks, BLOCK_NS
     ):
         if groups > max_groups or block_q > max_q or block_p > max_p:
             continue
-        if block_q % (16 * warp_q16) or stages > 2 and block_p < 8:
+        whole_image = block_p >= geo.out_h and block_q >= geo.out_w
+        if block_n > 1 and (not whole_image or block_n > params.n):
+            continue
+        if block_q % (16 * warp_q16) or stages > 2 and block_p * block_n < 8:
             continue
         warps = groups * block_q // (16 * warp_q16)
         if warps > MAX_THREADS // 32:
             continue
-        config = Conv2dGw8Config(groups, block_p, block_q, warp_q16, stages, mma_k)
+        config = Conv2dGw8Config(groups, block_p, block_q, warp_q16, stages, mma_k, block_n)
         if config.threads >= 32 and shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
             found.append(config)
     return found
@@ -184,12 +199,14 @@ def latency_cover(
 def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool = False) -> float:
     """A unitless cost for ranking configs without measurements: memory traffic (halo, tile
     overrun and sector waste included) relative to the ideal, divided by how well the resident
-    blocks cover DRAM latency."""
+    blocks cover DRAM latency. It has no term for what a block pays once (reading the weights,
+    filling and draining the pipeline), so it never prefers more than one image per block: only
+    measurements (a perf model trained on such configs, autotuning) can."""
     geo = _Geometry.of(params, igrad)
     tiles_y = math.ceil(geo.out_h / config.block_p)
     tiles_x = math.ceil(geo.out_w / config.block_q)
     groups = math.ceil(params.groups / config.groups) * config.groups
-    blocks = params.n * tiles_y * tiles_x * (groups // config.groups)
+    blocks = math.ceil(params.n / config.block_n) * tiles_y * tiles_x * (groups // config.groups)
     useful = geo.out_h * geo.out_w * params.groups
     in_x = config.block_q + params.s - 1
     read = tiles_y * (config.block_p + params.r - 1) * tiles_x * in_x
@@ -237,7 +254,7 @@ def generate_header(
     c8 = params.groups
     in_x = config.block_q + params.s - 1
     tiles = {
-        "n": params.n,
+        "n": math.ceil(params.n / config.block_n),
         "c8": math.ceil(c8 / config.groups),
         "y": math.ceil(geo.out_h / config.block_p),
         "x": math.ceil(geo.out_w / config.block_q),
@@ -267,6 +284,7 @@ def generate_header(
                 "threads": config.threads,
                 "stages": config.stages,
                 "mma_k": config.mma_k,
+                "n": config.block_n,
             },
         ),
         TensorSpec("Input", "const uint4", {"n": params.n, "y": geo.in_h, "x": geo.in_w, "c8": c8}),
@@ -314,7 +332,7 @@ def make_kernel(
     variant = ("__wcl" if weights_cl else "") + ("__belem" if bias_elem else "")
     geo = _Geometry.of(params, igrad)
     blocks = (
-        params.n
+        math.ceil(params.n / config.block_n)
         * math.ceil(params.groups / config.groups)
         * math.ceil(geo.out_h / config.block_p)
         * math.ceil(geo.out_w / config.block_q)

@@ -38,8 +38,12 @@ class Family:
         return tuple(f.name for f in fields(self.config_type))
 
     def config_from_fields(self, values: dict[str, Any]) -> Any:
-        """The config whose fields are `values` (ints, or strings of ints)."""
-        return self.config_type(**{name: int(values[name]) for name in self.config_fields})
+        """The config whose fields are `values` (ints, or strings of ints). A field missing or
+        empty takes its default: a config recorded before the field existed had that value."""
+        given = {name: values.get(name, "") for name in self.config_fields}
+        return self.config_type(
+            **{name: int(value) for name, value in given.items() if str(value).strip() != ""}
+        )
 
     def kernels(self, params: Conv2dGw8Params) -> list[Kernel]:
         """Every kernel of this family for a layer, one per config."""

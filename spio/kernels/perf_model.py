@@ -105,14 +105,14 @@ def features(family: Family, params: Conv2dGw8Params, configs: Sequence) -> np.n
     groups_run = np.ceil(g / cg) * cg
     span = np.minimum(cg, g) * 16
     sector = np.ceil(span / 32) * 32 / span if g > 1 else np.ones(len(configs))
-    if wgrad:  # tiles of dy; each block also spans block_n images
+    # Each block spans block_n images (WGrad sums them; FProp and DGrad stream them in turn).
+    images = np.ceil(params.n / cfg["block_n"])
+    n_run = images * cfg["block_n"]
+    if wgrad:  # tiles of dy
         out_h, out_w = params.p, params.q
-        images = np.ceil(params.n / cfg["block_n"])
-        n_run = images * cfg["block_n"]
         row_bytes = cg * (2 * bq + s - 1) * 16
     else:  # tiles of the output (dx for DGrad)
         out_h, out_w = (params.h, params.w) if family.pass_ == "dgrad" else (params.p, params.q)
-        images = n_run = np.full(len(configs), float(params.n))
         row_bytes = cg * (bq + s - 1) * 16
     tiles_y, tiles_x = np.ceil(out_h / bp), np.ceil(out_w / bq)
     blocks = images * tiles_y * tiles_x * (groups_run / cg)
@@ -461,6 +461,7 @@ class PerfModel:
                 f"expected {len(feature_names(family))}"
             )
         _check_batch_sizes(path, meta)
+        _check_config_values(path, meta, family)
         booster.set_param({"nthread": 1})  # one layer's configs: threads only add overhead
         return cls(family=family, path=path, meta=meta, booster=booster)
 
@@ -498,10 +499,24 @@ class PerfModel:
         prediction = self.booster.inplace_predict(matrix, validate_features=False)
         return np.asarray(prediction, dtype=np.float64) + target_offset(self.family, params)
 
+    def measured(self, config) -> bool:
+        """Whether every field of `config` has a value the model was trained on (its metadata's
+        `config_values`; a model without them takes every config as measured). A value never
+        measured, such as a new config dimension, is one the trees cannot tell apart."""
+        values = self.meta.get("config_values")
+        if values is None:
+            return True
+        return all(getattr(config, name) in values.get(name, ()) for name in values)
+
     def rank(self, params: Conv2dGw8Params, configs: Sequence) -> list:
-        """configs ordered from the fastest predicted to the slowest (ties: config order)."""
-        predicted = self.predict_log_seconds(params, configs)
-        return [configs[i] for i in np.argsort(predicted, kind="stable")]
+        """configs ordered from the fastest predicted to the slowest (ties: config order); the
+        configs it was not trained on like (`measured`) follow, in their given order."""
+        known = [c for c in configs if self.measured(c)]
+        unknown = [c for c in configs if not self.measured(c)]
+        if not known:
+            return unknown
+        predicted = self.predict_log_seconds(params, known)
+        return [known[i] for i in np.argsort(predicted, kind="stable")] + unknown
 
 
 def _check_batch_sizes(path: Path, meta: dict) -> None:
@@ -515,6 +530,26 @@ def _check_batch_sizes(path: Path, meta: dict) -> None:
         raise PerfModelError(
             f"perf model metadata {path.with_suffix('.json')} has batch_sizes {sizes!r}; "
             "expected a list of positive integers"
+        )
+
+
+def _check_config_values(path: Path, meta: dict, family: Family) -> None:
+    """PerfModelError unless `config_values`, where present, maps config fields of `family` to
+    lists of integers."""
+    values = meta.get("config_values")
+    if values is None:
+        return
+    if (
+        not isinstance(values, dict)
+        or not set(values) <= set(family.config_fields)
+        or not all(
+            isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+            for v in values.values()
+        )
+    ):
+        raise PerfModelError(
+            f"perf model metadata {path.with_suffix('.json')} has config_values {values!r}; "
+            f"expected lists of integers for fields of {', '.join(family.config_fields)}"
         )
 
 

@@ -9,10 +9,12 @@
 ///          ldmatrix .trans does for free.
 /// Inputs whose indices fall outside In are zero (cp.async zero-fill); w keeps PyTorch's [K, 8, R, S].
 ///
-/// Tiling: a block owns image n, Block::c8 groups, Block::y output rows and Block::x output columns.
-/// It streams the Block::y + R - 1 input rows of its tile through shared memory one row at a time
-/// (cp.async, Block::stages row buffers, so up to Block::stages - 1 rows are in flight while one is
-/// being computed). Each warp owns one group and Block::warp_x16 runs of 16 output columns.
+/// Tiling: a block owns Block::n consecutive images, Block::c8 groups, Block::y output rows and
+/// Block::x output columns. It streams the Block::y + R - 1 input rows of its tile in each image,
+/// image after image, through shared memory one row at a time (cp.async, Block::stages row
+/// buffers, so up to Block::stages - 1 rows are in flight while one is being computed). The
+/// pipeline runs on across image boundaries, and the weights are read once for all Block::n
+/// images. Each warp owns one group and Block::warp_x16 runs of 16 output columns.
 /// For each input row a warp loads, per filter column s, the 16x8 matrix of the shifted input
 /// (16 pixels x 8 channels, ldmatrix.x2) and multiplies it with the R taps (r, s) by
 /// mma.sync.m16n8k8 (or, with Block::mma_k == 16, two filter columns per mma.sync.m16n8k16: A is
@@ -22,6 +24,9 @@
 /// complete: it is rounded, biased and written to a shared-memory staging buffer, and its slot
 /// zeroed for reuse. In the next step all threads copy the staged row to global memory in whole
 /// 16-byte chunks, a pixel's groups side by side (two staging buffers alternate).
+/// Across images the stream is one sequence of rows: its output rows i - (R-1) whose R input rows
+/// straddle two images' tiles (the last R - 1 of each image's stretch) mix two images and are
+/// dropped, neither staged nor stored; every other output row sees only its own image's rows.
 /// Weights are read once per block into shared memory, copied as they are held (the block's groups
 /// are one contiguous run), and from there into registers, one register per tap per lane.
 ///
@@ -89,7 +94,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     Bias::data_type *bias) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
-    constexpr int ROWS = Block::y + R - 1;  // input rows per tile
+    constexpr int ROWS = Block::y + R - 1;     // input rows of the tile in one image
+    constexpr int STREAM = Block::n * ROWS;    // input rows of the block: its images one by one
 
     spio::stagger_start(blockIdx.x);  // nothing unless timing with SPIO_STAGGER_NS
 
@@ -101,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         smem + SmemInput::size + SmemWeights::num_bytes / 16));
 
     const BlockIdx block(blockIdx.x);
-    const int n = block.n();
+    const int block_n = block.n() * Block::n;  // the block's first image
     const int block_c8 = block.c8() * Block::c8;
     const int block_y = block.y() * Block::y;
     const int block_x = block.x() * Block::x;
@@ -125,15 +131,21 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 col = x * Input::stride_x + c8 * Input::stride_c8;
             }
         });
-    const uint4 *image = Input(in).n(n).get();
-    // Copies input row `row` of the tile (zero outside the image) into its stage; no commit.
+    // Row `row` of the stream is row row % ROWS of the tile in image block_n + row / ROWS.
+    const auto image_of = [&](int row) { return block_n + (Block::n == 1 ? 0 : row / ROWS); };
+    const auto tile_row_of = [](int row) { return Block::n == 1 ? row : row % ROWS; };
+    const uint4 *first_image = Input(in).n(block_n).get();
+    // Copies stream row `row` (zero outside the image) into its stage; no commit.
     const auto load_input_row = [&](int row) {
-        const int y = block_y + row - Conv::pad_h;
-        const bool row_inside = y >= 0 && y < Input::Y;
+        const int y = block_y + tile_row_of(row) - Conv::pad_h;
+        const int n = image_of(row);
+        const bool inside = y >= 0 && y < Input::Y && (Block::n == 1 || n < Input::N);
+        // (A row past the batch is not read: the block's first image stands in as its base.)
+        const uint4 *image = Block::n == 1 || !inside ? first_image : Input(in).n(n).get();
         if (!SPIO_ABLATE_LOADS) {
             spio::cp_async_row_16<SPIO_L2_PREFETCH>(smem_input.stage(row % STAGES).get(), load_dst,
-                                                    load_col, image, y * Input::stride_y,
-                                                    row_inside, in);
+                                                    load_col, image, y * Input::stride_y, inside,
+                                                    in);
         }
     };
 #if SPIO_LOAD_VIA_REGS
@@ -146,9 +158,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     static_assert(R % DEPTH == 0, "SPIO_LOAD_VIA_REGS needs STAGES - 1 to divide the filter's R");
     uint4 held[DEPTH][LOADS];
     const auto load_row_regs = [&](int row, uint4(&slot)[LOADS]) {
-        const int y = block_y + row - Conv::pad_h;
-        spio::load_row_16(slot, load_dst, load_col, image, y * Input::stride_y,
-                          y >= 0 && y < Input::Y);
+        const int y = block_y + tile_row_of(row) - Conv::pad_h;
+        const int n = image_of(row);
+        const bool inside = y >= 0 && y < Input::Y && (Block::n == 1 || n < Input::N);
+        const uint4 *image = Block::n == 1 || !inside ? first_image : Input(in).n(n).get();
+        spio::load_row_16(slot, load_dst, load_col, image, y * Input::stride_y, inside);
     };
     const auto store_row_regs = [&](int row, const uint4(&slot)[LOADS]) {
         spio::store_row_16(smem_input.stage(row % STAGES).get(), load_dst, slot);
@@ -175,19 +189,19 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     spio::cp_async_commit_group();  // the weights
     SPIO_UNROLL
     for (int row = 0; row < DEPTH; ++row) {
-        if (row < ROWS) {
+        if (row < STREAM) {
             load_row_regs(row, held[row]);
         }
     }
     store_row_regs(0, held[0]);
-    if (DEPTH < ROWS) {
+    if (DEPTH < STREAM) {
         load_row_regs(DEPTH, held[0]);
     }
     spio::cp_async_wait_all();  // the weights have landed
 #else
     SPIO_UNROLL
     for (int row = 0; row < STAGES - 1; ++row) {
-        if (row < ROWS) {
+        if (row < STREAM) {
             load_input_row(row);
         }
         spio::cp_async_commit_group();
@@ -282,13 +296,20 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 dst = x * Output::stride_x + k8 * Output::stride_k8;
             }
         });
-    // Copies staged output row `row` of the tile to global memory (all threads).
+    // Whether output row `row` of the stream is one the block writes: its input rows are all in
+    // one image's tile (see the leading comment), and it is inside the output.
+    const auto output_row_kept = [&](int row) {
+        const int tile_row = tile_row_of(row);
+        const bool one_image = Block::n == 1 || (tile_row < Block::y && image_of(row) < Output::N);
+        return one_image && block_y + tile_row < Output::Y;
+    };
+    // Copies staged output row `row` of the stream to global memory (all threads).
     const auto store_output_row = [&](int row) {
-        const int y = block_y + row;
-        if (y >= Output::Y) {
+        if (!output_row_kept(row)) {
             return;
         }
-        Output::data_type *out_row = Output(out).n(n).y(y).get();
+        const int y = block_y + tile_row_of(row);
+        Output::data_type *out_row = Output(out).n(image_of(row)).y(y).get();
         const Output::data_type *staged = smem_output.buf(row % 2).get();
         SPIO_UNROLL
         for (int j = 0; j < STORES; ++j) {
@@ -305,11 +326,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         }
     };
 
-    for (int row0 = 0; row0 < ROWS; row0 += R) {
+    for (int row0 = 0; row0 < STREAM; row0 += R) {
         SPIO_UNROLL
         for (int u = 0; u < R; ++u) {
             const int row = row0 + u;
-            if (row < ROWS) {
+            if (row < STREAM) {
 #if SPIO_LOAD_VIA_REGS
                 if (!SPIO_ABLATE_SYNC) {
                     __syncthreads();
@@ -319,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 if (!SPIO_ABLATE_SYNC) {
                     __syncthreads();
                 }
-                if (row + STAGES - 1 < ROWS) {
+                if (row + STAGES - 1 < STREAM) {
                     load_input_row(row + STAGES - 1);
                 }
                 spio::cp_async_commit_group();
@@ -344,8 +365,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                         }
                         SPIO_UNROLL
                         for (int r = 0; r < R; ++r) {
-                            // Output row (row - r) lives in slot (u - r) mod R. Rows above the tile
-                            // (row < r) only exist in the first R - 1 input rows: skip them.
+                            // Output row (row - r) lives in slot (u - r) mod R. Rows above the stream
+                            // (row < r) only exist in its first R - 1 input rows: skip them.
                             if (!SPIO_ABLATE_MMA && (row0 > 0 || r <= u)) {
                                 float (&out_rows)[4] = acc[(u - r + R) % R][run];
                                 if (two_taps) {
@@ -360,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 // Output row (row - (R - 1)) has all its input rows now.
                 const int done = row - (R - 1);
                 float (&finished)[Block::warp_x16][4] = acc[(u + 1) % R];
-                if (done >= 0) {
+                if (done >= 0 && (Block::n == 1 || tile_row_of(done) < Block::y)) {
                     stage_output_row(done, finished);
                 }
                 SPIO_UNROLL
@@ -374,16 +395,16 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 // Row row + 1 into its stage, which held row + 1 - STAGES, done with before this
                 // step's barrier (the next barrier publishes it); then row row + 1 + DEPTH into
                 // the register slot that frees.
-                if (row + 1 < ROWS) {
+                if (row + 1 < STREAM) {
                     store_row_regs(row + 1, held[(u + 1) % DEPTH]);
                 }
-                if (row + 1 + DEPTH < ROWS) {
+                if (row + 1 + DEPTH < STREAM) {
                     load_row_regs(row + 1 + DEPTH, held[(u + 1) % DEPTH]);
                 }
 #endif
             }
         }
     }
-    __syncthreads();  // the last output row of the tile is staged
-    store_output_row(Block::y - 1);
+    __syncthreads();  // the last output row of the stream is staged
+    store_output_row(STREAM - R);
 }

@@ -44,12 +44,12 @@ def synthetic_seconds(family: str, params: Conv2dGw8Params, config) -> float:
     fam = FAMILIES[family]
     g, r, s = params.groups, params.r, params.s
     cg, bp, bq = config.groups, config.block_p, config.block_q
+    bn = config.block_n
     if family == "conv2d_gw8_wgrad":
-        out_h, out_w, bn = params.p, params.q, config.block_n
+        out_h, out_w = params.p, params.q
         smem = wg.shared_mem_bytes(params, config)
     else:
         out_h, out_w = (params.h, params.w) if fam.pass_ == "dgrad" else (params.p, params.q)
-        bn = 1
         smem = fd.shared_mem_bytes(params, config)
     blocks = (
         math.ceil(params.n / bn) * math.ceil(out_h / bp) * math.ceil(out_w / bq) * math.ceil(g / cg)

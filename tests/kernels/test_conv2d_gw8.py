@@ -160,6 +160,83 @@ def test_emulated_deep_pipelines(pass_, params, config):
     check(params, pass_, matches[0], "cpu")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize(
+    "pass_,params,config",
+    [
+        ("fprop", Conv2dGw8Params(n=5, c=16, h=6, w=5, padding=1, r=3, s=3, has_bias=True),
+         "g2_p8_q16_w1_s4_k16_n2"),  # 3 blocks of images, the last one half past the batch
+        ("dgrad", Conv2dGw8Params(n=5, c=16, h=6, w=5, padding=1, r=3, s=3),
+         "g1_p8_q16_w1_s8_k8_n4"),  # 7 rows in flight across image boundaries
+        ("dgrad", Conv2dGw8Params(n=3, c=24, h=4, w=7, padding=4, r=3, s=3),
+         "g4_p4_q16_w1_s3_k16_n2"),  # negative DGrad padding; a partial group block
+        ("fprop", Conv2dGw8Params(n=8, c=8, h=4, w=4, padding=0, r=4, s=1, dtype="bf16"),
+         "g1_p4_q16_w1_s2_k8_n8"),  # one block, 8 images, 4x4 -> 1x4 outputs
+        ("fprop", Conv2dGw8Params(n=4, c=32, h=7, w=9, padding=(2, 1), r=5, s=2, dtype="bf16",
+                                  has_bias=True),
+         "g4_p8_q16_w1_s6_k16_n4"),  # R = 5: the unrolled slots do not line up with images
+    ],
+    ids=lambda v: v if isinstance(v, str) else v.encode(),
+)  # fmt: skip
+def test_multi_image_blocks(pass_, params, config, device):
+    """A block streams the tiles of block_n images one after another, its pipeline and output
+    ring running on across image boundaries: rows that would mix two images must be dropped,
+    and images past the batch neither read nor written."""
+    igrad = pass_ == "dgrad"
+    matches = [c for c in fd.configs(params, igrad) if c.encode() == config]
+    assert matches, f"{config} is not a config of {params.encode()}"
+    kernel = fd.make_kernel(params, matches[0], igrad)
+    assert kernel.grid[0] == math.ceil(params.n / matches[0].block_n) * math.ceil(
+        params.groups / matches[0].groups
+    )
+    check(params, pass_, matches[0], device)
+
+
+@pytest.mark.parametrize(
+    "device,order_seed",
+    [("cpu", "1"), ("cpu", "2"), ("cpu", "3"), pytest.param("cuda", "", marks=pytest.mark.cuda)],
+)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_multi_image_blocks_of_partial_tiles(pass_, device, order_seed, monkeypatch):
+    """configs() offers several images a block only where a tile is the whole image, but the
+    kernel streams any tile: here 3 row tiles of 4 in a 10-row image, so that output rows whose
+    filter rows straddle two images fall inside the next tile and must be dropped, not stored.
+    In index order the next tile's block would overwrite them: the emulator runs the blocks in
+    shuffled orders (SPIO_EMULATOR_ORDER_SEED), as a GPU may."""
+    monkeypatch.setenv("SPIO_EMULATOR_ORDER_SEED", order_seed)
+    params = Conv2dGw8Params(n=3, c=16, h=10, w=7, padding=1, r=3, s=3, has_bias=True)
+    config = fd.Conv2dGw8Config(2, 4, 16, 1, stages=3, mma_k=16, block_n=2)
+    assert config not in fd.configs(params, pass_ == "dgrad")
+    check(params, pass_, config, device)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_multi_image_blocks_through_registers(device):
+    """The `ldg` timing variant streams images the same way."""
+    from spio.check import run_one
+
+    params = Conv2dGw8Params(n=3, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True)
+    for pass_ in PASSES:
+        config = fd.Conv2dGw8Config(2, 8, 16, 1, stages=4, mma_k=16, block_n=2)
+        assert config in fd.configs(params, pass_ == "dgrad")
+        kernel = load_via_regs(fd.make_kernel(params, config, igrad=pass_ == "dgrad"))
+        ratio = run_one(params, pass_, config, device, kernel=kernel)
+        assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
+
+
+def test_multi_image_configs_only_where_a_tile_is_the_whole_image():
+    small = Conv2dGw8Params(n=4, c=64, h=8, w=8, padding=1)
+    multi = [c for c in fd.configs(small) if c.block_n > 1]
+    assert {c.block_n for c in multi} == {2, 4}  # not 8: more than the batch
+    assert all(c.block_p >= small.p and c.block_q >= small.q for c in multi)
+    assert all(c.encode().endswith(f"_n{c.block_n}") for c in multi)
+    assert not any("_n" in c.encode() for c in fd.configs(small) if c.block_n == 1)
+    large = Conv2dGw8Params(n=4, c=64, h=80, w=80, padding=1)
+    assert all(c.block_n == 1 for c in fd.configs(large))
+    # The analytic heuristic has no term for a block's fixed costs: it keeps one image a block.
+    assert fd.default_config(small).block_n == 1
+
+
 def test_deep_pipelines_only_for_tiles_of_eight_rows_or_more():
     params = Conv2dGw8Params(n=8, c=64, h=64, w=64, padding=1, r=3, s=3)
     deep = [c for c in fd.configs(params) if c.stages > 2]

@@ -239,7 +239,7 @@ def test_model_ranks_unseen_layers_like_the_formula(models):
     for name, family in pm.FAMILIES.items():
         model = pm.PerfModel.load(pm.model_path(models, name, syn.ARCH))
         for params in unseen_layers(8):
-            configs = family.configs(params)
+            configs = [c for c in family.configs(params) if model.measured(c)]
             truth = np.array([syn.synthetic_seconds(name, params, c) for c in configs])
             predicted = model.predict_log_seconds(params, configs)
             best = model.rank(params, configs)[0]
@@ -277,6 +277,41 @@ def test_shipped_models_were_measured_on_a_real_gpu_and_load():
             assert not any(s.synthetic for s in samples) and not any(
                 "SYNTHETIC" in c.upper() for c in comments
             )
+
+
+def test_a_model_ranks_configs_it_never_measured_last(models):
+    """Multi-image FProp/DGrad blocks (block_n > 1) came after the shipped models' samples: a
+    model ranks them after every config like those it was trained on, so neither its pick nor
+    autotuning's top-k is a config whose time the trees cannot tell."""
+    import json
+
+    for name in ("conv2d_gw8_fprop", "conv2d_gw8_dgrad"):
+        family = pm.FAMILIES[name]
+        for folder in (models, pm.PACKAGED_MODELS_DIR):
+            model = pm.PerfModel.load(pm.model_path(folder, name, "sm_90"))
+            assert model.meta["config_values"]["block_n"] == [1]
+            params = P(64, 256, 8, 8, padding=1)
+            configs = family.configs(params)
+            ranked = model.rank(params, configs)
+            multi = [c for c in configs if c.block_n > 1]
+            assert multi and sorted(ranked, key=configs.index) == configs
+            assert ranked[-len(multi) :] == multi
+            assert all(c.block_n == 1 for c in ranked[: -len(multi)])
+    # A model whose metadata predates config_values takes every config as measured.
+    path = pm.model_path(models, "conv2d_gw8_fprop", "sm_90")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    del meta["config_values"]
+    old = pm.PerfModel(pm.FAMILIES["conv2d_gw8_fprop"], path, meta, None)
+    assert all(old.measured(c) for c in multi)
+
+
+def test_samples_from_before_a_config_field_read_its_default():
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    fields = {"groups": "2", "block_p": "8", "block_q": "16", "warp_q16": "1", "stages": "4"}
+    for extra in ({}, {"block_n": ""}, {"mma_k": " ", "block_n": "1"}):
+        config = family.config_from_fields({**fields, **extra})
+        assert (config.block_n, config.mma_k) == (1, 8)
+    assert family.config_from_fields({**fields, "block_n": "4"}).block_n == 4
 
 
 def test_shipped_sm90_model_leaves_small_batches_to_the_heuristic():
@@ -410,7 +445,8 @@ def test_autotune_times_the_heuristic_top_k_for_an_uncovered_batch_size(fake_dev
 
 
 @pytest.mark.parametrize(
-    "damage", ["garbage", "truncated", "empty", "json", "features", "batch_sizes"]
+    "damage",
+    ["garbage", "truncated", "empty", "json", "features", "batch_sizes", "config_values"],
 )
 def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
     damage, fake_device, tmp_path, models, caplog, monkeypatch
@@ -435,9 +471,13 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
         meta = json.loads(dst.with_suffix(".json").read_text())
         meta["features"] = meta["features"][:-1]
         dst.with_suffix(".json").write_text(json.dumps(meta))
-    else:
+    elif damage == "batch_sizes":
         meta = json.loads(dst.with_suffix(".json").read_text())
         meta["batch_sizes"] = "128"
+        dst.with_suffix(".json").write_text(json.dumps(meta))
+    else:
+        meta = json.loads(dst.with_suffix(".json").read_text())
+        meta["config_values"] = {"block_n": "1"}
         dst.with_suffix(".json").write_text(json.dumps(meta))
 
     with pytest.raises(pm.PerfModelError, match=str(dst.with_suffix("")) + r"\.(ubj|json)"):
