@@ -191,6 +191,11 @@ step_ablate() {
     ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8
     # The small layers that lose to cuDNN in every pass.
     ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30
+    # Several images per block on them (their blocks are short: weights and pipeline fill and
+    # drain paid per image), against the one-image config the model picks for both.
+    ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop dgrad --repeats 30 \
+        --variants full loads-only --config g2_p8_q16_w1_s4_k16 g2_p8_q16_w1_s4_k16_n2 \
+        g2_p8_q16_w1_s4_k16_n4 g2_p8_q16_w1_s4_k16_n8 g4_p8_q16_w1_s4_k16_n4 g2_p8_q16_w1_s8_k16_n4
     # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
     # camping would show as a faster loads-only there), next to a read-only pass; and blocks
     # made to start apart (stagger), which would also help if lockstep blocks camp.
