@@ -85,6 +85,26 @@ SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const un
     spio::mma_m16n8k16<Elem>(acc, a, b, acc);
 }
 
+// Where a row of a block's stream lies: its image (counted from the block's first) and its row in
+// that image's tile of Block::y + R - 1 input rows. The main loop advances positions one row a
+// step instead of dividing by the tile's rows. With one image a block, the row is the stream row.
+struct StreamRow {
+    static constexpr int ROWS = Block::y + Conv::r - 1;
+    int image;
+    int row;
+    // The position of stream row `row` (for row < 0: image 0 and the same negative row).
+    SPIO_DEVICE static constexpr StreamRow at(int row) {
+        return Block::n == 1 || row < 0 ? StreamRow{0, row} : StreamRow{row / ROWS, row % ROWS};
+    }
+    SPIO_DEVICE void next() {
+        ++row;
+        if (Block::n > 1 && row == ROWS) {
+            row = 0;
+            ++image;
+        }
+    }
+};
+
 }  // namespace
 
 // Min. 1 block per SM: with the thread count alone, ptxas (NVRTC 12.9 and 13.0) capped registers
@@ -131,14 +151,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 col = x * Input::stride_x + c8 * Input::stride_c8;
             }
         });
-    // Row `row` of the stream is row row % ROWS of the tile in image block_n + row / ROWS.
-    const auto image_of = [&](int row) { return block_n + (Block::n == 1 ? 0 : row / ROWS); };
-    const auto tile_row_of = [](int row) { return Block::n == 1 ? row : row % ROWS; };
     const uint4 *first_image = Input(in).n(block_n).get();
-    // Copies stream row `row` (zero outside the image) into its stage; no commit.
-    const auto load_input_row = [&](int row) {
-        const int y = block_y + tile_row_of(row) - Conv::pad_h;
-        const int n = image_of(row);
+    // Copies stream row `row`, at `pos`, into its stage (zero outside the image); no commit.
+    const auto load_input_row = [&](int row, StreamRow pos) {
+        const int y = block_y + pos.row - Conv::pad_h;
+        const int n = block_n + pos.image;
         const bool inside = y >= 0 && y < Input::Y && (Block::n == 1 || n < Input::N);
         // (A row past the batch is not read: the block's first image stands in as its base.)
         const uint4 *image = Block::n == 1 || !inside ? first_image : Input(in).n(n).get();
@@ -157,9 +174,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     constexpr int DEPTH = STAGES - 1;
     static_assert(R % DEPTH == 0, "SPIO_LOAD_VIA_REGS needs STAGES - 1 to divide the filter's R");
     uint4 held[DEPTH][LOADS];
-    const auto load_row_regs = [&](int row, uint4(&slot)[LOADS]) {
-        const int y = block_y + tile_row_of(row) - Conv::pad_h;
-        const int n = image_of(row);
+    const auto load_row_regs = [&](StreamRow pos, uint4(&slot)[LOADS]) {
+        const int y = block_y + pos.row - Conv::pad_h;
+        const int n = block_n + pos.image;
         const bool inside = y >= 0 && y < Input::Y && (Block::n == 1 || n < Input::N);
         const uint4 *image = Block::n == 1 || !inside ? first_image : Input(in).n(n).get();
         spio::load_row_16(slot, load_dst, load_col, image, y * Input::stride_y, inside);
@@ -190,19 +207,19 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     SPIO_UNROLL
     for (int row = 0; row < DEPTH; ++row) {
         if (row < STREAM) {
-            load_row_regs(row, held[row]);
+            load_row_regs(StreamRow::at(row), held[row]);
         }
     }
     store_row_regs(0, held[0]);
     if (DEPTH < STREAM) {
-        load_row_regs(DEPTH, held[0]);
+        load_row_regs(StreamRow::at(DEPTH), held[0]);
     }
     spio::cp_async_wait_all();  // the weights have landed
 #else
     SPIO_UNROLL
     for (int row = 0; row < STAGES - 1; ++row) {
         if (row < STREAM) {
-            load_input_row(row);
+            load_input_row(row, StreamRow::at(row));
         }
         spio::cp_async_commit_group();
     }
@@ -296,20 +313,17 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 dst = x * Output::stride_x + k8 * Output::stride_k8;
             }
         });
-    // Whether output row `row` of the stream is one the block writes: its input rows are all in
-    // one image's tile (see the leading comment), and it is inside the output.
-    const auto output_row_kept = [&](int row) {
-        const int tile_row = tile_row_of(row);
-        const bool one_image = Block::n == 1 || (tile_row < Block::y && image_of(row) < Output::N);
-        return one_image && block_y + tile_row < Output::Y;
-    };
-    // Copies staged output row `row` of the stream to global memory (all threads).
-    const auto store_output_row = [&](int row) {
-        if (!output_row_kept(row)) {
+    // Copies staged output row `row` of the stream, at `pos`, to global memory (all threads) if
+    // the block writes it: its input rows are all in one image's tile (see the leading comment),
+    // and it is inside the output.
+    const auto store_output_row = [&](int row, StreamRow pos) {
+        const int y = block_y + pos.row;
+        const bool one_image =
+            Block::n == 1 || (pos.row < Block::y && block_n + pos.image < Output::N);
+        if (!one_image || y >= Output::Y) {
             return;
         }
-        const int y = block_y + tile_row_of(row);
-        Output::data_type *out_row = Output(out).n(image_of(row)).y(y).get();
+        Output::data_type *out_row = Output(out).n(block_n + pos.image).y(y).get();
         const Output::data_type *staged = smem_output.buf(row % 2).get();
         SPIO_UNROLL
         for (int j = 0; j < STORES; ++j) {
@@ -326,6 +340,16 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         }
     };
 
+    // Positions of the rows each step handles: the one it loads ahead, the output row it
+    // finishes, and the one the previous step finished (staged there, copied out here). With
+    // one image a block they are the stream rows themselves, and these go unused.
+#if SPIO_LOAD_VIA_REGS
+    StreamRow ahead = StreamRow::at(1 + DEPTH);
+#else
+    StreamRow ahead = StreamRow::at(STAGES - 1);
+#endif
+    StreamRow finishing = StreamRow::at(-(R - 1));
+    StreamRow staged = StreamRow::at(-R);
     for (int row0 = 0; row0 < STREAM; row0 += R) {
         SPIO_UNROLL
         for (int u = 0; u < R; ++u) {
@@ -341,13 +365,14 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     __syncthreads();
                 }
                 if (row + STAGES - 1 < STREAM) {
-                    load_input_row(row + STAGES - 1);
+                    load_input_row(row + STAGES - 1, Block::n == 1 ? StreamRow::at(row + STAGES - 1) : ahead);
                 }
+                ahead.next();
                 spio::cp_async_commit_group();
 #endif
                 // The output row staged in the previous step is visible to all threads now.
                 if (row >= R) {
-                    store_output_row(row - R);
+                    store_output_row(row - R, Block::n == 1 ? StreamRow::at(row - R) : staged);
                 }
                 const SmemInput stage = smem_input.stage(row % STAGES).c8(warp.c8());
                 // Block::mma_k == 16 pairs filter columns s and s + 1 into one m16n8k16.
@@ -381,9 +406,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 // Output row (row - (R - 1)) has all its input rows now.
                 const int done = row - (R - 1);
                 float (&finished)[Block::warp_x16][4] = acc[(u + 1) % R];
-                if (done >= 0 && (Block::n == 1 || tile_row_of(done) < Block::y)) {
+                if (done >= 0 && (Block::n == 1 || finishing.row < Block::y)) {
                     stage_output_row(done, finished);
                 }
+                staged = finishing;
+                finishing.next();
                 SPIO_UNROLL
                 for (int run = 0; run < Block::warp_x16; ++run) {
                     SPIO_UNROLL
@@ -399,12 +426,14 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     store_row_regs(row + 1, held[(u + 1) % DEPTH]);
                 }
                 if (row + 1 + DEPTH < STREAM) {
-                    load_row_regs(row + 1 + DEPTH, held[(u + 1) % DEPTH]);
+                    load_row_regs(Block::n == 1 ? StreamRow::at(row + 1 + DEPTH) : ahead,
+                                  held[(u + 1) % DEPTH]);
                 }
+                ahead.next();
 #endif
             }
         }
     }
     __syncthreads();  // the last output row of the stream is staged
-    store_output_row(STREAM - R);
+    store_output_row(STREAM - R, StreamRow::at(STREAM - R));
 }
