@@ -32,6 +32,8 @@ class Family:
     heuristic_key: Callable[[Conv2dGw8Params, Any], tuple]  # the heuristic's order: ascending
     default_config: Callable[[Conv2dGw8Params], Any]
     shared_mem_bytes: Callable[[Conv2dGw8Params, Any], int]  # dynamic, per block
+    # Config fields the heuristic's cost cannot weigh; autotuning tries the pick's variants in them.
+    heuristic_ignores: tuple[str, ...] = ()
 
     @property
     def config_fields(self) -> tuple[str, ...]:
@@ -62,6 +64,7 @@ def _fprop_dgrad(name: str, pass_: str, igrad: bool) -> Family:
         heuristic_key=bind(fd.heuristic_key, igrad=igrad),
         default_config=bind(fd.default_config, igrad=igrad),
         shared_mem_bytes=fd.shared_mem_bytes,
+        heuristic_ignores=("block_n",),  # no term for what a block pays once
     )
 
 

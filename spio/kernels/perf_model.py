@@ -645,16 +645,45 @@ def rank_configs(
     return heuristic_ranking(family, params, configs), None
 
 
+def unjudged_variants(family: Family, model: PerfModel | None, pick, configs: Sequence) -> list:
+    """The configs that differ from `pick` only in fields its ranking could not weigh: for a
+    model, fields with values it was never trained on (`PerfModel.measured`); for the analytic
+    heuristic, `family.heuristic_ignores`. Autotuning times them besides the top-k, so that a
+    config dimension no model has measured yet is still tried where it is timed."""
+    if model is None:
+        fields = set(family.heuristic_ignores)
+    else:
+        trained = model.meta.get("config_values") or {}
+        fields = {f for f, v in trained.items() if any(getattr(c, f) not in v for c in configs)}
+    if not fields:
+        return []
+    kept = [f for f in family.config_fields if f not in fields]
+
+    def rest(config) -> tuple:
+        return tuple(getattr(config, f) for f in kept)
+
+    return [c for c in configs if c != pick and rest(c) == rest(pick)]
+
+
 def heuristic_ranking(family: Family, params: Conv2dGw8Params, configs: Sequence) -> list:
-    """configs in the analytic heuristic's order (`family.heuristic_key`)."""
-    return sorted(configs, key=lambda c: family.heuristic_key(params, c))
+    """configs in the analytic heuristic's order (`family.heuristic_key`), those with another
+    value than the default in a field it cannot weigh (`family.heuristic_ignores`) last: its
+    cost would tie them with their default-valued twins and fill a top-k with copies."""
+    defaults = family.config_type()
+
+    def key(config) -> tuple:
+        odd = any(getattr(config, f) != getattr(defaults, f) for f in family.heuristic_ignores)
+        return (odd, family.heuristic_key(params, config))
+
+    return sorted(configs, key=key)
 
 
 def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **options: Any):
     """The tile config `factory.get_kernel` builds for `params` on `device`.
 
-    CUDA device: the perf model's best config (SPIO_AUTOTUNE=1: the fastest of its top-k, timed
-    once and cached on disk); the analytic heuristic (SPIO_AUTOTUNE=1: its top-k, timed) where no
+    CUDA device: the perf model's best config (SPIO_AUTOTUNE=1: the fastest of its top-k and of
+    the pick's variants in fields the model cannot weigh (`unjudged_variants`), timed once and
+    cached on disk); the analytic heuristic (SPIO_AUTOTUNE=1: the same, from its ranking) where no
     model applies, including a batch size the model does not cover. No device or a CPU
     device: the analytic heuristic. Selections are memoised per process. Inside a CUDA graph
     capture autotuning waits: the untuned pick serves that call only.
@@ -684,9 +713,11 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
         )
         return untuned  # not memoised, so that a later call outside the capture tunes
     if tune:
-        config = autotune.autotune(
-            family, params, device, identity, ranked[: autotune.top_k()], model=model
-        )
+        candidates = ranked[: autotune.top_k()]
+        candidates += [
+            c for c in unjudged_variants(family, model, ranked[0], ranked) if c not in candidates
+        ]
+        config = autotune.autotune(family, params, device, identity, candidates, model=model)
     else:
         config = untuned
     with _lock:

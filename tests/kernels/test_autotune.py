@@ -319,3 +319,19 @@ def test_importing_selection_modules_loads_neither_xgboost_nor_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_multi_image_variants_of_the_pick_are_timed_and_their_winner_cached(tuned, monkeypatch):
+    """No model has measured several images per FProp block yet: autotuning times the model's
+    pick with 2, 4 and 8 images per block after its top-k, and keeps a winner among them."""
+    small = P(n=32, c=64, h=4, w=4, padding=1)
+    kernel = conv2d_gw8_kernel_factory.get_kernel(small, FakeCuda())
+    timed = [name for _, name in tuned.calls]
+    config = dict(kernel.info)["config"]
+    assert len(timed) == 4 + 3 and not any("_n" in name for name in timed[:4])
+    assert timed[4:] == [f"{timed[0]}_n{n}" for n in (2, 4, 8)]
+    assert config.encode() == timed[-1] and config.block_n == 8  # the fake's fastest
+    new_process(monkeypatch)
+    tuned.calls.clear()
+    assert dict(conv2d_gw8_kernel_factory.get_kernel(small, FakeCuda()).info)["config"] == config
+    assert tuned.calls == []

@@ -3,6 +3,7 @@ noise), model lookup and fallbacks in get_kernel, selection speed, and perf_samp
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import shutil
@@ -435,13 +436,36 @@ def test_autotune_times_the_heuristic_top_k_for_an_uncovered_batch_size(fake_dev
     monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "3")
     monkeypatch.setattr(autotune, "autotune", fake_autotune)
     family = pm.FAMILIES["conv2d_gw8_fprop"]
-    uncovered, covered = P(1000, 64, 28, 28, padding=1), P(16, 64, 28, 28, padding=1)
+    # 4x4 images: every tile is the whole image, so every pick has multi-image variants.
+    uncovered, covered = P(1000, 64, 4, 4, padding=1), P(16, 64, 4, 4, padding=1)
     conv2d_gw8_kernel_factory.get_kernel(uncovered, fake_device)
     conv2d_gw8_kernel_factory.get_kernel(covered, fake_device)
     (heuristic, none), (ranked, model) = seen
     assert none is None
-    assert heuristic == pm.heuristic_ranking(family, uncovered, family.configs(uncovered))[:3]
-    assert model is not None and ranked == model.rank(covered, family.configs(covered))[:3]
+    assert heuristic[:3] == pm.heuristic_ranking(family, uncovered, family.configs(uncovered))[:3]
+    assert model is not None and ranked[:3] == model.rank(covered, family.configs(covered))[:3]
+    # Then the pick's multi-image variants, which neither ranking can weigh.
+    for timed, params in ((heuristic, uncovered), (ranked, covered)):
+        extra = timed[3:]
+        assert extra and {c.block_n for c in extra} == {2, 4, 8}
+        assert all(dataclasses.replace(c, block_n=1) == timed[0] for c in extra)
+
+
+def test_unjudged_variants_are_the_picks_other_image_counts(models):
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    small, large = P(64, 64, 8, 8, padding=1), P(64, 64, 96, 96, padding=1)
+    pick = family.default_config(small)
+    variants = pm.unjudged_variants(family, None, pick, family.configs(small))
+    assert pick.block_n == 1 and [c.block_n for c in variants] == [2, 4, 8]
+    assert all(dataclasses.replace(c, block_n=1) == pick for c in variants)
+    assert pm.unjudged_variants(family, None, family.default_config(large), family.configs(large)) == []
+    # A model trained on every block_n it is asked about weighs them itself; WGrad's heuristic
+    # models its images per block.
+    model = pm.PerfModel.load(pm.model_path(models, family.name, "sm_90"))
+    model.meta["config_values"]["block_n"] = [1, 2, 4, 8]
+    assert pm.unjudged_variants(family, model, pick, family.configs(small)) == []
+    wgrad = pm.FAMILIES["conv2d_gw8_wgrad"]
+    assert pm.unjudged_variants(wgrad, None, wgrad.default_config(small), wgrad.configs(small)) == []
 
 
 @pytest.mark.parametrize(
