@@ -80,6 +80,22 @@ def _differentiable_backward(ctx, grad_output, input, weight, mask):
     )
 
 
+def _functorch_transform_active() -> bool:
+    """True inside torch.vmap (or another torch.func transform), whose batched tensors only the
+    custom op's registrations handle."""
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
+
+def eager_path_applies() -> bool:
+    """Whether a call may take `conv2d_gw8_eager` rather than the custom op: not while
+    torch.compile or torch.jit.trace records (they must see the op), nor inside a torch.func
+    transform (the op's vmap rule batches the call)."""
+    return not (
+        torch.compiler.is_compiling() or torch.jit.is_tracing() or _functorch_transform_active()
+    )
+
+
 def conv2d_gw8_eager(
     input: Tensor,
     weight: Tensor,

@@ -11,7 +11,7 @@ from torch.nn.modules.utils import _pair
 
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
-from spio.functional.eager import conv2d_gw8_eager
+from spio.functional.eager import conv2d_gw8_eager, eager_path_applies
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
 from spio.log import logger
 
@@ -211,7 +211,7 @@ class Conv2dGw8(nn.Conv2d):
         x = input.unsqueeze(0) if unbatched else input
         pad_h, pad_w = self.padding
         passes = self._pass_bits
-        if kernels and not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
+        if kernels and eager_path_applies():
             y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w, passes)  # no op dispatch cost
         else:
             y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, self.groups, passes)

@@ -324,3 +324,31 @@ def test_jit_trace_records_the_op(monkeypatch, emulate):
         kinds = [node.kind() for node in traced.graph.nodes()]
         assert "spio::conv2d_gw8" in kinds
         torch.testing.assert_close(traced(x2), layer(x2))
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_vmap_over_a_layer(monkeypatch, emulate):
+    """torch.vmap(layer) works as it does for nn.Conv2d, gradients included. The eager kernel
+    path cannot take vmap's batched tensors (it failed on a layout query): inside a torch.func
+    transform the layer calls the op, whose vmap rule folds the vmapped dim into the images."""
+    from spio.functional import conv2d_gw8_op
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    calls = []
+    check_passes = conv2d_gw8_op.check_passes
+    monkeypatch.setattr(conv2d_gw8_op, "check_passes", lambda p: calls.append(p) or check_passes(p))
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    ref = nn.Conv2d(16, 16, 3, padding=1, groups=2).double()
+    ref.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
+    x = torch.randn(3, 2, 16, 6, 5).half()
+    with torch.no_grad():
+        y = torch.vmap(layer)(x)
+    assert len(calls) == 1  # one call for the 3 x 2 images
+    want = torch.vmap(ref)(x.double())
+    torch.testing.assert_close(y.double(), want, atol=2e-3, rtol=2e-3)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).half()
+    torch.vmap(layer)(x).backward(dy)
+    torch.vmap(ref)(x.double()).backward(dy.double())
+    torch.testing.assert_close(layer.weight.grad.double(), ref.weight.grad, atol=0.1, rtol=2e-2)
+    torch.testing.assert_close(layer.bias.grad.double(), ref.bias.grad, atol=0.1, rtol=2e-2)
