@@ -2,7 +2,8 @@
 
 Layers are small enough for the CPU emulator yet cover what the kernels must get right: all
 filter sizes, padding 0, R//2 and larger than R (negative DGrad padding), odd sizes, images
-smaller than a tile, several groups per block with a partial last block, bias, fp16 and bf16.
+smaller than a tile, several groups per block with a partial last block, batches of small
+images (several images per block, the last block partly past the batch), bias, fp16 and bf16.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ CI_LAYERS = [
     P(n=1, c=16, h=11, w=10, padding=(2, 1), r=5, s=2, dtype="bf16", has_bias=True),
     P(n=1, c=40, h=5, w=33, padding=(1, 0), r=2, s=4),  # 5 groups: partial group blocks
     P(n=2, c=8, h=4, w=4, padding=0, r=4, s=1, dtype="bf16"),
+    P(n=9, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),  # 2, 4, 8 images per block
 ]
 
 #: Wider sweep for `pytest -m slow`: every filter size and more shapes.
@@ -37,6 +39,10 @@ SLOW_LAYERS = [
     P(n=3, c=64, h=20, w=19, padding=1, r=3, s=3, has_bias=True),
     P(n=1, c=8, h=49, w=33, padding=2, r=5, s=5),
     P(n=2, c=128, h=6, w=5, padding=6, r=3, s=3, dtype="bf16"),
+    # Batches of small images, for several images per FProp/DGrad block.
+    P(n=9, c=32, h=7, w=7, padding=1, r=3, s=3, has_bias=True),
+    P(n=11, c=24, h=4, w=9, padding=2, r=5, s=3, dtype="bf16"),
+    P(n=8, c=16, h=3, w=3, padding=0, r=2, s=2),
 ]
 
 
