@@ -11,7 +11,7 @@ from torch.nn.modules.utils import _pair
 
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
-from spio.functional.eager import conv2d_gw8_eager, eager_path_applies
+from spio.functional.eager import conv2d_gw8_eager, derivative_transform, eager_path_applies
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
 from spio.log import logger
 
@@ -110,7 +110,8 @@ class Conv2dGw8(nn.Conv2d):
 
     Only group width 8, out_channels == in_channels, stride 1, dilation 1, kernel 1..5,
     zeros padding. Inputs the op cannot take (fp32 CUDA tensors outside autocast, float64 on
-    CUDA, integer tensors) fall back to F.conv2d, logging the reason once.
+    CUDA, integer tensors), and calls under torch.func.grad or jvp or with forward-mode AD
+    tangents, fall back to F.conv2d, logging the reason once.
 
     `spio_passes` names the passes that run spio's kernels, of "fprop", "dgrad" and "wgrad" (all
     by default); the others run PyTorch's convolution (cuDNN on a GPU), e.g. where cuDNN's WGrad
@@ -203,7 +204,9 @@ class Conv2dGw8(nn.Conv2d):
     def forward(self, input: Tensor) -> Tensor:
         weight, bias = self.weight, self.bias  # one nn.Module attribute lookup each
         kernels = input.is_cuda or uses_kernels(input.device)
-        reason = self._unsupported(input, weight, bias, kernels)
+        reason = self._unsupported(input, weight, bias, kernels) or derivative_transform(
+            input, weight, bias
+        )
         if reason is not None:
             _log_fallback_once(reason)
             return super().forward(input)

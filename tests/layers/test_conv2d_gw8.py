@@ -352,3 +352,35 @@ def test_vmap_over_a_layer(monkeypatch, emulate):
     torch.vmap(ref)(x.double()).backward(dy.double())
     torch.testing.assert_close(layer.weight.grad.double(), ref.weight.grad, atol=0.1, rtol=2e-2)
     torch.testing.assert_close(layer.bias.grad.double(), ref.bias.grad, atol=0.1, rtol=2e-2)
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_functional_and_forward_mode_differentiation_fall_back(monkeypatch, emulate, caplog):
+    """torch.func.grad and jvp, and forward-mode AD, work on a layer as on nn.Conv2d: PyTorch
+    runs no custom op's autograd formula under them and spio has no forward-mode formula, so the
+    layer computes those calls with F.conv2d and logs why (once per reason)."""
+    import torch.autograd.forward_ad as fwAD
+
+    from spio.layers import conv2d_gw8 as module
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    monkeypatch.setattr(module, "_logged_fallbacks", set())
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    ref = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+    ref.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 16, 6, 5).half()
+    t = torch.randn_like(x)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(layer(fwAD.make_dual(x, t))).tangent
+            want = fwAD.unpack_dual(ref(fwAD.make_dual(x, t))).tangent
+        assert torch.equal(got, want)
+        grads = [torch.func.grad(lambda x, m=m: m(x).float().sum())(x) for m in (layer, ref)]
+        assert torch.equal(*grads)
+        jvps = [torch.func.jvp(m, (x,), (t,))[1] for m in (layer, layer, ref)]
+        assert torch.equal(jvps[0], jvps[2])
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("forward-mode AD" in m for m in messages) == 1
+    assert sum("torch.func's grad transform" in m for m in messages) == 1
+    assert sum("torch.func's jvp transform" in m for m in messages) == 1
