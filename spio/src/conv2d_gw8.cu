@@ -96,6 +96,10 @@ struct StreamRow {
     SPIO_DEVICE static constexpr StreamRow at(int row) {
         return Block::n == 1 || row < 0 ? StreamRow{0, row} : StreamRow{row / ROWS, row % ROWS};
     }
+    // The position of stream row `row` kept by a counter: the counter's, or the row itself.
+    SPIO_DEVICE static constexpr StreamRow of(int row, StreamRow counted) {
+        return Block::n == 1 ? at(row) : counted;
+    }
     SPIO_DEVICE void next() {
         ++row;
         if (Block::n > 1 && row == ROWS) {
@@ -151,18 +155,28 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 col = x * Input::stride_x + c8 * Input::stride_c8;
             }
         });
+    // Where the input row at `pos` is read from: its image (the block's first for a row past the
+    // batch, which is not read), its offset there, and whether it is inside the input.
+    struct RowSource {
+        const uint4 *image;
+        int offset;
+        bool inside;
+    };
     const uint4 *first_image = Input(in).n(block_n).get();
-    // Copies stream row `row`, at `pos`, into its stage (zero outside the image); no commit.
-    const auto load_input_row = [&](int row, StreamRow pos) {
+    const auto row_source = [&](StreamRow pos) {
         const int y = block_y + pos.row - Conv::pad_h;
         const int n = block_n + pos.image;
         const bool inside = y >= 0 && y < Input::Y && (Block::n == 1 || n < Input::N);
-        // (A row past the batch is not read: the block's first image stands in as its base.)
         const uint4 *image = Block::n == 1 || !inside ? first_image : Input(in).n(n).get();
+        return RowSource{image, y * Input::stride_y, inside};
+    };
+    // Copies stream row `row`, at `pos`, into its stage (zero outside the image); no commit.
+    const auto load_input_row = [&](int row, StreamRow pos) {
+        const RowSource source = row_source(pos);
         if (!SPIO_ABLATE_LOADS) {
             spio::cp_async_row_16<SPIO_L2_PREFETCH>(smem_input.stage(row % STAGES).get(), load_dst,
-                                                    load_col, image, y * Input::stride_y, inside,
-                                                    in);
+                                                    load_col, source.image, source.offset,
+                                                    source.inside, in);
         }
     };
 #if SPIO_LOAD_VIA_REGS
@@ -175,11 +189,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     static_assert(R % DEPTH == 0, "SPIO_LOAD_VIA_REGS needs STAGES - 1 to divide the filter's R");
     uint4 held[DEPTH][LOADS];
     const auto load_row_regs = [&](StreamRow pos, uint4(&slot)[LOADS]) {
-        const int y = block_y + pos.row - Conv::pad_h;
-        const int n = block_n + pos.image;
-        const bool inside = y >= 0 && y < Input::Y && (Block::n == 1 || n < Input::N);
-        const uint4 *image = Block::n == 1 || !inside ? first_image : Input(in).n(n).get();
-        spio::load_row_16(slot, load_dst, load_col, image, y * Input::stride_y, inside);
+        const RowSource source = row_source(pos);
+        spio::load_row_16(slot, load_dst, load_col, source.image, source.offset, source.inside);
     };
     const auto store_row_regs = [&](int row, const uint4(&slot)[LOADS]) {
         spio::store_row_16(smem_input.stage(row % STAGES).get(), load_dst, slot);
@@ -365,14 +376,14 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     __syncthreads();
                 }
                 if (row + STAGES - 1 < STREAM) {
-                    load_input_row(row + STAGES - 1, Block::n == 1 ? StreamRow::at(row + STAGES - 1) : ahead);
+                    load_input_row(row + STAGES - 1, StreamRow::of(row + STAGES - 1, ahead));
                 }
                 ahead.next();
                 spio::cp_async_commit_group();
 #endif
                 // The output row staged in the previous step is visible to all threads now.
                 if (row >= R) {
-                    store_output_row(row - R, Block::n == 1 ? StreamRow::at(row - R) : staged);
+                    store_output_row(row - R, StreamRow::of(row - R, staged));
                 }
                 const SmemInput stage = smem_input.stage(row % STAGES).c8(warp.c8());
                 // Block::mma_k == 16 pairs filter columns s and s + 1 into one m16n8k16.
@@ -390,8 +401,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                         }
                         SPIO_UNROLL
                         for (int r = 0; r < R; ++r) {
-                            // Output row (row - r) lives in slot (u - r) mod R. Rows above the stream
-                            // (row < r) only exist in its first R - 1 input rows: skip them.
+                            // Output row (row - r) lives in slot (u - r) mod R. Rows above the
+                            // stream (row < r) only exist in its first R - 1 input rows: skip them.
                             if (!SPIO_ABLATE_MMA && (row0 > 0 || r <= u)) {
                                 float (&out_rows)[4] = acc[(u - r + R) % R][run];
                                 if (two_taps) {
@@ -426,8 +437,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     store_row_regs(row + 1, held[(u + 1) % DEPTH]);
                 }
                 if (row + 1 + DEPTH < STREAM) {
-                    load_row_regs(Block::n == 1 ? StreamRow::at(row + 1 + DEPTH) : ahead,
-                                  held[(u + 1) % DEPTH]);
+                    load_row_regs(StreamRow::of(row + 1 + DEPTH, ahead), held[(u + 1) % DEPTH]);
                 }
                 ahead.next();
 #endif
