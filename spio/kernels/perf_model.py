@@ -506,13 +506,14 @@ class PerfModel:
         values = self.meta.get("config_values")
         if values is None:
             return True
-        return all(getattr(config, name) in values.get(name, ()) for name in values)
+        return all(getattr(config, name) in allowed for name, allowed in values.items())
 
     def rank(self, params: Conv2dGw8Params, configs: Sequence) -> list:
         """configs ordered from the fastest predicted to the slowest (ties: config order); the
         configs it was not trained on like (`measured`) follow, in their given order."""
-        known = [c for c in configs if self.measured(c)]
-        unknown = [c for c in configs if not self.measured(c)]
+        measured = [self.measured(c) for c in configs]
+        known = [c for c, m in zip(configs, measured, strict=True) if m]
+        unknown = [c for c, m in zip(configs, measured, strict=True) if not m]
         if not known:
             return unknown
         predicted = self.predict_log_seconds(params, known)
