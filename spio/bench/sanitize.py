@@ -1,4 +1,5 @@
-"""One FProp, DGrad and WGrad launch on a few small layers, for running under compute-sanitizer.
+"""One FProp, DGrad and WGrad launch on a few small layers (and FProp and DGrad blocks of several
+images), for running under compute-sanitizer.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python -m spio.bench.sanitize
 
@@ -14,6 +15,8 @@ import sys
 from dataclasses import replace
 
 from ..check import EMULATOR_LAYERS
+from ..kernels.conv2d_gw8_params import Conv2dGw8Params
+from ..kernels.families import FAMILY_OF_PASS
 from ..kernels.stats import PASSES
 
 #: Edge cases: bias, padding > R (negative DGrad padding) in bf16, a 5x2 filter over 5 groups
@@ -24,33 +27,56 @@ LAYERS = (
     EMULATOR_LAYERS[3],
 )
 
+#: FProp and DGrad blocks of two images each, the last block half past the batch (no default
+#: config streams several images yet, so it is named here).
+MULTI_IMAGE = (
+    Conv2dGw8Params(n=5, c=16, h=6, w=5, padding=1, has_bias=True),
+    "g2_p8_q16_w1_s4_k16_n2",
+)
+
+
+def _named_config(params: Conv2dGw8Params, pass_: str, name: str):
+    """The config of `pass_` for `params` whose name is `name`."""
+    return next(c for c in FAMILY_OF_PASS[pass_].configs(params) if c.encode() == name)
+
+
+def launches() -> list:
+    """(params, pass, config) of every launch: each pass's default config on LAYERS, then the
+    multi-image FProp and DGrad configs."""
+    from ..check import configs_to_run
+
+    params, name = MULTI_IMAGE
+    return [
+        (layer, pass_, configs_to_run(layer, pass_, extra=0, seed=0)[0])
+        for layer in LAYERS
+        for pass_ in PASSES
+    ] + [(params, pass_, _named_config(params, pass_, name)) for pass_ in ("fprop", "dgrad")]
+
 
 def main() -> int:
-    """Launch each pass once per layer on cuda:0; print one line per launch."""
+    """Launch each of `launches()` once on cuda:0; print one line per launch."""
     import torch
 
-    from ..check import configs_to_run, run_one
+    from ..check import run_one
 
     if not torch.cuda.is_available():
         print("spio.bench.sanitize needs a CUDA GPU; none is available", file=sys.stderr)
         return 2
     failures = 0
-    for params in LAYERS:
-        for pass_ in PASSES:
-            config = configs_to_run(params, pass_, extra=0, seed=0)[0]
-            try:
-                ratio = run_one(params, pass_, config, "cuda")
-                torch.cuda.synchronize()
-            except Exception as error:  # keep going: report every launch
-                print(f"{pass_} {params.encode()} {config.encode()}: ERROR {error}")
-                failures += 1
-                continue
-            ok = ratio <= 1.0
-            failures += not ok
-            print(
-                f"{pass_} {params.encode()} {config.encode()}: "
-                f"{'ok' if ok else 'WRONG'} (error {ratio:.3g} of tolerance)"
-            )
+    for params, pass_, config in launches():
+        try:
+            ratio = run_one(params, pass_, config, "cuda")
+            torch.cuda.synchronize()
+        except Exception as error:  # keep going: report every launch
+            print(f"{pass_} {params.encode()} {config.encode()}: ERROR {error}")
+            failures += 1
+            continue
+        ok = ratio <= 1.0
+        failures += not ok
+        print(
+            f"{pass_} {params.encode()} {config.encode()}: "
+            f"{'ok' if ok else 'WRONG'} (error {ratio:.3g} of tolerance)"
+        )
     return 1 if failures else 0
 
 

@@ -81,7 +81,10 @@ class Kernel:
             _cuda_function(self, device.index or 0).launch_on_current_stream(self, args)
         elif device.type == "cpu":
             _emulator_function(self).launch(
-                self.grid, self.block, args, shared_mem_bytes=self.shared_mem_bytes,
+                self.grid,
+                self.block,
+                args,
+                shared_mem_bytes=self.shared_mem_bytes,
                 seed=_emulator_order_seed(),
             )
         else:

@@ -135,5 +135,5 @@ def test_emulator_order_seed(monkeypatch):
     monkeypatch.setenv("SPIO_EMULATOR_ORDER_SEED", " 7 ")
     assert K._emulator_order_seed() == 7
     monkeypatch.setenv("SPIO_EMULATOR_ORDER_SEED", "seven")
-    with pytest.raises(ValueError, match="SPIO_EMULATOR_ORDER_SEED must be an integer, got 'seven'"):
+    with pytest.raises(ValueError, match="ORDER_SEED must be an integer, got 'seven'"):
         K._emulator_order_seed()

@@ -445,7 +445,7 @@ def test_autotune_times_the_heuristic_top_k_for_an_uncovered_batch_size(fake_dev
     assert heuristic[:3] == pm.heuristic_ranking(family, uncovered, family.configs(uncovered))[:3]
     assert model is not None and ranked[:3] == model.rank(covered, family.configs(covered))[:3]
     # Then the pick's multi-image variants, which neither ranking can weigh.
-    for timed, params in ((heuristic, uncovered), (ranked, covered)):
+    for timed in (heuristic, ranked):
         extra = timed[3:]
         assert extra and {c.block_n for c in extra} == {2, 4, 8}
         assert all(dataclasses.replace(c, block_n=1) == timed[0] for c in extra)
@@ -458,14 +458,16 @@ def test_unjudged_variants_are_the_picks_other_image_counts(models):
     variants = pm.unjudged_variants(family, None, pick, family.configs(small))
     assert pick.block_n == 1 and [c.block_n for c in variants] == [2, 4, 8]
     assert all(dataclasses.replace(c, block_n=1) == pick for c in variants)
-    assert pm.unjudged_variants(family, None, family.default_config(large), family.configs(large)) == []
+    large_pick = family.default_config(large)
+    assert pm.unjudged_variants(family, None, large_pick, family.configs(large)) == []
     # A model trained on every block_n it is asked about weighs them itself; WGrad's heuristic
     # models its images per block.
     model = pm.PerfModel.load(pm.model_path(models, family.name, "sm_90"))
     model.meta["config_values"]["block_n"] = [1, 2, 4, 8]
     assert pm.unjudged_variants(family, model, pick, family.configs(small)) == []
     wgrad = pm.FAMILIES["conv2d_gw8_wgrad"]
-    assert pm.unjudged_variants(wgrad, None, wgrad.default_config(small), wgrad.configs(small)) == []
+    wgrad_pick = wgrad.default_config(small)
+    assert pm.unjudged_variants(wgrad, None, wgrad_pick, wgrad.configs(small)) == []
 
 
 @pytest.mark.parametrize(
