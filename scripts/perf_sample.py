@@ -74,6 +74,30 @@ def sweep_layers(batches=(32, 64, 128, 256), dtypes=("fp16", "bf16"), extra: int
     return layers
 
 
+def configs_to_sample(family, params, rng, max_configs: int = 0, identity=None) -> list:
+    """The configs of one layer to time: every one, or `max_configs` drawn with `rng`; and
+    always the configs that differ from a pick only in fields its ranking cannot weigh
+    (`unjudged_variants` of the heuristic's pick, and of the model's where one applies to
+    `identity`), so that a model trained on the samples learns those fields next to the configs
+    that matter (for now: 2, 4 and 8 images per FProp/DGrad block)."""
+    from spio.kernels import perf_model as pm
+
+    configs = family.configs(params)
+    chosen = list(configs)
+    if max_configs and len(configs) > max_configs:
+        chosen = sorted(rng.sample(configs, max_configs))
+    rankings = [(pm.heuristic_ranking(family, params, configs), None)]
+    if identity is not None:
+        ranked, model = pm.rank_configs(family, params, identity)
+        if model is not None:
+            rankings.append((ranked, model))
+    for ranked, model in rankings:
+        for config in [ranked[0], *pm.unjudged_variants(family, model, ranked[0], configs)]:
+            if config not in chosen:
+                chosen.append(config)
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=Path("perf_samples.csv"), help="CSV to extend")
@@ -109,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from spio.kernels import autotune
     from spio.kernels.perf_model import (
         FAMILIES,
+        DeviceIdentity,
         Sample,
         append_samples,
         get_family,
@@ -128,11 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     work = []  # (family, params, configs still to measure)
     layers = sweep_layers(args.batches, args.dtypes, args.extra_layers, args.seed)
+    identity = DeviceIdentity(arch=arch, name=name, driver=drv)
     for params in layers[: args.layers or None]:
         for family in families:
-            configs = family.configs(params)
-            if args.max_configs and len(configs) > args.max_configs:
-                configs = sorted(rng.sample(configs, args.max_configs))
+            configs = configs_to_sample(family, params, rng, args.max_configs, identity)
             todo = [
                 c for c in configs if (family.name, name, params.encode(), c.encode()) not in done
             ]

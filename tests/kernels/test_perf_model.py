@@ -640,7 +640,14 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
             "--max-configs", "4", "--workers", "1"]  # fmt: skip
     assert script.main(args) == 0
     samples, _ = pm.read_samples(csv_path)
-    assert len(samples) == len(timed) == len(compiled) == 2 * 4 * len(pm.FAMILIES)
+    assert len(samples) == len(timed) == len(compiled)
+    by_layer: dict = {}
+    for sample in samples:
+        by_layer.setdefault((sample.family, sample.params), []).append(sample.config)
+    assert len(by_layer) == 2 * len(pm.FAMILIES)
+    for (name, params), configs in by_layer.items():  # 4 drawn, and the heuristic's pick
+        assert 4 <= len(configs) <= 4 + 4, (name, configs)
+        assert pm.FAMILIES[name].default_config(params) in configs
     assert {s.device for s in samples} == {"Fake GPU"} and not any(s.synthetic for s in samples)
     assert {s.driver for s in samples} == {"13.0"}
     timed.clear()
@@ -649,3 +656,30 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
     more = ["--csv", str(tmp_path / "b.csv"), "--batches", "8", "--budget-s", "0.001"]
     assert script.main(more) == 0  # the budget ends the run early
     assert len(timed) < 5
+
+
+def test_perf_sample_always_times_the_picks_and_their_unweighed_variants():
+    import random
+
+    script = syn.load_script("perf_sample")
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    small = P(64, 64, 8, 8, padding=1)
+    pick = family.default_config(small)
+    chosen = script.configs_to_sample(family, small, random.Random(0), max_configs=5)
+    anchors = [pick] + [dataclasses.replace(pick, block_n=n) for n in (2, 4, 8)]
+    assert all(c in chosen for c in anchors) and 5 < len(chosen) <= 5 + len(anchors)
+    assert len(set(chosen)) == len(chosen)
+    every = script.configs_to_sample(family, small, random.Random(0))
+    assert every == family.configs(small)  # all of them already, each once
+    # With a model for the device, its pick and the pick's variants too.
+    model_pick = pm.rank_configs(family, small, H200, pm.PACKAGED_MODELS_DIR)[0][0]
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("SPIO_PERF_MODELS", str(pm.PACKAGED_MODELS_DIR))
+    try:
+        pm.clear_caches()
+        chosen = script.configs_to_sample(family, small, random.Random(0), 5, H200)
+    finally:
+        monkey.undo()
+        pm.clear_caches()
+    assert model_pick in chosen
+    assert all(dataclasses.replace(model_pick, block_n=n) in chosen for n in (2, 4, 8))
