@@ -38,7 +38,13 @@ def test_default_config_is_among_configs():
 
 @pytest.mark.parametrize(
     "bad",
-    [dict(groups=0), dict(block_q=24), dict(block_q=16, warp_q16=2), dict(groups=64, block_q=64)],
+    [
+        dict(groups=0),
+        dict(block_q=24),
+        dict(block_q=16, warp_q16=2),
+        dict(groups=64, block_q=64),
+        dict(block_n=0),
+    ],
 )
 def test_bad_configs_are_rejected(bad):
     with pytest.raises(ValueError, match="Conv2dGw8Config needs"):
