@@ -87,7 +87,8 @@ SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const un
 
 // Where a row of a block's stream lies: its image (counted from the block's first) and its row in
 // that image's tile of Block::y + R - 1 input rows. The main loop advances positions one row a
-// step instead of dividing by the tile's rows. With one image a block, the row is the stream row.
+// step instead of dividing by the tile's rows. With one image a block the position is the stream
+// row itself (StreamRow::of) and the counters stand still, so that they cost nothing.
 struct StreamRow {
     static constexpr int ROWS = Block::y + Conv::r - 1;
     int image;
@@ -101,8 +102,7 @@ struct StreamRow {
         return Block::n == 1 ? at(row) : counted;
     }
     SPIO_DEVICE void next() {
-        ++row;
-        if (Block::n > 1 && row == ROWS) {
+        if (Block::n > 1 && ++row == ROWS) {
             row = 0;
             ++image;
         }
