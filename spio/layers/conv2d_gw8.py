@@ -6,6 +6,7 @@ import inspect
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
@@ -177,48 +178,65 @@ class Conv2dGw8(nn.Conv2d):
         inverse of from_torch_module)."""
         return _sharing(nn.Conv2d, self)
 
-    @staticmethod
-    def _unsupported(
-        input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool
-    ) -> str | None:
-        """Why the spio op cannot take this input (so forward uses F.conv2d), or None.
-        `kernels`: whether input's device runs spio's kernels (uses_kernels)."""
-        if input.dim() not in (3, 4):
-            return f"input is {input.dim()}-D"
-        if not input.is_floating_point():
-            return f"input is {input.dtype}"
-        if input.device != weight.device:
-            return f"input on {input.device}, weight on {weight.device}"
-        if torch.is_autocast_enabled("cuda" if input.is_cuda else input.device.type):
-            if torch.float64 in (input.dtype, weight.dtype):
-                return "float64 tensors under autocast"
-            return None
-        if input.dtype != weight.dtype:
-            return f"input {input.dtype} and weight {weight.dtype} differ"
-        if bias is not None and bias.dtype not in (input.dtype, torch.float32):
-            return f"bias {bias.dtype} with input {input.dtype}"
-        if kernels and input.dtype not in _HALF:
-            return f"{input.dtype} {input.device.type} tensors outside autocast"
-        return None
-
     def forward(self, input: Tensor) -> Tensor:
-        weight, bias = self.weight, self.bias  # one nn.Module attribute lookup each
-        kernels = input.is_cuda or uses_kernels(input.device)
-        reason = self._unsupported(input, weight, bias, kernels) or derivative_transform(
-            input, weight, bias
+        return conv2d_gw8_layer(
+            input, self.weight, self.bias, self.padding, self.groups, self._pass_bits
         )
-        if reason is not None:
-            _log_fallback_once(reason)
-            return super().forward(input)
-        unbatched = input.dim() == 3
-        x = input.unsqueeze(0) if unbatched else input
-        pad_h, pad_w = self.padding
-        passes = self._pass_bits
-        if kernels and eager_path_applies():
-            y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w, passes)  # no op dispatch cost
-        else:
-            y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, self.groups, passes)
-        return y.squeeze(0) if unbatched else y
+
+
+def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool) -> str | None:
+    """Why the spio op cannot take this input (so the layer uses F.conv2d), or None.
+    `kernels`: whether input's device runs spio's kernels (uses_kernels)."""
+    if input.dim() not in (3, 4):
+        return f"input is {input.dim()}-D"
+    if not input.is_floating_point():
+        return f"input is {input.dtype}"
+    if input.device != weight.device:
+        return f"input on {input.device}, weight on {weight.device}"
+    if torch.is_autocast_enabled("cuda" if input.is_cuda else input.device.type):
+        if torch.float64 in (input.dtype, weight.dtype):
+            return "float64 tensors under autocast"
+        return None
+    if input.dtype != weight.dtype:
+        return f"input {input.dtype} and weight {weight.dtype} differ"
+    if bias is not None and bias.dtype not in (input.dtype, torch.float32):
+        return f"bias {bias.dtype} with input {input.dtype}"
+    if kernels and input.dtype not in _HALF:
+        return f"{input.dtype} {input.device.type} tensors outside autocast"
+    return None
+
+
+def conv2d_gw8_layer(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    padding: tuple[int, int],
+    groups: int,
+    passes: int,
+) -> Tensor:
+    """What a Conv2dGw8 computes: spio's kernels (without the custom op's dispatch outside
+    torch.compile and tracing), or F.conv2d where they cannot run, logging why once.
+
+    A function of tensors and plain values, wrapped for torch.fx (below), so that
+    torch.fx.symbolic_trace records a Conv2dGw8 call as one node, as it records an nn.Conv2d,
+    instead of tracing into checks that branch on tensor properties.
+    """
+    kernels = input.is_cuda or uses_kernels(input.device)
+    reason = _unsupported(input, weight, bias, kernels) or derivative_transform(input, weight, bias)
+    if reason is not None:
+        _log_fallback_once(reason)
+        return F.conv2d(input, weight, bias, 1, padding, 1, groups)
+    unbatched = input.dim() == 3
+    x = input.unsqueeze(0) if unbatched else input
+    pad_h, pad_w = padding
+    if kernels and eager_path_applies():
+        y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w, passes)  # no op dispatch cost
+    else:
+        y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, groups, passes)
+    return y.squeeze(0) if unbatched else y
+
+
+torch.fx.wrap("conv2d_gw8_layer")
 
 
 def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:

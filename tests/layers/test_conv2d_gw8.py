@@ -384,3 +384,32 @@ def test_functional_and_forward_mode_differentiation_fall_back(monkeypatch, emul
     assert sum("forward-mode AD" in m for m in messages) == 1
     assert sum("torch.func's grad transform" in m for m in messages) == 1
     assert sum("torch.func's jvp transform" in m for m in messages) == 1
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_fx_symbolic_trace_records_one_node_per_layer(monkeypatch, emulate):
+    """torch.fx.symbolic_trace (FX-based tools: feature extraction, model surgery) failed on a
+    transformed model, tracing into checks that branch on tensor properties. A layer is now one
+    call node, as an nn.Conv2d is one call_module node, and the traced model computes the same
+    outputs and gradients."""
+    from spio.layers import conv2d_gw8 as module
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        make_conv2d(16, 16, 3, padding=1, groups=2), nn.ReLU(), nn.Conv2d(16, 8, 1)
+    ).half()
+    traced = torch.fx.symbolic_trace(model)
+    calls = [n for n in traced.graph.nodes if n.target is module.conv2d_gw8_layer]
+    assert len(calls) == 1 and [n.target for n in traced.graph.nodes if n.op == "call_module"] == [
+        "1",
+        "2",
+    ]
+    x = torch.randn(2, 16, 6, 5).half().requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    y, y2 = model(x), traced(x2)
+    assert torch.equal(y, y2)
+    dy = torch.randn_like(y)
+    g = torch.autograd.grad(y, [x, model[0].weight], dy)
+    g2 = torch.autograd.grad(y2, [x2, traced.get_submodule("0").weight], dy)
+    assert all(torch.equal(a, b) for a, b in zip(g, g2, strict=True))
