@@ -119,6 +119,8 @@ class Conv2dGw8(nn.Conv2d):
     is faster (spio.transform.where_faster measures that per pass).
     """
 
+    __jit_unused_properties__ = ["spio_passes"]  # TorchScript: not part of a scripted layer
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         arguments = _bind_conv2d_args(args, kwargs)
         reason = ineligibility(
@@ -179,6 +181,11 @@ class Conv2dGw8(nn.Conv2d):
         return _sharing(nn.Conv2d, self)
 
     def forward(self, input: Tensor) -> Tensor:
+        if torch.jit.is_scripting():  # TorchScript compiles this branch alone: the op, 4-D input
+            pad_h, pad_w = self.padding
+            return torch.ops.spio.conv2d_gw8(
+                input, self.weight, self.bias, 1, pad_h, pad_w, 1, self.groups, self._pass_bits
+            )
         return conv2d_gw8_layer(
             input, self.weight, self.bias, self.padding, self.groups, self._pass_bits
         )
