@@ -1,5 +1,6 @@
 """Conv2dGw8 and make_conv2d: eligibility, parameter sharing, state_dict, fallbacks."""
 
+import io
 import logging
 
 import pytest
@@ -413,6 +414,10 @@ def test_fx_symbolic_trace_records_one_node_per_layer(monkeypatch, emulate):
     g = torch.autograd.grad(y, [x, model[0].weight], dy)
     g2 = torch.autograd.grad(y2, [x2, traced.get_submodule("0").weight], dy)
     assert all(torch.equal(a, b) for a, b in zip(g, g2, strict=True))
+    buffer = io.BytesIO()  # a traced model pickles and loads with its spio calls
+    torch.save(traced, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=False)(x.detach()), y.detach())
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
