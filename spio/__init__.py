@@ -27,10 +27,15 @@ _LAZY = {
     "scan_modules": "spio.transform",
 }
 
+# Public subpackages, also loaded on first access: spio.layers.Conv2dGw8 works after `import spio`.
+_SUBPACKAGES = ("functional", "generators", "kernels", "layers")
+
 __all__ = ["__version__", "experimental_arch", "logger", "supported_arch", *_LAZY]
 
 
 def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"spio.{name}")
     if name in _LAZY:
         module = importlib.import_module(_LAZY[name])
         # spio.transform is a callable package: importing it already bound the name here.

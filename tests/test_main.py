@@ -33,6 +33,26 @@ def test_import_does_no_gpu_or_nvrtc_work():
     assert "('sm_80', 'sm_86', 'sm_89', 'sm_90')" in out.stdout
 
 
+def test_public_subpackages_load_on_first_access():
+    """`import spio` then spio.layers.Conv2dGw8 works (as torch.nn after `import torch`), still
+    without importing torch at import time; an unknown name is an AttributeError naming it."""
+    code = (
+        "import sys, spio\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert spio.layers.Conv2dGw8.__name__ == 'Conv2dGw8'\n"
+        "assert spio.kernels.Conv2dGw8Params(1, 8, 4, 4).p == 4\n"
+        "assert callable(spio.functional.conv2d_gw8) and spio.generators.TensorSpec\n"
+        "try:\n"
+        "    spio.nonexistent\n"
+        "except AttributeError as error:\n"
+        "    assert 'nonexistent' in str(error)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
 def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
     out = run_spio("info", env={"SPIO_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
