@@ -19,6 +19,11 @@ def run_spio(*args, env=None):
     )
 
 
+def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter (so that nothing imported here counts)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
 def test_import_does_no_gpu_or_nvrtc_work():
     code = (
         "import sys, spio\n"
@@ -28,7 +33,7 @@ def test_import_does_no_gpu_or_nvrtc_work():
         "assert not [t for t in __import__('threading').enumerate() if t.name != 'MainThread']\n"
         "print(spio.__version__, spio.supported_arch)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert "('sm_80', 'sm_86', 'sm_89', 'sm_90')" in out.stdout
 
@@ -49,7 +54,7 @@ def test_public_subpackages_load_on_first_access():
         "else:\n"
         "    raise AssertionError('no AttributeError')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
 
 
@@ -127,6 +132,6 @@ def test_spio_logger_env_shows_info_messages(level, shown, tmp_path):
         "compile_cubin('extern \"C\" __global__ void k() {}', 'sm_80')\n"
     )
     env = dict(os.environ, SPIO_LOGGER=level, SPIO_CACHE_DIR=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    out = run_python(code, env)
     assert out.returncode == 0, out.stderr
     assert ("compiled kernel.cu for sm_80" in out.stderr) == shown

@@ -35,11 +35,6 @@ MULTI_IMAGE = (
 )
 
 
-def _named_config(params: Conv2dGw8Params, pass_: str, name: str):
-    """The config of `pass_` for `params` whose name is `name`."""
-    return next(c for c in FAMILY_OF_PASS[pass_].configs(params) if c.encode() == name)
-
-
 def launches() -> list:
     """(params, pass, config) of every launch: each pass's default config on LAYERS, then the
     multi-image FProp and DGrad configs."""
@@ -50,7 +45,10 @@ def launches() -> list:
         (layer, pass_, configs_to_run(layer, pass_, extra=0, seed=0)[0])
         for layer in LAYERS
         for pass_ in PASSES
-    ] + [(params, pass_, _named_config(params, pass_, name)) for pass_ in ("fprop", "dgrad")]
+    ] + [
+        (params, pass_, FAMILY_OF_PASS[pass_].config_named(params, name))
+        for pass_ in ("fprop", "dgrad")
+    ]
 
 
 def main() -> int:

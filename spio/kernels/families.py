@@ -47,6 +47,13 @@ class Family:
             **{name: int(value) for name, value in given.items() if str(value).strip() != ""}
         )
 
+    def config_named(self, params: Conv2dGw8Params, name: str) -> Any:
+        """The config of this family for `params` whose encode() is `name`; ValueError if none."""
+        for config in self.configs(params):
+            if config.encode() == name:
+                return config
+        raise ValueError(f"{self.name} has no config {name!r} for layer {params.encode()}")
+
     def kernels(self, params: Conv2dGw8Params) -> list[Kernel]:
         """Every kernel of this family for a layer, one per config."""
         return [self.make_kernel(params, config) for config in self.configs(params)]

@@ -272,29 +272,35 @@ def test_batch_chunks_are_few_and_even(n, limit, chunks):
     assert batch_chunks(n, limit) == chunks
 
 
+def _train_step_matches_reference(x, w, b) -> None:
+    """conv2d_gw8 forward and backward (padding 1) on x, w and an fp32 bias, all requiring
+    grad: y, dx, dw and db each match the float64 reference at its tolerance."""
+    dtype = x.dtype
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    b = b.float().requires_grad_(True)
+    y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    y.backward(dy)
+    params = Conv2dGw8Params.from_tensors(x, w, b, padding=(1, 1))
+    want_y = conv2d_gw8_fprop_ref(x.detach(), w.detach(), b.detach(), (1, 1))
+    conv2d_gw8_tolerance(params, "fprop", x.detach(), w.detach()).assert_close(y, want_y)
+    want_dx = conv2d_gw8_dgrad_ref(dy, w.detach(), (1, 1), tuple(x.shape[-2:]))
+    conv2d_gw8_tolerance(params, "dgrad", dy, w.detach()).assert_close(x.grad, want_dx)
+    # dw is accumulated in fp32, then stored in the weight's dtype: one more rounding.
+    want_dw = conv2d_gw8_wgrad_ref(x.detach(), dy, (1, 1), w.shape[2], w.shape[3])
+    tol = conv2d_gw8_tolerance(params, "wgrad", x.detach(), dy)
+    Tolerance(tol.atol, tol.rtol + torch.finfo(dtype).eps).assert_close(w.grad, want_dw)
+    want_db = conv2d_gw8_bias_grad_ref(dy)
+    conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1)).assert_close(b.grad, want_db)
+
+
 class TestEmulateSeam:
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
     def test_emulated_kernels_forward_and_backward_match_reference(self, monkeypatch, dtype):
         monkeypatch.setenv("SPIO_EMULATE", "1")
         x, w, b = _tensors(SHAPES[0], dtype=dtype, channels_last=True)
-        x.requires_grad_(True)
-        w.requires_grad_(True)
-        b = b.float().requires_grad_(True)
-        y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
-        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
-        y.backward(dy)
-        params = Conv2dGw8Params.from_tensors(x, w, b, padding=(1, 1))
-        want_y = conv2d_gw8_fprop_ref(x.detach(), w.detach(), b.detach(), (1, 1))
-        conv2d_gw8_tolerance(params, "fprop", x.detach(), w.detach()).assert_close(y, want_y)
-        want_dx = conv2d_gw8_dgrad_ref(dy, w.detach(), (1, 1), tuple(x.shape[-2:]))
-        conv2d_gw8_tolerance(params, "dgrad", dy, w.detach()).assert_close(x.grad, want_dx)
-        # dw is accumulated in fp32, then stored in the weight's dtype: one more rounding.
-        want_dw = conv2d_gw8_wgrad_ref(x.detach(), dy, (1, 1), w.shape[2], w.shape[3])
-        tol = conv2d_gw8_tolerance(params, "wgrad", x.detach(), dy)
-        tol = Tolerance(tol.atol, tol.rtol + torch.finfo(dtype).eps)
-        tol.assert_close(w.grad, want_dw)
-        want_db = conv2d_gw8_bias_grad_ref(dy)
-        conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1)).assert_close(b.grad, want_db)
+        _train_step_matches_reference(x, w, b)
 
     @pytest.mark.parametrize("bias", [True, False])
     def test_empty_batch_runs_like_nn_conv2d(self, monkeypatch, bias):
@@ -350,25 +356,11 @@ class TestEmulateSeam:
             return launch(self, args, device)
 
         monkeypatch.setattr(Kernel, "launch", spy)
-        x.requires_grad_(True)
-        w.requires_grad_(True)
-        b = b.float().requires_grad_(True)
-        y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
-        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
-        y.backward(dy)
+        _train_step_matches_reference(x, w, b)
         # Chunks of 2, 2 and 1 images: three launches of each pass (WGrad's sum_slots aside).
         for kind in ("fprop", "dgrad", "wgrad"):
             sizes = [n for name, n in launched if name == f"conv2d_gw8_{kind}"]
             assert sizes == [2, 2, 1], (kind, launched)
-        want_y = conv2d_gw8_fprop_ref(x.detach(), w.detach(), b.detach(), (1, 1))
-        conv2d_gw8_tolerance(params, "fprop", x.detach(), w.detach()).assert_close(y, want_y)
-        want_dx = conv2d_gw8_dgrad_ref(dy, w.detach(), (1, 1), tuple(x.shape[-2:]))
-        conv2d_gw8_tolerance(params, "dgrad", dy, w.detach()).assert_close(x.grad, want_dx)
-        want_dw = conv2d_gw8_wgrad_ref(x.detach(), dy, (1, 1), w.shape[2], w.shape[3])
-        tol = conv2d_gw8_tolerance(params, "wgrad", x.detach(), dy)
-        Tolerance(tol.atol, tol.rtol + torch.finfo(dtype).eps).assert_close(w.grad, want_dw)
-        want_db = conv2d_gw8_bias_grad_ref(dy)
-        conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1)).assert_close(b.grad, want_db)
 
     def test_an_image_past_the_kernels_tensor_limit_runs_in_pytorch(self, monkeypatch, caplog):
         from spio.functional import _kernels

@@ -12,6 +12,7 @@ import spio
 from spio.check import random_inputs
 from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.families import FAMILY_OF_PASS
 from tests.kernels.conv2d_gw8_cases import (
     CI_LAYERS,
     SLOW_CONFIGS,
@@ -139,10 +140,7 @@ def test_emulated_two_taps_per_mma(pass_, params):
 def test_emulated_input_copies_per_thread(pass_, params, config):
     """Each thread's row-independent copy addresses are worked out once per block: check blocks
     whose threads copy more than one element a row, or none."""
-    igrad = pass_ == "dgrad"
-    matches = [c for c in fd.configs(params, igrad) if c.encode() == config]
-    assert matches, f"{config} is not a config of {params.encode()}"
-    check(params, pass_, matches[0], "cpu")
+    check(params, pass_, FAMILY_OF_PASS[pass_].config_named(params, config), "cpu")
 
 
 @pytest.mark.parametrize(
@@ -160,10 +158,7 @@ def test_emulated_input_copies_per_thread(pass_, params, config):
 def test_emulated_deep_pipelines(pass_, params, config):
     """Up to 7 input rows in flight (STAGES 6 and 8): the stage ring and cp.async wait counts
     stay right with more stages than filter rows, on short and long tiles."""
-    igrad = pass_ == "dgrad"
-    matches = [c for c in fd.configs(params, igrad) if c.encode() == config]
-    assert matches, f"{config} is not a config of {params.encode()}"
-    check(params, pass_, matches[0], "cpu")
+    check(params, pass_, FAMILY_OF_PASS[pass_].config_named(params, config), "cpu")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -188,14 +183,12 @@ def test_multi_image_blocks(pass_, params, config, device):
     """A block streams the tiles of block_n images one after another, its pipeline and output
     ring running on across image boundaries: rows that would mix two images must be dropped,
     and images past the batch neither read nor written."""
-    igrad = pass_ == "dgrad"
-    matches = [c for c in fd.configs(params, igrad) if c.encode() == config]
-    assert matches, f"{config} is not a config of {params.encode()}"
-    kernel = fd.make_kernel(params, matches[0], igrad)
-    assert kernel.grid[0] == math.ceil(params.n / matches[0].block_n) * math.ceil(
-        params.groups / matches[0].groups
+    named = FAMILY_OF_PASS[pass_].config_named(params, config)
+    kernel = fd.make_kernel(params, named, igrad=pass_ == "dgrad")
+    assert kernel.grid[0] == math.ceil(params.n / named.block_n) * math.ceil(
+        params.groups / named.groups
     )
-    check(params, pass_, matches[0], device)
+    check(params, pass_, named, device)
 
 
 @pytest.mark.parametrize(
@@ -241,6 +234,8 @@ def test_multi_image_configs_only_where_a_tile_is_the_whole_image():
     assert all(c.block_n == 1 for c in fd.configs(large))
     # The analytic heuristic has no term for a block's fixed costs: it keeps one image a block.
     assert fd.default_config(small).block_n == 1
+    with pytest.raises(ValueError, match="conv2d_gw8_fprop has no config 'g2_p8_q16_w1_s4_k16_n8'"):
+        FAMILY_OF_PASS["fprop"].config_named(small, "g2_p8_q16_w1_s4_k16_n8")
 
 
 def test_deep_pipelines_only_for_tiles_of_eight_rows_or_more():

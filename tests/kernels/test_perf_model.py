@@ -658,7 +658,7 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
     assert len(timed) < 5
 
 
-def test_perf_sample_always_times_the_picks_and_their_unweighed_variants():
+def test_perf_sample_always_times_the_picks_and_their_unweighed_variants(monkeypatch):
     import random
 
     script = syn.load_script("perf_sample")
@@ -673,13 +673,9 @@ def test_perf_sample_always_times_the_picks_and_their_unweighed_variants():
     assert every == family.configs(small)  # all of them already, each once
     # With a model for the device, its pick and the pick's variants too.
     model_pick = pm.rank_configs(family, small, H200, pm.PACKAGED_MODELS_DIR)[0][0]
-    monkey = pytest.MonkeyPatch()
-    monkey.setenv("SPIO_PERF_MODELS", str(pm.PACKAGED_MODELS_DIR))
-    try:
-        pm.clear_caches()
-        chosen = script.configs_to_sample(family, small, random.Random(0), 5, H200)
-    finally:
-        monkey.undo()
-        pm.clear_caches()
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(pm.PACKAGED_MODELS_DIR))
+    pm.clear_caches()
+    chosen = script.configs_to_sample(family, small, random.Random(0), 5, H200)
+    pm.clear_caches()
     assert model_pick in chosen
     assert all(dataclasses.replace(model_pick, block_n=n) in chosen for n in (2, 4, 8))
