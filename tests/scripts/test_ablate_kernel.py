@@ -172,3 +172,41 @@ def test_timing_variants_build_for_every_arch_and_stay_correct(base_kernels, var
     y_plain = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=plain)
     y_changed = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=changed)
     assert torch.equal(y_plain, y_changed) and y_plain.abs().sum() > 0
+
+
+def _gpu_check_ablate_calls() -> list[list[str]]:
+    """The arguments of every `ablate ...` call in scripts/gpu_check.sh's ablate step."""
+    import shlex
+
+    text = (_path.parent / "gpu_check.sh").read_text()
+    body = text[text.index("step_ablate() {") :]
+    body = body[: body.index("\n}\n")].replace("\\\n", " ")
+    return [
+        shlex.split(line.strip().removeprefix("ablate "))
+        for line in body.splitlines()
+        if line.strip().startswith("ablate --")
+    ]
+
+
+def test_gpu_check_ablates_only_layers_passes_and_configs_that_exist():
+    """A config name the config space no longer has makes its whole line of the GPU run exit 2
+    (and the run is rare): every call of the script's ablate step must parse, and every --config
+    it names must exist for each of its layers and passes."""
+    from spio.bench.layers import layer_table
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    calls = _gpu_check_ablate_calls()
+    assert len(calls) >= 5, calls
+    table_names = " ".join(layer.name for layer in layer_table())
+    checked = 0
+    for argv in calls:
+        argv = [a for word in argv for a in (table_names.split() if word == "$layers" else [word])]
+        args = ablate.parse_args(["--n", "128", *argv])
+        for text in args.layer:
+            params = ablate.parse_layer(text).params(args.n, args.dtype)
+            for pass_ in args.passes:
+                names = {c.encode() for c in FAMILY_OF_PASS[pass_].configs(params)}
+                missing = sorted(set(args.config or ()) - names)
+                assert not missing, f"gpu_check: {text} {pass_} has no config {missing}"
+                checked += len(args.config or ())
+    assert checked > 0
