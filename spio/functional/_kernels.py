@@ -233,7 +233,7 @@ class Layer:
     kernels once first needed. Both the custom ops and the eager path run through it, so a model
     pays validation, config selection and kernel lookup once per layer, not once per call."""
 
-    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad")
+    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad", "_layout_checked")
 
     def __init__(self, params: Conv2dGw8Params, device: torch.device):
         self.params = params
@@ -243,9 +243,12 @@ class Layer:
         self._fprop: dict[tuple[bool, bool], Kernel] = {}
         self._dgrad: dict[bool, Kernel] = {}
         self._wgrad: dict[tuple[bool, bool], Kernel | None] = {}  # (bias, deterministic)
+        self._layout_checked = False
 
     def forward(self, input: Tensor, weight: Tensor, bias: Tensor | None, passes: int) -> Tensor:
         """y, by spio's FProp if `passes` has FPROP, else by PyTorch (same dtype and layout)."""
+        if not self._layout_checked:
+            self._check_layout(input, passes)
         if passes & FPROP:
             return self.fprop(input, weight, bias)
         return torch_fprop(input, weight, bias, self.params.padding)
@@ -288,6 +291,28 @@ class Layer:
             if db.dtype != db_dtype:
                 db = db.to(db_dtype)
         return dx, dw, db
+
+    def _check_layout(self, input: Tensor, passes: int) -> None:
+        """On a layer's first call: whether spio's passes on the GPU will copy the activations
+        in and out of the NHWC layout the kernels read, which the user can avoid; logged once
+        per process, as every layer of an NCHW model does it."""
+        global _layout_logged
+        self._layout_checked = True
+        if (
+            _layout_logged
+            or not passes
+            or self.device.type != "cuda"
+            or input.is_contiguous(memory_format=torch.channels_last)
+        ):
+            return
+        _layout_logged = True
+        logger.warning(
+            "conv2d_gw8 %s: the input is not in channels_last memory. spio's kernels read NHWC, "
+            "so each call copies the input into it and the result back (the gradients too), "
+            "about twice the memory traffic of the convolution itself. Convert the model and "
+            "its inputs: .to(memory_format=torch.channels_last). (Logged once.)",
+            self.params.encode(),
+        )
 
     def stand_in_input(self, grad_output: Tensor, fmt: torch.memory_format) -> Tensor:
         """An uninitialised input for grad_output's batch, for callers that did not keep the
@@ -508,6 +533,8 @@ def _new_layer(input: Tensor, weight: Tensor, bias: Tensor | None, padding) -> L
 
 
 _logged_deterministic: set[bool] = set()
+#: Whether a layer has warned that its activations are not channels_last (Layer._check_layout).
+_layout_logged = False
 
 
 def _log_deterministic_once(spio_kernel: bool) -> None:

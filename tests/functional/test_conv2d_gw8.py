@@ -602,3 +602,31 @@ def test_kernel_path_validates_once_per_signature_and_bad_calls_still_raise(monk
     for _ in range(2):
         with pytest.raises(ValueError, match="needs grad_output of shape"):
             conv2d_gw8_backward(dy[:, :, :-1], x, w, 1, 1, [True, False, False])
+
+
+def test_activations_not_in_channels_last_are_logged_once_on_the_gpu(monkeypatch, caplog):
+    """spio's kernels read NHWC: an NCHW model pays a copy in and out per call, which the user
+    can avoid. The first layer call that would copy says so, once per process; channels_last
+    inputs, layers PyTorch runs wholly (passes 0) and the CPU say nothing. (The layer's kernels
+    are stubbed out: this machine may have no GPU; the check runs before them.)"""
+    from spio.functional import _kernels
+
+    monkeypatch.setattr(_kernels, "_layout_logged", False)
+    monkeypatch.setattr(_kernels.Layer, "fprop", lambda self, x, w, b: x)
+    params = Conv2dGw8Params(n=2, c=16, h=8, w=8)
+    x = torch.randn(params.input_shape, dtype=torch.float16)
+    w = torch.randn(params.weight_shape, dtype=torch.float16)
+    cuda = torch.device("cuda")
+    warnings = lambda: [r for r in caplog.records if "not in channels_last" in r.message]  # noqa: E731
+    with caplog.at_level("WARNING", logger="spio"):
+        _kernels.Layer(params, cuda).forward(x.to(memory_format=torch.channels_last), w, None, 7)
+        _kernels.Layer(params, cuda).forward(x, w, None, 0)
+        _kernels.Layer(params, torch.device("cpu")).forward(x, w, None, 7)
+        assert warnings() == []
+        layer = _kernels.Layer(params, cuda)
+        layer.forward(x, w, None, _kernels.DGRAD)  # spio's DGrad would copy dy and dx
+        layer.forward(x, w, None, 7)
+        _kernels.Layer(params, cuda).forward(x, w, None, 7)
+    assert len(warnings()) == 1
+    message = warnings()[0].getMessage()
+    assert params.encode() in message and ".to(memory_format=torch.channels_last)" in message
