@@ -435,3 +435,45 @@ def test_jit_script_calls_the_op_and_round_trips(monkeypatch, emulate, tmp_path)
     loaded = torch.jit.load(path)
     x = torch.randn(2, 16, 6, 5).half()
     assert torch.equal(loaded(x), model(x)) and torch.equal(scripted(x), model[0](x))
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_recomputes_through_the_kernels(monkeypatch, use_reentrant):
+    """torch.utils.checkpoint over transformed layers (both implementations): the forward runs
+    without keeping activations, backward runs it again, and the gradients match float64
+    nn.Conv2d. In the emulator, so the recomputation goes through the real kernels."""
+    from torch.utils.checkpoint import checkpoint
+
+    from spio.functional import _kernels
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    fprops = []
+    real_fprop = _kernels.Layer.fprop
+    monkeypatch.setattr(
+        _kernels.Layer, "fprop", lambda self, *a: fprops.append(1) or real_fprop(self, *a)
+    )
+    torch.manual_seed(0)
+    block = nn.Sequential(
+        Conv2dGw8(16, 16, 3, padding=1, groups=2),
+        nn.ReLU(),
+        Conv2dGw8(16, 16, 3, padding=1, groups=2),
+    ).half()
+    ref = nn.Sequential(
+        nn.Conv2d(16, 16, 3, padding=1, groups=2),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=2),
+    ).double()
+    ref.load_state_dict({k: v.double() for k, v in block.state_dict().items()})
+    x = torch.randn(2, 16, 7, 6).half().to(memory_format=torch.channels_last).requires_grad_()
+    y = checkpoint(block, x, use_reentrant=use_reentrant)
+    assert len(fprops) == 2
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).half()
+    y.backward(dy)
+    assert len(fprops) == 4  # both layers again, for backward
+    x_ref = x.detach().double().requires_grad_()
+    y_ref = ref(x_ref)
+    y_ref.backward(dy.double())
+    torch.testing.assert_close(y.double(), y_ref, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(x.grad.double(), x_ref.grad, atol=5e-3, rtol=5e-3)
+    for got, want in zip(block.parameters(), ref.parameters()):
+        torch.testing.assert_close(got.grad.double(), want.grad, atol=0.1, rtol=2e-2)
