@@ -307,10 +307,10 @@ class Layer:
             return
         _layout_logged = True
         logger.warning(
-            "conv2d_gw8 %s: the input is not in channels_last memory. spio's kernels read NHWC, "
-            "so each call copies the input into it and the result back (the gradients too), "
-            "about twice the memory traffic of the convolution itself. Convert the model and "
-            "its inputs: .to(memory_format=torch.channels_last). (Logged once.)",
+            "conv2d_gw8 %s: the input is not a contiguous channels_last tensor. spio's kernels "
+            "read NHWC, so each call copies the input into it, and an NCHW result back (the "
+            "gradients too): up to twice the memory traffic of the convolution itself. Convert "
+            "the model and its inputs: .to(memory_format=torch.channels_last). (Logged once.)",
             self.params.encode(),
         )
 
