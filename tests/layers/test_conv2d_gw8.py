@@ -475,5 +475,5 @@ def test_activation_checkpointing_recomputes_through_the_kernels(monkeypatch, us
     y_ref.backward(dy.double())
     torch.testing.assert_close(y.double(), y_ref, atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(x.grad.double(), x_ref.grad, atol=5e-3, rtol=5e-3)
-    for got, want in zip(block.parameters(), ref.parameters()):
+    for got, want in zip(block.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(got.grad.double(), want.grad, atol=0.1, rtol=2e-2)
