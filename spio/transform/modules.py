@@ -140,19 +140,21 @@ def scan_modules(model: nn.Module, *inputs: object) -> list[Conv2dGw8Params]:
     first met. The pass runs without autograd, and every buffer (e.g. BatchNorm running
     statistics) is restored afterwards, so the model is left unchanged.
     """
-    return list(dict.fromkeys(params for _, params in _layers_met(model, inputs)))
+    return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs)))
 
 
-def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2dGw8Params]]:
-    """(module, params) for each call of a spio-eligible convolution in one forward pass of
-    model(*inputs), in order, without autograd; buffers are restored afterwards."""
-    met: list[tuple[nn.Module, Conv2dGw8Params]] = []
+def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2dGw8Params, bool]]:
+    """(module, params, nhwc) for each call of a spio-eligible convolution in one forward pass of
+    model(*inputs), in order, without autograd; nhwc: the call's input was a contiguous
+    channels_last tensor. Buffers are restored afterwards."""
+    met: list[tuple[nn.Module, Conv2dGw8Params, bool]] = []
 
     def hook(module: nn.Module, args: tuple, output: object) -> None:
         if args and isinstance(args[0], torch.Tensor):
             params = _layer_params(module, args[0])
             if params is not None:
-                met.append((module, params))
+                nhwc = args[0].is_contiguous(memory_format=torch.channels_last)
+                met.append((module, params, nhwc))
 
     modules = [m for m in model.modules() if isinstance(m, Conv2dGw8) or Conv2dGw8.match(m)]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
@@ -185,15 +187,27 @@ def where_faster(
     time was at most PyTorch's (with `training=False`: all three if FProp was, else none); no
     pass for convolutions the forward pass did not reach, which then stay as they are. It logs
     one line per layer. Use: spio.transform(model, include=spio.transform.where_faster(model, x)).
-    `timer` replaces the GPU timing (tests).
+    Both implementations are timed in channels_last, the layout spio's kernels read; a warning
+    says so when the convolutions met other layouts. `timer` replaces the GPU timing (tests).
     """
     met = _layers_met(model, inputs)
     if timer is None:
         device = _cuda_device(inputs)
         timer = _gpu_layer_timer(device)
+    not_nhwc = sum(not nhwc for _, _, nhwc in met)
+    if not_nhwc:
+        logger.warning(
+            "where_faster: %d of the %d convolution calls it met got inputs that are not "
+            "contiguous channels_last tensors. It times both implementations in channels_last, "
+            "the layout spio's kernels read; in another layout spio's layers copy their "
+            "activations in and out on every call, which this timing leaves out. Convert the "
+            "model and its inputs first: .to(memory_format=torch.channels_last).",
+            not_nhwc,
+            len(met),
+        )
     timed = PASSES if training else ("fprop",)
     faster: dict[Conv2dGw8Params, tuple[str, ...]] = {}
-    for params in dict.fromkeys(p for _, p in met):
+    for params in dict.fromkeys(p for _, p, _ in met):
         times = {p: (timer(params, p, "spio"), timer(params, p, "torch")) for p in timed}
         won = tuple(p for p, (spio_s, torch_s) in times.items() if spio_s <= torch_s)
         faster[params] = won if training else (PASSES if won else ())
@@ -207,7 +221,7 @@ def where_faster(
             "+".join(faster[params]) or "nothing (PyTorch's layer)",
         )
     chosen: dict[int, tuple[str, ...]] = {}
-    for module, params in met:  # a module called on several layers: the passes faster on all
+    for module, params, _ in met:  # a module called on several layers: the passes faster on all
         previous = chosen.get(id(module), PASSES)
         chosen[id(module)] = tuple(p for p in previous if p in faster[params])
 

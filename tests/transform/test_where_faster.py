@@ -156,3 +156,27 @@ def test_gpu_timer_makes_each_pass_inputs_once_per_layer(monkeypatch):
                 assert timer(params, pass_, impl) == 2e-3
     assert made == [(16, "fprop"), (16, "dgrad"), (16, "wgrad"),
                     (24, "fprop"), (24, "dgrad"), (24, "wgrad")]  # fmt: skip
+
+
+def test_warns_when_the_model_is_not_channels_last(caplog):
+    """where_faster times both implementations in channels_last. On an NCHW model spio's layers
+    would also copy activations in and out, which the timing leaves out: it says so, with the
+    count of calls; a channels_last model gets no warning."""
+    model = nn.Sequential(
+        nn.Conv2d(16, 16, 3, padding=1, groups=2), nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    ).half()
+    x = torch.randn(2, 16, 8, 8).half()
+
+    def timer(params, pass_, impl):
+        return 1.0
+
+    def warnings():
+        return [r for r in caplog.records if r.levelno == logging.WARNING]
+
+    with caplog.at_level(logging.INFO, logger="spio"):
+        where_faster(model, x.to(memory_format=torch.channels_last), timer=timer)
+        assert warnings() == []
+        where_faster(model, x, timer=timer)
+    assert len(warnings()) == 1
+    assert "2 of the 2 convolution calls" in warnings()[0].getMessage()
+    assert ".to(memory_format=torch.channels_last)" in warnings()[0].getMessage()
