@@ -477,3 +477,24 @@ def test_activation_checkpointing_recomputes_through_the_kernels(monkeypatch, us
     torch.testing.assert_close(x.grad.double(), x_ref.grad, atol=5e-3, rtol=5e-3)
     for got, want in zip(block.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(got.grad.double(), want.grad, atol=0.1, rtol=2e-2)
+
+
+@pytest.mark.cuda
+def test_cuda_nchw_input_runs_the_kernels_and_warns_once(monkeypatch, caplog):
+    """On the GPU an NCHW input still gives nn.Conv2d's result (in NCHW memory), and the first
+    such call warns that it pays copies; a second layer does not warn again."""
+    from spio.functional import _kernels
+
+    monkeypatch.setattr(_kernels, "_layout_logged", False)
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).cuda().half()
+    other = Conv2dGw8(16, 16, 3, padding=1, groups=2).cuda().half()
+    x = torch.randn(2, 16, 9, 7, device="cuda", dtype=torch.float16)
+    with caplog.at_level("WARNING", logger="spio"):
+        y = layer(x)
+        other(x[:1])
+    warned = [r for r in caplog.records if "not a contiguous channels_last" in r.getMessage()]
+    assert len(warned) == 1
+    assert y.is_contiguous()
+    want = F.conv2d(x.double(), layer.weight.double(), layer.bias.double(), padding=1, groups=2)
+    torch.testing.assert_close(y.double(), want, atol=2e-3, rtol=2e-3)
