@@ -29,6 +29,53 @@ def _gpu_summary() -> str:
     return "; ".join(lines)
 
 
+def _gpu_archs() -> list[tuple[int, str]]:
+    """(ordinal, arch) of each GPU the driver sees; empty without a driver or device."""
+    try:
+        from .cuda import driver
+
+        return [(i, driver.device_attributes(i)["arch"]) for i in range(driver.device_count())]
+    except Exception:  # _gpu_summary says why
+        return []
+
+
+def _perf_model_rows() -> list[tuple[str, str]]:
+    """What the shipped (or SPIO_PERF_MODELS) performance models cover, and whether one applies
+    to each GPU present; without one, tile configs come from the analytic heuristic."""
+    import json
+
+    from .kernels.families import FAMILIES
+    from .kernels.perf_model import models_dir
+
+    folder = models_dir()
+    by_arch: dict[str, list[dict]] = {}
+    for meta_path in sorted(folder.glob("sm_*/**/*.json")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        by_arch.setdefault(meta_path.relative_to(folder).parts[0], []).append(meta)
+    rows = []
+    for arch, metas in sorted(by_arch.items()):
+        families = {m.get("family") for m in metas}
+        passes = ", ".join(f.removeprefix("conv2d_gw8_") for f in FAMILIES if f in families)
+        devices = sorted({d for m in metas for d in m.get("measured_on", [])})
+        sizes = sorted({n for m in metas for n in m.get("batch_sizes", [])})
+        rows.append(
+            f"{arch}: {passes} (measured on {', '.join(devices) or 'unknown'}; "
+            f"N {', '.join(map(str, sizes)) or '?'})"
+        )
+    if not rows:
+        rows.append(f"none in {folder}")
+    for ordinal, arch in _gpu_archs():
+        if arch not in by_arch:
+            rows.append(
+                f"cuda:{ordinal} ({arch}): no model applies; the analytic heuristic picks tile "
+                "configs (SPIO_AUTOTUNE=1 times its top candidates on first use)"
+            )
+    return [("perf models" if i == 0 else "", row) for i, row in enumerate(rows)]
+
+
 def _human_bytes(n: int) -> str:
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -59,6 +106,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     rows.append(("spio headers", str(paths.bundled_include_dir())))
     rows.append(("GPU", _gpu_summary()))
     rows.append(("supported arch", ", ".join(supported_arch)))
+    rows.extend(_perf_model_rows())
     root = cache_root()
     files, total = folder_size(root)
     rows.append(("cache", f"{root} ({files} files, {_human_bytes(total)})"))

@@ -65,6 +65,7 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
     assert lines["spio"].strip()
     assert "libnvrtc" in out.stdout
     assert str(tmp_path) in out.stdout
+    assert "sm_90: fprop, dgrad, wgrad (measured on NVIDIA H200" in lines["perf"]
     gpu_line = next(line for line in out.stdout.splitlines() if line.startswith("GPU"))
     if gpu_available():
         assert "sm_" in gpu_line
@@ -135,3 +136,25 @@ def test_spio_logger_env_shows_info_messages(level, shown, tmp_path):
     out = run_python(code, env)
     assert out.returncode == 0, out.stderr
     assert ("compiled kernel.cu for sm_80" in out.stderr) == shown
+
+
+def test_info_says_which_gpus_no_perf_model_covers(tmp_path, monkeypatch):
+    """A GPU of an arch without a model gets a line saying the heuristic picks its configs; an
+    arch with one does not; an empty model folder says so."""
+    import shutil as sh
+
+    from spio import __main__ as cli
+    from spio.kernels import perf_model
+
+    models = tmp_path / "models"
+    sh.copytree(perf_model.PACKAGED_MODELS_DIR / "sm_90", models / "sm_90")
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
+    monkeypatch.setattr(cli, "_gpu_archs", lambda: [(0, "sm_90"), (1, "sm_86")])
+    rows = cli._perf_model_rows()
+    assert rows[0][0] == "perf models" and rows[0][1].startswith("sm_90: fprop, dgrad, wgrad")
+    assert [value for _, value in rows[1:]] == [
+        "cuda:1 (sm_86): no model applies; the analytic heuristic picks tile configs "
+        "(SPIO_AUTOTUNE=1 times its top candidates on first use)"
+    ]
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path / "empty"))
+    assert cli._perf_model_rows()[0] == ("perf models", f"none in {tmp_path / 'empty'}")
