@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
 from .conv2d_gw8_params import Conv2dGw8Params
-from .kernel import Kernel, KernelFactory
+from .kernel import Kernel, KernelFactory, entry_symbol
 
 SOURCE_FILE = "conv2d_gw8.cu"
 HEADER_NAME = "conv2d_gw8_gen.h"
@@ -245,10 +245,12 @@ def generate_header(
     igrad: bool,
     weights_cl: bool = False,
     bias_elem: bool = False,
+    entry: str = ENTRY,
 ) -> str:
     """The C++ header that specialises conv2d_gw8.cu for one layer and config. `weights_cl`: the
     weights are read in channels_last memory ([K, R, S, 8]) instead of contiguous ([K, 8, R, S]);
-    `bias_elem`: the bias is read in the activations' dtype instead of fp32."""
+    `bias_elem`: the bias is read in the activations' dtype instead of fp32; `entry`: the
+    kernel's symbol (SPIO_KERNEL_ENTRY)."""
     geo = _Geometry.of(params, igrad)
     element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups
@@ -271,6 +273,7 @@ def generate_header(
                 "SPIO_CONV_ELEMENT": element,
                 "SPIO_CONV_IGRAD": int(igrad),
                 "SPIO_CONV_HAS_BIAS": int(params.has_bias and not igrad),
+                "SPIO_KERNEL_ENTRY": entry,
             }
         ),
         ParamsSpec("Conv", {"r": params.r, "s": params.s, "pad_h": geo.pad_h, "pad_w": geo.pad_w}),
@@ -338,11 +341,15 @@ def make_kernel(
         * math.ceil(geo.out_w / config.block_q)
     )
     kind = "dgrad" if igrad else "fprop"
+    name = f"conv2d_gw8_{kind}__{params.encode()}__{config.encode()}{variant}"
+    entry = entry_symbol(name)
     return Kernel(
-        name=f"conv2d_gw8_{kind}__{params.encode()}__{config.encode()}{variant}",
+        name=name,
         source_file=SOURCE_FILE,
-        entry=ENTRY,
-        headers=((HEADER_NAME, generate_header(params, config, igrad, weights_cl, bias_elem)),),
+        entry=entry,
+        headers=(
+            (HEADER_NAME, generate_header(params, config, igrad, weights_cl, bias_elem, entry)),
+        ),
         grid=(blocks, 1, 1),
         block=(config.threads, 1, 1),
         shared_mem_bytes=shared_mem_bytes(params, config),

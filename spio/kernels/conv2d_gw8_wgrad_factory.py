@@ -20,7 +20,7 @@ from .conv2d_gw8_factory import (
     sector_waste,
 )
 from .conv2d_gw8_params import Conv2dGw8Params
-from .kernel import Kernel, KernelFactory
+from .kernel import Kernel, KernelFactory, entry_symbol
 
 SOURCE_FILE = "conv2d_gw8_wgrad.cu"
 HEADER_NAME = "conv2d_gw8_wgrad_gen.h"
@@ -221,9 +221,13 @@ def production_kernel(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> 
 
 
 def generate_header(
-    params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, partials: bool = False
+    params: Conv2dGw8Params,
+    config: Conv2dGw8WgradConfig,
+    partials: bool = False,
+    entry: str = ENTRY,
 ) -> str:
-    """The C++ header that specialises conv2d_gw8_wgrad.cu for one layer and config."""
+    """The C++ header that specialises conv2d_gw8_wgrad.cu for one layer and config; `entry`:
+    the kernel's symbol (SPIO_KERNEL_ENTRY)."""
     c8 = params.groups
     in_x = config.block_q + params.s - 1
     tiles = _tiles(params, config)
@@ -235,6 +239,7 @@ def generate_header(
                 "SPIO_WGRAD_BF16": int(params.dtype == "bf16"),
                 "SPIO_WGRAD_HAS_BIAS": int(params.has_bias),
                 "SPIO_WGRAD_PARTIALS": int(partials),
+                "SPIO_KERNEL_ENTRY": entry,
             }
         ),
         ParamsSpec(
@@ -302,12 +307,15 @@ def make_kernel(
         * math.ceil(params.p / config.block_p)
         * math.ceil(params.q / config.block_q)
     )
+    name = f"conv2d_gw8_wgrad__{params.encode()}__{config.encode()}" + (
+        "__partials" if partials else ""
+    )
+    entry = entry_symbol(name)
     return Kernel(
-        name=f"conv2d_gw8_wgrad__{params.encode()}__{config.encode()}"
-        + ("__partials" if partials else ""),
+        name=name,
         source_file=SOURCE_FILE,
-        entry=ENTRY,
-        headers=((HEADER_NAME, generate_header(params, config, partials)),),
+        entry=entry,
+        headers=((HEADER_NAME, generate_header(params, config, partials, entry)),),
         grid=(blocks, 1, 1),
         block=(config.threads, 1, 1),
         shared_mem_bytes=shared_mem_bytes(params, config),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,17 @@ SOURCE_DIR = Path(__file__).resolve().parent.parent / "src"
 def kernel_source(file_name: str) -> str:
     """The text of a kernel source file in spio/src."""
     return (SOURCE_DIR / file_name).read_text()
+
+
+def entry_symbol(name: str) -> str:
+    """The extern "C" symbol of the kernel named `name`: spio_<name>. Profiler traces
+    (torch.profiler, Nsight Systems and Compute) then show each launch's layer and tile config,
+    and every spio kernel's symbol starts with "spio_" (what tools filter on)."""
+    if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+        raise ValueError(
+            f"a kernel name must be a C identifier's letters, digits and _, got {name!r}"
+        )
+    return f"spio_{name}"
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,12 @@
 // After the generated header, where scripts/ablate_kernel.py defines its switches.
 #include "spio/ablation.h"
 
+// The kernel's symbol: the generated header names it after the layer and config
+// (spio.kernels.kernel.entry_symbol), so profiler traces tell launches apart.
+#ifndef SPIO_KERNEL_ENTRY
+#define SPIO_KERNEL_ENTRY spio_conv2d_gw8
+#endif
+
 namespace {
 
 using Elem = SPIO_CONV_ELEMENT;
@@ -114,7 +120,7 @@ struct StreamRow {
 // Min. 1 block per SM: with the thread count alone, ptxas (NVRTC 12.9 and 13.0) capped registers
 // below the need of some register-heavy configs and spilled; this way it never spills them.
 extern "C" __global__ void __launch_bounds__(Block::threads, 1)
-    spio_conv2d_gw8(Output::data_type *out, const uint4 *in, const Elem *weights,
+    SPIO_KERNEL_ENTRY(Output::data_type *out, const uint4 *in, const Elem *weights,
                     Bias::data_type *bias) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;

@@ -48,6 +48,12 @@
 // After the generated header, where scripts/ablate_kernel.py defines its switches.
 #include "spio/ablation.h"
 
+// The kernel's symbol: the generated header names it after the layer and config
+// (spio.kernels.kernel.entry_symbol), so profiler traces tell launches apart.
+#ifndef SPIO_KERNEL_ENTRY
+#define SPIO_KERNEL_ENTRY spio_conv2d_gw8_wgrad
+#endif
+
 namespace {
 
 // mma_pixels adds A * B into acc, the product summing over the pixels: with PIXELS == 8 one
@@ -73,7 +79,7 @@ SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2][2], const un
 // Min. 1 block per SM: with the thread count alone, ptxas (NVRTC 12.9 and 13.0) capped registers
 // below the need of some register-heavy configs and spilled; this way it never spills them.
 extern "C" __global__ void __launch_bounds__(Block::threads, 1)
-    spio_conv2d_gw8_wgrad(float *dw, float *dbias, const uint4 *x, const uint4 *dy) {
+    SPIO_KERNEL_ENTRY(float *dw, float *dbias, const uint4 *x, const uint4 *dy) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
     constexpr int PAIRS = (R + 1) / 2;

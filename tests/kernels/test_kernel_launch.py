@@ -77,3 +77,25 @@ def test_current_stream_is_torchs():
     with torch.cuda.stream(s):
         assert K.current_stream(torch.cuda.current_device()) == s.cuda_stream
     assert K.current_stream(0) == torch.cuda.current_stream(0).cuda_stream
+
+
+def test_each_kernel_symbol_names_its_layer_and_config():
+    """Profiler traces show a kernel's symbol: every FProp, DGrad and WGrad kernel is compiled
+    as spio_<its name> (layer and config), the symbol ptxas reports (and the one the emulator
+    looks up, in every emulated kernel test), so launches of different layers or configs are
+    told apart; a name that is no C identifier is refused."""
+    from spio.kernels import Conv2dGw8Params
+    from spio.kernels.families import FAMILIES
+    from spio.kernels.kernel import entry_symbol
+
+    params = Conv2dGw8Params(n=2, c=16, h=7, w=6, has_bias=True)
+    entries = set()
+    for family in FAMILIES.values():
+        for config in family.configs(params)[:2]:
+            kernel = family.make_kernel(params, config)
+            assert kernel.entry == f"spio_{kernel.name}"
+            assert list(kernel.compile("sm_90").resources) == [kernel.entry]
+            entries.add(kernel.entry)
+    assert len(entries) == 2 * len(FAMILIES)
+    with pytest.raises(ValueError, match="C identifier"):
+        entry_symbol("conv2d-gw8")
