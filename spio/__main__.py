@@ -10,49 +10,43 @@ from collections.abc import Callable
 _BROKEN = "BROKEN INSTALL"
 
 
-def _gpu_summary() -> str:
-    """The GPUs spio sees through the CUDA driver, or why it sees none."""
+def _gpus() -> tuple[list[dict], str | None]:
+    """The attributes of each GPU spio sees through the CUDA driver, and, when it sees none, why."""
     try:
         from .cuda import driver
     except ImportError as error:
-        return f"unknown: {_BROKEN}, the spio.cuda.driver extension does not load ({error})"
+        return [], f"unknown: {_BROKEN}, the spio.cuda.driver extension does not load ({error})"
     try:
         count = driver.device_count()
     except Exception as error:  # no driver, no device: say why, never crash `info`
-        return f"no GPU ({error})"
+        return [], f"no GPU ({error})"
     if count == 0:
-        return "no GPU (the driver reports 0 devices)"
-    lines = []
-    for ordinal in range(count):
-        attrs = driver.device_attributes(ordinal)
-        lines.append(f"cuda:{ordinal} {attrs['name']} ({attrs['arch']}, {attrs['sm_count']} SMs)")
-    return "; ".join(lines)
+        return [], "no GPU (the driver reports 0 devices)"
+    return [driver.device_attributes(ordinal) for ordinal in range(count)], None
 
 
-def _gpu_archs() -> list[tuple[int, str]]:
-    """(ordinal, arch) of each GPU the driver sees; empty without a driver or device."""
-    try:
-        from .cuda import driver
+def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:
+    """One line for the GPUs of _gpus()."""
+    if not gpus:
+        return why_none or "no GPU"
+    return "; ".join(
+        f"cuda:{i} {a['name']} ({a['arch']}, {a['sm_count']} SMs)" for i, a in enumerate(gpus)
+    )
 
-        return [(i, driver.device_attributes(i)["arch"]) for i in range(driver.device_count())]
-    except Exception:  # _gpu_summary says why
-        return []
 
-
-def _perf_model_rows() -> list[tuple[str, str]]:
-    """What the shipped (or SPIO_PERF_MODELS) performance models cover, and whether one applies
-    to each GPU present; without one, tile configs come from the analytic heuristic."""
-    import json
-
+def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
+    """What the shipped (or SPIO_PERF_MODELS) performance models cover, and which of the GPUs
+    present (their archs, by ordinal) none covers: their tile configs come from the analytic
+    heuristic."""
     from .kernels.families import FAMILIES
-    from .kernels.perf_model import models_dir
+    from .kernels.perf_model import PerfModelError, models_dir, read_meta
 
     folder = models_dir()
     by_arch: dict[str, list[dict]] = {}
     for meta_path in sorted(folder.glob("sm_*/**/*.json")):
         try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
+            meta = read_meta(meta_path)
+        except PerfModelError:
             continue
         by_arch.setdefault(meta_path.relative_to(folder).parts[0], []).append(meta)
     rows = []
@@ -67,7 +61,7 @@ def _perf_model_rows() -> list[tuple[str, str]]:
         )
     if not rows:
         rows.append(f"none in {folder}")
-    for ordinal, arch in _gpu_archs():
+    for ordinal, arch in enumerate(gpu_archs):
         if arch not in by_arch:
             rows.append(
                 f"cuda:{ordinal} ({arch}): no model applies; the analytic heuristic picks tile "
@@ -104,9 +98,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     except Exception as error:  # report, don't crash: info is the first thing users run
         rows.append(("NVRTC", f"{_BROKEN}, not found: {error}"))
     rows.append(("spio headers", str(paths.bundled_include_dir())))
-    rows.append(("GPU", _gpu_summary()))
+    gpus, why_none = _gpus()
+    rows.append(("GPU", _gpu_summary(gpus, why_none)))
     rows.append(("supported arch", ", ".join(supported_arch)))
-    rows.extend(_perf_model_rows())
+    rows.extend(_perf_model_rows([gpu["arch"] for gpu in gpus]))
     root = cache_root()
     files, total = folder_size(root)
     rows.append(("cache", f"{root} ({files} files, {_human_bytes(total)})"))

@@ -149,12 +149,11 @@ def test_info_says_which_gpus_no_perf_model_covers(tmp_path, monkeypatch):
     models = tmp_path / "models"
     sh.copytree(perf_model.PACKAGED_MODELS_DIR / "sm_90", models / "sm_90")
     monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
-    monkeypatch.setattr(cli, "_gpu_archs", lambda: [(0, "sm_90"), (1, "sm_86")])
-    rows = cli._perf_model_rows()
+    rows = cli._perf_model_rows(["sm_90", "sm_86"])
     assert rows[0][0] == "perf models" and rows[0][1].startswith("sm_90: fprop, dgrad, wgrad")
     assert [value for _, value in rows[1:]] == [
         "cuda:1 (sm_86): no model applies; the analytic heuristic picks tile configs "
         "(SPIO_AUTOTUNE=1 times its top candidates on first use)"
     ]
     monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path / "empty"))
-    assert cli._perf_model_rows()[0] == ("perf models", f"none in {tmp_path / 'empty'}")
+    assert cli._perf_model_rows([])[0] == ("perf models", f"none in {tmp_path / 'empty'}")

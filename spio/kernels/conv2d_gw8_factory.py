@@ -18,7 +18,6 @@ from .kernel import Kernel, KernelFactory, entry_symbol
 
 SOURCE_FILE = "conv2d_gw8.cu"
 HEADER_NAME = "conv2d_gw8_gen.h"
-ENTRY = "spio_conv2d_gw8"
 
 MAX_THREADS = 512
 # The smallest per-block opt-in limit among the supported archs (sm_86 and sm_89: 99 KiB).
@@ -243,14 +242,14 @@ def generate_header(
     params: Conv2dGw8Params,
     config: Conv2dGw8Config,
     igrad: bool,
-    weights_cl: bool = False,
-    bias_elem: bool = False,
-    entry: str = ENTRY,
+    weights_cl: bool,
+    bias_elem: bool,
+    entry: str,
 ) -> str:
     """The C++ header that specialises conv2d_gw8.cu for one layer and config. `weights_cl`: the
     weights are read in channels_last memory ([K, R, S, 8]) instead of contiguous ([K, 8, R, S]);
     `bias_elem`: the bias is read in the activations' dtype instead of fp32; `entry`: the
-    kernel's symbol (SPIO_KERNEL_ENTRY)."""
+    kernel's symbol (SPIO_KERNEL_ENTRY, the name of the kernel function in conv2d_gw8.cu)."""
     geo = _Geometry.of(params, igrad)
     element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups

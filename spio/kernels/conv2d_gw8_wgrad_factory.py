@@ -24,7 +24,6 @@ from .kernel import Kernel, KernelFactory, entry_symbol
 
 SOURCE_FILE = "conv2d_gw8_wgrad.cu"
 HEADER_NAME = "conv2d_gw8_wgrad_gen.h"
-ENTRY = "spio_conv2d_gw8_wgrad"
 
 #: The second pass of the partial-sums variant (spio/src/sum_slots.cu).
 SUM_SOURCE_FILE = "sum_slots.cu"
@@ -223,11 +222,11 @@ def production_kernel(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> 
 def generate_header(
     params: Conv2dGw8Params,
     config: Conv2dGw8WgradConfig,
-    partials: bool = False,
-    entry: str = ENTRY,
+    partials: bool,
+    entry: str,
 ) -> str:
     """The C++ header that specialises conv2d_gw8_wgrad.cu for one layer and config; `entry`:
-    the kernel's symbol (SPIO_KERNEL_ENTRY)."""
+    the kernel's symbol (SPIO_KERNEL_ENTRY, the name of the kernel function in the source)."""
     c8 = params.groups
     in_x = config.block_q + params.s - 1
     tiles = _tiles(params, config)

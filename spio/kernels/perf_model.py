@@ -410,6 +410,20 @@ def model_candidates(folder: Path, family: str, identity: DeviceIdentity) -> lis
     ]
 
 
+def read_meta(meta_path: str | os.PathLike) -> dict:
+    """A model's JSON metadata (without loading the model, or xgboost); PerfModelError if it is
+    unreadable or not a JSON object."""
+    import json
+
+    try:
+        meta = json.loads(Path(meta_path).read_text())
+    except (OSError, ValueError) as error:
+        raise PerfModelError(f"perf model metadata {meta_path} is unreadable: {error}") from None
+    if not isinstance(meta, dict):
+        raise PerfModelError(f"perf model metadata {meta_path} is not a JSON object")
+    return meta
+
+
 @dataclass(frozen=True)
 class PerfModel:
     """A trained model of one kernel family's run time, with the metadata stored beside it."""
@@ -422,18 +436,8 @@ class PerfModel:
     @classmethod
     def load(cls, path: str | os.PathLike) -> PerfModel:
         """Load `<family>.ubj` and its `<family>.json`; PerfModelError if either is unusable."""
-        import json
-
         path = Path(path)
-        meta_path = path.with_suffix(".json")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as error:
-            raise PerfModelError(
-                f"perf model metadata {meta_path} is unreadable: {error}"
-            ) from None
-        if not isinstance(meta, dict):
-            raise PerfModelError(f"perf model metadata {meta_path} is not a JSON object")
+        meta = read_meta(path.with_suffix(".json"))
         family = FAMILIES.get(meta.get("family", ""))
         if family is None:
             raise PerfModelError(

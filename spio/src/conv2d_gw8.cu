@@ -48,7 +48,9 @@
 /// generated header sets the weights' layout (PyTorch's contiguous [K, 8, R, S] or its
 /// channels_last [K, R, S, 8]) and the bias element (fp32, or the activations' dtype), so either
 /// is read as the caller holds it.
-/// The generated header (conv2d_gw8_gen.h) defines Conv, Block, the tensors and the index classes.
+/// The generated header (conv2d_gw8_gen.h) defines Conv, Block, the tensors and the index classes,
+/// and the kernel's symbol SPIO_KERNEL_ENTRY: spio_<pass, layer and config>
+/// (spio.kernels.kernel.entry_symbol), so that profiler traces tell launches apart.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -60,12 +62,6 @@
 #include "conv2d_gw8_gen.h"
 // After the generated header, where scripts/ablate_kernel.py defines its switches.
 #include "spio/ablation.h"
-
-// The kernel's symbol: the generated header names it after the layer and config
-// (spio.kernels.kernel.entry_symbol), so profiler traces tell launches apart.
-#ifndef SPIO_KERNEL_ENTRY
-#define SPIO_KERNEL_ENTRY spio_conv2d_gw8
-#endif
 
 namespace {
 

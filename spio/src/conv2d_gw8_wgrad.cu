@@ -35,7 +35,8 @@
 /// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
 /// SmemX::num_bytes + SmemDy::num_bytes bytes of dynamic shared memory.
 /// Arguments: (float *dw, float *dbias or null, const uint4 *x, const uint4 *dy); dw and dbias
-/// zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and DBiasPart buffers, unzeroed). The generated header (conv2d_gw8_wgrad_gen.h) defines the rest.
+/// zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and DBiasPart buffers, unzeroed). The generated header (conv2d_gw8_wgrad_gen.h) defines the rest,
+/// the kernel's symbol SPIO_KERNEL_ENTRY (spio_<layer and config>) among it.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -47,12 +48,6 @@
 #include "conv2d_gw8_wgrad_gen.h"
 // After the generated header, where scripts/ablate_kernel.py defines its switches.
 #include "spio/ablation.h"
-
-// The kernel's symbol: the generated header names it after the layer and config
-// (spio.kernels.kernel.entry_symbol), so profiler traces tell launches apart.
-#ifndef SPIO_KERNEL_ENTRY
-#define SPIO_KERNEL_ENTRY spio_conv2d_gw8_wgrad
-#endif
 
 namespace {
 
