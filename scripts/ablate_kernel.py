@@ -94,7 +94,12 @@ def parse_args(argv=None):
     )
     parser.add_argument("--n", type=int, default=128, help="batch size")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
-    parser.add_argument("--passes", nargs="+", default=["fprop", "dgrad", "wgrad"])
+    parser.add_argument(
+        "--passes",
+        nargs="+",
+        choices=("fprop", "dgrad", "wgrad"),
+        default=["fprop", "dgrad", "wgrad"],
+    )
     parser.add_argument(
         "--config", nargs="+", help="encoded tile configs to time (default: spio's choice)"
     )
@@ -150,6 +155,7 @@ def ablate_layer(args, layer) -> int:
     """Times the variants of each pass of one layer; 0, or 2 for a config the layer lacks."""
     import torch
 
+    from spio.bench.run import copy_call, copy_pairs
     from spio.bench.timing import time_calls
     from spio.compiler import compile_many
     from spio.cuda import driver
@@ -206,19 +212,21 @@ def ablate_layer(args, layer) -> int:
                         f"{pass_:6s} {name:12s} {seconds * 1e6:6.1f} {nbytes / seconds / 1e9:7.0f} "
                         f"{seconds / full:8.2f}  whole wrapper, as autograd calls it"
                     )
-        half = nbytes // 4  # 2-byte elements, read and written once each by the copy
-        src = torch.randn(half, device=device).half()
-        dst = torch.empty_like(src)
-        timing = time_calls(lambda i, d=dst, s=src: d.copy_(s), warmup=3, reps=args.repeats)
+        # The copy's pairs rotate as the kernels' inputs do, so neither finds its data in L2.
+        pairs = copy_pairs(nbytes, torch.float16, device, attrs["l2_cache_bytes"])
+        moved = 2 * pairs[0][0].nbytes
+        timing = time_calls(copy_call(pairs), warmup=3, reps=args.repeats)
         copy = timing.median_ms * 1e-3
-        print(f"{pass_:6s} {'copy':10s} {copy * 1e6:8.1f} {4 * half / copy / 1e9:7.0f}")
-        # A read-only pass over the copy's source (a sum): the ceiling for the input pipeline alone
-        # (loads-only reads the pass's inputs, about half its bytes).
+        print(f"{pass_:6s} {'copy':10s} {copy * 1e6:8.1f} {moved / copy / 1e9:7.0f}")
+        # A read-only pass over the copy's sources (a sum): the ceiling for the input pipeline
+        # alone (loads-only reads the pass's inputs, about half its bytes).
         timing = time_calls(
-            lambda i, s=src: s.sum(dtype=torch.float32), warmup=3, reps=args.repeats
+            lambda i, p=pairs: p[i % len(p)][0].sum(dtype=torch.float32),
+            warmup=3,
+            reps=args.repeats,
         )
         read = timing.median_ms * 1e-3
-        print(f"{pass_:6s} {'read':10s} {read * 1e6:8.1f} {2 * half / read / 1e9:7.0f}")
+        print(f"{pass_:6s} {'read':10s} {read * 1e6:8.1f} {moved / 2 / read / 1e9:7.0f}")
     return 0
 
 

@@ -8,7 +8,9 @@ models from these rows.
 Work comes in resumable chunks: rows already in the CSV for this device are skipped, and the run
 stops after --budget-s seconds (at most 450, so a chunk stays under 8 minutes); repeated runs
 complete a sweep. The next layer's kernels compile in parallel (spio.compiler.compile_many, cached
-on disk) while the current one is timed.
+on disk) while the current one is timed, when that compile should end within the budget. The run
+overruns the budget only if a compile takes longer than 1.25 times the slowest before it (or
+the first one, which always starts).
 
     python scripts/perf_sample.py --csv perf_samples.csv [--budget-s 360] [--families ...]
 
@@ -44,7 +46,9 @@ def sweep_layers(batches=(32, 64, 128, 256), dtypes=("fp16", "bf16"), extra: int
         dict(c=192, h=28, w=28, r=5, s=5),
         dict(c=128, h=32, w=32, r=1, s=3),
         dict(c=128, h=32, w=32, r=3, s=1),
-        # stride-1 group-width-8 layers of timm regnetx_002 at 224x224
+        # widths of timm regnetx_002's four stages at 224x224: its stride-1 group-width-8
+        # layers are 152c 14x14 and 368c 7x7 (spio/bench/layers.py); the first two stages'
+        # widths are extra shapes (odd group counts, larger images)
         dict(c=24, h=56, w=56, r=3, s=3),
         dict(c=56, h=28, w=28, r=3, s=3),
         dict(c=152, h=14, w=14, r=3, s=3),
@@ -136,11 +140,24 @@ def main(argv: list[str] | None = None) -> int:
         DeviceIdentity,
         Sample,
         append_samples,
+        check_sample_columns,
         get_family,
         kernel_variant,
         read_samples,
     )
 
+    unknown = sorted(set(args.families or ()) - set(FAMILIES))
+    if unknown:
+        print(
+            f"perf_sample: unknown families {', '.join(unknown)}; known: {', '.join(FAMILIES)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        check_sample_columns(args.csv)  # before any timing: the rows must fit the file
+    except ValueError as error:
+        print(f"perf_sample: {error}", file=sys.stderr)
+        return 2
     families = [get_family(name) for name in (args.families or FAMILIES)]
     device = torch.device("cuda", args.device)
     torch.cuda.set_device(device)
@@ -171,26 +188,39 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(total=total, unit="config", desc="timing")
 
     def compile_layer(index: int):
+        began = time.monotonic()
         family, params, todo = work[index]
         kernels = [family.make_kernel(params, c) for c in todo]
         jobs = [k.compile_job(arch) for k in kernels]
-        return kernels, compile_many(jobs, workers=args.workers or None, progress=False)
+        results = compile_many(jobs, workers=args.workers or None, progress=False)
+        return kernels, results, time.monotonic() - began
 
-    # Compile the next layer's kernels (in parallel processes) while this layer is timed.
+    def seconds_left() -> float:
+        return args.budget_s - (time.monotonic() - start)
+
+    # Compile the next layer's kernels (in parallel processes) while this layer is timed, but
+    # only when that compile should end within the budget (judged by the slowest compile so
+    # far): a compile cannot be stopped once started, and waiting for it would overrun.
+    slowest = 0.0
     with ThreadPoolExecutor(max_workers=1) as ahead:
-        pending = ahead.submit(compile_layer, 0) if work else None
+        pending = ahead.submit(compile_layer, 0) if work and seconds_left() > 0 else None
         for index, (family, params, todo) in enumerate(work):
-            if time.monotonic() - start > args.budget_s:
+            if pending is None:
                 break
-            kernels, results = pending.result()
-            pending = ahead.submit(compile_layer, index + 1) if index + 1 < len(work) else None
+            kernels, results, seconds = pending.result()
+            pending = None
+            slowest = max(slowest, seconds)
+            if seconds_left() <= 0:
+                break
+            if index + 1 < len(work) and seconds_left() > 1.25 * slowest:
+                pending = ahead.submit(compile_layer, index + 1)
             copies = autotune.input_copies(family.name, params, attrs["l2_cache_bytes"])
             arg_sets = [
                 autotune.kernel_inputs(family.name, params, device, seed) for seed in range(copies)
             ]
             rows = []
             for config, kernel, result in zip(todo, kernels, results, strict=True):
-                if time.monotonic() - start > args.budget_s:
+                if seconds_left() <= 0:
                     break
                 bar.update()
                 if isinstance(result, BaseException):
@@ -228,8 +258,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
             measured += append_samples(args.csv, rows)  # after each layer: a stop loses little
             del arg_sets
-        if pending is not None:
-            pending.cancel()
     bar.close()
     left = total - measured - failed
     print(

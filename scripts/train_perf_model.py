@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from spio.kernels.perf_model import (
+    FAMILIES,
     FEATURE_VERSION,
     PACKAGED_MODELS_DIR,
     TARGET,
@@ -257,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", nargs="+", type=Path, help="sample CSVs from perf_sample.py")
     parser.add_argument("--out", type=Path, default=PACKAGED_MODELS_DIR, help="models folder")
-    parser.add_argument("--families", nargs="*", help="only these kernel families")
+    parser.add_argument(
+        "--families", nargs="*", choices=list(FAMILIES), help="only these kernel families"
+    )
     parser.add_argument("--arch", nargs="*", help="only these archs, e.g. sm_90")
     parser.add_argument("--per-device", action="store_true", help="one model per device name")
     parser.add_argument(
@@ -289,8 +292,6 @@ def main(argv: list[str] | None = None) -> int:
         samples += got
         comments += notes
     if args.families:
-        for name in args.families:
-            get_family(name)
         samples = [s for s in samples if s.family in args.families]
     if args.arch:
         samples = [s for s in samples if s.arch in args.arch]

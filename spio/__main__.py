@@ -218,6 +218,17 @@ def _arch(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _positive(text: str) -> int:
+    """A positive integer option; a usage error (exit 2) names the value otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"needs a positive integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m spio", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -232,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="sm_80, sm_86, sm_89 or sm_90 (repeatable; default: all)",
     )
     compile_parser.add_argument("--kernel", help="only kernel families whose name contains this")
-    compile_parser.add_argument("--sample", type=int, help="compile a random sample of N kernels")
+    compile_parser.add_argument(
+        "--sample", type=_positive, help="compile a random sample of N kernels"
+    )
     compile_parser.add_argument("--seed", type=int, default=0, help="seed for --sample")
     from .bench.cli import add_arguments as add_bench_arguments
     from .check import add_arguments as add_check_arguments

@@ -3,8 +3,9 @@
 Runs FProp, DGrad and WGrad (with the bias gradient where the layer has a bias) over a sample of
 layers and tile configs on a CUDA GPU, or in the CPU emulator without one, and compares each
 result with the float64 reference under the tolerance derived from accumulation depth
-(`spio.reference.conv2d_gw8_tolerance`). Inputs are random and outputs are poisoned with NaN
-first, so a kernel that skips an element fails. One line per pass and dtype reports the worst
+(`spio.reference.conv2d_gw8_tolerance`). Inputs are random and the buffers the kernels write are
+poisoned with NaN first (WGrad's atomic kernel adds into zeros instead), so a kernel that skips
+an element fails. One line per pass and dtype reports the worst
 error as a fraction of the tolerance (<= 1 passes); any failure gives a non-zero exit status.
 """
 
@@ -142,7 +143,7 @@ def run_one(
         raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
     # As spio runs it: per-warp partial sums and sum_slots while they fit, else atomics.
     kernel = kernel or wg.production_kernel(params, config)
-    dw, dbias = wg.wgrad(dev["x"], dev["dy"], params, kernel=kernel)
+    dw, dbias = wg.wgrad(dev["x"], dev["dy"], params, kernel=kernel, poison=True)
     expected = conv2d_gw8_wgrad_ref(t["x"], t["dy"], params.padding, params.r, params.s)
     tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"])
     worst = error_ratio(dw, expected, tol.atol, tol.rtol)

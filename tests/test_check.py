@@ -55,6 +55,26 @@ def test_check_reports_a_missing_bias_gradient(monkeypatch):
     assert not result.passed and result.worst == float("inf")
 
 
+def test_check_poisons_the_wgrad_partial_sums(monkeypatch):
+    """A partial-sums kernel that skips one element of its buffer leaves what was there: NaN,
+    since check poisons the buffers, so the pass fails (unpoisoned, the allocator could hand
+    back an earlier run's right values)."""
+    from spio.kernels.kernel import Kernel
+
+    real = Kernel.launch
+
+    def skips_one(self, args, device):
+        if not self.info_value("partials"):
+            return real(self, args, device)
+        before = args[0].clone()
+        real(self, args, device)
+        args[0][5] = before[5]
+
+    monkeypatch.setattr(Kernel, "launch", skips_one)
+    (result,), lines = _run(passes=("wgrad",), dtypes=("fp16",))
+    assert not result.passed and result.worst == float("inf"), lines
+
+
 def test_check_turns_a_kernel_error_into_a_failure(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("launch failed")

@@ -126,6 +126,13 @@ def test_compile_names_the_known_archs_for_an_unknown_one():
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "two"])
+def test_compile_sample_needs_a_positive_count(value):
+    out = run_spio("compile", "--sample", value)
+    assert out.returncode == 2
+    assert f"argument --sample: needs a positive integer, got {value!r}" in out.stderr
+
+
 @pytest.mark.parametrize("level,shown", [("1", True), ("", False)])
 def test_spio_logger_env_shows_info_messages(level, shown, tmp_path):
     code = (

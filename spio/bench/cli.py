@@ -100,7 +100,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .results import format_table, read_csv, write_csv
 
     if args.plot_only is not None:
-        rows = read_csv(args.plot_only)
+        try:
+            rows = read_csv(args.plot_only)
+        except (OSError, ValueError) as error:
+            print(f"cannot read {args.plot_only}: {error}", file=sys.stderr)
+            return 2
         if not rows:
             print(f"{args.plot_only} has no rows", file=sys.stderr)
             return 1
@@ -113,7 +117,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(NO_GPU_MESSAGE, file=sys.stderr)
         return 2
     out_dir = args.out or Path(DEFAULT_OUT)
-    layers = tuple(select_layers(layer_table(), args.layers))
+    try:
+        layers = tuple(select_layers(layer_table(), args.layers))
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
     batch_sizes = args.batch_sizes or (QUICK_BATCH_SIZES if args.quick else BATCH_SIZES)
     if args.in_situ:
         return _in_situ(args, layers, batch_sizes, out_dir)

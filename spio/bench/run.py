@@ -1,8 +1,9 @@
 """The isolated-layer benchmark: FProp, DGrad and WGrad of spio and of PyTorch (cuDNN), and a
 device copy of the same bytes, for every layer of the table at several batch sizes, in one run.
 
-spio runs through the factory functions (`fprop`, `dgrad`, `wgrad`) with each layer's default
-config; PyTorch runs `F.conv2d` and, for the gradients, `aten.convolution_backward` (what autograd
+spio runs through the factory functions (`fprop`, `dgrad`, `wgrad`) with the kernel the custom
+ops would use on this GPU (`spio_kernel`: the performance model's pick, or the heuristic's);
+PyTorch runs `F.conv2d` and, for the gradients, `aten.convolution_backward` (what autograd
 calls) with only dx or only dw requested, so each pass is timed alone. Tensors are channels_last,
 in the same dtype, filled with random values (never zeros), and rotated through enough copies to
 defeat the L2 cache. cudnn.benchmark is on, so cuDNN picks its fastest algorithm during warm-up.
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..kernels.conv2d_gw8_params import Conv2dGw8Params
 from ..kernels.stats import PASSES, Conv2dStats
@@ -167,12 +169,8 @@ class PassCase:
                     params.input_shape, dtype=dtype, device=device, memory_format=cl
                 )
             self.data.append(item)
-        half = self.bytes // 4  # 2-byte elements read (and as many written) by the copy
-        self.copy_bytes = 4 * half
-        self.copy_data = [
-            (randn((half,)), torch.empty(half, dtype=dtype, device=device))
-            for _ in range(rotation_sets(4 * half, l2_bytes))
-        ]
+        self.copy_data = copy_pairs(self.bytes, dtype, device, l2_bytes)
+        self.copy_bytes = 2 * self.copy_data[0][0].nbytes
 
     def spio_call(self) -> Callable[[int], object]:
         """spio's kernel for this pass on rotation set i."""
@@ -213,13 +211,34 @@ class PassCase:
 
     def copy_call(self) -> Callable[[int], object]:
         """A device-to-device copy moving (about) the same number of bytes as the pass."""
-        pairs = self.copy_data
+        return copy_call(self.copy_data)
 
-        def call(i: int):
-            src, dst = pairs[i % len(pairs)]
-            return dst.copy_(src)
 
-        return call
+def copy_pairs(nbytes: int, dtype: Any, device: Any, l2_bytes: int) -> list[tuple[Any, Any]]:
+    """(source, destination) pairs of a copy moving about `nbytes` (half read, half written),
+    as many as rotation_sets says, so that no copy finds its data in L2."""
+    import torch
+
+    size = torch.empty((), dtype=dtype).element_size()
+    elements = nbytes // (2 * size)
+    sets = rotation_sets(2 * elements * size, l2_bytes)
+    return [
+        (
+            torch.randn(elements, device=device).to(dtype),
+            torch.empty(elements, dtype=dtype, device=device),
+        )
+        for _ in range(sets)
+    ]
+
+
+def copy_call(pairs: list[tuple[Any, Any]]) -> Callable[[int], object]:
+    """Call i copies pair i (modulo their count)."""
+
+    def call(i: int):
+        src, dst = pairs[i % len(pairs)]
+        return dst.copy_(src)
+
+    return call
 
 
 def _row(

@@ -100,14 +100,15 @@ def kernel_inputs(family: str, params: Conv2dGw8Params, device: Any, seed: int =
     raise ValueError(f"kernel_inputs needs a conv2d_gw8 family, got {family!r}")
 
 
-def input_copies(family: str, params: Conv2dGw8Params, l2_bytes: int, limit: int = 16) -> int:
-    """Input sets to rotate through so that a launch does not find its data in L2 (the bench's
-    rule, spio.bench.timing.rotation_sets), at most `limit` (each set is a device allocation)."""
+def input_copies(family: str, params: Conv2dGw8Params, l2_bytes: int) -> int:
+    """Input sets to rotate through so that a launch does not find its data in L2: the bench's
+    rule (spio.bench.timing.rotation_sets), so that autotune, the performance model's samples
+    and `spio bench` time kernels alike. The sets hold about 3x the L2's bytes in all."""
     from ..bench.timing import rotation_sets
     from .families import get_family
 
     size = Conv2dStats(params).bytes(get_family(family).pass_)
-    return min(limit, rotation_sets(size, l2_bytes))
+    return rotation_sets(size, l2_bytes)
 
 
 def pass_call(

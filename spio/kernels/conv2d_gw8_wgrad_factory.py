@@ -362,13 +362,17 @@ def wgrad(
     config: Conv2dGw8WgradConfig | None = None,
     kernel: Kernel | None = None,
     dtypes: tuple | None = None,
+    poison: bool = False,
 ):
     """(dw, dbias) of conv2d_gw8 with the WGrad kernel: dw (C, 8, R, S); dbias (C,) when
     params.has_bias, else None; both fp32 or, with `dtypes` = (dw dtype, dbias dtype) as torch
     dtypes, rounded once to those. x and dy (N, C, ., .) in any memory layout.
 
     A `partials` kernel (make_kernel(..., partials=True)) writes per-warp sums into one buffer,
-    which sum_slots then sums in a fixed order: the result is the same on every run."""
+    which sum_slots then sums in a fixed order: the result is the same on every run.
+    `poison` (for checks) fills the buffers the partials path writes with NaN first, so that an
+    element a kernel skips shows as NaN; the atomic path adds into zeroed buffers, whose missed
+    contributions only the comparison with a reference can show."""
     import torch
 
     from .conv2d_gw8_factory import _check_dtype, _nhwc
@@ -381,9 +385,13 @@ def wgrad(
         slots, w_size, c, summing = _partials_plan(kernel, params, dw_dtype, dbias_dtype)
         dw_part = torch.empty(slots * w_size, dtype=torch.float32, device=device)
         dbias_part = torch.empty(slots * c, dtype=torch.float32, device=device) if c else None
-        kernel.launch([dw_part, dbias_part, _nhwc(x), _nhwc(dy)], device)
         dw = torch.empty(params.weight_shape, dtype=dw_dtype, device=device)
         dbias = torch.empty(params.c, dtype=dbias_dtype, device=device) if c else None
+        if poison:
+            for buffer in (dw_part, dbias_part, dw, dbias):
+                if buffer is not None:
+                    buffer.fill_(math.nan)
+        kernel.launch([dw_part, dbias_part, _nhwc(x), _nhwc(dy)], device)
         summing.launch([dw, dbias, dw_part, dbias_part, slots, w_size, c], device)
         return dw, dbias
     dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)

@@ -328,15 +328,29 @@ def read_samples(path: str | os.PathLike) -> tuple[list[Sample], list[str]]:
     return samples, comments
 
 
+def check_sample_columns(path: str | os.PathLike) -> None:
+    """Raise ValueError unless the CSV at `path` is missing, empty or has SAMPLE_COLUMNS, so
+    that samples are appended only where every row will have the same columns."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, newline="") as f:
+        header = next((line for line in f if not line.startswith("#")), "").strip()
+    if header.split(",") == list(SAMPLE_COLUMNS):
+        return
+    missing = [c for c in SAMPLE_COLUMNS if c not in header.split(",")]
+    older = f" (no {', '.join(missing)} column: an older spio wrote it)" if missing else ""
+    raise ValueError(
+        f"{path} has columns {header!r}{older}; samples can only be added to a CSV with "
+        f"columns {','.join(SAMPLE_COLUMNS)}: start a new one"
+    )
+
+
 def append_samples(path: str | os.PathLike, samples: Iterable[Sample]) -> int:
     """Append samples to a CSV (header written when the file is new); returns the count."""
     path = Path(path)
     new = not path.exists() or path.stat().st_size == 0
-    if not new:
-        with open(path, newline="") as f:
-            header = next((line for line in f if not line.startswith("#")), "")
-        if header.strip().split(",") != list(SAMPLE_COLUMNS):
-            raise ValueError(f"{path} has columns {header.strip()!r}, expected {SAMPLE_COLUMNS}")
+    check_sample_columns(path)
     count = 0
     with open(path, "a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS)

@@ -69,8 +69,8 @@ class Conv2dStats:
 
     @property
     def wgrad_bytes(self) -> int:
-        """WGrad reads x and dy and writes dw (fp32)."""
-        return self.input_bytes + self.output_bytes + self.weight_grad_bytes
+        """WGrad reads x and dy and writes dw (and dbias; fp32)."""
+        return self.input_bytes + self.output_bytes + self.weight_grad_bytes + self.bias_bytes
 
     @property
     def macs(self) -> int:

@@ -50,3 +50,26 @@ def test_bench_rejects_bad_arguments(bad):
     out = run_spio("bench", *bad)
     assert out.returncode == 2
     assert "error" in out.stderr
+
+
+def test_plot_only_names_a_file_it_cannot_read(tmp_path):
+    """A missing or foreign CSV is a message and exit 2, not a traceback."""
+    missing = run_spio("bench", "--plot-only", str(tmp_path / "missing.csv"))
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("a,b\n1,2\n")
+    other = run_spio("bench", "--plot-only", str(foreign))
+    for out, said in ((missing, "not found"), (other, "missing columns")):
+        assert out.returncode == 2 and said in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_bench_names_the_layers_when_none_matches(monkeypatch, capsys):
+    import torch
+
+    from spio.bench.cli import cmd_bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # fails before any GPU work
+    args = build_parser().parse_args(["bench", "--layers", "nomatch"])
+    assert cmd_bench(args) == 2
+    err = capsys.readouterr().err
+    assert "no benchmark layer matches ['nomatch']" in err and "64c_64x64_3x3" in err

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from spio.bench.timing import MAX_SETS
 from spio.kernels import autotune
 from spio.kernels import perf_model as pm
 from spio.kernels.conv2d_gw8_factory import conv2d_gw8_kernel_factory
@@ -241,7 +242,7 @@ def test_a_timed_wgrad_call_is_the_whole_pass_as_spio_runs_it(monkeypatch):
 def test_inputs_rotate_only_when_they_fit_in_l2():
     l2 = 60 * 2**20
     small = P(n=1, c=64, h=16, w=16)
-    assert autotune.input_copies("conv2d_gw8_fprop", small, l2) == 16  # capped
+    assert autotune.input_copies("conv2d_gw8_fprop", small, l2) == MAX_SETS  # as spio bench
     big = P(n=256, c=64, h=64, w=64)
     assert autotune.input_copies("conv2d_gw8_fprop", big, l2) == 1
     mid = P(n=128, c=64, h=32, w=32)  # 33.6 MB per set: 3 x 60 MiB of other data between

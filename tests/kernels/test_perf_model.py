@@ -656,6 +656,45 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
     more = ["--csv", str(tmp_path / "b.csv"), "--batches", "8", "--budget-s", "0.001"]
     assert script.main(more) == 0  # the budget ends the run early
     assert len(timed) < 5
+    # Compiles take 0.4 s and the budget is 1 s: a compile starts only when it should end in
+    # time, so at most two layers are timed and the run ends within the budget (it used to
+    # wait, past it, for the compile ahead and the one started after that: about 1.65 s).
+    monkeypatch.setattr(
+        spio.compiler,
+        "compile_many",
+        lambda jobs, **kw: time.sleep(0.4) or compiled.extend(jobs) or [None] * len(jobs),
+    )
+    compiled.clear()
+    timed.clear()
+    slow = ["--csv", str(tmp_path / "c.csv"), "--batches", "8", "--layers", "4",
+            "--max-configs", "2", "--budget-s", "1"]  # fmt: skip
+    began = time.monotonic()
+    assert script.main(slow) == 0
+    assert time.monotonic() - began < 1 + 0.3
+    assert 0 < len(timed) == len(compiled) == len(pm.read_samples(tmp_path / "c.csv")[0])
+    layers = {(s.family, s.params) for s in pm.read_samples(tmp_path / "c.csv")[0]}
+    assert 1 <= len(layers) <= 2
+
+
+def test_perf_sample_refuses_a_csv_of_other_columns_before_timing(tmp_path, monkeypatch, capsys):
+    """A CSV of an older spio (no variant column) cannot take new rows: the run says so before
+    it times anything, instead of losing its first layer to a failed append."""
+    import torch
+
+    from spio.cuda import driver
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(driver, "device_attributes", lambda ordinal=0: {"arch": "sm_90"})
+    monkeypatch.setattr(driver, "driver_version", lambda: (13, 0))
+    old = tmp_path / "old.csv"
+    old.write_text(",".join(pm.SAMPLE_COLUMNS[:-1]) + "\n")
+    script = syn.load_script("perf_sample")
+    assert script.main(["--csv", str(old)]) == 2
+    error = capsys.readouterr().err
+    assert "no variant column" in error and "start a new one" in error
+    assert script.main(["--csv", str(tmp_path / "new.csv"), "--families", "conv2d_gw8_bogus"]) == 2
+    assert "unknown families conv2d_gw8_bogus" in capsys.readouterr().err
 
 
 def test_perf_sample_always_times_the_picks_and_their_unweighed_variants(monkeypatch):
