@@ -184,6 +184,7 @@ def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
             BUILD_VERSION,
             src,
             runtime_digest(),
+            shlex.split(cxx),  # the command, flags and wrappers included
             compiler_version(cxx),
             flags,
             arch,
@@ -288,6 +289,7 @@ def build_library(
         BUILD_VERSION,
         source,
         sorted(headers.items()),
+        shlex.split(cxx),
         compiler_version(cxx),
         flags,
         checked,

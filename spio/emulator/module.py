@@ -250,6 +250,12 @@ class EmuModule:
         fn.restype = ctypes.c_uint64
         return int(fn())
 
+    def fiber_switch(self, checked: bool = True) -> str:
+        """The fibers' context switch in this build: "asm" (x86-64) or "ucontext"."""
+        fn = self._load(checked).handle.spio_emu_fiber_switch
+        fn.restype = ctypes.c_char_p
+        return fn().decode()
+
     def get_function(self, kernel_name: str) -> EmuFunction:
         """The kernel `kernel_name` (declared `extern "C" __global__`)."""
         if kernel_name not in self.kernels:

@@ -135,3 +135,15 @@ def test_checked_launch_leaves_read_only_inputs_untouched(add_fn):
     add_fn.launch(1, 8, (dst, src, 8, 0))
     assert src._version == version
     assert torch.equal(dst, src)
+
+
+def test_the_compiler_command_is_part_of_the_cache_key(monkeypatch):
+    """Flags or a wrapper inside $CXX build a different library, not the cached one."""
+    from spio.emulator.build import build_library
+
+    source = 'extern "C" __global__ void one(int *p) { p[0] = 1; }'
+    monkeypatch.setenv("CXX", "g++")
+    plain = build_library(source, name="emu_test_cxx_key", checked=False)
+    monkeypatch.setenv("CXX", "g++ -DSPIO_TEST_UNUSED_FLAG=1")
+    flagged = build_library(source, name="emu_test_cxx_key", checked=False)
+    assert plain.path != flagged.path

@@ -1,5 +1,7 @@
 """Each emulated primitive against a torch reference on random data."""
 
+import platform
+
 import pytest
 import torch
 
@@ -160,9 +162,21 @@ def test_ucontext_fallback_runs_the_same_kernel(monkeypatch, emu_sources):
 
     monkeypatch.setenv("SPIO_EMU_UCONTEXT", "1")
     module = load_module(emu_sources["primitives"], name="emu_test_ucontext")
+    assert module.fiber_switch() == module.fiber_switch(checked=False) == "ucontext"
     gen = torch.Generator().manual_seed(8)
     a = torch.randn(16, 16, generator=gen).half()
     b = torch.randn(16, 8, generator=gen).half()
     d = torch.full((16, 8), float("nan"))
     module.get_function("ldm_mma_k16").launch(1, 32, (d, bits(a), bits(b)), seed=3)
     torch.testing.assert_close(d.double(), a.double() @ b.double(), rtol=1e-6, atol=1e-4)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the assembly switch is x86-64 only")
+def test_x86_64_builds_use_the_assembly_fiber_switch(emu_sources, monkeypatch):
+    """Without SPIO_EMU_UCONTEXT an x86-64 build switches fibers in assembly, with no system
+    call per switch (from the first session to the ninth, a wrong #if built ucontext anyway)."""
+    from spio.emulator import load_module
+
+    monkeypatch.delenv("SPIO_EMU_UCONTEXT", raising=False)
+    module = load_module(emu_sources["primitives"], name="emu_test_asm_switch")
+    assert module.fiber_switch() == module.fiber_switch(checked=False) == "asm"

@@ -26,7 +26,8 @@
 #include <vector>
 
 /// The assembly context switch on x86-64; glibc's ucontext elsewhere (or with SPIO_EMU_UCONTEXT).
-#if SPIO_EMU_ASM_SWITCH && !defined(SPIO_EMU_UCONTEXT)
+/// build.py assembles fiber_switch_x86_64.S under the same condition.
+#if defined(__x86_64__) && !defined(SPIO_EMU_UCONTEXT)
 #define SPIO_EMU_ASM_SWITCH 1
 #else
 #define SPIO_EMU_ASM_SWITCH 0
@@ -1217,6 +1218,8 @@ void cp_async_wait_all() { detail::cp_async_wait(-1); }
 // ---------------------------------------------------------------------------------------------
 
 SPIO_EMU_EXPORT const char *spio_emu_last_error() { return spio::emu::g_rt.error.c_str(); }
+/// Which context switch the fibers use: "asm" (fiber_switch_x86_64.S) or "ucontext".
+SPIO_EMU_EXPORT const char *spio_emu_fiber_switch() { return SPIO_EMU_ASM_SWITCH ? "asm" : "ucontext"; }
 
 SPIO_EMU_EXPORT int spio_emu_abi_version() { return 1; }
 
