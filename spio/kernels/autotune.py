@@ -235,17 +235,26 @@ def autotune(
 
     def build() -> tuple[bytes, dict]:
         run = timer or default_timer
-        kernels = [family.make_kernel(params, config) for config in candidates]
+        kernels: list[Any] = []
+        for config in candidates:
+            try:
+                kernels.append(family.make_kernel(params, config))
+            except Exception as error:  # a config that cannot be built counts as slowest
+                logger.warning("autotune: %s %s failed: %s", family.name, config.encode(), error)
+                kernels.append(None)
         prepare = getattr(run, "prepare", None)
         if prepare is not None:
-            prepare(kernels, identity.arch)
+            prepare([k for k in kernels if k is not None], identity.arch)
         times = []
         for config, kernel in zip(candidates, kernels, strict=True):
-            try:
-                seconds = float(run(family.name, params, kernel, device))
-            except Exception as error:  # one broken config must not stop tuning
-                logger.warning("autotune: %s %s failed: %s", family.name, config.encode(), error)
-                seconds = math.inf
+            seconds = math.inf
+            if kernel is not None:
+                try:
+                    seconds = float(run(family.name, params, kernel, device))
+                except Exception as error:  # one broken config must not stop tuning
+                    logger.warning(
+                        "autotune: %s %s failed: %s", family.name, config.encode(), error
+                    )
             times.append(seconds)
         best = min(range(len(candidates)), key=lambda i: times[i])
         if not math.isfinite(times[best]):

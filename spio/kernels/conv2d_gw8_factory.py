@@ -453,6 +453,28 @@ def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
             )
 
 
+def _check_shapes(params: Conv2dGw8Params, **tensors) -> None:
+    """Each named tensor must have its shape under `params` (x, dy, weight, bias): the kernels
+    index by `params`, so a tensor of another shape would be read out of bounds."""
+    shapes = {
+        "x": params.input_shape,
+        "dy": params.output_shape,
+        "weight": params.weight_shape,
+        "bias": (params.c,),
+    }
+    for name, t in tensors.items():
+        if t is not None and t.shape != shapes[name]:
+            raise ValueError(
+                f"conv2d_gw8 {name} of layer {params.encode()} must have shape "
+                f"{shapes[name]}, got {tuple(t.shape)}"
+            )
+    if "bias" in tensors and (tensors["bias"] is not None) != params.has_bias:
+        raise ValueError(
+            f"conv2d_gw8 layer {params.encode()} has has_bias={params.has_bias}, but the bias "
+            f"given is {'None' if tensors['bias'] is None else 'a tensor'}"
+        )
+
+
 def fprop(
     x,
     weight,
@@ -468,6 +490,7 @@ def fprop(
     import torch
 
     _check_dtype(params, x, weight)
+    _check_shapes(params, x=x, weight=weight, bias=bias)
     kernel = kernel or make_kernel(params, config)
     if out is None:
         out = torch.empty(
@@ -493,6 +516,7 @@ def dgrad(
     import torch
 
     _check_dtype(params, dy, weight)
+    _check_shapes(params, dy=dy, weight=weight)
     kernel = kernel or make_kernel(params, config, igrad=True)
     if out is None:
         out = torch.empty(

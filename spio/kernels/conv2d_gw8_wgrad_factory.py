@@ -230,7 +230,6 @@ def generate_header(
     c8 = params.groups
     in_x = config.block_q + params.s - 1
     tiles = _tiles(params, config)
-    slots = partial_slots(params, config)
     specs = [
         MacroSpec(
             {
@@ -265,10 +264,6 @@ def generate_header(
         TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
         TensorSpec("DBias", "float", {"k": params.c}),
         TensorSpec(
-            "DWPart", "float", {"t": slots, "k": params.c, "c": 8, "r": params.r, "s": params.s}
-        ),
-        TensorSpec("DBiasPart", "float", {"t": slots, "k": params.c}),
-        TensorSpec(
             "SmemX",
             "uint4",
             {"stage": config.stages, "c8": config.groups, "x": (in_x, pad_odd(in_x))},
@@ -287,6 +282,14 @@ def generate_header(
         IndexSpec("XLoadIdx", {"x": in_x, "c8": config.groups}),
         IndexSpec("DyLoadIdx", {"x": config.block_q, "c8": config.groups}),
     ]
+    if partials:  # only then: an atomic kernel must build where these would pass 2 GiB
+        slots = partial_slots(params, config)
+        specs += [
+            TensorSpec(
+                "DWPart", "float", {"t": slots, "k": params.c, "c": 8, "r": params.r, "s": params.s}
+            ),
+            TensorSpec("DBiasPart", "float", {"t": slots, "k": params.c}),
+        ]
     return generate(specs)
 
 
@@ -375,9 +378,10 @@ def wgrad(
     contributions only the comparison with a reference can show."""
     import torch
 
-    from .conv2d_gw8_factory import _check_dtype, _nhwc
+    from .conv2d_gw8_factory import _check_dtype, _check_shapes, _nhwc
 
     _check_dtype(params, x, dy)
+    _check_shapes(params, x=x, dy=dy)
     kernel = kernel or make_kernel(params, config)
     device = x.device
     dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)

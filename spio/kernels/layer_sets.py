@@ -8,8 +8,8 @@ from .conv2d_gw8_params import Conv2dGw8Params
 
 
 def compile_layer_set() -> list[Conv2dGw8Params]:
-    """Layers covering every filter size, paddings 0, R//2 and > R, odd and tiny images, small
-    and large channel counts, with and without bias, fp16 and bf16."""
+    """Layers covering every filter size, paddings 0, R//2 and > R, odd, tiny and wide images,
+    small and large channel counts, with and without bias, fp16 and bf16."""
     layers: list[Conv2dGw8Params] = []
     for r, s in itertools.product(range(1, 6), repeat=2):  # all 25 filter shapes
         layers.append(Conv2dGw8Params(n=2, c=64, h=20, w=19, padding=(r // 2, s // 2), r=r, s=s))
@@ -20,6 +20,9 @@ def compile_layer_set() -> list[Conv2dGw8Params]:
         Conv2dGw8Params(n=1, c=1024, h=7, w=7, padding=2, r=5, s=5),
         Conv2dGw8Params(n=1, c=96, h=49, w=33, padding=(2, 1), r=5, s=3, has_bias=True),
         Conv2dGw8Params(n=4, c=128, h=32, w=32, padding=1, r=3, s=3, has_bias=True),
+        # 56 columns: 64-column tiles; WGrad's partial sums pass 64 MiB for 568 of its 1,400
+        # configs, so spio builds their atomic kernels.
+        Conv2dGw8Params(n=64, c=96, h=56, w=56, padding=2, r=5, s=5),
     ]
     bf16 = [
         Conv2dGw8Params(n=2, c=64, h=20, w=19, padding=1, r=3, s=3, dtype="bf16", has_bias=True),

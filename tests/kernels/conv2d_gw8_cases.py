@@ -27,6 +27,7 @@ CI_LAYERS = [
     P(n=1, c=40, h=5, w=33, padding=(1, 0), r=2, s=4),  # 5 groups: partial group blocks
     P(n=2, c=8, h=4, w=4, padding=0, r=4, s=1, dtype="bf16"),
     P(n=9, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),  # 2, 4, 8 images per block
+    P(n=1, c=16, h=5, w=70, padding=(1, 2), r=3, s=5),  # 70 columns: 64-column tiles
 ]
 
 #: Wider sweep for `pytest -m slow`: every filter size and more shapes.

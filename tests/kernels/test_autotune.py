@@ -3,6 +3,7 @@ disk and reused without timing; fake timers on a fake device here, real ones und
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -169,6 +170,20 @@ def test_a_failing_config_counts_as_slowest(monkeypatch, tmp_path):
     everything = FakeTimer(fail={c.encode() for c in others})
     with pytest.raises(RuntimeError, match="all 3 candidate configs failed"):
         autotune.autotune(family, other, FakeCuda(), H200, others, timer=everything, cache=cache)
+    # A config whose kernel cannot be built is slowest too: it is never timed.
+    real = family.make_kernel
+
+    def unbuildable(params, config):
+        if config == picks[0]:
+            raise ValueError("cannot be built")
+        return real(params, config)
+
+    third = P(n=3, c=16, h=9, w=9)
+    picks = family.configs(third)[:2]
+    timer = FakeTimer()
+    broken = dataclasses.replace(family, make_kernel=unbuildable)
+    tuned = autotune.autotune(broken, third, FakeCuda(), H200, picks, timer=timer, cache=cache)
+    assert tuned == picks[1] and timer.calls == [(family.name, picks[1].encode())]
 
 
 def test_without_a_model_the_heuristic_top_k_is_timed(tuned, monkeypatch, tmp_path):

@@ -71,6 +71,42 @@ def test_wrong_dtype_is_rejected():
         fd.fprop(x, w, None, params)
 
 
+def test_tensors_of_other_shapes_and_a_stray_or_missing_bias_are_rejected():
+    """The factory functions check what they launch on (spio check, autotune and the scripts
+    call them directly): a batch smaller than params.n was read out of bounds, a bias given to
+    a layer without one was dropped, and a missing one was read through a null pointer."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    params = Conv2dGw8Params(n=2, c=16, h=5, w=6)
+    x = torch.randn(params.input_shape).half()
+    one = x[:1]
+    w = torch.randn(params.weight_shape).half()
+    dy = torch.randn(params.output_shape).half()
+    bias = torch.randn(16)
+    calls = [
+        (
+            lambda: fd.fprop(one, w, None, params),
+            r"x of layer .* \(2, 16, 5, 6\), got \(1, 16, 5, 6\)",
+        ),
+        (lambda: fd.fprop(x, w[:8], None, params), r"weight .* must have shape \(16, 8, 3, 3\)"),
+        (lambda: fd.fprop(x, w, bias, params), "has_bias=False, but the bias given is a tensor"),
+        (
+            lambda: fd.fprop(x, w, None, dataclasses.replace(params, has_bias=True)),
+            "bias given is None",
+        ),
+        (
+            lambda: fd.fprop(x, w, bias[:8], dataclasses.replace(params, has_bias=True)),
+            r"bias .* \(16,\)",
+        ),
+        (lambda: fd.dgrad(dy[:1], w, params), r"dy of layer .* must have shape"),
+        (lambda: wg.wgrad(x, dy[:, :8], params), r"dy of layer .* must have shape"),
+        (lambda: wg.wgrad(one, dy, params), r"x of layer .* must have shape"),
+    ]
+    for call, message in calls:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
 def _emulated_cases(layers, configs_per_layer, seed):
     for index, params in enumerate(layers):
         for pass_ in PASSES:
@@ -159,6 +195,21 @@ def test_emulated_deep_pipelines(pass_, params, config):
     """Up to 7 input rows in flight (STAGES 6 and 8): the stage ring and cp.async wait counts
     stay right with more stages than filter rows, on short and long tiles."""
     check(params, pass_, FAMILY_OF_PASS[pass_].config_named(params, config), "cpu")
+
+
+WIDE = Conv2dGw8Params(n=1, c=16, h=5, w=70, padding=(1, 2), r=3, s=5)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize(
+    "pass_,config",
+    [("fprop", "g2_p8_q64_w2_s4_k16"), ("fprop", "g1_p4_q64_w1_s2_k8"),
+     ("dgrad", "g2_p8_q64_w2_s6_k16"), ("dgrad", "g1_p8_q64_w1_s3_k8")],
+)  # fmt: skip
+def test_64_column_tiles(pass_, config, device):
+    """Tiles of 64 output columns (the sm_90 model picks them for wide layers, e.g. DGrad of
+    96c 56x56 5x5): 70 columns make one full tile and one of 6."""
+    check(WIDE, pass_, FAMILY_OF_PASS[pass_].config_named(WIDE, config), device)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])

@@ -4,8 +4,10 @@ the CPU emulator (sampled configs in CI, more with -m slow) and on a GPU (-m cud
 import pytest
 
 import spio
+from spio.check import run_one
 from spio.kernels import conv2d_gw8_wgrad_factory as wg
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.families import FAMILY_OF_PASS
 from tests.kernels.conv2d_gw8_cases import (
     CI_LAYERS,
     SLOW_CONFIGS,
@@ -44,6 +46,37 @@ def _cases(layers, configs_per_layer, seed):
 @pytest.mark.parametrize("params,config", list(_cases(CI_LAYERS, 1, seed=3)))
 def test_emulated_wgrad_matches_reference(params, config):
     check(params, "wgrad", config, "cpu")
+
+
+@pytest.mark.parametrize("params", CI_LAYERS, ids=lambda p: p.encode())
+def test_emulated_atomic_wgrad_matches_reference(params):
+    """The atomic kernel (dw zeroed, blocks add into it), which spio runs where the partial sums
+    would pass 64 MiB, against the float64 reference like the partial-sums one."""
+    config = wg.default_config(params)
+    kernel = wg.make_kernel(params, config, partials=False)
+    assert not kernel.info_value("partials")
+    ratio = run_one(params, "wgrad", config, "cpu", kernel=kernel)
+    assert ratio <= 1.0, f"{params.encode()} {config.encode()}: {ratio:.3g} x the tolerance"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("config", ["g1_p8_q64_n1_w4_s4_k16", "g1_p4_q64_n1_w1_s3_k8"])
+def test_64_column_tiles(config, device):
+    """WGrad tiles of 64 dy columns: 70 columns make one full tile and one of 6."""
+    params = Conv2dGw8Params(n=1, c=16, h=5, w=70, padding=(1, 2), r=3, s=5, has_bias=True)
+    check(params, "wgrad", FAMILY_OF_PASS["wgrad"].config_named(params, config), device)
+
+
+def test_atomic_kernel_builds_where_partial_sums_would_pass_2_gib():
+    """A config whose partial sums would pass 2 GiB still has its atomic kernel (it used to
+    fail: the header declared the unused partial-sum tensors, too large for a TensorSpec)."""
+    params = Conv2dGw8Params(n=256, c=96, h=56, w=56, padding=2, r=5, s=5)
+    config = next(c for c in wg.configs(params) if wg.partial_bytes(params, c) > 2**31)
+    kernel = wg.production_kernel(params, config)
+    assert not kernel.info_value("partials")
+    assert all("DWPart" not in text for _, text in kernel.headers)
+    with pytest.raises(ValueError, match="DWPart.*exceed 2 GiB"):  # partial sums cannot be
+        wg.make_kernel(params, config, partials=True)
 
 
 def test_emulated_wgrad_with_several_images_per_block():
@@ -152,11 +185,15 @@ def test_partial_sums_cover_every_slot_and_match_reference(params, config, devic
     )
 
 
+@pytest.mark.parametrize("partials", [True, False], ids=["partials", "atomic"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_partial_sums_variant_compiles_without_spills(arch):
+def test_both_reductions_compile_without_spills(arch, partials):
+    """Both kernels spio runs: per-warp partial sums (most layers) and atomics (where the
+    partial sums would pass 64 MiB; no test layer is that large, so family-level sampling,
+    which builds what spio would run, never builds an atomic kernel)."""
     from spio.compiler import compile_many
 
-    kernels = [wg.make_kernel(p, wg.default_config(p), partials=True) for p in CI_LAYERS[:4]]
+    kernels = [wg.make_kernel(p, wg.default_config(p), partials=partials) for p in CI_LAYERS[:4]]
     for kernel, result in zip(
         kernels, compile_many([k.compile_job(arch) for k in kernels], progress=False), strict=True
     ):
