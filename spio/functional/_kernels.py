@@ -166,61 +166,11 @@ def wgrad_kernel(
     return _chosen[key]
 
 
-def fprop(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    params: Conv2dGw8Params,
-    kernel: Kernel | None = None,
-) -> torch.Tensor:
-    """y = conv2d_gw8(input, weight, bias) in params.dtype, shape params.output_shape.
-    `kernel`: fprop_kernel(params, input.device), when the caller already holds it."""
-    kernel = kernel or fprop_kernel(params, input.device)
-    return conv2d_gw8_factory.fprop(input, weight, bias, params, kernel=kernel)
-
-
-def dgrad(
-    grad_output: torch.Tensor,
-    weight: torch.Tensor,
-    params: Conv2dGw8Params,
-    kernel: Kernel | None = None,
-) -> torch.Tensor:
-    """dx from dy (shape params.output_shape) in params.dtype, shape params.input_shape.
-    `kernel`: dgrad_kernel(params, grad_output.device), when the caller already holds it."""
-    kernel = kernel or dgrad_kernel(params, grad_output.device)
-    return conv2d_gw8_factory.dgrad(grad_output, weight, params, kernel=kernel)
-
-
-def wgrad(
-    input: torch.Tensor,
-    grad_output: torch.Tensor,
-    params: Conv2dGw8Params,
-    with_bias: bool = False,
-    kernel: Kernel | None = None,
-    dtypes: tuple[torch.dtype, torch.dtype] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dw, dbias) from x and dy: dw of shape params.weight_shape; dbias (C,) computed in the
-    same pass when `with_bias`, else None; fp32, or `dtypes` (dw's, dbias's), rounded once.
-    `kernel`: wgrad_kernel(params, input.device, with_bias, deterministic), when the caller
-    already holds it.
-
-    The kernel is wgrad_kernel's choice: per-warp partial sums then a sum (the same bits on every
-    run), or, for layers whose partial sums would pass PARTIAL_BYTES, fp32 atomics (the last bits
-    vary from run to run). Under torch.use_deterministic_algorithms(True) the partial sums always,
-    or PyTorch where that buffer would pass MAX_PARTIAL_BYTES.
-    """
-    deterministic = False
-    if kernel is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-        kernel = wgrad_kernel(params, input.device, with_bias, deterministic)
-    return _run_wgrad(kernel, deterministic, input, grad_output, params, with_bias, dtypes)
-
-
 def _run_wgrad(kernel, deterministic, input, grad_output, params, with_bias, dtypes):
     """wgrad with wgrad_kernel's choice made: None (deterministic mode, partials too big) means
     PyTorch's gradients, in fp32."""
-    if deterministic:
-        _log_deterministic_once(kernel is not None)
+    if deterministic and kernel is not None:
+        _log_deterministic_once()
     if kernel is None:
         return _pytorch_wgrad(input, grad_output, params, with_bias)
     if params.has_bias != with_bias:
@@ -326,11 +276,11 @@ class Layer:
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         kernel = self.fprop_kernel(conv2d_gw8_factory.operand_layout(weight, bias))
-        return fprop(input, weight, bias, self.params, kernel=kernel)
+        return conv2d_gw8_factory.fprop(input, weight, bias, self.params, kernel=kernel)
 
     def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
         kernel = self.dgrad_kernel(conv2d_gw8_factory.operand_layout(weight)[0])
-        return dgrad(grad_output, weight, self.params, kernel=kernel)
+        return conv2d_gw8_factory.dgrad(grad_output, weight, self.params, kernel=kernel)
 
     def fprop_kernel(self, layout: tuple[bool, bool]) -> Kernel:
         """The FProp kernel reading weight and bias as `layout` (weights_cl, bias_elem) says."""
@@ -357,8 +307,15 @@ class Layer:
         with_bias: bool,
         dtypes: tuple[torch.dtype, torch.dtype] | None = None,
     ):
-        """(dw, dbias) as module-level wgrad gives them: fp32, or `dtypes` where spio's kernels
-        compute them (PyTorch's fallback gives fp32: callers cast what is not their dtype)."""
+        """(dw, dbias) from x and dy: dw of shape params.weight_shape; dbias (C,) computed in
+        the same pass when `with_bias`, else None; fp32, or `dtypes` (dw's, dbias's) where
+        spio's kernels compute them (PyTorch's fallback gives fp32: callers cast what is not
+        their dtype).
+
+        The kernel is wgrad_kernel's choice: per-warp partial sums then a sum (the same bits on
+        every run), or, for layers whose partial sums would pass PARTIAL_BYTES, fp32 atomics
+        (the last bits vary from run to run). Under torch.use_deterministic_algorithms(True)
+        the partial sums always, or PyTorch where that buffer would pass MAX_PARTIAL_BYTES."""
         deterministic = torch.are_deterministic_algorithms_enabled()
         kernel = self.wgrad_kernel(with_bias, deterministic)
         return _run_wgrad(kernel, deterministic, input, grad_output, self.params, with_bias, dtypes)
@@ -532,21 +489,24 @@ def _new_layer(input: Tensor, weight: Tensor, bias: Tensor | None, padding) -> L
     return Layer(params, input.device)
 
 
-_logged_deterministic: set[bool] = set()
+#: Whether deterministic mode's choice of the partial sums has been logged.
+_deterministic_logged = False
 #: Whether a layer has warned that its activations are not channels_last (Layer._check_layout).
 _layout_logged = False
 
 
-def _log_deterministic_once(spio_kernel: bool) -> None:
-    if spio_kernel in _logged_deterministic:
+def _log_deterministic_once() -> None:
+    """Says once that deterministic mode picks the partial sums (where PyTorch computes the
+    gradient instead, wgrad_kernel logs why)."""
+    global _deterministic_logged
+    if _deterministic_logged:
         return
-    _logged_deterministic.add(spio_kernel)
-    if spio_kernel:
-        logger.info(
-            "deterministic algorithms are on: conv2d_gw8 weight gradients use spio's "
-            "partial-sums WGrad (per-warp sums, then a sum over them) up to %d MiB of partials",
-            wf.MAX_PARTIAL_BYTES >> 20,
-        )
+    _deterministic_logged = True
+    logger.info(
+        "deterministic algorithms are on: conv2d_gw8 weight gradients use spio's "
+        "partial-sums WGrad (per-warp sums, then a sum over them) up to %d MiB of partials",
+        wf.MAX_PARTIAL_BYTES >> 20,
+    )
 
 
 def _pytorch_wgrad(input, grad_output, params: Conv2dGw8Params, with_bias: bool):

@@ -58,8 +58,8 @@ def check_args(
     group_width, r, s = weight.shape[1], weight.shape[2], weight.shape[3]
     if group_width != GROUP_WIDTH:
         raise ValueError(f"conv2d_gw8 needs group width 8, got {group_width}")
-    if c % GROUP_WIDTH:
-        raise ValueError(f"conv2d_gw8 needs channels a multiple of 8, got {c}")
+    if c % GROUP_WIDTH or c < GROUP_WIDTH:
+        raise ValueError(f"conv2d_gw8 needs channels a positive multiple of 8, got {c}")
     if k != c:
         raise ValueError(f"conv2d_gw8 needs as many output as input channels, got C={c}, K={k}")
     if groups != 1 and groups != c // GROUP_WIDTH:
@@ -71,6 +71,9 @@ def check_args(
             )
     if padding_y < 0 or padding_x < 0:
         raise ValueError(f"conv2d_gw8 needs non-negative padding, got ({padding_y}, {padding_x})")
+    if input.shape[2] < 1 or input.shape[3] < 1:
+        h, w = input.shape[2], input.shape[3]
+        raise ValueError(f"conv2d_gw8 needs an input image of at least 1x1, got {h}x{w}")
     p = input.shape[2] + 2 * padding_y - r + 1
     q = input.shape[3] + 2 * padding_x - s + 1
     if p <= 0 or q <= 0:

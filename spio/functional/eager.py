@@ -109,13 +109,23 @@ def derivative_transform(*tensors: Tensor | None) -> str | None:
     return None
 
 
-def eager_path_applies() -> bool:
-    """Whether a call may take `conv2d_gw8_eager` rather than the custom op: not while
-    torch.compile or torch.jit.trace records (they must see the op), nor inside a torch.func
-    transform (the op's vmap rule batches the call)."""
+def eager_path_applies(*tensors: Tensor | None) -> bool:
+    """Whether a call on `tensors` may take `conv2d_gw8_eager` rather than the custom op: not
+    while torch.compile or torch.jit.trace records (they must see the op), nor inside a
+    torch.func transform (the op's vmap rule batches the call), nor under a TorchDispatchMode
+    (FakeTensorMode, make_fx, FlopCounterMode, ...: the mode must see the op, and fake tensors
+    have no memory to launch on), nor for tensor subclasses."""
     return not (
-        torch.compiler.is_compiling() or torch.jit.is_tracing() or _functorch_transform_active()
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or _functorch_transform_active()
+        or torch._C._len_torch_dispatch_stack() > 0
+        or any(t is not None and type(t) not in _PLAIN for t in tensors)
     )
+
+
+#: Tensor types the eager path launches kernels on.
+_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def conv2d_gw8_eager(

@@ -51,6 +51,8 @@ def ineligibility(
 ) -> str | None:
     """Why an nn.Conv2d with these arguments cannot run spio's kernels, or None if it can."""
     r, s = _pair(kernel_size)
+    if groups < 1:
+        return f"needs groups >= 1, got {groups}"
     if in_channels % groups or in_channels // groups != GROUP_WIDTH:
         return f"needs group width 8, got in_channels={in_channels}, groups={groups}"
     if out_channels != in_channels:
@@ -89,8 +91,9 @@ def module_ineligibility(module: nn.Module) -> str | None:
         return reason
     if not isinstance(module._parameters.get("weight"), nn.Parameter):
         return "has a weight that is not a Parameter (e.g. weight_norm)"
-    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
-        return "has hooks, which a replacement would drop"
+    hooks = sorted(name for name, value in vars(module).items() if "hooks" in name and value)
+    if hooks:
+        return f"has hooks ({', '.join(hooks)}), which a replacement would drop"
     return None
 
 
@@ -200,9 +203,12 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
         return f"input is {input.dtype}"
     if input.device != weight.device:
         return f"input on {input.device}, weight on {weight.device}"
-    if torch.is_autocast_enabled("cuda" if input.is_cuda else input.device.type):
+    device_type = "cuda" if input.is_cuda else input.device.type
+    if torch.is_autocast_enabled(device_type):
         if torch.float64 in (input.dtype, weight.dtype):
             return "float64 tensors under autocast"
+        if kernels and torch.get_autocast_dtype(device_type) not in _HALF:
+            return f"autocast to {torch.get_autocast_dtype(device_type)}"
         return None
     if input.dtype != weight.dtype:
         return f"input {input.dtype} and weight {weight.dtype} differ"
@@ -236,7 +242,7 @@ def conv2d_gw8_layer(
     unbatched = input.dim() == 3
     x = input.unsqueeze(0) if unbatched else input
     pad_h, pad_w = padding
-    if kernels and eager_path_applies():
+    if kernels and eager_path_applies(x, weight, bias):
         y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w, passes)  # no op dispatch cost
     else:
         y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, groups, passes)
@@ -264,6 +270,10 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
     new.weight = module.weight
     new.bias = module.bias
     new.train(module.training)
+    # Attributes a user or library set on the module (e.g. a tag); not Conv2dGw8's own.
+    for name, value in vars(module).items():
+        if name not in vars(new) and name != "_pass_bits":
+            setattr(new, name, value)
     return new
 
 

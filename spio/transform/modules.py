@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from spio.functional._kernels import PASSES
+from spio.functional._kernels import PASSES, pass_mask
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
 from spio.layers.conv2d_gw8 import Conv2dGw8, module_ineligibility, resolve_padding
 from spio.log import logger
@@ -42,21 +42,24 @@ def transform(
             return model
         logger.info("spio.transform replaced 1 of 1 nn.Conv2d modules")
         return Conv2dGw8.from_torch_module(model, passes)
-    names = {id(module): name for name, module in model.named_modules(remove_duplicate=False)}
+    names: dict[int, str] = {}  # each module's first name
+    for name, module in model.named_modules(remove_duplicate=False):
+        names.setdefault(id(module), name)
+    # First decide every convolution (include is asked, and its answers checked, before the
+    # model changes: an error leaves it as it was), then replace.
     replacements: dict[int, nn.Conv2d] = {}
-    skipped: Counter[str] = Counter()
+    skipped: dict[int, str] = {}  # distinct ineligible modules, and why
+    places: list[tuple[nn.Module, str, int]] = []
     excluded = 0
     for parent in list(model.modules()):
         prefix = names.get(id(parent), "")
         for name, child in list(parent._modules.items()):
-            if child is None:
+            if not isinstance(child, nn.Conv2d) or isinstance(child, Conv2dGw8):
                 continue
-            if id(child) not in replacements:
-                if not isinstance(child, nn.Conv2d) or isinstance(child, Conv2dGw8):
-                    continue
+            if id(child) not in replacements and id(child) not in skipped:
                 reason = module_ineligibility(child)
                 if reason is not None:
-                    skipped[reason] += 1
+                    skipped[id(child)] = reason
                     continue
                 passes = _passes(include, f"{prefix}.{name}" if prefix else name, child)
                 if not passes:
@@ -64,16 +67,19 @@ def transform(
                     excluded += 1
                     continue
                 replacements[id(child)] = Conv2dGw8.from_torch_module(child, passes)
-            parent._modules[name] = replacements[id(child)]
+            if id(child) in replacements:
+                places.append((parent, name, id(child)))
+    for parent, name, key in places:
+        parent._modules[name] = replacements[key]
     replaced = len(replacements) - excluded
-    total = len(replacements) + sum(skipped.values())
+    total = len(replacements) + len(skipped)
     note = f" ({excluded} excluded)" if excluded else ""
     convs = [m for m in replacements.values() if isinstance(m, Conv2dGw8)]
     if any(m.spio_passes != PASSES for m in convs):  # some passes left to PyTorch: say how many
         counts = ", ".join(f"{p} {sum(p in m.spio_passes for m in convs)}" for p in PASSES)
         note += f"; spio runs {counts} of their passes"
     logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
-    for reason, count in skipped.most_common():
+    for reason, count in Counter(skipped.values()).most_common():
         logger.debug("spio.transform kept %d nn.Conv2d: %s", count, reason)
     return model
 
@@ -97,11 +103,22 @@ def untransform(model: nn.Module) -> nn.Module:
 
 
 def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, ...]:
-    """The passes spio runs for `conv` by include's answer (empty: keep conv as it is)."""
+    """The passes spio runs for `conv` by include's answer (empty: keep conv as it is); a
+    ValueError names an answer that is none of True, False, a pass name or pass names."""
     answer = True if include is None else include(name, conv)
     if isinstance(answer, bool):
         return PASSES if answer else ()
-    return tuple(answer)
+    if isinstance(answer, str):
+        answer = (answer,)
+    try:
+        passes = tuple(answer)
+        pass_mask(passes)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"spio.transform: include({name!r}, conv) must return True, False or pass names "
+            f"among {PASSES}, got {answer!r}"
+        ) from None
+    return passes
 
 
 def _activation_dtype(x: torch.Tensor) -> str:

@@ -166,8 +166,26 @@ def test_opcheck_backward(mask):
     x, w, _ = _tensors(shape, dtype=torch.float32, bias=False, channels_last=True)
     y = conv2d_gw8(x, w, None, padding_y=shape[6], padding_x=shape[7])
     dy = torch.randn_like(y)
-    # The backward op has no autograd formula of its own (no double backward), so
-    # its inputs do not require grad here.
+    # The backward op has an autograd formula of its own (double backward): opcheck checks its
+    # registration with inputs that require grad.
+    for t in (dy, x, w):
+        t.requires_grad_(True)
+    torch.library.opcheck(conv2d_gw8_backward, (dy, x, w, shape[6], shape[7], mask))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_opcheck_on_the_kernels(monkeypatch, dtype):
+    """opcheck of both ops where they run spio's kernels (the emulator, as on a GPU), not
+    PyTorch's reference: NHWC input, bias, every input requiring grad."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    shape = SHAPES[1]
+    x, w, b = _tensors(shape, dtype=dtype, bias=True, channels_last=True)
+    for t in (x, w, b):
+        t.requires_grad_(True)
+    pads = dict(padding_y=shape[6], padding_x=shape[7])
+    torch.library.opcheck(conv2d_gw8, (x, w, b), pads)
+    dy = torch.randn(conv2d_gw8(x, w, b, **pads).shape).to(dtype).requires_grad_(True)
+    mask = [True, True, True]
     torch.library.opcheck(conv2d_gw8_backward, (dy, x, w, shape[6], shape[7], mask))
 
 
@@ -382,17 +400,17 @@ class TestEmulateSeam:
         assert any("PyTorch runs this layer" in r.message for r in caplog.records)
 
     def test_seam_receives_params(self, monkeypatch):
-        from spio.functional import _kernels
+        from spio.kernels import conv2d_gw8_factory
 
         seen = []
 
-        def fake_fprop(input, weight, bias, params, kernel=None):
+        def fake_fprop(input, weight, bias, params, config=None, out=None, kernel=None):
             seen.append(params)
             ref = conv2d_gw8_fprop_ref(input, weight, bias, params.padding)
             return ref.to(input.dtype)  # contiguous, although the input is channels_last
 
         monkeypatch.setenv("SPIO_EMULATE", "1")
-        monkeypatch.setattr(_kernels, "fprop", fake_fprop)
+        monkeypatch.setattr(conv2d_gw8_factory, "fprop", fake_fprop)
         x, w, _ = _tensors(SHAPES[1], dtype=torch.bfloat16, bias=False, channels_last=True)
         b = torch.randn(8)
         y = conv2d_gw8(x, w, b, padding_y=0, padding_x=2)
@@ -415,6 +433,16 @@ def _bad_calls():
         ("group width", lambda: conv2d_gw8(x, torch.randn(16, 4, 3, 3)), "group width 8, got 4"),
         ("C != K", lambda: conv2d_gw8(x, torch.randn(32, 8, 3, 3)), "C=16, K=32"),
         ("channels", lambda: conv2d_gw8(torch.randn(1, 12, 4, 4), w), "multiple of 8, got 12"),
+        (
+            "no channels",
+            lambda: conv2d_gw8(torch.randn(1, 0, 4, 4), torch.randn(0, 8, 3, 3)),
+            "positive multiple of 8, got 0",
+        ),
+        (
+            "no rows",
+            lambda: conv2d_gw8(torch.randn(1, 16, 0, 4), w, None, 1, 1, 1),
+            "input image of at least 1x1, got 0x4",
+        ),
         ("groups", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 4), "groups = C / 8 = 2, got 4"),
         ("R", lambda: conv2d_gw8(x, torch.randn(16, 8, 7, 3)), "filter R in 1..5, got 7"),
         ("S", lambda: conv2d_gw8(x, torch.randn(16, 8, 3, 6)), "filter S in 1..5, got 6"),

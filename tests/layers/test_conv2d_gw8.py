@@ -2,6 +2,9 @@
 
 import io
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -44,6 +47,14 @@ def test_make_conv2d_ineligible_gives_plain_conv(args, kwargs, reason):
     with pytest.raises(ValueError, match=reason):
         Conv2dGw8(*args, **kwargs)
     assert not Conv2dGw8.match(m)
+
+
+def test_groups_below_one_are_a_value_error():
+    """Not a ZeroDivisionError: Conv2dGw8 names the value, make_conv2d gives nn.Conv2d's error."""
+    with pytest.raises(ValueError, match="needs groups >= 1, got 0"):
+        Conv2dGw8(16, 16, 3, groups=0)
+    with pytest.raises(ValueError, match="groups must be a positive integer"):
+        make_conv2d(16, 16, 3, groups=0)
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -498,3 +509,82 @@ def test_cuda_nchw_input_runs_the_kernels_and_warns_once(monkeypatch, caplog):
     assert y.is_contiguous()
     want = F.conv2d(x.double(), layer.weight.double(), layer.bias.double(), padding=1, groups=2)
     torch.testing.assert_close(y.double(), want, atol=2e-3, rtol=2e-3)
+
+
+_DISPATCH_MODES = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from spio.layers import make_conv2d
+
+layer = make_conv2d(16, 16, 3, padding=1, groups=2).half()
+x = torch.randn(2, 16, 6, 5).half()
+op = torch.ops.spio.conv2d_gw8.default
+params = dict(layer.named_parameters())
+
+
+def call(x, params):
+    return torch.func.functional_call(layer, params, (x,))
+
+
+with torch.no_grad():
+    for mode in ("fake", "real"):
+        graph = make_fx(call, tracing_mode=mode)(x, params).graph
+        assert [n.target for n in graph.nodes].count(op) == 1, (mode, graph)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        y = layer(x)
+    assert type(y).__name__ == "FakeTensor" and y.shape == (2, 16, 6, 5), y
+
+
+class Record(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+with torch.no_grad(), Record() as record:
+    y = layer(x)
+assert record.ops.count(op) == 1 and torch.isfinite(y).all(), record.ops
+print("ok")
+"""
+
+
+def test_dispatch_modes_see_the_op():
+    """Under a TorchDispatchMode (make_fx, FakeTensorMode, a user's mode) the layer calls
+    spio's op, in the emulator as on a GPU. The eager kernel path used to launch on fake
+    tensors (a segfault in the emulator) and to leave the op out of make_fx's graph. A fresh
+    interpreter, so that a crash fails this test only."""
+    out = subprocess.run(
+        [sys.executable, "-c", _DISPATCH_MODES],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, SPIO_EMULATE="1"),
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+
+
+def test_autocast_to_another_dtype_falls_back(monkeypatch, caplog):
+    """The kernels take fp16 and bf16: under autocast to float32 (which PyTorch allows on
+    CUDA) the layer logs why and runs F.conv2d, as it does for fp32 outside autocast."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    m = make_conv2d(16, 16, 3, padding=1, groups=2)
+    x = torch.randn(1, 16, 5, 4)
+    was = torch.get_autocast_dtype("cpu")
+    torch.set_autocast_dtype("cpu", torch.float32)  # torch.autocast refuses it on the CPU
+    torch.set_autocast_enabled("cpu", True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="spio"):
+            y = m(x)
+    finally:
+        torch.set_autocast_enabled("cpu", False)
+        torch.set_autocast_dtype("cpu", was)
+    torch.testing.assert_close(y, F.conv2d(x, m.weight, m.bias, padding=1, groups=2))
+    assert "Conv2dGw8 falls back to F.conv2d: autocast to torch.float32" in caplog.text

@@ -29,6 +29,7 @@ def _model(seed=0):
 def test_replaces_exactly_the_eligible_convs(caplog):
     model = _model()
     original = copy.deepcopy(model)
+    before = dict(model.named_parameters())
     with caplog.at_level(logging.INFO, logger="spio"):
         out = transform(model)
     assert out is model
@@ -44,8 +45,10 @@ def test_replaces_exactly_the_eligible_convs(caplog):
     n_spio = sum(isinstance(m, Conv2dGw8) for m in model.modules())
     assert n_spio == convnet.MixedConvNet.ELIGIBLE
     assert model.blocks[3].padding == (2, 2)
-    # Parameters are shared with the modules replaced, not copied.
-    assert dict(model.named_parameters()).keys() == dict(original.named_parameters()).keys()
+    # Parameters are shared with the modules replaced (the same objects), not copied.
+    after = dict(model.named_parameters())
+    assert after.keys() == dict(original.named_parameters()).keys() == before.keys()
+    assert all(after[name] is before[name] for name in before)
 
 
 def test_include_keeps_the_convs_it_rejects(caplog):
@@ -173,3 +176,48 @@ def test_scan_modules_reads_autocast_dtype():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         found = scan_modules(model, x)
     assert found and all(p.dtype == "bf16" for p in found)
+
+
+def test_hooks_keep_a_conv_and_attributes_travel():
+    """A conv with hooks of any kind (forward, backward, backward-pre, state_dict) stays an
+    nn.Conv2d, since its replacement would not call them; attributes set on a conv (a tag) are
+    set on its replacement too."""
+    hooked = [nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(4)]
+    hooked[0].register_forward_pre_hook(lambda m, args: None)
+    hooked[1].register_full_backward_pre_hook(lambda m, grad: None)
+    hooked[2].register_full_backward_hook(lambda m, gin, gout: None)
+    hooked[3]._register_state_dict_hook(lambda m, state, prefix, local: None)
+    tagged = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    tagged.tag = "last"
+    model = transform(nn.Sequential(*hooked, tagged))
+    assert [type(m) for m in model] == [nn.Conv2d] * 4 + [Conv2dGw8]
+    assert model[4].tag == "last"
+    assert type(spio_transform.untransform(model)[4]) is nn.Conv2d and model[4].tag == "last"
+    assert not hasattr(model[4], "_pass_bits")
+
+
+def test_include_answers_are_checked_before_the_model_changes():
+    """A pass name alone is one pass; an answer that is no pass names fails naming it, and
+    leaves the model as it was (the layers before it were already replaced)."""
+    model = nn.Sequential(*(nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(3)))
+    transform(model, include=lambda name, conv: "fprop")
+    assert [m.spio_passes for m in model] == [("fprop",)] * 3
+    model = nn.Sequential(*(nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(3)))
+    for bad in ("fp", None, ["fprop", "bprop"]):
+        answers = {"0": True, "1": True, "2": bad}
+        with pytest.raises(ValueError, match=r"include\('2', conv\) must return True, False"):
+            transform(model, include=lambda name, conv, a=answers: a[name])
+        assert [type(m) for m in model] == [nn.Conv2d] * 3
+
+
+def test_shared_parents_are_named_by_their_first_path_and_counted_once(caplog):
+    block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2), nn.Conv2d(16, 16, 3))
+    model = nn.Module()
+    model.a = block
+    model.b = block  # the same block twice: its convs count once
+    asked = []
+    with caplog.at_level(logging.INFO, logger="spio"):
+        transform(model, include=lambda name, conv: asked.append(name) or True)
+    assert asked == ["a.0"]
+    assert "replaced 1 of 2 nn.Conv2d modules" in caplog.text
+    assert type(model.a[0]) is Conv2dGw8 and model.a is model.b
