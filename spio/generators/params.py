@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -18,9 +19,18 @@ from .spec import (
 )
 
 
-def _float_literal(spec: str, key: str, value: float) -> str:
+def _float_literal(spec: str, key: str, value: float, single: bool = False) -> str:
+    """The C++ literal of `value` (digits only; `single`: checked to be a float32 value that
+    neither overflows nor rounds to zero, for a `float` member)."""
     if not math.isfinite(value):
         raise ValueError(f"{spec}: value {key!r} must be finite, got {value!r}")
+    if single:
+        try:
+            rounded = struct.unpack("f", struct.pack("f", value))[0]
+        except OverflowError:
+            rounded = math.inf
+        if not math.isfinite(rounded) or (rounded == 0.0 and value != 0.0):
+            raise ValueError(f"{spec}: value {key!r} does not fit a 32-bit float, got {value!r}")
     text = repr(float(value))
     return text if ("e" in text or "." in text) else text + ".0"
 
@@ -65,7 +75,7 @@ class ParamsSpec:
                 raise ValueError(f"{label}: value {key!r} does not fit a 32-bit int, got {value}")
             return f"static constexpr int {key} = {value};"
         if isinstance(value, float):
-            return f"static constexpr float {key} = {_float_literal(label, key, value)}f;"
+            return f"static constexpr float {key} = {_float_literal(label, key, value, True)}f;"
         raise ValueError(f"{label}: value {key!r} must be an int, bool or float, got {value!r}")
 
     @property

@@ -154,11 +154,8 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
             continue
         if block_q % (16 * warp_q16) or stages > 2 and block_p * block_n < 8:
             continue
-        warps = groups * block_q // (16 * warp_q16)
-        if warps > MAX_THREADS // 32:
-            continue
         config = Conv2dGw8Config(groups, block_p, block_q, warp_q16, stages, mma_k, block_n)
-        if config.threads >= 32 and shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
+        if config.threads <= MAX_THREADS and shared_mem_bytes(params, config) <= MAX_SHARED_BYTES:
             found.append(config)
     return found
 
@@ -174,9 +171,12 @@ BYTES_IN_FLIGHT_PER_SM = 32 * 1024
 
 def sector_waste(params: Conv2dGw8Params, config) -> float:
     """Bytes moved per useful byte when a block's pixel spans config.groups * 16 contiguous bytes:
-    DRAM moves whole 32-byte sectors, so one group alone (16 bytes) wastes half of each."""
-    span = min(config.groups, params.groups) * 16
-    return math.ceil(span / 32) * 32 / span if params.groups > 1 else 1.0
+    DRAM moves whole 32-byte sectors, so one group alone (16 bytes) wastes half of each. A block
+    with all of a pixel's groups reads whole rows, contiguous in NHWC: no waste."""
+    if config.groups >= params.groups:
+        return 1.0
+    span = config.groups * 16
+    return math.ceil(span / 32) * 32 / span
 
 
 def latency_cover(

@@ -76,6 +76,8 @@ class Conv2dGw8Params:
         for name in ("n", "c", "h", "w", "r", "s"):
             object.__setattr__(self, name, _as_int(name, getattr(self, name)))
         object.__setattr__(self, "padding", _as_padding(self.padding))
+        if type(self.has_bias) not in (bool, int) or self.has_bias not in (0, 1):
+            raise ValueError(f"Conv2dGw8Params needs has_bias True or False, got {self.has_bias!r}")
         object.__setattr__(self, "has_bias", bool(self.has_bias))
         if self.dtype not in DTYPES:
             raise ValueError(f"Conv2dGw8Params needs dtype fp16 or bf16, got {self.dtype!r}")

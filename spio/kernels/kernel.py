@@ -43,7 +43,10 @@ def entry_symbol(name: str) -> str:
 class Kernel:
     """Everything needed to compile and launch one kernel instance."""
 
-    name: str  # unique: encodes the kernel family, layer parameters and tile config
+    # Names the code: the kernel family, layer parameters, tile config and variant; kernels of
+    # one name compile to the same cubin (sum_slots's grid differs between layers of one name:
+    # the grid and block are read from the Kernel at each launch).
+    name: str
     source_file: str  # in spio/src
     entry: str  # the extern "C" function in the module
     headers: tuple[tuple[str, str], ...]  # generated headers: (include name, text)
@@ -54,8 +57,8 @@ class Kernel:
     info: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __hash__(self) -> int:
-        # The name is unique (it encodes family, params and config), and hashing it is cheap;
-        # the generated dataclass hash would rehash the headers' text on every launch.
+        # The name stands for the code, and hashing it is cheap; the generated dataclass hash
+        # would rehash the headers' text on every launch.
         return hash(self.name)
 
     def info_value(self, key: str, default: Any = None) -> Any:
@@ -173,13 +176,15 @@ def _null_pointer():
     return driver.Pointer(0)
 
 
-_loaded: dict[tuple[Kernel, int], _LoadedCudaFunction] = {}
-_emulated: dict[Kernel, Any] = {}
+#: Loaded functions by kernel name (the code; see Kernel.name) and device ordinal, and emulated
+#: ones by kernel name: one module per code, whatever grid each launch uses.
+_loaded: dict[tuple[str, int], _LoadedCudaFunction] = {}
+_emulated: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
 def _cuda_function(kernel: Kernel, ordinal: int) -> _LoadedCudaFunction:
-    key = (kernel, ordinal)
+    key = (kernel.name, ordinal)
     loaded = _loaded.get(key)
     if loaded is None:
         with _lock:
@@ -203,14 +208,14 @@ def _emulator_order_seed() -> int | None:
 
 
 def _emulator_function(kernel: Kernel):
-    function = _emulated.get(kernel)
+    function = _emulated.get(kernel.name)
     if function is None:
         from .. import emulator
 
         with _lock:
-            function = _emulated.get(kernel)
+            function = _emulated.get(kernel.name)
             if function is None:
                 logger.debug("building %s for the CPU emulator", kernel.name)
                 module = emulator.load_module(kernel.source, dict(kernel.headers), name=kernel.name)
-                function = _emulated[kernel] = module.get_function(kernel.entry)
+                function = _emulated[kernel.name] = module.get_function(kernel.entry)
     return function

@@ -103,6 +103,10 @@ def features(family: Family, params: Conv2dGw8Params, configs: Sequence) -> np.n
     cg, bp, bq = cfg["groups"], cfg["block_p"], cfg["block_q"]
     stages = cfg.get("stages", np.full(len(configs), 2.0))
     groups_run = np.ceil(g / cg) * cg
+    # The shipped models were trained on this formula, which charges waste to blocks that hold
+    # all of an odd group count (e.g. 3 groups in blocks of 4); conv2d_gw8_factory.sector_waste
+    # no longer does. Adopt that with the next FEATURE_VERSION, once the WGrad model can be
+    # retrained from samples of the kernels as spio runs them.
     span = np.minimum(cg, g) * 16
     sector = np.ceil(span / 32) * 32 / span if g > 1 else np.ones(len(configs))
     # Each block spans block_n images (WGrad sums them; FProp and DGrad stream them in turn).

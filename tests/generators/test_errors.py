@@ -156,10 +156,18 @@ def test_bad_fragment_dims(row, col):
         FragmentSpec("F", "FragA_m16n8k8_f16", row=row, col=col)
 
 
-@pytest.mark.parametrize("value", ["8", None, 2**31, -(2**31) - 1, float("inf"), float("nan"), [1]])
+@pytest.mark.parametrize(
+    "value", ["8", None, 2**31, -(2**31) - 1, float("inf"), float("nan"), [1], 1e300, -1e39, 1e-60]
+)
 def test_bad_param_values(value):
     with pytest.raises(ValueError, match=r"ParamsSpec 'Block'.*'p'"):
         ParamsSpec("Block", {"p": value})
+
+
+def test_param_floats_at_the_edges_of_float32():
+    """1e300 read back as inf and 1e-60 as 0 (g++ only warned); the float32 range itself is fine."""
+    text = ParamsSpec("Block", {"big": 3.0e38, "small": 1.5e-45, "zero": 0.0}).generate()
+    assert "big = 3e+38f" in text and "small = 1.5e-45f" in text and "zero = 0.0f" in text
 
 
 @pytest.mark.parametrize("values", [{}, None, {"p": 1, "Block": 2}])

@@ -57,6 +57,9 @@ def test_frozen():
         (dict(w=1, s=5, padding=(1, 1)), "non-empty output, got output size 3x-1"),
         (dict(n=2.0), "integer n, got 2.0"),
         (dict(r=True), "integer r, got True"),
+        (dict(has_bias="no"), "has_bias True or False, got 'no'"),
+        (dict(has_bias=2), "has_bias True or False, got 2"),
+        (dict(has_bias=None), "has_bias True or False, got None"),
     ],
 )
 def test_invalid(kwargs, message):

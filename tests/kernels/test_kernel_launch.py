@@ -53,6 +53,26 @@ assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5000
     )
 
 
+def test_kernels_of_one_name_share_their_module_and_launch_their_own_grid(fake_libcuda):  # noqa: F811
+    """The name stands for the code (sum_slots has one name per dtype pair and a grid per layer):
+    one module per name and device, each launch with its own kernel's grid."""
+    run_with(
+        fake_libcuda["new"],
+        SETUP
+        + """
+import dataclasses
+small = make("write_pattern", 0)
+large = dataclasses.replace(small, grid=(40, 1, 1))
+small.launch([Tensor(0x1000), 1, 2], torch.device("cuda", 0))
+large.launch([Tensor(0x1000), 1, 2], torch.device("cuda", 0))
+assert list((ctypes.c_uint * 6).in_dll(fake, "last_dims")) == [40, 1, 1, 64, 1, 1]
+small.launch([Tensor(0x1000), 1, 2], torch.device("cuda", 0))
+assert list((ctypes.c_uint * 6).in_dll(fake, "last_dims")) == [3, 1, 1, 64, 1, 1]
+assert list(K._loaded) == [("test_write_pattern", 0)]
+""",
+    )
+
+
 def test_kernel_hashes_by_its_unique_name():
     """Launch looks the loaded kernel up by Kernel on every call: the hash is the name's (the
     generated one would rehash the headers' text), and equality still compares every field."""
