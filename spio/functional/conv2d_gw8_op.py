@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 from . import _kernels
 from ._kernels import ALL_PASSES, check_passes
@@ -317,3 +318,25 @@ def _register_autocast(device_type: str) -> None:
 
 for _device_type in ("cuda", "cpu"):
     _register_autocast(_device_type)
+
+
+# torch.utils.flop_counter.FlopCounterMode counts the ops' multiply-adds as it counts
+# aten.convolution's: 2 per product, the bias left out.
+def _flops_per_pass(output_shape, weight_shape) -> int:
+    """2 * N * K * P * Q * (8 * R * S): one pass of the convolution."""
+    n, k, p, q = output_shape
+    return 2 * n * k * p * q * weight_shape[1] * weight_shape[2] * weight_shape[3]
+
+
+@register_flop_formula(torch.ops.spio.conv2d_gw8)
+def _conv2d_gw8_flops(input_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:
+    return _flops_per_pass(out_shape, weight_shape)
+
+
+@register_flop_formula(torch.ops.spio.conv2d_gw8_backward)
+def _conv2d_gw8_backward_flops(
+    grad_output_shape, input_shape, weight_shape, padding_y, padding_x, output_mask, *args,
+    **kwargs,
+) -> int:  # fmt: skip
+    """DGrad and WGrad each cost a forward pass; the bias gradient, a sum, is left out."""
+    return _flops_per_pass(grad_output_shape, weight_shape) * (output_mask[0] + output_mask[1])
