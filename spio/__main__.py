@@ -93,8 +93,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("torch", "not installed"))
     try:
         major, minor = nvrtc.version()
-        rows.append(("NVRTC", f"{major}.{minor} at {nvrtc.library_path()}"))
-        rows.append(("CUDA headers", str(paths.find_cuda_include(prefer_major=major))))
+        library = nvrtc.library_path()
+        rows.append(("NVRTC", f"{major}.{minor} at {library}"))
+        headers = paths.find_cuda_include(prefer_major=major, nvrtc=library)  # as compiles use
+        rows.append(("CUDA headers", str(headers)))
     except Exception as error:  # report, don't crash: info is the first thing users run
         rows.append(("NVRTC", f"{_BROKEN}, not found: {error}"))
     rows.append(("spio headers", str(paths.bundled_include_dir())))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 import time
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from pathlib import Path
 from ..cuda import nvrtc, paths
 from ..cuda.nvrtc import CompileError
 from ..log import logger
+from . import digest
 from .arch import check_arch
 from .cache import DiskCache, hash_key
 
@@ -82,46 +82,73 @@ def parse_resource_report(log: str) -> dict[str, ResourceUsage]:
 
 @functools.cache
 def _bundled_headers_digest() -> str:
-    """Hash of every header in spio/include: any edit there invalidates cached cubins."""
-    root = paths.bundled_include_dir()
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+    """Hash of every header in spio/include: any edit there invalidates cached cubins.
+
+    Computed once per process (functools.cache): a header edited while a process runs is seen
+    by the next process, not this one. Tests that change the headers call `.cache_clear()`.
+    """
+    return digest.tree_digest(paths.bundled_include_dir())
 
 
 @functools.cache
 def _cuda_include_dir() -> Path:
-    return paths.find_cuda_include(prefer_major=nvrtc.version()[0])
+    """The CUDA headers for the NVRTC in use: its own installation's, else its major version's."""
+    return paths.find_cuda_include(prefer_major=nvrtc.version()[0], nvrtc=nvrtc.library_path())
 
 
 @functools.cache
 def _cuda_headers_identity() -> str:
     """Cheap identity of the CUDA headers in use: folder, file names, sizes and mtimes."""
-    folder = _cuda_include_dir()
-    digest = hashlib.sha256(str(folder).encode())
-    for path in sorted(folder.glob("*.h*")):
-        st = path.stat()
-        digest.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return digest.hexdigest()
+    return digest.headers_identity(_cuda_include_dir())
+
+
+@functools.cache
+def _nvrtc_identity() -> tuple[tuple[int, int], tuple[str, ...]]:
+    """NVRTC's version and the identity of libnvrtc and its builtins, computed once per process.
+
+    The version alone misses a patch update or another build with the same major.minor; the
+    libraries' content identity (size and first MiB) catches those, and does not change when the
+    installation moves.
+    """
+    lib = nvrtc.library_path()
+    libraries = [lib, *nvrtc.builtins_beside(lib)]
+    return nvrtc.version(), tuple(digest.library_identity(path) for path in libraries)
+
+
+def _include_options() -> list[str]:
+    """The -I options spio adds; their folders' content is in the cache key, not their paths."""
+    return [f"-I{paths.bundled_include_dir()}", f"-I{_cuda_include_dir()}"]
 
 
 def nvrtc_options(arch: str, *, line_info: bool = False, debug: bool = False) -> list[str]:
     """The NVRTC command line spio uses for `arch`."""
-    opts = [
-        f"--gpu-architecture={arch}",
-        "-std=c++17",
-        "--ptxas-options=-v",
-        f"-I{paths.bundled_include_dir()}",
-        f"-I{_cuda_include_dir()}",
-    ]
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v", *_include_options()]
     if line_info:
         opts.append("-lineinfo")
     if debug:
         opts.append("-G")
     return opts
+
+
+def cubin_key(source: str, arch: str, headers: dict[str, str], opts: list[str]) -> str:
+    """The cache key of one compilation: everything that decides the cubin.
+
+    That is the source, the in-memory headers, every option except the -I folders spio adds,
+    the arch, NVRTC's identity, and the content of spio/include and of the CUDA headers. The
+    -I paths are left out so that moving spio's installation keeps its cache; options a caller
+    passes, -I included, stay in the key (their folders' content is not digested).
+    """
+    own_includes = set(_include_options())
+    return hash_key(
+        "nvrtc",
+        source,
+        sorted(headers.items()),
+        [o for o in opts if o not in own_includes],
+        arch,
+        _nvrtc_identity(),
+        _bundled_headers_digest(),
+        _cuda_headers_identity(),
+    )
 
 
 def compile_cubin(
@@ -157,16 +184,7 @@ def compile_cubin(
         cubin, meta = build()
         cached = False
     else:
-        key = hash_key(
-            "nvrtc",
-            source,
-            sorted(headers.items()),
-            opts[:3] + opts[5:],  # include paths are covered by the digests below
-            arch,
-            nvrtc.version(),
-            _bundled_headers_digest(),
-            _cuda_headers_identity(),
-        )
+        key = cubin_key(source, arch, headers, opts)
         cubin, meta, cached = _cubin_cache.get_or_build(key, build)
         if cached:
             logger.debug("cached cubin for %s (%s)", name, arch)

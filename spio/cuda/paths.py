@@ -4,14 +4,23 @@ Search order, for both the library and the include folder:
 1. the SPIO_NVRTC / SPIO_CUDA_INCLUDE environment variables;
 2. NVIDIA's CUDA 12 pip wheels (nvidia/cuda_nvrtc/lib, nvidia/cuda_runtime/include);
 3. NVIDIA's CUDA 13 pip wheels (nvidia/cu13/lib, nvidia/cu13/include);
-4. CUDA_HOME, then /usr/local/cuda.
-When a CUDA build of torch is installed, the wheels of torch's CUDA major version come first.
+4. CUDA_HOME, CUDA_PATH, then /usr/local/cuda;
+5. conda's $CONDA_PREFIX/lib (headers in $CONDA_PREFIX/include or targets/*/include);
+6. the folders on LD_LIBRARY_PATH;
+7. the dynamic loader itself: dlopen of libnvrtc.so.12 / libnvrtc.so.13, then
+   ctypes.util.find_library("nvrtc"). This finds distro packages (/usr/lib/x86_64-linux-gnu) and
+   the LD_LIBRARY_PATH the process started with; the loaded handle tells the library's real path.
+When a CUDA build of torch is installed, the places of torch's CUDA major version come first.
+The headers for a libnvrtc found in steps 5-7 are those of its own installation: the include
+folder beside its lib folder (see `includes_beside`).
 
 This module uses only the standard library: setup.py loads it by file path to find cuda.h.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.util
 import os
 import re
@@ -28,8 +37,22 @@ class CudaNotFoundError(FileNotFoundError):
 class _Candidate:
     major: int | None  # CUDA major version of this location, None when unknown
     lib: Path  # a folder holding libnvrtc
-    include: Path  # a folder holding the CUDA headers
+    includes: tuple[Path, ...]  # folders that may hold the CUDA headers, in order
     origin: str  # where the candidate came from, for messages
+
+
+#: Toolkits searched after CUDA_HOME and CUDA_PATH (tests empty it to hide this machine's).
+_SYSTEM_TOOLKITS: tuple[str, ...] = ("/usr/local/cuda",)
+
+_NVRTC_NAME = re.compile(r"^libnvrtc\.so(\.\d+)*$")
+
+#: The sonames the dynamic loader is asked for, in this order after torch's CUDA major.
+_LOADER_SONAMES = ("libnvrtc.so.12", "libnvrtc.so.13")
+
+_HOW_TO_FIX_NVRTC = (
+    "Install it with `pip install nvidia-cuda-nvrtc-cu12`, set SPIO_NVRTC to the library's path, "
+    "set CUDA_HOME to a CUDA toolkit, or add the folder holding libnvrtc.so to LD_LIBRARY_PATH."
+)
 
 
 def _nvidia_dirs() -> list[Path]:
@@ -59,14 +82,44 @@ def torch_cuda_major() -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _includes_for_lib_folder(folder: Path) -> list[Path]:
+    """Include folders of the installation whose libraries sit in `folder`.
+
+    A wheel's nvidia/cuda_nvrtc/lib pairs with nvidia/cuda_runtime/include; a toolkit's or conda's
+    <root>/lib[64] with <root>/include and <root>/targets/*/include; a distro's multiarch folder
+    /usr/lib/x86_64-linux-gnu with /usr/include.
+    """
+    root = folder.parent
+    found = []
+    if root.name == "cuda_nvrtc":
+        found.append(root.parent / "cuda_runtime" / "include")
+    found.append(root / "include")
+    found += sorted((root / "targets").glob("*/include"))
+    if root.name in ("lib", "lib64"):
+        found.append(root.parent / "include")
+    return found
+
+
+def includes_beside(nvrtc: Path) -> list[Path]:
+    """Include folders that belong to the installation of the libnvrtc at `nvrtc`, best first.
+
+    Both the path as given and its symlink-resolved target are considered, so a conda
+    $CONDA_PREFIX/lib symlink into targets/x86_64-linux/lib finds that target's headers too.
+    """
+    folders = dict.fromkeys([nvrtc.parent, nvrtc.resolve().parent])
+    found = [inc for folder in folders for inc in _includes_for_lib_folder(folder)]
+    return list(dict.fromkeys(found))
+
+
 def _candidates() -> list[_Candidate]:
+    """The fixed places to search (steps 2-6 of the module docstring), torch's CUDA major first."""
     cands: list[_Candidate] = []
     for nvidia in _nvidia_dirs():
         cands.append(
             _Candidate(
                 12,
                 nvidia / "cuda_nvrtc" / "lib",
-                nvidia / "cuda_runtime" / "include",
+                (nvidia / "cuda_runtime" / "include",),
                 f"CUDA 12 wheels in {nvidia}",
             )
         )
@@ -74,15 +127,27 @@ def _candidates() -> list[_Candidate]:
             _Candidate(
                 13,
                 nvidia / "cu13" / "lib",
-                nvidia / "cu13" / "include",
+                (nvidia / "cu13" / "include",),
                 f"CUDA 13 wheels in {nvidia}",
             )
         )
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), *_SYSTEM_TOOLKITS]
     for home in dict.fromkeys(h for h in homes if h):
         root = Path(home)
         for lib in ("lib64", "lib"):
-            cands.append(_Candidate(None, root / lib, root / "include", f"toolkit at {root}"))
+            cands.append(_Candidate(None, root / lib, (root / "include",), f"toolkit at {root}"))
+    conda = os.environ.get("CONDA_PREFIX")
+    if conda:
+        lib = Path(conda) / "lib"
+        cands.append(
+            _Candidate(None, lib, tuple(_includes_for_lib_folder(lib)), "conda's CONDA_PREFIX")
+        )
+    for entry in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if entry:
+            lib = Path(entry)
+            cands.append(
+                _Candidate(None, lib, tuple(_includes_for_lib_folder(lib)), "LD_LIBRARY_PATH")
+            )
     preferred = torch_cuda_major()
     if preferred is not None:
         # Stable sort: torch's CUDA major first, everything else keeps its order.
@@ -90,14 +155,88 @@ def _candidates() -> list[_Candidate]:
     return cands
 
 
-_NVRTC_NAME = re.compile(r"^libnvrtc\.so(\.\d+)*$")
-
-
 def _nvrtc_in(folder: Path) -> Path | None:
     if not folder.is_dir():
         return None
     names = sorted((p for p in folder.iterdir() if _NVRTC_NAME.match(p.name)), key=lambda p: p.name)
     return names[-1] if names else None
+
+
+class _LinkMap(ctypes.Structure):
+    """The head of glibc's struct link_map: the load address and the file's path."""
+
+    _fields_ = [("l_addr", ctypes.c_void_p), ("l_name", ctypes.c_char_p)]
+
+
+_RTLD_DI_LINKMAP = 2
+
+
+def _path_of_handle(handle: int, name: str) -> Path | None:
+    """The file behind a dlopen handle: dlinfo(RTLD_DI_LINKMAP), else /proc/self/maps."""
+    try:
+        dlinfo = ctypes.CDLL(None).dlinfo
+        dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        dlinfo.restype = ctypes.c_int
+        link_map = ctypes.POINTER(_LinkMap)()
+        if dlinfo(handle, _RTLD_DI_LINKMAP, ctypes.byref(link_map)) == 0 and link_map:
+            if link_map.contents.l_name:
+                return Path(os.fsdecode(link_map.contents.l_name))
+    except (AttributeError, OSError):  # no dlinfo (musl): read the memory map instead
+        pass
+    return _mapped_path(Path(name).name)
+
+
+def _mapped_path(file_name: str) -> Path | None:
+    """The first file named `file_name` mapped into this process, from /proc/self/maps."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split(None, 5)
+        if len(fields) == 6 and Path(fields[5]).name == file_name:
+            return Path(fields[5])
+    return None
+
+
+def _dlopen_path(name: str) -> Path | None:
+    """Where the dynamic loader finds library `name` (a soname or a path), or None.
+
+    The library stays loaded, as a later ctypes.CDLL of the same file would load it anyway.
+    """
+    try:
+        handle = ctypes.CDLL(name)._handle
+    except OSError:
+        return None
+    path = _path_of_handle(handle, name)
+    return path if path is not None and path.is_file() else None
+
+
+def _find_library() -> str | None:
+    """ctypes.util.find_library("nvrtc"): a soname from ld.so.cache, gcc or ld's search path."""
+    return ctypes.util.find_library("nvrtc")
+
+
+def _ask_loader(looked: list[str]) -> Path | None:
+    """libnvrtc as the dynamic loader finds it (step 7), appending what was tried to `looked`."""
+    preferred = torch_cuda_major()
+    first = [f"libnvrtc.so.{preferred}"] if preferred is not None else []
+    sonames = list(dict.fromkeys(first + list(_LOADER_SONAMES)))
+    for soname in sonames:
+        path = _dlopen_path(soname)
+        if path is not None:
+            return path
+    looked.append(
+        f"dynamic loader: dlopen of {', '.join(sonames)} (ld.so.cache, system folders and the "
+        "LD_LIBRARY_PATH this process started with) found nothing"
+    )
+    name = _find_library()
+    if name is not None and name not in sonames:
+        path = _dlopen_path(name)
+        if path is not None:
+            return path
+    looked.append(f"ctypes.util.find_library('nvrtc') (answered {name!r})")
+    return None
 
 
 def find_nvrtc() -> Path:
@@ -113,36 +252,59 @@ def find_nvrtc() -> Path:
         if lib is not None:
             return lib
         looked.append(f"{cand.lib} ({cand.origin})")
+    lib = _ask_loader(looked)
+    if lib is not None:
+        return lib
     raise CudaNotFoundError(
-        "libnvrtc not found. Install it with `pip install nvidia-cuda-nvrtc-cu12` or set "
-        "SPIO_NVRTC to the library's path. Looked in:\n  " + "\n  ".join(looked)
+        f"libnvrtc not found. {_HOW_TO_FIX_NVRTC} Looked in:\n  " + "\n  ".join(looked)
     )
 
 
-def _find_include(required: str, prefer_major: int | None) -> Path:
+def _find_include(required: str, prefer_major: int | None, nvrtc: Path | None = None) -> Path:
     looked: list[str] = []
     env = os.environ.get("SPIO_CUDA_INCLUDE")
     if env:
         if (Path(env) / required).is_file():
             return Path(env)
         looked.append(f"SPIO_CUDA_INCLUDE={env} (no {required} there)")
+    places: list[tuple[Path, str]] = []
+    if nvrtc is not None:
+        places += [(inc, f"beside {nvrtc}") for inc in includes_beside(nvrtc)]
     cands = _candidates()
     if prefer_major is not None:
         cands.sort(key=lambda c: 0 if c.major == prefer_major else 1)
     for cand in cands:
-        if (cand.include / required).is_file():
-            return cand.include
-        looked.append(f"{cand.include} ({cand.origin})")
+        places += [(inc, cand.origin) for inc in cand.includes]
+    seen: set[Path] = set()
+    for include, origin in places:
+        if include in seen:
+            continue
+        seen.add(include)
+        if (include / required).is_file():
+            return include
+        looked.append(f"{include} ({origin})")
+    if nvrtc is None:  # last, the headers of the libnvrtc the dynamic loader finds
+        loaded = _ask_loader(looked)
+        for include in includes_beside(loaded) if loaded is not None else []:
+            if include in seen:
+                continue
+            if (include / required).is_file():
+                return include
+            looked.append(f"{include} (beside {loaded}, found by the dynamic loader)")
     raise CudaNotFoundError(
         f"CUDA headers ({required}) not found. Install them with "
-        "`pip install nvidia-cuda-runtime-cu12` or set SPIO_CUDA_INCLUDE. Looked in:\n  "
-        + "\n  ".join(looked)
+        "`pip install nvidia-cuda-runtime-cu12`, set SPIO_CUDA_INCLUDE to the folder holding "
+        f"{required}, or set CUDA_HOME to a CUDA toolkit. Looked in:\n  " + "\n  ".join(looked)
     )
 
 
-def find_cuda_include(prefer_major: int | None = None) -> Path:
-    """Folder holding cuda_fp16.h and friends for NVRTC, preferably of CUDA `prefer_major`."""
-    return _find_include("cuda_fp16.h", prefer_major)
+def find_cuda_include(prefer_major: int | None = None, nvrtc: Path | None = None) -> Path:
+    """Folder holding cuda_fp16.h and friends for NVRTC, preferably of CUDA `prefer_major`.
+
+    With `nvrtc`, the path of the libnvrtc in use, the headers of its own installation come first
+    (after SPIO_CUDA_INCLUDE), so a libnvrtc from conda or the loader is paired with its headers.
+    """
+    return _find_include("cuda_fp16.h", prefer_major, nvrtc)
 
 
 def find_driver_header_dir() -> Path:

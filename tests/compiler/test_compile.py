@@ -1,6 +1,7 @@
 """compile_cubin: real NVRTC compiles for every arch, resource reports, errors, and the cache."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -9,9 +10,9 @@ import uuid
 import pytest
 
 import spio
-from spio.compiler import CompileError, cache, compile_cubin, parse_resource_report
+from spio.compiler import CompileError, cache, compile_cubin, digest, parse_resource_report
 from spio.compiler import compile as compile_module
-from spio.cuda import nvrtc
+from spio.cuda import nvrtc, paths
 
 # A small kernel using each instruction family our kernels depend on.
 TENSOR_CORE_KERNEL = r"""
@@ -210,3 +211,103 @@ def test_parse_resource_report_reads_each_entry():
     assert (first.stack_bytes, first.spill_stores, first.spill_loads) == (16, 8, 4)
     assert first.spills and not second.spills
     assert (second.registers, second.shared_bytes) == (32, 0)
+
+
+@pytest.fixture
+def fresh_digests():
+    """Recompute spio/include's digest and NVRTC's identity before and after the test."""
+    cached = (compile_module._bundled_headers_digest, compile_module._nvrtc_identity)
+    for function in cached:
+        function.cache_clear()
+    yield
+    for function in cached:  # the originals: a test may have patched the module's names
+        function.cache_clear()
+
+
+def key_of(arch="sm_80", options=(), **flags):
+    opts = compile_module.nvrtc_options(arch, **flags) + list(options)
+    return compile_module.cubin_key(TENSOR_CORE_KERNEL, arch, {}, opts)
+
+
+def use_bundled_copy(monkeypatch, folder):
+    """spio/include copied to `folder`, and spio told that it lives there."""
+    shutil.copytree(paths.bundled_include_dir(), folder)
+    monkeypatch.setattr(paths, "bundled_include_dir", lambda: folder)
+    compile_module._bundled_headers_digest.cache_clear()
+    return folder
+
+
+def test_cache_key_changes_with_a_bundled_header(tmp_path, monkeypatch, fresh_digests):
+    include = use_bundled_copy(monkeypatch, tmp_path / "include")
+    before = key_of()
+    header = sorted(include.rglob("*.h"))[0]
+    text = header.read_text()
+    header.write_text(text + "\n// edited\n")
+    compile_module._bundled_headers_digest.cache_clear()
+    assert key_of() != before
+    header.write_text(text)
+    compile_module._bundled_headers_digest.cache_clear()
+    assert key_of() == before
+
+
+def test_cache_key_does_not_depend_on_where_spio_is_installed(tmp_path, monkeypatch, fresh_digests):
+    """The -I folders spio adds are in the key by content, not by path: moving the
+    installation keeps the cache."""
+    use_bundled_copy(monkeypatch, tmp_path / "site-a" / "include")
+    here = key_of(), compile_module.nvrtc_options("sm_80")
+    use_bundled_copy(monkeypatch, tmp_path / "site-b" / "include")
+    there = key_of(), compile_module.nvrtc_options("sm_80")
+    assert here[1] != there[1] and here[0] == there[0]
+
+
+def test_cache_key_changes_with_nvrtc_identity(monkeypatch, fresh_digests):
+    version, libraries = compile_module._nvrtc_identity()
+    assert version == nvrtc.version() and len(libraries) >= 1
+    before = key_of()
+    # Same major.minor, another build of libnvrtc (a patch release, another vendor's copy).
+    monkeypatch.setattr(compile_module, "_nvrtc_identity", lambda: (version, ("other",)))
+    assert key_of() != before
+    monkeypatch.setattr(compile_module, "_nvrtc_identity", lambda: ((99, 0), libraries))
+    assert key_of() != before
+
+
+def test_nvrtc_identity_follows_the_library_file(tmp_path, monkeypatch, fresh_digests):
+    real = nvrtc.library_path()
+    copy = tmp_path / "libnvrtc.so.12"
+    with open(real, "rb") as src, open(copy, "wb") as dst:
+        dst.write(src.read(2 * digest.LIBRARY_HEAD_BYTES))
+    monkeypatch.setattr(nvrtc, "library_path", lambda: copy)
+    first = compile_module._nvrtc_identity()
+    compile_module._nvrtc_identity.cache_clear()
+    with open(copy, "ab") as f:
+        f.write(b"\0")  # a rebuild of another size
+    assert compile_module._nvrtc_identity() != first
+
+
+def test_cache_key_changes_with_cuda_headers(monkeypatch, fresh_digests):
+    before = key_of()
+    monkeypatch.setattr(compile_module, "_cuda_headers_identity", lambda: "other headers")
+    assert key_of() != before
+
+
+def test_cache_key_keeps_every_option_but_spios_include_folders(fresh_digests):
+    base = compile_module.nvrtc_options("sm_80")
+    before = compile_module.cubin_key(TENSOR_CORE_KERNEL, "sm_80", {}, base)
+    assert key_of(line_info=True) != before
+    assert key_of(debug=True) != before
+    assert key_of(options=["--use_fast_math"]) != before
+    assert key_of(options=["-I/one"]) != key_of(options=["-I/two"])  # not digested: path counts
+
+    # An option spio adds later, anywhere in its list: the key used opts[:3] + opts[5:], which
+    # dropped an option put before the -I flags and kept a -I path in its place.
+    def with_option_at(at):
+        opts = base[:at] + ["--fmad=false"] + base[at:]
+        return compile_module.cubin_key(TENSOR_CORE_KERNEL, "sm_80", {}, opts)
+
+    assert base[3:5] == compile_module._include_options()
+    assert with_option_at(3) == with_option_at(4) == with_option_at(5) != before
+    keys = {with_option_at(at) for at in range(len(base) + 1)}
+    assert before not in keys and len(keys) == len(base) - 1  # 3, 4 and 5 are one key
+    assert compile_module.cubin_key(TENSOR_CORE_KERNEL, "sm_86", {}, base) != before
+    with_header = compile_module.cubin_key(TENSOR_CORE_KERNEL, "sm_80", {"gen.h": "1"}, base)
+    assert with_header != before

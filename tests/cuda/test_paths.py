@@ -1,8 +1,17 @@
-"""Finding libnvrtc and the CUDA headers: environment overrides, wheel order, clear failures."""
+"""Finding libnvrtc and the CUDA headers: environment overrides, wheel order, conda,
+LD_LIBRARY_PATH and the dynamic loader, headers that match the NVRTC found, clear failures."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
 from spio.cuda import paths
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def make_wheels(root, majors):
@@ -22,24 +31,58 @@ def make_wheels(root, majors):
     return nvidia
 
 
+ISOLATED_VARS = (
+    "SPIO_NVRTC",
+    "SPIO_CUDA_INCLUDE",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CONDA_PREFIX",
+    "LD_LIBRARY_PATH",
+)
+
+
+@pytest.fixture(scope="module")
+def real_nvrtc():
+    """The libnvrtc this machine has, found before any test hides it."""
+    try:
+        return paths.find_nvrtc()
+    except paths.CudaNotFoundError as error:
+        pytest.skip(f"no libnvrtc on this machine: {error}")
+
+
 @pytest.fixture
 def isolated(monkeypatch, tmp_path):
-    """No environment overrides, no toolkit, and only the fake wheels we create."""
-    for var in ("SPIO_NVRTC", "SPIO_CUDA_INCLUDE", "CUDA_HOME", "CUDA_PATH"):
+    """No environment overrides, no wheels but the fake ones we create, and a dynamic loader
+    that finds nothing (libnvrtc may already be loaded in this process)."""
+    for var in ISOLATED_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(paths, "torch_cuda_major", lambda: None)
     monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [])
+    monkeypatch.setattr(paths, "_dlopen_path", lambda name: None)
+    monkeypatch.setattr(paths, "_find_library", lambda: None)
     return tmp_path
 
 
 @pytest.fixture
 def no_toolkit(isolated, monkeypatch):
     """Also hide any CUDA toolkit installed on this machine (/usr/local/cuda)."""
-    real_candidates = paths._candidates
-    monkeypatch.setattr(
-        paths, "_candidates", lambda: [c for c in real_candidates() if c.major is not None]
-    )
+    monkeypatch.setattr(paths, "_SYSTEM_TOOLKITS", ())
     return isolated
+
+
+def install(root, lib_dir, include_dir, real=None, name="libnvrtc.so.12"):
+    """A fake NVRTC installation under root: lib_dir/name (a symlink to the real libnvrtc, or an
+    empty file) and include_dir/cuda_fp16.h and cuda.h. Returns the library's path."""
+    lib = root / lib_dir / name
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    if real is not None:
+        lib.symlink_to(real)
+    else:
+        lib.write_bytes(b"")
+    (root / include_dir).mkdir(parents=True, exist_ok=True)
+    for header in ("cuda.h", "cuda_fp16.h"):
+        (root / include_dir / header).write_text("")
+    return lib
 
 
 def test_cuda12_wheels_come_before_cuda13(isolated, monkeypatch):
@@ -93,14 +136,177 @@ def test_cuda_home_is_searched_after_the_wheels(isolated, monkeypatch):
 
 def test_nothing_found_lists_where_it_looked(no_toolkit, monkeypatch):
     isolated = no_toolkit
+    nvidia = isolated / "nvidia"
+    monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
+    monkeypatch.setenv("CUDA_HOME", str(isolated / "toolkit"))
+    monkeypatch.setenv("CONDA_PREFIX", str(isolated / "conda"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{isolated / 'ld1'}:{isolated / 'ld2'}")
+    asked = []
+    monkeypatch.setattr(paths, "_dlopen_path", lambda name: asked.append(name))
     monkeypatch.setenv("SPIO_NVRTC", str(isolated / "missing.so"))
     with pytest.raises(paths.CudaNotFoundError) as info:
         paths.find_nvrtc()
     message = str(info.value)
-    assert "missing.so" in message and "pip install nvidia-cuda-nvrtc-cu12" in message
+    for place in (
+        "SPIO_NVRTC=" + str(isolated / "missing.so"),
+        str(nvidia / "cuda_nvrtc" / "lib"),
+        str(nvidia / "cu13" / "lib"),
+        str(isolated / "toolkit" / "lib64"),
+        str(isolated / "toolkit" / "lib"),
+        f"{isolated / 'conda' / 'lib'} (conda's CONDA_PREFIX)",
+        f"{isolated / 'ld1'} (LD_LIBRARY_PATH)",
+        f"{isolated / 'ld2'} (LD_LIBRARY_PATH)",
+        "dynamic loader: dlopen of libnvrtc.so.12, libnvrtc.so.13",
+        "ctypes.util.find_library('nvrtc')",
+    ):
+        assert place in message, (place, message)
+    assert asked == ["libnvrtc.so.12", "libnvrtc.so.13"]
+    for fix in (
+        "pip install nvidia-cuda-nvrtc-cu12",
+        "set SPIO_NVRTC",
+        "CUDA_HOME",
+        "LD_LIBRARY_PATH",
+    ):
+        assert fix in message.split("Looked in")[0], fix
+    with pytest.raises(paths.CudaNotFoundError) as info:
+        paths.find_cuda_include()
+    message = str(info.value)
+    for place in (
+        str(nvidia / "cuda_runtime" / "include"),
+        str(isolated / "toolkit" / "include"),
+        str(isolated / "conda" / "include"),
+        f"{isolated / 'include'} (LD_LIBRARY_PATH)",
+        "dynamic loader",
+    ):
+        assert place in message, (place, message)
+    assert "SPIO_CUDA_INCLUDE" in message and "pip install nvidia-cuda-runtime-cu12" in message
     monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(isolated / "nowhere"))
     with pytest.raises(paths.CudaNotFoundError, match="nowhere"):
         paths.find_cuda_include()
+
+
+def test_ld_library_path_folder_is_searched(no_toolkit, monkeypatch, real_nvrtc):
+    """A libnvrtc only LD_LIBRARY_PATH points at: CDLL("libnvrtc.so.12") loads it, and
+    find_nvrtc raised CudaNotFoundError with an empty "Looked in" list before."""
+    lib = install(no_toolkit / "opt" / "nvrtc", "lib", "include", real=real_nvrtc)
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{no_toolkit / 'empty'}::{lib.parent}")
+    assert paths.find_nvrtc() == lib
+    assert paths.find_cuda_include() == no_toolkit / "opt" / "nvrtc" / "include"
+    assert paths.find_cuda_include(nvrtc=lib) == no_toolkit / "opt" / "nvrtc" / "include"
+    assert paths.find_driver_header_dir() == no_toolkit / "opt" / "nvrtc" / "include"
+
+
+def test_conda_prefix_is_searched(no_toolkit, monkeypatch, real_nvrtc):
+    """conda-forge's layout: $CONDA_PREFIX/lib holds a symlink into targets/x86_64-linux/lib,
+    and the headers are under targets/x86_64-linux/include."""
+    conda = no_toolkit / "conda"
+    target = install(conda, "targets/x86_64-linux/lib", "targets/x86_64-linux/include", real_nvrtc)
+    (conda / "lib").mkdir()
+    (conda / "lib" / "libnvrtc.so.12").symlink_to(target)
+    monkeypatch.setenv("CONDA_PREFIX", str(conda))
+    assert paths.find_nvrtc() == conda / "lib" / "libnvrtc.so.12"
+    include = conda / "targets" / "x86_64-linux" / "include"
+    assert paths.find_cuda_include() == include
+    assert paths.find_cuda_include(nvrtc=paths.find_nvrtc()) == include
+
+
+def test_new_places_come_after_wheels_and_toolkits(isolated, monkeypatch):
+    """Wheels, then CUDA_HOME, then CONDA_PREFIX, then LD_LIBRARY_PATH, then the loader."""
+    loader = isolated / "loader" / "libnvrtc.so.12"
+    loader.parent.mkdir()
+    loader.write_bytes(b"")
+    monkeypatch.setattr(paths, "_dlopen_path", lambda name: loader)
+    assert paths.find_nvrtc() == loader
+    ld = install(isolated / "ld", "lib", "include")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(ld.parent))
+    assert paths.find_nvrtc() == ld
+    conda = install(isolated / "conda", "lib", "include")
+    monkeypatch.setenv("CONDA_PREFIX", str(isolated / "conda"))
+    assert paths.find_nvrtc() == conda
+    home = install(isolated / "toolkit", "lib64", "include")
+    monkeypatch.setenv("CUDA_HOME", str(isolated / "toolkit"))
+    assert paths.find_nvrtc() == home
+    nvidia = make_wheels(isolated, [12])
+    monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
+    assert paths.find_nvrtc() == nvidia / "cuda_nvrtc/lib/libnvrtc.so.12"
+
+
+def test_loader_asks_for_torch_cuda_major_first(no_toolkit, monkeypatch):
+    asked = []
+    monkeypatch.setattr(paths, "_dlopen_path", lambda name: asked.append(name))
+    monkeypatch.setattr(paths, "torch_cuda_major", lambda: 13)
+    with pytest.raises(paths.CudaNotFoundError):
+        paths.find_nvrtc()
+    assert asked == ["libnvrtc.so.13", "libnvrtc.so.12"]
+
+
+def test_find_library_answer_is_loaded_last(no_toolkit, monkeypatch):
+    """An NVRTC of another major that only ldconfig's cache knows, e.g. libnvrtc.so.14."""
+    lib = install(no_toolkit / "usr", "lib/x86_64-linux-gnu", "include", name="libnvrtc.so.14")
+    monkeypatch.setattr(paths, "_find_library", lambda: "libnvrtc.so.14")
+    monkeypatch.setattr(paths, "_dlopen_path", lambda name: lib if name == lib.name else None)
+    assert paths.find_nvrtc() == lib
+    assert paths.find_cuda_include(nvrtc=lib) == no_toolkit / "usr" / "include"
+
+
+def test_headers_come_from_the_nvrtc_installation(isolated, monkeypatch):
+    """With the NVRTC in use named, its own installation's headers come before a toolkit's."""
+    install(isolated / "toolkit", "lib64", "include")
+    monkeypatch.setenv("CUDA_HOME", str(isolated / "toolkit"))
+    distro = install(isolated / "usr", "lib/x86_64-linux-gnu", "include")
+    assert paths.find_cuda_include() == isolated / "toolkit" / "include"
+    assert paths.find_cuda_include(nvrtc=distro) == isolated / "usr" / "include"
+    # A wheel's libnvrtc pairs with the runtime wheel's headers, not cuda_nvrtc/include.
+    nvidia = make_wheels(isolated, [12, 13])
+    wheel = nvidia / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
+    assert paths.includes_beside(wheel)[0] == nvidia / "cuda_runtime" / "include"
+    cu13 = nvidia / "cu13" / "lib" / "libnvrtc.so.13"
+    assert paths.find_cuda_include(nvrtc=cu13) == nvidia / "cu13" / "include"
+    # No headers beside it: the search by CUDA major decides, as before.
+    bare = isolated / "bare" / "lib" / "libnvrtc.so.13"
+    bare.parent.mkdir(parents=True)
+    bare.write_bytes(b"")
+    monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
+    assert paths.find_cuda_include(prefer_major=13, nvrtc=bare) == nvidia / "cu13" / "include"
+    monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(isolated / "toolkit" / "include"))
+    assert paths.find_cuda_include(nvrtc=distro) == isolated / "toolkit" / "include"
+
+
+def test_dlopen_path_names_the_loaded_file(real_nvrtc):
+    assert paths._dlopen_path(str(real_nvrtc)) == real_nvrtc
+    assert paths._dlopen_path("libnvrtc-no-such-library.so.1") is None
+    # The fallback where dlinfo is missing (musl) reads the memory map.
+    assert paths._mapped_path(real_nvrtc.resolve().name) == real_nvrtc.resolve()
+    assert paths._mapped_path("libnvrtc-no-such-library.so.1") is None
+
+
+def test_dynamic_loader_finds_a_library_only_it_knows(tmp_path, real_nvrtc):
+    """A distro package in a folder only the loader searches (here: the LD_LIBRARY_PATH the
+    process started with, removed from os.environ): found by dlopen, its real path resolved
+    from the handle, its headers in /usr/include's stand-in, and NVRTC loads from there."""
+    lib = install(tmp_path / "usr", "lib/x86_64-linux-gnu", "include", real=real_nvrtc)
+    script = textwrap.dedent(
+        """
+        import os
+        os.environ.pop("LD_LIBRARY_PATH")
+        from spio.cuda import nvrtc, paths
+        paths._nvidia_dirs = lambda: []
+        paths._SYSTEM_TOOLKITS = ()
+        paths.torch_cuda_major = lambda: None
+        lib = paths.find_nvrtc()
+        print(lib)
+        print(paths.find_cuda_include(nvrtc=lib))
+        print(paths.find_cuda_include())
+        print(nvrtc.library_path() == lib and nvrtc.version()[0] >= 12)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ISOLATED_VARS}
+    env["LD_LIBRARY_PATH"] = str(lib.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(lib), *[str(tmp_path / "usr" / "include")] * 2, "True"]
 
 
 def test_torch_cuda_major_reads_the_installed_build():
