@@ -109,18 +109,20 @@ def derivative_transform(*tensors: Tensor | None) -> str | None:
     return None
 
 
-def eager_path_applies(*tensors: Tensor | None) -> bool:
-    """Whether a call on `tensors` may take `conv2d_gw8_eager` rather than the custom op: not
-    while torch.compile or torch.jit.trace records (they must see the op), nor inside a
-    torch.func transform (the op's vmap rule batches the call), nor under a TorchDispatchMode
+def eager_path_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether a call may take `conv2d_gw8_eager` rather than the custom op: not while
+    torch.compile or torch.jit.trace records (they must see the op), nor inside a torch.func
+    transform (the op's vmap rule batches the call), nor under a TorchDispatchMode
     (FakeTensorMode, make_fx, FlopCounterMode, ...: the mode must see the op, and fake tensors
-    have no memory to launch on), nor for tensor subclasses."""
+    have no memory to launch on), nor for tensor subclasses. On every module call: kept cheap."""
     return not (
         torch.compiler.is_compiling()
         or torch.jit.is_tracing()
         or _functorch_transform_active()
         or torch._C._len_torch_dispatch_stack() > 0
-        or any(t is not None and type(t) not in _PLAIN for t in tensors)
+        or type(input) not in _PLAIN
+        or type(weight) not in _PLAIN
+        or (bias is not None and type(bias) not in _PLAIN)
     )
 
 

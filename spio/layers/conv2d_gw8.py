@@ -91,6 +91,8 @@ def module_ineligibility(module: nn.Module) -> str | None:
         return reason
     if not isinstance(module._parameters.get("weight"), nn.Parameter):
         return "has a weight that is not a Parameter (e.g. weight_norm)"
+    if "forward" in vars(module):
+        return "has a forward of its own (set on the instance)"
     hooks = sorted(name for name, value in vars(module).items() if "hooks" in name and value)
     if hooks:
         return f"has hooks ({', '.join(hooks)}), which a replacement would drop"

@@ -179,21 +179,24 @@ def test_scan_modules_reads_autocast_dtype():
 
 
 def test_hooks_keep_a_conv_and_attributes_travel():
-    """A conv with hooks of any kind (forward, backward, backward-pre, state_dict) stays an
-    nn.Conv2d, since its replacement would not call them; attributes set on a conv (a tag) are
-    set on its replacement too."""
+    """A conv with hooks of any kind (forward, backward, backward-pre, state_dict) or a forward
+    set on the instance stays an nn.Conv2d, since its replacement would not call them;
+    attributes set on a conv (a tag) are set on its replacement too."""
     hooked = [nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(4)]
     hooked[0].register_forward_pre_hook(lambda m, args: None)
     hooked[1].register_full_backward_pre_hook(lambda m, grad: None)
     hooked[2].register_full_backward_hook(lambda m, gin, gout: None)
     hooked[3]._register_state_dict_hook(lambda m, state, prefix, local: None)
+    own_forward = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    own_forward.forward = lambda x: x  # a replacement carrying it would not run spio
+    hooked.append(own_forward)
     tagged = nn.Conv2d(16, 16, 3, padding=1, groups=2)
     tagged.tag = "last"
     model = transform(nn.Sequential(*hooked, tagged))
-    assert [type(m) for m in model] == [nn.Conv2d] * 4 + [Conv2dGw8]
-    assert model[4].tag == "last"
-    assert type(spio_transform.untransform(model)[4]) is nn.Conv2d and model[4].tag == "last"
-    assert not hasattr(model[4], "_pass_bits")
+    assert [type(m) for m in model] == [nn.Conv2d] * 5 + [Conv2dGw8]
+    assert model[5].tag == "last"
+    assert type(spio_transform.untransform(model)[5]) is nn.Conv2d and model[5].tag == "last"
+    assert not hasattr(model[5], "_pass_bits")
 
 
 def test_include_answers_are_checked_before_the_model_changes():
