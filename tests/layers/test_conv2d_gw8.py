@@ -519,8 +519,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from spio.layers import make_conv2d
 
-layer = make_conv2d(16, 16, 3, padding=1, groups=2).half()
-x = torch.randn(2, 16, 6, 5).half()
+device = DEVICE
+layer = make_conv2d(16, 16, 3, padding=1, groups=2).half().to(device)
+x = torch.randn(2, 16, 6, 5).half().to(device)
 op = torch.ops.spio.conv2d_gw8.default
 params = dict(layer.named_parameters())
 
@@ -555,13 +556,14 @@ print("ok")
 """
 
 
-def test_dispatch_modes_see_the_op():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_dispatch_modes_see_the_op(device):
     """Under a TorchDispatchMode (make_fx, FakeTensorMode, a user's mode) the layer calls
     spio's op, in the emulator as on a GPU. The eager kernel path used to launch on fake
     tensors (a segfault in the emulator) and to leave the op out of make_fx's graph. A fresh
     interpreter, so that a crash fails this test only."""
     out = subprocess.run(
-        [sys.executable, "-c", _DISPATCH_MODES],
+        [sys.executable, "-c", _DISPATCH_MODES.replace("DEVICE", repr(device))],
         capture_output=True,
         text=True,
         timeout=300,
