@@ -74,6 +74,33 @@ def _span(t: Any) -> tuple[int, int]:
     return t.data_ptr() + lo * t.element_size(), t.data_ptr() + (hi + 1) * t.element_size()
 
 
+def _byte_view(t: Any, lo: int, nbytes: int) -> Any:
+    """The `nbytes` bytes of t's storage from address `lo`, as a flat uint8 tensor."""
+    import torch
+
+    storage = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8).set_(storage, lo - storage.data_ptr(), (nbytes,), (1,))
+
+
+def _guarded_copy(t: Any, lo: int, hi: int) -> tuple[Any, Any, Any]:
+    """A copy of tensor t, whose elements fill the bytes [lo, hi), between unregistered guard zones.
+
+    The copy keeps t's shape and strides (contiguous, channels_last or any other dense layout)
+    and its address modulo 64. Returns the copy and the byte views of t's and the copy's span.
+    """
+    import torch
+
+    nbytes = hi - lo
+    buf = torch.empty(nbytes + 2 * _REDZONE + 128, dtype=torch.uint8)
+    start = (-buf.data_ptr()) % 64 + _REDZONE + lo % 64
+    original = _byte_view(t, lo, nbytes)
+    span = buf[start : start + nbytes]
+    span.copy_(original)
+    flat = span.view(t.dtype)
+    offset = flat.storage_offset() + (t.data_ptr() - lo) // t.element_size()
+    return torch.as_strided(flat, t.shape, t.stride(), offset), original, span
+
+
 def _int_range(kind: str) -> tuple[int, int]:
     bits = 8 * int(kind[1])
     if kind[0] == "u":
@@ -108,7 +135,7 @@ class EmuFunction:
         spans = {i: _span(t) for i, t in tensors}
         slots: list[int] = []
         ranges: list[tuple[int, int]] = []
-        copies: list[tuple[Any, Any]] = []
+        copies: list[tuple[Any, Any, Any, Any]] = []
         for i, (kind, arg) in enumerate(zip(kinds, args, strict=False)):
             where = f"argument {i} of kernel {self.name}"
             if kind == "p":
@@ -121,16 +148,14 @@ class EmuFunction:
                     raise ValueError(f"{where} must be a CPU tensor, got one on {arg.device}")
                 lo, hi = spans[i]
                 overlaps = any(j != i and spans[j][0] < hi and lo < spans[j][1] for j, _ in tensors)
-                if check and arg.is_contiguous() and not overlaps and arg.numel() > 0:
-                    nbytes = hi - lo
-                    buf = torch.empty(nbytes + 2 * _REDZONE + 128, dtype=torch.uint8)
-                    # Keep the original's alignment (mod 64) so misaligned tensors stay misaligned.
-                    start = (-buf.data_ptr()) % 64 + _REDZONE + arg.data_ptr() % 64
-                    view = buf[start : start + nbytes].view(arg.dtype).view(arg.shape)
-                    view.copy_(arg)
-                    copies.append((arg, view))
-                    lo, hi = view.data_ptr(), view.data_ptr() + nbytes
-                    slots.append(view.data_ptr())
+                # Dense: the elements fill their span (contiguous, channels_last, any permutation).
+                dense = hi - lo == arg.numel() * arg.element_size()
+                if check and dense and not overlaps and arg.numel() > 0:
+                    copy, original_bytes, copy_bytes = _guarded_copy(arg, lo, hi)
+                    copies.append((arg, copy, original_bytes, copy_bytes))
+                    moved = copy.data_ptr() - arg.data_ptr()
+                    lo, hi = lo + moved, hi + moved
+                    slots.append(copy.data_ptr())
                 else:
                     slots.append(arg.data_ptr())
                 ranges.append((lo, hi))
@@ -163,6 +188,8 @@ class EmuFunction:
         seed: int | None = None,
     ) -> None:
         """Run the kernel on CPU tensors; raises EmulatorError for a hazard (check=True)."""
+        import torch
+
         grid3 = _dims(grid, "grid", _MAX_GRID)
         block3 = _dims(block, "block", _MAX_BLOCK)
         threads = math.prod(block3)
@@ -206,21 +233,12 @@ class EmuFunction:
             message = loaded.handle.spio_emu_last_error
             message.restype = ctypes.c_char_p
             error = message().decode(errors="replace") if rc != 0 else ""
-        for original, copy in copies:
-            if not _same_bits(original, copy):  # copying back read-only inputs would bump
-                original.copy_(copy)  # their autograd version counters
+        for original, copy, original_bytes, copy_bytes in copies:
+            # Copying back read-only inputs would bump their autograd version counters.
+            if not torch.equal(original_bytes, copy_bytes):
+                original.copy_(copy)
         if rc != 0:
             raise EmulatorError(error or f"emulated launch of {self.name} failed (code {rc})")
-
-
-def _same_bits(a: Any, b: Any) -> bool:
-    """True when tensors a and b hold identical bytes (NaNs included)."""
-    import torch
-
-    try:
-        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-    except RuntimeError:  # a layout that cannot be viewed as bytes
-        return torch.equal(a, b)
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,12 @@ extern "C" __global__ void atomic_scatter(float *out, const int *index, const fl
     if (i < n) atomicAdd(&out[index[i]], value[i]);
 }
 
+/// Each thread takes the next ticket of a global counter: the tickets give the order in which the
+/// threads ran.
+extern "C" __global__ void ticket(unsigned *order, unsigned *counter) {
+    order[blockIdx.x * blockDim.x + threadIdx.x] = atomicAdd(counter, 1u);
+}
+
 extern "C" __global__ void dynamic_shared(float *out, const float *in, int n) {
     extern __shared__ __align__(16) float dyn[];
     const int i = threadIdx.x;
@@ -203,6 +209,78 @@ extern "C" __global__ void early_exit(int *out, int leave) {
     if (leave && lane < 16) return;
     out[lane] = __shfl_xor_sync(0xffffffffu, lane, 1);
 }
+
+/// out[i] = x[i + shift] + y[i] for i < n: shift 1 reads one element past the end of x.
+extern "C" __global__ void read_ahead(float *out, const float *x, const float *y, int n,
+                                      int shift) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i + shift] + y[i];
+}
+
+/// Thread i reads chunk i + 1 of a cp.async-filled buffer, then refills its own chunk i by
+/// cp.async: thread i - 1 may still have to read it unless `fixed` puts a barrier in between
+/// (the refill's wait comes after a barrier either way).
+extern "C" __global__ void refill(float *out, const float *in, int fixed) {
+    __shared__ __align__(16) float s[64 * 4];
+    const int i = threadIdx.x;
+    spio::cp_async_16(&s[4 * i], in + 4 * i, 16);
+    spio::cp_async_wait_all();
+    __syncthreads();
+    const float v = i < 63 ? s[4 * (i + 1)] : 0.f;
+    if (fixed) __syncthreads();
+    spio::cp_async_16(&s[4 * i], in + 256 + 4 * i, 16);
+    spio::cp_async_commit_group();
+    __syncthreads();
+    spio::cp_async_wait_all();
+    out[i] = v + s[4 * i];
+}
+
+/// out[0] = the sum of in[0..127]: thread 0 adds them up (`fixed` 1), or every thread adds its
+/// own to the shared total with a plain read-modify-write (a lost update).
+extern "C" __global__ void shared_sum(float *out, const float *in, int fixed) {
+    __shared__ float total;
+    __shared__ float s[128];
+    const int i = threadIdx.x;
+    s[i] = in[i];
+    if (i == 0) total = 0.f;
+    __syncthreads();
+    if (!fixed) {
+        total += s[i];
+    } else if (i == 0) {
+        for (int k = 0; k < 128; ++k) total += s[k];
+    }
+    __syncthreads();
+    if (i == 0) out[0] = total;
+}
+
+/// Lanes 0..15 write; then the whole warp syncs (`full` 1), or each half only itself (`full` 0,
+/// a race); lanes 16..31 read what lanes 0..15 wrote.
+extern "C" __global__ void half_syncwarp(int *out, int full) {
+    __shared__ int s[32];
+    const int lane = threadIdx.x;
+    if (lane < 16) s[lane] = lane + 100;
+    if (full) {
+        __syncwarp();
+    } else if (lane < 16) {
+        __syncwarp(0x0000ffffu);
+    } else {
+        __syncwarp(0xffff0000u);
+    }
+    out[lane] = lane >= 16 ? s[lane - 16] : 0;
+}
+
+/// Each half of the warp works on its own mask: a __syncwarp, a shuffle and a ballot. `bad` 1:
+/// the upper half names the whole warp in its __syncwarp, which the lower half never joins.
+extern "C" __global__ void warp_halves(unsigned *out, int bad) {
+    __shared__ unsigned s[32];
+    const int lane = threadIdx.x;
+    const unsigned mask = lane < 16 ? 0x0000ffffu : 0xffff0000u;
+    s[lane] = lane;
+    __syncwarp(bad && lane >= 16 ? 0xffffffffu : mask);
+    out[3 * lane] = s[lane ^ 1];
+    out[3 * lane + 1] = __shfl_xor_sync(mask, lane, 2);
+    out[3 * lane + 2] = __ballot_sync(mask, lane & 1);
+}
 """
 
 SHARED_OOB = r"""
@@ -222,6 +300,56 @@ extern "C" __global__ void dynamic_index(float *out, const float *in, int shift)
     d[i + shift] = in[i];
     __syncthreads();
     out[i] = d[i];
+}
+"""
+
+GLOBAL_RACES = r"""
+/// Thread 0 of block b stores in[b] + in[0] to out[b]; `bug` 1: every block stores to out[0].
+extern "C" __global__ void store_per_block(float *out, const float *in, int bug) {
+    if (threadIdx.x == 0) out[bug ? 0 : blockIdx.x] = in[blockIdx.x] + in[0];
+}
+
+/// Block b stores in[b] plus the previous element: in[b - 1], or (`bug` 1) out[b - 1], which
+/// block b - 1 stores in the same launch.
+extern "C" __global__ void prefix_step(float *out, const float *in, int bug) {
+    const int b = blockIdx.x;
+    if (threadIdx.x == 0) out[b] = in[b] + (b == 0 ? 0.f : bug ? out[b - 1] : in[b - 1]);
+}
+
+/// Block b stores element b + 1 to x[b]: from a copy y, or (`bug` 1) from x itself, which block
+/// b + 1 overwrites in the same launch.
+extern "C" __global__ void shift_down(float *x, const float *y, int n, int bug) {
+    const int b = blockIdx.x;
+    if (threadIdx.x == 0 && b + 1 < n) x[b] = bug ? x[b + 1] : y[b + 1];
+}
+
+/// Every block adds 1 to total[0] without an atomic (a lost update on a GPU).
+extern "C" __global__ void add_one(float *total) {
+    if (threadIdx.x == 0) total[0] += 1.0f;
+}
+
+/// Every thread counts itself into counts[0] atomically. `bug` 1: the last block's thread 0 also
+/// reads the count with a plain load; `bug` 2: block 0's thread 0 first sets it with a plain store.
+extern "C" __global__ void count_threads(unsigned *counts, int bug) {
+    if (bug == 2 && blockIdx.x == 0 && threadIdx.x == 0) counts[0] = 0;
+    __syncthreads();
+    atomicAdd(&counts[0], 1u);
+    __syncthreads();
+    if (bug == 1 && blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) counts[1] = counts[0];
+}
+
+/// Thread 0 of block b stores b to out[index + b], or (`collide` 1) every block to out[index].
+extern "C" __global__ void store_at(float *out, int index, int collide) {
+    if (threadIdx.x == 0) out[index + (collide ? 0 : blockIdx.x)] = float(blockIdx.x);
+}
+
+/// Thread i stores i to buf[i], then reads its neighbour's element: after a __syncthreads
+/// (`fixed` 1), or racing with the neighbour's store.
+extern "C" __global__ void global_neighbour(float *out, float *buf, int fixed) {
+    const int i = threadIdx.x;
+    buf[i] = float(i);
+    if (fixed) __syncthreads();
+    out[i] = buf[(i + 1) % blockDim.x];
 }
 """
 
@@ -260,9 +388,64 @@ extern "C" __global__ void bulk_rows(float *out, const float *in, int rows, int 
         }
     }
 }
+
+/// The last thread fills buf through bar[0]; every thread waits and reads it; the last thread then
+/// refills it through bar[1], after a __syncthreads (`fixed` 1) or while the others may still be
+/// reading (`fixed` 0). out[i] = in[(i * 5) % 64] + in[64 + i].
+extern "C" __global__ void bulk_refill(float *out, const float *in, int fixed) {
+    __shared__ __align__(16) float buf[64];
+    __shared__ __align__(8) unsigned long long bar[2];
+    const int i = threadIdx.x, last = blockDim.x - 1;
+    if (i == 0) {
+        spio::mbarrier_init(&bar[0], 1);
+        spio::mbarrier_init(&bar[1], 1);
+        spio::fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (i == last) {
+        spio::mbarrier_arrive_expect_tx(&bar[0], 256);
+        spio::cp_async_bulk_g2s(buf, in, 256, &bar[0]);
+    }
+    __syncthreads();
+    spio::mbarrier_wait_parity(&bar[0], 0);
+    const float v = buf[(i * 5) % 64];
+    if (fixed) __syncthreads();
+    if (i == last) {
+        spio::fence_proxy_async_shared();
+        spio::mbarrier_arrive_expect_tx(&bar[1], 256);
+        spio::cp_async_bulk_g2s(buf, in + 64, 256, &bar[1]);
+    }
+    spio::mbarrier_wait_parity(&bar[1], 0);
+    out[i] = v + buf[i];
+}
+
+/// Only thread 0 waits for the bulk copy; the others read the data with no wait of their own,
+/// after a __syncthreads (`fixed` 1) or with nothing in between (`fixed` 0).
+extern "C" __global__ void bulk_one_waiter(float *out, const float *in, int fixed) {
+    __shared__ __align__(16) float buf[64];
+    __shared__ __align__(8) unsigned long long bar;
+    const int i = threadIdx.x;
+    if (i == 0) {
+        spio::mbarrier_init(&bar, 1);
+        spio::fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (i == 0) {
+        spio::mbarrier_arrive_expect_tx(&bar, 256);
+        spio::cp_async_bulk_g2s(buf, in, 256, &bar);
+        spio::mbarrier_wait_parity(&bar, 0);
+    }
+    if (fixed) __syncthreads();
+    out[i] = buf[(i * 5) % 64];
+}
 """
 
-SOURCES = {"primitives": PRIMITIVES, "hazards": HAZARDS, "shared_oob": SHARED_OOB}
+SOURCES = {
+    "primitives": PRIMITIVES,
+    "hazards": HAZARDS,
+    "shared_oob": SHARED_OOB,
+    "global_races": GLOBAL_RACES,
+}
 
 
 @pytest.fixture(scope="session")
@@ -289,6 +472,13 @@ def bulk():
     from spio.emulator import load_module
 
     return load_module(BULK, name="emu_test_bulk")
+
+
+@pytest.fixture(scope="session")
+def global_races():
+    from spio.emulator import load_module
+
+    return load_module(GLOBAL_RACES, name="emu_test_global_races")
 
 
 @pytest.fixture(scope="session")

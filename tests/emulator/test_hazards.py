@@ -89,6 +89,17 @@ def test_lanes_exiting_before_a_warp_collective(hazards):
     assert out.tolist() == [lane ^ 1 for lane in range(32)]
 
 
+def test_read_modify_write_race_reports_its_write(hazards):
+    """`total += v` by every thread: the store after the load is checked too (the checked build
+    used to drop it, so the lost update went unreported)."""
+    with pytest.raises(EmulatorError, match=r"race: reads .* which thread \(0,0,0\) wrote"):
+        hazards.get_function("shared_sum").launch(1, 128, (torch.zeros(1), torch.randn(128), 0))
+    x = torch.randn(128)
+    out = torch.zeros(1)
+    hazards.get_function("shared_sum").launch(1, 128, (out, x, 1))
+    torch.testing.assert_close(out.double(), x.double().sum().view(1), rtol=1e-5, atol=1e-5)
+
+
 def test_unchecked_run_skips_checks(hazards):
     x = torch.randn(128)
     out = torch.zeros(128)
@@ -137,3 +148,244 @@ def test_emulator_order_seed(monkeypatch):
     monkeypatch.setenv("SPIO_EMULATOR_ORDER_SEED", "seven")
     with pytest.raises(ValueError, match="ORDER_SEED must be an integer, got 'seven'"):
         K._emulator_order_seed()
+
+
+# Checked launches copy every tensor whose bytes are dense (contiguous, channels_last, any
+# permutation) into a buffer with unregistered guard zones, so an access just past its end is
+# reported even when the next tensor starts right there.
+
+
+def _side_by_side_nhwc(shape=(2, 8, 3, 5)):
+    """A buffer holding two channels_last tensors of `shape`, the second right after the first."""
+    n, c, h, w = shape
+    numel = n * c * h * w
+    buf = torch.randn(2 * numel)
+    strides = (h * w * c, 1, w * c, c)
+    first = torch.as_strided(buf, shape, strides, 0)
+    second = torch.as_strided(buf, shape, strides, numel)
+    assert first.is_contiguous(memory_format=torch.channels_last) and not first.is_contiguous()
+    return buf, first, second
+
+
+def test_read_past_a_channels_last_tensor_is_out_of_bounds(hazards):
+    _, x, y = _side_by_side_nhwc()
+    out = torch.zeros_like(x)
+    with pytest.raises(EmulatorError, match="out-of-bounds global-memory access: reads"):
+        hazards.get_function("read_ahead").launch(2, 128, (out, x, y, x.numel(), 1))
+
+
+def test_write_past_a_channels_last_tensor_is_out_of_bounds(hazards):
+    _, out, x = _side_by_side_nhwc()
+    before = x.clone()
+    with pytest.raises(EmulatorError, match="out-of-bounds global-memory access: writes"):
+        hazards.get_function("shifted_write").launch(2, 128, (out, x, out.numel(), 1))
+    assert torch.equal(x, before)  # the stray store hit the guard zone, not the next tensor
+
+
+def test_channels_last_tensors_in_bounds_pass_and_copy_back(hazards):
+    _, x, y = _side_by_side_nhwc()
+    out = torch.full(x.shape, float("nan")).to(memory_format=torch.channels_last)
+    hazards.get_function("read_ahead").launch(2, 128, (out, x, y, x.numel(), 0))
+    assert out.stride() == x.stride() and torch.equal(out, x + y)
+
+
+def test_unchanged_channels_last_inputs_are_not_copied_back(hazards):
+    """Inputs holding NaNs compare equal bit for bit: no copy back, no autograd version bump."""
+    _, x, y = _side_by_side_nhwc()
+    x[0, 0, 0, 0] = float("nan")
+    version = x._version
+    out = torch.zeros_like(x)
+    hazards.get_function("read_ahead").launch(2, 128, (out, x, y, x.numel(), 0))
+    assert x._version == version and torch.isnan(out[0, 0, 0, 0])
+
+
+# A cp.async or bulk copy may write its destination any time after it is issued: reads of those
+# bytes by other threads earlier in the same barrier epoch race with it, even when the wait that
+# completes the copy comes after a __syncthreads.
+
+
+def test_cp_async_refill_before_the_readers_barrier_is_a_race(hazards):
+    with pytest.raises(
+        EmulatorError, match=r"race: cp_async_16 writes .* which thread \(0,0,0\) read"
+    ):
+        hazards.get_function("refill").launch(1, 64, (torch.zeros(64), torch.randn(512), 0))
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_cp_async_refill_after_a_barrier_passes(hazards, seed):
+    x = torch.randn(512)
+    out = torch.zeros(64)
+    hazards.get_function("refill").launch(1, 64, (out, x, 1), seed=seed)
+    ahead = torch.cat([x[4:256:4], torch.zeros(1)])
+    assert torch.equal(out, ahead + x[256::4])
+
+
+def test_bulk_refill_before_the_readers_barrier_is_a_race(bulk):
+    with pytest.raises(EmulatorError, match=r"race: cp_async_bulk_g2s writes .* read"):
+        bulk.get_function("bulk_refill").launch(1, 64, (torch.zeros(64), torch.randn(128), 0))
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_bulk_refill_after_a_barrier_passes(bulk, seed):
+    x = torch.randn(128)
+    out = torch.zeros(64)
+    bulk.get_function("bulk_refill").launch(1, 64, (out, x, 1), seed=seed)
+    assert torch.equal(out, x[(torch.arange(64) * 5) % 64] + x[64:])
+
+
+# Data a bulk copy lands is visible to the threads that waited on its mbarrier phase, and to the
+# others only after a __syncthreads.
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_reading_bulk_data_without_waiting_is_reported(bulk, seed):
+    with pytest.raises(EmulatorError, match="bulk cop|race|destination of an async copy"):
+        bulk.get_function("bulk_one_waiter").launch(
+            1, 64, (torch.zeros(64), torch.randn(64), 0), seed=seed
+        )
+
+
+@pytest.mark.parametrize("seed", [None, 1])
+def test_bulk_data_passed_on_by_a_barrier_passes(bulk, seed):
+    x = torch.randn(64)
+    out = torch.zeros(64)
+    bulk.get_function("bulk_one_waiter").launch(1, 64, (out, x, 1), seed=seed)
+    assert torch.equal(out, x[(torch.arange(64) * 5) % 64])
+
+
+# __syncwarp(mask) orders memory only among the lanes in mask, and the halves of a diverged warp
+# may run collectives on disjoint masks at the same time.
+
+
+def test_syncwarp_of_each_half_does_not_order_the_other_half(hazards):
+    out = torch.zeros(32, dtype=torch.int32)
+    with pytest.raises(EmulatorError, match=r"race: reads .* which thread \(15,0,0\) wrote"):
+        hazards.get_function("half_syncwarp").launch(1, 32, (out, 0))
+
+
+def test_full_syncwarp_orders_the_halves(hazards):
+    out = torch.zeros(32, dtype=torch.int32)
+    hazards.get_function("half_syncwarp").launch(1, 32, (out, 1))
+    assert out.tolist() == [0] * 16 + [lane + 100 for lane in range(16)]
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2, 3, 4])
+def test_collectives_on_disjoint_masks_pass(hazards, seed):
+    out = torch.zeros(32, 3, dtype=torch.int32)
+    hazards.get_function("warp_halves").launch(1, 32, (out, 0), seed=seed)
+    got = out.to(torch.int64) & 0xFFFFFFFF
+    for lane in range(32):
+        ballot = 0x0000AAAA if lane < 16 else 0xAAAA0000
+        assert got[lane].tolist() == [lane ^ 1, lane ^ 2, ballot], f"lane {lane}"
+
+
+def test_collectives_on_overlapping_masks_are_divergent(hazards):
+    out = torch.zeros(32, 3, dtype=torch.int32)
+    with pytest.raises(EmulatorError, match="divergent warp collectives"):
+        hazards.get_function("warp_halves").launch(1, 32, (out, 1))
+
+
+# Global memory: blocks run one after another in the emulator, so a kernel whose blocks share
+# bytes gives the right answer there and a race on a GPU. Checked launches report a block storing
+# to bytes another block stored to or loaded in the same launch, a block loading bytes another
+# block stored to, plain accesses mixed with atomics, and races between a block's threads.
+
+
+def test_two_blocks_storing_the_same_bytes_race(global_races):
+    x = torch.randn(4)
+    with pytest.raises(
+        EmulatorError, match=r"global-memory race: writes .* of block \(0,0,0\) wrote"
+    ) as info:
+        global_races.get_function("store_per_block").launch(4, 32, (torch.zeros(4), x, 1))
+    assert "block (1,0,0), thread (0,0,0)" in str(info.value)
+
+
+def test_loading_what_another_block_stored_races(global_races):
+    with pytest.raises(
+        EmulatorError, match=r"global-memory race: reads .* of block \(0,0,0\) wrote"
+    ):
+        global_races.get_function("prefix_step").launch(4, 32, (torch.zeros(4), torch.randn(4), 1))
+
+
+def test_storing_what_another_block_loaded_races(global_races):
+    with pytest.raises(
+        EmulatorError, match=r"global-memory race: writes .* of block \(0,0,0\) read"
+    ):
+        global_races.get_function("shift_down").launch(
+            4, 32, (torch.randn(4), torch.randn(4), 4, 1)
+        )
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_a_lost_update_across_blocks_races(global_races, seed):
+    with pytest.raises(EmulatorError, match="global-memory race"):
+        global_races.get_function("add_one").launch(4, 1, (torch.zeros(1),), seed=seed)
+
+
+@pytest.mark.parametrize("bug", [1, 2])
+@pytest.mark.parametrize("seed", [None, 5])
+def test_plain_accesses_mixed_with_atomics_race(global_races, bug, seed):
+    counts = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(EmulatorError, match="global-memory race: .*atomic"):
+        global_races.get_function("count_threads").launch(3, 64, (counts, bug), seed=seed)
+
+
+def test_threads_of_a_block_racing_on_global_memory(global_races):
+    with pytest.raises(
+        EmulatorError, match=r"global-memory race: writes .* which thread \(0,0,0\) read"
+    ):
+        global_races.get_function("global_neighbour").launch(
+            1, 64, (torch.zeros(64), torch.zeros(64), 0)
+        )
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_blocks_sharing_nothing_pass(global_races, seed):
+    """Disjoint stores, many blocks loading the same never-stored bytes, atomics among
+    themselves and barrier-ordered threads are not races."""
+    x = torch.randn(4)
+    out = torch.zeros(4)
+    global_races.get_function("store_per_block").launch(4, 32, (out, x, 0), seed=seed)
+    assert torch.equal(out, x + x[0])
+    global_races.get_function("prefix_step").launch(4, 32, (out, x, 0), seed=seed)
+    assert torch.equal(out, x + torch.cat([torch.zeros(1), x[:-1]]))
+    y = torch.randn(4)
+    xs = torch.randn(4)
+    want = torch.cat([y[1:], xs[3:]])
+    global_races.get_function("shift_down").launch(4, 32, (xs, y, 4, 0), seed=seed)
+    assert torch.equal(xs, want)
+    counts = torch.zeros(2, dtype=torch.int32)
+    global_races.get_function("count_threads").launch(3, 64, (counts, 0), seed=seed)
+    assert counts.tolist() == [192, 0]
+    out64 = torch.zeros(64)
+    global_races.get_function("global_neighbour").launch(1, 64, (out64, torch.zeros(64), 1))
+    assert torch.equal(out64, torch.arange(64).roll(-1).float())
+
+
+def test_aliased_arguments_share_one_record(global_races):
+    """The same tensor as input and output: block b loads x[b - 1], which block b - 1 stored."""
+    x = torch.randn(4)
+    with pytest.raises(
+        EmulatorError, match=r"global-memory race: reads .* of block \(0,0,0\) wrote"
+    ):
+        global_races.get_function("prefix_step").launch(4, 32, (x, x, 0))
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_races_far_into_a_large_tensor(global_races, seed):
+    """Bytes past the first 64 KiB of a tensor (the record is kept in chunks made on first use)."""
+    out = torch.zeros(20000)
+    with pytest.raises(EmulatorError, match="global-memory race: writes"):
+        global_races.get_function("store_at").launch(3, 32, (out, 17000, 1), seed=seed)
+    out = torch.zeros(20000)
+    global_races.get_function("store_at").launch(3, 32, (out, 19997, 0), seed=seed)
+    assert out[19997:].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_second_launch_starts_with_a_clean_record(global_races):
+    """Stores of one launch are no race with loads of the next."""
+    x = torch.randn(4)
+    out = torch.zeros(4)
+    fn = global_races.get_function("prefix_step")
+    fn.launch(4, 32, (out, x, 0))
+    fn.launch(4, 32, (torch.zeros(4), out, 0))

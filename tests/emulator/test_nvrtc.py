@@ -7,7 +7,7 @@ import spio
 
 
 @pytest.mark.parametrize("arch", spio.supported_arch)
-@pytest.mark.parametrize("which", ["primitives", "hazards", "shared_oob", "bench"])
+@pytest.mark.parametrize("which", ["primitives", "hazards", "shared_oob", "global_races", "bench"])
 def test_test_kernels_compile_with_nvrtc(emu_sources, bench_source, arch, which):
     compiler = pytest.importorskip("spio.compiler")
     try:

@@ -94,6 +94,10 @@ def test_cp_async_stale_read_is_reported_when_checked(prims):
 
 
 def _shfl_src(lane: int, mode: str, b: int, width: int) -> int:
+    """The lane a shuffle reads, by the PTX ISA's shfl.sync: b counts modulo 32, a source past the
+    end of the lane's segment (or before its start, for up) gives the lane its own value; an xor
+    may reach into an earlier segment, never a later one."""
+    b %= 32
     base = lane - lane % width
     if mode == "idx":
         return base + b % width
@@ -101,10 +105,14 @@ def _shfl_src(lane: int, mode: str, b: int, width: int) -> int:
         return lane - b if lane % width >= b else lane
     if mode == "down":
         return lane + b if lane % width + b < width else lane
-    return lane ^ b if (lane ^ b) // width == lane // width else lane
+    return lane ^ b if lane ^ b < base + width else lane
 
 
-@pytest.mark.parametrize("width,delta", [(32, 1), (32, 5), (16, 3), (8, 2), (4, 1)])
+@pytest.mark.parametrize(
+    "width,delta",
+    [(32, 1), (32, 5), (16, 3), (8, 2), (4, 1), (16, 16), (8, 12), (4, 6), (2, 3), (1, 1)]
+    + [(32, 33), (16, 37)],
+)
 def test_shuffles(prims, width, delta):
     vals = torch.randint(-1000, 1000, (32,), dtype=torch.int32)
     out = torch.zeros(32, 4, dtype=torch.int32)
@@ -142,6 +150,31 @@ def test_dynamic_shared_memory(prims):
     out = torch.zeros(96)
     prims.get_function("dynamic_shared").launch(1, 96, (out, x, 96), shared_mem_bytes=96 * 4)
     torch.testing.assert_close(out, (x * 2).flip(0))
+
+
+def _ticket_order(prims, seed, grid=8, block=64):
+    order = torch.full((grid * block,), -1, dtype=torch.int32)
+    counter = torch.zeros(1, dtype=torch.int32)
+    prims.get_function("ticket").launch(grid, block, (order, counter), check=False, seed=seed)
+    assert sorted(order.tolist()) == list(range(grid * block))
+    return order
+
+
+def test_seed_shuffles_block_and_thread_order_reproducibly(prims):
+    """Without a seed blocks and threads run in index order; a seed gives another order of both,
+    the same on every launch with that seed, and another seed yet another."""
+    assert _ticket_order(prims, None).tolist() == list(range(8 * 64))
+    first = _ticket_order(prims, 1)
+    assert torch.equal(first, _ticket_order(prims, 1))
+    assert not torch.equal(first, _ticket_order(prims, 2))
+    per_block = first.view(8, 64)
+    block_order = per_block.min(dim=1).values.argsort()
+    assert block_order.tolist() != list(range(8))  # blocks out of index order
+    # Blocks run whole, one at a time; the threads of each ran out of index order.
+    assert torch.equal(
+        per_block.max(dim=1).values - per_block.min(dim=1).values, torch.full((8,), 63)
+    )
+    assert all(row.tolist() != sorted(row.tolist()) for row in per_block)
 
 
 def test_thread_order_shuffle_gives_same_result(prims):

@@ -3,10 +3,10 @@
 /// checks.
 ///
 /// This file is compiled without instrumentation and linked first into every emulator library.
-/// In checked libraries the kernel object is compiled with GCC's -fsanitize=kernel-address and
-/// calls __asan_{load,store}*_noabort before every memory access; those callbacks (at the end of
-/// this file) classify the address (fiber stack, shared arena, registered tensor, library data)
-/// and run the race and cp.async checks on shared memory.
+/// In checked libraries the kernel object is compiled with GCC's -fsanitize=thread and calls
+/// __tsan_{read,write}* before every memory access; those callbacks (at the end of this file)
+/// classify the address (fiber stack, shared arena, registered tensor, library data) and run the
+/// race and cp.async checks on shared memory and the race checks on global memory.
 ///
 /// Blocks run one at a time on the calling host thread; Python serialises launches per library.
 
@@ -60,6 +60,11 @@ constexpr std::size_t kGuardBytes = 4096;
 constexpr std::size_t kMaxDynamicShared = 227 * 1024;
 constexpr std::size_t kDynGuard = 256;
 constexpr uint16_t kMany = 0xffff;
+constexpr uint16_t kTidMask = 0x7ff;
+constexpr uint16_t kGlobalMany = 0x7ff;
+constexpr uint16_t kWarpMany = 0x400;
+constexpr uint16_t kOtherBlocks = 0x8000;
+constexpr unsigned kGChunkBits = 16;
 
 enum class State { kRunnable, kBlockWait, kWarpWait, kDone };
 enum class Op { kNone, kSyncwarp, kShfl, kBallot, kMma, kLdmatrix };
@@ -80,13 +85,25 @@ struct BulkCopy {
 };
 
 /// An mbarrier: arrivals still expected in the current phase, bytes announced and not yet
-/// landed (tx), the current phase's parity, and the phase's bulk copies.
+/// landed (tx), the current phase's parity, and the phase's bulk copies. `completed` counts the
+/// phases completed since mbarrier_init; seen[tid] is how many of them thread tid has seen
+/// complete (a wait that returned true), which decides whether it may touch their data.
 struct MBarrier {
     unsigned expected = 0;
     unsigned pending = 0;
     long long tx = 0;
     unsigned phase = 0;
     std::vector<BulkCopy> copies;
+    uint32_t completed = 0;
+    std::vector<uint32_t> seen;
+};
+
+/// Bulk copies that landed in the running block: the mbarrier and the phase they completed with.
+/// Shadow::bulk names one of these while the landed bytes are the last write of their epoch.
+struct Landing {
+    const MBarrier *bar;
+    uintptr_t bar_addr;
+    uint32_t phase;
 };
 
 struct Fiber {
@@ -105,28 +122,67 @@ struct Fiber {
     std::vector<PendingCopy> pending;
 };
 
-struct Warp {
-    uint32_t existing = 0;  ///< lanes that exist (the last warp may be partial)
-    uint32_t arrived = 0;
+/// One warp collective in progress: the lanes it waits for (its mask), those that have arrived.
+/// Lanes of a diverged warp may run collectives on disjoint masks at the same time.
+struct Group {
     uint32_t expected = 0;
-    uint32_t exited = 0;
+    uint32_t arrived = 0;
     Op op = Op::kNone;
     int sub = 0;  ///< op detail: mma kind, ldmatrix count/trans, shuffle mode
-    unsigned gen = 0;
-    uint32_t sync_epoch = 0;
-    uint32_t in[2][32][10];
-    int arg[2][32];
-    int arg2[2][32];
-    const void *ptr[2][32];
-    uint64_t val[2][32];
-    uint32_t out[2][32][4];
 };
 
-/// Race-detection state of one shared-memory byte.
+/// A warp: its lanes, its collectives in progress, the lanes' deposits and results (indexed by
+/// lane: a lane is in one collective at a time, and reads its result before it joins the next),
+/// and which lanes each __syncwarp ordered: synced[a][b] is the sync generation (sync_gen) of
+/// the last __syncwarp that lanes a and b both took part in.
+struct Warp {
+    uint32_t existing = 0;  ///< lanes that exist (the last warp may be partial)
+    uint32_t exited = 0;
+    uint32_t active = 0;  ///< groups[i] is in progress when bit i is set
+    Group groups[32];
+    uint32_t sync_gen = 0;
+    uint32_t synced[32][32] = {};
+    uint32_t in[32][10];
+    int arg[32];
+    int arg2[32];
+    const void *ptr[32];
+    uint64_t val[32];
+    uint32_t out[32][4];
+};
+
+/// Race-detection state of one shared-memory byte: the last write (epoch, thread, its warp's
+/// sync generation) and the reads of the last epoch with reads (their threads; kMany for
+/// several, with r_warp and r_lanes when they were all in one warp). `bulk` is 1 + an index into
+/// Runtime::landings when the last write is a bulk copy landing, async_tid 1 + the thread whose
+/// async copy to the byte is still in flight.
 struct Shadow {
     uint32_t w_epoch, r_epoch;
     uint32_t w_wep, r_wep;
+    uint32_t r_lanes;
+    uint32_t bulk;
     uint16_t w_tid, r_tid, r_warp, async_tid;
+};
+
+/// One access to a byte of global memory: the epoch (0: none), the thread (kMany: several
+/// threads of the block in that epoch; kWarpMany | w: several lanes of warp w), and the low 16
+/// bits of the thread's warp sync generation. kOtherBlocks: blocks other than the epoch's block
+/// made such accesses too.
+struct GAccess {
+    uint32_t epoch;
+    uint16_t tid;
+    uint16_t wep;
+};
+
+/// Race-detection state of one byte of global memory (a registered tensor) in a checked launch:
+/// the last plain store, the atomics and the plain loads since it.
+struct GShadow {
+    GAccess store, atomic, load;
+};
+
+/// Shadow of a merged run of registered global ranges, in chunks allocated on first touch.
+struct GRange {
+    uintptr_t lo, hi;
+    std::vector<std::vector<GShadow>> chunks;
 };
 
 struct Runtime {
@@ -158,6 +214,11 @@ struct Runtime {
     std::size_t d_size = 0;
     std::vector<Shadow> shadow;
     uint32_t epoch = 0;
+    // Global memory: first epoch of the running block; first epoch and index of every block so far
+    uint32_t block_epoch0 = 0;
+    std::vector<std::pair<uint32_t, uint3>> block_starts;
+    std::vector<GRange> granges;
+    std::vector<Landing> landings;
     // mbarriers of the running block, by shared address; failed waits since one last changed
     std::map<uintptr_t, MBarrier> mbarriers;
     uint64_t mbarrier_spins = 0;
@@ -284,11 +345,53 @@ std::string thread_name(int tid) {
     return format("thread (%u,%u,%u)", f.idx.x, f.idx.y, f.idx.z);
 }
 
-/// Race and cp.async checks for `n` shared bytes at arena offset `off`, accessed by thread `tid`.
-void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n, bool write) {
+/// True when lanes `lane` and `other` of warp `w` have both taken part in a __syncwarp since the
+/// warp's sync generation `gen`.
+bool lanes_synced(const Warp &w, int lane, int other, uint32_t gen) {
+    return w.synced[lane][other] > gen;
+}
+
+/// The action of an access for messages: "reads", "writes", or "<via> writes" for an async copy.
+std::string action(bool write, const char *via) {
+    return via ? format("%s writes", via) : std::string(verb(write));
+}
+
+/// Whether the reads recorded in `s` (in the current epoch) are ordered before an access by
+/// fiber `f`: they are its own, or all by lanes of its warp that have since taken part in a
+/// __syncwarp with it.
+bool reads_ordered(const Shadow &s, const Fiber *f) {
+    if (s.r_tid == f->tid) return true;
+    if (s.r_warp != f->warp) return false;
+    const Warp &w = g_rt.warps[f->warp];
+    for (uint32_t m = s.r_lanes & ~(1u << f->lane); m; m &= m - 1) {
+        if (!lanes_synced(w, f->lane, __builtin_ctz(m), s.r_wep)) return false;
+    }
+    return true;
+}
+
+/// Fails unless fiber `f` has seen complete the mbarrier phase whose bulk copy wrote the shared
+/// byte at `addr` in the current epoch (data a bulk copy lands is visible to the threads that
+/// waited on its phase, and to the others after a __syncthreads).
+void check_landed(const Fiber *f, const Shadow &s, uintptr_t addr, bool write, const char *via) {
+    const Landing &l = g_rt.landings[s.bulk - 1];
+    const std::vector<uint32_t> &seen = l.bar->seen;
+    if (static_cast<std::size_t>(f->tid) < seen.size() && seen[f->tid] > l.phase) return;
+    fail(f, format("%s shared address %#lx, which a bulk copy completing phase %u of the mbarrier "
+                   "at %#lx wrote, without a wait of its own on that phase (or a __syncthreads() "
+                   "after a thread that waited)",
+                   action(write, via).c_str(), static_cast<unsigned long>(addr), l.phase,
+                   static_cast<unsigned long>(l.bar_addr)));
+}
+
+/// Race, cp.async and bulk-copy checks for `n` shared bytes at arena offset `off`, accessed by
+/// fiber `f`. `via` names an async copy being issued: its write is checked against the epoch's
+/// accesses by other threads now, and entered in the shadow when the copy completes.
+void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n, bool write,
+                   const char *via = nullptr) {
     const uint16_t tid = static_cast<uint16_t>(f->tid);
     const uint16_t warp = static_cast<uint16_t>(f->warp);
-    const uint32_t wep = g_rt.warps[f->warp].sync_epoch;
+    const Warp &w = g_rt.warps[f->warp];
+    const uint32_t gen = w.sync_gen;
     const uint32_t e = g_rt.epoch;
     for (std::size_t i = 0; i < n; ++i) {
         Shadow &s = g_rt.shadow[off + i];
@@ -299,34 +402,180 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
                            verb(write), static_cast<unsigned long>(addr + i),
                            thread_name(s.async_tid - 1).c_str()));
         }
-        if (s.w_epoch == e && s.w_tid != tid &&
-            !(s.w_tid / 32 == warp && g_rt.warps[warp].sync_epoch > s.w_wep)) {
-            fail(f, format("shared-memory race: %s address %#lx, which %s wrote with no "
-                           "__syncthreads() in between",
-                           verb(write), static_cast<unsigned long>(addr + i),
-                           thread_name(s.w_tid).c_str()));
+        if (s.w_epoch == e) {
+            if (s.bulk) {
+                check_landed(f, s, addr + i, write, via);
+            } else if (s.w_tid != tid &&
+                       !(s.w_tid / 32 == warp && lanes_synced(w, f->lane, s.w_tid % 32, s.w_wep))) {
+                fail(f, format("shared-memory race: %s address %#lx, which %s wrote with no "
+                               "__syncthreads() in between",
+                               action(write, via).c_str(), static_cast<unsigned long>(addr + i),
+                               thread_name(s.w_tid).c_str()));
+            }
         }
         if (write) {
-            if (s.r_epoch == e && s.r_tid != tid &&
-                !(s.r_warp == warp && g_rt.warps[warp].sync_epoch > s.r_wep)) {
+            if (s.r_epoch == e && !reads_ordered(s, f)) {
                 std::string other =
                     s.r_tid == kMany ? std::string("other threads") : thread_name(s.r_tid);
-                fail(f, format("shared-memory race: writes address %#lx, which %s read with no "
+                fail(f, format("shared-memory race: %s address %#lx, which %s read with no "
                                "__syncthreads() in between",
-                               static_cast<unsigned long>(addr + i), other.c_str()));
+                               action(write, via).c_str(), static_cast<unsigned long>(addr + i),
+                               other.c_str()));
             }
+            if (via) continue;
             s.w_epoch = e;
             s.w_tid = tid;
-            s.w_wep = wep;
+            s.w_wep = gen;
+            s.bulk = 0;
         } else if (s.r_epoch != e) {
             s.r_epoch = e;
             s.r_tid = tid;
             s.r_warp = warp;
-            s.r_wep = wep;
+            s.r_lanes = 1u << f->lane;
+            s.r_wep = gen;
         } else {
             if (s.r_tid != tid) s.r_tid = kMany;
-            if (s.r_warp != warp) s.r_warp = kMany;
-            s.r_wep = wep;
+            if (s.r_warp != warp) {
+                s.r_warp = kMany;
+            } else {
+                s.r_lanes |= 1u << f->lane;
+            }
+            s.r_wep = gen;
+        }
+    }
+}
+
+// Global memory. Blocks run one after another, so every epoch of a block comes after those of
+// the blocks before it: an access recorded with an epoch below block_epoch0 is another block's.
+// Two blocks' accesses to a byte race unless both are loads or both are atomics; two threads of
+// a block race as in shared memory.
+
+enum class GKind { kLoad, kStore, kAtomic };
+
+/// The merged global range holding address `a`, or null.
+GRange *grange_of(uintptr_t a) {
+    for (GRange &r : g_rt.granges) {
+        if (a >= r.lo && a < r.hi) return &r;
+    }
+    return nullptr;
+}
+
+/// The shadow of global byte `a` of range `r` (its chunk allocated, zeroed, on first touch).
+GShadow &gshadow(GRange &r, uintptr_t a) {
+    const uintptr_t i = a - r.lo;
+    std::vector<GShadow> &chunk = r.chunks[i >> kGChunkBits];
+    if (chunk.empty()) chunk.resize(std::size_t(1) << kGChunkBits, GShadow{});
+    return chunk[i & ((uintptr_t(1) << kGChunkBits) - 1)];
+}
+
+/// The block whose epochs include `epoch`.
+uint3 block_of_epoch(uint32_t epoch) {
+    auto it = std::upper_bound(
+        g_rt.block_starts.begin(), g_rt.block_starts.end(), epoch,
+        [](uint32_t e, const std::pair<uint32_t, uint3> &b) { return e < b.first; });
+    return it == g_rt.block_starts.begin() ? uint3{0, 0, 0} : std::prev(it)->second;
+}
+
+/// The full sync generation of warp `w` when it was `wep` in its low 16 bits (at most 65535
+/// __syncwarps ago).
+uint32_t full_gen(const Warp &w, uint16_t wep) {
+    return w.sync_gen - static_cast<uint16_t>(static_cast<uint16_t>(w.sync_gen) - wep);
+}
+
+/// Whether access `x` is ordered before an access by fiber `f`: none recorded, or by the same
+/// block and in an earlier epoch, by the same thread, or by lanes of its warp that have since
+/// taken part in a __syncwarp with it.
+bool g_ordered(const GAccess &x, const Fiber *f) {
+    if (x.epoch == 0) return true;
+    if (x.epoch < g_rt.block_epoch0 || (x.tid & kOtherBlocks)) return false;
+    if (x.epoch != g_rt.epoch) return true;
+    const uint16_t who = x.tid & kTidMask;
+    if (who == f->tid) return true;
+    const Warp &w = g_rt.warps[f->warp];
+    const uint32_t gen = full_gen(w, x.wep);
+    if (who < kWarpMany) return who / 32 == f->warp && lanes_synced(w, f->lane, who % 32, gen);
+    if (who != (kWarpMany | f->warp)) return false;
+    for (uint32_t m = w.existing & ~(1u << f->lane); m; m &= m - 1) {
+        if (!lanes_synced(w, f->lane, __builtin_ctz(m), gen)) return false;
+    }
+    return true;
+}
+
+/// Adds an access by fiber `f` to record `x` (loads or atomics: several threads and blocks).
+void g_record(GAccess &x, const Fiber *f) {
+    const bool other = (x.tid & kOtherBlocks) || (x.epoch != 0 && x.epoch < g_rt.block_epoch0);
+    const auto flag = static_cast<uint16_t>(other ? kOtherBlocks : 0);
+    const auto wep = static_cast<uint16_t>(g_rt.warps[f->warp].sync_gen);
+    if (x.epoch != g_rt.epoch) {
+        x = GAccess{g_rt.epoch, static_cast<uint16_t>(f->tid | flag), wep};
+        return;
+    }
+    uint16_t who = x.tid & kTidMask;
+    if (who != f->tid) {
+        const bool same_warp = who < kWarpMany ? who / 32 == f->warp : who == (kWarpMany | f->warp);
+        who = same_warp ? static_cast<uint16_t>(kWarpMany | f->warp) : kGlobalMany;
+    }
+    x.tid = static_cast<uint16_t>(who | flag);
+    x.wep = wep;
+}
+
+/// Who made access `x`, for messages.
+std::string g_who(const GAccess &x) {
+    const uint16_t who = x.tid & kTidMask;
+    if (x.tid & kOtherBlocks) return "more than one block";
+    if (x.epoch < g_rt.block_epoch0) {
+        const uint3 b = block_of_epoch(x.epoch);
+        const std::string s = format("block (%u,%u,%u)", b.x, b.y, b.z);
+        return who < kWarpMany ? thread_name(who) + " of " + s : "threads of " + s;
+    }
+    if (who < kWarpMany) return thread_name(who);
+    if (who == kGlobalMany) return "other threads";
+    return format("lanes of warp %d", who & 31);
+}
+
+/// Race checks for `n` bytes of global memory at `addr` (inside a registered range) accessed by
+/// fiber `f`; `via` names an async copy reading them.
+void global_access(const Fiber *f, uintptr_t addr, std::size_t n, GKind kind,
+                   const char *via = nullptr) {
+    GRange *r = grange_of(addr);
+    if (r == nullptr) return;
+    for (std::size_t i = 0; i < n; ++i) {
+        GShadow &s = gshadow(*r, addr + i);
+        const GAccess *clash = nullptr;
+        const char *did = "";
+        if (!g_ordered(s.store, f)) {
+            clash = &s.store;
+            did = "wrote";
+        } else if (kind != GKind::kAtomic && !g_ordered(s.atomic, f)) {
+            clash = &s.atomic;
+            did = "updated atomically";
+        } else if (kind != GKind::kLoad && !g_ordered(s.load, f)) {
+            clash = &s.load;
+            did = "read";
+        }
+        if (clash) {
+            const std::string act = via                      ? format("%s reads", via)
+                                    : kind == GKind::kLoad   ? std::string("reads")
+                                    : kind == GKind::kStore  ? std::string("writes")
+                                                             : std::string("atomically updates");
+            const bool other_block =
+                clash->epoch < g_rt.block_epoch0 || (clash->tid & kOtherBlocks);
+            fail(f, format("global-memory race: %s address %#lx, which %s %s %s", act.c_str(),
+                           static_cast<unsigned long>(addr + i), g_who(*clash).c_str(), did,
+                           other_block ? "earlier in this launch (blocks run in no set order, "
+                                         "and only loads or only atomics may share bytes)"
+                                       : "with no __syncthreads() in between"));
+        }
+        switch (kind) {
+        case GKind::kLoad: g_record(s.load, f); break;
+        case GKind::kAtomic: g_record(s.atomic, f); break;
+        case GKind::kStore:
+            // Ordered after every access recorded so far (else reported): it stands for them.
+            s.store = GAccess{g_rt.epoch, static_cast<uint16_t>(f->tid),
+                              static_cast<uint16_t>(g_rt.warps[f->warp].sync_gen)};
+            s.atomic = GAccess{};
+            s.load = GAccess{};
+            break;
         }
     }
 }
@@ -349,7 +598,11 @@ void check_access(const Fiber *f, uintptr_t a, std::size_t n, bool write) {
                        verb(write), n, static_cast<unsigned long>(a),
                        static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo), g_rt.d_size));
     }
-    if (in_global(a, n) || in_library(a, n)) return;
+    if (in_global(a, n)) {
+        global_access(f, a, n, write ? GKind::kStore : GKind::kLoad);
+        return;
+    }
+    if (in_library(a, n)) return;
     if (a < reinterpret_cast<uintptr_t>(f->stack_lo) &&
         a + 65536 >= reinterpret_cast<uintptr_t>(f->stack_lo)) {
         fail(f, format("stack overflow of the emulated thread at %#lx (%zu-byte fiber stacks)",
@@ -425,6 +678,37 @@ struct StackLease {
     ~StackLease() { release_stacks(); }
 };
 
+/// Sets up the global-memory shadow of a checked launch: the registered ranges, overlapping ones
+/// merged (aliased tensors share one record per byte), each with its chunk table.
+void init_global_shadow(const spio_emu_launch *cfg) {
+    std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+    for (uint32_t i = 0; i < cfg->num_ranges; ++i) {
+        if (cfg->ranges[2 * i] < cfg->ranges[2 * i + 1]) {
+            spans.push_back({cfg->ranges[2 * i], cfg->ranges[2 * i + 1]});
+        }
+    }
+    std::sort(spans.begin(), spans.end());
+    g_rt.granges.clear();
+    for (const auto &[lo, hi] : spans) {
+        if (!g_rt.granges.empty() && lo <= g_rt.granges.back().hi) {
+            g_rt.granges.back().hi = std::max(g_rt.granges.back().hi, hi);
+        } else {
+            g_rt.granges.push_back(GRange{lo, hi, {}});
+        }
+    }
+    for (GRange &r : g_rt.granges) r.chunks.resize(((r.hi - r.lo) >> kGChunkBits) + 1);
+    g_rt.block_starts.clear();
+}
+
+/// Frees the global-memory shadow when a launch returns (it may be hundreds of MB).
+struct GlobalShadowLease {
+    ~GlobalShadowLease() {
+        g_rt.granges.clear();
+        g_rt.granges.shrink_to_fit();
+        g_rt.block_starts.clear();
+    }
+};
+
 void init_fiber(Fiber &f) {
 #if SPIO_EMU_ASM_SWITCH
     auto top = reinterpret_cast<uintptr_t>(f.stack_hi) & ~uintptr_t(15);
@@ -485,6 +769,15 @@ const char *op_name(Op op) {
     }
 }
 
+/// The collective in progress that waits for lane `lane` of warp `w`, or null.
+const Group *group_waiting_for(const Warp &w, int lane) {
+    for (uint32_t m = w.active; m; m &= m - 1) {
+        const Group &g = w.groups[__builtin_ctz(m)];
+        if (g.expected & (1u << lane)) return &g;
+    }
+    return nullptr;
+}
+
 void drop_pending(Fiber &f) {
     if (g_rt.check) {
         for (const auto &pc : f.pending) {
@@ -510,6 +803,7 @@ void drop_mbarriers() {
         }
     }
     g_rt.mbarriers.clear();
+    g_rt.landings.clear();
     g_rt.mbarrier_spins = 0;
 }
 
@@ -518,10 +812,9 @@ void fiber_main(Fiber *f) {
     f->state = State::kDone;
     ++g_rt.done;
     Warp &w = g_rt.warps[f->warp];
-    const uint32_t bit = 1u << f->lane;
-    w.exited |= bit;
-    if (w.arrived && (w.expected & bit)) {
-        fail(f, format("exits while lanes of its warp wait for it in %s", op_name(w.op)));
+    w.exited |= 1u << f->lane;
+    if (const Group *g = group_waiting_for(w, f->lane)) {
+        fail(f, format("exits while lanes of its warp wait for it in %s", op_name(g->op)));
     }
     if (g_rt.block_arrived && g_rt.block_arrived + g_rt.done == g_rt.nthreads) {
         release_block_barrier();
@@ -538,7 +831,8 @@ std::string deadlock_report() {
         const Fiber &f = g_rt.fibers[i];
         if (f.state == State::kBlockWait && nb++ < 4) at_block += " " + thread_name(i);
         if (f.state == State::kWarpWait && nw++ < 4) {
-            at_warp += " " + thread_name(i) + " in " + op_name(g_rt.warps[f.warp].op);
+            const Group *g = group_waiting_for(g_rt.warps[f.warp], f.lane);
+            at_warp += " " + thread_name(i) + " in " + op_name(g ? g->op : Op::kNone);
         }
     }
     return format("deadlock: %d threads wait at __syncthreads() (%s ...), %d at a warp "
@@ -565,14 +859,15 @@ int run_block() {
         Warp &wp = g_rt.warps[w];
         int lanes = std::min(32, n - 32 * w);
         wp.existing = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1);
-        wp.arrived = wp.expected = wp.exited = 0;
-        wp.op = Op::kNone;
-        wp.gen = 0;
-        ++wp.sync_epoch;
+        wp.exited = 0;
+        wp.active = 0;
+        for (Group &g : wp.groups) g = Group{};
     }
     g_rt.done = 0;
     g_rt.block_arrived = 0;
     ++g_rt.epoch;
+    g_rt.block_epoch0 = g_rt.epoch;
+    if (g_rt.check) g_rt.block_starts.push_back({g_rt.epoch, g_block_idx});
     std::memset(g_rt.s_lo, 0xff, static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo));
     std::memset(g_rt.d_lo, 0xff, g_rt.d_size);
     drop_mbarriers();
@@ -612,9 +907,10 @@ int run_block() {
 // Warp collectives: deposit, warp barrier, the last lane to arrive computes every lane's result.
 // ---------------------------------------------------------------------------------------------
 
-void complete(Warp &w, int slot, int warp_index);
+void complete(Warp &w, const Group &g, int warp_index);
 
-/// Joins the running lane to its warp's collective; returns the deposit slot to fill.
+/// Joins the running lane to its warp's collective on `mask` (starting it if no lane has yet);
+/// returns the collective's index in Warp::groups.
 int begin_collective(Op op, int sub, uint32_t mask, bool full_warp) {
     Fiber *f = g_rt.cur;
     Warp &w = g_rt.warps[f->warp];
@@ -636,30 +932,37 @@ int begin_collective(Op op, int sub, uint32_t mask, bool full_warp) {
         fail(f, format("%s with mask %#x waits for lanes that have exited (%#x)", op_name(op),
                        mask, mask & w.exited));
     }
-    if (w.arrived == 0) {
-        w.op = op;
-        w.sub = sub;
-        w.expected = mask;
-    } else if (w.op != op || w.sub != sub || w.expected != mask) {
-        fail(f, format("lane %d reaches %s (mask %#x) while other lanes of its warp wait in %s "
-                       "(mask %#x): divergent warp collectives",
-                       f->lane, op_name(op), mask, op_name(w.op), w.expected));
+    // Collectives in progress on lanes of this mask: the same one (join it), or none.
+    for (uint32_t m = w.active; m; m &= m - 1) {
+        const int i = __builtin_ctz(m);
+        const Group &g = w.groups[i];
+        if (!(g.expected & mask)) continue;
+        if (g.op != op || g.sub != sub || g.expected != mask) {
+            fail(f, format("lane %d reaches %s (mask %#x) while other lanes of its warp wait in "
+                           "%s (mask %#x): divergent warp collectives",
+                           f->lane, op_name(op), mask, op_name(g.op), g.expected));
+        }
+        return i;
     }
-    return static_cast<int>(w.gen & 1);
+    const int i = __builtin_ctz(~w.active);  // at most 32 disjoint masks: a free slot remains
+    w.groups[i] = Group{mask, 0, op, sub};
+    w.active |= 1u << i;
+    return i;
 }
 
-/// Arrives at the warp barrier; returns when every expected lane has deposited and results exist.
-void finish_collective(int slot) {
+/// Arrives at collective `gi`; returns when every expected lane has deposited and results exist.
+void finish_collective(int gi) {
     Fiber *f = g_rt.cur;
     Warp &w = g_rt.warps[f->warp];
-    w.arrived |= 1u << f->lane;
-    if (w.arrived == w.expected) {
-        complete(w, slot, f->warp);
-        for (uint32_t m = w.expected & ~(1u << f->lane); m; m &= m - 1) {
+    Group &g = w.groups[gi];
+    g.arrived |= 1u << f->lane;
+    if (g.arrived == g.expected) {
+        complete(w, g, f->warp);
+        for (uint32_t m = g.expected & ~(1u << f->lane); m; m &= m - 1) {
             g_rt.fibers[f->warp * 32 + __builtin_ctz(m)].state = State::kRunnable;
         }
-        w.arrived = 0;
-        ++w.gen;
+        g.arrived = 0;
+        w.active &= ~(1u << gi);
         return;
     }
     block_current(State::kWarpWait);
@@ -693,22 +996,22 @@ inline float elem(uint32_t reg, int half, bool bf16) {
 
 /// mma.sync m16n8k{8,16} with fp32 accumulate, from the PTX ISA fragment layouts
 /// (g = lane >> 2, t = lane % 4). Deposit: in[0..3] A registers, in[4..5] B, in[6..9] C bits.
-void complete_mma(Warp &w, int slot) {
-    const bool k16 = (w.sub & 1) != 0;
-    const bool bf16 = (w.sub & 2) != 0;
+void complete_mma(Warp &w, const Group &g) {
+    const bool k16 = (g.sub & 1) != 0;
+    const bool bf16 = (g.sub & 2) != 0;
     const int kdim = k16 ? 16 : 8;
     double a[16][16], b[16][8];
     for (int r = 0; r < 16; ++r) {
         for (int k = 0; k < kdim; ++k) {
             const int lane = (r % 8) * 4 + (k % 8) / 2;
             const int reg = (r / 8) + 2 * (k / 8);
-            a[r][k] = elem(w.in[slot][lane][reg], k % 2, bf16);
+            a[r][k] = elem(w.in[lane][reg], k % 2, bf16);
         }
     }
     for (int k = 0; k < kdim; ++k) {
         for (int n = 0; n < 8; ++n) {
             const int lane = n * 4 + (k % 8) / 2;
-            b[k][n] = elem(w.in[slot][lane][4 + k / 8], k % 2, bf16);
+            b[k][n] = elem(w.in[lane][4 + k / 8], k % 2, bf16);
         }
     }
     for (int lane = 0; lane < 32; ++lane) {
@@ -716,26 +1019,26 @@ void complete_mma(Warp &w, int slot) {
         for (int i = 0; i < 4; ++i) {
             const int r = g + 8 * (i / 2), n = 2 * t + (i % 2);
             float c;
-            std::memcpy(&c, &w.in[slot][lane][6 + i], 4);
+            std::memcpy(&c, &w.in[lane][6 + i], 4);
             double acc = c;
             for (int k = 0; k < kdim; ++k) acc += a[r][k] * b[k][n];
             const float d = static_cast<float>(acc);
-            std::memcpy(&w.out[slot][lane][i], &d, 4);
+            std::memcpy(&w.out[lane][i], &d, 4);
         }
     }
 }
 
 /// ldmatrix .x{1,2,4}[.trans]: lanes 8j..8j+7 give the row addresses of matrix j.
-void complete_ldmatrix(Warp &w, int slot, int warp_index) {
-    const int nmat = w.sub & 7;
-    const bool trans = (w.sub & 8) != 0;
+void complete_ldmatrix(Warp &w, const Group &g, int warp_index) {
+    const int nmat = g.sub & 7;
+    const bool trans = (g.sub & 8) != 0;
     for (int j = 0; j < nmat; ++j) {
         for (int r = 0; r < 8; ++r) {
             const int src = 8 * j + r;
             const Fiber *owner = &g_rt.fibers[warp_index * 32 + src];
-            require_shared(owner, w.ptr[slot][src], 16, 16, "ldmatrix row address");
+            require_shared(owner, w.ptr[src], 16, 16, "ldmatrix row address");
             if (g_rt.check) {
-                auto a = reinterpret_cast<uintptr_t>(w.ptr[slot][src]);
+                auto a = reinterpret_cast<uintptr_t>(w.ptr[src]);
                 std::size_t off;
                 shared_region(a, 16, &off);
                 shadow_access(owner, a, off, 16, false);
@@ -744,7 +1047,7 @@ void complete_ldmatrix(Warp &w, int slot, int warp_index) {
     }
     for (int lane = 0; lane < 32; ++lane) {
         for (int j = 0; j < nmat; ++j) {
-            const auto *rows = &w.ptr[slot][8 * j];
+            const auto *rows = &w.ptr[8 * j];
             uint32_t v;
             if (!trans) {
                 std::memcpy(&v, static_cast<const char *>(rows[lane >> 2]) + 4 * (lane & 3), 4);
@@ -755,17 +1058,17 @@ void complete_ldmatrix(Warp &w, int slot, int warp_index) {
                 std::memcpy(&hi, static_cast<const char *>(rows[r0 + 1]) + 2 * col, 2);
                 v = lo | (static_cast<uint32_t>(hi) << 16);
             }
-            w.out[slot][lane][j] = v;
+            w.out[lane][j] = v;
         }
     }
 }
 
-void complete_shfl(Warp &w, int slot) {
-    const int mode = w.sub;
-    for (uint32_t m = w.expected; m; m &= m - 1) {
+void complete_shfl(Warp &w, const Group &g) {
+    const int mode = g.sub;
+    for (uint32_t m = g.expected; m; m &= m - 1) {
         const int lane = __builtin_ctz(m);
-        const int b = w.arg[slot][lane];
-        const int width = w.arg2[slot][lane];
+        const int b = w.arg[lane] & 31;  // PTX: the source lane or offset is b[4:0]
+        const int width = w.arg2[lane];
         // PTX shfl.sync: c = ((32 - width) << 8) | clamp, clamp 0 for .up and 31 otherwise.
         const int seg = (32 - width) & 31;
         const int clamp = mode == kShflUp ? 0 : 31;
@@ -781,26 +1084,36 @@ void complete_shfl(Warp &w, int slot) {
         }
         if (!ok || j < 0 || j > 31) j = lane;
         // A source lane outside the mask gives an undefined value; the emulator returns its own.
-        const uint64_t v = (w.expected >> j) & 1u ? w.val[slot][j] : w.val[slot][lane];
-        std::memcpy(&w.out[slot][lane][0], &v, 8);
+        const uint64_t v = (g.expected >> j) & 1u ? w.val[j] : w.val[lane];
+        std::memcpy(&w.out[lane][0], &v, 8);
     }
 }
 
-void complete(Warp &w, int slot, int warp_index) {
-    switch (w.op) {
-    case Op::kMma: complete_mma(w, slot); break;
-    case Op::kLdmatrix: complete_ldmatrix(w, slot, warp_index); break;
-    case Op::kShfl: complete_shfl(w, slot); break;
+/// Computes the results of collective `g`, writing only its own lanes' results (lanes of other
+/// collectives in progress may not have read theirs yet).
+void complete(Warp &w, const Group &g, int warp_index) {
+    switch (g.op) {
+    case Op::kMma: complete_mma(w, g); break;
+    case Op::kLdmatrix: complete_ldmatrix(w, g, warp_index); break;
+    case Op::kShfl: complete_shfl(w, g); break;
     case Op::kBallot: {
         uint32_t ballot = 0;
-        for (uint32_t m = w.expected; m; m &= m - 1) {
+        for (uint32_t m = g.expected; m; m &= m - 1) {
             const int lane = __builtin_ctz(m);
-            if (w.arg[slot][lane]) ballot |= 1u << lane;
+            if (w.arg[lane]) ballot |= 1u << lane;
         }
-        for (int lane = 0; lane < 32; ++lane) w.out[slot][lane][0] = ballot;
+        for (uint32_t m = g.expected; m; m &= m - 1) w.out[__builtin_ctz(m)][0] = ballot;
         break;
     }
-    case Op::kSyncwarp: ++w.sync_epoch; break;
+    case Op::kSyncwarp:
+        // Orders memory among the mask's lanes only.
+        ++w.sync_gen;
+        for (uint32_t a = g.expected; a; a &= a - 1) {
+            for (uint32_t b = g.expected; b; b &= b - 1) {
+                w.synced[__builtin_ctz(a)][__builtin_ctz(b)] = w.sync_gen;
+            }
+        }
+        break;
     default: break;
     }
 }
@@ -808,25 +1121,25 @@ void complete(Warp &w, int slot, int warp_index) {
 template <int A, int B>
 void mma_common(float (&d)[4], const unsigned *a, const unsigned *b, const float (&c)[4],
                 int sub) {
-    const int slot = begin_collective(Op::kMma, sub, 0xffffffffu, true);
+    const int gi = begin_collective(Op::kMma, sub, 0xffffffffu, true);
     Fiber *f = g_rt.cur;
     Warp &w = g_rt.warps[f->warp];
-    uint32_t *in = w.in[slot][f->lane];
+    uint32_t *in = w.in[f->lane];
     for (int i = 0; i < A; ++i) in[i] = a[i];
     for (int i = 0; i < B; ++i) in[4 + i] = b[i];
     std::memcpy(in + 6, c, 16);
-    finish_collective(slot);
-    std::memcpy(d, w.out[slot][f->lane], 16);
+    finish_collective(gi);
+    std::memcpy(d, w.out[f->lane], 16);
 }
 
 template <int N>
 void ldmatrix_common(unsigned *d, const void *row_ptr, bool trans) {
-    const int slot = begin_collective(Op::kLdmatrix, N | (trans ? 8 : 0), 0xffffffffu, true);
+    const int gi = begin_collective(Op::kLdmatrix, N | (trans ? 8 : 0), 0xffffffffu, true);
     Fiber *f = g_rt.cur;
     Warp &w = g_rt.warps[f->warp];
-    w.ptr[slot][f->lane] = row_ptr;
-    finish_collective(slot);
-    for (int i = 0; i < N; ++i) d[i] = w.out[slot][f->lane][i];
+    w.ptr[f->lane] = row_ptr;
+    finish_collective(gi);
+    for (int i = 0; i < N; ++i) d[i] = w.out[f->lane][i];
 }
 
 void complete_copy(Fiber *f, const PendingCopy &pc) {
@@ -866,11 +1179,13 @@ int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
         g_rt.error = "bad shared-memory layout";
         return -1;
     }
+    GlobalShadowLease global_lease;
     if (g_rt.check) {
         const std::size_t need = static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo) + g_rt.d_size;
         if (g_rt.shadow.size() < need) g_rt.shadow.resize(need);
         for (auto &s : g_rt.shadow) s = Shadow{};
         g_rt.epoch = 0;
+        init_global_shadow(cfg);
     }
     g_block_dim = dim3(cfg->block[0], cfg->block[1], cfg->block[2]);
     g_grid_dim = dim3(cfg->grid[0], cfg->grid[1], cfg->grid[2]);
@@ -903,10 +1218,9 @@ int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
 
 void syncthreads() {
     Fiber *f = g_rt.cur;
-    Warp &w = g_rt.warps[f->warp];
-    if (w.arrived) {
-        fail(f, format("reaches __syncthreads() while lanes of its warp wait in %s",
-                       op_name(w.op)));
+    if (const Group *g = group_waiting_for(g_rt.warps[f->warp], f->lane)) {
+        fail(f, format("reaches __syncthreads() while lanes of its warp wait for it in %s",
+                       op_name(g->op)));
     }
     ++g_rt.block_arrived;
     if (g_rt.block_arrived + g_rt.done == g_rt.nthreads) {
@@ -920,8 +1234,7 @@ void syncthreads() {
 }
 
 void syncwarp(unsigned mask) {
-    const int slot = begin_collective(Op::kSyncwarp, 0, mask, false);
-    finish_collective(slot);
+    finish_collective(begin_collective(Op::kSyncwarp, 0, mask, false));
 }
 
 uint64_t shfl(unsigned mask, uint64_t value, int mode, int lane_or_delta, int width) {
@@ -929,24 +1242,24 @@ uint64_t shfl(unsigned mask, uint64_t value, int mode, int lane_or_delta, int wi
     if (width <= 0 || width > 32 || (width & (width - 1))) {
         fail(f, format("shuffle width must be a power of two in 1..32, got %d", width));
     }
-    const int slot = begin_collective(Op::kShfl, mode, mask, false);
+    const int gi = begin_collective(Op::kShfl, mode, mask, false);
     Warp &w = g_rt.warps[f->warp];
-    w.val[slot][f->lane] = value;
-    w.arg[slot][f->lane] = lane_or_delta;
-    w.arg2[slot][f->lane] = width;
-    finish_collective(slot);
+    w.val[f->lane] = value;
+    w.arg[f->lane] = lane_or_delta;
+    w.arg2[f->lane] = width;
+    finish_collective(gi);
     uint64_t out;
-    std::memcpy(&out, &w.out[slot][f->lane][0], 8);
+    std::memcpy(&out, &w.out[f->lane][0], 8);
     return out;
 }
 
 unsigned ballot(unsigned mask, int predicate) {
     Fiber *f = g_rt.cur;
-    const int slot = begin_collective(Op::kBallot, 0, mask, false);
+    const int gi = begin_collective(Op::kBallot, 0, mask, false);
     Warp &w = g_rt.warps[f->warp];
-    w.arg[slot][f->lane] = predicate != 0;
-    finish_collective(slot);
-    return w.out[slot][f->lane][0];
+    w.arg[f->lane] = predicate != 0;
+    finish_collective(gi);
+    return w.out[f->lane][0];
 }
 
 unsigned active_mask() {
@@ -965,6 +1278,7 @@ void atomic_rmw(void *addr, const void *value, void *old, int kind) {
         if (region == -1 || (region == -2 && !in_global(a, n))) {
             fail(f, format("out-of-bounds atomic at %#lx", static_cast<unsigned long>(a)));
         }
+        if (region == -2) global_access(f, a, n, GKind::kAtomic);
     }
     std::memcpy(old, addr, n);
     switch (kind) {
@@ -1055,6 +1369,10 @@ void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
                                            "kernel",
                                            src_bytes, static_cast<unsigned long>(src)));
         }
+        if (g_rt.check) {
+            detail::global_access(f, src, static_cast<std::size_t>(src_bytes),
+                                  detail::GKind::kLoad, "cp_async_16");
+        }
     }
     auto *dst = static_cast<char *>(smem_dst);
     if (g_rt.check) {
@@ -1067,6 +1385,8 @@ void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
                                                reinterpret_cast<unsigned long>(dst)));
             }
         }
+        // The copy may land any time from now: a write racing with this epoch's accesses.
+        detail::shadow_access(f, reinterpret_cast<uintptr_t>(dst), off, 16, true, "cp_async_16");
         for (int i = 0; i < 16; ++i) {
             g_rt.shadow[off + i].async_tid = static_cast<uint16_t>(f->tid + 1);
         }
@@ -1093,12 +1413,23 @@ MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what) {
     return it->second;
 }
 
-void land(MBarrier &b) {
+/// Lands the bulk copies of barrier `b` (at `addr`) in its current phase. Checked, the landed bytes
+/// become this epoch's last write, visible to the threads that see the phase complete.
+void land(MBarrier &b, uintptr_t addr) {
+    if (g_rt.check && !b.copies.empty()) {
+        g_rt.landings.push_back({&b, addr, b.completed});
+    }
     for (const BulkCopy &c : b.copies) {
         if (g_rt.check) {
             std::size_t off;
             shared_region(reinterpret_cast<uintptr_t>(c.dst), c.bytes, &off);
-            for (unsigned i = 0; i < c.bytes; ++i) g_rt.shadow[off + i].async_tid = 0;
+            for (unsigned i = 0; i < c.bytes; ++i) {
+                Shadow &s = g_rt.shadow[off + i];
+                s.async_tid = 0;
+                s.w_epoch = g_rt.epoch;
+                s.w_tid = kMany;
+                s.bulk = static_cast<uint32_t>(g_rt.landings.size());
+            }
         }
         std::memcpy(c.dst, c.src, c.bytes);
         b.tx -= c.bytes;
@@ -1118,7 +1449,8 @@ void mbarrier_init(unsigned long long *bar, unsigned count) {
                                        "copies on it have not landed",
                                        reinterpret_cast<unsigned long>(bar), b.copies.size()));
     }
-    b = detail::MBarrier{count, count, 0, 0, {}};
+    b = detail::MBarrier{};
+    b.expected = b.pending = count;
     g_rt.mbarrier_spins = 0;
 }
 
@@ -1157,6 +1489,7 @@ void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long
                                        "the kernel",
                                        bytes, static_cast<unsigned long>(s)));
     }
+    if (g_rt.check) detail::global_access(f, s, bytes, detail::GKind::kLoad, "cp_async_bulk_g2s");
     detail::MBarrier &b = detail::mbarrier_at(f, bar, "cp_async_bulk_g2s");
     auto *d = static_cast<char *>(dst);
     if (g_rt.check) {
@@ -1169,6 +1502,8 @@ void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long
                                                reinterpret_cast<unsigned long>(d + i)));
             }
         }
+        detail::shadow_access(f, reinterpret_cast<uintptr_t>(d), off, bytes, true,
+                              "cp_async_bulk_g2s");
         for (unsigned i = 0; i < bytes; ++i) {
             g_rt.shadow[off + i].async_tid = static_cast<uint16_t>(f->tid + 1);
         }
@@ -1181,7 +1516,7 @@ bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity) {
     Fiber *f = g_rt.cur;
     detail::MBarrier &b = detail::mbarrier_at(f, bar, "mbarrier_try_wait_parity");
     if (b.pending == 0) {  // every arrival is in: the phase's copies land now
-        detail::land(b);
+        detail::land(b, reinterpret_cast<uintptr_t>(bar));
         if (b.tx < 0) {
             detail::fail(f, detail::format("bulk copies on the mbarrier at %#lx moved %lld bytes "
                                            "more than mbarrier_arrive_expect_tx announced",
@@ -1190,10 +1525,19 @@ bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity) {
         if (b.tx == 0) {
             b.phase ^= 1;
             b.pending = b.expected;
+            ++b.completed;
             g_rt.mbarrier_spins = 0;
         }
     }
-    if (b.phase != (parity & 1)) return true;  // the phase with this parity has completed
+    if (b.phase != (parity & 1)) {  // the phase with this parity has completed
+        if (g_rt.check) {  // the thread has seen every phase up to it complete
+            if (b.seen.size() < static_cast<std::size_t>(g_rt.nthreads)) {
+                b.seen.resize(g_rt.nthreads);
+            }
+            b.seen[f->tid] = b.completed;
+        }
+        return true;
+    }
     // Not yet: let the other threads run. A wait that no thread can ever end is a deadlock.
     if (++g_rt.mbarrier_spins > 64ull * g_rt.nthreads + 1024) {
         detail::fail(f, detail::format("mbarrier wait never ends: phase parity %u of the "
@@ -1238,14 +1582,15 @@ inline void on_access(unsigned long addr, std::size_t n, bool write) {
 }
 }  // namespace
 
+// GCC's -fsanitize=thread instrumentation: a call before every load and store, with its address
+// (sizes 1..16 that are powers of two and aligned) or address and size (the rest). Function entry
+// and exit and volatile accesses are not instrumented (see build.py).
 #define SPIO_EMU_CALLBACKS(n)                                                                      \
-    extern "C" __attribute__((visibility("hidden"))) void __asan_load##n##_noabort(                \
-        unsigned long addr) {                                                                      \
-        on_access(addr, n, false);                                                                 \
+    extern "C" __attribute__((visibility("hidden"))) void __tsan_read##n(void *addr) {            \
+        on_access(reinterpret_cast<unsigned long>(addr), n, false);                                \
     }                                                                                              \
-    extern "C" __attribute__((visibility("hidden"))) void __asan_store##n##_noabort(               \
-        unsigned long addr) {                                                                      \
-        on_access(addr, n, true);                                                                  \
+    extern "C" __attribute__((visibility("hidden"))) void __tsan_write##n(void *addr) {           \
+        on_access(reinterpret_cast<unsigned long>(addr), n, true);                                 \
     }
 SPIO_EMU_CALLBACKS(1)
 SPIO_EMU_CALLBACKS(2)
@@ -1254,12 +1599,13 @@ SPIO_EMU_CALLBACKS(8)
 SPIO_EMU_CALLBACKS(16)
 #undef SPIO_EMU_CALLBACKS
 
-extern "C" __attribute__((visibility("hidden"))) void __asan_loadN_noabort(unsigned long addr,
-                                                                           std::size_t n) {
-    on_access(addr, n, false);
+extern "C" __attribute__((visibility("hidden"))) void __tsan_read_range(void *addr,
+                                                                        unsigned long n) {
+    on_access(reinterpret_cast<unsigned long>(addr), n, false);
 }
-extern "C" __attribute__((visibility("hidden"))) void __asan_storeN_noabort(unsigned long addr,
-                                                                            std::size_t n) {
-    on_access(addr, n, true);
+extern "C" __attribute__((visibility("hidden"))) void __tsan_write_range(void *addr,
+                                                                         unsigned long n) {
+    on_access(reinterpret_cast<unsigned long>(addr), n, true);
 }
-extern "C" __attribute__((visibility("hidden"))) void __asan_handle_no_return() {}
+/// Called by the instrumented object's constructor: nothing to set up.
+extern "C" __attribute__((visibility("hidden"))) void __tsan_init() {}
