@@ -7,7 +7,8 @@
 ///   DGrad: In = dy, Out = dx, Tap(g, r, s)[k][c] = w[8g + c, k, R-1-r, S-1-s], PAD = R-1-padding (may
 ///          be negative); the same kernel with the taps flipped and each 8x8 tap transposed, which
 ///          ldmatrix .trans does for free.
-/// Inputs whose indices fall outside In are zero (cp.async zero-fill); w keeps PyTorch's [K, 8, R, S].
+/// Inputs whose indices fall outside In are zero (cp.async zero-fill); w is read as the caller holds
+/// it, PyTorch's [K, 8, R, S] or its channels_last [K, R, S, 8] (see the launch contract).
 ///
 /// Tiling: a block owns Block::n consecutive images, Block::c8 groups, Block::y output rows and
 /// Block::x output columns. It streams the Block::y + R - 1 input rows of its tile in each image,
