@@ -24,10 +24,11 @@
 #   probe      scripts/read_probe.py: this GPU's read rate through plain loads, cp.async and the
 #              kernels' row-by-row structure, next to torch's sum and copy
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
+#   racecheck  compute-sanitizer --tool racecheck on the same launches (a few seconds: before the
+#              long steps, so that it is never the step the budget leaves out)
 #   tests      pytest -m "cuda and not slow", every test function first, then round-robin, until
-#              its time limit (GPU_CHECK_TEST_SECONDS, default 150) or the budget runs out
+#              its time limit (GPU_CHECK_TEST_SECONDS, default 120) or the budget runs out
 #   timm       scripts/timm_benchmark.py: regnetx_002 training samples/s, PyTorch and spio
-#   racecheck  compute-sanitizer --tool racecheck on the same launches as memcheck
 #   perf       scripts/perf_sample.py into OUT_DIR/perf_samples.csv with the time left (data for
 #              the performance model; a partial sweep is still useful); GPU_CHECK_PERF_SEED=CSV
 #              continues from earlier samples
@@ -51,9 +52,9 @@ STEPS=(
     "ablate:150"
     "probe:60"
     "memcheck:120"
-    "tests:${GPU_CHECK_TEST_SECONDS:-150}"
-    "timm:120"
     "racecheck:120"
+    "tests:${GPU_CHECK_TEST_SECONDS:-120}"
+    "timm:120"
     "perf:${GPU_CHECK_PERF_SECONDS:-300}"
 )
 
@@ -176,7 +177,9 @@ step_ablate() {
         fi
         timeout -k 10 "$left" "$PYTHON" scripts/ablate_kernel.py --n 128 "$@" || rc=$?
     }
-    ablate --layer 64c_64x64_3x3
+    # The classic ablation (the variants that only some lines need come in those lines).
+    ablate --layer 64c_64x64_3x3 \
+        --variants full no-stores no-mma no-loads skeleton loads-only no-sync
     # Input rows through registers (plain loads) against cp.async, in the full kernel and alone.
     ablate --layer 64c_64x64_3x3 --passes fprop dgrad --repeats 30 \
         --variants full ldg loads-only ldg-loads-only \
@@ -224,7 +227,9 @@ step_timm() {
         --spio-where-faster \
         --amp-dtype float16 --channels-last --bench train --batch-size 256 --warmup 5 --iters 20
     local rc=$?
-    NOTE=$(grep -E "^spio(-faster)? / pytorch" "$OUT_DIR/timm.log" | tr '\n' ' ')
+    # e.g. "spio=0.835 spio-faster=1.002": short enough for the summary's status column
+    NOTE=$(grep -E "^spio(-faster)? / pytorch" "$OUT_DIR/timm.log" | sed -E 's| / pytorch = |=|' |
+        tr '\n' ' ')
     return "$rc"
 }
 

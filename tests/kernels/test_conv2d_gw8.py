@@ -490,3 +490,14 @@ def test_load_via_regs_variant_builds_without_spills(arch):
         kernel = load_via_regs(fd.make_kernel(params, config))
         usage = kernel.compile(arch).resources[kernel.entry]
         assert not usage.spills and usage.registers * kernel.threads <= 65536, (name, usage)
+
+
+def test_every_collected_gpu_kernel_test_has_a_kernel(request):
+    """The session fixture that compiles the `cuda` kernel tests' kernels up front must make
+    each one: it once failed on a config given by name, and every GPU kernel test errored."""
+    from tests.kernels.conftest import gpu_test_kernels
+
+    kernels, failures = gpu_test_kernels(request.session.items)
+    assert failures == []
+    if any(i.get_closest_marker("cuda") for i in request.session.items if "kernels" in i.nodeid):
+        assert kernels  # the collected GPU kernel tests name kernels

@@ -584,8 +584,9 @@ def test_perf_sample_sweep_covers_the_layer_table():
 
 @pytest.mark.cuda
 def test_sample_resume_and_train_on_a_gpu(tmp_path):
-    """The real pipeline, small: time 3 configs of 2 layers per family, resume (nothing left),
-    train into a temporary folder, and load the models."""
+    """The real pipeline, small: time 3 drawn configs of 2 layers per family (and the picks
+    perf_sample always adds), resume (nothing left), train into a temporary folder, and load
+    the models."""
     csv_path = tmp_path / "samples.csv"
     command = [
         sys.executable, str(REPO / "scripts" / "perf_sample.py"), "--csv", str(csv_path),
@@ -595,7 +596,8 @@ def test_sample_resume_and_train_on_a_gpu(tmp_path):
     first = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert first.returncode == 0, first.stderr
     samples, _ = pm.read_samples(csv_path)
-    assert len(samples) == 2 * 3 * len(pm.FAMILIES)
+    rows = {name: sum(s.family == name for s in samples) for name in pm.FAMILIES}
+    assert all(2 * 3 <= count <= 2 * (3 + 4) for count in rows.values()), rows
     assert all(not s.synthetic and 0 < s.seconds < 0.1 for s in samples)
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert again.returncode == 0 and "0 configs to time" in again.stdout
@@ -604,7 +606,7 @@ def test_sample_resume_and_train_on_a_gpu(tmp_path):
     assert train.main([str(csv_path), "--out", str(tmp_path / "models"), "--trees", "20"]) == 0
     for name in pm.FAMILIES:
         model = pm.PerfModel.load(pm.model_path(tmp_path / "models", name, samples[0].arch))
-        assert model.meta["synthetic"] is False and model.meta["rows"] == 6
+        assert model.meta["synthetic"] is False and model.meta["rows"] == rows[name]
 
 
 def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkeypatch):
