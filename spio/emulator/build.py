@@ -10,7 +10,6 @@ __tsan_read*/__tsan_write* callbacks. Libraries and runtime objects are cached o
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import platform
 import re
@@ -21,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compiler import digest
 from ..compiler.cache import DiskCache, cache_root, hash_key
 from ..cuda import paths
 from ..log import logger
@@ -113,19 +113,9 @@ def rewrite_extern_shared(text: str) -> str:
     return _EXTERN_SHARED_RE.sub(repl, text)
 
 
-def _digest_tree(root: Path) -> str:
-    digest = hashlib.sha256()
-    if root.is_dir():
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(root)).encode())
-                digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def runtime_digest() -> str:
     """Hash of the runtime's own sources (runtime/ and its shims)."""
-    return _digest_tree(RUNTIME_DIR)
+    return digest.tree_digest(RUNTIME_DIR)
 
 
 @functools.cache
@@ -133,15 +123,12 @@ def _cuda_include() -> Path:
     return paths.find_cuda_include()
 
 
+#: The CUDA headers the emulator's shims include (their identity goes into the cache keys).
+_CUDA_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp", "vector_types.h")
+
+
 def _cuda_identity() -> str:
-    folder = _cuda_include()
-    digest = hashlib.sha256(str(folder).encode())
-    for name in ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp", "vector_types.h"):
-        path = folder / name
-        if path.is_file():
-            st = path.stat()
-            digest.update(f"{name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return digest.hexdigest()
+    return digest.headers_identity(_cuda_include(), _CUDA_HEADERS)
 
 
 def _include_flags(extra: list[Path]) -> list[str]:
@@ -295,7 +282,7 @@ def build_library(
         flags,
         checked,
         runtime_digest(),
-        _digest_tree(paths.bundled_include_dir()),
+        digest.tree_digest(paths.bundled_include_dir()),
         _cuda_identity(),
         platform.machine(),
         use_ucontext(),
