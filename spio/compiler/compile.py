@@ -134,9 +134,11 @@ def cubin_key(source: str, arch: str, headers: dict[str, str], opts: list[str]) 
     """The cache key of one compilation: everything that decides the cubin.
 
     That is the source, the in-memory headers, every option except the -I folders spio adds,
-    the arch, NVRTC's identity, and the content of spio/include and of the CUDA headers. The
-    -I paths are left out so that moving spio's installation keeps its cache; options a caller
-    passes, -I included, stay in the key (their folders' content is not digested).
+    the arch, NVRTC's identity, spio/include's content and the CUDA headers' identity. The -I
+    paths are left out so that moving spio's own folder keeps its cache; the CUDA headers'
+    identity includes their folder's path and mtimes (statting is cheap, reading them is not),
+    so a new or moved environment holding the CUDA wheels compiles afresh once. Options a
+    caller passes, -I included, stay in the key (their folders' content is not digested).
     """
     own_includes = set(_include_options())
     return hash_key(

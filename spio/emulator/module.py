@@ -74,6 +74,19 @@ def _span(t: Any) -> tuple[int, int]:
     return t.data_ptr() + lo * t.element_size(), t.data_ptr() + (hi + 1) * t.element_size()
 
 
+def _dense(t: Any) -> bool:
+    """Whether t's elements fill their span exactly once (contiguous, channels_last, any
+    permutation of dims): ordered by stride, each dim's stride is the product of the sizes
+    below it. A self-overlapping view of the same span's size is not."""
+    step = 1
+    for stride, size in sorted((abs(st), s) for s, st in zip(t.shape, t.stride(), strict=True)
+                               if s > 1):  # fmt: skip
+        if stride != step:
+            return False
+        step *= size
+    return True
+
+
 def _byte_view(t: Any, lo: int, nbytes: int) -> Any:
     """The `nbytes` bytes of t's storage from address `lo`, as a flat uint8 tensor."""
     import torch
@@ -149,8 +162,7 @@ class EmuFunction:
                 lo, hi = spans[i]
                 overlaps = any(j != i and spans[j][0] < hi and lo < spans[j][1] for j, _ in tensors)
                 # Dense: the elements fill their span (contiguous, channels_last, any permutation).
-                dense = hi - lo == arg.numel() * arg.element_size()
-                if check and dense and not overlaps and arg.numel() > 0:
+                if check and _dense(arg) and not overlaps and arg.numel() > 0:
                     copy, original_bytes, copy_bytes = _guarded_copy(arg, lo, hi)
                     copies.append((arg, copy, original_bytes, copy_bytes))
                     moved = copy.data_ptr() - arg.data_ptr()

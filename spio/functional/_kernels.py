@@ -175,7 +175,7 @@ def _run_wgrad(kernel, deterministic, input, grad_output, params, with_bias, dty
         return _pytorch_wgrad(input, grad_output, params, with_bias)
     if params.has_bias != with_bias:
         params = dataclasses.replace(params, has_bias=with_bias)
-    return wf.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes)
+    return wf.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes, validated=True)
 
 
 class Layer:
@@ -276,11 +276,15 @@ class Layer:
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         kernel = self.fprop_kernel(conv2d_gw8_factory.operand_layout(weight, bias))
-        return conv2d_gw8_factory.fprop(input, weight, bias, self.params, kernel=kernel)
+        return conv2d_gw8_factory.fprop(
+            input, weight, bias, self.params, kernel=kernel, validated=True
+        )
 
     def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
         kernel = self.dgrad_kernel(conv2d_gw8_factory.operand_layout(weight)[0])
-        return conv2d_gw8_factory.dgrad(grad_output, weight, self.params, kernel=kernel)
+        return conv2d_gw8_factory.dgrad(
+            grad_output, weight, self.params, kernel=kernel, validated=True
+        )
 
     def fprop_kernel(self, layout: tuple[bool, bool]) -> Kernel:
         """The FProp kernel reading weight and bias as `layout` (weights_cl, bias_elem) says."""

@@ -2,10 +2,12 @@
 
 A torch.library custom op pays its dispatch (schema parsing, fake-tensor plumbing, autograd
 wrapper) on every call: on an H200 host that measured 73 µs over F.conv2d's own 19 µs
-(docs/perf/2026-11-29-h200.md), more than a small layer's kernel. Outside torch.compile,
+(docs/perf/2026-11-29-h200.md), more than a small layer's kernel. In plain eager mode
 Conv2dGw8 calls `conv2d_gw8_eager` instead, which goes straight to the same kernel seam
-(`spio.functional._kernels`). Under torch.compile the module uses the custom op, whose fake and
-autograd registrations the compiler needs. Both compute the same thing; the tests compare them.
+(`spio.functional._kernels`). Wherever something must see the op (torch.compile, jit tracing, a
+torch.func transform, a TorchDispatchMode such as FakeTensorMode or make_fx, tensor subclasses:
+`eager_path_applies`) the module uses the custom op, whose fake and autograd registrations
+those need. Both compute the same thing; the tests compare them.
 
 What keeps it light:
 - a layer's validation, parameters and kernels are found once per call signature (shapes, dtypes,

@@ -103,7 +103,8 @@ def kernel_inputs(family: str, params: Conv2dGw8Params, device: Any, seed: int =
 def input_copies(family: str, params: Conv2dGw8Params, l2_bytes: int) -> int:
     """Input sets to rotate through so that a launch does not find its data in L2: the bench's
     rule (spio.bench.timing.rotation_sets), so that autotune, the performance model's samples
-    and `spio bench` time kernels alike. The sets hold about 3x the L2's bytes in all."""
+    and `spio bench` time kernels alike: enough sets for about 3x the L2's bytes, at most
+    MAX_SETS (64)."""
     from ..bench.timing import rotation_sets
     from .families import get_family
 
@@ -159,19 +160,30 @@ def time_kernel(
 
 
 class _DefaultTimer:
-    """Times kernels on the GPU; `prepare` compiles the candidates in parallel beforehand."""
+    """Times kernels on the GPU; `prepare` compiles the candidates in parallel beforehand, and
+    `release` frees the inputs the candidates of one layer share."""
+
+    def __init__(self) -> None:
+        self._inputs: tuple[tuple, list] | None = None  # (family, params, device), arg sets
 
     def __call__(self, family: str, params: Conv2dGw8Params, kernel: Kernel, device: Any) -> float:
         """Seconds per call (`pass_call`) of `kernel`, with inputs rotated when they fit in the
-        device's L2."""
-        copies = input_copies(family, params, _l2_bytes(device))
-        arg_sets = [kernel_inputs(family, params, device, seed) for seed in range(copies)]
-        return time_kernel(family, params, kernel, arg_sets, device)
+        device's L2 (made once for all the candidates of a layer)."""
+        key = (family, params, str(device))
+        if self._inputs is None or self._inputs[0] != key:
+            self._inputs = None  # free the last layer's first
+            copies = input_copies(family, params, _l2_bytes(device))
+            sets = [kernel_inputs(family, params, device, seed) for seed in range(copies)]
+            self._inputs = (key, sets)
+        return time_kernel(family, params, kernel, self._inputs[1], device)
 
     def prepare(self, kernels: Sequence[Kernel], arch: str) -> None:
         from ..compiler import compile_many
 
         compile_many([k.compile_job(arch) for k in kernels], progress=False)
+
+    def release(self) -> None:
+        self._inputs = None
 
 
 #: The timer autotune uses unless given another (tests replace it with a fake).
@@ -256,6 +268,9 @@ def autotune(
                         "autotune: %s %s failed: %s", family.name, config.encode(), error
                     )
             times.append(seconds)
+        release = getattr(run, "release", None)
+        if release is not None:
+            release()
         best = min(range(len(candidates)), key=lambda i: times[i])
         if not math.isfinite(times[best]):
             raise RuntimeError(

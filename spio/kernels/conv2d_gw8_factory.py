@@ -483,14 +483,18 @@ def fprop(
     config: Conv2dGw8Config | None = None,
     out=None,
     kernel: Kernel | None = None,
+    validated: bool = False,
 ):
     """y = conv2d_gw8(x, weight) + bias with the FProp kernel; x (N, C, H, W) and weight
     (C, 8, R, S) in any layout, bias (C,) or None. Whatever `kernel` does not read as given (see
-    operand_layout and variant) is copied into what it reads. Returns y in channels_last memory."""
+    operand_layout and variant) is copied into what it reads. Returns y in channels_last memory.
+    `validated`: the caller has checked the tensors' dtypes and shapes against `params` (as
+    spio.functional's layers do, once per call signature), so they are not checked again."""
     import torch
 
-    _check_dtype(params, x, weight)
-    _check_shapes(params, x=x, weight=weight, bias=bias)
+    if not validated:
+        _check_dtype(params, x, weight)
+        _check_shapes(params, x=x, weight=weight, bias=bias)
     kernel = kernel or make_kernel(params, config)
     if out is None:
         out = torch.empty(
@@ -510,13 +514,15 @@ def dgrad(
     config: Conv2dGw8Config | None = None,
     out=None,
     kernel: Kernel | None = None,
+    validated: bool = False,
 ):
     """dx = the input gradient of conv2d_gw8 for output gradient dy, with the DGrad kernel.
-    Returns dx (N, C, H, W) in channels_last memory."""
+    Returns dx (N, C, H, W) in channels_last memory. `validated` as for fprop."""
     import torch
 
-    _check_dtype(params, dy, weight)
-    _check_shapes(params, dy=dy, weight=weight)
+    if not validated:
+        _check_dtype(params, dy, weight)
+        _check_shapes(params, dy=dy, weight=weight)
     kernel = kernel or make_kernel(params, config, igrad=True)
     if out is None:
         out = torch.empty(

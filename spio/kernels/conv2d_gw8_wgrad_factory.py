@@ -366,6 +366,7 @@ def wgrad(
     kernel: Kernel | None = None,
     dtypes: tuple | None = None,
     poison: bool = False,
+    validated: bool = False,
 ):
     """(dw, dbias) of conv2d_gw8 with the WGrad kernel: dw (C, 8, R, S); dbias (C,) when
     params.has_bias, else None; both fp32 or, with `dtypes` = (dw dtype, dbias dtype) as torch
@@ -375,13 +376,14 @@ def wgrad(
     which sum_slots then sums in a fixed order: the result is the same on every run.
     `poison` (for checks) fills the buffers the partials path writes with NaN first, so that an
     element a kernel skips shows as NaN; the atomic path adds into zeroed buffers, whose missed
-    contributions only the comparison with a reference can show."""
+    contributions only the comparison with a reference can show. `validated`: as for fprop."""
     import torch
 
     from .conv2d_gw8_factory import _check_dtype, _check_shapes, _nhwc
 
-    _check_dtype(params, x, dy)
-    _check_shapes(params, x=x, dy=dy)
+    if not validated:
+        _check_dtype(params, x, dy)
+        _check_shapes(params, x=x, dy=dy)
     kernel = kernel or make_kernel(params, config)
     device = x.device
     dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)

@@ -229,8 +229,8 @@ def conv2d_gw8_layer(
     groups: int,
     passes: int,
 ) -> Tensor:
-    """What a Conv2dGw8 computes: spio's kernels (without the custom op's dispatch outside
-    torch.compile and tracing), or F.conv2d where they cannot run, logging why once.
+    """What a Conv2dGw8 computes: spio's kernels (without the custom op's dispatch in plain
+    eager mode; see eager_path_applies), or F.conv2d where they cannot run, logging why once.
 
     A function of tensors and plain values, wrapped for torch.fx (below), so that
     torch.fx.symbolic_trace records a Conv2dGw8 call as one node, as it records an nn.Conv2d,

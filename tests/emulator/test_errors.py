@@ -147,3 +147,15 @@ def test_the_compiler_command_is_part_of_the_cache_key(monkeypatch):
     monkeypatch.setenv("CXX", "g++ -DSPIO_TEST_UNUSED_FLAG=1")
     flagged = build_library(source, name="emu_test_cxx_key", checked=False)
     assert plain.path != flagged.path
+
+
+def test_dense_tensors_are_those_whose_elements_fill_their_span_once():
+    """Checked launches copy dense tensors between guard zones: contiguous, channels_last and
+    permuted ones are dense; slices and self-overlapping views of the same size are not."""
+    from spio.emulator.module import _dense
+
+    t = torch.empty(2, 3, 4, 5)
+    assert _dense(t) and _dense(t.to(memory_format=torch.channels_last))
+    assert _dense(t.permute(3, 1, 0, 2)) and _dense(torch.empty(1, 1, 1))
+    assert not _dense(t[:, :, :2])
+    assert not _dense(torch.empty(8).as_strided((2, 2, 2), (1, 1, 5)))  # span 8, overlapping

@@ -237,11 +237,13 @@ def test_bulk_refill_after_a_barrier_passes(bulk, seed):
 # others only after a __syncthreads.
 
 
-@pytest.mark.parametrize("seed", [None, 1, 2])
-def test_reading_bulk_data_without_waiting_is_reported(bulk, seed):
-    with pytest.raises(EmulatorError, match="bulk cop|race|destination of an async copy"):
+def test_reading_bulk_data_without_waiting_is_reported(bulk):
+    """In index order thread 0 issues and waits before the others read: their reads find the
+    landed data without a wait of their own. (In shuffled orders some read before the copy is
+    issued, which the issue-time check reports instead.)"""
+    with pytest.raises(EmulatorError, match="without a wait of its own on that phase"):
         bulk.get_function("bulk_one_waiter").launch(
-            1, 64, (torch.zeros(64), torch.randn(64), 0), seed=seed
+            1, 64, (torch.zeros(64), torch.randn(64), 0), seed=None
         )
 
 

@@ -404,7 +404,7 @@ class TestEmulateSeam:
 
         seen = []
 
-        def fake_fprop(input, weight, bias, params, config=None, out=None, kernel=None):
+        def fake_fprop(input, weight, bias, params, config=None, out=None, kernel=None, **kw):
             seen.append(params)
             ref = conv2d_gw8_fprop_ref(input, weight, bias, params.padding)
             return ref.to(input.dtype)  # contiguous, although the input is channels_last
@@ -660,24 +660,26 @@ def test_activations_not_in_channels_last_are_logged_once_on_the_gpu(monkeypatch
     assert params.encode() in message and ".to(memory_format=torch.channels_last)" in message
 
 
-def test_flop_counter_counts_the_ops():
+def test_flop_counter_counts_the_ops(monkeypatch):
     """torch.utils.flop_counter.FlopCounterMode counts spio's ops: the forward as it counts
     nn.Conv2d's (2 * N * K * P * Q * 8 * R * S), the backward op one pass per gradient asked
-    for (DGrad, WGrad; the bias gradient is a sum)."""
+    for (DGrad, WGrad; the bias gradient is a sum). On the kernels (emulated here), where the
+    layer would otherwise take its eager path, which the mode cannot see."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from spio.layers import make_conv2d
 
-    layer = make_conv2d(16, 16, (3, 5), padding=(1, 2), groups=2).double()
-    x = torch.randn(2, 16, 6, 7, dtype=torch.float64)
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    layer = make_conv2d(16, 16, (3, 5), padding=(1, 2), groups=2).half()
+    x = torch.randn(2, 16, 6, 7).half()
     forward = 2 * 2 * 16 * 6 * 7 * 8 * 3 * 5
     for needs_input, expected_passes in ((True, 2), (False, 1)):
         with FlopCounterMode(display=False) as counter:
-            layer(x.clone().requires_grad_(needs_input)).sum().backward()
+            layer(x.clone().requires_grad_(needs_input)).float().sum().backward()
         counts = counter.get_flop_counts()["Global"]
         assert counts[torch.ops.spio.conv2d_gw8] == forward
         assert counts[torch.ops.spio.conv2d_gw8_backward] == expected_passes * forward
     conv = torch.nn.Conv2d(16, 16, (3, 5), padding=(1, 2), groups=2).double()
     with FlopCounterMode(display=False) as counter:
-        conv(x)
+        conv(x.double())
     assert counter.get_total_flops() == forward

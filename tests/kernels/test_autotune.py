@@ -354,3 +354,26 @@ def test_multi_image_variants_of_the_pick_are_timed_and_their_winner_cached(tune
     tuned.calls.clear()
     assert dict(conv2d_gw8_kernel_factory.get_kernel(small, FakeCuda()).info)["config"] == config
     assert tuned.calls == []
+
+
+def test_default_timer_makes_a_layers_inputs_once_for_all_its_candidates(monkeypatch):
+    """Up to 64 rotated input sets per layer: made once for the k candidates, freed by release
+    (autotune calls it after timing); the CUDA parts are stand-ins."""
+    made, timed = [], []
+    monkeypatch.setattr(autotune, "_l2_bytes", lambda device: 60 * 2**20)
+    monkeypatch.setattr(autotune, "input_copies", lambda family, params, l2: 3)
+    monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: made.append(a) or [object()])
+    monkeypatch.setattr(
+        autotune, "time_kernel", lambda f, p, kernel, sets, d: timed.append(len(sets)) or 1e-5
+    )
+    timer = autotune._DefaultTimer()
+    layer, other = P(n=2, c=16, h=8, w=8), P(n=4, c=16, h=8, w=8)
+    for kernel in ("a", "b", "c"):
+        timer("conv2d_gw8_fprop", layer, kernel, "cuda:0")
+    assert len(made) == 3 and timed == [3, 3, 3]
+    timer("conv2d_gw8_fprop", other, "a", "cuda:0")  # another layer: its own inputs
+    assert len(made) == 6
+    timer.release()
+    assert timer._inputs is None
+    timer("conv2d_gw8_fprop", other, "b", "cuda:0")
+    assert len(made) == 9

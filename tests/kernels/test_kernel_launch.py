@@ -73,9 +73,9 @@ assert list(K._loaded) == [("test_write_pattern", 0)]
     )
 
 
-def test_kernel_hashes_by_its_unique_name():
-    """Launch looks the loaded kernel up by Kernel on every call: the hash is the name's (the
-    generated one would rehash the headers' text), and equality still compares every field."""
+def test_kernel_hashes_by_its_name():
+    """A Kernel's hash is its name's (the generated one would rehash the headers' text on every
+    use as a key), and equality still compares every field."""
     from spio.kernels.kernel import Kernel
 
     def make(headers, name="k1"):

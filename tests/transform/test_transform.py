@@ -201,7 +201,7 @@ def test_hooks_keep_a_conv_and_attributes_travel():
 
 def test_include_answers_are_checked_before_the_model_changes():
     """A pass name alone is one pass; an answer that is no pass names fails naming it, and
-    leaves the model as it was (the layers before it were already replaced)."""
+    leaves the model as it was (the layers before it used to be replaced already)."""
     model = nn.Sequential(*(nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(3)))
     transform(model, include=lambda name, conv: "fprop")
     assert [m.spio_passes for m in model] == [("fprop",)] * 3
