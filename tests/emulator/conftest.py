@@ -269,6 +269,20 @@ extern "C" __global__ void half_syncwarp(int *out, int full) {
     out[lane] = lane >= 16 ? s[lane - 16] : 0;
 }
 
+/// Every lane reads a counter, the warp syncs, and lane 0 increments it (reading it again):
+/// legal, in shared memory (`global_mem` 0) or global memory (1).
+extern "C" __global__ void reread_after_syncwarp(int *count, int global_mem) {
+    __shared__ int s;
+    int *c = global_mem ? count : &s;
+    if (!global_mem && threadIdx.x == 0) s = 7;
+    __syncthreads();
+    const int seen = *c;
+    __syncwarp();
+    if (threadIdx.x == 0) *c += 1;
+    __syncwarp();
+    count[1 + threadIdx.x] = seen + *c;
+}
+
 /// Each half of the warp works on its own mask: a __syncwarp, a shuffle and a ballot. `bad` 1:
 /// the upper half names the whole warp in its __syncwarp, which the lower half never joins.
 extern "C" __global__ void warp_halves(unsigned *out, int bad) {

@@ -271,6 +271,17 @@ def test_full_syncwarp_orders_the_halves(hazards):
     assert out.tolist() == [0] * 16 + [lane + 100 for lane in range(16)]
 
 
+@pytest.mark.parametrize("global_mem", [0, 1])
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_a_lane_rereading_after_syncwarp_may_write(hazards, global_mem, seed):
+    """All lanes read, __syncwarp, then lane 0 reads again and writes: legal (it was reported,
+    the earlier reads dated at the re-read's sync generation)."""
+    count = torch.zeros(33, dtype=torch.int32)
+    count[0] = 7
+    hazards.get_function("reread_after_syncwarp").launch(1, 32, (count, global_mem), seed=seed)
+    assert count[1:].tolist() == [7 + 8] * 32
+
+
 @pytest.mark.parametrize("seed", [None, 1, 2, 3, 4])
 def test_collectives_on_disjoint_masks_pass(hazards, seed):
     out = torch.zeros(32, 3, dtype=torch.int32)

@@ -98,12 +98,14 @@ struct MBarrier {
     std::vector<uint32_t> seen;
 };
 
-/// Bulk copies that landed in the running block: the mbarrier and the phase they completed with.
-/// Shadow::bulk names one of these while the landed bytes are the last write of their epoch.
+/// Bulk copies that landed in the running block: the mbarrier, and how many of its phases had
+/// completed before the one they completed with (MBarrier::completed then; phase numbers count
+/// from 0 since mbarrier_init, unlike MBarrier::phase, the current phase's parity). Shadow::bulk
+/// names one of these while the landed bytes are the last write of their epoch.
 struct Landing {
     const MBarrier *bar;
     uintptr_t bar_addr;
-    uint32_t phase;
+    uint32_t completed;
 };
 
 struct Fiber {
@@ -375,11 +377,11 @@ bool reads_ordered(const Shadow &s, const Fiber *f) {
 void check_landed(const Fiber *f, const Shadow &s, uintptr_t addr, bool write, const char *via) {
     const Landing &l = g_rt.landings[s.bulk - 1];
     const std::vector<uint32_t> &seen = l.bar->seen;
-    if (static_cast<std::size_t>(f->tid) < seen.size() && seen[f->tid] > l.phase) return;
+    if (static_cast<std::size_t>(f->tid) < seen.size() && seen[f->tid] > l.completed) return;
     fail(f, format("%s shared address %#lx, which a bulk copy completing phase %u of the mbarrier "
                    "at %#lx wrote, without a wait of its own on that phase (or a __syncthreads() "
                    "after a thread that waited)",
-                   action(write, via).c_str(), static_cast<unsigned long>(addr), l.phase,
+                   action(write, via).c_str(), static_cast<unsigned long>(addr), l.completed,
                    static_cast<unsigned long>(l.bar_addr)));
 }
 
@@ -427,7 +429,11 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
             s.w_tid = tid;
             s.w_wep = gen;
             s.bulk = 0;
-        } else if (s.r_epoch != e) {
+        } else if (s.r_epoch != e || reads_ordered(s, f)) {
+            // A new epoch, or every read recorded is ordered before this one (by program order
+            // or a __syncwarp): this read stands for them, so a later write need only be
+            // ordered after it. (Merging would date the earlier reads at this read's sync
+            // generation, and a lane that re-reads after a __syncwarp would fail its writer.)
             s.r_epoch = e;
             s.r_tid = tid;
             s.r_warp = warp;
@@ -506,7 +512,9 @@ void g_record(GAccess &x, const Fiber *f) {
     const bool other = (x.tid & kOtherBlocks) || (x.epoch != 0 && x.epoch < g_rt.block_epoch0);
     const auto flag = static_cast<uint16_t>(other ? kOtherBlocks : 0);
     const auto wep = static_cast<uint16_t>(g_rt.warps[f->warp].sync_gen);
-    if (x.epoch != g_rt.epoch) {
+    if (x.epoch != g_rt.epoch || (!other && g_ordered(x, f))) {
+        // A new epoch, or every access recorded is ordered before this one: it stands for them
+        // (as in shadow_access's reads).
         x = GAccess{g_rt.epoch, static_cast<uint16_t>(f->tid | flag), wep};
         return;
     }
