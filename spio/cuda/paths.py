@@ -137,17 +137,14 @@ def _candidates() -> list[_Candidate]:
         for lib in ("lib64", "lib"):
             cands.append(_Candidate(None, root / lib, (root / "include",), f"toolkit at {root}"))
     conda = os.environ.get("CONDA_PREFIX")
-    if conda:
-        lib = Path(conda) / "lib"
-        cands.append(
-            _Candidate(None, lib, tuple(_includes_for_lib_folder(lib)), "conda's CONDA_PREFIX")
-        )
-    for entry in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
-        if entry:
-            lib = Path(entry)
-            cands.append(
-                _Candidate(None, lib, tuple(_includes_for_lib_folder(lib)), "LD_LIBRARY_PATH")
-            )
+    lib_folders = [(Path(conda) / "lib", "conda's CONDA_PREFIX")] if conda else []
+    lib_folders += [
+        (Path(entry), "LD_LIBRARY_PATH")
+        for entry in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+        if entry
+    ]
+    for lib, what in lib_folders:
+        cands.append(_Candidate(None, lib, tuple(_includes_for_lib_folder(lib)), what))
     preferred = torch_cuda_major()
     if preferred is not None:
         # Stable sort: torch's CUDA major first, everything else keeps its order.

@@ -166,18 +166,6 @@ def wgrad_kernel(
     return _chosen[key]
 
 
-def _run_wgrad(kernel, deterministic, input, grad_output, params, with_bias, dtypes):
-    """wgrad with wgrad_kernel's choice made: None (deterministic mode, partials too big) means
-    PyTorch's gradients, in fp32."""
-    if deterministic and kernel is not None:
-        _log_deterministic_once()
-    if kernel is None:
-        return _pytorch_wgrad(input, grad_output, params, with_bias)
-    if params.has_bias != with_bias:
-        params = dataclasses.replace(params, has_bias=with_bias)
-    return wf.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes, validated=True)
-
-
 class Layer:
     """One call signature (shapes, dtypes, devices, padding): its validated parameters, and its
     kernels once first needed. Both the custom ops and the eager path run through it, so a model
@@ -322,7 +310,14 @@ class Layer:
         the partial sums always, or PyTorch where that buffer would pass MAX_PARTIAL_BYTES."""
         deterministic = torch.are_deterministic_algorithms_enabled()
         kernel = self.wgrad_kernel(with_bias, deterministic)
-        return _run_wgrad(kernel, deterministic, input, grad_output, self.params, with_bias, dtypes)
+        if kernel is None:  # deterministic mode, partial sums too big: PyTorch's, in fp32
+            return _pytorch_wgrad(input, grad_output, self.params, with_bias)
+        if deterministic:
+            _log_deterministic_once()
+        params = self.params
+        if params.has_bias != with_bias:
+            params = dataclasses.replace(params, has_bias=with_bias)
+        return wf.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes, validated=True)
 
     def wgrad_kernel(self, with_bias: bool, deterministic: bool) -> Kernel | None:
         """wgrad_kernel's choice for this layer (None: PyTorch computes dw)."""

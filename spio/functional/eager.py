@@ -111,6 +111,10 @@ def derivative_transform(*tensors: Tensor | None) -> str | None:
     return None
 
 
+#: Tensor types the eager path launches kernels on.
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
 def eager_path_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether a call may take `conv2d_gw8_eager` rather than the custom op: not while
     torch.compile or torch.jit.trace records (they must see the op), nor inside a torch.func
@@ -126,10 +130,6 @@ def eager_path_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bo
         or type(weight) not in _PLAIN
         or (bias is not None and type(bias) not in _PLAIN)
     )
-
-
-#: Tensor types the eager path launches kernels on.
-_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def conv2d_gw8_eager(

@@ -209,8 +209,9 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
     if torch.is_autocast_enabled(device_type):
         if torch.float64 in (input.dtype, weight.dtype):
             return "float64 tensors under autocast"
-        if kernels and torch.get_autocast_dtype(device_type) not in _HALF:
-            return f"autocast to {torch.get_autocast_dtype(device_type)}"
+        dtype = torch.get_autocast_dtype(device_type)
+        if kernels and dtype not in _HALF:
+            return f"autocast to {dtype}"
         return None
     if input.dtype != weight.dtype:
         return f"input {input.dtype} and weight {weight.dtype} differ"
