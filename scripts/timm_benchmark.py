@@ -100,10 +100,20 @@ def example_input(args):
 
 
 def time_model(model, args) -> float:
-    """Median samples/s over args.iters steps after args.warmup untimed ones."""
+    """Median samples/s over args.iters steps after args.warmup untimed ones; a model with spio
+    layers has its kernels compiled first, in parallel (spio.precompile)."""
     import torch
 
-    step = _step_fn(model, args, example_input(args))
+    import spio
+    from spio.layers import Conv2dGw8
+
+    x = example_input(args)
+    step = _step_fn(model, args, x)
+    if any(isinstance(m, Conv2dGw8) for m in model.modules()):
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=getattr(torch, args.amp_dtype)):
+            kernels = spio.precompile(model, x, training=args.bench == "train")
+        print(f"spio.precompile: {len(kernels)} kernels in {time.perf_counter() - start:.1f} s")
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()

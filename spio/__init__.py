@@ -6,6 +6,7 @@ pool and the PyTorch-facing modules load on first use.
     import spio
     model = spio.transform(model)          # eligible nn.Conv2d layers now run spio kernels
     layers = spio.scan_modules(model, x)   # the Conv2dGw8Params met in one forward pass
+    spio.precompile(model, x)              # build its kernels now, in parallel
 """
 
 import importlib
@@ -25,6 +26,7 @@ _LAZY = {
     "transform": "spio.transform",
     "untransform": "spio.transform",
     "scan_modules": "spio.transform",
+    "precompile": "spio.transform",
 }
 
 # Public subpackages, also loaded on first access: spio.layers.Conv2dGw8 works after `import spio`.

@@ -235,10 +235,11 @@ class Layer:
         in and out of the NHWC layout the kernels read, which the user can avoid; logged once
         per process, as every layer of an NCHW model does it."""
         global _layout_logged
+        if not passes:  # PyTorch's convolution runs every pass: no copies yet
+            return
         self._layout_checked = True
         if (
             _layout_logged
-            or not passes
             or self.device.type != "cuda"
             or input.is_contiguous(memory_format=torch.channels_last)
         ):
@@ -251,6 +252,37 @@ class Layer:
             "the model and its inputs: .to(memory_format=torch.channels_last). (Logged once.)",
             self.params.encode(),
         )
+
+    def kernels(
+        self,
+        weight: Tensor,
+        bias: Tensor | None,
+        passes: int,
+        needs: tuple[bool, bool, bool],
+        deterministic: bool,
+    ) -> list[Kernel]:
+        """The kernels a call with these operands launches, chosen as its passes choose them:
+        FProp where `passes` has it, and for the gradients `needs` (input, weight, bias) asks
+        for, DGrad and WGrad where `passes` has them (with the sum over WGrad's partial sums, in
+        the gradient dtypes of the eager path and of the op). For spio.precompile."""
+        found = []
+        if passes & FPROP:
+            found.append(self.fprop_kernel(conv2d_gw8_factory.operand_layout(weight, bias)))
+        need_input, need_weight, need_bias = needs
+        if need_input and passes & DGRAD:
+            found.append(self.dgrad_kernel(conv2d_gw8_factory.operand_layout(weight)[0]))
+        wgrad = None
+        if need_weight and passes & WGRAD:
+            wgrad = self.wgrad_kernel(need_bias, deterministic)  # None: PyTorch's
+        if wgrad is not None:
+            found.append(wgrad)
+            if wgrad.info_value("partials"):
+                params = dataclasses.replace(self.params, has_bias=need_bias)
+                bias_dtype = torch.float32 if bias is None else bias.dtype
+                eager = (wf.gradient_dtype_name(weight.dtype), wf.gradient_dtype_name(bias_dtype))
+                for dtypes in dict.fromkeys([eager, ("fp32", "fp32")]):
+                    found.append(wf.sum_kernel(params, *dtypes))
+        return found
 
     def stand_in_input(self, grad_output: Tensor, fmt: torch.memory_format) -> Tensor:
         """An uninitialised input for grad_output's batch, for callers that did not keep the
@@ -342,6 +374,9 @@ class _TorchLayer(Layer):
     def backward(self, grad_output, input, weight, mask, passes, dtypes=None):
         return super().backward(grad_output, input, weight, mask, 0, dtypes)
 
+    def kernels(self, weight, bias, passes, needs, deterministic):
+        return []
+
 
 #: The largest tensor a kernel takes: its generated header counts bytes in a C++ int.
 MAX_TENSOR_BYTES = 2**31 - 1
@@ -376,6 +411,10 @@ class _ChunkedLayer(Layer):
             if size not in by_size:
                 by_size[size] = Layer(dataclasses.replace(params, n=size), device)
             self._chunks.append((start, stop, by_size[size]))
+
+    def kernels(self, weight, bias, passes, needs, deterministic):
+        chunks = {id(chunk): chunk for _, _, chunk in self._chunks}.values()
+        return [k for c in chunks for k in c.kernels(weight, bias, passes, needs, deterministic)]
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         out = self._empty_nhwc(self.params.output_shape, input)

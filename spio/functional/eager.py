@@ -132,6 +132,22 @@ def eager_path_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bo
     )
 
 
+def autocast_operands(
+    input: Tensor, weight: Tensor, bias: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The operands as the kernels get them: inside an autocast region, input and weight cast to
+    its dtype (the weight contiguous, as the kernels read it) and bias to fp32, as the custom op
+    casts them; outside one, as they are."""
+    device_type = "cuda" if input.is_cuda else input.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        # One op for the weight: cast, and the contiguous layout the kernels read.
+        input = input.to(dtype)
+        weight = weight.to(dtype=dtype, memory_format=torch.contiguous_format)
+        bias = None if bias is None else bias.to(torch.float32)
+    return input, weight, bias
+
+
 def conv2d_gw8_eager(
     input: Tensor,
     weight: Tensor,
@@ -145,13 +161,7 @@ def conv2d_gw8_eager(
     Autocast is applied as the custom op applies it: input and weight to the region's dtype, bias
     to fp32. Validation is the custom op's own. `passes` as for the op.
     """
-    device_type = "cuda" if input.is_cuda else input.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        # One op for the weight: cast, and the contiguous layout the kernels read.
-        input = input.to(dtype)
-        weight = weight.to(dtype=dtype, memory_format=torch.contiguous_format)
-        bias = None if bias is None else bias.to(torch.float32)
+    input, weight, bias = autocast_operands(input, weight, bias)
     layer = _kernels.layer(input, weight, bias, padding_y, padding_x)
     if torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)

@@ -421,12 +421,14 @@ def _partials_plan(kernel: Kernel, params: Conv2dGw8Params, dw_dtype, dbias_dtyp
     if plan is None:
         slots = partial_slots(params, kernel.info_value("config"))
         w_size, c = _slot_columns(params)
-        summing = sum_kernel(params, _dtype_name(dw_dtype), _dtype_name(dbias_dtype))
+        summing = sum_kernel(
+            params, gradient_dtype_name(dw_dtype), gradient_dtype_name(dbias_dtype)
+        )
         plan = _partials_plans[key] = (slots, w_size, c, summing)
     return plan
 
 
-def _dtype_name(dtype) -> str:
+def gradient_dtype_name(dtype) -> str:
     import torch
 
     names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

@@ -12,7 +12,7 @@ import functools
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,3 +219,52 @@ def _emulator_function(kernel: Kernel):
                 module = emulator.load_module(kernel.source, dict(kernel.headers), name=kernel.name)
                 function = _emulated[kernel.name] = module.get_function(kernel.entry)
     return function
+
+
+def build_kernels(kernels: Iterable[Kernel], device: Any, progress: bool = True) -> list[str]:
+    """Build every kernel for `device` (a torch.device) in parallel into the disk caches, so that
+    each one's first launch only loads it: cubins for a CUDA device's arch by NVRTC in worker
+    processes, emulator libraries for the CPU by the host compiler in threads (SPIO_WORKERS of
+    either). Returns one message per kernel that failed to build; its launch raises the error."""
+    unique = list({k.name: k for k in kernels}.values())
+    if not unique:
+        return []
+    if device.type == "cuda":
+        from ..compiler import compile_many
+        from ..cuda import driver
+
+        arch = driver.device_attributes(device.index or 0)["arch"]
+        desc = f"compiling {len(unique)} spio kernels for {arch}"
+        jobs = [k.compile_job(arch) for k in unique]
+        results = compile_many(jobs, progress=progress, desc=desc)
+    elif device.type == "cpu":
+        results = _build_emulated(unique, progress)
+    else:
+        raise ValueError(f"spio kernels run on CUDA devices or the CPU emulator, got {device}")
+    return [
+        f"{k.name}: {r}" for k, r in zip(unique, results, strict=True) if isinstance(r, Exception)
+    ]
+
+
+def _build_emulated(kernels: list[Kernel], progress: bool) -> list[Any]:
+    """Each kernel's checked emulator library (what its launch loads), or the exception."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    from ..compiler.pool import default_workers
+    from ..emulator.build import build_library
+
+    def build(kernel: Kernel) -> Any:
+        try:
+            return build_library(kernel.source, dict(kernel.headers), name=kernel.name)
+        except Exception as error:  # returned: one bad kernel must not stop the others
+            return error
+
+    desc = f"building {len(kernels)} spio kernels for the CPU emulator"
+    with tqdm(total=len(kernels), desc=desc, unit="kernel", disable=not progress) as bar:
+        with ThreadPoolExecutor(max_workers=min(default_workers(), len(kernels))) as pool:
+            futures = [pool.submit(build, k) for k in kernels]
+            for future in futures:
+                future.add_done_callback(lambda _: bar.update())
+            return [future.result() for future in futures]

@@ -10,10 +10,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
+from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
-from spio.functional.eager import conv2d_gw8_eager, derivative_transform, eager_path_applies
+from spio.functional.eager import (
+    autocast_operands,
+    conv2d_gw8_eager,
+    derivative_transform,
+    eager_path_applies,
+)
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
+from spio.kernels.kernel import Kernel
 from spio.log import logger
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -194,6 +201,30 @@ class Conv2dGw8(nn.Conv2d):
         return conv2d_gw8_layer(
             input, self.weight, self.bias, self.padding, self.groups, self._pass_bits
         )
+
+    def spio_kernels(self, input: Tensor) -> list[Kernel]:
+        """The kernels a call of this layer on `input` launches, chosen as that call chooses
+        them (chosen, not built; see spio.precompile): none where it falls back to F.conv2d or
+        input's device runs no kernels; FProp if spio runs it; and, where autograd is on, DGrad
+        and WGrad if spio runs them and the backward will ask for their gradients (input,
+        weight, bias requiring grad). Raises the call's ValueError for arguments it rejects."""
+        kernels = input.is_cuda or uses_kernels(input.device)
+        weight, bias = self.weight, self.bias
+        if not kernels or _unsupported(input, weight, bias, kernels) is not None:
+            return []
+        if derivative_transform(input, weight, bias) is not None:
+            return []
+        x = input.unsqueeze(0) if input.dim() == 3 else input
+        x, weight, bias = autocast_operands(x, weight, bias)
+        layer = _kernels.layer(x, weight, bias, *self.padding)
+        grad = torch.is_grad_enabled()
+        needs = (
+            grad and x.requires_grad,
+            grad and weight.requires_grad,
+            grad and bias is not None and bias.requires_grad,
+        )
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        return layer.kernels(weight, bias, self._pass_bits, needs, deterministic)
 
 
 def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool) -> str | None:

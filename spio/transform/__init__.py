@@ -1,6 +1,7 @@
 """Model-level tools: transform(model) swaps in spio layers and untransform(model) swaps them
 back; scan_modules lists the layers met; where_faster(model, x) measures which layers spio runs
-faster, for transform's `include`.
+faster, for transform's `include`; precompile(model, x) builds a model's kernels ahead of its
+first step, in parallel.
 
 `spio.transform` names both this package and the function. Importing the package makes the
 import system set the attribute spio.transform to the package, hiding a re-exported function,
@@ -10,9 +11,9 @@ so the package itself is callable: spio.transform(model) works either way.
 import sys
 import types
 
-from .modules import scan_modules, transform, untransform, where_faster
+from .modules import precompile, scan_modules, transform, untransform, where_faster
 
-__all__ = ["scan_modules", "transform", "untransform", "where_faster"]
+__all__ = ["precompile", "scan_modules", "transform", "untransform", "where_faster"]
 
 
 class _CallablePackage(types.ModuleType):

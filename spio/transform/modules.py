@@ -5,6 +5,7 @@ Both walk the module tree instead of tracing, so they work on models FX cannot t
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from spio.functional._kernels import PASSES, pass_mask
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
+from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import Conv2dGw8, module_ineligibility, resolve_padding
 from spio.log import logger
 
@@ -155,7 +157,8 @@ def scan_modules(model: nn.Module, *inputs: object) -> list[Conv2dGw8Params]:
 
     Counts Conv2dGw8 modules and nn.Conv2d modules that transform would replace, in the order
     first met. The pass runs without autograd, and every buffer (e.g. BatchNorm running
-    statistics) is restored afterwards, so the model is left unchanged.
+    statistics) and the random-number state are restored afterwards, so the model is left
+    unchanged.
     """
     return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs)))
 
@@ -163,7 +166,7 @@ def scan_modules(model: nn.Module, *inputs: object) -> list[Conv2dGw8Params]:
 def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2dGw8Params, bool]]:
     """(module, params, nhwc) for each call of a spio-eligible convolution in one forward pass of
     model(*inputs), in order, without autograd; nhwc: the call's input was a contiguous
-    channels_last tensor. Buffers are restored afterwards."""
+    channels_last tensor. Buffers and the random-number state are restored afterwards."""
     met: list[tuple[nn.Module, Conv2dGw8Params, bool]] = []
 
     def hook(module: nn.Module, args: tuple, output: object) -> None:
@@ -174,18 +177,91 @@ def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2d
                 met.append((module, params, nhwc))
 
     modules = [m for m in model.modules() if isinstance(m, Conv2dGw8) or Conv2dGw8.match(m)]
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     handles = [m.register_forward_hook(hook) for m in modules]
     try:
-        with torch.no_grad():
-            model(*inputs)
+        _forward_once(model, inputs, grad=False)
     finally:
         for handle in handles:
             handle.remove()
+    return met
+
+
+def _forward_once(model: nn.Module, inputs: tuple, grad: bool) -> None:
+    """model(*inputs) once, its output dropped, with autograd on only if `grad`; afterwards
+    every buffer (e.g. BatchNorm's running statistics) and the random-number state (e.g. what
+    dropout drew) are as they were."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    tensors = [*(t for t in inputs if isinstance(t, torch.Tensor)), *model.parameters()]
+    gpus = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
+    try:
+        with torch.random.fork_rng(devices=gpus), torch.set_grad_enabled(grad):
+            model(*inputs)
+    finally:
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
-    return met
+
+
+def precompile(
+    model: nn.Module, *inputs: object, training: bool = True, progress: bool = True
+) -> list[Kernel]:
+    """Build, in parallel and ahead of time, every spio kernel that model(*inputs) launches, and
+    with `training` its backward pass too, so that their first calls only load them.
+
+    Otherwise each layer builds its kernels one at a time at its first call: about a second
+    each with NVRTC, and a layer in training launches three or four, so a model's first step
+    can stall for minutes. This runs model(*inputs) once with PyTorch's convolution standing in
+    for spio's (with autograd on when `training`, to learn which gradients each layer will be
+    asked for), picks each Conv2dGw8 call's kernels as that call will pick them, and builds them
+    all at once (SPIO_WORKERS processes, with a progress bar unless `progress` is False) into
+    the disk cache: cubins for the inputs' GPU, emulator libraries for CPU tensors with
+    SPIO_EMULATE=1. Call it as the model will run: on its device, in its memory format, under
+    torch.autocast if it trains under it, and on the model itself rather than on what
+    torch.compile returns. Buffers and the random-number state are restored afterwards.
+    Returns the kernels; raises RuntimeError naming any kernel that failed to build.
+    """
+    layers = list({id(m): m for m in model.modules() if isinstance(m, Conv2dGw8)}.values())
+    passes = {id(m): m._pass_bits for m in layers}
+    found: dict[tuple[torch.device, str], Kernel] = {}
+    calls = 0
+
+    def before(module: Conv2dGw8, args: tuple) -> None:
+        nonlocal calls
+        if args and isinstance(args[0], torch.Tensor):
+            calls += 1
+            for kernel in module.spio_kernels(args[0]):
+                found.setdefault((args[0].device, kernel.name), kernel)
+        module._pass_bits = 0  # PyTorch's convolution runs this call: nothing is built
+
+    def after(module: Conv2dGw8, args: tuple, output: object) -> None:
+        module._pass_bits = passes[id(module)]
+
+    handles = [m.register_forward_pre_hook(before) for m in layers]
+    handles += [m.register_forward_hook(after) for m in layers]
+    try:
+        _forward_once(model, inputs, grad=training)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module in layers:
+            module._pass_bits = passes[id(module)]
+    start = time.perf_counter()
+    failures = []
+    for device in dict.fromkeys(device for device, _ in found):
+        kernels = [k for (d, _), k in found.items() if d == device]
+        failures += build_kernels(kernels, device, progress=progress)
+    if failures:
+        raise RuntimeError(
+            f"spio.precompile: {len(failures)} of {len(found)} kernels failed to build:\n"
+            + "\n".join(failures)
+        )
+    logger.info(
+        "spio.precompile: %d kernels for %d spio layer calls, ready in %.1f s",
+        len(found),
+        calls,
+        time.perf_counter() - start,
+    )
+    return list(found.values())
 
 
 #: A layer timer for where_faster: (params, pass, impl "spio" or "torch") -> seconds per call.
@@ -208,9 +284,12 @@ def where_faster(
     says so when the convolutions met other layouts. `timer` replaces the GPU timing (tests).
     """
     met = _layers_met(model, inputs)
+    layers = list(dict.fromkeys(params for _, params, _ in met))
+    timed = PASSES if training else ("fprop",)
     if timer is None:
         device = _cuda_device(inputs)
         timer = _gpu_layer_timer(device)
+        _compile_for_timing([(params, p) for params in layers for p in timed], device)
     not_nhwc = sum(not nhwc for _, _, nhwc in met)
     if not_nhwc:
         logger.warning(
@@ -222,9 +301,8 @@ def where_faster(
             not_nhwc,
             len(met),
         )
-    timed = PASSES if training else ("fprop",)
     faster: dict[Conv2dGw8Params, tuple[str, ...]] = {}
-    for params in dict.fromkeys(p for _, p, _ in met):
+    for params in layers:
         times = {p: (timer(params, p, "spio"), timer(params, p, "torch")) for p in timed}
         won = tuple(p for p, (spio_s, torch_s) in times.items() if spio_s <= torch_s)
         faster[params] = won if training else (PASSES if won else ())
@@ -257,6 +335,17 @@ def _cuda_device(inputs: tuple) -> torch.device:
             f"{', '.join(sorted(str(d) for d in devices)) or 'no tensor'}"
         )
     return cuda[0]
+
+
+def _compile_for_timing(cases: list[tuple[Conv2dGw8Params, str]], device: torch.device) -> None:
+    """Compile spio's kernels of the (layer, pass) cases to time, in parallel, before timing
+    them one by one; a kernel that fails to compile fails its timing, with NVRTC's log."""
+    from spio.bench.run import precompile as compile_cases
+    from spio.cuda import driver
+
+    arch = driver.device_attributes(device.index or 0)["arch"]
+    for failure in compile_cases(cases, arch, device):
+        logger.warning("where_faster: %s", failure)
 
 
 def _gpu_layer_timer(device: torch.device) -> LayerTimer:

@@ -1,0 +1,240 @@
+"""spio.precompile builds the kernels a model's step will launch, before the step, in parallel.
+
+The emulated tests compare precompile's kernels with the kernels a real step then launches, and
+make the step fail if it has to build anything. Their layers have shapes no other test uses, so
+without precompile the step would build (the last test shows that it does).
+"""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import spio
+import spio.emulator.build as emulator_build
+from spio.functional import _kernels
+from spio.kernels import kernel as kernel_module
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.layers import Conv2dGw8
+from spio.transform import precompile, transform
+
+
+class _Net(nn.Module):
+    """Layers that ask for different kernels: a first layer (its input needs no gradient: no
+    DGrad), one with a frozen bias (WGrad without the bias gradient), one whose DGrad and WGrad
+    PyTorch runs, and a shared layer called on two image sizes (two layers' kernels)."""
+
+    def __init__(self, c: int = 24):
+        super().__init__()
+        self.first = nn.Conv2d(c, c, 3, padding=1, groups=c // 8)
+        self.frozen_bias = nn.Conv2d(c, c, (1, 3), padding=(0, 1), groups=c // 8)
+        self.frozen_bias.bias.requires_grad_(False)
+        self.fprop_only = nn.Conv2d(c, c, (3, 1), padding=(1, 0), groups=c // 8, bias=False)
+        self.shared = nn.Conv2d(c, c, 1, groups=c // 8, bias=False)
+        self.norm = nn.BatchNorm2d(c)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        x = self.frozen_bias(torch.relu(self.first(x)))
+        x = self.drop(self.norm(self.fprop_only(x)))
+        return self.shared(x).sum() + self.shared(x[:, :, 1:, 1:]).sum()
+
+
+def _model(dtype=torch.float16):
+    torch.manual_seed(0)
+    model = _Net().to(dtype)
+    include = lambda name, conv: ("fprop",) if name == "fprop_only" else True  # noqa: E731
+    return transform(model, include=include)
+
+
+def _input(dtype=torch.float16, n=2, h=11, w=5):
+    x = torch.randn(n, 24, h, w, generator=torch.Generator().manual_seed(1)).to(dtype)
+    return x.to(memory_format=torch.channels_last)
+
+
+def _launched(monkeypatch) -> list[str]:
+    """Records the name of every kernel launched from now on."""
+    names = []
+    launch = kernel_module.Kernel.launch
+
+    def recording(self, args, device):
+        names.append(self.name)
+        return launch(self, args, device)
+
+    monkeypatch.setattr(kernel_module.Kernel, "launch", recording)
+    return names
+
+
+def _no_builds(monkeypatch) -> None:
+    """From now on, building an emulator library fails (the host compiler is never run), and
+    the libraries this process loaded are forgotten: launching must find them on disk."""
+
+    def refuse(command, what):
+        raise AssertionError(f"built at run time: {what}")
+
+    monkeypatch.setattr(emulator_build, "_run", refuse)
+    monkeypatch.setattr(kernel_module, "_emulated", {})
+
+
+@pytest.fixture
+def emulated(monkeypatch, tmp_path):
+    """The emulator on, with an empty disk cache: what a step builds is not left over from
+    earlier runs of these tests."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+
+
+def test_builds_what_a_training_step_launches(emulated, monkeypatch, caplog):
+    model, x = _model(), _input()
+    buffers = [b.clone() for b in model.buffers()]
+    rng = torch.get_rng_state()
+    with caplog.at_level(logging.INFO, logger="spio"):
+        kernels = spio.precompile(model, x, progress=False)
+    assert f"spio.precompile: {len(kernels)} kernels for 5 spio layer calls" in caplog.text
+    # The model is as it was: buffers, random-number state, the passes spio runs.
+    assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
+    assert torch.equal(rng, torch.get_rng_state())
+    assert model.fprop_only.spio_passes == ("fprop",)
+    assert model.first.spio_passes == spio.functional._kernels.PASSES
+
+    _no_builds(monkeypatch)
+    launched = _launched(monkeypatch)
+    model(x).float().backward()
+    built = {k.name for k in kernels}
+    assert set(launched) <= built
+    # The op's gradient dtypes (fp32) are built too, in case the model runs under torch.compile.
+    assert built - set(launched) <= {"sum_slots__fp32_fp32"}
+    passes = {name.split("__")[0] for name in built}
+    assert passes == {"conv2d_gw8_fprop", "conv2d_gw8_dgrad", "conv2d_gw8_wgrad", "sum_slots"}
+    # Per layer: the first layer has no DGrad; the shared layer has two image sizes.
+    by_layer = {}
+    for name in built - {n for n in built if n.startswith("sum_slots")}:
+        family, layer, _ = name.split("__", 2)
+        by_layer.setdefault(layer, set()).add(family.removeprefix("conv2d_gw8_"))
+    first = Conv2dGw8Params(2, 24, 11, 5, padding=1, has_bias=True).encode()
+    frozen = Conv2dGw8Params(2, 24, 11, 5, padding=(0, 1), r=1, has_bias=True).encode()
+    only = Conv2dGw8Params(2, 24, 11, 5, padding=(1, 0), s=1).encode()
+    shared = [
+        Conv2dGw8Params(2, 24, h, w, padding=0, r=1, s=1).encode() for h, w in ((11, 5), (10, 4))
+    ]
+    assert by_layer[first] == {"fprop", "wgrad"}
+    assert by_layer[only] == {"fprop"}
+    assert by_layer[shared[0]] == by_layer[shared[1]] == {"fprop", "dgrad", "wgrad"}
+    # The frozen bias: its WGrad computes no bias gradient (a has_bias=False WGrad kernel).
+    assert by_layer[frozen] == {"fprop", "dgrad"}
+    wgrad_frozen = Conv2dGw8Params(2, 24, 11, 5, padding=(0, 1), r=1, has_bias=False).encode()
+    assert by_layer[wgrad_frozen] == {"wgrad"}
+
+
+def test_inference_builds_fprop_only(emulated, monkeypatch):
+    model, x = _model(), _input(h=9)
+    kernels = precompile(model, x, training=False, progress=False)
+    assert {k.name.split("__")[0] for k in kernels} == {"conv2d_gw8_fprop"}
+    assert len(kernels) == 5
+    _no_builds(monkeypatch)
+    launched = _launched(monkeypatch)
+    with torch.no_grad():
+        model(x)
+    assert set(launched) == {k.name for k in kernels}
+
+
+def test_autocast_builds_the_region_dtype(emulated, monkeypatch):
+    """Under autocast the kernels are the region's dtype, the gradients the fp32 parameters'."""
+    model, x = _model(torch.float32), _input(torch.float32, h=7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kernels = precompile(model, x, progress=False)
+    names = {k.name for k in kernels}
+    assert all("_bf16__" in n for n in names if not n.startswith("sum_slots"))
+    _no_builds(monkeypatch)
+    launched = _launched(monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(x)
+    loss.float().backward()
+    assert set(launched) <= names
+
+
+def test_chunked_layers_build_their_chunks_kernels(emulated, monkeypatch):
+    """A batch past the kernels' tensor limit runs in chunks, which are layers of their own."""
+    model, x = _model(), _input(n=3, h=6, w=6)
+    monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", 24 * 6 * 6 * 2 * 2)  # two images a chunk
+    monkeypatch.setattr(_kernels, "_layers", {})
+    kernels = precompile(model, x, progress=False)
+    assert all("__n2_" in k.name or "__n1_" in k.name for k in kernels if "sum_slots" not in k.name)
+    _no_builds(monkeypatch)
+    launched = _launched(monkeypatch)
+    model(x).float().backward()
+    assert set(launched) <= {k.name for k in kernels}
+
+
+def test_nothing_to_build_where_no_kernels_run(monkeypatch):
+    monkeypatch.delenv("SPIO_EMULATE", raising=False)
+    model, x = _model(torch.float64), _input(torch.float64)
+    assert precompile(model, x, progress=False) == []
+
+
+def test_restores_the_model_when_the_forward_fails(emulated):
+    model = _model()
+    with pytest.raises(ValueError, match="channels"):  # 16 channels into 24-channel layers
+        precompile(model, torch.randn(2, 16, 5, 5).half(), progress=False)
+    assert model.fprop_only.spio_passes == ("fprop",)
+    assert all(m._pass_bits for m in model.modules() if isinstance(m, Conv2dGw8))
+    assert not model.first._forward_pre_hooks and not model.first._forward_hooks
+
+
+def test_build_failures_name_the_kernels(emulated, monkeypatch):
+    def broken(source, headers, name):
+        if name.startswith("conv2d_gw8_dgrad"):
+            raise RuntimeError("no compiler today")
+        return None
+
+    monkeypatch.setattr(emulator_build, "build_library", broken)
+    model, x = _model(), _input(h=5, w=3)
+    with pytest.raises(
+        RuntimeError, match=r"3 of \d+ kernels failed to build:\n.*dgrad.*no compiler"
+    ):
+        precompile(model, x, progress=False)
+
+
+def test_layout_warning_survives_a_call_without_spio_passes(caplog, monkeypatch):
+    """precompile runs each layer once with spio's passes off; the layer must still warn about
+    a non-channels_last input at its first call that runs spio's kernels."""
+    monkeypatch.setattr(_kernels, "_layout_logged", False)
+    params = Conv2dGw8Params(1, 16, 4, 4)
+    layer = _kernels.Layer(params, torch.device("cuda"))
+    nchw = torch.empty(1, 16, 4, 4)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        layer._check_layout(nchw, 0)
+        assert "channels_last" not in caplog.text
+        layer._check_layout(nchw, _kernels.ALL_PASSES)
+    assert "not a contiguous channels_last tensor" in caplog.text
+
+
+def test_without_precompile_the_step_builds(emulated, monkeypatch):
+    """The control for the tests above: the same kind of model, not precompiled, builds at its
+    step (so "the step builds nothing" is a statement about precompile)."""
+    model, x = _model(), _input(h=13, w=3)
+    _no_builds(monkeypatch)
+    with pytest.raises(AssertionError, match="built at run time"):
+        model(x)
+
+
+@pytest.mark.cuda
+def test_gpu_step_compiles_nothing_after_precompile(monkeypatch, tmp_path):
+    """On a GPU: cubins for its arch, in a fresh cache; the step then compiles nothing."""
+    import spio.compiler.compile as compile_module
+
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernel_module, "_loaded", {})
+    model, x = _model().cuda(), _input(h=12, w=10).cuda()
+    kernels = precompile(model, x, progress=False)
+    assert kernels
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled at run time")
+
+    monkeypatch.setattr(compile_module.nvrtc, "compile_program", refuse)
+    launched = _launched(monkeypatch)
+    model(x).float().backward()
+    torch.cuda.synchronize()
+    assert set(launched) <= {k.name for k in kernels}
