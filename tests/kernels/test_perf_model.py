@@ -9,7 +9,9 @@ import math
 import shutil
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -661,18 +663,33 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
     # Compiles take 0.4 s and the budget is 1 s: a compile starts only when it should end in
     # time, so at most two layers are timed and the run ends within the budget (it used to
     # wait, past it, for the compile ahead and the one started after that: about 1.65 s).
-    monkeypatch.setattr(
-        spio.compiler,
-        "compile_many",
-        lambda jobs, **kw: time.sleep(0.4) or compiled.extend(jobs) or [None] * len(jobs),
-    )
+    # The script's clock is a fake that only compiles (0.4 s) and timings (1 ms) advance, so
+    # the check does not depend on how busy this machine is.
+    clock = [0.0]
+    lock = threading.Lock()
+
+    def advance(seconds):
+        with lock:
+            clock[0] += seconds
+
+    def slow_compile(jobs, **kw):
+        advance(0.4)
+        compiled.extend(jobs)
+        return [None] * len(jobs)
+
+    def slow_time(*args, **kw):
+        advance(0.001)
+        return fake_time(*args, **kw)
+
+    monkeypatch.setattr(spio.compiler, "compile_many", slow_compile)
+    monkeypatch.setattr(autotune, "time_kernel", slow_time)
+    monkeypatch.setattr(script, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     compiled.clear()
     timed.clear()
     slow = ["--csv", str(tmp_path / "c.csv"), "--batches", "8", "--layers", "4",
             "--max-configs", "2", "--budget-s", "1"]  # fmt: skip
-    began = time.monotonic()
     assert script.main(slow) == 0
-    assert time.monotonic() - began < 1 + 0.3
+    assert clock[0] <= 1.0
     assert 0 < len(timed) == len(compiled) == len(pm.read_samples(tmp_path / "c.csv")[0])
     layers = {(s.family, s.params) for s in pm.read_samples(tmp_path / "c.csv")[0]}
     assert 1 <= len(layers) <= 2
