@@ -5,6 +5,7 @@ Both walk the module tree instead of tracing, so they work on models FX cannot t
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -186,6 +187,19 @@ def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2d
     return met
 
 
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The module that a torch.compile, DistributedDataParallel or DataParallel wrapper runs
+    (through any nesting of them); model itself if it is none of them."""
+    while True:
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # imported by torch.compile
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+            model = model._orig_mod
+        else:
+            return model
+
+
 def _forward_once(model: nn.Module, inputs: tuple, grad: bool) -> None:
     """model(*inputs) once, its output dropped, with autograd on only if `grad`; afterwards
     every buffer (e.g. BatchNorm's running statistics) and the random-number state (e.g. what
@@ -215,11 +229,14 @@ def precompile(
     asked for), picks each Conv2dGw8 call's kernels as that call will pick them, and builds them
     all at once (SPIO_WORKERS processes, with a progress bar unless `progress` is False) into
     the disk cache: cubins for the inputs' GPU, emulator libraries for CPU tensors with
-    SPIO_EMULATE=1. Call it as the model will run: on its device, in its memory format, under
-    torch.autocast if it trains under it, and on the model itself rather than on what
-    torch.compile returns. Buffers and the random-number state are restored afterwards.
-    Returns the kernels; raises RuntimeError naming any kernel that failed to build.
+    SPIO_EMULATE=1. Call it as the model will run: on its device, in its memory format, and
+    under torch.autocast if it trains under it. A model wrapped by torch.compile,
+    DistributedDataParallel or DataParallel runs unwrapped here (the wrapper's forward would
+    compile a graph, or run DDP's collectives). Buffers and the random-number state are
+    restored afterwards. Returns the kernels; raises RuntimeError naming any kernel that failed
+    to build.
     """
+    model = _unwrapped(model)
     layers = list({id(m): m for m in model.modules() if isinstance(m, Conv2dGw8)}.values())
     passes = {id(m): m._pass_bits for m in layers}
     found: dict[tuple[torch.device, str], Kernel] = {}

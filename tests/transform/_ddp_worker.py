@@ -30,6 +30,7 @@ def _model() -> nn.Module:
 
 
 def _run(rank: int, init_file: str, result_file: str) -> None:
+    import spio
     import spio.transform
     from spio.layers import Conv2dGw8
 
@@ -39,6 +40,9 @@ def _run(rank: int, init_file: str, result_file: str) -> None:
         assert sum(isinstance(m, Conv2dGw8) for m in model.modules()) == 2
         initial = [p.detach().clone() for p in model.parameters()]
         ddp = nn.parallel.DistributedDataParallel(model)
+        # precompile runs the module inside DDP (whose own forward would broadcast buffers and
+        # prepare a gradient reduction that no backward follows); training goes on unharmed.
+        spio.precompile(ddp, torch.randn(4, 3, 8, 8), progress=False)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
         gen = torch.Generator().manual_seed(100 + rank)
         for _ in range(STEPS):

@@ -167,6 +167,19 @@ def test_chunked_layers_build_their_chunks_kernels(emulated, monkeypatch):
     assert set(launched) <= {k.name for k in kernels}
 
 
+def test_wrapped_models_run_unwrapped(emulated):
+    """torch.compile's and DataParallel's wrappers are looked through: the same kernels, and
+    nothing compiled by torch.compile (tests/transform/_ddp_worker.py precompiles a DDP model)."""
+    from torch._dynamo.utils import counters
+
+    model, x = _model(), _input(h=4, w=4)
+    plain = {k.name for k in precompile(model, x, progress=False)}
+    frames = counters["frames"]["total"]
+    wrapped = nn.DataParallel(torch.compile(model))
+    assert {k.name for k in precompile(wrapped, x, progress=False)} == plain
+    assert counters["frames"]["total"] == frames
+
+
 def test_nothing_to_build_where_no_kernels_run(monkeypatch):
     monkeypatch.delenv("SPIO_EMULATE", raising=False)
     model, x = _model(torch.float64), _input(torch.float64)
