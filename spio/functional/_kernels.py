@@ -132,7 +132,10 @@ def fprop_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
 
 
 def dgrad_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
-    """The DGrad kernel for params on device (chosen once per layer and device)."""
+    """The DGrad kernel for params on device (chosen once per layer and device). DGrad reads no
+    bias, so a layer with one gets the kernel of the layer without: the eager path asks with
+    the forward's params and the backward op without a bias, and both then run one kernel."""
+    params = dataclasses.replace(params, has_bias=False)
     return _kernel(conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, device, igrad=True)
 
 

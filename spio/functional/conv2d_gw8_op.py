@@ -12,7 +12,8 @@ dtype, so a transformed model runs anywhere.
 
 Autocast: a custom rule (not torch.library.register_autocast, which casts every floating tensor,
 bias included, to one fixed dtype) casts input and weight to the autocast dtype of the region,
-fp16 or bf16, and the bias to fp32, which is what the kernels take.
+fp16 or bf16 (the weight contiguous, as the eager path casts it), and the bias to fp32, which is
+what the kernels take.
 """
 
 from __future__ import annotations
@@ -288,14 +289,15 @@ conv2d_gw8_backward.register_autograd(_double_backward, setup_context=_setup_bac
 
 
 def _register_autocast(device_type: str) -> None:
-    """Cast input and weight to the region's autocast dtype and bias to fp32, then run the op."""
+    """Cast input and weight to the region's autocast dtype (the weight contiguous) and bias to
+    fp32, then run the op."""
     key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
     excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key_name))
 
-    def cast(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    def cast(t: Tensor | None, dtype: torch.dtype, fmt=torch.preserve_format) -> Tensor | None:
         if t is None or not t.is_floating_point() or t.dtype == torch.float64:
             return t
-        return t.to(dtype) if t.device.type == device_type else t
+        return t.to(dtype=dtype, memory_format=fmt) if t.device.type == device_type else t
 
     def kernel(_keyset, input, weight, bias=None, stride=1, padding_y=0, padding_x=0,
                dilation=1, groups=1, passes=ALL_PASSES):  # fmt: skip
@@ -303,7 +305,9 @@ def _register_autocast(device_type: str) -> None:
         with torch._C._ExcludeDispatchKeyGuard(excluded):
             return conv2d_gw8._opoverload(
                 cast(input, dtype),
-                cast(weight, dtype),
+                # Contiguous, as the eager path casts it (eager.autocast_operands), so that
+                # both run the same kernels (and spio.precompile's serve compiled models).
+                cast(weight, dtype, torch.contiguous_format),
                 cast(bias, torch.float32),
                 stride,
                 padding_y,

@@ -121,10 +121,11 @@ def test_builds_what_a_training_step_launches(emulated, monkeypatch, caplog):
     assert by_layer[first] == {"fprop", "wgrad"}
     assert by_layer[only] == {"fprop"}
     assert by_layer[shared[0]] == by_layer[shared[1]] == {"fprop", "dgrad", "wgrad"}
-    # The frozen bias: its WGrad computes no bias gradient (a has_bias=False WGrad kernel).
-    assert by_layer[frozen] == {"fprop", "dgrad"}
-    wgrad_frozen = Conv2dGw8Params(2, 24, 11, 5, padding=(0, 1), r=1, has_bias=False).encode()
-    assert by_layer[wgrad_frozen] == {"wgrad"}
+    # The frozen bias: its WGrad computes no bias gradient (a has_bias=False WGrad kernel), and
+    # DGrad, which reads no bias, is always the kernel of the layer without one.
+    assert by_layer[frozen] == {"fprop"}
+    without_bias = Conv2dGw8Params(2, 24, 11, 5, padding=(0, 1), r=1, has_bias=False).encode()
+    assert by_layer[without_bias] == {"dgrad", "wgrad"}
 
 
 def test_inference_builds_fprop_only(emulated, monkeypatch):
@@ -152,6 +153,24 @@ def test_autocast_builds_the_region_dtype(emulated, monkeypatch):
         loss = model(x)
     loss.float().backward()
     assert set(launched) <= names
+
+
+def test_torch_compile_launches_what_eager_mode_would(emulated, monkeypatch):
+    """A compiled model calls the custom op, not the eager path; under autocast, with
+    channels_last weights, both cast the weight the same way, so they launch the same kernels
+    and precompile's serve both."""
+    model, x = _model(torch.float32), _input(torch.float32, h=6, w=7)
+    model = model.to(memory_format=torch.channels_last)
+    assert not model.first.weight.is_contiguous()  # channels_last, as the model holds it
+    with torch.autocast("cpu", dtype=torch.float16):
+        kernels = precompile(model, x, progress=False)
+    _no_builds(monkeypatch)
+    launched = _launched(monkeypatch)
+    compiled = torch.compile(model, backend="aot_eager")
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = compiled(x)
+    loss.float().backward()
+    assert launched and set(launched) <= {k.name for k in kernels}
 
 
 def test_chunked_layers_build_their_chunks_kernels(emulated, monkeypatch):
