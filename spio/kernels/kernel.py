@@ -242,13 +242,21 @@ def build_kernels(kernels: Iterable[Kernel], device: Any, progress: bool = True)
     else:
         raise ValueError(f"spio kernels run on CUDA devices or the CPU emulator, got {device}")
     return [
-        f"{k.name}: {r}" for k, r in zip(unique, results, strict=True) if isinstance(r, Exception)
+        f"{k.name}: {_clipped(r)}"
+        for k, r in zip(unique, results, strict=True)
+        if isinstance(r, BaseException)
     ]
+
+
+def _clipped(error: BaseException, limit: int = 4000) -> str:
+    """An error's text, at most `limit` characters of it (a compiler's log can run long)."""
+    text = str(error)
+    return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more)"
 
 
 def _build_emulated(kernels: list[Kernel], progress: bool) -> list[Any]:
     """Each kernel's checked emulator library (what its launch loads), or the exception."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from tqdm import tqdm
 
@@ -262,9 +270,18 @@ def _build_emulated(kernels: list[Kernel], progress: bool) -> list[Any]:
             return error
 
     desc = f"building {len(kernels)} spio kernels for the CPU emulator"
-    with tqdm(total=len(kernels), desc=desc, unit="kernel", disable=not progress) as bar:
-        with ThreadPoolExecutor(max_workers=min(default_workers(), len(kernels))) as pool:
-            futures = [pool.submit(build, k) for k in kernels]
-            for future in futures:
-                future.add_done_callback(lambda _: bar.update())
-            return [future.result() for future in futures]
+    pool = ThreadPoolExecutor(max_workers=min(default_workers(), len(kernels)))
+    try:
+        futures = {pool.submit(build, k): i for i, k in enumerate(kernels)}
+        results: list[Any] = [None] * len(kernels)
+        for future in tqdm(
+            as_completed(futures),
+            desc=desc,
+            total=len(kernels),
+            disable=not progress,
+            unit="kernel",
+        ):
+            results[futures[future]] = future.result()
+        return results
+    finally:  # on an interrupt, the builds not yet started are dropped
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -202,12 +202,15 @@ class Conv2dGw8(nn.Conv2d):
             input, self.weight, self.bias, self.padding, self.groups, self._pass_bits
         )
 
-    def spio_kernels(self, input: Tensor) -> list[Kernel]:
+    def spio_kernels(self, input: Tensor, backward: bool | None = None) -> list[Kernel]:
         """The kernels a call of this layer on `input` launches, chosen as that call chooses
         them (chosen, not built; see spio.precompile): none where it falls back to F.conv2d or
-        input's device runs no kernels; FProp if spio runs it; and, where autograd is on, DGrad
-        and WGrad if spio runs them and the backward will ask for their gradients (input,
-        weight, bias requiring grad). Raises the call's ValueError for arguments it rejects."""
+        input's device runs no kernels; FProp if spio runs it; and DGrad and WGrad if spio runs
+        them and the backward will ask for their gradients. `backward`: None, as autograd
+        stands now (grad mode, and what requires grad); False, no backward; True, the backward
+        of a training step: also where autograd is off now (e.g. in a reentrant checkpoint's
+        forward, which the backward runs again with autograd), with DGrad then, and WGrad for
+        the parameters that require grad. Raises the call's ValueError for bad arguments."""
         kernels = input.is_cuda or uses_kernels(input.device)
         weight, bias = self.weight, self.bias
         if not kernels or _unsupported(input, weight, bias, kernels) is not None:
@@ -217,11 +220,12 @@ class Conv2dGw8(nn.Conv2d):
         x = input.unsqueeze(0) if input.dim() == 3 else input
         x, weight, bias = autocast_operands(x, weight, bias)
         layer = _kernels.layer(x, weight, bias, *self.padding)
-        grad = torch.is_grad_enabled()
-        needs = (
-            grad and x.requires_grad,
-            grad and weight.requires_grad,
-            grad and bias is not None and bias.requires_grad,
+        grad = torch.is_grad_enabled() if backward is None else backward
+        assumed = backward and not torch.is_grad_enabled()  # gradients autograd cannot show now
+        needs = (  # the operands as given: an autocast cast without autograd requires none
+            grad and (input.requires_grad or assumed),
+            grad and self.weight.requires_grad,
+            grad and self.bias is not None and self.bias.requires_grad,
         )
         deterministic = torch.are_deterministic_algorithms_enabled()
         return layer.kernels(weight, bias, self._pass_bits, needs, deterministic)

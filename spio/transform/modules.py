@@ -5,7 +5,6 @@ Both walk the module tree instead of tracing, so they work on models FX cannot t
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -188,27 +187,41 @@ def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2d
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
-    """The module that a torch.compile, DistributedDataParallel or DataParallel wrapper runs
-    (through any nesting of them); model itself if it is none of them."""
+    """The module that a DistributedDataParallel wrapper, or a DataParallel one over one GPU,
+    runs (through any nesting of them); model itself if it is neither. A DataParallel over
+    several GPUs splits the batch, so its layers run other batch sizes than the inputs':
+    ValueError."""
     while True:
-        eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # imported by torch.compile
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        if isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
-        elif eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
-            model = model._orig_mod
+        elif isinstance(model, nn.DataParallel):
+            if len(model.device_ids) > 1:
+                raise ValueError(
+                    f"spio.precompile: DataParallel splits each batch over its "
+                    f"{len(model.device_ids)} GPUs, and spio's kernels are made for a batch "
+                    "size; call spio.precompile(model.module, x_part) with one GPU's part of "
+                    "the batch (the kernels it builds serve every GPU of that architecture)"
+                )
+            model = model.module
         else:
             return model
 
 
 def _forward_once(model: nn.Module, inputs: tuple, grad: bool) -> None:
-    """model(*inputs) once, its output dropped, with autograd on only if `grad`; afterwards
-    every buffer (e.g. BatchNorm's running statistics) and the random-number state (e.g. what
-    dropout drew) are as they were."""
+    """model(*inputs) once, its output dropped, with autograd on only if `grad`, and eagerly
+    where torch.compile would compile (a compiled model, or modules compiled in place, would
+    otherwise trace the caller's hooks and recompile later). Afterwards every buffer (e.g.
+    BatchNorm's running statistics) and torch's random-number state (e.g. what dropout drew)
+    are as they were."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     tensors = [*(t for t in inputs if isinstance(t, torch.Tensor)), *model.parameters()]
     gpus = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
     try:
-        with torch.random.fork_rng(devices=gpus), torch.set_grad_enabled(grad):
+        with (
+            torch.random.fork_rng(devices=gpus),
+            torch.set_grad_enabled(grad),
+            torch.compiler.set_stance("force_eager"),
+        ):
             model(*inputs)
     finally:
         with torch.no_grad():
@@ -217,43 +230,56 @@ def _forward_once(model: nn.Module, inputs: tuple, grad: bool) -> None:
 
 
 def precompile(
-    model: nn.Module, *inputs: object, training: bool = True, progress: bool = True
+    model: nn.Module,
+    *inputs: object,
+    training: bool | None = None,
+    progress: bool = True,
 ) -> list[Kernel]:
     """Build, in parallel and ahead of time, every spio kernel that model(*inputs) launches, and
-    with `training` its backward pass too, so that their first calls only load them.
+    in training its backward pass too, so that their first calls only load them.
 
     Otherwise each layer builds its kernels one at a time at its first call: about a second
     each with NVRTC, and a layer in training launches three or four, so a model's first step
     can stall for minutes. This runs model(*inputs) once with PyTorch's convolution standing in
-    for spio's (with autograd on when `training`, to learn which gradients each layer will be
-    asked for), picks each Conv2dGw8 call's kernels as that call will pick them, and builds them
-    all at once (SPIO_WORKERS processes, with a progress bar unless `progress` is False) into
-    the disk cache: cubins for the inputs' GPU, emulator libraries for CPU tensors with
-    SPIO_EMULATE=1. Call it as the model will run: on its device, in its memory format, and
-    under torch.autocast if it trains under it. A model wrapped by torch.compile,
-    DistributedDataParallel or DataParallel runs unwrapped here (the wrapper's forward would
-    compile a graph, or run DDP's collectives). Buffers and the random-number state are
-    restored afterwards. Returns the kernels; raises RuntimeError naming any kernel that failed
-    to build.
+    for spio's (with autograd on in training, to learn which gradients each layer will be asked
+    for), picks each Conv2dGw8 call's kernels as that call will pick them, and builds them all
+    at once (SPIO_WORKERS processes, with a progress bar unless `progress` is False) into the
+    disk cache: cubins for the inputs' GPU, emulator libraries for CPU tensors with
+    SPIO_EMULATE=1.
+
+    `training`: whether to build the backward's kernels too (default: model.training). A layer
+    that runs without autograd in training (e.g. inside a reentrant checkpoint, whose backward
+    runs it again with autograd) gets DGrad and the WGrad its parameters ask for.
+
+    Call it as the model will run: on its device, in its memory format, with each batch size
+    it will see (kernels are made for a batch size: a smaller last batch is another call), and
+    under torch.autocast if it trains under it. The forward runs eagerly even where the model
+    or its modules are compiled; a DistributedDataParallel wrapper is looked through.
+    Buffers and torch's random-number state are restored afterwards. With SPIO_AUTOTUNE=1 each
+    layer's candidates are compiled and timed as its kernels are chosen, layer by layer. Not
+    built: the kernels of a double backward (backward(create_graph=True)). Returns the
+    kernels; raises RuntimeError naming any kernel that failed to build.
     """
     model = _unwrapped(model)
+    training = model.training if training is None else training
     layers = list({id(m): m for m in model.modules() if isinstance(m, Conv2dGw8)}.values())
     passes = {id(m): m._pass_bits for m in layers}
     found: dict[tuple[torch.device, str], Kernel] = {}
     calls = 0
 
-    def before(module: Conv2dGw8, args: tuple) -> None:
+    def before(module: Conv2dGw8, args: tuple, kwargs: dict) -> None:
         nonlocal calls
-        if args and isinstance(args[0], torch.Tensor):
+        input = args[0] if args else kwargs.get("input")
+        if isinstance(input, torch.Tensor):
             calls += 1
-            for kernel in module.spio_kernels(args[0]):
-                found.setdefault((args[0].device, kernel.name), kernel)
+            for kernel in module.spio_kernels(input, backward=training):
+                found.setdefault((input.device, kernel.name), kernel)
         module._pass_bits = 0  # PyTorch's convolution runs this call: nothing is built
 
     def after(module: Conv2dGw8, args: tuple, output: object) -> None:
         module._pass_bits = passes[id(module)]
 
-    handles = [m.register_forward_pre_hook(before) for m in layers]
+    handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in layers]
     handles += [m.register_forward_hook(after) for m in layers]
     try:
         _forward_once(model, inputs, grad=training)
@@ -262,6 +288,17 @@ def precompile(
             handle.remove()
         for module in layers:
             module._pass_bits = passes[id(module)]
+    if not layers:
+        logger.warning(
+            "spio.precompile: the model has no Conv2dGw8 layers (spio.transform makes them); "
+            "nothing to build"
+        )
+    elif not calls:
+        logger.warning(
+            "spio.precompile: model(*inputs) called none of its %d Conv2dGw8 layers (a model "
+            "traced by torch.fx or scripted calls spio's op without them); nothing was built",
+            len(layers),
+        )
     start = time.perf_counter()
     failures = []
     for device in dict.fromkeys(device for device, _ in found):

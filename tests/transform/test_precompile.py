@@ -16,7 +16,6 @@ import spio.emulator.build as emulator_build
 from spio.functional import _kernels
 from spio.kernels import kernel as kernel_module
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
-from spio.layers import Conv2dGw8
 from spio.transform import precompile, transform
 
 
@@ -75,14 +74,16 @@ def _no_builds(monkeypatch) -> None:
 
     monkeypatch.setattr(emulator_build, "_run", refuse)
     monkeypatch.setattr(kernel_module, "_emulated", {})
+    monkeypatch.setattr(emulator_build._cache, "_memory", {})
 
 
 @pytest.fixture
 def emulated(monkeypatch, tmp_path):
-    """The emulator on, with an empty disk cache: what a step builds is not left over from
-    earlier runs of these tests."""
+    """The emulator on, with empty caches: what a step builds is not left over from earlier
+    tests or runs of these tests."""
     monkeypatch.setenv("SPIO_EMULATE", "1")
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(emulator_build._cache, "_memory", {})  # libraries earlier tests built
 
 
 def test_builds_what_a_training_step_launches(emulated, monkeypatch, caplog):
@@ -186,17 +187,36 @@ def test_chunked_layers_build_their_chunks_kernels(emulated, monkeypatch):
     assert set(launched) <= {k.name for k in kernels}
 
 
-def test_wrapped_models_run_unwrapped(emulated):
-    """torch.compile's and DataParallel's wrappers are looked through: the same kernels, and
-    nothing compiled by torch.compile (tests/transform/_ddp_worker.py precompiles a DDP model)."""
+def test_wrapped_and_compiled_models_run_eagerly(emulated, monkeypatch, tmp_path):
+    """torch.compile'd models and modules compiled in place run eagerly (nothing is compiled
+    by torch.compile, whose frames would otherwise trace precompile's hooks); DDP's and
+    one-GPU DataParallel's wrappers are looked through: the same kernels each time."""
+    import torch.distributed as dist
     from torch._dynamo.utils import counters
 
     model, x = _model(), _input(h=4, w=4)
     plain = {k.name for k in precompile(model, x, progress=False)}
     frames = counters["frames"]["total"]
-    wrapped = nn.DataParallel(torch.compile(model))
-    assert {k.name for k in precompile(wrapped, x, progress=False)} == plain
+    assert {k.name for k in precompile(torch.compile(model), x, progress=False)} == plain
+    model.shared.compile()
+    assert {k.name for k in precompile(model, x, progress=False)} == plain
     assert counters["frames"]["total"] == frames
+    assert {k.name for k in precompile(nn.DataParallel(model), x, progress=False)} == plain
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(model)
+        monkeypatch.setattr(type(ddp), "forward", lambda *a, **k: pytest.fail("DDP forward"))
+        assert {k.name for k in precompile(ddp, x, progress=False)} == plain
+    finally:
+        dist.destroy_process_group()
+
+
+def test_data_parallel_over_several_gpus_is_refused(emulated):
+    wrapped = nn.DataParallel(_model())
+    wrapped.device_ids = [0, 1]  # as on a two-GPU machine
+    with pytest.raises(ValueError, match="splits each batch over its 2 GPUs.*model.module"):
+        precompile(wrapped, _input(), progress=False)
 
 
 def test_nothing_to_build_where_no_kernels_run(monkeypatch):
@@ -205,13 +225,70 @@ def test_nothing_to_build_where_no_kernels_run(monkeypatch):
     assert precompile(model, x, progress=False) == []
 
 
-def test_restores_the_model_when_the_forward_fails(emulated):
+def test_restores_the_model_when_the_forward_fails(emulated, monkeypatch):
+    """A failure inside a layer's stand-in call, after precompile turned its passes off."""
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("stand-in convolution failed")
+
+    monkeypatch.setattr(_kernels, "torch_fprop", failing)
     model = _model()
+    with pytest.raises(RuntimeError, match="stand-in convolution failed"):
+        precompile(model, _input(h=3, w=3), progress=False)
+    assert model.first.spio_passes == spio.functional._kernels.PASSES
+    assert model.fprop_only.spio_passes == ("fprop",)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
     with pytest.raises(ValueError, match="channels"):  # 16 channels into 24-channel layers
         precompile(model, torch.randn(2, 16, 5, 5).half(), progress=False)
-    assert model.fprop_only.spio_passes == ("fprop",)
-    assert all(m._pass_bits for m in model.modules() if isinstance(m, Conv2dGw8))
-    assert not model.first._forward_pre_hooks and not model.first._forward_hooks
+    assert model.first.spio_passes == spio.functional._kernels.PASSES
+
+
+def test_reentrant_checkpoint_gets_its_backward_kernels(emulated, monkeypatch):
+    """A reentrant checkpoint runs its forward without autograd and again, with it, in the
+    backward; precompile sees only the first, and builds the backward's kernels anyway."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = _model()
+
+        def forward(self, x):
+            x = x.requires_grad_() if not x.requires_grad else x
+            return checkpoint(self.net, x, use_reentrant=True)
+
+    model, x = Checkpointed(), _input(h=5, w=6)
+    kernels = precompile(model, x, progress=False)
+    _no_builds(monkeypatch)
+    launched = _launched(monkeypatch)
+    model(x).float().backward()
+    assert {n.split("__")[0] for n in launched} >= {"conv2d_gw8_dgrad", "conv2d_gw8_wgrad"}
+    assert set(launched) <= {k.name for k in kernels}
+
+
+def test_training_follows_the_model_and_keyword_calls_count(emulated, caplog):
+    class Keyword(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+
+        def forward(self, x):
+            return self.conv(input=x)
+
+    model = transform(Keyword()).eval()
+    kernels = precompile(model, _input(h=4, w=9)[:, :16], progress=False)
+    assert [k.name.split("__")[0] for k in kernels] == ["conv2d_gw8_fprop"]
+    model.train()
+    kernels = precompile(model, _input(h=4, w=9)[:, :16], progress=False)
+    assert {k.name.split("__")[0] for k in kernels} == {
+        "conv2d_gw8_fprop",
+        "conv2d_gw8_wgrad",
+        "sum_slots",
+    }
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        plain = nn.Sequential(nn.Conv2d(16, 16, 1))
+        assert precompile(plain, _input(torch.float32)[:, :16], progress=False) == []
+    assert "has no Conv2dGw8 layers" in caplog.text
 
 
 def test_build_failures_name_the_kernels(emulated, monkeypatch):
