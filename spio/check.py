@@ -201,13 +201,16 @@ def precompile(
     extra_configs: int,
     passes: Sequence[str] = PASSES,
     dtypes: Sequence[str] = DTYPES,
+    device: str = "cuda",
 ) -> None:
-    """Compile every kernel the GPU check will launch, in parallel, into the disk cache."""
-    from .compiler import compile_many
-    from .cuda import driver
-    from .kernels.families import FAMILY_OF_PASS
+    """Build every kernel the check will launch, in parallel, into the disk cache: cubins for
+    the GPU, emulator libraries for the CPU (a kernel that fails to build fails its run)."""
+    import torch
 
-    arch = driver.device_attributes(0)["arch"]
+    from .kernels.conv2d_gw8_wgrad_factory import sum_kernel
+    from .kernels.families import FAMILY_OF_PASS
+    from .kernels.kernel import build_kernels
+
     kernels = {}
     for dtype in dtypes:
         for pass_ in passes:
@@ -216,7 +219,10 @@ def precompile(
                 for config in configs_to_run(params, pass_, extra_configs, seed=index):
                     kernel = family.make_kernel(params, config)
                     kernels[kernel.name] = kernel
-    compile_many([k.compile_job(arch) for k in kernels.values()], desc="compiling kernels")
+                    if kernel.info_value("partials"):  # and the sum over its partial sums
+                        summing = sum_kernel(params)
+                        kernels[summing.name] = summing
+    build_kernels(kernels.values(), torch.device(device))
 
 
 def run_check(
@@ -228,8 +234,7 @@ def run_check(
     report: Callable[[str], None] = print,
 ) -> list[PassResult]:
     """Check every (pass, dtype); report one line each as it finishes."""
-    if device == "cuda":
-        precompile(layers, extra_configs, passes, dtypes)
+    precompile(layers, extra_configs, passes, dtypes, device)
     results = []
     for dtype in dtypes:
         for pass_ in passes:

@@ -85,6 +85,29 @@ def test_check_turns_a_kernel_error_into_a_failure(monkeypatch):
     assert "RuntimeError: launch failed" in lines[0]
 
 
+def test_check_builds_its_kernels_before_running_them(monkeypatch):
+    """In parallel, up front: every kernel the check launches was among those built."""
+    from spio.kernels import kernel as kernel_module
+
+    built, launched = set(), []
+    build, launch = kernel_module.build_kernels, kernel_module.Kernel.launch
+
+    def recording_build(kernels, device, progress=True):
+        kernels = list(kernels)
+        built.update(k.name for k in kernels)
+        return build(kernels, device, progress)
+
+    def recording_launch(self, args, device):
+        launched.append(self.name)
+        return launch(self, args, device)
+
+    monkeypatch.setattr(kernel_module, "build_kernels", recording_build)
+    monkeypatch.setattr(kernel_module.Kernel, "launch", recording_launch)
+    results, _ = _run(dtypes=("bf16",))
+    assert all(r.passed for r in results)
+    assert launched and set(launched) <= built
+
+
 def test_error_ratio_flags_nan_and_scales_by_tolerance():
     expected = torch.tensor([1.0, -2.0], dtype=torch.float64)
     assert check.error_ratio(torch.tensor([1.0, float("nan")]), expected, 0.1, 0.0) == float("inf")

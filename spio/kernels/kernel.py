@@ -134,6 +134,8 @@ class _LoadedCudaFunction:
         from ..cuda import driver
 
         result = kernel.compile(driver.device_attributes(ordinal)["arch"])
+        if not result.cached:
+            _built_at_first_launch(kernel, result.seconds)
         self.module = driver.Module.load(result.cubin, device=ordinal)
         self.function = self.module.get_function(kernel.entry)
         if kernel.shared_mem_bytes > 48 * 1024:  # beyond the default limit: opt in
@@ -215,10 +217,38 @@ def _emulator_function(kernel: Kernel):
         with _lock:
             function = _emulated.get(kernel.name)
             if function is None:
+                from ..emulator.build import build_library
+
                 logger.debug("building %s for the CPU emulator", kernel.name)
+                library = build_library(kernel.source, dict(kernel.headers), name=kernel.name)
+                if not library.cached:
+                    _built_at_first_launch(kernel, library.seconds)
                 module = emulator.load_module(kernel.source, dict(kernel.headers), name=kernel.name)
                 function = _emulated[kernel.name] = module.get_function(kernel.entry)
     return function
+
+
+#: After this many seconds of building kernels at their first launch, a process says once that
+#: spio.precompile builds them ahead (a cold cache, and a model's first step stalls meanwhile).
+FIRST_LAUNCH_BUILD_NOTICE_S = 10.0
+_first_launch_build_s = 0.0
+_first_launch_notice_given = False
+
+
+def _built_at_first_launch(kernel: Kernel, seconds: float) -> None:
+    """Counts a build that a launch waited for (not found in the caches)."""
+    global _first_launch_build_s, _first_launch_notice_given
+    _first_launch_build_s += seconds
+    if _first_launch_notice_given or _first_launch_build_s < FIRST_LAUNCH_BUILD_NOTICE_S:
+        return
+    _first_launch_notice_given = True
+    logger.warning(
+        "spio has spent %.0f s building kernels at their first launch (the latest: %s); the "
+        "caller waits meanwhile. spio.precompile(model, x) builds a model's kernels ahead, in "
+        "parallel, and they stay cached on disk for later runs. (Said once.)",
+        _first_launch_build_s,
+        kernel.name,
+    )
 
 
 def build_kernels(kernels: Iterable[Kernel], device: Any, progress: bool = True) -> list[str]:

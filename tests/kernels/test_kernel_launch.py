@@ -7,10 +7,10 @@ import pytest
 from tests.cuda.test_driver import fake_libcuda, run_with  # noqa: F401  (fixture)
 
 SETUP = """
-import types
 import torch
+from spio.compiler import CompileResult
 from spio.kernels import kernel as K
-K.Kernel.compile = lambda self, arch: types.SimpleNamespace(cubin=CUBIN)
+K.Kernel.compile = lambda self, arch: CompileResult(cubin=CUBIN, arch=arch, cached=True)
 K.current_stream = lambda ordinal: 0x5000 + ordinal
 def make(entry, smem):
     return K.Kernel(name=f"test_{entry}", source_file="conv2d_gw8.cu", entry=entry, headers=(),
@@ -119,3 +119,27 @@ def test_each_kernel_symbol_names_its_layer_and_config():
     assert len(entries) == 2 * len(FAMILIES)
     with pytest.raises(ValueError, match="C identifier"):
         entry_symbol("conv2d-gw8")
+
+
+def test_a_build_at_first_launch_is_counted(fake_libcuda):  # noqa: F811
+    """A cubin compiled for a launch (not found in the cache) counts toward the one notice
+    that points at spio.precompile; cached ones do not."""
+    run_with(
+        fake_libcuda["new"],
+        SETUP
+        + """
+import logging
+notices = []
+class Notices(logging.Handler):
+    def emit(self, record):
+        notices.append(record.getMessage())
+logging.getLogger("spio").addHandler(Notices())
+make("write_pattern", 0).launch([Tensor(0x1000), 7, 9], torch.device("cuda", 0))
+assert notices == []
+K.Kernel.compile = lambda self, arch: CompileResult(cubin=CUBIN, arch=arch, seconds=11.0)
+second = K.Kernel(name="test_second", source_file="conv2d_gw8.cu", entry="write_pattern",
+                  headers=(), grid=(3, 1, 1), block=(64, 1, 1), shared_mem_bytes=0)
+second.launch([Tensor(0x1000), 7, 9], torch.device("cuda", 0))
+assert len(notices) == 1 and "spent 11 s building kernels at their first launch" in notices[0]
+""",
+    )

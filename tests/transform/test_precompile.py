@@ -328,6 +328,23 @@ def test_without_precompile_the_step_builds(emulated, monkeypatch):
         model(x)
 
 
+def test_builds_at_first_launch_are_pointed_at_precompile_once(emulated, monkeypatch, caplog):
+    """A process that waits on builds at first launches says once that precompile exists; a
+    precompiled model's step waits on none."""
+    monkeypatch.setattr(kernel_module, "FIRST_LAUNCH_BUILD_NOTICE_S", 0.0)
+    monkeypatch.setattr(kernel_module, "_first_launch_build_s", 0.0)
+    monkeypatch.setattr(kernel_module, "_first_launch_notice_given", False)
+    model, x = _model(), _input(h=3, w=5)
+    precompile(model, x, progress=False)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        model(x).float().backward()
+        assert "first launch" not in caplog.text
+        model(_input(h=3, w=4)).float().backward()  # new layers, not precompiled
+        model(_input(h=3, w=3)).float().backward()
+    assert caplog.text.count("building kernels at their first launch") == 1
+    assert "spio.precompile(model, x)" in caplog.text
+
+
 @pytest.mark.cuda
 def test_gpu_step_compiles_nothing_after_precompile(monkeypatch, tmp_path):
     """On a GPU: cubins for its arch, in a fresh cache; the step then compiles nothing."""
