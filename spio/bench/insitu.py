@@ -307,12 +307,10 @@ def run_insitu(
     """Profile every layer in both stack styles with both implementations; needs a CUDA GPU."""
     from tqdm import tqdm
 
-    from ..cuda import driver
     from .run import precompile
 
     precompile(
         [(layer.params(n, dtype), pass_) for layer in layers for pass_ in PASSES],
-        driver.device_attributes(0)["arch"],
         torch.device("cuda", 0),
     )
     torch.backends.cudnn.benchmark = True

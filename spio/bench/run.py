@@ -110,17 +110,13 @@ def spio_config(params: Conv2dGw8Params, pass_: str, device=None):
     return spio_kernel(params, pass_, device).info_value("config")
 
 
-def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], arch: str, device=None) -> list[str]:
-    """Compile every spio kernel of `cases` (as chosen for `device`) in parallel into the disk
-    cache, so timing loops only load cubins; returns one message per kernel that failed."""
-    from ..compiler import compile_many
+def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], device) -> list[str]:
+    """Compile every spio kernel of `cases` (as chosen for `device`, a CUDA torch.device) in
+    parallel into the disk cache, so timing loops only load cubins; returns one message per
+    kernel that failed."""
+    from ..kernels.kernel import build_kernels
 
-    kernels = list({spio_kernel(params, pass_, device): None for params, pass_ in cases})
-    jobs = [k.compile_job(arch) for k in kernels]
-    results = compile_many(jobs, desc=f"compiling {len(jobs)} spio kernels for {arch}")
-    return [
-        f"{k.name}: {r}" for k, r in zip(kernels, results, strict=True) if isinstance(r, Exception)
-    ]
+    return build_kernels([spio_kernel(params, pass_, device) for params, pass_ in cases], device)
 
 
 def _torch_dtype(dtype: str):
@@ -261,18 +257,13 @@ def run_bench(settings: BenchSettings, command: str) -> list[BenchRow]:
     import torch
     from tqdm import tqdm
 
-    from ..cuda import driver
-
-    arch = driver.device_attributes(0)["arch"]
     cases = [
         (layer, layer.params(n, settings.dtype), pass_)
         for layer in settings.layers
         for n in settings.batch_sizes
         for pass_ in settings.passes
     ]
-    failed = precompile(
-        [(params, pass_) for _, params, pass_ in cases], arch, torch.device("cuda", 0)
-    )
+    failed = precompile([(params, pass_) for _, params, pass_ in cases], torch.device("cuda", 0))
     for message in failed:
         logger.error("compile failed: %s", message)
     torch.backends.cudnn.benchmark = True

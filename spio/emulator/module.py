@@ -264,15 +264,22 @@ class EmuModule:
     _loaded: dict = field(default_factory=dict, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def _load(self, checked: bool) -> _Loaded:
+    def _load(self, checked: bool, lib: Library | None = None) -> _Loaded:
+        """The library loaded, built first (or found in the cache) unless `lib` is given."""
         with self._lock:
             hit = self._loaded.get(checked)
             if hit is None:
-                lib = build_library(self.source, self.headers, name=self.name, checked=checked)
+                if lib is None:
+                    lib = build_library(self.source, self.headers, name=self.name, checked=checked)
                 handle = ctypes.CDLL(str(lib.path))
                 hit = _Loaded(lib, handle, threading.Lock())
                 self._loaded[checked] = hit
             return hit
+
+    def library(self, checked: bool = True) -> Library:
+        """The built library (checked or not) this module loads: its path, and whether it came
+        from the cache."""
+        return self._load(checked).library
 
     def static_shared_bytes(self, checked: bool = True) -> int:
         """Static __shared__ bytes of all kernels of this module together."""
@@ -302,5 +309,5 @@ def load_module(
     """Build `source` for the CPU emulator (checked variant first) and return its module."""
     lib = build_library(source, headers, name=name, checked=True)
     module = EmuModule(name, source, dict(headers or {}), lib.kernels)
-    module._load(True)
+    module._load(True, lib)
     return module

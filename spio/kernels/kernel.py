@@ -217,13 +217,11 @@ def _emulator_function(kernel: Kernel):
         with _lock:
             function = _emulated.get(kernel.name)
             if function is None:
-                from ..emulator.build import build_library
-
                 logger.debug("building %s for the CPU emulator", kernel.name)
-                library = build_library(kernel.source, dict(kernel.headers), name=kernel.name)
+                module = emulator.load_module(kernel.source, dict(kernel.headers), name=kernel.name)
+                library = module.library()
                 if not library.cached:
                     _built_at_first_launch(kernel, library.seconds)
-                module = emulator.load_module(kernel.source, dict(kernel.headers), name=kernel.name)
                 function = _emulated[kernel.name] = module.get_function(kernel.entry)
     return function
 

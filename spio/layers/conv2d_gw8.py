@@ -211,14 +211,11 @@ class Conv2dGw8(nn.Conv2d):
         of a training step: also where autograd is off now (e.g. in a reentrant checkpoint's
         forward, which the backward runs again with autograd), with DGrad then, and WGrad for
         the parameters that require grad. Raises the call's ValueError for bad arguments."""
-        kernels = input.is_cuda or uses_kernels(input.device)
-        weight, bias = self.weight, self.bias
-        if not kernels or _unsupported(input, weight, bias, kernels) is not None:
-            return []
-        if derivative_transform(input, weight, bias) is not None:
+        kernels, reason = _route(input, self.weight, self.bias)
+        if not kernels or reason is not None:
             return []
         x = input.unsqueeze(0) if input.dim() == 3 else input
-        x, weight, bias = autocast_operands(x, weight, bias)
+        x, weight, bias = autocast_operands(x, self.weight, self.bias)
         layer = _kernels.layer(x, weight, bias, *self.padding)
         grad = torch.is_grad_enabled() if backward is None else backward
         assumed = backward and not torch.is_grad_enabled()  # gradients autograd cannot show now
@@ -257,6 +254,14 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
     return None
 
 
+def _route(input: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[bool, str | None]:
+    """(whether input's device runs spio's kernels, why the call falls back to F.conv2d or
+    None): where a Conv2dGw8 call goes, for conv2d_gw8_layer and spio_kernels alike."""
+    kernels = input.is_cuda or uses_kernels(input.device)
+    reason = _unsupported(input, weight, bias, kernels) or derivative_transform(input, weight, bias)
+    return kernels, reason
+
+
 def conv2d_gw8_layer(
     input: Tensor,
     weight: Tensor,
@@ -272,8 +277,7 @@ def conv2d_gw8_layer(
     torch.fx.symbolic_trace records a Conv2dGw8 call as one node, as it records an nn.Conv2d,
     instead of tracing into checks that branch on tensor properties.
     """
-    kernels = input.is_cuda or uses_kernels(input.device)
-    reason = _unsupported(input, weight, bias, kernels) or derivative_transform(input, weight, bias)
+    kernels, reason = _route(input, weight, bias)
     if reason is not None:
         _log_fallback_once(reason)
         return F.conv2d(input, weight, bias, 1, padding, 1, groups)

@@ -395,10 +395,8 @@ def _compile_for_timing(cases: list[tuple[Conv2dGw8Params, str]], device: torch.
     """Compile spio's kernels of the (layer, pass) cases to time, in parallel, before timing
     them one by one; a kernel that fails to compile fails its timing, with NVRTC's log."""
     from spio.bench.run import precompile as compile_cases
-    from spio.cuda import driver
 
-    arch = driver.device_attributes(device.index or 0)["arch"]
-    for failure in compile_cases(cases, arch, device):
+    for failure in compile_cases(cases, device):
         logger.warning("where_faster: %s", failure)
 
 
