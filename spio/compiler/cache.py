@@ -119,19 +119,25 @@ class DiskCache:
                 pass
             raise
 
+    def get(self, key: str) -> tuple[bytes, dict] | None:
+        """The entry for `key` (payload, meta), from memory or disk; None on a miss."""
+        with self._memory_lock:
+            hit = self._memory.get(key)
+        if hit is not None:
+            return hit
+        entry = self._load(self.path(key))
+        if entry is not None:
+            self._remember(key, entry)
+        return entry
+
     def get_or_build(
         self, key: str, build: Callable[[], tuple[bytes, dict]]
     ) -> tuple[bytes, dict, bool]:
         """The entry for `key`, built by `build()` on a miss: (payload, meta, was_cached)."""
-        with self._memory_lock:
-            hit = self._memory.get(key)
-        if hit is not None:
-            return hit[0], hit[1], True
-        path = self.path(key)
-        entry = self._load(path)
+        entry = self.get(key)
         if entry is not None:
-            self._remember(key, entry)
             return entry[0], entry[1], True
+        path = self.path(key)
         import filelock
 
         try:

@@ -3,7 +3,8 @@
 With SPIO_AUTOTUNE=1, `KernelFactory.get_kernel` on a CUDA device times the k configs the model
 ranks best (SPIO_AUTOTUNE_TOPK, default 5) the first time it meets a layer, and stores the fastest
 in `<cache_root>/autotune/`, keyed by device name, driver, spio version, kernel family and layer
-params. Later uses, in this process or another, read the entry and time nothing.
+params. Later uses, in this process or another, read the entry and time nothing. spio.precompile
+finds a model's layers to tune first (`collecting`), so that their candidates build all at once.
 
 The timing helpers here (`kernel_inputs`, `time_kernel`) are also what scripts/perf_sample.py uses
 to measure the data the models are trained on. They time a pass as spio runs it: a WGrad time
@@ -12,10 +13,12 @@ includes its reduction (zeroing and atomics, or partial sums and their sum).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..log import logger
@@ -46,9 +49,50 @@ def capturing(device: Any) -> bool:
 
 
 def deferred(device: Any) -> bool:
-    """True when autotuning is on but must wait because `device` is capturing a CUDA graph: the
-    untuned choice then serves the call, and nothing may remember it."""
-    return getattr(device, "type", None) == "cuda" and autotune_enabled() and capturing(device)
+    """True when autotuning is on but must wait: while `device` captures a CUDA graph, or while
+    spio.precompile collects what to build (`collecting`). The untuned choice then serves the
+    call, and nothing may remember it, so that the layer's next selection tunes."""
+    if not autotune_enabled():
+        return False
+    if _wanted.get() is not None:
+        return True
+    return getattr(device, "type", None) == "cuda" and capturing(device)
+
+
+#: What spio.precompile's first pass found to tune (`collecting`): by autotune cache key,
+#: (family, params, device, candidate configs).
+Wanted = dict[str, tuple[Any, Conv2dGw8Params, Any, tuple]]
+_wanted: contextvars.ContextVar[Wanted | None] = contextvars.ContextVar(
+    "spio_autotune_wanted", default=None
+)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[Wanted]:
+    """Within: a layer whose selection would autotune is not tuned; its candidates are recorded
+    in the yielded dict (`want`), for spio.precompile to build every layer's at once, and its
+    untuned pick serves, remembered nowhere (`deferred`). Layers tuned before are not recorded."""
+    wanted: Wanted = {}
+    token = _wanted.set(wanted)
+    try:
+        yield wanted
+    finally:
+        _wanted.reset(token)
+
+
+def want(
+    family: Any, params: Conv2dGw8Params, device: Any, identity: Any, candidates: Sequence
+) -> bool:
+    """Inside `collecting`, record that `params` is to be tuned over `candidates` unless the
+    autotune cache has it already, and return True: the caller then serves its untuned pick.
+    Outside, return False: the caller tunes now."""
+    wanted = _wanted.get()
+    if wanted is None:
+        return False
+    key = cache_key(family.name, params, identity)
+    if key not in wanted and _cache().get(key) is None:
+        wanted[key] = (family, params, device, tuple(candidates))
+    return True
 
 
 def top_k() -> int:

@@ -709,7 +709,8 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     cached on disk); the analytic heuristic (SPIO_AUTOTUNE=1: the same, from its ranking) where no
     model applies, including a batch size the model does not cover. No device or a CPU
     device: the analytic heuristic. Selections are memoised per process. Inside a CUDA graph
-    capture autotuning waits: the untuned pick serves that call only.
+    capture autotuning waits: the untuned pick serves that call only. So it does while
+    spio.precompile collects the layers to tune (autotune.collecting), which records them.
     """
     family = family_of(factory.name, options)
     identity = device_identity(device) if family is not None else None
@@ -725,6 +726,13 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
         return config
     ranked, model = rank_configs(family, params, identity, folder)
     untuned = factory.default_config(params, **options) if model is None else ranked[0]
+    if tune:
+        candidates = ranked[: autotune.top_k()]
+        candidates += [
+            c for c in unjudged_variants(family, model, ranked[0], ranked) if c not in candidates
+        ]
+        if autotune.want(family, params, device, identity, candidates):
+            return untuned  # spio.precompile builds the candidates first; not memoised
     if autotune.deferred(device):
         _warn_once(
             ("capture", family.name, params),
@@ -736,10 +744,6 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
         )
         return untuned  # not memoised, so that a later call outside the capture tunes
     if tune:
-        candidates = ranked[: autotune.top_k()]
-        candidates += [
-            c for c in unjudged_variants(family, model, ranked[0], ranked) if c not in candidates
-        ]
         config = autotune.autotune(family, params, device, identity, candidates, model=model)
     else:
         config = untuned

@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from spio.functional._kernels import PASSES, pass_mask
+from spio.kernels import autotune
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
 from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import Conv2dGw8, module_ineligibility, resolve_padding
@@ -255,39 +257,46 @@ def precompile(
     it will see (kernels are made for a batch size: a smaller last batch is another call), and
     under torch.autocast if it trains under it. The forward runs eagerly even where the model
     or its modules are compiled; a DistributedDataParallel wrapper is looked through.
-    Buffers and torch's random-number state are restored afterwards. With SPIO_AUTOTUNE=1 each
-    layer's candidates are compiled and timed as its kernels are chosen, layer by layer. Not
-    built: the kernels of a double backward (backward(create_graph=True)). Returns the
+    Buffers and torch's random-number state are restored afterwards. With SPIO_AUTOTUNE=1 it
+    tunes too: a first stand-in forward finds the layers not tuned yet, their candidate configs
+    are built all at once, and then each layer's are timed on the GPU (a second progress bar).
+    Not built: the kernels of a double backward (backward(create_graph=True)). Returns the
     kernels; raises RuntimeError naming any kernel that failed to build.
     """
     model = _unwrapped(model)
     training = model.training if training is None else training
     layers = list({id(m): m for m in model.modules() if isinstance(m, Conv2dGw8)}.values())
-    passes = {id(m): m._pass_bits for m in layers}
+    start = time.perf_counter()
+    to_tune: list[int] = []  # per call, how many of its passes it leaves to tune
+
+    if layers and autotune.autotune_enabled():  # find the layers to tune; build their candidates
+        with autotune.collecting() as wanted:
+
+            def collect(module: Conv2dGw8, input: torch.Tensor) -> None:
+                known = len(wanted)
+                module.spio_kernels(input, backward=training)
+                to_tune.append(len(wanted) - known)
+
+            _stand_in_calls(model, layers, inputs, training, collect)
+        _build_candidates(wanted, progress)
     found: dict[tuple[torch.device, str], Kernel] = {}
-    calls = 0
+    timing = tqdm(
+        total=sum(to_tune),
+        desc="timing the candidate configs of spio layers (SPIO_AUTOTUNE=1)",
+        unit="layer pass",
+        disable=not progress or not sum(to_tune),
+    )
 
-    def before(module: Conv2dGw8, args: tuple, kwargs: dict) -> None:
-        nonlocal calls
-        input = args[0] if args else kwargs.get("input")
-        if isinstance(input, torch.Tensor):
-            calls += 1
-            for kernel in module.spio_kernels(input, backward=training):
-                found.setdefault((input.device, kernel.name), kernel)
-        module._pass_bits = 0  # PyTorch's convolution runs this call: nothing is built
+    def choose(module: Conv2dGw8, input: torch.Tensor) -> None:
+        for kernel in module.spio_kernels(input, backward=training):
+            found.setdefault((input.device, kernel.name), kernel)
+        if to_tune:  # the calls come in the same order: this one has tuned its passes
+            timing.update(to_tune.pop(0))
 
-    def after(module: Conv2dGw8, args: tuple, output: object) -> None:
-        module._pass_bits = passes[id(module)]
-
-    handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in layers]
-    handles += [m.register_forward_hook(after) for m in layers]
     try:
-        _forward_once(model, inputs, grad=training)
+        calls = _stand_in_calls(model, layers, inputs, training, choose)
     finally:
-        for handle in handles:
-            handle.remove()
-        for module in layers:
-            module._pass_bits = passes[id(module)]
+        timing.close()
     if not layers:
         logger.warning(
             "spio.precompile: the model has no Conv2dGw8 layers (spio.transform makes them); "
@@ -299,7 +308,6 @@ def precompile(
             "traced by torch.fx or scripted calls spio's op without them); nothing was built",
             len(layers),
         )
-    start = time.perf_counter()
     failures = []
     for device in dict.fromkeys(device for device, _ in found):
         kernels = [k for (d, _), k in found.items() if d == device]
@@ -316,6 +324,60 @@ def precompile(
         time.perf_counter() - start,
     )
     return list(found.values())
+
+
+def _stand_in_calls(
+    model: nn.Module,
+    layers: list[Conv2dGw8],
+    inputs: tuple,
+    training: bool,
+    on_call: Callable[[Conv2dGw8, torch.Tensor], object],
+) -> int:
+    """Run model(*inputs) once (`_forward_once`, autograd on if `training`) with PyTorch's
+    convolution standing in for spio's in `layers`, calling on_call(module, input) before each
+    of their calls; returns how many there were. The layers' passes are restored afterwards."""
+    passes = {id(m): m._pass_bits for m in layers}
+    calls = 0
+
+    def before(module: Conv2dGw8, args: tuple, kwargs: dict) -> None:
+        nonlocal calls
+        input = args[0] if args else kwargs.get("input")
+        if isinstance(input, torch.Tensor):
+            calls += 1
+            on_call(module, input)
+        module._pass_bits = 0  # PyTorch's convolution runs this call: nothing is built
+
+    def after(module: Conv2dGw8, args: tuple, output: object) -> None:
+        module._pass_bits = passes[id(module)]
+
+    handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in layers]
+    handles += [m.register_forward_hook(after) for m in layers]
+    try:
+        _forward_once(model, inputs, grad=training)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module in layers:
+            module._pass_bits = passes[id(module)]
+    return calls
+
+
+def _build_candidates(wanted: autotune.Wanted, progress: bool) -> None:
+    """Build the candidate configs' kernels of every layer to tune (SPIO_AUTOTUNE=1), all at
+    once per device, for autotuning to time. A candidate that fails to build is only logged
+    here: autotuning counts it as slowest and says why."""
+    by_device: dict[object, list[Kernel]] = {}
+    for family, params, device, candidates in wanted.values():
+        for config in candidates:
+            try:
+                kernel = family.make_kernel(params, config)
+            except Exception as error:  # autotune reports it, with its config
+                logger.debug("spio.precompile: %s %s: %s", family.name, config.encode(), error)
+                continue
+            by_device.setdefault(device, []).append(kernel)
+    for device, kernels in by_device.items():
+        for failure in build_kernels(kernels, device, progress=progress):
+            logger.debug("spio.precompile: candidate failed to build: %s", failure)
 
 
 #: A layer timer for where_faster: (params, pass, impl "spio" or "torch") -> seconds per call.

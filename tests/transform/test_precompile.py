@@ -6,6 +6,7 @@ without precompile the step would build (the last test shows that it does).
 """
 
 import logging
+from collections import Counter
 
 import pytest
 import torch
@@ -14,9 +15,11 @@ from torch import nn
 import spio
 import spio.emulator.build as emulator_build
 from spio.functional import _kernels
+from spio.kernels import autotune
 from spio.kernels import kernel as kernel_module
+from spio.kernels import perf_model as pm
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
-from spio.transform import precompile, transform
+from spio.transform import modules, precompile, transform
 
 
 class _Net(nn.Module):
@@ -345,6 +348,99 @@ def test_builds_at_first_launch_are_pointed_at_precompile_once(emulated, monkeyp
     assert "spio.precompile(model, x)" in caplog.text
 
 
+class _FakeCpuH200:
+    """Autotuning on CPU tensors (emulated): the fake identity of an H200 for every device, a
+    timer that records what it times (the last of a layer's candidates is fastest) and what it
+    is asked to prepare, and no kernel built or launched for real."""
+
+    def __init__(self, monkeypatch, tmp_path):
+        monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+        monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "3")
+        monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path / "no-models"))  # heuristic ranks
+        identity = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H200", driver="13.0")
+        monkeypatch.setattr(pm, "device_identity", lambda d: identity if d is not None else None)
+        monkeypatch.setattr(autotune, "_default_cache", None)
+        monkeypatch.setattr(autotune, "default_timer", self)
+        monkeypatch.setattr(_kernels, "_chosen", {})
+        monkeypatch.setattr(_kernels, "_layers", {})
+        pm.clear_caches()
+        self.events: list[tuple[str, list[str]]] = []  # ("build" | "time", kernel names)
+        self.timed_per_layer: dict[tuple, int] = {}
+
+        def build(kernels, device, progress=True):
+            self.events.append(("build", [k.name for k in kernels]))
+            return []
+
+        monkeypatch.setattr(modules, "build_kernels", build)
+        monkeypatch.setattr(
+            kernel_module.Kernel, "launch", lambda k, a, d: self.launched.append(k.name)
+        )
+        self.launched: list[str] = []
+
+    def __call__(self, family, params, kernel, device):
+        self.events.append(("time", [kernel.name]))
+        key = (family, params)
+        self.timed_per_layer[key] = self.timed_per_layer.get(key, 0) + 1
+        return 1.0 / self.timed_per_layer[key]
+
+    def prepare(self, kernels, arch):
+        pass
+
+    def timed(self) -> list[str]:
+        return [names[0] for what, names in self.events if what == "time"]
+
+    def builds(self) -> list[list[str]]:
+        return [names for what, names in self.events if what == "build"]
+
+
+def test_autotune_builds_every_layers_candidates_at_once_then_times_them(
+    emulated, monkeypatch, tmp_path
+):
+    """With SPIO_AUTOTUNE=1, precompile builds the candidate configs of all the layers to tune in
+    one batch before anything is timed, times each layer's once, and returns the winners; the
+    step then times nothing, and a second precompile neither times nor builds candidates."""
+    fake = _FakeCpuH200(monkeypatch, tmp_path)
+    model, x = _model(), _input(h=6, w=7)
+    kernels = precompile(model, x, progress=False)
+
+    timed = fake.timed()
+    candidates, chosen = fake.builds()
+    assert [what for what, _ in fake.events] == ["build"] + ["time"] * len(timed) + ["build"]
+    assert sorted(timed) == sorted(candidates)  # each candidate built, and timed once
+    # Every layer pass the step runs was tuned, over the top 3 and the pick's unjudged variants:
+    # FProp in 5 layers (4 modules, one on two image sizes), DGrad in 3, WGrad in 4 (the frozen
+    # bias's without a bias gradient).
+    per_pass = Counter(tuple(name.split("__")[:2]) for name in timed)
+    assert Counter(family for family, _ in per_pass) == {
+        "conv2d_gw8_fprop": 5,
+        "conv2d_gw8_dgrad": 3,
+        "conv2d_gw8_wgrad": 4,
+    }
+    assert min(per_pass.values()) >= 3
+    assert sorted(chosen) == sorted(k.name for k in kernels)
+    # The winners: the last candidate timed of each layer pass (the fake's fastest).
+    last = {}
+    for name in timed:
+        family, layer, _ = name.split("__", 2)
+        last[(family, layer)] = name
+    picked = {
+        (k.name.split("__")[0], k.name.split("__")[1]): k.info_value("config").encode()
+        for k in kernels
+        if not k.name.startswith("sum_slots")
+    }
+    assert picked == {key: name.split("__", 2)[2].split("__")[0] for key, name in last.items()}
+
+    fake.events.clear()
+    model(x).float().backward()
+    assert fake.events == [] and set(fake.launched) <= set(chosen)
+    pm.clear_caches()  # a new process: the tuned configs come from the disk cache
+    monkeypatch.setattr(_kernels, "_chosen", {})
+    monkeypatch.setattr(_kernels, "_layers", {})
+    monkeypatch.setattr(autotune, "_default_cache", None)
+    assert {k.name for k in precompile(model, x, progress=False)} == set(chosen)
+    assert fake.builds() == [sorted(chosen, key=chosen.index)] and fake.timed() == []
+
+
 @pytest.mark.cuda
 def test_gpu_step_compiles_nothing_after_precompile(monkeypatch, tmp_path):
     """On a GPU: cubins for its arch, in a fresh cache; the step then compiles nothing."""
@@ -364,3 +460,33 @@ def test_gpu_step_compiles_nothing_after_precompile(monkeypatch, tmp_path):
     model(x).float().backward()
     torch.cuda.synchronize()
     assert set(launched) <= {k.name for k in kernels}
+
+
+@pytest.mark.cuda
+def test_gpu_autotuned_step_compiles_and_times_nothing_after_precompile(monkeypatch, tmp_path):
+    """On a GPU with SPIO_AUTOTUNE=1: precompile tunes every layer pass (entries in a fresh
+    autotune cache) and builds the winners; the step then neither compiles nor times."""
+    import spio.compiler.compile as compile_module
+
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "2")
+    monkeypatch.setattr(kernel_module, "_loaded", {})
+    monkeypatch.setattr(autotune, "_default_cache", None)
+    monkeypatch.setattr(_kernels, "_chosen", {})
+    monkeypatch.setattr(_kernels, "_layers", {})
+    pm.clear_caches()
+    model, x = _model().cuda(), _input(h=9, w=10).cuda()
+    kernels = precompile(model, x, progress=False)
+    assert len(list((tmp_path / "autotune").glob("*.bin"))) == 12  # layer passes, as on the CPU
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled or timed at run time")
+
+    monkeypatch.setattr(compile_module.nvrtc, "compile_program", refuse)
+    monkeypatch.setattr(autotune, "time_kernel", refuse)
+    launched = _launched(monkeypatch)
+    model(x).float().backward()
+    torch.cuda.synchronize()
+    assert set(launched) <= {k.name for k in kernels}
+    pm.clear_caches()
