@@ -115,12 +115,22 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_clear_cache(args: argparse.Namespace) -> int:
-    from .compiler.cache import cache_root, folder_size
+    """Remove spio's folders under the cache root (NAMESPACES), and the root if that empties
+    it; never anything else there, as SPIO_CACHE_DIR may name a folder shared with other data."""
+    from .compiler.cache import NAMESPACES, cache_root, folder_size
 
     root = cache_root()
-    files, total = folder_size(root)
-    if root.exists():
-        shutil.rmtree(root)
+    files = total = 0
+    for namespace in NAMESPACES:
+        folder = root / namespace
+        count, size = folder_size(folder)
+        files, total = files + count, total + size
+        if folder.is_dir():
+            shutil.rmtree(folder)
+    try:
+        root.rmdir()  # only when empty
+    except OSError:
+        pass
     print(f"removed {files} files ({_human_bytes(total)}) from {root}")
     return 0
 

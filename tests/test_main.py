@@ -113,6 +113,21 @@ def test_clear_cache_removes_entries(tmp_path):
     assert not tmp_path.exists()
 
 
+def test_clear_cache_removes_only_spios_folders(tmp_path):
+    """SPIO_CACHE_DIR may name a folder that holds other things too (e.g. ~/.cache)."""
+    for namespace in ("cubin", "emulator/lib", "autotune"):
+        (tmp_path / namespace).mkdir(parents=True)
+        (tmp_path / namespace / "entry.bin").write_bytes(b"12")
+    (tmp_path / "pip").mkdir()
+    (tmp_path / "pip" / "wheel.whl").write_bytes(b"keep me")
+    (tmp_path / "notes.txt").write_text("keep me")
+    out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert "removed 3 files (6 B)" in out.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "pip"]
+    assert (tmp_path / "pip" / "wheel.whl").read_bytes() == b"keep me"
+
+
 def test_unknown_command_fails_with_usage():
     out = run_spio("frobnicate")
     assert out.returncode == 2

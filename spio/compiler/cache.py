@@ -26,17 +26,47 @@ _MAGIC = b"SPIOCACH"
 _HEADER = struct.Struct("<8s32sQ")  # magic, sha256 of (meta + payload), length of meta
 
 
+#: The folders spio keeps under the cache root, one per kind of entry (`DiskCache.namespace`).
+NAMESPACES = ("cubin", "emulator", "autotune")
+
+
 def cache_root() -> Path:
-    """The cache folder: SPIO_CACHE_DIR, else platformdirs' user cache dir for spio."""
+    """The cache folder, as an absolute path: SPIO_CACHE_DIR (`~` expanded; a relative path is
+    taken from the current folder, once, so that compile workers started elsewhere agree), else
+    platformdirs' user cache dir for spio."""
     env = os.environ.get("SPIO_CACHE_DIR")
     if env:
-        return Path(env)
+        return Path(os.path.abspath(os.path.expanduser(env)))
     try:
         import platformdirs
     except ImportError:  # a declared dependency, but offline GPU machines may lack it
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return Path(xdg) / "spio"
+        return Path(os.path.abspath(xdg)) / "spio"
     return Path(platformdirs.user_cache_dir("spio"))
+
+
+_file_mode: int | None = None
+
+
+def file_mode() -> int:
+    """The mode of a file created now with open(): 0o666 less the process's umask. Cache entries
+    get it (mkstemp would make them 0o600), so that a cache built by one user, e.g. when a
+    container image is built, can be read by another as the umask allows."""
+    global _file_mode
+    if _file_mode is None:
+        umask = None
+        try:  # Linux reports the umask without changing it
+            with open("/proc/self/status") as status:
+                for line in status:
+                    if line.startswith("Umask:"):
+                        umask = int(line.split()[1], 8)
+        except (OSError, ValueError):
+            pass
+        if umask is None:  # elsewhere: set and restore it (once per process)
+            umask = os.umask(0o022)
+            os.umask(umask)
+        _file_mode = 0o666 & ~umask
+    return _file_mode
 
 
 def hash_key(*parts: object) -> str:
@@ -109,6 +139,7 @@ class DiskCache:
     def _store(self, path: Path, payload: bytes, meta: dict) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         try:
+            os.fchmod(fd, file_mode())
             with os.fdopen(fd, "wb") as f:
                 f.write(_encode(payload, meta))
             os.replace(tmp, path)

@@ -2,9 +2,10 @@
 
 With SPIO_AUTOTUNE=1, `KernelFactory.get_kernel` on a CUDA device times the k configs the model
 ranks best (SPIO_AUTOTUNE_TOPK, default 5) the first time it meets a layer, and stores the fastest
-in `<cache_root>/autotune/`, keyed by device name, driver, spio version, kernel family and layer
-params. Later uses, in this process or another, read the entry and time nothing. spio.precompile
-finds a model's layers to tune first (`collecting`), so that their candidates build all at once.
+in `<cache_root>/autotune/`, keyed by device name, driver, spio version, kernel family, layer
+params and the configs timed. Later uses, in this process or another, read the entry and time
+nothing. spio.precompile finds a model's layers to tune first (`collecting`), so that their
+candidates build all at once.
 
 The timing helpers here (`kernel_inputs`, `time_kernel`) are also what scripts/perf_sample.py uses
 to measure the data the models are trained on. They time a pass as spio runs it: a WGrad time
@@ -89,7 +90,7 @@ def want(
     wanted = _wanted.get()
     if wanted is None:
         return False
-    key = cache_key(family.name, params, identity)
+    key = cache_key(family.name, params, identity, candidates)
     if key not in wanted and _cache().get(key) is None:
         wanted[key] = (family, params, device, tuple(candidates))
     return True
@@ -244,13 +245,16 @@ def _l2_bytes(device: Any) -> int:
 # The autotune cache
 
 
-def cache_key(family: str, params: Conv2dGw8Params, identity: Any) -> str:
-    """The cache key of a tuned layer: device name, driver, spio version, family and params."""
+def cache_key(family: str, params: Conv2dGw8Params, identity: Any, candidates: Sequence) -> str:
+    """The cache key of a tuned layer: device name, driver, spio version, family, params, and
+    the configs timed, so that other candidates (another SPIO_AUTOTUNE_TOPK, or a performance
+    model ranking others first) are timed anew."""
     from .. import __version__
     from ..compiler import hash_key
 
+    timed = sorted(config.encode() for config in candidates)
     return hash_key(
-        "autotune", identity.name, identity.driver, __version__, family, params.encode()
+        "autotune", identity.name, identity.driver, __version__, family, params.encode(), timed
     )
 
 
@@ -287,7 +291,7 @@ def autotune(
     if not candidates:
         raise ValueError(f"autotune of {family.name} needs at least one candidate config")
     cache = _cache() if cache is None else cache
-    key = cache_key(family.name, params, identity)
+    key = cache_key(family.name, params, identity, candidates)
 
     def build() -> tuple[bytes, dict]:
         run = timer or default_timer

@@ -1,9 +1,14 @@
 """Where the cache lives (SPIO_CACHE_DIR, platformdirs, or ~/.cache when platformdirs is absent),
 and reading an entry without building it."""
 
+import os
+import stat
 import sys
 from pathlib import Path
 
+import pytest
+
+import spio.compiler.cache as cache_module
 from spio.compiler.cache import DiskCache, cache_root
 
 
@@ -37,3 +42,27 @@ def test_get_reads_memory_then_disk_and_misses_without_building(tmp_path):
     assert fresh.get("k") == (b"payload", {"m": 1})
     cache.path("k").write_bytes(b"damaged")
     assert DiskCache("things", root=tmp_path).get("k") is None
+
+
+def test_relative_and_home_paths_are_made_absolute(monkeypatch, tmp_path):
+    """Compile workers may run in another folder than the one a relative path was meant from."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPIO_CACHE_DIR", "rel/c")
+    assert cache_root() == tmp_path / "rel" / "c"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPIO_CACHE_DIR", "~/c")
+    assert cache_root() == tmp_path / "home" / "c"
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_entries_are_as_readable_as_the_umask_allows(tmp_path, monkeypatch, umask, mode):
+    """Not mkstemp's 0o600: a cache built by one user (say, while a container image is built)
+    must be readable by the users who run it, unless the umask says otherwise."""
+    monkeypatch.setattr(cache_module, "_file_mode", None)
+    old = os.umask(umask)
+    try:
+        cache = DiskCache("things", root=tmp_path)
+        cache.get_or_build("k", lambda: (b"x", {}))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(cache.path("k").stat().st_mode) == mode

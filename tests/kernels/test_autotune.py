@@ -31,11 +31,13 @@ class FakeTimer:
 
     def __init__(self, fail=()):
         self.calls: list[tuple[str, str]] = []
+        self.configs: list = []  # the configs of `calls`
         self.fail = set(fail)
 
     def __call__(self, family, params, kernel, device):
         config = dict(kernel.info)["config"]
         self.calls.append((family, config.encode()))
+        self.configs.append(config)
         if config.encode() in self.fail:
             raise RuntimeError("launch failed")
         return 1e-3 / len(self.calls)
@@ -127,18 +129,42 @@ def test_inside_a_graph_capture_tuning_waits_for_a_later_call(tuned, monkeypatch
     assert tuned.calls == []
 
 
-def test_cache_key_names_device_driver_version_family_and_params():
-    key = autotune.cache_key("conv2d_gw8_fprop", LAYER, H200)
+def test_cache_key_names_device_driver_version_family_params_and_candidates():
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    top = family.configs(LAYER)[:4]
+
+    def key(name=family.name, params=LAYER, identity=H200, candidates=top):
+        return autotune.cache_key(name, params, identity, candidates)
+
     other_gpu = pm.DeviceIdentity("sm_90", "NVIDIA H100 80GB HBM3", "13.0")
     other_driver = pm.DeviceIdentity("sm_90", "NVIDIA H200", "12.8")
     assert len({
-        key,
-        autotune.cache_key("conv2d_gw8_fprop", LAYER, other_gpu),
-        autotune.cache_key("conv2d_gw8_fprop", LAYER, other_driver),
-        autotune.cache_key("conv2d_gw8_dgrad", LAYER, H200),
-        autotune.cache_key("conv2d_gw8_fprop", P(n=16, c=64, h=28, w=28, padding=0), H200),
-    }) == 5  # fmt: skip
-    assert key == autotune.cache_key("conv2d_gw8_fprop", P(16, 64, 28, 28, padding=(1, 1)), H200)
+        key(),
+        key(identity=other_gpu),
+        key(identity=other_driver),
+        key(name="conv2d_gw8_dgrad"),
+        key(params=P(n=16, c=64, h=28, w=28, padding=0)),
+        key(candidates=top[:3]),  # e.g. a smaller SPIO_AUTOTUNE_TOPK
+    }) == 6  # fmt: skip
+    assert key() == key(params=P(16, 64, 28, 28, padding=(1, 1)))
+    assert key() == key(candidates=top[::-1])  # the same configs, ranked otherwise
+
+
+def test_a_larger_top_k_tunes_again(tuned, monkeypatch):
+    """The cached winner of the top 4 does not answer for the top 6, which may hold a faster
+    config; the top 4 again is answered from the cache."""
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert len(tuned.calls) == 4
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "6")
+    new_process(monkeypatch)
+    tuned.calls.clear()
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert len(tuned.calls) == 6
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "4")
+    new_process(monkeypatch)
+    tuned.calls.clear()
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert tuned.calls == []
 
 
 def test_cache_entry_records_what_was_timed(tuned, tmp_path):
@@ -147,7 +173,8 @@ def test_cache_entry_records_what_was_timed(tuned, tmp_path):
     conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
     cache = DiskCache("autotune", root=tmp_path / "cache")
     payload, _, cached = cache.get_or_build(
-        autotune.cache_key("conv2d_gw8_fprop", LAYER, H200), lambda: pytest.fail("not cached")
+        autotune.cache_key("conv2d_gw8_fprop", LAYER, H200, tuned.configs),
+        lambda: pytest.fail("not cached"),
     )
     entry = json.loads(payload)
     assert cached and entry["device"] == "NVIDIA H200" and entry["driver"] == "13.0"
