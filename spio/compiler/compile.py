@@ -80,14 +80,22 @@ def parse_resource_report(log: str) -> dict[str, ResourceUsage]:
     return {name: ResourceUsage(**values) for name, values in usage.items()}
 
 
-@functools.cache
+_bundled: tuple[str, str] | None = None  # spio/include's (tree_signature, tree_digest)
+
+
 def _bundled_headers_digest() -> str:
     """Hash of every header in spio/include: any edit there invalidates cached cubins.
 
-    Computed once per process (functools.cache): a header edited while a process runs is seen
-    by the next process, not this one. Tests that change the headers call `.cache_clear()`.
+    Read again whenever a header's size or mtime changed (statting them is cheap next to a
+    compile), so that a cubin compiled after an edit in a running process, pool workers'
+    included, is filed under the edited headers' digest and not the one the process began with.
     """
-    return digest.tree_digest(paths.bundled_include_dir())
+    global _bundled
+    root = paths.bundled_include_dir()
+    signature = digest.tree_signature(root)
+    if _bundled is None or _bundled[0] != signature:
+        _bundled = (signature, digest.tree_digest(root))
+    return _bundled[1]
 
 
 @functools.cache
@@ -130,10 +138,13 @@ def nvrtc_options(arch: str, *, line_info: bool = False, debug: bool = False) ->
     return opts
 
 
-def cubin_key(source: str, arch: str, headers: dict[str, str], opts: list[str]) -> str:
-    """The cache key of one compilation: everything that decides the cubin.
+def cubin_key(
+    source: str, arch: str, headers: dict[str, str], opts: list[str], name: str = "kernel.cu"
+) -> str:
+    """The cache key of one compilation: everything that decides the cubin and its log.
 
-    That is the source, the in-memory headers, every option except the -I folders spio adds,
+    That is the program's name (in the log, and in the line info of -lineinfo cubins), the
+    source, the in-memory headers, every option except the -I folders spio adds,
     the arch, NVRTC's identity, spio/include's content and the CUDA headers' identity. The -I
     paths are left out so that moving spio's own folder keeps its cache; the CUDA headers'
     identity includes their folder's path and mtimes (statting is cheap, reading them is not),
@@ -143,6 +154,7 @@ def cubin_key(source: str, arch: str, headers: dict[str, str], opts: list[str]) 
     own_includes = set(_include_options())
     return hash_key(
         "nvrtc",
+        name,
         source,
         sorted(headers.items()),
         [o for o in opts if o not in own_includes],
@@ -186,7 +198,7 @@ def compile_cubin(
         cubin, meta = build()
         cached = False
     else:
-        key = cubin_key(source, arch, headers, opts)
+        key = cubin_key(source, arch, headers, opts, name)
         cubin, meta, cached = _cubin_cache.get_or_build(key, build)
         if cached:
             logger.debug("cached cubin for %s (%s)", name, arch)

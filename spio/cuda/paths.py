@@ -155,8 +155,13 @@ def _candidates() -> list[_Candidate]:
 def _nvrtc_in(folder: Path) -> Path | None:
     if not folder.is_dir():
         return None
-    names = sorted((p for p in folder.iterdir() if _NVRTC_NAME.match(p.name)), key=lambda p: p.name)
-    return names[-1] if names else None
+    names = [p for p in folder.iterdir() if _NVRTC_NAME.match(p.name)]
+    return max(names, key=_soname_version, default=None)
+
+
+def _soname_version(path: Path) -> tuple[int, ...]:
+    """(12, 9, 86) for libnvrtc.so.12.9.86: compared as numbers, so .so.12 is newer than .so.9.2."""
+    return tuple(int(part) for part in path.name.split(".so")[1].split(".") if part)
 
 
 class _LinkMap(ctypes.Structure):
@@ -243,7 +248,10 @@ def find_nvrtc() -> Path:
     if env:
         if Path(env).is_file():
             return Path(env)
-        looked.append(f"SPIO_NVRTC={env} (no such file)")
+        raise CudaNotFoundError(  # an override that does not apply must not pass unnoticed
+            f"SPIO_NVRTC={env} is not a file. Set it to the path of libnvrtc.so.12 or .13, or "
+            "unset it to let spio search its usual places"
+        )
     for cand in _candidates():
         lib = _nvrtc_in(cand.lib)
         if lib is not None:
@@ -258,12 +266,15 @@ def find_nvrtc() -> Path:
 
 
 def _find_include(required: str, prefer_major: int | None, nvrtc: Path | None = None) -> Path:
-    looked: list[str] = []
     env = os.environ.get("SPIO_CUDA_INCLUDE")
     if env:
         if (Path(env) / required).is_file():
             return Path(env)
-        looked.append(f"SPIO_CUDA_INCLUDE={env} (no {required} there)")
+        raise CudaNotFoundError(
+            f"SPIO_CUDA_INCLUDE={env} holds no {required}. Set it to the CUDA include folder "
+            "that does, or unset it to let spio search its usual places"
+        )
+    looked: list[str] = []
     places: list[tuple[Path, str]] = []
     if nvrtc is not None:
         places += [(inc, f"beside {nvrtc}") for inc in includes_beside(nvrtc)]

@@ -18,8 +18,9 @@ __all__ = ["EmuFunction", "EmuModule", "EmulatorError", "is_enabled", "load_modu
 
 
 def is_enabled() -> bool:
-    """True when SPIO_EMULATE=1: CPU tensors then run through the emulated kernels."""
-    return os.environ.get("SPIO_EMULATE", "").strip() == "1"
+    """True when SPIO_EMULATE=1 (or true, yes, on): CPU tensors then run through the emulated
+    kernels. The one reading of the variable."""
+    return os.environ.get("SPIO_EMULATE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def __getattr__(name: str):

@@ -6,11 +6,10 @@ Each check raises ValueError naming the violated constraint and the value; they 
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
+from spio import emulator
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -18,7 +17,7 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 def emulate_enabled() -> bool:
     """True when SPIO_EMULATE asks CPU tensors to go through the kernels in the emulator."""
-    return os.environ.get("SPIO_EMULATE", "").strip().lower() in ("1", "true", "yes", "on")
+    return emulator.is_enabled()
 
 
 def uses_kernels(device: torch.device) -> bool:

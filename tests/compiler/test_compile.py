@@ -216,12 +216,12 @@ def test_parse_resource_report_reads_each_entry():
 @pytest.fixture
 def fresh_digests():
     """Recompute spio/include's digest and NVRTC's identity before and after the test."""
-    cached = (compile_module._bundled_headers_digest, compile_module._nvrtc_identity)
-    for function in cached:
-        function.cache_clear()
+    nvrtc_identity = compile_module._nvrtc_identity
+    compile_module._bundled = None
+    nvrtc_identity.cache_clear()
     yield
-    for function in cached:  # the originals: a test may have patched the module's names
-        function.cache_clear()
+    compile_module._bundled = None
+    nvrtc_identity.cache_clear()  # the original: a test may have patched the module's name
 
 
 def key_of(arch="sm_80", options=(), **flags):
@@ -233,20 +233,19 @@ def use_bundled_copy(monkeypatch, folder):
     """spio/include copied to `folder`, and spio told that it lives there."""
     shutil.copytree(paths.bundled_include_dir(), folder)
     monkeypatch.setattr(paths, "bundled_include_dir", lambda: folder)
-    compile_module._bundled_headers_digest.cache_clear()
     return folder
 
 
 def test_cache_key_changes_with_a_bundled_header(tmp_path, monkeypatch, fresh_digests):
+    """In the same process too: a cubin compiled after an edit must not be filed under the key
+    of the headers as they were (a fresh process would then load it for the unedited ones)."""
     include = use_bundled_copy(monkeypatch, tmp_path / "include")
     before = key_of()
     header = sorted(include.rglob("*.h"))[0]
     text = header.read_text()
     header.write_text(text + "\n// edited\n")
-    compile_module._bundled_headers_digest.cache_clear()
     assert key_of() != before
     header.write_text(text)
-    compile_module._bundled_headers_digest.cache_clear()
     assert key_of() == before
 
 
@@ -309,5 +308,7 @@ def test_cache_key_keeps_every_option_but_spios_include_folders(fresh_digests):
     keys = {with_option_at(at) for at in range(len(base) + 1)}
     assert before not in keys and len(keys) == len(base) - 1  # 3, 4 and 5 are one key
     assert compile_module.cubin_key(TENSOR_CORE_KERNEL, "sm_86", {}, base) != before
+    renamed = compile_module.cubin_key(TENSOR_CORE_KERNEL, "sm_80", {}, base, "other.cu")
+    assert renamed != before  # the log and -lineinfo cubins name the program
     with_header = compile_module.cubin_key(TENSOR_CORE_KERNEL, "sm_80", {"gen.h": "1"}, base)
     assert with_header != before

@@ -120,6 +120,29 @@ def test_environment_overrides_win(isolated, monkeypatch):
     assert paths.find_cuda_include() == custom
 
 
+def test_an_override_that_does_not_apply_is_an_error(isolated, monkeypatch):
+    """Not a silent fall-back to the wheels the override was meant to replace."""
+    nvidia = make_wheels(isolated, [12])
+    monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
+    monkeypatch.setenv("SPIO_NVRTC", str(isolated / "typo" / "libnvrtc.so.12"))
+    with pytest.raises(paths.CudaNotFoundError, match=r"SPIO_NVRTC=.*typo.* is not a file"):
+        paths.find_nvrtc()
+    monkeypatch.setenv("SPIO_NVRTC", str(isolated))  # a folder
+    with pytest.raises(paths.CudaNotFoundError, match="is not a file"):
+        paths.find_nvrtc()
+    monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(isolated / "nowhere"))
+    with pytest.raises(paths.CudaNotFoundError, match=r"nowhere holds no cuda_fp16.h"):
+        paths.find_cuda_include()
+
+
+def test_the_newest_soname_in_a_folder_wins(tmp_path):
+    for name in ("libnvrtc.so.9.2", "libnvrtc.so.12", "libnvrtc.so.12.9.86", "libnvrtc.so"):
+        (tmp_path / name).write_bytes(b"")
+    assert paths._nvrtc_in(tmp_path).name == "libnvrtc.so.12.9.86"
+    (tmp_path / "libnvrtc.so.12.9.86").unlink()
+    assert paths._nvrtc_in(tmp_path).name == "libnvrtc.so.12"  # string order picked .so.9.2
+
+
 def test_cuda_home_is_searched_after_the_wheels(isolated, monkeypatch):
     home = isolated / "toolkit"
     (home / "lib64").mkdir(parents=True)
@@ -143,12 +166,10 @@ def test_nothing_found_lists_where_it_looked(no_toolkit, monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", f"{isolated / 'ld1'}:{isolated / 'ld2'}")
     asked = []
     monkeypatch.setattr(paths, "_dlopen_path", lambda name: asked.append(name))
-    monkeypatch.setenv("SPIO_NVRTC", str(isolated / "missing.so"))
     with pytest.raises(paths.CudaNotFoundError) as info:
         paths.find_nvrtc()
     message = str(info.value)
     for place in (
-        "SPIO_NVRTC=" + str(isolated / "missing.so"),
         str(nvidia / "cuda_nvrtc" / "lib"),
         str(nvidia / "cu13" / "lib"),
         str(isolated / "toolkit" / "lib64"),

@@ -7,6 +7,7 @@ import torch
 
 import spio.emulator as emulator
 from spio.emulator.build import EmulatorBuildError, kernel_names, rewrite_extern_shared
+from spio.functional.checks import uses_kernels
 
 
 @pytest.fixture
@@ -82,8 +83,9 @@ def test_extern_shared_rewrite():
 
 
 def test_is_enabled(monkeypatch):
-    monkeypatch.setenv("SPIO_EMULATE", "1")
-    assert emulator.is_enabled()
+    for on in ("1", "true", " Yes ", "ON"):  # as the ops read it (they ask is_enabled)
+        monkeypatch.setenv("SPIO_EMULATE", on)
+        assert emulator.is_enabled() and uses_kernels(torch.device("cpu"))
     monkeypatch.setenv("SPIO_EMULATE", "0")
     assert not emulator.is_enabled()
     monkeypatch.delenv("SPIO_EMULATE")
