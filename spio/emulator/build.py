@@ -5,23 +5,32 @@ kernel object (the .cu source compiled as C++ after force-including runtime/spio
 generated entry per `extern "C" __global__` kernel) and a closing guard object. The checked variant
 compiles the kernel object with GCC's -fsanitize=thread, so every load and store calls the runtime's
 __tsan_read*/__tsan_write* callbacks. Libraries and runtime objects are cached on disk.
+
+A library's checksummed cache entry is copied to `<cache>/emulator/lib/<key>.so` for dlopen. The
+copy is checked against the entry once per process and rewritten when it differs, and is readable by
+others as the umask allows, so a cache built as root (a Docker image) serves other users. When the
+cache cannot be written, the copy goes to one private temporary folder, removed at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import platform
 import re
+import secrets
 import shlex
+import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..compiler import digest
-from ..compiler.cache import DiskCache, cache_root, hash_key
+from ..compiler.cache import DiskCache, hash_key
 from ..cuda import paths
 from ..log import logger
 
@@ -61,7 +70,8 @@ _EXTERN_SHARED_RE = re.compile(
 
 
 class EmulatorBuildError(RuntimeError):
-    """The host compiler rejected a kernel source; the message carries the compiler's output."""
+    """Building an emulator library failed: the host compiler rejected the kernel source (the
+    message carries its output), or the library could not be written anywhere."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +86,8 @@ class Library:
 
 
 def compiler() -> str:
-    """The host C++ compiler: $CXX, else g++."""
-    return os.environ.get("CXX", "g++")
+    """The host C++ compiler: $CXX, else g++ (an empty CXX counts as unset)."""
+    return os.environ.get("CXX", "").strip() or "g++"
 
 
 @functools.cache
@@ -89,7 +99,8 @@ def compiler_version(cxx: str) -> str:
         ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         raise EmulatorBuildError(
-            f"the emulator needs a host C++ compiler (CXX={cxx!r}); running it failed: {error}"
+            f"the emulator needs a host C++ compiler (CXX={cxx!r}); running it failed: {error}. "
+            "Install g++ or set CXX to a C++17 compiler."
         ) from error
     return out.splitlines()[0] if out else cxx
 
@@ -250,13 +261,103 @@ def _bundled_needs_rewrite() -> bool:
     )
 
 
-def _so_folder() -> Path:
-    folder = cache_root() / "emulator" / "lib"
+#: Library files known good in this process: the cache's path -> the file to load (that path,
+#: or its copy in the private folder when the cache could not be written).
+_files: dict[Path, Path] = {}
+_files_lock = threading.Lock()
+_private: Path | None = None
+_warned = False
+
+
+def _same_content(path: Path, payload: bytes) -> bool:
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
-    except OSError:
-        return Path(tempfile.mkdtemp(prefix="spio-emu-lib-"))
+        return path.stat().st_size == len(payload) and path.read_bytes() == payload
+    except OSError:  # missing, unreadable (another user's 0600 file), or not a file
+        return False
+
+
+def _write_atomic(path: Path, payload: bytes) -> None:
+    """Write `payload` to a temporary name next to `path` and rename it into place. The file gets
+    mode 0o666 less the umask, as any new file does; a partial temporary file never stays."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name next to {path}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _remove_private(folder: Path, pid: int) -> None:
+    if os.getpid() == pid:  # not from a forked child: the parent may still load from it
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _private_folder() -> Path:
+    """This process's own temporary folder for libraries, made once and removed at exit."""
+    global _private
+    if _private is None:
+        _private = Path(tempfile.mkdtemp(prefix="spio-emu-lib-"))
+        atexit.register(_remove_private, _private, os.getpid())
+    return _private
+
+
+def _library_file(key: str, payload: bytes, name: str) -> Path:
+    """A file holding exactly `payload` to dlopen: `<cache>/emulator/lib/<key>.so`, checked once
+    per process and rewritten when missing or different, else a copy in the private folder."""
+    global _warned
+    target = _cache.folder / "lib" / f"{key}.so"
+    with _files_lock:
+        known = _files.get(target)
+        if known is not None and known.is_file():
+            return known
+        if _same_content(target, payload):
+            _files[target] = target
+            return target
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(target, payload)
+            _files[target] = target
+            return target
+        except OSError as error:
+            cache_error = error
+        try:
+            path = _private_folder() / target.name
+            if not _same_content(path, payload):
+                _write_atomic(path, payload)
+        except OSError as error:
+            raise EmulatorBuildError(
+                f"cannot write the emulator library for {name}: not to the cache folder "
+                f"{target.parent} ({cache_error}), nor to a temporary folder ({error}). Free disk "
+                "space, or set SPIO_CACHE_DIR (or TMPDIR) to a writable folder."
+            ) from error
+        # One warning per process; none when the cache already warned that it cannot be written.
+        if not _warned and not getattr(_cache, "_warned", False):
+            logger.warning(
+                "spio cannot write emulator libraries to its cache folder %s (%s); they are "
+                "written to %s for this process only. Set SPIO_CACHE_DIR to a writable folder.",
+                target.parent,
+                cache_error,
+                path.parent,
+            )
+        else:
+            logger.debug("emulator library %s written to %s (%s)", key, path, cache_error)
+        _warned = True
+        _files[target] = path
+        return path
 
 
 def build_library(
@@ -347,12 +448,7 @@ def build_library(
 
     start = time.perf_counter()
     payload, meta, cached = _cache.get_or_build(key, build)
-    path = _so_folder() / f"{key}.so"
-    if not path.is_file() or path.stat().st_size != len(payload):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
+    path = _library_file(key, payload, name)
     seconds = time.perf_counter() - start
     logger.info(
         "emulator library for %s (%s): %s in %.2f s",

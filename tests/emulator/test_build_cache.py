@@ -1,0 +1,246 @@
+"""How built emulator libraries reach the disk: `<cache>/emulator/lib/<key>.so`, checked against
+the cache entry, readable by others, and a private temporary folder when the cache cannot be
+written (read-only, full, or not a folder at all).
+
+One tiny library is built once; each test points SPIO_CACHE_DIR at a fresh folder holding only its
+checksummed entry, so no test runs the compiler again.
+"""
+
+import ctypes
+import errno
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+from spio.compiler.cache import DiskCache
+from spio.emulator import build
+
+TINY = 'extern "C" __global__ void one(int *p) { p[0] = 1; }'
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(key, (payload, meta)) of the tiny library, built once into a folder of its own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPIO_CACHE_DIR", str(tmp_path_factory.mktemp("emu-cache")))
+        lib = build.build_library(TINY, name="emu_test_tiny", checked=False)
+        key = lib.path.stem
+        entry = build._cache.get(key)
+    assert entry is not None
+    return key, entry
+
+
+def _use_cache(monkeypatch, tmp_path, tiny, root):
+    """SPIO_CACHE_DIR=root with the tiny library's entry (on disk where it can be written), a fresh
+    emulator cache and warning state, and TMPDIR=tmp_path/tmp; returns the library folder."""
+    key, entry = tiny
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(root))
+    fresh = DiskCache("emulator")
+    monkeypatch.setattr(build, "_cache", fresh)
+    monkeypatch.setattr(build, "_private", None, raising=False)
+    monkeypatch.setattr(build, "_warned", False, raising=False)
+    fresh.get_or_build(key, lambda: entry)
+    return root / "emulator" / "lib"
+
+
+def _build():
+    return build.build_library(TINY, name="emu_test_tiny", checked=False)
+
+
+def _loads(path):
+    assert ctypes.CDLL(str(path)).spio_emu_entry_one is not None
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def _private_folders(tmp_path):
+    return sorted((tmp_path / "tmp").glob("spio-emu-lib-*"))
+
+
+def test_an_empty_cxx_means_the_default_compiler(monkeypatch, tiny):
+    for value in ("", "  "):
+        monkeypatch.setenv("CXX", value)
+        assert build.compiler() == "g++"
+        assert _build().path.stem == tiny[0]  # the g++ library, not a failed `'' --version`
+    with pytest.raises(build.EmulatorBuildError, match="Install g\\+\\+ or set CXX"):
+        build.compiler_version("/nonexistent/spio-test-c++")
+
+
+def test_library_files_are_readable_as_the_umask_allows(monkeypatch, tmp_path, tiny):
+    """A cache filled as root (spio.precompile in a Docker image build) serves other users."""
+    for umask, mode in ((0o022, 0o644), (0o002, 0o664), (0o077, 0o600)):
+        root = tmp_path / f"cache-{umask:03o}"
+        old = os.umask(umask)
+        try:
+            _use_cache(monkeypatch, tmp_path / f"t-{umask:03o}", tiny, root)
+            path = _build().path
+        finally:
+            os.umask(old)
+        assert path.parent == root / "emulator" / "lib"
+        assert path.stat().st_mode & 0o777 == mode, f"umask {umask:03o}"
+
+
+def test_a_damaged_library_file_is_rewritten_from_the_entry(monkeypatch, tmp_path, tiny):
+    key, (payload, _) = tiny
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    lib_folder.mkdir(parents=True)
+    damaged = lib_folder / f"{key}.so"
+    damaged.write_bytes(bytes([payload[0] ^ 0xFF]) + payload[1:])  # same size, bad ELF header
+    lib = _build()
+    assert lib.path == damaged and lib.path.read_bytes() == payload
+    _loads(lib.path)
+
+
+def _deny_writes_under(monkeypatch, folder):
+    """Creating files under `folder` fails with EACCES (root ignores permission bits)."""
+    real_open = os.open
+    denied = []
+
+    def guarded(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT and os.fspath(path).startswith(str(folder) + os.sep):
+            denied.append(path)
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", guarded)
+    return denied
+
+
+def test_a_read_only_library_folder_falls_back_to_one_private_folder(
+    monkeypatch, tmp_path, tiny, caplog
+):
+    key, (payload, _) = tiny
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    lib_folder.mkdir(parents=True)
+    root = os.geteuid() == 0
+    if root:
+        denied = _deny_writes_under(monkeypatch, lib_folder)
+    else:
+        lib_folder.chmod(0o555)
+    try:
+        with caplog.at_level(logging.WARNING, logger="spio"):
+            paths = {_build().path for _ in range(3)}
+    finally:
+        lib_folder.chmod(0o755)
+    assert not root or denied  # the simulation did deny the write
+    (path,) = paths
+    assert path.parent == _private_folders(tmp_path)[0] and len(_private_folders(tmp_path)) == 1
+    assert path.read_bytes() == payload and path.name == f"{key}.so"
+    assert list(lib_folder.iterdir()) == []  # no partial temporary file
+    _loads(path)
+    (warning,) = _warnings(caplog)
+    assert str(lib_folder) in warning and "SPIO_CACHE_DIR" in warning
+
+
+class _FullDisk:
+    """A file whose write stores half the data, then fails as on a full disk."""
+
+    def __init__(self, file):
+        self._file = file
+
+    def write(self, data):
+        self._file.write(bytes(data)[: len(data) // 2])
+        self._file.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+
+def _fill_disk_under(monkeypatch, *folders):
+    real_fdopen = os.fdopen
+    full = []
+
+    def fdopen(fd, *args, **kwargs):
+        file = real_fdopen(fd, *args, **kwargs)
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if any(target.startswith(str(folder) + os.sep) for folder in folders):
+            full.append(target)
+            return _FullDisk(file)
+        return file
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    return full
+
+
+def test_a_full_cache_disk_falls_back_and_leaves_no_partial_file(
+    monkeypatch, tmp_path, tiny, caplog
+):
+    key, (payload, _) = tiny
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    full = _fill_disk_under(monkeypatch, lib_folder)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        first, second = _build().path, _build().path
+    assert full  # the write did fail
+    assert first == second and first.parent == _private_folders(tmp_path)[0]
+    assert first.read_bytes() == payload
+    assert list(lib_folder.iterdir()) == []
+    _loads(first)
+    assert len(_warnings(caplog)) == 1
+
+
+def test_no_room_anywhere_is_a_clear_error_without_partial_files(monkeypatch, tmp_path, tiny):
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    full = _fill_disk_under(monkeypatch, lib_folder, tmp_path / "tmp")
+    with pytest.raises(build.EmulatorBuildError, match="cannot write the emulator library.*Free"):
+        _build()
+    assert full
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".tmp"]
+    assert leftovers == []
+
+
+def test_an_unwritable_cache_root_reuses_one_private_folder(monkeypatch, tmp_path, tiny, caplog):
+    """Every call used to copy the library into a new temporary folder that was never removed."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    # Root ignores permission bits, so make the cache folder impossible: it lies under a file.
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        _use_cache(monkeypatch, tmp_path, tiny, blocker / "cache")  # the cache warns here
+        paths = {_build().path for _ in range(3)}
+    assert len(paths) == 1 and len(_private_folders(tmp_path)) == 1
+    _loads(paths.pop())
+    assert len(_warnings(caplog)) == 1  # the cache's warning; the library's adds none
+
+
+def test_the_private_folder_is_removed_at_exit(tmp_path, tiny):
+    """A process that cannot write the cache's library folder leaves no temporary folder."""
+    key, entry = tiny
+    root = tmp_path / "cache"
+    DiskCache("emulator", root=root).get_or_build(key, lambda: entry)
+    (root / "emulator" / "lib").write_text("a file where the library folder should be")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(parents=True)
+    script = textwrap.dedent(
+        """
+        from spio.emulator.build import build_library
+        source = 'extern "C" __global__ void one(int *p) { p[0] = 1; }'
+        for _ in range(2):
+            lib = build_library(source, name="emu_test_tiny", checked=False)
+            assert lib.cached, "rebuilt: the test's cache entry was not used"
+            print(lib.path)
+        """
+    )
+    env = dict(os.environ, SPIO_CACHE_DIR=str(root), TMPDIR=str(tmp))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.split()
+    assert first == second and first.startswith(str(tmp))
+    assert list(tmp.iterdir()) == []
