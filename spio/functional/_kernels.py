@@ -43,8 +43,12 @@ ALL_PASSES = FPROP | DGRAD | WGRAD
 PASS_BITS = dict(zip(PASSES, (FPROP, DGRAD, WGRAD), strict=True))
 
 
-def pass_mask(passes: Iterable[str]) -> int:
-    """The `passes` bits of pass names ("fprop", "dgrad", "wgrad")."""
+def pass_mask(passes: Iterable[str] | int) -> int:
+    """The `passes` bits of pass names ("fprop", "dgrad", "wgrad"), or of bits already (the op's
+    `passes` argument)."""
+    if isinstance(passes, int) and not isinstance(passes, bool):
+        check_passes(passes)
+        return passes
     names = (passes,) if isinstance(passes, str) else tuple(passes)
     unknown = [name for name in names if name not in PASS_BITS]
     if unknown:

@@ -20,6 +20,17 @@ def emulate_enabled() -> bool:
     return emulator.is_enabled()
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype of the autocast region on `device_type`, or None outside one and on devices
+    autocast does not know (e.g. "meta", where torch.is_autocast_enabled raises)."""
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return None
+    except RuntimeError:
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
 def uses_kernels(device: torch.device) -> bool:
     """True when tensors on `device` run spio's kernels rather than PyTorch's convolution."""
     return device.type == "cuda" or (device.type == "cpu" and emulate_enabled())
@@ -60,7 +71,10 @@ def check_args(
     if c % GROUP_WIDTH or c < GROUP_WIDTH:
         raise ValueError(f"conv2d_gw8 needs channels a positive multiple of 8, got {c}")
     if k != c:
-        raise ValueError(f"conv2d_gw8 needs as many output as input channels, got C={c}, K={k}")
+        raise ValueError(
+            f"conv2d_gw8 needs as many output as input channels, got C={c} (input.shape[1]) "
+            f"and K={k} (weight.shape[0])"
+        )
     if groups != 1 and groups != c // GROUP_WIDTH:
         raise ValueError(f"conv2d_gw8 needs groups = C / 8 = {c // GROUP_WIDTH}, got {groups}")
     for name, value in (("R", r), ("S", s)):

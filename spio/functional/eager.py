@@ -25,7 +25,7 @@ import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
 
 from . import _kernels
-from .checks import memory_format
+from .checks import autocast_dtype, memory_format
 
 
 def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
@@ -138,9 +138,8 @@ def autocast_operands(
     """The operands as the kernels get them: inside an autocast region, input and weight cast to
     its dtype (the weight contiguous, as the kernels read it) and bias to fp32, as the custom op
     casts them; outside one, as they are."""
-    device_type = "cuda" if input.is_cuda else input.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
+    dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
+    if dtype is not None:
         # One op for the weight: cast, and the contiguous layout the kernels read.
         input = input.to(dtype)
         weight = weight.to(dtype=dtype, memory_format=torch.contiguous_format)

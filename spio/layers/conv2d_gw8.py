@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import operator
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from torch.nn.modules.utils import _pair
 
 from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
+from spio.functional.checks import autocast_dtype
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
 from spio.functional.eager import (
     autocast_operands,
@@ -28,10 +30,11 @@ _logged_fallbacks: set[str] = set()
 
 
 def resolve_padding(padding: Any, kernel_size: Any, dilation: Any = 1) -> tuple[int, int] | None:
-    """Padding as an (pad_h, pad_w) pair of ints, or None when it is not symmetric per axis.
+    """Padding as an (pad_h, pad_w) pair of ints, or None when it is not one.
 
     "valid" is (0, 0); "same" is ((r - 1) // 2, (s - 1) // 2) for odd filters at dilation 1 and
-    None otherwise (PyTorch pads an even filter asymmetrically).
+    None otherwise (PyTorch pads an even filter asymmetrically). An int, or a tuple of one, is
+    both sides, as F.conv2d takes it; other lengths, other strings and non-integers are None.
     """
     r, s = _pair(kernel_size)
     if padding == "valid":
@@ -43,7 +46,13 @@ def resolve_padding(padding: Any, kernel_size: Any, dilation: Any = 1) -> tuple[
     if isinstance(padding, str):
         return None
     pad = _pair(padding)
-    return (int(pad[0]), int(pad[1]))
+    if len(pad) == 1:
+        pad = (pad[0], pad[0])
+    try:
+        pad_h, pad_w = (operator.index(p) for p in pad)
+    except (TypeError, ValueError):  # floats, or not two values
+        return None
+    return (pad_h, pad_w)
 
 
 def ineligibility(
@@ -74,7 +83,10 @@ def ineligibility(
         return f"needs padding_mode 'zeros', got {padding_mode!r}"
     pad = resolve_padding(padding, (r, s), dilation)
     if pad is None:
-        return f"needs symmetric padding, got {padding!r} for kernel size {(r, s)}"
+        return (
+            "needs padding of one or two ints, 'valid', or 'same' with odd kernel sizes, got "
+            f"{padding!r} for kernel size {(r, s)}"
+        )
     if min(pad) < 0:
         return f"needs non-negative padding, got {pad}"
     return None
@@ -113,6 +125,10 @@ def _bind_conv2d_args(args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 def _log_fallback_once(reason: str) -> None:
+    """Log why a Conv2dGw8 call runs F.conv2d, once per reason; not while torch.compile traces
+    the call, which cannot trace a logging call (fullgraph=True would fail on it)."""
+    if torch.compiler.is_compiling():
+        return
     if reason not in _logged_fallbacks:
         _logged_fallbacks.add(reason)
         logger.warning("Conv2dGw8 falls back to F.conv2d: %s", reason)
@@ -237,11 +253,10 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
         return f"input is {input.dtype}"
     if input.device != weight.device:
         return f"input on {input.device}, weight on {weight.device}"
-    device_type = "cuda" if input.is_cuda else input.device.type
-    if torch.is_autocast_enabled(device_type):
+    dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
+    if dtype is not None:
         if torch.float64 in (input.dtype, weight.dtype):
             return "float64 tensors under autocast"
-        dtype = torch.get_autocast_dtype(device_type)
         if kernels and dtype not in _HALF:
             return f"autocast to {dtype}"
         return None
@@ -295,8 +310,9 @@ torch.fx.wrap("conv2d_gw8_layer")
 
 
 def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
-    """A `cls` with module's hyperparameters, Parameters (the same objects, not copies) and
-    training mode."""
+    """A `cls` with module's hyperparameters, training mode, and Parameters, buffers and
+    submodules (the same objects, not copies): weight and bias, and any a user or library added,
+    so that state_dict keys and what an optimizer holds stay as they were."""
     new = cls(
         module.in_channels,
         module.out_channels,
@@ -311,6 +327,14 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
     )
     new.weight = module.weight
     new.bias = module.bias
+    for name, parameter in module._parameters.items():
+        if name not in ("weight", "bias"):
+            new.register_parameter(name, parameter)
+    for name, buffer in module._buffers.items():
+        persistent = name not in module._non_persistent_buffers_set
+        new.register_buffer(name, buffer, persistent=persistent)
+    for name, child in module._modules.items():
+        new.add_module(name, child)
     new.train(module.training)
     # Attributes a user or library set on the module (e.g. a tag); not Conv2dGw8's own.
     for name, value in vars(module).items():

@@ -14,6 +14,7 @@ from torch import nn
 from tqdm import tqdm
 
 from spio.functional._kernels import PASSES, pass_mask
+from spio.functional.checks import autocast_dtype
 from spio.kernels import autotune
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
 from spio.kernels.kernel import Kernel, build_kernels
@@ -129,11 +130,9 @@ def _activation_dtype(x: torch.Tensor) -> str:
     """The dtype a kernel would see for input x: its own, or autocast's, else fp16."""
     if x.dtype in (torch.float16, torch.bfloat16):
         return dtype_name(x.dtype)
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        autocast_dtype = torch.get_autocast_dtype(device_type)
-        if autocast_dtype in (torch.float16, torch.bfloat16):
-            return dtype_name(autocast_dtype)
+    region = autocast_dtype(x.device.type)
+    if region in (torch.float16, torch.bfloat16):
+        return dtype_name(region)
     return "fp16"
 
 

@@ -431,7 +431,11 @@ def _bad_calls():
         ("stride", lambda: conv2d_gw8(x, w, None, 2, 1, 1), "stride 1, got 2"),
         ("dilation", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 2), "dilation 1, got 2"),
         ("group width", lambda: conv2d_gw8(x, torch.randn(16, 4, 3, 3)), "group width 8, got 4"),
-        ("C != K", lambda: conv2d_gw8(x, torch.randn(32, 8, 3, 3)), "C=16, K=32"),
+        (
+            "C != K",
+            lambda: conv2d_gw8(x, torch.randn(32, 8, 3, 3)),
+            "C=16 (input.shape[1]) and K=32 (weight",
+        ),
         ("channels", lambda: conv2d_gw8(torch.randn(1, 12, 4, 4), w), "multiple of 8, got 12"),
         (
             "no channels",

@@ -27,6 +27,12 @@ def test_pass_names_and_bits():
     assert pass_names(0) == ()
     with pytest.raises(ValueError, match=r"passes must be among .* got \['bgrad'\]"):
         pass_mask(("fprop", "bgrad"))
+    assert pass_mask(FPROP | DGRAD) == FPROP | DGRAD  # the op's form, e.g. spio_passes = 3
+    with pytest.raises(ValueError, match=r"passes in 0\.\.7"):
+        pass_mask(8)
+    module = Conv2dGw8(16, 16, 3, groups=2)
+    module.spio_passes = 5
+    assert module.spio_passes == ("fprop", "wgrad")
 
 
 @pytest.fixture

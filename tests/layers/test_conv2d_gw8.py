@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spio.layers import Conv2dGw8, make_conv2d
+from spio.layers.conv2d_gw8 import module_ineligibility
 from spio.reference import conv2d_gw8_fprop_ref
 
 INELIGIBLE = [
@@ -22,7 +23,8 @@ INELIGIBLE = [
     ((16, 16, 3), dict(groups=2, dilation=2), "dilation 1"),
     ((16, 16, 7), dict(groups=2, padding=3), "kernel size in 1..5"),
     ((16, 16, 3), dict(groups=2, padding=1, padding_mode="reflect"), "padding_mode 'zeros'"),
-    ((16, 16, 4), dict(groups=2, padding="same"), "symmetric padding"),
+    ((16, 16, 4), dict(groups=2, padding="same"), "padding of one or two ints"),
+    ((16, 16, 3), dict(groups=2, padding=(1.5, 1)), r"padding .*got \(1.5, 1\)"),
 ]
 
 
@@ -38,6 +40,25 @@ def test_padding_strings_are_resolved(padding, expected):
     assert type(m) is Conv2dGw8 and m.padding == expected
     x = torch.randn(2, 8, 6, 7)
     torch.testing.assert_close(m(x), F.conv2d(x, m.weight, m.bias, padding=padding))
+
+
+def test_a_one_value_padding_tuple_is_both_sides_as_in_f_conv2d():
+    m = make_conv2d(16, 16, 3, padding=(2,), groups=2)
+    assert type(m) is Conv2dGw8 and m.padding == (2, 2)
+    x = torch.randn(2, 16, 5, 6)
+    torch.testing.assert_close(m(x), F.conv2d(x, m.weight, m.bias, padding=2, groups=2))
+
+
+def test_an_unknown_padding_string_is_named():
+    with pytest.raises(ValueError, match=r"padding of one or two ints.*got 'SAME'"):
+        Conv2dGw8(16, 16, 3, padding="SAME", groups=2)
+
+
+def test_padding_of_another_length_is_not_eligible():
+    """nn.Conv2d takes padding=(0, 0, 2, 2), failing at its call; spio must not run it as (0, 0)."""
+    conv = nn.Conv2d(16, 16, 3, padding=(0, 0, 2, 2), groups=2)
+    assert not Conv2dGw8.match(conv)
+    assert "padding of one or two ints" in module_ineligibility(conv)
 
 
 @pytest.mark.parametrize("args, kwargs, reason", INELIGIBLE)
@@ -142,6 +163,33 @@ def test_fallback_logs_once(monkeypatch, caplog):
     assert messages == [
         "Conv2dGw8 falls back to F.conv2d: torch.float32 cpu tensors outside autocast"
     ]
+
+
+def test_a_fallback_compiles_in_one_graph(monkeypatch):
+    """The fallback's log is a side effect torch.compile cannot trace: skipped while compiling,
+    so that fullgraph=True compiles a fallback layer as it compiles nn.Conv2d."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    torch._dynamo.reset()
+    m = make_conv2d(16, 16, 3, padding=1, groups=2)
+    x = torch.randn(2, 16, 5, 5)
+    y = torch.compile(m, backend="eager", fullgraph=True)(x)
+    torch.testing.assert_close(y, F.conv2d(x, m.weight, m.bias, padding=1, groups=2))
+
+
+def test_meta_tensors_work_as_in_nn_conv2d():
+    """Shape inference and meta-device initialisation: torch.is_autocast_enabled("meta")
+    raises, so spio must not ask it."""
+    import spio
+
+    m = Conv2dGw8(16, 16, 3, padding=1, groups=2, device="meta")
+    x = torch.empty(2, 16, 5, 7, device="meta", requires_grad=True)
+    y = m(x)
+    assert y.shape == (2, 16, 5, 7) and y.is_meta
+    y.sum().backward()
+    assert x.grad.shape == x.shape and m.weight.grad.is_meta
+    (params,) = spio.scan_modules(nn.Sequential(m), x.detach())
+    assert (params.n, params.c, params.h, params.w) == (2, 16, 5, 7)
 
 
 def test_half_input_with_fp32_weight_falls_back_to_torch_error():

@@ -142,6 +142,28 @@ def test_untransform_restores_plain_convs_sharing_parameters():
     assert type(plain) is nn.Conv2d and plain.weight is bare.weight and not plain.training
 
 
+def test_what_a_user_added_to_a_conv_survives_transform_and_untransform():
+    """Extra Parameters, buffers (persistent or not) and submodules are carried over, the same
+    objects: state_dict keys and the optimizer's parameters stay as they were."""
+    import spio
+
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    conv.scale = nn.Parameter(torch.ones(16))
+    conv.register_buffer("mask", torch.ones(16))
+    conv.register_buffer("scratch", torch.zeros(2), persistent=False)
+    conv.aux = nn.Linear(2, 2)
+    model = nn.Sequential(conv)
+    keys, params = list(model.state_dict()), list(model.parameters())
+    transform(model)
+    assert type(model[0]) is Conv2dGw8 and model[0].mask is conv.mask
+    assert model[0].scratch is conv.scratch and model[0].aux is conv.aux
+    assert list(model.state_dict()) == keys
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params]
+    spio.untransform(model)
+    assert type(model[0]) is nn.Conv2d and list(model.state_dict()) == keys
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params]
+
+
 def test_package_is_callable():
     model = spio_transform(_model())
     assert isinstance(model.blocks[0], Conv2dGw8)
