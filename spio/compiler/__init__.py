@@ -9,7 +9,7 @@ from .compile import (
     compile_cubin,
     parse_resource_report,
 )
-from .pool import CompileJob, compile_many
+from .pool import CompileJob, WorkerDiedError, compile_many
 
 __all__ = [
     "CompileError",
@@ -17,6 +17,7 @@ __all__ = [
     "CompileResult",
     "DiskCache",
     "ResourceUsage",
+    "WorkerDiedError",
     "arch_of",
     "cache_root",
     "check_arch",

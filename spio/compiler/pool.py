@@ -8,6 +8,13 @@ Workers are spawned (they inherit no torch threads or CUDA state), all of them w
 made, with a stand-in `__main__`: spawn would otherwise re-run the parent's script in every worker,
 and a user's script without an `if __name__ == "__main__"` guard (say, training with
 SPIO_AUTOTUNE=1) would run once per worker. The workers need nothing from it.
+
+The executor is never handed more jobs than there are workers. A worker that dies (NVRTC crashing,
+the OOM killer) breaks the whole executor, losing the jobs running then: the results that came back
+are kept, the pool is replaced, and the lost jobs run once more; a job lost again gets a
+WorkerDiedError as its result once it is clear that it was its own worker that died (it died alone).
+Workers ignore SIGINT: on Ctrl-C (any BaseException) the parent cancels the jobs not started, so
+that only the running ones finish, and the pool survives for the next sweep.
 """
 
 from __future__ import annotations
@@ -16,13 +23,18 @@ import atexit
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import types
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from queue import SimpleQueue
 
+from ..log import logger
 from .cache import cache_root
 from .compile import CompileResult, compile_cubin
 
@@ -60,9 +72,15 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+class WorkerDiedError(RuntimeError):
+    """The worker process compiling a job died (killed by a signal), and died again when the job
+    was retried: a job's slot in compile_many's results holds this instead of a CompileResult."""
+
+
 _pool: ProcessPoolExecutor | None = None
 _pool_workers = 0
 _pool_lock = threading.Lock()
+_shutdown_registered = False
 
 
 @contextlib.contextmanager
@@ -87,19 +105,51 @@ def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
         future.result()
 
 
+def _ignore_interrupts() -> None:
+    """Runs first in each worker: Ctrl-C in a terminal reaches the whole process group, and would
+    kill idle workers (breaking the pool) and print a traceback per worker; the parent handles it,
+    cancelling the jobs not started."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _is_broken(pool: ProcessPoolExecutor) -> bool:
+    """Whether the executor knows it is broken or one of its workers has exited (killed while the
+    pool sat idle, say by Ctrl-C in a terminal, before the executor noticed)."""
+    if getattr(pool, "_broken", False):
+        return True
+    processes = getattr(pool, "_processes", None) or {}
+    return any(process.exitcode is not None for process in list(processes.values()))
+
+
 def _get_pool(workers: int) -> ProcessPoolExecutor:
-    global _pool, _pool_workers
+    """The shared pool of `workers` processes; a new one when the last one had another size or
+    lost a worker."""
+    global _pool, _pool_workers, _shutdown_registered
     with _pool_lock:
-        if _pool is None or _pool_workers != workers:
-            if _pool is not None:
-                _pool.shutdown(wait=True)
+        if _pool is not None and (_pool_workers != workers or _is_broken(_pool)):
+            _pool.shutdown(wait=True, cancel_futures=True)
+            _pool = None
+        if _pool is None:
             ctx = multiprocessing.get_context("spawn")
-            _pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
-            _pool_workers = workers
-            atexit.register(shutdown_pool)
+            pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=ctx, initializer=_ignore_interrupts
+            )
+            if not _shutdown_registered:
+                atexit.register(shutdown_pool)
+                _shutdown_registered = True
             with _stand_in_main():
-                _start_workers(_pool, workers)
+                _start_workers(pool, workers)
+            _pool, _pool_workers = pool, workers
         return _pool
+
+
+def _discard_pool(pool: ProcessPoolExecutor) -> None:
+    """Forget a broken pool, so that the next _get_pool makes a new one."""
+    global _pool
+    with _pool_lock:
+        if _pool is pool:
+            _pool = None
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def shutdown_pool() -> None:
@@ -122,6 +172,106 @@ def _run(job: CompileJob, cache_dir: str | None = None) -> CompileResult | BaseE
         return error
 
 
+class _Sweep:
+    """One compile_many call on the pool: `results[i]` is filled as job i comes back."""
+
+    def __init__(self, jobs: list[CompileJob], workers: int, bar) -> None:
+        self.jobs = jobs
+        self.workers = workers
+        self.bar = bar
+        self.root = str(cache_root())
+        self.results: list[CompileResult | BaseException | None] = [None] * len(jobs)
+        self.breakage: BrokenProcessPool | None = None  # the executor's error at the last break
+
+    def run(self) -> list[CompileResult | BaseException]:
+        todo = deque(range(len(self.jobs)))
+        lost_before: set[int] = set()
+        suspects: list[int] = []
+        while todo:
+            lost = self._round(todo, limit=self.workers)
+            if not lost:
+                continue  # done, or the pool was broken before a job reached it: a new pool
+            first = [index for index in lost if index not in lost_before]
+            again = [index for index in lost if index in lost_before]
+            logger.warning(
+                "a compile worker died (an NVRTC crash, or the OOM killer), losing the %d "
+                "job(s) running then; %d of them run again in a fresh pool",
+                len(lost),
+                len(first),
+            )
+            lost_before.update(first)
+            todo.extendleft(reversed(first))
+            if len(lost) == 1 and again:
+                self._died(again[0])  # it was alone: its own worker died, twice
+            else:
+                suspects += again
+        # A job lost beside others a second time runs alone: one whose worker dies then is the
+        # one that kills it.
+        todo = deque(suspects)
+        while todo:
+            for index in self._round(todo, limit=1):
+                self._died(index)
+        return self.results
+
+    def _round(self, todo: deque[int], limit: int) -> list[int]:
+        """Runs the jobs numbered in `todo`, taken from its front, at most `limit` at a time, until
+        `todo` is empty or the pool breaks; then discards the pool and returns the jobs that were
+        running when it broke. No more jobs than `limit` are ever handed to the executor: a
+        worker's death loses only the jobs running beside it, and on Ctrl-C no job waits in the
+        executor's queue, where it could no longer be cancelled."""
+        pool = _get_pool(self.workers)
+        finished: SimpleQueue[Future] = SimpleQueue()
+        running: dict[Future, int] = {}
+        lost: list[int] = []
+        broken = False
+        try:
+            while True:
+                while todo and not broken and len(running) < limit:
+                    index = todo.popleft()
+                    try:
+                        future = pool.submit(_run, self.jobs[index], self.root)
+                    except BrokenProcessPool:  # broken before the job reached it: not lost
+                        todo.appendleft(index)
+                        broken = True
+                        break
+                    running[future] = index
+                    future.add_done_callback(finished.put)
+                if not running:
+                    break
+                future = finished.get()
+                index = running.pop(future)
+                try:
+                    self.results[index] = future.result()
+                except BrokenProcessPool as error:
+                    lost.append(index)
+                    self.breakage = error
+                    broken = True
+                    continue
+                except Exception as error:  # e.g. a result that could not be sent back
+                    self.results[index] = error
+                self.bar.update()
+        except BaseException:
+            # Ctrl-C: the jobs not started are dropped (there are few, see above), so that
+            # neither the exit nor the next sweep waits for more than the running ones.
+            for future in running:
+                future.cancel()
+            raise
+        if broken:
+            _discard_pool(pool)
+        return lost
+
+    def _died(self, index: int) -> None:
+        job = self.jobs[index]
+        self.results[index] = WorkerDiedError(
+            f"the compile worker running {job.name} for {job.arch} died (killed by a signal: an "
+            "NVRTC crash, or the OOM killer when memory ran out), and died again when the job was "
+            "retried in a fresh pool, running alone. If memory is short, use fewer workers: "
+            "SPIO_WORKERS=1, or compile_many(..., workers=1)"
+        )
+        self.results[index].__cause__ = self.breakage
+        self.bar.update()
+
+
 def compile_many(
     jobs: Sequence[CompileJob],
     *,
@@ -129,10 +279,18 @@ def compile_many(
     progress: bool = True,
     desc: str = "compiling kernels",
 ) -> list[CompileResult | BaseException]:
-    """Run every job; returns, in job order, each CompileResult or the exception it raised."""
+    """Run every job; returns, in job order, each CompileResult or the exception it raised (a
+    WorkerDiedError for a job whose worker process died twice). `workers` defaults to
+    default_workers(); with 1, or a single job, the jobs run in this process."""
     from tqdm import tqdm
 
-    workers = workers or default_workers()
+    if workers is None:
+        workers = default_workers()
+    elif workers < 1:
+        raise ValueError(
+            f"compile_many needs workers >= 1 (None for SPIO_WORKERS or the CPU count), "
+            f"got {workers!r}"
+        )
     jobs = list(jobs)
     bar = tqdm(total=len(jobs), desc=desc, unit="kernel", disable=not progress or not jobs)
     try:
@@ -142,11 +300,6 @@ def compile_many(
                 results.append(_run(job))
                 bar.update()
             return results
-        pool = _get_pool(workers)
-        root = str(cache_root())
-        futures: list[Future] = [pool.submit(_run, job, root) for job in jobs]
-        for future in futures:
-            future.add_done_callback(lambda _: bar.update())
-        return [future.result() for future in futures]
+        return _Sweep(jobs, workers, bar).run()
     finally:
         bar.close()

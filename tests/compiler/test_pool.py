@@ -1,10 +1,13 @@
 """The compile pool runs jobs in worker processes and returns results and errors in order."""
 
+import os
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
-from spio.compiler import CompileError, CompileJob, compile_many
+from spio.compiler import CompileError, CompileJob, CompileResult, compile_many
 from spio.compiler.pool import default_workers
 
 GOOD = 'extern "C" __global__ void k(int *x) {{ x[threadIdx.x] = {value}; }}'
@@ -80,3 +83,107 @@ def test_a_script_without_a_main_guard_runs_once(cache_dir, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["script body ran", "compiled 2"], done.stdout
+
+
+@pytest.fixture
+def pool_jobs(monkeypatch):
+    """The jobs of tests.compiler.pool_jobs, with a pool started afresh whose workers can import
+    them (a worker finds modules on the sys.path its parent had when the pool started)."""
+    from spio.compiler import pool
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    pool.shutdown_pool()
+    from tests.compiler import pool_jobs
+
+    return pool_jobs
+
+
+def test_a_job_that_kills_its_worker_loses_only_itself(cache_dir, pool_jobs):
+    """A worker killed (an NVRTC crash, the OOM killer) breaks the whole executor. The results
+    that came back are kept, the jobs lost with it run again in a fresh pool, and only the job
+    whose own worker dies again gets an error, saying so; the next sweep gets a working pool."""
+    from spio.compiler import pool
+
+    tag = uuid.uuid4().hex
+    good = [CompileJob(f"// {tag} {i}\n" + GOOD.format(value=i), "sm_80") for i in range(4)]
+    crash = pool_jobs.KillWorkerJob("", "sm_80", name="crash.cu")
+    results = compile_many([good[0], crash, good[1], good[2]], workers=2, progress=False)
+    assert isinstance(results[1], pool.WorkerDiedError), results
+    assert "crash.cu" in str(results[1]) and "SPIO_WORKERS=1" in str(results[1])
+    for result in results[:1] + results[2:]:
+        assert isinstance(result, CompileResult), results
+    again = compile_many([good[3], good[0]], workers=2, progress=False)
+    assert all(isinstance(result, CompileResult) for result in again), again
+
+
+def test_a_pool_whose_workers_died_is_replaced(pool_jobs, tmp_path, caplog):
+    """Workers killed while the pool sits idle (say by Ctrl-C in a terminal, or the OOM killer):
+    the next sweep starts a new pool instead of failing, and needs no retry."""
+    import signal
+
+    from spio.compiler import pool
+
+    jobs = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"job{i}") for i in range(2)]
+    compile_many(jobs, workers=2, progress=False)
+    processes = list(pool._pool._processes.values())
+    for process in processes:
+        os.kill(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(process.exitcode is None for process in processes):
+        assert time.monotonic() < deadline, "the killed workers did not exit"
+        time.sleep(0.01)
+    with caplog.at_level("WARNING", logger="spio"):
+        assert compile_many(jobs, workers=2, progress=False) == ["job0", "job1"]
+    assert "worker died" not in caplog.text
+
+
+def test_ctrl_c_cancels_the_jobs_not_started(pool_jobs, tmp_path, monkeypatch):
+    """KeyboardInterrupt in a sweep (here from its progress bar as the first job comes back)
+    propagates at once, and of the sweep's jobs only those already running still run: neither the
+    exit nor the next sweep waits for the rest."""
+    import _thread
+
+    import tqdm
+
+    class InterruptingBar:
+        def __init__(self, *args, **kwargs):
+            self.updates = 0
+
+        def update(self, n=1):
+            self.updates += n
+            if self.updates == 1:
+                _thread.interrupt_main()
+
+        def close(self):
+            pass
+
+    jobs = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"job{i}") for i in range(20)]
+    with monkeypatch.context() as patch:
+        patch.setattr(tqdm, "tqdm", InterruptingBar)
+        with pytest.raises(KeyboardInterrupt):
+            compile_many(jobs, workers=2)
+    # The next sweep's jobs queue behind whatever the interrupted one left in the pool.
+    after = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"after{i}") for i in range(2)]
+    assert compile_many(after, workers=2, progress=False) == ["after0", "after1"]
+    ran = [path.name for path in tmp_path.iterdir() if path.name.startswith("job")]
+    assert len(ran) <= 3, sorted(ran)  # the first job back, and the 2 workers' running jobs
+
+
+def test_zero_workers_is_rejected():
+    with pytest.raises(ValueError, match="workers >= 1.*got 0"):
+        compile_many([], workers=0)
+
+
+def test_the_exit_hook_is_registered_once(pool_jobs, tmp_path, monkeypatch):
+    """Each new pool used to register shutdown_pool with atexit again."""
+    import atexit
+
+    from spio.compiler import pool
+
+    registered = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    jobs = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"job{i}") for i in range(2)]
+    compile_many(jobs, workers=2, progress=False)
+    pool.shutdown_pool()
+    compile_many(jobs, workers=2, progress=False)
+    assert len(registered) <= 1, registered
