@@ -97,7 +97,7 @@ def _plot(rows, out_dir: Path) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark (or only render plots) as the arguments say; returns the exit status."""
-    from .results import format_table, read_csv, write_csv
+    from .results import format_table, read_csv, runs, write_csv
 
     if args.plot_only is not None:
         try:
@@ -108,6 +108,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if not rows:
             print(f"{args.plot_only} has no rows", file=sys.stderr)
             return 1
+        found = runs(rows)
+        if len(found) > 1:
+            listed = "\n".join(f"  {gpu}, {date}: {command}" for gpu, date, command in found)
+            print(
+                f"{args.plot_only} holds rows of {len(found)} benchmark runs; the table and plots "
+                f"compare one run's implementations, so split it by run (its date column):\n"
+                + listed,
+                file=sys.stderr,
+            )
+            return 2
         print(format_table(rows))
         return _plot(rows, args.out or args.plot_only.parent)
 

@@ -1,8 +1,9 @@
 """Benchmark results: one CSV row per (layer, batch, pass, implementation), and the summary table.
 
 The CSV is self-describing: every row carries the run's GPU, driver, torch, CUDA and spio versions,
-date and command line, so files from different machines can be concatenated and still be read.
-Nothing here needs a GPU or torch; the plots and the table are made from these rows alone.
+date and command line, so files from different machines can be concatenated (repeated header lines
+included) and still be read; `runs` tells the runs apart. The table and the plots compare the
+implementations of one run. Nothing here needs a GPU or torch; they are made from these rows alone.
 """
 
 from __future__ import annotations
@@ -125,7 +126,10 @@ def read_csv(path: Path) -> list[BenchRow]:
             raise ValueError(
                 f"{path} is not a spio benchmark CSV: missing columns {sorted(missing)}"
             )
+        header = {name: name for name in reader.fieldnames or ()}
         for line_no, record in enumerate(reader, start=2):
+            if record == header:  # the header again, where CSVs were concatenated
+                continue
             values = {}
             for name, kind in types.items():
                 text = record[_column(name)]
@@ -135,8 +139,17 @@ def read_csv(path: Path) -> list[BenchRow]:
                     )
                 except ValueError:
                     raise ValueError(f"{path}:{line_no}: bad {_column(name)} {text!r}") from None
+            if not values["median_ms"] > 0:
+                raise ValueError(
+                    f"{path}:{line_no}: median_ms must be > 0, got {values['median_ms']}"
+                )
             rows.append(BenchRow(**values))
     return rows
+
+
+def runs(rows: Iterable[BenchRow]) -> list[tuple[str, str, str]]:
+    """The benchmark runs the rows come from, as (gpu, date, command), in first-seen order."""
+    return list(dict.fromkeys((row.gpu, row.date, row.command) for row in rows))
 
 
 @dataclass(frozen=True)

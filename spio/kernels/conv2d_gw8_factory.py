@@ -199,8 +199,10 @@ def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool
     """A unitless cost for ranking configs without measurements: memory traffic (halo, tile
     overrun and sector waste included) relative to the ideal, divided by how well the resident
     blocks cover DRAM latency. It has no term for what a block pays once (reading the weights,
-    filling and draining the pipeline), so it never prefers more than one image per block: only
-    measurements (a perf model trained on such configs, autotuning) can."""
+    filling and draining the pipeline), so it cannot weigh several images per block; where an
+    output has under 8 rows, only a multi-image block has a deep pipeline, which its latency
+    term rewards. default_config therefore keeps to one image per block: only measurements (a
+    perf model trained on such configs, autotuning) choose more."""
     geo = _Geometry.of(params, igrad)
     tiles_y = math.ceil(geo.out_h / config.block_p)
     tiles_x = math.ceil(geo.out_w / config.block_q)
@@ -234,8 +236,10 @@ def heuristic_key(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool 
 
 
 def default_config(params: Conv2dGw8Params, igrad: bool = False) -> Conv2dGw8Config:
-    """The heuristic's first config (where no performance model applies)."""
-    return min(configs(params, igrad), key=lambda c: heuristic_key(params, c, igrad))
+    """The heuristic's first config of one image per block (where no performance model
+    applies), the head of perf_model.heuristic_ranking: see estimated_cost."""
+    single = [c for c in configs(params, igrad) if c.block_n == 1]
+    return min(single, key=lambda c: heuristic_key(params, c, igrad))
 
 
 def generate_header(

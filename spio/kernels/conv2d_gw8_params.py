@@ -19,9 +19,12 @@ MIN_FILTER, MAX_FILTER = 1, 5
 #: Activation dtypes the kernels take, by short name.
 DTYPES = ("fp16", "bf16")
 
+# Numbers as encode writes them (ASCII digits, no leading zeros), so that decoding a name and
+# encoding it again gives the same name.
+_INT = "0|[1-9][0-9]*"
 _ENCODED = re.compile(
-    r"n(?P<n>\d+)_c(?P<c>\d+)_h(?P<h>\d+)_w(?P<w>\d+)_pad(?P<ph>\d+)x(?P<pw>\d+)"
-    r"_r(?P<r>\d+)_s(?P<s>\d+)_bias(?P<bias>[01])_(?P<dtype>fp16|bf16)"
+    rf"n(?P<n>{_INT})_c(?P<c>{_INT})_h(?P<h>{_INT})_w(?P<w>{_INT})_pad(?P<ph>{_INT})x(?P<pw>{_INT})"
+    rf"_r(?P<r>{_INT})_s(?P<s>{_INT})_bias(?P<bias>[01])_(?P<dtype>fp16|bf16)"
 )
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from spio.bench.layers import layer_table
-from spio.bench.results import BenchRow, compare, format_table, read_csv, write_csv
+from spio.bench.results import BenchRow, compare, format_table, read_csv, runs, write_csv
 from spio.kernels.stats import Conv2dStats
 
 FIXTURE = "FIXTURE: synthetic numbers, not a measurement"
@@ -50,6 +50,41 @@ def test_csv_round_trip_keeps_every_field(bench_csv):
     header = bench_csv.read_text().splitlines()[0].split(",")
     for column in ("gpu", "driver", "torch", "spio", "date", "command", "pass", "gbps"):
         assert column in header
+
+
+def test_concatenated_csvs_are_read_and_their_runs_told_apart(bench_csv, tmp_path):
+    """`cat a.csv b.csv` repeats the header line; the table and plots take one run at a time."""
+    import dataclasses
+
+    later = [dataclasses.replace(row, date="2000-01-02") for row in _rows()]
+    second = write_csv(later, tmp_path / "later.csv")
+    both = tmp_path / "both.csv"
+    both.write_text(bench_csv.read_text() + second.read_text())
+    rows = read_csv(both)
+    assert rows == _rows() + later
+    assert [date for _, date, _ in runs(rows)] == ["2000-01-01", "2000-01-02"]
+    out = subprocess.run(
+        [sys.executable, "-m", "spio", "bench", "--plot-only", str(both)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+    assert out.returncode == 2 and "holds rows of 2 benchmark runs" in out.stderr
+    assert "2000-01-02: python -m spio bench (fixture)" in out.stderr
+
+
+def test_a_time_that_is_not_positive_is_named(tmp_path):
+    """Not a ZeroDivisionError from the GB/s of a hand-edited or damaged row."""
+    import csv
+
+    path = write_csv(_rows()[:1], tmp_path / "zero.csv")
+    header, row = list(csv.reader(path.open()))
+    row[header.index("median_ms")] = "0"
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows([header, row])
+    with pytest.raises(ValueError, match=r"zero.csv:2: median_ms must be > 0, got 0"):
+        read_csv(path)
 
 
 def test_read_csv_rejects_other_files(tmp_path):

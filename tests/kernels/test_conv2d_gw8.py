@@ -13,6 +13,7 @@ from spio.check import random_inputs
 from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.families import FAMILY_OF_PASS
+from spio.kernels.perf_model import heuristic_ranking
 from tests.kernels.conv2d_gw8_cases import (
     CI_LAYERS,
     SLOW_CONFIGS,
@@ -297,8 +298,18 @@ def test_multi_image_configs_only_where_a_tile_is_the_whole_image():
     assert not any("_n" in c.encode() for c in fd.configs(small) if c.block_n == 1)
     large = Conv2dGw8Params(n=4, c=64, h=80, w=80, padding=1)
     assert all(c.block_n == 1 for c in fd.configs(large))
-    # The analytic heuristic has no term for a block's fixed costs: it keeps one image a block.
+    # The analytic heuristic has no term for a block's fixed costs: it keeps one image a block,
+    # also where only two images a block give a deep pipeline (outputs of under 8 rows).
     assert fd.default_config(small).block_n == 1
+    for tiny in (
+        Conv2dGw8Params(n=64, c=512, h=4, w=4, padding=1),
+        Conv2dGw8Params(n=8, c=96, h=8, w=8, padding=0, r=5, s=5),
+    ):
+        for igrad in (False, True):
+            pick = fd.default_config(tiny, igrad)
+            family = FAMILY_OF_PASS["dgrad" if igrad else "fprop"]
+            assert pick.block_n == 1
+            assert pick == heuristic_ranking(family, tiny, fd.configs(tiny, igrad))[0]
     with pytest.raises(ValueError, match="conv2d_gw8_fprop has no config 'g2_p8_q16_w1_s4_k16_n8'"):
         FAMILY_OF_PASS["fprop"].config_named(small, "g2_p8_q16_w1_s4_k16_n8")
 

@@ -95,7 +95,17 @@ def test_encode_is_distinct():
     assert a.encode() != Conv2dGw8Params(2, 16, 8, 9, padding=(1, 2), dtype="bf16").encode()
 
 
-@pytest.mark.parametrize("text", ["", "n1_c8", "n1_c8_h5_w5_pad1x1_r3_s3_bias2_fp16", "junk"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "n1_c8",
+        "n1_c8_h5_w5_pad1x1_r3_s3_bias2_fp16",
+        "junk",
+        "n01_c8_h5_w5_pad1x1_r3_s3_bias0_fp16",  # not how encode writes 1
+        "n1_c8_h5_w5_pad1x1_r\uff13_s3_bias0_fp16",  # a full-width digit 3
+    ],
+)
 def test_decode_rejects_garbage(text):
     with pytest.raises(ValueError, match="not an encoded"):
         Conv2dGw8Params.decode(text)

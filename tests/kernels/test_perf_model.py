@@ -300,6 +300,14 @@ def test_a_model_ranks_configs_it_never_measured_last(models):
             assert multi and sorted(ranked, key=configs.index) == configs
             assert ranked[-len(multi) :] == multi
             assert all(c.block_n == 1 for c in ranked[: -len(multi)])
+    # WGrad configs gained 16 images per block after its model was trained (on 1 and 4).
+    family = pm.FAMILIES["conv2d_gw8_wgrad"]
+    wgrad = pm.PerfModel.load(pm.model_path(pm.PACKAGED_MODELS_DIR, family.name, "sm_90"))
+    assert wgrad.meta["config_values"]["block_n"] == [1, 4]
+    params = P(128, 1024, 7, 7, padding=1)
+    configs = family.configs(params)
+    unseen = [c for c in configs if c.block_n == 16]
+    assert unseen and set(wgrad.rank(params, configs)[-len(unseen) :]) == set(unseen)
     # A model whose metadata predates config_values takes every config as measured.
     path = pm.model_path(models, "conv2d_gw8_fprop", "sm_90")
     meta = json.loads(path.with_suffix(".json").read_text())
