@@ -116,8 +116,16 @@ step_build() {
 }
 
 step_info() {
-    nvidia-smi || echo "(nvidia-smi not available)"
-    timeout -k 10 "$1" "$PYTHON" -m spio info
+    timeout -k 5 20 nvidia-smi || echo "(nvidia-smi not available)"
+    timeout -k 10 "$1" "$PYTHON" -m spio info || return $?
+    # `spio info` passes without a GPU (spio works on the CPU too); here nothing after it would.
+    timeout -k 5 60 "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch sees no CUDA GPU')" ||
+        return $?
+    # Without xgboost (or its scipy) the heuristic picks every config: the run is still worth
+    # having, but its numbers are not the model's picks; say so in the summary.
+    if ! timeout -k 5 60 "$PYTHON" -c "import xgboost, platformdirs"; then
+        NOTE="xgboost or platformdirs missing: heuristic picks"
+    fi
 }
 
 step_check() {
@@ -132,7 +140,7 @@ sanitize() {
         return 1
     fi
     local filter=() help
-    help=$("$sanitizer" --help 2>/dev/null)
+    help=$(timeout -k 5 30 "$sanitizer" --help 2>/dev/null)
     if grep -q -- "--kernel-name" <<<"$help"; then  # instrument only spio's kernels (spio_conv2d_gw8*, spio_sum_slots)
         filter=(--kernel-name kns=spio_)
     elif grep -q -- "--filter" <<<"$help"; then  # older releases
@@ -145,7 +153,7 @@ sanitize() {
         filter+=(--report-api-errors no)
     fi
     echo "$sanitizer --tool $tool ${filter[*]}"
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$limit" "$sanitizer" --tool "$tool" \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$((limit - 10))" "$sanitizer" --tool "$tool" \
         --error-exitcode 1 "${filter[@]}" "$PYTHON" -m spio.bench.sanitize
 }
 
@@ -154,7 +162,7 @@ step_memcheck() { sanitize memcheck "$1"; }
 step_racecheck() { sanitize racecheck "$1"; }
 
 step_overhead() {
-    local half=$(($1 / 2))
+    local half=$((($1 - 10) / 2))  # each half may take 10 s more to die
     timeout -k 10 "$half" "$PYTHON" scripts/bench_launch.py --launches 2000 --repeats 3
     local rc=$?
     timeout -k 10 "$half" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 7 --profile || rc=$?
@@ -165,17 +173,26 @@ step_ablate() {
     # The headline layer with spio's choice for every pass; FProp tile shapes from shallow to
     # deep pipelines; the no-halo 1x3 layer; the small layers; the input pipeline on image sizes
     # around 64x64; several images per block on the small layers; then WGrad's two reductions
-    # (atomics into a zeroed dw, per-warp partial sums and a sum) on every bench layer. Each part gets the step's time left; a part that would get
-    # under 10 s is skipped (timeout 0 would mean no limit at all).
-    local deadline=$((SECONDS + $1)) rc=0 layers
+    # (atomics into a zeroed dw, per-warp partial sums and a sum) on every bench layer. Each part
+    # gets the step's time left; a part that would get under 10 s is skipped (timeout 0 would
+    # mean no limit at all).
+    # A part that fails sets rc; one that times out, or is skipped for want of time, makes the
+    # step a TIMEOUT unless another part failed.
+    local deadline=$((SECONDS + $1 - 10)) rc=0 out_of_time=0 layers
     ablate() {
-        local left=$((deadline - SECONDS))
+        local left=$((deadline - SECONDS)) part
         if ((left < 10)); then
             echo "ablate: ${left}s left, skipped: $*"
-            rc=1
+            out_of_time=1
             return
         fi
-        timeout -k 10 "$left" "$PYTHON" scripts/ablate_kernel.py --n 128 "$@" || rc=$?
+        timeout -k 10 "$left" "$PYTHON" scripts/ablate_kernel.py --n 128 "$@"
+        part=$?
+        case $part in
+            0) ;;
+            124 | 137) out_of_time=1 ;;
+            *) rc=$part ;;
+        esac
     }
     # The classic ablation (the variants that only some lines need come in those lines).
     ablate --layer 64c_64x64_3x3 \
@@ -208,10 +225,18 @@ step_ablate() {
     ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop dgrad --repeats 30 \
         --variants full loads-only --config g2_p8_q16_w1_s4_k16 g2_p8_q16_w1_s4_k16_n2 \
         g2_p8_q16_w1_s4_k16_n4 g2_p8_q16_w1_s4_k16_n8 g4_p8_q16_w1_s4_k16_n4 g2_p8_q16_w1_s8_k16_n4
-    layers=$("$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
-    # shellcheck disable=SC2086  # one word per layer
-    ablate --passes wgrad --variants full --repeats 30 --layer $layers
-    return $rc
+    if ((deadline - SECONDS >= 10)); then
+        layers=$(timeout -k 5 30 "$PYTHON" -c \
+            "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
+        # shellcheck disable=SC2086  # one word per layer
+        ablate --passes wgrad --variants full --repeats 30 --layer $layers
+    else
+        out_of_time=1
+    fi
+    if ((rc == 0 && out_of_time)); then
+        return 124
+    fi
+    return "$rc"
 }
 
 step_probe() {
@@ -219,7 +244,7 @@ step_probe() {
 }
 
 step_timm() {
-    if ! "$PYTHON" -c "import timm" 2>/dev/null; then
+    if ! timeout -k 5 60 "$PYTHON" -c "import timm" 2>/dev/null; then
         NOTE="timm not installed"
         return 200
     fi
@@ -261,9 +286,9 @@ step_bench() {
 }
 
 step_tests() {
-    local limit=$1 ids="$OUT_DIR/tests_collected.txt" order="$OUT_DIR/tests_order.txt"
-    "$PYTHON" -m pytest -m "cuda and not slow" --collect-only -q -p no:cacheprovider \
-        | grep '::' >"$ids"
+    local deadline=$((SECONDS + $1)) ids="$OUT_DIR/tests_collected.txt" order="$OUT_DIR/tests_order.txt"
+    timeout -k 5 "$(($1 / 3))" "$PYTHON" -m pytest -m "cuda and not slow" --collect-only -q \
+        -p no:cacheprovider | grep '::' >"$ids"
     local total
     total=$(wc -l <"$ids")
     if [[ "$total" -eq 0 ]]; then
@@ -271,16 +296,18 @@ step_tests() {
         NOTE="no cuda tests collected"
         return 1
     fi
-    # Every test function once (shuffled parameters), then round-robin over functions.
+    # Every test function once (shuffled parameters), then round-robin over functions; the bulk
+    # copy probes (never run on a GPU yet; a copy that never lands would wait forever) last.
     "$PYTHON" - "$ids" >"$order" <<'EOF'
 import random
 import sys
 from collections import defaultdict
 
 groups = defaultdict(list)
+last = []
 for line in open(sys.argv[1]):
     if "::" in line:
-        groups[line.strip().split("[")[0]].append(line.strip())
+        (last if "bulk" in line else groups[line.strip().split("[")[0]]).append(line.strip())
 rng = random.Random(0)
 for members in groups.values():
     rng.shuffle(members)
@@ -288,11 +315,17 @@ while any(groups.values()):
     for members in groups.values():
         if members:
             print(members.pop())
+print(*last, sep="\n")
 EOF
     local ordered=()
     mapfile -t ordered <"$order"
+    local limit=$((deadline - SECONDS - 10))  # pytest gets 10 s after SIGINT to report
+    if ((limit < 2)); then  # (timeout 0 would mean no limit)
+        NOTE="no time left after collecting"
+        return 124
+    fi
     echo "running up to ${#ordered[@]} cuda tests for at most ${limit}s"
-    timeout -s INT -k 30 "$limit" "$PYTHON" -m pytest -q -p no:cacheprovider -m "cuda and not slow" \
+    timeout -s INT -k 10 "$limit" "$PYTHON" -m pytest -q -p no:cacheprovider -m "cuda and not slow" \
         "${ordered[@]}"
     local rc=$?
     local summary
@@ -375,8 +408,9 @@ done
     printf '%-10s %-48s %5s\n' step status sec
     printf '%s\n' "${SUMMARY[@]}"
     printf '%-10s %-48s %5d\n' total "$([[ $FAILED -eq 0 ]] && echo PASS || echo FAIL)" "$SECONDS"
-} | tee "$OUT_DIR/summary.txt"
-if [[ -n "${GPU_CHECK_ARCHIVE:-}" ]]; then
+} >"$OUT_DIR/summary.txt"
+if [[ -n "${GPU_CHECK_ARCHIVE:-}" ]]; then  # before the summary, which is printed last
     tar czf "$GPU_CHECK_ARCHIVE" -C "$OUT_DIR" . && log "packed $OUT_DIR into $GPU_CHECK_ARCHIVE"
 fi
+cat "$OUT_DIR/summary.txt"
 exit "$FAILED"

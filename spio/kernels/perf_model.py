@@ -470,8 +470,13 @@ class PerfModel:
                 f"{meta.get('feature_version')!r}; this spio computes version {FEATURE_VERSION} "
                 "(retrain it with scripts/train_perf_model.py)"
             )
-        import xgboost
-
+        try:
+            import xgboost
+        except ImportError as error:  # e.g. xgboost without scipy: no kernel selection may fail
+            raise PerfModelError(
+                f"perf model {path} needs xgboost, which does not import ({error}); install it "
+                "(pip install xgboost) to use the model"
+            ) from None
         try:
             booster = xgboost.Booster(model_file=str(path))
         except (xgboost.core.XGBoostError, OSError, ValueError) as error:

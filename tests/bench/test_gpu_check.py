@@ -24,7 +24,8 @@ if [[ "$1" == "-" ]]; then exec {real} "$@"; fi
 if [[ "$1 $2" == "--version " ]]; then echo "Python (stand-in)"; exit 0; fi
 if [[ "$1 $2" == "-m pytest" ]]; then
     if [[ " $* " == *" --collect-only "* ]]; then
-        printf 'tests/a.py::test_x[1]\\ntests/a.py::test_x[2]\\ntests/b.py::test_y\\n\\n3 tests\\n'
+        printf 'tests/a.py::test_bulk_copy[1]\\ntests/a.py::test_x[1]\\ntests/a.py::test_x[2]\\n'
+        printf 'tests/b.py::test_y\\n\\n4 tests\\n'
         exit 0
     fi
     if [[ -n "${{FAKE_PYTEST_HANG:-}}" ]]; then  # like pytest on SIGINT: summary, exit 2
@@ -37,6 +38,8 @@ if [[ "$1 $2" == "-m pytest" ]]; then
     exit 0
 fi
 if [[ "$*" == *"spio bench"* ]]; then echo "bench stand-in"; exit ${{FAKE_BENCH_RC:-0}}; fi
+if [[ "$*" == *"torch.cuda.is_available"* ]]; then exit ${{FAKE_NO_CUDA:-0}}; fi
+if [[ "$*" == *"ablate_kernel.py"* && -n "${{FAKE_ABLATE_HANG:-}}" ]]; then sleep 60; fi
 if [[ "$*" == *"spio info"* ]]; then echo "info stand-in"; exit ${{FAKE_INFO_RC:-0}}; fi
 if [[ "$*" == *"timm_benchmark.py"* ]]; then
     printf 'spio / pytorch = 0.835\nspio-faster / pytorch = 1.002\n'; exit 0
@@ -126,10 +129,11 @@ def test_full_run_with_stand_ins_passes_and_prints_summary_last(stand_ins, tmp_p
     # The perf step samples afresh (the stand-in sampler writes nothing).
     assert "perf       PASS: 0 rows" in summary["perf"]
     order = (out_dir / "tests_order.txt").read_text().split()
-    assert sorted(order) == sorted(["tests/a.py::test_x[1]", "tests/a.py::test_x[2]",
-                                    "tests/b.py::test_y"])  # fmt: skip
+    assert sorted(order[:-1]) == sorted(["tests/a.py::test_x[1]", "tests/a.py::test_x[2]",
+                                         "tests/b.py::test_y"])  # fmt: skip
     assert {order[0].split("[")[0], order[1].split("[")[0]} == {"tests/a.py::test_x",
                                                                 "tests/b.py::test_y"}  # fmt: skip
+    assert order[-1] == "tests/a.py::test_bulk_copy[1]"  # never run on a GPU: it may hang
     assert (out_dir / "summary.txt").read_text().strip().splitlines()[-1] == tail[-1]
 
 
@@ -156,7 +160,8 @@ def test_steps_are_skipped_when_the_budget_is_spent(stand_ins, tmp_path):
     [("2 passed", "PASS (sampled): time limit: 2 passed"), ("1 failed, 1 passed", "TIMEOUT")],
 )
 def test_tests_step_stops_at_its_time_limit(stand_ins, tmp_path, summary, status):
-    out = _run(stand_ins, tmp_path / "out", FAKE_PYTEST_HANG=summary, GPU_CHECK_TEST_SECONDS="2")
+    # 13 s: a third for collecting, 10 s for pytest to report after SIGINT, the rest to run.
+    out = _run(stand_ins, tmp_path / "out", FAKE_PYTEST_HANG=summary, GPU_CHECK_TEST_SECONDS="13")
     tests = [line for line in out.stdout.splitlines() if line.startswith("tests ")][-1]
     assert status in tests
     assert out.returncode == (0 if status.startswith("PASS") else 1)
@@ -170,6 +175,26 @@ def test_a_broken_install_skips_the_steps_after_it(stand_ins, tmp_path):
     summary = out.stdout[out.stdout.index("gpu_check summary") :]
     assert summary.count("SKIPPED (info failed)") == 10  # check .. perf
     assert not (tmp_path / "out" / "bench.log").exists()
+
+
+def test_no_cuda_gpu_skips_the_steps_after_info(stand_ins, tmp_path):
+    """`spio info` passes without a GPU (spio works on the CPU); the GPU check must not."""
+    out = _run(stand_ins, tmp_path / "out", FAKE_NO_CUDA="1")
+    assert out.returncode == 1
+    summary = out.stdout[out.stdout.index("gpu_check summary") :]
+    assert "info       FAIL (exit 1)" in summary
+    assert summary.count("SKIPPED (info failed)") == 10
+
+
+def test_an_ablate_part_out_of_time_is_a_timeout(stand_ins, tmp_path):
+    """Not "FAIL (exit 1)" from the parts skipped after it; and within the step's limit."""
+    out = _run(
+        stand_ins, tmp_path / "out", FAKE_ABLATE_HANG="1", GPU_CHECK_ONLY="ablate",
+        GPU_CHECK_BUDGET="21",
+    )  # fmt: skip
+    ablate = [line for line in out.stdout.splitlines() if line.startswith("ablate ")][-1]
+    assert "TIMEOUT after 21s" in ablate
+    assert int(ablate.split()[-1]) <= 21
 
 
 def test_perf_step_continues_from_a_seed_csv(stand_ins, tmp_path):
@@ -192,6 +217,7 @@ def test_archive_packs_the_output_folder(stand_ins, tmp_path):
     with tarfile.open(archive) as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"summary.txt", "bench.log", "tests.log", "perf_samples.csv"} <= names
+    assert out.stdout.strip().splitlines()[-1].startswith("total")  # the summary still last
 
 
 def test_only_the_selected_steps_run(stand_ins, tmp_path):

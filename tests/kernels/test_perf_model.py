@@ -482,7 +482,16 @@ def test_unjudged_variants_are_the_picks_other_image_counts(models):
 
 @pytest.mark.parametrize(
     "damage",
-    ["garbage", "truncated", "empty", "json", "features", "batch_sizes", "config_values"],
+    [
+        "garbage",
+        "truncated",
+        "empty",
+        "json",
+        "features",
+        "batch_sizes",
+        "config_values",
+        "no xgboost",  # e.g. an xgboost wheel without scipy: selection must not fail
+    ],
 )
 def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
     damage, fake_device, tmp_path, models, caplog, monkeypatch
@@ -511,10 +520,12 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
         meta = json.loads(dst.with_suffix(".json").read_text())
         meta["batch_sizes"] = "128"
         dst.with_suffix(".json").write_text(json.dumps(meta))
-    else:
+    elif damage == "config_values":
         meta = json.loads(dst.with_suffix(".json").read_text())
         meta["config_values"] = {"block_n": "1"}
         dst.with_suffix(".json").write_text(json.dumps(meta))
+    else:
+        monkeypatch.setitem(sys.modules, "xgboost", None)  # import xgboost raises ImportError
 
     with pytest.raises(pm.PerfModelError, match=str(dst.with_suffix("")) + r"\.(ubj|json)"):
         pm.PerfModel.load(dst)
