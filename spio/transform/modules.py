@@ -153,20 +153,25 @@ def _layer_params(module: nn.Conv2d, x: torch.Tensor) -> Conv2dGw8Params | None:
         return None
 
 
-def scan_modules(model: nn.Module, *inputs: object) -> list[Conv2dGw8Params]:
-    """Run model(*inputs) once and return the distinct Conv2dGw8Params its spio layers meet.
+def scan_modules(
+    model: nn.Module, *inputs: object, kwargs: dict | None = None
+) -> list[Conv2dGw8Params]:
+    """Run model(*inputs, **kwargs) once and return the distinct Conv2dGw8Params its spio layers
+    meet.
 
     Counts Conv2dGw8 modules and nn.Conv2d modules that transform would replace, in the order
     first met. The pass runs without autograd, and every buffer (e.g. BatchNorm running
     statistics) and the random-number state are restored afterwards, so the model is left
     unchanged.
     """
-    return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs)))
+    return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs, kwargs)))
 
 
-def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2dGw8Params, bool]]:
+def _layers_met(
+    model: nn.Module, inputs: tuple, kwargs: dict | None
+) -> list[tuple[nn.Module, Conv2dGw8Params, bool]]:
     """(module, params, nhwc) for each call of a spio-eligible convolution in one forward pass of
-    model(*inputs), in order, without autograd; nhwc: the call's input was a contiguous
+    model(*inputs, **kwargs), in order, without autograd; nhwc: the call's input was a contiguous
     channels_last tensor. Buffers and the random-number state are restored afterwards."""
     met: list[tuple[nn.Module, Conv2dGw8Params, bool]] = []
 
@@ -180,7 +185,7 @@ def _layers_met(model: nn.Module, inputs: tuple) -> list[tuple[nn.Module, Conv2d
     modules = [m for m in model.modules() if isinstance(m, Conv2dGw8) or Conv2dGw8.match(m)]
     handles = [m.register_forward_hook(hook) for m in modules]
     try:
-        _forward_once(model, inputs, grad=False)
+        _forward_once(model, inputs, kwargs, grad=False)
     finally:
         for handle in handles:
             handle.remove()
@@ -208,14 +213,16 @@ def _unwrapped(model: nn.Module) -> nn.Module:
             return model
 
 
-def _forward_once(model: nn.Module, inputs: tuple, grad: bool) -> None:
-    """model(*inputs) once, its output dropped, with autograd on only if `grad`, and eagerly
-    where torch.compile would compile (a compiled model, or modules compiled in place, would
-    otherwise trace the caller's hooks and recompile later). Afterwards every buffer (e.g.
+def _forward_once(model: nn.Module, inputs: tuple, kwargs: dict | None, grad: bool) -> None:
+    """model(*inputs, **kwargs) once, its output dropped, with autograd on only if `grad`, and
+    eagerly where torch.compile would compile (a compiled model, or modules compiled in place,
+    would otherwise trace the caller's hooks and recompile later). Afterwards every buffer (e.g.
     BatchNorm's running statistics) and torch's random-number state (e.g. what dropout drew)
     are as they were."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    tensors = [*(t for t in inputs if isinstance(t, torch.Tensor)), *model.parameters()]
+    kwargs = kwargs or {}
+    given = (*inputs, *kwargs.values())
+    tensors = [*(t for t in given if isinstance(t, torch.Tensor)), *model.parameters()]
     gpus = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
     try:
         with (
@@ -223,7 +230,7 @@ def _forward_once(model: nn.Module, inputs: tuple, grad: bool) -> None:
             torch.set_grad_enabled(grad),
             torch.compiler.set_stance("force_eager"),
         ):
-            model(*inputs)
+            model(*inputs, **kwargs)
     finally:
         with torch.no_grad():
             for buffer, saved in buffers:
@@ -233,22 +240,24 @@ def _forward_once(model: nn.Module, inputs: tuple, grad: bool) -> None:
 def precompile(
     model: nn.Module,
     *inputs: object,
+    kwargs: dict | None = None,
     training: bool | None = None,
     progress: bool = True,
 ) -> list[Kernel]:
-    """Build, in parallel and ahead of time, every spio kernel that model(*inputs) launches, and
-    in training its backward pass too, so that their first calls only load them.
+    """Build, in parallel and ahead of time, every spio kernel that model(*inputs, **kwargs)
+    launches, and in training its backward pass too, so that their first calls only load them.
 
     Otherwise each layer builds its kernels one at a time at its first call: about a second
     each with NVRTC, and a layer in training launches three or four, so a model's first step
-    can stall for minutes. This runs model(*inputs) once with PyTorch's convolution standing in
+    can stall for minutes. This runs the model once with PyTorch's convolution standing in
     for spio's (with autograd on in training, to learn which gradients each layer will be asked
     for), picks each Conv2dGw8 call's kernels as that call will pick them, and builds them all
     at once (SPIO_WORKERS processes, with a progress bar unless `progress` is False) into the
     disk cache: cubins for the inputs' GPU, emulator libraries for CPU tensors with
     SPIO_EMULATE=1.
 
-    `training`: whether to build the backward's kernels too (default: model.training). A layer
+    `kwargs`: keyword arguments of the model's call. `training`: whether to build the
+    backward's kernels too (default: model.training). A layer
     that runs without autograd in training (e.g. inside a reentrant checkpoint, whose backward
     runs it again with autograd) gets DGrad and the WGrad its parameters ask for.
 
@@ -276,7 +285,7 @@ def precompile(
                 module.spio_kernels(input, backward=training)
                 to_tune.append(len(wanted) - known)
 
-            _stand_in_calls(model, layers, inputs, training, collect)
+            _stand_in_calls(model, layers, inputs, kwargs, training, collect)
         _build_candidates(wanted, progress)
     found: dict[tuple[torch.device, str], Kernel] = {}
     timing = tqdm(
@@ -293,7 +302,7 @@ def precompile(
             timing.update(to_tune.pop(0))
 
     try:
-        calls = _stand_in_calls(model, layers, inputs, training, choose)
+        calls = _stand_in_calls(model, layers, inputs, kwargs, training, choose)
     finally:
         timing.close()
     if not layers:
@@ -303,7 +312,7 @@ def precompile(
         )
     elif not calls:
         logger.warning(
-            "spio.precompile: model(*inputs) called none of its %d Conv2dGw8 layers (a model "
+            "spio.precompile: the model called none of its %d Conv2dGw8 layers (a model "
             "traced by torch.fx or scripted calls spio's op without them); nothing was built",
             len(layers),
         )
@@ -329,10 +338,11 @@ def _stand_in_calls(
     model: nn.Module,
     layers: list[Conv2dGw8],
     inputs: tuple,
+    kwargs: dict | None,
     training: bool,
     on_call: Callable[[Conv2dGw8, torch.Tensor], object],
 ) -> int:
-    """Run model(*inputs) once (`_forward_once`, autograd on if `training`) with PyTorch's
+    """Run model(*inputs, **kwargs) once (`_forward_once`, autograd on if `training`) with PyTorch's
     convolution standing in for spio's in `layers`, calling on_call(module, input) before each
     of their calls; returns how many there were. The layers' passes are restored afterwards."""
     passes = {id(m): m._pass_bits for m in layers}
@@ -352,7 +362,7 @@ def _stand_in_calls(
     handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in layers]
     handles += [m.register_forward_hook(after) for m in layers]
     try:
-        _forward_once(model, inputs, grad=training)
+        _forward_once(model, inputs, kwargs, grad=training)
     finally:
         for handle in handles:
             handle.remove()
@@ -384,13 +394,17 @@ LayerTimer = Callable[[Conv2dGw8Params, str, str], float]
 
 
 def where_faster(
-    model: nn.Module, *inputs: object, training: bool = True, timer: LayerTimer | None = None
+    model: nn.Module,
+    *inputs: object,
+    kwargs: dict | None = None,
+    training: bool = True,
+    timer: LayerTimer | None = None,
 ) -> Callable[[str, nn.Conv2d], tuple[str, ...]]:
     """An `include` for transform that runs spio only for the passes it runs faster, by measurement.
 
-    Runs model(*inputs) once (as scan_modules; under autocast if the model will run under it) to
-    learn the layer each eligible convolution computes, then times every distinct layer on the
-    inputs' GPU, in spio and in PyTorch: FProp, DGrad and WGrad each (FProp alone with
+    Runs model(*inputs, **kwargs) once (as scan_modules; under autocast if the model will run
+    under it) to learn the layer each eligible convolution computes, then times every distinct
+    layer on the inputs' GPU, in spio and in PyTorch: FProp, DGrad and WGrad each (FProp alone with
     `training=False`). The returned function gives, for each convolution, the passes whose spio
     time was at most PyTorch's (with `training=False`: all three if FProp was, else none); no
     pass for convolutions the forward pass did not reach, which then stay as they are. It logs
@@ -398,11 +412,11 @@ def where_faster(
     Both implementations are timed in channels_last, the layout spio's kernels read; a warning
     says so when the convolutions met other layouts. `timer` replaces the GPU timing (tests).
     """
-    met = _layers_met(model, inputs)
+    met = _layers_met(model, inputs, kwargs)
     layers = list(dict.fromkeys(params for _, params, _ in met))
     timed = PASSES if training else ("fprop",)
     if timer is None:
-        device = _cuda_device(inputs)
+        device = _cuda_device((*inputs, *(kwargs or {}).values()))
         timer = _gpu_layer_timer(device)
         _compile_for_timing([(params, p) for params in layers for p in timed], device)
     not_nhwc = sum(not nhwc for _, _, nhwc in met)

@@ -294,6 +294,31 @@ def test_training_follows_the_model_and_keyword_calls_count(emulated, caplog):
     assert "has no Conv2dGw8 layers" in caplog.text
 
 
+def test_keyword_inputs_of_the_model_are_passed(emulated):
+    """precompile, scan_modules and where_faster take the model's keyword arguments as `kwargs`
+    (as torch.export.export does), so that models called with keywords can be prepared."""
+
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+
+        def forward(self, x, *, gate):
+            return self.conv(x * gate)
+
+    model = transform(Gated()).eval()
+    x, gate = _input(h=5, w=4)[:, :16], torch.tensor(0.5, dtype=torch.float16)
+    kernels = precompile(model, x, kwargs={"gate": gate}, progress=False)
+    assert [k.name.split("__")[0] for k in kernels] == ["conv2d_gw8_fprop"]
+    assert spio.scan_modules(model, x, kwargs={"gate": gate}) == [
+        Conv2dGw8Params(2, 16, 5, 4, padding=1, has_bias=True)
+    ]
+    include = spio.transform.where_faster(
+        model, x, kwargs={"gate": gate}, training=False, timer=lambda params, p, impl: 1.0
+    )
+    assert include("conv", model.conv) == spio.functional._kernels.PASSES
+
+
 def test_build_failures_name_the_kernels(emulated, monkeypatch):
     def broken(source, headers, name):
         if name.startswith("conv2d_gw8_dgrad"):
