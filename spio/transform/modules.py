@@ -257,9 +257,9 @@ def precompile(
     SPIO_EMULATE=1.
 
     `kwargs`: keyword arguments of the model's call. `training`: whether to build the
-    backward's kernels too (default: model.training). A layer
-    that runs without autograd in training (e.g. inside a reentrant checkpoint, whose backward
-    runs it again with autograd) gets DGrad and the WGrad its parameters ask for.
+    backward's kernels too (default: model.training). A layer that runs without autograd in
+    training (e.g. inside a reentrant checkpoint, whose backward runs it again with autograd)
+    gets DGrad and the WGrad its parameters ask for.
 
     Call it as the model will run: on its device, in its memory format, with each batch size
     it will see (kernels are made for a batch size: a smaller last batch is another call), and
