@@ -76,6 +76,18 @@ def test_cp_async_partial_zero_fill(prims):
     assert torch.equal(out.view(n, 16), ref)
 
 
+def test_a_zero_byte_copy_must_still_name_an_address_inside_a_tensor(prims):
+    """The kernels give a zero-filling copy an in-bounds fallback address; a copy whose address
+    lies outside every tensor is reported even though it reads nothing."""
+    from spio.emulator import EmulatorError
+
+    src = torch.ones(3 * 16, dtype=torch.uint8)  # chunk 3 starts at its end (64-byte aligned)
+    src_bytes = torch.tensor([16, 16, 16, 0], dtype=torch.int32)
+    out = torch.zeros(4 * 16, dtype=torch.uint8)
+    with pytest.raises(EmulatorError, match="zero-fills from 0x[0-9a-f]+, outside every tensor"):
+        prims.get_function("cp_async_fill").launch(1, 128, (out, src, src_bytes, 4))
+
+
 def test_cp_async_copy_happens_at_the_covering_wait(prims):
     src = torch.randn(256)
     out = torch.zeros(32, 12)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 
 from spio.check import configs_to_run, run_one
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
@@ -21,7 +22,7 @@ P = Conv2dGw8Params
 #: Layers every CI run emulates (each with its default config and sampled configs).
 CI_LAYERS = [
     P(n=1, c=16, h=6, w=5, padding=1, r=3, s=3, has_bias=True),
-    P(n=2, c=8, h=9, w=20, padding=(0, 2), r=1, s=5),
+    P(n=2, c=8, h=9, w=20, padding=(0, 2), r=1, s=5, has_bias=True),  # R = 1 with dbias
     P(n=1, c=24, h=7, w=19, padding=4, r=3, s=3),  # padding > R: DGrad pads by R-1-4 < 0
     P(n=1, c=16, h=11, w=10, padding=(2, 1), r=5, s=2, dtype="bf16", has_bias=True),
     P(n=1, c=40, h=5, w=33, padding=(1, 0), r=2, s=4),  # 5 groups: partial group blocks
@@ -82,6 +83,10 @@ def assert_sample_compiles_without_spills(family: str, arch: str, count: int, se
         usage = result.resources[kernel.entry]
         assert not usage.spills, f"{kernel.name} spills on {arch}: {usage}"
         assert usage.registers * kernel.threads <= 65536, f"{kernel.name}: {usage.registers} regs"
+        # Its __launch_bounds__ are the threads it is launched with (fewer would fail the launch
+        # on a GPU, which the emulator does not model).
+        bounds = re.findall(r"\.maxntid\s+(\d+), 1, 1", result.ptx)
+        assert bounds == [str(kernel.threads)], f"{kernel.name}: .maxntid {bounds}"
 
 
 def load_via_regs(kernel):

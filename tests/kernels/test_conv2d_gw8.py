@@ -152,6 +152,38 @@ def test_gpu_kernel_matches_reference(pass_, params, config, gpu_kernels_compile
     check(params, pass_, config, "cuda")
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("pass_", ["fprop", "dgrad"])
+def test_emulated_output_is_rounded_to_nearest(pass_, dtype):
+    """The tolerance allows an ulp, so it cannot tell rounding modes apart. With operands on a
+    grid of 1/64 the fp32 sums are exact, so each output must be the float64 reference rounded
+    to nearest, bit for bit (rounding toward zero got about a third of them wrong)."""
+    from spio.reference import conv2d_gw8_dgrad_ref, conv2d_gw8_fprop_ref
+
+    params = Conv2dGw8Params(
+        n=1, c=16, h=6, w=7, padding=1, r=3, s=3, dtype=dtype, has_bias=pass_ == "fprop"
+    )
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    gen = torch.Generator().manual_seed(0)
+
+    def on_grid(shape):
+        return torch.randint(-64, 65, shape, generator=gen).double() / 64
+
+    nhwc = torch.channels_last
+    w = on_grid(params.weight_shape).to(half)
+    if pass_ == "fprop":
+        x = on_grid(params.input_shape).to(half).contiguous(memory_format=nhwc)
+        bias = on_grid((params.c,)).float() if params.has_bias else None
+        got = fd.fprop(x, w, bias, params)
+        want = conv2d_gw8_fprop_ref(x, w, bias, params.padding)
+    else:
+        dy = on_grid(params.output_shape).to(half).contiguous(memory_format=nhwc)
+        got = fd.dgrad(dy, w, params)
+        want = conv2d_gw8_dgrad_ref(dy, w, params.padding, (params.h, params.w))
+    wrong = (got.double() != want.to(half).double()).sum().item()
+    assert wrong == 0, f"{wrong} of {got.numel()} outputs not rounded to nearest"
+
+
 @pytest.mark.parametrize("igrad", [False, True])
 def test_every_config_has_its_own_kernel_name(igrad):
     params = Conv2dGw8Params(n=2, c=64, h=20, w=19, r=3, s=3)

@@ -1366,6 +1366,14 @@ void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
     }
     detail::require_shared(f, smem_dst, 16, 16, "cp_async_16 destination");
     auto src = reinterpret_cast<uintptr_t>(gmem_src);
+    if (src_bytes == 0 && g_rt.check && !detail::in_global(src, 1)) {
+        // Nothing is read, but the kernels' contract is that a zero-filling copy still names an
+        // address inside a tensor (the in-bounds fallback of cp_async_row_16 and the weights).
+        detail::fail(f, detail::format("cp_async_16 zero-fills from %#lx, outside every tensor "
+                                       "passed to the kernel: give a zero-byte copy an in-bounds "
+                                       "fallback address",
+                                       static_cast<unsigned long>(src)));
+    }
     if (src_bytes > 0) {
         if (src % 16) {
             detail::fail(f, detail::format("cp_async_16 source %#lx is not 16-byte aligned",
