@@ -133,7 +133,16 @@ class _LoadedCudaFunction:
     def __init__(self, kernel: Kernel, ordinal: int):
         from ..cuda import driver
 
-        result = kernel.compile(driver.device_attributes(ordinal)["arch"])
+        device = driver.device_attributes(ordinal)
+        limit = device["max_shared_memory_per_block_optin"]
+        if kernel.shared_mem_bytes > limit:  # not a launch error with a driver code, later
+            raise ValueError(
+                f"kernel {kernel.name} needs {kernel.shared_mem_bytes} bytes of shared memory per "
+                f"block; {device['name']} ({device['arch']}) allows {limit}. Choose a config with "
+                "fewer groups per block, a narrower tile or fewer stages (spio's own configs "
+                "keep within 99 KiB, the smallest limit of the GPUs it supports)"
+            )
+        result = kernel.compile(device["arch"])
         if not result.cached:
             _built_at_first_launch(kernel, result.seconds)
         self.module = driver.Module.load(result.cubin, device=ordinal)

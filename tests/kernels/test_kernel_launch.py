@@ -53,6 +53,26 @@ assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5000
     )
 
 
+def test_more_shared_memory_than_the_gpu_allows_is_named(fake_libcuda):  # noqa: F811
+    """A config of one's own (make_kernel takes any) past the GPU's opt-in limit: a clear error
+    before anything is compiled or loaded, not a driver error at launch."""
+    run_with(
+        fake_libcuda["new"],
+        SETUP
+        + """
+kernel = make("big_smem", 240 * 1024)
+try:
+    kernel.launch([None], torch.device("cuda", 0))
+except ValueError as error:
+    assert "needs 245760 bytes of shared memory per block" in str(error), error
+    assert "allows 232448" in str(error), error
+else:
+    raise AssertionError("launched")
+assert g("launches") == 0
+""",
+    )
+
+
 def test_kernels_of_one_name_share_their_module_and_launch_their_own_grid(fake_libcuda):  # noqa: F811
     """The name stands for the code (sum_slots has one name per dtype pair and a grid per layer):
     one module per name and device, each launch with its own kernel's grid."""
