@@ -294,8 +294,9 @@ def conv2d_gw8_layer(
     """
     kernels, reason = _route(input, weight, bias)
     if reason is not None:
-        _log_fallback_once(reason)
-        return F.conv2d(input, weight, bias, 1, padding, 1, groups)
+        y = F.conv2d(input, weight, bias, 1, padding, 1, groups)
+        _log_fallback_once(reason)  # after: an input F.conv2d rejects too gets its error alone
+        return y
     unbatched = input.dim() == 3
     x = input.unsqueeze(0) if unbatched else input
     pad_h, pad_w = padding

@@ -192,10 +192,16 @@ def test_meta_tensors_work_as_in_nn_conv2d():
     assert (params.n, params.c, params.h, params.w) == (2, 16, 5, 7)
 
 
-def test_half_input_with_fp32_weight_falls_back_to_torch_error():
+def test_half_input_with_fp32_weight_falls_back_to_torch_error(monkeypatch, caplog):
+    """PyTorch's error alone: no "falls back to F.conv2d" line for a call that does not."""
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
     m = make_conv2d(8, 8, 3, padding=1)
-    with pytest.raises(RuntimeError):
-        m(torch.randn(1, 8, 4, 4, dtype=torch.bfloat16))
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        with pytest.raises(RuntimeError):
+            m(torch.randn(1, 8, 4, 4, dtype=torch.bfloat16))
+        with pytest.raises(RuntimeError):
+            m(torch.ones(1, 8, 4, 4, dtype=torch.int64))
+    assert "falls back" not in caplog.text
 
 
 @pytest.mark.cuda
