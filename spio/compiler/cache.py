@@ -195,6 +195,20 @@ class DiskCache:
         self._remember(key, (payload, meta))
         return payload, meta, False
 
+    def on_disk(self, key: str) -> bool:
+        """Whether the entry for `key` is on disk (not read, nor checked)."""
+        return self.path(key).is_file()
+
+    def keep(self, key: str, payload: bytes, meta: dict) -> None:
+        """Keep an entry built elsewhere (a compile worker) in memory, where the disk could not
+        take it; warns once, as for an entry this process could not store."""
+        self._warn_once(OSError("the compile workers could not store their results there"))
+        self._remember(key, (payload, meta))
+
+    def quiet(self) -> None:
+        """Do not warn that the folder cannot be written (compile workers: their parent does)."""
+        self._warned = True
+
     def _remember(self, key: str, entry: tuple[bytes, dict]) -> None:
         with self._memory_lock:
             self._memory[key] = entry

@@ -213,6 +213,23 @@ def compile_cubin(
     )
 
 
+def keep_result(
+    source: str,
+    arch: str,
+    headers: dict[str, str],
+    name: str,
+    options: tuple[str, ...] | list[str],
+    result: CompileResult,
+) -> None:
+    """Keep a result a compile worker made for compile_cubin(source, arch, headers, name=name,
+    options=options) in this process's memory when the disk cache does not hold it (a cache
+    folder that cannot be written), so that loading the kernel does not compile it again."""
+    key = cubin_key(source, arch, headers, nvrtc_options(arch) + list(options), name)
+    if not _cubin_cache.on_disk(key):
+        meta = {"log": result.log, "ptx": result.ptx, "seconds": result.seconds}
+        _cubin_cache.keep(key, result.cubin, meta)
+
+
 __all__ = [
     "CompileError",
     "CompileResult",

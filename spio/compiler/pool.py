@@ -36,7 +36,7 @@ from queue import SimpleQueue
 
 from ..log import logger
 from .cache import cache_root
-from .compile import CompileResult, compile_cubin
+from .compile import CompileResult, _cubin_cache, compile_cubin, keep_result
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,7 @@ def _run(job: CompileJob, cache_dir: str | None = None) -> CompileResult | BaseE
     outlives changes to SPIO_CACHE_DIR in the parent, which its workers would not see)."""
     if cache_dir is not None:
         os.environ["SPIO_CACHE_DIR"] = cache_dir
+        _cubin_cache.quiet()  # an unwritable cache folder: the parent says so, once
     try:
         return job.run()
     except Exception as error:  # returned, not raised: one bad kernel must not stop a sweep
@@ -300,6 +301,10 @@ def compile_many(
                 results.append(_run(job))
                 bar.update()
             return results
-        return _Sweep(jobs, workers, bar).run()
+        results = _Sweep(jobs, workers, bar).run()
+        for job, result in zip(jobs, results, strict=True):
+            if isinstance(result, CompileResult):  # (a worker's memory may have served it)
+                keep_result(job.source, job.arch, job.headers, job.name, job.options, result)
+        return results
     finally:
         bar.close()

@@ -187,3 +187,33 @@ def test_the_exit_hook_is_registered_once(pool_jobs, tmp_path, monkeypatch):
     pool.shutdown_pool()
     compile_many(jobs, workers=2, progress=False)
     assert len(registered) <= 1, registered
+
+
+def test_an_unwritable_cache_keeps_the_workers_results_in_the_parent(
+    tmp_path, monkeypatch, capfd, caplog
+):
+    """Workers that cannot store their cubins hand them over: loading them afterwards compiles
+    nothing, and the parent alone says once that the folder cannot be written."""
+    from spio.compiler import compile as compile_module
+    from spio.compiler import compile_cubin
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(blocker / "cache"))  # mkdir fails, even as root
+    monkeypatch.setattr(compile_module._cubin_cache, "_memory", {})
+    monkeypatch.setattr(compile_module._cubin_cache, "_warned", False)
+    tag = uuid.uuid4().hex
+    jobs = [CompileJob(f"// {tag}\n" + GOOD.format(value=i), "sm_80") for i in range(3)]
+    with caplog.at_level("WARNING", logger="spio"):
+        results = compile_many(jobs, workers=2, progress=False)
+    assert all(isinstance(r, CompileResult) for r in results), results
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled again in the parent")
+
+    monkeypatch.setattr(compile_module.nvrtc, "compile_program", refuse)
+    for job in jobs:
+        assert compile_cubin(job.source, job.arch).cached
+    assert "cannot write its cache folder" not in capfd.readouterr().err  # the workers' stderr
+    warned = [r for r in caplog.records if "cannot write its cache folder" in r.getMessage()]
+    assert len(warned) == 1
