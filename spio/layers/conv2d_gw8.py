@@ -124,14 +124,20 @@ def _bind_conv2d_args(args: tuple, kwargs: dict) -> dict[str, Any]:
     return dict(list(bound.arguments.items())[1:])
 
 
-def _log_fallback_once(reason: str) -> None:
-    """Log why a Conv2dGw8 call runs F.conv2d, once per reason; not while torch.compile traces
-    the call, which cannot trace a logging call (fullgraph=True would fail on it)."""
-    if torch.compiler.is_compiling():
-        return
+def _log_fallback_once(reason: str) -> bool:
+    """Log why a Conv2dGw8 call runs F.conv2d, once per reason. Under torch.compile it runs
+    when the call is traced (below), so a compiled model says why too and stays one graph."""
     if reason not in _logged_fallbacks:
         _logged_fallbacks.add(reason)
         logger.warning("Conv2dGw8 falls back to F.conv2d: %s", reason)
+    return True
+
+
+# What torch.compiler.assume_constant_result(_log_fallback_once) does: Dynamo calls the function
+# while tracing and keeps its result as a constant, instead of tracing a logging call, which
+# breaks the graph (and fails fullgraph=True). Set directly, as the public function imports
+# torch._dynamo, which would add a second to importing spio.
+_log_fallback_once._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 class Conv2dGw8(nn.Conv2d):

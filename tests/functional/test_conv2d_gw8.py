@@ -687,3 +687,19 @@ def test_flop_counter_counts_the_ops(monkeypatch):
     with FlopCounterMode(display=False) as counter:
         conv(x.double())
     assert counter.get_total_flops() == forward
+
+
+def test_the_op_refuses_forward_mode_tangents_instead_of_dropping_them():
+    """PyTorch runs no forward-mode formula for a custom op: a dual operand's tangent would be
+    lost silently. Operands without a tangent inside a dual level still run."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, w = torch.randn(2, 16, 6, 6), torch.randn(16, 8, 3, 3)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.randn_like(x))
+        with pytest.raises(RuntimeError, match="no forward-mode AD formula.*has a tangent"):
+            conv2d_gw8(dual, w, None, 1, 1, 1)
+        with pytest.raises(RuntimeError, match="no forward-mode AD formula"):
+            conv2d_gw8(x, fwAD.make_dual(w, torch.randn_like(w)), None, 1, 1, 1)
+        y = conv2d_gw8(x, w, None, 1, 1, 1)
+    torch.testing.assert_close(y, F.conv2d(x, w, None, 1, 1, 1, 2))

@@ -165,16 +165,22 @@ def test_fallback_logs_once(monkeypatch, caplog):
     ]
 
 
-def test_a_fallback_compiles_in_one_graph(monkeypatch):
-    """The fallback's log is a side effect torch.compile cannot trace: skipped while compiling,
-    so that fullgraph=True compiles a fallback layer as it compiles nn.Conv2d."""
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_a_compiled_fallback_says_why_and_stays_one_graph(monkeypatch, caplog, fullgraph):
+    """torch.compile cannot trace the fallback's logging call: it runs while the call is traced,
+    so that a compiled model says why it falls back, and fullgraph=True still compiles."""
     monkeypatch.setenv("SPIO_EMULATE", "1")
     monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
     torch._dynamo.reset()
     m = make_conv2d(16, 16, 3, padding=1, groups=2)
     x = torch.randn(2, 16, 5, 5)
-    y = torch.compile(m, backend="eager", fullgraph=True)(x)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        y = torch.compile(m, backend="eager", fullgraph=fullgraph)(x)
     torch.testing.assert_close(y, F.conv2d(x, m.weight, m.bias, padding=1, groups=2))
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "Conv2dGw8 falls back to F.conv2d: torch.float32 cpu tensors outside autocast"
+    ]
 
 
 def test_meta_tensors_work_as_in_nn_conv2d():
