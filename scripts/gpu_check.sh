@@ -287,7 +287,7 @@ step_bench() {
 
 step_tests() {
     local deadline=$((SECONDS + $1)) ids="$OUT_DIR/tests_collected.txt" order="$OUT_DIR/tests_order.txt"
-    timeout -k 5 "$(($1 / 3))" "$PYTHON" -m pytest -m "cuda and not slow" --collect-only -q \
+    timeout -k 5 "$(($1 / 3 + 1))" "$PYTHON" -m pytest -m "cuda and not slow" --collect-only -q \
         -p no:cacheprovider | grep '::' >"$ids"
     local total
     total=$(wc -l <"$ids")

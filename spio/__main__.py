@@ -81,7 +81,7 @@ def _human_bytes(n: int) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from . import __version__, supported_arch
-    from .compiler.cache import cache_root, folder_size
+    from .compiler.cache import NAMESPACES, cache_root, folder_size
     from .cuda import nvrtc, paths
 
     rows: list[tuple[str, str]] = [("spio", __version__)]
@@ -104,8 +104,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     rows.append(("GPU", _gpu_summary(gpus, why_none)))
     rows.append(("supported arch", ", ".join(supported_arch)))
     rows.extend(_perf_model_rows([gpu["arch"] for gpu in gpus]))
-    root = cache_root()
-    files, total = folder_size(root)
+    root = cache_root()  # spio's folders there only: SPIO_CACHE_DIR may hold other things too
+    sizes = [folder_size(root / namespace) for namespace in NAMESPACES]
+    files, total = sum(n for n, _ in sizes), sum(b for _, b in sizes)
     rows.append(("cache", f"{root} ({files} files, {_human_bytes(total)})"))
     width = max(len(key) for key, _ in rows)
     for key, value in rows:

@@ -1,9 +1,10 @@
 """Benchmark results: one CSV row per (layer, batch, pass, implementation), and the summary table.
 
 The CSV is self-describing: every row carries the run's GPU, driver, torch, CUDA and spio versions,
-date and command line, so files from different machines can be concatenated (repeated header lines
-included) and still be read; `runs` tells the runs apart. The table and the plots compare the
-implementations of one run. Nothing here needs a GPU or torch; they are made from these rows alone.
+date and command line, so files with the same columns from different machines can be concatenated
+(repeated header lines included) and still be read; `runs` tells the runs apart. The table and the
+plots compare the implementations of one run. Nothing here needs a GPU or torch; they are made
+from these rows alone.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ NAMESPACES = ("cubin", "emulator", "autotune")
 
 def cache_root() -> Path:
     """The cache folder, as an absolute path: SPIO_CACHE_DIR (`~` expanded; a relative path is
-    taken from the current folder, once, so that compile workers started elsewhere agree), else
-    platformdirs' user cache dir for spio."""
+    taken from the current folder, and the absolute path is what compile workers are given, so
+    that workers started elsewhere agree), else platformdirs' user cache dir for spio."""
     env = os.environ.get("SPIO_CACHE_DIR")
     if env:
         return Path(os.path.abspath(os.path.expanduser(env)))
@@ -139,7 +139,10 @@ class DiskCache:
     def _store(self, path: Path, payload: bytes, meta: dict) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         try:
-            os.fchmod(fd, file_mode())
+            try:
+                os.fchmod(fd, file_mode())
+            except OSError:  # a file system without modes (vfat, some FUSE mounts): as created
+                pass
             with os.fdopen(fd, "wb") as f:
                 f.write(_encode(payload, meta))
             os.replace(tmp, path)

@@ -36,7 +36,8 @@ class ResourceUsage:
 
 @dataclass(frozen=True)
 class CompileResult:
-    """A compiled module: the cubin, each kernel's resources, the NVRTC log, and whether cached."""
+    """A compiled module: the cubin, each kernel's resources, the NVRTC log, whether cached, and
+    the cache key it is filed under ("" when compiled without the cache)."""
 
     cubin: bytes
     arch: str
@@ -45,6 +46,7 @@ class CompileResult:
     ptx: str = ""
     cached: bool = False
     seconds: float = 0.0
+    key: str = ""
 
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for")
@@ -80,22 +82,14 @@ def parse_resource_report(log: str) -> dict[str, ResourceUsage]:
     return {name: ResourceUsage(**values) for name, values in usage.items()}
 
 
-_bundled: tuple[str, str] | None = None  # spio/include's (tree_signature, tree_digest)
-
-
 def _bundled_headers_digest() -> str:
     """Hash of every header in spio/include: any edit there invalidates cached cubins.
 
-    Read again whenever a header's size or mtime changed (statting them is cheap next to a
-    compile), so that a cubin compiled after an edit in a running process, pool workers'
-    included, is filed under the edited headers' digest and not the one the process began with.
+    Read at every cache lookup (about 0.4 ms: spio/include is small), so that a cubin compiled
+    after an edit in a running process, pool workers' included, is filed under the edited
+    headers' digest and not the one the process began with.
     """
-    global _bundled
-    root = paths.bundled_include_dir()
-    signature = digest.tree_signature(root)
-    if _bundled is None or _bundled[0] != signature:
-        _bundled = (signature, digest.tree_digest(root))
-    return _bundled[1]
+    return digest.tree_digest(paths.bundled_include_dir())
 
 
 @functools.cache
@@ -194,6 +188,7 @@ def compile_cubin(
         logger.info("compiled %s for %s in %.2f s", name, arch, seconds)
         return out.cubin, {"log": out.log, "ptx": out.ptx, "seconds": seconds}
 
+    key = ""
     if not use_cache:
         cubin, meta = build()
         cached = False
@@ -210,24 +205,8 @@ def compile_cubin(
         ptx=meta["ptx"],
         cached=cached,
         seconds=meta["seconds"],
+        key=key,
     )
-
-
-def keep_result(
-    source: str,
-    arch: str,
-    headers: dict[str, str],
-    name: str,
-    options: tuple[str, ...] | list[str],
-    result: CompileResult,
-) -> None:
-    """Keep a result a compile worker made for compile_cubin(source, arch, headers, name=name,
-    options=options) in this process's memory when the disk cache does not hold it (a cache
-    folder that cannot be written), so that loading the kernel does not compile it again."""
-    key = cubin_key(source, arch, headers, nvrtc_options(arch) + list(options), name)
-    if not _cubin_cache.on_disk(key):
-        meta = {"log": result.log, "ptx": result.ptx, "seconds": result.seconds}
-        _cubin_cache.keep(key, result.cubin, meta)
 
 
 __all__ = [

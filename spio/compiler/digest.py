@@ -29,18 +29,6 @@ def tree_digest(root: Path) -> str:
     return digest.hexdigest()
 
 
-def tree_signature(root: Path) -> str:
-    """sha256 of every file's path under `root`, size and mtime: statted, not read, so cheap to
-    take again and again; it tells when `tree_digest` must be recomputed."""
-    digest = hashlib.sha256()
-    if root.is_dir():
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.relative_to(root).parts:
-                st = path.stat()
-                digest.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
-
-
 def headers_identity(folder: Path, names: Iterable[str] | None = None) -> str:
     """Cheap identity of a header folder: its path and each header's name, size and mtime.
 

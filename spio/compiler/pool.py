@@ -29,14 +29,14 @@ import threading
 import types
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from queue import SimpleQueue
 
 from ..log import logger
 from .cache import cache_root
-from .compile import CompileResult, _cubin_cache, compile_cubin, keep_result
+from .compile import CompileResult, _cubin_cache, compile_cubin
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,7 @@ class WorkerDiedError(RuntimeError):
 
 _pool: ProcessPoolExecutor | None = None
 _pool_workers = 0
+_pool_users = 0  # sweeps running on _pool now: it is not replaced under them for its size
 _pool_lock = threading.Lock()
 _shutdown_registered = False
 
@@ -121,12 +122,15 @@ def _is_broken(pool: ProcessPoolExecutor) -> bool:
     return any(process.exitcode is not None for process in list(processes.values()))
 
 
-def _get_pool(workers: int) -> ProcessPoolExecutor:
-    """The shared pool of `workers` processes; a new one when the last one had another size or
-    lost a worker."""
-    global _pool, _pool_workers, _shutdown_registered
+@contextlib.contextmanager
+def _using_pool(workers: int):
+    """The shared pool and its size, for one round of a sweep: a new pool of `workers` processes
+    when there is none, it lost a worker, or it has another size and no other sweep uses it (one
+    that does keeps it; a sweep never runs more jobs at once than the pool has workers)."""
+    global _pool, _pool_workers, _pool_users, _shutdown_registered
     with _pool_lock:
-        if _pool is not None and (_pool_workers != workers or _is_broken(_pool)):
+        resize = _pool_workers != workers and _pool_users == 0
+        if _pool is not None and (resize or _is_broken(_pool)):
             _pool.shutdown(wait=True, cancel_futures=True)
             _pool = None
         if _pool is None:
@@ -140,11 +144,17 @@ def _get_pool(workers: int) -> ProcessPoolExecutor:
             with _stand_in_main():
                 _start_workers(pool, workers)
             _pool, _pool_workers = pool, workers
-        return _pool
+        pool, size = _pool, _pool_workers
+        _pool_users += 1
+    try:
+        yield pool, size
+    finally:
+        with _pool_lock:
+            _pool_users -= 1
 
 
 def _discard_pool(pool: ProcessPoolExecutor) -> None:
-    """Forget a broken pool, so that the next _get_pool makes a new one."""
+    """Forget a broken pool, so that the next round makes a new one (_using_pool)."""
     global _pool
     with _pool_lock:
         if _pool is pool:
@@ -196,9 +206,8 @@ class _Sweep:
             again = [index for index in lost if index in lost_before]
             logger.warning(
                 "a compile worker died (an NVRTC crash, or the OOM killer), losing the %d "
-                "job(s) running then; %d of them run again in a fresh pool",
+                "job(s) running then; they run again in a fresh pool (a job lost twice, alone)",
                 len(lost),
-                len(first),
             )
             lost_before.update(first)
             todo.extendleft(reversed(first))
@@ -220,7 +229,10 @@ class _Sweep:
         running when it broke. No more jobs than `limit` are ever handed to the executor: a
         worker's death loses only the jobs running beside it, and on Ctrl-C no job waits in the
         executor's queue, where it could no longer be cancelled."""
-        pool = _get_pool(self.workers)
+        with _using_pool(self.workers) as (pool, size):
+            return self._round_on(pool, todo, min(limit, size))
+
+    def _round_on(self, pool: ProcessPoolExecutor, todo: deque[int], limit: int) -> list[int]:
         finished: SimpleQueue[Future] = SimpleQueue()
         running: dict[Future, int] = {}
         lost: list[int] = []
@@ -231,8 +243,8 @@ class _Sweep:
                     index = todo.popleft()
                     try:
                         future = pool.submit(_run, self.jobs[index], self.root)
-                    except BrokenProcessPool:  # broken before the job reached it: not lost
-                        todo.appendleft(index)
+                    except (BrokenProcessPool, RuntimeError):  # broken, or shut down by another
+                        todo.appendleft(index)  # sweep that found it broken: not lost
                         broken = True
                         break
                     running[future] = index
@@ -246,6 +258,10 @@ class _Sweep:
                 except BrokenProcessPool as error:
                     lost.append(index)
                     self.breakage = error
+                    broken = True
+                    continue
+                except CancelledError:  # the pool was shut down before the job started
+                    todo.appendleft(index)
                     broken = True
                     continue
                 except Exception as error:  # e.g. a result that could not be sent back
@@ -302,9 +318,11 @@ def compile_many(
                 bar.update()
             return results
         results = _Sweep(jobs, workers, bar).run()
-        for job, result in zip(jobs, results, strict=True):
-            if isinstance(result, CompileResult):  # (a worker's memory may have served it)
-                keep_result(job.source, job.arch, job.headers, job.name, job.options, result)
+        for result in results:  # a cache folder the workers could not write: keep their cubins
+            if isinstance(result, CompileResult) and result.key:
+                if not _cubin_cache.on_disk(result.key):
+                    meta = {"log": result.log, "ptx": result.ptx, "seconds": result.seconds}
+                    _cubin_cache.keep(result.key, result.cubin, meta)
         return results
     finally:
         bar.close()

@@ -137,6 +137,25 @@ def test_a_pool_whose_workers_died_is_replaced(pool_jobs, tmp_path, caplog):
     assert "worker died" not in caplog.text
 
 
+def test_sweeps_in_two_threads_with_different_worker_counts_both_finish(pool_jobs, tmp_path):
+    """A sweep started while another runs keeps the pool the other uses (at most its size at
+    once), instead of replacing it under the other, whose next submit then failed."""
+    import threading
+
+    first = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"a{i}") for i in range(6)]
+    second = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"b{i}") for i in range(3)]
+    results = {}
+    thread = threading.Thread(
+        target=lambda: results.update(a=compile_many(first, workers=2, progress=False))
+    )
+    thread.start()
+    time.sleep(0.3)  # the first sweep is running
+    results["b"] = compile_many(second, workers=3, progress=False)
+    thread.join(timeout=60)
+    assert results["a"] == [job.name for job in first], results["a"]
+    assert results["b"] == [job.name for job in second], results["b"]
+
+
 def test_ctrl_c_cancels_the_jobs_not_started(pool_jobs, tmp_path, monkeypatch):
     """KeyboardInterrupt in a sweep (here from its progress bar as the first job comes back)
     propagates at once, and of the sweep's jobs only those already running still run: neither the
