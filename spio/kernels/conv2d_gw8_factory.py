@@ -2,7 +2,8 @@
 
 The kernel source is spio/src/conv2d_gw8.cu; its leading comment states the algorithm. This module
 enumerates its tile configs for a layer, generates the header that fixes sizes and index arithmetic,
-and picks a config (a simple heuristic until the performance model lands).
+and ranks configs by an analytic cost (`default_config`, used where no performance model applies;
+spio.kernels.perf_model.select_config chooses).
 """
 
 from __future__ import annotations

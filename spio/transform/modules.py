@@ -252,9 +252,9 @@ def precompile(
     can stall for minutes. This runs the model once with PyTorch's convolution standing in
     for spio's (with autograd on in training, to learn which gradients each layer will be asked
     for), picks each Conv2dGw8 call's kernels as that call will pick them, and builds them all
-    at once (SPIO_WORKERS processes, with a progress bar unless `progress` is False) into the
-    disk cache: cubins for the inputs' GPU, emulator libraries for CPU tensors with
-    SPIO_EMULATE=1.
+    at once (SPIO_WORKERS processes, or threads for emulator libraries, with a progress bar
+    unless `progress` is False) into the disk cache: cubins for the inputs' GPU, emulator
+    libraries for CPU tensors with SPIO_EMULATE=1.
 
     `kwargs`: keyword arguments of the model's call. `training`: whether to build the
     backward's kernels too (default: model.training). A layer that runs without autograd in
