@@ -224,7 +224,9 @@ class Conv2dGw8(nn.Conv2d):
             input, self.weight, self.bias, self.padding, self.groups, self._pass_bits
         )
 
-    def spio_kernels(self, input: Tensor, backward: bool | None = None) -> list[Kernel]:
+    def spio_kernels(
+        self, input: Tensor, backward: bool | None = None, double_backward: bool = False
+    ) -> list[Kernel]:
         """The kernels a call of this layer on `input` launches, chosen as that call chooses
         them (chosen, not built; see spio.precompile): none where it falls back to F.conv2d or
         input's device runs no kernels; FProp if spio runs it; and DGrad and WGrad if spio runs
@@ -232,7 +234,9 @@ class Conv2dGw8(nn.Conv2d):
         stands now (grad mode, and what requires grad); False, no backward; True, the backward
         of a training step: also where autograd is off now (e.g. in a reentrant checkpoint's
         forward, which the backward runs again with autograd), with DGrad then, and WGrad for
-        the parameters that require grad. Raises the call's ValueError for bad arguments."""
+        the parameters that require grad. `double_backward`: with a backward, also the kernels
+        of a backward through it (create_graph=True, e.g. a gradient penalty). Raises the call's
+        ValueError for bad arguments."""
         kernels, reason = _route(input, self.weight, self.bias)
         if not kernels or reason is not None:
             return []
@@ -247,7 +251,15 @@ class Conv2dGw8(nn.Conv2d):
             grad and self.bias is not None and self.bias.requires_grad,
         )
         deterministic = torch.are_deterministic_algorithms_enabled()
-        return layer.kernels(weight, bias, self._pass_bits, needs, deterministic)
+        found = layer.kernels(weight, bias, self._pass_bits, needs, deterministic)
+        if double_backward and grad:
+            # A backward through the backward (create_graph=True) runs the passes again on
+            # gradients, without a bias: FProp of them, DGrad, and WGrad with the weight's.
+            plain = _kernels.layer(x, weight, None, *self.padding)
+            found += plain.kernels(
+                weight, None, self._pass_bits, (True, True, False), deterministic
+            )
+        return found
 
 
 def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool) -> str | None:

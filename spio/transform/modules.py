@@ -242,6 +242,7 @@ def precompile(
     *inputs: object,
     kwargs: dict | None = None,
     training: bool | None = None,
+    double_backward: bool = False,
     progress: bool = True,
 ) -> list[Kernel]:
     """Build, in parallel and ahead of time, every spio kernel that model(*inputs, **kwargs)
@@ -259,7 +260,9 @@ def precompile(
     `kwargs`: keyword arguments of the model's call. `training`: whether to build the
     backward's kernels too (default: model.training). A layer that runs without autograd in
     training (e.g. inside a reentrant checkpoint, whose backward runs it again with autograd)
-    gets DGrad and the WGrad its parameters ask for.
+    gets DGrad and the WGrad its parameters ask for. `double_backward`: in training, also the
+    kernels of a backward through the backward (backward(create_graph=True), e.g. a gradient
+    penalty).
 
     Call it as the model will run: on its device, in its memory format, with each batch size
     it will see (kernels are made for a batch size: a smaller last batch is another call), and
@@ -268,8 +271,7 @@ def precompile(
     Buffers and torch's random-number state are restored afterwards. With SPIO_AUTOTUNE=1 it
     tunes too: a first stand-in forward finds the layers not tuned yet, their candidate configs
     are built all at once, and then each layer's are timed on the GPU (a second progress bar).
-    Not built: the kernels of a double backward (backward(create_graph=True)). Returns the
-    kernels; raises RuntimeError naming any kernel that failed to build.
+    Returns the kernels; raises RuntimeError naming any kernel that failed to build.
     """
     model = _unwrapped(model)
     training = model.training if training is None else training
@@ -282,7 +284,7 @@ def precompile(
 
             def collect(module: Conv2dGw8, input: torch.Tensor) -> None:
                 known = len(wanted)
-                module.spio_kernels(input, backward=training)
+                module.spio_kernels(input, backward=training, double_backward=double_backward)
                 to_tune.append(len(wanted) - known)
 
             _stand_in_calls(model, layers, inputs, kwargs, training, collect)
@@ -296,7 +298,7 @@ def precompile(
     )
 
     def choose(module: Conv2dGw8, input: torch.Tensor) -> None:
-        for kernel in module.spio_kernels(input, backward=training):
+        for kernel in module.spio_kernels(input, training, double_backward):
             found.setdefault((input.device, kernel.name), kernel)
         if to_tune:  # the calls come in the same order: this one has tuned its passes
             timing.update(to_tune.pop(0))

@@ -294,6 +294,34 @@ def test_training_follows_the_model_and_keyword_calls_count(emulated, caplog):
     assert "has no Conv2dGw8 layers" in caplog.text
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_double_backward_kernels_are_built_when_asked(emulated, monkeypatch, bias):
+    """A gradient penalty (a backward through the backward) runs the passes again on gradients:
+    with double_backward=True their kernels are built too, and the penalty's step builds none."""
+
+    class Penalised(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=2, bias=bias).half()
+
+        def forward(self, x):
+            return self.conv(x)
+
+    model = transform(Penalised())
+    x = _input(h=5, w=6)[:, :16].requires_grad_()
+    single = {k.name for k in precompile(model, x, progress=False)}
+    kernels = precompile(model, x, double_backward=True, progress=False)
+    # Without a bias, the backward's kernels already serve it; with one, bias-less ones join.
+    assert single <= {k.name for k in kernels} and (single != {k.name for k in kernels}) == bias
+    _no_builds(monkeypatch)
+    launched = _launched(monkeypatch)
+    (grad,) = torch.autograd.grad(model(x).float().square().sum(), x, create_graph=True)
+    penalty = grad.float().square().sum()
+    penalty.backward()
+    assert launched and set(launched) <= {k.name for k in kernels}
+    assert model.conv.weight.grad is not None
+
+
 def test_keyword_inputs_of_the_model_are_passed(emulated):
     """precompile, scan_modules and where_faster take the model's keyword arguments as `kwargs`
     (as torch.export.export does), so that models called with keywords can be prepared."""
