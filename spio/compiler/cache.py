@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import struct
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -45,28 +45,31 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("spio"))
 
 
-_file_mode: int | None = None
-
-
-def file_mode() -> int:
-    """The mode of a file created now with open(): 0o666 less the process's umask. Cache entries
-    get it (mkstemp would make them 0o600), so that a cache built by one user, e.g. when a
-    container image is built, can be read by another as the umask allows."""
-    global _file_mode
-    if _file_mode is None:
-        umask = None
-        try:  # Linux reports the umask without changing it
-            with open("/proc/self/status") as status:
-                for line in status:
-                    if line.startswith("Umask:"):
-                        umask = int(line.split()[1], 8)
-        except (OSError, ValueError):
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to a new file next to `path`, then rename it into place: readers see the old
+    file or the whole new one, and a partial temporary file never stays. The file gets 0o666
+    less the umask, as any new file does (mkstemp's would be 0o600: a cache built by one user,
+    e.g. while a container image is built, must be readable by others as the umask allows)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name next to {path}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
             pass
-        if umask is None:  # elsewhere: set and restore it (once per process)
-            umask = os.umask(0o022)
-            os.umask(umask)
-        _file_mode = 0o666 & ~umask
-    return _file_mode
+        raise
 
 
 def hash_key(*parts: object) -> str:
@@ -137,21 +140,7 @@ class DiskCache:
         return entry
 
     def _store(self, path: Path, payload: bytes, meta: dict) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            try:
-                os.fchmod(fd, file_mode())
-            except OSError:  # a file system without modes (vfat, some FUSE mounts): as created
-                pass
-            with os.fdopen(fd, "wb") as f:
-                f.write(_encode(payload, meta))
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomically(path, _encode(payload, meta))
 
     def get(self, key: str) -> tuple[bytes, dict] | None:
         """The entry for `key` (payload, meta), from memory or disk; None on a miss."""

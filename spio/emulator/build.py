@@ -19,7 +19,6 @@ import functools
 import os
 import platform
 import re
-import secrets
 import shlex
 import shutil
 import subprocess
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..compiler import digest
-from ..compiler.cache import DiskCache, hash_key
+from ..compiler.cache import DiskCache, hash_key, write_atomically
 from ..cuda import paths
 from ..log import logger
 
@@ -276,31 +275,6 @@ def _same_content(path: Path, payload: bytes) -> bool:
         return False
 
 
-def _write_atomic(path: Path, payload: bytes) -> None:
-    """Write `payload` to a temporary name next to `path` and rename it into place. The file gets
-    mode 0o666 less the umask, as any new file does; a partial temporary file never stays."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        tmp = path.with_name(f"{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            fd = os.open(tmp, flags, 0o666)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(f"no free temporary name next to {path}")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _remove_private(folder: Path, pid: int) -> None:
     if os.getpid() == pid:  # not from a forked child: the parent may still load from it
         shutil.rmtree(folder, ignore_errors=True)
@@ -329,7 +303,7 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
             return target
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(target, payload)
+            write_atomically(target, payload)
             _files[target] = target
             return target
         except OSError as error:
@@ -337,7 +311,7 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
         try:
             path = _private_folder() / target.name
             if not _same_content(path, payload):
-                _write_atomic(path, payload)
+                write_atomically(path, payload)
         except OSError as error:
             raise EmulatorBuildError(
                 f"cannot write the emulator library for {name}: not to the cache folder "
