@@ -197,6 +197,12 @@ class DiskCache:
         self._warn_once(OSError("the compile workers could not store their results there"))
         self._remember(key, (payload, meta))
 
+    @property
+    def warned(self) -> bool:
+        """Whether this process was told (or, `quiet`, not to be told) that the folder cannot
+        be written."""
+        return self._warned
+
     def quiet(self) -> None:
         """Do not warn that the folder cannot be written (compile workers: their parent does)."""
         self._warned = True

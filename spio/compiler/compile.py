@@ -186,7 +186,7 @@ def compile_cubin(
         out = nvrtc.compile_program(source, name, opts, headers)
         seconds = time.perf_counter() - start
         logger.info("compiled %s for %s in %.2f s", name, arch, seconds)
-        return out.cubin, {"log": out.log, "ptx": out.ptx, "seconds": seconds}
+        return out.cubin, _meta(out.log, out.ptx, seconds)
 
     key = ""
     if not use_cache:
@@ -207,6 +207,25 @@ def compile_cubin(
         seconds=meta["seconds"],
         key=key,
     )
+
+
+def _meta(log: str, ptx: str, seconds: float) -> dict:
+    """A cubin cache entry's meta: what CompileResult holds besides the cubin."""
+    return {"log": log, "ptx": ptx, "seconds": seconds}
+
+
+def keep_in_memory(result: CompileResult) -> None:
+    """Keep a result a compile worker made in this process's memory where the disk cache does
+    not hold it (a cache folder the worker could not write), so that loading the kernel does
+    not compile it again; the cache then says once that its folder cannot be written."""
+    if result.key and not _cubin_cache.on_disk(result.key):
+        _cubin_cache.keep(result.key, result.cubin, _meta(result.log, result.ptx, result.seconds))
+
+
+def quiet_unwritable_cache() -> None:
+    """Do not warn in this process that the cubin cache folder cannot be written (a compile
+    worker: its parent warns, once, when it keeps the worker's results)."""
+    _cubin_cache.quiet()
 
 
 __all__ = [

@@ -36,7 +36,7 @@ from queue import SimpleQueue
 
 from ..log import logger
 from .cache import cache_root
-from .compile import CompileResult, _cubin_cache, compile_cubin
+from .compile import CompileResult, compile_cubin, keep_in_memory, quiet_unwritable_cache
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,8 @@ def _using_pool(workers: int):
 
 
 def _discard_pool(pool: ProcessPoolExecutor) -> None:
-    """Forget a broken pool, so that the next round makes a new one (_using_pool)."""
+    """Stop `pool`'s workers, and forget it if it is the shared one, so that the next round
+    makes a new one (_using_pool)."""
     global _pool
     with _pool_lock:
         if _pool is pool:
@@ -164,11 +165,9 @@ def _discard_pool(pool: ProcessPoolExecutor) -> None:
 
 def shutdown_pool() -> None:
     """Stop the worker processes, if any were started."""
-    global _pool
-    with _pool_lock:
-        if _pool is not None:
-            _pool.shutdown(wait=True, cancel_futures=True)
-            _pool = None
+    pool = _pool
+    if pool is not None:
+        _discard_pool(pool)
 
 
 def _run(job: CompileJob, cache_dir: str | None = None) -> CompileResult | BaseException:
@@ -176,7 +175,7 @@ def _run(job: CompileJob, cache_dir: str | None = None) -> CompileResult | BaseE
     outlives changes to SPIO_CACHE_DIR in the parent, which its workers would not see)."""
     if cache_dir is not None:
         os.environ["SPIO_CACHE_DIR"] = cache_dir
-        _cubin_cache.quiet()  # an unwritable cache folder: the parent says so, once
+        quiet_unwritable_cache()
     try:
         return job.run()
     except Exception as error:  # returned, not raised: one bad kernel must not stop a sweep
@@ -318,11 +317,9 @@ def compile_many(
                 bar.update()
             return results
         results = _Sweep(jobs, workers, bar).run()
-        for result in results:  # a cache folder the workers could not write: keep their cubins
-            if isinstance(result, CompileResult) and result.key:
-                if not _cubin_cache.on_disk(result.key):
-                    meta = {"log": result.log, "ptx": result.ptx, "seconds": result.seconds}
-                    _cubin_cache.keep(result.key, result.cubin, meta)
+        for result in results:
+            if isinstance(result, CompileResult):
+                keep_in_memory(result)
         return results
     finally:
         bar.close()

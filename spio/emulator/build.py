@@ -319,7 +319,7 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
                 "space, or set SPIO_CACHE_DIR (or TMPDIR) to a writable folder."
             ) from error
         # One warning per process; none when the cache already warned that it cannot be written.
-        if not _warned and not getattr(_cache, "_warned", False):
+        if not _warned and not _cache.warned:
             logger.warning(
                 "spio cannot write emulator libraries to its cache folder %s (%s); they are "
                 "written to %s for this process only. Set SPIO_CACHE_DIR to a writable folder.",

@@ -7,6 +7,7 @@ Each check raises ValueError naming the violated constraint and the value; they 
 from __future__ import annotations
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
 
 from spio import emulator
@@ -29,6 +30,13 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
     except RuntimeError:
         return None
     return torch.get_autocast_dtype(device_type)
+
+
+def has_forward_tangent(*tensors: Tensor | None) -> bool:
+    """Whether a tensor has a forward-mode tangent (torch.autograd.forward_ad)."""
+    return forward_ad._current_level >= 0 and any(
+        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
+    )
 
 
 def uses_kernels(device: torch.device) -> bool:

@@ -19,13 +19,18 @@ what the kernels take.
 from __future__ import annotations
 
 import torch
-import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from . import _kernels
 from ._kernels import ALL_PASSES, check_passes
-from .checks import check_args, emulate_enabled, memory_format, uses_kernels
+from .checks import (
+    check_args,
+    emulate_enabled,
+    has_forward_tangent,
+    memory_format,
+    uses_kernels,
+)
 
 __all__ = [
     "check_args",
@@ -81,8 +86,11 @@ def conv2d_gw8(
     run PyTorch's convolution. Only where spio's kernels run at all (CUDA; CPU with SPIO_EMULATE).
     """
     check_passes(passes)
-    if forward_ad._current_level >= 0:  # a dual level is open: the tangents would be dropped
-        _refuse_tangents(input, weight, bias)
+    if has_forward_tangent(input, weight, bias):  # the op would drop it: say so instead
+        raise RuntimeError(
+            "spio::conv2d_gw8 has no forward-mode AD formula, and an operand has a tangent: "
+            "use F.conv2d, or a spio.layers.Conv2dGw8 module, which falls back to it"
+        )
     fmt = memory_format(input)
     if uses_kernels(input.device):  # validated once per call signature, with its kernels
         layer = _kernels.layer(input, weight, bias, padding_y, padding_x, stride, dilation, groups)
@@ -91,17 +99,6 @@ def conv2d_gw8(
         check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups)
         out = _kernels.torch_fprop(input, weight, bias, (padding_y, padding_x))
     return _in_format(out, fmt)
-
-
-def _refuse_tangents(*tensors: Tensor | None) -> None:
-    """RuntimeError when an operand has a forward-mode tangent (torch.autograd.forward_ad):
-    PyTorch's custom ops run no forward-mode formula, and spio has none, so the result would
-    come back without one, silently. (Under torch.func.jvp the op cannot see the tangents.)"""
-    if any(t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors):
-        raise RuntimeError(
-            "spio::conv2d_gw8 has no forward-mode AD formula, and an operand has a tangent: "
-            "use F.conv2d, or a spio.layers.Conv2dGw8 module, which falls back to it"
-        )
 
 
 @conv2d_gw8.register_fake

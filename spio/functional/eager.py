@@ -21,11 +21,10 @@ What keeps it light:
 from __future__ import annotations
 
 import torch
-import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
 
 from . import _kernels
-from .checks import autocast_dtype, memory_format
+from .checks import autocast_dtype, has_forward_tangent, memory_format
 
 
 def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
@@ -104,9 +103,7 @@ def derivative_transform(*tensors: Tensor | None) -> str | None:
         for interpreter in retrieve_all_functorch_interpreters():
             if interpreter.key() in (TransformType.Grad, TransformType.Jvp):
                 return f"inside torch.func's {interpreter.key().name.lower()} transform"
-    if forward_ad._current_level >= 0 and any(
-        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
-    ):
+    if has_forward_tangent(*tensors):
         return "forward-mode AD (a tensor has a tangent)"
     return None
 

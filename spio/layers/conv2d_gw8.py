@@ -344,11 +344,8 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
         padding_mode=module.padding_mode,
         device="meta",
     )
-    new.weight = module.weight
-    new.bias = module.bias
-    for name, parameter in module._parameters.items():
-        if name not in ("weight", "bias"):
-            new.register_parameter(name, parameter)
+    for name, parameter in module._parameters.items():  # weight, bias (maybe None), any added
+        new.register_parameter(name, parameter)
     for name, buffer in module._buffers.items():
         persistent = name not in module._non_persistent_buffers_set
         new.register_buffer(name, buffer, persistent=persistent)

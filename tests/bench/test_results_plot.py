@@ -40,6 +40,17 @@ def _rows():
     return rows
 
 
+def _plot_only(csv):
+    """`python -m spio bench --plot-only CSV` in a fresh interpreter that sees no GPU."""
+    return subprocess.run(
+        [sys.executable, "-m", "spio", "bench", "--plot-only", str(csv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+
+
 @pytest.fixture
 def bench_csv(tmp_path):
     return write_csv(_rows(), tmp_path / "run" / "bench_fp16.csv")
@@ -63,13 +74,7 @@ def test_concatenated_csvs_are_read_and_their_runs_told_apart(bench_csv, tmp_pat
     rows = read_csv(both)
     assert rows == _rows() + later
     assert [date for _, date, _ in runs(rows)] == ["2000-01-01", "2000-01-02"]
-    out = subprocess.run(
-        [sys.executable, "-m", "spio", "bench", "--plot-only", str(both)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
-    )
+    out = _plot_only(both)
     assert out.returncode == 2 and "holds rows of 2 benchmark runs" in out.stderr
     assert "2000-01-02: python -m spio bench (fixture)" in out.stderr
 
@@ -132,13 +137,7 @@ def test_plots_render_one_png_per_pass(bench_csv, tmp_path):
 
 def test_plot_only_command_needs_no_gpu(bench_csv):
     pytest.importorskip("matplotlib")
-    out = subprocess.run(
-        [sys.executable, "-m", "spio", "bench", "--plot-only", str(bench_csv)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
-    )
+    out = _plot_only(bench_csv)
     assert out.returncode == 0, out.stderr
     assert "speedup over PyTorch" in out.stdout
     _assert_pngs(bench_csv.parent, ["bandwidth_fprop_fp16.png", "bandwidth_wgrad_fp16.png"])
