@@ -6,6 +6,7 @@ failed step does not stop the run but makes the exit status non-zero, and the su
 """
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -190,11 +191,16 @@ def test_an_ablate_part_out_of_time_is_a_timeout(stand_ins, tmp_path):
     """Not "FAIL (exit 1)" from the parts skipped after it; and within the step's limit."""
     out = _run(
         stand_ins, tmp_path / "out", FAKE_ABLATE_HANG="1", GPU_CHECK_ONLY="ablate",
-        GPU_CHECK_BUDGET="21",
+        GPU_CHECK_BUDGET="25",
     )  # fmt: skip
     ablate = [line for line in out.stdout.splitlines() if line.startswith("ablate ")][-1]
-    assert "TIMEOUT after 21s" in ablate
-    assert int(ablate.split()[-1]) <= 21
+    # The step's limit is the budget left when it starts: 25 s less the script's start-up, which
+    # takes a second or more on a loaded machine (it had read 20 s where the test expected 21).
+    match = re.search(r"TIMEOUT after (\d+)s", ablate)
+    assert match, ablate
+    limit = int(match.group(1))
+    assert 20 <= limit <= 25
+    assert int(ablate.split()[-1]) <= limit
 
 
 def test_perf_step_continues_from_a_seed_csv(stand_ins, tmp_path):
