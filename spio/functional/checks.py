@@ -32,11 +32,33 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type)
 
 
-def has_forward_tangent(*tensors: Tensor | None) -> bool:
-    """Whether a tensor has a forward-mode tangent (torch.autograd.forward_ad)."""
-    return forward_ad._current_level >= 0 and any(
+def functorch_transform_active() -> bool:
+    """True inside torch.vmap (or another torch.func transform), whose batched tensors only the
+    custom op's registrations handle."""
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
+
+def derivative_transform(*tensors: Tensor | None) -> str | None:
+    """The forward-mode or functional differentiation under way that spio's op cannot run in,
+    or None: torch.func.grad/jvp (and friends) anywhere on the transform stack, or tensors with a
+    forward-mode tangent (torch.autograd.forward_ad, or torch.func.jvp's, seen at the op's
+    autograd kernel). PyTorch runs a custom op's autograd formula in neither, and spio has no
+    forward-mode formula. Not asked under torch.compile."""
+    if torch.compiler.is_compiling():
+        return None
+    if functorch_transform_active():
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+        for interpreter in retrieve_all_functorch_interpreters():
+            if interpreter.key() in (TransformType.Grad, TransformType.Jvp):
+                return f"inside torch.func's {interpreter.key().name.lower()} transform"
+    if forward_ad._current_level >= 0 and any(
         t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
-    )
+    ):
+        return "forward-mode AD (a tensor has a tangent)"
+    return None
 
 
 def uses_kernels(device: torch.device) -> bool:

@@ -26,8 +26,8 @@ from . import _kernels
 from ._kernels import ALL_PASSES, check_passes
 from .checks import (
     check_args,
+    derivative_transform,
     emulate_enabled,
-    has_forward_tangent,
     memory_format,
     uses_kernels,
 )
@@ -86,11 +86,6 @@ def conv2d_gw8(
     run PyTorch's convolution. Only where spio's kernels run at all (CUDA; CPU with SPIO_EMULATE).
     """
     check_passes(passes)
-    if has_forward_tangent(input, weight, bias):  # the op would drop it: say so instead
-        raise RuntimeError(
-            "spio::conv2d_gw8 has no forward-mode AD formula, and an operand has a tangent: "
-            "use F.conv2d, or a spio.layers.Conv2dGw8 module, which falls back to it"
-        )
     fmt = memory_format(input)
     if uses_kernels(input.device):  # validated once per call signature, with its kernels
         layer = _kernels.layer(input, weight, bias, padding_y, padding_x, stride, dilation, groups)
@@ -297,6 +292,35 @@ def _double_backward(ctx, grad_dx, grad_dw, grad_db):
 
 
 conv2d_gw8_backward.register_autograd(_double_backward, setup_context=_setup_backward_context)
+
+
+def _refuse_derivative_transforms(op) -> None:
+    """Make the op's autograd kernel raise where PyTorch would not run its autograd formula:
+    under torch.func.grad or jvp, and on operands with forward-mode tangents. There the generated
+    kernel runs the op below autograd, and the tangent came back as zero, silently (under
+    torch.func.jvp the op's implementation sees no sign of the transform; its autograd kernel,
+    which this wraps for CPU and CUDA tensors, sees the tangents)."""
+    from torch._library.autograd import make_autograd_impl
+
+    generated = make_autograd_impl(op._opoverload, op)
+
+    def kernel(keyset, *args, **kwargs):
+        reason = derivative_transform(*(a for a in args if isinstance(a, Tensor)))
+        if reason is not None:
+            raise RuntimeError(
+                f"{op._qualname} cannot run {reason}: PyTorch does not run a custom op's "
+                "autograd formula there, and spio has no forward-mode formula. Use a "
+                "spio.layers.Conv2dGw8 module, which falls back to PyTorch's convolution "
+                "there, or F.conv2d"
+            )
+        return generated(keyset, *args, **kwargs)
+
+    for key in ("AutogradCPU", "AutogradCUDA"):
+        op._lib.impl(op._name, kernel, key, with_keyset=True)
+
+
+_refuse_derivative_transforms(conv2d_gw8)
+_refuse_derivative_transforms(conv2d_gw8_backward)
 
 
 def _register_autocast(device_type: str) -> None:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from . import _kernels
-from .checks import autocast_dtype, has_forward_tangent, memory_format
+from .checks import autocast_dtype, functorch_transform_active, memory_format
 
 
 def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
@@ -82,32 +82,6 @@ def _differentiable_backward(ctx, grad_output, input, weight, mask):
     )
 
 
-def _functorch_transform_active() -> bool:
-    """True inside torch.vmap (or another torch.func transform), whose batched tensors only the
-    custom op's registrations handle."""
-    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
-    return peek is not None and peek() is not None
-
-
-def derivative_transform(*tensors: Tensor | None) -> str | None:
-    """The forward-mode or functional differentiation under way that spio's op cannot run in,
-    or None: torch.func.grad/jvp (and friends) anywhere on the transform stack, or tensors with a
-    forward-mode tangent (torch.autograd.forward_ad). PyTorch runs a custom op's autograd formula
-    in neither, and spio has no forward-mode formula. Not asked under torch.compile."""
-    if torch.compiler.is_compiling():
-        return None
-    if _functorch_transform_active():
-        from torch._C._functorch import TransformType
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
-        for interpreter in retrieve_all_functorch_interpreters():
-            if interpreter.key() in (TransformType.Grad, TransformType.Jvp):
-                return f"inside torch.func's {interpreter.key().name.lower()} transform"
-    if has_forward_tangent(*tensors):
-        return "forward-mode AD (a tensor has a tangent)"
-    return None
-
-
 #: Tensor types the eager path launches kernels on.
 _PLAIN = (Tensor, torch.nn.Parameter)
 
@@ -121,7 +95,7 @@ def eager_path_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bo
     return not (
         torch.compiler.is_compiling()
         or torch.jit.is_tracing()
-        or _functorch_transform_active()
+        or functorch_transform_active()
         or torch._C._len_torch_dispatch_stack() > 0
         or type(input) not in _PLAIN
         or type(weight) not in _PLAIN

@@ -13,12 +13,11 @@ from torch.nn.modules.utils import _pair
 
 from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
-from spio.functional.checks import autocast_dtype
+from spio.functional.checks import autocast_dtype, derivative_transform
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
 from spio.functional.eager import (
     autocast_operands,
     conv2d_gw8_eager,
-    derivative_transform,
     eager_path_applies,
 )
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER

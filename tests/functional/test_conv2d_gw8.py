@@ -697,9 +697,38 @@ def test_the_op_refuses_forward_mode_tangents_instead_of_dropping_them():
     x, w = torch.randn(2, 16, 6, 6), torch.randn(16, 8, 3, 3)
     with fwAD.dual_level():
         dual = fwAD.make_dual(x, torch.randn_like(x))
-        with pytest.raises(RuntimeError, match="no forward-mode AD formula.*has a tangent"):
+        with pytest.raises(RuntimeError, match="forward-mode AD .a tensor has a tangent"):
             conv2d_gw8(dual, w, None, 1, 1, 1)
-        with pytest.raises(RuntimeError, match="no forward-mode AD formula"):
+        with pytest.raises(RuntimeError, match="cannot run forward-mode AD"):
             conv2d_gw8(x, fwAD.make_dual(w, torch.randn_like(w)), None, 1, 1, 1)
         y = conv2d_gw8(x, w, None, 1, 1, 1)
     torch.testing.assert_close(y, F.conv2d(x, w, None, 1, 1, 1, 2))
+
+
+@pytest.mark.parametrize("transform", ["jvp", "grad", "vjp", "jacrev"])
+def test_the_op_refuses_torch_func_derivatives_instead_of_a_zero_tangent(transform):
+    """Under torch.func.jvp the generated autograd kernel ran the op below autograd and the
+    tangent came back as zeros; under grad, vjp and jacrev PyTorch failed with an error about
+    setup_context. Both now raise spio's error, pointing to the module and F.conv2d."""
+    x, w = torch.randn(2, 16, 6, 6), torch.randn(16, 8, 3, 3)
+
+    def f(x):
+        return conv2d_gw8(x, w, None, 1, 1, 1)
+
+    call = {
+        "jvp": lambda: torch.func.jvp(f, (x,), (torch.ones_like(x),)),
+        "grad": lambda: torch.func.grad(lambda x: f(x).sum())(x),
+        "vjp": lambda: torch.func.vjp(f, x),
+        "jacrev": lambda: torch.func.jacrev(lambda x: f(x).sum())(x),
+    }[transform]
+    kind = "jvp" if transform == "jvp" else "grad"
+    with pytest.raises(RuntimeError, match=f"cannot run inside torch.func's {kind} transform"):
+        call()
+    # The backward op too (a jvp through a gradient: a Hessian-vector product).
+    y = torch.randn(2, 16, 6, 6)
+    with pytest.raises(RuntimeError, match="spio::conv2d_gw8_backward cannot run inside"):
+        torch.func.jvp(
+            lambda w: conv2d_gw8_backward(y, x, w, 1, 1, [True, False, False])[0],
+            (w,),
+            (torch.ones_like(w),),
+        )
