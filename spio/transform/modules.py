@@ -167,25 +167,37 @@ def scan_modules(
     return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs, kwargs)))
 
 
+def _call_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The input tensor of a module call, positional or keyword, or None."""
+    input = args[0] if args else kwargs.get("input")
+    return input if isinstance(input, torch.Tensor) else None
+
+
 def _layers_met(
     model: nn.Module, inputs: tuple, kwargs: dict | None
 ) -> list[tuple[nn.Module, Conv2dGw8Params, bool]]:
     """(module, params, nhwc) for each call of a spio-eligible convolution in one forward pass of
     model(*inputs, **kwargs), in order, without autograd; nhwc: the call's input was a contiguous
-    channels_last tensor. Buffers and the random-number state are restored afterwards."""
+    channels_last tensor. PyTorch's convolution stands in for spio's layers (`_stand_in_calls`):
+    listing a model's layers builds and launches no kernel. Buffers and the random-number state
+    are restored afterwards."""
     met: list[tuple[nn.Module, Conv2dGw8Params, bool]] = []
 
-    def hook(module: nn.Module, args: tuple, output: object) -> None:
-        if args and isinstance(args[0], torch.Tensor):
-            params = _layer_params(module, args[0])
-            if params is not None:
-                nhwc = args[0].is_contiguous(memory_format=torch.channels_last)
-                met.append((module, params, nhwc))
+    def record(module: nn.Module, input: torch.Tensor) -> None:
+        params = _layer_params(module, input)
+        if params is not None:
+            met.append((module, params, input.is_contiguous(memory_format=torch.channels_last)))
 
-    modules = [m for m in model.modules() if isinstance(m, Conv2dGw8) or Conv2dGw8.match(m)]
-    handles = [m.register_forward_hook(hook) for m in modules]
+    def before(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        input = _call_input(args, kwargs)
+        if input is not None:
+            record(module, input)
+
+    layers = [m for m in model.modules() if isinstance(m, Conv2dGw8)]
+    convs = [m for m in model.modules() if not isinstance(m, Conv2dGw8) and Conv2dGw8.match(m)]
+    handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in convs]
     try:
-        _forward_once(model, inputs, kwargs, grad=False)
+        _stand_in_calls(model, layers, inputs, kwargs, training=False, on_call=record)
     finally:
         for handle in handles:
             handle.remove()
@@ -352,8 +364,8 @@ def _stand_in_calls(
 
     def before(module: Conv2dGw8, args: tuple, kwargs: dict) -> None:
         nonlocal calls
-        input = args[0] if args else kwargs.get("input")
-        if isinstance(input, torch.Tensor):
+        input = _call_input(args, kwargs)
+        if input is not None:
             calls += 1
             on_call(module, input)
         module._pass_bits = 0  # PyTorch's convolution runs this call: nothing is built

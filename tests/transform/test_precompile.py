@@ -543,3 +543,19 @@ def test_gpu_autotuned_step_compiles_and_times_nothing_after_precompile(monkeypa
     torch.cuda.synchronize()
     assert set(launched) <= {k.name for k in kernels}
     pm.clear_caches()
+
+
+def test_listing_a_transformed_models_layers_builds_and_launches_nothing(emulated, monkeypatch):
+    """scan_modules and where_faster list the layers with PyTorch's convolution standing in, as
+    precompile does: they had run the spio layers' kernels, building each in turn (on a GPU,
+    serial compiles only to list the layers)."""
+    model = _model()
+    _no_builds(monkeypatch)
+    launched = _launched(monkeypatch)
+    found = spio.scan_modules(model, _input())
+    assert [(p.h, p.w, p.r, p.s) for p in found] == [
+        (11, 5, 3, 3), (11, 5, 1, 3), (11, 5, 3, 1), (11, 5, 1, 1), (10, 4, 1, 1)
+    ]  # fmt: skip
+    include = modules.where_faster(model, _input(), timer=lambda params, p, impl: 1.0)
+    assert include("first", model.first) == ("fprop", "dgrad", "wgrad")
+    assert launched == []
