@@ -293,22 +293,41 @@ cdef inline int _check(CUresult r, str call) except -1:
     return 0
 
 
-cdef inline CUresult _push_if_needed(CUcontext ctx, bint* pushed) noexcept nogil:
-    """Make `ctx` current unless it already is; `pushed` says whether _pop_if_pushed must undo it."""
+cdef enum:
+    # What _push_if_needed did, for _pop_if_pushed and _check_push.
+    CTX_ALREADY_CURRENT = 0
+    CTX_PUSHED = 1
+    CTX_GET_FAILED = 2  # cuCtxGetCurrent failed
+    CTX_PUSH_FAILED = 3  # cuCtxPushCurrent failed
+
+
+cdef inline CUresult _push_if_needed(CUcontext ctx, int* state) noexcept nogil:
+    """Make `ctx` current unless it already is; `state` says what was done (CTX_*): whether
+    _pop_if_pushed must undo it, and on failure which call failed (for _check_push)."""
     cdef CUcontext current = NULL
-    pushed[0] = False
     cdef CUresult r = _api.p_cuCtxGetCurrent(&current)
-    if r != CUDA_SUCCESS or current == ctx:
+    if r != CUDA_SUCCESS:
+        state[0] = CTX_GET_FAILED
+        return r
+    if current == ctx:
+        state[0] = CTX_ALREADY_CURRENT
         return r
     r = _api.p_cuCtxPushCurrent(ctx)
-    pushed[0] = r == CUDA_SUCCESS
+    state[0] = CTX_PUSHED if r == CUDA_SUCCESS else CTX_PUSH_FAILED
     return r
 
 
-cdef inline void _pop_if_pushed(bint pushed) noexcept nogil:
+cdef inline void _pop_if_pushed(int state) noexcept nogil:
     cdef CUcontext popped
-    if pushed:
+    if state == CTX_PUSHED:
         _api.p_cuCtxPopCurrent(&popped)
+
+
+cdef int _check_push(CUresult r, int state) except -1:
+    """Raise for a failed _push_if_needed, naming the call that failed."""
+    if r != CUDA_SUCCESS:
+        raise _make_error(r, "cuCtxGetCurrent" if state == CTX_GET_FAILED else "cuCtxPushCurrent")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -478,14 +497,14 @@ cdef class PrimaryContext:
     def synchronize(self) -> None:
         """Wait for all work in this context (cuCtxSynchronize)."""
         cdef CUresult r, r2 = CUDA_SUCCESS
-        cdef bint pushed
+        cdef int state = CTX_ALREADY_CURRENT
         self._require_retained()
         with nogil:
-            r = _push_if_needed(self._handle, &pushed)
+            r = _push_if_needed(self._handle, &state)
             if r == CUDA_SUCCESS:
                 r2 = _api.p_cuCtxSynchronize()
-                _pop_if_pushed(pushed)
-        _check(r, "cuCtxPushCurrent")
+                _pop_if_pushed(state)
+        _check_push(r, state)
         _check(r2, "cuCtxSynchronize")
 
     def __enter__(self) -> PrimaryContext:
@@ -899,13 +918,13 @@ cdef class Module:
         cdef CUmodule handle = NULL
         cdef const char* data = image
         cdef CUresult r, r2 = CUDA_SUCCESS
-        cdef bint pushed
+        cdef int state = CTX_ALREADY_CURRENT
         with nogil:
-            r = _push_if_needed(ctx._handle, &pushed)
+            r = _push_if_needed(ctx._handle, &state)
             if r == CUDA_SUCCESS:
                 r2 = _api.p_cuModuleLoadData(&handle, data)
-                _pop_if_pushed(pushed)
-        _check(r, "cuCtxPushCurrent")
+                _pop_if_pushed(state)
+        _check_push(r, state)
         if r2 != CUDA_SUCCESS:
             raise _make_error(r2, "cuModuleLoadData", f"{len(image)} bytes on device {ordinal}")
         cdef Module module = Module.__new__(Module)
@@ -929,12 +948,12 @@ cdef class Module:
         cdef bytes encoded = name.encode()
         cdef CUfunction handle = NULL
         cdef CUresult r, r2 = CUDA_SUCCESS
-        cdef bint pushed
-        r = _push_if_needed(self._ctx, &pushed)
+        cdef int state = CTX_ALREADY_CURRENT
+        r = _push_if_needed(self._ctx, &state)
         if r == CUDA_SUCCESS:
             r2 = _api.p_cuModuleGetFunction(&handle, self._handle, encoded)
-            _pop_if_pushed(pushed)
-        _check(r, "cuCtxPushCurrent")
+            _pop_if_pushed(state)
+        _check_push(r, state)
         if r2 != CUDA_SUCCESS:
             detail = f"kernel {name!r}"
             if r2 == CUDA_ERROR_NOT_FOUND:
@@ -954,16 +973,16 @@ cdef class Module:
         """Unload the module; its Functions can no longer launch. Safe to call twice."""
         cdef CUmodule handle = self._handle
         cdef CUresult r, r2 = CUDA_SUCCESS
-        cdef bint pushed
+        cdef int state = CTX_ALREADY_CURRENT
         if handle == NULL:
             return
         self._handle = NULL
         with nogil:
-            r = _push_if_needed(self._ctx, &pushed)
+            r = _push_if_needed(self._ctx, &state)
             if r == CUDA_SUCCESS:
                 r2 = _api.p_cuModuleUnload(handle)
-                _pop_if_pushed(pushed)
-        _check(r, "cuCtxPushCurrent")
+                _pop_if_pushed(state)
+        _check_push(r, state)
         _check(r2, "cuModuleUnload")
 
     def __enter__(self) -> Module:
@@ -977,12 +996,12 @@ cdef class Module:
         return f"<Module device={self.device} {state}>"
 
     def __dealloc__(self):
-        cdef bint pushed
+        cdef int state = CTX_ALREADY_CURRENT
         if self._handle != NULL and _loaded:
             # Errors are ignored: at interpreter exit the driver may already be shut down.
-            if _push_if_needed(self._ctx, &pushed) == CUDA_SUCCESS:
+            if _push_if_needed(self._ctx, &state) == CUDA_SUCCESS:
                 _api.p_cuModuleUnload(self._handle)
-                _pop_if_pushed(pushed)
+                _pop_if_pushed(state)
             self._handle = NULL
 
 
@@ -1006,13 +1025,13 @@ cdef class Function:
     cdef int _get_attr(self, int attribute, str what) except? -1:
         cdef int value = 0
         cdef CUresult r, r2 = CUDA_SUCCESS
-        cdef bint pushed
+        cdef int state = CTX_ALREADY_CURRENT
         self._require_open()
-        r = _push_if_needed(self._ctx, &pushed)
+        r = _push_if_needed(self._ctx, &state)
         if r == CUDA_SUCCESS:
             r2 = _api.p_cuFuncGetAttribute(&value, attribute, self._handle)
-            _pop_if_pushed(pushed)
-        _check(r, "cuCtxPushCurrent")
+            _pop_if_pushed(state)
+        _check_push(r, state)
         if r2 != CUDA_SUCCESS:
             raise _make_error(r2, "cuFuncGetAttribute", f"{what} of kernel {self.name!r}")
         return value
@@ -1026,7 +1045,7 @@ cdef class Function:
         """Read the parameter sizes once (cuFuncGetParamInfo); PARAMS_UNKNOWN if unsupported."""
         cdef size_t offset = 0, size = 0, i = 0
         cdef CUresult r = CUDA_SUCCESS
-        cdef bint pushed
+        cdef int state = CTX_ALREADY_CURRENT
         if self._nparams != PARAMS_UNQUERIED:
             return 0
         if _api.p_cuFuncGetParamInfo == NULL:
@@ -1034,14 +1053,15 @@ cdef class Function:
             return 0
         self._get_attr(CU_FUNC_ATTRIBUTE_NUM_REGS, "registers")  # loads a lazily loaded kernel
         sizes = []
-        _check(_push_if_needed(self._ctx, &pushed), "cuCtxPushCurrent")
+        r = _push_if_needed(self._ctx, &state)
+        _check_push(r, state)
         while i < MAX_ARGS + 1:
             r = _api.p_cuFuncGetParamInfo(self._handle, i, &offset, &size)
             if r != CUDA_SUCCESS:
                 break
             sizes.append(size)
             i += 1
-        _pop_if_pushed(pushed)
+        _pop_if_pushed(state)
         if r != CUDA_ERROR_INVALID_VALUE:  # INVALID_VALUE marks the end of the list
             logger.debug("cuFuncGetParamInfo unusable for %s (error %d); arguments unchecked",
                          self.name, r)
@@ -1094,13 +1114,13 @@ cdef class Function:
                 f"shared memory on device {self._module.device} ({optin} per block minus "
                 f"{static} static), got {nbytes}")
         cdef CUresult r, r2 = CUDA_SUCCESS
-        cdef bint pushed
-        r = _push_if_needed(self._ctx, &pushed)
+        cdef int state = CTX_ALREADY_CURRENT
+        r = _push_if_needed(self._ctx, &state)
         if r == CUDA_SUCCESS:
             r2 = _api.p_cuFuncSetAttribute(
                 self._handle, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
-            _pop_if_pushed(pushed)
-        _check(r, "cuCtxPushCurrent")
+            _pop_if_pushed(state)
+        _check_push(r, state)
         if r2 != CUDA_SUCCESS:
             raise _make_error(r2, "cuFuncSetAttribute",
                               f"{nbytes} bytes of dynamic shared memory for kernel {self.name!r}")
@@ -1117,7 +1137,7 @@ cdef class Function:
         cdef unsigned int smem
         cdef CUstream s
         cdef CUresult r, r2 = CUDA_SUCCESS
-        cdef bint pushed
+        cdef int state = CTX_ALREADY_CURRENT
         _launch_dims(grid, block, g, b)
         smem = _shared_bytes(shared_mem_bytes)
         s = <CUstream>_stream_handle(stream)
@@ -1127,13 +1147,13 @@ cdef class Function:
             self._query_params()
         _pack_args(args, arena, ptrs, self._sizes, self._nparams, self.name, NULL)
         with nogil:
-            r = _push_if_needed(self._ctx, &pushed)
+            r = _push_if_needed(self._ctx, &state)
             if r == CUDA_SUCCESS:
                 r2 = _api.p_cuLaunchKernel(self._handle, g[0], g[1], g[2], b[0], b[1], b[2],
                                            smem, s, ptrs, NULL)
-                _pop_if_pushed(pushed)
+                _pop_if_pushed(state)
         if r != CUDA_SUCCESS:
-            _check(r, "cuCtxPushCurrent")
+            _check_push(r, state)
         if r2 != CUDA_SUCCESS:
             raise _make_error(r2, "cuLaunchKernel",
                               f"kernel {self.name!r}, grid ({g[0]}, {g[1]}, {g[2]}), block "

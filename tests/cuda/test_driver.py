@@ -43,6 +43,7 @@ static Fn fns[64];
 static int nfns;
 
 int depth, unloads, launches, refs0, refs1;
+int fail_get_current, fail_push;  /* set from a test: the error these calls then return */
 unsigned last_dims[6], last_smem;
 unsigned long long last_stream;
 void *last_ctx;
@@ -62,6 +63,7 @@ static const char *names[][3] = {
     {"0", "CUDA_SUCCESS", "no error"},
     {"1", "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {"3", "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {"4", "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
     {"100", "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {"101", "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {"200", "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
@@ -119,8 +121,16 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     count_refs();
     return 0;
 }
-CUresult cuCtxGetCurrent(void **c) { *c = current(); return 0; }
-CUresult cuCtxPushCurrent_v2(void *c) { stack[depth++] = c; return 0; }
+CUresult cuCtxGetCurrent(void **c) {
+    if (fail_get_current) return fail_get_current;
+    *c = current();
+    return 0;
+}
+CUresult cuCtxPushCurrent_v2(void *c) {
+    if (fail_push) return fail_push;
+    stack[depth++] = c;
+    return 0;
+}
 CUresult cuCtxPopCurrent_v2(void **c) {
     if (!depth) return 201;
     *c = stack[--depth];
@@ -518,6 +528,44 @@ def test_fake_driver_errors_carry_code_name_and_call(fake_libcuda):
         m.get_function("missing_kernel")
     assert info.value.code == 500 and info.value.call == "cuModuleGetFunction"
     assert "no kernel named 'missing_kernel'" in str(info.value)
+    """,
+    )
+
+
+def test_fake_driver_context_errors_name_the_failing_call(fake_libcuda):
+    """A failed cuCtxGetCurrent (e.g. CUDA_ERROR_DEINITIALIZED at shutdown) is reported as
+    cuCtxGetCurrent, and a failed push as cuCtxPushCurrent, by every call that makes its context
+    current; nothing is launched, loaded or left pushed."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    m = d.Module.load(CUBIN, 0)
+    f = m.get_function("write_pattern")
+    f2 = m.get_function("big_smem")
+    ctx = d.retain_primary_context(0)
+    calls = {
+        "launch": lambda: f.launch(1, 32, (Tensor(64), 1, 2.0)),
+        "load": lambda: d.Module.load(CUBIN, 0),
+        "get_function": lambda: m.get_function("no_params"),
+        "attributes": f.attributes,
+        "param_sizes": lambda: f2.param_sizes,
+        "set_max_dynamic_shared_memory": lambda: f.set_max_dynamic_shared_memory(60000),
+        "synchronize": ctx.synchronize,
+    }
+    for switch, code, name, call in (
+        ("fail_get_current", 4, "CUDA_ERROR_DEINITIALIZED", "cuCtxGetCurrent"),
+        ("fail_push", 201, "CUDA_ERROR_INVALID_CONTEXT", "cuCtxPushCurrent"),
+    ):
+        ctypes.c_int.in_dll(fake, switch).value = code
+        for what, fn in calls.items():
+            with pytest.raises(d.CudaError) as info:
+                fn()
+            e = info.value
+            assert (e.code, e.name, e.call) == (code, name, call), (what, str(e))
+            assert str(e).startswith(f"{call} failed: {name}"), (what, str(e))
+        ctypes.c_int.in_dll(fake, switch).value = 0
+    assert g("launches") == 0 and g("depth") == 0
+    m.close()
     """,
     )
 
