@@ -20,6 +20,7 @@ and every launch is checked against them, so a wrong argument is an error, not a
 import operator
 import os
 
+cimport cython
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_AsUnsignedLongLong
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
@@ -891,6 +892,11 @@ def _check_launch_config_for_test(grid, block, shared_mem_bytes=0, stream=0) -> 
 # Modules and functions
 
 
+# The garbage collector must not clear `context` before __dealloc__ runs: when a Module is part of
+# collected garbage (say, a module's globals at interpreter exit) the last reference to its
+# PrimaryContext could go first, releasing the context and then unloading the module from a
+# context no longer retained. A Module refers to nothing that refers back, so no cycle is kept.
+@cython.no_gc_clear
 cdef class Module:
     """A cubin loaded into a device's primary context; unloaded by close() or when collected."""
 

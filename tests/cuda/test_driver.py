@@ -42,7 +42,7 @@ static int nmods;
 static Fn fns[64];
 static int nfns;
 
-int depth, unloads, launches, refs0, refs1;
+int depth, unloads, launches, refs0, refs1, refs_at_unload;
 int fail_get_current, fail_push;  /* set from a test: the error these calls then return */
 unsigned last_dims[6], last_smem;
 unsigned long long last_stream;
@@ -150,6 +150,7 @@ CUresult cuModuleUnload(Mod *m) {
     if (current() != m->ctx) return 201;
     m->loaded = 0;
     unloads++;
+    refs_at_unload = m->ctx->refs;
     return 0;
 }
 CUresult cuModuleGetFunction(void **f, Mod *m, const char *name) {
@@ -673,6 +674,27 @@ def test_fake_driver_module_lifetime(fake_libcuda):
     del f3
     gc.collect()
     assert g("unloads") == 3 and g("depth") == 0
+    """,
+    )
+
+
+def test_fake_driver_module_collected_as_garbage_unloads_before_release(fake_libcuda):
+    """A Module in collected garbage (as the modules' globals are at interpreter exit) is unloaded
+    while its primary context is still retained: the collector does not drop the Module's
+    reference to its PrimaryContext first."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    gc.disable()
+    m = d.Module.load(CUBIN, 0)
+    garbage = [m]
+    garbage.append(garbage)
+    del m
+    d._primary_contexts.clear()  # only the Module holds its context now, as at exit
+    del garbage
+    gc.collect()
+    assert g("unloads") == 1 and g("refs0") == 0
+    assert g("refs_at_unload") == 1
     """,
     )
 
