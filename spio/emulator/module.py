@@ -44,7 +44,17 @@ class _Launch(ctypes.Structure):
 class _Loaded:
     library: Library
     handle: ctypes.CDLL
-    lock: threading.Lock
+    lock: threading.Lock  # the library's launch lock (`_launch_lock`)
+
+
+#: A launch lock per loaded library, by dlopen handle: a library's runtime keeps one launch's
+#: state in globals, and every EmuModule that loads the same file gets the same handle (dlopen
+#: loads a file once), so two modules of one library must not launch at once.
+_launch_locks: dict[int, threading.Lock] = {}
+
+
+def _launch_lock(handle: ctypes.CDLL) -> threading.Lock:
+    return _launch_locks.setdefault(handle._handle, threading.Lock())
 
 
 def _dims(value: Any, what: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -272,7 +282,7 @@ class EmuModule:
                 if lib is None:
                     lib = build_library(self.source, self.headers, name=self.name, checked=checked)
                 handle = ctypes.CDLL(str(lib.path))
-                hit = _Loaded(lib, handle, threading.Lock())
+                hit = _Loaded(lib, handle, _launch_lock(handle))
                 self._loaded[checked] = hit
             return hit
 

@@ -1,0 +1,64 @@
+"""spio's in-memory state under threads: torch.nn.DataParallel runs one thread per GPU, all
+calling the same layers at once on first use; inference servers call a model from many threads;
+autograd runs each device's backward on a thread of its own."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+_SAME_LIBRARY_TWICE = textwrap.dedent(
+    """\
+    import threading
+
+    import torch
+
+    from spio import emulator
+
+    SOURCE = '''
+    extern "C" __global__ void add_one(float *out, const float *in, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) out[i] = in[i] + 1.0f;
+    }
+    '''
+    modules = [emulator.load_module(SOURCE, name="add_one") for _ in range(2)]
+    assert modules[0].library().path == modules[1].library().path
+    functions = [m.get_function("add_one") for m in modules]
+    n = 64 * 256
+    start = threading.Barrier(4)
+    wrong = []
+
+    def run(k):
+        x = torch.full((n,), float(k))
+        start.wait()
+        for _ in range(20):
+            out = torch.zeros(n)
+            functions[k % 2].launch((n // 256,), (256,), [out, x, n])
+            if not torch.equal(out, x + 1):
+                wrong.append(k)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print("wrong", wrong)
+    """
+)
+
+
+def test_two_modules_of_one_emulator_library_launch_from_threads(tmp_path):
+    """Two EmuModules built from one source load one library file, and dlopen gives both the same
+    library, whose runtime keeps a launch's state in globals: their launches from several threads
+    take turns (they crashed the process when each module had a lock of its own). In a process of
+    its own, as the failure is a crash."""
+    env = dict(os.environ, SPIO_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", _SAME_LIBRARY_TWICE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "wrong []" in proc.stdout
