@@ -699,6 +699,25 @@ def test_fake_driver_module_collected_as_garbage_unloads_before_release(fake_lib
     )
 
 
+@pytest.mark.parametrize("driver_state", ["running", "shut down"])
+def test_fake_driver_modules_alive_at_exit(fake_libcuda, driver_state):
+    """Modules, functions and contexts still referenced at interpreter exit (as spio's loaded
+    kernels are) are freed without an error or a crash, whether the driver still runs or already
+    answers CUDA_ERROR_DEINITIALIZED."""
+    shut_down = driver_state == "shut down"
+    run_with(
+        fake_libcuda["new"],
+        f"""
+    m = d.Module.load(CUBIN, 0)
+    f = m.get_function("write_pattern")
+    f.launch(1, 32, (Tensor(64), 1, 2.0))
+    ctx = d.retain_primary_context(1)
+    if {shut_down}:
+        ctypes.c_int.in_dll(fake, "fail_get_current").value = 4
+    """,
+    )
+
+
 def test_fake_driver_primary_context_retain_release(fake_libcuda):
     run_with(
         fake_libcuda["new"],
