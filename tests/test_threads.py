@@ -6,6 +6,18 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+
+import torch
+
+from spio.compiler.cache import DiskCache
+from spio.kernels import autotune
+from spio.kernels import perf_model as pm
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+
+GPU = torch.device("cuda", 0)  # a name only: the timers here launch nothing
+H200 = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H200", driver="13.0")
 
 _SAME_LIBRARY_TWICE = textwrap.dedent(
     """\
@@ -62,3 +74,46 @@ def test_two_modules_of_one_emulator_library_launch_from_threads(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "wrong []" in proc.stdout
+
+
+def test_autotune_times_one_layer_at_a_time(tmp_path):
+    """Two threads tuning two layers at once (two models served from threads, or DataParallel's
+    threads on GPUs of two kinds) would each time its candidates while the other's launch:
+    timing brackets a call with events on the device's current stream, which the threads share,
+    so each time would count the other's kernels too, and the winner stays on disk for good.
+    The default timer also keeps one layer's inputs for its candidates, which the other thread
+    would replace. The threads time in turn (the timer records how many time at once)."""
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    cache = DiskCache("autotune", root=tmp_path)
+    counting = threading.Lock()
+    timing = [0]
+    at_once = []
+
+    def timer(name, params, kernel, device):
+        with counting:
+            timing[0] += 1
+            at_once.append(timing[0])
+        time.sleep(0.02)
+        with counting:
+            timing[0] -= 1
+        return 1e-3
+
+    start = threading.Barrier(2)
+    errors = []
+
+    def tune(params):
+        start.wait()
+        try:
+            candidates = family.configs(params)[:4]
+            autotune.autotune(family, params, GPU, H200, candidates, timer=timer, cache=cache)
+        except Exception as error:
+            errors.append(error)
+
+    layers = [Conv2dGw8Params(2, 16, 8, 8), Conv2dGw8Params(4, 16, 8, 8)]
+    threads = [threading.Thread(target=tune, args=(params,)) for params in layers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(at_once) == 8 and max(at_once) == 1

@@ -19,6 +19,7 @@ import contextvars
 import json
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -269,6 +270,13 @@ def _cache():
 
 _default_cache = None
 
+#: Held while one layer's candidates are timed, so that threads tuning other layers take turns:
+#: a time brackets a call with events on the device's current stream (the default stream, which
+#: threads share unless they set their own), and would count another thread's launches there;
+#: kernels of two threads would share the GPU's SMs anyway; and the default timer keeps one
+#: layer's inputs at a time.
+_timing = threading.Lock()
+
 
 def autotune(
     family: Any,
@@ -306,19 +314,20 @@ def autotune(
         if prepare is not None:
             prepare([k for k in kernels if k is not None], identity.arch)
         times = []
-        for config, kernel in zip(candidates, kernels, strict=True):
-            seconds = math.inf
-            if kernel is not None:
-                try:
-                    seconds = float(run(family.name, params, kernel, device))
-                except Exception as error:  # one broken config must not stop tuning
-                    logger.warning(
-                        "autotune: %s %s failed: %s", family.name, config.encode(), error
-                    )
-            times.append(seconds)
-        release = getattr(run, "release", None)
-        if release is not None:
-            release()
+        with _timing:
+            for config, kernel in zip(candidates, kernels, strict=True):
+                seconds = math.inf
+                if kernel is not None:
+                    try:
+                        seconds = float(run(family.name, params, kernel, device))
+                    except Exception as error:  # one broken config must not stop tuning
+                        logger.warning(
+                            "autotune: %s %s failed: %s", family.name, config.encode(), error
+                        )
+                times.append(seconds)
+            release = getattr(run, "release", None)
+            if release is not None:
+                release()
         best = min(range(len(candidates)), key=lambda i: times[i])
         if not math.isfinite(times[best]):
             raise RuntimeError(
