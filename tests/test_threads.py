@@ -3,6 +3,7 @@ calling the same layers at once on first use; inference servers call a model fro
 autograd runs each device's backward on a thread of its own."""
 
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,7 @@ import time
 
 import torch
 
+from spio.compiler import CompileJob, pool
 from spio.compiler.cache import DiskCache
 from spio.kernels import autotune
 from spio.kernels import perf_model as pm
@@ -117,3 +119,41 @@ def test_autotune_times_one_layer_at_a_time(tmp_path):
         thread.join()
     assert errors == []
     assert len(at_once) == 8 and max(at_once) == 1
+
+
+class Scripted:
+    """A class of the user's script: pickled by reference, as __main__.Scripted."""
+
+
+Scripted.__module__ = "__main__"
+
+
+def test_the_scripts_objects_pickle_while_the_compile_pool_starts(monkeypatch, tmp_path):
+    """The pool starts its workers with a stand-in __main__, so that spawn does not re-run the
+    user's script in each of them. Meanwhile other threads (a data loader starting its workers,
+    a checkpoint being saved) pickle the script's objects by reference to __main__: the stand-in
+    must have the script's names (it had none, and pickling failed for a second)."""
+    monkeypatch.setattr(sys.modules["__main__"], "Scripted", Scripted, raising=False)
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    pool.shutdown_pool()  # compile_many starts a pool
+    failures = []
+    done = threading.Event()
+
+    def pickling():
+        while not done.is_set():
+            try:
+                pickle.dumps(Scripted())
+            except pickle.PicklingError as error:
+                failures.append(error)
+                return
+
+    thread = threading.Thread(target=pickling)
+    thread.start()
+    try:
+        jobs = [CompileJob("not C++", "sm_80", name=f"bad{i}.cu") for i in range(2)]
+        results = pool.compile_many(jobs, workers=2, progress=False)
+    finally:
+        done.set()
+        thread.join()
+    assert all(isinstance(result, Exception) for result in results)
+    assert failures == []

@@ -86,10 +86,16 @@ _shutdown_registered = False
 
 @contextlib.contextmanager
 def _stand_in_main():
-    """sys.modules["__main__"] is an empty module meanwhile: processes spawned then do not import
-    the parent's script (spawn imports whatever __main__ names by file or module name)."""
+    """sys.modules["__main__"] is a stand-in meanwhile, which names no file or module: processes
+    spawned then do not import the parent's script (spawn imports whatever __main__ names by file
+    or module name). It holds the script's names, so that other threads still pickle the script's
+    objects meanwhile (pickle finds a class of __main__ by its name there)."""
     main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
+    stand_in = types.ModuleType("__main__")
+    if main is not None:
+        names = {k: v for k, v in vars(main).items() if k not in ("__file__", "__spec__")}
+        stand_in.__dict__.update(names)
+    sys.modules["__main__"] = stand_in
     try:
         yield
     finally:
