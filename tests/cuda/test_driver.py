@@ -873,3 +873,82 @@ def test_gpu_primary_context_is_torchs():
     current = ctypes.c_void_p()
     assert libcuda.cuCtxGetCurrent(ctypes.byref(current)) == 0
     assert driver.retain_primary_context(torch.cuda.current_device()).handle == current.value
+
+
+def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, "SPIO_TEST_KERNELS": KERNELS, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.cuda
+def test_gpu_spio_loads_before_torch_touches_cuda():
+    """spio's first load retains the primary context before PyTorch has initialised CUDA in the
+    process; PyTorch then uses that same context, and a launch into its tensor is right."""
+    proc = _run_python(
+        """
+        import ctypes, os
+        from spio.compiler import compile_cubin
+        from spio.cuda import driver
+
+        arch = driver.device_attributes(0)["arch"]
+        module = driver.Module.load(compile_cubin(os.environ["SPIO_TEST_KERNELS"], arch).cubin, 0)
+        import torch
+
+        out = torch.full((1000,), float("nan"), device="cuda:0")
+        current = ctypes.c_void_p()
+        assert ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent(ctypes.byref(current)) == 0
+        assert current.value == module.context.handle, (current.value, module.context.handle)
+        stream = torch.cuda.current_stream().cuda_stream
+        module.get_function("write_pattern").launch(4, 256, (out, 1000, 3, 0.5), stream=stream)
+        expected = torch.arange(1000, device="cuda:0", dtype=torch.float32) * 3 + 0.5
+        assert torch.equal(out, expected)
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+_EXIT_AFTER = {
+    # The driver alone: nothing else retains the primary context, so it is destroyed with its
+    # last release (Module is unloaded before that: no_gc_clear).
+    "driver": """
+        import os
+        from spio.compiler import compile_cubin
+        from spio.cuda import driver
+
+        arch = driver.device_attributes(0)["arch"]
+        module = driver.Module.load(compile_cubin(os.environ["SPIO_TEST_KERNELS"], arch).cubin, 0)
+        module.get_function("write_pattern").launch(1, 32, (driver.Pointer(0), 0, 1, 0.0))
+        module.context.synchronize()
+        print("ok")
+        """,
+    # A spio layer's forward and backward through PyTorch, left for exit to clean up.
+    "layer": """
+        import torch, spio
+
+        conv = torch.nn.Conv2d(16, 16, 3, padding=1, groups=2)
+        layer = spio.transform(conv).cuda().half().to(memory_format=torch.channels_last)
+        x = torch.randn(2, 16, 8, 8, device="cuda", dtype=torch.half, requires_grad=True)
+        layer(x.to(memory_format=torch.channels_last)).float().sum().backward()
+        torch.cuda.synchronize()
+        print("ok")
+        """,
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("loading", ["LAZY", "EAGER"])
+@pytest.mark.parametrize("what", sorted(_EXIT_AFTER))
+def test_gpu_process_exits_cleanly_with_modules_loaded(what, loading):
+    """Modules, functions and contexts still alive at interpreter exit are freed without an
+    error, a message or a crash, with or without PyTorch holding the context."""
+    proc = _run_python(_EXIT_AFTER[what], CUDA_MODULE_LOADING=loading)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+    for sign in ("Exception ignored", "CUDA_ERROR", "Traceback", "Segmentation"):
+        assert sign not in proc.stderr, proc.stderr
