@@ -157,3 +157,37 @@ def test_the_scripts_objects_pickle_while_the_compile_pool_starts(monkeypatch, t
         thread.join()
     assert all(isinstance(result, Exception) for result in results)
     assert failures == []
+
+
+def test_threads_build_an_entry_once_where_the_cache_cannot_be_written(tmp_path, caplog):
+    """Where the cache folder cannot be written (a read-only image), the file lock that makes one
+    process build an entry once cannot be taken; threads asking at once for an entry (autotune of
+    one layer from DataParallel's threads: compiling and timing its candidates) built it once
+    each. One builds, the others wait for it."""
+    (tmp_path / "file").write_text("a file where the cache folder should be")
+    cache = DiskCache("autotune", root=tmp_path / "file")
+    built = []
+
+    def build():
+        built.append(1)
+        time.sleep(0.1)
+        return b"entry", {}
+
+    start = threading.Barrier(4)
+    answers = []
+
+    def ask():
+        start.wait()
+        answers.append(cache.get_or_build("key", build))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    with caplog.at_level("WARNING", logger="spio"):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(built) == 1
+    assert (
+        sorted(answers, key=lambda a: a[2]) == [(b"entry", {}, False)] + [(b"entry", {}, True)] * 3
+    )
+    assert caplog.text.count("cannot write its cache folder") == 1

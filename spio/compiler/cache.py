@@ -107,6 +107,7 @@ class DiskCache:
         self._root = root
         self._memory: dict[str, tuple[bytes, dict]] = {}
         self._memory_lock = threading.Lock()
+        self._building: dict[str, threading.Lock] = {}  # by key: this process's threads
         self._warned = False
 
     @property
@@ -156,8 +157,21 @@ class DiskCache:
     def get_or_build(
         self, key: str, build: Callable[[], tuple[bytes, dict]]
     ) -> tuple[bytes, dict, bool]:
-        """The entry for `key`, built by `build()` on a miss: (payload, meta, was_cached)."""
+        """The entry for `key`, built by `build()` on a miss: (payload, meta, was_cached). One
+        thread of a process builds it while the others wait (the file lock serves processes, and
+        there is none where the folder cannot be written)."""
         entry = self.get(key)
+        if entry is not None:
+            return entry[0], entry[1], True
+        with self._memory_lock:
+            building = self._building.setdefault(key, threading.Lock())
+        with building:
+            return self._get_or_build(key, build)
+
+    def _get_or_build(
+        self, key: str, build: Callable[[], tuple[bytes, dict]]
+    ) -> tuple[bytes, dict, bool]:
+        entry = self.get(key)  # another thread may have built it meanwhile
         if entry is not None:
             return entry[0], entry[1], True
         path = self.path(key)
