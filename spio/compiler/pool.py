@@ -15,6 +15,10 @@ are kept, the pool is replaced, and the lost jobs run once more; a job lost agai
 WorkerDiedError as its result once it is clear that it was its own worker that died (it died alone).
 Workers ignore SIGINT: on Ctrl-C (any BaseException) the parent cancels the jobs not started, so
 that only the running ones finish, and the pool survives for the next sweep.
+
+One sweep uses the pool at a time; a sweep from another thread waits for it. The pool is as large
+as the machine, so sweeps side by side would finish no sooner, and a worker's death would lose
+both sweeps' jobs and blame a job of one for the other's (a job "lost alone" would not be).
 """
 
 from __future__ import annotations
@@ -79,8 +83,8 @@ class WorkerDiedError(RuntimeError):
 
 _pool: ProcessPoolExecutor | None = None
 _pool_workers = 0
-_pool_users = 0  # sweeps running on _pool now: it is not replaced under them for its size
-_pool_lock = threading.Lock()
+_pool_lock = threading.Lock()  # guards _pool and _pool_workers
+_sweep_lock = threading.Lock()  # one sweep on the pool at a time (see above)
 _shutdown_registered = False
 
 
@@ -128,15 +132,12 @@ def _is_broken(pool: ProcessPoolExecutor) -> bool:
     return any(process.exitcode is not None for process in list(processes.values()))
 
 
-@contextlib.contextmanager
-def _using_pool(workers: int):
-    """The shared pool and its size, for one round of a sweep: a new pool of `workers` processes
-    when there is none, it lost a worker, or it has another size and no other sweep uses it (one
-    that does keeps it; a sweep never runs more jobs at once than the pool has workers)."""
-    global _pool, _pool_workers, _pool_users, _shutdown_registered
+def _shared_pool(workers: int) -> ProcessPoolExecutor:
+    """The shared pool, for one round of a sweep (which holds _sweep_lock): a new pool of
+    `workers` processes when there is none, it lost a worker, or it has another size."""
+    global _pool, _pool_workers, _shutdown_registered
     with _pool_lock:
-        resize = _pool_workers != workers and _pool_users == 0
-        if _pool is not None and (resize or _is_broken(_pool)):
+        if _pool is not None and (_pool_workers != workers or _is_broken(_pool)):
             _pool.shutdown(wait=True, cancel_futures=True)
             _pool = None
         if _pool is None:
@@ -150,18 +151,12 @@ def _using_pool(workers: int):
             with _stand_in_main():
                 _start_workers(pool, workers)
             _pool, _pool_workers = pool, workers
-        pool, size = _pool, _pool_workers
-        _pool_users += 1
-    try:
-        yield pool, size
-    finally:
-        with _pool_lock:
-            _pool_users -= 1
+        return _pool
 
 
 def _discard_pool(pool: ProcessPoolExecutor) -> None:
     """Stop `pool`'s workers, and forget it if it is the shared one, so that the next round
-    makes a new one (_using_pool)."""
+    makes a new one (_shared_pool)."""
     global _pool
     with _pool_lock:
         if _pool is pool:
@@ -234,8 +229,7 @@ class _Sweep:
         running when it broke. No more jobs than `limit` are ever handed to the executor: a
         worker's death loses only the jobs running beside it, and on Ctrl-C no job waits in the
         executor's queue, where it could no longer be cancelled."""
-        with _using_pool(self.workers) as (pool, size):
-            return self._round_on(pool, todo, min(limit, size))
+        return self._round_on(_shared_pool(self.workers), todo, limit)
 
     def _round_on(self, pool: ProcessPoolExecutor, todo: deque[int], limit: int) -> list[int]:
         finished: SimpleQueue[Future] = SimpleQueue()
@@ -248,8 +242,8 @@ class _Sweep:
                     index = todo.popleft()
                     try:
                         future = pool.submit(_run, self.jobs[index], self.root)
-                    except (BrokenProcessPool, RuntimeError):  # broken, or shut down by another
-                        todo.appendleft(index)  # sweep that found it broken: not lost
+                    except (BrokenProcessPool, RuntimeError):  # broken, or shut down (e.g. at
+                        todo.appendleft(index)  # exit, by shutdown_pool): not lost
                         broken = True
                         break
                     running[future] = index
@@ -322,7 +316,8 @@ def compile_many(
                 results.append(_run(job))
                 bar.update()
             return results
-        results = _Sweep(jobs, workers, bar).run()
+        with _sweep_lock:
+            results = _Sweep(jobs, workers, bar).run()
         for result in results:
             if isinstance(result, CompileResult):
                 keep_in_memory(result)

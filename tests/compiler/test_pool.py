@@ -138,8 +138,8 @@ def test_a_pool_whose_workers_died_is_replaced(pool_jobs, tmp_path, caplog):
 
 
 def test_sweeps_in_two_threads_with_different_worker_counts_both_finish(pool_jobs, tmp_path):
-    """A sweep started while another runs keeps the pool the other uses (at most its size at
-    once), instead of replacing it under the other, whose next submit then failed."""
+    """A sweep started while another runs waits for it, instead of replacing the pool under
+    the other (for its own size), whose next submit then failed."""
     import threading
 
     first = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"a{i}") for i in range(6)]
@@ -154,6 +154,34 @@ def test_sweeps_in_two_threads_with_different_worker_counts_both_finish(pool_job
     thread.join(timeout=60)
     assert results["a"] == [job.name for job in first], results["a"]
     assert results["b"] == [job.name for job in second], results["b"]
+
+
+def test_a_worker_death_in_one_threads_sweep_is_not_blamed_on_anothers_job(
+    cache_dir, pool_jobs, tmp_path
+):
+    """A job that kills its worker, in one thread's sweep, while another thread's sweep runs a
+    good job: the good job's worker was lost with the pool, and "lost alone, twice" blamed it
+    (WorkerDiedError). Sweeps now take turns on the pool."""
+    import threading
+
+    from spio.compiler import pool
+
+    crash = pool_jobs.KillWorkerJob("", "sm_80", name="crash.cu")
+    mine = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name="slow")]
+    compile_many(mine * 2, workers=2, progress=False)  # the pool is up: both sweeps start at once
+    results = {}
+    thread = threading.Thread(
+        target=lambda: results.update(
+            crash=compile_many([crash, mine[0]], workers=2, progress=False)
+        )
+    )
+    thread.start()
+    time.sleep(0.05)
+    results["good"] = compile_many(mine * 2, workers=2, progress=False)
+    thread.join(timeout=60)
+    assert results["good"] == ["slow", "slow"], results["good"]
+    assert isinstance(results["crash"][0], pool.WorkerDiedError), results["crash"]
+    assert results["crash"][1] == "slow"
 
 
 def test_ctrl_c_cancels_the_jobs_not_started(pool_jobs, tmp_path, monkeypatch):
