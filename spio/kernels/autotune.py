@@ -25,7 +25,7 @@ from typing import Any
 
 from ..log import logger
 from .conv2d_gw8_params import Conv2dGw8Params
-from .kernel import Kernel
+from .kernel import Kernel, cuda_ordinal
 from .stats import Conv2dStats
 
 DEFAULT_TOP_K = 5
@@ -46,7 +46,7 @@ def capturing(device: Any) -> bool:
 
     if not torch.cuda.is_available():
         return False
-    with torch.cuda.device(device.index or 0):
+    with torch.cuda.device(cuda_ordinal(device)):
         return torch.cuda.is_current_stream_capturing()
 
 
@@ -239,7 +239,7 @@ default_timer: Timer = _DefaultTimer()
 def _l2_bytes(device: Any) -> int:
     from ..cuda import driver
 
-    return int(driver.device_attributes(device.index or 0)["l2_cache_bytes"])
+    return int(driver.device_attributes(cuda_ordinal(device))["l2_cache_bytes"])
 
 
 # --------------------------------------------------------------------------------------------

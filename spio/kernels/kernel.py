@@ -93,7 +93,7 @@ class Kernel:
         if device.type == "cuda":
             null = _null_pointer()
             args = [null if a is None else a for a in args]
-            _cuda_function(self, device.index or 0).launch_on_current_stream(self, args)
+            _cuda_function(self, cuda_ordinal(device)).launch_on_current_stream(self, args)
         elif device.type == "cpu":
             _emulator_function(self).launch(
                 self.grid,
@@ -104,6 +104,16 @@ class Kernel:
             )
         else:
             raise ValueError(f"spio kernels run on CUDA devices or the CPU emulator, got {device}")
+
+
+def cuda_ordinal(device: Any) -> int:
+    """The device number of a CUDA torch.device: its index, or PyTorch's current device for a
+    bare "cuda" (as PyTorch reads it; not device 0)."""
+    if device.index is not None:
+        return device.index
+    import torch
+
+    return torch.cuda.current_device()
 
 
 @dataclass(frozen=True)
@@ -270,7 +280,7 @@ def build_kernels(kernels: Iterable[Kernel], device: Any, progress: bool = True)
         from ..compiler import compile_many
         from ..cuda import driver
 
-        arch = driver.device_attributes(device.index or 0)["arch"]
+        arch = driver.device_attributes(cuda_ordinal(device))["arch"]
         desc = f"compiling {len(unique)} spio kernels for {arch}"
         jobs = [k.compile_job(arch) for k in unique]
         results = compile_many(jobs, progress=progress, desc=desc)

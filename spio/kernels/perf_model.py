@@ -35,6 +35,7 @@ import numpy as np
 from ..log import logger
 from .conv2d_gw8_params import Conv2dGw8Params
 from .families import FAMILIES, Family, family_of, get_family
+from .kernel import cuda_ordinal
 from .stats import Conv2dStats
 
 #: Folder of the models shipped in the package.
@@ -403,7 +404,7 @@ def device_identity(device: Any) -> DeviceIdentity | None:
     """Arch, name and driver of a CUDA torch.device; None for None or a non-CUDA device."""
     if device is None or getattr(device, "type", None) != "cuda":
         return None
-    return _cuda_identity(device.index or 0)
+    return _cuda_identity(cuda_ordinal(device))
 
 
 def models_dir() -> Path:
@@ -725,7 +726,7 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
 
     tune = autotune.autotune_enabled()
     folder = models_dir()
-    key = (family.name, params, identity, str(folder), tune, device.index or 0)
+    key = (family.name, params, identity, str(folder), tune, cuda_ordinal(device))
     config = _selected.get(key)
     if config is not None:
         return config

@@ -38,6 +38,28 @@ assert g("launches") > again and g("refs1") == 1
     )
 
 
+def test_a_bare_cuda_device_means_pytorchs_current_device(fake_libcuda):  # noqa: F811
+    """torch.device("cuda") is PyTorch's current device, as PyTorch reads it: after
+    torch.cuda.set_device(1) the launch, and the device a config is picked for, are device 1's
+    (they were device 0's)."""
+    run_with(
+        fake_libcuda["new"],
+        SETUP
+        + """
+from spio.kernels import perf_model
+torch.cuda.current_device = lambda: 1
+assert K.cuda_ordinal(torch.device("cuda")) == 1 and K.cuda_ordinal(torch.device("cuda", 0)) == 0
+make("write_pattern", 0).launch([Tensor(0x1000), 7, 9], torch.device("cuda"))
+assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5001
+assert g("refs1") == 1 and g("refs0") == 0
+asked = []
+perf_model._cuda_identity = lambda ordinal: asked.append(ordinal)
+perf_model.device_identity(torch.device("cuda"))
+assert asked == [1], asked
+""",
+    )
+
+
 def test_large_shared_memory_and_null_pointer(fake_libcuda):  # noqa: F811
     run_with(
         fake_libcuda["new"],
