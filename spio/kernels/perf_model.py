@@ -726,7 +726,7 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
 
     tune = autotune.autotune_enabled()
     folder = models_dir()
-    key = (family.name, params, identity, str(folder), tune, cuda_ordinal(device))
+    key = (family.name, params, identity, str(folder), tune, device.index)
     config = _selected.get(key)
     if config is not None:
         return config
