@@ -22,13 +22,15 @@ class NvrtcError(RuntimeError):
 class CompileError(RuntimeError):
     """NVRTC rejected a program; `.log` holds the compiler's full log."""
 
-    def __init__(self, name: str, log: str):
-        super().__init__(f"NVRTC failed to compile {name}:\n{log.strip()}")
+    def __init__(self, name: str, log: str, result: str = ""):
+        said = f" ({result})" if result else ""
+        super().__init__(f"NVRTC failed to compile {name}{said}:\n{log.strip() or '(no log)'}")
         self.name = name
         self.log = log
+        self.result = result
 
     def __reduce__(self):  # picklable, so compile pool workers can return it
-        return (CompileError, (self.name, self.log))
+        return (CompileError, (self.name, self.log, self.result))
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,8 @@ def compile_program(
             .rstrip(b"\0")
             .decode(errors="replace")
         )
-        if result != 0:
-            raise CompileError(name, log)
+        if result != 0:  # the result's name too: a failure other than the source's has no log
+            raise CompileError(name, log, lib.nvrtcGetErrorString(result).decode())
         cubin = _read(prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN")
         ptx = _read(prog, "nvrtcGetPTXSize", "nvrtcGetPTX").rstrip(b"\0").decode()
         return NvrtcOutput(cubin=cubin, ptx=ptx, log=log)

@@ -311,3 +311,28 @@ def test_cache_key_keeps_every_option_but_spios_include_folders(fresh_digests):
     assert renamed != before  # the log and -lineinfo cubins name the program
     with_header = compile_module.cubin_key(TENSOR_CORE_KERNEL, "sm_80", {"gen.h": "1"}, base)
     assert with_header != before
+
+
+def test_a_failure_without_a_log_names_nvrtcs_result(monkeypatch):
+    """NVRTC fails some programs with an empty log (e.g. out of memory): the error names the
+    result, where it had said only 'NVRTC failed to compile k.cu:' and nothing after."""
+    from spio.cuda import nvrtc
+
+    real = nvrtc._lib()
+
+    class EmptyLogFailure:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def nvrtcCompileProgram(self, prog, count, options):
+            return 3  # NVRTC_ERROR_INVALID_INPUT
+
+        def nvrtcGetProgramLogSize(self, prog, size):
+            size._obj.value = 1  # the terminating zero alone
+            return 0
+
+    monkeypatch.setattr(nvrtc, "_lib", EmptyLogFailure)
+    with pytest.raises(CompileError) as info:
+        nvrtc.compile_program('extern "C" __global__ void k() {}', "k.cu", [])
+    assert info.value.result == "NVRTC_ERROR_INVALID_INPUT"
+    assert str(info.value) == "NVRTC failed to compile k.cu (NVRTC_ERROR_INVALID_INPUT):\n(no log)"
