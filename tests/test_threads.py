@@ -191,3 +191,58 @@ def test_threads_build_an_entry_once_where_the_cache_cannot_be_written(tmp_path,
         sorted(answers, key=lambda a: a[2]) == [(b"entry", {}, False)] + [(b"entry", {}, True)] * 3
     )
     assert caplog.text.count("cannot write its cache folder") == 1
+
+
+def test_threads_build_different_kernels_at_once_and_each_kernel_once(monkeypatch):
+    """A kernel's first load is locked per kernel: threads needing different kernels build them
+    at once (one lock for every kernel had made them take turns, e.g. two models served from
+    threads, each waiting for the other's compiles), and threads needing the same kernel build
+    it once."""
+    from types import SimpleNamespace
+
+    from spio import emulator
+    from spio.kernels import kernel as K
+
+    monkeypatch.setattr(K, "_emulated", {})
+    monkeypatch.setattr(K, "_building", {})
+    guard, active, peak, built = threading.Lock(), [0], [0], []
+
+    class Built:
+        def library(self):
+            return SimpleNamespace(cached=True, seconds=0.0)
+
+        def get_function(self, entry):
+            return entry
+
+    def slow_load(source, headers, name):
+        with guard:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+            built.append(name)
+        time.sleep(0.3)
+        with guard:
+            active[0] -= 1
+        return Built()
+
+    monkeypatch.setattr(emulator, "load_module", slow_load)
+
+    def kernel(name):
+        return K.Kernel(name=name, source_file="conv2d_gw8.cu", entry=name, headers=(),
+                        grid=(1, 1, 1), block=(32, 1, 1), shared_mem_bytes=0)  # fmt: skip
+
+    wanted = [kernel("a"), kernel("b"), kernel("a"), kernel("b")]
+    start = threading.Barrier(len(wanted))
+    got = []
+
+    def run(k):
+        start.wait()
+        got.append(K._emulator_function(k))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in wanted]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(got) == ["a", "a", "b", "b"]
+    assert sorted(built) == ["a", "b"]  # each kernel once
+    assert peak[0] == 2  # both at once

@@ -201,14 +201,20 @@ def _null_pointer():
 #: ones by kernel name: one module per code, whatever grid each launch uses.
 _loaded: dict[tuple[str, int], _LoadedCudaFunction] = {}
 _emulated: dict[str, Any] = {}
-_lock = threading.Lock()
+_building: dict[object, threading.Lock] = {}
+
+
+def _lock_for(key: object) -> threading.Lock:
+    """The lock of one kernel's first load (one per key of _loaded or _emulated): a thread waits
+    only for the build it needs, and threads needing different kernels build them at once."""
+    return _building.setdefault(key, threading.Lock())  # atomic for these keys
 
 
 def _cuda_function(kernel: Kernel, ordinal: int) -> _LoadedCudaFunction:
     key = (kernel.name, ordinal)
     loaded = _loaded.get(key)
     if loaded is None:
-        with _lock:
+        with _lock_for(key):
             loaded = _loaded.get(key)
             if loaded is None:
                 loaded = _loaded[key] = _LoadedCudaFunction(kernel, ordinal)
@@ -233,7 +239,7 @@ def _emulator_function(kernel: Kernel):
     if function is None:
         from .. import emulator
 
-        with _lock:
+        with _lock_for(kernel.name):
             function = _emulated.get(kernel.name)
             if function is None:
                 logger.debug("building %s for the CPU emulator", kernel.name)
@@ -252,13 +258,17 @@ _first_launch_build_s = 0.0
 _first_launch_notice_given = False
 
 
+_first_launch_lock = threading.Lock()
+
+
 def _built_at_first_launch(kernel: Kernel, seconds: float) -> None:
     """Counts a build that a launch waited for (not found in the caches)."""
     global _first_launch_build_s, _first_launch_notice_given
-    _first_launch_build_s += seconds
-    if _first_launch_notice_given or _first_launch_build_s < FIRST_LAUNCH_BUILD_NOTICE_S:
-        return
-    _first_launch_notice_given = True
+    with _first_launch_lock:  # threads build different kernels at once
+        _first_launch_build_s += seconds
+        if _first_launch_notice_given or _first_launch_build_s < FIRST_LAUNCH_BUILD_NOTICE_S:
+            return
+        _first_launch_notice_given = True
     logger.warning(
         "spio has spent %.0f s building kernels at their first launch (the latest: %s); the "
         "caller waits meanwhile. spio.precompile(model, x) builds a model's kernels ahead, in "
