@@ -982,12 +982,14 @@ cdef class Module:
         cdef int state = CTX_ALREADY_CURRENT
         if handle == NULL:
             return
-        self._handle = NULL
+        self._handle = NULL  # before the GIL is released: a second close does nothing
         with nogil:
             r = _push_if_needed(self._ctx, &state)
             if r == CUDA_SUCCESS:
                 r2 = _api.p_cuModuleUnload(handle)
                 _pop_if_pushed(state)
+        if r != CUDA_SUCCESS:  # not unloaded: a later close, or the collector, tries again
+            self._handle = handle
         _check_push(r, state)
         _check(r2, "cuModuleUnload")
 

@@ -566,7 +566,15 @@ def test_fake_driver_context_errors_name_the_failing_call(fake_libcuda):
             assert str(e).startswith(f"{call} failed: {name}"), (what, str(e))
         ctypes.c_int.in_dll(fake, switch).value = 0
     assert g("launches") == 0 and g("depth") == 0
+    # A close whose push fails leaves the module loaded, and a later close unloads it (it had
+    # forgotten the handle: the module stayed loaded for good).
+    ctypes.c_int.in_dll(fake, "fail_push").value = 201
+    with pytest.raises(d.CudaError, match="cuCtxPushCurrent"):
+        m.close()
+    ctypes.c_int.in_dll(fake, "fail_push").value = 0
+    assert not m.closed and g("unloads") == 0
     m.close()
+    assert m.closed and g("unloads") == 1
     """,
     )
 
