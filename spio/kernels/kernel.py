@@ -157,7 +157,8 @@ class _LoadedCudaFunction:
             _built_at_first_launch(kernel, result.seconds)
         self.module = driver.Module.load(result.cubin, device=ordinal)
         self.function = self.module.get_function(kernel.entry)
-        if kernel.shared_mem_bytes > 48 * 1024:  # beyond the default limit: opt in
+        # Beyond the function's default limit (48 KiB less its static shared memory): opt in.
+        if kernel.shared_mem_bytes > self.function.attributes()["max_dynamic_shared_bytes"]:
             self.function.set_max_dynamic_shared_memory(kernel.shared_mem_bytes)
         self.ordinal = ordinal
 

@@ -75,6 +75,21 @@ assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5000
     )
 
 
+def test_dynamic_shared_memory_beside_static_is_opted_into(fake_libcuda):  # noqa: F811
+    """The default dynamic limit is 48 KiB less the function's static shared memory (1 KiB for
+    the fake's big_smem): 47.5 KiB of dynamic memory needs the opt-in, which had been made only
+    above 48 KiB, so the launch failed."""
+    run_with(
+        fake_libcuda["new"],
+        SETUP
+        + """
+kernel = make("big_smem", 48 * 1024 - 512)
+kernel.launch([None], torch.device("cuda", 0))
+assert ctypes.c_uint.in_dll(fake, "last_smem").value == 48 * 1024 - 512
+""",
+    )
+
+
 def test_more_shared_memory_than_the_gpu_allows_is_named(fake_libcuda):  # noqa: F811
     """A config of one's own (make_kernel takes any) past the GPU's opt-in limit: a clear error
     before anything is compiled or loaded, not a driver error at launch."""
