@@ -229,9 +229,7 @@ class _Sweep:
         running when it broke. No more jobs than `limit` are ever handed to the executor: a
         worker's death loses only the jobs running beside it, and on Ctrl-C no job waits in the
         executor's queue, where it could no longer be cancelled."""
-        return self._round_on(_shared_pool(self.workers), todo, limit)
-
-    def _round_on(self, pool: ProcessPoolExecutor, todo: deque[int], limit: int) -> list[int]:
+        pool = _shared_pool(self.workers)
         finished: SimpleQueue[Future] = SimpleQueue()
         running: dict[Future, int] = {}
         lost: list[int] = []
