@@ -21,6 +21,48 @@ from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 GPU = torch.device("cuda", 0)  # a name only: the timers here launch nothing
 H200 = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H200", driver="13.0")
 
+
+def _at_once(work, items) -> None:
+    """work(item) for each item, each in a thread of its own, all released together; re-raises
+    the first error a thread raised."""
+    start = threading.Barrier(len(items))
+    errors = []
+
+    def run(item):
+        start.wait()
+        try:
+            work(item)
+        except Exception as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(item,)) for item in items]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+class _Overlap:
+    """`with overlap: ...` in several threads: `peaks` records, at each entry, how many threads
+    were inside then (its length is the number of entries)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self.peaks: list[int] = []
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._inside += 1
+            self.peaks.append(self._inside)
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._inside -= 1
+
+
 _SAME_LIBRARY_TWICE = textwrap.dedent(
     """\
     import threading
@@ -87,38 +129,19 @@ def test_autotune_times_one_layer_at_a_time(tmp_path):
     would replace. The threads time in turn (the timer records how many time at once)."""
     family = pm.FAMILIES["conv2d_gw8_fprop"]
     cache = DiskCache("autotune", root=tmp_path)
-    counting = threading.Lock()
-    timing = [0]
-    at_once = []
+    timing = _Overlap()
 
     def timer(name, params, kernel, device):
-        with counting:
-            timing[0] += 1
-            at_once.append(timing[0])
-        time.sleep(0.02)
-        with counting:
-            timing[0] -= 1
+        with timing:
+            time.sleep(0.02)
         return 1e-3
 
-    start = threading.Barrier(2)
-    errors = []
-
     def tune(params):
-        start.wait()
-        try:
-            candidates = family.configs(params)[:4]
-            autotune.autotune(family, params, GPU, H200, candidates, timer=timer, cache=cache)
-        except Exception as error:
-            errors.append(error)
+        candidates = family.configs(params)[:4]
+        autotune.autotune(family, params, GPU, H200, candidates, timer=timer, cache=cache)
 
-    layers = [Conv2dGw8Params(2, 16, 8, 8), Conv2dGw8Params(4, 16, 8, 8)]
-    threads = [threading.Thread(target=tune, args=(params,)) for params in layers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
-    assert len(at_once) == 8 and max(at_once) == 1
+    _at_once(tune, [Conv2dGw8Params(2, 16, 8, 8), Conv2dGw8Params(4, 16, 8, 8)])
+    assert len(timing.peaks) == 8 and max(timing.peaks) == 1
 
 
 class Scripted:
@@ -173,19 +196,9 @@ def test_threads_build_an_entry_once_where_the_cache_cannot_be_written(tmp_path,
         time.sleep(0.1)
         return b"entry", {}
 
-    start = threading.Barrier(4)
     answers = []
-
-    def ask():
-        start.wait()
-        answers.append(cache.get_or_build("key", build))
-
-    threads = [threading.Thread(target=ask) for _ in range(4)]
     with caplog.at_level("WARNING", logger="spio"):
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        _at_once(lambda _: answers.append(cache.get_or_build("key", build)), range(4))
     assert len(built) == 1
     assert (
         sorted(answers, key=lambda a: a[2]) == [(b"entry", {}, False)] + [(b"entry", {}, True)] * 3
@@ -205,7 +218,7 @@ def test_threads_build_different_kernels_at_once_and_each_kernel_once(monkeypatc
 
     monkeypatch.setattr(K, "_emulated", {})
     monkeypatch.setattr(K, "_building", {})
-    guard, active, peak, built = threading.Lock(), [0], [0], []
+    building, built = _Overlap(), []
 
     class Built:
         def library(self):
@@ -215,13 +228,9 @@ def test_threads_build_different_kernels_at_once_and_each_kernel_once(monkeypatc
             return entry
 
     def slow_load(source, headers, name):
-        with guard:
-            active[0] += 1
-            peak[0] = max(peak[0], active[0])
-            built.append(name)
-        time.sleep(0.3)
-        with guard:
-            active[0] -= 1
+        built.append(name)
+        with building:
+            time.sleep(0.3)
         return Built()
 
     monkeypatch.setattr(emulator, "load_module", slow_load)
@@ -230,19 +239,8 @@ def test_threads_build_different_kernels_at_once_and_each_kernel_once(monkeypatc
         return K.Kernel(name=name, source_file="conv2d_gw8.cu", entry=name, headers=(),
                         grid=(1, 1, 1), block=(32, 1, 1), shared_mem_bytes=0)  # fmt: skip
 
-    wanted = [kernel("a"), kernel("b"), kernel("a"), kernel("b")]
-    start = threading.Barrier(len(wanted))
     got = []
-
-    def run(k):
-        start.wait()
-        got.append(K._emulator_function(k))
-
-    threads = [threading.Thread(target=run, args=(k,)) for k in wanted]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _at_once(lambda k: got.append(K._emulator_function(k)), [kernel(n) for n in "abab"])
     assert sorted(got) == ["a", "a", "b", "b"]
     assert sorted(built) == ["a", "b"]  # each kernel once
-    assert peak[0] == 2  # both at once
+    assert max(building.peaks) == 2  # both at once
