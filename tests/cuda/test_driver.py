@@ -566,8 +566,18 @@ def test_fake_driver_context_errors_name_the_failing_call(fake_libcuda):
             assert str(e).startswith(f"{call} failed: {name}"), (what, str(e))
         ctypes.c_int.in_dll(fake, switch).value = 0
     assert g("launches") == 0 and g("depth") == 0
-    # A close whose push fails leaves the module loaded, and a later close unloads it (it had
-    # forgotten the handle: the module stayed loaded for good).
+    m.close()
+    """,
+    )
+
+
+def test_fake_driver_close_with_a_failed_push_can_be_tried_again(fake_libcuda):
+    """A close whose push fails leaves the module loaded, and a later close unloads it (it had
+    forgotten the handle: the module stayed loaded for good)."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    m = d.Module.load(CUBIN, 0)
     ctypes.c_int.in_dll(fake, "fail_push").value = 201
     with pytest.raises(d.CudaError, match="cuCtxPushCurrent"):
         m.close()
