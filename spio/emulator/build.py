@@ -104,6 +104,23 @@ def compiler_version(cxx: str) -> str:
     return out.splitlines()[0] if out else cxx
 
 
+#: Environment variables that change what the host compiler includes or runs (GCC's, also read
+#: by clang): they go into the cache keys, so that a library built under another include path is
+#: not taken from the cache.
+_COMPILER_ENVIRONMENT = (
+    "CPATH",
+    "CPLUS_INCLUDE_PATH",
+    "C_INCLUDE_PATH",
+    "GCC_EXEC_PREFIX",
+    "COMPILER_PATH",
+)
+
+
+def compiler_environment() -> list[tuple[str, str]]:
+    """The set variables of _COMPILER_ENVIRONMENT with their values, for cache keys."""
+    return [(name, os.environ[name]) for name in _COMPILER_ENVIRONMENT if name in os.environ]
+
+
 def kernel_names(text: str) -> list[str]:
     """Names of the `extern "C" __global__` kernels declared in `text`, in order."""
     names = [m.group(1) for m in _KERNEL_RE.finditer(text)]
@@ -184,6 +201,7 @@ def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
             runtime_digest(),
             shlex.split(cxx),  # the command, flags and wrappers included
             compiler_version(cxx),
+            compiler_environment(),
             flags,
             arch,
             _cuda_identity(),
@@ -354,6 +372,7 @@ def build_library(
         sorted(headers.items()),
         shlex.split(cxx),
         compiler_version(cxx),
+        compiler_environment(),
         flags,
         checked,
         runtime_digest(),

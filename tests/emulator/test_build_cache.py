@@ -76,6 +76,28 @@ def test_an_empty_cxx_means_the_default_compiler(monkeypatch, tiny):
         build.compiler_version("/nonexistent/spio-test-c++")
 
 
+def test_the_compilers_include_path_is_part_of_the_key(monkeypatch, tmp_path):
+    """A header found through CPATH decides the binary: another CPATH builds anew, not from the
+    cache (the key once held the compiler and its flags but not its environment)."""
+    import torch
+
+    from spio.emulator import load_module
+
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "_cache", DiskCache("emulator"))
+    source = (
+        '#include <spio_test_value.h>\nextern "C" __global__ void one(int *p) { p[0] = VALUE; }'
+    )
+    for value in (1, 2):
+        folder = tmp_path / f"include{value}"
+        folder.mkdir()
+        (folder / "spio_test_value.h").write_text(f"#define VALUE {value}\n")
+        monkeypatch.setenv("CPATH", str(folder))
+        out = torch.zeros(1, dtype=torch.int32)
+        load_module(source, name=f"emu_test_cpath{value}").get_function("one").launch(1, 1, (out,))
+        assert out.item() == value
+
+
 def test_library_files_are_readable_as_the_umask_allows(monkeypatch, tmp_path, tiny):
     """A cache filled as root (spio.precompile in a Docker image build) serves other users."""
     for umask, mode in ((0o022, 0o644), (0o002, 0o664), (0o077, 0o600)):
