@@ -49,7 +49,8 @@ class Kernel:
     name: str
     source_file: str  # in spio/src
     entry: str  # the extern "C" function in the module
-    headers: tuple[tuple[str, str], ...]  # generated headers: (include name, text)
+    # Generated headers, (include name, text): tens of KB, left out of the repr.
+    headers: tuple[tuple[str, str], ...] = field(repr=False)
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_mem_bytes: int
