@@ -268,9 +268,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_settings() -> None:
+    """Parse every SPIO_* setting that has a parser, so that a bad one stops the command before
+    any work instead of part way through."""
+    from . import emulator
+    from .compiler.pool import default_workers
+    from .kernels.autotune import autotune_enabled, top_k
+    from .kernels.kernel import _emulator_order_seed
+
+    default_workers()
+    _emulator_order_seed()
+    top_k()
+    autotune_enabled()
+    emulator.is_enabled()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return COMMANDS[args.command][0](args)
+    try:
+        _check_settings()
+        return COMMANDS[args.command][0](args)
+    except ValueError as error:  # spio's convention: a bad SPIO_X setting's message starts "SPIO_"
+        if not str(error).startswith("SPIO_"):
+            raise
+        print(f"spio: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

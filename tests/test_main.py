@@ -179,3 +179,39 @@ def test_info_says_which_gpus_no_perf_model_covers(tmp_path, monkeypatch):
     ]
     monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path / "empty"))
     assert cli._perf_model_rows([])[0] == ("perf models", f"none in {tmp_path / 'empty'}")
+
+
+@pytest.mark.parametrize(
+    "command,setting,value",
+    [
+        (["check", "--quick"], "SPIO_WORKERS", "abc"),
+        (["compile", "--arch", "sm_90", "--sample", "1"], "SPIO_WORKERS", "0"),
+        (["check", "--quick"], "SPIO_EMULATOR_ORDER_SEED", "x"),
+        (["compile", "--arch", "sm_90", "--sample", "1"], "SPIO_AUTOTUNE_TOPK", "0"),
+    ],
+)
+def test_a_bad_setting_is_a_one_line_error_before_any_work(command, setting, value, tmp_path):
+    out = run_spio(*command, env={setting: value, "SPIO_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"spio: error: {setting} "), out.stderr
+    assert repr(value) in out.stderr and "Traceback" not in out.stderr
+    assert out.stdout == ""  # nothing compiled or checked first
+
+
+def test_a_settings_error_raised_by_a_command_is_a_one_line_error(monkeypatch, capsys):
+    """A SPIO_* ValueError raised while a command runs (settings parsed later than main's check)
+    is reported as one line, exit 2; any other ValueError still propagates."""
+    from spio import __main__ as cli
+
+    def bad_setting(args):
+        raise ValueError("SPIO_SOMETHING must be a thing, got 'x'")
+
+    def a_bug(args):
+        raise ValueError("not a setting")
+
+    monkeypatch.setitem(cli.COMMANDS, "info", (bad_setting, ""))
+    assert cli.main(["info"]) == 2
+    assert capsys.readouterr().err == "spio: error: SPIO_SOMETHING must be a thing, got 'x'\n"
+    monkeypatch.setitem(cli.COMMANDS, "info", (a_bug, ""))
+    with pytest.raises(ValueError, match="not a setting"):
+        cli.main(["info"])
