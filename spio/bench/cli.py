@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 from ..kernels.stats import PASSES
@@ -82,6 +83,18 @@ def command_line() -> str:
     return shlex.join(["python", "-m", "spio", *args])
 
 
+def _out_dir_error(out_dir: Path) -> str | None:
+    """Why results cannot be written to out_dir (created if missing), or None; checked before any
+    work so that a mistyped --out is not found only after the table is printed."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):  # writable, not only present
+            pass
+    except OSError as error:
+        return f"cannot write to the output folder {out_dir}: {error}; pass --out a writable folder"
+    return None
+
+
 def _plot(rows, out_dir: Path) -> int:
     from .plot import plot_rows
 
@@ -90,6 +103,9 @@ def _plot(rows, out_dir: Path) -> int:
     except RuntimeError as error:  # matplotlib missing
         print(error, file=sys.stderr)
         return 1
+    except OSError as error:  # the folder went away or filled up since _out_dir_error
+        print(f"cannot write the plots to {out_dir}: {error}", file=sys.stderr)
+        return 2
     for path in paths:
         print(f"wrote {path}")
     return 0
@@ -118,8 +134,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        out_dir = args.out or args.plot_only.parent
+        if error := _out_dir_error(out_dir):
+            print(error, file=sys.stderr)
+            return 2
         print(format_table(rows))
-        return _plot(rows, args.out or args.plot_only.parent)
+        return _plot(rows, out_dir)
 
     import torch
 
@@ -130,6 +150,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         layers = tuple(select_layers(layer_table(), args.layers))
     except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if error := _out_dir_error(out_dir):
         print(error, file=sys.stderr)
         return 2
     batch_sizes = args.batch_sizes or (QUICK_BATCH_SIZES if args.quick else BATCH_SIZES)

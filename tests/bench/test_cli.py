@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,31 @@ def test_bench_names_the_layers_when_none_matches(monkeypatch, capsys):
     assert cmd_bench(args) == 2
     err = capsys.readouterr().err
     assert "no benchmark layer matches ['nomatch']" in err and "64c_64x64_3x3" in err
+
+
+PLOTTED_CSV = str(Path(__file__).parents[2] / "docs/perf/2026-11-29-h200-2/bench_fp16.csv")
+
+
+def test_plot_only_names_an_output_folder_that_is_a_file(tmp_path):
+    """--out naming a file is one line naming it and the OS error, exit 2, before the table."""
+    a_file = tmp_path / "results.png"
+    a_file.write_bytes(b"")
+    out = run_spio("bench", "--plot-only", PLOTTED_CSV, "--out", str(a_file))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"cannot write to the output folder {a_file}: [Errno 17]")
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_plot_only_names_an_output_folder_it_cannot_write(tmp_path, monkeypatch, capsys):
+    """A folder that exists but refuses files (read-only; simulated, as root may write anyway)."""
+    from spio.__main__ import main
+    from spio.bench import cli
+
+    def refuse(dir):
+        raise PermissionError(13, "Permission denied", str(dir))
+
+    monkeypatch.setattr(cli.tempfile, "TemporaryFile", refuse)
+    assert main(["bench", "--plot-only", PLOTTED_CSV, "--out", str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and str(tmp_path) in out.err and "Permission denied" in out.err
+    assert not list(tmp_path.iterdir())
