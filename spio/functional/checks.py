@@ -66,6 +66,14 @@ def uses_kernels(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and emulate_enabled())
 
 
+def check_tensors(input: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """Raise TypeError naming the argument that is not a tensor (bias may be None)."""
+    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, Tensor) and not (name == "bias" and t is None):
+            kind = "a tensor or None" if name == "bias" else "a tensor"
+            raise TypeError(f"conv2d_gw8 needs {name} to be {kind}, got {type(t).__name__}")
+
+
 def check_args(
     input: Tensor,
     weight: Tensor,
@@ -76,7 +84,9 @@ def check_args(
     dilation: int,
     groups: int,
 ) -> None:
-    """Raise ValueError naming the violated constraint; works on fake (symbolic) tensors too."""
+    """Raise ValueError naming the violated constraint; works on fake (symbolic) tensors too.
+    Arguments that are not tensors where tensors belong raise TypeError."""
+    check_tensors(input, weight, bias)
     if stride != 1:
         raise ValueError(f"conv2d_gw8 needs stride 1, got {stride}")
     if dilation != 1:
@@ -100,6 +110,11 @@ def check_args(
         raise ValueError(f"conv2d_gw8 needs group width 8, got {group_width}")
     if c % GROUP_WIDTH or c < GROUP_WIDTH:
         raise ValueError(f"conv2d_gw8 needs channels a positive multiple of 8, got {c}")
+    if groups != 1 and k == groups * GROUP_WIDTH and c != k:  # a layer met the wrong input
+        raise ValueError(
+            f"conv2d_gw8 with weight of shape {tuple(weight.shape)} and groups={groups} needs an "
+            f"input of {groups * GROUP_WIDTH} channels, got input of shape {tuple(input.shape)}"
+        )
     if k != c:
         raise ValueError(
             f"conv2d_gw8 needs as many output as input channels, got C={c} (input.shape[1]) "
@@ -143,11 +158,9 @@ def check_args(
 
 
 def memory_format(t: Tensor) -> torch.memory_format:
-    """channels_last when t is stored NHWC (and not also plain contiguous), else contiguous."""
-    if (
-        t.dim() == 4
-        and not t.is_contiguous()
-        and t.is_contiguous(memory_format=torch.channels_last)
-    ):
-        return torch.channels_last
+    """channels_last when t is stored NHWC, else contiguous. A tensor that is both (an empty
+    batch, 1x1 images) counts as what its strides say, as for PyTorch's convolution."""
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        if not t.is_contiguous() or (t.shape[1] > 1 and t.stride(1) < t.stride(3)):
+            return torch.channels_last
     return torch.contiguous_format

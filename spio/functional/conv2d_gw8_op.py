@@ -26,6 +26,7 @@ from . import _kernels
 from ._kernels import ALL_PASSES, check_passes
 from .checks import (
     check_args,
+    check_tensors,
     derivative_transform,
     emulate_enabled,
     memory_format,
@@ -86,6 +87,7 @@ def conv2d_gw8(
     run PyTorch's convolution. Only where spio's kernels run at all (CUDA; CPU with SPIO_EMULATE).
     """
     check_passes(passes)
+    check_tensors(input, weight, bias)
     fmt = memory_format(input)
     if uses_kernels(input.device):  # validated once per call signature, with its kernels
         layer = _kernels.layer(input, weight, bias, padding_y, padding_x, stride, dilation, groups)

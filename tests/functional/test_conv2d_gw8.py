@@ -436,6 +436,12 @@ def _bad_calls():
             lambda: conv2d_gw8(x, torch.randn(32, 8, 3, 3)),
             "C=16 (input.shape[1]) and K=32 (weight",
         ),
+        (
+            "input channels for the layer",
+            lambda: conv2d_gw8(torch.randn(2, 32, 6, 6), w, None, 1, 1, 1, 1, 2),
+            "weight of shape (16, 8, 3, 3) and groups=2 needs an input of 16 channels, got input "
+            "of shape (2, 32, 6, 6)",
+        ),
         ("channels", lambda: conv2d_gw8(torch.randn(1, 12, 4, 4), w), "multiple of 8, got 12"),
         (
             "no channels",
@@ -495,6 +501,30 @@ def test_bad_argument_type_is_a_clean_error():
     x = torch.randn(1, 8, 4, 4)
     with pytest.raises((TypeError, RuntimeError), match="stride"):
         conv2d_gw8(x, torch.randn(8, 8, 3, 3), None, (1, 1))
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_a_missing_tensor_is_a_type_error_naming_it(monkeypatch, emulate):
+    """None for the weight reached `.dim()` (or, emulated, `.shape`): an AttributeError."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    x, w = torch.randn(1, 8, 4, 4).half(), torch.randn(8, 8, 3, 3).half()
+    with pytest.raises(TypeError, match="needs weight to be a tensor, got NoneType"):
+        conv2d_gw8(x, None, None, 1, 1, 1, 1, 1)
+    with pytest.raises(TypeError, match="needs input to be a tensor, got NoneType"):
+        conv2d_gw8(None, w, None, 1, 1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+@pytest.mark.parametrize("shape", [(0, 16, 5, 5), (2, 16, 1, 1)])
+def test_tensors_both_contiguous_and_channels_last_keep_their_strides(monkeypatch, emulate, shape):
+    """An empty batch or 1x1 images are contiguous in both formats; the output takes the
+    format the input's strides say, as F.conv2d's does (it had always come back NCHW)."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    w = torch.randn(16, 8, 3, 3).half()
+    for fmt in (torch.channels_last, torch.contiguous_format):
+        x = torch.randn(shape).half().to(memory_format=fmt)
+        y = conv2d_gw8(x, w, None, 1, 1, 1, 1, 2)
+        assert y.stride() == F.conv2d(x.float(), w.float(), None, 1, 1, 1, 2).stride()
 
 
 @pytest.mark.cuda
