@@ -144,7 +144,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .kernels.families import FAMILIES
     from .kernels.layer_sets import compile_layer_set
 
-    archs = args.arch or [check_arch(a) for a in supported_arch]
+    # A repeated --arch once: compiling every kernel twice for it would only double the time.
+    archs = list(dict.fromkeys(args.arch)) if args.arch else [check_arch(a) for a in supported_arch]
     families = [f for f in FAMILIES if not args.kernel or args.kernel in f]
     if not families:
         print(f"no kernel family matches {args.kernel!r}; families: {', '.join(FAMILIES)}")
@@ -243,6 +244,8 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import experimental_arch, supported_arch
+
     parser = argparse.ArgumentParser(prog="python -m spio", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parsers = {}
@@ -253,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--arch",
         action="append",
         type=_arch,
-        help="sm_80, sm_86, sm_89 or sm_90 (repeatable; default: all)",
+        help=f"{', '.join(supported_arch)}, or experimental (untested) "
+        f"{', '.join(experimental_arch)} (repeatable; default: all but the experimental)",
     )
     compile_parser.add_argument("--kernel", help="only kernel families whose name contains this")
     compile_parser.add_argument(

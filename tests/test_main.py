@@ -215,3 +215,40 @@ def test_a_settings_error_raised_by_a_command_is_a_one_line_error(monkeypatch, c
     monkeypatch.setitem(cli.COMMANDS, "info", (a_bug, ""))
     with pytest.raises(ValueError, match="not a setting"):
         cli.main(["info"])
+
+
+def test_compile_help_names_every_arch_it_accepts():
+    from spio import experimental_arch, supported_arch
+
+    out = " ".join(run_spio("compile", "--help").stdout.split())
+    assert all(arch in out for arch in supported_arch + experimental_arch), out
+
+
+@pytest.fixture
+def compiled_jobs(monkeypatch):
+    """cmd_compile over two small layers, with compile_many recording its jobs (compiling none)."""
+    import spio.compiler
+    import spio.kernels.layer_sets
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+
+    layers = [
+        Conv2dGw8Params(n=1, c=16, h=5, w=6, padding=1, r=3, s=3),
+        Conv2dGw8Params(n=2, c=8, h=4, w=3, padding=0, r=1, s=2, dtype="bf16"),
+    ]
+    monkeypatch.setattr(spio.kernels.layer_sets, "compile_layer_set", lambda: layers)
+    jobs = []
+
+    def record(batch, **kwargs):
+        jobs.extend((job.name.removesuffix(".cu"), job.arch) for job in batch)
+        return [RuntimeError("not compiled in this test") for _ in batch]
+
+    monkeypatch.setattr(spio.compiler, "compile_many", record)
+    return jobs
+
+
+def test_compile_merges_a_repeated_arch(compiled_jobs, capsys):
+    from spio.__main__ import main
+
+    main(["compile", "--arch", "sm_90", "--arch", "sm_86", "--arch", "sm_90", "--sample", "2"])
+    assert [arch for _, arch in compiled_jobs] == ["sm_90", "sm_86"] * 2
+    assert "for sm_90, sm_86: 4 compiles" in capsys.readouterr().out
