@@ -150,14 +150,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not families:
         print(f"no kernel family matches {args.kernel!r}; families: {', '.join(FAMILIES)}")
         return 2
-    kernels = {}
+    # (layer, config) pairs by the start of their kernel's name (a variant only adds a suffix),
+    # so that --sample picks as it would among the kernels, generating only the ones it picks.
+    pairs = {}
     for params in compile_layer_set():
         for family in families:
-            for kernel in FAMILIES[family].kernels(params):
-                kernels[kernel.name] = kernel
-    chosen = sorted(kernels.values(), key=lambda k: k.name)
-    if args.sample and args.sample < len(chosen):
-        chosen = sorted(random.Random(args.seed).sample(chosen, args.sample), key=lambda k: k.name)
+            for config in FAMILIES[family].configs(params):
+                pairs[f"{family}__{params.encode()}__{config.encode()}"] = (family, params, config)
+    keys = sorted(pairs)
+    if args.sample and args.sample < len(keys):
+        keys = random.Random(args.seed).sample(keys, args.sample)
+    chosen = sorted(
+        (
+            FAMILIES[family].make_kernel(params, config)
+            for family, params, config in map(pairs.get, keys)
+        ),
+        key=lambda k: k.name,
+    )
     jobs = [(kernel, arch) for kernel in chosen for arch in archs]
     print(f"compiling {len(chosen)} kernels for {', '.join(archs)}: {len(jobs)} compiles")
     results = compile_many([k.compile_job(a) for k, a in jobs], desc="compiling kernels")

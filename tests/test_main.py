@@ -252,3 +252,38 @@ def test_compile_merges_a_repeated_arch(compiled_jobs, capsys):
     main(["compile", "--arch", "sm_90", "--arch", "sm_86", "--arch", "sm_90", "--sample", "2"])
     assert [arch for _, arch in compiled_jobs] == ["sm_90", "sm_86"] * 2
     assert "for sm_90, sm_86: 4 compiles" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monkeypatch, seed):
+    """--sample N picks as it always has (N of all the kernels, sorted by name, by the seed)
+    but makes only those N kernels, not every kernel of the layer set first."""
+    import dataclasses
+    import random
+
+    from spio.__main__ import main
+    from spio.kernels import families
+    from spio.kernels.layer_sets import compile_layer_set
+
+    everything = sorted(
+        kernel.name
+        for params in compile_layer_set()
+        for family in families.FAMILIES.values()
+        for kernel in family.kernels(params)
+    )
+    picked = sorted(random.Random(seed).sample(everything, 5))
+    made = []
+
+    def counted(make):
+        def make_kernel(params, config):
+            made.append(config)
+            return make(params, config)
+
+        return make_kernel
+
+    for name, family in families.FAMILIES.items():
+        counting = dataclasses.replace(family, make_kernel=counted(family.make_kernel))
+        monkeypatch.setitem(families.FAMILIES, name, counting)
+    main(["compile", "--arch", "sm_90", "--sample", "5", "--seed", str(seed)])
+    assert [name for name, _ in compiled_jobs] == picked
+    assert len(made) == 5
