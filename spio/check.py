@@ -196,6 +196,11 @@ def check_pass(
     return result
 
 
+class SetupError(RuntimeError):
+    """No kernel of the check could be built: the toolchain (the host C++ compiler, NVRTC or the
+    CUDA headers) is missing or broken, which no kernel's result can say anything about."""
+
+
 def precompile(
     layers: Sequence[Conv2dGw8Params],
     extra_configs: int,
@@ -204,7 +209,8 @@ def precompile(
     device: str = "cuda",
 ) -> None:
     """Build every kernel the check will launch, in parallel, into the disk cache: cubins for
-    the GPU, emulator libraries for the CPU (a kernel that fails to build fails its run)."""
+    the GPU, emulator libraries for the CPU. A kernel that fails to build fails its run; when
+    none builds, SetupError says why (the first kernel's error)."""
     import torch
 
     from .kernels.conv2d_gw8_wgrad_factory import sum_kernel
@@ -222,7 +228,14 @@ def precompile(
                     if kernel.info_value("partials"):  # and the sum over its partial sums
                         summing = sum_kernel(params)
                         kernels[summing.name] = summing
-    build_kernels(kernels.values(), torch.device(device))
+    failures = build_kernels(kernels.values(), torch.device(device))
+    if kernels and len(failures) == len(kernels):
+        where = "the GPU" if device == "cuda" else "the CPU emulator"
+        first = failures[0].split(": ", 1)[-1]  # without the "<kernel name>: " prefix
+        raise SetupError(
+            f"none of the {len(kernels)} kernels could be built for {where}, so nothing was "
+            f"checked: {first}\n`python -m spio info` shows where spio looked for its tools"
+        )
 
 
 def run_check(
@@ -268,7 +281,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Run the self-test; exit status 0 when every pass and dtype passed, 1 otherwise."""
+    """Run the self-test; exit status 0 when every pass and dtype passed, 1 otherwise, 2 when
+    it cannot run (no GPU for --device cuda, no kernel could be built)."""
     try:
         device = resolve_device(args.device)
     except RuntimeError as error:
@@ -286,7 +300,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         "per layer, pass and dtype"
     )
     started = time.perf_counter()
-    results = run_check(device, layers, extra_configs=extra)
+    try:
+        results = run_check(device, layers, extra_configs=extra)
+    except SetupError as error:
+        print(f"spio check: setup error: {error}", file=sys.stderr)
+        return 2
     failed = [r for r in results if not r.passed]
     seconds = time.perf_counter() - started
     if failed:

@@ -145,3 +145,21 @@ def test_check_passes_on_the_gpu():
     lines = []
     results = check.run_check("cuda", check.GPU_LAYERS[-3:], extra_configs=1, report=lines.append)
     assert all(r.passed for r in results), "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    "setting,said",
+    [("CXX", "needs a host C++ compiler"), ("SPIO_CUDA_INCLUDE", "holds no cuda_fp16.h")],
+)
+def test_check_reports_a_broken_toolchain_as_one_setup_error(setting, said, tmp_path):
+    """When no kernel builds, one setup error (exit 2), not six "inf of tolerance" FAIL lines."""
+    out = subprocess.run(
+        [sys.executable, "-m", "spio", "check", "--device", "cpu", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, SPIO_CACHE_DIR=str(tmp_path), **{setting: "/nonexistent"}),
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "spio check: setup error: none of the 13 kernels could be built" in out.stderr
+    assert said in out.stderr and " FAIL " not in out.stdout
