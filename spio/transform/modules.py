@@ -26,6 +26,12 @@ from spio.log import logger
 Included = bool | Iterable[str]
 
 
+def _check_model(model: object, caller: str) -> None:
+    """TypeError naming the caller when model is not an nn.Module."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"spio.{caller} needs an nn.Module, got {type(model).__name__}")
+
+
 def transform(
     model: nn.Module, include: Callable[[str, nn.Conv2d], Included] | None = None
 ) -> nn.Module:
@@ -40,6 +46,12 @@ def transform(
     reachable by several paths is decided once, by its first name, and stays shared. Returns model
     (or its replacement if model itself is an eligible convolution).
     """
+    _check_model(model, "transform")
+    if include is not None and not callable(include):
+        raise TypeError(
+            "spio.transform: include must be a function of (name, conv) or None, got "
+            f"{type(include).__name__}"
+        )
     if Conv2dGw8.match(model):
         passes = _passes(include, "", model)
         if not passes:
@@ -94,6 +106,7 @@ def untransform(model: nn.Module) -> nn.Module:
     the inverse of transform. The model then runs PyTorch's convolution everywhere, e.g. for
     torch.onnx.export, which has no translation of spio's op. A module reachable by several paths
     stays shared. Returns model (or its replacement if model itself is a Conv2dGw8)."""
+    _check_model(model, "untransform")
     if isinstance(model, Conv2dGw8):
         return model.to_torch_module()
     replacements: dict[int, nn.Conv2d] = {}
@@ -126,28 +139,28 @@ def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, 
     return passes
 
 
-def _activation_dtype(x: torch.Tensor) -> str:
-    """The dtype a kernel would see for input x: its own, or autocast's, else fp16."""
+def _activation_dtype(x: torch.Tensor) -> str | None:
+    """The dtype a kernel would see for input x: its own, or autocast's; None where no kernel
+    runs (fp32 outside autocast: the layer runs PyTorch's convolution)."""
     if x.dtype in (torch.float16, torch.bfloat16):
         return dtype_name(x.dtype)
     region = autocast_dtype(x.device.type)
     if region in (torch.float16, torch.bfloat16):
         return dtype_name(region)
-    return "fp16"
+    return None
 
 
 def _layer_params(module: nn.Conv2d, x: torch.Tensor) -> Conv2dGw8Params | None:
     if x.dim() == 3:
         x = x.unsqueeze(0)
     padding = resolve_padding(module.padding, module.kernel_size, module.dilation)
-    if x.dim() != 4 or padding is None:
+    dtype = _activation_dtype(x)
+    if x.dim() != 4 or padding is None or dtype is None:
         return None
     n, c, h, w = x.shape
     r, s = module.kernel_size
     try:
-        return Conv2dGw8Params(
-            n, c, h, w, padding, r, s, module.bias is not None, _activation_dtype(x)
-        )
+        return Conv2dGw8Params(n, c, h, w, padding, r, s, module.bias is not None, dtype)
     except ValueError as error:
         logger.debug("scan_modules skips a layer: %s", error)
         return None
@@ -164,6 +177,7 @@ def scan_modules(
     statistics) and the random-number state are restored afterwards, so the model is left
     unchanged.
     """
+    _check_model(model, "scan_modules")
     return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs, kwargs)))
 
 
@@ -182,8 +196,13 @@ def _layers_met(
     listing a model's layers builds and launches no kernel. Buffers and the random-number state
     are restored afterwards."""
     met: list[tuple[nn.Module, Conv2dGw8Params, bool]] = []
+    no_kernel_dtype = 0  # calls in fp32 outside autocast
 
     def record(module: nn.Module, input: torch.Tensor) -> None:
+        nonlocal no_kernel_dtype
+        if _activation_dtype(input) is None:
+            no_kernel_dtype += 1
+            return
         params = _layer_params(module, input)
         if params is not None:
             met.append((module, params, input.is_contiguous(memory_format=torch.channels_last)))
@@ -201,6 +220,13 @@ def _layers_met(
     finally:
         for handle in handles:
             handle.remove()
+    if no_kernel_dtype:
+        logger.warning(
+            "%d calls of spio-eligible convolutions got inputs that are neither fp16 nor bf16, "
+            "outside torch.autocast: spio's kernels take fp16 and bf16, so these run PyTorch's "
+            "convolution and are not listed. Call under torch.autocast, as the model will run.",
+            no_kernel_dtype,
+        )
     return met
 
 
@@ -285,6 +311,7 @@ def precompile(
     are built all at once, and then each layer's are timed on the GPU (a second progress bar).
     Returns the kernels; raises RuntimeError naming any kernel that failed to build.
     """
+    _check_model(model, "precompile")
     model = _unwrapped(model)
     training = model.training if training is None else training
     layers = list({id(m): m for m in model.modules() if isinstance(m, Conv2dGw8)}.values())
@@ -426,6 +453,7 @@ def where_faster(
     Both implementations are timed in channels_last, the layout spio's kernels read; a warning
     says so when the convolutions met other layouts. `timer` replaces the GPU timing (tests).
     """
+    _check_model(model, "transform.where_faster")
     met = _layers_met(model, inputs, kwargs)
     layers = list(dict.fromkeys(params for _, params, _ in met))
     timed = PASSES if training else ("fprop",)

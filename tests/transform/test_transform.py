@@ -4,6 +4,7 @@ import copy
 import importlib.util
 import logging
 import pathlib
+import re
 
 import pytest
 import torch
@@ -177,7 +178,8 @@ def test_scan_modules(transformed):
     model.train()
     stats = copy.deepcopy(model.blocks[1].state_dict())
     x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
-    found = scan_modules(model, x)
+    with torch.autocast("cpu", dtype=torch.float16):
+        found = scan_modules(model, x)
     p = dict(n=2, c=16, h=9, w=8, dtype="fp16")
     assert found == [
         Conv2dGw8Params(**p, padding=1, r=3, s=3, has_bias=True),
@@ -198,6 +200,16 @@ def test_scan_modules_reads_autocast_dtype():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         found = scan_modules(model, x)
     assert found and all(p.dtype == "bf16" for p in found)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scan_modules_lists_no_layer_that_runs_no_kernel(caplog, dtype):
+    """Outside autocast, fp32 (or fp64) calls run PyTorch's convolution: they are not listed,
+    and a warning says why (they had been listed as fp16 layers)."""
+    model = transform(_model()).to(dtype)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert scan_modules(model, torch.randn(1, 3, 6, 6, dtype=dtype)) == []
+    assert "4 calls of spio-eligible convolutions got inputs that are neither fp16" in caplog.text
 
 
 def test_hooks_keep_a_conv_and_attributes_travel():
@@ -246,3 +258,23 @@ def test_shared_parents_are_named_by_their_first_path_and_counted_once(caplog):
     assert asked == ["a.0"]
     assert "replaced 1 of 2 nn.Conv2d modules" in caplog.text
     assert type(model.a[0]) is Conv2dGw8 and model.a is model.b
+
+
+def test_arguments_of_the_wrong_kind_are_type_errors_naming_the_function():
+    """A string for the model, or True for include, failed inside with AttributeError or
+    "'bool' object is not callable"."""
+    calls = {
+        "spio.transform needs an nn.Module, got str": lambda: transform("model"),
+        "include must be a function of (name, conv) or None, got bool": lambda: transform(
+            _model(), include=True
+        ),
+        "spio.untransform needs an nn.Module, got list": lambda: spio_transform.untransform([]),
+        "spio.scan_modules needs an nn.Module, got int": lambda: scan_modules(3),
+        "spio.precompile needs an nn.Module, got NoneType": lambda: spio_transform.precompile(None),
+        "spio.transform.where_faster needs an nn.Module, got str": lambda: (
+            spio_transform.where_faster("model", timer=lambda *a: 0.0)
+        ),
+    }
+    for message, call in calls.items():
+        with pytest.raises(TypeError, match=re.escape(message)):
+            call()
