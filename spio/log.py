@@ -2,12 +2,25 @@
 
 import logging
 import os
+import warnings
 
 logger = logging.getLogger("spio")
 
+_LEVELS = {"": None, "0": None, "1": logging.INFO, "2": logging.DEBUG}
+
 
 def _configure_from_env() -> None:
-    level = {"1": logging.INFO, "2": logging.DEBUG}.get(os.environ.get("SPIO_LOGGER", "").strip())
+    """Set the level from SPIO_LOGGER; another value warns (it is read at `import spio`, where
+    raising would break the import) and leaves the default level."""
+    text = os.environ.get("SPIO_LOGGER", "")
+    if text.strip() not in _LEVELS:
+        warnings.warn(
+            f"SPIO_LOGGER must be 0 or empty (off), 1 (info) or 2 (debug), got {text!r}; "
+            "spio logs at the default level",
+            stacklevel=2,
+        )
+        return
+    level = _LEVELS[text.strip()]
     if level is None:
         return
     logger.setLevel(level)

@@ -8,8 +8,9 @@ Nothing is compiled at import time.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
+
+from ..env import flag
 
 if TYPE_CHECKING:
     from .module import EmuFunction, EmulatorError, EmuModule, load_module
@@ -19,8 +20,8 @@ __all__ = ["EmuFunction", "EmuModule", "EmulatorError", "is_enabled", "load_modu
 
 def is_enabled() -> bool:
     """True when SPIO_EMULATE=1 (or true, yes, on): CPU tensors then run through the emulated
-    kernels. The one reading of the variable."""
-    return os.environ.get("SPIO_EMULATE", "").strip().lower() in ("1", "true", "yes", "on")
+    kernels. The one reading of the variable; a value not on or off raises ValueError."""
+    return flag("SPIO_EMULATE")
 
 
 def __getattr__(name: str):

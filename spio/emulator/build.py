@@ -176,11 +176,12 @@ _cache = DiskCache("emulator")
 
 
 def use_ucontext() -> bool:
-    """glibc ucontext fibers instead of the assembly switch: other CPUs, or SPIO_EMU_UCONTEXT=1."""
-    return (
-        platform.machine() not in ("x86_64", "AMD64")
-        or os.environ.get("SPIO_EMU_UCONTEXT", "").strip() == "1"
-    )
+    """glibc ucontext fibers instead of the assembly switch: other CPUs, or SPIO_EMU_UCONTEXT=1
+    (read on every CPU, so that a value not on or off raises ValueError everywhere)."""
+    from ..env import flag
+
+    asked = flag("SPIO_EMU_UCONTEXT")
+    return asked or platform.machine() not in ("x86_64", "AMD64")
 
 
 def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ..env import flag
 from ..log import logger
 from .conv2d_gw8_params import Conv2dGw8Params
 from .kernel import Kernel, cuda_ordinal
@@ -35,8 +36,12 @@ Timer = Callable[[str, Conv2dGw8Params, Kernel, Any], float]
 
 
 def autotune_enabled() -> bool:
-    """True when SPIO_AUTOTUNE=1."""
-    return os.environ.get("SPIO_AUTOTUNE", "").strip() == "1"
+    """True when SPIO_AUTOTUNE=1 (or true, yes, on); then SPIO_AUTOTUNE_TOPK is checked too, so
+    that a bad value raises ValueError wherever autotuning is consulted, not only on a GPU."""
+    if not flag("SPIO_AUTOTUNE"):
+        return False
+    top_k()
+    return True
 
 
 def capturing(device: Any) -> bool:

@@ -86,10 +86,39 @@ def test_is_enabled(monkeypatch):
     for on in ("1", "true", " Yes ", "ON"):  # as the ops read it (they ask is_enabled)
         monkeypatch.setenv("SPIO_EMULATE", on)
         assert emulator.is_enabled() and uses_kernels(torch.device("cpu"))
-    monkeypatch.setenv("SPIO_EMULATE", "0")
-    assert not emulator.is_enabled()
+    for off in ("0", "false", " No ", "OFF", ""):
+        monkeypatch.setenv("SPIO_EMULATE", off)
+        assert not emulator.is_enabled()
     monkeypatch.delenv("SPIO_EMULATE")
     assert not emulator.is_enabled()
+
+
+def test_a_bad_emulate_value_raises(monkeypatch):
+    """SPIO_EMULATE=maybe had read as off: CPU tensors silently took PyTorch's convolution."""
+    monkeypatch.setenv("SPIO_EMULATE", "maybe")
+    match = r"^SPIO_EMULATE must be 1/true/yes/on or 0/false/no/off, got 'maybe'$"
+    with pytest.raises(ValueError, match=match):
+        emulator.is_enabled()
+    with pytest.raises(ValueError, match=match):
+        uses_kernels(torch.device("cpu"))
+
+
+def test_use_ucontext_reads_the_flag_like_the_others(monkeypatch):
+    """SPIO_EMU_UCONTEXT takes the on/off words of every flag (true had been ignored) and a bad
+    value raises, on every CPU (maybe had been ignored)."""
+    from spio.emulator.build import use_ucontext
+
+    for on in ("1", "true", " Yes ", "ON"):
+        monkeypatch.setenv("SPIO_EMU_UCONTEXT", on)
+        assert use_ucontext()
+    monkeypatch.setenv("SPIO_EMU_UCONTEXT", "maybe")
+    with pytest.raises(ValueError, match=r"^SPIO_EMU_UCONTEXT must be .*, got 'maybe'$"):
+        use_ucontext()
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    with pytest.raises(ValueError, match=r"^SPIO_EMU_UCONTEXT must be .*, got 'maybe'$"):
+        use_ucontext()
+    monkeypatch.setenv("SPIO_EMU_UCONTEXT", "off")
+    assert use_ucontext()  # other CPUs have no assembly switch
 
 
 def test_first_launch_logs_once(hazards, caplog):

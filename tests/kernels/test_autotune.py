@@ -235,6 +235,32 @@ def test_autotune_is_off_unless_asked(monkeypatch, models):
     assert autotune.top_k() == 3
 
 
+def test_autotune_flag_words_and_bad_values(monkeypatch):
+    """SPIO_AUTOTUNE takes the words SPIO_EMULATE does (true and yes had read as off) and a bad
+    value raises; with autotuning on, a bad SPIO_AUTOTUNE_TOPK raises when the flag is read."""
+    monkeypatch.delenv("SPIO_AUTOTUNE_TOPK", raising=False)
+    for on in ("1", "true", " Yes ", "ON"):
+        monkeypatch.setenv("SPIO_AUTOTUNE", on)
+        assert autotune.autotune_enabled()
+    for off in ("0", "false", "no", "Off", ""):
+        monkeypatch.setenv("SPIO_AUTOTUNE", off)
+        assert not autotune.autotune_enabled()
+    monkeypatch.setenv("SPIO_AUTOTUNE", "maybe")
+    with pytest.raises(
+        ValueError, match=r"^SPIO_AUTOTUNE must be 1/true/yes/on or 0/false/no/off, got 'maybe'$"
+    ):
+        autotune.autotune_enabled()
+    for bad in ("-1", "0", "abc", "2.5"):
+        monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", bad)
+        monkeypatch.setenv("SPIO_AUTOTUNE", "0")
+        assert not autotune.autotune_enabled()  # unused while autotuning is off
+        monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+        with pytest.raises(
+            ValueError, match=rf"^SPIO_AUTOTUNE_TOPK needs a positive integer, got '{bad}'$"
+        ):
+            autotune.autotune_enabled()
+
+
 def test_kernel_inputs_match_the_kernels_argument_order():
     import torch
 

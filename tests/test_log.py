@@ -1,0 +1,61 @@
+"""SPIO_LOGGER, read at `import spio`: 1 logs info, 2 debug, 0 or empty nothing; another value
+warns (naming it and the accepted ones) rather than being ignored or breaking the import."""
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from spio import log
+
+
+@pytest.fixture
+def spio_logger(monkeypatch):
+    """The spio logger's level and handlers, restored after the test."""
+    monkeypatch.setattr(log.logger, "level", log.logger.level)
+    monkeypatch.setattr(log.logger, "handlers", list(log.logger.handlers))
+    log.logger.setLevel(logging.NOTSET)
+    return log.logger
+
+
+@pytest.mark.parametrize("value,level", [("1", logging.INFO), (" 2 ", logging.DEBUG)])
+def test_levels(monkeypatch, spio_logger, value, level):
+    monkeypatch.setenv("SPIO_LOGGER", value)
+    log._configure_from_env()
+    assert spio_logger.level == level and spio_logger.handlers
+
+
+@pytest.mark.parametrize("value", ["", "0"])
+def test_off_is_quiet(monkeypatch, spio_logger, value):
+    monkeypatch.setenv("SPIO_LOGGER", value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        log._configure_from_env()
+    assert spio_logger.level == logging.NOTSET
+
+
+@pytest.mark.parametrize("value", ["7", "debug", "true"])
+def test_a_bad_value_warns_and_keeps_the_default_level(monkeypatch, spio_logger, value):
+    monkeypatch.setenv("SPIO_LOGGER", value)
+    with pytest.warns(UserWarning) as record:
+        log._configure_from_env()
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert message.startswith("SPIO_LOGGER ") and repr(value) in message
+    assert all(word in message for word in ("0", "1", "2"))
+    assert spio_logger.level == logging.NOTSET
+
+
+def test_import_spio_with_a_bad_value_warns_and_works():
+    out = subprocess.run(
+        [sys.executable, "-c", "import spio; print(spio.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, SPIO_LOGGER="debug"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "SPIO_LOGGER must be" in out.stderr and "'debug'" in out.stderr
