@@ -132,12 +132,14 @@ def _is_broken(pool: ProcessPoolExecutor) -> bool:
     return any(process.exitcode is not None for process in list(processes.values()))
 
 
-def _shared_pool(workers: int) -> ProcessPoolExecutor:
-    """The shared pool, for one round of a sweep (which holds _sweep_lock): a new pool of
-    `workers` processes when there is none, it lost a worker, or it has another size."""
+def _shared_pool(workers: int, most: int) -> ProcessPoolExecutor:
+    """The shared pool, for one round of a sweep (which holds _sweep_lock), with at least
+    `workers` and at most `most` processes: a new pool of `workers` when there is none, it lost
+    a worker, or its size is outside those bounds. A sweep of few jobs starts no more processes
+    than it has jobs, and a later, larger sweep gets a larger pool."""
     global _pool, _pool_workers, _shutdown_registered
     with _pool_lock:
-        if _pool is not None and (_pool_workers != workers or _is_broken(_pool)):
+        if _pool is not None and (not workers <= _pool_workers <= most or _is_broken(_pool)):
             _pool.shutdown(wait=True, cancel_futures=True)
             _pool = None
         if _pool is None:
@@ -188,7 +190,8 @@ class _Sweep:
 
     def __init__(self, jobs: list[CompileJob], workers: int, bar) -> None:
         self.jobs = jobs
-        self.workers = workers
+        self.workers = min(workers, len(jobs))  # jobs at once; the pool may hold up to `most`
+        self.most = workers
         self.bar = bar
         self.root = str(cache_root())
         self.results: list[CompileResult | BaseException | None] = [None] * len(jobs)
@@ -229,7 +232,7 @@ class _Sweep:
         running when it broke. No more jobs than `limit` are ever handed to the executor: a
         worker's death loses only the jobs running beside it, and on Ctrl-C no job waits in the
         executor's queue, where it could no longer be cancelled."""
-        pool = _shared_pool(self.workers)
+        pool = _shared_pool(self.workers, self.most)
         finished: SimpleQueue[Future] = SimpleQueue()
         running: dict[Future, int] = {}
         lost: list[int] = []

@@ -137,6 +137,25 @@ def test_a_pool_whose_workers_died_is_replaced(pool_jobs, tmp_path, caplog):
     assert "worker died" not in caplog.text
 
 
+def test_a_sweep_starts_no_more_processes_than_it_has_jobs(pool_jobs, tmp_path):
+    """Two jobs with SPIO_WORKERS=4 started four processes (30 with 30). Now a pool holds as
+    many as the sweep needs; a larger sweep gets a larger one, a smaller one reuses it, and a
+    lower worker count than the pool's size makes a smaller pool."""
+    from spio.compiler import pool
+
+    def sweep(count, workers):
+        jobs = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"j{i}") for i in range(count)]
+        assert compile_many(jobs, workers=workers, progress=False) == [j.name for j in jobs]
+        return set(pool._pool._processes)
+
+    pool.shutdown_pool()
+    assert len(sweep(2, 4)) == 2
+    four = sweep(4, 4)
+    assert len(four) == 4
+    assert sweep(2, 4) == four  # the same processes
+    assert len(sweep(3, 2)) == 2
+
+
 def test_sweeps_in_two_threads_with_different_worker_counts_both_finish(pool_jobs, tmp_path):
     """A sweep started while another runs waits for it, instead of replacing the pool under
     the other (for its own size), whose next submit then failed."""
