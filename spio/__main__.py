@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 
 _BROKEN = "BROKEN INSTALL"
+_BAD_SETTING = "BAD SETTING"
+_NOT_WRITABLE = "NOT A WRITABLE FOLDER"
 
 
 def _gpus() -> tuple[list[dict], str | None]:
@@ -39,9 +41,17 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
     present (their archs, by ordinal) none covers: their tile configs come from the analytic
     heuristic."""
     from .kernels.families import FAMILIES
-    from .kernels.perf_model import PerfModelError, models_dir, read_meta
+    from .kernels.perf_model import PACKAGED_MODELS_DIR, PerfModelError, models_dir, read_meta
 
     folder = models_dir()
+    if not folder.is_dir():  # a mistyped SPIO_PERF_MODELS must not pass for "no models"
+        if folder == PACKAGED_MODELS_DIR:
+            return [("perf models", f"{_BROKEN}, the shipped models' folder {folder} is missing")]
+        why = (
+            f"{_BAD_SETTING}: SPIO_PERF_MODELS={folder} is not a folder; set it to a folder of "
+            "models (sm_XX/<family>.ubj), or unset it for the shipped ones"
+        )
+        return [("perf models", why)]
     by_arch: dict[str, list[dict]] = {}
     for meta_path in sorted(folder.glob("sm_*/**/*.json")):
         try:
@@ -91,14 +101,18 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})"))
     except ImportError:
         rows.append(("torch", "not installed"))
-    try:
-        major, minor = nvrtc.version()
+    major = library = None
+    try:  # report, don't crash: info is the first thing users run
         library = nvrtc.library_path()
+        major, minor = nvrtc.version()
         rows.append(("NVRTC", f"{major}.{minor} at {library}"))
+    except Exception as error:
+        rows.append(("NVRTC", _nvrtc_problem(library, error)))
+    try:
         headers = paths.find_cuda_include(prefer_major=major, nvrtc=library)  # as compiles use
         rows.append(("CUDA headers", str(headers)))
-    except Exception as error:  # report, don't crash: info is the first thing users run
-        rows.append(("NVRTC", f"{_BROKEN}, not found: {error}"))
+    except Exception as error:
+        rows.append(("CUDA headers", f"{_BROKEN}, not found: {error}"))
     rows.append(("spio headers", str(paths.bundled_include_dir())))
     gpus, why_none = _gpus()
     rows.append(("GPU", _gpu_summary(gpus, why_none)))
@@ -107,12 +121,48 @@ def cmd_info(args: argparse.Namespace) -> int:
     root = cache_root()  # spio's folders there only: SPIO_CACHE_DIR may hold other things too
     sizes = [folder_size(root / namespace) for namespace in NAMESPACES]
     files, total = sum(n for n, _ in sizes), sum(b for _, b in sizes)
-    rows.append(("cache", f"{root} ({files} files, {_human_bytes(total)})"))
+    rows.append(("cache", _cache_problem(root) or f"{root} ({files} files, {_human_bytes(total)})"))
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
-    # No GPU is fine (the emulator and the PyTorch reference still work); a missing part is not.
-    return 1 if any(_BROKEN in value for _, value in rows) else 0
+    # No GPU is fine (the emulator and the PyTorch reference still work); a missing part, or a
+    # setting that names something unusable, is not.
+    problems = (_BROKEN, _BAD_SETTING, _NOT_WRITABLE)
+    return 1 if any(p in value for _, value in rows for p in problems) else 0
+
+
+def _nvrtc_problem(library, error: Exception) -> str:
+    """The NVRTC row when libnvrtc was not found (library None) or was found but does not load."""
+    if library is None:
+        return f"{_BROKEN}, not found: {error}"
+    import os
+
+    fix = (
+        "set SPIO_NVRTC to a working libnvrtc.so.12 or .13, or unset it"
+        if os.environ.get("SPIO_NVRTC")
+        else "reinstall it (`pip install nvidia-cuda-nvrtc-cu12`), or set SPIO_NVRTC to another"
+    )
+    return f"{_BROKEN}, {library} was found but cannot be loaded ({error}); {fix}"
+
+
+def _cache_problem(root) -> str | None:
+    """Why spio cannot keep its cache in `root` (a file there, or a folder it may not write), or
+    None; a missing folder is fine when it can be created."""
+    import os
+
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        why = f"{existing} is a file"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"{existing} is not writable"
+    else:
+        return None
+    return (
+        f"{root}: {_NOT_WRITABLE} ({why}); set SPIO_CACHE_DIR to a writable folder, else every "
+        "process builds its kernels again"
+    )
 
 
 def cmd_clear_cache(args: argparse.Namespace) -> int:

@@ -177,6 +177,7 @@ def test_info_says_which_gpus_no_perf_model_covers(tmp_path, monkeypatch):
         "cuda:1 (sm_86): no model applies; the analytic heuristic picks tile configs "
         "(SPIO_AUTOTUNE=1 times its top candidates on first use)"
     ]
+    (tmp_path / "empty").mkdir()
     monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path / "empty"))
     assert cli._perf_model_rows([])[0] == ("perf models", f"none in {tmp_path / 'empty'}")
 
@@ -287,3 +288,25 @@ def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monke
     main(["compile", "--arch", "sm_90", "--sample", "5", "--seed", str(seed)])
     assert [name for name, _ in compiled_jobs] == picked
     assert len(made) == 5
+
+
+@pytest.mark.parametrize(
+    "setting,row,said",
+    [
+        ("SPIO_CUDA_INCLUDE", "CUDA headers", "BROKEN INSTALL, not found: SPIO_CUDA_INCLUDE="),
+        ("SPIO_NVRTC", "NVRTC", "was found but cannot be loaded"),
+        ("SPIO_PERF_MODELS", "perf models", "is not a folder; set it to a folder of models"),
+        ("SPIO_CACHE_DIR", "cache", "NOT A WRITABLE FOLDER"),
+    ],
+)
+def test_info_names_a_setting_that_points_at_something_unusable(setting, row, said, tmp_path):
+    """A missing folder, or an empty file for a folder or libnvrtc: the row it concerns says so
+    (and names the setting to change), and info exits 1."""
+    value = tmp_path / "empty.so" if setting in ("SPIO_NVRTC", "SPIO_CACHE_DIR") else "/nonexistent"
+    (tmp_path / "empty.so").write_bytes(b"")
+    env = {"SPIO_CACHE_DIR": str(tmp_path / "cache"), setting: str(value)}
+    out = run_spio("info", env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith(row)]
+    assert len(rows) == 1 and said in rows[0] and setting in rows[0], out.stdout
+    assert len([line for line in out.stdout.splitlines() if line.startswith("NVRTC")]) == 1
