@@ -337,6 +337,7 @@ def _check_settings() -> None:
     any work instead of part way through."""
     from . import emulator
     from .compiler.pool import default_workers
+    from .emulator.build import use_ucontext
     from .kernels.autotune import autotune_enabled, top_k
     from .kernels.kernel import _emulator_order_seed
 
@@ -345,6 +346,7 @@ def _check_settings() -> None:
     top_k()
     autotune_enabled()
     emulator.is_enabled()
+    use_ucontext()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -189,6 +189,9 @@ def test_info_says_which_gpus_no_perf_model_covers(tmp_path, monkeypatch):
         (["compile", "--arch", "sm_90", "--sample", "1"], "SPIO_WORKERS", "0"),
         (["check", "--quick"], "SPIO_EMULATOR_ORDER_SEED", "x"),
         (["compile", "--arch", "sm_90", "--sample", "1"], "SPIO_AUTOTUNE_TOPK", "0"),
+        (["check", "--quick"], "SPIO_EMULATE", "maybe"),
+        (["check", "--quick"], "SPIO_AUTOTUNE", "maybe"),
+        (["check", "--quick"], "SPIO_EMU_UCONTEXT", "maybe"),
     ],
 )
 def test_a_bad_setting_is_a_one_line_error_before_any_work(command, setting, value, tmp_path):
