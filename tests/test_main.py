@@ -304,12 +304,13 @@ def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monke
 )
 def test_info_names_a_setting_that_points_at_something_unusable(setting, row, said, tmp_path):
     """A missing folder, or an empty file for a folder or libnvrtc: the row it concerns says so
-    (and names the setting to change), and info exits 1."""
+    (and names the setting to change), and info exits 1; but 0 for a cache it cannot write,
+    which spio runs without (a GPU check script stops at a failed info)."""
     value = tmp_path / "empty.so" if setting in ("SPIO_NVRTC", "SPIO_CACHE_DIR") else "/nonexistent"
     (tmp_path / "empty.so").write_bytes(b"")
     env = {"SPIO_CACHE_DIR": str(tmp_path / "cache"), setting: str(value)}
     out = run_spio("info", env=env)
-    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.returncode == (0 if setting == "SPIO_CACHE_DIR" else 1), out.stdout + out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith(row)]
     assert len(rows) == 1 and said in rows[0] and setting in rows[0], out.stdout
     assert len([line for line in out.stdout.splitlines() if line.startswith("NVRTC")]) == 1
