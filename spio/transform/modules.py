@@ -141,13 +141,14 @@ def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, 
 
 def _activation_dtype(x: torch.Tensor) -> str | None:
     """The dtype a kernel would see for input x: its own, or autocast's; None where no kernel
-    runs (fp32 outside autocast: the layer runs PyTorch's convolution)."""
+    runs (fp32 outside autocast: the layer runs PyTorch's convolution). On the meta device,
+    where nothing runs and autocast does not apply, a model's layers are listed as fp16."""
     if x.dtype in (torch.float16, torch.bfloat16):
         return dtype_name(x.dtype)
     region = autocast_dtype(x.device.type)
     if region in (torch.float16, torch.bfloat16):
         return dtype_name(region)
-    return None
+    return "fp16" if x.device.type == "meta" else None
 
 
 def _layer_params(module: nn.Conv2d, x: torch.Tensor) -> Conv2dGw8Params | None:
