@@ -1,7 +1,7 @@
 """Argument checks shared by the conv2d_gw8 custom ops and the eager path, and where work runs.
 
-Each check raises ValueError naming the violated constraint and the value; they work on fake
-(symbolic) tensors too.
+Each check raises ValueError naming the violated constraint and the value (TypeError for a
+non-tensor where a tensor belongs); they work on fake (symbolic) tensors too.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Measured autotuning: time the performance model's top-k configs once, keep the winner on disk.
 
-With SPIO_AUTOTUNE=1, `KernelFactory.get_kernel` on a CUDA device times the k configs the model
-ranks best (SPIO_AUTOTUNE_TOPK, default 5) the first time it meets a layer, and stores the fastest
-in `<cache_root>/autotune/`, keyed by device name, driver, spio version, kernel family, layer
-params and the configs timed. Later uses, in this process or another, read the entry and time
-nothing. spio.precompile finds a model's layers to tune first (`collecting`), so that their
-candidates build all at once.
+With SPIO_AUTOTUNE=1, `KernelFactory.get_kernel` on a CUDA device times, the first time it meets
+a layer, the k configs the model (or, where none applies, the heuristic) ranks best
+(SPIO_AUTOTUNE_TOPK, default 5) and the pick's variants in fields no model has measured, and
+stores the fastest in `<cache_root>/autotune/`, keyed by device name, driver, spio version,
+kernel family, layer params and the configs timed. Later uses, in this process or another,
+read the entry and time nothing. spio.precompile finds a model's layers to tune first
+(`collecting`), so that their candidates build all at once.
 
 The timing helpers here (`kernel_inputs`, `time_kernel`) are also what scripts/perf_sample.py uses
 to measure the data the models are trained on. They time a pass as spio runs it: a WGrad time
