@@ -2,9 +2,24 @@
 
 import logging
 import os
+import sys
 import warnings
 
 logger = logging.getLogger("spio")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """stderr, clearing tqdm's progress bars there around each line (tqdm.external_write_mode),
+    so that a log line never lands on a bar's line; plain writes while tqdm is not imported."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm = sys.modules.get("tqdm")  # no bars can exist before tqdm is imported
+        if tqdm is None:
+            super().emit(record)
+            return
+        with tqdm.tqdm.external_write_mode(file=self.stream):
+            super().emit(record)
+
 
 _LEVELS = {"": None, "0": None, "1": logging.INFO, "2": logging.DEBUG}
 
@@ -25,7 +40,7 @@ def _configure_from_env() -> None:
         return
     logger.setLevel(level)
     if not logger.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("spio %(levelname)s: %(message)s"))
         logger.addHandler(handler)
 

@@ -59,3 +59,20 @@ def test_import_spio_with_a_bad_value_warns_and_works():
     )
     assert out.returncode == 0, out.stderr
     assert "SPIO_LOGGER must be" in out.stderr and "'debug'" in out.stderr
+
+
+def test_a_line_logged_during_a_progress_bar_starts_on_a_line_of_its_own():
+    """spio's handler clears tqdm's bars on its stream around each line (a warning during a
+    compile sweep had been printed onto the bar's line), and draws them again after it."""
+    import io
+
+    from tqdm import tqdm
+
+    stream = io.StringIO()
+    handler = log._StderrHandler(stream)
+    record = logging.LogRecord("spio", logging.WARNING, __file__, 1, "hello", None, None)
+    with tqdm(total=10, file=stream, mininterval=0, ascii=True) as bar:
+        bar.update(1)
+        handler.emit(record)
+        before, after = stream.getvalue().split("hello\n")
+    assert before.endswith("\r") and "1/10" in after  # the bar cleared, then drawn again
