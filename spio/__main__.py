@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -136,8 +137,6 @@ def _nvrtc_problem(library, error: Exception) -> str:
     """The NVRTC row when libnvrtc was not found (library None) or was found but does not load."""
     if library is None:
         return f"{_BROKEN}, not found: {error}"
-    import os
-
     fix = (
         "set SPIO_NVRTC to a working libnvrtc.so.12 or .13, or unset it"
         if os.environ.get("SPIO_NVRTC")
@@ -149,8 +148,6 @@ def _nvrtc_problem(library, error: Exception) -> str:
 def _cache_problem(root) -> str | None:
     """Why spio cannot keep its cache in `root` (a file there, or a folder it may not write), or
     None; a missing folder is fine when it can be created."""
-    import os
-
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

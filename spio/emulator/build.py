@@ -31,6 +31,7 @@ from pathlib import Path
 from ..compiler import digest
 from ..compiler.cache import DiskCache, hash_key, write_atomically
 from ..cuda import paths
+from ..env import flag
 from ..log import logger
 
 #: Bump when the build recipe or the entry ABI changes.
@@ -178,8 +179,6 @@ _cache = DiskCache("emulator")
 def use_ucontext() -> bool:
     """glibc ucontext fibers instead of the assembly switch: other CPUs, or SPIO_EMU_UCONTEXT=1
     (read on every CPU, so that a value not on or off raises ValueError everywhere)."""
-    from ..env import flag
-
     asked = flag("SPIO_EMU_UCONTEXT")
     return asked or platform.machine() not in ("x86_64", "AMD64")
 

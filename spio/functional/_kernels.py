@@ -488,24 +488,20 @@ def layer(
 ) -> Layer:
     """The validated Layer of this call; check_args raises on the first call with bad arguments
     (a bad call is never cached)."""
-    try:
-        key = (
-            input.shape,
-            input.dtype,
-            input.device,
-            weight.shape,
-            weight.dtype,
-            weight.device,
-            None if bias is None else (bias.shape, bias.dtype, bias.device),
-            pad_y,
-            pad_x,
-            stride,
-            dilation,
-            groups,
-        )
-    except AttributeError:  # not tensors: check_args names the argument
-        check_args(input, weight, bias, stride, pad_y, pad_x, dilation, groups)
-        raise
+    key = (
+        input.shape,
+        input.dtype,
+        input.device,
+        weight.shape,
+        weight.dtype,
+        weight.device,
+        None if bias is None else (bias.shape, bias.dtype, bias.device),
+        pad_y,
+        pad_x,
+        stride,
+        dilation,
+        groups,
+    )
     found = _layers.get(key)
     if found is None:
         check_args(input, weight, bias, stride, pad_y, pad_x, dilation, groups)

@@ -151,12 +151,11 @@ def _activation_dtype(x: torch.Tensor) -> str | None:
     return "fp16" if x.device.type == "meta" else None
 
 
-def _layer_params(module: nn.Conv2d, x: torch.Tensor) -> Conv2dGw8Params | None:
+def _layer_params(module: nn.Conv2d, x: torch.Tensor, dtype: str) -> Conv2dGw8Params | None:
     if x.dim() == 3:
         x = x.unsqueeze(0)
     padding = resolve_padding(module.padding, module.kernel_size, module.dilation)
-    dtype = _activation_dtype(x)
-    if x.dim() != 4 or padding is None or dtype is None:
+    if x.dim() != 4 or padding is None:
         return None
     n, c, h, w = x.shape
     r, s = module.kernel_size
@@ -201,10 +200,11 @@ def _layers_met(
 
     def record(module: nn.Module, input: torch.Tensor) -> None:
         nonlocal no_kernel_dtype
-        if _activation_dtype(input) is None:
+        dtype = _activation_dtype(input)
+        if dtype is None:
             no_kernel_dtype += 1
             return
-        params = _layer_params(module, input)
+        params = _layer_params(module, input, dtype)
         if params is not None:
             met.append((module, params, input.is_contiguous(memory_format=torch.channels_last)))
 
