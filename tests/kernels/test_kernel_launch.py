@@ -146,8 +146,14 @@ def test_kernel_hashes_by_its_name():
     assert a == b and hash(a) == hash(b) == hash("k1")
     assert a != make((("h.h", "y"),)) and len({a, b, make((), "k2")}) == 2
 
-    # The repr leaves the headers out: a list of kernels (spio.precompile's result) printed in
-    # a notebook had been tens of KB of generated C++ per kernel.
+
+def test_a_kernels_repr_leaves_out_its_headers():
+    """A list of kernels (spio.precompile's result) printed in a notebook had been tens of KB
+    of generated C++ per kernel."""
+    from spio.kernels.kernel import Kernel
+
+    a = Kernel(name="k1", source_file="conv2d_gw8.cu", entry="e", headers=(("h.h", "x" * 100_000),),
+               grid=(1, 1, 1), block=(32, 1, 1), shared_mem_bytes=0)  # fmt: skip
     assert "x" * 100 not in repr(a) and "name='k1'" in repr(a) and len(repr(a)) < 300
 
 
