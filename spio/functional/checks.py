@@ -68,6 +68,9 @@ def uses_kernels(device: torch.device) -> bool:
 
 def check_tensors(input: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     """Raise TypeError naming the argument that is not a tensor (bias may be None)."""
+    if isinstance(input, Tensor) and isinstance(weight, Tensor):  # every call: kept cheap
+        if bias is None or isinstance(bias, Tensor):
+            return
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
         if not isinstance(t, Tensor) and not (name == "bias" and t is None):
             kind = "a tensor or None" if name == "bias" else "a tensor"

@@ -13,7 +13,7 @@ from torch.nn.modules.utils import _pair
 
 from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
-from spio.functional.checks import autocast_dtype, derivative_transform
+from spio.functional.checks import autocast_dtype, check_tensors, derivative_transform
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
 from spio.functional.eager import (
     autocast_operands,
@@ -288,7 +288,9 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
 
 def _route(input: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[bool, str | None]:
     """(whether input's device runs spio's kernels, why the call falls back to F.conv2d or
-    None): where a Conv2dGw8 call goes, for conv2d_gw8_layer and spio_kernels alike."""
+    None): where a Conv2dGw8 call goes, for conv2d_gw8_layer and spio_kernels alike. An input
+    that is not a tensor is a TypeError naming it, as in nn.Conv2d."""
+    check_tensors(input, weight, bias)
     kernels = input.is_cuda or uses_kernels(input.device)
     reason = _unsupported(input, weight, bias, kernels) or derivative_transform(input, weight, bias)
     return kernels, reason

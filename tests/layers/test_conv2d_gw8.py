@@ -132,6 +132,22 @@ def test_state_dict_round_trip():
     assert set(spio_conv.state_dict()) == {"weight", "bias"}
 
 
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_an_input_that_is_not_a_tensor_is_a_type_error_naming_it(monkeypatch, emulate):
+    """`Conv2dGw8(...)(None)` had been an AttributeError from the first check of the input's
+    device; nn.Conv2d raises a TypeError there."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    m = make_conv2d(16, 16, 3, padding=1, groups=2)
+    assert isinstance(m, Conv2dGw8)
+    for value in (None, [[1.0]]):
+        with pytest.raises(
+            TypeError, match=f"needs input to be a tensor, got {type(value).__name__}"
+        ):
+            m(value)
+        with pytest.raises(TypeError, match="needs input to be a tensor"):
+            m.spio_kernels(value)
+
+
 def test_unbatched_input():
     m = make_conv2d(8, 8, 3, padding=1).double()
     x = torch.randn(8, 5, 5, dtype=torch.float64)
