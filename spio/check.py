@@ -231,7 +231,7 @@ def precompile(
     failures = build_kernels(kernels.values(), torch.device(device))
     if kernels and len(failures) == len(kernels):
         where = "the GPU" if device == "cuda" else "the CPU emulator"
-        first = failures[0].split(": ", 1)[-1]  # without the "<kernel name>: " prefix
+        first = next(iter(failures.values()))
         raise SetupError(
             f"none of the {len(kernels)} kernels could be built for {where}, so nothing was "
             f"checked: {first}\n`python -m spio info` shows where spio looked for its tools"

@@ -110,10 +110,10 @@ def spio_config(params: Conv2dGw8Params, pass_: str, device=None):
     return spio_kernel(params, pass_, device).info_value("config")
 
 
-def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], device) -> list[str]:
+def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], device) -> dict[str, str]:
     """Compile every spio kernel of `cases` (as chosen for `device`, a CUDA torch.device) in
-    parallel into the disk cache, so timing loops only load cubins; returns one message per
-    kernel that failed."""
+    parallel into the disk cache, so timing loops only load cubins; returns the kernels that
+    failed: name -> error."""
     from ..kernels.kernel import build_kernels
 
     return build_kernels([spio_kernel(params, pass_, device) for params, pass_ in cases], device)
@@ -264,8 +264,8 @@ def run_bench(settings: BenchSettings, command: str) -> list[BenchRow]:
         for pass_ in settings.passes
     ]
     failed = precompile([(params, pass_) for _, params, pass_ in cases], torch.device("cuda", 0))
-    for message in failed:
-        logger.error("compile failed: %s", message)
+    for name, error in failed.items():
+        logger.error("compile failed: %s: %s", name, error)
     torch.backends.cudnn.benchmark = True
     info = run_info(command + " (cudnn.benchmark=True)")
     l2 = l2_cache_bytes()

@@ -280,14 +280,15 @@ def _built_at_first_launch(kernel: Kernel, seconds: float) -> None:
     )
 
 
-def build_kernels(kernels: Iterable[Kernel], device: Any, progress: bool = True) -> list[str]:
+def build_kernels(kernels: Iterable[Kernel], device: Any, progress: bool = True) -> dict[str, str]:
     """Build every kernel for `device` (a torch.device) in parallel into the disk caches, so that
     each one's first launch only loads it: cubins for a CUDA device's arch by NVRTC in worker
     processes, emulator libraries for the CPU by the host compiler in threads (SPIO_WORKERS of
-    either). Returns one message per kernel that failed to build; its launch raises the error."""
+    either). Returns the kernels that failed to build: name -> error (at most 4,000 characters
+    of it); a failed kernel's launch raises the full error."""
     unique = list({k.name: k for k in kernels}.values())
     if not unique:
-        return []
+        return {}
     if device.type == "cuda":
         from ..compiler import compile_many
         from ..cuda import driver
@@ -300,11 +301,11 @@ def build_kernels(kernels: Iterable[Kernel], device: Any, progress: bool = True)
         results = _build_emulated(unique, progress)
     else:
         raise ValueError(f"spio kernels run on CUDA devices or the CPU emulator, got {device}")
-    return [
-        f"{k.name}: {_clipped(r)}"
+    return {
+        k.name: _clipped(r)
         for k, r in zip(unique, results, strict=True)
         if isinstance(r, BaseException)
-    ]
+    }
 
 
 def _clipped(error: BaseException, limit: int = 4000) -> str:

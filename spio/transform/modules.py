@@ -358,14 +358,14 @@ def precompile(
             "traced by torch.fx or scripted calls spio's op without them); nothing was built",
             len(layers),
         )
-    failures = []
+    failures = {}
     for device in dict.fromkeys(device for device, _ in found):
         kernels = [k for (d, _), k in found.items() if d == device]
-        failures += build_kernels(kernels, device, progress=progress)
+        failures |= build_kernels(kernels, device, progress=progress)
     if failures:
         raise RuntimeError(
             f"spio.precompile: {len(failures)} of {len(found)} kernels failed to build:\n"
-            + "\n".join(failures)
+            + "\n".join(f"{name}: {error}" for name, error in failures.items())
         )
     logger.info(
         "spio.precompile: %d kernels for %d spio layer calls, ready in %.1f s",
@@ -427,8 +427,8 @@ def _build_candidates(wanted: autotune.Wanted, progress: bool) -> None:
                 continue
             by_device.setdefault(device, []).append(kernel)
     for device, kernels in by_device.items():
-        for failure in build_kernels(kernels, device, progress=progress):
-            logger.debug("spio.precompile: candidate failed to build: %s", failure)
+        for name, error in build_kernels(kernels, device, progress=progress).items():
+            logger.debug("spio.precompile: candidate %s failed to build: %s", name, error)
 
 
 #: A layer timer for where_faster: (params, pass, impl "spio" or "torch") -> seconds per call.
@@ -514,8 +514,8 @@ def _compile_for_timing(cases: list[tuple[Conv2dGw8Params, str]], device: torch.
     them one by one; a kernel that fails to compile fails its timing, with NVRTC's log."""
     from spio.bench.run import precompile as compile_cases
 
-    for failure in compile_cases(cases, device):
-        logger.warning("where_faster: %s", failure)
+    for name, error in compile_cases(cases, device).items():
+        logger.warning("where_faster: %s: %s", name, error)
 
 
 def _gpu_layer_timer(device: torch.device) -> LayerTimer:

@@ -422,7 +422,7 @@ class _FakeCpuH200:
 
         def build(kernels, device, progress=True):
             self.events.append(("build", [k.name for k in kernels]))
-            return []
+            return {}
 
         monkeypatch.setattr(modules, "build_kernels", build)
         monkeypatch.setattr(
