@@ -17,6 +17,7 @@ from spio.compiler.cache import DiskCache
 from spio.kernels import autotune
 from spio.kernels import perf_model as pm
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.locks import KeyedLocks
 
 GPU = torch.device("cuda", 0)  # a name only: the timers here launch nothing
 H200 = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H200", driver="13.0")
@@ -217,7 +218,7 @@ def test_threads_build_different_kernels_at_once_and_each_kernel_once(monkeypatc
     from spio.kernels import kernel as K
 
     monkeypatch.setattr(K, "_emulated", {})
-    monkeypatch.setattr(K, "_building", {})
+    monkeypatch.setattr(K, "_first_load", KeyedLocks())
     building, built = _Overlap(), []
 
     class Built:
@@ -244,3 +245,21 @@ def test_threads_build_different_kernels_at_once_and_each_kernel_once(monkeypatc
     assert sorted(got) == ["a", "a", "b", "b"]
     assert sorted(built) == ["a", "b"]  # each kernel once
     assert max(building.peaks) == 2  # both at once
+
+
+def test_keyed_locks_give_one_lock_per_key_to_every_thread():
+    locks = KeyedLocks()
+    got: dict[int, set[int]] = {0: set(), 1: set()}
+    start = threading.Barrier(8)
+
+    def take(i):
+        start.wait()
+        got[i % 2].add(id(locks[i % 2]))
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got[0]) == len(got[1]) == 1
+    assert got[0] != got[1]

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ..locks import KeyedLocks
 from ..log import logger
 
 #: Bump when the entry format or anything that decides cache keys changes.
@@ -107,7 +108,7 @@ class DiskCache:
         self._root = root
         self._memory: dict[str, tuple[bytes, dict]] = {}
         self._memory_lock = threading.Lock()
-        self._building: dict[str, threading.Lock] = {}  # by key: this process's threads
+        self._building = KeyedLocks()  # by key: this process's threads
         self._warned = False
 
     @property
@@ -163,9 +164,7 @@ class DiskCache:
         entry = self.get(key)
         if entry is not None:
             return entry[0], entry[1], True
-        with self._memory_lock:
-            building = self._building.setdefault(key, threading.Lock())
-        with building:
+        with self._building[key]:
             return self._get_or_build(key, build)
 
     def _get_or_build(

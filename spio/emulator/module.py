@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..locks import KeyedLocks
 from ..log import logger
 from .build import Library, build_library
 
@@ -50,11 +51,11 @@ class _Loaded:
 #: A launch lock per loaded library, by dlopen handle: a library's runtime keeps one launch's
 #: state in globals, and every EmuModule that loads the same file gets the same handle (dlopen
 #: loads a file once), so two modules of one library must not launch at once.
-_launch_locks: dict[int, threading.Lock] = {}
+_launch_locks = KeyedLocks()
 
 
 def _launch_lock(handle: ctypes.CDLL) -> threading.Lock:
-    return _launch_locks.setdefault(handle._handle, threading.Lock())
+    return _launch_locks[handle._handle]
 
 
 def _dims(value: Any, what: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:

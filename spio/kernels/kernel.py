@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..locks import KeyedLocks
 from ..log import logger
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "src"
@@ -203,20 +204,16 @@ def _null_pointer():
 #: ones by kernel name: one module per code, whatever grid each launch uses.
 _loaded: dict[tuple[str, int], _LoadedCudaFunction] = {}
 _emulated: dict[str, Any] = {}
-_building: dict[object, threading.Lock] = {}
-
-
-def _lock_for(key: object) -> threading.Lock:
-    """The lock of one kernel's first load (one per key of _loaded or _emulated): a thread waits
-    only for the build it needs, and threads needing different kernels build them at once."""
-    return _building.setdefault(key, threading.Lock())  # atomic for these keys
+#: The lock of one kernel's first load, by key of _loaded or _emulated: a thread waits only
+#: for the build it needs, and threads needing different kernels build them at once.
+_first_load = KeyedLocks()
 
 
 def _cuda_function(kernel: Kernel, ordinal: int) -> _LoadedCudaFunction:
     key = (kernel.name, ordinal)
     loaded = _loaded.get(key)
     if loaded is None:
-        with _lock_for(key):
+        with _first_load[key]:
             loaded = _loaded.get(key)
             if loaded is None:
                 loaded = _loaded[key] = _LoadedCudaFunction(kernel, ordinal)
@@ -241,7 +238,7 @@ def _emulator_function(kernel: Kernel):
     if function is None:
         from .. import emulator
 
-        with _lock_for(kernel.name):
+        with _first_load[kernel.name]:
             function = _emulated.get(kernel.name)
             if function is None:
                 logger.debug("building %s for the CPU emulator", kernel.name)
