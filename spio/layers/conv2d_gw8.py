@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import weakref
 from typing import Any
 
 import torch
@@ -113,7 +114,7 @@ def module_ineligibility(module: nn.Module) -> str | None:
         return "has a forward of its own (set on the instance)"
     hooks = sorted(name for name, value in vars(module).items() if "hooks" in name and value)
     if hooks:
-        return f"has hooks ({', '.join(hooks)}), which a replacement would drop"
+        return f"has hooks ({', '.join(hooks)})"
     return None
 
 
@@ -357,7 +358,23 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
     for name, value in vars(module).items():
         if name not in vars(new) and name != "_pass_bits":
             setattr(new, name, value)
+    _share_hooks(new, module)
     return new
+
+
+def _share_hooks(new: nn.Module, module: nn.Module) -> None:
+    """Give `new` module's hooks (forward, backward, state_dict, load_state_dict, of every kind):
+    the same dicts, not copies, so that the handles a user holds still remove them. A hook
+    registered to receive the module (register_load_state_dict_pre_hook) receives `new`."""
+    for name, value in vars(module).items():
+        if "hook" not in name:
+            continue
+        vars(new)[name] = value  # the dicts, and _is_full_backward_hook (a flag)
+        if not isinstance(value, dict):
+            continue
+        for hook in value.values():
+            if getattr(hook, "with_module", False) and hook.module() is module:
+                hook.module = weakref.ref(new)
 
 
 def make_conv2d(*args: Any, **kwargs: Any) -> nn.Conv2d:

@@ -165,6 +165,39 @@ def test_what_a_user_added_to_a_conv_survives_transform_and_untransform():
     assert [id(p) for p in model.parameters()] == [id(p) for p in params]
 
 
+def test_hooks_on_a_conv2dgw8_survive_untransform_and_their_handles_still_remove_them():
+    """untransform gives the plain nn.Conv2d the layer's hooks (forward, forward-pre, full
+    backward, state_dict, load_state_dict with the module): the same dicts, so that a handle
+    taken on the Conv2dGw8 still removes its hook. They had been dropped."""
+    import spio
+
+    model = transform(nn.Sequential(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2))))
+    layer = model[0][0]
+    assert type(layer) is Conv2dGw8
+    seen = []
+    handles = [
+        layer.register_forward_pre_hook(lambda m, args: seen.append(("pre", type(m)))),
+        layer.register_forward_hook(lambda m, args, out: seen.append(("forward", type(m)))),
+        layer.register_full_backward_hook(lambda m, gin, gout: seen.append(("backward", type(m)))),
+        layer._register_state_dict_hook(lambda m, *a: seen.append(("state_dict", type(m)))),
+        layer.register_load_state_dict_pre_hook(lambda m, *a: seen.append(("load", type(m)))),
+    ]
+    spio.untransform(model)
+    del layer  # the Conv2dGw8 is gone; hooks that receive the module get its replacement
+    assert type(model[0][0]) is nn.Conv2d
+    x = torch.randn(1, 16, 5, 5, requires_grad=True)
+    model(x).sum().backward()
+    model.load_state_dict(model.state_dict())
+    kinds = ["pre", "forward", "backward", "state_dict", "load"]
+    assert seen == [(kind, nn.Conv2d) for kind in kinds]
+    for handle in handles:
+        handle.remove()
+    seen.clear()
+    model(x).sum().backward()
+    model.load_state_dict(model.state_dict())
+    assert seen == []
+
+
 def test_package_is_callable():
     model = spio_transform(_model())
     assert isinstance(model.blocks[0], Conv2dGw8)
