@@ -25,7 +25,7 @@ import operator
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -453,24 +453,18 @@ class PerfModel:
     booster: Any = field(compare=False, repr=False)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> PerfModel:
-        """Load `<family>.ubj` and its `<family>.json`; PerfModelError if either is unusable."""
+    def load(
+        cls,
+        path: str | os.PathLike,
+        family: str | None = None,
+        identity: DeviceIdentity | None = None,
+    ) -> PerfModel:
+        """Load `<family>.ubj` and its `<family>.json`; PerfModelError if either is unusable,
+        or, where given, the model is of another family than `family` or for another device
+        than `identity`: another arch, or (a per-device model) another device name."""
         path = Path(path)
         meta = read_meta(path.with_suffix(".json"))
-        family = FAMILIES.get(meta.get("family", ""))
-        if family is None:
-            raise PerfModelError(
-                f"perf model {path} is for family {meta.get('family')!r}; "
-                f"known families: {', '.join(FAMILIES)}"
-            )
-        if meta.get("feature_version") != FEATURE_VERSION or tuple(
-            meta.get("features", ())
-        ) != feature_names(family):
-            raise PerfModelError(
-                f"perf model {path} was trained on feature set version "
-                f"{meta.get('feature_version')!r}; this spio computes version {FEATURE_VERSION} "
-                "(retrain it with scripts/train_perf_model.py)"
-            )
+        family = _check_meta(path, meta, family, identity)
         try:
             import xgboost
         except ImportError as error:  # e.g. xgboost without scipy: no kernel selection may fail
@@ -548,6 +542,50 @@ class PerfModel:
         return [known[i] for i in np.argsort(predicted, kind="stable")] + unknown
 
 
+def _check_meta(
+    path: Path, meta: dict, expected: str | None, identity: DeviceIdentity | None
+) -> Family:
+    """The model's family; PerfModelError unless the metadata says what this spio computes:
+    a known family (`expected`, where given), TARGET, this feature set, and `identity`'s arch
+    and (for a per-device model) device."""
+    name = meta.get("family")
+    family = FAMILIES.get(name) if isinstance(name, str) else None
+    if family is None:
+        raise PerfModelError(
+            f"perf model {path} is for family {name!r}; known families: {', '.join(FAMILIES)}"
+        )
+    if expected is not None and name != expected:
+        raise PerfModelError(f"perf model {path} is a model of {name}, not of {expected}")
+    if meta.get("target") != TARGET:
+        raise PerfModelError(
+            f"perf model {path} predicts {meta.get('target')!r}; this spio reads {TARGET!r}"
+        )
+    if meta.get("feature_version") != FEATURE_VERSION:
+        raise PerfModelError(
+            f"perf model {path} was trained on feature set version "
+            f"{meta.get('feature_version')!r}; this spio computes version {FEATURE_VERSION} "
+            "(retrain it with scripts/train_perf_model.py)"
+        )
+    features = meta.get("features")
+    if not isinstance(features, list) or tuple(features) != feature_names(family):
+        raise PerfModelError(
+            f"perf model {path} lists features {features!r}; feature set version "
+            f"{FEATURE_VERSION} of {name} is {list(feature_names(family))}"
+        )
+    if identity is not None:
+        if meta.get("arch") != identity.arch:
+            raise PerfModelError(
+                f"perf model {path} was trained for {meta.get('arch')!r}, not for the device's "
+                f"{identity.arch}"
+            )
+        slug = meta.get("device_slug")
+        if slug is not None and slug != identity.slug:
+            raise PerfModelError(
+                f"perf model {path} was measured on {meta.get('device')!r}, not on {identity.name}"
+            )
+    return family
+
+
 def _check_batch_sizes(path: Path, meta: dict) -> None:
     """PerfModelError unless `batch_sizes`, where present, is a list of positive integers."""
     sizes = meta.get("batch_sizes")
@@ -582,7 +620,7 @@ def _check_config_values(path: Path, meta: dict, family: Family) -> None:
         )
 
 
-_models: dict[tuple[str, int, int], PerfModel] = {}
+_models: dict[tuple, PerfModel | PerfModelError] = {}
 _warned: set[Any] = set()
 _selected: dict[tuple, Any] = {}
 _lock = threading.Lock()
@@ -596,33 +634,50 @@ def _warn_once(key: Any, message: str, *args: Any, level: Callable = logger.warn
     level(message, *args)
 
 
-def load_model_cached(path: Path) -> PerfModel:
-    """PerfModel.load, memoised by path, size and modification time."""
+def _file_state(path: Path) -> tuple[int, int]:
     st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    return st.st_size, st.st_mtime_ns
+
+
+def load_model_cached(
+    path: Path, family: str | None = None, identity: DeviceIdentity | None = None
+) -> PerfModel:
+    """PerfModel.load, memoised (its PerfModelError too) by the arguments and the size and
+    modification time of the model and its metadata."""
+    key = (str(path), family, identity, _file_state(path), _file_state(path.with_suffix(".json")))
     model = _models.get(key)
     if model is None:
-        model = PerfModel.load(path)
+        try:
+            model = PerfModel.load(path, family, identity)
+        except PerfModelError as error:
+            model = error
         with _lock:
             _models[key] = model
+    if isinstance(model, PerfModelError):
+        raise model
     return model
 
 
-def find_model(
+def loadable_models(
     family: Family, identity: DeviceIdentity, folder: Path | None = None
-) -> PerfModel | None:
-    """The model that applies to `identity`, or None. Unusable files are logged and skipped."""
+) -> Iterator[PerfModel]:
+    """The models of `family` for `identity` that load, most specific first (a per-device
+    model, then the arch's). Unusable files are logged once and skipped."""
     folder = models_dir() if folder is None else Path(folder)
     for path in model_candidates(folder, family.name, identity):
         if not path.is_file():
             continue
         try:
-            return load_model_cached(path)
+            yield load_model_cached(path, family.name, identity)
         except (PerfModelError, OSError) as error:
-            _warn_once(
-                ("bad", str(path)), "ignoring perf model: %s; using the analytic heuristic", error
-            )
-    return None
+            _warn_once(("bad", str(path)), "ignoring perf model: %s", error)
+
+
+def find_model(
+    family: Family, identity: DeviceIdentity, folder: Path | None = None
+) -> PerfModel | None:
+    """The most specific model of `family` for `identity` that loads, or None."""
+    return next(loadable_models(family, identity, folder), None)
 
 
 def clear_caches(models: bool = True) -> None:
@@ -640,15 +695,31 @@ def rank_configs(
 ) -> tuple[list, PerfModel | None]:
     """All configs of `family` for `params`, fastest first, and the model that ranked them.
 
-    The analytic heuristic ranks them instead (and the model returned is None) where no model
-    applies: none for the device, or one measured at other batch sizes (`PerfModel.covers`). Each
-    fallback is logged once per family, arch and reason.
+    The model is the most specific one that loads and covers the batch size
+    (`PerfModel.covers`): a per-device model, else the arch's. The analytic heuristic ranks them
+    instead (and the model returned is None) where none does. Each fallback is logged once per
+    family, arch (or model file) and reason.
     """
     configs = family.configs(params)
     if not configs:
         raise ValueError(f"{family.name} has no tile config for layer {params.encode()}")
-    model = find_model(family, identity, folder)
-    if model is None:
+    found = False
+    for model in loadable_models(family, identity, folder):
+        found = True
+        gap = model.coverage_gap(params)
+        if gap is None:
+            return model.rank(params, configs), model
+        reason, explanation = gap
+        _warn_once(
+            ("uncovered", str(model.path), reason),
+            "perf model %s does not apply: %s; using a less specific model where one applies, "
+            "else the analytic heuristic (not logged again for %s)",
+            model.path,
+            explanation,
+            reason,
+            level=logger.info,
+        )
+    if not found:
         _warn_once(
             ("none", family.name, identity.arch, identity.name),
             "no perf model for %s on %s (%s) under %s; using the analytic heuristic",
@@ -658,19 +729,6 @@ def rank_configs(
             folder or models_dir(),
             level=logger.info,
         )
-        return heuristic_ranking(family, params, configs), None
-    gap = model.coverage_gap(params)
-    if gap is None:
-        return model.rank(params, configs), model
-    reason, explanation = gap
-    _warn_once(
-        ("uncovered", family.name, identity.arch, reason),
-        "perf model %s does not apply: %s; using the analytic heuristic (not logged again for %s)",
-        model.path,
-        explanation,
-        reason,
-        level=logger.info,
-    )
     return heuristic_ranking(family, params, configs), None
 
 

@@ -380,6 +380,96 @@ def test_device_specific_model_is_loaded(tmp_path, models):
     assert pm.find_model(family, pm.DeviceIdentity("sm_80", "A100", "13.0"), tmp_path) is None
 
 
+def _place(models: Path, folder: Path, family: str, arch: str, slot=None, **meta) -> Path:
+    """Copy the synthetic sm_90 model of `family` to `folder`'s slot for (arch, device `slot`), with
+    `meta` written over its metadata; returns the copy's path."""
+    import json
+
+    src = pm.model_path(models, family, "sm_90")
+    dst = pm.model_path(folder, family, arch, slot)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src, dst)
+    dst.with_suffix(".json").write_text(
+        json.dumps(json.loads(src.with_suffix(".json").read_text()) | meta)
+    )
+    return dst
+
+
+def test_a_model_in_another_familys_or_devices_slot_is_ignored(
+    fake_device, models, tmp_path, caplog
+):
+    """A model file is used only for the family, arch and device it was trained for: FProp's
+    model copied into the DGrad and WGrad slots had ranked their configs with FProp's features
+    (WGrad's raised AttributeError), and an sm_90 model in sm_80/ was used on an sm_80 GPU."""
+    fprop = pm.FAMILIES["conv2d_gw8_fprop"]
+    for name in ("conv2d_gw8_dgrad", "conv2d_gw8_wgrad"):
+        dst = pm.model_path(tmp_path, name, "sm_90")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(pm.model_path(models, fprop.name, "sm_90"), dst)
+        shutil.copy(
+            pm.model_path(models, fprop.name, "sm_90").with_suffix(".json"),
+            dst.with_suffix(".json"),
+        )
+    _place(models, tmp_path, fprop.name, "sm_80")
+    _place(models, tmp_path, fprop.name, "sm_90", "NVIDIA H100", device="NVIDIA H200",
+           device_slug="nvidia-h200")  # fmt: skip
+    sm_80 = pm.DeviceIdentity(arch="sm_80", name="NVIDIA A100", driver="13.0")
+    h100 = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H100", driver="13.0")
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        for name in ("conv2d_gw8_dgrad", "conv2d_gw8_wgrad"):
+            assert pm.find_model(pm.FAMILIES[name], H200, tmp_path) is None
+        assert pm.find_model(fprop, sm_80, tmp_path) is None
+        assert pm.find_model(fprop, h100, tmp_path) is None  # and no generic sm_90 FProp model
+        layer = unseen_layers(1)[0]
+        for name, (factory, options) in CALLS.items():
+            if name != "conv2d_gw8_fprop":
+                ranked, model = pm.rank_configs(pm.FAMILIES[name], layer, H200, tmp_path)
+                assert model is None and ranked[0] == factory.default_config(layer, **options)
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "is a model of conv2d_gw8_fprop, not of conv2d_gw8_dgrad" in messages
+    assert "is a model of conv2d_gw8_fprop, not of conv2d_gw8_wgrad" in messages
+    assert "was trained for 'sm_90', not for the device's sm_80" in messages
+    assert "was measured on 'NVIDIA H200', not on NVIDIA H100" in messages
+
+
+def test_a_device_model_that_does_not_cover_the_batch_size_gives_way_to_the_arch_model(
+    fake_device, models, tmp_path, caplog
+):
+    """The per-device model is tried first; one measured at other batch sizes had sent the layer
+    to the heuristic although the arch's model covered it."""
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    generic = _place(models, tmp_path, family.name, "sm_90")  # batch sizes 4 to 64
+    specific = _place(models, tmp_path, family.name, "sm_90", "NVIDIA H200", batch_sizes=[1024])
+    layer = P(32, 64, 28, 28, padding=1)
+    with caplog.at_level(logging.INFO, logger="spio"):
+        _, model = pm.rank_configs(family, layer, H200, tmp_path)
+    assert model is not None and model.path == generic
+    notes = [r.getMessage() for r in caplog.records if "does not apply" in r.getMessage()]
+    assert len(notes) == 1 and str(specific) in notes[0]
+    _, model = pm.rank_configs(family, P(1024, 64, 28, 28, padding=1), H200, tmp_path)
+    assert model is not None and model.path == specific
+
+
+def test_an_unusable_model_file_is_read_once(fake_device, models, tmp_path, monkeypatch):
+    """Its error is remembered (until the file changes), not met again for every new layer."""
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    dst = _place(models, tmp_path, family.name, "sm_90", feature_version=-1)
+    loads = []
+    real = pm.PerfModel.load.__func__
+    monkeypatch.setattr(
+        pm.PerfModel, "load", classmethod(lambda cls, *a: loads.append(a) or real(cls, *a))
+    )
+    for layer in unseen_layers(3):
+        assert pm.rank_configs(family, layer, H200, tmp_path)[1] is None
+    assert len(loads) == 1
+    _place(models, tmp_path, family.name, "sm_90")  # mended: a new file, read again
+    import os
+
+    os.utime(dst.with_suffix(".json"), ns=(1, 1))
+    assert pm.rank_configs(family, unseen_layers(1)[0], H200, tmp_path)[1] is not None
+    assert len(loads) == 2
+
+
 def test_missing_model_falls_back_to_the_heuristic_logged_once(fake_device, tmp_path, caplog):
     import os
 
@@ -488,6 +578,9 @@ def test_unjudged_variants_are_the_picks_other_image_counts(models):
         "empty",
         "json",
         "features",
+        "features not a list",
+        "family not a string",
+        "target",
         "batch_sizes",
         "config_values",
         "no xgboost",  # e.g. an xgboost wheel without scipy: selection must not fail
@@ -515,6 +608,15 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
     elif damage == "features":
         meta = json.loads(dst.with_suffix(".json").read_text())
         meta["features"] = meta["features"][:-1]
+        dst.with_suffix(".json").write_text(json.dumps(meta))
+    elif damage in ("features not a list", "family not a string", "target"):
+        meta = json.loads(dst.with_suffix(".json").read_text())
+        field, value = {
+            "features not a list": ("features", 3),
+            "family not a string": ("family", ["x"]),
+            "target": ("target", "log_seconds"),
+        }[damage]
+        meta[field] = value
         dst.with_suffix(".json").write_text(json.dumps(meta))
     elif damage == "batch_sizes":
         meta = json.loads(dst.with_suffix(".json").read_text())
