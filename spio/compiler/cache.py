@@ -210,6 +210,16 @@ class DiskCache:
         self._warn_once(OSError("the compile workers could not store their results there"))
         self._remember(key, (payload, meta))
 
+    def discard(self, key: str) -> None:
+        """Forget the entry for `key`, in memory and on disk (e.g. one its reader cannot use), so
+        that the next get_or_build builds it again."""
+        with self._memory_lock:
+            self._memory.pop(key, None)
+        try:
+            self.path(key).unlink(missing_ok=True)
+        except OSError as error:
+            logger.debug("cache entry %s could not be removed: %s", key, error)
+
     @property
     def warned(self) -> bool:
         """Whether this process was told (or, `quiet`, not to be told) that the folder cannot

@@ -153,10 +153,14 @@ def cubin_key(
         sorted(headers.items()),
         [o for o in opts if o not in own_includes],
         arch,
-        _nvrtc_identity(),
-        _bundled_headers_digest(),
-        _cuda_headers_identity(),
+        *toolchain_identity(),
     )
+
+
+def toolchain_identity() -> tuple:
+    """What decides a cubin besides its program and options: NVRTC's identity, spio/include's
+    content and the CUDA headers' identity."""
+    return _nvrtc_identity(), _bundled_headers_digest(), _cuda_headers_identity()
 
 
 def compile_cubin(

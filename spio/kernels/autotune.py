@@ -252,17 +252,43 @@ def _l2_bytes(device: Any) -> int:
 # The autotune cache
 
 
-def cache_key(family: str, params: Conv2dGw8Params, identity: Any, candidates: Sequence) -> str:
-    """The cache key of a tuned layer: device name, driver, spio version, family, params, and
-    the configs timed, so that other candidates (another SPIO_AUTOTUNE_TOPK, or a performance
-    model ranking others first) are timed anew."""
+def cache_key(
+    family: str, params: Conv2dGw8Params, identity: Any, candidates: Sequence, code: str
+) -> str:
+    """The cache key of a tuned layer: device name, driver, spio version, family, params, the
+    configs timed, so that other candidates (another SPIO_AUTOTUNE_TOPK, or a performance
+    model ranking others first) are timed anew, and `code` (`code_digest`), so that kernels
+    changed since, or built by another compiler, are too."""
     from .. import __version__
     from ..compiler import hash_key
 
     timed = sorted(config.encode() for config in candidates)
     return hash_key(
-        "autotune", identity.name, identity.driver, __version__, family, params.encode(), timed
+        "autotune",
+        identity.name,
+        identity.driver,
+        __version__,
+        family,
+        params.encode(),
+        timed,
+        code,
     )
+
+
+def code_digest(kernels: Sequence[Any]) -> str:
+    """A digest of what the candidates' binaries are made of besides their configs, in any
+    order: each kernel's source, generated headers and launch shape (None for one that cannot
+    be made), and the compiler (spio.compiler.toolchain_identity)."""
+    from ..compiler import hash_key
+    from ..compiler.compile import toolchain_identity
+
+    made = sorted(
+        (k.name, k.source, list(k.headers), k.grid, k.block, k.shared_mem_bytes)
+        for k in kernels
+        if k is not None
+    )
+    unmade = sum(k is None for k in kernels)
+    return hash_key("autotune-code", made, unmade, toolchain_identity())
 
 
 def _cache():
@@ -305,17 +331,20 @@ def autotune(
     if not candidates:
         raise ValueError(f"autotune of {family.name} needs at least one candidate config")
     cache = _cache() if cache is None else cache
-    key = cache_key(family.name, params, identity, candidates)
+    kernels: list[Any] = []
+    unmade: dict[Any, Exception] = {}
+    for config in candidates:
+        try:
+            kernels.append(family.make_kernel(params, config))
+        except Exception as error:  # a config that cannot be made counts as slowest
+            unmade[config] = error
+            kernels.append(None)
+    key = cache_key(family.name, params, identity, candidates, code_digest(kernels))
 
     def build() -> tuple[bytes, dict]:
         run = timer or default_timer
-        kernels: list[Any] = []
-        for config in candidates:
-            try:
-                kernels.append(family.make_kernel(params, config))
-            except Exception as error:  # a config that cannot be built counts as slowest
-                logger.warning("autotune: %s %s failed: %s", family.name, config.encode(), error)
-                kernels.append(None)
+        for config, error in unmade.items():
+            logger.warning("autotune: %s %s failed: %s", family.name, config.encode(), error)
         prepare = getattr(run, "prepare", None)
         if prepare is not None:
             prepare([k for k in kernels if k is not None], identity.arch)
@@ -342,13 +371,14 @@ def autotune(
             )
         winner = candidates[best]
         logger.info(
-            "autotune: %s %s on %s: %s in %.2f us (of %d timed; model pick %s)",
+            "autotune: %s %s on %s: %s in %.2f us (of %d timed; %s pick %s)",
             family.name,
             params.encode(),
             identity.name,
             winner.encode(),
             times[best] * 1e6,
             len(candidates),
+            "heuristic's" if model is None else "model's",
             candidates[0].encode(),
         )
         entry = {
@@ -363,19 +393,26 @@ def autotune(
         return json.dumps(entry, sort_keys=True).encode(), {"family": family.name}
 
     payload, _meta, cached = cache.get_or_build(key, build)
-    try:
-        config = family.config_from_fields(json.loads(payload)["config"])
-    except (ValueError, KeyError, TypeError) as error:
-        logger.warning("autotune: ignoring unusable cache entry %s: %s", key, error)
+    config, problem = _entry_config(family, params, payload)
+    if problem is not None and cached:  # a damaged or outdated entry: a miss, timed again
+        logger.warning("autotune: %s %s: %s; timing again", family.name, params.encode(), problem)
+        cache.discard(key)
+        payload, _meta, cached = cache.get_or_build(key, build)
+        config, problem = _entry_config(family, params, payload)
+    if problem is not None:  # not expected of an entry just built
+        logger.warning("autotune: %s; using %s", problem, candidates[0].encode())
         return candidates[0]
     if cached:
         logger.debug("autotune: %s %s: cached %s", family.name, params.encode(), config.encode())
-        if config not in family.configs(params):
-            logger.warning(
-                "autotune: cached config %s is no longer a config of %s; using %s",
-                config.encode(),
-                family.name,
-                candidates[0].encode(),
-            )
-            return candidates[0]
     return config
+
+
+def _entry_config(family: Any, params: Conv2dGw8Params, payload: bytes) -> tuple[Any, str | None]:
+    """(the config an autotune cache entry names, None), or (None, why it is unusable)."""
+    try:
+        config = family.config_from_fields(json.loads(payload)["config"])
+    except (ValueError, KeyError, TypeError) as error:
+        return None, f"unusable cache entry ({type(error).__name__}: {error})"
+    if config not in family.configs(params):
+        return None, f"cached config {config.encode()} is no longer a config of {family.name}"
+    return config, None

@@ -129,12 +129,13 @@ def test_inside_a_graph_capture_tuning_waits_for_a_later_call(tuned, monkeypatch
     assert tuned.calls == []
 
 
-def test_cache_key_names_device_driver_version_family_params_and_candidates():
+def test_cache_key_names_device_driver_version_family_params_candidates_and_code():
     family = pm.FAMILIES["conv2d_gw8_fprop"]
     top = family.configs(LAYER)[:4]
+    code = autotune.code_digest([family.make_kernel(LAYER, c) for c in top])
 
-    def key(name=family.name, params=LAYER, identity=H200, candidates=top):
-        return autotune.cache_key(name, params, identity, candidates)
+    def key(name=family.name, params=LAYER, identity=H200, candidates=top, code=code):
+        return autotune.cache_key(name, params, identity, candidates, code)
 
     other_gpu = pm.DeviceIdentity("sm_90", "NVIDIA H100 80GB HBM3", "13.0")
     other_driver = pm.DeviceIdentity("sm_90", "NVIDIA H200", "12.8")
@@ -145,9 +146,30 @@ def test_cache_key_names_device_driver_version_family_params_and_candidates():
         key(name="conv2d_gw8_dgrad"),
         key(params=P(n=16, c=64, h=28, w=28, padding=0)),
         key(candidates=top[:3]),  # e.g. a smaller SPIO_AUTOTUNE_TOPK
-    }) == 6  # fmt: skip
+        key(code="kernels changed since"),
+    }) == 7  # fmt: skip
     assert key() == key(params=P(16, 64, 28, 28, padding=(1, 1)))
-    assert key() == key(candidates=top[::-1])  # the same configs, ranked otherwise
+    reordered = autotune.code_digest([family.make_kernel(LAYER, c) for c in top[::-1]])
+    assert key() == key(candidates=top[::-1], code=reordered)  # the same, ranked otherwise
+
+
+def test_the_code_digest_changes_with_a_kernels_source_headers_or_the_compiler(monkeypatch):
+    """A winner timed on other kernels is not reused: the key had named only the configs and
+    spio's version, which stays the same across development commits."""
+    import dataclasses
+
+    from spio.compiler import compile as compile_module
+
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    kernels = [family.make_kernel(LAYER, c) for c in family.configs(LAYER)[:3]]
+    digest = autotune.code_digest(kernels)
+    assert autotune.code_digest(kernels) == digest
+    header_name, text = kernels[1].headers[0]
+    edited = dataclasses.replace(kernels[1], headers=((header_name, text + "// edited\n"),))
+    assert autotune.code_digest([kernels[0], edited, kernels[2]]) != digest
+    assert autotune.code_digest([kernels[0], None, kernels[2]]) != digest
+    monkeypatch.setattr(compile_module, "toolchain_identity", lambda: ("another NVRTC",))
+    assert autotune.code_digest(kernels) != digest
 
 
 def test_a_larger_top_k_tunes_again(tuned, monkeypatch):
@@ -172,8 +194,10 @@ def test_cache_entry_records_what_was_timed(tuned, tmp_path):
 
     conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
     cache = DiskCache("autotune", root=tmp_path / "cache")
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    code = autotune.code_digest([family.make_kernel(LAYER, c) for c in tuned.configs])
     payload, _, cached = cache.get_or_build(
-        autotune.cache_key("conv2d_gw8_fprop", LAYER, H200, tuned.configs),
+        autotune.cache_key("conv2d_gw8_fprop", LAYER, H200, tuned.configs, code),
         lambda: pytest.fail("not cached"),
     )
     entry = json.loads(payload)
@@ -181,6 +205,37 @@ def test_cache_entry_records_what_was_timed(tuned, tmp_path):
     assert len(entry["timed"]) == 4 and entry["model"].endswith("conv2d_gw8_fprop.ubj")
     winner = pm.FAMILIES["conv2d_gw8_fprop"].config_from_fields(entry["config"])
     assert winner.encode() == min(entry["timed"], key=entry["timed"].get)
+
+
+@pytest.mark.parametrize("damage", ["not json", "no longer a config"])
+def test_an_unusable_cache_entry_is_timed_again_and_replaced(damage, tuned, monkeypatch, caplog):
+    """A damaged entry, or one naming a config the family no longer has, is a miss: it had
+    given every later process the untuned pick, with the same warning, for good."""
+    import logging
+
+    from spio.compiler import DiskCache
+
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    code = autotune.code_digest([family.make_kernel(LAYER, c) for c in tuned.configs])
+    key = autotune.cache_key(family.name, LAYER, H200, tuned.configs, code)
+    cache = DiskCache("autotune")
+    entry = json.loads(cache.get(key)[0])
+    entry["config"]["groups"] = 3
+    bad = b"{not json" if damage == "not json" else json.dumps(entry).encode()
+    cache.discard(key)
+    cache.get_or_build(key, lambda: (bad, {"family": family.name}))
+    for attempt in range(2):
+        new_process(monkeypatch)
+        tuned.calls.clear()
+        with caplog.at_level(logging.WARNING, logger="spio"):
+            kernel = conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+        assert dict(kernel.info)["config"] == tuned.configs[-1]  # the measured winner
+        if attempt == 0:
+            assert len(tuned.calls) == 4 and "timing again" in caplog.text
+        else:
+            assert tuned.calls == []  # the entry was replaced
+    assert caplog.text.count("timing again") == 1
 
 
 def test_a_failing_config_counts_as_slowest(monkeypatch, tmp_path):
