@@ -163,7 +163,9 @@ class Conv2dGw8(nn.Conv2d):
         if reason is not None:
             raise ValueError(f"Conv2dGw8 {reason}")
         super().__init__(**arguments)
-        self.padding = resolve_padding(self.padding, self.kernel_size, self.dilation)
+        # `padding` stays as given ("same", "valid" or ints), as nn.Conv2d keeps it, so repr and
+        # untransform give it back; the kernels take these ints, fixed at construction.
+        self._spio_padding = resolve_padding(self.padding, self.kernel_size, self.dilation)
         self._pass_bits = ALL_PASSES
 
     @property
@@ -216,12 +218,12 @@ class Conv2dGw8(nn.Conv2d):
 
     def forward(self, input: Tensor) -> Tensor:
         if torch.jit.is_scripting():  # TorchScript compiles this branch alone: the op, 4-D input
-            pad_h, pad_w = self.padding
+            pad_h, pad_w = self._spio_padding
             return torch.ops.spio.conv2d_gw8(
                 input, self.weight, self.bias, 1, pad_h, pad_w, 1, self.groups, self._pass_bits
             )
         return conv2d_gw8_layer(
-            input, self.weight, self.bias, self.padding, self.groups, self._pass_bits
+            input, self.weight, self.bias, self._spio_padding, self.groups, self._pass_bits
         )
 
     def spio_kernels(
@@ -242,7 +244,7 @@ class Conv2dGw8(nn.Conv2d):
             return []
         x = input.unsqueeze(0) if input.dim() == 3 else input
         x, weight, bias = autocast_operands(x, self.weight, self.bias)
-        layer = _kernels.layer(x, weight, bias, *self.padding)
+        layer = _kernels.layer(x, weight, bias, *self._spio_padding)
         grad = torch.is_grad_enabled() if backward is None else backward
         assumed = backward and not torch.is_grad_enabled()  # gradients autograd cannot show now
         needs = (  # the operands as given: an autocast cast without autograd requires none
@@ -255,7 +257,7 @@ class Conv2dGw8(nn.Conv2d):
         if double_backward and grad:
             # A backward through the backward (create_graph=True) runs the passes again on
             # gradients, without a bias: FProp of them, DGrad, and WGrad with the weight's.
-            plain = _kernels.layer(x, weight, None, *self.padding)
+            plain = _kernels.layer(x, weight, None, *self._spio_padding)
             found += plain.kernels(
                 weight, None, self._pass_bits, (True, True, False), deterministic
             )
@@ -356,7 +358,7 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
     new.train(module.training)
     # Attributes a user or library set on the module (e.g. a tag); not Conv2dGw8's own.
     for name, value in vars(module).items():
-        if name not in vars(new) and name != "_pass_bits":
+        if name not in vars(new) and name not in ("_pass_bits", "_spio_padding"):
             setattr(new, name, value)
     _share_hooks(new, module)
     return new

@@ -37,14 +37,39 @@ def test_make_conv2d_eligible():
 @pytest.mark.parametrize("padding, expected", [("same", (2, 1)), ("valid", (0, 0)), (1, (1, 1))])
 def test_padding_strings_are_resolved(padding, expected):
     m = make_conv2d(8, 8, (5, 3), padding=padding)
-    assert type(m) is Conv2dGw8 and m.padding == expected
+    assert type(m) is Conv2dGw8 and m._spio_padding == expected
     x = torch.randn(2, 8, 6, 7)
     torch.testing.assert_close(m(x), F.conv2d(x, m.weight, m.bias, padding=padding))
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("padding", ["same", "valid", 1, (2, 1), (2,)])
+def test_padding_is_kept_as_given_as_in_nn_conv2d(padding):
+    """A layer keeps `padding` as nn.Conv2d keeps it ("same" stays "same"), so its repr is
+    nn.Conv2d's and untransform gives the original back; it had been resolved to ints. The
+    layer still computes F.conv2d's result eagerly, scripted, compiled and FX-traced."""
+    import spio
+
+    conv = nn.Conv2d(8, 8, (5, 3), padding=padding)
+    layer = spio.transform(conv)
+    assert type(layer) is Conv2dGw8 and layer.padding == conv.padding
+    assert repr(layer) == repr(conv).replace("Conv2d", "Conv2dGw8", 1)
+    assert list(layer.state_dict()) == list(conv.state_dict())
+    x = torch.randn(2, 8, 6, 7)
+    expected = F.conv2d(x, conv.weight, conv.bias, padding=padding)
+    torch.testing.assert_close(layer(x), expected)
+    torch.testing.assert_close(torch.jit.script(layer)(x), expected)
+    torch.testing.assert_close(torch.fx.symbolic_trace(layer)(x), expected)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), expected)
+    plain = spio.untransform(layer)
+    assert type(plain) is nn.Conv2d and plain.padding == conv.padding
+    assert repr(plain) == repr(conv)
+
+
 def test_a_one_value_padding_tuple_is_both_sides_as_in_f_conv2d():
     m = make_conv2d(16, 16, 3, padding=(2,), groups=2)
-    assert type(m) is Conv2dGw8 and m.padding == (2, 2)
+    assert type(m) is Conv2dGw8 and m.padding == (2,) and m._spio_padding == (2, 2)
     x = torch.randn(2, 16, 5, 6)
     torch.testing.assert_close(m(x), F.conv2d(x, m.weight, m.bias, padding=2, groups=2))
 
@@ -101,7 +126,7 @@ def test_from_torch_module_shares_parameters_and_gradients():
     conv = nn.Conv2d(16, 16, 3, padding="same", groups=2).double().eval()
     spio_conv = Conv2dGw8.from_torch_module(conv)
     assert spio_conv.weight is conv.weight and spio_conv.bias is conv.bias
-    assert not spio_conv.training and spio_conv.padding == (1, 1)
+    assert not spio_conv.training and spio_conv.padding == "same"
     x = torch.randn(2, 16, 5, 6, dtype=torch.float64)
     y = spio_conv(x)
     torch.testing.assert_close(

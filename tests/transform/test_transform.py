@@ -45,7 +45,7 @@ def test_replaces_exactly_the_eligible_convs(caplog):
     assert kinds["heads.sub"] is convnet.SubclassConv
     n_spio = sum(isinstance(m, Conv2dGw8) for m in model.modules())
     assert n_spio == convnet.MixedConvNet.ELIGIBLE
-    assert model.blocks[3].padding == (2, 2)
+    assert model.blocks[3].padding == "same" and model.blocks[3]._spio_padding == (2, 2)
     # Parameters are shared with the modules replaced (the same objects), not copied.
     after = dict(model.named_parameters())
     assert after.keys() == dict(original.named_parameters()).keys() == before.keys()
