@@ -23,6 +23,7 @@ cuDNN for a pass it runs faster, e.g. WGrad, while spio runs the others (see whe
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable
 
 import torch
@@ -109,7 +110,8 @@ def torch_grads(
 
 
 # Kernel choice per (factory, layer, device, options): config selection and header generation run
-# once per layer, not on every call. None: no partial-sums kernel (its buffer would be too big).
+# once per layer, not on every call, with the settings (SPIO_PERF_MODELS, SPIO_AUTOTUNE) of that
+# first call. None: no partial-sums kernel (its buffer would be too big).
 _chosen: dict[tuple, Kernel | None] = {}
 
 
@@ -122,9 +124,10 @@ def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.devic
 
 
 def _keep(store: dict, key: tuple, kernel: Kernel | None, device: torch.device) -> Kernel | None:
-    """Remember `kernel` as the choice for `key`, unless autotuning had to wait because `device`
-    is capturing a CUDA graph: that choice serves this call only (see
-    spio.kernels.perf_model.select_config), so that a later call outside the capture tunes."""
+    """Remember `kernel` as the choice for `key`, unless autotuning had to wait
+    (autotune.deferred): while `device` captures a CUDA graph, or while spio.precompile
+    collects what to tune. That choice serves this call only (see
+    spio.kernels.perf_model.select_config), so that a later call tunes."""
     if not autotune.deferred(device):
         store[key] = kernel
     return kernel
@@ -396,16 +399,21 @@ def image_bytes(params: Conv2dGw8Params) -> int:
 
 def batch_chunks(n: int, limit: int) -> list[tuple[int, int]]:
     """[start, stop) ranges splitting a batch of n into the fewest chunks of at most `limit`
-    images, as even as they come (at most two sizes, so at most two sets of kernels)."""
+    images, as even as they come: sizes differ by at most one (so at most two sets of kernels),
+    the larger first."""
     count = -(-n // limit)
-    size = -(-n // count)
-    return [(start, min(start + size, n)) for start in range(0, n, size)]
+    size, extra = divmod(n, count)
+    stops = [0]
+    for i in range(count):
+        stops.append(stops[-1] + size + (i < extra))
+    return list(itertools.pairwise(stops))
 
 
 class _ChunkedLayer(Layer):
     """A batch whose activations pass MAX_TENSOR_BYTES, run in chunks of images that do not:
     FProp and DGrad write each chunk's slice of one output; WGrad adds the chunks' fp32 weight
-    (and bias) gradients in chunk order, so the result is the same on every run."""
+    (and bias) gradients in chunk order, so the sum is as repeatable as each chunk's WGrad (the
+    same bits on every run with partial sums, not with atomics)."""
 
     __slots__ = ("_chunks",)
 
@@ -470,7 +478,9 @@ class _ChunkedLayer(Layer):
 
 
 #: At most this many call signatures are remembered; a model has a few dozen. Past it the cache
-#: starts over, so shapes that change on every call cost validation, not memory.
+#: starts over, so that shapes changing on every call do not each keep a Layer. The kernel
+#: chosen for each layer shape (_chosen) and the loaded kernels are kept: they are what a
+#: shape seen again would need.
 MAX_SIGNATURES = 4096
 
 _layers: dict[tuple, Layer] = {}

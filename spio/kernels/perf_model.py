@@ -772,7 +772,9 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     the pick's variants in fields the model cannot weigh (`unjudged_variants`), timed once and
     cached on disk); the analytic heuristic (SPIO_AUTOTUNE=1: the same, from its ranking) where no
     model applies, including a batch size the model does not cover. No device or a CPU
-    device: the analytic heuristic. Selections are memoised per process. Inside a CUDA graph
+    device: the analytic heuristic. Selections are memoised per process, by the settings
+    (SPIO_PERF_MODELS, SPIO_AUTOTUNE, SPIO_AUTOTUNE_TOPK) too; the layers' kernel caches of
+    spio.functional._kernels above them keep a layer's first choice. Inside a CUDA graph
     capture autotuning waits: the untuned pick serves that call only. So it does while
     spio.precompile collects the layers to tune (autotune.collecting), which records them.
     """
@@ -784,14 +786,15 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
 
     tune = autotune.autotune_enabled()
     folder = models_dir()
-    key = (family.name, params, identity, str(folder), tune, device.index)
+    top_k = autotune.top_k() if tune else None
+    key = (family.name, params, identity, str(folder), top_k, device.index)
     config = _selected.get(key)
     if config is not None:
         return config
     ranked, model = rank_configs(family, params, identity, folder)
     untuned = factory.default_config(params, **options) if model is None else ranked[0]
     if tune:
-        candidates = ranked[: autotune.top_k()]
+        candidates = ranked[:top_k]
         candidates += [
             c for c in unjudged_variants(family, model, ranked[0], ranked) if c not in candidates
         ]

@@ -282,6 +282,7 @@ def test_compile_matches_eager_without_recompiling_per_batch_size():
         (300, 256, [(0, 150), (150, 300)]),
         (256, 256, [(0, 256)]),
         (7, 1, [(i, i + 1) for i in range(7)]),
+        (10, 3, [(0, 3), (3, 6), (6, 8), (8, 10)]),  # had been 3, 3, 3 and 1
     ],
 )
 def test_batch_chunks_are_few_and_even(n, limit, chunks):
