@@ -6,6 +6,7 @@ import argparse
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 
 _BROKEN = "BROKEN INSTALL"
@@ -146,21 +147,44 @@ def _nvrtc_problem(library, error: Exception) -> str:
 
 
 def _cache_problem(root) -> str | None:
-    """Why spio cannot keep its cache in `root` (a file there, or a folder it may not write), or
-    None; a missing folder is fine when it can be created."""
+    """Why spio cannot keep its cache in `root` (a file there, or a folder it cannot create or
+    write a file in), or None. It tries, as the cache does: a permission check (os.access)
+    passes for root everywhere, e.g. in /proc. Folders and the file it makes are removed."""
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         why = f"{existing} is a file"
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        why = f"{existing} is not writable"
     else:
+        why = _write_problem(root, existing)
+    if why is None:
         return None
     return (
         f"{root}: {_NOT_WRITABLE} ({why}); set SPIO_CACHE_DIR to a writable folder, else every "
         "process builds its kernels again"
     )
+
+
+def _write_problem(root, existing) -> str | None:
+    """Why creating folder `root` (below `existing`, its deepest existing folder) and a file in
+    it fails, or None; what it made is removed."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".spio-info-"):
+            pass
+    except OSError as error:
+        return f"creating it, or a file in it, fails: {error.strerror or error}"
+    finally:
+        folder = root
+        while folder != existing and folder != folder.parent:  # the folders made here
+            try:
+                folder.rmdir()
+            except FileNotFoundError:  # not made: the mkdir failed below its parent
+                pass
+            except OSError:  # no longer empty (another process's cache)
+                break
+            folder = folder.parent
+    return None
 
 
 def cmd_clear_cache(args: argparse.Namespace) -> int:

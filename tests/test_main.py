@@ -104,6 +104,30 @@ def test_info_fails_on_a_broken_install(broken, tmp_path, monkeypatch, capsys):
     assert "supported arch" in out and str(tmp_path) in out
 
 
+def test_info_tries_writing_the_cache_folder_instead_of_asking_permission(
+    tmp_path, monkeypatch, capsys
+):
+    """info reports a cache folder spio cannot create or write a file in, as the cache finds at
+    run time, even where a permission check passes (as os.access does for root everywhere, e.g.
+    in /proc): it had said "(0 files, 0 B)". Still exit 0. A folder it can make is fine, and
+    what it made to find out is gone afterwards."""
+    from spio import __main__ as cli
+
+    (tmp_path / "file").write_bytes(b"")
+    monkeypatch.setattr(os, "access", lambda *args, **kwargs: True)  # as for root
+    for bad in ("/proc/spio-nope", tmp_path / "file" / "sub"):
+        monkeypatch.setenv("SPIO_CACHE_DIR", str(bad))
+        assert cli.cmd_info(None) == 0
+        row = next(
+            line for line in capsys.readouterr().out.splitlines() if line.startswith("cache")
+        )
+        assert f"{bad}: NOT A WRITABLE FOLDER" in row and "SPIO_CACHE_DIR" in row, row
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / "new" / "cache"))
+    assert cli.cmd_info(None) == 0
+    assert f"{tmp_path / 'new' / 'cache'} (0 files, 0 B)" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_clear_cache_removes_entries(tmp_path):
     (tmp_path / "cubin").mkdir()
     (tmp_path / "cubin" / "x.bin").write_bytes(b"12345")
