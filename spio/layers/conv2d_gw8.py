@@ -170,12 +170,23 @@ class Conv2dGw8(nn.Conv2d):
 
     @property
     def spio_passes(self) -> tuple[str, ...]:
-        """The passes that run spio's kernels ("fprop", "dgrad", "wgrad"); the others PyTorch's."""
+        """The passes that run spio's kernels ("fprop", "dgrad", "wgrad"); the others PyTorch's.
+        Set it to True (every pass) or False (none), as transform's `include` answers, to pass
+        names (one or several), or to the op's bits (FProp 1, DGrad 2, WGrad 4)."""
         return pass_names(self._pass_bits)
 
     @spio_passes.setter
     def spio_passes(self, passes: Any) -> None:
-        self._pass_bits = pass_mask(passes)
+        if isinstance(passes, bool):
+            self._pass_bits = ALL_PASSES if passes else 0
+            return
+        try:
+            self._pass_bits = pass_mask(passes)
+        except (TypeError, ValueError) as error:
+            raise type(error)(
+                f"Conv2dGw8.spio_passes must be True, False, pass names among {PASSES} or "
+                f"bits 0..{ALL_PASSES}, got {passes!r}"
+            ) from None
 
     def extra_repr(self) -> str:
         text = super().extra_repr()

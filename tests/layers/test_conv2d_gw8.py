@@ -3,6 +3,7 @@
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -137,6 +138,23 @@ def test_from_torch_module_shares_parameters_and_gradients():
     conv.zero_grad()
     conv(x).square().sum().backward()
     torch.testing.assert_close(grads, (conv.weight.grad, conv.bias.grad))
+
+
+def test_spio_passes_takes_true_and_false_as_include_does_and_names_what_it_takes():
+    """spio_passes = True is every pass and False none, as transform's include answers; another
+    value is an error naming the values it takes. True had been "TypeError: 'bool' object is not
+    iterable"."""
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2)
+    layer.spio_passes = False
+    assert layer.spio_passes == ()
+    layer.spio_passes = True
+    assert layer.spio_passes == ("fprop", "dgrad", "wgrad")
+    assert Conv2dGw8.from_torch_module(nn.Conv2d(16, 16, 3, groups=2), False).spio_passes == ()
+    accepted = r"must be True, False, pass names among \('fprop', 'dgrad', 'wgrad'\) or bits 0\.\.7"
+    for bad, error in [(None, TypeError), (2.5, TypeError), ("fp", ValueError), (8, ValueError)]:
+        with pytest.raises(error, match=rf"{accepted}, got {re.escape(repr(bad))}"):
+            layer.spio_passes = bad
+        assert layer.spio_passes == ("fprop", "dgrad", "wgrad")
 
 
 def test_from_torch_module_rejects_ineligible():
