@@ -32,7 +32,10 @@ def _gpus() -> tuple[list[dict], str | None]:
 def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:
     """One line for the GPUs of _gpus()."""
     if not gpus:
-        return why_none or "no GPU"
+        why = why_none or "no GPU"
+        if why.startswith("no GPU"):  # the driver's message says CPU tensors run PyTorch
+            why += "; SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator"
+        return why
     return "; ".join(
         f"cuda:{i} {a['name']} ({a['arch']}, {a['sm_count']} SMs)" for i, a in enumerate(gpus)
     )

@@ -71,6 +71,7 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
         assert "sm_" in gpu_line
     else:
         assert "no GPU" in gpu_line
+        assert "SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator" in gpu_line
 
 
 @pytest.mark.parametrize("broken", ["driver", "nvrtc"])
