@@ -188,8 +188,8 @@ def describe_metrics(metrics: dict) -> str:
 
 
 def split_layers(samples: Sequence[Sample], fraction: float, seed: int):
-    """(train, held-out) samples, holding out a `fraction` of the layer shapes (fp16 and bf16 of
-    one shape go to the same side)."""
+    """(train, held-out) samples, holding out a `fraction` of the layer shapes (Sample.layer_key:
+    a shape's samples at every batch size and dtype go to the same side)."""
     keys = sorted({s.layer_key for s in samples})
     if len(keys) < 2 or fraction <= 0:
         return list(samples), []
@@ -212,8 +212,9 @@ def train_group(
         metrics.update(score(fit(train, hyper, seed, threads), test))
         metrics["heldout_layer_keys"] = held
         metrics["metrics_from"] = (
-            f"held-out split of {len(held)} of {len({s.layer_key for s in samples})} layers "
-            f"({len(test)} rows), scored by a model trained on the other {len(train)} rows; "
+            f"held-out split of {len(held)} of {len({s.layer_key for s in samples})} layer shapes "
+            f"(each at every batch size and dtype measured; {len(test)} rows), scored by a model "
+            f"trained on the other {len(train)} rows; "
             "the model written was retrained on all rows"
         )
     else:

@@ -234,8 +234,9 @@ class Sample:
 
     @property
     def layer_key(self) -> str:
-        """The layer, dtype excluded: fp16 and bf16 of one shape are held out together."""
-        return self.params.encode().rsplit("_", 1)[0]
+        """The layer's shape, batch size and dtype excluded (e.g. 'c64_h64_w64_pad1x1_r3_s3_bias0'):
+        a shape's samples at every batch size and dtype are held out together."""
+        return self.params.encode().split("_", 1)[1].rsplit("_", 1)[0]
 
     def key(self) -> tuple[str, str, str, str]:
         """What identifies a sample when resuming a sweep."""

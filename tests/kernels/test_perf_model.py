@@ -185,7 +185,12 @@ def test_layers_are_held_out_whole():
     train, test = train_script.split_layers(samples, 0.25, seed=3)
     assert train and test and len(train) + len(test) == len(samples)
     assert not {s.layer_key for s in train} & {s.layer_key for s in test}
-    assert not {s.params.encode() for s in train} & {s.params.encode() for s in test}
+
+    def shapes(samples):  # a held-out shape measured at another batch size had been trained on
+        return {dataclasses.replace(s.params, n=1, dtype="fp16") for s in samples}
+
+    assert not shapes(train) & shapes(test)
+    assert len({s.params.n for s in samples}) > 1  # the synthetic data has several batch sizes
 
 
 # --- training ---------------------------------------------------------------------------------
@@ -208,8 +213,9 @@ def test_training_writes_models_with_honest_metadata(models):
         assert meta["batch_sizes"] == sorted({s.params.n for s in samples})
         assert meta["dtypes"] == ["bf16", "fp16"]
         assert meta["sources"] == ["tests/data/synthetic_perf_samples.csv"]
-        # held-out layers rank as the formula says
-        assert meta["regret_median"] <= 1.05, meta
+        # held-out layer shapes rank as the formula says (DGrad's median is 1.059 here: 1.05
+        # had held only while a held-out shape's other batch sizes were trained on)
+        assert meta["regret_median"] <= 1.10, meta
         assert meta["regret_p95"] <= 1.35, meta
         assert meta["spearman_median"] >= 0.85, meta
 
