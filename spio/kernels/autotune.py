@@ -97,7 +97,8 @@ def want(
     wanted = _wanted.get()
     if wanted is None:
         return False
-    key = cache_key(family.name, params, identity, candidates)
+    kernels, _ = make_kernels(family, params, candidates)
+    key = cache_key(family.name, params, identity, candidates, code_digest(kernels))
     if key not in wanted and _cache().get(key) is None:
         wanted[key] = (family, params, device, tuple(candidates))
     return True
@@ -275,6 +276,21 @@ def cache_key(
     )
 
 
+def make_kernels(
+    family: Any, params: Conv2dGw8Params, candidates: Sequence
+) -> tuple[list[Any], dict[Any, Exception]]:
+    """(each candidate's kernel, None for one that cannot be made; config -> why not)."""
+    kernels: list[Any] = []
+    unmade: dict[Any, Exception] = {}
+    for config in candidates:
+        try:
+            kernels.append(family.make_kernel(params, config))
+        except Exception as error:  # a config that cannot be made counts as slowest
+            unmade[config] = error
+            kernels.append(None)
+    return kernels, unmade
+
+
 def code_digest(kernels: Sequence[Any]) -> str:
     """A digest of what the candidates' binaries are made of besides their configs, in any
     order: each kernel's source, generated headers and launch shape (None for one that cannot
@@ -331,14 +347,7 @@ def autotune(
     if not candidates:
         raise ValueError(f"autotune of {family.name} needs at least one candidate config")
     cache = _cache() if cache is None else cache
-    kernels: list[Any] = []
-    unmade: dict[Any, Exception] = {}
-    for config in candidates:
-        try:
-            kernels.append(family.make_kernel(params, config))
-        except Exception as error:  # a config that cannot be made counts as slowest
-            unmade[config] = error
-            kernels.append(None)
+    kernels, unmade = make_kernels(family, params, candidates)
     key = cache_key(family.name, params, identity, candidates, code_digest(kernels))
 
     def build() -> tuple[bytes, dict]:
