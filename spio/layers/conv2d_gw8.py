@@ -163,10 +163,29 @@ class Conv2dGw8(nn.Conv2d):
         if reason is not None:
             raise ValueError(f"Conv2dGw8 {reason}")
         super().__init__(**arguments)
-        # `padding` stays as given ("same", "valid" or ints), as nn.Conv2d keeps it, so repr and
-        # untransform give it back; the kernels take these ints, fixed at construction.
-        self._spio_padding = resolve_padding(self.padding, self.kernel_size, self.dilation)
         self._pass_bits = ALL_PASSES
+        self._spio_padding_of: Any = None
+        self._spio_padding = self._padding_ints()
+
+    def _padding_ints(self) -> tuple[int, int]:
+        """The (pad_h, pad_w) the kernels take. `padding` stays as given ("same", "valid" or
+        ints), as nn.Conv2d keeps it, so that repr and untransform give it back; these ints are
+        resolved from it again whenever it was set anew, as nn.Conv2d's forward reads it."""
+        if self.padding is not self._spio_padding_of:
+            pad = resolve_padding(self.padding, self.kernel_size, self.dilation)
+            if pad is None:
+                raise ValueError(
+                    f"Conv2dGw8 needs padding of two ints, one int, 'valid' or 'same' (odd "
+                    f"filters), got {self.padding!r}"
+                )
+            self._spio_padding, self._spio_padding_of = pad, self.padding
+        return self._spio_padding
+
+    def __prepare_scriptable__(self) -> Conv2dGw8:
+        """torch.jit.script calls this first: the scripted branch of forward reads
+        _spio_padding as it stands then."""
+        self._padding_ints()
+        return self
 
     @property
     def spio_passes(self) -> tuple[str, ...]:
@@ -234,7 +253,7 @@ class Conv2dGw8(nn.Conv2d):
                 input, self.weight, self.bias, 1, pad_h, pad_w, 1, self.groups, self._pass_bits
             )
         return conv2d_gw8_layer(
-            input, self.weight, self.bias, self._spio_padding, self.groups, self._pass_bits
+            input, self.weight, self.bias, self._padding_ints(), self.groups, self._pass_bits
         )
 
     def spio_kernels(
@@ -255,7 +274,8 @@ class Conv2dGw8(nn.Conv2d):
             return []
         x = input.unsqueeze(0) if input.dim() == 3 else input
         x, weight, bias = autocast_operands(x, self.weight, self.bias)
-        layer = _kernels.layer(x, weight, bias, *self._spio_padding)
+        padding = self._padding_ints()
+        layer = _kernels.layer(x, weight, bias, *padding)
         grad = torch.is_grad_enabled() if backward is None else backward
         assumed = backward and not torch.is_grad_enabled()  # gradients autograd cannot show now
         needs = (  # the operands as given: an autocast cast without autograd requires none
@@ -268,7 +288,7 @@ class Conv2dGw8(nn.Conv2d):
         if double_backward and grad:
             # A backward through the backward (create_graph=True) runs the passes again on
             # gradients, without a bias: FProp of them, DGrad, and WGrad with the weight's.
-            plain = _kernels.layer(x, weight, None, *self._spio_padding)
+            plain = _kernels.layer(x, weight, None, *padding)
             found += plain.kernels(
                 weight, None, self._pass_bits, (True, True, False), deterministic
             )
@@ -369,7 +389,11 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
     new.train(module.training)
     # Attributes a user or library set on the module (e.g. a tag); not Conv2dGw8's own.
     for name, value in vars(module).items():
-        if name not in vars(new) and name not in ("_pass_bits", "_spio_padding"):
+        if name not in vars(new) and name not in (
+            "_pass_bits",
+            "_spio_padding",
+            "_spio_padding_of",
+        ):
             setattr(new, name, value)
     _share_hooks(new, module)
     return new

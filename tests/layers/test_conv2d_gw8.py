@@ -709,3 +709,25 @@ def test_autocast_to_another_dtype_falls_back(monkeypatch, caplog):
         torch.set_autocast_dtype("cpu", was)
     torch.testing.assert_close(y, F.conv2d(x, m.weight, m.bias, padding=1, groups=2))
     assert "Conv2dGw8 falls back to F.conv2d: autocast to torch.float32" in caplog.text
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_padding_set_after_construction_is_used_as_nn_conv2d_uses_it(monkeypatch, emulate):
+    """nn.Conv2d's forward reads `padding` at each call; the kernels' ints had been resolved
+    once, at construction, so a later `m.padding = ...` was silently ignored."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    m = make_conv2d(16, 16, 3, padding=1, groups=2).half()
+    assert isinstance(m, Conv2dGw8)
+    x = torch.randn(1, 16, 6, 7).half()
+    for padding, expected in (((2, 0), (2, 0)), ("valid", (0, 0)), ("same", (1, 1)), (3, (3, 3))):
+        m.padding = padding
+        want = F.conv2d(x.double(), m.weight.double(), m.bias.double(), 1, expected, 1, 2)
+        got = m(x)
+        assert got.shape == want.shape, padding
+        torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
+    m.padding = 2  # then scripted before any call: the scripted branch reads the ints
+    scripted = torch.jit.script(m)
+    assert scripted(x).shape == F.conv2d(x.float(), m.weight.float(), None, 1, 2, 1, 2).shape
+    m.padding = (1, 2, 3)
+    with pytest.raises(ValueError, match=r"needs padding of two ints.*got \(1, 2, 3\)"):
+        m(x)
