@@ -326,11 +326,11 @@ def read_samples(path: str | os.PathLike) -> tuple[list[Sample], list[str]]:
         return [], comments
     reader = csv.DictReader(lines)
     samples = []
-    for number, row in enumerate(reader, start=2):
+    for number, row in enumerate(reader, start=1):  # data rows, the header not counted
         try:
             samples.append(parse_sample(row))
         except (ValueError, TypeError) as error:
-            raise ValueError(f"{path}: data row {number - 1}: {error}") from None
+            raise ValueError(f"{path}: data row {number}: {error}") from None
     return samples, comments
 
 
