@@ -19,8 +19,8 @@
 #   overhead   scripts/bench_launch.py (µs per driver launch) and scripts/bench_op_overhead.py
 #              (µs per custom-op / module call over F.conv2d's)
 #   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma, stores or
-#              barriers switched off, to show where their time goes; WGrad's atomics against its
-#              partial sums on every bench layer
+#              barriers switched off, to show where their time goes; then WGrad's atomics against
+#              its partial sums on every bench layer; then the narrower experiments
 #   probe      scripts/read_probe.py: this GPU's read rate through plain loads, cp.async and the
 #              kernels' row-by-row structure, next to torch's sum and copy
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
@@ -170,12 +170,15 @@ step_overhead() {
 }
 
 step_ablate() {
-    # The headline layer with spio's choice for every pass; FProp tile shapes from shallow to
-    # deep pipelines; the no-halo 1x3 layer; the small layers; the input pipeline on image sizes
-    # around 64x64; several images per block on the small layers; then WGrad's two reductions
-    # (atomics into a zeroed dw, per-warp partial sums and a sum) on every bench layer. Each part
-    # gets the step's time left; a part that would get under 10 s is skipped (timeout 0 would
-    # mean no limit at all).
+    # Most wanted first (docs/perf/2026-11-30-predictions.md says what each part settles): the
+    # headline layer with spio's choice for every pass (where its time goes, WGrad's instructions
+    # per step); WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and
+    # sum_slots) on every bench layer; the input pipeline on image sizes around 64x64 (DRAM
+    # camping); input rows through registers (ldg); several images per block on the small layers;
+    # the small layers' own ablation; FProp tile shapes from shallow to deep pipelines; the no-halo
+    # 1x3 layer. Each line names its variants (all 12 on a line would be 12 compiles a config).
+    # Each part gets the step's time left; a part that would get under 10 s is skipped (timeout 0
+    # would mean no limit at all).
     # A part that fails sets rc; one that times out, or is skipped for want of time, makes the
     # step a TIMEOUT unless another part failed.
     local deadline=$((SECONDS + $1 - 10)) rc=0 out_of_time=0 layers
@@ -197,6 +200,24 @@ step_ablate() {
     # The classic ablation (the variants that only some lines need come in those lines).
     ablate --layer 64c_64x64_3x3 \
         --variants full no-stores no-mma no-loads skeleton loads-only no-sync
+    # WGrad's reductions on every bench layer: sum_slots and 16 images per block not yet timed.
+    if ((deadline - SECONDS >= 10)); then
+        layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
+            "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
+        # shellcheck disable=SC2086  # one word per layer
+        ablate --passes wgrad --variants full --repeats 30 --layer $layers
+    else
+        out_of_time=1
+    fi
+    # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
+    # camping would show as a faster loads-only there), next to a read-only pass; and blocks
+    # made to start apart (stagger), which would also help if lockstep blocks camp. (l2-256 is
+    # timed on 64x64 in the tile-shape line.)
+    ablate --layer 64,64,64 64,64,60 64,60,64 64,62,62 --passes fprop --repeats 30 \
+        --variants full loads-only stagger loads-stagger \
+        --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16
+    ablate --layer 64,64,64 64,64,60 --passes wgrad --repeats 30 \
+        --variants full loads-only stagger loads-stagger
     # Input rows through registers (plain loads) against cp.async, in the full kernel and alone.
     ablate --layer 64c_64x64_3x3 --passes fprop dgrad --repeats 30 \
         --variants full ldg loads-only ldg-loads-only \
@@ -204,35 +225,24 @@ step_ablate() {
     ablate --layer 64c_64x64_3x3 --passes wgrad --repeats 30 \
         --variants full ldg loads-only ldg-loads-only \
         --config g2_p32_q64_n4_w4_s6_k8 g2_p32_q64_n4_w4_s3_k8
-    ablate --layer 64c_64x64_3x3 --passes fprop \
-        --repeats 30 --variants full no-stores loads-only skeleton l2-256 --config \
-        g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s8_k16 g8_p64_q32_w1_s6_k16 \
-        g8_p64_q64_w2_s4_k16 g8_p32_q32_w1_s8_k16 g8_p16_q64_w2_s8_k16
-    ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8
-    # The small layers that lose to cuDNN in every pass.
-    ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30
-    # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
-    # camping would show as a faster loads-only there), next to a read-only pass; and blocks
-    # made to start apart (stagger), which would also help if lockstep blocks camp.
-    ablate --layer 64,64,64 64,64,60 64,60,64 64,62,62 --passes fprop --repeats 30 \
-        --variants full loads-only l2-256 stagger loads-stagger \
-        --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16
-    ablate --layer 64,64,64 64,64,60 --passes wgrad --repeats 30 \
-        --variants full loads-only stagger loads-stagger
     # Several images per block on the small layers (their blocks are short: weights, pipeline
-    # fill and drain paid per image), against the one-image config the model picks for both;
-    # after the camping lines, as the headline layer's bound comes first.
+    # fill and drain paid per image), against the one-image config the model picks for both.
     ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop dgrad --repeats 30 \
         --variants full loads-only --config g2_p8_q16_w1_s4_k16 g2_p8_q16_w1_s4_k16_n2 \
         g2_p8_q16_w1_s4_k16_n4 g2_p8_q16_w1_s4_k16_n8 g4_p8_q16_w1_s4_k16_n4 g2_p8_q16_w1_s8_k16_n4
-    if ((deadline - SECONDS >= 10)); then
-        layers=$(timeout -k 5 30 "$PYTHON" -c \
-            "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
-        # shellcheck disable=SC2086  # one word per layer
-        ablate --passes wgrad --variants full --repeats 30 --layer $layers
-    else
-        out_of_time=1
-    fi
+    # The small layers that lose to cuDNN in every pass: where their time goes, with spio's
+    # choice (the weights' start-up is in skeleton and no-loads).
+    ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30 \
+        --variants full no-loads skeleton loads-only
+    # FProp tile shapes: the input pipeline (loads-only) by rows in flight, and the L2 prefetch
+    # hint (no-stores and skeleton per config are in run 5's record).
+    ablate --layer 64c_64x64_3x3 --passes fprop \
+        --repeats 30 --variants full loads-only l2-256 --config \
+        g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s8_k16 g8_p64_q32_w1_s6_k16 \
+        g8_p64_q64_w2_s4_k16 g8_p32_q32_w1_s8_k16 g8_p16_q64_w2_s8_k16
+    # The 1x3 layer (4-row tiles, so no lockstep blocks): the figures run 5 recorded for it.
+    ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8 \
+        --variants full no-stores skeleton loads-only
     if ((rc == 0 && out_of_time)); then
         return 124
     fi

@@ -210,3 +210,30 @@ def test_gpu_check_ablates_only_layers_passes_and_configs_that_exist():
                 assert not missing, f"gpu_check: {text} {pass_} has no config {missing}"
                 checked += len(args.config or ())
     assert checked > 0
+
+
+def _kernels_of_call(argv: list[str], layers: int) -> int:
+    """Kernels one ablate call builds and times (an upper bound: ldg's variants may not apply),
+    with the WGrad wrapper's two reduction kernels per config."""
+    args = ablate.parse_args(["--n", "128", *argv])
+    count = len(args.layer) - 1 + layers if "$layers" in argv else len(args.layer)
+    per_config = len(set(args.variants) | {"full"})
+    total = 0
+    for pass_ in args.passes:
+        total += count * len(args.config or [None]) * (per_config + 2 * (pass_ == "wgrad"))
+    return total
+
+
+def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_first():
+    """The step has 150 s for ~10 processes: no line times all 12 variants (12 compiles a config),
+    the whole step builds under 230 kernels (it had 288, and its last part, WGrad's reductions on
+    every layer, was the one cut), and the headline ablation and WGrad's reductions on every
+    layer come first."""
+    from spio.bench.layers import layer_table
+
+    calls = _gpu_check_ablate_calls()
+    assert all("--variants" in argv for argv in calls), [a for a in calls if "--variants" not in a]
+    total = sum(_kernels_of_call(argv, len(layer_table())) for argv in calls)
+    assert total < 230, total
+    assert calls[0][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[0]
+    assert "$layers" in calls[1] and calls[1][calls[1].index("--passes") + 1] == "wgrad"
