@@ -27,8 +27,11 @@ BATCH_CALLS = 50
 #: Distinct data that must pass between two uses of one rotation set, in multiples of L2.
 L2_FLUSH_FACTOR = 3
 
-#: Most rotation sets (bounds memory for tiny layers).
-MAX_SETS = 64
+#: Most rotation sets. The sets' memory is about L2_FLUSH_FACTOR x L2 whatever their number;
+#: this bounds the number of tensors made for tiny layers (under about 370 KB a set on the
+#: H200), which get less than 3 x L2 between reuses. The cap had been 64, which left layers of
+#: under about 1 MB a set partly timed from L2 (368c 7x7 at N = 8: 0.63 x L2 between reuses).
+MAX_SETS = 512
 
 
 @dataclass(frozen=True)

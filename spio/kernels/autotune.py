@@ -157,7 +157,7 @@ def input_copies(family: str, params: Conv2dGw8Params, l2_bytes: int) -> int:
     """Input sets to rotate through so that a launch does not find its data in L2: the bench's
     rule (spio.bench.timing.rotation_sets), so that autotune, the performance model's samples
     and `spio bench` time kernels alike: enough sets for about 3x the L2's bytes, at most
-    MAX_SETS (64)."""
+    MAX_SETS (512)."""
     from ..bench.timing import rotation_sets
     from .families import get_family
 

@@ -10,7 +10,8 @@ MB = 10**6
 def test_rotation_sets_cover_three_l2_sizes():
     assert rotation_sets(100 * MB, 60 * MB) == 3  # ceil(180 / 100) + 1
     assert rotation_sets(20 * MB, 60 * MB) == 10
-    assert rotation_sets(1 * MB, 60 * MB) == MAX_SETS  # capped
+    assert rotation_sets(1 * MB, 60 * MB) == 181  # 64 sets had been only 1.07 x L2
+    assert rotation_sets(100_000, 60 * MB) == MAX_SETS  # capped
     assert rotation_sets(180 * MB, 60 * MB) == 1  # already 3x L2: no rotation
     assert rotation_sets(5 * MB, 0) == 1  # L2 size unknown
 
