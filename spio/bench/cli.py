@@ -113,7 +113,7 @@ def _plot(rows, out_dir: Path) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark (or only render plots) as the arguments say; returns the exit status."""
-    from .results import format_table, read_csv, runs, write_csv
+    from .results import format_table, read_csv, runs
 
     if args.plot_only is not None:
         try:
@@ -169,10 +169,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         warmup=3 if args.quick else 5,
         reps=20 if args.quick else 100,
     )
-    rows = run_bench(settings, command_line())
+    path = out_dir / f"bench_{args.dtype}.csv"
+    rows = run_bench(settings, command_line(), csv_path=path)  # written after every case
     expected = len(layers) * len(batch_sizes) * len(args.passes) * 3
     if rows:
-        path = write_csv(rows, out_dir / f"bench_{args.dtype}.csv")
         print(format_table(rows))
         print(f"wrote {path}")
     status = _plot(rows, out_dir) if rows else 1

@@ -10,6 +10,7 @@ from these rows alone.
 from __future__ import annotations
 
 import csv
+import io
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
@@ -94,17 +95,22 @@ def write_rows(
     rows: Iterable, path: Path, row_type: type, derived: dict[str, Callable] | None = None
 ) -> Path:
     """Write dataclass rows of `row_type` to a CSV at path, one column per field ("pass_" is
-    written "pass"), then one per `derived` name (its function formats a row's value)."""
+    written "pass"), then one per `derived` name (its function formats a row's value). The file
+    is replaced whole (a sweep rewrites it after every case; a reader, or a kill, never meets
+    half of it)."""
+    from ..compiler.cache import write_atomically
+
     derived = derived or {}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     names = [f.name for f in fields(row_type)]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([_column(n) for n in names] + list(derived))
-        for row in rows:
-            values = asdict(row)
-            writer.writerow([values[n] for n in names] + [fn(row) for fn in derived.values()])
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow([_column(n) for n in names] + list(derived))
+    for row in rows:
+        values = asdict(row)
+        writer.writerow([values[n] for n in names] + [fn(row) for fn in derived.values()])
+    write_atomically(path, text.getvalue().encode())
     return path
 
 
@@ -212,18 +218,30 @@ def format_table(rows: Iterable[BenchRow]) -> str:
         ms = {i: None if getattr(cmp, i) is None else getattr(cmp, i).median_ms for i in IMPLS}
         bw = {i: None if getattr(cmp, i) is None else getattr(cmp, i).gbps for i in IMPLS}
         pct = {i: cmp.copy_fraction(i) for i in ("spio", "torch")}
+        mark = "*" if _host_bound(cmp) else " "
         lines.append(
             f"{cmp.layer:<16} {cmp.n:>4} {cmp.dtype:<5} {cmp.pass_:<5} "
             f"{_fmt(ms['spio'], '9.4f')} {_fmt(ms['torch'], '9.4f')} {_fmt(ms['copy'], '8.4f')} "
             f"{_fmt(bw['spio'], '9.0f')} {_fmt(bw['torch'], '10.0f')} {_fmt(bw['copy'], '9.0f')} "
             f"{_fmt(None if pct['spio'] is None else 100 * pct['spio'], '7.0f')}% "
             f"{_fmt(None if pct['torch'] is None else 100 * pct['torch'], '8.0f')}% "
-            f"{_fmt(cmp.speedup, '6.2f')}x"
+            f"{_fmt(cmp.speedup, '6.2f')}x{mark}"
         )
-    speedups = [c.speedup for c in comparisons if c.speedup is not None]
+    speedups = [c.speedup for c in comparisons if c.speedup is not None and not _host_bound(c)]
     if speedups:
         lines.append(
             f"speedup over PyTorch: median {statistics.median(speedups):.2f}x, "
             f"min {min(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} cases"
         )
+    if any(_host_bound(c) for c in comparisons):
+        lines.append(
+            "*: a timing of the case was not fully pre-filled (its calls may have waited on the "
+            "host, not the GPU); left out of the speedup summary"
+        )
     return "\n".join(lines)
+
+
+def _host_bound(cmp) -> bool:
+    """Whether a timing of the comparison's rows was NOT fully pre-filled (see spio.bench.run)."""
+    rows = (getattr(cmp, impl) for impl in IMPLS)
+    return any(row is not None and "NOT fully pre-filled" in row.timing for row in rows)

@@ -16,13 +16,14 @@ import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..kernels.conv2d_gw8_params import Conv2dGw8Params
 from ..kernels.stats import PASSES, Conv2dStats
 from ..log import logger
 from .layers import BenchLayer
-from .results import BenchRow, RunInfo
+from .results import BenchRow, RunInfo, write_csv
 from .timing import Timing, l2_cache_bytes, rotation_sets, time_calls
 
 TIMING_METHOD = "cuda-events, stream pre-filled behind a spin kernel; median per call"
@@ -93,15 +94,18 @@ def run_info(command: str, device_index: int = 0) -> RunInfo:
 
 
 def spio_kernel(params: Conv2dGw8Params, pass_: str, device=None):
-    """The Kernel spio launches for this pass on `device` (a torch.device), chosen as the custom
-    ops choose it: the performance model of the device's arch where one covers the layer, else
-    the analytic heuristic (also for device None or a CPU)."""
+    """The Kernel spio launches for this pass on `device` (a torch.device) in a channels_last
+    model, chosen as the custom ops choose it: the performance model of the device's arch where
+    one covers the layer, else the analytic heuristic (also for device None or a CPU). FProp
+    and DGrad read the weights channels_last, as model.to(memory_format=torch.channels_last)
+    leaves them (the `__wcl` variant), and a bias, if any, in fp32."""
     from ..functional import _kernels
+    from ..kernels.conv2d_gw8_factory import variant
 
     if pass_ == "fprop":
-        return _kernels.fprop_kernel(params, device)
+        return variant(_kernels.fprop_kernel(params, device), True, False)
     if pass_ == "dgrad":
-        return _kernels.dgrad_kernel(params, device)
+        return variant(_kernels.dgrad_kernel(params, device), True, False)
     return _kernels.wgrad_kernel(params, device, with_bias=params.has_bias)
 
 
@@ -126,7 +130,11 @@ def _torch_dtype(dtype: str):
 
 
 class PassCase:
-    """Rotation sets of random tensors for one pass of one layer, and the three timed calls."""
+    """Rotation sets of random tensors for one pass of one layer, and the three timed calls.
+
+    spio and PyTorch get the same tensors: activations and weights channels_last. Each writes
+    a separate output per rotation set (PyTorch's are kept in the set until its next call), so
+    that neither rewrites an output still in L2 that the other would have to write to DRAM."""
 
     def __init__(self, params: Conv2dGw8Params, pass_: str, l2_bytes: int, device="cuda"):
         import torch
@@ -178,9 +186,11 @@ class PassCase:
         def call(i: int):
             item = data[i % len(data)]
             if pass_ == "fprop":
-                return fd.fprop(item["x"], item["w"], None, params, kernel=kernel, out=item["out"])
+                return fd.fprop(
+                    item["x"], item["w_cl"], None, params, kernel=kernel, out=item["out"]
+                )
             if pass_ == "dgrad":
-                return fd.dgrad(item["dy"], item["w"], params, kernel=kernel, out=item["out"])
+                return fd.dgrad(item["dy"], item["w_cl"], params, kernel=kernel, out=item["out"])
             return wg.wgrad(item["x"], item["dy"], params, kernel=kernel)
 
         return call
@@ -196,12 +206,16 @@ class PassCase:
 
         def call(i: int):
             item = data[i % len(data)]
+            item["torch_out"] = None  # freed first: its block may serve this call's output
             if pass_ == "fprop":
-                return F.conv2d(item["x"], item["w_cl"], None, 1, padding, 1, p.groups)
-            return torch.ops.aten.convolution_backward(
-                item["dy"], item["x"], item["w_cl"], None, [1, 1], padding, [1, 1], False,
-                [0, 0], p.groups, mask,
-            )  # fmt: skip
+                out = F.conv2d(item["x"], item["w_cl"], None, 1, padding, 1, p.groups)
+            else:
+                out = torch.ops.aten.convolution_backward(
+                    item["dy"], item["x"], item["w_cl"], None, [1, 1], padding, [1, 1], False,
+                    [0, 0], p.groups, mask,
+                )  # fmt: skip
+            item["torch_out"] = out  # kept until this set's next call, as spio's item["out"]
+            return out
 
         return call
 
@@ -252,8 +266,12 @@ def _row(
     )  # fmt: skip
 
 
-def run_bench(settings: BenchSettings, command: str) -> list[BenchRow]:
-    """Time every (layer, batch size, pass) of settings; needs a CUDA GPU."""
+def run_bench(
+    settings: BenchSettings, command: str, csv_path: Path | None = None
+) -> list[BenchRow]:
+    """Time every (layer, batch size, pass) of settings; needs a CUDA GPU. With `csv_path`,
+    the rows so far are written there after each case, so that a sweep stopped by a time limit
+    keeps what it measured."""
     import torch
     from tqdm import tqdm
 
@@ -294,4 +312,6 @@ def run_bench(settings: BenchSettings, command: str) -> list[BenchRow]:
                 _row(layer, params, pass_, impl, timing, nbytes, impl_flops, sets, config, info)
             )
         del case
+        if csv_path is not None and rows:
+            write_csv(rows, csv_path)
     return rows

@@ -75,8 +75,10 @@ def test_insitu_table_shows_speedup_and_unattributed_times():
     rows[0] = InSituRow(impl="spio", us_per_call=math.nan, kernels="not attributed",
                         event_us_per_call=15.0, **common)  # fmt: skip
     lines = format_insitu_table(rows).splitlines()
-    assert lines[2].split()[4:7] == ["(e)15.0", "30.0", "2.00x"]  # spio us, torch us, speedup
-    assert lines[-1].startswith("(e): CUDA-event time")
+    # spio us, torch us, and a speedup marked as comparing a profiler and an event time
+    assert lines[2].split()[4:7] == ["(e)15.0", "30.0", "2.00x*"]
+    assert lines[-2].startswith("(e): CUDA-event time")
+    assert lines[-1].startswith("*: a profiler time against an event time")
     # Neither measure: no number, no speedup.
     rows[0] = InSituRow(impl="spio", us_per_call=math.nan, kernels="not attributed",
                         event_us_per_call=math.nan, **common)  # fmt: skip

@@ -115,6 +115,25 @@ def test_table_reports_bandwidth_copy_fraction_and_speedup():
     assert f"{gbps:.0f}" in line and "80%" in line and "3.00x" in line
 
 
+def test_a_case_not_fully_pre_filled_is_marked_and_left_out_of_the_summary():
+    """Such a timing may time the host, not the GPU: its line is marked, and the median, min
+    and max speedups are over the other cases (they had counted it, unmarked)."""
+    import dataclasses
+
+    rows = _rows()
+    first = compare(rows)[0]
+    slow = dataclasses.replace(
+        first.torch, median_ms=first.torch.median_ms * 100,
+        timing=first.torch.timing + " (NOT fully pre-filled)",
+    )  # fmt: skip
+    rows = [slow if row == first.torch else row for row in rows]
+    table = format_table(rows)
+    marked = [line for line in table.splitlines() if line.endswith("x*")]
+    assert len(marked) == 1 and "300.00x*" in marked[0]
+    assert "max 3.00x" in table and f"over {len(compare(rows)) - 1} cases" in table
+    assert table.splitlines()[-1].startswith("*: a timing of the case was not fully pre-filled")
+
+
 def _assert_pngs(folder, expected):
     for name in expected:
         path = folder / name

@@ -73,3 +73,76 @@ def test_bench_times_the_kernel_the_custom_ops_choose(monkeypatch, pass_):
     kernel = run.spio_kernel(params, pass_, torch.device("cuda", 0))
     assert dict(kernel.info)["config"] == chosen
     assert run.spio_config(params, pass_, torch.device("cuda", 0)) == chosen
+
+
+@pytest.mark.parametrize("pass_", ["fprop", "dgrad"])
+def test_spio_reads_channels_last_weights_as_a_channels_last_model_holds_them(pass_):
+    """model.to(memory_format=torch.channels_last) makes conv weights channels_last, and spio
+    then runs the kernel variant reading them as held (`__wcl`): that is what is timed, with
+    the same weight tensor cuDNN gets (the bench had timed the contiguous-weights kernel)."""
+    from spio.bench import run
+
+    case = PassCase(TINY.params(1), pass_, l2_bytes=0, device="cpu")
+    assert case.kernel.info_value("weights_cl") is True
+    assert run.spio_kernel(TINY.params(1), pass_, torch.device("cpu")).name == case.kernel.name
+    assert case.kernel.name.endswith("__wcl")
+
+
+@pytest.mark.parametrize("pass_", ["fprop", "dgrad", "wgrad"])
+def test_pytorchs_outputs_rotate_like_spios(pass_):
+    """Each rotation set keeps PyTorch's last output until the set's next call, so that its
+    outputs are spread over as many buffers as spio's; the allocator had handed every call the
+    block the previous call freed, whose lines could still be in L2."""
+    case = PassCase(TINY.params(1), pass_, l2_bytes=10**6, device="cpu")
+    call = case.torch_call()
+    for i in range(case.sets):
+        call(i)
+    outs = [item["torch_out"] for item in case.data]
+    first = [o if pass_ == "fprop" else next(t for t in o if t is not None) for o in outs]
+    assert len({t.data_ptr() for t in first}) == case.sets > 1
+
+
+def test_the_sweep_writes_its_csv_after_every_case(monkeypatch, tmp_path):
+    """A sweep cut short by a time limit keeps the rows it measured: the CSV is rewritten after
+    each case (it had been written once, after the whole sweep)."""
+    from spio.bench import run
+    from spio.bench.results import RunInfo, read_csv
+    from spio.bench.timing import Timing
+
+    path = tmp_path / "bench.csv"
+    seen = []
+
+    class Case:
+        def __init__(self, params, pass_, l2):
+            self.params, self.stats = params, run.Conv2dStats(params)
+            self.bytes, self.sets, self.config = (
+                self.stats.bytes(pass_),
+                1,
+                run.spio_config(params, pass_),
+            )
+            self.copy_data, self.copy_bytes = [()], self.bytes
+
+        def spio_call(self):
+            return "spio"
+
+        torch_call = copy_call = spio_call
+
+    def timer(call, warmup, reps):
+        seen.append(len(read_csv(path)) if path.exists() else 0)
+        if len(seen) == 7:
+            raise KeyboardInterrupt  # e.g. the step's time limit
+        return Timing(1.0, 0.9, 1.1, reps, True)
+
+    info = RunInfo(
+        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="t"
+    )
+    monkeypatch.setattr(run, "PassCase", Case)
+    monkeypatch.setattr(run, "time_calls", timer)
+    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
+    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
+    monkeypatch.setattr(run, "run_info", lambda command: info)
+    settings = BenchSettings(layers=(TINY,), batch_sizes=(1, 2, 3), passes=("fprop",))
+    with pytest.raises(KeyboardInterrupt):
+        run.run_bench(settings, "x", csv_path=path)
+    assert seen == [0, 0, 0, 3, 3, 3, 6]
+    assert len(read_csv(path)) == 6
