@@ -36,7 +36,9 @@
 # that bring back only a few files). GPU_CHECK_ONLY="wheels build info perf" runs only the steps
 # named (e.g. a second call that spends what device time is left on perf samples).
 # When build or info fails (e.g. `spio info` finds that the driver extension does not load),
-# the remaining steps are skipped. A compact summary (step, status, seconds) is printed last; the
+# the remaining steps are skipped. A compact summary (step, status, seconds) is printed last, and
+# written to OUT_DIR/summary.txt a line at a time as each step ends (so a run cut off by an outer
+# timeout still leaves one); calls a step makes besides its main one keep within its limit. The
 # exit status is 1 if any step failed, timed out or was skipped (the perf step stops itself before
 # its limit, so running out of time there is not a failure).
 
@@ -71,16 +73,30 @@ PYTHON=${PYTHON:-python}
 BUDGET=${GPU_CHECK_BUDGET:-470}
 MIN_STEP_SECONDS=20
 
-declare -a SUMMARY=()
 FAILED=0
 NOTE=""
 BROKEN=""
 
 log() { printf '[gpu_check %4ds] %s\n' "$SECONDS" "$*"; }
 
+# Seconds a call inside the running step may take: at most $1, and no more than the step has
+# left (at least 1: timeout 0 would mean no limit).
+STEP_DEADLINE=0
+cap() {
+    local left=$((STEP_DEADLINE - SECONDS))
+    ((left > $1)) && left=$1
+    echo $((left < 1 ? 1 : left))
+}
+
+# A step's line of the summary, appended to summary.txt at once: if the run is cut off,
+# summary.txt still has every step that finished.
+add_summary() {
+    printf '%s\n' "$1" >>"$OUT_DIR/summary.txt"
+}
+
 find_sanitizer() {
     local candidate site
-    site=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null)
+    site=$(timeout -k 5 "$(cap 30)" "$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null)
     for candidate in "$(command -v compute-sanitizer 2>/dev/null)" \
         "$site"/nvidia/*/bin/compute-sanitizer \
         "$site"/nvidia/cuda_sanitizer_api/compute-sanitizer/compute-sanitizer \
@@ -116,14 +132,14 @@ step_build() {
 }
 
 step_info() {
-    timeout -k 5 20 nvidia-smi || echo "(nvidia-smi not available)"
-    timeout -k 10 "$1" "$PYTHON" -m spio info || return $?
+    timeout -k 5 "$(cap 20)" nvidia-smi || echo "(nvidia-smi not available)"
+    timeout -k 10 "$(cap "$1")" "$PYTHON" -m spio info || return $?
     # `spio info` passes without a GPU (spio works on the CPU too); here nothing after it would.
-    timeout -k 5 60 "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch sees no CUDA GPU')" ||
+    timeout -k 5 "$(cap 60)" "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch sees no CUDA GPU')" ||
         return $?
     # Without xgboost (or its scipy) the heuristic picks every config: the run is still worth
     # having, but its numbers are not the model's picks; say so in the summary.
-    if ! timeout -k 5 60 "$PYTHON" -c "import xgboost, platformdirs"; then
+    if ! timeout -k 5 "$(cap 60)" "$PYTHON" -c "import xgboost, platformdirs"; then
         NOTE="xgboost or platformdirs missing: heuristic picks"
     fi
 }
@@ -140,7 +156,7 @@ sanitize() {
         return 1
     fi
     local filter=() help
-    help=$(timeout -k 5 30 "$sanitizer" --help 2>/dev/null)
+    help=$(timeout -k 5 "$(cap 30)" "$sanitizer" --help 2>/dev/null)
     if grep -q -- "--kernel-name" <<<"$help"; then  # instrument only spio's kernels (spio_conv2d_gw8*, spio_sum_slots)
         filter=(--kernel-name kns=spio_)
     elif grep -q -- "--filter" <<<"$help"; then  # older releases
@@ -153,7 +169,8 @@ sanitize() {
         filter+=(--report-api-errors no)
     fi
     echo "$sanitizer --tool $tool ${filter[*]}"
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$((limit - 10))" "$sanitizer" --tool "$tool" \
+    limit=$(cap "$((limit - 10))")  # what finding it and --help left
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$limit" "$sanitizer" --tool "$tool" \
         --error-exitcode 1 "${filter[@]}" "$PYTHON" -m spio.bench.sanitize
 }
 
@@ -254,11 +271,11 @@ step_probe() {
 }
 
 step_timm() {
-    if ! timeout -k 5 60 "$PYTHON" -c "import timm" 2>/dev/null; then
+    if ! timeout -k 5 "$(cap 30)" "$PYTHON" -c "import timm" 2>/dev/null; then
         NOTE="timm not installed"
         return 200
     fi
-    timeout -k 10 "$1" "$PYTHON" scripts/timm_benchmark.py --model regnetx_002 --spio \
+    timeout -k 10 "$(cap "$1")" "$PYTHON" scripts/timm_benchmark.py --model regnetx_002 --spio \
         --spio-where-faster \
         --amp-dtype float16 --channels-last --bench train --batch-size 256 --warmup 5 --iters 20
     local rc=$?
@@ -354,27 +371,28 @@ run_step() {
     local status
     NOTE=""
     if [[ -n "${GPU_CHECK_ONLY:-}" && " $GPU_CHECK_ONLY " != *" $name "* ]]; then
-        SUMMARY+=("$(printf '%-10s %-48s %5d' "$name" "not selected (GPU_CHECK_ONLY)" 0)")
+        add_summary "$(printf '%-10s %-48s %5d' "$name" "not selected (GPU_CHECK_ONLY)" 0)"
         log "$name: not selected"
         return
     fi
     if [[ -n "$BROKEN" ]]; then
         status="SKIPPED ($BROKEN)"
         FAILED=1
-        SUMMARY+=("$(printf '%-10s %-48s %5d' "$name" "$status" 0)")
+        add_summary "$(printf '%-10s %-48s %5d' "$name" "$status" 0)"
         log "$name: $status"
         return
     fi
     if ((left < MIN_STEP_SECONDS)); then
         status="SKIPPED (budget spent)"
         FAILED=1
-        SUMMARY+=("$(printf '%-10s %-48s %5d' "$name" "$status" 0)")
+        add_summary "$(printf '%-10s %-48s %5d' "$name" "$status" 0)"
         log "$name: $status"
         return
     fi
     ((limit > left)) && limit=$left
     log "$name (limit ${limit}s) -> $OUT_DIR/$name.log"
     local started=$SECONDS
+    STEP_DEADLINE=$((SECONDS + limit))
     "step_$name" "$limit" >"$OUT_DIR/$name.log" 2>&1
     local rc=$?
     local took=$((SECONDS - started))
@@ -403,22 +421,22 @@ run_step() {
     if [[ $rc -ne 0 && ($name == build || $name == info) ]]; then
         BROKEN="$name failed"  # nothing after this can work: don't spend GPU time on it
     fi
-    SUMMARY+=("$(printf '%-10s %-48s %5d' "$name" "${status:0:48}" "$took")")
+    add_summary "$(printf '%-10s %-48s %5d' "$name" "${status:0:48}" "$took")"
     log "$name: $status (${took}s)"
 }
 
-log "repository $REPO, output $OUT_DIR, budget ${BUDGET}s, python $("$PYTHON" --version 2>&1)"
-for step in "${STEPS[@]}"; do
-    run_step "${step%%:*}" "${step##*:}"
-done
-
+log "repository $REPO, output $OUT_DIR, budget ${BUDGET}s, python $(timeout 10 "$PYTHON" --version 2>&1)"
 {
     echo
     echo "gpu_check summary ($(date -u '+%Y-%m-%d %H:%M UTC'), logs in $OUT_DIR)"
     printf '%-10s %-48s %5s\n' step status sec
-    printf '%s\n' "${SUMMARY[@]}"
-    printf '%-10s %-48s %5d\n' total "$([[ $FAILED -eq 0 ]] && echo PASS || echo FAIL)" "$SECONDS"
 } >"$OUT_DIR/summary.txt"
+for step in "${STEPS[@]}"; do
+    run_step "${step%%:*}" "${step##*:}"
+done
+
+printf '%-10s %-48s %5d\n' total "$([[ $FAILED -eq 0 ]] && echo PASS || echo FAIL)" "$SECONDS" \
+    >>"$OUT_DIR/summary.txt"
 if [[ -n "${GPU_CHECK_ARCHIVE:-}" ]]; then  # before the summary, which is printed last
     tar czf "$GPU_CHECK_ARCHIVE" -C "$OUT_DIR" . && log "packed $OUT_DIR into $GPU_CHECK_ARCHIVE"
 fi

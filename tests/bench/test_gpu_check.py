@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 FAKE_PYTHON = """#!/usr/bin/env bash
 if [[ "$1" == "-" ]]; then exec {real} "$@"; fi
+if [[ -n "${{FAKE_HANG:-}}" && "$*" == *"${{FAKE_HANG}}"* ]]; then sleep 60; fi
 if [[ "$1 $2" == "--version " ]]; then echo "Python (stand-in)"; exit 0; fi
 if [[ "$1 $2" == "-m pytest" ]]; then
     if [[ " $* " == *" --collect-only "* ]]; then
@@ -50,6 +51,7 @@ exit 0
 """
 
 FAKE_SANITIZER = """#!/usr/bin/env bash
+if [[ "${FAKE_HANG:-}" == "--help" && "$1" == "--help" ]]; then sleep 60; fi
 if [[ "$1" == "--help" ]]; then echo "  --kernel-name arg"; exit 0; fi
 echo "sanitizer stand-in: $*"
 exit 0
@@ -234,3 +236,49 @@ def test_only_the_selected_steps_run(stand_ins, tmp_path):
     assert all(status[step].startswith("PASS") for step in ("build", "info", "perf")), summary
     assert summary.count("not selected (GPU_CHECK_ONLY)") == 10
     assert not (tmp_path / "out" / "bench.log").exists()
+
+
+def test_a_run_cut_off_still_leaves_the_summary_of_the_steps_it_finished(stand_ins, tmp_path):
+    """The device run wraps the script in `timeout`: summary.txt gets each step's line as the
+    step ends, not only at the end."""
+    import signal
+    import time
+
+    out_dir = tmp_path / "out"
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), str(out_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(stand_ins, FAKE_HANG="timm_benchmark.py"),
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not (out_dir / "timm.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (out_dir / "timm.log").exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # as `timeout` does
+        proc.wait(timeout=30)
+    lines = (out_dir / "summary.txt").read_text().splitlines()
+    assert lines[1].startswith("gpu_check summary")
+    assert lines[2].split() == ["step", "status", "sec"]
+    steps = {line.split()[0]: line for line in lines[3:]}
+    assert list(steps)[:2] == ["wheels", "build"] and "timm" not in steps and "total" not in steps
+    for step in ("build", "info", "check", "bench", "ablate", "memcheck", "racecheck", "tests"):
+        assert " PASS" in steps[step], steps[step]
+
+
+@pytest.mark.parametrize(
+    "hang,step",
+    [("import xgboost", "info"), ("import timm", "timm"), ("--help", "memcheck")],
+)
+def test_a_steps_extra_calls_keep_within_its_limit(stand_ins, tmp_path, hang, step):
+    """info's import checks, timm's `import timm` and the sanitizer's --help had their own 30-60 s
+    timeouts on top of the step's limit."""
+    out = _run(stand_ins, tmp_path / "out", FAKE_HANG=hang, GPU_CHECK_ONLY=step,
+               GPU_CHECK_BUDGET="22")  # fmt: skip
+    line = [line for line in out.stdout.splitlines() if line.startswith(f"{step} ")][-1]
+    limit = int(re.search(rf"{step} \(limit (\d+)s\)", out.stdout).group(1))
+    assert limit <= 22 and int(line.split()[-1]) <= limit, line
