@@ -294,17 +294,18 @@ step_perf() {
     # while the kernels they timed are unchanged (and the CSV has the same columns). Layer by
     # layer, WGrad first in each (its samples now time the whole pass as spio runs it, and the
     # WGrad model cannot be retrained without them), N = 128 first.
-    local csv="$OUT_DIR/perf_samples.csv"
+    local csv="$OUT_DIR/perf_samples.csv" before=0 after=0
     if [[ -n "${GPU_CHECK_PERF_SEED:-}" && ! -f "$csv" ]]; then
         cp "$GPU_CHECK_PERF_SEED" "$csv"
     fi
+    [[ -s "$csv" ]] && before=$(($(wc -l <"$csv") - 1))  # data rows, past the header
     timeout -k 10 "$1" "$PYTHON" scripts/perf_sample.py --csv "$csv" \
         --budget-s "$budget" --batches 128 32 --dtypes fp16 --max-configs 100 \
         --families conv2d_gw8_wgrad conv2d_gw8_fprop conv2d_gw8_dgrad
     local rc=$?
-    local lines=1
-    [[ -f "$OUT_DIR/perf_samples.csv" ]] && lines=$(wc -l <"$OUT_DIR/perf_samples.csv")
-    NOTE="$((lines - 1)) rows"
+    [[ -s "$csv" ]] && after=$(($(wc -l <"$csv") - 1))
+    NOTE="$((after - before)) rows"  # what this run sampled, not the seed's
+    ((before > 0)) && NOTE="$NOTE (+$before seeded)"
     return "$rc"
 }
 

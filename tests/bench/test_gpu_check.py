@@ -43,6 +43,12 @@ if [[ "$*" == *"spio bench"* ]]; then echo "bench stand-in"; exit ${{FAKE_BENCH_
 if [[ "$*" == *"torch.cuda.is_available"* ]]; then exit ${{FAKE_NO_CUDA:-0}}; fi
 if [[ "$*" == *"ablate_kernel.py"* && -n "${{FAKE_ABLATE_HANG:-}}" ]]; then sleep 60; fi
 if [[ "$*" == *"spio info"* ]]; then echo "info stand-in"; exit ${{FAKE_INFO_RC:-0}}; fi
+if [[ "$*" == *"perf_sample.py"* && -n "${{FAKE_PERF_ROWS:-}}" ]]; then  # appends rows to --csv
+    while [[ "$1" != "--csv" ]]; do shift; done
+    [[ -s "$2" ]] || echo "layer,n" >"$2"
+    for ((i = 0; i < FAKE_PERF_ROWS; i++)); do echo "L$i,128" >>"$2"; done
+    exit 0
+fi
 if [[ "$*" == *"timm_benchmark.py"* ]]; then
     printf 'spio / pytorch = 0.835\nspio-faster / pytorch = 1.002\n'; exit 0
 fi
@@ -210,8 +216,18 @@ def test_perf_step_continues_from_a_seed_csv(stand_ins, tmp_path):
     rows = len(seed.read_text().splitlines()) - 1
     out = _run(stand_ins, tmp_path / "out", GPU_CHECK_PERF_SEED=str(seed))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert f"perf       PASS: {rows} rows" in out.stdout
+    assert f"perf       PASS: 0 rows (+{rows} seeded)" in out.stdout
     assert seed.read_text() == (tmp_path / "out" / "perf_samples.csv").read_text()
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_perf_note_counts_the_rows_this_run_sampled(stand_ins, tmp_path, seeded):
+    """Not the seed's rows as well (it had said "2731 rows" for 3 new ones)."""
+    seed = next(ROOT.glob("docs/perf/*/perf_samples.csv"))
+    extra = {"GPU_CHECK_PERF_SEED": str(seed)} if seeded else {}
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="perf", FAKE_PERF_ROWS="3", **extra)
+    perf = [line for line in out.stdout.splitlines() if line.startswith("perf ")][-1]
+    assert re.search(r"PASS: 3 rows( \(\+\d+ seeded\))? +\d+$", perf), perf
 
 
 def test_archive_packs_the_output_folder(stand_ins, tmp_path):
