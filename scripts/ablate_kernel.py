@@ -29,6 +29,10 @@ no-mma or skeleton are close to full, issue and synchronisation do. A device cop
 bytes is timed alongside for scale, and a read-only pass (a sum) over half of them: the ceiling
 for the input pipeline alone.
 
+The "pass GB/s" column is the full pass's bytes (Conv2dStats) over that line's time, on every
+line: a rate for comparing times, not what the line moved (loads-only reads only the inputs,
+about half those bytes; the read line says what it read at its end).
+
     python scripts/ablate_kernel.py [--layer NAME-or-C,H,W[,R,S] ...] [--n 128] [--dtype fp16]
                                     [--passes fprop dgrad wgrad] [--config ENCODED ...]
 """
@@ -58,6 +62,20 @@ VARIANTS = {
 }
 
 
+COLUMNS = (
+    "µs: median time per call; pass GB/s: the full pass's bytes over that time, on every line "
+    "(a rate for comparing times, not what the variant moved); vs full: time over full's."
+)
+
+
+def row(pass_: str, name: str, seconds: float, nbytes: int, full: float | None, note: str) -> str:
+    """One line of the table: `nbytes` are the pass's, whatever the variant moved."""
+    ratio = f"{seconds / full:8.2f}" if full else " " * 8
+    return (
+        f"{pass_:6s} {name:14s} {seconds * 1e6:6.1f} {nbytes / seconds / 1e9:9.0f} {ratio}  {note}"
+    )
+
+
 def variant_applies(name: str, pass_: str, params, config) -> bool:
     """Whether variant `name` can build for this pass and config: FProp and DGrad's `ldg` index
     their register slots by the R-step unroll, so it needs stages - 1 to divide R."""
@@ -85,7 +103,7 @@ def ablated(kernel, switches: tuple[str, ...]):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=COLUMNS)
     parser.add_argument(
         "--layer",
         nargs="+",
@@ -169,7 +187,7 @@ def ablate_layer(args, layer) -> int:
     attrs = driver.device_attributes(device.index)
     stats = Conv2dStats(params)
     print(f"{attrs['name']} ({attrs['arch']}), layer {layer.name} N={args.n} {args.dtype}")
-    print(f"{'pass':6s} {'variant':10s} {'µs':>8s} {'GB/s':>7s} {'vs full':>8s}  config")
+    print(f"{'pass':6s} {'variant':14s} {'µs':>6s} {'pass GB/s':>9s} {'vs full':>8s}  config")
     for pass_ in args.passes:
         family = FAMILY_OF_PASS[pass_]
         if args.config:
@@ -200,24 +218,27 @@ def ablate_layer(args, layer) -> int:
                     family.name, params, kernel, arg_sets, device, repeats=args.repeats
                 )
                 full = full or seconds
-                print(
-                    f"{pass_:6s} {name:10s} {seconds * 1e6:8.1f} {nbytes / seconds / 1e9:7.0f} "
-                    f"{seconds / full:8.2f}  {config.encode()}"
-                )
+                print(row(pass_, name, seconds, nbytes, full, config.encode()))
             if pass_ == "wgrad":  # issue #6: atomics into zeroed dw, or per-warp partials + a sum
                 for name, seconds in time_wgrad_reductions(
                     params, config, arg_sets, attrs["arch"], args.repeats
                 ).items():
                     print(
-                        f"{pass_:6s} {name:12s} {seconds * 1e6:6.1f} {nbytes / seconds / 1e9:7.0f} "
-                        f"{seconds / full:8.2f}  whole wrapper, as autograd calls it"
+                        row(
+                            pass_,
+                            name,
+                            seconds,
+                            nbytes,
+                            full,
+                            "whole wrapper, as autograd calls it",
+                        )
                     )
         # The copy's pairs rotate as the kernels' inputs do, so neither finds its data in L2.
         pairs = copy_pairs(nbytes, torch.float16, device, attrs["l2_cache_bytes"])
         moved = 2 * pairs[0][0].nbytes
         timing = time_calls(copy_call(pairs), warmup=3, reps=args.repeats)
         copy = timing.median_ms * 1e-3
-        print(f"{pass_:6s} {'copy':10s} {copy * 1e6:8.1f} {moved / copy / 1e9:7.0f}")
+        print(row(pass_, "copy", copy, nbytes, None, f"moves {moved / 1e6:.1f} MB"))
         # A read-only pass over the copy's sources (a sum): the ceiling for the input pipeline
         # alone (loads-only reads the pass's inputs, about half its bytes).
         timing = time_calls(
@@ -226,7 +247,8 @@ def ablate_layer(args, layer) -> int:
             reps=args.repeats,
         )
         read = timing.median_ms * 1e-3
-        print(f"{pass_:6s} {'read':10s} {read * 1e6:8.1f} {moved / 2 / read / 1e9:7.0f}")
+        note = f"reads {moved / 2e6:.1f} MB: {moved / 2 / read / 1e9:.0f} GB/s"
+        print(row(pass_, "read", read, nbytes, None, note))
     return 0
 
 

@@ -237,3 +237,16 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     assert total < 230, total
     assert calls[0][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[0]
     assert "$layers" in calls[1] and calls[1][calls[1].index("--passes") + 1] == "wgrad"
+
+
+def test_the_rate_column_says_it_is_the_pass_bytes_over_each_lines_time(capsys):
+    """Every line divides the full pass's bytes by its own time: the column is "pass GB/s", and
+    the help and docstring say so (loads-only had read "3294 GB/s" as if it moved those bytes)."""
+    line = ablate.row("fprop", "loads-only", 40e-6, 132_000_000, 50e-6, "g8_p64_q64_w2_s4_k16")
+    assert line.split() == ["fprop", "loads-only", "40.0", "3300", "0.80", "g8_p64_q64_w2_s4_k16"]
+    assert "pass GB/s" in ablate.__doc__
+    with pytest.raises(SystemExit):
+        ablate.parse_args(["--help"])
+    assert "pass GB/s: the full pass's bytes over that time" in " ".join(
+        capsys.readouterr().out.split()
+    )
