@@ -187,7 +187,9 @@ def ablate_layer(args, layer) -> int:
     attrs = driver.device_attributes(device.index)
     stats = Conv2dStats(params)
     print(f"{attrs['name']} ({attrs['arch']}), layer {layer.name} N={args.n} {args.dtype}")
-    print(f"{'pass':6s} {'variant':14s} {'µs':>6s} {'pass GB/s':>9s} {'vs full':>8s}  config")
+    # Every kernel of every pass and config first, then one parallel compile of them all: one
+    # compile per config had left most workers idle (a config has a few variants).
+    plan: dict[str, list[tuple[object, dict]]] = {}  # pass -> [(config, {variant: kernel})]
     for pass_ in args.passes:
         family = FAMILY_OF_PASS[pass_]
         if args.config:
@@ -199,9 +201,7 @@ def ablate_layer(args, layer) -> int:
             configs = [by_name[name] for name in args.config]
         else:  # the config spio's get_kernel would use on this GPU
             configs = [select_config(_factory_of(family), params, device, **_options(family))]
-        nbytes = stats.bytes(pass_)
-        copies = autotune.input_copies(family.name, params, attrs["l2_cache_bytes"])
-        arg_sets = [autotune.kernel_inputs(family.name, params, device, s) for s in range(copies)]
+        plan[pass_] = []
         for config in configs:
             base = family.make_kernel(params, config)
             # "full" first: the "vs full" column divides by it.
@@ -209,9 +209,17 @@ def ablate_layer(args, layer) -> int:
             skipped = [n for n in names if not variant_applies(n, pass_, params, config)]
             if skipped:
                 print(f"{pass_:6s} {', '.join(skipped)}: not for {config.encode()} (see --help)")
-            names = [n for n in names if n not in skipped]
-            kernels = {name: ablated(base, VARIANTS[name]) for name in names}
-            compile_many([k.compile_job(attrs["arch"]) for k in kernels.values()], progress=False)
+            kernels = {n: ablated(base, VARIANTS[n]) for n in names if n not in skipped}
+            plan[pass_].append((config, kernels))
+    every = [k for configs in plan.values() for _, kernels in configs for k in kernels.values()]
+    compile_many([k.compile_job(attrs["arch"]) for k in every], progress=False)
+    print(f"{'pass':6s} {'variant':14s} {'µs':>6s} {'pass GB/s':>9s} {'vs full':>8s}  config")
+    for pass_, configs in plan.items():
+        family = FAMILY_OF_PASS[pass_]
+        nbytes = stats.bytes(pass_)
+        copies = autotune.input_copies(family.name, params, attrs["l2_cache_bytes"])
+        arg_sets = [autotune.kernel_inputs(family.name, params, device, s) for s in range(copies)]
+        for config, kernels in configs:
             full = None
             for name, kernel in kernels.items():
                 seconds = autotune.time_kernel(

@@ -250,3 +250,47 @@ def test_the_rate_column_says_it_is_the_pass_bytes_over_each_lines_time(capsys):
     assert "pass GB/s: the full pass's bytes over that time" in " ".join(
         capsys.readouterr().out.split()
     )
+
+
+def test_a_layers_kernels_compile_in_one_batch_before_any_is_timed(monkeypatch):
+    """Every variant of every pass and config is compiled in one parallel batch, then timed
+    (one batch per config had left most compile workers idle). A GPU stands in on the CPU."""
+    import types
+
+    import torch
+
+    import spio.bench.run
+    import spio.bench.timing
+    import spio.compiler
+    import spio.cuda
+    from spio.kernels import autotune
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    fake_driver = types.SimpleNamespace(
+        device_attributes=lambda i: {"name": "GPU", "arch": "sm_90", "l2_cache_bytes": 0}
+    )
+    monkeypatch.setattr(spio.cuda, "driver", fake_driver, raising=False)
+    monkeypatch.setitem(sys.modules, "spio.cuda.driver", fake_driver)
+    monkeypatch.setattr(spio.compiler, "compile_many", lambda jobs, **k: events.append(len(jobs)))
+    monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])
+
+    def time_kernel(family, params, kernel, *args, **kwargs):
+        events.append(kernel.name)
+        return 1e-5
+
+    monkeypatch.setattr(autotune, "time_kernel", time_kernel)
+    monkeypatch.setattr(ablate, "time_wgrad_reductions", lambda *a: {})
+    pair = [(torch.zeros(8), torch.zeros(8))]
+    monkeypatch.setattr(spio.bench.run, "copy_pairs", lambda *a: pair)
+    timing = types.SimpleNamespace(median_ms=0.01)
+    monkeypatch.setattr(spio.bench.timing, "time_calls", lambda *a, **k: timing)
+    args = ablate.parse_args(
+        ["--layer", "64c_64x64_3x3", "--n", "2", "--passes", "fprop", "dgrad",
+         "--config", "g8_p64_q64_w2_s4_k16", "g8_p64_q16_w1_s4_k16",
+         "--variants", "full", "no-loads", "loads-only"]
+    )  # fmt: skip
+    assert ablate.ablate_layer(args, ablate.parse_layer("64c_64x64_3x3")) == 0
+    timed = events[1:]
+    assert events[0] == len(timed) == 2 * 2 * 3  # passes x configs x variants, compiled first
+    assert all(isinstance(name, str) for name in timed)
