@@ -297,4 +297,6 @@ def test_a_steps_extra_calls_keep_within_its_limit(stand_ins, tmp_path, hang, st
                GPU_CHECK_BUDGET="22")  # fmt: skip
     line = [line for line in out.stdout.splitlines() if line.startswith(f"{step} ")][-1]
     limit = int(re.search(rf"{step} \(limit (\d+)s\)", out.stdout).group(1))
-    assert limit <= 22 and int(line.split()[-1]) <= limit, line
+    # timeout's kill grace (-k 5) and a loaded machine's start-up may add a few seconds; the
+    # calls' own timeouts had added 30-60
+    assert limit <= 22 and int(line.split()[-1]) <= limit + 6, line
