@@ -711,6 +711,19 @@ def test_perf_sample_sweep_covers_the_layer_table():
     assert {p.n for p in layers} >= {32, 64, 128, 256}
 
 
+def test_perf_sample_times_dgrad_of_a_biased_layer_as_spio_runs_it():
+    """DGrad reads no bias: spio runs the bias-free layer's kernel, so that is what is timed."""
+    from spio.functional import _kernels
+
+    script = syn.load_script("perf_sample")
+    biased = P(32, 64, 28, 28, padding=1, has_bias=True)
+    assert script.as_run(pm.FAMILIES["conv2d_gw8_dgrad"], biased).has_bias is False
+    assert script.as_run(pm.FAMILIES["conv2d_gw8_fprop"], biased) == biased
+    assert script.as_run(pm.FAMILIES["conv2d_gw8_wgrad"], biased) == biased
+    kernel = _kernels.dgrad_kernel(biased, None)
+    assert kernel.info_value("params") == script.as_run(pm.FAMILIES["conv2d_gw8_dgrad"], biased)
+
+
 @pytest.mark.cuda
 def test_sample_resume_and_train_on_a_gpu(tmp_path):
     """The real pipeline, small: time 3 drawn configs of 2 layers per family (and the picks
