@@ -13,7 +13,7 @@ import csv
 import io
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 #: Implementations timed per pass: spio's kernel, PyTorch (cuDNN), and a device copy of the
@@ -67,6 +67,9 @@ class BenchRow:
     date: str
     command: str
     timing: str
+    #: How spio's config was chosen ("model sm_90/<family>.ubj", "heuristic", "autotune"); empty
+    #: for PyTorch and the copy, and in CSVs written before it was recorded.
+    selected_by: str = ""
 
     @property
     def gbps(self) -> float:
@@ -125,10 +128,12 @@ def read_csv(path: Path) -> list[BenchRow]:
     if not path.is_file():
         raise FileNotFoundError(f"benchmark CSV not found: {path}")
     types = {f.name: f.type for f in fields(BenchRow)}
+    optional = {f.name: f.default for f in fields(BenchRow) if f.default is not MISSING}
     rows = []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = {_column(n) for n in types} - set(reader.fieldnames or ())
+        present = set(reader.fieldnames or ())
+        missing = {_column(n) for n in types if n not in optional} - present
         if missing:
             raise ValueError(
                 f"{path} is not a spio benchmark CSV: missing columns {sorted(missing)}"
@@ -139,6 +144,9 @@ def read_csv(path: Path) -> list[BenchRow]:
                 continue
             values = {}
             for name, kind in types.items():
+                if _column(name) not in present:  # an optional column of a later spio
+                    values[name] = optional[name]
+                    continue
                 text = record[_column(name)]
                 try:
                     values[name] = (

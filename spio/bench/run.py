@@ -109,6 +109,23 @@ def spio_kernel(params: Conv2dGw8Params, pass_: str, device=None):
     return _kernels.wgrad_kernel(params, device, with_bias=params.has_bias)
 
 
+def selected_by(kernel, pass_: str, device) -> str:
+    """How the tile config of `kernel` (spio_kernel's, for `pass_` on `device`) was chosen:
+    "autotune" (SPIO_AUTOTUNE=1), "model <arch>/<file>" (the perf model that ranked it) or
+    "heuristic" (no model applies, or no GPU). Recorded with each bench row."""
+    from ..kernels import autotune
+    from ..kernels import perf_model as pm
+    from ..kernels.families import FAMILY_OF_PASS
+
+    identity = pm.device_identity(device)
+    if identity is None:
+        return "heuristic"
+    if autotune.autotune_enabled():
+        return "autotune"
+    _, model = pm.rank_configs(FAMILY_OF_PASS[pass_], kernel.info_value("params"), identity)
+    return "heuristic" if model is None else f"model {model.path.parent.name}/{model.path.name}"
+
+
 def spio_config(params: Conv2dGw8Params, pass_: str, device=None):
     """The tile config of spio_kernel(params, pass_, device)."""
     return spio_kernel(params, pass_, device).info_value("config")
@@ -146,6 +163,7 @@ class PassCase:
         self.sets = rotation_sets(self.bytes, l2_bytes)
         self.kernel = spio_kernel(params, pass_, torch.device(device))
         self.config = self.kernel.info_value("config")
+        self.selected_by = selected_by(self.kernel, pass_, torch.device(device))
         dtype = _torch_dtype(params.dtype)
         cl = torch.channels_last
 
@@ -253,7 +271,7 @@ def copy_call(pairs: list[tuple[Any, Any]]) -> Callable[[int], object]:
 
 def _row(
     layer: BenchLayer, params: Conv2dGw8Params, pass_: str, impl: str, timing: Timing,
-    nbytes: int, flops: int, sets: int, config: str, info: RunInfo,
+    nbytes: int, flops: int, sets: int, config: str, info: RunInfo, selected_by: str = "",
 ) -> BenchRow:  # fmt: skip
     return BenchRow(
         layer=layer.name, n=params.n, c=params.c, h=params.h, w=params.w, r=params.r,
@@ -263,6 +281,7 @@ def _row(
         config=config, gpu=info.gpu, driver=info.driver, torch=info.torch, cuda=info.cuda,
         spio=info.spio, date=info.date, command=info.command,
         timing=info.timing if timing.prefilled else info.timing + " (NOT fully pre-filled)",
+        selected_by=selected_by,
     )  # fmt: skip
 
 
@@ -308,9 +327,11 @@ def run_bench(
                     logger.error("CUDA context unusable, stopping the sweep: %s", sticky)
                     return rows
                 continue
-            rows.append(
-                _row(layer, params, pass_, impl, timing, nbytes, impl_flops, sets, config, info)
+            how = case.selected_by if impl == "spio" else ""
+            row = _row(
+                layer, params, pass_, impl, timing, nbytes, impl_flops, sets, config, info, how
             )
+            rows.append(row)
         del case
         if csv_path is not None and rows:
             write_csv(rows, csv_path)

@@ -6,6 +6,7 @@ The rows here are synthetic fixtures labelled as such, only to exercise formatti
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +62,14 @@ def test_csv_round_trip_keeps_every_field(bench_csv):
     header = bench_csv.read_text().splitlines()[0].split(",")
     for column in ("gpu", "driver", "torch", "spio", "date", "command", "pass", "gbps"):
         assert column in header
+
+
+def test_a_csv_from_before_selected_by_was_recorded_still_reads():
+    """Run 5's CSV has no selected_by column: its rows read with it empty (plots of old runs)."""
+    path = Path(__file__).parents[2] / "docs/perf/2026-11-29-h200-2/run5/bench_fp16.csv"
+    assert "selected_by" not in path.read_text().splitlines()[0]
+    rows = read_csv(path)
+    assert len(rows) == 180 and {row.selected_by for row in rows} == {""}
 
 
 def test_concatenated_csvs_are_read_and_their_runs_told_apart(bench_csv, tmp_path):

@@ -6,6 +6,7 @@ import torch
 
 from spio.bench.layers import BenchLayer
 from spio.bench.run import BenchSettings, PassCase
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
 
 TINY = BenchLayer("tiny_16c_7x9_3x3", 16, 7, 9)
 
@@ -121,6 +122,7 @@ def test_the_sweep_writes_its_csv_after_every_case(monkeypatch, tmp_path):
                 run.spio_config(params, pass_),
             )
             self.copy_data, self.copy_bytes = [()], self.bytes
+            self.selected_by = "heuristic"
 
         def spio_call(self):
             return "spio"
@@ -146,3 +148,31 @@ def test_the_sweep_writes_its_csv_after_every_case(monkeypatch, tmp_path):
         run.run_bench(settings, "x", csv_path=path)
     assert seen == [0, 0, 0, 3, 3, 3, 6]
     assert len(read_csv(path)) == 6
+
+
+def test_each_spio_row_says_how_its_config_was_chosen(monkeypatch, tmp_path):
+    """ "model sm_90/<family>.ubj", "heuristic" or "autotune", recorded with the row; a run
+    without xgboost had timed the heuristic's picks with nothing in the CSV to say so."""
+    from spio.bench import run
+    from spio.kernels import perf_model as pm
+
+    case = PassCase(TINY.params(2), "fprop", l2_bytes=0, device="cpu")
+    assert case.selected_by == "heuristic"  # no GPU: the analytic heuristic
+    h200 = pm.DeviceIdentity("sm_90", "NVIDIA H200", "13.0")
+    monkeypatch.setattr(
+        pm, "device_identity", lambda d: h200 if getattr(d, "type", "") == "cuda" else None
+    )
+    monkeypatch.delenv("SPIO_AUTOTUNE", raising=False)
+    monkeypatch.delenv("SPIO_PERF_MODELS", raising=False)
+    params = P(32, 64, 28, 28, padding=1)  # a batch size the shipped sm_90 models cover
+    cuda = torch.device("cuda", 0)
+    for pass_ in ("fprop", "dgrad", "wgrad"):
+        kernel = run.spio_kernel(params, pass_, None)
+        how = run.selected_by(kernel, pass_, cuda)
+        assert how == f"model sm_90/conv2d_gw8_{pass_}.ubj"  # the shipped models
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))  # no models there
+    pm.clear_caches()
+    assert run.selected_by(run.spio_kernel(params, "fprop", None), "fprop", cuda) == "heuristic"
+    monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+    assert run.selected_by(run.spio_kernel(params, "fprop", None), "fprop", cuda) == "autotune"
+    pm.clear_caches()
