@@ -153,7 +153,8 @@ def wgrad_kernel(
 
     Its partial-sums variant (per-warp sums, then one sum; the same bits on every run) when the
     buffer fits in PARTIAL_BYTES, else the atomic one. `deterministic`: always the partial-sums
-    variant, or None (PyTorch computes dw) when its buffer would exceed MAX_PARTIAL_BYTES.
+    variant; where the chosen config's buffer would pass MAX_PARTIAL_BYTES, that of the
+    best-ranked config whose buffer fits, or None (PyTorch computes dw) where none does.
     """
     params = dataclasses.replace(params, has_bias=with_bias)
     atomic = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
@@ -165,15 +166,44 @@ def wgrad_kernel(
         elif not deterministic:
             _chosen[key] = atomic
         else:
-            logger.info(
-                "conv2d_gw8 %s: the deterministic WGrad would need %d MiB of partial sums (limit "
-                "%d MiB); PyTorch computes this weight gradient",
-                params.encode(),
-                wf.partial_bytes(params, config) >> 20,
-                wf.MAX_PARTIAL_BYTES >> 20,
-            )
-            _chosen[key] = None
+            _chosen[key] = _deterministic_wgrad(params, device, config)
     return _chosen[key]
+
+
+def _deterministic_wgrad(params: Conv2dGw8Params, device: torch.device, pick) -> Kernel | None:
+    """The partial-sums kernel of the best-ranked WGrad config whose buffer fits in
+    MAX_PARTIAL_BYTES (`pick`'s does not), as the perf model (or the analytic heuristic) ranks
+    them; None where no config's does."""
+    from spio.kernels import perf_model as pm
+
+    family = pm.FAMILIES["conv2d_gw8_wgrad"]
+    identity = pm.device_identity(device)
+    if identity is None:
+        ranked = pm.heuristic_ranking(family, params, family.configs(params))
+    else:
+        ranked = pm.rank_configs(family, params, identity)[0]
+    fits = next((c for c in ranked if wf.uses_partial_sums(params, c, deterministic=True)), None)
+    needed = wf.partial_bytes(params, pick) >> 20
+    limit = wf.MAX_PARTIAL_BYTES >> 20
+    if fits is None:
+        logger.info(
+            "conv2d_gw8 %s: the deterministic WGrad would need %d MiB of partial sums (limit %d "
+            "MiB) in every config; PyTorch computes this weight gradient",
+            params.encode(),
+            needed,
+            limit,
+        )
+        return None
+    logger.info(
+        "conv2d_gw8 %s: the deterministic WGrad runs config %s, whose partial sums fit in %d MiB "
+        "(the chosen %s would need %d MiB)",
+        params.encode(),
+        fits.encode(),
+        limit,
+        pick.encode(),
+        needed,
+    )
+    return wf.make_kernel(params, fits, partials=True)
 
 
 class Layer:

@@ -628,6 +628,44 @@ def test_deterministic_mode_uses_the_partial_sums_wgrad(monkeypatch, limit):
     tol.assert_close(dw3, conv2d_gw8_wgrad_ref(x, dy, (1, 1), 3, 3))
 
 
+def test_deterministic_wgrad_takes_the_best_ranked_config_whose_partial_sums_fit(monkeypatch):
+    """Where the chosen config's partial sums would pass MAX_PARTIAL_BYTES, deterministic mode
+    runs the best-ranked config whose buffer fits, not PyTorch (it had fallen back to PyTorch
+    although other configs fit)."""
+    from spio.functional import _kernels
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+    from spio.kernels import perf_model as pm
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr(_kernels, "_layers", {})
+    monkeypatch.setattr(_kernels, "_chosen", {})
+    x, w, _ = _tensors(SHAPES[0], dtype=torch.float16)
+    params = Conv2dGw8Params.from_tensors(x, w, None, padding=(1, 1))
+    family = pm.FAMILIES["conv2d_gw8_wgrad"]
+    ranked = pm.heuristic_ranking(family, params, family.configs(params))
+    pick = _kernels.wgrad_kernel(params, torch.device("cpu"), False).info_value("config")
+    sizes = {c: wg.partial_bytes(params, c) for c in ranked}
+    assert sizes[pick] > min(sizes.values())
+    monkeypatch.setattr(wg, "MAX_PARTIAL_BYTES", sizes[pick] - 1)
+    expected = next(c for c in ranked if sizes[c] < sizes[pick])
+    kernel = _kernels.wgrad_kernel(params, torch.device("cpu"), False, deterministic=True)
+    assert kernel.name.endswith("__partials")
+    assert kernel.info_value("config") == expected != pick
+    dy = torch.randn(2, 16, 6, 7, generator=torch.Generator().manual_seed(1)).to(torch.float16)
+    launched = []
+    real = wg.wgrad
+    monkeypatch.setattr(wg, "wgrad", lambda *a, **k: launched.append(k["kernel"]) or real(*a, **k))
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        _, dw, _ = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, False])
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert [k.name for k in launched] == [kernel.name]
+    tol = conv2d_gw8_tolerance(params, "wgrad", x, dy)
+    tol.assert_close(dw, conv2d_gw8_wgrad_ref(x, dy, (1, 1), 3, 3))
+
+
 def test_fresh_strides_are_torch_empty_strides():
     """The custom op checks its output's strides arithmetically, not with a meta tensor per call."""
     import itertools
