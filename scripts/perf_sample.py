@@ -20,7 +20,6 @@ Needs a CUDA GPU; without one it exits with status 1 and a message.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import itertools
 import random
@@ -77,15 +76,6 @@ def sweep_layers(batches=(32, 64, 128, 256), dtypes=("fp16", "bf16"), extra: int
             )
         )
     return layers
-
-
-def as_run(family, params):
-    """The layer whose kernel spio runs for `family`'s pass of `params`: DGrad reads no bias, so
-    a layer with one runs the bias-free layer's DGrad kernel (spio.functional._kernels). Timing
-    DGrad with has_bias=1 had given the model rows of a kernel spio never runs."""
-    if family.pass_ == "dgrad" and params.has_bias:
-        return dataclasses.replace(params, has_bias=False)
-    return params
 
 
 def configs_to_sample(family, params, rng, max_configs: int = 0, identity=None) -> list:
@@ -183,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     identity = DeviceIdentity(arch=arch, name=name, driver=drv)
     for layer in layers[: args.layers or None]:
         for family in families:
-            params = as_run(family, layer)
+            params = family.layer_as_run(layer)  # DGrad of a biased layer: the bias-free kernel
             configs = configs_to_sample(family, params, rng, args.max_configs, identity)
             todo = [
                 c for c in configs if (family.name, name, params.encode(), c.encode()) not in done

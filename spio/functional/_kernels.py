@@ -32,6 +32,7 @@ from torch import Tensor
 from spio.kernels import autotune, conv2d_gw8_factory
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params
+from spio.kernels.families import FAMILY_OF_PASS
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
 
@@ -142,7 +143,7 @@ def dgrad_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
     """The DGrad kernel for params on device (chosen once per layer and device). DGrad reads no
     bias, so a layer with one gets the kernel of the layer without: the eager path asks with
     the forward's params and the backward op without a bias, and both then run one kernel."""
-    params = dataclasses.replace(params, has_bias=False)
+    params = FAMILY_OF_PASS["dgrad"].layer_as_run(params)
     return _kernel(conv2d_gw8_factory.conv2d_gw8_kernel_factory, params, device, igrad=True)
 
 

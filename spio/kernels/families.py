@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from . import conv2d_gw8_factory as fd
@@ -34,6 +34,14 @@ class Family:
     shared_mem_bytes: Callable[[Conv2dGw8Params, Any], int]  # dynamic, per block
     # Config fields the heuristic's cost cannot weigh; autotuning tries the pick's variants in them.
     heuristic_ignores: tuple[str, ...] = ()
+    reads_bias: bool = True  # DGrad does not
+
+    def layer_as_run(self, params: Conv2dGw8Params) -> Conv2dGw8Params:
+        """The layer whose kernel spio runs for this family's pass of `params`: a family that
+        reads no bias (DGrad) runs the bias-free layer's kernel, so one kernel serves both."""
+        if self.reads_bias or not params.has_bias:
+            return params
+        return replace(params, has_bias=False)
 
     @property
     def config_fields(self) -> tuple[str, ...]:
@@ -72,6 +80,7 @@ def _fprop_dgrad(name: str, pass_: str, igrad: bool) -> Family:
         default_config=bind(fd.default_config, igrad=igrad),
         shared_mem_bytes=fd.shared_mem_bytes,
         heuristic_ignores=("block_n",),  # no term for what a block pays once
+        reads_bias=not igrad,
     )
 
 

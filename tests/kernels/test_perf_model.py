@@ -712,16 +712,17 @@ def test_perf_sample_sweep_covers_the_layer_table():
 
 
 def test_perf_sample_times_dgrad_of_a_biased_layer_as_spio_runs_it():
-    """DGrad reads no bias: spio runs the bias-free layer's kernel, so that is what is timed."""
+    """DGrad reads no bias: spio runs the bias-free layer's kernel, so that is what is timed
+    (perf_sample samples family.layer_as_run of each layer, as _kernels.dgrad_kernel runs it)."""
     from spio.functional import _kernels
 
-    script = syn.load_script("perf_sample")
+    as_run = {name: family.layer_as_run for name, family in pm.FAMILIES.items()}
     biased = P(32, 64, 28, 28, padding=1, has_bias=True)
-    assert script.as_run(pm.FAMILIES["conv2d_gw8_dgrad"], biased).has_bias is False
-    assert script.as_run(pm.FAMILIES["conv2d_gw8_fprop"], biased) == biased
-    assert script.as_run(pm.FAMILIES["conv2d_gw8_wgrad"], biased) == biased
+    assert as_run["conv2d_gw8_dgrad"](biased).has_bias is False
+    assert as_run["conv2d_gw8_fprop"](biased) == biased
+    assert as_run["conv2d_gw8_wgrad"](biased) == biased
     kernel = _kernels.dgrad_kernel(biased, None)
-    assert kernel.info_value("params") == script.as_run(pm.FAMILIES["conv2d_gw8_dgrad"], biased)
+    assert kernel.info_value("params") == as_run["conv2d_gw8_dgrad"](biased)
 
 
 @pytest.mark.cuda
