@@ -396,12 +396,14 @@ def format_insitu_table(rows: list[InSituRow]) -> str:
         f"{'speedup':>7} {'spio step ms':>12} {'torch step ms':>13}"
     )
     lines = [header, "-" * len(header)]
+    mixed_any = False
     for (layer, style, n, pass_), impls in by_key.items():
         spio, torch_row = impls.get("spio"), impls.get("torch")
         spio_us, torch_us = _measured(spio), _measured(torch_row)
         speedup = "-"
         if spio_us and torch_us:
             mixed = spio_us[1] != torch_us[1]  # one profiler time, one event time
+            mixed_any |= mixed
             speedup = f"{torch_us[0] / spio_us[0]:.2f}x" + ("*" if mixed else "")
         lines.append(
             f"{layer:<16} {style:<9} {n:>4} {pass_:<5} "
@@ -412,7 +414,7 @@ def format_insitu_table(rows: list[InSituRow]) -> str:
         )
     if any("(e)" in line for line in lines[2:]):
         lines.append("(e): CUDA-event time around the pass (no kernel attributed by the profiler)")
-    if any("x* " in line for line in lines[2:]):
+    if mixed_any:
         lines.append(
             "*: a profiler time against an event time, which also counts host gaps: not like "
             "for like"

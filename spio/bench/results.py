@@ -35,6 +35,11 @@ class RunInfo:
     timing: str
 
 
+#: Appended to a row's `timing` when not every batch of its calls was queued behind the spin
+#: kernel (spio.bench.timing): the time may include waits on the host.
+NOT_PREFILLED = " (NOT fully pre-filled)"
+
+
 @dataclass(frozen=True)
 class BenchRow:
     """The measured time of one implementation of one pass of one layer at one batch size."""
@@ -252,4 +257,4 @@ def format_table(rows: Iterable[BenchRow]) -> str:
 def _host_bound(cmp) -> bool:
     """Whether a timing of the comparison's rows was NOT fully pre-filled (see spio.bench.run)."""
     rows = (getattr(cmp, impl) for impl in IMPLS)
-    return any(row is not None and "NOT fully pre-filled" in row.timing for row in rows)
+    return any(row is not None and row.timing.endswith(NOT_PREFILLED) for row in rows)

@@ -23,7 +23,7 @@ from ..kernels.conv2d_gw8_params import Conv2dGw8Params
 from ..kernels.stats import PASSES, Conv2dStats
 from ..log import logger
 from .layers import BenchLayer
-from .results import BenchRow, RunInfo, write_csv
+from .results import NOT_PREFILLED, BenchRow, RunInfo, write_csv
 from .timing import Timing, l2_cache_bytes, rotation_sets, time_calls
 
 TIMING_METHOD = "cuda-events, stream pre-filled behind a spin kernel; median per call"
@@ -280,7 +280,7 @@ def _row(
         p10_ms=timing.p10_ms, p90_ms=timing.p90_ms, reps=timing.reps, rotation_sets=sets,
         config=config, gpu=info.gpu, driver=info.driver, torch=info.torch, cuda=info.cuda,
         spio=info.spio, date=info.date, command=info.command,
-        timing=info.timing if timing.prefilled else info.timing + " (NOT fully pre-filled)",
+        timing=info.timing if timing.prefilled else info.timing + NOT_PREFILLED,
         selected_by=selected_by,
     )  # fmt: skip
 
