@@ -110,20 +110,13 @@ def spio_kernel(params: Conv2dGw8Params, pass_: str, device=None):
 
 
 def selected_by(kernel, pass_: str, device) -> str:
-    """How the tile config of `kernel` (spio_kernel's, for `pass_` on `device`) was chosen:
-    "autotune" (SPIO_AUTOTUNE=1), "model <arch>/<file>" (the perf model that ranked it) or
-    "heuristic" (no model applies, or no GPU). Recorded with each bench row."""
-    from ..kernels import autotune
+    """How the tile config of `kernel` (spio_kernel's, for `pass_` on `device`) was chosen, as
+    select_config recorded it: "model <arch>/<file>", "heuristic" or "autotune". Recorded with
+    each bench row."""
     from ..kernels import perf_model as pm
     from ..kernels.families import FAMILY_OF_PASS
 
-    identity = pm.device_identity(device)
-    if identity is None:
-        return "heuristic"
-    if autotune.autotune_enabled():
-        return "autotune"
-    _, model = pm.rank_configs(FAMILY_OF_PASS[pass_], kernel.info_value("params"), identity)
-    return "heuristic" if model is None else f"model {model.path.parent.name}/{model.path.name}"
+    return pm.selection_source(FAMILY_OF_PASS[pass_], kernel.info_value("params"), device)
 
 
 def spio_config(params: Conv2dGw8Params, pass_: str, device=None):

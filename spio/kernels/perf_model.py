@@ -623,7 +623,7 @@ def _check_config_values(path: Path, meta: dict, family: Family) -> None:
 
 _models: dict[tuple, PerfModel | PerfModelError] = {}
 _warned: set[Any] = set()
-_selected: dict[tuple, Any] = {}
+_selected: dict[tuple, tuple[Any, str]] = {}  # select_config's key -> (config, how chosen)
 _lock = threading.Lock()
 
 
@@ -785,13 +785,11 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
         return factory.default_config(params, **options)
     from . import autotune
 
-    tune = autotune.autotune_enabled()
-    folder = models_dir()
-    top_k = autotune.top_k() if tune else None
-    key = (family.name, params, identity, str(folder), top_k, device.index)
-    config = _selected.get(key)
-    if config is not None:
-        return config
+    key, folder, top_k = _selection_key(family, params, identity, device)
+    tune = top_k is not None
+    hit = _selected.get(key)
+    if hit is not None:
+        return hit[0]
     ranked, model = rank_configs(family, params, identity, folder)
     untuned = factory.default_config(params, **options) if model is None else ranked[0]
     if tune:
@@ -813,8 +811,33 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
         return untuned  # not memoised, so that a later call outside the capture tunes
     if tune:
         config = autotune.autotune(family, params, device, identity, candidates, model=model)
+        how = "autotune"
     else:
         config = untuned
+        how = "heuristic" if model is None else f"model {model.path.parent.name}/{model.path.name}"
     with _lock:
-        _selected[key] = config
+        _selected[key] = (config, how)
     return config
+
+
+def _selection_key(
+    family: Family, params: Conv2dGw8Params, identity: DeviceIdentity, device: Any
+) -> tuple[tuple, Path, int | None]:
+    """(select_config's memo key, the models folder, SPIO_AUTOTUNE_TOPK or None when autotuning
+    is off): the settings are part of the key."""
+    from . import autotune
+
+    folder = models_dir()
+    top_k = autotune.top_k() if autotune.autotune_enabled() else None
+    return (family.name, params, identity, str(folder), top_k, device.index), folder, top_k
+
+
+def selection_source(family: Family, params: Conv2dGw8Params, device: Any) -> str:
+    """How select_config chose `family`'s config for `params` on `device` under the current
+    settings: "model <arch>/<file>", "heuristic" (no model applies, or no GPU), "autotune", or
+    "not selected" where it has not chosen one (yet, or since clear_caches)."""
+    identity = device_identity(device)
+    if identity is None:
+        return "heuristic"
+    hit = _selected.get(_selection_key(family, params, identity, device)[0])
+    return "not selected" if hit is None else hit[1]

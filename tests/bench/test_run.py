@@ -154,6 +154,8 @@ def test_each_spio_row_says_how_its_config_was_chosen(monkeypatch, tmp_path):
     """ "model sm_90/<family>.ubj", "heuristic" or "autotune", recorded with the row; a run
     without xgboost had timed the heuristic's picks with nothing in the CSV to say so."""
     from spio.bench import run
+    from spio.functional import _kernels
+    from spio.kernels import autotune
     from spio.kernels import perf_model as pm
 
     case = PassCase(TINY.params(2), "fprop", l2_bytes=0, device="cpu")
@@ -164,15 +166,23 @@ def test_each_spio_row_says_how_its_config_was_chosen(monkeypatch, tmp_path):
     )
     monkeypatch.delenv("SPIO_AUTOTUNE", raising=False)
     monkeypatch.delenv("SPIO_PERF_MODELS", raising=False)
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(autotune, "_default_cache", None)
+    monkeypatch.setattr(autotune, "default_timer", lambda family, p, kernel, device: 1e-3)
     params = P(32, 64, 28, 28, padding=1)  # a batch size the shipped sm_90 models cover
     cuda = torch.device("cuda", 0)
+
+    def chosen_how(pass_):  # a layer first met now: chosen under the current settings
+        monkeypatch.setattr(_kernels, "_chosen", {})
+        return run.selected_by(run.spio_kernel(params, pass_, cuda), pass_, cuda)
+
+    pm.clear_caches()
     for pass_ in ("fprop", "dgrad", "wgrad"):
-        kernel = run.spio_kernel(params, pass_, None)
-        how = run.selected_by(kernel, pass_, cuda)
+        how = chosen_how(pass_)
         assert how == f"model sm_90/conv2d_gw8_{pass_}.ubj"  # the shipped models
     monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))  # no models there
     pm.clear_caches()
-    assert run.selected_by(run.spio_kernel(params, "fprop", None), "fprop", cuda) == "heuristic"
+    assert chosen_how("fprop") == "heuristic"
     monkeypatch.setenv("SPIO_AUTOTUNE", "1")
-    assert run.selected_by(run.spio_kernel(params, "fprop", None), "fprop", cuda) == "autotune"
+    assert chosen_how("fprop") == "autotune"
     pm.clear_caches()
