@@ -77,16 +77,22 @@ def test_bench_times_the_kernel_the_custom_ops_choose(monkeypatch, pass_):
 
 
 @pytest.mark.parametrize("pass_", ["fprop", "dgrad"])
-def test_spio_reads_channels_last_weights_as_a_channels_last_model_holds_them(pass_):
+def test_spio_reads_channels_last_weights_as_a_channels_last_model_holds_them(monkeypatch, pass_):
     """model.to(memory_format=torch.channels_last) makes conv weights channels_last, and spio
     then runs the kernel variant reading them as held (`__wcl`): that is what is timed, with
     the same weight tensor cuDNN gets (the bench had timed the contiguous-weights kernel)."""
     from spio.bench import run
+    from spio.kernels import conv2d_gw8_factory as fd
 
     case = PassCase(TINY.params(1), pass_, l2_bytes=0, device="cpu")
     assert case.kernel.info_value("weights_cl") is True
     assert run.spio_kernel(TINY.params(1), pass_, torch.device("cpu")).name == case.kernel.name
     assert case.kernel.name.endswith("__wcl")
+    given = []  # the weight tensor each call hands the kernel: cuDNN's, as held
+    real = getattr(fd, pass_)
+    monkeypatch.setattr(fd, pass_, lambda a, w, *r, **k: given.append(w) or real(a, w, *r, **k))
+    case.spio_call()(0)
+    assert len(given) == 1 and given[0] is case.data[0]["w_cl"]
 
 
 @pytest.mark.parametrize("pass_", ["fprop", "dgrad", "wgrad"])
