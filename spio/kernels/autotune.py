@@ -68,8 +68,8 @@ def deferred(device: Any) -> bool:
 
 
 #: What spio.precompile's first pass found to tune (`collecting`): by autotune cache key,
-#: (family, params, device, candidate configs).
-Wanted = dict[str, tuple[Any, Conv2dGw8Params, Any, tuple]]
+#: (family, device, the candidates' kernels, {config: why its kernel could not be made}).
+Wanted = dict[str, tuple[Any, Any, list, dict]]
 _wanted: contextvars.ContextVar[Wanted | None] = contextvars.ContextVar(
     "spio_autotune_wanted", default=None
 )
@@ -97,10 +97,10 @@ def want(
     wanted = _wanted.get()
     if wanted is None:
         return False
-    kernels, _ = make_kernels(family, params, candidates)
+    kernels, unmade = make_kernels(family, params, candidates)
     key = cache_key(family.name, params, identity, candidates, code_digest(kernels))
     if key not in wanted and _cache().get(key) is None:
-        wanted[key] = (family, params, device, tuple(candidates))
+        wanted[key] = (family, device, [k for k in kernels if k is not None], unmade)
     return True
 
 

@@ -418,14 +418,10 @@ def _build_candidates(wanted: autotune.Wanted, progress: bool) -> None:
     once per device, for autotuning to time. A candidate that fails to build is only logged
     here: autotuning counts it as slowest and says why."""
     by_device: dict[object, list[Kernel]] = {}
-    for family, params, device, candidates in wanted.values():
-        for config in candidates:
-            try:
-                kernel = family.make_kernel(params, config)
-            except Exception as error:  # autotune reports it, with its config
-                logger.debug("spio.precompile: %s %s: %s", family.name, config.encode(), error)
-                continue
-            by_device.setdefault(device, []).append(kernel)
+    for family, device, kernels, unmade in wanted.values():
+        for config, error in unmade.items():  # autotune reports it too, with its config
+            logger.debug("spio.precompile: %s %s: %s", family.name, config.encode(), error)
+        by_device.setdefault(device, []).extend(kernels)
     for device, kernels in by_device.items():
         for name, error in build_kernels(kernels, device, progress=progress).items():
             logger.debug("spio.precompile: candidate %s failed to build: %s", name, error)
