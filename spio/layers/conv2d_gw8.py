@@ -112,10 +112,7 @@ def module_ineligibility(module: nn.Module) -> str | None:
         return "has a weight that is not a Parameter (e.g. weight_norm)"
     if "forward" in vars(module):
         return "has a forward of its own (set on the instance)"
-    hooks = sorted(name for name, value in vars(module).items() if "hooks" in name and value)
-    if hooks:
-        return f"has hooks ({', '.join(hooks)})"
-    return None
+    return None  # hooks travel to the replacement (_share_hooks)
 
 
 def _bind_conv2d_args(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -232,8 +229,9 @@ class Conv2dGw8(nn.Conv2d):
 
     @classmethod
     def from_torch_module(cls, module: nn.Conv2d, passes: Any = PASSES) -> Conv2dGw8:
-        """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies),
-        running spio's kernels for `passes` (see spio_passes)."""
+        """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies)
+        and hooks (the same dicts: handles taken on module still remove them), running spio's
+        kernels for `passes` (see spio_passes)."""
         reason = module_ineligibility(module)
         if reason is not None:
             raise ValueError(f"Conv2dGw8.from_torch_module: the module {reason}")

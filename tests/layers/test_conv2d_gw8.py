@@ -116,7 +116,10 @@ def test_match():
     assert not Conv2dGw8.match(nn.Linear(8, 8))
     hooked = nn.Conv2d(8, 8, 3)
     hooked.register_forward_hook(lambda *a: None)
-    assert not Conv2dGw8.match(hooked)
+    assert Conv2dGw8.match(hooked)  # its hooks travel to the replacement
+    own_forward = nn.Conv2d(8, 8, 3)
+    own_forward.forward = lambda x: x
+    assert not Conv2dGw8.match(own_forward)
     normed = torch.nn.utils.weight_norm(nn.Conv2d(8, 8, 3))
     assert not Conv2dGw8.match(normed)
     parametrized = torch.nn.utils.parametrizations.weight_norm(nn.Conv2d(8, 8, 3))

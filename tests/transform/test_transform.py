@@ -245,25 +245,87 @@ def test_scan_modules_lists_no_layer_that_runs_no_kernel(caplog, dtype):
     assert "4 calls of spio-eligible convolutions got inputs that are neither fp16" in caplog.text
 
 
-def test_hooks_keep_a_conv_and_attributes_travel():
-    """A conv with hooks of any kind (forward, backward, backward-pre, state_dict) or a forward
-    set on the instance stays an nn.Conv2d, since its replacement would not call them;
-    attributes set on a conv (a tag) are set on its replacement too."""
-    hooked = [nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(4)]
-    hooked[0].register_forward_pre_hook(lambda m, args: None)
-    hooked[1].register_full_backward_pre_hook(lambda m, grad: None)
-    hooked[2].register_full_backward_hook(lambda m, gin, gout: None)
-    hooked[3]._register_state_dict_hook(lambda m, state, prefix, local: None)
+def test_a_forward_set_on_the_instance_keeps_a_conv_and_attributes_travel():
+    """A conv with a forward set on the instance stays an nn.Conv2d, since its replacement would
+    not call it; attributes set on a conv (a tag) are set on its replacement too."""
     own_forward = nn.Conv2d(16, 16, 3, padding=1, groups=2)
     own_forward.forward = lambda x: x  # a replacement carrying it would not run spio
-    hooked.append(own_forward)
     tagged = nn.Conv2d(16, 16, 3, padding=1, groups=2)
     tagged.tag = "last"
-    model = transform(nn.Sequential(*hooked, tagged))
-    assert [type(m) for m in model] == [nn.Conv2d] * 5 + [Conv2dGw8]
-    assert model[5].tag == "last"
-    assert type(spio_transform.untransform(model)[5]) is nn.Conv2d and model[5].tag == "last"
-    assert not hasattr(model[5], "_pass_bits")
+    model = transform(nn.Sequential(own_forward, tagged))
+    assert [type(m) for m in model] == [nn.Conv2d, Conv2dGw8]
+    assert model[1].tag == "last"
+    assert type(spio_transform.untransform(model)[1]) is nn.Conv2d and model[1].tag == "last"
+    assert not hasattr(model[1], "_pass_bits")
+
+
+def test_hooked_convs_are_replaced_and_their_hooks_run_on_spio_kernels(monkeypatch):
+    """Hooks registered on an nn.Conv2d before transform (forward-pre, forward with kwargs,
+    full backward-pre and backward, state_dict, load_state_dict with the module) travel to its
+    Conv2dGw8: they run, around spio's kernels (emulated), receive the Conv2dGw8 and the
+    gradients autograd computes, and the handles taken on the nn.Conv2d still remove them.
+    Hooked convs used to be left as nn.Conv2d."""
+    from spio.kernels.kernel import Kernel
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    first, second = (nn.Conv2d(16, 16, 3, padding=1, groups=2).half() for _ in range(2))
+    seen: dict[str, list] = {}
+
+    def record(kind):
+        return lambda m, *args, **kwargs: seen.setdefault(kind, []).append((m, args))
+
+    handles = [
+        first.register_forward_pre_hook(record("pre")),
+        first.register_forward_hook(record("forward"), with_kwargs=True),
+        first.register_full_backward_pre_hook(record("backward_pre")),
+        first.register_full_backward_hook(record("backward")),
+        second._register_state_dict_hook(record("state_dict")),
+        second.register_load_state_dict_pre_hook(record("load")),
+    ]
+    assert Conv2dGw8.match(first) and Conv2dGw8.match(second)
+    model = transform(nn.Sequential(first, second))
+    assert [type(m) for m in model] == [Conv2dGw8, Conv2dGw8]
+    del first, second  # the nn.Conv2d are gone; hooks that receive the module get the new one
+
+    launched = []
+    launch = Kernel.launch
+
+    def spy(self, args, device):
+        launched.append(self.name.split("__")[0])
+        return launch(self, args, device)
+
+    monkeypatch.setattr(Kernel, "launch", spy)
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last).requires_grad_()
+    y = model(x)
+    y.float().sum().backward()
+    model.load_state_dict(model.state_dict())
+    for kind in ("fprop", "dgrad", "wgrad"):
+        assert f"conv2d_gw8_{kind}" in launched, launched
+    kinds = ["pre", "forward", "backward_pre", "backward", "state_dict", "load"]
+    assert sorted(seen) == sorted(kinds)
+    assert all(len(calls) == 1 for calls in seen.values()), seen
+    owners = [model[0]] * 4 + [model[1]] * 2
+    for kind, owner in zip(kinds, owners, strict=True):
+        assert seen[kind][0][0] is owner, kind
+    (args,) = seen["pre"][0][1]
+    assert args[0] is x
+    (_, kwargs, out) = seen["forward"][0][1]
+    assert kwargs == {} and torch.equal(out, model[0](x))
+    # The backward hook sees the gradients autograd passes: the output's, and the input's that
+    # lands in x.grad.
+    ((grad_out,),) = seen["backward_pre"][0][1]
+    (grad_in, grad_out_again) = seen["backward"][0][1]
+    assert torch.equal(grad_out, grad_out_again[0]) and torch.isfinite(grad_out).all()
+    assert grad_out.abs().sum() > 0
+    assert torch.equal(grad_in[0], x.grad)
+
+    for handle in handles:
+        handle.remove()
+    seen.clear()
+    model(x).float().sum().backward()
+    model.load_state_dict(model.state_dict())
+    assert seen == {}
 
 
 def test_include_answers_are_checked_before_the_model_changes():
