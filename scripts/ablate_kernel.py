@@ -33,8 +33,9 @@ The "pass GB/s" column is the full pass's bytes (Conv2dStats) over that line's t
 line: a rate for comparing times, not what the line moved (loads-only reads only the inputs,
 about half those bytes; the read line says what it read at its end).
 
-    python scripts/ablate_kernel.py [--layer NAME-or-C,H,W[,R,S] ...] [--n 128] [--dtype fp16]
-                                    [--passes fprop dgrad wgrad] [--config ENCODED ...]
+    python scripts/ablate_kernel.py [--layer NAME-or-C,H,W[,R,S[,PAD_H,PAD_W]] ...]
+                                    [--n 128] [--dtype fp16] [--passes fprop dgrad wgrad]
+                                    [--config ENCODED ...]
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def parse_args(argv=None):
         "--layer",
         nargs="+",
         default=["64c_64x64_3x3"],
-        help="layers: names from the bench table, or shapes C,H,W[,R,S] (padding R//2, S//2)",
+        help="layers: names from the bench table, or shapes C,H,W[,R,S[,PAD_H,PAD_W]] "
+        "(padding R//2, S//2 by default)",
     )
     parser.add_argument("--n", type=int, default=128, help="batch size")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
@@ -140,6 +142,8 @@ def main(argv=None) -> int:
         print("ablate_kernel: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
         return 1
 
+    from spio.bench.layers import parse_layer
+
     try:
         layers = [parse_layer(text) for text in args.layer]
     except ValueError as error:
@@ -150,23 +154,6 @@ def main(argv=None) -> int:
         if status:
             return status
     return 0
-
-
-def parse_layer(text: str):
-    """A BenchLayer from a bench-table name or a shape C,H,W[,R,S] (padding R//2, S//2): shapes
-    let one layer be compared with a neighbour, e.g. an image size that is not a power of 2."""
-    from spio.bench.layers import BenchLayer, layer_table
-
-    table = {layer.name: layer for layer in layer_table()}
-    if text in table:
-        return table[text]
-    parts = text.split(",")
-    if len(parts) not in (3, 5) or not all(p.strip().isdigit() for p in parts):
-        raise ValueError(
-            f"--layer takes a bench-table name ({', '.join(table)}) or C,H,W[,R,S], got {text!r}"
-        )
-    c, h, w, r, s = (list(map(int, parts)) + [3, 3])[:5]
-    return BenchLayer(f"{c}c_{h}x{w}_{r}x{s}", c, h, w, r, s, padding=(r // 2, s // 2))
 
 
 def ablate_layer(args, layer) -> int:

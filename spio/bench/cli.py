@@ -9,7 +9,14 @@ import tempfile
 from pathlib import Path
 
 from ..kernels.stats import PASSES
-from .layers import BATCH_SIZES, QUICK_BATCH_SIZES, layer_table, select_layers
+from .layers import (
+    BATCH_SIZES,
+    QUICK_BATCH_SIZES,
+    BenchLayer,
+    layer_table,
+    parse_layer,
+    select_layers,
+)
 
 NO_GPU_MESSAGE = (
     "spio bench needs a CUDA GPU, and none is available on this machine "
@@ -37,6 +44,24 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
     return sizes
+
+
+def _layer(text: str) -> BenchLayer:
+    try:
+        return parse_layer(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def chosen_layers(args: argparse.Namespace) -> tuple[BenchLayer, ...]:
+    """The layers to time: the table's whose names contain a --layers text (all of them when
+    neither --layers nor --layer is given), then each --layer not among them. ValueError when a
+    --layers text matches no row."""
+    table = select_layers(layer_table(), args.layers) if args.layers or not args.layer else []
+    chosen = {layer.name: layer for layer in table}
+    for layer in args.layer or ():
+        chosen.setdefault(layer.name, layer)
+    return tuple(chosen.values())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +96,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--layers",
         action="append",
         help="only layers whose name contains this (repeatable), e.g. 64c_64x64",
+    )
+    parser.add_argument(
+        "--layer",
+        action="append",
+        type=_layer,
+        metavar="C,H,W[,R,S[,PAD_H,PAD_W]]",
+        help="time this layer shape (repeatable; R and S default to 3, padding to R//2, S//2); "
+        "alone it replaces the table, with --layers it adds to the rows they select",
     )
     parser.add_argument(
         "--batch-sizes", type=_batch_sizes, help="comma-separated batch sizes (overrides --quick)"
@@ -148,7 +181,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     out_dir = args.out or Path(DEFAULT_OUT)
     try:
-        layers = tuple(select_layers(layer_table(), args.layers))
+        layers = chosen_layers(args)
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
@@ -189,7 +222,7 @@ def _in_situ(args: argparse.Namespace, layers, batch_sizes, out_dir: Path) -> in
     info = run_info(command_line())
     n = batch_sizes[0] if args.batch_sizes else 64
     rows = run_insitu(
-        list(layers[:3] if args.quick and not args.layers else layers),
+        list(layers[:3] if args.quick and not (args.layers or args.layer) else layers),
         n=n,
         dtype=args.dtype,
         info=info,

@@ -58,6 +58,29 @@ def layer_table() -> list[BenchLayer]:
     ]
 
 
+def parse_layer(text: str) -> BenchLayer:
+    """A layer from a bench-table name or a shape `C,H,W[,R,S[,PAD_H,PAD_W]]` (R, S: 3 by
+    default; padding: R//2, S//2, which keeps the image size for odd R and S). Named like the
+    table's rows, with `_pad<PAD_H>x<PAD_W>` where the padding is not the default. A shape spio
+    cannot run is a ValueError naming the constraint and the value."""
+    table = {layer.name: layer for layer in layer_table()}
+    if text in table:
+        return table[text]
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) not in (3, 5, 7) or not all(part.isdigit() for part in parts):
+        raise ValueError(
+            f"a layer is a bench-table name ({', '.join(table)}) or C,H,W[,R,S[,PAD_H,PAD_W]] "
+            f"in non-negative integers, got {text!r}"
+        )
+    c, h, w, r, s = ([int(part) for part in parts[:5]] + [3, 3])[:5]
+    padding = (int(parts[5]), int(parts[6])) if len(parts) == 7 else (r // 2, s // 2)
+    Conv2dGw8Params(1, c, h, w, padding, r, s)  # the checks of every spio layer, with its errors
+    name = f"{c}c_{h}x{w}_{r}x{s}"
+    if padding != (r // 2, s // 2):
+        name += f"_pad{padding[0]}x{padding[1]}"
+    return BenchLayer(name, c, h, w, r, s, padding, source="given as a shape")
+
+
 def select_layers(layers: list[BenchLayer], patterns: list[str] | None) -> list[BenchLayer]:
     """The layers whose name contains any of `patterns` (all of them when patterns is empty)."""
     if not patterns:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from spio.__main__ import build_parser
+from spio.bench.layers import layer_table
 from tests.conftest import gpu_available
 
 
@@ -102,3 +103,42 @@ def test_plot_only_names_an_output_folder_it_cannot_write(tmp_path, monkeypatch,
     out = capsys.readouterr()
     assert out.out == "" and str(tmp_path) in out.err and "Permission denied" in out.err
     assert not list(tmp_path.iterdir())
+
+
+def test_bench_times_layers_given_as_shapes(monkeypatch, tmp_path):
+    """--layer times any shape: alone instead of the table, with --layers besides the rows they
+    select (a shape that is a table row is timed once); the run gets exactly those layers."""
+    import torch
+
+    from spio.bench import cli, run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    timed = []
+    monkeypatch.setattr(run, "run_bench", lambda settings, *a, **k: timed.append(settings) or [])
+
+    def names(*argv):
+        args = build_parser().parse_args(["bench", "--out", str(tmp_path), *argv])
+        assert cli.cmd_bench(args) == 1  # no rows from the stand-in: "timings failed"
+        return [layer.name for layer in timed.pop().layers]
+
+    assert names("--layer", "48,100,100") == ["48c_100x100_3x3"]
+    assert names("--layer", "48,100,100,5,5,0,0", "--layer", "24,9,9,1,3") == [
+        "48c_100x100_5x5_pad0x0",
+        "24c_9x9_1x3",
+    ]
+    assert names("--layers", "7x7", "--layer", "48,100,100", "--layer", "368,7,7") == [
+        "368c_7x7_3x3",
+        "48c_100x100_3x3",
+    ]
+    assert len(names()) == len(layer_table())
+
+
+@pytest.mark.parametrize(
+    "text,said",
+    [("60,32,32", "channels a positive multiple of 8, got 60"), ("64,32", "C,H,W")],
+)
+def test_bench_names_why_a_layer_shape_is_refused(text, said):
+    out = run_spio("bench", "--layer", text)
+    assert out.returncode == 2
+    assert "argument --layer" in out.stderr and said in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -2,7 +2,13 @@
 
 import pytest
 
-from spio.bench.layers import BATCH_SIZES, QUICK_BATCH_SIZES, layer_table, select_layers
+from spio.bench.layers import (
+    BATCH_SIZES,
+    QUICK_BATCH_SIZES,
+    layer_table,
+    parse_layer,
+    select_layers,
+)
 from spio.kernels.stats import Conv2dStats
 
 
@@ -70,3 +76,41 @@ def test_select_layers_filters_by_name_and_rejects_unknown():
     assert select_layers(layer_table(), None) == layer_table()
     with pytest.raises(ValueError, match="no benchmark layer matches"):
         select_layers(layer_table(), ["7x7_5x5"])
+
+
+def test_layers_by_name_or_shape():
+    """A layer of the table by name, or any shape as C,H,W[,R,S[,PAD_H,PAD_W]], named like the
+    table's rows (with its padding where that is not R//2, S//2)."""
+    assert parse_layer("64c_64x64_3x3") == layer_table()[0]
+    layer = parse_layer("64,64,60")
+    assert (layer.c, layer.h, layer.w, layer.r, layer.s, layer.padding) == (
+        64,
+        64,
+        60,
+        3,
+        3,
+        (1, 1),
+    )
+    assert layer.name == "64c_64x60_3x3"
+    five = parse_layer(" 96, 56, 56, 5, 1")
+    assert (five.r, five.s, five.padding, five.name) == (5, 1, (2, 0), "96c_56x56_5x1")
+    padded = parse_layer("48,100,100,3,3,0,2")
+    assert (padded.padding, padded.name) == ((0, 2), "48c_100x100_3x3_pad0x2")
+    assert parse_layer("48,100,100,3,3,1,1") == parse_layer("48,100,100")
+    assert padded.params(4).output_shape == (4, 48, 98, 102)
+    for bad in ("64,64", "64,64,60,3", "64,64,60,3,3,1", "a,b,c", "nope", "64,64,-1"):
+        with pytest.raises(ValueError, match="C,H,W"):
+            parse_layer(bad)
+
+
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        ("60,32,32", "channels a positive multiple of 8, got 60"),
+        ("64,32,32,7,3", "filter R in 1..5, got 7"),
+        ("64,2,2,5,5,0,0", "non-empty output"),
+    ],
+)
+def test_a_shape_spio_cannot_run_names_the_constraint(text, error):
+    with pytest.raises(ValueError, match=error):
+        parse_layer(text)

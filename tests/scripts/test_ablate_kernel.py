@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from spio.bench.layers import parse_layer
+
 _path = pathlib.Path(__file__).parents[2] / "scripts" / "ablate_kernel.py"
 _spec = importlib.util.spec_from_file_location("ablate_kernel", _path)
 ablate = importlib.util.module_from_spec(_spec)
@@ -120,27 +122,6 @@ def test_wgrad_reductions_time_both_wrappers_on_their_inputs(monkeypatch):
     assert len(ran) == 2 and not ran[0].endswith("__partials") and ran[1].endswith("__partials")
 
 
-def test_layers_by_name_or_shape():
-    from spio.bench.layers import layer_table
-
-    assert ablate.parse_layer("64c_64x64_3x3") == layer_table()[0]
-    layer = ablate.parse_layer("64,64,60")
-    assert (layer.c, layer.h, layer.w, layer.r, layer.s, layer.padding) == (
-        64,
-        64,
-        60,
-        3,
-        3,
-        (1, 1),
-    )
-    assert layer.name == "64c_64x60_3x3"
-    five = ablate.parse_layer("96,56,56,5,1")
-    assert (five.r, five.s, five.padding) == (5, 1, (2, 0))
-    for bad in ("64,64", "64,64,60,3", "a,b,c", "nope"):
-        with pytest.raises(ValueError, match="C,H,W"):
-            ablate.parse_layer(bad)
-
-
 @pytest.mark.parametrize(
     "variant,define",
     [("l2-256", "#define SPIO_L2_PREFETCH 256"), ("stagger", "#define SPIO_STAGGER_NS 400")],
@@ -203,7 +184,7 @@ def test_gpu_check_ablates_only_layers_passes_and_configs_that_exist():
         argv = [a for word in argv for a in (table_names.split() if word == "$layers" else [word])]
         args = ablate.parse_args(["--n", "128", *argv])
         for text in args.layer:
-            params = ablate.parse_layer(text).params(args.n, args.dtype)
+            params = parse_layer(text).params(args.n, args.dtype)
             for pass_ in args.passes:
                 names = {c.encode() for c in FAMILY_OF_PASS[pass_].configs(params)}
                 missing = sorted(set(args.config or ()) - names)
@@ -290,7 +271,7 @@ def test_a_layers_kernels_compile_in_one_batch_before_any_is_timed(monkeypatch):
          "--config", "g8_p64_q64_w2_s4_k16", "g8_p64_q16_w1_s4_k16",
          "--variants", "full", "no-loads", "loads-only"]
     )  # fmt: skip
-    assert ablate.ablate_layer(args, ablate.parse_layer("64c_64x64_3x3")) == 0
+    assert ablate.ablate_layer(args, parse_layer("64c_64x64_3x3")) == 0
     timed = events[1:]
     assert events[0] == len(timed) == 2 * 2 * 3  # passes x configs x variants, compiled first
     assert all(isinstance(name, str) for name in timed)
