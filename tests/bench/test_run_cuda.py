@@ -63,3 +63,17 @@ def test_sanitizer_launches_pass_without_the_sanitizer():
     from spio.bench import sanitize
 
     assert sanitize.main() == 0
+
+
+def test_bench_cli_times_a_layer_given_as_a_shape(tmp_path):
+    """`spio bench --layer` with an odd shape and padding off R//2: every pass and impl timed,
+    the rows named after the shape, the CSV and plots written."""
+    from spio.__main__ import main
+    from spio.bench.results import read_csv
+
+    status = main(["bench", "--layer", "24,9,13,3,5,0,1", "--batch-sizes", "3", "--quick",
+                   "--out", str(tmp_path)])  # fmt: skip
+    assert status == 0
+    rows = read_csv(tmp_path / "bench_fp16.csv")
+    assert {r.layer for r in rows} == {"24c_9x13_3x5_pad0x1"}
+    assert len(rows) == 9 and all(r.median_ms > 0 for r in rows)
