@@ -27,3 +27,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
+
+
+def spy_on_launches(monkeypatch) -> list[str]:
+    """From now on (until monkeypatch undoes it), record the family of every kernel spio
+    launches (e.g. "conv2d_gw8_fprop"), in order, in the list returned; launches still run."""
+    from spio.kernels.kernel import Kernel
+
+    launched: list[str] = []
+    launch = Kernel.launch
+
+    def spy(self, args, device):
+        launched.append(self.name.split("__")[0])
+        return launch(self, args, device)
+
+    monkeypatch.setattr(Kernel, "launch", spy)
+    return launched

@@ -9,6 +9,7 @@ from torch import nn
 
 from spio.kernels.kernel import Kernel
 from spio.transform import transform
+from tests.conftest import spy_on_launches
 
 pytestmark = pytest.mark.cuda
 
@@ -61,14 +62,8 @@ def test_captured_training_step_replays_eager_results(monkeypatch):
     torch.cuda.current_stream().wait_stream(side)
     model.zero_grad(set_to_none=True)
 
-    launched = []
     launch = Kernel.launch
-
-    def spy(self, args, device):
-        launched.append(self.name.split("__")[0])
-        return launch(self, args, device)
-
-    monkeypatch.setattr(Kernel, "launch", spy)
+    launched = spy_on_launches(monkeypatch)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_y = step()

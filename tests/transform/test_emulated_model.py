@@ -9,6 +9,7 @@ from torch import nn
 
 from spio.layers import Conv2dGw8
 from spio.transform import transform
+from tests.conftest import spy_on_launches
 
 
 def _model() -> nn.Module:
@@ -68,7 +69,6 @@ def test_gradient_penalty_matches_float64_pytorch(monkeypatch, dtype, wrt):
     """Double backward through a transformed model, with spio's kernels in both backward passes,
     against float64 PyTorch: a penalty on the norm of the input gradient (as in WGAN-GP or R1),
     or of the first layer's weight gradient (which takes the other half of the formulas)."""
-    from spio.kernels.kernel import Kernel
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
     # The penalty is sensitive to rounding its weights and input (on this model, rounding them
@@ -86,15 +86,8 @@ def test_gradient_penalty_matches_float64_pytorch(monkeypatch, dtype, wrt):
         (g,) = torch.autograd.grad(net(x).double().square().sum(), of, create_graph=True)
         return g.double().square().sum(), x
 
-    launched = []
-    launch = Kernel.launch
-
-    def spy(self, args, device):
-        launched.append(self.name.split("__")[0])
-        return launch(self, args, device)
-
     gp, x_model = penalty(model, x.to(memory_format=torch.channels_last))
-    monkeypatch.setattr(Kernel, "launch", spy)
+    launched = spy_on_launches(monkeypatch)
     gp.backward()
     for kind in ("fprop", "dgrad", "wgrad"):  # the second backward runs all three passes
         assert f"conv2d_gw8_{kind}" in launched, launched

@@ -14,6 +14,7 @@ import spio.transform as spio_transform
 from spio.kernels import Conv2dGw8Params
 from spio.layers import Conv2dGw8
 from spio.transform import scan_modules, transform
+from tests.conftest import spy_on_launches
 
 _spec = importlib.util.spec_from_file_location(
     "spio_test_convnet", pathlib.Path(__file__).with_name("convnet.py")
@@ -265,8 +266,6 @@ def test_hooked_convs_are_replaced_and_their_hooks_run_on_spio_kernels(monkeypat
     Conv2dGw8: they run, around spio's kernels (emulated), receive the Conv2dGw8 and the
     gradients autograd computes, and the handles taken on the nn.Conv2d still remove them.
     Hooked convs used to be left as nn.Conv2d."""
-    from spio.kernels.kernel import Kernel
-
     monkeypatch.setenv("SPIO_EMULATE", "1")
     torch.manual_seed(0)
     first, second = (nn.Conv2d(16, 16, 3, padding=1, groups=2).half() for _ in range(2))
@@ -288,14 +287,7 @@ def test_hooked_convs_are_replaced_and_their_hooks_run_on_spio_kernels(monkeypat
     assert [type(m) for m in model] == [Conv2dGw8, Conv2dGw8]
     del first, second  # the nn.Conv2d are gone; hooks that receive the module get the new one
 
-    launched = []
-    launch = Kernel.launch
-
-    def spy(self, args, device):
-        launched.append(self.name.split("__")[0])
-        return launch(self, args, device)
-
-    monkeypatch.setattr(Kernel, "launch", spy)
+    launched = spy_on_launches(monkeypatch)
     x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last).requires_grad_()
     y = model(x)
     y.float().sum().backward()
