@@ -20,6 +20,8 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
                  and stored to shared memory (FProp/DGrad: configs whose stages - 1 divide R;
                  WGrad: any): is the per-thread cp.async path the bound?
     ldg-loads-only  loads-only, through registers
+    unmasked     WGrad without its careful steps (right for finite inputs; inf or NaN in x then
+                 reaches more taps than in PyTorch): what the careful steps cost
 
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
 a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partials+sum").
@@ -41,7 +43,6 @@ about half those bytes; the read line says what it read at its end).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 VARIANTS = {
@@ -60,6 +61,9 @@ VARIANTS = {
     # Input rows through registers instead of cp.async (correct results; FProp and DGrad).
     "ldg": ("SPIO_LOAD_VIA_REGS",),
     "ldg-loads-only": ("SPIO_LOAD_VIA_REGS", "SPIO_ABLATE_MMA", "SPIO_ABLATE_STORES"),
+    # WGrad without its careful steps (right for finite inputs): what keeping inf and NaN in x
+    # from taps PyTorch keeps them from costs.
+    "unmasked": ("SPIO_WGRAD_UNMASKED",),
 }
 
 
@@ -79,28 +83,18 @@ def row(pass_: str, name: str, seconds: float, nbytes: int, full: float | None, 
 
 def variant_applies(name: str, pass_: str, params, config) -> bool:
     """Whether variant `name` can build for this pass and config: FProp and DGrad's `ldg` index
-    their register slots by the R-step unroll, so it needs stages - 1 to divide R."""
+    their register slots by the R-step unroll, so it needs stages - 1 to divide R; `unmasked` is
+    WGrad's alone."""
     if name.startswith("ldg") and pass_ in ("fprop", "dgrad"):
         return params.r % (config.stages - 1) == 0
+    if name == "unmasked":
+        return pass_ == "wgrad"
     return True
 
 
 def ablated(kernel, switches: tuple[str, ...]):
-    """A copy of `kernel` whose generated header defines `switches` ("NAME" as 1, or "NAME=VALUE";
-    a new name, so a new cubin)."""
-    if not switches:
-        return kernel
-    defines = ""
-    parts = []
-    for switch in switches:
-        name, _, value = switch.partition("=")
-        defines += f"#define {name} {value or 1}\n"
-        short = name.removeprefix("SPIO_ABLATE_").removeprefix("SPIO_").lower()
-        parts.append(f"{short}{value}")
-    headers = tuple((name, text + "\n" + defines) for name, text in kernel.headers)
-    return dataclasses.replace(
-        kernel, name=f"{kernel.name}__variant_{'_'.join(parts)}", headers=headers
-    )
+    """A copy of `kernel` whose generated header defines `switches` (Kernel.with_defines)."""
+    return kernel.with_defines(switches)
 
 
 def parse_args(argv=None):

@@ -3,7 +3,8 @@
 Compiles kernels with NVRTC and counts, with spio.compiler.sass, the instructions a warp issues per
 row step of the main loop (per barrier), with the mma, ldmatrix and cp.async among them. Fewer
 instructions for the same mma and loads is work a warp no longer has to issue; whether that makes
-a kernel faster only a GPU can say.
+a kernel faster only a GPU can say. The count is of a full step: WGrad is built without the careful
+copy of its step that only the steps at a tile's edges take (Family.full_step_defines).
 
     python scripts/sass_loop.py             # each family's heuristic config on the bench layers
     python scripts/sass_loop.py --family conv2d_gw8_wgrad \\
@@ -54,16 +55,22 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 if name not in configs:
                     sys.exit(f"sass_loop: {family.name} has no config {name} for {params.encode()}")
-                result = family.make_kernel(params, configs[name]).compile(args.arch)
-                loop = loop_report(result.cubin, nvdisasm)
+                kernel = family.make_kernel(params, configs[name])
+                result = kernel.compile(args.arch)
                 registers = max(r.registers for r in result.resources.values())
+                counted = kernel.with_defines(family.full_step_defines).compile(args.arch)
+                loop = loop_report(counted.cubin, nvdisasm)
                 row = f"{family.name:18s} {params.encode():42s} {name:26s} {registers:4d}"
                 if loop is None:
                     print(f"{row} no loop")
                     continue
                 mma, ldsm, copies = (loop.per_step_of(op) for op in ("HMMA", "LDSM", "LDGSTS"))
                 print(f"{row} {loop.per_step:6.1f} {mma:4.1f} {ldsm:4.1f} {copies:8.1f}")
-    print("per row step (per barrier of the main loop), SASS for", args.arch)
+    print(
+        f"per full row step (per barrier of the main loop), SASS for {args.arch}; regs of the "
+        "kernel as spio runs it, instructions of a build with only a full step's code in the loop "
+        "(WGrad: SPIO_WGRAD_UNMASKED, without the careful copy its tile-edge steps take)"
+    )
     return 0
 
 

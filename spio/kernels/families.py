@@ -35,6 +35,10 @@ class Family:
     # Config fields the heuristic's cost cannot weigh; autotuning tries the pick's variants in them.
     heuristic_ignores: tuple[str, ...] = ()
     reads_bias: bool = True  # DGrad does not
+    # Defines (Kernel.with_defines) that leave in the main loop only the code of a full row step,
+    # for counting its instructions (scripts/sass_loop.py, resource_report.py). WGrad's tile-edge
+    # steps run a second, careful copy of the step's runs, which the steps between never take.
+    full_step_defines: tuple[str, ...] = ()
 
     def layer_as_run(self, params: Conv2dGw8Params) -> Conv2dGw8Params:
         """The layer whose kernel spio runs for this family's pass of `params`: a family that
@@ -97,6 +101,7 @@ FAMILIES: dict[str, Family] = {
         heuristic_key=wg.heuristic_key,
         default_config=wg.default_config,
         shared_mem_bytes=wg.shared_mem_bytes,
+        full_step_defines=("SPIO_WGRAD_UNMASKED",),
     ),
 }
 

@@ -13,7 +13,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,22 @@ class Kernel:
         from ..compiler import compile_cubin
 
         return compile_cubin(self.source, arch, dict(self.headers), name=f"{self.name}.cu")
+
+    def with_defines(self, switches: tuple[str, ...]) -> Kernel:
+        """A copy whose generated headers end by defining `switches` ("NAME" as 1, or
+        "NAME=VALUE"), under a new name (so a new cubin): the timing and analysis variants of
+        spio/include/spio/ablation.h. No switches: this kernel."""
+        if not switches:
+            return self
+        defines = ""
+        parts = []
+        for switch in switches:
+            name, _, value = switch.partition("=")
+            defines += f"#define {name} {value or 1}\n"
+            short = name.removeprefix("SPIO_ABLATE_").removeprefix("SPIO_").lower()
+            parts.append(f"{short}{value}")
+        headers = tuple((name, text + "\n" + defines) for name, text in self.headers)
+        return replace(self, name=f"{self.name}__variant_{'_'.join(parts)}", headers=headers)
 
     def compile_job(self, arch: str):
         """A CompileJob for the parallel compile pool."""

@@ -4,7 +4,10 @@
 /// What it computes (NHWC activations, fp32 results; g is the group, k and c index inside it):
 ///   dw[8g + k, c, r, s] += sum_{n, p, q} dy[n, p, q, 8g + k] * x[n, p + r - PAD_H, q + s - PAD_W, 8g + c]
 ///   dbias[8g + k]       += sum_{n, p, q} dy[n, p, q, 8g + k]
-/// Inputs outside x are zero. dw and dbias are accumulated with atomicAdd: the caller zeroes them.
+/// Inputs outside x are zero. Only products of output pixels' dy reach the sums: where a tile runs
+/// past the output or meets the rows of its neighbours, x is kept from the zeros it holds there
+/// ("careful" steps, at the main loop), so an inf or NaN in x makes dw non-finite at the taps
+/// PyTorch's does, no more. dw and dbias are accumulated with atomicAdd: the caller zeroes them.
 /// The sum order across blocks varies from launch to launch, so results may differ in the last
 /// bits of fp32 rounding, never more. With SPIO_WGRAD_PARTIALS each warp instead stores its sums
 /// to its own slot of DWPart / DBiasPart (no atomics, nothing to zero) and the caller sums the
@@ -173,22 +176,42 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 
     constexpr int STEPS = Block::n * ROWS;
     __syncthreads();  // the zeroed dy slots are visible before copies start landing in them
+    // x times a dy pixel that is no output pixel must not reach the sums: that dy is a zero in
+    // shared memory, and inf or NaN in x times zero is NaN where PyTorch forms no product at all.
+    // Only `careful` steps meet such pixels; their runs (a second copy of the code) keep them out,
+    // and the other steps run with no check at all.
+    // - Rows: step i pairs x row i with dy rows i - r, r = 0..R-1. They are all output rows of
+    //   the tile (0 <= i - r < rows_in) for i in R-1 .. rows_in-1; the steps before and after are
+    //   careful. There a pair with both dy rows outside is skipped, and a pair with one row inside
+    //   and one outside, whose rows share x and so cannot be masked in it, makes its products
+    //   apart and adds only the inside row's half to the sums.
+    // - Columns: in the last column tile, when the tile width does not divide the output's, every
+    //   step is careful, and this lane's x pixels paired with dy columns past the output are
+    //   masked to zero. cols_left counts the output columns from this lane's first pixel of run 0
+    //   on (its B registers hold pixels 2 * (lane % 4) and + 1 of each run, in their low and high
+    //   halves).
+    const int rows_in = DOutput::Y % Block::y == 0 || block_y + Block::y <= DOutput::Y
+                            ? Block::y
+                            : DOutput::Y - block_y;
+    const unsigned full_steps = rows_in > R - 1 ? rows_in - (R - 1) : 0;  // R-1 .. rows_in-1
+    constexpr bool kPartialColumns = DOutput::X % Block::x != 0;
+    const bool mask_columns = kPartialColumns && block_x + Block::x > DOutput::X;
+    const int cols_left = DOutput::X - (block_x + warp_x + 2 * (lane % 4));
+
     // One step's work, once its x row and dy row are in shared memory.
     const auto compute_step = [&](int t) {
         // What does not change along the row is worked out once per step, not once per run: each
         // tap pair's dy rows, and this lane's addresses in x's row and in the pair's dy slots
         // (runs then add constant offsets).
         const int i = t % ROWS;
+        const bool careful = !SPIO_WGRAD_UNMASKED &&
+                             (mask_columns || static_cast<unsigned>(i - (R - 1)) >= full_steps);
         const SmemX x_lane = smem_x.stage(t % STAGES).c8(warp.c8()).x(warp_x + lane % 8);
-        bool pair_rows[PAIRS];   // the pair has a dy row inside the tile
-        SmemDy dy_lane[PAIRS];   // lanes 0-7: dy row i - r0's pixels, lanes 8-15: row i - r1's
+        SmemDy dy_lane[PAIRS];  // lanes 0-7: dy row i - r0's pixels, lanes 8-15: row i - r1's
         SPIO_UNROLL
         for (int pair = 0; pair < PAIRS; ++pair) {
             const int r0 = 2 * pair;
             const int r1 = 2 * pair + 1;
-            const int j0 = i - r0;  // tile rows of dy paired with this x row
-            const int j1 = i - r1;
-            pair_rows[pair] = (j0 >= 0 && j0 < Block::y) || (r1 < R && j1 >= 0 && j1 < Block::y);
             // Ring slot of the dy row of step t - r; t + SLOTS - r >= 0, so unsigned % is exact.
             const int slot0 = static_cast<unsigned>(t + SLOTS - r0) % SLOTS;
             const int slot1 = r1 < R ? static_cast<int>(static_cast<unsigned>(t + SLOTS - r1) % SLOTS)
@@ -196,47 +219,83 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             const int lane_slot = (lane / 8) % 2 == 0 ? slot0 : slot1;
             dy_lane[pair] = smem_dy.slot(lane_slot).c8(warp.c8()).x(warp_x + lane % 8);
         }
-        SPIO_UNROLL
-        for (int run = 0; run < Block::warp_x8; run += RUNS_PER_MMA) {
-            // B operands: x pixels col + s .. col + s + 7 of this row (x's tile starts PAD_W left),
-            // for each 8-pixel run of this mma.
-            unsigned b[S][RUNS_PER_MMA];
+        const auto runs = [&](bool careful_runs) {
             SPIO_UNROLL
-            for (int s = 0; s < S; ++s) {
+            for (int run = 0; run < Block::warp_x8; run += RUNS_PER_MMA) {
+                // B operands: x pixels col + s .. col + s + 7 of this row (x's tile starts PAD_W
+                // left), for each 8-pixel run of this mma; zero where dy is past the output.
+                unsigned keep_cols[RUNS_PER_MMA];
                 SPIO_UNROLL
                 for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
-                    unsigned reg[1];
-                    spio::ldmatrix_x1_trans(reg, x_lane.x((run + sub) * 8 + s).get());
-                    b[s][sub] = reg[0];
+                    const int first = (run + sub) * 8;
+                    keep_cols[sub] = !(kPartialColumns && careful_runs)
+                                         ? 0xFFFFFFFFu
+                                         : (first < cols_left ? 0x0000FFFFu : 0u) |
+                                               (first + 1 < cols_left ? 0xFFFF0000u : 0u);
                 }
-            }
-            SPIO_UNROLL
-            for (int pair = 0; pair < PAIRS; ++pair) {
-                if (!pair_rows[pair] && !(SPIO_WGRAD_HAS_BIAS && pair == 0)) {
-                    continue;  // both rows lie outside the tile: their slots hold zeros
-                }
-                unsigned a[RUNS_PER_MMA][2];
+                unsigned b[S][RUNS_PER_MMA];
                 SPIO_UNROLL
-                for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
-                    spio::ldmatrix_x2_trans(a[sub], dy_lane[pair].x((run + sub) * 8).get());
-                }
-                if (pair_rows[pair] && !SPIO_ABLATE_MMA) {
-                    SPIO_UNROLL
-                    for (int s = 0; s < S; ++s) {
-                        mma_pixels(acc[pair][s], a, b[s]);
-                    }
-                }
-#if SPIO_WGRAD_HAS_BIAS
-                if (pair == 0) {
-                    unsigned ones[RUNS_PER_MMA];
+                for (int s = 0; s < S; ++s) {
                     SPIO_UNROLL
                     for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
-                        ones[sub] = kOnes;
+                        unsigned reg[1];
+                        spio::ldmatrix_x1_trans(reg, x_lane.x((run + sub) * 8 + s).get());
+                        b[s][sub] = reg[0] & keep_cols[sub];
                     }
-                    mma_pixels(bias_acc, a, ones);  // rows 0-7: the sums of dy row i
                 }
+                SPIO_UNROLL
+                for (int pair = 0; pair < PAIRS; ++pair) {
+                    // Whether dy rows i - r0 and i - r1 are output rows of the tile (r1 == R, the
+                    // spare all-zero row of an odd R: as row r0; its sums are dropped).
+                    const int r0 = 2 * pair;
+                    const int r1 = 2 * pair + 1;
+                    const bool row0_in = !careful_runs || static_cast<unsigned>(i - r0) < rows_in;
+                    const bool row1_in =
+                        !careful_runs || (r1 < R ? static_cast<unsigned>(i - r1) < rows_in : row0_in);
+                    if (!row0_in && !row1_in && !(SPIO_WGRAD_HAS_BIAS && pair == 0)) {
+                        continue;  // both dy rows are zeros
+                    }
+                    unsigned a[RUNS_PER_MMA][2];
+                    SPIO_UNROLL
+                    for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
+                        spio::ldmatrix_x2_trans(a[sub], dy_lane[pair].x((run + sub) * 8).get());
+                    }
+                    if ((row0_in || row1_in) && !SPIO_ABLATE_MMA) {
+                        SPIO_UNROLL
+                        for (int s = 0; s < S; ++s) {
+                            if (row0_in != row1_in) {
+                                // The products alone, then the inside row's half of them into
+                                // the sums (accumulator elements 0-1: filter row r0, 2-3: r1).
+                                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                mma_pixels(part, a, b[s]);
+                                SPIO_UNROLL
+                                for (int e = 0; e < 4; ++e) {
+                                    if (e < 2 ? row0_in : row1_in) {
+                                        acc[pair][s][e] += part[e];
+                                    }
+                                }
+                            } else {
+                                mma_pixels(acc[pair][s], a, b[s]);
+                            }
+                        }
+                    }
+#if SPIO_WGRAD_HAS_BIAS
+                    if (pair == 0) {
+                        unsigned ones[RUNS_PER_MMA];
+                        SPIO_UNROLL
+                        for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
+                            ones[sub] = kOnes;
+                        }
+                        mma_pixels(bias_acc, a, ones);  // rows 0-7: the sums of dy row i
+                    }
 #endif
+                }
             }
+        };
+        if (careful) {  // two copies of the runs, each built for its constant
+            runs(true);
+        } else {
+            runs(false);
         }
     };
 

@@ -286,6 +286,59 @@ def test_sixteen_images_per_block_only_on_small_images():
     assert wg.partial_slots(small, config) == 2 * 2  # 2 image blocks x 2 row tiles
 
 
+#: Layers whose tiles end inside the image: rows and columns of the last tiles past the output,
+#: padding 0 (x rows and columns past the output's reach), R and S from 1 to 5, several images
+#: per block.
+NON_FINITE_LAYERS = [
+    Conv2dGw8Params(n=2, c=16, h=13, w=21, padding=0, r=3, s=3),
+    Conv2dGw8Params(n=1, c=16, h=10, w=18, padding=(2, 1), r=5, s=2, dtype="bf16", has_bias=True),
+    Conv2dGw8Params(n=5, c=16, h=5, w=6, padding=1, r=3, s=3),
+    Conv2dGw8Params(n=1, c=8, h=9, w=11, padding=0, r=1, s=4),
+]
+
+
+def _non_finite_cases():
+    for index, params in enumerate(NON_FINITE_LAYERS):
+        for config in sample_configs(params, "wgrad", 4, seed=40 + index):
+            yield pytest.param(params, config, id=f"{params.encode()}-{config.encode()}")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("params,config", list(_non_finite_cases()))
+def test_non_finite_x_spreads_only_where_pytorch_does(params, config, device):
+    """An inf (NaN) in x makes dw non-finite only at the taps where that pixel meets an output
+    pixel, as in the float64 reference: not at the taps where it meets the zeros a tile holds
+    past the output or outside the tile (inf * 0 = NaN). One non-finite pixel per group, placed in
+    turn at the corners, the middle and next to tile edges; dw finite elsewhere and right."""
+    import torch
+
+    from spio.check import error_ratio, random_inputs
+    from spio.reference import conv2d_gw8_tolerance, conv2d_gw8_wgrad_ref
+
+    t = random_inputs(params, seed=1)
+    h, w = params.h, params.w
+    places = {(0, 0), (h - 1, w - 1), (h // 2, w // 2), (0, w - 1), (h - 1, 0)}
+    places |= {(min(y, h - 1), min(x, w - 1)) for y in (3, 4, 8) for x in (7, 8, w - 2)}
+    kernel = wg.production_kernel(params, config)
+    for y, x in sorted(places):
+        xs = t["x"].clone()
+        xs[0, 1, y, x] = float("inf")
+        if params.c > 8:
+            xs[-1, 12, h - 1 - y, w - 1 - x] = float("nan")
+        dw, _ = wg.wgrad(xs.to(device), t["dy"].to(device), params, kernel=kernel, poison=True)
+        dw = dw.cpu()
+        expected = conv2d_gw8_wgrad_ref(xs, t["dy"], params.padding, params.r, params.s)
+        finite = torch.isfinite(expected)
+        assert not finite.all(), "the case puts no non-finite product into the sums"
+        assert torch.equal(torch.isfinite(dw), finite), (
+            f"pixel ({y}, {x}): non-finite at {(~torch.isfinite(dw) & finite).nonzero().tolist()}"
+            f" where the reference is finite"
+        )
+        tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"])
+        ratio = error_ratio(dw[finite], expected[finite], tol.atol, tol.rtol)
+        assert ratio <= 1.0, f"pixel ({y}, {x}): worst error {ratio:.3g} times the tolerance"
+
+
 def _load_via_regs_cases():
     """WGrad configs for the SPIO_LOAD_VIA_REGS timing variant: every stage count (1 to 5 steps in
     flight through registers), several images per block, partial tiles and group blocks."""

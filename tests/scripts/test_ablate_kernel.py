@@ -46,6 +46,8 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
         assert len(by_key[(pass_, "no-loads")].cubin) < full
         assert len(by_key[(pass_, "no-mma")].cubin) < full
         assert len(by_key[(pass_, "skeleton")].cubin) < len(by_key[(pass_, "no-mma")].cubin)
+    # Without its careful steps WGrad's code shrinks too.
+    assert len(by_key[("wgrad", "unmasked")].cubin) < len(by_key[("wgrad", "full")].cubin)
 
 
 def _params_and_config(kernel):
@@ -155,6 +157,40 @@ def test_timing_variants_build_for_every_arch_and_stay_correct(base_kernels, var
     assert torch.equal(y_plain, y_changed) and y_plain.abs().sum() > 0
 
 
+def test_unmasked_wgrad_leaves_out_only_the_careful_steps():
+    """`unmasked` builds WGrad without its careful steps, and only WGrad. On finite inputs its dw
+    is the production kernel's to fp32 rounding (x times zero adds exact zeros; the careful steps
+    add some products in another order); with an inf in x it is non-finite at taps the float64
+    reference has finite, so the switch really removes them (emulated, on a layer whose last row
+    and column tiles run past the output)."""
+    import torch
+
+    from spio.check import random_inputs
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+    from spio.reference import conv2d_gw8_wgrad_ref
+
+    params = Conv2dGw8Params(n=2, c=16, h=13, w=21, padding=0)
+    config = wg.default_config(params)
+    assert ablate.variant_applies("unmasked", "wgrad", params, config)
+    assert not ablate.variant_applies("unmasked", "fprop", params, config)
+    plain = wg.production_kernel(params, config)
+    unmasked = ablate.ablated(plain, ablate.VARIANTS["unmasked"])
+    assert "#define SPIO_WGRAD_UNMASKED 1" in unmasked.headers[0][1]
+    t = random_inputs(params, seed=2)
+    dw_plain, _ = wg.wgrad(t["x"], t["dy"], params, kernel=plain)
+    dw_unmasked, _ = wg.wgrad(t["x"], t["dy"], params, kernel=unmasked)
+    torch.testing.assert_close(dw_unmasked, dw_plain, rtol=1e-6, atol=1e-5)
+    assert dw_plain.abs().sum() > 0
+    x = t["x"].clone()
+    x[0, 1, params.h - 1, params.w - 1] = float("inf")
+    expected_finite = torch.isfinite(conv2d_gw8_wgrad_ref(x, t["dy"], 0, 3, 3))
+    plain_finite = torch.isfinite(wg.wgrad(x, t["dy"], params, kernel=plain)[0])
+    assert torch.equal(plain_finite, expected_finite)
+    spread = ~torch.isfinite(wg.wgrad(x, t["dy"], params, kernel=unmasked)[0]) & expected_finite
+    assert spread.any()
+
+
 def _gpu_check_ablate_calls() -> list[list[str]]:
     """The arguments of every `ablate ...` call in scripts/gpu_check.sh's ablate step."""
     import shlex
@@ -207,15 +243,15 @@ def _kernels_of_call(argv: list[str], layers: int) -> int:
 
 def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_first():
     """The step has 150 s for ~10 processes: no line times all 12 variants (12 compiles a config),
-    the whole step builds under 230 kernels (it had 288, and its last part, WGrad's reductions on
-    every layer, was the one cut), and the headline ablation and WGrad's reductions on every
-    layer come first."""
+    the whole step builds under 240 kernels (it had 288, and its last part, WGrad's reductions on
+    every layer, was the one cut; 226 then, 236 with WGrad's `unmasked` on every layer), and the
+    headline ablation and WGrad's reductions on every layer come first."""
     from spio.bench.layers import layer_table
 
     calls = _gpu_check_ablate_calls()
     assert all("--variants" in argv for argv in calls), [a for a in calls if "--variants" not in a]
     total = sum(_kernels_of_call(argv, len(layer_table())) for argv in calls)
-    assert total < 230, total
+    assert total < 240, total
     assert calls[0][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[0]
     assert "$layers" in calls[1] and calls[1][calls[1].index("--passes") + 1] == "wgrad"
 
