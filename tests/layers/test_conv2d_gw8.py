@@ -745,9 +745,11 @@ def test_padding_set_after_construction_is_used_as_nn_conv2d_uses_it(monkeypatch
             marks=pytest.mark.xfail(
                 strict=True,
                 raises=AssertionError,
-                reason="known defect: DGrad multiplies the weights by dy's zero padding, so an "
-                "inf weight makes dx NaN at border pixels where PyTorch's float64 CPU result is "
-                "finite (WGrad's like defect, inf or NaN in x, is fixed)",
+                reason="known: DGrad multiplies the weights by dy's zero padding, so an inf "
+                "weight makes dx NaN at border pixels where PyTorch's float64 CPU result is "
+                "finite. PyTorch is not consistent here either: its float64 CPU FProp multiplies "
+                "the padding (NaN everywhere), its float32 one does not. WGrad's like defect, inf "
+                "or NaN in x, is fixed",
             ),
         ),
     ],
