@@ -92,11 +92,6 @@ def variant_applies(name: str, pass_: str, params, config) -> bool:
     return True
 
 
-def ablated(kernel, switches: tuple[str, ...]):
-    """A copy of `kernel` whose generated header defines `switches` (Kernel.with_defines)."""
-    return kernel.with_defines(switches)
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=COLUMNS)
     parser.add_argument(
@@ -190,7 +185,7 @@ def ablate_layer(args, layer) -> int:
             skipped = [n for n in names if not variant_applies(n, pass_, params, config)]
             if skipped:
                 print(f"{pass_:6s} {', '.join(skipped)}: not for {config.encode()} (see --help)")
-            kernels = {n: ablated(base, VARIANTS[n]) for n in names if n not in skipped}
+            kernels = {n: base.with_defines(VARIANTS[n]) for n in names if n not in skipped}
             plan[pass_].append((config, kernels))
     every = [k for configs in plan.values() for _, kernels in configs for k in kernels.values()]
     compile_many([k.compile_job(attrs["arch"]) for k in every], progress=False)

@@ -100,4 +100,4 @@ def load_via_regs(kernel):
     )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    return script.ablated(kernel, script.VARIANTS["ldg"])
+    return kernel.with_defines(script.VARIANTS["ldg"])

@@ -30,7 +30,7 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
     from spio.compiler import compile_many
 
     kernels = {
-        (pass_, name): ablate.ablated(kernel, switches)
+        (pass_, name): kernel.with_defines(switches)
         for pass_, kernel in base_kernels.items()
         for name, switches in ablate.VARIANTS.items()
         if ablate.variant_applies(name, pass_, *_params_and_config(kernel))
@@ -68,8 +68,8 @@ def test_ldg_applies_to_fprop_and_dgrad_configs_whose_stages_divide_r(base_kerne
 def test_ablation_is_a_new_kernel_and_production_is_unchanged(base_kernels):
     kernel = base_kernels["fprop"]
     before = dataclasses.replace(kernel)
-    variant = ablate.ablated(kernel, ("SPIO_ABLATE_LOADS", "SPIO_ABLATE_MMA"))
-    assert ablate.ablated(kernel, ()) is kernel
+    variant = kernel.with_defines(("SPIO_ABLATE_LOADS", "SPIO_ABLATE_MMA"))
+    assert kernel.with_defines(()) is kernel
     assert variant.name == kernel.name + "__variant_loads_mma" and variant != kernel
     assert "#define SPIO_ABLATE_LOADS 1" in variant.headers[0][1]
     assert kernel == before and "SPIO_ABLATE" not in kernel.headers[0][1]
@@ -135,7 +135,7 @@ def test_timing_variants_build_for_every_arch_and_stay_correct(base_kernels, var
     import spio
     from spio.compiler import compile_many
 
-    kernel = ablate.ablated(base_kernels["fprop"], ablate.VARIANTS[variant])
+    kernel = base_kernels["fprop"].with_defines(ablate.VARIANTS[variant])
     assert define in kernel.headers[0][1]
     results = compile_many([kernel.compile_job(a) for a in spio.supported_arch], progress=False)
     for arch, result in zip(spio.supported_arch, results, strict=True):
@@ -151,7 +151,7 @@ def test_timing_variants_build_for_every_arch_and_stay_correct(base_kernels, var
     params = Conv2dGw8Params(n=2, c=16, h=7, w=9, padding=1, has_bias=True)
     t = random_inputs(params, seed=1)
     plain = fd.make_kernel(params, fd.default_config(params))
-    changed = ablate.ablated(plain, ablate.VARIANTS[variant])
+    changed = plain.with_defines(ablate.VARIANTS[variant])
     y_plain = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=plain)
     y_changed = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=changed)
     assert torch.equal(y_plain, y_changed) and y_plain.abs().sum() > 0
@@ -175,7 +175,7 @@ def test_unmasked_wgrad_leaves_out_only_the_careful_steps():
     assert ablate.variant_applies("unmasked", "wgrad", params, config)
     assert not ablate.variant_applies("unmasked", "fprop", params, config)
     plain = wg.production_kernel(params, config)
-    unmasked = ablate.ablated(plain, ablate.VARIANTS["unmasked"])
+    unmasked = plain.with_defines(ablate.VARIANTS["unmasked"])
     assert "#define SPIO_WGRAD_UNMASKED 1" in unmasked.headers[0][1]
     t = random_inputs(params, seed=2)
     dw_plain, _ = wg.wgrad(t["x"], t["dy"], params, kernel=plain)
