@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                 kernel = family.make_kernel(params, configs[name])
                 result = kernel.compile(args.arch)
                 registers = max(r.registers for r in result.resources.values())
-                counted = kernel.with_defines(family.full_step_defines).compile(args.arch)
+                full_step = kernel.with_defines(family.full_step_defines)
+                counted = result if full_step is kernel else full_step.compile(args.arch)
                 loop = loop_report(counted.cubin, nvdisasm)
                 row = f"{family.name:18s} {params.encode():42s} {name:26s} {registers:4d}"
                 if loop is None:

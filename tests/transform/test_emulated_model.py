@@ -69,7 +69,6 @@ def test_gradient_penalty_matches_float64_pytorch(monkeypatch, dtype, wrt):
     """Double backward through a transformed model, with spio's kernels in both backward passes,
     against float64 PyTorch: a penalty on the norm of the input gradient (as in WGAN-GP or R1),
     or of the first layer's weight gradient (which takes the other half of the formulas)."""
-
     monkeypatch.setenv("SPIO_EMULATE", "1")
     # The penalty is sensitive to rounding its weights and input (on this model, rounding them
     # to fp16 alone moves the first layer's gradient by 75 eps of its scale), so the float64
