@@ -14,7 +14,13 @@ from torch.nn.modules.utils import _pair
 
 from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
-from spio.functional.checks import autocast_dtype, check_tensors, derivative_transform
+from spio.functional.checks import (
+    autocast_dtype,
+    check_args,
+    check_tensors,
+    derivative_transform,
+    memory_format,
+)
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
 from spio.functional.eager import (
     autocast_operands,
@@ -26,6 +32,7 @@ from spio.kernels.kernel import Kernel
 from spio.log import logger
 
 _HALF = (torch.float16, torch.bfloat16)
+_FULL = (torch.float32, torch.float64)
 _logged_fallbacks: set[str] = set()
 
 
@@ -353,12 +360,32 @@ def conv2d_gw8_layer(
     pad_h, pad_w = padding
     if kernels and eager_path_applies(x, weight, bias):
         y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w, passes)  # no op dispatch cost
+    elif not kernels and _reference_applies(x, weight, bias):
+        # What the op runs on this device (PyTorch's convolution), called directly: autograd is
+        # PyTorch's own, with no op dispatch, and the gradients are the op's (in fp32 and
+        # float64 the op too computes them in the input's dtype).
+        check_args(x, weight, bias, 1, pad_h, pad_w, 1, groups)
+        y = _kernels.torch_fprop(x, weight, bias, padding).contiguous(
+            memory_format=memory_format(x)
+        )
     else:
         y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, groups, passes)
     return y.squeeze(0) if unbatched else y
 
 
 torch.fx.wrap("conv2d_gw8_layer")
+
+
+def _reference_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether a call on a device without spio's kernels may run PyTorch's convolution itself
+    rather than through the custom op: fp32 or float64 outside autocast (the op computes half
+    precision's weight and bias gradients in fp32, and casts the bias to fp32 under autocast,
+    which a direct call would not), where the eager path may skip the op at all."""
+    return (
+        input.dtype in _FULL
+        and autocast_dtype(input.device.type) is None
+        and eager_path_applies(input, weight, bias)
+    )
 
 
 def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:

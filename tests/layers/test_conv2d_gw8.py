@@ -363,6 +363,59 @@ def test_eager_path_without_autograd_skips_the_autograd_function(monkeypatch):
     assert torch.equal(layer(x), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cpu_layer_in_full_precision_runs_pytorch_directly(monkeypatch, dtype, channels_last):
+    """Without kernels (CPU, SPIO_EMULATE unset), an fp32 or float64 call runs what the op would,
+    PyTorch's convolution, without the op's dispatch: the bits and gradients of the op (and of
+    nn.Conv2d), the input's memory format, and the op's errors for a wrong input."""
+    from spio.layers import conv2d_gw8 as layer_module
+
+    monkeypatch.delenv("SPIO_EMULATE", raising=False)
+    real = layer_module.conv2d_gw8
+    calls = []
+    monkeypatch.setattr(layer_module, "conv2d_gw8", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 16, 3, padding=(1, 2), groups=2).to(dtype)
+    layer = Conv2dGw8.from_torch_module(conv)
+    x = torch.randn(2, 16, 5, 6, dtype=dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1 = layer(x1)
+    assert not calls, "the call went through the custom op"
+    y2 = real(x2, layer.weight, layer.bias, 1, 1, 2, 1, 2)
+    assert torch.equal(y1, y2) and torch.equal(y1, conv(x))
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert y1.is_contiguous(memory_format=fmt)
+    dy = torch.randn_like(y1)
+    g1 = torch.autograd.grad(y1, [x1, layer.weight, layer.bias], dy)
+    g2 = torch.autograd.grad(y2, [x2, layer.weight, layer.bias], dy)
+    for a, b in zip(g1, g2, strict=True):
+        assert a.dtype == b.dtype == dtype
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)  # bias: another sum order
+    with pytest.raises(ValueError, match="input"):
+        layer(torch.randn(2, 24, 5, 6, dtype=dtype))  # spio's message, naming weight and input
+
+
+def test_cpu_layer_keeps_the_op_where_its_numbers_differ(monkeypatch):
+    """Half precision on CPU and CPU autocast still go through the op: it computes weight and
+    bias gradients in fp32 and keeps the bias fp32 under autocast, which F.conv2d would not."""
+    from spio.layers import conv2d_gw8 as layer_module
+
+    monkeypatch.delenv("SPIO_EMULATE", raising=False)
+    real = layer_module.conv2d_gw8
+    calls = []
+    monkeypatch.setattr(layer_module, "conv2d_gw8", lambda *a: calls.append(1) or real(*a))
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2)
+    x = torch.randn(2, 16, 5, 6)
+    layer.bfloat16()(x.bfloat16())
+    assert len(calls) == 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer.float()(x)
+    assert len(calls) == 2
+
+
 def test_channels_last_weight_and_half_bias_are_read_as_held(monkeypatch):
     """`model.to(memory_format=channels_last)` makes 4-D weights channels_last, and a half model
     has a half bias. The kernels read both as held (their channels_last / half-bias variants), so
