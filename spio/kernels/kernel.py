@@ -173,7 +173,16 @@ class _LoadedCudaFunction:
         result = kernel.compile(device["arch"])
         if not result.cached:
             _built_at_first_launch(kernel, result.seconds)
-        self.module = driver.Module.load(result.cubin, device=ordinal)
+        try:
+            self.module = driver.Module.load(result.cubin, device=ordinal)
+        except driver.CudaError as error:
+            if error.name not in _IMAGE_ERRORS:
+                raise
+            hint = _image_hint(kernel, device["arch"], driver.driver_version())
+            detail = f"{error.detail}; {hint}" if error.detail else hint
+            raise driver.CudaError(
+                error.code, error.name, error.call, error.description, detail
+            ) from None
         self.function = self.module.get_function(kernel.entry)
         # Beyond the function's default limit (48 KiB less its static shared memory): opt in.
         if kernel.shared_mem_bytes > self.function.attributes()["max_dynamic_shared_bytes"]:
@@ -188,6 +197,42 @@ class _LoadedCudaFunction:
             shared_mem_bytes=kernel.shared_mem_bytes,
             stream=current_stream(self.ordinal),
         )
+
+
+#: What cuModuleLoadData says of a cubin the driver or GPU cannot take.
+_IMAGE_ERRORS = frozenset(
+    {
+        "CUDA_ERROR_INVALID_IMAGE",
+        "CUDA_ERROR_NO_BINARY_FOR_GPU",
+        "CUDA_ERROR_INVALID_PTX",
+        "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+    }
+)
+
+
+def _image_hint(kernel: Kernel, arch: str, driver_cuda: tuple[int, int]) -> str:
+    """What to do when the driver refuses `kernel`'s cubin (built for `arch`): most often a
+    driver older than the NVRTC that built it, which pip may have installed newer than the
+    driver (`driver_cuda`: the CUDA version the driver supports)."""
+    from ..cuda import nvrtc
+
+    try:
+        built_by = nvrtc.version()
+    except Exception:  # NVRTC gone since the build (a cached cubin): nothing to compare
+        built_by = None
+    drv = f"{driver_cuda[0]}.{driver_cuda[1]}"
+    what = f"kernel {kernel.name} ({arch}"
+    what += f", built by NVRTC {built_by[0]}.{built_by[1]})" if built_by else ")"
+    if built_by is not None and built_by > driver_cuda:
+        return (
+            f"{what} could not be loaded by a driver for CUDA {drv}, older than the NVRTC that "
+            f"built it. Update the NVIDIA driver, or give spio an NVRTC of CUDA {drv} or earlier "
+            "(SPIO_NVRTC names its library; `python -m spio info` shows which one spio found)"
+        )
+    return (
+        f"{what} could not be loaded by the driver (CUDA {drv}); `python -m spio info` shows "
+        "which NVRTC and headers spio found"
+    )
 
 
 def current_stream(ordinal: int) -> int:

@@ -213,3 +213,33 @@ second.launch([Tensor(0x1000), 7, 9], torch.device("cuda", 0))
 assert len(notices) == 1 and "spent 11 s building kernels at their first launch" in notices[0]
 """,
     )
+
+
+def test_a_cubin_the_driver_refuses_says_what_to_do(fake_libcuda):  # noqa: F811
+    """The fake driver refuses images that are not its FAKECUBIN (CUDA_ERROR_INVALID_IMAGE) and
+    says it supports CUDA 13.0. With an NVRTC newer than that the error says the driver is the
+    older one and how to fix it; otherwise it names the kernel, arch and NVRTC, and `spio info`."""
+    run_with(
+        fake_libcuda["new"],
+        SETUP.replace("cubin=CUBIN", "cubin=b'NOT A CUBIN'")
+        + """
+from spio.cuda import nvrtc
+def refused(nvrtc_version):
+    nvrtc.version = lambda: nvrtc_version
+    try:
+        make(f"refused_{nvrtc_version[1]}", 0).launch([None], torch.device("cuda", 0))
+    except d.CudaError as error:
+        assert error.name == "CUDA_ERROR_INVALID_IMAGE", error
+        return str(error)
+    raise AssertionError("loaded")
+newer = refused((13, 1))
+assert "kernel test_refused_1 (sm_90, built by NVRTC 13.1) could not be loaded by a driver " \\
+    "for CUDA 13.0, older than the NVRTC that built it. Update the NVIDIA driver" in newer, newer
+assert "NVRTC of CUDA 13.0 or earlier (SPIO_NVRTC" in newer, newer
+older = refused((12, 9))
+assert "kernel test_refused_9 (sm_90, built by NVRTC 12.9) could not be loaded by the " \\
+    "driver (CUDA 13.0); `python -m spio info`" in older, older
+assert older.startswith("cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE"), older
+assert g("launches") == 0
+""",
+    )
