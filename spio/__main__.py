@@ -41,6 +41,20 @@ def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:
     )
 
 
+def _driver_summary(driver_cuda: tuple[int, int], nvrtc_version: tuple) -> str:
+    """The CUDA version the driver supports, and whether it can load what spio's NVRTC
+    builds: not when the NVRTC is of a later CUDA major version (cubins of one major version
+    load on any driver of that version, NVIDIA's minor version compatibility)."""
+    text = f"CUDA {driver_cuda[0]}.{driver_cuda[1]}"
+    if nvrtc_version[0] is not None and nvrtc_version[0] > driver_cuda[0]:
+        text += (
+            f" ({_BROKEN}: spio's NVRTC is of CUDA {nvrtc_version[0]}, whose cubins this driver "
+            "cannot load; update the driver, or set SPIO_NVRTC to an NVRTC of CUDA "
+            f"{driver_cuda[0]})"
+        )
+    return text
+
+
 def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
     """What the shipped (or SPIO_PERF_MODELS) performance models cover, and which of the GPUs
     present (their archs, by ordinal) none covers: their tile configs come from the analytic
@@ -106,7 +120,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})"))
     except ImportError:
         rows.append(("torch", "not installed"))
-    major = library = None
+    major = minor = library = None
     try:  # report, don't crash: info is the first thing users run
         library = nvrtc.library_path()
         major, minor = nvrtc.version()
@@ -121,6 +135,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     rows.append(("spio headers", str(paths.bundled_include_dir())))
     gpus, why_none = _gpus()
     rows.append(("GPU", _gpu_summary(gpus, why_none)))
+    if gpus:
+        from .cuda import driver
+
+        try:
+            rows.append(("driver", _driver_summary(driver.driver_version(), (major, minor))))
+        except Exception as error:  # info reports, never crashes
+            rows.append(("driver", f"version unknown ({error})"))
     rows.append(("supported arch", ", ".join(supported_arch)))
     rows.extend(_perf_model_rows([gpu["arch"] for gpu in gpus]))
     root = cache_root()  # spio's folders there only: SPIO_CACHE_DIR may hold other things too

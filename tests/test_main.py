@@ -339,3 +339,16 @@ def test_info_names_a_setting_that_points_at_something_unusable(setting, row, sa
     rows = [line for line in out.stdout.splitlines() if line.startswith(row)]
     assert len(rows) == 1 and said in rows[0] and setting in rows[0], out.stdout
     assert len([line for line in out.stdout.splitlines() if line.startswith("NVRTC")]) == 1
+
+
+def test_info_says_when_the_driver_cannot_load_what_nvrtc_builds():
+    """A driver of CUDA 12 loads cubins of any CUDA 12 NVRTC (minor version compatibility) but
+    not those of a CUDA 13 one: info then marks the install broken and says how to mend it."""
+    from spio import __main__ as cli
+
+    assert cli._driver_summary((12, 4), (12, 9)) == "CUDA 12.4"
+    assert cli._driver_summary((13, 0), (12, 9)) == "CUDA 13.0"
+    assert cli._driver_summary((12, 8), (None, None)) == "CUDA 12.8"  # NVRTC not found: own row
+    broken = cli._driver_summary((12, 8), (13, 0))
+    assert broken.startswith(f"CUDA 12.8 ({cli._BROKEN}: spio's NVRTC is of CUDA 13"), broken
+    assert "set SPIO_NVRTC to an NVRTC of CUDA 12" in broken
