@@ -36,7 +36,7 @@ from spio.kernels.families import FAMILY_OF_PASS
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
 
-from .checks import check_args, memory_format
+from .checks import check_args, device_problem, memory_format
 
 #: The passes of a convolution, and their bits in a call's `passes` (those running spio's kernels).
 PASSES = ("fprop", "dgrad", "wgrad")
@@ -546,6 +546,9 @@ def layer(
     found = _layers.get(key)
     if found is None:
         check_args(input, weight, bias, stride, pad_y, pad_x, dilation, groups)
+        problem = device_problem(input.device)
+        if problem is not None:
+            raise ValueError(f"conv2d_gw8 needs a GPU spio's kernels run on: {problem}")
         if len(_layers) >= MAX_SIGNATURES:
             _layers.clear()
         found = _layers[key] = _new_layer(input, weight, bias, (pad_y, pad_x))

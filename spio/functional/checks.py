@@ -66,6 +66,37 @@ def uses_kernels(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and emulate_enabled())
 
 
+#: device_problem's answers, by CUDA device index (a GPU's arch does not change).
+_gpu_problems: dict[int, str | None] = {}
+
+
+def device_problem(device: torch.device) -> str | None:
+    """Why spio's kernels cannot run on `device`, or None: a GPU whose architecture spio does
+    not build for (e.g. a Turing or Volta GPU, sm_75 or sm_70: the kernels need sm_80's
+    cp.async). Asked on every Conv2dGw8 call: an answer is kept per device."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _gpu_problems:
+        from spio import experimental_arch, supported_arch
+
+        major, minor = torch.cuda.get_device_capability(index)
+        arch = f"sm_{major}{minor}"
+        problem = None
+        if arch not in supported_arch + experimental_arch:
+            problem = (
+                f"cuda:{index} ({torch.cuda.get_device_name(index)}) is {arch}, not one of "
+                f"{', '.join(supported_arch)} (or the untested {', '.join(experimental_arch)})"
+            )
+        _gpu_problems[index] = problem
+    return _gpu_problems[index]
+
+
+# Under torch.compile Dynamo calls it while tracing and keeps the answer, as for
+# torch.compiler.assume_constant_result (see spio.layers.conv2d_gw8._log_fallback_once).
+device_problem._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def check_tensors(input: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     """Raise TypeError naming the argument that is not a tensor (bias may be None)."""
     if isinstance(input, Tensor) and isinstance(weight, Tensor):  # every call: kept cheap

@@ -19,6 +19,7 @@ from spio.functional.checks import (
     check_args,
     check_tensors,
     derivative_transform,
+    device_problem,
     memory_format,
 )
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
@@ -309,6 +310,10 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
         return f"input is {input.dtype}"
     if input.device != weight.device:
         return f"input on {input.device}, weight on {weight.device}"
+    if kernels:
+        problem = device_problem(input.device)
+        if problem is not None:
+            return problem
     dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
     if dtype is not None:
         if torch.float64 in (input.dtype, weight.dtype):

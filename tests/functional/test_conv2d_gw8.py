@@ -536,6 +536,53 @@ def test_fp32_cuda_outside_autocast_is_rejected():
         conv2d_gw8(x, w, None, padding_y=1, padding_x=1)
 
 
+def test_a_gpu_of_another_architecture_is_named(monkeypatch):
+    """device_problem: a Turing GPU (sm_75, no cp.async) is named with its arch and the archs
+    spio runs on; an sm_90 or an experimental sm_100 one is fine; answers are kept per device.
+    (torch.cuda's queries faked: no GPU here.)"""
+    from spio.functional import checks
+
+    capability = {0: (7, 5), 1: (9, 0), 2: (10, 0)}
+    asked = []
+    monkeypatch.setattr(checks, "_gpu_problems", {})
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda i: asked.append(i) or capability[i]
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"GPU {i}")
+    cuda = [torch.device("cuda", i) for i in range(3)]
+    assert checks.device_problem(cuda[0]) == (
+        "cuda:0 (GPU 0) is sm_75, not one of sm_80, sm_86, sm_89, sm_90 (or the untested "
+        "sm_100, sm_120)"
+    )
+    assert checks.device_problem(cuda[1]) is None and checks.device_problem(cuda[2]) is None
+    assert checks.device_problem(cuda[0]).startswith("cuda:0 (GPU 0) is sm_75")
+    assert asked == [0, 1, 2]  # asked once per device
+    assert checks.device_problem(torch.device("cpu")) is None
+
+
+def test_the_op_refuses_a_gpu_its_kernels_do_not_run_on(monkeypatch):
+    """Where spio's kernels would run (here the emulator, standing in for a GPU) on a device
+    device_problem names, the op raises a ValueError saying so, before any kernel is built."""
+    from spio.functional import _kernels
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr(_kernels, "device_problem", lambda device: "cuda:0 (T4) is sm_75")
+    x = torch.randn(1, 8, 4, 4, dtype=torch.float16)
+    w = torch.randn(8, 8, 3, 3, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"needs a GPU spio's kernels run on: cuda:0 \(T4\)"):
+        conv2d_gw8(x, w, None, padding_y=1, padding_x=1)
+
+
+@pytest.mark.cuda
+def test_this_gpu_is_one_the_kernels_run_on():
+    from spio import experimental_arch, supported_arch
+    from spio.functional.checks import device_problem
+
+    major, minor = torch.cuda.get_device_capability(0)
+    expected = f"sm_{major}{minor}" in supported_arch + experimental_arch
+    assert (device_problem(torch.device("cuda", 0)) is None) == expected
+
+
 #: fp16 results of 72-term sums, spio against cuDNN: each rounds differently.
 _LOOSE = dict(atol=2e-2, rtol=1e-2)
 

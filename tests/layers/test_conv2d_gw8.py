@@ -416,6 +416,26 @@ def test_cpu_layer_keeps_the_op_where_its_numbers_differ(monkeypatch):
     assert len(calls) == 2
 
 
+def test_a_gpu_its_kernels_do_not_run_on_falls_back_and_says_why(monkeypatch, caplog):
+    """A Conv2dGw8 on a device device_problem names (a Turing GPU, say; here the emulator
+    stands in for it) runs F.conv2d, logs the reason once, and lists no kernels."""
+    from spio.layers import conv2d_gw8 as layer_module
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr(layer_module, "device_problem", lambda device: "cuda:0 (T4) is sm_75")
+    monkeypatch.setattr(layer_module, "_logged_fallbacks", set())
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+    layer = Conv2dGw8.from_torch_module(conv)
+    x = torch.randn(2, 16, 5, 6, dtype=torch.float16)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        y = layer(x)
+        layer(x)
+    assert torch.equal(y, conv(x))
+    said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert said == ["Conv2dGw8 falls back to F.conv2d: cuda:0 (T4) is sm_75"], said
+    assert layer.spio_kernels(x) == []
+
+
 def test_channels_last_weight_and_half_bias_are_read_as_held(monkeypatch):
     """`model.to(memory_format=channels_last)` makes 4-D weights channels_last, and a half model
     has a half bias. The kernels read both as held (their channels_last / half-bias variants), so
