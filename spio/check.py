@@ -258,14 +258,25 @@ def run_check(
 
 
 def resolve_device(requested: str | None) -> str:
-    """ "cuda" or "cpu": the requested device, else a GPU when torch sees one."""
+    """ "cuda" or "cpu": the requested device, else a GPU when torch sees one that spio's
+    kernels run on (else the emulator, saying why)."""
     import torch
 
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("spio check --device cuda needs a CUDA GPU; none is available")
-    if requested:
+    from .functional.checks import device_problem
+
+    if requested == "cpu":
         return requested
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        if requested == "cuda":
+            raise RuntimeError("spio check --device cuda needs a CUDA GPU; none is available")
+        return "cpu"
+    problem = device_problem(torch.device("cuda", torch.cuda.current_device()))
+    if problem is None:
+        return "cuda"
+    if requested == "cuda":
+        raise RuntimeError(f"spio check --device cuda: spio's kernels do not run on {problem}")
+    print(f"spio's kernels do not run on {problem}: checking in the CPU emulator")
+    return "cpu"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

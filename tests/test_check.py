@@ -163,3 +163,27 @@ def test_check_reports_a_broken_toolchain_as_one_setup_error(setting, said, tmp_
     assert out.returncode == 2, out.stdout + out.stderr
     assert "spio check: setup error: none of the 13 kernels could be built" in out.stderr
     assert said in out.stderr and " FAIL " not in out.stdout
+
+
+def test_check_runs_where_the_kernels_run(monkeypatch, capsys):
+    """The default device is the GPU when spio's kernels run on it, else the emulator, saying
+    why (a T4, say); --device cuda on such a GPU is an error naming it (torch.cuda faked)."""
+    from spio.functional import checks
+
+    problem = {"answer": None}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(checks, "device_problem", lambda device: problem["answer"])
+    assert check.resolve_device(None) == "cuda"
+    assert check.resolve_device("cpu") == "cpu"
+    problem["answer"] = "cuda:0 (Tesla T4) is sm_75"
+    assert check.resolve_device(None) == "cpu"
+    assert "do not run on cuda:0 (Tesla T4) is sm_75: checking in the CPU emulator" in (
+        capsys.readouterr().out
+    )
+    with pytest.raises(RuntimeError, match=r"--device cuda: spio's kernels do not run on cuda:0"):
+        check.resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert check.resolve_device(None) == "cpu"
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU; none is available"):
+        check.resolve_device("cuda")

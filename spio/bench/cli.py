@@ -26,6 +26,15 @@ NO_GPU_MESSAGE = (
 DEFAULT_OUT = "spio_bench_out"
 
 
+def _gpu_problem() -> str | None:
+    """Why spio's kernels cannot run on the current GPU (its arch), or None."""
+    import torch
+
+    from ..functional.checks import device_problem
+
+    return device_problem(torch.device("cuda", torch.cuda.current_device()))
+
+
 def _passes(text: str) -> tuple[str, ...]:
     passes = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in passes if p not in PASSES]
@@ -184,6 +193,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         layers = chosen_layers(args)
     except ValueError as error:
         print(error, file=sys.stderr)
+        return 2
+    if problem := _gpu_problem():
+        print(f"spio bench: spio's kernels do not run on {problem}", file=sys.stderr)
         return 2
     if error := _out_dir_error(out_dir):
         print(error, file=sys.stderr)

@@ -80,6 +80,23 @@ def test_bench_names_the_layers_when_none_matches(monkeypatch, capsys):
 PLOTTED_CSV = str(Path(__file__).parents[2] / "docs/perf/2026-11-29-h200-2/bench_fp16.csv")
 
 
+def test_bench_on_a_gpu_its_kernels_do_not_run_on_says_so(monkeypatch, tmp_path, capsys):
+    """A GPU of an arch spio does not build for (faked): one line naming it, exit 2, nothing
+    timed or written."""
+    import torch
+
+    from spio.bench import cli, run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "_gpu_problem", lambda: "cuda:0 (Tesla T4) is sm_75")
+    monkeypatch.setattr(run, "run_bench", lambda *a, **k: pytest.fail("timed"))
+    args = build_parser().parse_args(["bench", "--quick", "--out", str(tmp_path / "out")])
+    assert cli.cmd_bench(args) == 2
+    err = capsys.readouterr().err
+    assert err == "spio bench: spio's kernels do not run on cuda:0 (Tesla T4) is sm_75\n"
+    assert not (tmp_path / "out").exists()
+
+
 def test_plot_only_names_an_output_folder_that_is_a_file(tmp_path):
     """--out naming a file is one line naming it and the OS error, exit 2, before the table."""
     a_file = tmp_path / "results.png"
@@ -113,6 +130,7 @@ def test_bench_times_layers_given_as_shapes(monkeypatch, tmp_path):
     from spio.bench import cli, run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "_gpu_problem", lambda: None)
     timed = []
     monkeypatch.setattr(run, "run_bench", lambda settings, *a, **k: timed.append(settings) or [])
 
