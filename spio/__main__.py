@@ -36,9 +36,15 @@ def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:
         if why.startswith("no GPU"):  # the driver's message says CPU tensors run PyTorch
             why += "; SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator"
         return why
-    return "; ".join(
-        f"cuda:{i} {a['name']} ({a['arch']}, {a['sm_count']} SMs)" for i, a in enumerate(gpus)
-    )
+    from . import experimental_arch, supported_arch
+
+    def one(i: int, a: dict) -> str:
+        text = f"cuda:{i} {a['name']} ({a['arch']}, {a['sm_count']} SMs)"
+        if a["arch"] not in supported_arch + experimental_arch:
+            text += ": not an arch spio's kernels run on (PyTorch's convolution runs instead)"
+        return text
+
+    return "; ".join(one(i, a) for i, a in enumerate(gpus))
 
 
 def _driver_summary(driver_cuda: tuple[int, int], nvrtc_version: tuple) -> str:

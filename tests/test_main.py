@@ -352,3 +352,16 @@ def test_info_says_when_the_driver_cannot_load_what_nvrtc_builds():
     broken = cli._driver_summary((12, 8), (13, 0))
     assert broken.startswith(f"CUDA 12.8 ({cli._BROKEN}: spio's NVRTC is of CUDA 13"), broken
     assert "set SPIO_NVRTC to an NVRTC of CUDA 12" in broken
+
+
+def test_info_says_which_gpus_the_kernels_do_not_run_on():
+    from spio import __main__ as cli
+
+    gpus = [
+        {"name": "NVIDIA H200", "arch": "sm_90", "sm_count": 132},
+        {"name": "Tesla T4", "arch": "sm_75", "sm_count": 40},
+    ]
+    assert cli._gpu_summary(gpus, None) == (
+        "cuda:0 NVIDIA H200 (sm_90, 132 SMs); cuda:1 Tesla T4 (sm_75, 40 SMs): not an arch "
+        "spio's kernels run on (PyTorch's convolution runs instead)"
+    )
