@@ -320,8 +320,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
         cmd_check,
         "numerical self-test of every kernel pass in fp16 and bf16 against float64 references "
         "(the GPU if the kernels run on it, else the CPU emulator); exit 1 on any failure, 2 "
-        "when no kernel "
-        "can be built",
+        "when no kernel can be built",
     ),
     "bench": (
         cmd_bench,
