@@ -178,24 +178,27 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     __syncthreads();  // the zeroed dy slots are visible before copies start landing in them
     // x times a dy pixel that is no output pixel must not reach the sums: that dy is a zero in
     // shared memory, and inf or NaN in x times zero is NaN where PyTorch forms no product at all.
-    // Only `careful` steps meet such pixels; their runs (a second copy of the code) keep them out,
-    // and the other steps run with no check at all.
+    // Steps whose dy rows include such pixels are `careful`: their runs (a second copy of the
+    // code) keep those rows out. Columns past the output are masked (below). The other steps run
+    // with no check at all.
     // - Rows: step i pairs x row i with dy rows i - r, r = 0..R-1. They are all output rows of
     //   the tile (0 <= i - r < rows_in) for i in R-1 .. rows_in-1; the steps before and after are
     //   careful. There a pair with both dy rows outside is skipped, and a pair with one row inside
     //   and one outside, whose rows share x and so cannot be masked in it, makes its products
     //   apart and adds only the inside row's half to the sums.
-    // - Columns: in the last column tile, when the tile width does not divide the output's, every
-    //   step is careful, and this lane's x pixels paired with dy columns past the output are
-    //   masked to zero. cols_left counts the output columns from this lane's first pixel of run 0
-    //   on (its B registers hold pixels 2 * (lane % 4) and + 1 of each run, in their low and high
-    //   halves).
+    // - Columns: in the last column tile, when the tile width does not divide the output's,
+    //   this lane's x pixels paired with dy columns past the output are masked to zero, in every
+    //   step (a third copy of the runs, full but for the masks, serves that tile's steps that
+    //   are not careful). cols_left counts the output columns from this lane's first pixel of
+    //   run 0 on (its B registers hold pixels 2 * (lane % 4) and + 1 of each run, in their low
+    //   and high halves).
     const int rows_in = DOutput::Y % Block::y == 0 || block_y + Block::y <= DOutput::Y
                             ? Block::y
                             : DOutput::Y - block_y;
     const unsigned full_steps = rows_in > R - 1 ? rows_in - (R - 1) : 0;  // R-1 .. rows_in-1
     constexpr bool kPartialColumns = DOutput::X % Block::x != 0;
-    const bool mask_columns = kPartialColumns && block_x + Block::x > DOutput::X;
+    const bool mask_columns =
+        !SPIO_WGRAD_UNMASKED && kPartialColumns && block_x + Block::x > DOutput::X;
     const int cols_left = DOutput::X - (block_x + warp_x + 2 * (lane % 4));
 
     // One step's work, once its x row and dy row are in shared memory.
@@ -204,8 +207,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         // tap pair's dy rows, and this lane's addresses in x's row and in the pair's dy slots
         // (runs then add constant offsets).
         const int i = t % ROWS;
-        const bool careful = !SPIO_WGRAD_UNMASKED &&
-                             (mask_columns || static_cast<unsigned>(i - (R - 1)) >= full_steps);
+        const bool careful =
+            !SPIO_WGRAD_UNMASKED && static_cast<unsigned>(i - (R - 1)) >= full_steps;
         const SmemX x_lane = smem_x.stage(t % STAGES).c8(warp.c8()).x(warp_x + lane % 8);
         SmemDy dy_lane[PAIRS];  // lanes 0-7: dy row i - r0's pixels, lanes 8-15: row i - r1's
         SPIO_UNROLL
@@ -219,7 +222,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             const int lane_slot = (lane / 8) % 2 == 0 ? slot0 : slot1;
             dy_lane[pair] = smem_dy.slot(lane_slot).c8(warp.c8()).x(warp_x + lane % 8);
         }
-        const auto runs = [&](bool careful_runs) {
+        // careful_runs: the rows' checks (and the columns' masks where kPartialColumns: they
+        // keep every column on a tile that is not the last); masked_runs: the columns' masks.
+        const auto runs = [&](bool careful_runs, bool masked_runs) {
             SPIO_UNROLL
             for (int run = 0; run < Block::warp_x8; run += RUNS_PER_MMA) {
                 // B operands: x pixels col + s .. col + s + 7 of this row (x's tile starts PAD_W
@@ -228,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 SPIO_UNROLL
                 for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
                     const int first = (run + sub) * 8;
-                    keep_cols[sub] = !(kPartialColumns && careful_runs)
+                    keep_cols[sub] = !(kPartialColumns && (careful_runs || masked_runs))
                                          ? 0xFFFFFFFFu
                                          : (first < cols_left ? 0x0000FFFFu : 0u) |
                                                (first + 1 < cols_left ? 0xFFFF0000u : 0u);
@@ -292,10 +297,12 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 }
             }
         };
-        if (careful) {  // two copies of the runs, each built for its constant
-            runs(true);
+        if (careful) {  // copies of the runs, each built for its constants
+            runs(true, false);
+        } else if (mask_columns) {
+            runs(false, true);
         } else {
-            runs(false);
+            runs(false, false);
         }
     };
 

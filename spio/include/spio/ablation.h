@@ -19,8 +19,9 @@
 ///   SPIO_LOAD_VIA_REGS  input rows travel through registers (plain 16-byte loads, STAGES - 1
 ///                       rows ahead, stored to shared memory a step before use) instead of
 ///                       cp.async; FProp/DGrad need STAGES - 1 to divide R
-///   SPIO_WGRAD_UNMASKED WGrad has no careful steps: x's products with the zeros a tile holds
-///                       outside the output are added too, as if they were output pixels. Right
+///   SPIO_WGRAD_UNMASKED WGrad has no careful steps and no column masks: x's products with the
+///                       zeros a tile holds outside the output are added too, as if they were
+///                       output pixels. Right
 ///                       for finite inputs (inf or NaN in x then spreads to more taps than in
 ///                       PyTorch); for timing what the careful steps cost, and for counting the
 ///                       instructions of a full step (scripts/sass_loop.py)
