@@ -36,11 +36,11 @@ def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:
         if why.startswith("no GPU"):  # the driver's message says CPU tensors run PyTorch
             why += "; SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator"
         return why
-    from . import experimental_arch, supported_arch
+    from .compiler.arch import builds_for
 
     def one(i: int, a: dict) -> str:
         text = f"cuda:{i} {a['name']} ({a['arch']}, {a['sm_count']} SMs)"
-        if a["arch"] not in supported_arch + experimental_arch:
+        if not builds_for(a["arch"]):
             text += ": not an arch spio's kernels run on (PyTorch's convolution runs instead)"
         return text
 

@@ -270,7 +270,7 @@ def resolve_device(requested: str | None) -> str:
         if requested == "cuda":
             raise RuntimeError("spio check --device cuda needs a CUDA GPU; none is available")
         return "cpu"
-    problem = device_problem(torch.device("cuda", torch.cuda.current_device()))
+    problem = device_problem(torch.device("cuda"))  # the current device
     if problem is None:
         return "cuda"
     if requested == "cuda":

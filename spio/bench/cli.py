@@ -32,7 +32,7 @@ def _gpu_problem() -> str | None:
 
     from ..functional.checks import device_problem
 
-    return device_problem(torch.device("cuda", torch.cuda.current_device()))
+    return device_problem(torch.device("cuda"))
 
 
 def _passes(text: str) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """NVRTC compilation to cubin with resource reports, a disk cache, and a parallel compile pool."""
 
-from .arch import arch_of, check_arch
+from .arch import arch_of, builds_for, check_arch
 from .cache import DiskCache, cache_root, hash_key
 from .compile import (
     CompileError,
@@ -19,6 +19,7 @@ __all__ = [
     "ResourceUsage",
     "WorkerDiedError",
     "arch_of",
+    "builds_for",
     "cache_root",
     "check_arch",
     "compile_cubin",

@@ -7,6 +7,11 @@ from .. import experimental_arch, supported_arch
 _warned: set[str] = set()
 
 
+def builds_for(arch: str) -> bool:
+    """Whether spio compiles its kernels for `arch` (tested, or experimental)."""
+    return arch in supported_arch or arch in experimental_arch
+
+
 def check_arch(arch: str) -> str:
     """Return `arch` if spio can compile for it; raise ValueError naming it otherwise."""
     if arch in supported_arch:

@@ -79,11 +79,11 @@ def device_problem(device: torch.device) -> str | None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _gpu_problems:
         from spio import experimental_arch, supported_arch
+        from spio.compiler.arch import arch_of, builds_for
 
-        major, minor = torch.cuda.get_device_capability(index)
-        arch = f"sm_{major}{minor}"
+        arch = arch_of(torch.cuda.get_device_capability(index))
         problem = None
-        if arch not in supported_arch + experimental_arch:
+        if not builds_for(arch):
             problem = (
                 f"cuda:{index} ({torch.cuda.get_device_name(index)}) is {arch}, not one of "
                 f"{', '.join(supported_arch)} (or the untested {', '.join(experimental_arch)})"

@@ -575,11 +575,10 @@ def test_the_op_refuses_a_gpu_its_kernels_do_not_run_on(monkeypatch):
 
 @pytest.mark.cuda
 def test_this_gpu_is_one_the_kernels_run_on():
-    from spio import experimental_arch, supported_arch
+    from spio.compiler.arch import arch_of, builds_for
     from spio.functional.checks import device_problem
 
-    major, minor = torch.cuda.get_device_capability(0)
-    expected = f"sm_{major}{minor}" in supported_arch + experimental_arch
+    expected = builds_for(arch_of(torch.cuda.get_device_capability(0)))
     assert (device_problem(torch.device("cuda", 0)) is None) == expected
 
 
