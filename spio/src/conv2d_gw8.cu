@@ -19,10 +19,12 @@
 /// For each input row a warp loads, per filter column s, the 16x8 matrix of the shifted input
 /// (16 pixels x 8 channels, ldmatrix.x2) and multiplies it with the R taps (r, s) by
 /// mma.sync.m16n8k8 (or, with Block::mma_k == 16, two filter columns per mma.sync.m16n8k16: A is
-/// the two shifted 16x8 matrices side by side, B the two 8x8 taps stacked), adding into a circular buffer of R output rows kept in registers
-/// (overlap-add): input row i feeds output rows i - r. The loop over input rows is unrolled by R so
-/// that each buffer slot is a fixed set of registers. After input row i, output row i - (R-1) is
-/// complete: it is rounded, biased and written to a shared-memory staging buffer, and its slot
+/// the two shifted 16x8 matrices side by side, B the two 8x8 taps stacked), adding into a
+/// circular buffer of R output rows kept in registers (overlap-add): input row i feeds output
+/// rows i - r. The loop over input rows is unrolled by a multiple of R so that each buffer slot is
+/// a fixed set of registers (and, where that stays short, of the stages, so that each step's
+/// stage is a constant: unroll_steps). After input row i, output row i - (R-1) is complete: it is
+/// rounded, biased and written to a shared-memory staging buffer, and its slot
 /// zeroed for reuse. In the next step all threads copy the staged row to global memory in whole
 /// 16-byte chunks, a pixel's groups side by side (two staging buffers alternate).
 /// Across images the stream is one sequence of rows: its output rows i - (R-1) whose R input rows
@@ -112,6 +114,23 @@ struct StreamRow {
     }
 };
 
+// Steps of the main loop's unrolled body: a multiple of R, so that each accumulator slot is a
+// fixed set of registers. Where it stays at most MAX_UNROLL steps, also a multiple of `stages`
+// and 2 (or of `stages` alone), so that each step's input stage and output buffer are constants:
+// the input's shared-memory addresses are then immediate offsets, not a division, a multiply and
+// an add per step. (NVRTC 12.9, sm_90: 90 -> 40 instructions a step for the 64c 64x64 layer's
+// 6-stage config, same blocks per SM; longer unrolls cost blocks per SM, docs/perf/resources.md.)
+// SPIO_UNROLL_BY_R (spio/ablation.h) keeps R, for timing the difference.
+constexpr int MAX_UNROLL = 6;
+SPIO_DEVICE constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+SPIO_DEVICE constexpr int lcm(int a, int b) { return a / gcd(a, b) * b; }
+SPIO_DEVICE constexpr int unroll_steps(int r, int stages) {
+    return SPIO_UNROLL_BY_R                       ? r
+           : lcm(lcm(r, stages), 2) <= MAX_UNROLL ? lcm(lcm(r, stages), 2)
+           : lcm(r, stages) <= MAX_UNROLL         ? lcm(r, stages)
+                                                  : r;
+}
+
 }  // namespace
 
 // Min. 1 block per SM: with the thread count alone, ptxas (NVRTC 12.9 and 13.0) capped registers
@@ -173,11 +192,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         const uint4 *image = Block::n == 1 || !inside ? first_image : Input(in).n(n).get();
         return RowSource{image, y * Input::stride_y, inside};
     };
-    // Copies stream row `row`, at `pos`, into its stage (zero outside the image); no commit.
-    const auto load_input_row = [&](int row, StreamRow pos) {
+    // Copies the stream row at `pos` into stage `stage` (zero outside the image); no commit.
+    const auto load_input_row = [&](int stage, StreamRow pos) {
         const RowSource source = row_source(pos);
         if (!SPIO_ABLATE_LOADS) {
-            spio::cp_async_row_16<SPIO_L2_PREFETCH>(smem_input.stage(row % STAGES).get(), load_dst,
+            spio::cp_async_row_16<SPIO_L2_PREFETCH>(smem_input.stage(stage).get(), load_dst,
                                                     load_col, source.image, source.offset,
                                                     source.inside, in);
         }
@@ -195,8 +214,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         const RowSource source = row_source(pos);
         spio::load_row_16(slot, load_dst, load_col, source.image, source.offset, source.inside);
     };
-    const auto store_row_regs = [&](int row, const uint4(&slot)[LOADS]) {
-        spio::store_row_16(smem_input.stage(row % STAGES).get(), load_dst, slot);
+    const auto store_row_regs = [&](int stage, const uint4(&slot)[LOADS]) {
+        spio::store_row_16(smem_input.stage(stage).get(), load_dst, slot);
     };
 #endif
     // Weights: the block's groups are one contiguous run of the weights in global memory
@@ -224,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             load_row_regs(StreamRow::at(row), held[row]);
         }
     }
-    store_row_regs(0, held[0]);
+    store_row_regs(0, held[0]);  // row 0 into stage 0
     if (DEPTH < STREAM) {
         load_row_regs(StreamRow::at(DEPTH), held[0]);
     }
@@ -233,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     SPIO_UNROLL
     for (int row = 0; row < STAGES - 1; ++row) {
         if (row < STREAM) {
-            load_input_row(row, StreamRow::at(row));
+            load_input_row(row, StreamRow::at(row));  // row `row` into stage `row`
         }
         spio::cp_async_commit_group();
     }
@@ -292,10 +311,10 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     // Output rows leave through shared memory so that global stores are whole 16-byte chunks,
     // consecutive threads writing consecutive chunks (all the block's groups of a pixel, then the
     // next pixel), instead of each lane writing 4 bytes into every pixel's 16-byte group slice.
-    // Rounds, biases and writes output row `row` of the tile from accumulator slot `rows` into its
-    // staging buffer.
-    const auto stage_output_row = [&](int row, float (&rows)[Block::warp_x16][4]) {
-        const SmemOutput staged = smem_output.buf(row % 2).k8(warp.c8()).k2(lane % 4);
+    // Rounds, biases and writes an output row from accumulator slot `rows` into staging buffer
+    // `buf` (output row i goes to buffer i % 2).
+    const auto stage_output_row = [&](int buf, float (&rows)[Block::warp_x16][4]) {
+        const SmemOutput staged = smem_output.buf(buf).k8(warp.c8()).k2(lane % 4);
         SPIO_UNROLL
         for (int run = 0; run < Block::warp_x16; ++run) {
             SPIO_UNROLL
@@ -327,10 +346,10 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 dst = x * Output::stride_x + k8 * Output::stride_k8;
             }
         });
-    // Copies staged output row `row` of the stream, at `pos`, to global memory (all threads) if
-    // the block writes it: its input rows are all in one image's tile (see the leading comment),
-    // and it is inside the output.
-    const auto store_output_row = [&](int row, StreamRow pos) {
+    // Copies the output row at stream position `pos`, staged in buffer `buf`, to global memory
+    // (all threads) if the block writes it: its input rows are all in one image's tile (see the
+    // leading comment), and it is inside the output.
+    const auto store_output_row = [&](int buf, StreamRow pos) {
         const int y = block_y + pos.row;
         const bool one_image =
             Block::n == 1 || (pos.row < Block::y && block_n + pos.image < Output::N);
@@ -338,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             return;
         }
         Output::data_type *out_row = Output(out).n(block_n + pos.image).y(y).get();
-        const Output::data_type *staged = smem_output.buf(row % 2).get();
+        const Output::data_type *staged = smem_output.buf(buf).get();
         SPIO_UNROLL
         for (int j = 0; j < STORES; ++j) {
             if (store_dst[j] < 0) {  // no chunk j, or outside the image or channels
@@ -364,9 +383,15 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 #endif
     StreamRow finishing = StreamRow::at(-(R - 1));
     StreamRow staged = StreamRow::at(-R);
-    for (int row0 = 0; row0 < STREAM; row0 += R) {
+    // The loop is unrolled by UNROLL steps (unroll_steps). ring(row0, k, n): the slot of stream
+    // row row0 + k in a ring of n (row0 + k >= 0 where used), a constant where n divides UNROLL.
+    constexpr int UNROLL = unroll_steps(R, STAGES);
+    const auto ring = [&](int row0, int k, int n) {
+        return UNROLL % n == 0 ? (k % n + n) % n : (row0 + k) % n;
+    };
+    for (int row0 = 0; row0 < STREAM; row0 += UNROLL) {
         SPIO_UNROLL
-        for (int u = 0; u < R; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int row = row0 + u;
             if (row < STREAM) {
 #if SPIO_LOAD_VIA_REGS
@@ -379,16 +404,17 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     __syncthreads();
                 }
                 if (row + STAGES - 1 < STREAM) {
-                    load_input_row(row + STAGES - 1, StreamRow::of(row + STAGES - 1, ahead));
+                    load_input_row(ring(row0, u + STAGES - 1, STAGES),
+                                   StreamRow::of(row + STAGES - 1, ahead));
                 }
                 ahead.next();
                 spio::cp_async_commit_group();
 #endif
                 // The output row staged in the previous step is visible to all threads now.
                 if (row >= R) {
-                    store_output_row(row - R, StreamRow::of(row - R, staged));
+                    store_output_row(ring(row0, u - R, 2), StreamRow::of(row - R, staged));
                 }
-                const SmemInput stage = smem_input.stage(row % STAGES).c8(warp.c8());
+                const SmemInput stage = smem_input.stage(ring(row0, u, STAGES)).c8(warp.c8());
                 // Block::mma_k == 16 pairs filter columns s and s + 1 into one m16n8k16.
                 constexpr int TAPS_PER_MMA = Block::mma_k / 8;
                 SPIO_UNROLL
@@ -421,7 +447,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 const int done = row - (R - 1);
                 float (&finished)[Block::warp_x16][4] = acc[(u + 1) % R];
                 if (done >= 0 && (Block::n == 1 || finishing.row < Block::y)) {
-                    stage_output_row(done, finished);
+                    stage_output_row(ring(row0, u - (R - 1), 2), finished);
                 }
                 staged = finishing;
                 finishing.next();
@@ -437,7 +463,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 // step's barrier (the next barrier publishes it); then row row + 1 + DEPTH into
                 // the register slot that frees.
                 if (row + 1 < STREAM) {
-                    store_row_regs(row + 1, held[(u + 1) % DEPTH]);
+                    store_row_regs(ring(row0, u + 1, STAGES), held[(u + 1) % DEPTH]);
                 }
                 if (row + 1 + DEPTH < STREAM) {
                     load_row_regs(StreamRow::of(row + 1 + DEPTH, ahead), held[(u + 1) % DEPTH]);
@@ -448,5 +474,5 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         }
     }
     __syncthreads();  // the last output row of the stream is staged
-    store_output_row(STREAM - R, StreamRow::at(STREAM - R));
+    store_output_row((STREAM - R) % 2, StreamRow::at(STREAM - R));
 }

@@ -71,3 +71,25 @@ def test_wgrad_main_loop_from_a_real_cubin():
     assert loop.instructions < 200
     as_run = sass.loop_report(kernel.compile("sm_90").cubin, sass.find_nvdisasm())
     assert as_run.barriers == 1 and as_run.counts["HMMA"] > 24  # both copies of the runs
+
+
+@pytest.mark.skipif(sass.find_nvdisasm() is None, reason="nvdisasm not installed")
+def test_fprop_stages_are_constants_in_a_loop_unrolled_to_a_multiple_of_them():
+    """The 64c 64x64 layer's 6-stage FProp config unrolls its loop by 6 steps, a multiple of R
+    and of the stages, so a step's input stage is a constant: 6 barriers in the loop, each step's
+    6 mma and 3 ldmatrix, and under half the instructions of the loop unrolled by R alone
+    (SPIO_UNROLL_BY_R), which divides each row for its stage (NVRTC 12.9, sm_90: 40 against 90)."""
+    from spio.kernels import Conv2dGw8Params
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    family = FAMILY_OF_PASS["fprop"]
+    params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1, r=3, s=3)
+    kernel = family.make_kernel(params, family.config_named(params, "g2_p64_q64_w1_s6_k16"))
+    nvdisasm = sass.find_nvdisasm()
+    loop = sass.loop_report(kernel.compile("sm_90").cubin, nvdisasm)
+    by_r = kernel.with_defines(("SPIO_UNROLL_BY_R",))
+    loop_by_r = sass.loop_report(by_r.compile("sm_90").cubin, nvdisasm)
+    assert (loop.barriers, loop_by_r.barriers) == (6, 3)
+    assert loop.per_step_of("HMMA") == loop_by_r.per_step_of("HMMA") == 6
+    assert loop.per_step_of("LDSM") == loop_by_r.per_step_of("LDSM") == 3
+    assert loop.per_step < 0.6 * loop_by_r.per_step

@@ -25,6 +25,9 @@
 ///                       for finite inputs (inf or NaN in x then spreads to more taps than in
 ///                       PyTorch); for timing what the careful steps cost, and for counting the
 ///                       instructions of a full step (scripts/sass_loop.py)
+///   SPIO_UNROLL_BY_R    FProp/DGrad's main loop is unrolled by R steps only, as before the
+///                       unroll to a multiple of the stages (each step then divides its row for
+///                       its stage and output buffer): for timing what the longer unroll gains
 
 #include "spio/macros.h"
 
@@ -51,6 +54,9 @@
 #endif
 #ifndef SPIO_WGRAD_UNMASKED
 #define SPIO_WGRAD_UNMASKED 0
+#endif
+#ifndef SPIO_UNROLL_BY_R
+#define SPIO_UNROLL_BY_R 0
 #endif
 
 namespace spio {
