@@ -22,6 +22,9 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
     ldg-loads-only  loads-only, through registers
     unmasked     WGrad without its careful steps (right for finite inputs; inf or NaN in x then
                  reaches more taps than in PyTorch): what the careful steps cost
+    unroll-r     FProp/DGrad with the main loop unrolled by R steps only, each step dividing its
+                 row for its input stage (right results): what the unroll to a multiple of the
+                 stages gains (the same kernel where that unroll would be too long)
 
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
 a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partials+sum").
@@ -37,7 +40,7 @@ about half those bytes; the read line says what it read at its end).
 
     python scripts/ablate_kernel.py [--layer NAME-or-C,H,W[,R,S[,PAD_H,PAD_W]] ...]
                                     [--n 128] [--dtype fp16] [--passes fprop dgrad wgrad]
-                                    [--config ENCODED ...]
+                                    [--config ENCODED ... | --heuristic]
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ VARIANTS = {
     # WGrad without its careful steps (right for finite inputs): what keeping inf and NaN in x
     # from taps PyTorch keeps them from costs.
     "unmasked": ("SPIO_WGRAD_UNMASKED",),
+    # FProp/DGrad's loop unrolled by R alone, as before the unroll to a multiple of the stages.
+    "unroll-r": ("SPIO_UNROLL_BY_R",),
 }
 
 
@@ -84,11 +89,13 @@ def row(pass_: str, name: str, seconds: float, nbytes: int, full: float | None, 
 def variant_applies(name: str, pass_: str, params, config) -> bool:
     """Whether variant `name` can build for this pass and config: FProp and DGrad's `ldg` index
     their register slots by the R-step unroll, so it needs stages - 1 to divide R; `unmasked` is
-    WGrad's alone."""
+    WGrad's alone, `unroll-r` FProp and DGrad's."""
     if name.startswith("ldg") and pass_ in ("fprop", "dgrad"):
         return params.r % (config.stages - 1) == 0
     if name == "unmasked":
         return pass_ == "wgrad"
+    if name == "unroll-r":
+        return pass_ in ("fprop", "dgrad")
     return True
 
 
@@ -109,8 +116,15 @@ def parse_args(argv=None):
         choices=("fprop", "dgrad", "wgrad"),
         default=["fprop", "dgrad", "wgrad"],
     )
-    parser.add_argument(
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument(
         "--config", nargs="+", help="encoded tile configs to time (default: spio's choice)"
+    )
+    choice.add_argument(
+        "--heuristic",
+        action="store_true",
+        help="time each layer's config by the analytic heuristic (what GPUs without a "
+        "performance model run) instead of spio's choice on this GPU",
     )
     parser.add_argument(
         "--variants",
@@ -175,6 +189,8 @@ def ablate_layer(args, layer) -> int:
                 print(f"{pass_}: no config {', '.join(missing)} for this layer", file=sys.stderr)
                 return 2
             configs = [by_name[name] for name in args.config]
+        elif args.heuristic:
+            configs = [family.default_config(params)]
         else:  # the config spio's get_kernel would use on this GPU
             configs = [select_config(_factory_of(family), params, device, **_options(family))]
         plan[pass_] = []

@@ -190,7 +190,8 @@ step_ablate() {
     # Most wanted first (docs/perf/2026-11-30-predictions.md says what each part settles): the
     # headline layer with spio's choice for every pass (where its time goes, WGrad's instructions
     # per step); WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and
-    # sum_slots) on every bench layer; the input pipeline on image sizes around 64x64 (DRAM
+    # sum_slots) on every bench layer; FProp's unroll to a multiple of its stages against the
+    # R-step unroll on every bench layer; the input pipeline on image sizes around 64x64 (DRAM
     # camping); input rows through registers (ldg); several images per block on the small layers;
     # the small layers' own ablation; FProp tile shapes from shallow to deep pipelines; the no-halo
     # 1x3 layer. Each line names its variants (all 12 on a line would be 12 compiles a config).
@@ -226,6 +227,13 @@ step_ablate() {
         ablate --passes wgrad --variants full unmasked --repeats 30 --layer $layers
     else
         out_of_time=1
+    fi
+    # FProp's loop unrolled to a multiple of its stages (constant stage addresses) against the
+    # R-step unroll, on every bench layer, with the heuristic's configs (most have 6 stages; the
+    # sm_90 model's 4- and 8-stage picks for R = 3 compile as before). DGrad runs the same loop.
+    if [[ -n ${layers:-} ]]; then
+        # shellcheck disable=SC2086  # one word per layer
+        ablate --passes fprop --heuristic --variants full unroll-r --repeats 30 --layer $layers
     fi
     # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
     # camping would show as a faster loads-only there), next to a read-only pass; and blocks

@@ -126,12 +126,16 @@ def test_wgrad_reductions_time_both_wrappers_on_their_inputs(monkeypatch):
 
 @pytest.mark.parametrize(
     "variant,define",
-    [("l2-256", "#define SPIO_L2_PREFETCH 256"), ("stagger", "#define SPIO_STAGGER_NS 400")],
+    [
+        ("l2-256", "#define SPIO_L2_PREFETCH 256"),
+        ("stagger", "#define SPIO_STAGGER_NS 400"),
+        ("unroll-r", "#define SPIO_UNROLL_BY_R 1"),
+    ],
 )
 def test_timing_variants_build_for_every_arch_and_stay_correct(base_kernels, variant, define):
-    """l2-256 and stagger are not ablations: the input copies carry the .L2::256B hint, or blocks
-    start late (__nanosleep), and the results are unchanged (the emulator ignores both; NVRTC must
-    accept them on every arch)."""
+    """l2-256, stagger and unroll-r are not ablations: the input copies carry the .L2::256B hint,
+    blocks start late (__nanosleep), or the main loop is unrolled by R steps only, and the results
+    are unchanged (the emulator ignores the first two; NVRTC must accept them on every arch)."""
     import spio
     from spio.compiler import compile_many
 
@@ -148,9 +152,11 @@ def test_timing_variants_build_for_every_arch_and_stay_correct(base_kernels, var
     from spio.kernels import conv2d_gw8_factory as fd
     from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 
+    # 6 stages: the production loop is unrolled by 6 steps, unroll-r's by 3; 10 input rows, so
+    # the production loop's second pass stops part way.
     params = Conv2dGw8Params(n=2, c=16, h=7, w=9, padding=1, has_bias=True)
     t = random_inputs(params, seed=1)
-    plain = fd.make_kernel(params, fd.default_config(params))
+    plain = fd.make_kernel(params, dataclasses.replace(fd.default_config(params), stages=6))
     changed = plain.with_defines(ablate.VARIANTS[variant])
     y_plain = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=plain)
     y_changed = fd.fprop(t["x"], t["w"], t["bias"], params, kernel=changed)
@@ -243,17 +249,19 @@ def _kernels_of_call(argv: list[str], layers: int) -> int:
 
 def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_first():
     """The step has 150 s for ~10 processes: no line times all 12 variants (12 compiles a config),
-    the whole step builds under 240 kernels (it had 288, and its last part, WGrad's reductions on
-    every layer, was the one cut; 226 then, 236 with WGrad's `unmasked` on every layer), and the
-    headline ablation and WGrad's reductions on every layer come first."""
+    the whole step builds under 260 kernels (it had 288, and its last part, WGrad's reductions on
+    every layer, was the one cut; 226 then, 236 with WGrad's `unmasked` on every layer, 256 with
+    FProp's `unroll-r` on every layer), and the headline ablation, WGrad's reductions and FProp's
+    unroll on every layer come first."""
     from spio.bench.layers import layer_table
 
     calls = _gpu_check_ablate_calls()
     assert all("--variants" in argv for argv in calls), [a for a in calls if "--variants" not in a]
     total = sum(_kernels_of_call(argv, len(layer_table())) for argv in calls)
-    assert total < 240, total
+    assert total < 260, total
     assert calls[0][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[0]
     assert "$layers" in calls[1] and calls[1][calls[1].index("--passes") + 1] == "wgrad"
+    assert "$layers" in calls[2] and "--heuristic" in calls[2] and "unroll-r" in calls[2]
 
 
 def test_the_rate_column_says_it_is_the_pass_bytes_over_each_lines_time(capsys):
@@ -269,9 +277,10 @@ def test_the_rate_column_says_it_is_the_pass_bytes_over_each_lines_time(capsys):
     )
 
 
-def test_a_layers_kernels_compile_in_one_batch_before_any_is_timed(monkeypatch):
-    """Every variant of every pass and config is compiled in one parallel batch, then timed
-    (one batch per config had left most compile workers idle). A GPU stands in on the CPU."""
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A GPU standing in on the CPU for ablate_layer: the compile batches' sizes and the names
+    of the kernels timed, in order, go into the list returned."""
     import types
 
     import torch
@@ -302,6 +311,13 @@ def test_a_layers_kernels_compile_in_one_batch_before_any_is_timed(monkeypatch):
     monkeypatch.setattr(spio.bench.run, "copy_pairs", lambda *a: pair)
     timing = types.SimpleNamespace(median_ms=0.01)
     monkeypatch.setattr(spio.bench.timing, "time_calls", lambda *a, **k: timing)
+    return events
+
+
+def test_a_layers_kernels_compile_in_one_batch_before_any_is_timed(fake_gpu):
+    """Every variant of every pass and config is compiled in one parallel batch, then timed
+    (one batch per config had left most compile workers idle)."""
+    events = fake_gpu
     args = ablate.parse_args(
         ["--layer", "64c_64x64_3x3", "--n", "2", "--passes", "fprop", "dgrad",
          "--config", "g8_p64_q64_w2_s4_k16", "g8_p64_q16_w1_s4_k16",
@@ -311,3 +327,24 @@ def test_a_layers_kernels_compile_in_one_batch_before_any_is_timed(monkeypatch):
     timed = events[1:]
     assert events[0] == len(timed) == 2 * 2 * 3  # passes x configs x variants, compiled first
     assert all(isinstance(name, str) for name in timed)
+
+
+def test_heuristic_times_the_config_gpus_without_a_model_run(fake_gpu):
+    """--heuristic times each pass's analytic-heuristic config, spio's choice where no
+    performance model applies; it and --config exclude each other."""
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    args = ablate.parse_args(
+        ["--layer", "64c_64x64_3x3", "--n", "2", "--passes", "fprop", "wgrad", "--heuristic",
+         "--variants", "full", "unroll-r"]
+    )  # fmt: skip
+    assert ablate.ablate_layer(args, parse_layer("64c_64x64_3x3")) == 0
+    params = parse_layer("64c_64x64_3x3").params(2, "fp16")
+    fprop, wgrad = (FAMILY_OF_PASS[p].default_config(params).encode() for p in ("fprop", "wgrad"))
+    timed = fake_gpu[1:]
+    assert fake_gpu[0] == len(timed) == 3  # unroll-r is FProp's alone
+    assert timed[0].endswith(f"__{fprop}")
+    assert timed[1] == f"{timed[0]}__variant_unroll_by_r"
+    assert f"__{wgrad}" in timed[2] and "variant" not in timed[2]
+    with pytest.raises(SystemExit):
+        ablate.parse_args(["--heuristic", "--config", "g8_p64_q64_w2_s4_k16"])
