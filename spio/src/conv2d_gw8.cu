@@ -386,7 +386,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     // The loop is unrolled by UNROLL steps (unroll_steps). ring(row0, k, n): the slot of stream
     // row row0 + k in a ring of n (row0 + k >= 0 where used), a constant where n divides UNROLL.
     constexpr int UNROLL = unroll_steps(R, STAGES);
-    const auto ring = [&](int row0, int k, int n) {
+    const auto ring = [](int row0, int k, int n) {
         return UNROLL % n == 0 ? (k % n + n) % n : (row0 + k) % n;
     };
     for (int row0 = 0; row0 < STREAM; row0 += UNROLL) {
