@@ -223,8 +223,14 @@ step_ablate() {
     if ((deadline - SECONDS >= 10)); then
         layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
             "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
-        # shellcheck disable=SC2086  # one word per layer
-        ablate --passes wgrad --variants full unmasked --repeats 30 --layer $layers
+        if [[ -z $layers ]]; then
+            # Both every-layer lines need the list: the step fails rather than skip them quietly.
+            echo "ablate: listing the bench layers failed; skipped: every-layer WGrad and FProp lines"
+            rc=1
+        else
+            # shellcheck disable=SC2086  # one word per layer
+            ablate --passes wgrad --variants full unmasked --repeats 30 --layer $layers
+        fi
     else
         out_of_time=1
     fi

@@ -42,6 +42,7 @@ fi
 if [[ "$*" == *"spio bench"* ]]; then echo "bench stand-in"; exit ${{FAKE_BENCH_RC:-0}}; fi
 if [[ "$*" == *"torch.cuda.is_available"* ]]; then exit ${{FAKE_NO_CUDA:-0}}; fi
 if [[ "$*" == *"ablate_kernel.py"* && -n "${{FAKE_ABLATE_HANG:-}}" ]]; then sleep 60; fi
+if [[ "$*" == *"layer_table"* && -n "${{FAKE_NO_LAYERS:-}}" ]]; then exit 1; fi
 if [[ "$*" == *"spio info"* ]]; then echo "info stand-in"; exit ${{FAKE_INFO_RC:-0}}; fi
 if [[ "$*" == *"perf_sample.py"* && -n "${{FAKE_PERF_ROWS:-}}" ]]; then  # appends rows to --csv
     while [[ "$1" != "--csv" ]]; do shift; done
@@ -209,6 +210,20 @@ def test_an_ablate_part_out_of_time_is_a_timeout(stand_ins, tmp_path):
     limit = int(match.group(1))
     assert 20 <= limit <= 25
     assert int(ablate.split()[-1]) <= limit
+
+
+def test_ablate_fails_when_the_bench_layers_cannot_be_listed(stand_ins, tmp_path):
+    """The every-layer WGrad and FProp lines need the list of bench layers: without it the step
+    says so and fails, instead of skipping the FProp line without a word."""
+    out_dir = tmp_path / "out"
+    out = _run(stand_ins, out_dir, FAKE_NO_LAYERS="1", GPU_CHECK_ONLY="ablate")
+    ablate = [line for line in out.stdout.splitlines() if line.startswith("ablate ")][-1]
+    assert "FAIL" in ablate, ablate
+    assert out.returncode != 0
+    log = (out_dir / "ablate.log").read_text()
+    assert "listing the bench layers failed" in log
+    # The other lines still ran.
+    assert log.count("ablate_kernel.py") >= 5, log
 
 
 def test_perf_step_continues_from_a_seed_csv(stand_ins, tmp_path):
