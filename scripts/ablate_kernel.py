@@ -25,6 +25,8 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
     unroll-r     FProp/DGrad with the main loop unrolled by R steps only, each step dividing its
                  row for its input stage (right results): what the unroll to a multiple of the
                  stages gains (the same kernel where that unroll would be too long)
+    copy-branch  WGrad with its row copies under a branch, as before they were predicated
+                 (right results): what the predicated copies gain
 
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
 a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partials+sum").
@@ -69,6 +71,8 @@ VARIANTS = {
     "unmasked": ("SPIO_WGRAD_UNMASKED",),
     # FProp/DGrad's loop unrolled by R alone, as before the unroll to a multiple of the stages.
     "unroll-r": ("SPIO_UNROLL_BY_R",),
+    # WGrad's row copies skipped by a branch, as before they were predicated.
+    "copy-branch": ("SPIO_COPY_UNDER_BRANCH",),
 }
 
 
@@ -88,11 +92,11 @@ def row(pass_: str, name: str, seconds: float, nbytes: int, full: float | None, 
 
 def variant_applies(name: str, pass_: str, params, config) -> bool:
     """Whether variant `name` can build for this pass and config: FProp and DGrad's `ldg` index
-    their register slots by the R-step unroll, so it needs stages - 1 to divide R; `unmasked` is
-    WGrad's alone, `unroll-r` FProp and DGrad's."""
+    their register slots by the R-step unroll, so it needs stages - 1 to divide R; `unmasked` and
+    `copy-branch` are WGrad's alone, `unroll-r` FProp and DGrad's."""
     if name.startswith("ldg") and pass_ in ("fprop", "dgrad"):
         return params.r % (config.stages - 1) == 0
-    if name == "unmasked":
+    if name in ("unmasked", "copy-branch"):
         return pass_ == "wgrad"
     if name == "unroll-r":
         return pass_ in ("fprop", "dgrad")

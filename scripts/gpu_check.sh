@@ -219,7 +219,8 @@ step_ablate() {
     ablate --layer 64c_64x64_3x3 \
         --variants full no-stores no-mma no-loads skeleton loads-only no-sync
     # WGrad's reductions on every bench layer: sum_slots and 16 images per block not yet timed;
-    # and what its careful steps (inf and NaN in x kept from taps outside the output) cost.
+    # what its careful steps (inf and NaN in x kept from taps outside the output) cost; and what
+    # its predicated row copies gain over copies under a branch.
     if ((deadline - SECONDS >= 10)); then
         layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
             "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
@@ -229,7 +230,7 @@ step_ablate() {
             rc=1
         else
             # shellcheck disable=SC2086  # one word per layer
-            ablate --passes wgrad --variants full unmasked --repeats 30 --layer $layers
+            ablate --passes wgrad --variants full unmasked copy-branch --repeats 30 --layer $layers
         fi
     else
         out_of_time=1

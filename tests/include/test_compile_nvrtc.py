@@ -189,23 +189,26 @@ _kernel(
     "async_copy_kernel",
     r"""
 extern "C" __global__ void async_copy_kernel(const uint4 *in, uint4 *out, int src_bytes) {
-    __shared__ uint4 buf[3][128];
+    __shared__ uint4 buf[4][128];
     const int t = threadIdx.x;
     spio::cp_async_16(&buf[0][t], &in[t], src_bytes);
     spio::cp_async_commit_group();
     spio::cp_async_16(&buf[1][t], &in[t + 128], 16);
     spio::cp_async_commit_group();
     spio::cp_async_16(&buf[2][t], &in[t + 256], 0);
+    spio::cp_async_16_if(t < src_bytes, &buf[3][t], &in[t + 384], 16);
     spio::cp_async_wait_group<1>();
     spio::cp_async_wait_group<0>();
     spio::cp_async_wait_all();
     __syncthreads();
-    const uint4 a = buf[0][127 - t], b = buf[1][t], c = buf[2][t];
-    out[t] = make_uint4(a.x ^ b.x ^ c.x, a.y ^ b.y, a.z ^ c.z, a.w);
+    const uint4 a = buf[0][127 - t], b = buf[1][t], c = buf[2][t], d = buf[3][t];
+    out[t] = make_uint4(a.x ^ b.x ^ c.x, a.y ^ b.y ^ d.y, a.z ^ c.z, a.w ^ d.w);
 }
 """,
     [
         r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16, %r\d+;",
+        # cp_async_16_if: the copy under a predicate set from `enable`, not under a branch
+        r"setp\.ne\.b32 p, %r\d+, 0;\s*@p cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16",
         r"cp\.async\.commit_group;",
         r"cp\.async\.wait_group 1;",
         r"cp\.async\.wait_group 0;",

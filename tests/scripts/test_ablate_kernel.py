@@ -197,6 +197,37 @@ def test_unmasked_wgrad_leaves_out_only_the_careful_steps():
     assert spread.any()
 
 
+def test_copy_branch_wgrad_builds_everywhere_and_gives_the_same_dw():
+    """`copy-branch` builds WGrad with its row copies under a branch, as before they were
+    predicated, and only WGrad: NVRTC accepts it on every arch, and dw is bit for bit the
+    production kernel's (emulated, on a layer where only some threads copy a second x element
+    per row). tests/compiler/test_sass.py compares the two loops."""
+    import torch
+
+    import spio
+    from spio.check import random_inputs
+    from spio.compiler import compile_many
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+
+    params = Conv2dGw8Params(n=2, c=16, h=13, w=21, padding=1, has_bias=True)
+    config = wg.default_config(params)
+    assert ablate.variant_applies("copy-branch", "wgrad", params, config)
+    assert not ablate.variant_applies("copy-branch", "dgrad", params, config)
+    plain = wg.production_kernel(params, config)
+    branch = plain.with_defines(ablate.VARIANTS["copy-branch"])
+    assert "#define SPIO_COPY_UNDER_BRANCH 1" in branch.headers[0][1]
+    results = compile_many([branch.compile_job(a) for a in spio.supported_arch], progress=False)
+    for arch, result in zip(spio.supported_arch, results, strict=True):
+        assert not isinstance(result, BaseException), (arch, result)
+        assert not any(r.spills for r in result.resources.values()), arch
+    t = random_inputs(params, seed=3)
+    dw_plain, db_plain = wg.wgrad(t["x"], t["dy"], params, kernel=plain)
+    dw_branch, db_branch = wg.wgrad(t["x"], t["dy"], params, kernel=branch)
+    assert torch.equal(dw_plain, dw_branch) and torch.equal(db_plain, db_branch)
+    assert dw_plain.abs().sum() > 0
+
+
 def _gpu_check_ablate_calls() -> list[list[str]]:
     """The arguments of every `ablate ...` call in scripts/gpu_check.sh's ablate step."""
     import shlex
@@ -251,14 +282,15 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     """The step has 150 s for ~10 processes: no line times all 12 variants (12 compiles a config),
     the whole step builds under 260 kernels (it had 288, and its last part, WGrad's reductions on
     every layer, was the one cut; 226 then, 236 with WGrad's `unmasked` on every layer, 256 with
-    FProp's `unroll-r` on every layer), and the headline ablation, WGrad's reductions and FProp's
-    unroll on every layer come first."""
+    FProp's `unroll-r` on every layer, 266 with WGrad's `copy-branch`; a line cut for time is one
+    of the last ones), and the headline ablation, WGrad's reductions and FProp's unroll on every
+    layer come first."""
     from spio.bench.layers import layer_table
 
     calls = _gpu_check_ablate_calls()
     assert all("--variants" in argv for argv in calls), [a for a in calls if "--variants" not in a]
     total = sum(_kernels_of_call(argv, len(layer_table())) for argv in calls)
-    assert total < 260, total
+    assert total < 270, total
     assert calls[0][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[0]
     assert "$layers" in calls[1] and calls[1][calls[1].index("--passes") + 1] == "wgrad"
     assert "$layers" in calls[2] and "--heuristic" in calls[2] and "unroll-r" in calls[2]

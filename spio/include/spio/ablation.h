@@ -28,6 +28,9 @@
 ///   SPIO_UNROLL_BY_R    FProp/DGrad's main loop is unrolled by R steps only, as before the
 ///                       unroll to a multiple of the stages (each step then divides its row for
 ///                       its stage and output buffer): for timing what the longer unroll gains
+///   SPIO_COPY_UNDER_BRANCH  WGrad skips a row copy that a thread has no element for by a branch
+///                       around it, as before its copies were predicated
+///                       (spio/thread/async_copy.h): for timing what the predicate gains
 
 #include "spio/macros.h"
 
@@ -57,6 +60,9 @@
 #endif
 #ifndef SPIO_UNROLL_BY_R
 #define SPIO_UNROLL_BY_R 0
+#endif
+#ifndef SPIO_COPY_UNDER_BRANCH
+#define SPIO_COPY_UNDER_BRANCH 0
 #endif
 
 namespace spio {
