@@ -12,81 +12,54 @@
 
 namespace spio {
 
-/// Starts an asynchronous 16-byte copy from global to shared memory, zero-filling past src_bytes.
+/// Starts an asynchronous 16-byte copy from global to shared memory, zero-filling past src_bytes,
+/// where `enable` holds; elsewhere the instruction is predicated off. Unlike a branch around the
+/// copy, the predicate leaves the addresses worked out on every path, so a compiler can keep them
+/// out of a loop where they do not change instead of recomputing them under the branch.
 ///
 /// Parameters:
 ///   L2_PREFETCH: 0, 128 or 256: with 128 or 256, L2 is asked to fetch that many bytes around the
 ///     source (PTX .L2::128B / .L2::256B), a hint for streaming reads; 0 gives no hint.
+///   enable: whether to copy (a constant true, as in cp_async_16, costs nothing).
 ///   smem_dst: generic pointer to the 16-byte aligned destination in shared memory.
 ///   gmem_src: generic pointer to the 16-byte aligned source in global memory.
 ///   src_bytes: bytes to read from gmem_src, 0..16; the remaining 16 - src_bytes destination
 ///     bytes are set to zero (0 reads nothing: use it for padding outside the tensor).
 /// Assumes: the data are not read before a cp_async_wait_* covering this copy's group.
 template <int L2_PREFETCH = 0>
-SPIO_DEVICE void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
-    static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
-                  "cp_async_16 needs L2_PREFETCH 0, 128 or 256");
-#if defined(__CUDA_ARCH__)
-    const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const unsigned long long gmem_addr =
-        static_cast<unsigned long long>(__cvta_generic_to_global(gmem_src));
-    if constexpr (L2_PREFETCH == 256) {
-        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n"
-                     :
-                     : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes)
-                     : "memory");
-    } else if constexpr (L2_PREFETCH == 128) {
-        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n"
-                     :
-                     : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes)
-                     : "memory");
-    } else {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :
-                     : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes)
-                     : "memory");
-    }
-#else
-    ::spio::emu::cp_async_16(smem_dst, gmem_src, src_bytes);
-#endif
-}
-
-/// cp_async_16 issued only where `enable` holds, as a predicate of the instruction itself: the
-/// addresses are worked out either way, so a compiler can keep them out of a branch (and out of a
-/// loop, where they do not change) instead of recomputing them under one.
-template <int L2_PREFETCH = 0>
 SPIO_DEVICE void cp_async_16_if(bool enable, void *smem_dst, const void *gmem_src, int src_bytes) {
     static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
-                  "cp_async_16_if needs L2_PREFETCH 0, 128 or 256");
+                  "cp_async_16 and cp_async_16_if need L2_PREFETCH 0, 128 or 256");
 #if defined(__CUDA_ARCH__)
     const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
     const unsigned long long gmem_addr =
         static_cast<unsigned long long>(__cvta_generic_to_global(gmem_src));
     const int on = enable;
+#define SPIO_CP_ASYNC_16_ASM(HINT)                                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n"                                \
+                 "@p cp.async.cg.shared.global" HINT " [%0], [%1], 16, %2;\n}\n"           \
+                 :                                                                          \
+                 : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes), "r"(on)                  \
+                 : "memory")
     if constexpr (L2_PREFETCH == 256) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n"
-                     "@p cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n}\n"
-                     :
-                     : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes), "r"(on)
-                     : "memory");
+        SPIO_CP_ASYNC_16_ASM(".L2::256B");
     } else if constexpr (L2_PREFETCH == 128) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n"
-                     "@p cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n}\n"
-                     :
-                     : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes), "r"(on)
-                     : "memory");
+        SPIO_CP_ASYNC_16_ASM(".L2::128B");
     } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n"
-                     "@p cp.async.cg.shared.global [%0], [%1], 16, %2;\n}\n"
-                     :
-                     : "r"(smem_addr), "l"(gmem_addr), "r"(src_bytes), "r"(on)
-                     : "memory");
+        SPIO_CP_ASYNC_16_ASM("");
     }
+#undef SPIO_CP_ASYNC_16_ASM
 #else
     if (enable) {
         ::spio::emu::cp_async_16(smem_dst, gmem_src, src_bytes);
     }
 #endif
+}
+
+/// cp_async_16_if, always copying.
+template <int L2_PREFETCH = 0>
+SPIO_DEVICE void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
+    cp_async_16_if<L2_PREFETCH>(true, smem_dst, gmem_src, src_bytes);
 }
 
 /// Closes the calling thread's copies issued since the last commit into one group.
