@@ -15,47 +15,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import sys
-from dataclasses import dataclass
 
 import spio
 from spio.bench.layers import layer_table
 from spio.compiler import CompileResult, compile_many
+from spio.compiler.occupancy import LIMITS, blocks_per_sm
 from spio.compiler.sass import find_nvdisasm, loop_report
 from spio.kernels.families import FAMILIES
-
-
-@dataclass(frozen=True)
-class SmLimits:
-    threads: int
-    blocks: int
-    shared_bytes: int  # per SM, usable by blocks
-    registers: int = 65536
-
-
-#: Per-SM limits by arch (CUDA C++ Programming Guide, "Technical Specifications per Compute
-#: Capability"); each block also reserves 1 KiB of shared memory on these archs.
-LIMITS = {
-    "sm_80": SmLimits(threads=2048, blocks=32, shared_bytes=164 * 1024),
-    "sm_86": SmLimits(threads=1536, blocks=16, shared_bytes=100 * 1024),
-    "sm_89": SmLimits(threads=1536, blocks=24, shared_bytes=100 * 1024),
-    "sm_90": SmLimits(threads=2048, blocks=32, shared_bytes=228 * 1024),
-}
-RESERVED_SHARED_PER_BLOCK = 1024
-REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
-
-
-def blocks_per_sm(limits: SmLimits, threads: int, registers: int, shared_bytes: int) -> int:
-    """Resident blocks per SM allowed by threads, registers and shared memory."""
-    warps = math.ceil(threads / 32)
-    per_warp = (
-        math.ceil(max(registers, 1) * 32 / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
-    )
-    by_registers = (limits.registers // per_warp) // warps
-    by_shared = limits.shared_bytes // (shared_bytes + RESERVED_SHARED_PER_BLOCK)
-    by_threads = limits.threads // threads
-    return min(limits.blocks, by_registers, by_shared, by_threads)
 
 
 def _steps(full_step, nvdisasm: str | None) -> str:

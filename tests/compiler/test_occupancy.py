@@ -1,16 +1,8 @@
-"""The resource report's occupancy arithmetic against hand-computed cases."""
-
-import importlib.util
-import pathlib
-import sys
+"""spio.compiler.occupancy: blocks per SM against hand-computed cases."""
 
 import pytest
 
-_path = pathlib.Path(__file__).parents[2] / "scripts" / "resource_report.py"
-_spec = importlib.util.spec_from_file_location("resource_report", _path)
-report = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = report  # its dataclasses look the module up there
-_spec.loader.exec_module(report)
+from spio.compiler.occupancy import LIMITS, blocks_per_sm
 
 
 @pytest.mark.parametrize(
@@ -29,4 +21,4 @@ _spec.loader.exec_module(report)
     ],
 )
 def test_blocks_per_sm(arch, threads, registers, smem, expected):
-    assert report.blocks_per_sm(report.LIMITS[arch], threads, registers, smem) == expected
+    assert blocks_per_sm(LIMITS[arch], threads, registers, smem) == expected

@@ -1,0 +1,42 @@
+"""Theoretical occupancy: how many blocks of a compiled kernel fit on one SM of an arch.
+
+From ptxas' register count, the block's threads and its shared memory, under the per-SM limits of
+the CUDA C++ Programming Guide ("Technical Specifications per Compute Capability"). No GPU is
+needed; scripts/resource_report.py and scripts/sass_loop.py report it next to their counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SmLimits:
+    threads: int
+    blocks: int
+    shared_bytes: int  # per SM, usable by blocks
+    registers: int = 65536
+
+
+#: Per-SM limits by arch; each block also reserves 1 KiB of shared memory on these archs.
+LIMITS = {
+    "sm_80": SmLimits(threads=2048, blocks=32, shared_bytes=164 * 1024),
+    "sm_86": SmLimits(threads=1536, blocks=16, shared_bytes=100 * 1024),
+    "sm_89": SmLimits(threads=1536, blocks=24, shared_bytes=100 * 1024),
+    "sm_90": SmLimits(threads=2048, blocks=32, shared_bytes=228 * 1024),
+}
+RESERVED_SHARED_PER_BLOCK = 1024
+REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
+
+
+def blocks_per_sm(limits: SmLimits, threads: int, registers: int, shared_bytes: int) -> int:
+    """Resident blocks per SM allowed by threads, registers and shared memory."""
+    warps = math.ceil(threads / 32)
+    per_warp = (
+        math.ceil(max(registers, 1) * 32 / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
+    )
+    by_registers = (limits.registers // per_warp) // warps
+    by_shared = limits.shared_bytes // (shared_bytes + RESERVED_SHARED_PER_BLOCK)
+    by_threads = limits.threads // threads
+    return min(limits.blocks, by_registers, by_shared, by_threads)

@@ -1,0 +1,82 @@
+"""scripts/sass_loop.py: its arguments, the configs it picks, and a comparison against an ablate
+variant on a real cubin (where nvdisasm is installed)."""
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+from spio.compiler.sass import find_nvdisasm
+
+_path = pathlib.Path(__file__).parents[2] / "scripts" / "sass_loop.py"
+_spec = importlib.util.spec_from_file_location("sass_loop", _path)
+sass_loop = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = sass_loop
+_spec.loader.exec_module(sass_loop)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--sample", "0"], "--sample needs a positive count, got 0"),
+        (["--sample", "3", "--config", "g2_p32_q64_n4_w4_s6_k8"], "--sample and --config"),
+        (["--against", "no-such-variant"], "invalid choice"),
+        (["--against", "full"], "invalid choice"),  # full is the kernel itself
+    ],
+)
+def test_bad_arguments_name_the_problem(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        sass_loop.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_sample_is_drawn_from_every_config_of_the_layers_and_repeats_with_its_seed():
+    from spio.bench.layers import layer_table
+    from spio.kernels.families import FAMILIES
+
+    families = [FAMILIES["conv2d_gw8_wgrad"], FAMILIES["conv2d_gw8_fprop"]]
+    layers = [layer.params(32, "fp16") for layer in layer_table()[:3]]
+    args = sass_loop.parse_args(["--sample", "20", "--seed", "5"])
+    cases = sass_loop.choose_cases(args, families, layers)
+    assert len(cases) == 20
+    for family, params, config in cases:
+        assert family in families and params in layers and config in family.configs(params)
+    assert len({(f.name, p.encode(), c.encode()) for f, p, c in cases}) == 20
+    again = sass_loop.choose_cases(args, families, layers)
+    other = sass_loop.choose_cases(sass_loop.parse_args(["--sample", "20"]), families, layers)
+    assert [(f, p, c) for f, p, c in again] == cases
+    assert other != cases
+    # Without --sample: each layer's heuristic config, or the configs named.
+    default = sass_loop.choose_cases(sass_loop.parse_args([]), families[:1], layers)
+    assert [c for _, _, c in default] == [families[0].default_config(p) for p in layers]
+
+
+def test_cells_show_the_old_value_only_when_there_is_one():
+    assert sass_loop.cell(None, 132.0, 13, ".1f") == "        132.0"
+    assert sass_loop.cell(150.0, 132.0, 13, ".1f") == " 150.0->132.0"
+    assert sass_loop.cell(13, 12, 7) == " 13->12"
+
+
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+def test_against_a_variant_compares_each_kernel_and_sums_up(capsys):
+    """WGrad's predicated copies against `copy-branch` (the branch they replaced) on the 64c
+    64x64 layer: the line shows both builds' counts, and the summary says the step got shorter."""
+    code = sass_loop.main(
+        [
+            "--family", "conv2d_gw8_wgrad", "--against", "copy-branch",
+            "--layer", "n128_c64_h64_w64_pad1x1_r3_s3_bias0_fp16",
+            "--config", "g2_p32_q64_n4_w4_s6_k8",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    line = next(row for row in out.splitlines() if row.startswith("conv2d_gw8_wgrad "))
+    words = line.split()
+    regs, blocks, steps = words[3], words[4], words[5]
+    assert "->" in regs and "->" in blocks
+    before, after = (float(x) for x in steps.split("->"))
+    assert after < before
+    assert words[6:8] == ["24.0", "20.0"]  # the same mma and ldmatrix
+    assert "against copy-branch: instructions a step a median" in out
+    assert "(from" in out and "0 of 1 rose" in out
