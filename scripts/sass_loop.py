@@ -143,10 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     ratios, rose, lost, gained = [], 0, 0, 0
 
     def measure(run, full):
-        """(registers, blocks per SM, loop report or None) of one build, or None if it failed."""
+        """(registers, blocks per SM, loop report or None) of one build, or the error of a build
+        that failed."""
         result, counted = by_name[run.name], by_name[full.name]
-        if not isinstance(result, CompileResult) or not isinstance(counted, CompileResult):
-            return None
+        for build in (result, counted):
+            if not isinstance(build, CompileResult):
+                return build
         usage = result.resources[run.entry]
         smem = usage.shared_bytes + run.shared_mem_bytes
         blocks = blocks_per_sm(limits, run.threads, usage.registers, smem)
@@ -160,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         now = measure(run, full)
         then = measure(*before) if before else None
         row = f"{family.name:18s} {params.encode():42s} {config.encode():26s}"
-        if now is None or (before and then is None):
+        error = next((m for m in (now, then) if isinstance(m, BaseException)), None)
+        if error is not None:
             failures += 1
-            print(f"{row} FAILED to compile")
+            print(f"{row} FAILED: {str(error).strip()[:2000]}")
             continue
         registers, blocks, loop = now
         old_registers, old_blocks, old_loop = then or (None, None, None)
