@@ -68,7 +68,7 @@ def test_wgrad_main_loop_from_a_real_cubin():
     assert (loop.counts["HMMA"], loop.counts["LDSM"]) == (24, 20)
     # The step's index arithmetic is worked out once per step, not once per 8-pixel run: 311
     # instructions a step before that change, 162 after (NVRTC 12.9), 150 with no pair skipped,
-    # 132 with predicated copies (below).
+    # 123 with predicated copies and no branch around the last steps' copies (below).
     assert loop.instructions < 200
     as_run = sass.loop_report(kernel.compile("sm_90").cubin, sass.find_nvdisasm())
     assert as_run.barriers == 1 and as_run.counts["HMMA"] > 24  # both copies of the runs
@@ -76,10 +76,11 @@ def test_wgrad_main_loop_from_a_real_cubin():
 
 @pytest.mark.skipif(sass.find_nvdisasm() is None, reason="nvdisasm not installed")
 def test_wgrad_predicated_copies_keep_address_work_out_of_the_loop():
-    """WGrad's row copies are predicated (cp_async_16_if), so the shared-memory side of their
-    addresses is worked out once, outside the loop. Under a branch (SPIO_COPY_UNDER_BRANCH, the
+    """WGrad's row copies are predicated (cp_async_16_if), and the steps past the last copy
+    zeros instead of branching around their copies, so the shared-memory side of the copies'
+    addresses is worked out once, outside the loop. Under branches (SPIO_COPY_UNDER_BRANCH, the
     code before) ptxas redid it each step, reading the CTA's shared window (S2R) and the kernel's
-    pointer arguments (LDC) again: 150 instructions a step against 132 (NVRTC 12.9, sm_90)."""
+    pointer arguments (LDC) again: 150 instructions a step against 123 (NVRTC 12.9, sm_90)."""
     from spio.kernels import Conv2dGw8Params
     from spio.kernels.families import FAMILY_OF_PASS
 
@@ -95,7 +96,7 @@ def test_wgrad_predicated_copies_keep_address_work_out_of_the_loop():
     assert loop.counts["HMMA"] == loop_branch.counts["HMMA"] == 24
     assert loop.counts["S2R"] + loop.counts["LDC"] == 0
     assert loop_branch.counts["S2R"] + loop_branch.counts["LDC"] > 0
-    assert loop.instructions < 0.95 * loop_branch.instructions
+    assert loop.instructions < 0.9 * loop_branch.instructions
 
 
 @pytest.mark.skipif(sass.find_nvdisasm() is None, reason="nvdisasm not installed")

@@ -4,6 +4,7 @@ really removes work, and leaves the production kernels untouched; no GPU gives e
 import dataclasses
 import importlib.util
 import pathlib
+import re
 import sys
 
 import pytest
@@ -198,10 +199,11 @@ def test_unmasked_wgrad_leaves_out_only_the_careful_steps():
 
 
 def test_copy_branch_wgrad_builds_everywhere_and_gives_the_same_dw():
-    """`copy-branch` builds WGrad with its row copies under a branch, as before they were
-    predicated, and only WGrad: NVRTC accepts it on every arch, and dw is bit for bit the
-    production kernel's (emulated, on a layer where only some threads copy a second x element
-    per row). tests/compiler/test_sass.py compares the two loops."""
+    """`copy-branch` builds WGrad with its row copies under branches, as before they were
+    predicated and the last steps copied zeros, and only WGrad: NVRTC accepts it on every arch,
+    and dw is bit for bit the production kernel's (emulated, on a layer where only some threads
+    copy a second x element per row, and whose blocks of 4 images have steps past their last
+    that now copy zeros). tests/compiler/test_sass.py compares the two loops."""
     import torch
 
     import spio
@@ -209,12 +211,16 @@ def test_copy_branch_wgrad_builds_everywhere_and_gives_the_same_dw():
     from spio.compiler import compile_many
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
     from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+    from spio.kernels.families import FAMILY_OF_PASS
 
-    params = Conv2dGw8Params(n=2, c=16, h=13, w=21, padding=1, has_bias=True)
-    config = wg.default_config(params)
+    # 4 images per block, 5 images; 68 x elements a row for 64 threads: 4 copy a second one.
+    params = Conv2dGw8Params(n=5, c=16, h=9, w=35, padding=1, has_bias=True)
+    config = FAMILY_OF_PASS["wgrad"].config_named(params, "g2_p4_q32_n4_w4_s6_k8")
     assert ablate.variant_applies("copy-branch", "wgrad", params, config)
     assert not ablate.variant_applies("copy-branch", "dgrad", params, config)
     plain = wg.production_kernel(params, config)
+    assert re.search(r"class XLoadIdx.*?static constexpr int size = 68;", plain.headers[0][1], re.S)
+    assert plain.threads == 64
     branch = plain.with_defines(ablate.VARIANTS["copy-branch"])
     assert "#define SPIO_COPY_UNDER_BRANCH 1" in branch.headers[0][1]
     results = compile_many([branch.compile_job(a) for a in spio.supported_arch], progress=False)

@@ -28,9 +28,11 @@
 ///   SPIO_UNROLL_BY_R    FProp/DGrad's main loop is unrolled by R steps only, as before the
 ///                       unroll to a multiple of the stages (each step then divides its row for
 ///                       its stage and output buffer): for timing what the longer unroll gains
-///   SPIO_COPY_UNDER_BRANCH  WGrad skips a row copy that a thread has no element for by a branch
-///                       around it, as before its copies were predicated
-///                       (spio/thread/async_copy.h): for timing what the predicate gains
+///   SPIO_COPY_UNDER_BRANCH  WGrad's row copies as before the nineteenth session: a copy that a
+///                       thread has no element for is skipped by a branch around it, not by its
+///                       predicate (spio/thread/async_copy.h), and the steps past the last skip
+///                       their copies by a branch instead of copying zeros: for timing what
+///                       the two gain
 
 #include "spio/macros.h"
 
