@@ -108,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         sys.exit(f"sass_loop: {error}")
     if args.layer:
-        layers = [Conv2dGw8Params.decode(args.layer)]
+        try:
+            layers = [Conv2dGw8Params.decode(args.layer)]
+        except ValueError as error:
+            sys.exit(f"sass_loop: --layer {args.layer!r}: {error}")
     else:
         layers = [layer.params(args.batch, "fp16") for layer in layer_table()]
     nvdisasm = find_nvdisasm()
@@ -156,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{'family':18s} {'layer':42s} {'config':26s} {'regs':>9s} {'blocks':>7s} "
           f"{'/step':>13s} {'mma':>4s} {'ldsm':>4s} {'cp.async':>8s}")  # fmt: skip
+    per_case = 4 if args.against else 2
     for index, (family, params, config) in enumerate(cases):
-        per_case = 4 if args.against else 2
         run, full, *before = builds[per_case * index : per_case * (index + 1)]
         now = measure(run, full)
         then = measure(*before) if before else None
@@ -193,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     if ratios:
         print(
             f"against {args.against}: instructions a step a median {statistics.median(ratios):.2f}"
-            f" of its (from {min(ratios):.2f} to {max(ratios):.2f}; {rose} of {len(ratios)} "
-            f"rose); blocks per SM lower on {lost}, higher on {gained} of {len(cases)} kernels"
+            f" of {args.against}'s (from {min(ratios):.2f} to {max(ratios):.2f}; {rose} of "
+            f"{len(ratios)} rose); blocks per SM lower on {lost}, higher on {gained} of "
+            f"{len(cases)} kernels"
         )
     return 1 if failures else 0
 

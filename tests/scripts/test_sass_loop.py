@@ -52,6 +52,11 @@ def test_a_sample_is_drawn_from_every_config_of_the_layers_and_repeats_with_its_
     assert [c for _, _, c in default] == [families[0].default_config(p) for p in layers]
 
 
+def test_a_bad_layer_is_named():
+    with pytest.raises(SystemExit, match=r"sass_loop: --layer 'n128_c64': "):
+        sass_loop.main(["--layer", "n128_c64"])
+
+
 def test_cells_show_the_old_value_only_when_there_is_one():
     assert sass_loop.cell(None, 132.0, 13, ".1f") == "        132.0"
     assert sass_loop.cell(150.0, 132.0, 13, ".1f") == " 150.0->132.0"
@@ -79,4 +84,5 @@ def test_against_a_variant_compares_each_kernel_and_sums_up(capsys):
     assert after < before
     assert words[6:8] == ["24.0", "20.0"]  # the same mma and ldmatrix
     assert "against copy-branch: instructions a step a median" in out
+    assert "of copy-branch's" in out
     assert "(from" in out and "0 of 1 rose" in out
