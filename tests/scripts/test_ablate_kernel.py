@@ -47,8 +47,10 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
         assert len(by_key[(pass_, "no-loads")].cubin) < full
         assert len(by_key[(pass_, "no-mma")].cubin) < full
         assert len(by_key[(pass_, "skeleton")].cubin) < len(by_key[(pass_, "no-mma")].cubin)
-    # Without its careful steps WGrad's code shrinks too.
-    assert len(by_key[("wgrad", "unmasked")].cubin) < len(by_key[("wgrad", "full")].cubin)
+    # WGrad's `unmasked` need not shrink the code: with one kind of step left ptxas may unroll
+    # the loop further (it did once the last steps stopped branching around their copies: 792
+    # against 776 instructions, NVRTC 12.9). That it leaves out the careful steps is tested by
+    # what it computes (test_unmasked_wgrad_leaves_out_only_the_careful_steps).
 
 
 def _params_and_config(kernel):
