@@ -25,8 +25,8 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
     unroll-r     FProp/DGrad with the main loop unrolled by R steps only, each step dividing its
                  row for its input stage (right results): what the unroll to a multiple of the
                  stages gains (the same kernel where that unroll would be too long)
-    copy-branch  WGrad with its row copies under a branch, as before they were predicated
-                 (right results): what the predicated copies gain
+    copy-branch  WGrad with its row copies under branches, as before they were predicated and
+                 the last steps copied zeros (right results): what the two changes gain
 
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
 a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partials+sum").
@@ -71,7 +71,8 @@ VARIANTS = {
     "unmasked": ("SPIO_WGRAD_UNMASKED",),
     # FProp/DGrad's loop unrolled by R alone, as before the unroll to a multiple of the stages.
     "unroll-r": ("SPIO_UNROLL_BY_R",),
-    # WGrad's row copies skipped by a branch, as before they were predicated.
+    # WGrad's row copies skipped by branches, as before they were predicated and the last steps
+    # copied zeros.
     "copy-branch": ("SPIO_COPY_UNDER_BRANCH",),
 }
 

@@ -220,7 +220,7 @@ step_ablate() {
         --variants full no-stores no-mma no-loads skeleton loads-only no-sync
     # WGrad's reductions on every bench layer: sum_slots and 16 images per block not yet timed;
     # what its careful steps (inf and NaN in x kept from taps outside the output) cost; and what
-    # its predicated row copies gain over copies under a branch.
+    # its row copies without branches (predicated; zeros past the last step) gain.
     if ((deadline - SECONDS >= 10)); then
         layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
             "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")

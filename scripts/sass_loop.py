@@ -33,7 +33,9 @@ from pathlib import Path
 def _variants():
     """scripts/ablate_kernel.py's VARIANTS (name -> the defines it builds with) and its
     variant_applies."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    scripts = str(Path(__file__).resolve().parent)
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
     from ablate_kernel import VARIANTS, variant_applies
 
     return VARIANTS, variant_applies
