@@ -197,6 +197,19 @@ extern "C" __global__ void staged(float *out, const float *in, int fixed) {
     out[i] = s[(4 * i + 5) % 256];
 }
 
+/// A pipeline's tail: each thread uses its staged chunk, then prefetches the next one, which no
+/// step reads; `fixed` waits for that copy before the thread exits.
+extern "C" __global__ void prefetch_tail(float *out, const float *in, int fixed) {
+    __shared__ __align__(16) float s[2][64 * 4];
+    const int i = threadIdx.x;
+    spio::cp_async_16(&s[0][4 * i], in + 4 * i, 16);
+    spio::cp_async_wait_all();
+    out[i] = s[0][4 * i];
+    spio::cp_async_16(&s[1][4 * i], in + 256 + 4 * i, 16);
+    spio::cp_async_commit_group();
+    if (fixed) spio::cp_async_wait_all();
+}
+
 /// out[i + shift] = in[i] for i < n: shift 1 writes one element past the end.
 extern "C" __global__ void shifted_write(float *out, const float *in, int n, int shift) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;

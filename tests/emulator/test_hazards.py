@@ -40,6 +40,27 @@ def test_fixed_staged_passes(hazards):
     assert torch.equal(out, x[(4 * torch.arange(64) + 5) % 256])
 
 
+def test_copy_in_flight_at_thread_exit_is_reported(hazards):
+    with pytest.raises(EmulatorError, match=r"exits with 1 cp.async copies still in flight") as info:
+        hazards.get_function("prefetch_tail").launch(1, 64, (torch.zeros(64), torch.randn(512), 0))
+    assert "prefetch_tail" in str(info.value) and "thread (" in str(info.value)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_copy_waited_for_before_exit_passes(hazards, check):
+    x = torch.randn(512)
+    out = torch.zeros(64)
+    hazards.get_function("prefetch_tail").launch(1, 64, (out, x, 1), check=check)
+    assert torch.equal(out, x[:256:4])
+
+
+def test_copy_in_flight_at_exit_is_dropped_unchecked(hazards):
+    x = torch.randn(512)
+    out = torch.zeros(64)
+    hazards.get_function("prefetch_tail").launch(1, 64, (out, x, 0), check=False)
+    assert torch.equal(out, x[:256:4])
+
+
 def test_off_by_one_global_write(hazards):
     n = 300
     with pytest.raises(EmulatorError, match="out-of-bounds global") as info:

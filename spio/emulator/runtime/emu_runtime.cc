@@ -824,10 +824,18 @@ void fiber_main(Fiber *f) {
     if (const Group *g = group_waiting_for(w, f->lane)) {
         fail(f, format("exits while lanes of its warp wait for it in %s", op_name(g->op)));
     }
+    if (g_rt.check && !f->pending.empty()) {
+        // The hardware may land them after the block has exited and its shared memory has gone
+        // to another block: every copy a thread issues is waited for before it exits.
+        const PendingCopy &pc = f->pending.front();
+        fail(f, format("exits with %zu cp.async copies still in flight (the first to shared "
+                       "address %#lx); a cp_async_wait_all (or a wait_group covering them) "
+                       "must come before the thread exits",
+                       f->pending.size(), reinterpret_cast<unsigned long>(pc.dst)));
+    }
     if (g_rt.block_arrived && g_rt.block_arrived + g_rt.done == g_rt.nthreads) {
         release_block_barrier();
     }
-    drop_pending(*f);
     switch_to_scheduler(f);
     std::abort();  // a finished fiber is never resumed
 }
