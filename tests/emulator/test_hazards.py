@@ -41,8 +41,9 @@ def test_fixed_staged_passes(hazards):
 
 
 def test_copy_in_flight_at_thread_exit_is_reported(hazards):
-    with pytest.raises(EmulatorError, match=r"exits with 1 cp.async copies still in flight") as info:
-        hazards.get_function("prefetch_tail").launch(1, 64, (torch.zeros(64), torch.randn(512), 0))
+    args = (torch.zeros(64), torch.randn(512), 0)
+    with pytest.raises(EmulatorError, match="exits with 1 cp.async copies still in flight") as info:
+        hazards.get_function("prefetch_tail").launch(1, 64, args)
     assert "prefetch_tail" in str(info.value) and "thread (" in str(info.value)
 
 
