@@ -42,7 +42,7 @@ def test_fixed_staged_passes(hazards):
 
 def test_copy_in_flight_at_thread_exit_is_reported(hazards):
     args = (torch.zeros(64), torch.randn(512), 0)
-    with pytest.raises(EmulatorError, match="exits with 1 cp.async copies still in flight") as info:
+    with pytest.raises(EmulatorError, match="exits with 1 cp.async copy still in flight") as info:
         hazards.get_function("prefetch_tail").launch(1, 64, args)
     assert "prefetch_tail" in str(info.value) and "thread (" in str(info.value)
 

@@ -828,10 +828,11 @@ void fiber_main(Fiber *f) {
         // The hardware may land them after the block has exited and its shared memory has gone
         // to another block: every copy a thread issues is waited for before it exits.
         const PendingCopy &pc = f->pending.front();
-        fail(f, format("exits with %zu cp.async copies still in flight (the first to shared "
-                       "address %#lx); a cp_async_wait_all (or a wait_group covering them) "
-                       "must come before the thread exits",
-                       f->pending.size(), reinterpret_cast<unsigned long>(pc.dst)));
+        const std::size_t n = f->pending.size();
+        fail(f, format("exits with %zu cp.async %s still in flight (the first to shared address "
+                       "%#lx); a cp_async_wait_all (or a wait_group covering them) must come "
+                       "before the thread exits",
+                       n, n == 1 ? "copy" : "copies", reinterpret_cast<unsigned long>(pc.dst)));
     }
     if (g_rt.block_arrived && g_rt.block_arrived + g_rt.done == g_rt.nthreads) {
         release_block_barrier();
