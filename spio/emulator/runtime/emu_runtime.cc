@@ -834,6 +834,7 @@ void fiber_main(Fiber *f) {
                        "before the thread exits",
                        n, n == 1 ? "copy" : "copies", reinterpret_cast<unsigned long>(pc.dst)));
     }
+    drop_pending(*f);  // unchecked: copies still in flight never land
     if (g_rt.block_arrived && g_rt.block_arrived + g_rt.done == g_rt.nthreads) {
         release_block_barrier();
     }
