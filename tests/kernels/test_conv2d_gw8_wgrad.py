@@ -310,6 +310,15 @@ def test_non_finite_x_spreads_only_where_pytorch_does(params, config, device):
     pixel, as in the float64 reference: not at the taps where it meets the zeros a tile holds
     past the output or outside the tile (inf * 0 = NaN). One non-finite pixel per group, placed in
     turn at the corners, the middle and next to tile edges; dw finite elsewhere and right."""
+    h, w = params.h, params.w
+    places = {(0, 0), (h - 1, w - 1), (h // 2, w // 2), (0, w - 1), (h - 1, 0)}
+    places |= {(min(y, h - 1), min(x, w - 1)) for y in (3, 4, 8) for x in (7, 8, w - 2)}
+    _assert_non_finite_x_spreads_only_where_pytorch_does(params, config, device, places)
+
+
+def _assert_non_finite_x_spreads_only_where_pytorch_does(params, config, device, places):
+    """The check of test_non_finite_x_spreads_only_where_pytorch_does, with an inf at each of
+    `places` ((y, x) in x) in turn (and a NaN mirrored in the last group)."""
     import torch
 
     from spio.check import error_ratio, random_inputs
@@ -317,8 +326,6 @@ def test_non_finite_x_spreads_only_where_pytorch_does(params, config, device):
 
     t = random_inputs(params, seed=1)
     h, w = params.h, params.w
-    places = {(0, 0), (h - 1, w - 1), (h // 2, w // 2), (0, w - 1), (h - 1, 0)}
-    places |= {(min(y, h - 1), min(x, w - 1)) for y in (3, 4, 8) for x in (7, 8, w - 2)}
     kernel = wg.production_kernel(params, config)
     tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"])
     for y, x in sorted(places):
@@ -337,6 +344,54 @@ def test_non_finite_x_spreads_only_where_pytorch_does(params, config, device):
         )
         ratio = error_ratio(dw[finite], expected[finite], tol.atol, tol.rtol)
         assert ratio <= 1.0, f"pixel ({y}, {x}): worst error {ratio:.3g} times the tolerance"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize(
+    "params,config",
+    [
+        # 5 output rows in tiles of 4: the last tile has 1 row, fewer than R - 1 = 2
+        (Conv2dGw8Params(n=1, c=16, h=7, w=9, padding=0, r=3, s=3),
+         wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=8, warp_q8=1, stages=3)),
+        # 7 output rows in tiles of 4: the last has 3, fewer than R - 1 = 4, more than padding 1
+        (Conv2dGw8Params(n=1, c=16, h=9, w=10, padding=1, r=5, s=2, dtype="bf16", has_bias=True),
+         wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=8, warp_q8=1, stages=4)),
+    ],
+    ids=["r3-one-row", "r5-three-rows"],
+)  # fmt: skip
+def test_non_finite_x_in_a_last_row_tile_shorter_than_the_filter(params, config, device):
+    """A last row tile with at most R - 1 output rows has no full step (full_steps = 0): every
+    step is careful, step R - 1 too, whose dy rows past the output meet x rows inside x (those
+    rows lie below the output only by less than R - 1 - padding). An inf in every x row in turn:
+    the NON_FINITE_LAYERS' tiles all leave more than R - 1 rows or meet only padding there."""
+    assert config in wg.configs(params)
+    h, w = params.h, params.w
+    places = {(y, x) for y in range(h) for x in (0, w - 1)}
+    _assert_non_finite_x_spreads_only_where_pytorch_does(params, config, device, places)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        # two warps along the tile's columns: the second's 8 columns all past the output
+        wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=16, warp_q8=1, stages=3),
+        # one warp, 16 pixels an mma: the mma's second 8-pixel run all past the output
+        wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=16, warp_q8=2, stages=3, mma_k=16),
+    ],
+    ids=lambda c: c.encode(),
+)
+def test_non_finite_x_where_a_warp_or_run_starts_past_the_output(config, device):
+    """24 output columns in tiles of 16 (padding 0, S = 3): the last tile's second 8 columns
+    start at the output's edge, where x still has S - 1 columns. Their column masks depend on
+    the warp's first column and on the run within a 16-pixel mma; x's last columns must reach
+    only the taps that meet output columns (in the NON_FINITE_LAYERS, the columns a warp or a
+    second run holds past the output meet only x's padding)."""
+    params = Conv2dGw8Params(n=1, c=16, h=6, w=26, padding=0, r=3, s=3)
+    assert params.q == 24 and config in wg.configs(params)
+    h, w = params.h, params.w
+    places = {(y, x) for y in (0, h // 2, h - 1) for x in (w - 3, w - 2, w - 1)}
+    _assert_non_finite_x_spreads_only_where_pytorch_does(params, config, device, places)
 
 
 def _load_via_regs_cases():
