@@ -125,12 +125,13 @@ def test_vmap_has_a_batching_rule(monkeypatch, emulate):
     x = torch.randn(3, 2, 16, 5, 4, generator=gen).half()
     ws = torch.randn(3, 16, 8, 3, 3, generator=gen).half()
     b = torch.randn(16, generator=gen)
+    bs = torch.randn(3, 16, generator=gen)
 
     def f(x, w, b):
         return conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
 
     cases = [((0, None, None), (x, ws[0], b), 1), ((None, 0, None), (x[0], ws, b), 3),
-             ((0, 0, None), (x, ws, b), 3)]  # fmt: skip
+             ((0, 0, None), (x, ws, b), 3), ((0, None, 0), (x, ws[0], bs), 3)]  # fmt: skip
     for in_dims, args, expected_calls in cases:
         calls.clear()
         y = torch.vmap(f, in_dims=in_dims)(*args)
@@ -430,6 +431,7 @@ def _bad_calls():
     w = torch.randn(16, 8, 3, 3)
     return [
         ("stride", lambda: conv2d_gw8(x, w, None, 2, 1, 1), "stride 1, got 2"),
+        ("stride 0", lambda: conv2d_gw8(x, w, None, 0, 1, 1), "stride 1, got 0"),
         ("dilation", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 2), "dilation 1, got 2"),
         ("group width", lambda: conv2d_gw8(x, torch.randn(16, 4, 3, 3)), "group width 8, got 4"),
         (
@@ -455,9 +457,15 @@ def _bad_calls():
             "input image of at least 1x1, got 0x4",
         ),
         ("groups", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 4), "groups = C / 8 = 2, got 4"),
+        ("groups 0", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 0), "groups = C / 8 = 2, got 0"),
         ("R", lambda: conv2d_gw8(x, torch.randn(16, 8, 7, 3)), "filter R in 1..5, got 7"),
         ("S", lambda: conv2d_gw8(x, torch.randn(16, 8, 3, 6)), "filter S in 1..5, got 6"),
         ("padding", lambda: conv2d_gw8(x, w, None, 1, -1, 0), "non-negative padding, got (-1, 0)"),
+        (
+            "padding x",
+            lambda: conv2d_gw8(x, w, None, 1, 0, -1),
+            "non-negative padding, got (0, -1)",
+        ),
         (
             "empty",
             lambda: conv2d_gw8(torch.randn(1, 8, 2, 9), torch.randn(8, 8, 3, 3)),
@@ -471,6 +479,11 @@ def _bad_calls():
         (
             "bias dtype",
             lambda: conv2d_gw8(x.double(), w.double(), torch.randn(16).half()),
+            "bias in fp32 or the input dtype",
+        ),
+        (
+            "float64 bias",
+            lambda: conv2d_gw8(x.half(), w.half(), torch.randn(16, dtype=torch.float64)),
             "bias in fp32 or the input dtype",
         ),
         ("devices", lambda: conv2d_gw8(x, w.to("meta")), "input on cpu and weight on meta"),
@@ -847,3 +860,25 @@ def test_the_op_refuses_torch_func_derivatives_instead_of_a_zero_tangent(transfo
             (w,),
             (torch.ones_like(w),),
         )
+
+
+def test_emulated_autocast_hands_the_kernels_an_fp32_bias(monkeypatch):
+    """Under autocast the op casts input and weight to the region's dtype but the bias to fp32,
+    which the kernels add unrounded: the same bits as calling it with those operands."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    x, w, b = _tensors(SHAPES[0], dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
+    expected = conv2d_gw8(x.bfloat16(), w.bfloat16(), b, padding_y=1, padding_x=1)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, expected)
+
+
+def test_image_bytes_counts_the_larger_of_input_and_output():
+    from spio.functional import _kernels
+
+    # Padding 2 around a 1x1 filter: the 6x6 output is larger than the 2x2 input.
+    grows = Conv2dGw8Params(1, 8, 2, 2, padding=(2, 2), r=1, s=1)
+    assert _kernels.image_bytes(grows) == 8 * 6 * 6 * 2
+    shrinks = Conv2dGw8Params(1, 8, 6, 6, padding=(0, 0), r=5, s=5)
+    assert _kernels.image_bytes(shrinks) == 8 * 6 * 6 * 2

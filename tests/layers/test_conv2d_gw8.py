@@ -25,6 +25,8 @@ INELIGIBLE = [
     ((16, 16, 7), dict(groups=2, padding=3), "kernel size in 1..5"),
     ((16, 16, 3), dict(groups=2, padding=1, padding_mode="reflect"), "padding_mode 'zeros'"),
     ((16, 16, 4), dict(groups=2, padding="same"), "padding of one or two ints"),
+    ((16, 16, (3, 4)), dict(groups=2, padding="same"), "padding of one or two ints"),
+    ((16, 16, 3), dict(groups=2, padding=(0, -1)), r"non-negative padding, got \(0, -1\)"),
     ((16, 16, 3), dict(groups=2, padding=(1.5, 1)), r"padding .*got \(1.5, 1\)"),
 ]
 
@@ -849,3 +851,17 @@ def test_non_finite_inputs_make_no_more_nans_than_pytorch(monkeypatch, where):
     ref(x_ref).backward(g.double())
     grad, grad_ref = (m.weight.grad, ref.weight.grad) if where == "x" else (x.grad, x_ref.grad)
     assert torch.equal(torch.isfinite(grad), torch.isfinite(grad_ref))
+
+
+def test_a_bias_alone_requiring_grad_gets_its_gradient_on_the_eager_path(monkeypatch):
+    """A frozen weight and an input without grad: autograd still runs for the bias alone."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).to(torch.bfloat16)
+    layer.weight.requires_grad_(False)
+    y = layer(torch.randn(2, 16, 5, 6, dtype=torch.bfloat16))
+    assert y.requires_grad
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    expected = dy.double().sum(dim=(0, 2, 3))
+    torch.testing.assert_close(layer.bias.grad.double(), expected, rtol=1e-2, atol=1e-2)

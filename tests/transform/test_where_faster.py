@@ -180,3 +180,26 @@ def test_warns_when_the_model_is_not_channels_last(caplog):
     assert len(warnings()) == 1
     assert "2 of the 2 convolution calls" in warnings()[0].getMessage()
     assert ".to(memory_format=torch.channels_last)" in warnings()[0].getMessage()
+
+
+def test_a_conv_called_on_several_layers_keeps_the_passes_faster_on_all():
+    """One module called on two image sizes meets two layers: spio keeps only the passes it won
+    on both."""
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            return self.conv(x), self.conv(x[:, :, :4, :4])
+
+    def timer(params, pass_, impl):
+        if impl == "torch":
+            return 2.0
+        won = {8: ("fprop", "dgrad"), 4: ("fprop", "wgrad")}[params.h]
+        return 1.0 if pass_ in won else 3.0
+
+    include = where_faster(Twice(), torch.randn(2, 16, 8, 8).half(), timer=timer)
+    assert include("conv", conv) == ("fprop",)
