@@ -318,7 +318,8 @@ def test_non_finite_x_spreads_only_where_pytorch_does(params, config, device):
 
 def _assert_non_finite_x_spreads_only_where_pytorch_does(params, config, device, places):
     """The check of test_non_finite_x_spreads_only_where_pytorch_does, with an inf at each of
-    `places` ((y, x) in x) in turn (and a NaN mirrored in the last group)."""
+    `places` ((y, x) in x, image 0, channel 1) in turn, and a NaN at the mirrored pixel of the
+    last image, channel 12 (where the layer has a second group)."""
     import torch
 
     from spio.check import error_ratio, random_inputs

@@ -648,7 +648,7 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
     assert str(dst.parent) in warnings[0].getMessage()
 
 
-def test_selection_loads_no_model_and_predicts_once_a_layer(fake_device, models, monkeypatch):
+def test_selection_loads_no_model_and_predicts_once_a_layer(fake_device, monkeypatch):
     """Selection loads no model once they are loaded and ranks each layer's configs with one
     batched prediction; it is memoised. Its time is printed, with a bound that only a gross
     regression breaks: on the 2-core CI machine 20 layers took 90 to 170 ms (2026-12-01), as
