@@ -18,11 +18,13 @@ from spio.reference import conv2d_gw8_fprop_ref
 
 INELIGIBLE = [
     ((16, 16, 3), dict(stride=2, groups=2), "stride 1"),
+    ((16, 16, 3), dict(stride=(1, 2), groups=2, padding=1), r"stride 1, got \(1, 2\)"),
     ((16, 16, 3), dict(groups=4), "group width 8"),
     ((16, 32, 3), dict(groups=2), "out_channels == in_channels"),
     ((16, 32, 3), dict(groups=4), "group width 8"),
     ((16, 16, 3), dict(groups=2, dilation=2), "dilation 1"),
     ((16, 16, 7), dict(groups=2, padding=3), "kernel size in 1..5"),
+    ((16, 16, (3, 7)), dict(groups=2, padding=(1, 3)), r"kernel size in 1..5, got \(3, 7\)"),
     ((16, 16, 3), dict(groups=2, padding=1, padding_mode="reflect"), "padding_mode 'zeros'"),
     ((16, 16, 4), dict(groups=2, padding="same"), "padding of one or two ints"),
     ((16, 16, (3, 4)), dict(groups=2, padding="same"), "padding of one or two ints"),
@@ -342,6 +344,35 @@ def test_eager_path_equals_the_custom_op(monkeypatch, bias):
     g2 = torch.autograd.grad(y2, [x2, layer.weight] + ([layer.bias] if bias else []), dy)
     for a, b in zip(g1, g2, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_under_autocast_the_eager_path_reads_the_weight_as_the_custom_op_does(monkeypatch):
+    """Both cast a channels_last weight to the region's dtype contiguous, so that eager calls
+    and the op (torch.compile) launch the same kernels: those spio.precompile builds."""
+    from spio.functional import conv2d_gw8
+    from spio.kernels import kernel as kernel_module
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    launched = []
+    launch = kernel_module.Kernel.launch
+    monkeypatch.setattr(
+        kernel_module.Kernel,
+        "launch",
+        lambda self, args, device: launched.append(self.name) or launch(self, args, device),
+    )
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2)
+    layer = layer.to(memory_format=torch.channels_last)
+    assert not layer.weight.is_contiguous()
+    x = torch.randn(2, 16, 5, 6).to(memory_format=torch.channels_last)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y_eager = layer(x)
+        eager = launched[:]
+        y_op = conv2d_gw8(x, layer.weight, layer.bias, 1, 1, 1, 1, 2)
+        op = launched[len(eager) :]
+        (precompiled,) = layer.spio_kernels(x)
+    assert eager == op == [precompiled.name]
+    assert torch.equal(y_eager, y_op)
 
 
 def test_eager_path_without_autograd_skips_the_autograd_function(monkeypatch):
@@ -787,6 +818,23 @@ def test_autocast_to_another_dtype_falls_back(monkeypatch, caplog):
         torch.set_autocast_dtype("cpu", was)
     torch.testing.assert_close(y, F.conv2d(x, m.weight, m.bias, padding=1, groups=2))
     assert "Conv2dGw8 falls back to F.conv2d: autocast to torch.float32" in caplog.text
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_a_float64_weight_under_autocast_raises_what_nn_conv2d_raises(monkeypatch, emulate):
+    """Autocast casts no float64 tensor: with an fp32 input, F.conv2d meets a bf16 input and a
+    float64 weight, and raises. The layer falls back to F.conv2d for a float64 weight as for a
+    float64 input, and raises that error too (the eager path had cast the weight to bf16)."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    m = make_conv2d(16, 16, 3, padding=1, groups=2)
+    m.weight = nn.Parameter(m.weight.detach().double())
+    x = torch.randn(1, 16, 5, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError) as expected:
+            F.conv2d(x, m.weight, m.bias, padding=1, groups=2)
+        with pytest.raises(RuntimeError) as got:
+            m(x)
+    assert str(got.value) == str(expected.value)
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])

@@ -112,10 +112,14 @@ def test_state_dict_round_trip():
     torch.testing.assert_close(model(x), other(x))
 
 
-def test_transform_is_idempotent_and_handles_a_bare_conv():
+def test_transform_is_idempotent_and_handles_a_bare_conv(caplog):
     model = transform(_model())
     before = [type(m) for m in model.modules()]
-    assert transform(model) is model
+    with caplog.at_level(logging.DEBUG, logger="spio"):
+        assert transform(model) is model
+    # The Conv2dGw8 layers are not counted again as nn.Conv2d modules it keeps.
+    assert "replaced 0 of 6 nn.Conv2d modules" in caplog.text
+    assert "is a Conv2dGw8" not in caplog.text
     assert [type(m) for m in model.modules()] == before
     bare = nn.Conv2d(8, 8, 3, padding=1)
     assert type(transform(bare)) is Conv2dGw8
