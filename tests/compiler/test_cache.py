@@ -64,3 +64,89 @@ def test_entries_are_as_readable_as_the_umask_allows(tmp_path, monkeypatch, umas
     finally:
         os.umask(old)
     assert stat.S_IMODE(cache.path("k").stat().st_mode) == mode
+
+
+def test_a_schema_bump_changes_every_key(monkeypatch):
+    """SCHEMA_VERSION is what a change of the entry format or of the keys bumps, so that entries
+    written before are not read as the new kind."""
+    from spio.compiler import cache
+
+    before = cache.hash_key("cubin", ["a", 1])
+    assert cache.hash_key("cubin", ["a", 1]) == before
+    monkeypatch.setattr(cache, "SCHEMA_VERSION", cache.SCHEMA_VERSION + 1)
+    assert cache.hash_key("cubin", ["a", 1]) != before
+
+
+def test_hash_key_does_not_depend_on_the_order_of_a_dicts_keys():
+    from spio.compiler.cache import hash_key
+
+    assert hash_key({"a": 1, "b": [2, 3]}) == hash_key({"b": [2, 3], "a": 1})
+    assert hash_key({"a": 1, "b": [2, 3]}) != hash_key({"a": 1, "b": [3, 2]})
+
+
+def test_an_entry_of_another_format_is_a_miss(tmp_path):
+    """Its checksum may be right (it covers meta and payload, not the magic): the magic says
+    whose entry it is."""
+    from spio.compiler import cache
+
+    store = DiskCache("things", root=tmp_path)
+    store.get_or_build("k", lambda: (b"payload", {"m": 1}))
+    blob = store.path("k").read_bytes()
+    assert blob.startswith(cache._MAGIC)
+    store.path("k").write_bytes(b"OTHERFMT" + blob[len(cache._MAGIC) :])
+    assert cache._decode(store.path("k").read_bytes()) is None
+    assert DiskCache("things", root=tmp_path).get("k") is None
+
+
+def test_an_entry_read_from_disk_is_then_served_from_memory(tmp_path):
+    """Later lookups of an entry another process wrote neither read nor check the file again."""
+    DiskCache("things", root=tmp_path).get_or_build("k", lambda: (b"payload", {"m": 1}))
+    reader = DiskCache("things", root=tmp_path)
+    assert reader.get("k") == (b"payload", {"m": 1})
+    reader.path("k").unlink()
+    assert reader.get("k") == (b"payload", {"m": 1})
+    assert reader.get_or_build("k", lambda: pytest.fail("built again")) == (
+        b"payload",
+        {"m": 1},
+        True,
+    )
+
+
+def test_a_failed_write_leaves_the_old_entry_and_no_temporary_file(tmp_path, monkeypatch):
+    from spio.compiler import cache
+
+    path = tmp_path / "entry.bin"
+    cache.write_atomically(path, b"old")
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cache.os, "replace", fail)
+    with pytest.raises(OSError, match="No space left"):
+        cache.write_atomically(path, b"new")
+    assert path.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry.bin"]
+
+
+def test_an_entry_stored_by_another_process_while_waiting_for_the_lock_is_used(
+    tmp_path, monkeypatch
+):
+    """Two processes miss at once: the one that waited for the file lock finds the other's entry
+    under it, reports a hit and builds nothing."""
+    import filelock
+
+    other = DiskCache("things", root=tmp_path)  # another process, holding the lock first
+    mine = DiskCache("things", root=tmp_path)
+    real = filelock.FileLock.acquire
+    waited = []
+
+    def acquire(self, *args, **kwargs):
+        if not waited:  # the first acquire is mine: the other process builds meanwhile
+            waited.append(self.lock_file)
+            other.get_or_build("k", lambda: (b"theirs", {"by": "other"}))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", acquire)
+    built = mine.get_or_build("k", lambda: pytest.fail("built although the other process had"))
+    assert waited == [str(mine.path("k")) + ".lock"]
+    assert built == (b"theirs", {"by": "other"}, True)

@@ -336,3 +336,29 @@ def test_a_failure_without_a_log_names_nvrtcs_result(monkeypatch):
         nvrtc.compile_program('extern "C" __global__ void k() {}', "k.cu", [])
     assert info.value.result == "NVRTC_ERROR_INVALID_INPUT"
     assert str(info.value) == "NVRTC failed to compile k.cu (NVRTC_ERROR_INVALID_INPUT):\n(no log)"
+
+
+def test_cache_key_changes_with_the_source_and_a_headers_text(fresh_digests):
+    base = compile_module.nvrtc_options("sm_80")
+
+    def key(source=TENSOR_CORE_KERNEL, headers=None):
+        return compile_module.cubin_key(source, "sm_80", headers or {}, base)
+
+    assert key() == key()
+    assert key(TENSOR_CORE_KERNEL.replace("c[0] + c[1]", "c[1] + c[0]")) != key()
+    assert key(headers={"gen.h": "#define V 1\n"}) != key(headers={"gen.h": "#define V 2\n"})
+
+
+def test_nvrtc_identity_follows_the_builtins_library(tmp_path, monkeypatch, fresh_digests):
+    """libnvrtc-builtins is loaded beside libnvrtc and holds code NVRTC compiles in: a new
+    build of it alone is a new compiler."""
+    lib, builtins = tmp_path / "libnvrtc.so.12", tmp_path / "libnvrtc-builtins.so.12.8"
+    lib.write_bytes(b"nvrtc")
+    builtins.write_bytes(b"builtins, one build")
+    monkeypatch.setattr(nvrtc, "library_path", lambda: lib)
+    monkeypatch.setattr(nvrtc, "builtins_beside", lambda path: [builtins])
+    monkeypatch.setattr(nvrtc, "version", lambda: (12, 8))
+    first = compile_module._nvrtc_identity()
+    compile_module._nvrtc_identity.cache_clear()
+    builtins.write_bytes(b"builtins, another build")
+    assert compile_module._nvrtc_identity() != first

@@ -61,3 +61,57 @@ def test_library_identity_sees_a_rebuild_not_a_move(tmp_path):
     assert digest.library_identity(lib) != digest.library_identity(moved)
     moved.write_bytes(blob + b"\0")  # same head, another size
     assert digest.library_identity(lib) != digest.library_identity(moved)
+
+
+def test_tree_digest_does_not_depend_on_the_order_files_are_listed_in(tmp_path, monkeypatch):
+    """The listing order is the file system's (e.g. creation order on tmpfs): the digest sorts."""
+    from pathlib import Path
+
+    root = make_tree(tmp_path / "tree")
+    (root / "c.h").write_text("#define C 3\n")
+    before = digest.tree_digest(root)
+    rglob = Path.rglob
+    monkeypatch.setattr(Path, "rglob", lambda self, pattern: reversed(list(rglob(self, pattern))))
+    assert digest.tree_digest(root) == before
+
+
+def _same_stat(path, like):
+    """Give `path` the access and modification times of `like` (as a copy or unpack may)."""
+    st = like.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_headers_identity_sees_a_new_size_at_the_same_mtime(tmp_path):
+    root = make_tree(tmp_path / "include")
+    saved = tmp_path / "saved.h"
+    shutil.copy2(root / "a.h", saved)
+    before = digest.headers_identity(root)
+    (root / "a.h").write_text("#define A 100\n")
+    _same_stat(root / "a.h", saved)
+    assert digest.headers_identity(root) != before
+
+
+def test_headers_identity_sees_a_renamed_header(tmp_path):
+    root = make_tree(tmp_path / "include")
+    before = digest.headers_identity(root)
+    (root / "a.h").rename(root / "b.h")  # same size and mtime
+    assert digest.headers_identity(root) != before
+
+
+def test_headers_identity_names_its_folder(tmp_path):
+    """A copy elsewhere, mtimes kept, is another identity: a new or moved environment compiles
+    afresh once (compile.cubin_key)."""
+    first = make_tree(tmp_path / "one")
+    second = tmp_path / "two"
+    shutil.copytree(first, second)  # copy2: the same sizes and mtimes
+    assert digest.headers_identity(first) != digest.headers_identity(second)
+
+
+def test_headers_identity_sees_hpp_headers(tmp_path):
+    """The CUDA headers folder holds .hpp files beside its .h files (cuda_fp16.hpp, ...)."""
+    root = make_tree(tmp_path / "include")
+    (root / "c.hpp").write_text("// header\n")
+    before = digest.headers_identity(root)
+    st = (root / "c.hpp").stat()
+    os.utime(root / "c.hpp", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert digest.headers_identity(root) != before

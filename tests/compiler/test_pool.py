@@ -283,3 +283,22 @@ def test_an_unwritable_cache_keeps_the_workers_results_in_the_parent(
     assert "cannot write its cache folder" not in capfd.readouterr().err  # the workers' stderr
     warned = [r for r in caplog.records if "cannot write its cache folder" in r.getMessage()]
     assert len(warned) == 1
+
+
+def test_a_writable_cache_keeps_no_worker_result_in_memory_and_warns_nothing(
+    cache_dir, monkeypatch, caplog
+):
+    """The parent keeps a worker's result in memory only where the disk did not take it: here
+    every cubin is on disk, and nothing says the folder cannot be written."""
+    from spio.compiler import compile as compile_module
+
+    monkeypatch.setattr(compile_module._cubin_cache, "_warned", False)
+    tag = uuid.uuid4().hex
+    jobs = [CompileJob(f"// {tag}\n" + GOOD.format(value=i), "sm_80") for i in range(2)]
+    with caplog.at_level("WARNING", logger="spio"):
+        results = compile_many(jobs, workers=2, progress=False)
+    assert all(isinstance(r, CompileResult) for r in results), results
+    assert all(compile_module._cubin_cache.on_disk(r.key) for r in results)
+    assert not compile_module._cubin_cache.warned
+    assert "cannot write its cache folder" not in caplog.text
+    assert not any(r.key in compile_module._cubin_cache._memory for r in results)

@@ -485,3 +485,58 @@ def test_default_timer_makes_a_layers_inputs_once_for_all_its_candidates(monkeyp
     assert timer._inputs is None
     timer("conv2d_gw8_fprop", other, "b", "cuda:0")
     assert len(made) == 9
+
+
+def test_cache_key_changes_with_spios_version(monkeypatch):
+    """A release may change what a config compiles to in ways the code digest does not see."""
+    import spio
+
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    top = family.configs(LAYER)[:2]
+    code = autotune.code_digest([family.make_kernel(LAYER, c) for c in top])
+    before = autotune.cache_key(family.name, LAYER, H200, top, code)
+    monkeypatch.setattr(spio, "__version__", spio.__version__ + ".post1")
+    assert autotune.cache_key(family.name, LAYER, H200, top, code) != before
+
+
+def test_the_code_digest_changes_with_a_kernels_source_file_or_launch_shape(monkeypatch):
+    """A winner timed on another kernel source, or launched with another grid, block or shared
+    memory size, is not reused."""
+    from spio.kernels import kernel as kernel_module
+
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    kernels = [family.make_kernel(LAYER, c) for c in family.configs(LAYER)[:2]]
+    digest = autotune.code_digest(kernels)
+    first = kernels[0]
+    for change in (
+        {"grid": (first.grid[0] + 1, *first.grid[1:])},
+        {"block": (first.block[0] * 2, *first.block[1:])},
+        {"shared_mem_bytes": first.shared_mem_bytes + 1024},
+    ):
+        other = dataclasses.replace(first, **change)
+        assert autotune.code_digest([other, kernels[1]]) != digest, change
+    real = kernel_module.kernel_source
+    edited = {first.source_file: real(first.source_file) + "\n// edited\n"}
+    monkeypatch.setattr(kernel_module, "kernel_source", lambda name: edited.get(name) or real(name))
+    assert autotune.code_digest(kernels) != digest
+
+
+def test_default_timer_makes_new_inputs_for_another_pass_of_the_same_layer(monkeypatch):
+    """FProp, DGrad and WGrad of one layer take different arguments: another family's timing
+    must not launch on the inputs made for the last one."""
+    made = []
+    monkeypatch.setattr(autotune, "_l2_bytes", lambda device: 60 * 2**20)
+    monkeypatch.setattr(autotune, "input_copies", lambda family, params, l2: 1)
+    monkeypatch.setattr(
+        autotune, "kernel_inputs", lambda family, *a: made.append(family) or [family]
+    )
+    timed = []
+    monkeypatch.setattr(
+        autotune, "time_kernel", lambda f, p, kernel, sets, d: timed.append((f, sets[0])) or 1e-5
+    )
+    timer = autotune._DefaultTimer()
+    layer = P(n=2, c=16, h=8, w=8)
+    for family in ("conv2d_gw8_fprop", "conv2d_gw8_dgrad", "conv2d_gw8_wgrad"):
+        timer(family, layer, "kernel", "cuda:0")
+    assert made == ["conv2d_gw8_fprop", "conv2d_gw8_dgrad", "conv2d_gw8_wgrad"]
+    assert all(f == args[0] for f, args in timed), timed
