@@ -316,7 +316,7 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
             return problem
     dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
     if dtype is not None:
-        if torch.float64 in (input.dtype, weight.dtype):
+        if torch.float64 in (input.dtype, weight.dtype, getattr(bias, "dtype", None)):
             return "float64 tensors under autocast"
         if kernels and dtype not in _HALF:
             return f"autocast to {dtype}"

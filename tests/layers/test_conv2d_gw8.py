@@ -821,13 +821,18 @@ def test_autocast_to_another_dtype_falls_back(monkeypatch, caplog):
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
-def test_a_float64_weight_under_autocast_raises_what_nn_conv2d_raises(monkeypatch, emulate):
+@pytest.mark.parametrize("which", ["weight", "bias"])
+def test_a_float64_parameter_under_autocast_raises_what_nn_conv2d_raises(
+    monkeypatch, emulate, which
+):
     """Autocast casts no float64 tensor: with an fp32 input, F.conv2d meets a bf16 input and a
-    float64 weight, and raises. The layer falls back to F.conv2d for a float64 weight as for a
-    float64 input, and raises that error too (the eager path had cast the weight to bf16)."""
+    float64 weight or bias, and raises. The layer falls back to F.conv2d for a float64 weight
+    or bias as for a float64 input, and raises that error too. The eager path had cast them
+    (the weight to bf16, the bias to fp32) and run, while the custom op, which a compiled model
+    calls, refused the float64 bias: the same model ran eagerly and failed compiled."""
     monkeypatch.setenv("SPIO_EMULATE", emulate)
     m = make_conv2d(16, 16, 3, padding=1, groups=2)
-    m.weight = nn.Parameter(m.weight.detach().double())
+    setattr(m, which, nn.Parameter(getattr(m, which).detach().double()))
     x = torch.randn(1, 16, 5, 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with pytest.raises(RuntimeError) as expected:
