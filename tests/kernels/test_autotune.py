@@ -189,6 +189,17 @@ def test_a_larger_top_k_tunes_again(tuned, monkeypatch):
     assert tuned.calls == []
 
 
+def test_a_new_top_k_in_the_same_process_tunes_again(tuned, monkeypatch):
+    """Selections are memoised by the settings: SPIO_AUTOTUNE_TOPK changed in a running process
+    times the new top-k rather than answering with the memoised pick of the old one."""
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert len(tuned.calls) == 4
+    tuned.calls.clear()
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "6")
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert len(tuned.calls) == 6
+
+
 def test_cache_entry_records_what_was_timed(tuned, tmp_path):
     from spio.compiler import DiskCache
 
