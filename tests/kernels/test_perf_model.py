@@ -117,6 +117,13 @@ def test_sample_csv_round_trip_and_errors(tmp_path):
     other.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="has columns"):
         pm.append_samples(other, [sample])
+    # The same columns in another order: rows written in SAMPLE_COLUMNS' order would not line
+    # up with that header.
+    header = path.read_text().splitlines()[0]
+    reordered = tmp_path / "reordered.csv"
+    reordered.write_text(",".join(reversed(header.split(","))) + "\n")
+    with pytest.raises(ValueError, match="has columns"):
+        pm.append_samples(reordered, [sample])
 
 
 def test_samples_name_the_wgrad_reduction_spio_runs(monkeypatch, tmp_path, capsys):
@@ -413,6 +420,17 @@ def test_selection_follows_spio_perf_models_changed_in_a_running_process(
     config = pm.select_config(conv2d_gw8_kernel_factory, params, fake_device)
     assert pm.selection_source(family, params, fake_device) == "heuristic"
     assert config == conv2d_gw8_kernel_factory.default_config(params)
+
+
+def test_the_heuristics_pick_heads_its_ranking():
+    """Where no model applies, select_config takes factory.default_config and autotuning times
+    the head of heuristic_ranking: the same config, so an untuned and a tuned process start
+    from the same pick."""
+    for params in unseen_layers(12):
+        for name, (factory, options) in CALLS.items():
+            family = pm.FAMILIES[name]
+            ranking = pm.heuristic_ranking(family, params, family.configs(params))
+            assert ranking[0] == factory.default_config(params, **options), (name, params)
 
 
 def test_device_specific_model_is_preferred(tmp_path):
