@@ -15,7 +15,9 @@ LIBRARY_HEAD_BYTES = 1 << 20
 
 
 def tree_digest(root: Path) -> str:
-    """sha256 of every file under `root`: its path relative to `root` and its content.
+    """sha256 of every file under `root`: its path relative to `root` and its content, each
+    preceded by its length, so that no two trees run together into the same bytes (a file
+    "AB" beside "y.h" holding "C" against a lone file "ABy.hC").
 
     Relative paths only, so moving the tree keeps the digest; __pycache__ folders are skipped;
     a missing `root` digests as an empty tree.
@@ -24,8 +26,9 @@ def tree_digest(root: Path) -> str:
     if root.is_dir():
         for path in sorted(root.rglob("*")):
             if path.is_file() and "__pycache__" not in path.relative_to(root).parts:
-                digest.update(str(path.relative_to(root)).encode())
-                digest.update(path.read_bytes())
+                name, content = str(path.relative_to(root)).encode(), path.read_bytes()
+                digest.update(b"%d:%s%d:" % (len(name), name, len(content)))
+                digest.update(content)
     return digest.hexdigest()
 
 

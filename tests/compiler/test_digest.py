@@ -25,6 +25,18 @@ def test_tree_digest_follows_content_not_location(tmp_path):
     assert digest.tree_digest(first) != digest.tree_digest(second)
 
 
+def test_tree_digest_keeps_file_boundaries(tmp_path):
+    """Names and contents do not run together: x.h "AB" beside y.h "C" is not a lone x.h
+    "ABy.hC" (hashing them back to back made the two one digest)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    (one / "x.h").write_text("AB")
+    (one / "y.h").write_text("C")
+    (two / "x.h").write_text("ABy.hC")
+    assert digest.tree_digest(one) != digest.tree_digest(two)
+
+
 def test_tree_digest_skips_pycache_and_takes_a_missing_tree(tmp_path):
     root = make_tree(tmp_path / "tree")
     before = digest.tree_digest(root)
