@@ -89,30 +89,33 @@ def test_a_transformed_timm_model_keeps_its_outputs_and_gradients(name):
     assert {(p.r, p.s, p.dtype) for p in params} == {(3, 3, "bf16")}
 
 
-def test_emulated_kernels_run_every_pass_of_a_timm_models_layers(monkeypatch):
-    """regnetx_002 under bf16 autocast with SPIO_EMULATE=1: every transformed layer runs the real
-    kernels in the CPU emulator (FProp, DGrad and WGrad), and each layer's output, input gradient
-    and weight gradient match float64 PyTorch on the same layer's own inputs (per layer, so that
-    rounding does not pile up through the network)."""
-    monkeypatch.setenv("SPIO_EMULATE", "1")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_kernels_run_every_pass_of_a_timm_models_layers(monkeypatch, device):
+    """regnetx_002 under bf16 autocast, on the GPU or (cpu) with SPIO_EMULATE=1 in the CPU
+    emulator: every transformed layer runs spio's kernels in FProp, DGrad and WGrad, and each
+    layer's output, input gradient and weight gradient match float64 PyTorch on the same
+    layer's own inputs (per layer, so that rounding does not pile up through the network)."""
+    monkeypatch.setenv("SPIO_EMULATE", "1" if device == "cpu" else "0")
     torch.manual_seed(0)
     model = transform(timm.create_model("regnetx_002")).eval()
+    model = model.to(device=device, memory_format=torch.channels_last)
     layers = [m for m in model.modules() if isinstance(m, Conv2dGw8)]
     seen = {}
 
     def keep_input(module, args, output):
-        seen[module] = {"x": args[0].detach(), "y": output.detach()}
+        seen[module] = {"x": args[0].detach().cpu(), "y": output.detach().cpu()}
 
     def keep_dy(module, grad_input, grad_output):
-        seen[module]["dy"] = grad_output[0].detach()
-        seen[module]["dx"] = grad_input[0].detach()
+        seen[module]["dy"] = grad_output[0].detach().cpu()
+        seen[module]["dx"] = grad_input[0].detach().cpu()
 
     hooks = [m.register_forward_hook(keep_input) for m in layers]
     hooks += [m.register_full_backward_hook(keep_dy) for m in layers]
-    x = torch.randn(2, 3, 64, 64).to(memory_format=torch.channels_last).requires_grad_()
+    x = torch.randn(2, 3, 64, 64).to(device=device, memory_format=torch.channels_last)
+    x.requires_grad_()
     launched = spy_on_launches(monkeypatch)
     try:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             y = model(x)
         y.float().square().sum().backward()
     finally:
@@ -128,10 +131,10 @@ def test_emulated_kernels_run_every_pass_of_a_timm_models_layers(monkeypatch):
         rec = seen[m]
         assert rec["y"].dtype == torch.bfloat16
         x64 = rec["x"].to(torch.bfloat16).double().requires_grad_()  # as autocast hands it over
-        w64 = m.weight.detach().to(torch.bfloat16).double().requires_grad_()
+        w64 = m.weight.detach().cpu().to(torch.bfloat16).double().requires_grad_()
         y64 = F.conv2d(x64, w64, None, 1, m._spio_padding, 1, m.groups)
         if m.bias is not None:
-            y64 = y64 + m.bias.detach().double().view(1, -1, 1, 1)
+            y64 = y64 + m.bias.detach().cpu().double().view(1, -1, 1, 1)
         scale = y64.abs().max().item()
         torch.testing.assert_close(
             rec["y"].double(), y64, atol=4 * eps * scale, rtol=4 * eps, msg=f"layer {i} y"
@@ -144,5 +147,9 @@ def test_emulated_kernels_run_every_pass_of_a_timm_models_layers(monkeypatch):
         # Summed in fp32, then rounded to bf16 as the op hands it back to autocast's cast.
         dw_scale = dw64.abs().max().item()
         torch.testing.assert_close(
-            m.weight.grad.double(), dw64, atol=2 * eps * dw_scale, rtol=eps, msg=f"layer {i} dw"
+            m.weight.grad.cpu().double(),
+            dw64,
+            atol=2 * eps * dw_scale,
+            rtol=eps,
+            msg=f"layer {i} dw",
         )
