@@ -14,6 +14,12 @@ GOOD = 'extern "C" __global__ void k(int *x) {{ x[threadIdx.x] = {value}; }}'
 BAD = 'extern "C" __global__ void k(int *x) { x[0] = nope; }'
 
 
+def fresh_jobs(count: int) -> list[CompileJob]:
+    """`count` sm_80 jobs of sources no earlier run compiled (a new tag in each)."""
+    tag = uuid.uuid4().hex
+    return [CompileJob(f"// {tag}\n" + GOOD.format(value=i), "sm_80") for i in range(count)]
+
+
 def test_compile_many_keeps_order_and_returns_errors(cache_dir):
     tag = uuid.uuid4().hex
     jobs = [
@@ -268,8 +274,7 @@ def test_an_unwritable_cache_keeps_the_workers_results_in_the_parent(
     monkeypatch.setenv("SPIO_CACHE_DIR", str(blocker / "cache"))  # mkdir fails, even as root
     monkeypatch.setattr(compile_module._cubin_cache, "_memory", {})
     monkeypatch.setattr(compile_module._cubin_cache, "_warned", False)
-    tag = uuid.uuid4().hex
-    jobs = [CompileJob(f"// {tag}\n" + GOOD.format(value=i), "sm_80") for i in range(3)]
+    jobs = fresh_jobs(3)
     with caplog.at_level("WARNING", logger="spio"):
         results = compile_many(jobs, workers=2, progress=False)
     assert all(isinstance(r, CompileResult) for r in results), results
@@ -293,8 +298,7 @@ def test_a_writable_cache_keeps_no_worker_result_in_memory_and_warns_nothing(
     from spio.compiler import compile as compile_module
 
     monkeypatch.setattr(compile_module._cubin_cache, "_warned", False)
-    tag = uuid.uuid4().hex
-    jobs = [CompileJob(f"// {tag}\n" + GOOD.format(value=i), "sm_80") for i in range(2)]
+    jobs = fresh_jobs(2)
     with caplog.at_level("WARNING", logger="spio"):
         results = compile_many(jobs, workers=2, progress=False)
     assert all(isinstance(r, CompileResult) for r in results), results
