@@ -155,3 +155,43 @@ def test_tally_counts_each_range_once_though_the_profiler_reports_it_on_both_sid
     assert found[("spio", "fprop")]["calls"] == 3
     assert found[("spio", "fprop")]["kernels"] == {"spio_conv2d_gw8": 21.0}
     assert spio_kernels == {"spio_conv2d_gw8": 21.0, "spio_sum_slots": 3.0}
+
+
+def test_insitu_table_puts_each_impls_step_time_in_its_own_column():
+    common = dict(layer="L", style="convfirst", n=8, dtype="fp16", pass_="dgrad", calls=4,
+                  kernels="k:1.0", event_us_per_call=1.0, gpu="FIXTURE", driver="-", torch="-",
+                  spio="-", date="-", command="-")  # fmt: skip
+    rows = [
+        InSituRow(impl="spio", us_per_call=20.0, step_ms=1.5, **common),
+        InSituRow(impl="torch", us_per_call=10.0, step_ms=2.25, **common),
+    ]
+    fields = format_insitu_table(rows).splitlines()[2].split()
+    # spio us, torch us, speedup (torch / spio), spio step ms, torch step ms
+    assert fields[4:] == ["20.0", "10.0", "0.50x", "1.500", "2.250"]
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+def test_step_time_is_the_median_of_the_steps_not_the_mean(monkeypatch):
+    """Stand-in CUDA events time the three steps at 1, 7 and 1 ms: the median is 1 (the mean
+    would be 3)."""
+    from spio.bench.insitu import step_time_ms
+
+    times = iter([1.0, 7.0, 1.0])
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return next(times)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    stack = make_stack("convfirst", TINY, "torch", depth=1)
+    x = torch.randn(1, TINY.c, TINY.h, TINY.w)
+    assert step_time_ms(stack, x, steps=3) == 1.0

@@ -169,3 +169,55 @@ def test_plot_only_command_needs_no_gpu(bench_csv):
     assert out.returncode == 0, out.stderr
     assert "speedup over PyTorch" in out.stdout
     _assert_pngs(bench_csv.parent, ["bandwidth_fprop_fp16.png", "bandwidth_wgrad_fp16.png"])
+
+
+def test_table_columns_hold_each_impls_time_bandwidth_copy_fraction_and_speedup():
+    """64c_64x64_3x3 at N=32, FProp, worked out by hand: x and y are 32*64*64*64*2 bytes each,
+    w 64*8*3*3*2, 33,563,648 bytes in all. At the fixture's 0.1, 0.3 and 0.08 ms that is
+    335.6, 111.9 and 419.5 GB/s (1e9 bytes/s); spio reaches 0.08/0.1 = 80% of the copy's
+    bandwidth, PyTorch 0.08/0.3 = 27%; PyTorch time / spio time = 3.00."""
+    nbytes = 2 * (32 * 64 * 64 * 64 * 2) + 64 * 8 * 3 * 3 * 2
+    assert nbytes == 33_563_648
+    line = format_table(_rows()).splitlines()[2]
+    assert line.split() == [
+        "64c_64x64_3x3", "32", "fp16", "fprop",
+        "0.1000", "0.3000", "0.0800",  # ms: spio, torch, copy
+        "336", "112", "420",  # GB/s: spio, torch, copy
+        "80%", "27%",  # % of copy bandwidth: spio, torch
+        "3.00x",
+    ]  # fmt: skip
+
+
+def test_speedup_summary_is_the_median_min_and_max_of_the_cases():
+    """Three cases whose PyTorch times make speedups of 1, 2 and 6: median 2 (the mean would
+    be 3), min 1, max 6."""
+    import dataclasses
+
+    rows = _rows()[:9]  # 64c_64x64_3x3 at N=32: three passes x (spio, torch, copy), spio 0.1 ms
+    torch_ms = iter([0.1, 0.2, 0.6])
+    rows = [
+        dataclasses.replace(row, median_ms=next(torch_ms)) if row.impl == "torch" else row
+        for row in rows
+    ]
+    assert [c.speedup for c in compare(rows)] == pytest.approx([1.0, 2.0, 6.0])
+    summary = format_table(rows).splitlines()[-1]
+    assert summary == "speedup over PyTorch: median 2.00x, min 1.00x, max 6.00x over 3 cases"
+
+
+def test_csv_derived_columns_are_gb_per_second_and_tflop_per_second(tmp_path):
+    """FProp of 64c_64x64_3x3 at N=32: 33,563,648 bytes (see above) and 2*32*64*64*64*8*3*3 =
+    1,207,959,552 FLOPs. spio at 0.1 ms: 335.64 GB/s, 12.080 TFLOP/s; PyTorch at 0.3 ms:
+    111.88 GB/s, 4.027 TFLOP/s; the copy at 0.08 ms: 419.55 GB/s and no FLOPs."""
+    import csv
+
+    assert 2 * 32 * 64 * 64 * 64 * 8 * 3 * 3 == 1_207_959_552
+    path = write_csv(_rows()[:3], tmp_path / "derived.csv")
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        assert reader.fieldnames[-2:] == ["gbps", "tflops"]
+        got = [(r["impl"], r["gbps"], r["tflops"]) for r in reader]
+    assert got == [
+        ("spio", "335.64", "12.080"),
+        ("torch", "111.88", "4.027"),
+        ("copy", "419.55", "0.000"),
+    ]

@@ -192,3 +192,75 @@ def test_each_spio_row_says_how_its_config_was_chosen(monkeypatch, tmp_path):
     monkeypatch.setenv("SPIO_AUTOTUNE", "1")
     assert chosen_how("fprop") == "autotune"
     pm.clear_caches()
+
+
+def test_sweep_rows_carry_each_impls_bytes_flops_sets_percentiles_and_pre_fill(monkeypatch):
+    """run_bench's rows from stand-in timings, for FProp of a 1x3 layer with padding (0, 1) at
+    N=1 (output 4x9): x and y are 1*16*4*9*2 = 1152 bytes each, w 16*8*1*3*2 = 768, so 3072
+    bytes; 2*1*4*9*16*8*1*3 = 27648 FLOPs. The copy moves its own bytes (here 3070) over its
+    own rotation sets and does no FLOPs; a timing not fully pre-filled is labelled so."""
+    from spio.bench import run
+    from spio.bench.results import RunInfo
+    from spio.bench.timing import Timing
+
+    layer = BenchLayer("tiny_16c_4x9_1x3", 16, 4, 9, 1, 3, (0, 1))
+
+    class Case:
+        def __init__(self, params, pass_, l2):
+            self.stats = run.Conv2dStats(params)
+            self.bytes, self.sets = self.stats.bytes(pass_), 3
+            self.config = run.spio_config(params, pass_)
+            self.copy_data, self.copy_bytes = [()] * 5, 3070
+            self.selected_by = "heuristic"
+
+        def spio_call(self):
+            return "spio"
+
+        def torch_call(self):
+            return "torch"
+
+        def copy_call(self):
+            return "copy"
+
+    timings = {
+        "spio": Timing(1.0, 0.5, 2.0, 7, True),
+        "torch": Timing(3.0, 2.5, 4.0, 7, False),
+        "copy": Timing(0.5, 0.25, 0.75, 7, True),
+    }
+    info = RunInfo(
+        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="T"
+    )
+    monkeypatch.setattr(run, "PassCase", Case)
+    monkeypatch.setattr(run, "time_calls", lambda call, warmup, reps: timings[call])
+    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
+    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
+    monkeypatch.setattr(run, "run_info", lambda command: info)
+    settings = BenchSettings(layers=(layer,), batch_sizes=(1,), passes=("fprop",))
+    rows = {row.impl: row for row in run.run_bench(settings, "x")}
+    assert list(rows) == ["spio", "torch", "copy"]
+    got = {
+        impl: (r.bytes, r.flops, r.rotation_sets, r.median_ms, r.p10_ms, r.p90_ms, r.timing)
+        for impl, r in rows.items()
+    }
+    assert got == {
+        "spio": (3072, 27648, 3, 1.0, 0.5, 2.0, "T"),
+        "torch": (3072, 27648, 3, 3.0, 2.5, 4.0, "T (NOT fully pre-filled)"),
+        "copy": (3070, 0, 5, 0.5, 0.25, 0.75, "T"),
+    }
+    assert all((r.r, r.s, r.pad_h, r.pad_w) == (1, 3, 0, 1) for r in rows.values())
+    assert [r.selected_by for r in rows.values()] == ["heuristic", "", ""]
+    assert [r.config for r in rows.values()] == [
+        run.spio_config(layer.params(1), "fprop").encode(),
+        "cudnn",
+        "",
+    ]
+
+
+def test_copy_rotates_over_as_many_pairs_as_its_bytes_need():
+    """A copy of 3072 bytes (768 fp16 elements read, 768 written) with a 100 kB L2: 3 x L2 is
+    300,000 bytes, ceil(300000 / 3072) = 98 copies, plus one, 99 pairs."""
+    from spio.bench.run import copy_pairs
+
+    pairs = copy_pairs(3072, torch.float16, "cpu", l2_bytes=100_000)
+    assert len(pairs) == 99
+    assert all(src.numel() == dst.numel() == 768 for src, dst in pairs)

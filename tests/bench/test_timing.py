@@ -65,3 +65,91 @@ def test_host_per_call_counts_the_synchronise_in_the_total_only():
     assert len(calls) == 2 + 10 * 3
     assert issued < 50
     assert total - issued > 150
+
+
+def test_timing_summary_sorts_first_and_takes_the_median_not_the_mean():
+    """Five unsorted times: sorted 1, 2, 3, 9, 100. The median is 3 (the mean would be 23); p10
+    and p90 are nearest ranks rounded outwards: index int(0.1 * 4) = 0 and ceil(0.9 * 4) = 4."""
+    timing = Timing.of([9.0, 100.0, 3.0, 1.0, 2.0], prefilled=False)
+    assert timing.median_ms == 3.0
+    assert timing.p10_ms == 1.0 and timing.p90_ms == 100.0
+    assert timing.reps == 5 and not timing.prefilled
+
+
+class _FakeCuda:
+    """Stand-ins for the torch.cuda calls of time_calls, on a clock that only the timed calls
+    advance: call i takes i + 1 ms. `spinning` is what the spin kernel's event reports."""
+
+    def __init__(self, spinning):
+        self.clock = 0.0
+        self.spinning = spinning
+        self.calls = []
+        self.spin_seconds = []
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                self.at = fake.clock
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+            def query(self):
+                return not fake.spinning
+
+        self.Event = Event
+
+    def call(self, i):
+        self.calls.append(i)
+        self.clock += i + 1.0
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import torch
+
+    from spio.bench import timing
+
+    def install(spinning):
+        fake = _FakeCuda(spinning)
+        monkeypatch.setattr(torch.cuda, "Event", fake.Event)
+        monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+        monkeypatch.setattr(
+            timing.SpinCalibration, "cycles", lambda s: fake.spin_seconds.append(s) or 1000
+        )
+        return fake
+
+    return install
+
+
+def test_time_calls_times_reps_calls_after_the_warm_up_one_event_pair_each(fake_cuda):
+    """warmup=2 untimed calls, then min(5, warmup) = 2 more to gauge the host's pace: calls 0-3
+    are not timed. 60 reps run as a batch of 50 and one of 10 (not 100 calls): calls 4..63,
+    timed at 5..64 ms. Median (34 + 35) / 2; p10 sorted[int(5.9)] = 10; p90 sorted[54] = 59."""
+    from spio.bench.timing import time_calls
+
+    fake = fake_cuda(spinning=True)
+    timing = time_calls(fake.call, warmup=2, reps=60)
+    assert fake.calls == list(range(64))
+    assert timing.reps == 60 and timing.prefilled
+    assert timing.median_ms == 34.5
+    assert timing.p10_ms == 10.0 and timing.p90_ms == 59.0
+
+
+def test_time_calls_retries_a_batch_with_a_longer_spin_and_reports_it_not_pre_filled(fake_cuda):
+    """The spin kernel has always finished before the batch was queued: the batch is run
+    1 + max_retries times, the spin three times longer each time, and the times kept are the
+    last attempt's (calls 7..11, 8..12 ms) with prefilled False."""
+    from spio.bench.timing import time_calls
+
+    fake = fake_cuda(spinning=False)
+    timing = time_calls(fake.call, warmup=1, reps=5, max_retries=1)
+    assert fake.calls == list(range(12))  # 1 warm-up, 1 pace, 2 attempts of 5
+    assert len(fake.spin_seconds) == 2
+    assert fake.spin_seconds[1] == pytest.approx(3 * fake.spin_seconds[0])
+    assert not timing.prefilled
+    assert timing.reps == 5 and timing.median_ms == 10.0

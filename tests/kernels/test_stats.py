@@ -68,3 +68,22 @@ def test_kernel_factories_are_lazy_re_exports():
         " assert k.conv2d_gw8_kernel_factory.configs and k.conv2d_gw8_wgrad_kernel_factory.configs"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_arithmetic_intensity_divides_by_the_bytes_of_its_own_pass():
+    # N=2, C=16, 4x5, 3x3: 92160 FLOPs in every pass; FProp and DGrad move 4864 bytes, WGrad
+    # 7168 (dw in fp32), as worked out in test_hand_computed_3x3.
+    stats = Conv2dStats(Conv2dGw8Params(2, 16, 4, 5))
+    assert stats.arithmetic_intensity("wgrad") == pytest.approx(92160 / 7168)
+    assert stats.arithmetic_intensity("dgrad") == pytest.approx(92160 / 4864)
+
+
+@pytest.mark.parametrize("seconds", [0, -1.0, float("nan")])
+def test_throughput_rejects_a_time_that_is_not_positive(seconds):
+    with pytest.raises(ValueError, match="positive time"):
+        Conv2dStats(Conv2dGw8Params(1, 8, 3, 3)).throughput(seconds, "fprop")
+
+
+def test_throughput_rejects_an_unknown_pass():
+    with pytest.raises(ValueError, match="fprop, dgrad, wgrad, got 'bprop'"):
+        Conv2dStats(Conv2dGw8Params(1, 8, 3, 3)).throughput(1.0, "bprop")
