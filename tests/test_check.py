@@ -11,6 +11,7 @@ from spio import check
 from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels import conv2d_gw8_wgrad_factory as wg
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.stats import PASSES
 from tests.conftest import gpu_available
 
 TINY = (Conv2dGw8Params(n=1, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),)
@@ -113,6 +114,240 @@ def test_error_ratio_flags_nan_and_scales_by_tolerance():
     assert check.error_ratio(torch.tensor([1.0, float("nan")]), expected, 0.1, 0.0) == float("inf")
     ratio = check.error_ratio(torch.tensor([1.05, -2.0]), expected, 0.1, 0.0)
     assert ratio == pytest.approx(0.5)
+
+
+def _planted(reference, tol, sign=-1.0, times=4.0):
+    """The float64 reference with its most negative element moved `times` its tolerance
+    (atol + rtol * |expected|) below (sign -1) or above the right value."""
+    wrong = reference.clone()
+    flat = wrong.view(-1)
+    at = int(flat.argmin())
+    flat[at] += sign * times * (tol.atol + tol.rtol * abs(float(reference.view(-1)[at])))
+    return wrong
+
+
+def _fake_kernels(monkeypatch, target):
+    """Fake fprop, dgrad and wgrad that return the float64 reference (rounded to what the kernel
+    writes: the activation dtype, fp32 for WGrad) with one element 4 tolerances too low in
+    `target`: "fprop", "dgrad", "dw" or "dbias"."""
+    from spio.reference import (
+        conv2d_gw8_bias_grad_ref,
+        conv2d_gw8_dgrad_ref,
+        conv2d_gw8_fprop_ref,
+        conv2d_gw8_tolerance,
+        conv2d_gw8_wgrad_ref,
+    )
+
+    def fprop(x, w, bias, params, config=None, out=None, kernel=None):
+        y = conv2d_gw8_fprop_ref(x, w, bias, params.padding)
+        if target == "fprop":
+            y = _planted(y, conv2d_gw8_tolerance(params, "fprop", x, w))
+        return out.copy_(y)
+
+    def dgrad(dy, w, params, config=None, out=None, kernel=None):
+        dx = conv2d_gw8_dgrad_ref(dy, w, params.padding, (params.h, params.w))
+        if target == "dgrad":
+            dx = _planted(dx, conv2d_gw8_tolerance(params, "dgrad", dy, w))
+        return out.copy_(dx)
+
+    def wgrad(x, dy, params, kernel=None, poison=False):
+        dw = conv2d_gw8_wgrad_ref(x, dy, params.padding, params.r, params.s)
+        dbias = conv2d_gw8_bias_grad_ref(dy)
+        if target == "dw":
+            dw = _planted(dw, conv2d_gw8_tolerance(params, "wgrad", x, dy))
+        if target == "dbias":
+            dbias = _planted(dbias, conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1)))
+        return dw.float(), dbias.float()
+
+    monkeypatch.setattr(fd, "fprop", fprop)
+    monkeypatch.setattr(fd, "dgrad", dgrad)
+    monkeypatch.setattr(wg, "wgrad", wgrad)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("target", ["fprop", "dgrad", "dw", "dbias"])
+def test_check_measures_an_error_below_the_reference_in_tolerances(monkeypatch, target, dtype):
+    """A result one element of which is 4 tolerances (of the depth-derived tolerance) under the
+    float64 reference fails with a worst error of about 4 (rounding to the output dtype moves it
+    by at most half a tolerance); every other pass, whose result is the reference, passes."""
+    _fake_kernels(monkeypatch, target)
+    for pass_ in ("fprop", "dgrad", "wgrad"):
+        result = check.check_pass("cpu", TINY, pass_, dtype, extra_configs=0)
+        if pass_ == {"dw": "wgrad", "dbias": "wgrad"}.get(target, target):
+            assert not result.passed and 3.4 < result.worst < 4.6, result.line()
+        else:
+            assert result.passed and result.worst <= 0.5, result.line()
+
+
+def test_check_hands_every_kernel_nan_filled_outputs(monkeypatch):
+    """So that an element a kernel does not write fails as NaN instead of passing with what the
+    buffer held (zeros, or a previous run's right values)."""
+    from spio.reference import conv2d_gw8_dgrad_ref, conv2d_gw8_fprop_ref
+
+    seen = []
+
+    def fprop(x, w, bias, params, config=None, out=None, kernel=None):
+        seen.append(("fprop", out is not None and bool(out.isnan().all())))
+        return conv2d_gw8_fprop_ref(x, w, bias, params.padding)
+
+    def dgrad(dy, w, params, config=None, out=None, kernel=None):
+        seen.append(("dgrad", out is not None and bool(out.isnan().all())))
+        return conv2d_gw8_dgrad_ref(dy, w, params.padding, (params.h, params.w))
+
+    monkeypatch.setattr(fd, "fprop", fprop)
+    monkeypatch.setattr(fd, "dgrad", dgrad)
+    for pass_ in ("fprop", "dgrad"):
+        assert check.check_pass("cpu", TINY, pass_, "bf16", extra_configs=0).passed
+    assert seen == [("fprop", True), ("dgrad", True)]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("pass_", ["fprop", "dgrad"])
+def test_check_compares_with_the_exact_reference_not_one_rounded_to_the_output_dtype(
+    monkeypatch, pass_, dtype
+):
+    """A result 1.25 tolerances off the float64 reference fails, also at the element where the
+    reference rounded to fp16/bf16 lies between the two (rounded, it would seem under 1)."""
+    from spio.reference import conv2d_gw8_dgrad_ref, conv2d_gw8_fprop_ref, conv2d_gw8_tolerance
+
+    def off(reference, tol):
+        """float64 (any dtype passes through the check) reference, the element where rounding
+        to `dtype` moves furthest (in tolerances) moved 1.25 tolerances that way."""
+        allowed = tol.atol + tol.rtol * reference.abs()
+        moved = reference.to({"fp16": torch.float16, "bf16": torch.bfloat16}[dtype])
+        residual = (moved.double() - reference) / allowed
+        at = int(residual.abs().view(-1).argmax())
+        assert abs(float(residual.view(-1)[at])) > 0.3  # where rounding hides errors
+        result = reference.clone()
+        result.view(-1)[at] += 1.25 * float(residual.view(-1)[at].sign() * allowed.view(-1)[at])
+        return result
+
+    def fprop(x, w, bias, params, config=None, out=None, kernel=None):
+        y = conv2d_gw8_fprop_ref(x, w, bias, params.padding)
+        return off(y, conv2d_gw8_tolerance(params, "fprop", x, w))
+
+    def dgrad(dy, w, params, config=None, out=None, kernel=None):
+        dx = conv2d_gw8_dgrad_ref(dy, w, params.padding, (params.h, params.w))
+        return off(dx, conv2d_gw8_tolerance(params, "dgrad", dy, w))
+
+    monkeypatch.setattr(fd, "fprop", fprop)
+    monkeypatch.setattr(fd, "dgrad", dgrad)
+    result = check.check_pass("cpu", TINY, pass_, dtype, extra_configs=0)
+    assert not result.passed and 1.2 < result.worst < 1.3, result.line()
+
+
+LAYERS = (
+    Conv2dGw8Params(n=1, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),
+    Conv2dGw8Params(n=2, c=8, h=4, w=7, padding=(0, 2), r=1, s=5),
+)
+
+
+def _recorded_runs(monkeypatch, ratios=None):
+    """check.run_one replaced: records (params, pass, config, device) and returns the next of
+    `ratios` (0.5 when None)."""
+    runs = []
+    ratios = iter(ratios or ())
+
+    def run_one(params, pass_, config, device, seed=0, kernel=None):
+        runs.append((params, pass_, config, device))
+        return next(ratios, 0.5)
+
+    monkeypatch.setattr(check, "run_one", run_one)
+    return runs
+
+
+def test_check_runs_every_layer_in_the_dtype_with_the_default_and_sampled_configs(monkeypatch):
+    from dataclasses import replace
+
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    runs = _recorded_runs(monkeypatch)
+    result = check.check_pass("cuda", LAYERS, "dgrad", "bf16", extra_configs=2)
+    family = FAMILY_OF_PASS["dgrad"]
+    typed = [replace(p, dtype="bf16") for p in LAYERS]
+    assert [params for params, _, _, _ in runs] == [typed[0]] * 3 + [typed[1]] * 3
+    for params in typed:
+        configs = [config for p, _, config, _ in runs if p == params]
+        assert configs[0] == family.default_config(params)
+        assert len(set(configs)) == 3 and set(configs) <= set(family.configs(params))
+    assert {(pass_, device) for _, pass_, _, device in runs} == {("dgrad", "cuda")}
+    assert result.passed and result.runs == 6 and result.worst == 0.5
+
+
+def test_check_keeps_the_worst_error_and_counts_every_failed_run(monkeypatch):
+    """A NaN ratio fails too (not ratio <= 1), and the worst error is the largest run's, not
+    the last."""
+    _recorded_runs(monkeypatch, ratios=[0.5, 3.0, float("nan"), 0.25])
+    result = check.check_pass("cpu", LAYERS, "fprop", "fp16", extra_configs=1)
+    assert result.runs == 4 and len(result.failures) == 2 and not result.passed
+    assert result.worst == 3.0
+    assert "FAIL" in result.line() and "2 failed" in result.line()
+
+
+def test_check_with_nothing_run_does_not_pass():
+    result = check.check_pass("cpu", (), "fprop", "fp16")
+    assert result.runs == 0 and not result.passed and " FAIL " in result.line()
+
+
+def test_check_runs_the_kernels_on_the_device_it_is_given(monkeypatch):
+    runs = _recorded_runs(monkeypatch)
+    built_for = []
+    monkeypatch.setattr(check, "precompile", lambda *args: built_for.append(args[-1]))
+    results = check.run_check("cuda", TINY, extra_configs=0, report=lambda line: None)
+    assert len(results) == 6 and all(r.passed for r in results)
+    assert built_for == ["cuda"] and {device for *_, device in runs} == {"cuda"}
+
+
+def _cmd_check(monkeypatch, device, quick, results=None, error=None):
+    """cmd_check on `device` with run_check replaced: records its arguments and returns
+    `results` (six passing ones when None) or raises `error`. -> (exit status, arguments)."""
+    import argparse
+
+    calls = []
+
+    def run_check(device, layers, extra_configs=1, **kwargs):
+        calls.append((device, tuple(layers), extra_configs))
+        if error:
+            raise error
+        return results or [
+            check.PassResult(p, d, runs=1, worst=0.5) for d in check.DTYPES for p in PASSES
+        ]
+
+    monkeypatch.setattr(check, "resolve_device", lambda requested: device)
+    monkeypatch.setattr(check, "run_check", run_check)
+    status = check.cmd_check(argparse.Namespace(device=None, quick=quick))
+    (call,) = calls
+    return status, call
+
+
+def test_check_command_covers_every_layer_and_samples_configs(monkeypatch):
+    """On a GPU: every GPU layer (table-sized ones too), the default config and sampled ones;
+    --quick fewer layers but still table-sized ones. In the emulator: every emulator layer;
+    --quick a layer with a bias and one with a non-square filter and no bias."""
+    status, (device, layers, extra) = _cmd_check(monkeypatch, "cuda", quick=False)
+    assert status == 0 and device == "cuda" and layers == check.GPU_LAYERS and extra >= 1
+    _, (device, layers, extra) = _cmd_check(monkeypatch, "cuda", quick=True)
+    assert device == "cuda" and set(layers) < set(check.GPU_LAYERS)
+    assert set(layers) - set(check.EMULATOR_LAYERS)
+    _, (device, layers, extra) = _cmd_check(monkeypatch, "cpu", quick=False)
+    assert device == "cpu" and layers == check.EMULATOR_LAYERS and extra >= 1
+    _, (device, layers, extra) = _cmd_check(monkeypatch, "cpu", quick=True)
+    assert device == "cpu" and extra == 0
+    assert any(p.has_bias for p in layers) and any(not p.has_bias and p.r != p.s for p in layers)
+
+
+def test_check_command_exits_1_when_any_pass_fails(monkeypatch, capsys):
+    passing = [check.PassResult(p, d, runs=1, worst=0.5) for d in check.DTYPES for p in PASSES]
+    assert _cmd_check(monkeypatch, "cpu", quick=True, results=passing)[0] == 0
+    assert "all 6 pass/dtype checks passed" in capsys.readouterr().out
+    for index in (0, len(passing) - 1):
+        failing = list(passing)
+        failing[index] = check.PassResult("wgrad", "bf16", runs=1, worst=2.0, failures=("x",))
+        assert _cmd_check(monkeypatch, "cpu", quick=True, results=failing)[0] == 1
+        assert "FAILED: 1 of 6 pass/dtype checks" in capsys.readouterr().out
+    setup = check.SetupError("no compiler")
+    assert _cmd_check(monkeypatch, "cpu", quick=True, error=setup)[0] == 2
+    assert "spio check: setup error: no compiler" in capsys.readouterr().err
 
 
 def test_check_command_runs_end_to_end_in_the_emulator():
