@@ -29,16 +29,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def spy_on_launches(monkeypatch) -> list[str]:
+def spy_on_launches(monkeypatch, names: bool = False) -> list[str]:
     """From now on (until monkeypatch undoes it), record the family of every kernel spio
-    launches (e.g. "conv2d_gw8_fprop"), in order, in the list returned; launches still run."""
+    launches (e.g. "conv2d_gw8_fprop"; with `names`, the kernel's whole name), in order, in the
+    list returned; launches still run."""
     from spio.kernels.kernel import Kernel
 
     launched: list[str] = []
     launch = Kernel.launch
 
     def spy(self, args, device):
-        launched.append(self.name.split("__")[0])
+        launched.append(self.name if names else self.name.split("__")[0])
         return launch(self, args, device)
 
     monkeypatch.setattr(Kernel, "launch", spy)

@@ -108,7 +108,9 @@ def autocast_operands(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The operands as the kernels get them: inside an autocast region, input and weight cast to
     its dtype (the weight contiguous, as the kernels read it) and bias to fp32, as the custom op
-    casts them; outside one, as they are."""
+    casts them; outside one, as they are. The op leaves float64 tensors uncast; the layer sends
+    calls with any float64 operand under autocast to F.conv2d (layers.conv2d_gw8._unsupported)
+    before they get here, so the two agree without this path paying for the op's checks."""
     dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
     if dtype is not None:
         # One op for the weight: cast, and the contiguous layout the kernels read.

@@ -1,6 +1,7 @@
 """In-situ stacks on the CPU: spio's autograd wiring (emulator) matches PyTorch's, and the stacks
 build and train at the table layer's shape. Profiling itself needs a GPU (test_run_cuda.py)."""
 
+import itertools
 import math
 
 import pytest
@@ -86,11 +87,8 @@ def test_insitu_table_shows_speedup_and_unattributed_times():
     assert fields[4:7] == ["-", "30.0", "-"]
 
 
-@pytest.mark.filterwarnings("ignore:CUDA is not available")
-def test_profile_passes_counts_ranges_and_event_times_on_cpu(monkeypatch):
-    """profile_passes' bookkeeping without a GPU: CUDA events are stand-ins that report 0.25 ms
-    per pass, so every pass of both impls gets calls = depth x steps and 250 µs of event time."""
-    from spio.bench import insitu
+def _fake_events(monkeypatch, times) -> None:
+    """torch.cuda.Event replaced by stand-ins whose elapsed times are the next of `times` (ms)."""
 
     class FakeEvent:
         def __init__(self, enable_timing=False):
@@ -99,11 +97,23 @@ def test_profile_passes_counts_ranges_and_event_times_on_cpu(monkeypatch):
         def record(self):
             pass
 
+        def synchronize(self):
+            pass
+
         def elapsed_time(self, other):
-            return 0.25
+            return next(times)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+def test_profile_passes_counts_ranges_and_event_times_on_cpu(monkeypatch):
+    """profile_passes' bookkeeping without a GPU: CUDA events are stand-ins that report 0.25 ms
+    per pass, so every pass of both impls gets calls = depth x steps and 250 µs of event time."""
+    from spio.bench import insitu
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    _fake_events(monkeypatch, itertools.repeat(0.25))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     for impl in ("torch", "spio"):
         torch.manual_seed(0)
@@ -176,22 +186,7 @@ def test_step_time_is_the_median_of_the_steps_not_the_mean(monkeypatch):
     would be 3)."""
     from spio.bench.insitu import step_time_ms
 
-    times = iter([1.0, 7.0, 1.0])
-
-    class FakeEvent:
-        def __init__(self, enable_timing=False):
-            pass
-
-        def record(self):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return next(times)
-
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    _fake_events(monkeypatch, iter([1.0, 7.0, 1.0]))
     stack = make_stack("convfirst", TINY, "torch", depth=1)
     x = torch.randn(1, TINY.c, TINY.h, TINY.w)
     assert step_time_ms(stack, x, steps=3) == 1.0

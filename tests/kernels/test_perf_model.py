@@ -538,8 +538,6 @@ def test_an_unusable_model_file_is_read_once(fake_device, models, tmp_path, monk
         assert pm.rank_configs(family, layer, H200, tmp_path)[1] is None
     assert len(loads) == 1
     _place(models, tmp_path, family.name, "sm_90")  # mended: a new file, read again
-    import os
-
     os.utime(dst.with_suffix(".json"), ns=(1, 1))
     assert pm.rank_configs(family, unseen_layers(1)[0], H200, tmp_path)[1] is not None
     assert len(loads) == 2
@@ -564,8 +562,6 @@ def test_a_change_to_the_metadata_alone_is_read(fake_device, models, tmp_path):
 
 
 def test_missing_model_falls_back_to_the_heuristic_logged_once(fake_device, tmp_path, caplog):
-    import os
-
     os.environ["SPIO_PERF_MODELS"] = str(tmp_path)  # empty folder (monkeypatch restores it)
     with caplog.at_level(logging.INFO, logger="spio"):
         for params in unseen_layers(3):

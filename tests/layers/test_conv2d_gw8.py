@@ -15,6 +15,7 @@ from torch import nn
 from spio.layers import Conv2dGw8, make_conv2d
 from spio.layers.conv2d_gw8 import module_ineligibility
 from spio.reference import conv2d_gw8_fprop_ref
+from tests.conftest import spy_on_launches
 
 INELIGIBLE = [
     ((16, 16, 3), dict(stride=2, groups=2), "stride 1"),
@@ -350,16 +351,9 @@ def test_under_autocast_the_eager_path_reads_the_weight_as_the_custom_op_does(mo
     """Both cast a channels_last weight to the region's dtype contiguous, so that eager calls
     and the op (torch.compile) launch the same kernels: those spio.precompile builds."""
     from spio.functional import conv2d_gw8
-    from spio.kernels import kernel as kernel_module
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
-    launched = []
-    launch = kernel_module.Kernel.launch
-    monkeypatch.setattr(
-        kernel_module.Kernel,
-        "launch",
-        lambda self, args, device: launched.append(self.name) or launch(self, args, device),
-    )
+    launched = spy_on_launches(monkeypatch, names=True)
     torch.manual_seed(0)
     layer = Conv2dGw8(16, 16, 3, padding=1, groups=2)
     layer = layer.to(memory_format=torch.channels_last)
