@@ -48,6 +48,8 @@ _BASE_MEMBERS = [
     "element_type",
     "pair_type",
     "fragment_type",
+    "to_half2",
+    "to_bfloat162",
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -53,7 +54,9 @@ def test_non_identifiers_rejected(name):
             make(kind, name)
 
 
-@pytest.mark.parametrize("keyword", ["const", "namespace", "while", "nullptr", "and", "template"])
+@pytest.mark.parametrize(
+    "keyword", ["const", "namespace", "while", "nullptr", "and", "template", "defined"]
+)
 def test_keywords_rejected_everywhere(keyword):
     for kind in KINDS:
         with pytest.raises(ValueError, match=f"'{keyword}' is a C\\+\\+ keyword"):
@@ -104,7 +107,9 @@ def test_padding_smaller_than_extent(padded):
         TensorSpec("T", "float", {"k8": Dim(8, padded)})
 
 
-@pytest.mark.parametrize("dims", [{}, None, [("n", 2)], {"n": (2, 3, 4)}, {"N": 2}, {"_n": 2}])
+@pytest.mark.parametrize(
+    "dims", [{}, None, [("n", 2)], {"n": (2, 3, 4)}, {"N": 2}, {"_n": 2}, {"nC": 2}]
+)
 def test_bad_dims(dims):
     with pytest.raises(ValueError, match="TensorSpec 'T'"):
         TensorSpec("T", "float", dims)
@@ -115,7 +120,9 @@ def test_index_dims_cannot_be_padded():
         IndexSpec("I", {"n": (2, 3)})
 
 
-@pytest.mark.parametrize("dim", ["size", "get", "stride_n", "ptr_", "data_type", "flat", "offset"])
+@pytest.mark.parametrize(
+    "dim", ["size", "get", "stride_n", "ptr_", "data_type", "flat", "offset", "i_"]
+)
 def test_dim_names_that_clash_with_members(dim):
     with pytest.raises(ValueError, match=f"TensorSpec 'T'.*'{dim}'"):
         TensorSpec("T", "float", {"n": 2, dim: 3})
@@ -124,6 +131,10 @@ def test_dim_names_that_clash_with_members(dim):
 def test_dim_name_equal_to_class_name():
     with pytest.raises(ValueError, match="equals the class name"):
         IndexSpec("n", {"n": 2})
+    with pytest.raises(ValueError, match="'K' equals the class name"):
+        FragmentSpec("K", "FragC_m16n8_f32", row="q", col="k")
+    with pytest.raises(ValueError, match="'Index' equals the class name"):
+        TensorSpec("Index", "float", {"n": 2})
 
 
 def test_too_large_tensor():
@@ -149,7 +160,8 @@ def test_unknown_fragment_types(fragment_type):
 
 
 @pytest.mark.parametrize(
-    "row, col", [("q", "q"), ("row", "k"), ("q", "reg"), ("rows", "k"), ("Q", "k"), ("q", "")]
+    "row, col",
+    [("q", "q"), ("row", "k"), ("q", "reg"), ("rows", "k"), ("Q", "k"), ("q", ""), ("q", "k-1")],
 )
 def test_bad_fragment_dims(row, col):
     with pytest.raises(ValueError, match="FragmentSpec 'F'"):
@@ -164,6 +176,37 @@ def test_bad_param_values(value):
         ParamsSpec("Block", {"p": value})
 
 
+def _fragment_members() -> list[str]:
+    """Members declared in the bodies of spio/warp/fragments.h's fragment structs, read from it."""
+    header = Path(__file__).resolve().parents[2] / "spio/include/spio/warp/fragments.h"
+    bodies = re.findall(
+        r"^struct (?:OperandFragment|Frag\w+) \{\n(.*?)^\};", header.read_text(), re.M | re.S
+    )
+    member = re.compile(
+        r"^ {4}(?:SPIO_HOST_DEVICE\s+)?(?:static\s+)?(?:constexpr\s+)?"
+        r"(?:using\s+(\w+)\s*=|(?:typename\s+)?[\w:<>]+\s+(\w+)\s*[\[(;=])",
+        re.M,
+    )
+    names = {a or b for body in bodies for a, b in member.findall(body)}
+    assert len(bodies) == 2 and {"reg", "row", "get_reg", "to_half2"} <= names  # the parse works
+    return sorted(names)
+
+
+@pytest.mark.parametrize("member", [*_fragment_members(), "fragment_type"])
+def test_fragment_dims_cannot_hide_base_members(member):
+    """A row or column dim named after a member of the fragment base (or FragmentSpec's typedef)
+    would hide it."""
+    with pytest.raises(ValueError, match=f"FragmentSpec 'F'.*'{member}'"):
+        FragmentSpec("F", "FragA_m16n8k8_f16", row=member, col="k")
+
+
+def test_limits_are_inclusive():
+    """2**31 - 1 elements and the whole int32 range fit (one more fails: tests above)."""
+    assert "size = 2147483647;" in IndexSpec("I", {"n": 2**31 - 1}).generate()
+    text = ParamsSpec("Block", {"hi": 2**31 - 1, "lo": -(2**31)}).generate()
+    assert "int hi = 2147483647;" in text and "int lo = -2147483648;" in text
+
+
 def test_param_floats_at_the_edges_of_float32():
     """1e300 read back as inf and 1e-60 as 0 (g++ only warned); the float32 range itself is fine."""
     text = ParamsSpec("Block", {"big": 3.0e38, "small": 1.5e-45, "zero": 0.0}).generate()
@@ -176,7 +219,7 @@ def test_bad_param_dicts(values):
         ParamsSpec("Block", values)
 
 
-@pytest.mark.parametrize("value", ["a\nb", "x \\", "", "  ", None, float("nan"), [1]])
+@pytest.mark.parametrize("value", ["a\nb", "a\rb", "x \\", "", "  ", None, float("nan"), [1]])
 def test_bad_macro_values(value):
     with pytest.raises(ValueError, match=r"MacroSpec.*'SPIO_X'"):
         MacroSpec({"SPIO_X": value})
