@@ -4,6 +4,8 @@ column accessors give the PTX ISA layout of every fragment type."""
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +83,12 @@ def test_named_accessors_follow_the_fragment_layout(cxx, seed):
         cls, lane, idx, r, c = line.split()
         got[(cls, int(lane), int(idx))] = (int(r), int(c))
     assert got == expected
+
+
+def test_every_fragment_type_of_the_spio_header_is_known():
+    header = Path(__file__).resolve().parents[2] / "spio/include/spio/warp/fragments.h"
+    declared = re.findall(r"^(?:using|struct) (Frag\w+)", header.read_text(), re.MULTILINE)
+    assert sorted(FRAGMENT_TYPES) == sorted(declared)
 
 
 def test_fragment_header_includes_the_fragment_contract():

@@ -77,6 +77,14 @@ def test_macro_values_read_back(cxx, values):
     assert _parse(stdout) == expected
 
 
+def test_macro_floats_are_doubles(cxx):
+    """A float macro is a double literal: values outside the float32 range read back exactly."""
+    values = {"SPIO_BIG": 1e300, "SPIO_TINY": -1e-300}
+    body = [_printer(key, value, key) for key, value in values.items()]
+    program = "\n".join(['#include "m.h"', "#include <cstdio>", "int main() {", *body, "}"])
+    assert _parse(cxx.run(program, {"m.h": generate([MacroSpec(values)])})) == values
+
+
 def test_macros_usable_in_preprocessor_and_as_text(cxx):
     """bools become 1/0 for #if; strings are replacement text (here a type)."""
     spec = MacroSpec({"SPIO_ON": True, "SPIO_OFF": False, "SPIO_T": "double", "SPIO_N": -3})
