@@ -20,7 +20,7 @@ def test_off_words_and_unset(monkeypatch, value):
     assert flag("SPIO_TEST_FLAG") is False
 
 
-@pytest.mark.parametrize("value", ["maybe", "2", "enable", "y"])
+@pytest.mark.parametrize("value", ["maybe", "2", "enable", "y", " Nope "])
 def test_other_values_raise_naming_setting_value_and_words(monkeypatch, value):
     monkeypatch.setenv("SPIO_TEST_FLAG", value)
     with pytest.raises(ValueError) as info:

@@ -28,6 +28,14 @@ def test_levels(monkeypatch, spio_logger, value, level):
     assert spio_logger.level == level and spio_logger.handlers
 
 
+def test_configuring_again_adds_no_second_handler(monkeypatch, spio_logger):
+    monkeypatch.setenv("SPIO_LOGGER", "1")
+    spio_logger.handlers.clear()
+    log._configure_from_env()
+    log._configure_from_env()
+    assert len(spio_logger.handlers) == 1  # each line logged once
+
+
 @pytest.mark.parametrize("value", ["", "0"])
 def test_off_is_quiet(monkeypatch, spio_logger, value):
     monkeypatch.setenv("SPIO_LOGGER", value)

@@ -263,3 +263,25 @@ def test_keyed_locks_give_one_lock_per_key_to_every_thread():
         t.join()
     assert len(got[0]) == len(got[1]) == 1
     assert got[0] != got[1]
+
+
+def test_keyed_locks_threads_racing_for_a_new_key_get_the_same_lock():
+    """Both threads look the key up and find no lock before either makes one: they must still
+    get the same lock."""
+    looked = threading.Barrier(2)
+
+    class Racing(dict):
+        def get(self, key, default=None):
+            value = super().get(key, default)
+            looked.wait(timeout=10)
+            return value
+
+    locks = KeyedLocks()
+    locks._locks = Racing()
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(locks["k"])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 2 and got[0] is got[1]

@@ -231,6 +231,57 @@ def test_layers_are_held_out_whole():
     assert not shapes(train) & shapes(test)
     assert len({s.params.n for s in samples}) > 1  # the synthetic data has several batch sizes
 
+    def at_twice_the_batch(s):  # the synthetic data has each shape at one batch size and dtype
+        return dataclasses.replace(s, params=dataclasses.replace(s.params, n=2 * s.params.n))
+
+    train, test = train_script.split_layers(
+        samples + [at_twice_the_batch(s) for s in samples], 0.25, seed=3
+    )
+    assert train and test and not shapes(train) & shapes(test)
+    first_two = sorted({s.layer_key for s in samples})[:2]
+    two = [s for s in samples if s.layer_key in first_two]
+    train, test = train_script.split_layers(two, 0.9, seed=0)
+    assert train and test  # one of two shapes held out, never both
+    held = [train_script.split_layers(samples, 0.25, seed)[1] for seed in range(4)]
+    assert len({frozenset(s.layer_key for s in test) for test in held}) > 1  # drawn by the seed
+
+
+def test_repeated_measurements_keep_their_median():
+    train_script = syn.load_script("train_perf_model")
+    sample = pm.read_samples(syn.CSV_PATH)[0][0]
+    repeats = [dataclasses.replace(sample, seconds=t) for t in (1e-5, 2e-5, 9e-5)]
+    assert train_script.dedupe(repeats) == [dataclasses.replace(sample, seconds=2e-5)]
+
+
+def test_held_out_scores_are_per_layer_regret_and_spearman():
+    """Three layers of 4 configs, measured and predicted by hand: regrets 1, 2 and 1.5 (measured
+    time of the predicted best over the best), Spearman 1, -0.4 and 0.8."""
+    train_script = syn.load_script("train_perf_model")
+    fprop = [s for s in pm.read_samples(syn.CSV_PATH)[0] if s.family == "conv2d_gw8_fprop"]
+    groups = [group[:4] for group in train_script.by_layer(fprop).values() if len(group) >= 4]
+    cases = [  # (measured, predicted) per layer
+        ([1, 2, 3, 4], [1, 2, 3, 4]),
+        ([1, 2, 3, 4], [4, 1, 3, 2]),
+        ([2, 3, 4, 5], [2, 1, 3, 4]),
+    ]
+    samples = [
+        dataclasses.replace(s, seconds=m / 1024)
+        for group, (measured, _) in zip(groups[:3], cases, strict=True)
+        for s, m in zip(group, measured, strict=True)
+    ]
+    predictions = iter(np.array(predicted, float) for _, predicted in cases)
+    booster = types.SimpleNamespace(predict=lambda data: next(predictions))
+    assert train_script.score(booster, samples) == {
+        "heldout_layers_scored": 3,
+        "regret_median": 1.5,
+        "regret_p95": pytest.approx(1.95),  # 1.5 + 0.9 * (2 - 1.5)
+        "regret_max": 2.0,
+        "spearman_median": pytest.approx(0.8),
+        "spearman_min": pytest.approx(-0.4),
+    }
+    # Ties take their average rank: ranks 1, 2.5, 2.5, 4 against 1, 2, 3, 4 give sqrt(0.9).
+    assert train_script.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9**0.5)
+
 
 # --- training ---------------------------------------------------------------------------------
 
@@ -279,7 +330,20 @@ def test_holdout_scores_first_and_the_model_written_is_trained_on_all_rows(tmp_p
     capsys.readouterr()
     assert syn.train_models(tmp_path / "bad", *args, "--holdout", "1") == 2
     assert "--holdout needs a fraction in [0, 1), got 1.0" in capsys.readouterr().err
+    assert syn.train_models(tmp_path / "bad", *args, "--holdout", "-0.1") == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_trees_and_seed_reach_xgboost(tmp_path):
+    import xgboost
+
+    args = ("--families", "conv2d_gw8_wgrad", "--trees", "3", "--holdout", "0")
+    paths = []
+    for seed in ("1", "2"):
+        assert syn.train_models(tmp_path / seed, *args, "--seed", seed) == 0
+        paths.append(pm.model_path(tmp_path / seed, "conv2d_gw8_wgrad", syn.ARCH))
+    assert xgboost.Booster(model_file=str(paths[0])).num_boosted_rounds() == 3
+    assert paths[0].read_bytes() != paths[1].read_bytes()  # subsample 0.9 draws rows by seed
 
 
 def test_model_ranks_unseen_layers_like_the_formula(models):
@@ -303,11 +367,17 @@ def test_model_ranks_unseen_layers_like_the_formula(models):
     assert np.median(errors) <= math.log(1.5), np.median(errors)
 
 
-def test_refuses_to_ship_a_model_trained_on_synthetic_data(capsys):
+def test_refuses_to_ship_a_model_trained_on_synthetic_data(capsys, tmp_path):
     before = sorted(pm.PACKAGED_MODELS_DIR.rglob("*"))
     assert syn.train_models(pm.PACKAGED_MODELS_DIR) == 2
     assert "SYNTHETIC" in capsys.readouterr().err
     assert sorted(pm.PACKAGED_MODELS_DIR.rglob("*")) == before
+    # Nor into a folder inside it (a stand-in for spio/perf_models, so that nothing lands there).
+    script = syn.load_script("train_perf_model")
+    script.PACKAGED_MODELS_DIR = tmp_path / "perf_models"
+    out = tmp_path / "perf_models" / "sm_90"
+    assert script.main([str(syn.CSV_PATH), "--out", str(out)]) == 2
+    assert not (tmp_path / "perf_models").exists()
 
 
 def test_shipped_models_were_measured_on_a_real_gpu_and_load():
@@ -799,12 +869,17 @@ def test_perf_sample_without_a_gpu_exits_nonzero(tmp_path):
     assert not csv_path.exists()
 
 
-def test_perf_sample_budget_must_stay_under_8_minutes():
+def test_perf_sample_budget_must_stay_under_8_minutes(monkeypatch):
+    import torch
+
     script = syn.load_script("perf_sample")
-    with pytest.raises(SystemExit) as exit_info:
-        script.main(["--budget-s", "480"])
-    assert exit_info.value.code == 2
+    for budget in ("480", "0"):
+        with pytest.raises(SystemExit) as exit_info:
+            script.main(["--budget-s", budget])
+        assert exit_info.value.code == 2
     assert script.MAX_BUDGET_S < 480
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert script.main(["--budget-s", str(script.MAX_BUDGET_S)]) == 1  # accepted; then no GPU
 
 
 def test_perf_sample_sweep_covers_the_layer_table():
@@ -813,6 +888,7 @@ def test_perf_sample_sweep_covers_the_layer_table():
     assert {(p.r, p.s) for p in layers} >= {(3, 3), (5, 5), (1, 3), (3, 1)}
     assert {p.dtype for p in layers} == {"fp16", "bf16"}
     assert {p.n for p in layers} >= {32, 64, 128, 256}
+    assert all((p.p, p.q) == (p.h, p.w) for p in layers[: 12 * 4 * 2])  # "same" padding
 
 
 def test_perf_sample_times_dgrad_of_a_biased_layer_as_spio_runs_it():
@@ -938,6 +1014,60 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
     assert 0 < len(timed) == len(compiled) == len(pm.read_samples(tmp_path / "c.csv")[0])
     layers = {(s.family, s.params) for s in pm.read_samples(tmp_path / "c.csv")[0]}
     assert 1 <= len(layers) <= 2
+
+
+def test_perf_sample_stops_within_its_budget_and_resumes_per_device(tmp_path, monkeypatch):
+    """On a fake clock: a compile starts only with 1.25 times the slowest compile's time left, a
+    config is timed only while the budget lasts, and rows another GPU measured are timed again."""
+    import torch
+
+    import spio.compiler
+    from spio.cuda import driver
+    from spio.kernels import autotune
+
+    attrs = {"arch": "sm_90", "name": "Fake GPU", "l2_cache_bytes": 60 * 2**20}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(driver, "device_attributes", lambda ordinal=0: dict(attrs))
+    monkeypatch.setattr(driver, "driver_version", lambda: (13, 0))
+    monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])
+    clock, step, timed, lock = [0.0], {}, [], threading.Lock()
+
+    def advance(seconds):
+        with lock:
+            clock[0] += seconds
+
+    def compile_many(jobs, **kw):
+        advance(step["compile"])
+        return [None] * len(jobs)
+
+    def time_kernel(family, params, kernel, *args, **kw):
+        advance(step["time"])
+        timed.append(kernel.name)
+        return 1e-5
+
+    monkeypatch.setattr(spio.compiler, "compile_many", compile_many)
+    monkeypatch.setattr(autotune, "time_kernel", time_kernel)
+    script = syn.load_script("perf_sample")
+    monkeypatch.setattr(script, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def run(name, budget, compile_s, time_s):
+        clock[0] = 0.0
+        step.update(compile=compile_s, time=time_s)
+        timed.clear()
+        args = ["--csv", str(tmp_path / name), "--batches", "8", "--dtypes", "fp16",
+                "--layers", "2", "--max-configs", "4", "--budget-s", str(budget)]  # fmt: skip
+        assert script.main(args) == 0
+        return {(s.family, s.params) for s in pm.read_samples(tmp_path / name)[0]}
+
+    assert len(run("a.csv", 0.85, 0.4, 0.001)) == 1  # 0.45 s left: no second 0.4 s compile
+    run("b.csv", 0.45, 0.4, 0.02)
+    assert len(timed) == 3  # 0.05 s left after the compile: 3 timings, not the layer's 4 or more
+    run("c.csv", 100, 0, 0)
+    first = len(timed)
+    attrs["name"] = "Other GPU"
+    run("c.csv", 100, 0, 0)
+    assert len(timed) == first > 0
 
 
 def test_perf_sample_refuses_a_csv_of_other_columns_before_timing(tmp_path, monkeypatch, capsys):

@@ -75,6 +75,24 @@ def test_low_precision_inputs_are_widened_before_arithmetic():
     torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_gradients_of_low_precision_inputs_are_summed_in_float64():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 16, 6, 5, generator=gen).to(torch.float16)
+    w = torch.randn(16, 8, 3, 3, generator=gen).to(torch.float16)
+    dy = torch.randn(2, 16, 6, 5, generator=gen).to(torch.float16)
+    dx = conv2d_gw8_dgrad_ref(dy, w, 1, (6, 5))
+    dw = conv2d_gw8_wgrad_ref(x, dy, 1, 3, 3)
+    assert dx.dtype == dw.dtype == torch.float64
+    xd, wd, dyd = x.double(), w.double(), dy.double()
+    expected_dx = torch.nn.grad.conv2d_input(x.shape, wd, dyd, padding=1, groups=2)
+    expected_dw = torch.nn.grad.conv2d_weight(xd, w.shape, dyd, padding=1, groups=2)
+    torch.testing.assert_close(dx, expected_dx, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dw, expected_dw, rtol=1e-12, atol=1e-12)
+    # 3 x 1000.5 = 3001.5, which fp16 (spacing 2 above 2048) cannot hold.
+    db = conv2d_gw8_bias_grad_ref(torch.full((3, 8, 1, 1), 1000.5, dtype=torch.float16))
+    assert db.dtype == torch.float64 and db.tolist() == [3001.5] * 8
+
+
 def test_references_are_not_trivially_zero():
     # Guards the comparisons above against a reference that returns zeros of the right shape.
     gen = torch.Generator().manual_seed(1)

@@ -87,6 +87,19 @@ def test_accumulation_tolerance_formula():
     assert tol.atol == pytest.approx(3.0 * 2.0**-24 * 1000 * 2.0)
 
 
+def test_pass_tolerance_from_depth_output_dtype_and_operand_rms():
+    # P = 6, Q = 3: WGrad sums N*P*Q = 36 products, FProp 8*R*S = 72; rms(a) * rms(b) = 2 * 3.
+    params = Conv2dGw8Params(2, 16, 6, 5, padding=(1, 0), r=3, s=3, dtype="bf16")
+    a = torch.full((2, 16, 6, 5), -2.0, dtype=torch.bfloat16)
+    b = torch.full((16, 8, 3, 3), 3.0, dtype=torch.bfloat16)
+    fprop = conv2d_gw8_tolerance(params, "fprop", a, b)
+    assert fprop.rtol == 2.0**-7  # bf16 output
+    assert fprop.atol == pytest.approx(2.0 * 2.0**-24 * 72**1.5 * 6)
+    wgrad = conv2d_gw8_tolerance(params, "wgrad", a, b)
+    assert wgrad.rtol == 2.0**-23  # dw is fp32, whatever the activations are
+    assert wgrad.atol == pytest.approx(2.0 * 2.0**-24 * 216 * 6)
+
+
 def test_depth():
     params = Conv2dGw8Params(4, 32, 10, 12, padding=(0, 1), r=3, s=5)
     assert conv2d_gw8_depth(params, "fprop") == 8 * 15

@@ -57,6 +57,15 @@ def _params_and_config(kernel):
     return kernel.info_value("params"), kernel.info_value("config")
 
 
+def test_combined_variants_are_the_union_of_their_parts():
+    """As the docstring defines them: skeleton is no-loads and no-mma, loads-only no-mma and
+    no-stores."""
+    v = {name: set(switches) for name, switches in ablate.VARIANTS.items()}
+    assert v["skeleton"] == v["no-loads"] | v["no-mma"]
+    assert v["loads-only"] == v["no-mma"] | v["no-stores"]
+    assert v["loads-stagger"] == v["loads-only"] | v["stagger"]
+
+
 def test_ldg_applies_to_fprop_and_dgrad_configs_whose_stages_divide_r(base_kernels):
     params, config = _params_and_config(base_kernels["fprop"])
     four = dataclasses.replace(config, stages=4)
@@ -388,3 +397,23 @@ def test_heuristic_times_the_config_gpus_without_a_model_run(fake_gpu):
     assert f"__{wgrad}" in timed[2] and "variant" not in timed[2]
     with pytest.raises(SystemExit):
         ablate.parse_args(["--heuristic", "--config", "g8_p64_q64_w2_s4_k16"])
+
+
+def test_every_line_is_timed_against_full_timed_first(fake_gpu, monkeypatch, capsys):
+    """full is timed first even when --variants lists it later, and each line's "vs full" is its
+    time over full's."""
+    from spio.kernels import autotune
+
+    def time_kernel(family, params, kernel, *args, **kwargs):
+        fake_gpu.append(kernel.name)
+        return 1e-5 if "__variant_" in kernel.name else 4e-5
+
+    monkeypatch.setattr(autotune, "time_kernel", time_kernel)
+    args = ablate.parse_args(
+        ["--layer", "64c_64x64_3x3", "--n", "2", "--passes", "fprop", "--heuristic",
+         "--variants", "no-loads", "full"]
+    )  # fmt: skip
+    assert ablate.ablate_layer(args, parse_layer("64c_64x64_3x3")) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    rows = [(w[1], w[2], w[4]) for w in lines if w[:1] == ["fprop"] and w[1] != "variant"]
+    assert rows[:2] == [("full", "40.0", "1.00"), ("no-loads", "10.0", "0.25")]

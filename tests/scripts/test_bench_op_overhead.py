@@ -25,3 +25,15 @@ def test_profile_host_reports_ops_per_call_and_python_functions(capsys):
     ops = {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if "aten::" in line}
     assert ops["aten::mul"] == 2.0 and ops["aten::add"] == 1.0, out
     assert "toy: Python functions by own time" in out and "call" in out
+
+
+def test_profile_host_lists_the_costliest_ops_first(capsys):
+    a, x = torch.ones(256, 256), torch.ones(4)
+
+    def call():
+        torch.mm(a, a)
+        torch.add(x, x)
+
+    bench_op_overhead.profile_host("toy", call, calls=20, sync=lambda: None, rows=1)
+    ops = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "aten::" in line]
+    assert ops[:1] == ["aten::mm"], ops

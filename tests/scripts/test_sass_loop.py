@@ -50,6 +50,10 @@ def test_a_sample_is_drawn_from_every_config_of_the_layers_and_repeats_with_its_
     # Without --sample: each layer's heuristic config, or the configs named.
     default = sass_loop.choose_cases(sass_loop.parse_args([]), families[:1], layers)
     assert [c for _, _, c in default] == [families[0].default_config(p) for p in layers]
+    # A sample larger than the configs there are takes them all.
+    args = sass_loop.parse_args(["--sample", "99999"])
+    every = sass_loop.choose_cases(args, families, layers[:1])
+    assert len(every) == sum(len(f.configs(layers[0])) for f in families)
 
 
 def test_a_bad_layer_is_named():

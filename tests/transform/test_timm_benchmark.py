@@ -53,6 +53,22 @@ def test_bad_arguments_exit_2(bench, argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+def test_steps_run_the_model_in_its_mode_and_drop_the_gradients(bench):
+    """Inference steps run an eval-mode model; training steps a train-mode one, and each leaves
+    no gradients behind (the next step would add to them). On the CPU, autocast("cuda") is off."""
+    import warnings
+
+    import torch
+
+    model, x = torch.nn.Linear(4, 3), torch.randn(2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # autocast("cuda") without CUDA warns and does nothing
+        bench._step_fn(model, bench.parse_args(["--model", "m"]), x)()
+        assert not model.training
+        bench._step_fn(model, bench.parse_args(["--model", "m", "--bench", "train"]), x)()
+    assert model.training and all(p.grad is None for p in model.parameters())
+
+
 def test_missing_gpu_or_timm_exits_non_zero_with_message(bench, capsys):
     missing = bench.missing_requirements()
     if not missing:
