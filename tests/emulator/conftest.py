@@ -147,6 +147,59 @@ extern "C" __global__ void shuffles(int *out, const int *in, int width, int delt
     out[lane * 4 + 3] = __shfl_xor_sync(0xffffffffu, v, delta, width);
 }
 
+/// 8-byte shuffles move the whole value: an xor of 64-bit integers and an index of doubles.
+extern "C" __global__ void shuffle_wide(long long *out, const long long *in, double *dout,
+                                        const double *din) {
+    const int lane = threadIdx.x;
+    out[lane] = __shfl_xor_sync(0xffffffffu, in[lane], 5);
+    dout[lane] = __shfl_sync(0xffffffffu, din[lane], (lane * 3) & 31);
+}
+
+/// Lanes below `leave` exit; the others record __activemask(), then sync among themselves (so
+/// that none has exited when another asks).
+extern "C" __global__ void active_lanes(unsigned *out, int leave) {
+    const int lane = threadIdx.x;
+    if (lane < leave) return;
+    out[lane] = __activemask();
+    __syncwarp(0xffffffffu << leave);
+}
+
+/// One thread applies each atomic kind once and records the old values it returns.
+extern "C" __global__ void atomic_kinds(int *iv, unsigned *uv, unsigned long long *lv,
+                                        double *dv, long long *old, double *dold) {
+    old[0] = atomicAdd(&iv[0], 5);
+    old[1] = atomicMax(&iv[1], 7);
+    old[2] = atomicMax(&iv[2], -9);
+    old[3] = atomicMin(&iv[3], -9);
+    old[4] = atomicMin(&iv[4], 7);
+    old[5] = atomicAdd(&uv[0], 0xfffffff0u);
+    old[6] = atomicExch(&uv[1], 77u);
+    old[7] = atomicCAS(&uv[2], 5u, 9u);
+    old[8] = atomicCAS(&uv[3], 5u, 9u);
+    old[9] = static_cast<long long>(atomicAdd(&lv[0], 1ull << 40));
+    dold[0] = atomicAdd(&dv[0], 0.25);
+}
+
+/// One thread copies `nbytes` bytes from src + offset by cp.async (the rest zero-filled).
+extern "C" __global__ void cp_async_at(float *out, const float *src, int offset, int nbytes) {
+    __shared__ __align__(16) float smem[4];
+    spio::cp_async_16(smem, src + offset, nbytes);
+    spio::cp_async_commit_group();
+    spio::cp_async_wait_all();
+    for (int k = 0; k < 4; ++k) out[k] = smem[k];
+}
+
+/// cp.async, then wait_group<0> with the copy committed (`commit` 1) or left in no group.
+extern "C" __global__ void cp_async_uncommitted(float *out, const float *src, int commit) {
+    __shared__ __align__(16) float smem[32][4];
+    const int i = threadIdx.x;
+    spio::cp_async_16(smem[i], src + 4 * i, 16);
+    if (commit) spio::cp_async_commit_group();
+    spio::cp_async_wait_group<0>();
+    for (int k = 0; k < 4; ++k) out[4 * i + k] = smem[i][k];
+    spio::cp_async_wait_all();
+}
+
 extern "C" __global__ void shuffle_float(float *out, const float *in) {
     const int lane = threadIdx.x;
     float v = in[lane];
@@ -176,6 +229,7 @@ extern "C" __global__ void dynamic_shared(float *out, const float *in, int n) {
 
 HAZARDS = r"""
 #include "spio/thread/async_copy.h"
+#include "spio/warp/ldmatrix.h"
 
 /// Each thread reads its neighbour's shared value; `fixed` puts the barrier in.
 extern "C" __global__ void neighbour(float *out, const float *in, int fixed) {
@@ -296,6 +350,105 @@ extern "C" __global__ void reread_after_syncwarp(int *count, int global_mem) {
     count[1 + threadIdx.x] = seen + *c;
 }
 
+/// Lanes 0..7 stage the rows of an 8x8 16-bit matrix by cp.async; after a __syncthreads the warp
+/// loads it with ldmatrix_x1, the copies waited for before the barrier (`fixed` 1) or not.
+extern "C" __global__ void ldm_staged(unsigned *out, const unsigned short *m, int fixed) {
+    __shared__ __align__(16) unsigned short rows[8][8];
+    const int lane = threadIdx.x;
+    if (lane < 8) spio::cp_async_16(rows[lane], m + 8 * lane, 16);
+    spio::cp_async_commit_group();
+    if (fixed) spio::cp_async_wait_all();
+    __syncthreads();
+    unsigned d[1];
+    spio::ldmatrix_x1(d, rows[lane % 8]);
+    out[lane] = d[0];
+    spio::cp_async_wait_all();
+}
+
+/// ldmatrix_x1 of an 8x8 matrix whose row `bad_row` address is 8 bytes off (-1: none is).
+extern "C" __global__ void ldm_row_alignment(unsigned *out, int bad_row) {
+    __shared__ __align__(16) unsigned short rows[8][16];
+    const int lane = threadIdx.x;
+    for (int k = 0; k < 4; ++k) rows[lane / 4][4 * (lane % 4) + k] = 4 * lane + k;
+    __syncthreads();
+    unsigned d[1];
+    spio::ldmatrix_x1(d, &rows[lane % 8][lane == bad_row ? 4 : 0]);
+    out[lane] = d[0];
+}
+
+/// Thread i stages chunk i by cp.async, waits, and reads chunk i - 1: after a __syncthreads
+/// (`fixed` 1), or racing with thread i - 1's copy, which only its own wait made visible.
+extern "C" __global__ void landed_neighbour(float *out, const float *in, int fixed) {
+    __shared__ __align__(16) float s[64 * 4];
+    const int i = threadIdx.x;
+    spio::cp_async_16(&s[4 * i], in + 4 * i, 16);
+    spio::cp_async_commit_group();
+    spio::cp_async_wait_all();
+    if (fixed) __syncthreads();
+    out[i] = i > 0 ? s[4 * (i - 1)] : 0.f;
+}
+
+/// Threads 2k and 2k + 1 both store to s[k] (`fixed` 0: a write-write race), or only 2k does.
+extern "C" __global__ void pair_store(float *out, const float *in, int fixed) {
+    __shared__ float s[64];
+    const int i = threadIdx.x;
+    if (!fixed || i % 2 == 0) s[i / 2] = in[i];
+    __syncthreads();
+    if (i < 64) out[i] = s[i];
+}
+
+/// Thread 0 reads s, then thread 40 (another warp) overwrites it, after a __syncthreads (`fixed`
+/// 1) or with none in between (a race).
+extern "C" __global__ void read_then_store(float *out, int fixed) {
+    __shared__ float s;
+    const int i = threadIdx.x;
+    if (i == 0) s = 1.f;
+    __syncthreads();
+    const float v = i == 0 ? s : 0.f;
+    if (fixed) __syncthreads();
+    if (i == 40) s = 2.f;
+    out[i] = v;
+}
+
+/// Lanes 0 and 1 read s; lane 2 then overwrites it after a __syncwarp with both (`fixed` 1), or
+/// with lane 0 only (a race with lane 1's read).
+extern "C" __global__ void reader_pair(int *out, int fixed) {
+    __shared__ int s;
+    const int lane = threadIdx.x;
+    if (lane == 0) s = 5;
+    __syncthreads();
+    const int v = lane < 2 ? s : 0;
+    if (fixed ? lane < 3 : lane == 0 || lane == 2) __syncwarp(fixed ? 0x7u : 0x5u);
+    if (lane == 2) s = 6;
+    out[lane] = v;
+}
+
+/// Warp 1 exits while warp 0 waits at a __syncthreads: the exits release the barrier.
+extern "C" __global__ void exit_then_barrier(float *out, const float *in) {
+    __shared__ float s[32];
+    const int i = threadIdx.x;
+    if (i >= 32) return;
+    s[i] = in[i];
+    __syncthreads();
+    out[i] = s[31 - i];
+}
+
+/// Lanes 0..15 wait at a __syncthreads, lanes 16..31 at a __syncwarp for the whole warp.
+extern "C" __global__ void split_barriers(int *out) {
+    const int lane = threadIdx.x;
+    if (lane < 16) {
+        __syncthreads();
+    } else {
+        __syncwarp();
+    }
+    out[lane] = lane;
+}
+
+/// out[0..3] = x[offset..offset + 3], copied as one float4.
+extern "C" __global__ void vector_copy(float *out, const float *x, int offset) {
+    *reinterpret_cast<float4 *>(out) = *reinterpret_cast<const float4 *>(x + offset);
+}
+
 /// Each half of the warp works on its own mask: a __syncwarp, a shuffle and a ballot. `bad` 1:
 /// the upper half names the whole warp in its __syncwarp, which the lower half never joins.
 extern "C" __global__ void warp_halves(unsigned *out, int bad) {
@@ -320,6 +473,15 @@ extern "C" __global__ void shared_index(float *out, const float *in, int shift) 
     out[i] = s[i];
 }
 
+/// Reads d[i + shift] of 128 dynamic floats: shift 1 reads one element past the end.
+extern "C" __global__ void dynamic_read_index(float *out, const float *in, int shift) {
+    extern __shared__ float d[];
+    const int i = threadIdx.x;
+    d[i] = in[i];
+    __syncthreads();
+    out[i] = d[i + shift];
+}
+
 /// Same with dynamic shared memory of 128 floats.
 extern "C" __global__ void dynamic_index(float *out, const float *in, int shift) {
     extern __shared__ float d[];
@@ -331,6 +493,8 @@ extern "C" __global__ void dynamic_index(float *out, const float *in, int shift)
 """
 
 GLOBAL_RACES = r"""
+#include "spio/thread/async_copy.h"
+
 /// Thread 0 of block b stores in[b] + in[0] to out[b]; `bug` 1: every block stores to out[0].
 extern "C" __global__ void store_per_block(float *out, const float *in, int bug) {
     if (threadIdx.x == 0) out[bug ? 0 : blockIdx.x] = in[blockIdx.x] + in[0];
@@ -356,13 +520,31 @@ extern "C" __global__ void add_one(float *total) {
 }
 
 /// Every thread counts itself into counts[0] atomically. `bug` 1: the last block's thread 0 also
-/// reads the count with a plain load; `bug` 2: block 0's thread 0 first sets it with a plain store.
+/// reads the count with a plain load; `bug` 2: block 0's thread 0 first sets it with a plain store;
+/// `bug` 3: block 0's thread 0 reads it with a plain load, before the other blocks' atomics.
 extern "C" __global__ void count_threads(unsigned *counts, int bug) {
     if (bug == 2 && blockIdx.x == 0 && threadIdx.x == 0) counts[0] = 0;
     __syncthreads();
     atomicAdd(&counts[0], 1u);
     __syncthreads();
     if (bug == 1 && blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) counts[1] = counts[0];
+    if (bug == 3 && blockIdx.x == 0 && threadIdx.x == 0) counts[1] = counts[0];
+}
+
+/// Block b stores b to row b of buf (4 floats), then copies a row by cp.async: its own, or (`bug`
+/// 1) row b + 1, which block b + 1 stores in the same launch. out[b] = the row copied.
+extern "C" __global__ void row_handoff(float *out, float *buf, int bug) {
+    __shared__ __align__(16) float s[4];
+    const int b = blockIdx.x, i = threadIdx.x;
+    if (i < 4) buf[4 * b + i] = float(b);
+    __syncthreads();
+    if (i == 0) {
+        spio::cp_async_16(s, buf + 4 * (bug ? (b + 1) % gridDim.x : b), 16);
+        spio::cp_async_commit_group();
+        spio::cp_async_wait_all();
+    }
+    __syncthreads();
+    if (i < 4) out[4 * b + i] = s[i];
 }
 
 /// Thread 0 of block b stores b to out[index + b], or (`collide` 1) every block to out[index].
@@ -464,6 +646,42 @@ extern "C" __global__ void bulk_one_waiter(float *out, const float *in, int fixe
     }
     if (fixed) __syncthreads();
     out[i] = buf[(i * 5) % 64];
+}
+
+/// An mbarrier expecting two arrivals: in each of two phases threads 0 and 1 each announce and
+/// bulk-copy half of a 64-float row; every thread waits and reads.
+/// out[64 * phase + i] = in[64 * phase + (i * 5) % 64].
+extern "C" __global__ void bulk_two_arrivals(float *out, const float *in) {
+    __shared__ __align__(16) float buf[64];
+    __shared__ __align__(8) unsigned long long bar;
+    const int i = threadIdx.x;
+    if (i == 0) {
+        spio::mbarrier_init(&bar, 2);
+        spio::fence_mbarrier_init();
+    }
+    __syncthreads();
+    for (int phase = 0; phase < 2; ++phase) {
+        if (i < 2) {
+            spio::fence_proxy_async_shared();
+            spio::mbarrier_arrive_expect_tx(&bar, 128);
+            spio::cp_async_bulk_g2s(buf + 32 * i, in + 64 * phase + 32 * i, 128, &bar);
+        }
+        spio::mbarrier_wait_parity(&bar, phase);
+        out[64 * phase + i] = buf[(i * 5) % 64];
+        __syncthreads();
+    }
+}
+
+/// Thread 0 starts a bulk copy that no thread waits for.
+extern "C" __global__ void bulk_unwaited(const float *in) {
+    __shared__ __align__(16) float buf[64];
+    __shared__ __align__(8) unsigned long long bar;
+    if (threadIdx.x == 0) {
+        spio::mbarrier_init(&bar, 1);
+        spio::fence_mbarrier_init();
+        spio::mbarrier_arrive_expect_tx(&bar, 256);
+        spio::cp_async_bulk_g2s(buf, in, 256, &bar);
+    }
 }
 """
 

@@ -122,6 +122,101 @@ def test_read_modify_write_race_reports_its_write(hazards):
     torch.testing.assert_close(out.double(), x.double().sum().view(1), rtol=1e-5, atol=1e-5)
 
 
+def test_ldmatrix_reading_copies_not_waited_for_is_a_stale_read(hazards):
+    m = torch.randint(-(2**15), 2**15, (8, 8), dtype=torch.int16)
+    fn = hazards.get_function("ldm_staged")
+    with pytest.raises(EmulatorError, match="before a cp_async_wait_group/cp_async_wait_all"):
+        fn.launch(1, 32, (torch.zeros(32, dtype=torch.int32), m, 0))
+    out = torch.zeros(32, dtype=torch.int32)
+    fn.launch(1, 32, (out, m, 1))
+    lane = torch.arange(32)
+    lo, hi = m[lane >> 2, 2 * (lane % 4)], m[lane >> 2, 2 * (lane % 4) + 1]
+    want = (lo.to(torch.int64) & 0xFFFF) | ((hi.to(torch.int64) & 0xFFFF) << 16)
+    assert torch.equal(out.to(torch.int64) & 0xFFFFFFFF, want)
+
+
+@pytest.mark.parametrize("bad_row", [0, 5])
+def test_every_ldmatrix_row_address_must_be_16_byte_aligned(hazards, bad_row):
+    with pytest.raises(EmulatorError, match="ldmatrix row address: .* is not 16-byte aligned"):
+        hazards.get_function("ldm_row_alignment").launch(
+            1, 32, (torch.zeros(32, dtype=torch.int32), bad_row)
+        )
+
+
+def test_data_a_cp_async_landed_needs_a_barrier_for_other_threads(hazards):
+    """The wait makes a copy visible to the thread that issued it, not to its neighbours."""
+    fn = hazards.get_function("landed_neighbour")
+    with pytest.raises(EmulatorError, match=r"race: reads .* which thread \(0,0,0\) wrote"):
+        fn.launch(1, 64, (torch.zeros(64), torch.randn(256), 0))
+    x = torch.randn(256)
+    out = torch.zeros(64)
+    fn.launch(1, 64, (out, x, 1), seed=2)
+    assert torch.equal(out, torch.cat([torch.zeros(1), x[0:252:4]]))
+
+
+def test_two_threads_storing_the_same_shared_bytes_race(hazards):
+    fn = hazards.get_function("pair_store")
+    with pytest.raises(EmulatorError, match=r"race: writes .* which thread \(0,0,0\) wrote"):
+        fn.launch(1, 128, (torch.zeros(64), torch.randn(128), 0))
+    x = torch.randn(128)
+    out = torch.zeros(64)
+    fn.launch(1, 128, (out, x, 1))
+    assert torch.equal(out, x[::2])
+
+
+def test_a_store_after_another_warps_read_races(hazards):
+    fn = hazards.get_function("read_then_store")
+    with pytest.raises(EmulatorError, match=r"race: writes .* which thread \(0,0,0\) read"):
+        fn.launch(1, 64, (torch.zeros(64), 0))
+    out = torch.zeros(64)
+    fn.launch(1, 64, (out, 1))
+    assert out.tolist() == [1.0] + [0.0] * 63
+
+
+def test_a_write_must_follow_every_unordered_read_of_the_warp(hazards):
+    """Lanes 0 and 1 read; lane 2 writes after a __syncwarp with lane 0 alone: lane 1's read is
+    unordered (both reads must be remembered, not only the first)."""
+    fn = hazards.get_function("reader_pair")
+    with pytest.raises(EmulatorError, match=r"race: writes .* which other threads read"):
+        fn.launch(1, 32, (torch.zeros(32, dtype=torch.int32), 0))
+    out = torch.zeros(32, dtype=torch.int32)
+    fn.launch(1, 32, (out, 1))
+    assert out.tolist() == [5, 5] + [0] * 30
+
+
+@pytest.mark.parametrize("seed", [None, 4])
+def test_exited_threads_release_a_barrier(hazards, seed):
+    """PTX exit: a barrier that waits only for threads that have exited is released."""
+    x = torch.randn(32)
+    out = torch.zeros(32)
+    hazards.get_function("exit_then_barrier").launch(1, 64, (out, x), seed=seed)
+    assert torch.equal(out, x.flip(0))
+
+
+def test_a_barrier_no_thread_can_pass_is_a_deadlock(hazards):
+    with pytest.raises(EmulatorError, match=r"deadlock: 16 threads wait at __syncthreads\(\)"):
+        hazards.get_function("split_barriers").launch(
+            1, 32, (torch.zeros(32, dtype=torch.int32),), seed=None
+        )
+
+
+def test_a_vector_load_running_past_a_tensor_is_out_of_bounds(hazards):
+    """One 16-byte access whose first 8 bytes are inside the tensor: every byte is checked."""
+    fn = hazards.get_function("vector_copy")
+    with pytest.raises(EmulatorError, match="out-of-bounds global-memory access: reads"):
+        fn.launch(1, 1, (torch.zeros(4), torch.randn(6), 4))
+    x = torch.randn(8)
+    out = torch.zeros(4)
+    fn.launch(1, 1, (out, x, 4))
+    assert torch.equal(out, x[4:])
+
+
+def test_out_of_range_dynamic_shared_read(shared_oob):
+    fn = shared_oob.get_function("dynamic_read_index")
+    with pytest.raises(EmulatorError, match="out-of-bounds shared-memory access: reads"):
+        fn.launch(1, 128, (torch.zeros(128), torch.randn(128), 1), shared_mem_bytes=512)
+
+
 def test_unchecked_run_skips_checks(hazards):
     x = torch.randn(128)
     out = torch.zeros(128)
@@ -157,6 +252,21 @@ def test_bulk_copies_through_mbarriers(bulk, rows):
 def test_bulk_copy_bugs_are_reported(bulk, bug, message):
     with pytest.raises(EmulatorError, match=message):
         bulk.get_function("bulk_rows").launch(1, 64, (torch.zeros(5, 64), torch.randn(320), 5, bug))
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_two_arrivals_with_a_copy_each_complete_each_phase(bulk, seed):
+    """Each arrival adds its announced bytes to the phase's transaction count, and every phase
+    waits for all mbarrier_init's arrivals."""
+    x = torch.randn(128)
+    out = torch.zeros(2, 64)
+    bulk.get_function("bulk_two_arrivals").launch(1, 64, (out, x), seed=seed)
+    assert torch.equal(out, _bulk_want(x, 2))
+
+
+def test_a_bulk_copy_no_thread_waits_for_is_reported(bulk):
+    with pytest.raises(EmulatorError, match="the block ends with 1 bulk copies on the mbarrier"):
+        bulk.get_function("bulk_unwaited").launch(1, 32, (torch.randn(64),))
 
 
 def test_emulator_order_seed(monkeypatch):
@@ -357,12 +467,22 @@ def test_a_lost_update_across_blocks_races(global_races, seed):
         global_races.get_function("add_one").launch(4, 1, (torch.zeros(1),), seed=seed)
 
 
-@pytest.mark.parametrize("bug", [1, 2])
+@pytest.mark.parametrize("bug", [1, 2, 3])
 @pytest.mark.parametrize("seed", [None, 5])
 def test_plain_accesses_mixed_with_atomics_race(global_races, bug, seed):
     counts = torch.zeros(2, dtype=torch.int32)
     with pytest.raises(EmulatorError, match="global-memory race: .*atomic"):
         global_races.get_function("count_threads").launch(3, 64, (counts, bug), seed=seed)
+
+
+def test_a_cp_async_from_another_blocks_row_races(global_races):
+    """cp.async loads of global memory take part in the race checks like plain loads."""
+    fn = global_races.get_function("row_handoff")
+    with pytest.raises(EmulatorError, match=r"global-memory race: .* of block \(\d,0,0\)"):
+        fn.launch(4, 32, (torch.zeros(16), torch.zeros(16), 1))
+    out = torch.zeros(16)
+    fn.launch(4, 32, (out, torch.zeros(16), 0), seed=5)
+    assert torch.equal(out, torch.arange(4.0).repeat_interleave(4))
 
 
 def test_threads_of_a_block_racing_on_global_memory(global_races):

@@ -28,6 +28,38 @@ def test_mma_matches_matmul(prims, k, dtype, seed):
     torch.testing.assert_close(d.double(), ref, rtol=1e-6, atol=1e-5 * k)
 
 
+def _normal_or_special_bits(shape, dtype, gen) -> torch.Tensor:
+    """Random 16-bit patterns of `dtype` (normals, zeros, infinities, NaNs) with the subnormals,
+    whose handling by mma the PTX ISA leaves unspecified, replaced by zero."""
+    raw = torch.randint(0, 2**16, shape, generator=gen, dtype=torch.int32)
+    exp_mask = 0x7C00 if dtype == "f16" else 0x7F80
+    raw[(raw & exp_mask) == 0] = 0
+    return raw.to(torch.int16)
+
+
+@pytest.mark.parametrize("k", [8, 16])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_mma_takes_every_finite_and_special_value_exactly(prims, k, dtype):
+    """B selects one element of each A row per column (D = A[:, perm] exactly, whatever the
+    accumulation order): the whole range of each type, the top f16 binade, infinities and NaNs
+    (an infinity times B's zeros gives NaN across its row, as IEEE arithmetic does)."""
+    gen = torch.Generator().manual_seed(9)
+    a = _normal_or_special_bits((16, k), dtype, gen)
+    if dtype == "f16":
+        top = [0x7BFF, 0xF800, 0x7880, 0x7000, 0x3C00, 0xFBFF, 0x7A00, 0x0400]  # 65504, -32768..
+        a[0, :8] = torch.tensor(top, dtype=torch.int32).to(torch.int16)
+        a[1, :] = 0x3C00
+        a[1, 3] = 0x7E00  # NaN
+    perm = torch.randperm(k, generator=gen)[:8]
+    b = torch.zeros(k, 8, dtype=DTYPES[dtype])
+    b[perm, torch.arange(8)] = 1
+    a_val = a.view(DTYPES[dtype])
+    d = torch.full((16, 8), 123.0)
+    prims.get_function(f"mma_k{k}_{dtype}").launch(1, 32, (d, a, bits(b.t()), torch.zeros(16, 8)))
+    ref = a_val.double() @ b.double()
+    torch.testing.assert_close(d.double(), ref, rtol=0, atol=0, equal_nan=True)
+
+
 def _ldm_reference(m: torch.Tensor, n: int, trans: bool) -> torch.Tensor:
     """Registers each lane receives, from the PTX ISA ldmatrix fragment layout."""
     out = torch.zeros(32, 4, dtype=torch.int64)
@@ -88,6 +120,44 @@ def test_a_zero_byte_copy_must_still_name_an_address_inside_a_tensor(prims):
         prims.get_function("cp_async_fill").launch(1, 128, (out, src, src_bytes, 4))
 
 
+def test_cp_async_copies_the_bytes_named_from_any_16_byte_aligned_source(prims):
+    src = torch.randn(6)
+    out = torch.full((4,), float("nan"))
+    prims.get_function("cp_async_at").launch(1, 1, (out, src, 4, 8))
+    assert torch.equal(out, torch.cat([src[4:], torch.zeros(2)]))
+
+
+def test_cp_async_source_must_be_16_byte_aligned(prims):
+    from spio.emulator import EmulatorError
+
+    with pytest.raises(EmulatorError, match="cp_async_16 source 0x[0-9a-f]+ is not 16-byte"):
+        prims.get_function("cp_async_at").launch(1, 1, (torch.zeros(4), torch.randn(16), 1, 16))
+
+
+def test_cp_async_reading_past_the_end_of_a_tensor_is_reported(prims):
+    """All src_bytes bytes are checked, not the first: 16 bytes from the last 8 of a tensor."""
+    from spio.emulator import EmulatorError
+
+    with pytest.raises(EmulatorError, match="cp_async_16 reads 16 bytes at"):
+        prims.get_function("cp_async_at").launch(1, 1, (torch.zeros(4), torch.randn(6), 4, 16))
+
+
+def test_wait_group_does_not_wait_for_copies_left_out_of_every_group(prims):
+    """PTX: wait_group waits for committed groups only; a copy issued after the last commit is
+    in no group and may still be in flight (wait_all, unlike wait_group 0, commits first)."""
+    from spio.emulator import EmulatorError
+
+    src = torch.randn(128)
+    fn = prims.get_function("cp_async_uncommitted")
+    out = torch.zeros(128)
+    fn.launch(1, 32, (out, src, 1))
+    assert torch.equal(out, src)
+    fn.launch(1, 32, (out, src, 0), check=False)
+    assert torch.isnan(out).all()
+    with pytest.raises(EmulatorError, match="before a cp_async_wait_group/cp_async_wait_all"):
+        fn.launch(1, 32, (out, src, 0))
+
+
 def test_cp_async_copy_happens_at_the_covering_wait(prims):
     src = torch.randn(256)
     out = torch.zeros(32, 12)
@@ -137,6 +207,38 @@ def test_shuffles(prims, width, delta):
             _shfl_src(lane, "xor", delta, width),
         ]
         assert out[lane].tolist() == [int(vals[s]) for s in srcs], f"lane {lane}"
+
+
+def test_shuffles_move_all_8_bytes_of_wide_values(prims):
+    ints = torch.randint(-(2**62), 2**62, (32,), dtype=torch.int64)
+    doubles = torch.randn(32, dtype=torch.float64) * 1e200
+    out, dout = torch.zeros(32, dtype=torch.int64), torch.zeros(32, dtype=torch.float64)
+    prims.get_function("shuffle_wide").launch(1, 32, (out, ints, dout, doubles))
+    lanes = torch.arange(32)
+    assert torch.equal(out, ints[lanes ^ 5])
+    assert torch.equal(dout, doubles[(lanes * 3) & 31])
+
+
+def test_activemask_leaves_out_exited_lanes(prims):
+    """In index order lanes 0..11 have exited before the others ask."""
+    out = torch.zeros(32, dtype=torch.int32)
+    prims.get_function("active_lanes").launch(1, 32, (out, 12), seed=None)
+    assert (out[12:].to(torch.int64) & 0xFFFFFFFF).tolist() == [0xFFFFF000] * 20
+
+
+def test_atomics_of_each_kind_return_the_old_value(prims):
+    iv = torch.tensor([-3, 4, -2, 4, 4], dtype=torch.int32)
+    uv = torch.tensor([100, 3, 5, 6], dtype=torch.int32)
+    lv = torch.tensor([2**41 + 7], dtype=torch.int64)
+    dv = torch.tensor([1.0 + 2.0**-40], dtype=torch.float64)
+    old = torch.zeros(10, dtype=torch.int64)
+    dold = torch.zeros(1, dtype=torch.float64)
+    prims.get_function("atomic_kinds").launch(1, 1, (iv, uv, lv, dv, old, dold))
+    assert old.tolist() == [-3, 4, -2, 4, 4, 100, 3, 5, 6, 2**41 + 7]
+    assert iv.tolist() == [2, 7, -2, -9, 4]
+    assert (uv.to(torch.int64) & 0xFFFFFFFF).tolist() == [(100 + 0xFFFFFFF0) % 2**32, 77, 9, 6]
+    assert lv.tolist() == [2**41 + 2**40 + 7]
+    assert dold.tolist() == [1.0 + 2.0**-40] and dv.tolist() == [1.25 + 2.0**-40]
 
 
 def test_shuffle_xor_reduction(prims):
