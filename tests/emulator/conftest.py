@@ -5,6 +5,8 @@ a primitive cannot hide a broken PTX branch. Fragments are packed by hand from t
 (g = lane >> 2, t = lane % 4) and checked against torch matrix products.
 """
 
+import types
+
 import pytest
 
 PRIMITIVES = r"""
@@ -703,6 +705,47 @@ def prims():
     from spio.emulator import load_module
 
     return load_module(PRIMITIVES, name="emu_test_primitives")
+
+
+class OnGpu:
+    """A source's kernels compiled by NVRTC for this GPU, launched like the emulator's: tensor
+    arguments are copied to the GPU and, after the launch, back into the tensors given, so that a
+    test runs unchanged on either. `seed` (the emulator's thread order) has no meaning here."""
+
+    def __init__(self, source: str, name: str):
+        import torch
+
+        from spio.compiler import compile_cubin
+        from spio.cuda import driver
+
+        self.device = torch.cuda.current_device()
+        arch = driver.device_attributes(self.device)["arch"]
+        self.module = driver.Module.load(compile_cubin(source, arch, name=name).cubin, self.device)
+
+    def get_function(self, name: str):
+        import torch
+
+        function = self.module.get_function(name)
+
+        def launch(grid, block, args, shared_mem_bytes=0, seed=None):
+            on_gpu = [a.cuda(self.device) if isinstance(a, torch.Tensor) else a for a in args]
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            function.launch(grid, block, on_gpu, shared_mem_bytes=shared_mem_bytes, stream=stream)
+            torch.cuda.synchronize(self.device)
+            for given, used in zip(args, on_gpu, strict=True):
+                if isinstance(given, torch.Tensor):
+                    given.copy_(used.cpu())
+
+        return types.SimpleNamespace(launch=launch)
+
+
+@pytest.fixture(scope="session", params=["emulator", pytest.param("gpu", marks=pytest.mark.cuda)])
+def prims_and_gpu(request):
+    """The primitives' kernels in the emulator and, where there is one, on the GPU: the same test
+    on both shows the emulator does what the hardware does."""
+    if request.param == "gpu":
+        return OnGpu(PRIMITIVES, "emu_test_primitives.cu")
+    return request.getfixturevalue("prims")
 
 
 @pytest.fixture(scope="session")

@@ -16,13 +16,13 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("k", [8, 16])
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_mma_matches_matmul(prims, k, dtype, seed):
+def test_mma_matches_matmul(prims_and_gpu, k, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(16, k, generator=gen).to(DTYPES[dtype])
     b = torch.randn(k, 8, generator=gen).to(DTYPES[dtype])
     c = torch.randn(16, 8, generator=gen)
     d = torch.full((16, 8), float("nan"))
-    fn = prims.get_function(f"mma_k{k}_{dtype}")
+    fn = prims_and_gpu.get_function(f"mma_k{k}_{dtype}")
     fn.launch(1, 32, (d, bits(a), bits(b.t()), c))
     ref = a.double() @ b.double() + c.double()
     torch.testing.assert_close(d.double(), ref, rtol=1e-6, atol=1e-5 * k)
@@ -39,7 +39,7 @@ def _normal_or_special_bits(shape, dtype, gen) -> torch.Tensor:
 
 @pytest.mark.parametrize("k", [8, 16])
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_mma_takes_every_finite_and_special_value_exactly(prims, k, dtype):
+def test_mma_takes_every_finite_and_special_value_exactly(prims_and_gpu, k, dtype):
     """B selects one element of each A row per column (D = A[:, perm] exactly, whatever the
     accumulation order): the whole range of each type, the top f16 binade, infinities and NaNs
     (an infinity times B's zeros gives NaN across its row, as IEEE arithmetic does)."""
@@ -55,9 +55,31 @@ def test_mma_takes_every_finite_and_special_value_exactly(prims, k, dtype):
     b[perm, torch.arange(8)] = 1
     a_val = a.view(DTYPES[dtype])
     d = torch.full((16, 8), 123.0)
-    prims.get_function(f"mma_k{k}_{dtype}").launch(1, 32, (d, a, bits(b.t()), torch.zeros(16, 8)))
+    prims_and_gpu.get_function(f"mma_k{k}_{dtype}").launch(
+        1, 32, (d, a, bits(b.t()), torch.zeros(16, 8))
+    )
     ref = a_val.double() @ b.double()
     torch.testing.assert_close(d.double(), ref, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("k", [8, 16])
+def test_mma_keeps_f16_subnormal_inputs(prims_and_gpu, k):
+    """The emulator multiplies f16 subnormals (below 2**-14) as they are; the PTX ISA leaves
+    their handling open, so the GPU twin checks the GPU does the same: an emulated kernel test
+    whose random weights hold one passes on that. Each product is exact in fp32. (bf16
+    subnormals, below 1e-38, are fp32 subnormals too, and never met in practice.)"""
+    gen = torch.Generator().manual_seed(11)
+    sign = torch.randint(0, 2, (16, k), generator=gen) << 15
+    a = (torch.randint(1, 0x400, (16, k), generator=gen) | sign).to(torch.int16)
+    perm = torch.randperm(k, generator=gen)[:8]
+    b = torch.zeros(k, 8, dtype=torch.float16)
+    b[perm, torch.arange(8)] = 1
+    d = torch.full((16, 8), float("nan"))
+    fn = prims_and_gpu.get_function(f"mma_k{k}_f16")
+    fn.launch(1, 32, (d, a, bits(b.t()), torch.zeros(16, 8)))
+    ref = a.view(torch.float16).double()[:, perm]
+    assert (ref != 0).all() and (ref.abs() < 2.0**-14).all()
+    torch.testing.assert_close(d.double(), ref, rtol=0, atol=0)
 
 
 def _ldm_reference(m: torch.Tensor, n: int, trans: bool) -> torch.Tensor:
@@ -75,33 +97,33 @@ def _ldm_reference(m: torch.Tensor, n: int, trans: bool) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 @pytest.mark.parametrize("trans", [False, True])
-def test_ldmatrix_fragment_layout(prims, n, trans):
+def test_ldmatrix_fragment_layout(prims_and_gpu, n, trans):
     m = torch.randint(-(2**15), 2**15, (4, 8, 8), dtype=torch.int16)
     out = torch.full((32, 4), -1, dtype=torch.int32)
     name = f"ldm_x{n}" + ("_trans" if trans else "")
-    prims.get_function(name).launch(1, 32, (out, m))
+    prims_and_gpu.get_function(name).launch(1, 32, (out, m))
     got = out.to(torch.int64) & 0xFFFFFFFF
     ref = _ldm_reference(m, n, trans)
     assert torch.equal(got[:, :n], ref[:, :n])
     assert torch.equal(got[:, n:], torch.zeros_like(got[:, n:]))
 
 
-def test_ldmatrix_feeds_mma_k16(prims):
+def test_ldmatrix_feeds_mma_k16(prims_and_gpu):
     gen = torch.Generator().manual_seed(3)
     a = torch.randn(16, 16, generator=gen).half()
     b = torch.randn(16, 8, generator=gen).half()
     d = torch.full((16, 8), float("nan"))
-    prims.get_function("ldm_mma_k16").launch(1, 32, (d, bits(a), bits(b)))
+    prims_and_gpu.get_function("ldm_mma_k16").launch(1, 32, (d, bits(a), bits(b)))
     torch.testing.assert_close(d.double(), a.double() @ b.double(), rtol=1e-6, atol=1e-4)
 
 
-def test_cp_async_partial_zero_fill(prims):
+def test_cp_async_partial_zero_fill(prims_and_gpu):
     n = 100
     gen = torch.Generator().manual_seed(4)
     src = torch.randint(1, 256, (n * 16,), dtype=torch.uint8, generator=gen)
     src_bytes = torch.randint(0, 17, (n,), dtype=torch.int32, generator=gen)
     out = torch.zeros(n * 16, dtype=torch.uint8)
-    prims.get_function("cp_async_fill").launch(1, 128, (out, src, src_bytes, n))
+    prims_and_gpu.get_function("cp_async_fill").launch(1, 128, (out, src, src_bytes, n))
     ref = src.view(n, 16).clone()
     keep = torch.arange(16)[None, :] < src_bytes[:, None]
     ref[~keep] = 0
@@ -120,10 +142,10 @@ def test_a_zero_byte_copy_must_still_name_an_address_inside_a_tensor(prims):
         prims.get_function("cp_async_fill").launch(1, 128, (out, src, src_bytes, 4))
 
 
-def test_cp_async_copies_the_bytes_named_from_any_16_byte_aligned_source(prims):
+def test_cp_async_copies_the_bytes_named_from_any_16_byte_aligned_source(prims_and_gpu):
     src = torch.randn(6)
     out = torch.full((4,), float("nan"))
-    prims.get_function("cp_async_at").launch(1, 1, (out, src, 4, 8))
+    prims_and_gpu.get_function("cp_async_at").launch(1, 1, (out, src, 4, 8))
     assert torch.equal(out, torch.cat([src[4:], torch.zeros(2)]))
 
 
@@ -195,10 +217,10 @@ def _shfl_src(lane: int, mode: str, b: int, width: int) -> int:
     [(32, 1), (32, 5), (16, 3), (8, 2), (4, 1), (16, 16), (8, 12), (4, 6), (2, 3), (1, 1)]
     + [(32, 33), (16, 37)],
 )
-def test_shuffles(prims, width, delta):
+def test_shuffles(prims_and_gpu, width, delta):
     vals = torch.randint(-1000, 1000, (32,), dtype=torch.int32)
     out = torch.zeros(32, 4, dtype=torch.int32)
-    prims.get_function("shuffles").launch(1, 32, (out, vals, width, delta))
+    prims_and_gpu.get_function("shuffles").launch(1, 32, (out, vals, width, delta))
     for lane in range(32):
         srcs = [
             _shfl_src(lane, "idx", (lane * 7 + delta) & 31, width),
@@ -209,11 +231,11 @@ def test_shuffles(prims, width, delta):
         assert out[lane].tolist() == [int(vals[s]) for s in srcs], f"lane {lane}"
 
 
-def test_shuffles_move_all_8_bytes_of_wide_values(prims):
+def test_shuffles_move_all_8_bytes_of_wide_values(prims_and_gpu):
     ints = torch.randint(-(2**62), 2**62, (32,), dtype=torch.int64)
     doubles = torch.randn(32, dtype=torch.float64) * 1e200
     out, dout = torch.zeros(32, dtype=torch.int64), torch.zeros(32, dtype=torch.float64)
-    prims.get_function("shuffle_wide").launch(1, 32, (out, ints, dout, doubles))
+    prims_and_gpu.get_function("shuffle_wide").launch(1, 32, (out, ints, dout, doubles))
     lanes = torch.arange(32)
     assert torch.equal(out, ints[lanes ^ 5])
     assert torch.equal(dout, doubles[(lanes * 3) & 31])
@@ -226,14 +248,14 @@ def test_activemask_leaves_out_exited_lanes(prims):
     assert (out[12:].to(torch.int64) & 0xFFFFFFFF).tolist() == [0xFFFFF000] * 20
 
 
-def test_atomics_of_each_kind_return_the_old_value(prims):
+def test_atomics_of_each_kind_return_the_old_value(prims_and_gpu):
     iv = torch.tensor([-3, 4, -2, 4, 4], dtype=torch.int32)
     uv = torch.tensor([100, 3, 5, 6], dtype=torch.int32)
     lv = torch.tensor([2**41 + 7], dtype=torch.int64)
     dv = torch.tensor([1.0 + 2.0**-40], dtype=torch.float64)
     old = torch.zeros(10, dtype=torch.int64)
     dold = torch.zeros(1, dtype=torch.float64)
-    prims.get_function("atomic_kinds").launch(1, 1, (iv, uv, lv, dv, old, dold))
+    prims_and_gpu.get_function("atomic_kinds").launch(1, 1, (iv, uv, lv, dv, old, dold))
     assert old.tolist() == [-3, 4, -2, 4, 4, 100, 3, 5, 6, 2**41 + 7]
     assert iv.tolist() == [2, 7, -2, -9, 4]
     assert (uv.to(torch.int64) & 0xFFFFFFFF).tolist() == [(100 + 0xFFFFFFF0) % 2**32, 77, 9, 6]
@@ -241,28 +263,30 @@ def test_atomics_of_each_kind_return_the_old_value(prims):
     assert dold.tolist() == [1.0 + 2.0**-40] and dv.tolist() == [1.25 + 2.0**-40]
 
 
-def test_shuffle_xor_reduction(prims):
+def test_shuffle_xor_reduction(prims_and_gpu):
     vals = torch.randn(32)
     out = torch.zeros(32)
-    prims.get_function("shuffle_float").launch(1, 32, (out, vals))
+    prims_and_gpu.get_function("shuffle_float").launch(1, 32, (out, vals))
     torch.testing.assert_close(out.double(), vals.double().sum().expand(32), rtol=1e-5, atol=1e-5)
 
 
-def test_atomic_add_float(prims):
+def test_atomic_add_float(prims_and_gpu):
     n = 1000
     gen = torch.Generator().manual_seed(5)
     index = torch.randint(0, 37, (n,), dtype=torch.int32, generator=gen)
     value = torch.randn(n, generator=gen)
     out = torch.zeros(37)
-    prims.get_function("atomic_scatter").launch(8, 128, (out, index, value, n), seed=11)
+    prims_and_gpu.get_function("atomic_scatter").launch(8, 128, (out, index, value, n), seed=11)
     ref = torch.zeros(37, dtype=torch.float64).index_add_(0, index.long(), value.double())
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_dynamic_shared_memory(prims):
+def test_dynamic_shared_memory(prims_and_gpu):
     x = torch.randn(96)
     out = torch.zeros(96)
-    prims.get_function("dynamic_shared").launch(1, 96, (out, x, 96), shared_mem_bytes=96 * 4)
+    prims_and_gpu.get_function("dynamic_shared").launch(
+        1, 96, (out, x, 96), shared_mem_bytes=96 * 4
+    )
     torch.testing.assert_close(out, (x * 2).flip(0))
 
 
