@@ -143,25 +143,25 @@ def test_every_ldmatrix_row_address_must_be_16_byte_aligned(hazards, bad_row):
         )
 
 
-def test_data_a_cp_async_landed_needs_a_barrier_for_other_threads(hazards):
-    """The wait makes a copy visible to the thread that issued it, not to its neighbours."""
-    fn = hazards.get_function("landed_neighbour")
-    with pytest.raises(EmulatorError, match=r"race: reads .* which thread \(0,0,0\) wrote"):
-        fn.launch(1, 64, (torch.zeros(64), torch.randn(256), 0))
-    x = torch.randn(256)
-    out = torch.zeros(64)
-    fn.launch(1, 64, (out, x, 1), seed=2)
-    assert torch.equal(out, torch.cat([torch.zeros(1), x[0:252:4]]))
-
-
-def test_two_threads_storing_the_same_shared_bytes_race(hazards):
-    fn = hazards.get_function("pair_store")
-    with pytest.raises(EmulatorError, match=r"race: writes .* which thread \(0,0,0\) wrote"):
-        fn.launch(1, 128, (torch.zeros(64), torch.randn(128), 0))
-    x = torch.randn(128)
-    out = torch.zeros(64)
-    fn.launch(1, 128, (out, x, 1))
-    assert torch.equal(out, x[::2])
+@pytest.mark.parametrize(
+    "kernel, block, n_in, n_out, message, want",
+    [
+        # A wait makes a copy visible to the thread that issued it, not to its neighbours.
+        ("landed_neighbour", 64, 256, 64, r"race: reads .* which thread \(0,0,0\) wrote",
+         lambda x: torch.cat([torch.zeros(1), x[0:252:4]])),
+        ("pair_store", 128, 128, 64, r"race: writes .* which thread \(0,0,0\) wrote",
+         lambda x: x[::2]),
+    ],
+)  # fmt: skip
+def test_shared_races_reported_and_fixed(hazards, kernel, block, n_in, n_out, message, want):
+    """Unfixed (last argument 0) the race is reported; fixed, the kernel gives `want`."""
+    fn = hazards.get_function(kernel)
+    with pytest.raises(EmulatorError, match=message):
+        fn.launch(1, block, (torch.zeros(n_out), torch.randn(n_in), 0))
+    x = torch.randn(n_in)
+    out = torch.zeros(n_out)
+    fn.launch(1, block, (out, x, 1), seed=2)
+    assert torch.equal(out, want(x))
 
 
 def test_a_store_after_another_warps_read_races(hazards):
