@@ -365,3 +365,40 @@ def test_nvrtc_compiles_with_its_builtins_preloaded():
     source = 'extern "C" __global__ void k(float *x) { x[0] = sinf(x[0]) + __expf(x[1]); }'
     result = compile_cubin(source, "sm_80")
     assert result.cubin[:4] == b"\x7fELF"
+
+
+def test_an_include_override_without_the_header_is_an_error(isolated, monkeypatch):
+    """SPIO_CUDA_INCLUDE names an existing folder that lacks cuda_fp16.h: an error too, not
+    that folder (NVRTC would then fail far from the cause)."""
+    nvidia = make_wheels(isolated, [12])
+    monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
+    empty = isolated / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(empty))
+    with pytest.raises(paths.CudaNotFoundError, match=r"empty holds no cuda_fp16.h"):
+        paths.find_cuda_include()
+
+
+def test_cuda_home_comes_before_cuda_path_and_lib64_before_lib(no_toolkit, monkeypatch):
+    home = install(no_toolkit / "home", "lib64", "include")
+    install(no_toolkit / "home", "lib", "include")
+    other = install(no_toolkit / "path", "lib64", "include")
+    monkeypatch.setenv("CUDA_PATH", str(no_toolkit / "path"))
+    assert paths.find_nvrtc() == other
+    monkeypatch.setenv("CUDA_HOME", str(no_toolkit / "home"))
+    assert paths.find_nvrtc() == home
+
+
+def test_headers_beside_the_target_of_a_symlinked_libnvrtc(no_toolkit):
+    """A distro folder's libnvrtc symlinked into a toolkit: the toolkit's headers are its own."""
+    target = install(no_toolkit / "opt" / "cuda", "lib64", "include")
+    link = no_toolkit / "usr" / "lib" / "libnvrtc.so.12"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target)
+    assert paths.find_cuda_include(nvrtc=link) == no_toolkit / "opt" / "cuda" / "include"
+
+
+def test_the_builtins_library_is_not_taken_for_libnvrtc(tmp_path):
+    for name in ("libnvrtc.so.12", "libnvrtc-builtins.so.12.9", "libnvrtc.alt.so.13"):
+        (tmp_path / name).write_bytes(b"")
+    assert paths._nvrtc_in(tmp_path).name == "libnvrtc.so.12"

@@ -10,10 +10,13 @@ import ctypes
 import errno
 import logging
 import os
+import platform
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -266,3 +269,100 @@ def test_the_private_folder_is_removed_at_exit(tmp_path, tiny):
     first, second = proc.stdout.split()
     assert first == second and first.startswith(str(tmp))
     assert list(tmp.iterdir()) == []
+
+
+class _Key(Exception):
+    pass
+
+
+class _KeyCatcher:
+    """A cache that answers every lookup by raising the key it was asked for."""
+
+    def get_or_build(self, key, build):
+        raise _Key(key)
+
+
+def _library_key(monkeypatch, checked=False):
+    monkeypatch.setattr(build, "_cache", _KeyCatcher())
+    with pytest.raises(_Key) as caught:
+        build.build_library(TINY, name="emu_test_tiny", checked=checked)
+    return caught.value.args[0]
+
+
+@pytest.mark.parametrize(
+    "name", ["runtime_digest", "_cuda_identity", "use_ucontext", "compiler_version"]
+)
+def test_each_input_of_a_library_is_part_of_its_key(monkeypatch, name):
+    """A library built against another runtime, other CUDA headers, the other fiber switch or
+    another compiler version is not taken from the cache."""
+    flipped = not build.use_ucontext()
+    other = {
+        "runtime_digest": lambda: "another runtime",
+        "_cuda_identity": lambda: "other CUDA headers",
+        "use_ucontext": lambda: flipped,
+        "compiler_version": lambda cxx: "g++ (another build) 99.0",
+    }[name]
+    key = _library_key(monkeypatch)
+    monkeypatch.setattr(build, name, other)
+    assert _library_key(monkeypatch) != key
+    assert _library_key(monkeypatch, checked=True) != _library_key(monkeypatch)
+
+
+def test_a_library_file_removed_after_use_is_written_again(monkeypatch, tmp_path, tiny):
+    """The file checked once per process is checked to still exist before it is handed out."""
+    key, (payload, _) = tiny
+    _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    first = _build().path
+    first.unlink()
+    lib = _build()
+    assert lib.path == first and lib.path.read_bytes() == payload
+    _loads(lib.path)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="other CPUs have only ucontext")
+def test_the_runtime_objects_key_tells_the_fiber_switches_apart(monkeypatch, tmp_path):
+    """emu_runtime.cc compiled for ucontext fibers is not taken for the assembly switch's."""
+    keys = []
+    for value in ("0", "1"):
+        monkeypatch.setenv("SPIO_EMU_UCONTEXT", value)
+        monkeypatch.setattr(build, "_cache", _KeyCatcher())
+        with pytest.raises(_Key) as caught:
+            build._runtime_objects(build.compiler(), tmp_path)
+        keys.append(caught.value.args[0])
+    assert keys[0] != keys[1]
+
+
+def test_one_warning_for_all_libraries_the_cache_cannot_hold(monkeypatch, tmp_path, tiny, caplog):
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    _fill_disk_under(monkeypatch, lib_folder)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        files = [build._library_file(f"key{i}", b"payload %d" % i, "lib") for i in range(2)]
+    assert [f.read_bytes() for f in files] == [b"payload 0", b"payload 1"]
+    assert files[0].parent == files[1].parent == _private_folders(tmp_path)[0]
+    assert len(_warnings(caplog)) == 1
+
+
+def test_concurrent_fallbacks_share_one_private_folder(monkeypatch, tmp_path, tiny, caplog):
+    """Threads loading libraries the cache cannot hold make one private folder and one warning
+    between them: the folder is made under the library files' lock."""
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    _fill_disk_under(monkeypatch, lib_folder)
+    real_mkdtemp = tempfile.mkdtemp
+
+    def slow_mkdtemp(*args, **kwargs):
+        time.sleep(0.2)  # room for the other threads to get here, unless the lock holds them
+        return real_mkdtemp(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", slow_mkdtemp)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        threads = [
+            threading.Thread(target=build._library_file, args=(f"key{i}", b"%d" % i, "lib"))
+            for i in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    (folder,) = _private_folders(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == [f"key{i}.so" for i in range(4)]
+    assert len(_warnings(caplog)) == 1

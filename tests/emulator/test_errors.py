@@ -42,6 +42,9 @@ def test_bad_arguments(add_fn, args, error, match):
         (1, 32, 227 * 1024 + 1, "exceed the 232448-byte limit"),
         (1, 32, -1, "shared_mem_bytes must be"),
         ((1, 2, 3, 4), 32, 0, "1-3 ints"),
+        (2**31, 32, 0, r"grid\[0\] must be in 1..2147483647, got 2147483648"),
+        ((1, 65536), 32, 0, r"grid\[1\] must be in 1..65535, got 65536"),
+        ((1, 1, 65536), 32, 0, r"grid\[2\] must be in 1..65535, got 65536"),
     ],
 )
 def test_bad_launch_configuration(add_fn, grid, block, shared, match):
@@ -190,3 +193,111 @@ def test_dense_tensors_are_those_whose_elements_fill_their_span_once():
     assert _dense(t.permute(3, 1, 0, 2)) and _dense(torch.empty(1, 1, 1))
     assert not _dense(t[:, :, :2])
     assert not _dense(torch.empty(8).as_strided((2, 2, 2), (1, 1, 5)))  # span 8, overlapping
+
+
+SCALARS = r"""
+extern "C" __global__ void scalars(double *out, float f, double d, bool b, signed char c,
+                                   unsigned short u, long long l) {
+    out[0] = f; out[1] = d; out[2] = b; out[3] = c; out[4] = u; out[5] = double(l);
+}
+
+extern "C" __global__ void address_mod_64(long long *out, const float *p) {
+    out[0] = (long long)(reinterpret_cast<unsigned long long>(p) % 64);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def scalars():
+    return emulator.load_module(SCALARS, name="emu_test_scalars").get_function("scalars")
+
+
+def _scalar_args():
+    return [torch.zeros(6, dtype=torch.float64), 1.5, 0.1, True, -128, 65535, -(2**40)]
+
+
+def test_scalar_arguments_of_every_kind_reach_the_kernel(scalars):
+    args = _scalar_args()
+    scalars.launch(1, 1, args)
+    assert args[0].tolist() == [1.5, 0.1, 1.0, -128.0, 65535.0, -1099511627776.0]
+
+
+@pytest.mark.parametrize(
+    "index,value,error,match",
+    [
+        (1, True, TypeError, r"argument 1 of kernel scalars is a float \(f4\), got bool"),
+        (3, 2, ValueError, r"argument 3 of kernel scalars \(b\) must be in 0..1, got 2"),
+        (4, 128, ValueError, r"argument 4 of kernel scalars \(i1\) must be in -128..127, got 128"),
+        (5, 65536, ValueError, r"\(u2\) must be in 0..65535, got 65536"),
+        (5, -1, ValueError, r"\(u2\) must be in 0..65535, got -1"),
+    ],
+)
+def test_bad_scalar_arguments(scalars, index, value, error, match):
+    args = _scalar_args()
+    args[index] = value
+    with pytest.raises(error, match=match):
+        scalars.launch(1, 1, args)
+    assert not args[0].any()  # nothing ran
+
+
+def test_a_pointer_argument_must_be_a_cpu_tensor(scalars):
+    args = _scalar_args()
+    args[0] = torch.zeros(6, dtype=torch.float64, device="meta")
+    with pytest.raises(ValueError, match="argument 0 of kernel scalars must be a CPU tensor, got"):
+        scalars.launch(1, 1, args)
+
+
+def test_modules_of_one_library_share_its_launch_lock(scalars):
+    """Both load one file (dlopen loads it once) whose runtime keeps a launch in globals."""
+    other = emulator.load_module(SCALARS, name="emu_test_scalars_again")
+    assert other._load(True).handle._handle == scalars.module._load(True).handle._handle
+    assert other._load(True).lock is scalars.module._load(True).lock
+
+
+def test_the_shared_memory_limit_counts_static_shared_memory(shared_oob):
+    """shared_oob's one static array is 128 floats (512 bytes): 227 KiB less that is the most
+    dynamic shared memory a launch may ask for."""
+    fn = shared_oob.get_function("dynamic_index")
+    x, out = torch.randn(128), torch.zeros(128)
+    fn.launch(1, 128, (out, x, 0), shared_mem_bytes=232448 - 512)
+    assert torch.equal(out, x)
+    match = r"231937 dynamic \+ 512 static shared bytes exceed the 232448-byte limit"
+    with pytest.raises(ValueError, match=match):
+        fn.launch(1, 128, (out, x, 0), shared_mem_bytes=232448 - 511)
+
+
+def test_extern_shared_in_a_header_given_with_the_source_is_the_dynamic_buffer():
+    """A header passed with the source gets the same `extern __shared__` rewrite as the source."""
+    header = (
+        "__device__ inline float *staged() {\n"
+        "    extern __shared__ float buffer[];\n"
+        "    return buffer;\n"
+        "}\n"
+    )
+    source = (
+        '#include "staged.h"\n'
+        'extern "C" __global__ void reverse(float *out, const float *in) {\n'
+        "    staged()[threadIdx.x] = in[threadIdx.x];\n"
+        "    __syncthreads();\n"
+        "    out[threadIdx.x] = staged()[blockDim.x - 1 - threadIdx.x];\n"
+        "}\n"
+    )
+    module = emulator.load_module(source, {"staged.h": header}, name="emu_test_header_shared")
+    x, out = torch.randn(32), torch.zeros(32)
+    module.get_function("reverse").launch(1, 32, (out, x), shared_mem_bytes=128)
+    assert torch.equal(out, x.flip(0))
+
+
+def test_checked_and_unchecked_libraries_are_loaded_apart(scalars):
+    module = scalars.module
+    assert module.library(True).checked and not module.library(False).checked
+    assert module.library(True).path != module.library(False).path
+
+
+def test_a_checked_copy_keeps_the_tensors_address_modulo_64(scalars):
+    """Kernels may take a tensor's alignment from its address: the guarded copy keeps it."""
+    fn = scalars.module.get_function("address_mod_64")
+    view = torch.zeros(32)[3:]
+    out = torch.full((1,), -1, dtype=torch.int64)
+    fn.launch(1, 1, (out, view))
+    assert out.item() == view.data_ptr() % 64 != 0

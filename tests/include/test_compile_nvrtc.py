@@ -7,7 +7,9 @@ stack frame, and an arch below sm_80 is rejected by spio/macros.h.
 
 from __future__ import annotations
 
+import pickle
 import re
+import struct
 
 import pytest
 
@@ -358,3 +360,37 @@ def test_arch_below_sm80_is_rejected() -> None:
         nvrtc.compile_program(source, "sm75.cu", options)
     # The same source compiles for sm_80, so the error above comes from the arch guard.
     nvrtc.compile_program(source, "sm80.cu", ["--gpu-architecture=sm_80", *options[1:]])
+
+
+def _elf_end(cubin: bytes) -> int:
+    """Where the last of an ELF64 file's sections, section headers and program headers ends."""
+    phoff, shoff = struct.unpack_from("<QQ", cubin, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", cubin, 0x36)
+    ends = [phoff + phentsize * phnum, shoff + shentsize * shnum]
+    for i in range(shnum):
+        kind, _, _, offset, size = struct.unpack_from("<IQQQQ", cubin, shoff + i * shentsize + 4)
+        if kind != 8:  # SHT_NOBITS takes no room in the file
+            ends.append(offset + size)
+    return max(ends)
+
+
+def test_compile_program_returns_whole_outputs_and_a_clean_log() -> None:
+    """The cubin ends where its ELF tables say, the PTX and log carry no C terminator, and a
+    rejected program's error names NVRTC's result."""
+    source = 'extern "C" __global__ void k(float *x) { x[0] = 1.f; }\n'
+    out = nvrtc.compile_program(source, "whole.cu", ["--gpu-architecture=sm_80"])
+    assert out.cubin[:4] == b"\x7fELF" and len(out.cubin) == _elf_end(out.cubin)
+    assert "\0" not in out.ptx and out.ptx.rstrip().endswith("}")
+    assert "\0" not in out.log
+    with pytest.raises(CompileError) as info:
+        nvrtc.compile_program("not C++", "bad.cu", ["--gpu-architecture=sm_80"])
+    assert info.value.result == "NVRTC_ERROR_COMPILATION" and "\0" not in info.value.log
+    assert "(NVRTC_ERROR_COMPILATION)" in str(info.value)
+
+
+def test_a_compile_error_survives_pickling() -> None:
+    """Compile pool workers send it back pickled: the result name must not be lost."""
+    sent = nvrtc.CompileError("k.cu", "k.cu(1): error", "NVRTC_ERROR_COMPILATION")
+    error = pickle.loads(pickle.dumps(sent))
+    assert (error.name, error.log, error.result) == (sent.name, sent.log, sent.result)
+    assert str(error) == "NVRTC failed to compile k.cu (NVRTC_ERROR_COMPILATION):\nk.cu(1): error"
