@@ -298,6 +298,11 @@ def test_check_runs_the_kernels_on_the_device_it_is_given(monkeypatch):
     assert built_for == ["cuda"] and {device for *_, device in runs} == {"cuda"}
 
 
+def _all_passing() -> list:
+    """One passing result for every pass in every dtype."""
+    return [check.PassResult(p, d, runs=1, worst=0.5) for d in check.DTYPES for p in PASSES]
+
+
 def _cmd_check(monkeypatch, device, quick, results=None, error=None):
     """cmd_check on `device` with run_check replaced: records its arguments and returns
     `results` (six passing ones when None) or raises `error`. -> (exit status, arguments)."""
@@ -309,9 +314,7 @@ def _cmd_check(monkeypatch, device, quick, results=None, error=None):
         calls.append((device, tuple(layers), extra_configs))
         if error:
             raise error
-        return results or [
-            check.PassResult(p, d, runs=1, worst=0.5) for d in check.DTYPES for p in PASSES
-        ]
+        return results or _all_passing()
 
     monkeypatch.setattr(check, "resolve_device", lambda requested: device)
     monkeypatch.setattr(check, "run_check", run_check)
@@ -337,7 +340,7 @@ def test_check_command_covers_every_layer_and_samples_configs(monkeypatch):
 
 
 def test_check_command_exits_1_when_any_pass_fails(monkeypatch, capsys):
-    passing = [check.PassResult(p, d, runs=1, worst=0.5) for d in check.DTYPES for p in PASSES]
+    passing = _all_passing()
     assert _cmd_check(monkeypatch, "cpu", quick=True, results=passing)[0] == 0
     assert "all 6 pass/dtype checks passed" in capsys.readouterr().out
     for index in (0, len(passing) - 1):

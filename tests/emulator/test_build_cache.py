@@ -282,11 +282,18 @@ class _KeyCatcher:
         raise _Key(key)
 
 
-def _library_key(monkeypatch, checked=False):
+def _key_asked(monkeypatch, call):
+    """The key `call()` asks the emulator's cache for."""
     monkeypatch.setattr(build, "_cache", _KeyCatcher())
     with pytest.raises(_Key) as caught:
-        build.build_library(TINY, name="emu_test_tiny", checked=checked)
+        call()
     return caught.value.args[0]
+
+
+def _library_key(monkeypatch, checked=False):
+    return _key_asked(
+        monkeypatch, lambda: build.build_library(TINY, name="emu_test_tiny", checked=checked)
+    )
 
 
 @pytest.mark.parametrize(
@@ -325,10 +332,9 @@ def test_the_runtime_objects_key_tells_the_fiber_switches_apart(monkeypatch, tmp
     keys = []
     for value in ("0", "1"):
         monkeypatch.setenv("SPIO_EMU_UCONTEXT", value)
-        monkeypatch.setattr(build, "_cache", _KeyCatcher())
-        with pytest.raises(_Key) as caught:
-            build._runtime_objects(build.compiler(), tmp_path)
-        keys.append(caught.value.args[0])
+        keys.append(
+            _key_asked(monkeypatch, lambda: build._runtime_objects(build.compiler(), tmp_path))
+        )
     assert keys[0] != keys[1]
 
 

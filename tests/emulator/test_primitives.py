@@ -37,6 +37,17 @@ def _normal_or_special_bits(shape, dtype, gen) -> torch.Tensor:
     return raw.to(torch.int16)
 
 
+def _mma_picking_columns(prims, k, dtype, a, gen):
+    """D = A B + 0 on the kernel (A: 16 x k bit patterns), B picking a random column of A for
+    each of its 8 columns: each element of D is one of A's times 1, exact whatever the order of
+    accumulation. -> (D, B); D's elements not written stay 123."""
+    b = torch.zeros(k, 8, dtype=DTYPES[dtype])
+    b[torch.randperm(k, generator=gen)[:8], torch.arange(8)] = 1
+    d = torch.full((16, 8), 123.0)
+    prims.get_function(f"mma_k{k}_{dtype}").launch(1, 32, (d, a, bits(b.t()), torch.zeros(16, 8)))
+    return d, b
+
+
 @pytest.mark.parametrize("k", [8, 16])
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_mma_takes_every_finite_and_special_value_exactly(prims_and_gpu, k, dtype):
@@ -50,15 +61,8 @@ def test_mma_takes_every_finite_and_special_value_exactly(prims_and_gpu, k, dtyp
         a[0, :8] = torch.tensor(top, dtype=torch.int32).to(torch.int16)
         a[1, :] = 0x3C00
         a[1, 3] = 0x7E00  # NaN
-    perm = torch.randperm(k, generator=gen)[:8]
-    b = torch.zeros(k, 8, dtype=DTYPES[dtype])
-    b[perm, torch.arange(8)] = 1
-    a_val = a.view(DTYPES[dtype])
-    d = torch.full((16, 8), 123.0)
-    prims_and_gpu.get_function(f"mma_k{k}_{dtype}").launch(
-        1, 32, (d, a, bits(b.t()), torch.zeros(16, 8))
-    )
-    ref = a_val.double() @ b.double()
+    d, b = _mma_picking_columns(prims_and_gpu, k, dtype, a, gen)
+    ref = a.view(DTYPES[dtype]).double() @ b.double()
     torch.testing.assert_close(d.double(), ref, rtol=0, atol=0, equal_nan=True)
 
 
@@ -71,13 +75,8 @@ def test_mma_keeps_f16_subnormal_inputs(prims_and_gpu, k):
     gen = torch.Generator().manual_seed(11)
     sign = torch.randint(0, 2, (16, k), generator=gen) << 15
     a = (torch.randint(1, 0x400, (16, k), generator=gen) | sign).to(torch.int16)
-    perm = torch.randperm(k, generator=gen)[:8]
-    b = torch.zeros(k, 8, dtype=torch.float16)
-    b[perm, torch.arange(8)] = 1
-    d = torch.full((16, 8), float("nan"))
-    fn = prims_and_gpu.get_function(f"mma_k{k}_f16")
-    fn.launch(1, 32, (d, a, bits(b.t()), torch.zeros(16, 8)))
-    ref = a.view(torch.float16).double()[:, perm]
+    d, b = _mma_picking_columns(prims_and_gpu, k, "f16", a, gen)
+    ref = a.view(torch.float16).double() @ b.double()
     assert (ref != 0).all() and (ref.abs() < 2.0**-14).all()
     torch.testing.assert_close(d.double(), ref, rtol=0, atol=0)
 

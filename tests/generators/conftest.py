@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 _STUB = Path(__file__).with_name("fragments_stub.h")
+# The real fragment contract the generated headers include (the tests that read its types).
+FRAGMENTS_H = Path(__file__).resolve().parents[2] / "spio/include/spio/warp/fragments.h"
 
 
 def _host_cuda_include() -> Path | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -18,6 +17,7 @@ from spio.generators import (
     TensorSpec,
     generate,
 )
+from tests.generators.conftest import FRAGMENTS_H
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -178,9 +178,8 @@ def test_bad_param_values(value):
 
 def _fragment_members() -> list[str]:
     """Members declared in the bodies of spio/warp/fragments.h's fragment structs, read from it."""
-    header = Path(__file__).resolve().parents[2] / "spio/include/spio/warp/fragments.h"
     bodies = re.findall(
-        r"^struct (?:OperandFragment|Frag\w+) \{\n(.*?)^\};", header.read_text(), re.M | re.S
+        r"^struct (?:OperandFragment|Frag\w+) \{\n(.*?)^\};", FRAGMENTS_H.read_text(), re.M | re.S
     )
     member = re.compile(
         r"^ {4}(?:SPIO_HOST_DEVICE\s+)?(?:static\s+)?(?:constexpr\s+)?"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 import re
-from pathlib import Path
 
 import pytest
 
 from spio.generators import FRAGMENT_TYPES, FragmentSpec, generate
+from tests.generators.conftest import FRAGMENTS_H
 
 
 def reference_layout(fragment_type: str, lane: int, idx: int) -> tuple[int, int]:
@@ -86,8 +86,7 @@ def test_named_accessors_follow_the_fragment_layout(cxx, seed):
 
 
 def test_every_fragment_type_of_the_spio_header_is_known():
-    header = Path(__file__).resolve().parents[2] / "spio/include/spio/warp/fragments.h"
-    declared = re.findall(r"^(?:using|struct) (Frag\w+)", header.read_text(), re.MULTILINE)
+    declared = re.findall(r"^(?:using|struct) (Frag\w+)", FRAGMENTS_H.read_text(), re.MULTILINE)
     assert sorted(FRAGMENT_TYPES) == sorted(declared)
 
 

@@ -932,26 +932,35 @@ def test_sample_resume_and_train_on_a_gpu(tmp_path):
         assert model.meta["synthetic"] is False and model.meta["rows"] == rows[name]
 
 
-def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkeypatch):
-    """perf_sample's bookkeeping on CPU: the GPU, compiler and timer are fakes."""
+def _fake_gpu(monkeypatch) -> dict:
+    """perf_sample's view of a GPU, faked: CUDA available, an sm_90 "Fake GPU" with 60 MB of L2
+    (the dict returned; change it to change the GPU), driver 13.0, and no kernel inputs made."""
     import torch
 
-    import spio.compiler
     from spio.cuda import driver
     from spio.kernels import autotune
 
+    attrs = {"arch": "sm_90", "name": "Fake GPU", "l2_cache_bytes": 60 * 2**20}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    attrs = {"arch": "sm_90", "name": "Fake GPU", "l2_cache_bytes": 60 * 2**20}
     monkeypatch.setattr(driver, "device_attributes", lambda ordinal=0: dict(attrs))
     monkeypatch.setattr(driver, "driver_version", lambda: (13, 0))
+    monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])
+    return attrs
+
+
+def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkeypatch):
+    """perf_sample's bookkeeping on CPU: the GPU, compiler and timer are fakes."""
+    import spio.compiler
+    from spio.kernels import autotune
+
+    _fake_gpu(monkeypatch)
     compiled = []
     monkeypatch.setattr(
         spio.compiler,
         "compile_many",
         lambda jobs, **kw: compiled.extend(jobs) or [None] * len(jobs),
     )
-    monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])
     timed = []
 
     def fake_time(family, params, kernel, arg_sets, device, **kw):
@@ -1019,18 +1028,10 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
 def test_perf_sample_stops_within_its_budget_and_resumes_per_device(tmp_path, monkeypatch):
     """On a fake clock: a compile starts only with 1.25 times the slowest compile's time left, a
     config is timed only while the budget lasts, and rows another GPU measured are timed again."""
-    import torch
-
     import spio.compiler
-    from spio.cuda import driver
     from spio.kernels import autotune
 
-    attrs = {"arch": "sm_90", "name": "Fake GPU", "l2_cache_bytes": 60 * 2**20}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    monkeypatch.setattr(driver, "device_attributes", lambda ordinal=0: dict(attrs))
-    monkeypatch.setattr(driver, "driver_version", lambda: (13, 0))
-    monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])
+    attrs = _fake_gpu(monkeypatch)
     clock, step, timed, lock = [0.0], {}, [], threading.Lock()
 
     def advance(seconds):
@@ -1073,14 +1074,7 @@ def test_perf_sample_stops_within_its_budget_and_resumes_per_device(tmp_path, mo
 def test_perf_sample_refuses_a_csv_of_other_columns_before_timing(tmp_path, monkeypatch, capsys):
     """A CSV of an older spio (no variant column) cannot take new rows: the run says so before
     it times anything, instead of losing its first layer to a failed append."""
-    import torch
-
-    from spio.cuda import driver
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    monkeypatch.setattr(driver, "device_attributes", lambda ordinal=0: {"arch": "sm_90"})
-    monkeypatch.setattr(driver, "driver_version", lambda: (13, 0))
+    _fake_gpu(monkeypatch)
     old = tmp_path / "old.csv"
     old.write_text(",".join(pm.SAMPLE_COLUMNS[:-1]) + "\n")
     script = syn.load_script("perf_sample")
