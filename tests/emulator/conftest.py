@@ -567,6 +567,16 @@ extern "C" __global__ void global_neighbour(float *out, float *buf, int fixed) {
 BULK = r"""
 #include "spio/thread/bulk_copy.h"
 
+/// Thread 0 initialises `n` mbarriers expecting `count` arrivals each and fences the
+/// initialisation; then the block syncs, so that every thread may use them.
+__device__ void init_mbarriers(unsigned long long *bar, int n, unsigned count) {
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < n; ++k) spio::mbarrier_init(&bar[k], count);
+        spio::fence_mbarrier_init();
+    }
+    __syncthreads();
+}
+
 /// Streams `rows` rows of 64 floats through two shared buffers with bulk copies, one mbarrier per
 /// buffer; thread i writes out[row * 64 + i] = row's element (i * 5) % 64. `bug`: 0 none, 1 read
 /// before the wait, 2 announce 16 bytes more than copied, 3 skip the last wait, 4 wait on the
@@ -575,12 +585,7 @@ extern "C" __global__ void bulk_rows(float *out, const float *in, int rows, int 
     __shared__ __align__(16) float buf[2][64];
     __shared__ __align__(8) unsigned long long bar[2];
     const int i = threadIdx.x;
-    if (i == 0) {
-        spio::mbarrier_init(&bar[0], 1);
-        spio::mbarrier_init(&bar[1], 1);
-        spio::fence_mbarrier_init();
-    }
-    __syncthreads();
+    init_mbarriers(bar, 2, 1);
     const auto load = [&](int row) {
         spio::mbarrier_arrive_expect_tx(&bar[row % 2], 256 + (bug == 2 ? 16 : 0));
         spio::cp_async_bulk_g2s(buf[row % 2], in + 64 * row, 256, &bar[row % 2]);
@@ -607,12 +612,7 @@ extern "C" __global__ void bulk_refill(float *out, const float *in, int fixed) {
     __shared__ __align__(16) float buf[64];
     __shared__ __align__(8) unsigned long long bar[2];
     const int i = threadIdx.x, last = blockDim.x - 1;
-    if (i == 0) {
-        spio::mbarrier_init(&bar[0], 1);
-        spio::mbarrier_init(&bar[1], 1);
-        spio::fence_mbarrier_init();
-    }
-    __syncthreads();
+    init_mbarriers(bar, 2, 1);
     if (i == last) {
         spio::mbarrier_arrive_expect_tx(&bar[0], 256);
         spio::cp_async_bulk_g2s(buf, in, 256, &bar[0]);
@@ -636,11 +636,7 @@ extern "C" __global__ void bulk_one_waiter(float *out, const float *in, int fixe
     __shared__ __align__(16) float buf[64];
     __shared__ __align__(8) unsigned long long bar;
     const int i = threadIdx.x;
-    if (i == 0) {
-        spio::mbarrier_init(&bar, 1);
-        spio::fence_mbarrier_init();
-    }
-    __syncthreads();
+    init_mbarriers(&bar, 1, 1);
     if (i == 0) {
         spio::mbarrier_arrive_expect_tx(&bar, 256);
         spio::cp_async_bulk_g2s(buf, in, 256, &bar);
@@ -657,11 +653,7 @@ extern "C" __global__ void bulk_two_arrivals(float *out, const float *in) {
     __shared__ __align__(16) float buf[64];
     __shared__ __align__(8) unsigned long long bar;
     const int i = threadIdx.x;
-    if (i == 0) {
-        spio::mbarrier_init(&bar, 2);
-        spio::fence_mbarrier_init();
-    }
-    __syncthreads();
+    init_mbarriers(&bar, 1, 2);
     for (int phase = 0; phase < 2; ++phase) {
         if (i < 2) {
             spio::fence_proxy_async_shared();
@@ -678,9 +670,8 @@ extern "C" __global__ void bulk_two_arrivals(float *out, const float *in) {
 extern "C" __global__ void bulk_unwaited(const float *in) {
     __shared__ __align__(16) float buf[64];
     __shared__ __align__(8) unsigned long long bar;
+    init_mbarriers(&bar, 1, 1);
     if (threadIdx.x == 0) {
-        spio::mbarrier_init(&bar, 1);
-        spio::fence_mbarrier_init();
         spio::mbarrier_arrive_expect_tx(&bar, 256);
         spio::cp_async_bulk_g2s(buf, in, 256, &bar);
     }
