@@ -32,6 +32,30 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type)
 
 
+def cast_for_autocast(
+    input: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The operands as spio's op takes them in an autocast region of `dtype`: input and weight
+    cast to `dtype`, the weight contiguous (the layout the kernels read, so that eager calls and
+    the op launch the same kernels, those spio.precompile builds), bias to fp32. As autocast
+    leaves them for aten's convolution, tensors that are not floating point and float64 tensors
+    stay as they are, for the op's checks to name. (Autocast also leaves tensors on other
+    devices alone; casting one changes nothing seen: `to` does not move it, and the op refuses
+    tensors on different devices before it looks at dtypes.)
+    The one cast rule of the op's autocast kernels and the eager path."""
+    return (
+        _autocast(input, dtype, torch.preserve_format),
+        _autocast(weight, dtype, torch.contiguous_format),
+        _autocast(bias, torch.float32, torch.preserve_format),
+    )
+
+
+def _autocast(t: Tensor | None, dtype: torch.dtype, fmt: torch.memory_format) -> Tensor | None:
+    if t is None or not t.is_floating_point() or t.dtype == torch.float64:
+        return t
+    return t.to(dtype=dtype, memory_format=fmt)
+
+
 def functorch_transform_active() -> bool:
     """True inside torch.vmap (or another torch.func transform), whose batched tensors only the
     custom op's registrations handle."""

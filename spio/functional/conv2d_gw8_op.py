@@ -12,8 +12,8 @@ dtype, so a transformed model runs anywhere.
 
 Autocast: a custom rule (not torch.library.register_autocast, which casts every floating tensor,
 bias included, to one fixed dtype) casts input and weight to the autocast dtype of the region,
-fp16 or bf16 (the weight contiguous, as the eager path casts it), and the bias to fp32, which is
-what the kernels take.
+fp16 or bf16 (the weight contiguous), and the bias to fp32, which is what the kernels take: one
+rule, `checks.cast_for_autocast`, which the eager path applies too.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from torch.utils.flop_counter import register_flop_formula
 from . import _kernels
 from ._kernels import ALL_PASSES, check_passes
 from .checks import (
+    cast_for_autocast,
     check_args,
     check_tensors,
     derivative_transform,
@@ -326,26 +327,17 @@ _refuse_derivative_transforms(conv2d_gw8_backward)
 
 
 def _register_autocast(device_type: str) -> None:
-    """Cast input and weight to the region's autocast dtype (the weight contiguous) and bias to
-    fp32, then run the op."""
+    """Cast the operands as checks.cast_for_autocast says (input and weight to the region's
+    autocast dtype, the weight contiguous; bias to fp32), then run the op."""
     key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
     excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key_name))
-
-    def cast(t: Tensor | None, dtype: torch.dtype, fmt=torch.preserve_format) -> Tensor | None:
-        if t is None or not t.is_floating_point() or t.dtype == torch.float64:
-            return t
-        return t.to(dtype=dtype, memory_format=fmt) if t.device.type == device_type else t
 
     def kernel(_keyset, input, weight, bias=None, stride=1, padding_y=0, padding_x=0,
                dilation=1, groups=1, passes=ALL_PASSES):  # fmt: skip
         dtype = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(excluded):
             return conv2d_gw8._opoverload(
-                cast(input, dtype),
-                # Contiguous, as the eager path casts it (eager.autocast_operands), so that
-                # both run the same kernels (and spio.precompile's serve compiled models).
-                cast(weight, dtype, torch.contiguous_format),
-                cast(bias, torch.float32),
+                *cast_for_autocast(input, weight, bias, dtype),
                 stride,
                 padding_y,
                 padding_x,

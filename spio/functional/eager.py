@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from . import _kernels
-from .checks import autocast_dtype, functorch_transform_active, memory_format
+from .checks import autocast_dtype, cast_for_autocast, functorch_transform_active, memory_format
 
 
 def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
@@ -106,18 +106,12 @@ def eager_path_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bo
 def autocast_operands(
     input: Tensor, weight: Tensor, bias: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The operands as the kernels get them: inside an autocast region, input and weight cast to
-    its dtype (the weight contiguous, as the kernels read it) and bias to fp32, as the custom op
-    casts them; outside one, as they are. The op leaves float64 tensors uncast; the layer sends
-    calls with any float64 operand under autocast to F.conv2d (layers.conv2d_gw8._unsupported)
-    before they get here, so the two agree without this path paying for the op's checks."""
+    """The operands as the kernels get them: inside an autocast region, cast as the custom op
+    casts them (checks.cast_for_autocast); outside one, as they are."""
     dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
-    if dtype is not None:
-        # One op for the weight: cast, and the contiguous layout the kernels read.
-        input = input.to(dtype)
-        weight = weight.to(dtype=dtype, memory_format=torch.contiguous_format)
-        bias = None if bias is None else bias.to(torch.float32)
-    return input, weight, bias
+    if dtype is None:
+        return input, weight, bias
+    return cast_for_autocast(input, weight, bias, dtype)
 
 
 def conv2d_gw8_eager(

@@ -837,6 +837,29 @@ def test_a_float64_parameter_under_autocast_raises_what_nn_conv2d_raises(
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
+@pytest.mark.parametrize("which", ["weight", "bias"])
+def test_an_integer_parameter_under_autocast_raises_what_the_custom_op_raises(
+    monkeypatch, emulate, which
+):
+    """Autocast casts only floating-point tensors, and the custom op then refuses an integer
+    weight or bias. The eager path (kernels, SPIO_EMULATE=1 here) had its own copy of the cast
+    rule, which cast every operand: an integer weight became bf16 and the layer ran, eagerly,
+    what the op (a compiled model) refused."""
+    from spio.functional import conv2d_gw8
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    m = make_conv2d(16, 16, 3, padding=1, groups=2)
+    ints = torch.randint(-3, 3, getattr(m, which).shape)
+    setattr(m, which, nn.Parameter(ints, requires_grad=False))
+    x = torch.randn(1, 16, 5, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(ValueError, match=f"floating-point tensors, got {which} of torch.int64"):
+            conv2d_gw8(x, m.weight, m.bias, 1, 1, 1, 1, 2)
+        with pytest.raises(ValueError, match=f"floating-point tensors, got {which} of torch.int64"):
+            m(x)
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
 def test_padding_set_after_construction_is_used_as_nn_conv2d_uses_it(monkeypatch, emulate):
     """nn.Conv2d's forward reads `padding` at each call; the kernels' ints had been resolved
     once, at construction, so a later `m.padding = ...` was silently ignored."""
