@@ -44,6 +44,8 @@ static int nfns;
 
 int depth, unloads, launches, refs0, refs1, refs_at_unload;
 int fail_get_current, fail_push;  /* set from a test: the error these calls then return */
+int fail_sync, fail_set_attribute, fail_param_info;
+int version = 13000;
 unsigned last_dims[6], last_smem;
 unsigned long long last_stream;
 void *last_ctx;
@@ -58,7 +60,7 @@ CUresult cuInit(unsigned flags) {
     initialized = 1;
     return 0;
 }
-CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+CUresult cuDriverGetVersion(int *v) { *v = version; return 0; }
 static const char *names[][3] = {
     {"0", "CUDA_SUCCESS", "no error"},
     {"1", "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
@@ -70,6 +72,8 @@ static const char *names[][3] = {
     {"201", "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {"400", "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {"500", "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {"700", "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {"801", "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
 };
 static CUresult lookup(CUresult r, const char **s, int which) {
     for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
@@ -137,7 +141,7 @@ CUresult cuCtxPopCurrent_v2(void **c) {
     return 0;
 }
 CUresult cuCtxGetDevice(CUdevice *d) { if (!depth) return 201; *d = current()->dev; return 0; }
-CUresult cuCtxSynchronize(void) { return depth ? 0 : 201; }
+CUresult cuCtxSynchronize(void) { return depth ? fail_sync : 201; }
 CUresult cuModuleLoadData(void **m, const void *image) {
     if (!current()) return 201;
     if (memcmp(image, "FAKECUBIN", 9) != 0) return 200;
@@ -180,6 +184,7 @@ CUresult cuFuncGetAttribute(int *v, int attr, Fn *f) {
     }
 }
 CUresult cuFuncSetAttribute(Fn *f, int attr, int v) {
+    if (fail_set_attribute) return fail_set_attribute;
     if (attr != 8 || v < 0 || v + f->smem > 232448) return 1;
     f->dyn = v;
     return 0;
@@ -187,6 +192,7 @@ CUresult cuFuncSetAttribute(Fn *f, int attr, int v) {
 #ifndef NO_PARAM_INFO
 CUresult cuFuncGetParamInfo(Fn *f, size_t i, size_t *offset, size_t *size) {
     size_t off = 0;
+    if (fail_param_info) return fail_param_info;
     if (i >= (size_t)f->nparams) return 1;
     for (size_t j = 0; j < i; ++j) off += f->sizes[j];
     *offset = off;
@@ -476,6 +482,45 @@ def test_arguments_checked_against_parameter_sizes():
     assert packed == [struct.pack("<q", 5), b"\x00"]
 
 
+def test_an_empty_spio_libcuda_means_the_default_library(monkeypatch):
+    """SPIO_LIBCUDA set but empty (as `SPIO_LIBCUDA= python ...` leaves it) names no library:
+    dlopen("") would hand back the program itself instead of the NVIDIA driver."""
+    monkeypatch.delenv("SPIO_LIBCUDA", raising=False)
+    default = driver.library_path()
+    monkeypatch.setenv("SPIO_LIBCUDA", "")
+    assert driver.library_path() == default == "libcuda.so.1"
+
+
+def test_a_device_that_is_not_cuda_is_refused_before_the_driver_is_used():
+    """Module.load on a CPU torch.device is a ValueError naming the device: read as "the current
+    device", it would load the cubin on a GPU the caller did not ask for."""
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="spio kernels run on CUDA devices, got device"):
+        driver.Module.load(b"FAKECUBIN", torch.device("cpu"))
+
+
+def test_the_limits_of_each_argument_type_are_accepted():
+    """The extreme values an argument type holds pack as themselves: a check one off at either
+    end of a range (or of the 4 KiB and 512-argument limits) refuses a valid launch."""
+    ints = [2**31 - 1, -(2**31)]
+    assert driver._pack_args_for_test(ints) == [struct.pack("<i", v) for v in ints]
+    wrapped = [driver.Int32(2**31 - 1), driver.Int32(-(2**31)), driver.Int64(2**63 - 1)]
+    packed = driver._pack_args_for_test(wrapped)
+    assert packed == [struct.pack("<i", 2**31 - 1), struct.pack("<i", -(2**31))] + [
+        struct.pack("<q", 2**63 - 1)
+    ]
+    whole_arena = bytes(range(256)) * 16
+    assert driver._pack_args_for_test([driver.Bytes(whole_arena)]) == [whole_arena]
+    assert driver._pack_args_for_test([driver.Bytes(whole_arena[8:]), 7]) == [
+        whole_arena[8:],
+        struct.pack("<i", 7),
+    ]
+    most = list(range(512))
+    assert driver._pack_args_for_test(most) == [struct.pack("<i", v) for v in most]
+    with pytest.raises(ValueError, match="at most 512 arguments, got 513"):
+        driver._pack_args_for_test([*most, 512])
+
+
 # --------------------------------------------------------------------------------------------------
 # The wrapper against a fake driver
 
@@ -763,6 +808,176 @@ def test_fake_old_driver_skips_parameter_checks(fake_libcuda):
     f.launch(1, 1, [Tensor(0x1000), 5, 2.5])
     params = bytes((ctypes.c_ubyte * 16).in_dll(fake, "last_params"))
     assert params == struct.pack("<Qif", 0x1000, 5, 2.5)
+    """,
+    )
+
+
+def test_fake_driver_version_minor_is_read_from_its_tens(fake_libcuda):
+    """cuDriverGetVersion encodes 1000 * major + 10 * minor: 12040 is CUDA 12.4, not 12.40."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    for major, minor in ((12, 4), (12, 8), (11, 0)):
+        ctypes.c_int.in_dll(fake, "version").value = 1000 * major + 10 * minor
+        assert d.driver_version() == (major, minor)
+    """,
+    )
+
+
+def test_fake_driver_negative_device_ordinal_is_a_value_error(fake_libcuda):
+    """A negative ordinal is refused like one past the last device, with the valid range, before
+    the driver is asked for it (cuDeviceGet would answer an opaque CUDA_ERROR_INVALID_DEVICE)."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    for call in (d.device_attributes, d.retain_primary_context, lambda o: d.Module.load(CUBIN, o)):
+        with pytest.raises(ValueError, match=r"ordinal must be in 0\\.\\.1, got -1"):
+            call(-1)
+    assert g("refs0") == g("refs1") == 0
+    """,
+    )
+
+
+def test_fake_driver_each_device_attribute_reads_its_own_attribute(fake_libcuda):
+    """Every key of device_attributes holds what the driver reports for the matching
+    CU_DEVICE_ATTRIBUTE (the numbers are cuda.h's), asked of the fake directly."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    numbers = {
+        "max_threads_per_block": 1, "max_shared_memory_per_block": 8, "warp_size": 10,
+        "clock_khz": 13, "sm_count": 16, "memory_bus_width_bits": 37, "l2_cache_bytes": 38,
+        "max_threads_per_sm": 39, "max_shared_memory_per_sm": 81, "max_registers_per_sm": 82,
+        "max_shared_memory_per_block_optin": 97,
+    }
+    for ordinal in (0, 1):
+        attrs = d.device_attributes(ordinal)
+        for key, number in numbers.items():
+            value = ctypes.c_int()
+            assert fake.cuDeviceGetAttribute(ctypes.byref(value), number, ordinal) == 0
+            assert attrs[key] == value.value, (ordinal, key, attrs[key], value.value)
+        total = ctypes.c_size_t()
+        assert fake.cuDeviceTotalMem_v2(ctypes.byref(total), ordinal) == 0
+        assert attrs["total_memory_bytes"] == total.value
+    assert len({attrs[key] for key in numbers}) == len(numbers)  # a swapped key shows
+    """,
+    )
+
+
+def test_fake_driver_load_without_a_current_context_uses_device_0(fake_libcuda):
+    """With no device given and no context current on the thread (a fresh thread, or before
+    PyTorch touched CUDA), Module.load uses device 0 rather than asking cuCtxGetDevice, which
+    fails without a context."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    d.init()
+    assert current_ctx() == 0
+    m = d.Module.load(CUBIN)
+    assert m.device == 0 and m.context is d.retain_primary_context(0)
+    assert current_ctx() == 0 and g("depth") == 0
+    """,
+    )
+
+
+def test_fake_driver_synchronize_restores_the_callers_context(fake_libcuda):
+    """synchronize() pushes its context when another (or none) is current and pops it again, also
+    when cuCtxSynchronize fails; that failure (an earlier kernel's fault) is raised, not lost."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    ctx0 = d.retain_primary_context(0)
+    ctx0.synchronize()
+    assert current_ctx() == 0 and g("depth") == 0
+    with d.retain_primary_context(1) as ctx1:
+        ctx0.synchronize()
+        assert current_ctx() == ctx1.handle and g("depth") == 1
+    ctypes.c_int.in_dll(fake, "fail_sync").value = 700
+    with pytest.raises(d.CudaError) as info:
+        ctx0.synchronize()
+    assert (info.value.code, info.value.name, info.value.call) == (
+        700, "CUDA_ERROR_ILLEGAL_ADDRESS", "cuCtxSynchronize")
+    assert current_ctx() == 0 and g("depth") == 0
+    """,
+    )
+
+
+def test_fake_driver_unknown_error_code_is_named_by_its_number(fake_libcuda):
+    """An error code the driver has no name for (a newer driver's) is reported as
+    CUDA_ERROR_<code> with no description, so the number is never lost."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    with pytest.raises(d.CudaError) as info:
+        d.init()
+    e = info.value
+    assert (e.code, e.name, e.description) == (999, "CUDA_ERROR_999", "")
+    assert str(e) == "cuInit failed: CUDA_ERROR_999"
+    """,
+        FAKE_CUDA_INIT_ERROR="999",
+    )
+
+
+def test_fake_driver_parameter_info_error_leaves_arguments_unchecked(fake_libcuda):
+    """Only CUDA_ERROR_INVALID_VALUE ends cuFuncGetParamInfo's list; any other error (say
+    CUDA_ERROR_NOT_SUPPORTED) means the sizes are unknown, and launches go unchecked as on an old
+    driver, instead of the kernel seeming to take no arguments."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    ctypes.c_int.in_dll(fake, "fail_param_info").value = 801
+    f = d.Module.load(CUBIN, 0).get_function("write_pattern")
+    assert f.param_sizes is None
+    f.launch(1, 1, [Tensor(0x2000), 6, 1.25])
+    params = bytes((ctypes.c_ubyte * 16).in_dll(fake, "last_params"))
+    assert params == struct.pack("<Qif", 0x2000, 6, 1.25)
+    assert g("launches") == 1 and g("depth") == 0
+    """,
+    )
+
+
+def test_fake_driver_dynamic_shared_memory_up_to_the_exact_limit(fake_libcuda):
+    """A kernel may opt in to exactly the device's opt-in limit minus its static shared memory, and
+    a refusal by cuFuncSetAttribute is raised as a CudaError rather than passed over."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    f = d.Module.load(CUBIN, 0).get_function("big_smem")
+    optin = d.device_attributes(0)["max_shared_memory_per_block_optin"]
+    most = optin - f.attributes()["static_shared_bytes"]
+    f.set_max_dynamic_shared_memory(most)
+    assert f.attributes()["max_dynamic_shared_bytes"] == most
+    f.launch(1, 128, [Tensor(8)], shared_mem_bytes=most)
+    assert ctypes.c_uint.in_dll(fake, "last_smem").value == most
+    ctypes.c_int.in_dll(fake, "fail_set_attribute").value = 1
+    with pytest.raises(d.CudaError) as info:
+        f.set_max_dynamic_shared_memory(1000)
+    assert info.value.call == "cuFuncSetAttribute" and "1000 bytes" in str(info.value)
+    assert f.attributes()["max_dynamic_shared_bytes"] == most and g("depth") == 0
+    """,
+    )
+
+
+@pytest.mark.parametrize("variant", ["new", "old"])
+def test_fake_driver_launch_with_a_failed_push_raises(fake_libcuda, variant):
+    """A launch whose context cannot be made current raises (naming cuCtxGetCurrent or
+    cuCtxPushCurrent) once the parameter sizes are known or cannot be known, when the push in
+    launch itself is the first call to fail: the kernel did not run, so silence would lose it."""
+    run_with(
+        fake_libcuda[variant],
+        """
+    f = d.Module.load(CUBIN, 0).get_function("write_pattern")
+    f.param_sizes  # queried now, so the launch below makes no other driver call first
+    for switch, code, call in (("fail_get_current", 4, "cuCtxGetCurrent"),
+                               ("fail_push", 201, "cuCtxPushCurrent")):
+        ctypes.c_int.in_dll(fake, switch).value = code
+        with pytest.raises(d.CudaError) as info:
+            f.launch(1, 32, (Tensor(64), 1, 2.0))
+        assert (info.value.code, info.value.call) == (code, call)
+        ctypes.c_int.in_dll(fake, switch).value = 0
+    assert g("launches") == 0 and g("depth") == 0
+    f.launch(1, 32, (Tensor(64), 1, 2.0))
+    assert g("launches") == 1 and g("depth") == 0
     """,
     )
 
