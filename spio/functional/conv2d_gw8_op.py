@@ -18,6 +18,8 @@ rule, `checks.cast_for_autocast`, which the eager path applies too.
 
 from __future__ import annotations
 
+from typing import List  # noqa: UP035
+
 import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
@@ -117,7 +119,7 @@ def conv2d_gw8_backward(
     weight: Tensor,
     padding_y: int,
     padding_x: int,
-    output_mask: list[bool],
+    output_mask: List[bool],  # noqa: UP006 (torch 2.6's infer_schema refuses list[bool])
     passes: int = ALL_PASSES,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_input, grad_weight, grad_bias) of conv2d_gw8, computing only where output_mask is True.
