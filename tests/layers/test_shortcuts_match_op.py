@@ -2,8 +2,9 @@
 (`conv2d_gw8_eager`) and, on devices without kernels, PyTorch's convolution called directly. A
 compiled or traced model takes the op. Both ways must give the same outcome for the same call:
 the same bits in the output and gradients, or the same error. Each case here runs a layer twice,
-once as it runs and once with the shortcuts off, over a grid of operand dtypes, bias kinds and
-autocast regions, and compares the two."""
+once as it runs and once with the shortcuts off, and compares the two: over a grid of operand
+dtypes, autocast regions, emulated kernels or none and layouts, and over one of what requires
+grad, grad modes and layer shapes."""
 
 from __future__ import annotations
 
