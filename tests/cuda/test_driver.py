@@ -548,17 +548,30 @@ def test_fake_driver_devices(fake_libcuda):
     )
 
 
-def test_fake_driver_errors_carry_code_name_and_call(fake_libcuda):
+@pytest.mark.parametrize(
+    "code, name, message",
+    [
+        (100, "CUDA_ERROR_NO_DEVICE", "cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable"),
+        (999, "CUDA_ERROR_999", "cuInit failed: CUDA_ERROR_999"),
+    ],
+)
+def test_fake_driver_errors_carry_code_name_and_call(fake_libcuda, code, name, message):
+    """A failed call's CudaError carries its code, the driver's name for it and the call. An
+    error code the driver has no name for (a newer driver's) is named CUDA_ERROR_<code>, with
+    no description, so the number is never lost."""
+    unknown = code == 999
     run_with(
         fake_libcuda["new"],
-        """
+        f"""
     with pytest.raises(d.CudaError) as info:
         d.init()
     e = info.value
-    assert (e.code, e.name, e.call) == (100, "CUDA_ERROR_NO_DEVICE", "cuInit")
-    assert str(e).startswith("cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device")
+    assert (e.code, e.name, e.call) == ({code}, {name!r}, "cuInit")
+    assert str(e).startswith({message!r})
+    if {unknown}:
+        assert e.description == "" and str(e) == {message!r}
     """,
-        FAKE_CUDA_INIT_ERROR="100",
+        FAKE_CUDA_INIT_ERROR=str(code),
     )
     run_with(
         fake_libcuda["new"],
@@ -899,22 +912,6 @@ def test_fake_driver_synchronize_restores_the_callers_context(fake_libcuda):
         700, "CUDA_ERROR_ILLEGAL_ADDRESS", "cuCtxSynchronize")
     assert current_ctx() == 0 and g("depth") == 0
     """,
-    )
-
-
-def test_fake_driver_unknown_error_code_is_named_by_its_number(fake_libcuda):
-    """An error code the driver has no name for (a newer driver's) is reported as
-    CUDA_ERROR_<code> with no description, so the number is never lost."""
-    run_with(
-        fake_libcuda["new"],
-        """
-    with pytest.raises(d.CudaError) as info:
-        d.init()
-    e = info.value
-    assert (e.code, e.name, e.description) == (999, "CUDA_ERROR_999", "")
-    assert str(e) == "cuInit failed: CUDA_ERROR_999"
-    """,
-        FAKE_CUDA_INIT_ERROR="999",
     )
 
 
