@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     text = "\n".join(lines) + "\n"
     if args.out:
-        with open(args.out, "w") as f:
+        with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
         print(f"wrote {args.out} ({len(rows) * len(spio.supported_arch)} kernels)")
     else:

@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             **metrics,
         }
-        path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+        path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         regret = describe_metrics(metrics)
         print(f"{family} {arch}{' ' + device if device else ''}: {len(group)} rows; {regret}")
         print(f"  wrote {path}")

@@ -135,7 +135,7 @@ def read_csv(path: Path) -> list[BenchRow]:
     types = {f.name: f.type for f in fields(BenchRow)}
     optional = {f.name: f.default for f in fields(BenchRow) if f.default is not MISSING}
     rows = []
-    with path.open(newline="") as handle:
+    with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         present = set(reader.fieldnames or ())
         missing = {_column(n) for n in types if n not in optional} - present

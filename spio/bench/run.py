@@ -58,7 +58,8 @@ def driver_version() -> str:
             out = subprocess.run(
                 [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
                 capture_output=True,
-                text=True,
+                encoding="utf-8",
+                errors="replace",
                 timeout=20,
             )
             if out.returncode == 0 and out.stdout.strip():

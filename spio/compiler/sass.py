@@ -94,7 +94,11 @@ def disassemble(cubin: bytes, nvdisasm: str) -> str:
         path = Path(folder) / "kernel.cubin"
         path.write_bytes(cubin)
         return subprocess.run(
-            [nvdisasm, "-c", str(path)], check=True, capture_output=True, text=True
+            [nvdisasm, "-c", str(path)],
+            check=True,
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
         ).stdout
 
 

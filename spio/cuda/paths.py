@@ -75,7 +75,7 @@ def torch_cuda_major() -> int | None:
         return None
     version_file = Path(list(spec.submodule_search_locations)[0]) / "version.py"
     try:
-        text = version_file.read_text()
+        text = version_file.read_text(encoding="utf-8")
     except OSError:
         return None
     match = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"](\d+)\.", text, re.MULTILINE)
@@ -191,7 +191,9 @@ def _path_of_handle(handle: int, name: str) -> Path | None:
 def _mapped_path(file_name: str) -> Path | None:
     """The first file named `file_name` mapped into this process, from /proc/self/maps."""
     try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
+        # surrogateescape: a path that is not UTF-8 comes back as the same bytes.
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8", errors="surrogateescape")
+        lines = maps.splitlines()
     except OSError:
         return None
     for line in lines:

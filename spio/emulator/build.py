@@ -67,6 +67,10 @@ _EXTERN_SHARED_RE = re.compile(
     r"\bextern\s+__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)([^;\[\]]*?)\s*\b([A-Za-z_]\w*)"
     r"\s*\[\s*\]\s*;"
 )
+#: How the host compiler's output is read: as UTF-8 (g++ quotes names with UTF-8 quotation
+#: marks under a UTF-8 locale, and echoes source lines), whatever the locale Python itself
+#: runs under; bytes that are not UTF-8 are replaced, not raised on.
+_TOOL_TEXT = {"encoding": "utf-8", "errors": "replace"}
 
 
 class EmulatorBuildError(RuntimeError):
@@ -95,7 +99,7 @@ def compiler_version(cxx: str) -> str:
     """First line of `cxx --version`; raises EmulatorBuildError when it cannot run."""
     try:
         out = subprocess.run(
-            [*shlex.split(cxx), "--version"], capture_output=True, text=True, check=True
+            [*shlex.split(cxx), "--version"], capture_output=True, check=True, **_TOOL_TEXT
         ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         raise EmulatorBuildError(
@@ -166,7 +170,7 @@ def _include_flags(extra: list[Path]) -> list[str]:
 
 def _run(cmd: list[str], what: str) -> None:
     logger.debug("emulator: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, **_TOOL_TEXT)
     if proc.returncode != 0:
         raise EmulatorBuildError(
             f"{what} failed (exit {proc.returncode}):\n{' '.join(cmd)}\n{proc.stderr[-20000:]}"
@@ -256,7 +260,7 @@ def _scan_kernels(cxx: str, cu: Path, include: list[str], name: str) -> list[str
             str(cu),
         ],
         capture_output=True,
-        text=True,
+        **_TOOL_TEXT,
     )
     if proc.returncode != 0:
         raise EmulatorBuildError(
@@ -273,7 +277,8 @@ def _scan_kernels(cxx: str, cu: Path, include: list[str], name: str) -> list[str
 def _bundled_needs_rewrite() -> bool:
     root = paths.bundled_include_dir()
     return any(
-        "__shared__" in p.read_text(errors="replace") and _EXTERN_SHARED_RE.search(p.read_text())
+        "__shared__" in (text := p.read_text(encoding="utf-8", errors="replace"))
+        and _EXTERN_SHARED_RE.search(text)
         for p in root.rglob("*.h")
     )
 
@@ -390,7 +395,7 @@ def build_library(
             for hname, text in headers.items():
                 dest = inc / hname
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_text(rewrite_extern_shared(text))
+                dest.write_text(rewrite_extern_shared(text), encoding="utf-8")
             bundled = paths.bundled_include_dir()
             if _bundled_needs_rewrite():
                 copy = work / "bundled"
@@ -398,14 +403,15 @@ def build_library(
                     if path.is_file():
                         dest = copy / path.relative_to(bundled)
                         dest.parent.mkdir(parents=True, exist_ok=True)
-                        dest.write_text(rewrite_extern_shared(path.read_text()))
+                        rewritten = rewrite_extern_shared(path.read_text(encoding="utf-8"))
+                        dest.write_text(rewritten, encoding="utf-8")
                 bundled = copy
             cu = work / f"{name}.cu"
-            cu.write_text(rewrite_extern_shared(source))
+            cu.write_text(rewrite_extern_shared(source), encoding="utf-8")
             include = _include_flags([inc, bundled, work])
             kernels = _scan_kernels(cxx, cu, include, name)
             unit = work / "unit.cc"
-            unit.write_text(f'#include "{cu.name}"\n{_entry_code(kernels)}')
+            unit.write_text(f'#include "{cu.name}"\n{_entry_code(kernels)}', encoding="utf-8")
             objs = _runtime_objects(cxx, work)
             kobj = work / "kernel.o"
             _run(

@@ -26,7 +26,7 @@ SOURCE_DIR = Path(__file__).resolve().parent.parent / "src"
 @functools.cache
 def kernel_source(file_name: str) -> str:
     """The text of a kernel source file in spio/src."""
-    return (SOURCE_DIR / file_name).read_text()
+    return (SOURCE_DIR / file_name).read_text(encoding="utf-8")
 
 
 def entry_symbol(name: str) -> str:

@@ -319,7 +319,7 @@ def read_samples(path: str | os.PathLike) -> tuple[list[Sample], list[str]]:
     """(samples, comment lines) of a sample CSV; lines starting with '#' are comments."""
     comments: list[str] = []
     lines: list[str] = []
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8") as f:
         for line in f:
             (comments if line.startswith("#") else lines).append(line)
     if not lines:
@@ -340,7 +340,7 @@ def check_sample_columns(path: str | os.PathLike) -> None:
     path = Path(path)
     if not path.exists() or path.stat().st_size == 0:
         return
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8") as f:
         header = next((line for line in f if not line.startswith("#")), "").strip()
     if header.split(",") == list(SAMPLE_COLUMNS):
         return
@@ -358,7 +358,7 @@ def append_samples(path: str | os.PathLike, samples: Iterable[Sample]) -> int:
     new = not path.exists() or path.stat().st_size == 0
     check_sample_columns(path)
     count = 0
-    with open(path, "a", newline="") as f:
+    with open(path, "a", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS)
         if new:
             writer.writeheader()
@@ -436,7 +436,7 @@ def read_meta(meta_path: str | os.PathLike) -> dict:
     import json
 
     try:
-        meta = json.loads(Path(meta_path).read_text())
+        meta = json.loads(Path(meta_path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise PerfModelError(f"perf model metadata {meta_path} is unreadable: {error}") from None
     if not isinstance(meta, dict):

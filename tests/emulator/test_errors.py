@@ -1,6 +1,10 @@
 """Bad launches fail with a clear error before anything runs; module API and integration hooks."""
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +12,8 @@ import torch
 import spio.emulator as emulator
 from spio.emulator.build import EmulatorBuildError, kernel_names, rewrite_extern_shared
 from spio.functional.checks import uses_kernels
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -63,6 +69,34 @@ def test_compile_error_carries_compiler_output():
     src = 'extern "C" __global__ void broken(float *x) { x[0] = undefined_name; }'
     with pytest.raises(EmulatorBuildError, match="undefined_name"):
         emulator.load_module(src, name="emu_test_broken")
+
+
+def test_compile_error_is_reported_whatever_the_locale_python_runs_under(tmp_path):
+    """g++ echoes the failing source line, here with a UTF-8 comment on it. Its output was
+    decoded with the locale's encoding, so where that was ASCII (a process whose locale a
+    library reset, as happened under torch 2.6's tests) a compile error became a
+    UnicodeDecodeError that hid g++'s message. Run in a process whose locale is plain C, with
+    neither locale coercion nor UTF-8 mode, so that Python's own encoding is ASCII."""
+    code = """
+import locale
+from spio import emulator
+from spio.emulator.build import EmulatorBuildError
+assert locale.getpreferredencoding(False) != "UTF-8", locale.getpreferredencoding(False)
+src = 'extern "C" __global__ void broken(float *x) { x[0] = undefined_name; }  // 8\\u00d78 taps'
+try:
+    emulator.load_module(src, name="emu_test_broken_utf8")
+except EmulatorBuildError as error:
+    assert "undefined_name" in str(error) and "8\\u00d78 taps" in str(error), str(error)
+    print("reported")
+"""
+    env = {**os.environ, "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0", "LC_ALL": "C"}
+    env["SPIO_CACHE_DIR"] = str(tmp_path)  # a fresh cache: the build really runs g++
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, env=env, cwd=REPO, timeout=600
+    )
+    assert run.returncode == 0 and run.stdout.strip() == b"reported", run.stderr.decode(
+        errors="replace"
+    )
 
 
 def test_source_without_kernels():
