@@ -357,7 +357,7 @@ def test_check_command_runs_end_to_end_in_the_emulator():
     out = subprocess.run(
         [sys.executable, "-m", "spio", "check", "--device", "cpu", "--quick"],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=300,
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -370,7 +370,7 @@ def test_check_on_cuda_without_gpu_exits_with_message():
     out = subprocess.run(
         [sys.executable, "-m", "spio", "check", "--device", "cuda"],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
     )
@@ -394,7 +394,7 @@ def test_check_reports_a_broken_toolchain_as_one_setup_error(setting, said, tmp_
     out = subprocess.run(
         [sys.executable, "-m", "spio", "check", "--device", "cpu", "--quick"],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=300,
         env=dict(os.environ, SPIO_CACHE_DIR=str(tmp_path), **{setting: "/nonexistent"}),
     )

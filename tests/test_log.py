@@ -61,7 +61,7 @@ def test_import_spio_with_a_bad_value_warns_and_works():
     out = subprocess.run(
         [sys.executable, "-c", "import spio; print(spio.__version__)"],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
         env=dict(os.environ, SPIO_LOGGER="debug"),
     )

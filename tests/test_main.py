@@ -13,7 +13,7 @@ def run_spio(*args, env=None):
     return subprocess.run(
         [sys.executable, "-m", "spio", *args],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
         env=dict(os.environ, **(env or {})),
     )
@@ -21,7 +21,9 @@ def run_spio(*args, env=None):
 
 def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """`code` in a fresh interpreter (so that nothing imported here counts)."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, encoding="utf-8", env=env
+    )
 
 
 def test_import_does_no_gpu_or_nvrtc_work():

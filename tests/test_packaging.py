@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_build_py_copies_every_tracked_package_file(tmp_path):
     tracked = subprocess.run(
-        ["git", "ls-files", "spio"], cwd=REPO, capture_output=True, text=True, check=True
+        ["git", "ls-files", "spio"], cwd=REPO, capture_output=True, encoding="utf-8", check=True
     ).stdout.split()
     if not tracked:  # not a git checkout (e.g. an sdist): nothing to compare against
         tracked = [str(p.relative_to(REPO)) for p in (REPO / "spio").rglob("*") if p.is_file()]
@@ -18,7 +18,7 @@ def test_build_py_copies_every_tracked_package_file(tmp_path):
         [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
-        text=True,
+        encoding="utf-8",
     )
     assert build.returncode == 0, build.stderr
     needed = [f for f in tracked if not f.endswith(".md")]  # notes for readers, not run time

@@ -114,7 +114,7 @@ def test_two_modules_of_one_emulator_library_launch_from_threads(tmp_path):
         [sys.executable, "-c", _SAME_LIBRARY_TWICE],
         env=env,
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

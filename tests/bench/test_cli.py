@@ -16,7 +16,7 @@ def run_spio(*args):
     return subprocess.run(
         [sys.executable, "-m", "spio", *args],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
     )

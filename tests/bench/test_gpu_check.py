@@ -85,7 +85,7 @@ def _run(env, out_dir, **extra):
     return subprocess.run(
         ["bash", str(SCRIPT), str(out_dir)],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
         env=dict(env, **extra),
         cwd=ROOT,
@@ -97,7 +97,7 @@ def test_script_parses():
 
 
 def test_step_list_is_sane():
-    out = subprocess.run(["bash", str(SCRIPT), "--list"], capture_output=True, text=True)
+    out = subprocess.run(["bash", str(SCRIPT), "--list"], capture_output=True, encoding="utf-8")
     assert out.returncode == 0
     steps = [line.split(":") for line in out.stdout.split()]
     names = [name for name, _ in steps]

@@ -46,7 +46,7 @@ def _plot_only(csv):
     return subprocess.run(
         [sys.executable, "-m", "spio", "bench", "--plot-only", str(csv)],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
     )

@@ -85,7 +85,7 @@ def test_a_script_without_a_main_guard_runs_once(cache_dir, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_UNGUARDED_SCRIPT)
     done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+        [sys.executable, str(script)], capture_output=True, encoding="utf-8", timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["script body ran", "compiled 2"], done.stdout

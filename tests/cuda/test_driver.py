@@ -268,7 +268,7 @@ def run_with(library, code: str, **env) -> None:
         cwd=REPO,
         env=full_env,
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
     )
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
@@ -317,7 +317,12 @@ def test_import_does_not_load_the_driver(tmp_path):
     env = {**os.environ, "SPIO_LIBCUDA": str(tmp_path / "missing.so"), "PYTHONPATH": str(REPO)}
     code = "from spio.cuda import driver as d; print(d.library_path(), d.built_with_cuda_version)"
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     path, version = proc.stdout.split()
@@ -1110,7 +1115,7 @@ def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
         [sys.executable, "-c", textwrap.dedent(code)],
         env={**os.environ, "SPIO_TEST_KERNELS": KERNELS, **env},
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=300,
         cwd=REPO,
     )
@@ -1193,7 +1198,7 @@ def test_info_lists_the_fake_gpus_and_the_driver_cuda_version(fake_libcuda, tmp_
         cwd=REPO,
         env=env,
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
     )
     rows = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())

@@ -324,7 +324,7 @@ def test_dynamic_loader_finds_a_library_only_it_knows(tmp_path, real_nvrtc):
     env = {k: v for k, v in os.environ.items() if k not in ISOLATED_VARS}
     env["LD_LIBRARY_PATH"] = str(lib.parent)
     out = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, encoding="utf-8"
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(lib), *[str(tmp_path / "usr" / "include")] * 2, "True"]

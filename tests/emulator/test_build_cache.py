@@ -263,7 +263,7 @@ def test_the_private_folder_is_removed_at_exit(tmp_path, tiny):
     )
     env = dict(os.environ, SPIO_CACHE_DIR=str(root), TMPDIR=str(tmp))
     proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], env=env, capture_output=True, encoding="utf-8", timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.split()

@@ -76,9 +76,11 @@ class HostCxx:
             if self.cuda_include is None:
                 pytest.skip("no CUDA headers that compile with the host compiler (need crt/)")
             cmd += ["-isystem", str(self.cuda_include)]
-        build = subprocess.run([*cmd, str(source), "-o", str(exe)], capture_output=True, text=True)
+        build = subprocess.run(
+            [*cmd, str(source), "-o", str(exe)], capture_output=True, encoding="utf-8"
+        )
         assert build.returncode == 0, f"g++ failed:\n{build.stderr}\n--- program ---\n{program}"
-        result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+        result = subprocess.run([str(exe)], capture_output=True, encoding="utf-8", timeout=60)
         assert result.returncode == 0, f"program failed ({result.returncode}):\n{result.stderr}"
         return result.stdout
 

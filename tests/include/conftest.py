@@ -59,10 +59,10 @@ def build_and_run(host_cxx, cuda_include, tmp_path):
             "-o",
             str(exe),
         ]
-        built = subprocess.run(cmd, capture_output=True, text=True)
+        built = subprocess.run(cmd, capture_output=True, encoding="utf-8")
         if built.returncode != 0:
             pytest.fail(f"g++ failed for {name}.cpp:\n{built.stderr}")
-        ran = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+        ran = subprocess.run([str(exe)], capture_output=True, encoding="utf-8", timeout=60)
         if ran.returncode != 0:
             pytest.fail(f"{name} failed (exit {ran.returncode}):\n{ran.stdout}\n{ran.stderr}")
         return ran.stdout

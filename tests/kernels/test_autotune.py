@@ -455,7 +455,9 @@ def test_importing_selection_modules_loads_neither_xgboost_nor_torch():
         "import sys, spio.kernels.perf_model, spio.kernels.autotune; "
         "print(sorted(m for m in ('xgboost', 'torch') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, encoding="utf-8", check=True
+    )
     assert out.stdout.strip() == "[]"
 
 

@@ -860,7 +860,7 @@ def test_perf_sample_without_a_gpu_exits_nonzero(tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "perf_sample.py"), "--csv", str(csv_path)],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
         cwd=REPO,
     )
@@ -916,13 +916,13 @@ def test_sample_resume_and_train_on_a_gpu(tmp_path):
         "--layers", "2", "--batches", "8", "--dtypes", "fp16", "--max-configs", "3",
         "--budget-s", "240", "--repeats", "5",
     ]  # fmt: skip
-    first = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    first = subprocess.run(command, capture_output=True, encoding="utf-8", timeout=300, cwd=REPO)
     assert first.returncode == 0, first.stderr
     samples, _ = pm.read_samples(csv_path)
     rows = {name: sum(s.family == name for s in samples) for name in pm.FAMILIES}
     assert all(2 * 3 <= count <= 2 * (3 + 4) for count in rows.values()), rows
     assert all(not s.synthetic and 0 < s.seconds < 0.1 for s in samples)
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    again = subprocess.run(command, capture_output=True, encoding="utf-8", timeout=300, cwd=REPO)
     assert again.returncode == 0 and "0 configs to time" in again.stdout
     assert len(pm.read_samples(csv_path)[0]) == len(samples)
     train = syn.load_script("train_perf_model")

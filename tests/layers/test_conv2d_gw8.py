@@ -787,7 +787,7 @@ def test_dispatch_modes_see_the_op(device):
     out = subprocess.run(
         [sys.executable, "-c", _DISPATCH_MODES.replace("DEVICE", repr(device))],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=300,
         env=dict(os.environ, SPIO_EMULATE="1"),
     )

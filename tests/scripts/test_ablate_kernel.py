@@ -249,7 +249,7 @@ def _gpu_check_ablate_calls() -> list[list[str]]:
     """The arguments of every `ablate ...` call in scripts/gpu_check.sh's ablate step."""
     import shlex
 
-    text = (_path.parent / "gpu_check.sh").read_text()
+    text = (_path.parent / "gpu_check.sh").read_text(encoding="utf-8")
     body = text[text.index("step_ablate() {") :]
     body = body[: body.index("\n}\n")].replace("\\\n", " ")
     return [

@@ -22,7 +22,7 @@ def test_ddp_two_gloo_ranks_stay_in_sync(tmp_path):
         [sys.executable, str(worker), str(tmp_path / "init"), str(result)],
         env=env,
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

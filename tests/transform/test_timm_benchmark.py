@@ -85,7 +85,7 @@ def test_missing_gpu_or_timm_exits_non_zero_with_message(bench, capsys):
 
 def test_script_exit_status():
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", "resnet18"], capture_output=True, text=True
+        [sys.executable, str(SCRIPT), "--model", "resnet18"], capture_output=True, encoding="utf-8"
     )
     import torch
 
