@@ -259,17 +259,23 @@ def fake_libcuda(tmp_path_factory):
     return libs
 
 
-def run_with(library, code: str, **env) -> None:
-    """Run `code` (after PRELUDE) in a fresh interpreter whose driver library is `library`."""
-    full_env = {**os.environ, "SPIO_LIBCUDA": str(library), "PYTHONPATH": str(REPO), **env}
-    script = PRELUDE + textwrap.dedent(code)
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=REPO,
-        env=full_env,
+def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """`code` (dedented) in a fresh interpreter, in the repository, with these variables added
+    to the environment."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, "SPIO_TEST_KERNELS": KERNELS, **env},
         capture_output=True,
         encoding="utf-8",
-        timeout=120,
+        timeout=300,
+        cwd=REPO,
+    )
+
+
+def run_with(library, code: str, **env) -> None:
+    """Run `code` (after PRELUDE) in a fresh interpreter whose driver library is `library`."""
+    proc = _run_python(
+        PRELUDE + textwrap.dedent(code), SPIO_LIBCUDA=str(library), PYTHONPATH=str(REPO), **env
     )
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
 
@@ -314,16 +320,8 @@ def test_every_call_raises_without_a_driver(tmp_path):
 
 
 def test_import_does_not_load_the_driver(tmp_path):
-    env = {**os.environ, "SPIO_LIBCUDA": str(tmp_path / "missing.so"), "PYTHONPATH": str(REPO)}
     code = "from spio.cuda import driver as d; print(d.library_path(), d.built_with_cuda_version)"
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        encoding="utf-8",
-        timeout=120,
-    )
+    proc = _run_python(code, SPIO_LIBCUDA=str(tmp_path / "missing.so"), PYTHONPATH=str(REPO))
     assert proc.returncode == 0, proc.stderr
     path, version = proc.stdout.split()
     assert path.endswith("missing.so") and int(version) >= 12000
@@ -1108,17 +1106,6 @@ def test_gpu_primary_context_is_torchs():
     current = ctypes.c_void_p()
     assert libcuda.cuCtxGetCurrent(ctypes.byref(current)) == 0
     assert driver.retain_primary_context(torch.cuda.current_device()).handle == current.value
-
-
-def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**os.environ, "SPIO_TEST_KERNELS": KERNELS, **env},
-        capture_output=True,
-        encoding="utf-8",
-        timeout=300,
-        cwd=REPO,
-    )
 
 
 @pytest.mark.cuda
