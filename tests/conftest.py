@@ -3,8 +3,12 @@ kernels run their blocks and threads in a shuffled order (a GPU promises none)."
 
 import functools
 import os
+from pathlib import Path
 
 import pytest
+
+#: The repository root, for tests that run its scripts or fresh interpreters in it.
+REPO = Path(__file__).resolve().parent.parent
 
 # Emulated launches in shuffled block and thread order (spio.kernels.kernel reads it at each
 # launch); a run may set its own seed, and a test may set another for itself.

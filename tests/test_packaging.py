@@ -3,9 +3,8 @@ runtime and shims (one of which, <nv/target>, has no extension), models and thei
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
 
 
 def test_build_py_copies_every_tracked_package_file(tmp_path):

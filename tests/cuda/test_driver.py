@@ -16,13 +16,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 
-driver = pytest.importorskip("spio.cuda.driver", reason="build with setup.py build_ext --inplace")
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
+driver = pytest.importorskip("spio.cuda.driver", reason="build with setup.py build_ext --inplace")
 
 FAKE_LIBCUDA = r"""
 #include <stdlib.h>
@@ -260,11 +259,11 @@ def fake_libcuda(tmp_path_factory):
 
 
 def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    """`code` (dedented) in a fresh interpreter, in the repository, with these variables added
-    to the environment."""
+    """`code` (dedented) in a fresh interpreter, in the repository and importing spio from it,
+    with these variables added to the environment."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        env={**os.environ, "SPIO_TEST_KERNELS": KERNELS, **env},
+        env={**os.environ, "PYTHONPATH": str(REPO), "SPIO_TEST_KERNELS": KERNELS, **env},
         capture_output=True,
         encoding="utf-8",
         timeout=300,
@@ -274,9 +273,7 @@ def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def run_with(library, code: str, **env) -> None:
     """Run `code` (after PRELUDE) in a fresh interpreter whose driver library is `library`."""
-    proc = _run_python(
-        PRELUDE + textwrap.dedent(code), SPIO_LIBCUDA=str(library), PYTHONPATH=str(REPO), **env
-    )
+    proc = _run_python(PRELUDE + textwrap.dedent(code), SPIO_LIBCUDA=str(library), **env)
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
 
 
@@ -321,7 +318,7 @@ def test_every_call_raises_without_a_driver(tmp_path):
 
 def test_import_does_not_load_the_driver(tmp_path):
     code = "from spio.cuda import driver as d; print(d.library_path(), d.built_with_cuda_version)"
-    proc = _run_python(code, SPIO_LIBCUDA=str(tmp_path / "missing.so"), PYTHONPATH=str(REPO))
+    proc = _run_python(code, SPIO_LIBCUDA=str(tmp_path / "missing.so"))
     assert proc.returncode == 0, proc.stderr
     path, version = proc.stdout.split()
     assert path.endswith("missing.so") and int(version) >= 12000

@@ -5,13 +5,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from spio.cuda import paths
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 
 def make_wheels(root, majors):

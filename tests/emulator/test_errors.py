@@ -4,7 +4,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +11,7 @@ import torch
 import spio.emulator as emulator
 from spio.emulator.build import EmulatorBuildError, kernel_names, rewrite_extern_shared
 from spio.functional.checks import uses_kernels
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 
 @pytest.fixture

@@ -22,9 +22,9 @@ from spio.kernels import perf_model as pm
 from spio.kernels.conv2d_gw8_factory import conv2d_gw8_kernel_factory
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
 from spio.kernels.conv2d_gw8_wgrad_factory import conv2d_gw8_wgrad_kernel_factory
+from tests.conftest import REPO
 from tests.data import synthetic_perf as syn
 
-REPO = Path(__file__).resolve().parents[2]
 H200 = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H200", driver="13.0")
 
 #: (factory, options) per family, as get_kernel is called for it.

@@ -153,11 +153,16 @@ def _compare(monkeypatch, layer, x, emulate: str, autocast: str | None, grad_mod
     builds; with SPIO_EMULATE=1 and a half-precision output, those of all three passes."""
     monkeypatch.setenv("SPIO_EMULATE", emulate)
 
-    def run() -> tuple:
+    @contextlib.contextmanager
+    def region():
         with (
             torch.autocast("cpu", dtype=_DTYPES[autocast or "bf16"], enabled=bool(autocast)),
             grad_mode() if grad_mode else contextlib.nullcontext(),
         ):
+            yield
+
+    def run() -> tuple:
+        with region():
             return _outcome(layer, x)
 
     launched = spy_on_launches(monkeypatch, names=True)
@@ -179,10 +184,7 @@ def _compare(monkeypatch, layer, x, emulate: str, autocast: str | None, grad_mod
     # write the weight's dtype and the op fp32 (its gradients' dtype); spio.precompile builds
     # every kernel of both.
     assert _convolutions(shortcut_launched) == _convolutions(launched)
-    with (
-        torch.autocast("cpu", dtype=_DTYPES[autocast or "bf16"], enabled=bool(autocast)),
-        grad_mode() if grad_mode else contextlib.nullcontext(),
-    ):
+    with region():
         precompiled = {kernel.name for kernel in layer.spio_kernels(x)}
     assert set(shortcut_launched) | set(launched) <= precompiled
     if emulate == "1" and shortcut[1].dtype in _HALF:
