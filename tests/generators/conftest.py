@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
+
 _STUB = Path(__file__).with_name("fragments_stub.h")
 # The real fragment contract the generated headers include (the tests that read its types).
-FRAGMENTS_H = Path(__file__).resolve().parents[2] / "spio/include/spio/warp/fragments.h"
+FRAGMENTS_H = REPO / "spio/include/spio/warp/fragments.h"
 
 
 def _host_cuda_include() -> Path | None:
