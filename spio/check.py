@@ -19,10 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from .kernels.conv2d_gw8_params import Conv2dGw8Params
+from .kernels.conv2d_gw8_params import DTYPES, Conv2dGw8Params
 from .kernels.stats import PASSES
-
-DTYPES = ("fp16", "bf16")
 
 P = Conv2dGw8Params
 

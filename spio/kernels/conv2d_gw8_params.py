@@ -50,7 +50,7 @@ def _as_padding(padding: Any) -> tuple[int, int]:
 
 def dtype_name(dtype: Any) -> str:
     """Return "fp16" or "bf16" for a torch dtype or a short name; ValueError for anything else."""
-    names = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+    names = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"} | {n: n for n in DTYPES}
     key = str(dtype).removeprefix("torch.")
     if key not in names:
         raise ValueError(f"conv2d_gw8 needs dtype fp16 or bf16, got {dtype}")
@@ -63,6 +63,8 @@ class Conv2dGw8Params:
 
     Tensors are NCHW-shaped as in PyTorch: input (n, c, h, w), weight (c, 8, r, s),
     output (n, c, p, q). `padding` is an int or a (pad_h, pad_w) pair; it is stored as a pair.
+    `dtype` is "fp16" or "bf16", or a torch dtype or name for one ("float16", "bfloat16",
+    "half"); it is stored as the short name.
     """
 
     n: int
@@ -82,8 +84,13 @@ class Conv2dGw8Params:
         if type(self.has_bias) not in (bool, int) or self.has_bias not in (0, 1):
             raise ValueError(f"Conv2dGw8Params needs has_bias True or False, got {self.has_bias!r}")
         object.__setattr__(self, "has_bias", bool(self.has_bias))
-        if self.dtype not in DTYPES:
-            raise ValueError(f"Conv2dGw8Params needs dtype fp16 or bf16, got {self.dtype!r}")
+        try:
+            object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        except ValueError:
+            raise ValueError(
+                f"Conv2dGw8Params needs dtype fp16 or bf16 (or torch.float16, torch.bfloat16), "
+                f"got {self.dtype!r}"
+            ) from None
         for name in ("n", "h", "w"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Conv2dGw8Params needs {name} >= 1, got {getattr(self, name)}")

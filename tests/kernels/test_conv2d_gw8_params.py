@@ -1,6 +1,7 @@
 """Conv2dGw8Params: derived shapes, validation, encode/decode, from_tensors."""
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -38,6 +39,24 @@ def test_frozen():
 
 
 @pytest.mark.parametrize(
+    "dtype, name",
+    [
+        (torch.float16, "fp16"),
+        (torch.bfloat16, "bf16"),
+        ("float16", "fp16"),
+        ("half", "fp16"),
+        ("torch.bfloat16", "bf16"),
+        ("bf16", "bf16"),
+    ],
+)
+def test_dtype_is_stored_as_its_short_name(dtype, name):
+    params = Conv2dGw8Params(n=1, c=16, h=3, w=3, dtype=dtype)
+    assert params.dtype == name
+    assert params == Conv2dGw8Params(n=1, c=16, h=3, w=3, dtype=name)
+    assert params.encode().endswith(f"_{name}")
+
+
+@pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(c=12), "multiple of 8, got 12"),
@@ -52,7 +71,9 @@ def test_frozen():
         (dict(n=0), "n >= 1, got 0"),
         (dict(h=0), "h >= 1, got 0"),
         (dict(w=-3), "w >= 1, got -3"),
-        (dict(dtype="fp32"), "dtype fp16 or bf16, got 'fp32'"),
+        (dict(dtype="fp32"), "dtype fp16 or bf16 (or torch.float16, torch.bfloat16), got 'fp32'"),
+        (dict(dtype=torch.float32), "got torch.float32"),
+        (dict(dtype=None), "got None"),
         (dict(h=2, padding=0), "non-empty output, got output size 0x1"),
         (dict(w=1, s=5, padding=(1, 1)), "non-empty output, got output size 3x-1"),
         (dict(n=2.0), "integer n, got 2.0"),
