@@ -1,6 +1,10 @@
 """Every file the package needs at run time ships in it: headers, kernel sources, the emulator's
-runtime and shims (one of which, <nv/target>, has no extension), models and their metadata."""
+runtime and shims (one of which, <nv/target>, has no extension), models and their metadata; and
+its declared dependencies are the packages it imports."""
 
+import ast
+import importlib.metadata
+import re
 import subprocess
 import sys
 
@@ -23,3 +27,49 @@ def test_build_py_copies_every_tracked_package_file(tmp_path):
     needed = [f for f in tracked if not f.endswith(".md")]  # notes for readers, not run time
     missing = [f for f in needed if not (tmp_path / f).is_file()]
     assert not missing, f"files left out of the package: {missing}"
+
+
+# Distributions spio uses without importing them: NVIDIA's wheels, whose libnvrtc and CUDA headers
+# spio finds on disk (spio.cuda.paths).
+_USED_AS_FILES = {"nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12"}
+
+
+def _imports(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(modules imported at a module's top level, modules imported anywhere), top-level
+    packages only, without the standard library and spio itself."""
+
+    def names(node) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            return [node.module]
+        return []
+
+    def third_party(found) -> set[str]:
+        tops = {name.split(".")[0] for name in found}
+        return tops - set(sys.stdlib_module_names) - {"spio", "__future__"}
+
+    top_level = [name for node in tree.body for name in names(node)]
+    anywhere = [name for node in ast.walk(tree) for name in names(node)]
+    return third_party(top_level), third_party(anywhere)
+
+
+def test_the_declared_dependencies_are_what_spio_imports():
+    """What pyproject.toml declares matches the code: every module spio imports at a module's
+    top level is a dependency (an `import spio` must not fail for want of one), every module it
+    imports anywhere is a dependency or in an extra, and every dependency is imported or used on
+    disk (none left over)."""
+    required, extras = set(), set()
+    for requirement in importlib.metadata.requires("spio"):
+        name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
+        (extras if "extra ==" in requirement else required).add(name)
+    on_import, anywhere = set(), set()
+    for path in (REPO / "spio").rglob("*.py"):
+        top, every = _imports(ast.parse(path.read_text(encoding="utf-8")))
+        on_import |= top
+        anywhere |= every
+    assert on_import <= required, f"imported when spio is, not dependencies: {on_import - required}"
+    assert anywhere <= required | extras, f"imported, not declared: {anywhere - required - extras}"
+    assert required - _USED_AS_FILES <= anywhere, (
+        f"declared, never imported: {required - _USED_AS_FILES - anywhere}"
+    )
