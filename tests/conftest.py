@@ -2,13 +2,28 @@
 kernels run their blocks and threads in a shuffled order (a GPU promises none)."""
 
 import functools
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 #: The repository root, for tests that run its scripts or fresh interpreters in it.
 REPO = Path(__file__).resolve().parent.parent
+
+
+def load_script(name: str):
+    """scripts/<name>.py (not a package) loaded afresh as the module spio_scripts_<name>,
+    registered in sys.modules (its dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(
+        f"spio_scripts_{name}", REPO / "scripts" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 # Emulated launches in shuffled block and thread order (spio.kernels.kernel reads it at each
 # launch); a run may set its own seed, and a test may set another for itself.

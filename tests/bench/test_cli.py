@@ -3,13 +3,12 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from spio.__main__ import build_parser
 from spio.bench.layers import layer_table
-from tests.conftest import gpu_available
+from tests.conftest import REPO, gpu_available
 
 
 def run_spio(*args):
@@ -77,7 +76,7 @@ def test_bench_names_the_layers_when_none_matches(monkeypatch, capsys):
     assert "no benchmark layer matches ['nomatch']" in err and "64c_64x64_3x3" in err
 
 
-PLOTTED_CSV = str(Path(__file__).parents[2] / "docs/perf/2026-11-29-h200-2/bench_fp16.csv")
+PLOTTED_CSV = str(REPO / "docs/perf/2026-11-29-h200-2/bench_fp16.csv")
 
 
 def test_bench_on_a_gpu_its_kernels_do_not_run_on_says_so(monkeypatch, tmp_path, capsys):

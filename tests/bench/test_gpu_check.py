@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+from tests.conftest import REPO
+
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -88,7 +89,7 @@ def _run(env, out_dir, **extra):
         encoding="utf-8",
         timeout=120,
         env=dict(env, **extra),
-        cwd=ROOT,
+        cwd=REPO,
     )
 
 
@@ -125,7 +126,7 @@ def test_full_run_with_stand_ins_passes_and_prints_summary_last(stand_ins, tmp_p
     tail = out.stdout.strip().splitlines()
     assert tail[-1].startswith("total") and "PASS" in tail[-1]
     summary = {line.split()[0]: line for line in tail[-15:-1]}
-    wheels = list(ROOT.glob(".whl/*.whl"))  # git-ignored: present after fetch_gpu_wheels.sh
+    wheels = list(REPO.glob(".whl/*.whl"))  # git-ignored: present after fetch_gpu_wheels.sh
     assert (f"PASS: {len(wheels)} wheels" if wheels else "n/a") in summary["wheels"]
     steps = ("build", "info", "check", "bench", "overhead", "ablate", "probe", "memcheck", "tests",
              "timm", "racecheck", "perf")  # fmt: skip
@@ -227,7 +228,7 @@ def test_ablate_fails_when_the_bench_layers_cannot_be_listed(stand_ins, tmp_path
 
 
 def test_perf_step_continues_from_a_seed_csv(stand_ins, tmp_path):
-    seed = next(ROOT.glob("docs/perf/*/perf_samples.csv"))
+    seed = next(REPO.glob("docs/perf/*/perf_samples.csv"))
     rows = len(seed.read_text().splitlines()) - 1
     out = _run(stand_ins, tmp_path / "out", GPU_CHECK_PERF_SEED=str(seed))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -238,7 +239,7 @@ def test_perf_step_continues_from_a_seed_csv(stand_ins, tmp_path):
 @pytest.mark.parametrize("seeded", [False, True])
 def test_perf_note_counts_the_rows_this_run_sampled(stand_ins, tmp_path, seeded):
     """Not the seed's rows as well (it had said "2731 rows" for 3 new ones)."""
-    seed = next(ROOT.glob("docs/perf/*/perf_samples.csv"))
+    seed = next(REPO.glob("docs/perf/*/perf_samples.csv"))
     extra = {"GPU_CHECK_PERF_SEED": str(seed)} if seeded else {}
     out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="perf", FAKE_PERF_ROWS="3", **extra)
     perf = [line for line in out.stdout.splitlines() if line.startswith("perf ")][-1]
@@ -249,7 +250,7 @@ def test_archive_packs_the_output_folder(stand_ins, tmp_path):
     import tarfile
 
     archive = tmp_path / "g.tgz"
-    seed = next(ROOT.glob("docs/perf/*/perf_samples.csv"))
+    seed = next(REPO.glob("docs/perf/*/perf_samples.csv"))
     out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ARCHIVE=str(archive),
                GPU_CHECK_PERF_SEED=str(seed))  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
@@ -281,7 +282,7 @@ def test_a_run_cut_off_still_leaves_the_summary_of_the_steps_it_finished(stand_i
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=dict(stand_ins, FAKE_HANG="timm_benchmark.py"),
-        cwd=ROOT,
+        cwd=REPO,
         start_new_session=True,
     )
     try:

@@ -2,15 +2,13 @@
 exactly its blocks' regions (checked through the per-thread XORs, emulated here and on a GPU
 under `cuda`), builds for every arch without spills, and rejects bad shapes by name."""
 
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
 import torch
 
 import spio
 from spio.bench.probe import Probe, expected_xors
+from tests.conftest import load_script
 
 CASES = [
     Probe("ldg", 3, 64, 4, 4096, 8192),
@@ -46,11 +44,7 @@ def test_each_block_reads_exactly_its_region(probe, device):
 def test_script_probes_build_without_spills(arch):
     from spio.compiler import compile_many
 
-    spec = importlib.util.spec_from_file_location(
-        "read_probe", pathlib.Path(__file__).parents[2] / "scripts" / "read_probe.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("read_probe")
     found = script.probes(64 << 20, 132, arch)
     modes = {"ldg", "cp.async", "rows"} | ({"bulk"} if arch == "sm_90" else set())
     assert {p.mode for p in found} == modes
@@ -85,10 +79,6 @@ def test_bad_probes_are_rejected(kwargs, message):
 def test_script_without_a_gpu_says_so(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    spec = importlib.util.spec_from_file_location(
-        "read_probe", pathlib.Path(__file__).parents[2] / "scripts" / "read_probe.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("read_probe")
     assert script.main([]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err

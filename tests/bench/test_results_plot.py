@@ -6,13 +6,13 @@ The rows here are synthetic fixtures labelled as such, only to exercise formatti
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from spio.bench.layers import layer_table
 from spio.bench.results import BenchRow, compare, format_table, read_csv, runs, write_csv
 from spio.kernels.stats import Conv2dStats
+from tests.conftest import REPO
 
 FIXTURE = "FIXTURE: synthetic numbers, not a measurement"
 
@@ -66,7 +66,7 @@ def test_csv_round_trip_keeps_every_field(bench_csv):
 
 def test_a_csv_from_before_selected_by_was_recorded_still_reads():
     """Run 5's CSV has no selected_by column: its rows read with it empty (plots of old runs)."""
-    path = Path(__file__).parents[2] / "docs/perf/2026-11-29-h200-2/run5/bench_fp16.csv"
+    path = REPO / "docs/perf/2026-11-29-h200-2/run5/bench_fp16.csv"
     assert "selected_by" not in path.read_text().splitlines()[0]
     rows = read_csv(path)
     assert len(rows) == 180 and {row.selected_by for row in rows} == {""}

@@ -3,12 +3,12 @@
 import os
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from spio.compiler import CompileError, CompileJob, CompileResult, compile_many
 from spio.compiler.pool import default_workers
+from tests.conftest import REPO
 
 GOOD = 'extern "C" __global__ void k(int *x) {{ x[threadIdx.x] = {value}; }}'
 BAD = 'extern "C" __global__ void k(int *x) { x[0] = nope; }'
@@ -97,7 +97,7 @@ def pool_jobs(monkeypatch):
     them (a worker finds modules on the sys.path its parent had when the pool started)."""
     from spio.compiler import pool
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    monkeypatch.syspath_prepend(str(REPO))
     pool.shutdown_pool()
     from tests.compiler import pool_jobs
 

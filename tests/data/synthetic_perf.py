@@ -21,6 +21,7 @@ from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels import conv2d_gw8_wgrad_factory as wg
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.perf_model import FAMILIES, Sample, append_samples
+from tests.conftest import load_script
 
 CSV_PATH = Path(__file__).with_name("synthetic_perf_samples.csv")
 DEVICE = "SYNTHETIC (no GPU)"
@@ -131,17 +132,6 @@ def write_csv(path: Path = CSV_PATH, **kwargs) -> int:
     path.write_text(HEADER + body.read_text())
     body.unlink()
     return count
-
-
-def load_script(name: str):
-    """A module of scripts/ (not a package), loaded from its file."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"spio_scripts_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def train_models(out: Path, *args: str) -> int:

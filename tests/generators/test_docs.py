@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "generators.md"
+from tests.conftest import REPO
+
+DOC = REPO / "docs" / "generators.md"
 
 
 def code_blocks(language: str) -> list[str]:

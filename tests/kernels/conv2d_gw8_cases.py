@@ -16,6 +16,7 @@ from spio.check import configs_to_run, run_one
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.families import FAMILIES, FAMILY_OF_PASS
 from spio.kernels.layer_sets import compile_layer_set
+from tests.conftest import load_script
 
 P = Conv2dGw8Params
 
@@ -92,12 +93,4 @@ def assert_sample_compiles_without_spills(family: str, arch: str, count: int, se
 def load_via_regs(kernel):
     """`kernel` as scripts/ablate_kernel.py's `ldg` timing variant (input rows through registers
     instead of cp.async): a variant timed as a candidate fix must compute the same results."""
-    import importlib.util
-    import pathlib
-
-    spec = importlib.util.spec_from_file_location(
-        "ablate_kernel", pathlib.Path(__file__).parents[2] / "scripts" / "ablate_kernel.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return kernel.with_defines(script.VARIANTS["ldg"])
+    return kernel.with_defines(load_script("ablate_kernel").VARIANTS["ldg"])

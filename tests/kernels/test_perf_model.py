@@ -22,7 +22,7 @@ from spio.kernels import perf_model as pm
 from spio.kernels.conv2d_gw8_factory import conv2d_gw8_kernel_factory
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
 from spio.kernels.conv2d_gw8_wgrad_factory import conv2d_gw8_wgrad_kernel_factory
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 from tests.data import synthetic_perf as syn
 
 H200 = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H200", driver="13.0")
@@ -131,7 +131,7 @@ def test_samples_name_the_wgrad_reduction_spio_runs(monkeypatch, tmp_path, capsy
     zeroing and atomics), and training leaves out samples that timed anything else."""
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
-    train = syn.load_script("train_perf_model")
+    train = load_script("train_perf_model")
     params = P(8, 32, 16, 16, padding=1)
     wgrad, fprop = pm.FAMILIES["conv2d_gw8_wgrad"], pm.FAMILIES["conv2d_gw8_fprop"]
     config = wgrad.configs(params)[0]
@@ -211,7 +211,7 @@ def test_derived_features_keep_the_definitions_the_shipped_models_learnt():
 def test_metrics_line_survives_constant_predictions():
     """A model too small to rank (constant predictions) has no Spearman: the summary line says
     n/a instead of crashing, as it did on the H200 on 2026-11-29."""
-    describe = syn.load_script("train_perf_model").describe_metrics
+    describe = load_script("train_perf_model").describe_metrics
     assert describe({"heldout_layers_scored": 0}) == "no held-out layers scored"
     line = describe({"regret_median": 1.0, "regret_p95": 1.2, "spearman_median": None})
     assert line == "regret median 1.000 p95 1.200, spearman median n/a"
@@ -219,7 +219,7 @@ def test_metrics_line_survives_constant_predictions():
 
 
 def test_layers_are_held_out_whole():
-    train_script = syn.load_script("train_perf_model")
+    train_script = load_script("train_perf_model")
     samples, _ = pm.read_samples(syn.CSV_PATH)
     train, test = train_script.split_layers(samples, 0.25, seed=3)
     assert train and test and len(train) + len(test) == len(samples)
@@ -247,7 +247,7 @@ def test_layers_are_held_out_whole():
 
 
 def test_repeated_measurements_keep_their_median():
-    train_script = syn.load_script("train_perf_model")
+    train_script = load_script("train_perf_model")
     sample = pm.read_samples(syn.CSV_PATH)[0][0]
     repeats = [dataclasses.replace(sample, seconds=t) for t in (1e-5, 2e-5, 9e-5)]
     assert train_script.dedupe(repeats) == [dataclasses.replace(sample, seconds=2e-5)]
@@ -256,7 +256,7 @@ def test_repeated_measurements_keep_their_median():
 def test_held_out_scores_are_per_layer_regret_and_spearman():
     """Three layers of 4 configs, measured and predicted by hand: regrets 1, 2 and 1.5 (measured
     time of the predicted best over the best), Spearman 1, -0.4 and 0.8."""
-    train_script = syn.load_script("train_perf_model")
+    train_script = load_script("train_perf_model")
     fprop = [s for s in pm.read_samples(syn.CSV_PATH)[0] if s.family == "conv2d_gw8_fprop"]
     groups = [group[:4] for group in train_script.by_layer(fprop).values() if len(group) >= 4]
     cases = [  # (measured, predicted) per layer
@@ -373,7 +373,7 @@ def test_refuses_to_ship_a_model_trained_on_synthetic_data(capsys, tmp_path):
     assert "SYNTHETIC" in capsys.readouterr().err
     assert sorted(pm.PACKAGED_MODELS_DIR.rglob("*")) == before
     # Nor into a folder inside it (a stand-in for spio/perf_models, so that nothing lands there).
-    script = syn.load_script("train_perf_model")
+    script = load_script("train_perf_model")
     script.PACKAGED_MODELS_DIR = tmp_path / "perf_models"
     out = tmp_path / "perf_models" / "sm_90"
     assert script.main([str(syn.CSV_PATH), "--out", str(out)]) == 2
@@ -872,7 +872,7 @@ def test_perf_sample_without_a_gpu_exits_nonzero(tmp_path):
 def test_perf_sample_budget_must_stay_under_8_minutes(monkeypatch):
     import torch
 
-    script = syn.load_script("perf_sample")
+    script = load_script("perf_sample")
     for budget in ("480", "0"):
         with pytest.raises(SystemExit) as exit_info:
             script.main(["--budget-s", budget])
@@ -883,7 +883,7 @@ def test_perf_sample_budget_must_stay_under_8_minutes(monkeypatch):
 
 
 def test_perf_sample_sweep_covers_the_layer_table():
-    layers = syn.load_script("perf_sample").sweep_layers(extra=5)
+    layers = load_script("perf_sample").sweep_layers(extra=5)
     assert len(set(layers)) == len(layers) == 12 * 4 * 2 + 5
     assert {(p.r, p.s) for p in layers} >= {(3, 3), (5, 5), (1, 3), (3, 1)}
     assert {p.dtype for p in layers} == {"fp16", "bf16"}
@@ -925,7 +925,7 @@ def test_sample_resume_and_train_on_a_gpu(tmp_path):
     again = subprocess.run(command, capture_output=True, encoding="utf-8", timeout=300, cwd=REPO)
     assert again.returncode == 0 and "0 configs to time" in again.stdout
     assert len(pm.read_samples(csv_path)[0]) == len(samples)
-    train = syn.load_script("train_perf_model")
+    train = load_script("train_perf_model")
     assert train.main([str(csv_path), "--out", str(tmp_path / "models"), "--trees", "20"]) == 0
     for name in pm.FAMILIES:
         model = pm.PerfModel.load(pm.model_path(tmp_path / "models", name, samples[0].arch))
@@ -968,7 +968,7 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
         return 1e-5 * (1 + len(timed) % 7)
 
     monkeypatch.setattr(autotune, "time_kernel", fake_time)
-    script = syn.load_script("perf_sample")
+    script = load_script("perf_sample")
     csv_path = tmp_path / "samples.csv"
     args = ["--csv", str(csv_path), "--layers", "2", "--batches", "8", "--dtypes", "fp16",
             "--max-configs", "4", "--workers", "1"]  # fmt: skip
@@ -1049,7 +1049,7 @@ def test_perf_sample_stops_within_its_budget_and_resumes_per_device(tmp_path, mo
 
     monkeypatch.setattr(spio.compiler, "compile_many", compile_many)
     monkeypatch.setattr(autotune, "time_kernel", time_kernel)
-    script = syn.load_script("perf_sample")
+    script = load_script("perf_sample")
     monkeypatch.setattr(script, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
 
     def run(name, budget, compile_s, time_s):
@@ -1077,7 +1077,7 @@ def test_perf_sample_refuses_a_csv_of_other_columns_before_timing(tmp_path, monk
     _fake_gpu(monkeypatch)
     old = tmp_path / "old.csv"
     old.write_text(",".join(pm.SAMPLE_COLUMNS[:-1]) + "\n")
-    script = syn.load_script("perf_sample")
+    script = load_script("perf_sample")
     assert script.main(["--csv", str(old)]) == 2
     error = capsys.readouterr().err
     assert "no variant column" in error and "start a new one" in error
@@ -1088,7 +1088,7 @@ def test_perf_sample_refuses_a_csv_of_other_columns_before_timing(tmp_path, monk
 def test_perf_sample_always_times_the_picks_and_their_unweighed_variants(monkeypatch):
     import random
 
-    script = syn.load_script("perf_sample")
+    script = load_script("perf_sample")
     family = pm.FAMILIES["conv2d_gw8_fprop"]
     small = P(64, 64, 8, 8, padding=1)
     pick = family.default_config(small)

@@ -2,20 +2,15 @@
 really removes work, and leaves the production kernels untouched; no GPU gives exit status 1."""
 
 import dataclasses
-import importlib.util
-import pathlib
 import re
 import sys
 
 import pytest
 
 from spio.bench.layers import parse_layer
+from tests.conftest import REPO, load_script
 
-_path = pathlib.Path(__file__).parents[2] / "scripts" / "ablate_kernel.py"
-_spec = importlib.util.spec_from_file_location("ablate_kernel", _path)
-ablate = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = ablate
-_spec.loader.exec_module(ablate)
+ablate = load_script("ablate_kernel")
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +244,7 @@ def _gpu_check_ablate_calls() -> list[list[str]]:
     """The arguments of every `ablate ...` call in scripts/gpu_check.sh's ablate step."""
     import shlex
 
-    text = (_path.parent / "gpu_check.sh").read_text(encoding="utf-8")
+    text = (REPO / "scripts" / "gpu_check.sh").read_text(encoding="utf-8")
     body = text[text.index("step_ablate() {") :]
     body = body[: body.index("\n}\n")].replace("\\\n", " ")
     return [

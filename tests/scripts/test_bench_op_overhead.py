@@ -1,15 +1,11 @@
 """scripts/bench_op_overhead.py's --profile report, on the CPU: it names the PyTorch ops a call
 dispatches, with their count per call, and the Python functions that cost the most."""
 
-import importlib.util
-import pathlib
-
 import torch
 
-_path = pathlib.Path(__file__).parents[2] / "scripts" / "bench_op_overhead.py"
-_spec = importlib.util.spec_from_file_location("bench_op_overhead", _path)
-bench_op_overhead = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_op_overhead)
+from tests.conftest import load_script
+
+bench_op_overhead = load_script("bench_op_overhead")
 
 
 def test_profile_host_reports_ops_per_call_and_python_functions(capsys):

@@ -1,19 +1,12 @@
 """scripts/sass_loop.py: its arguments, the configs it picks, and a comparison against an ablate
 variant on a real cubin (where nvdisasm is installed)."""
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
 from spio.compiler.sass import find_nvdisasm
+from tests.conftest import load_script
 
-_path = pathlib.Path(__file__).parents[2] / "scripts" / "sass_loop.py"
-_spec = importlib.util.spec_from_file_location("sass_loop", _path)
-sass_loop = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = sass_loop
-_spec.loader.exec_module(sass_loop)
+sass_loop = load_script("sass_loop")
 
 
 @pytest.mark.parametrize(

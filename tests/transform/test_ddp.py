@@ -7,15 +7,16 @@ import sys
 
 import pytest
 
+from tests.conftest import REPO
+
 torch = pytest.importorskip("torch")
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 def test_ddp_two_gloo_ranks_stay_in_sync(tmp_path):
     worker = pathlib.Path(__file__).with_name("_ddp_worker.py")
-    root = pathlib.Path(__file__).resolve().parents[2]
     env = os.environ | {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     }
     result = tmp_path / "result.txt"
     proc = subprocess.run(

@@ -1,21 +1,19 @@
 """scripts/timm_benchmark.py: argument parsing, and a clear non-zero exit without a GPU or timm."""
 
 import importlib.util
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "timm_benchmark.py"
+from tests.conftest import REPO, load_script
+
+SCRIPT = REPO / "scripts" / "timm_benchmark.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("timm_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("timm_benchmark")
 
 
 def test_parse_args(bench):

@@ -1,9 +1,7 @@
 """spio.transform and spio.scan_modules on a ConvNet mixing eligible and ineligible convolutions."""
 
 import copy
-import importlib.util
 import logging
-import pathlib
 import re
 
 import pytest
@@ -15,12 +13,7 @@ from spio.kernels import Conv2dGw8Params
 from spio.layers import Conv2dGw8
 from spio.transform import scan_modules, transform
 from tests.conftest import spy_on_launches
-
-_spec = importlib.util.spec_from_file_location(
-    "spio_test_convnet", pathlib.Path(__file__).with_name("convnet.py")
-)
-convnet = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(convnet)
+from tests.transform import convnet
 
 
 def _model(seed=0):

@@ -1,9 +1,7 @@
 """where_faster: transform's `include` chosen by timing each pass of each layer in spio and in
 PyTorch. The GPU timer is replaced by a fake here; the real one runs under `-m cuda`."""
 
-import importlib.util
 import logging
-import pathlib
 
 import pytest
 import torch
@@ -12,12 +10,7 @@ from torch import nn
 import spio
 from spio.layers import Conv2dGw8
 from spio.transform import where_faster
-
-_spec = importlib.util.spec_from_file_location(
-    "spio_test_convnet", pathlib.Path(__file__).with_name("convnet.py")
-)
-convnet = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(convnet)
+from tests.transform import convnet
 
 
 class FakeTimer:
