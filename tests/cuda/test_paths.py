@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -292,11 +293,28 @@ def test_headers_come_from_the_nvrtc_installation(isolated, monkeypatch):
 
 
 def test_dlopen_path_names_the_loaded_file(real_nvrtc):
-    assert paths._dlopen_path(str(real_nvrtc)) == real_nvrtc
+    # The same file, maybe by another path: a CUDA build of torch loads libnvrtc first, through
+    # its RPATH (torch/lib/../../nvidia/cu13/lib/...), and the loader names it so from then on.
+    assert paths._dlopen_path(str(real_nvrtc)).samefile(real_nvrtc)
     assert paths._dlopen_path("libnvrtc-no-such-library.so.1") is None
     # The fallback where dlinfo is missing (musl) reads the memory map.
     assert paths._mapped_path(real_nvrtc.resolve().name) == real_nvrtc.resolve()
     assert paths._mapped_path("libnvrtc-no-such-library.so.1") is None
+
+
+def test_dlopen_path_of_a_library_loaded_first_by_another_path(real_nvrtc):
+    """What a CUDA build of torch does at import: libnvrtc loaded through a path with `..` in it
+    (its RPATH); asked for the library by its plain path, the loader names the detour."""
+    detour = real_nvrtc.parent / ".." / real_nvrtc.parent.name / real_nvrtc.name
+    script = (
+        f"import ctypes; ctypes.CDLL({str(detour)!r}); "
+        f"from spio.cuda import paths; print(paths._dlopen_path({str(real_nvrtc)!r}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, encoding="utf-8"
+    )
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()).samefile(real_nvrtc)
 
 
 def test_dynamic_loader_finds_a_library_only_it_knows(tmp_path, real_nvrtc):
