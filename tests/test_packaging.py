@@ -7,6 +7,9 @@ import importlib.metadata
 import re
 import subprocess
 import sys
+import tarfile
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -73,3 +76,28 @@ def test_the_declared_dependencies_are_what_spio_imports():
     assert required - _USED_AS_FILES <= anywhere, (
         f"declared, never imported: {required - _USED_AS_FILES - anywhere}"
     )
+
+
+def test_sdist_holds_the_tracked_package_files_and_nothing_else(tmp_path):
+    """The sdist has every tracked file of the package, and none of what a build leaves in the
+    source tree (driver.c, the extension's .so, caches): MANIFEST.in keeps those out."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "spio"], cwd=REPO, capture_output=True, encoding="utf-8", check=True
+    ).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout: nothing to compare against")
+    build = subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "--formats=gztar", "--dist-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        encoding="utf-8",
+    )
+    assert build.returncode == 0, build.stderr
+    (archive,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(archive) as tar:
+        shipped = {m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()}
+    needed = [f for f in tracked if not f.endswith(".md")]
+    missing = [f for f in needed if f not in shipped]
+    assert not missing, f"files left out of the sdist: {missing}"
+    stray = sorted(f for f in shipped if f.startswith("spio/") and f not in tracked)
+    assert not stray, f"untracked files in the sdist: {stray}"
