@@ -14,10 +14,15 @@ import pytest
 from tests.conftest import REPO
 
 
-def test_build_py_copies_every_tracked_package_file(tmp_path):
-    tracked = subprocess.run(
+def _tracked_package_files() -> list[str]:
+    """The package's files under git (none outside a git checkout, e.g. in an sdist)."""
+    return subprocess.run(
         ["git", "ls-files", "spio"], cwd=REPO, capture_output=True, encoding="utf-8", check=True
     ).stdout.split()
+
+
+def test_build_py_copies_every_tracked_package_file(tmp_path):
+    tracked = _tracked_package_files()
     if not tracked:  # not a git checkout (e.g. an sdist): nothing to compare against
         tracked = [str(p.relative_to(REPO)) for p in (REPO / "spio").rglob("*") if p.is_file()]
     build = subprocess.run(
@@ -61,7 +66,8 @@ def test_the_declared_dependencies_are_what_spio_imports():
     """What pyproject.toml declares matches the code: every module spio imports at a module's
     top level is a dependency (an `import spio` must not fail for want of one), every module it
     imports anywhere is a dependency or in an extra, and every dependency is imported or used on
-    disk (none left over)."""
+    disk (none left over). The declared list is the installed metadata's: after changing
+    pyproject.toml's dependencies, install again (`pip install -e .`) before running this."""
     required, extras = set(), set()
     for requirement in importlib.metadata.requires("spio"):
         name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
@@ -81,9 +87,7 @@ def test_the_declared_dependencies_are_what_spio_imports():
 def test_sdist_holds_the_tracked_package_files_and_nothing_else(tmp_path):
     """The sdist has every tracked file of the package, and none of what a build leaves in the
     source tree (driver.c, the extension's .so, caches): MANIFEST.in keeps those out."""
-    tracked = subprocess.run(
-        ["git", "ls-files", "spio"], cwd=REPO, capture_output=True, encoding="utf-8", check=True
-    ).stdout.split()
+    tracked = _tracked_package_files()
     if not tracked:
         pytest.skip("not a git checkout: nothing to compare against")
     build = subprocess.run(
