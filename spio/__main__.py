@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import sys
 import tempfile
@@ -12,6 +13,7 @@ from collections.abc import Callable
 _BROKEN = "BROKEN INSTALL"
 _BAD_SETTING = "BAD SETTING"
 _NOT_WRITABLE = "NOT A WRITABLE FOLDER"
+_NO_MODELS = "NOT IMPORTABLE"
 
 
 def _gpus() -> tuple[list[dict], str | None]:
@@ -120,6 +122,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .cuda import nvrtc, paths
 
     rows: list[tuple[str, str]] = [("spio", __version__)]
+    rows.append(("python", f"{platform.python_version()} at {sys.executable}"))
     try:
         import torch
 
@@ -149,6 +152,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         except Exception as error:  # info reports, never crashes
             rows.append(("driver", f"version unknown ({error})"))
     rows.append(("supported arch", ", ".join(supported_arch)))
+    rows.append(("xgboost", _xgboost_summary()))
     rows.extend(_perf_model_rows([gpu["arch"] for gpu in gpus]))
     root = cache_root()  # spio's folders there only: SPIO_CACHE_DIR may hold other things too
     sizes = [folder_size(root / namespace) for namespace in NAMESPACES]
@@ -159,9 +163,27 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"{key:<{width}}  {value}")
     # No GPU is fine (the emulator and the PyTorch reference still work); a missing part, or a
     # setting that names something unusable, is not. A cache spio cannot write is reported but
-    # is not a failure: kernels are then kept in memory, and everything still runs.
+    # is not a failure: kernels are then kept in memory, and everything still runs. So is an
+    # xgboost that does not import: the heuristic then picks the tile configs.
     problems = (_BROKEN, _BAD_SETTING)
     return 1 if any(p in value for _, value in rows for p in problems) else 0
+
+
+def _xgboost_summary() -> str:
+    """xgboost's version, or why it does not import: without it no performance model loads and
+    every tile config comes from the analytic heuristic (which a layer's first call logs).
+    Reported, not a failure of `info`: every kernel still runs."""
+    from .kernels.perf_model import first_line
+
+    try:
+        import xgboost
+    except Exception as error:  # ImportError, or xgboost's own error where its library is missing
+        return (
+            f"{_NO_MODELS} ({first_line(error)}); the performance models "
+            "below cannot be used, so the analytic heuristic picks every tile config: "
+            "pip install xgboost"
+        )
+    return xgboost.__version__
 
 
 def _nvrtc_problem(library, error: Exception) -> str:

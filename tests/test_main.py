@@ -1,6 +1,8 @@
 """The command line and the import contract: no GPU or NVRTC work at import time."""
 
+import importlib.metadata
 import os
+import platform
 import subprocess
 import sys
 
@@ -65,6 +67,8 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(None, 1) for line in out.stdout.splitlines() if line.strip())
     assert lines["spio"].strip()
+    assert lines["python"].startswith(f"{platform.python_version()} at ")
+    assert lines["xgboost"].strip() == importlib.metadata.version(_xgboost_distribution())
     assert "libnvrtc" in out.stdout
     assert str(tmp_path) in out.stdout
     assert "sm_90: fprop, dgrad, wgrad (measured on NVIDIA H200" in lines["perf"]
@@ -74,6 +78,17 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
     else:
         assert "no GPU" in gpu_line
         assert "SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator" in gpu_line
+
+
+def _xgboost_distribution() -> str:
+    """xgboost's distribution: xgboost, or xgboost-cpu (the same module; the GPU machine's)."""
+    for name in ("xgboost", "xgboost-cpu"):
+        try:
+            importlib.metadata.version(name)
+            return name
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    pytest.skip("xgboost is not installed")
 
 
 @pytest.mark.parametrize("broken", ["driver", "nvrtc"])
@@ -105,6 +120,30 @@ def test_info_fails_on_a_broken_install(broken, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "BROKEN INSTALL" in out
     assert "supported arch" in out and str(tmp_path) in out
+
+
+def test_info_reports_an_xgboost_that_does_not_import_and_passes(tmp_path, monkeypatch, capsys):
+    """Where its library is missing, xgboost raises its own error, no ImportError. spio still
+    runs every kernel (the analytic heuristic picks the configs), so `info` says so and passes:
+    scripts/gpu_check.sh stops a GPU run when `info` fails."""
+    import builtins
+
+    from spio import __main__ as cli
+
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    real_import = builtins.__import__
+
+    def fake_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name == "xgboost":
+            raise RuntimeError("Cannot find XGBoost Library in the candidate path.\n- a/b")
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    assert cli.cmd_info(None) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("xgboost"))
+    assert "NOT IMPORTABLE (Cannot find XGBoost Library in the candidate path.)" in row
+    assert "analytic heuristic picks every tile config" in row
 
 
 def test_info_tries_writing_the_cache_folder_instead_of_asking_permission(

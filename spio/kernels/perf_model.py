@@ -444,6 +444,12 @@ def read_meta(meta_path: str | os.PathLike) -> dict:
     return meta
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (xgboost's run to a dozen), or its type's name."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 @dataclass(frozen=True)
 class PerfModel:
     """A trained model of one kernel family's run time, with the metadata stored beside it."""
@@ -468,16 +474,19 @@ class PerfModel:
         family = _check_meta(path, meta, family, identity)
         try:
             import xgboost
-        except ImportError as error:  # e.g. xgboost without scipy: no kernel selection may fail
+        except Exception as error:  # no kernel selection may fail for it: an ImportError (e.g.
+            # no scipy), or xgboost's own error when its library does not load (a wheel without
+            # libxgboost.so, no libgomp), which is no ImportError
             raise PerfModelError(
-                f"perf model {path} needs xgboost, which does not import ({error}); install it "
-                "(pip install xgboost) to use the model"
+                f"perf model {path} needs xgboost, which does not import "
+                f"({first_line(error)}); install it (pip install xgboost) to use the model"
             ) from None
         try:
             booster = xgboost.Booster(model_file=str(path))
         except (xgboost.core.XGBoostError, OSError, ValueError) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
-            raise PerfModelError(f"perf model {path} is unreadable or corrupted: {first}") from None
+            raise PerfModelError(
+                f"perf model {path} is unreadable or corrupted: {first_line(error)}"
+            ) from None
         if booster.num_features() != len(feature_names(family)):
             raise PerfModelError(
                 f"perf model {path} takes {booster.num_features()} features, "

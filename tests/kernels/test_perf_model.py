@@ -746,6 +746,7 @@ def test_unjudged_variants_are_the_picks_other_image_counts(models):
         "config_values",
         "config_values of an unknown field",
         "no xgboost",  # e.g. an xgboost wheel without scipy: selection must not fail
+        "xgboost without its library",  # import xgboost raises its own, non-ImportError error
     ],
 )
 def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
@@ -791,8 +792,17 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
         }[damage]
         meta[field] = value
         dst.with_suffix(".json").write_text(json.dumps(meta))
-    else:
+    elif damage == "no xgboost":
         monkeypatch.setitem(sys.modules, "xgboost", None)  # import xgboost raises ImportError
+    else:  # as xgboost 3 does where libxgboost.so is missing
+        fake = tmp_path / "fake_site"
+        fake.mkdir()
+        (fake / "xgboost.py").write_text(
+            "class XGBoostLibraryNotFound(Exception):\n    pass\n"
+            "raise XGBoostLibraryNotFound('Cannot find XGBoost Library in the candidate path')\n"
+        )
+        monkeypatch.delitem(sys.modules, "xgboost", raising=False)
+        monkeypatch.syspath_prepend(str(fake))
 
     with pytest.raises(pm.PerfModelError, match=str(dst.with_suffix("")) + r"\.(ubj|json)"):
         pm.PerfModel.load(dst)
