@@ -13,7 +13,7 @@ from collections.abc import Callable
 _BROKEN = "BROKEN INSTALL"
 _BAD_SETTING = "BAD SETTING"
 _NOT_WRITABLE = "NOT A WRITABLE FOLDER"
-_NO_MODELS = "NOT IMPORTABLE"
+_NOT_IMPORTABLE = "NOT IMPORTABLE"
 
 
 def _gpus() -> tuple[list[dict], str | None]:
@@ -179,7 +179,7 @@ def _xgboost_summary() -> str:
         import xgboost
     except Exception as error:  # ImportError, or xgboost's own error where its library is missing
         return (
-            f"{_NO_MODELS} ({first_line(error)}); the performance models "
+            f"{_NOT_IMPORTABLE} ({first_line(error)}); the performance models "
             "below cannot be used, so the analytic heuristic picks every tile config: "
             "pip install xgboost"
         )

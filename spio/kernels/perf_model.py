@@ -475,8 +475,8 @@ class PerfModel:
         try:
             import xgboost
         except Exception as error:  # no kernel selection may fail for it: an ImportError (e.g.
-            # no scipy), or xgboost's own error when its library does not load (a wheel without
-            # libxgboost.so, no libgomp), which is no ImportError
+            # no scipy), or xgboost's own error where its library does not load (without
+            # libxgboost.so, xgboost 3 raises XGBoostLibraryNotFound, which is no ImportError)
             raise PerfModelError(
                 f"perf model {path} needs xgboost, which does not import "
                 f"({first_line(error)}); install it (pip install xgboost) to use the model"
