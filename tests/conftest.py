@@ -4,6 +4,7 @@ kernels run their blocks and threads in a shuffled order (a GPU promises none)."
 import functools
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +24,19 @@ def load_script(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def run_spio(*args: str, env: dict | None = None, timeout: float = 120):
+    """`python -m spio ARGS` in a fresh interpreter, in the repository, with `env` added to
+    this process's environment; its output decoded as UTF-8."""
+    return subprocess.run(
+        [sys.executable, "-m", "spio", *args],
+        capture_output=True,
+        encoding="utf-8",
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
 
 
 # Emulated launches in shuffled block and thread order (spio.kernels.kernel reads it at each

@@ -1,9 +1,5 @@
 """`python -m spio check` in the CPU emulator: passes on the real kernels, fails on a broken one."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -12,7 +8,7 @@ from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels import conv2d_gw8_wgrad_factory as wg
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.stats import PASSES
-from tests.conftest import gpu_available
+from tests.conftest import gpu_available, run_spio
 
 TINY = (Conv2dGw8Params(n=1, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),)
 
@@ -354,12 +350,7 @@ def test_check_command_exits_1_when_any_pass_fails(monkeypatch, capsys):
 
 
 def test_check_command_runs_end_to_end_in_the_emulator():
-    out = subprocess.run(
-        [sys.executable, "-m", "spio", "check", "--device", "cpu", "--quick"],
-        capture_output=True,
-        encoding="utf-8",
-        timeout=300,
-    )
+    out = run_spio("check", "--device", "cpu", "--quick", timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(" PASS ") == 6
     assert "all 6 pass/dtype checks passed" in out.stdout
@@ -367,13 +358,7 @@ def test_check_command_runs_end_to_end_in_the_emulator():
 
 @pytest.mark.skipif(gpu_available(), reason="a GPU is present")
 def test_check_on_cuda_without_gpu_exits_with_message():
-    out = subprocess.run(
-        [sys.executable, "-m", "spio", "check", "--device", "cuda"],
-        capture_output=True,
-        encoding="utf-8",
-        timeout=120,
-        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
-    )
+    out = run_spio("check", "--device", "cuda", env={"CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 2
     assert "needs a CUDA GPU" in out.stderr
 
@@ -391,13 +376,8 @@ def test_check_passes_on_the_gpu():
 )
 def test_check_reports_a_broken_toolchain_as_one_setup_error(setting, said, tmp_path):
     """When no kernel builds, one setup error (exit 2), not six "inf of tolerance" FAIL lines."""
-    out = subprocess.run(
-        [sys.executable, "-m", "spio", "check", "--device", "cpu", "--quick"],
-        capture_output=True,
-        encoding="utf-8",
-        timeout=300,
-        env=dict(os.environ, SPIO_CACHE_DIR=str(tmp_path), **{setting: "/nonexistent"}),
-    )
+    env = {"SPIO_CACHE_DIR": str(tmp_path), setting: "/nonexistent"}
+    out = run_spio("check", "--device", "cpu", "--quick", env=env, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "spio check: setup error: none of the 13 kernels could be built" in out.stderr
     assert said in out.stderr and " FAIL " not in out.stdout

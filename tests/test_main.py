@@ -8,17 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import gpu_available
-
-
-def run_spio(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "spio", *args],
-        capture_output=True,
-        encoding="utf-8",
-        timeout=120,
-        env=dict(os.environ, **(env or {})),
-    )
+from tests.conftest import gpu_available, run_spio
 
 
 def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -1,24 +1,16 @@
 """`python -m spio bench` without a GPU, and its argument checks."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from spio.__main__ import build_parser
 from spio.bench.layers import layer_table
 from tests.conftest import REPO, gpu_available
+from tests.conftest import run_spio as run_spio_anywhere
 
 
 def run_spio(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "spio", *args],
-        capture_output=True,
-        encoding="utf-8",
-        timeout=120,
-        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
-    )
+    """`python -m spio ARGS` in a fresh interpreter that sees no GPU."""
+    return run_spio_anywhere(*args, env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.mark.skipif(gpu_available(), reason="a GPU is present: bench would run for real")

@@ -3,16 +3,12 @@
 The rows here are synthetic fixtures labelled as such, only to exercise formatting and plotting.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from spio.bench.layers import layer_table
 from spio.bench.results import BenchRow, compare, format_table, read_csv, runs, write_csv
 from spio.kernels.stats import Conv2dStats
-from tests.conftest import REPO
+from tests.conftest import REPO, run_spio
 
 FIXTURE = "FIXTURE: synthetic numbers, not a measurement"
 
@@ -43,13 +39,7 @@ def _rows():
 
 def _plot_only(csv):
     """`python -m spio bench --plot-only CSV` in a fresh interpreter that sees no GPU."""
-    return subprocess.run(
-        [sys.executable, "-m", "spio", "bench", "--plot-only", str(csv)],
-        capture_output=True,
-        encoding="utf-8",
-        timeout=120,
-        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
-    )
+    return run_spio("bench", "--plot-only", str(csv), env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import threading
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_spio
 
 driver = pytest.importorskip("spio.cuda.driver", reason="build with setup.py build_ext --inplace")
 
@@ -1176,15 +1176,8 @@ def test_gpu_process_exits_cleanly_with_modules_loaded(what, loading):
 def test_info_lists_the_fake_gpus_and_the_driver_cuda_version(fake_libcuda, tmp_path):
     """`python -m spio info` against the fake driver (two GPUs, CUDA 13.0): a GPU row and a
     driver row; the NVRTC found here is not newer than CUDA 13, so nothing is marked broken."""
-    env = {**os.environ, "SPIO_LIBCUDA": str(fake_libcuda["new"]), "SPIO_CACHE_DIR": str(tmp_path)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "spio", "info"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        encoding="utf-8",
-        timeout=120,
-    )
+    env = {"SPIO_LIBCUDA": str(fake_libcuda["new"]), "SPIO_CACHE_DIR": str(tmp_path)}
+    proc = run_spio("info", env=env)
     rows = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
     assert rows["GPU"].startswith("cuda:0 Fake GPU 0 (sm_90, 132 SMs); cuda:1 Fake GPU 1"), rows
     assert rows["driver"] == "CUDA 13.0", rows
