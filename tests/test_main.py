@@ -1,6 +1,5 @@
 """The command line and the import contract: no GPU or NVRTC work at import time."""
 
-import importlib.metadata
 import os
 import platform
 import subprocess
@@ -58,7 +57,9 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
     lines = dict(line.split(None, 1) for line in out.stdout.splitlines() if line.strip())
     assert lines["spio"].strip()
     assert lines["python"].startswith(f"{platform.python_version()} at ")
-    assert lines["xgboost"].strip() == importlib.metadata.version(_xgboost_distribution())
+    import xgboost  # a dependency: its version, or why it does not import, is a row of info
+
+    assert lines["xgboost"].strip() == xgboost.__version__
     assert "libnvrtc" in out.stdout
     assert str(tmp_path) in out.stdout
     assert "sm_90: fprop, dgrad, wgrad (measured on NVIDIA H200" in lines["perf"]
@@ -70,36 +71,39 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
         assert "SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator" in gpu_line
 
 
-def _xgboost_distribution() -> str:
-    """xgboost's distribution: xgboost, or xgboost-cpu (the same module; the GPU machine's)."""
-    for name in ("xgboost", "xgboost-cpu"):
-        try:
-            importlib.metadata.version(name)
-            return name
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    pytest.skip("xgboost is not installed")
+def _refuse_import(monkeypatch, refused, error: Exception) -> None:
+    """From now on (until monkeypatch undoes it) an import for which
+    `refused(name, fromlist, level)` is true raises `error`."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if refused(name, fromlist, level):
+            raise error
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
 
 
 @pytest.mark.parametrize("broken", ["driver", "nvrtc"])
 def test_info_fails_on_a_broken_install(broken, tmp_path, monkeypatch, capsys):
     """A driver extension that does not load (e.g. a Cython bug) or a missing NVRTC is a broken
     install: `info` still prints every line, then exits 1. No GPU alone is not broken (above)."""
-    import builtins
-
     from spio import __main__ as cli
     from spio.cuda import nvrtc
 
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
     if broken == "driver":
-        real_import = builtins.__import__
 
-        def fake_import(name, globals=None, locals=None, fromlist=(), level=0):
-            if level == 1 and name == "cuda" and fromlist and "driver" in fromlist:
-                raise ImportError("undefined symbol: __pyx_tp_new_vectorcall_x")
-            return real_import(name, globals, locals, fromlist, level)
+        def driver_import(name, fromlist, level):  # spio's `from .cuda import driver`
+            return level == 1 and name == "cuda" and "driver" in (fromlist or ())
 
-        monkeypatch.setattr(builtins, "__import__", fake_import)
+        _refuse_import(
+            monkeypatch,
+            driver_import,
+            ImportError("undefined symbol: __pyx_tp_new_vectorcall_x"),
+        )
     else:
 
         def no_nvrtc():
@@ -116,19 +120,14 @@ def test_info_reports_an_xgboost_that_does_not_import_and_passes(tmp_path, monke
     """Where its library is missing, xgboost raises its own error, no ImportError. spio still
     runs every kernel (the analytic heuristic picks the configs), so `info` says so and passes:
     scripts/gpu_check.sh stops a GPU run when `info` fails."""
-    import builtins
-
     from spio import __main__ as cli
 
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
-    real_import = builtins.__import__
-
-    def fake_import(name, globals=None, locals=None, fromlist=(), level=0):
-        if level == 0 and name == "xgboost":
-            raise RuntimeError("Cannot find XGBoost Library in the candidate path.\n- a/b")
-        return real_import(name, globals, locals, fromlist, level)
-
-    monkeypatch.setattr(builtins, "__import__", fake_import)
+    _refuse_import(
+        monkeypatch,
+        lambda name, fromlist, level: level == 0 and name == "xgboost",
+        RuntimeError("Cannot find XGBoost Library in the candidate path.\n- a/b"),
+    )
     assert cli.cmd_info(None) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("xgboost"))
