@@ -14,6 +14,8 @@ _BROKEN = "BROKEN INSTALL"
 _BAD_SETTING = "BAD SETTING"
 _NOT_WRITABLE = "NOT A WRITABLE FOLDER"
 _NOT_IMPORTABLE = "NOT IMPORTABLE"
+_NOT_FOUND = "NOT FOUND"
+_TOO_OLD = "TOO OLD"
 
 
 def _gpus() -> tuple[list[dict], str | None]:
@@ -152,6 +154,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         except Exception as error:  # info reports, never crashes
             rows.append(("driver", f"version unknown ({error})"))
     rows.append(("supported arch", ", ".join(supported_arch)))
+    rows.append(("emulator", _emulator_compiler_summary()))
     rows.append(("xgboost", _xgboost_summary()))
     rows.extend(_perf_model_rows([gpu["arch"] for gpu in gpus]))
     root = cache_root()  # spio's folders there only: SPIO_CACHE_DIR may hold other things too
@@ -167,6 +170,30 @@ def cmd_info(args: argparse.Namespace) -> int:
     # xgboost that does not import: the heuristic then picks the tile configs.
     problems = (_BROKEN, _BAD_SETTING)
     return 1 if any(p in value for _, value in rows for p in problems) else 0
+
+
+def _emulator_compiler_summary() -> str:
+    """The host C++ compiler the CPU emulator builds kernels with, and its version. One that
+    does not run, or is too old, is reported, not a failure of `info`: only the emulator needs
+    it."""
+    from .emulator.build import (
+        MIN_CLANG,
+        EmulatorBuildError,
+        check_flags,
+        compiler,
+        compiler_version,
+    )
+
+    cxx = compiler()
+    try:
+        version = compiler_version(cxx)
+    except EmulatorBuildError as error:
+        return f"{_NOT_FOUND} ({error})"
+    try:
+        check_flags(cxx)
+    except EmulatorBuildError:
+        return f"{cxx}: {version}; {_TOO_OLD}: the emulator needs clang {MIN_CLANG}+ or g++"
+    return f"{cxx}: {version}"
 
 
 def _xgboost_summary() -> str:

@@ -60,6 +60,12 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
     import xgboost  # a dependency: its version, or why it does not import, is a row of info
 
     assert lines["xgboost"].strip() == xgboost.__version__
+    from spio.emulator import build
+
+    assert (
+        lines["emulator"].strip()
+        == f"{build.compiler()}: {build.compiler_version(build.compiler())}"
+    )
     assert "libnvrtc" in out.stdout
     assert str(tmp_path) in out.stdout
     assert "sm_90: fprop, dgrad, wgrad (measured on NVIDIA H200" in lines["perf"]
@@ -133,6 +139,27 @@ def test_info_reports_an_xgboost_that_does_not_import_and_passes(tmp_path, monke
     row = next(line for line in out.splitlines() if line.startswith("xgboost"))
     assert "NOT IMPORTABLE (Cannot find XGBoost Library in the candidate path.)" in row
     assert "analytic heuristic picks every tile config" in row
+
+
+def test_info_reports_a_missing_or_too_old_emulator_compiler_and_passes(
+    tmp_path, monkeypatch, capsys
+):
+    """Only the CPU emulator needs a host C++ compiler: a GPU machine without one is not broken."""
+    from spio import __main__ as cli
+    from spio.emulator import build
+
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert cli.cmd_info(None) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("emulator"))
+    assert "NOT FOUND (the emulator needs a host C++ compiler (CXX='/nonexistent/c++')" in row
+    monkeypatch.setenv("CXX", "clang++")
+    monkeypatch.setattr(build, "compiler_version", lambda cxx: "Ubuntu clang version 14.0.0")
+    assert cli.cmd_info(None) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("emulator"))
+    assert row.endswith(
+        "clang++: Ubuntu clang version 14.0.0; TOO OLD: the emulator needs clang 16+ or g++"
+    )
 
 
 def test_info_tries_writing_the_cache_folder_instead_of_asking_permission(

@@ -3,8 +3,9 @@
 A library is: the runtime object (fibers, barriers, collectives, checks), the context switch, the
 kernel object (the .cu source compiled as C++ after force-including runtime/spio_emu.h, plus one
 generated entry per `extern "C" __global__` kernel) and a closing guard object. The checked variant
-compiles the kernel object with GCC's -fsanitize=thread, so every load and store calls the runtime's
-__tsan_read*/__tsan_write* callbacks. Libraries and runtime objects are cached on disk.
+compiles the kernel object with -fsanitize=thread (GCC's or clang's), so every load and store
+calls the runtime's __tsan_read*/__tsan_write* callbacks. Libraries and runtime objects are
+cached on disk.
 
 A library's checksummed cache entry is copied to `<cache>/emulator/lib/<key>.so` for dlopen. The
 copy is checked against the entry once per process and rewritten when it differs, and is readable by
@@ -42,14 +43,30 @@ RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 _BASE_FLAGS = ("-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-w")
 #: ThreadSanitizer's instrumentation (not AddressSanitizer's): it calls back before every load and
 #: store, where ASan's drops the check of a store to an address a load in the same function
-#: already checked (so `x[i] += v`, a read-modify-write, never reported its write).
-_CHECK_FLAGS = (
-    "-fsanitize=thread",
-    "--param",
-    "tsan-instrument-func-entry-exit=0",
-    "--param",
-    "tsan-distinguish-volatile=0",
-)
+#: already checked (so `x[i] += v`, a read-modify-write, never reported its write). Function entry
+#: and exit are not instrumented, and volatile accesses call the same callbacks as the others: GCC
+#: takes those settings as --param, clang as LLVM options. clang also needs telling to check a
+#: load followed by a store to the same address (by default it checks only the store, so a stale
+#: read, say of a cp.async not waited for, would go unreported).
+_CHECK_FLAGS = {
+    "gcc": (
+        "-fsanitize=thread",
+        "--param",
+        "tsan-instrument-func-entry-exit=0",
+        "--param",
+        "tsan-distinguish-volatile=0",
+    ),
+    "clang": (
+        "-fsanitize=thread",
+        "-mllvm",
+        "-tsan-instrument-func-entry-exit=0",
+        "-mllvm",
+        "-tsan-distinguish-volatile=0",
+        "-mllvm",
+        "-tsan-instrument-read-before-write=1",
+    ),
+}
+
 
 _GLOBAL = r"(?:__global__|__spio_emu_global__)"
 _KERNEL_RE = re.compile(
@@ -104,9 +121,38 @@ def compiler_version(cxx: str) -> str:
     except (OSError, subprocess.CalledProcessError) as error:
         raise EmulatorBuildError(
             f"the emulator needs a host C++ compiler (CXX={cxx!r}); running it failed: {error}. "
-            "Install g++ or set CXX to a C++17 compiler."
+            "Install g++ or clang++, or set CXX to one."
         ) from error
     return out.splitlines()[0] if out else cxx
+
+
+def compiler_family(cxx: str) -> str:
+    """The family of `cxx`: clang when its --version names clang, else gcc (whose options any
+    other compiler then gets)."""
+    return "clang" if "clang" in compiler_version(cxx).lower() else "gcc"
+
+
+#: The oldest clang whose ThreadSanitizer instrumentation calls __tsan_memcpy, __tsan_memset and
+#: __tsan_memmove, which the runtime checks. clang 15 and older call the C library's instead, so
+#: a copy the compiler turns into memcpy (a float4 struct copy, say) would not be checked.
+MIN_CLANG = 16
+
+
+def check_flags(cxx: str) -> tuple[str, ...]:
+    """The flags of a checked kernel object built by `cxx`; raises EmulatorBuildError for a
+    clang older than MIN_CLANG."""
+    family = compiler_family(cxx)
+    if family == "clang":
+        version = compiler_version(cxx)
+        match = re.search(r"clang version (\d+)", version)
+        if match and int(match.group(1)) < MIN_CLANG:
+            raise EmulatorBuildError(
+                f"the emulator's checked builds need clang {MIN_CLANG} or newer, or g++; "
+                f"CXX={cxx!r} is {version!r}, whose instrumentation leaves memcpy and memset "
+                "unchecked (a 16-byte copy past a tensor would go unreported). Set CXX to g++ "
+                f"or to clang++ {MIN_CLANG}+"
+            )
+    return _CHECK_FLAGS[family]
 
 
 #: Environment variables that change what the host compiler includes or runs (GCC's, also read
@@ -369,7 +415,7 @@ def build_library(
         raise ValueError(f"the emulator needs non-empty CUDA source for {name!r}, got {source!r}")
     headers = dict(headers or {})
     cxx = compiler()
-    flags = [*_BASE_FLAGS, *(_CHECK_FLAGS if checked else ())]
+    flags = [*_BASE_FLAGS, *(check_flags(cxx) if checked else ())]
     key = hash_key(
         "emu-lib",
         BUILD_VERSION,

@@ -5,6 +5,7 @@ a primitive cannot hide a broken PTX branch. Fragments are packed by hand from t
 (g = lane >> 2, t = lane % 4) and checked against torch matrix products.
 """
 
+import shutil
 import types
 
 import pytest
@@ -270,6 +271,16 @@ extern "C" __global__ void prefetch_tail(float *out, const float *in, int fixed)
 extern "C" __global__ void shifted_write(float *out, const float *in, int n, int shift) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i + shift] = in[i];
+}
+
+/// Thread 0 clears the first `n` floats of `out` and copies `n` floats of `in` after them. clang
+/// hands memset and memcpy in a checked build to the runtime, which checks them (GCC leaves them
+/// to the C library, unchecked).
+extern "C" __global__ void clear_then_copy(float *out, const float *in, int n) {
+    if (threadIdx.x == 0) {
+        memset(out, 0, n * sizeof(float));
+        memcpy(out + n, in, n * sizeof(float));
+    }
 }
 
 /// Lanes 0..15 leave before a full-warp shuffle.
@@ -691,11 +702,43 @@ def emu_sources() -> dict[str, str]:
     return SOURCES
 
 
-@pytest.fixture(scope="session")
-def prims():
+def _find_clang() -> str | None:
+    """A clang++ on PATH that the emulator takes (clang 16 or newer): plain, or the newest
+    versioned name (Debian's clang++-16)."""
+    from spio.emulator import build
+
+    for name in ("clang++", *(f"clang++-{version}" for version in range(30, 15, -1))):
+        if shutil.which(name):
+            try:
+                build.check_flags(name)
+            except build.EmulatorBuildError:  # too old
+                continue
+            return name
+    return None
+
+
+#: A clang++ the emulator takes, where one is installed: the checked kernels' tests run with it
+#: too, as CXX=clang++ would build them (its ThreadSanitizer instrumentation calls more, and
+#: other, callbacks).
+CLANG = _find_clang()
+#: The host compilers the test kernels are built with: the default (CXX, else g++) and clang++.
+COMPILERS = ["default", *(["clang"] if CLANG else [])]
+
+
+def load(source: str, name: str, compiler: str = "default"):
+    """`source` built for the emulator by `compiler` (one of COMPILERS) and loaded."""
     from spio.emulator import load_module
 
-    return load_module(PRIMITIVES, name="emu_test_primitives")
+    if compiler == "default":
+        return load_module(source, name=name)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CXX", CLANG)
+        return load_module(source, name=name)
+
+
+@pytest.fixture(scope="session", params=COMPILERS)
+def prims(request):
+    return load(PRIMITIVES, "emu_test_primitives", request.param)
 
 
 class OnGpu:
@@ -730,41 +773,41 @@ class OnGpu:
         return types.SimpleNamespace(launch=launch)
 
 
-@pytest.fixture(scope="session", params=["emulator", pytest.param("gpu", marks=pytest.mark.cuda)])
+@pytest.fixture(
+    scope="session",
+    params=[
+        "emulator",
+        *(["emulator-clang"] if CLANG else []),
+        pytest.param("gpu", marks=pytest.mark.cuda),
+    ],
+)
 def prims_and_gpu(request):
-    """The primitives' kernels in the emulator and, where there is one, on the GPU: the same test
-    on both shows the emulator does what the hardware does."""
+    """The primitives' kernels in the emulator (built by each of COMPILERS) and, where there is
+    one, on the GPU: the same test on both shows the emulator does what the hardware does."""
     if request.param == "gpu":
         return OnGpu(PRIMITIVES, "emu_test_primitives.cu")
-    return request.getfixturevalue("prims")
+    compiler = "clang" if request.param == "emulator-clang" else "default"
+    return load(PRIMITIVES, "emu_test_primitives", compiler)
 
 
-@pytest.fixture(scope="session")
-def hazards():
-    from spio.emulator import load_module
-
-    return load_module(HAZARDS, name="emu_test_hazards")
+@pytest.fixture(scope="session", params=COMPILERS)
+def hazards(request):
+    return load(HAZARDS, "emu_test_hazards", request.param)
 
 
-@pytest.fixture(scope="session")
-def bulk():
-    from spio.emulator import load_module
-
-    return load_module(BULK, name="emu_test_bulk")
+@pytest.fixture(scope="session", params=COMPILERS)
+def bulk(request):
+    return load(BULK, "emu_test_bulk", request.param)
 
 
-@pytest.fixture(scope="session")
-def global_races():
-    from spio.emulator import load_module
-
-    return load_module(GLOBAL_RACES, name="emu_test_global_races")
+@pytest.fixture(scope="session", params=COMPILERS)
+def global_races(request):
+    return load(GLOBAL_RACES, "emu_test_global_races", request.param)
 
 
-@pytest.fixture(scope="session")
-def shared_oob():
-    from spio.emulator import load_module
-
-    return load_module(SHARED_OOB, name="emu_test_shared_oob")
+@pytest.fixture(scope="session", params=COMPILERS)
+def shared_oob(request):
+    return load(SHARED_OOB, "emu_test_shared_oob", request.param)
 
 
 BENCH = r"""

@@ -28,8 +28,11 @@ TINY = 'extern "C" __global__ void one(int *p) { p[0] = 1; }'
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(key, (payload, meta)) of the tiny library, built once into a folder of its own."""
+    """(key, (payload, meta)) of the tiny library, built once into a folder of its own by the
+    default compiler (the tests build it again with CXX unset, whatever CXX the suite runs
+    under)."""
     with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("CXX", raising=False)
         mp.setenv("SPIO_CACHE_DIR", str(tmp_path_factory.mktemp("emu-cache")))
         lib = build.build_library(TINY, name="emu_test_tiny", checked=False)
         key = lib.path.stem
@@ -40,8 +43,10 @@ def tiny(tmp_path_factory):
 
 def _use_cache(monkeypatch, tmp_path, tiny, root):
     """SPIO_CACHE_DIR=root with the tiny library's entry (on disk where it can be written), a fresh
-    emulator cache and warning state, and TMPDIR=tmp_path/tmp; returns the library folder."""
+    emulator cache and warning state, TMPDIR=tmp_path/tmp and CXX unset; returns the library
+    folder."""
     key, entry = tiny
+    monkeypatch.delenv("CXX", raising=False)
     tmp = tmp_path / "tmp"
     tmp.mkdir(parents=True)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
@@ -75,7 +80,9 @@ def test_an_empty_cxx_means_the_default_compiler(monkeypatch, tiny):
         monkeypatch.setenv("CXX", value)
         assert build.compiler() == "g++"
         assert _build().path.stem == tiny[0]  # the g++ library, not a failed `'' --version`
-    with pytest.raises(build.EmulatorBuildError, match="Install g\\+\\+ or set CXX"):
+    with pytest.raises(
+        build.EmulatorBuildError, match="Install g\\+\\+ or clang\\+\\+, or set CXX"
+    ):
         build.compiler_version("/nonexistent/spio-test-c++")
 
 
@@ -262,6 +269,7 @@ def test_the_private_folder_is_removed_at_exit(tmp_path, tiny):
         """
     )
     env = dict(os.environ, SPIO_CACHE_DIR=str(root), TMPDIR=str(tmp))
+    env.pop("CXX", None)  # the tiny library is the default compiler's
     proc = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, encoding="utf-8", timeout=120
     )

@@ -3,8 +3,8 @@
 /// checks.
 ///
 /// This file is compiled without instrumentation and linked first into every emulator library.
-/// In checked libraries the kernel object is compiled with GCC's -fsanitize=thread and calls
-/// __tsan_{read,write}* before every memory access; those callbacks (at the end of this file)
+/// In checked libraries the kernel object is compiled with -fsanitize=thread (GCC's or clang's)
+/// and calls __tsan_{read,write}* before every memory access; those callbacks (at the end of this file)
 /// classify the address (fiber stack, shared arena, registered tensor, library data) and run the
 /// race and cp.async checks on shared memory and the race checks on global memory.
 ///
@@ -48,9 +48,11 @@ uint3 g_block_idx;
 dim3 g_block_dim;
 dim3 g_grid_dim;
 
-/// Opening guard of the static shared-memory arena (see emu_tls_end.cc).
-__attribute__((visibility("hidden"), aligned(16))) thread_local char g_tls_arena_begin[64];
-extern __attribute__((visibility("hidden"))) thread_local char g_tls_arena_end[64];
+/// Opening guard of the static shared-memory arena (see emu_tls_end.cc). The guards are
+/// `__thread`, not `thread_local`: clang reaches an `extern thread_local` through a TLS wrapper
+/// function, which the link of a shared library cannot resolve for a hidden symbol.
+__attribute__((visibility("hidden"), aligned(16))) __thread char g_tls_arena_begin[64];
+extern __attribute__((visibility("hidden"))) __thread char g_tls_arena_end[64];
 
 namespace {
 
@@ -1608,14 +1610,21 @@ inline void on_access(unsigned long addr, std::size_t n, bool write) {
 }
 }  // namespace
 
-// GCC's -fsanitize=thread instrumentation: a call before every load and store, with its address
-// (sizes 1..16 that are powers of two and aligned) or address and size (the rest). Function entry
-// and exit and volatile accesses are not instrumented (see build.py).
+// -fsanitize=thread instrumentation (GCC's and clang's): a call before every load and store, with
+// its address (sizes 1..16 that are powers of two; clang calls the `unaligned` ones where it cannot
+// prove the alignment) or address and size (the rest). Function entry and exit and volatile
+// accesses are not instrumented (see build.py).
 #define SPIO_EMU_CALLBACKS(n)                                                                      \
     extern "C" __attribute__((visibility("hidden"))) void __tsan_read##n(void *addr) {            \
         on_access(reinterpret_cast<unsigned long>(addr), n, false);                                \
     }                                                                                              \
     extern "C" __attribute__((visibility("hidden"))) void __tsan_write##n(void *addr) {           \
+        on_access(reinterpret_cast<unsigned long>(addr), n, true);                                 \
+    }                                                                                              \
+    extern "C" __attribute__((visibility("hidden"))) void __tsan_unaligned_read##n(void *addr) {  \
+        on_access(reinterpret_cast<unsigned long>(addr), n, false);                                \
+    }                                                                                              \
+    extern "C" __attribute__((visibility("hidden"))) void __tsan_unaligned_write##n(void *addr) { \
         on_access(reinterpret_cast<unsigned long>(addr), n, true);                                 \
     }
 SPIO_EMU_CALLBACKS(1)
@@ -1632,6 +1641,26 @@ extern "C" __attribute__((visibility("hidden"))) void __tsan_read_range(void *ad
 extern "C" __attribute__((visibility("hidden"))) void __tsan_write_range(void *addr,
                                                                          unsigned long n) {
     on_access(reinterpret_cast<unsigned long>(addr), n, true);
+}
+
+// clang replaces memset, memcpy and memmove in the instrumented object by these, which must do
+// the work as well (GCC leaves those calls to the C library, unchecked).
+extern "C" __attribute__((visibility("hidden"))) void *__tsan_memset(void *dst, int value,
+                                                                     std::size_t n) {
+    on_access(reinterpret_cast<unsigned long>(dst), n, true);
+    return std::memset(dst, value, n);
+}
+extern "C" __attribute__((visibility("hidden"))) void *__tsan_memcpy(void *dst, const void *src,
+                                                                     std::size_t n) {
+    on_access(reinterpret_cast<unsigned long>(src), n, false);
+    on_access(reinterpret_cast<unsigned long>(dst), n, true);
+    return std::memcpy(dst, src, n);
+}
+extern "C" __attribute__((visibility("hidden"))) void *__tsan_memmove(void *dst, const void *src,
+                                                                      std::size_t n) {
+    on_access(reinterpret_cast<unsigned long>(src), n, false);
+    on_access(reinterpret_cast<unsigned long>(dst), n, true);
+    return std::memmove(dst, src, n);
 }
 /// Called by the instrumented object's constructor: nothing to set up.
 extern "C" __attribute__((visibility("hidden"))) void __tsan_init() {}

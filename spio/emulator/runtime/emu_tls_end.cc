@@ -8,7 +8,7 @@ namespace emu {
 namespace detail {
 
 /// Closing guard of the static shared-memory arena; any access to it is out of bounds.
-__attribute__((visibility("hidden"), aligned(16))) thread_local char g_tls_arena_end[64];
+__attribute__((visibility("hidden"), aligned(16))) __thread char g_tls_arena_end[64];
 
 }  // namespace detail
 }  // namespace emu
