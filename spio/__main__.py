@@ -140,7 +140,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("NVRTC", _nvrtc_problem(library, error)))
     try:
         headers = paths.find_cuda_include(prefer_major=major, nvrtc=library)  # as compiles use
-        rows.append(("CUDA headers", str(headers)))
+        rows.append(("CUDA headers", _cuda_headers_summary(headers)))
     except Exception as error:
         rows.append(("CUDA headers", f"{_BROKEN}, not found: {error}"))
     rows.append(("spio headers", str(paths.bundled_include_dir())))
@@ -170,6 +170,22 @@ def cmd_info(args: argparse.Namespace) -> int:
     # xgboost that does not import: the heuristic then picks the tile configs.
     problems = (_BROKEN, _BAD_SETTING)
     return 1 if any(p in value for _, value in rows for p in problems) else 0
+
+
+def _cuda_headers_summary(folder) -> str:
+    """The headers' folder and CUDA version; headers too old for the CPU emulator are reported,
+    not a failure of `info`: NVRTC builds GPU kernels with them."""
+    from .cuda.paths import cuda_headers_version
+    from .emulator.build import MIN_CUDA_HEADERS
+
+    version = cuda_headers_version(folder)
+    if version is None:
+        return str(folder)
+    summary = f"{version[0]}.{version[1]} at {folder}"
+    if version < MIN_CUDA_HEADERS:
+        needed = ".".join(map(str, MIN_CUDA_HEADERS))
+        summary += f"; {_TOO_OLD} for the CPU emulator, which needs {needed}+"
+    return summary
 
 
 def _emulator_compiler_summary() -> str:

@@ -141,6 +141,24 @@ def test_info_reports_an_xgboost_that_does_not_import_and_passes(tmp_path, monke
     assert "analytic heuristic picks every tile config" in row
 
 
+def test_info_gives_the_headers_cuda_version_and_reports_headers_too_old_for_the_emulator(
+    tmp_path,
+):
+    from spio.cuda import nvrtc
+
+    out = run_spio("info", env={"SPIO_CACHE_DIR": str(tmp_path)})
+    row = next(line for line in out.stdout.splitlines() if line.startswith("CUDA headers"))
+    assert f" {nvrtc.version()[0]}." in row and " at " in row and "TOO OLD" not in row
+    old = tmp_path / "include"
+    old.mkdir()
+    (old / "cuda_fp16.h").write_text("")
+    (old / "cuda.h").write_text("#define CUDA_VERSION 12010\n")
+    out = run_spio("info", env={"SPIO_CACHE_DIR": str(tmp_path), "SPIO_CUDA_INCLUDE": str(old)})
+    assert out.returncode == 0, out.stdout + out.stderr  # NVRTC still builds GPU kernels
+    row = next(line for line in out.stdout.splitlines() if line.startswith("CUDA headers"))
+    assert row.endswith(f"12.1 at {old}; TOO OLD for the CPU emulator, which needs 12.2+")
+
+
 def test_info_reports_a_missing_or_too_old_emulator_compiler_and_passes(
     tmp_path, monkeypatch, capsys
 ):

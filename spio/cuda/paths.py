@@ -317,6 +317,21 @@ def find_cuda_include(prefer_major: int | None = None, nvrtc: Path | None = None
     return _find_include("cuda_fp16.h", prefer_major, nvrtc)
 
 
+def cuda_headers_version(folder: Path) -> tuple[int, int] | None:
+    """The CUDA version of the headers in `folder`, from the CUDA_VERSION its cuda.h defines
+    (12020 is (12, 2)); None where there is no cuda.h or it defines none."""
+    try:
+        with open(folder / "cuda.h", encoding="utf-8", errors="replace") as f:
+            head = f.read(1 << 16)  # the define is near the top (line 240 in CUDA 12.0)
+    except OSError:
+        return None
+    match = re.search(r"^#define CUDA_VERSION (\d+)", head, re.MULTILINE)
+    if match is None:
+        return None
+    number = int(match.group(1))
+    return number // 1000, number % 1000 // 10
+
+
 def find_driver_header_dir() -> Path:
     """Folder holding cuda.h, for building the driver extension."""
     return _find_include("cuda.h", None)

@@ -196,9 +196,28 @@ def runtime_digest() -> str:
     return digest.tree_digest(RUNTIME_DIR)
 
 
+#: The oldest CUDA headers whose cuda_fp16.h and cuda_bf16.h declare, for host code, the
+#: conversions the kernels use (__half22float2, __half_as_ushort, ...): 12.0's and 12.1's declare
+#: them for nvcc only, so no kernel builds.
+MIN_CUDA_HEADERS = (12, 2)
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
 @functools.cache
 def _cuda_include() -> Path:
-    return paths.find_cuda_include()
+    folder = paths.find_cuda_include()
+    version = paths.cuda_headers_version(folder)
+    if version is not None and version < MIN_CUDA_HEADERS:
+        raise EmulatorBuildError(
+            f"the CPU emulator needs CUDA headers {_dotted(MIN_CUDA_HEADERS)} or newer (older "
+            f"cuda_fp16.h declares its conversions for nvcc only); those in {folder} are "
+            f"{_dotted(version)} (NVRTC still builds GPU kernels with them). Install newer ones "
+            "(pip install -U nvidia-cuda-runtime-cu12) or point SPIO_CUDA_INCLUDE at them"
+        )
+    return folder
 
 
 #: The CUDA headers the emulator's shims include (their identity goes into the cache keys).

@@ -418,3 +418,21 @@ def test_the_builtins_library_is_not_taken_for_libnvrtc(tmp_path):
     for name in ("libnvrtc.so.12", "libnvrtc-builtins.so.12.9", "libnvrtc.alt.so.13"):
         (tmp_path / name).write_bytes(b"")
     assert paths._nvrtc_in(tmp_path).name == "libnvrtc.so.12"
+
+
+@pytest.mark.parametrize(
+    "define,version",
+    [("#define CUDA_VERSION 12020", (12, 2)), ("#define CUDA_VERSION 13050", (13, 5)), ("", None)],
+)
+def test_the_headers_cuda_version_is_read_from_cuda_h(tmp_path, define, version):
+    (tmp_path / "cuda.h").write_text(f"#ifndef __cuda_cuda_h__\n{define}\n#endif\n")
+    assert paths.cuda_headers_version(tmp_path) == version
+    assert paths.cuda_headers_version(tmp_path / "missing") is None
+
+
+def test_the_installed_headers_are_of_nvrtcs_cuda_major():
+    from spio.cuda import nvrtc
+
+    major, _ = nvrtc.version()
+    version = paths.cuda_headers_version(paths.find_cuda_include(prefer_major=major))
+    assert version is not None and version[0] == major

@@ -75,3 +75,19 @@ def test_spio_check_passes_with_kernels_built_by_clang(tmp_path):
     out = run_spio("check", "--quick", "--device", "cpu", env=env, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all 6 pass/dtype checks passed" in out.stdout
+
+
+def test_cuda_headers_too_old_for_host_code_are_named(tmp_path, monkeypatch):
+    """CUDA 12.0's and 12.1's cuda_fp16.h declare __half22float2 and the others for nvcc only:
+    every kernel build failed with a page of compiler errors."""
+    (tmp_path / "cuda.h").write_text("#define CUDA_VERSION 12010\n")
+    monkeypatch.setattr(build.paths, "find_cuda_include", lambda: tmp_path)
+    build._cuda_include.cache_clear()
+    try:
+        with pytest.raises(
+            build.EmulatorBuildError,
+            match=rf"needs CUDA headers 12.2 or newer .* in {tmp_path} are 12.1 ",
+        ):
+            build.build_library(HAZARDS, name="emu_test_hazards")
+    finally:
+        build._cuda_include.cache_clear()

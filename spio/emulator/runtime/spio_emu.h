@@ -14,6 +14,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <vector_types.h>
 
 #include <cstddef>
 #include <cstdint>
