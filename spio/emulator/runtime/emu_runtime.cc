@@ -4,9 +4,9 @@
 ///
 /// This file is compiled without instrumentation and linked first into every emulator library.
 /// In checked libraries the kernel object is compiled with -fsanitize=thread (GCC's or clang's)
-/// and calls __tsan_{read,write}* before every memory access; those callbacks (at the end of this file)
-/// classify the address (fiber stack, shared arena, registered tensor, library data) and run the
-/// race and cp.async checks on shared memory and the race checks on global memory.
+/// and calls __tsan_{read,write}* before every memory access; those callbacks (at the end of this
+/// file) classify the address (fiber stack, shared arena, registered tensor, library data) and
+/// run the race and cp.async checks on shared memory and the race checks on global memory.
 ///
 /// Blocks run one at a time on the calling host thread; Python serialises launches per library.
 
@@ -1612,8 +1612,8 @@ inline void on_access(unsigned long addr, std::size_t n, bool write) {
 
 // -fsanitize=thread instrumentation (GCC's and clang's): a call before every load and store, with
 // its address (sizes 1..16 that are powers of two; clang calls the `unaligned` ones where it cannot
-// prove the alignment) or address and size (the rest). Function entry and exit and volatile
-// accesses are not instrumented (see build.py).
+// prove the alignment) or address and size (the rest). Function entry and exit are not
+// instrumented, and volatile accesses call these same callbacks (see build.py).
 #define SPIO_EMU_CALLBACKS(n)                                                                      \
     extern "C" __attribute__((visibility("hidden"))) void __tsan_read##n(void *addr) {            \
         on_access(reinterpret_cast<unsigned long>(addr), n, false);                                \
@@ -1643,8 +1643,8 @@ extern "C" __attribute__((visibility("hidden"))) void __tsan_write_range(void *a
     on_access(reinterpret_cast<unsigned long>(addr), n, true);
 }
 
-// clang replaces memset, memcpy and memmove in the instrumented object by these, which must do
-// the work as well (GCC leaves those calls to the C library, unchecked).
+// clang (16 and newer) replaces memset, memcpy and memmove in the instrumented object by these,
+// which must do the work as well (GCC leaves those calls to the C library, unchecked).
 extern "C" __attribute__((visibility("hidden"))) void *__tsan_memset(void *dst, int value,
                                                                      std::size_t n) {
     on_access(reinterpret_cast<unsigned long>(dst), n, true);
