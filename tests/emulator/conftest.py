@@ -736,9 +736,17 @@ def load(source: str, name: str, compiler: str = "default"):
         return load_module(source, name=name)
 
 
-@pytest.fixture(scope="session", params=COMPILERS)
-def prims(request):
-    return load(PRIMITIVES, "emu_test_primitives", request.param)
+def _built_by_each_compiler(fixture: str, source: str, name: str):
+    """A session fixture named `fixture`: `source` built by each of COMPILERS, as library `name`."""
+
+    @pytest.fixture(scope="session", params=COMPILERS, name=fixture)
+    def built(request):
+        return load(source, name, request.param)
+
+    return built
+
+
+prims = _built_by_each_compiler("prims", PRIMITIVES, "emu_test_primitives")
 
 
 class OnGpu:
@@ -790,24 +798,10 @@ def prims_and_gpu(request):
     return load(PRIMITIVES, "emu_test_primitives", compiler)
 
 
-@pytest.fixture(scope="session", params=COMPILERS)
-def hazards(request):
-    return load(HAZARDS, "emu_test_hazards", request.param)
-
-
-@pytest.fixture(scope="session", params=COMPILERS)
-def bulk(request):
-    return load(BULK, "emu_test_bulk", request.param)
-
-
-@pytest.fixture(scope="session", params=COMPILERS)
-def global_races(request):
-    return load(GLOBAL_RACES, "emu_test_global_races", request.param)
-
-
-@pytest.fixture(scope="session", params=COMPILERS)
-def shared_oob(request):
-    return load(SHARED_OOB, "emu_test_shared_oob", request.param)
+hazards = _built_by_each_compiler("hazards", HAZARDS, "emu_test_hazards")
+bulk = _built_by_each_compiler("bulk", BULK, "emu_test_bulk")
+global_races = _built_by_each_compiler("global_races", GLOBAL_RACES, "emu_test_global_races")
+shared_oob = _built_by_each_compiler("shared_oob", SHARED_OOB, "emu_test_shared_oob")
 
 
 BENCH = r"""
