@@ -220,12 +220,12 @@ def _cuda_include() -> Path:
     return folder
 
 
-#: The CUDA headers the emulator's shims include (their identity goes into the cache keys).
-_CUDA_HEADERS = ("cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp", "vector_types.h")
-
-
+@functools.cache
 def _cuda_identity() -> str:
-    return digest.headers_identity(_cuda_include(), _CUDA_HEADERS)
+    """Identity of the CUDA headers, for the cache keys: all of them, not only those spio_emu.h
+    names, which include others (cuda_fp16.h includes vector_functions.h, a list of five had
+    left it out)."""
+    return digest.headers_identity(_cuda_include())
 
 
 def _include_flags(extra: list[Path]) -> list[str]:

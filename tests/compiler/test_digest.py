@@ -127,3 +127,29 @@ def test_headers_identity_sees_hpp_headers(tmp_path):
     st = (root / "c.hpp").stat()
     os.utime(root / "c.hpp", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     assert digest.headers_identity(root) != before
+
+
+def _touch_later(path):
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def test_headers_identity_sees_headers_in_subfolders(tmp_path):
+    """A CUDA 13 installation's crt/ headers come from a package of their own (nvidia-cuda-crt),
+    and a toolkit's libcu++ headers (cuda/std/cstdint, no suffix) live in subfolders: upgrading
+    them alone must change the identity, as upgrading a top-level header does."""
+    root = make_tree(tmp_path / "include")
+    (root / "crt").mkdir()
+    (root / "crt" / "host_defines.h").write_text("#define X 1\n")
+    (root / "cuda" / "std").mkdir(parents=True)
+    (root / "cuda" / "std" / "cstdint").write_text("#pragma once\n")
+    (root / "sub" / "notes.txt").write_text("not a header")
+    for header in ("crt/host_defines.h", "cuda/std/cstdint", "sub/b.cuh"):
+        before = digest.headers_identity(root)
+        _touch_later(root / header)
+        assert digest.headers_identity(root) != before, header
+    before = digest.headers_identity(root)
+    _touch_later(root / "sub" / "notes.txt")
+    assert digest.headers_identity(root) == before
+    (root / "crt" / "host_defines.h").rename(root / "host_defines.h")  # same size and mtime
+    assert digest.headers_identity(root) != before
