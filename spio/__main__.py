@@ -176,15 +176,16 @@ def _cuda_headers_summary(folder) -> str:
     """The headers' folder and CUDA version; headers too old for the CPU emulator are reported,
     not a failure of `info`: NVRTC builds GPU kernels with them."""
     from .cuda.paths import cuda_headers_version
-    from .emulator.build import MIN_CUDA_HEADERS
+    from .emulator.build import MIN_CUDA_HEADERS, EmulatorBuildError, check_cuda_headers, dotted
 
     version = cuda_headers_version(folder)
     if version is None:
         return str(folder)
-    summary = f"{version[0]}.{version[1]} at {folder}"
-    if version < MIN_CUDA_HEADERS:
-        needed = ".".join(map(str, MIN_CUDA_HEADERS))
-        summary += f"; {_TOO_OLD} for the CPU emulator, which needs {needed}+"
+    summary = f"{dotted(version)} at {folder}"
+    try:
+        check_cuda_headers(folder)
+    except EmulatorBuildError:
+        summary += f"; {_TOO_OLD} for the CPU emulator, which needs {dotted(MIN_CUDA_HEADERS)}+"
     return summary
 
 

@@ -6,6 +6,7 @@ compile.py keys cubins with these; the emulator's build keys its libraries the s
 from __future__ import annotations
 
 import hashlib
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -47,14 +48,15 @@ def headers_identity(folder: Path, names: Iterable[str] | None = None) -> str:
     """
     digest = hashlib.sha256(str(folder).encode())
     if names is None:
-        files = sorted(
-            path for path in folder.rglob("*") if path.suffix in HEADER_SUFFIXES and path.is_file()
-        )
+        files = sorted(path for path in folder.rglob("*") if path.suffix in HEADER_SUFFIXES)
     else:
         files = [folder / name for name in names]
     for path in files:
-        if path.is_file():
+        try:
             st = path.stat()
+        except OSError:  # a named header that is missing, or a dangling link
+            continue
+        if stat.S_ISREG(st.st_mode):  # not a folder (`crt`, `cuda/std` have no suffix either)
             name = path.relative_to(folder).as_posix()
             digest.update(f"{len(name)}:{name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return digest.hexdigest()

@@ -202,21 +202,28 @@ def runtime_digest() -> str:
 MIN_CUDA_HEADERS = (12, 2)
 
 
-def _dotted(version: tuple[int, ...]) -> str:
+def dotted(version: tuple[int, ...]) -> str:
+    """(12, 2) as "12.2"."""
     return ".".join(map(str, version))
+
+
+def check_cuda_headers(folder: Path) -> None:
+    """Raises EmulatorBuildError where the CUDA headers in `folder` are older than
+    MIN_CUDA_HEADERS (headers of no known version pass)."""
+    version = paths.cuda_headers_version(folder)
+    if version is not None and version < MIN_CUDA_HEADERS:
+        raise EmulatorBuildError(
+            f"the CPU emulator needs CUDA headers {dotted(MIN_CUDA_HEADERS)} or newer (older "
+            f"cuda_fp16.h declares its conversions for nvcc only); those in {folder} are "
+            f"{dotted(version)} (NVRTC still builds GPU kernels with them). Install newer ones "
+            "(pip install -U nvidia-cuda-runtime-cu12) or point SPIO_CUDA_INCLUDE at them"
+        )
 
 
 @functools.cache
 def _cuda_include() -> Path:
     folder = paths.find_cuda_include()
-    version = paths.cuda_headers_version(folder)
-    if version is not None and version < MIN_CUDA_HEADERS:
-        raise EmulatorBuildError(
-            f"the CPU emulator needs CUDA headers {_dotted(MIN_CUDA_HEADERS)} or newer (older "
-            f"cuda_fp16.h declares its conversions for nvcc only); those in {folder} are "
-            f"{_dotted(version)} (NVRTC still builds GPU kernels with them). Install newer ones "
-            "(pip install -U nvidia-cuda-runtime-cu12) or point SPIO_CUDA_INCLUDE at them"
-        )
+    check_cuda_headers(folder)
     return folder
 
 

@@ -273,13 +273,13 @@ extern "C" __global__ void shifted_write(float *out, const float *in, int n, int
     if (i < n) out[i + shift] = in[i];
 }
 
-/// Thread 0 clears the first `n` floats of `out` and copies `n` floats of `in` after them. clang
-/// hands memset and memcpy in a checked build to the runtime, which checks them (GCC leaves them
-/// to the C library, unchecked).
-extern "C" __global__ void clear_then_copy(float *out, const float *in, int n) {
+/// Thread 0 clears the first `n_clear` floats of `out` and copies `n_copy` floats of `in` after
+/// them. clang hands memset and memcpy in a checked build to the runtime, which checks them (GCC
+/// leaves them to the C library, unchecked).
+extern "C" __global__ void clear_then_copy(float *out, const float *in, int n_clear, int n_copy) {
     if (threadIdx.x == 0) {
-        memset(out, 0, n * sizeof(float));
-        memcpy(out + n, in, n * sizeof(float));
+        memset(out, 0, n_clear * sizeof(float));
+        memcpy(out + n_clear, in, n_copy * sizeof(float));
     }
 }
 
@@ -700,6 +700,22 @@ SOURCES = {
 @pytest.fixture(scope="session")
 def emu_sources() -> dict[str, str]:
     return SOURCES
+
+
+@pytest.fixture
+def cuda_include(tmp_path, monkeypatch):
+    """An empty folder (tmp_path/include) as the emulator's CUDA headers, its cached lookups
+    cleared before the test and after it."""
+    from spio.emulator import build
+
+    folder = tmp_path / "include"
+    folder.mkdir()
+    monkeypatch.setattr(build.paths, "find_cuda_include", lambda: folder)
+    build._cuda_include.cache_clear()
+    build._cuda_identity.cache_clear()
+    yield folder
+    build._cuda_include.cache_clear()
+    build._cuda_identity.cache_clear()
 
 
 def _find_clang() -> str | None:

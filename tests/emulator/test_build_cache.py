@@ -382,20 +382,13 @@ def test_concurrent_fallbacks_share_one_private_folder(monkeypatch, tmp_path, ti
     assert len(_warnings(caplog)) == 1
 
 
-def test_every_cuda_header_is_part_of_the_key(tmp_path, monkeypatch):
+def test_every_cuda_header_is_part_of_the_key(cuda_include):
     """cuda_fp16.h includes vector_functions.h, which the five headers once named in the key
     left out: a new one kept the old libraries."""
     for name in ("cuda_fp16.h", "vector_functions.h"):
-        (tmp_path / name).write_text(f"// {name}\n")
-    monkeypatch.setattr(build.paths, "find_cuda_include", lambda: tmp_path)
-    build._cuda_include.cache_clear()
+        (cuda_include / name).write_text(f"// {name}\n")
+    before = build._cuda_identity()
+    st = (cuda_include / "vector_functions.h").stat()
+    os.utime(cuda_include / "vector_functions.h", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     build._cuda_identity.cache_clear()
-    try:
-        before = build._cuda_identity()
-        st = (tmp_path / "vector_functions.h").stat()
-        os.utime(tmp_path / "vector_functions.h", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-        build._cuda_identity.cache_clear()
-        assert build._cuda_identity() != before
-    finally:
-        build._cuda_include.cache_clear()
-        build._cuda_identity.cache_clear()
+    assert build._cuda_identity() != before

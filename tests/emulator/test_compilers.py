@@ -64,12 +64,14 @@ def test_clang_builds_check_memset_and_memcpy(clang_hazards):
     fn = clang_hazards.get_function("clear_then_copy")
     x = torch.randn(8)
     out = torch.randn(16)
-    fn.launch(1, 32, (out, x, 8))
+    fn.launch(1, 32, (out, x, 8, 8))
     assert torch.equal(out, torch.cat([torch.zeros(8), x]))
     with pytest.raises(EmulatorError, match="out-of-bounds global-memory access: writes 40 bytes"):
-        fn.launch(1, 32, (torch.randn(16), torch.randn(10), 10))  # memset fits, memcpy does not
+        fn.launch(1, 32, (torch.randn(9), torch.randn(4), 10, 4))  # memset (memcpy: 16 bytes)
+    with pytest.raises(EmulatorError, match="out-of-bounds global-memory access: writes 40 bytes"):
+        fn.launch(1, 32, (torch.randn(16), torch.randn(10), 10, 10))  # memset fits, memcpy not
     with pytest.raises(EmulatorError, match="out-of-bounds global-memory access: reads 40 bytes"):
-        fn.launch(1, 32, (torch.randn(32), torch.randn(9), 10))  # memcpy reads past `in`
+        fn.launch(1, 32, (torch.randn(32), torch.randn(9), 10, 10))  # memcpy reads past `in`
 
 
 @needs_clang
@@ -81,17 +83,12 @@ def test_spio_check_passes_with_kernels_built_by_clang(tmp_path):
     assert "all 6 pass/dtype checks passed" in out.stdout
 
 
-def test_cuda_headers_too_old_for_host_code_are_named(tmp_path, monkeypatch):
+def test_cuda_headers_too_old_for_host_code_are_named(cuda_include):
     """CUDA 12.0's and 12.1's cuda_fp16.h declare __half22float2 and the others for nvcc only:
     every kernel build failed with a page of compiler errors."""
-    (tmp_path / "cuda.h").write_text("#define CUDA_VERSION 12010\n")
-    monkeypatch.setattr(build.paths, "find_cuda_include", lambda: tmp_path)
-    build._cuda_include.cache_clear()
-    try:
-        with pytest.raises(
-            build.EmulatorBuildError,
-            match=rf"needs CUDA headers 12\.2 or newer .* in {re.escape(str(tmp_path))} are 12\.1 ",
-        ):
-            build.build_library(HAZARDS, name="emu_test_hazards")
-    finally:
-        build._cuda_include.cache_clear()
+    (cuda_include / "cuda.h").write_text("#define CUDA_VERSION 12010\n")
+    with pytest.raises(
+        build.EmulatorBuildError,
+        match=rf"needs CUDA headers 12\.2 or newer .* in {re.escape(str(cuda_include))} are 12\.1 ",
+    ):
+        build.build_library(HAZARDS, name="emu_test_hazards")
