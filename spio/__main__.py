@@ -122,6 +122,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from . import __version__, supported_arch
     from .compiler.cache import NAMESPACES, cache_root, folder_size
     from .cuda import nvrtc, paths
+    from .emulator.module import noexec
 
     rows: list[tuple[str, str]] = [("spio", __version__)]
     rows.append(("python", f"{platform.python_version()} at {sys.executable}"))
@@ -160,7 +161,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     root = cache_root()  # spio's folders there only: SPIO_CACHE_DIR may hold other things too
     sizes = [folder_size(root / namespace) for namespace in NAMESPACES]
     files, total = sum(n for n, _ in sizes), sum(b for _, b in sizes)
-    rows.append(("cache", _cache_problem(root) or f"{root} ({files} files, {_human_bytes(total)})"))
+    cache = _cache_problem(root) or f"{root} ({files} files, {_human_bytes(total)})"
+    if noexec(root):
+        cache += "; mounted noexec: the emulator loads its libraries from memory copies"
+    rows.append(("cache", cache))
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

@@ -204,6 +204,26 @@ def test_info_tries_writing_the_cache_folder_instead_of_asking_permission(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
+def test_info_says_the_cache_is_on_a_noexec_file_system(tmp_path, monkeypatch, capsys):
+    """The emulator then loads its libraries from memory copies (tests/emulator/test_noexec.py);
+    info says so on the cache row, exit 0, and says nothing of it elsewhere."""
+    from spio import __main__ as cli
+    from spio.emulator import module
+
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / "cache"))
+    for mounted in (False, True):
+        monkeypatch.setattr(module, "noexec", lambda folder, mounted=mounted: mounted)
+        assert cli.cmd_info(None) == 0
+        rows = capsys.readouterr().out.splitlines()
+        (row,) = [line for line in rows if line.startswith("cache")]
+        assert row.endswith(
+            f"{tmp_path / 'cache'} (0 files, 0 B); mounted noexec: the emulator loads its "
+            "libraries from memory copies"
+            if mounted
+            else f"{tmp_path / 'cache'} (0 files, 0 B)"
+        ), row
+
+
 def test_clear_cache_removes_entries(tmp_path):
     (tmp_path / "cubin").mkdir()
     (tmp_path / "cubin" / "x.bin").write_bytes(b"12345")

@@ -10,7 +10,8 @@ cached on disk.
 A library's checksummed cache entry is copied to `<cache>/emulator/lib/<key>.so` for dlopen. The
 copy is checked against the entry once per process and rewritten when it differs, and is readable by
 others as the umask allows, so a cache built as root (a Docker image) serves other users. When the
-cache cannot be written, the copy goes to one private temporary folder, removed at exit.
+cache cannot be written, the copy goes to one private temporary folder, removed at exit. Where
+the file's folder is mounted noexec, EmuModule loads a memory copy of it (`module.noexec`).
 """
 
 from __future__ import annotations

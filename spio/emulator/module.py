@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import struct
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..locks import KeyedLocks
 from ..log import logger
-from .build import Library, build_library
+from .build import EmulatorBuildError, Library, build_library
 
 #: Shared memory per block of the largest supported arch (sm_90: 227 KiB).
 MAX_SHARED_BYTES = 227 * 1024
@@ -56,6 +58,59 @@ _launch_locks = KeyedLocks()
 
 def _launch_lock(handle: ctypes.CDLL) -> threading.Lock:
     return _launch_locks[handle._handle]
+
+
+def noexec(folder: Path) -> bool:
+    """True when `folder`'s file system (its deepest existing folder's) is mounted noexec (a
+    hardened /tmp or home), where the kernel refuses to map a library's code: dlopen fails with
+    "failed to map segment from shared object"."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_NOEXEC)
+    except (OSError, AttributeError):
+        return False
+
+
+#: Libraries loaded from memory, by file, with the descriptors that name them. A descriptor is
+#: never closed: dlopen knows a loaded library by its path, so a closed descriptor's number,
+#: reused by the next library's, would hand back the first library.
+_from_memory: dict[Path, tuple[int, ctypes.CDLL]] = {}
+_from_memory_lock = threading.Lock()
+
+
+def _dlopen(path: Path) -> ctypes.CDLL:
+    """The library at `path`, loaded; from a copy in memory (memfd) when its folder is mounted
+    noexec, so that a cache on such a file system still serves. Loading a file twice gives one
+    handle, as dlopen does."""
+    if not noexec(path.parent):
+        return ctypes.CDLL(str(path))
+    with _from_memory_lock:
+        hit = _from_memory.get(path)
+        if hit is not None:
+            return hit[1]
+        fd = None
+        try:
+            fd = os.memfd_create(path.name, os.MFD_CLOEXEC)
+            with open(fd, "wb", closefd=False) as copy:
+                copy.write(path.read_bytes())
+            handle = ctypes.CDLL(f"/proc/self/fd/{fd}")
+        except (OSError, AttributeError) as error:  # AttributeError: no memfd on this system
+            if fd is not None:
+                os.close(fd)
+            raise EmulatorBuildError(
+                f"cannot load the emulator library {path}: its folder is on a file system "
+                f"mounted noexec, and loading it from memory failed ({error}). Set SPIO_CACHE_DIR "
+                "to a folder on a file system that allows running programs."
+            ) from error
+        if not _from_memory:
+            logger.info(
+                "%s is on a file system mounted noexec: emulator libraries are loaded from "
+                "memory copies",
+                path.parent,
+            )
+        _from_memory[path] = (fd, handle)
+        return handle
 
 
 def _dims(value: Any, what: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -282,7 +337,7 @@ class EmuModule:
             if hit is None:
                 if lib is None:
                     lib = build_library(self.source, self.headers, name=self.name, checked=checked)
-                handle = ctypes.CDLL(str(lib.path))
+                handle = _dlopen(lib.path)
                 hit = _Loaded(lib, handle, _launch_lock(handle))
                 self._loaded[checked] = hit
             return hit
