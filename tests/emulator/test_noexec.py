@@ -60,7 +60,8 @@ def test_libraries_in_a_noexec_folder_load_from_memory(monkeypatch, libraries, f
 
 
 def test_an_ordinary_folder_loads_the_file_itself(libraries, fresh):
-    assert not module.noexec(libraries[1].path.parent)
+    if module.noexec(libraries[1].path.parent):  # the suite run with such a cache
+        pytest.skip(f"the cache folder {libraries[1].path.parent} is mounted noexec")
     assert module._dlopen(libraries[1].path)._name == str(libraries[1].path)
     assert module._from_memory == {}
 
