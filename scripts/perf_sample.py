@@ -135,13 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     from spio.compiler import compile_many
     from spio.cuda import driver
     from spio.kernels import autotune
-    from spio.kernels.perf_model import (
-        FAMILIES,
-        DeviceIdentity,
+    from spio.kernels.families import FAMILIES, get_family
+    from spio.kernels.perf_model import DeviceIdentity
+    from spio.kernels.perf_samples import (
         Sample,
         append_samples,
         check_sample_columns,
-        get_family,
         kernel_variant,
         read_samples,
     )

@@ -31,21 +31,18 @@ from pathlib import Path
 
 import numpy as np
 
+from spio.kernels.families import FAMILIES, get_family
 from spio.kernels.perf_model import (
-    FAMILIES,
     FEATURE_VERSION,
     PACKAGED_MODELS_DIR,
     TARGET,
-    Sample,
     device_slug,
     feature_names,
-    get_family,
-    kernel_variant,
     model_path,
-    read_samples,
     target_offset,
 )
 from spio.kernels.perf_model import features as perf_model_features
+from spio.kernels.perf_samples import Sample, kernel_variant, read_samples
 
 DEFAULTS = {"trees": 200, "depth": 6, "eta": 0.1, "subsample": 0.9, "min_child_weight": 2.0}
 

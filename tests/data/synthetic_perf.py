@@ -20,7 +20,8 @@ from pathlib import Path
 from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels import conv2d_gw8_wgrad_factory as wg
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
-from spio.kernels.perf_model import FAMILIES, Sample, append_samples
+from spio.kernels.families import FAMILIES
+from spio.kernels.perf_samples import Sample, append_samples
 from tests.conftest import load_script
 
 CSV_PATH = Path(__file__).with_name("synthetic_perf_samples.csv")

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from spio.kernels import perf_model as pm
+from spio.kernels import perf_samples as ps
 from spio.kernels.conv2d_gw8_factory import conv2d_gw8_kernel_factory
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
 from spio.kernels.conv2d_gw8_wgrad_factory import conv2d_gw8_wgrad_kernel_factory
@@ -65,7 +66,7 @@ def fake_device(monkeypatch, models):
 
 def unseen_layers(count: int) -> list[P]:
     """Random layers that are not in the synthetic CSV."""
-    seen = {s.params for s in pm.read_samples(syn.CSV_PATH)[0]}
+    seen = {s.params for s in ps.read_samples(syn.CSV_PATH)[0]}
     return [p for p in syn.synthetic_layers(count + 40, seed=11) if p not in seen][:count]
 
 
@@ -73,7 +74,7 @@ def unseen_layers(count: int) -> list[P]:
 
 
 def test_synthetic_dataset_is_marked_and_follows_its_formula():
-    samples, comments = pm.read_samples(syn.CSV_PATH)
+    samples, comments = ps.read_samples(syn.CSV_PATH)
     assert any("SYNTHETIC" in c for c in comments)
     assert samples and all(s.synthetic and s.device == syn.DEVICE for s in samples)
     assert {s.family for s in samples} == set(pm.FAMILIES)
@@ -82,48 +83,6 @@ def test_synthetic_dataset_is_marked_and_follows_its_formula():
     ]
     assert max(abs(r) for r in ratios) < 6 * syn.NOISE  # formula plus noise, nothing else
     assert 0.5 * syn.NOISE < float(np.std(ratios)) < 1.5 * syn.NOISE
-
-
-def test_sample_csv_round_trip_and_errors(tmp_path):
-    params = P(4, 32, 10, 12, padding=(1, 2), r=3, s=5, has_bias=True, dtype="bf16")
-    family = pm.FAMILIES["conv2d_gw8_wgrad"]
-    config = family.configs(params)[3]
-    sample = pm.Sample(
-        family.name, "sm_90", "GPU X", "13.0", "0.0", False, params, config, 12.5e-6, "2026-01-01"
-    )
-    path = tmp_path / "s.csv"
-    assert pm.append_samples(path, [sample]) == 1
-    assert pm.append_samples(path, [sample]) == 1  # appends under the same header
-    back, comments = pm.read_samples(path)
-    assert comments == [] and len(back) == 2
-    assert back[0].params == params and back[0].config == config
-    assert back[0].seconds == pytest.approx(12.5e-6)
-    assert back[0].key() == sample.key()
-    assert back[0].variant == ""  # none given
-
-    # A CSV from before the variant column: its WGrad rows timed the atomic kernel alone.
-    old = tmp_path / "old.csv"
-    lines = path.read_text().splitlines()
-    old.write_text("\n".join(line.rsplit(",", 1)[0] for line in lines) + "\n")
-    assert "variant" not in old.read_text()
-    assert pm.read_samples(old)[0][0].variant == pm.LEGACY_WGRAD_VARIANT
-
-    bad = tmp_path / "bad.csv"
-    for time_us in ("-1", "inf", "nan"):
-        bad.write_text(path.read_text().replace("12.5000", time_us, 1))
-        with pytest.raises(ValueError, match="data row 1.*positive finite time_us"):
-            pm.read_samples(bad)
-    other = tmp_path / "other.csv"
-    other.write_text("a,b\n1,2\n")
-    with pytest.raises(ValueError, match="has columns"):
-        pm.append_samples(other, [sample])
-    # The same columns in another order: rows written in SAMPLE_COLUMNS' order would not line
-    # up with that header.
-    header = path.read_text().splitlines()[0]
-    reordered = tmp_path / "reordered.csv"
-    reordered.write_text(",".join(reversed(header.split(","))) + "\n")
-    with pytest.raises(ValueError, match="has columns"):
-        pm.append_samples(reordered, [sample])
 
 
 def test_samples_name_the_wgrad_reduction_spio_runs(monkeypatch, tmp_path, capsys):
@@ -135,26 +94,26 @@ def test_samples_name_the_wgrad_reduction_spio_runs(monkeypatch, tmp_path, capsy
     params = P(8, 32, 16, 16, padding=1)
     wgrad, fprop = pm.FAMILIES["conv2d_gw8_wgrad"], pm.FAMILIES["conv2d_gw8_fprop"]
     config = wgrad.configs(params)[0]
-    assert pm.kernel_variant(fprop, params, fprop.configs(params)[0]) == ""
-    assert pm.kernel_variant(wgrad, params, config) == "partials"
+    assert ps.kernel_variant(fprop, params, fprop.configs(params)[0]) == ""
+    assert ps.kernel_variant(wgrad, params, config) == "partials"
     assert wgrad.make_kernel(params, config).name.endswith("__partials")
     monkeypatch.setattr(wg, "PARTIAL_BYTES", 16)  # no partial-sum buffer fits: atomics
-    assert pm.kernel_variant(wgrad, params, config) == "atomic"
+    assert ps.kernel_variant(wgrad, params, config) == "atomic"
     assert not wgrad.make_kernel(params, config).name.endswith("__partials")
     monkeypatch.undo()
 
     def sample(variant, synthetic=False):
-        return pm.Sample(
+        return ps.Sample(
             wgrad.name, "sm_90", "GPU", "13.0", "0", synthetic, params, config, 1e-5, "", variant
         )
 
-    samples = [sample("partials"), sample("atomic"), sample(pm.LEGACY_WGRAD_VARIANT),
+    samples = [sample("partials"), sample("atomic"), sample(ps.LEGACY_WGRAD_VARIANT),
                sample("", synthetic=True)]  # fmt: skip
     kept = train.runs_as_sampled(samples)
     assert kept == [samples[0], samples[3]]
     out = capsys.readouterr().out
     assert "leaving out 1 conv2d_gw8_wgrad samples that timed 'atomic' where spio runs" in out
-    assert f"timed {pm.LEGACY_WGRAD_VARIANT!r}" in out
+    assert f"timed {ps.LEGACY_WGRAD_VARIANT!r}" in out
 
 
 def test_features_agree_with_the_kernels():
@@ -220,7 +179,7 @@ def test_metrics_line_survives_constant_predictions():
 
 def test_layers_are_held_out_whole():
     train_script = load_script("train_perf_model")
-    samples, _ = pm.read_samples(syn.CSV_PATH)
+    samples, _ = ps.read_samples(syn.CSV_PATH)
     train, test = train_script.split_layers(samples, 0.25, seed=3)
     assert train and test and len(train) + len(test) == len(samples)
     assert not {s.layer_key for s in train} & {s.layer_key for s in test}
@@ -248,7 +207,7 @@ def test_layers_are_held_out_whole():
 
 def test_repeated_measurements_keep_their_median():
     train_script = load_script("train_perf_model")
-    sample = pm.read_samples(syn.CSV_PATH)[0][0]
+    sample = ps.read_samples(syn.CSV_PATH)[0][0]
     repeats = [dataclasses.replace(sample, seconds=t) for t in (1e-5, 2e-5, 9e-5)]
     assert train_script.dedupe(repeats) == [dataclasses.replace(sample, seconds=2e-5)]
 
@@ -257,7 +216,7 @@ def test_held_out_scores_are_per_layer_regret_and_spearman():
     """Three layers of 4 configs, measured and predicted by hand: regrets 1, 2 and 1.5 (measured
     time of the predicted best over the best), Spearman 1, -0.4 and 0.8."""
     train_script = load_script("train_perf_model")
-    fprop = [s for s in pm.read_samples(syn.CSV_PATH)[0] if s.family == "conv2d_gw8_fprop"]
+    fprop = [s for s in ps.read_samples(syn.CSV_PATH)[0] if s.family == "conv2d_gw8_fprop"]
     groups = [group[:4] for group in train_script.by_layer(fprop).values() if len(group) >= 4]
     cases = [  # (measured, predicted) per layer
         ([1, 2, 3, 4], [1, 2, 3, 4]),
@@ -299,7 +258,7 @@ def test_training_writes_models_with_honest_metadata(models):
         assert meta["features"] == list(pm.feature_names(pm.FAMILIES[name]))
         assert meta["heldout_layers"] >= 3
         assert "retrained on all rows" in meta["metrics_from"]
-        samples = [s for s in pm.read_samples(syn.CSV_PATH)[0] if s.family == name]
+        samples = [s for s in ps.read_samples(syn.CSV_PATH)[0] if s.family == name]
         assert meta["batch_sizes"] == sorted({s.params.n for s in samples})
         assert meta["dtypes"] == ["bf16", "fp16"]
         assert meta["sources"] == ["tests/data/synthetic_perf_samples.csv"]
@@ -395,7 +354,7 @@ def test_shipped_models_were_measured_on_a_real_gpu_and_load():
         assert meta["batch_sizes"] and meta["dtypes"] and model.batch_range is not None
         assert meta["heldout_layers_scored"] > 0 and meta["regret_median"] >= 1.0
         for source in meta["sources"]:  # the measured data ships in the repository too
-            samples, comments = pm.read_samples(REPO / source)
+            samples, comments = ps.read_samples(REPO / source)
             assert not any(s.synthetic for s in samples) and not any(
                 "SYNTHETIC" in c.upper() for c in comments
             )
@@ -928,13 +887,13 @@ def test_sample_resume_and_train_on_a_gpu(tmp_path):
     ]  # fmt: skip
     first = subprocess.run(command, capture_output=True, encoding="utf-8", timeout=300, cwd=REPO)
     assert first.returncode == 0, first.stderr
-    samples, _ = pm.read_samples(csv_path)
+    samples, _ = ps.read_samples(csv_path)
     rows = {name: sum(s.family == name for s in samples) for name in pm.FAMILIES}
     assert all(2 * 3 <= count <= 2 * (3 + 4) for count in rows.values()), rows
     assert all(not s.synthetic and 0 < s.seconds < 0.1 for s in samples)
     again = subprocess.run(command, capture_output=True, encoding="utf-8", timeout=300, cwd=REPO)
     assert again.returncode == 0 and "0 configs to time" in again.stdout
-    assert len(pm.read_samples(csv_path)[0]) == len(samples)
+    assert len(ps.read_samples(csv_path)[0]) == len(samples)
     train = load_script("train_perf_model")
     assert train.main([str(csv_path), "--out", str(tmp_path / "models"), "--trees", "20"]) == 0
     for name in pm.FAMILIES:
@@ -983,7 +942,7 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
     args = ["--csv", str(csv_path), "--layers", "2", "--batches", "8", "--dtypes", "fp16",
             "--max-configs", "4", "--workers", "1"]  # fmt: skip
     assert script.main(args) == 0
-    samples, _ = pm.read_samples(csv_path)
+    samples, _ = ps.read_samples(csv_path)
     assert len(samples) == len(timed) == len(compiled)
     by_layer: dict = {}
     for sample in samples:
@@ -996,7 +955,7 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
     assert {s.driver for s in samples} == {"13.0"}
     timed.clear()
     assert script.main(args) == 0  # resumed: nothing left to time
-    assert timed == [] and len(pm.read_samples(csv_path)[0]) == len(samples)
+    assert timed == [] and len(ps.read_samples(csv_path)[0]) == len(samples)
     more = ["--csv", str(tmp_path / "b.csv"), "--batches", "8", "--budget-s", "0.001"]
     assert script.main(more) == 0  # the budget ends the run early
     assert len(timed) < 5
@@ -1030,8 +989,8 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
             "--max-configs", "2", "--budget-s", "1"]  # fmt: skip
     assert script.main(slow) == 0
     assert clock[0] <= 1.0
-    assert 0 < len(timed) == len(compiled) == len(pm.read_samples(tmp_path / "c.csv")[0])
-    layers = {(s.family, s.params) for s in pm.read_samples(tmp_path / "c.csv")[0]}
+    assert 0 < len(timed) == len(compiled) == len(ps.read_samples(tmp_path / "c.csv")[0])
+    layers = {(s.family, s.params) for s in ps.read_samples(tmp_path / "c.csv")[0]}
     assert 1 <= len(layers) <= 2
 
 
@@ -1069,7 +1028,7 @@ def test_perf_sample_stops_within_its_budget_and_resumes_per_device(tmp_path, mo
         args = ["--csv", str(tmp_path / name), "--batches", "8", "--dtypes", "fp16",
                 "--layers", "2", "--max-configs", "4", "--budget-s", str(budget)]  # fmt: skip
         assert script.main(args) == 0
-        return {(s.family, s.params) for s in pm.read_samples(tmp_path / name)[0]}
+        return {(s.family, s.params) for s in ps.read_samples(tmp_path / name)[0]}
 
     assert len(run("a.csv", 0.85, 0.4, 0.001)) == 1  # 0.45 s left: no second 0.4 s compile
     run("b.csv", 0.45, 0.4, 0.02)
@@ -1086,7 +1045,7 @@ def test_perf_sample_refuses_a_csv_of_other_columns_before_timing(tmp_path, monk
     it times anything, instead of losing its first layer to a failed append."""
     _fake_gpu(monkeypatch)
     old = tmp_path / "old.csv"
-    old.write_text(",".join(pm.SAMPLE_COLUMNS[:-1]) + "\n")
+    old.write_text(",".join(ps.SAMPLE_COLUMNS[:-1]) + "\n")
     script = load_script("perf_sample")
     assert script.main(["--csv", str(old)]) == 2
     error = capsys.readouterr().err
