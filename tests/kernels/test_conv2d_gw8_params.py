@@ -68,6 +68,7 @@ def test_dtype_is_stored_as_its_short_name(dtype, name):
         (dict(padding=-1), "non-negative padding, got (-1, -1)"),
         (dict(padding=(1, -2)), "non-negative padding, got (1, -2)"),
         (dict(padding=(1, 1, 1)), "padding as an int or a pair"),
+        (dict(padding=(1,)), "padding as an int or a pair, got (1,)"),
         (dict(n=0), "n >= 1, got 0"),
         (dict(h=0), "h >= 1, got 0"),
         (dict(w=-3), "w >= 1, got -3"),
@@ -81,6 +82,7 @@ def test_dtype_is_stored_as_its_short_name(dtype, name):
         (dict(has_bias="no"), "has_bias True or False, got 'no'"),
         (dict(has_bias=2), "has_bias True or False, got 2"),
         (dict(has_bias=None), "has_bias True or False, got None"),
+        (dict(has_bias=1.0), "has_bias True or False, got 1.0"),
     ],
 )
 def test_invalid(kwargs, message):
@@ -155,6 +157,15 @@ class TestFromTensors:
         p = Conv2dGw8Params.from_tensors(x, w, torch.randn(24), padding=(1, 2))
         assert p == Conv2dGw8Params(3, 24, 7, 9, (1, 2), 3, 5, True, "bf16")
 
+    def test_padding_defaults_as_in_the_constructor(self):
+        """Without padding, from_tensors gives the layer Conv2dGw8Params gives without it, (1, 1)
+        (the 3x3 layers' "same"), not the op's default of 0."""
+        torch = self.torch
+        x = torch.randn(2, 16, 5, 6, dtype=torch.float16)
+        w = torch.randn(16, 8, 3, 3, dtype=torch.float16)
+        p = Conv2dGw8Params.from_tensors(x, w)
+        assert p == Conv2dGw8Params(2, 16, 5, 6) and p.padding == (1, 1)
+
     @pytest.mark.parametrize(
         "x_shape, w_shape, b_shape, dtype, message",
         [
@@ -163,6 +174,7 @@ class TestFromTensors:
             ((16, 5, 5), (16, 8, 3, 3), None, "float16", "4-D input, got 3-D"),
             ((2, 16, 5, 5), (16, 8, 3), None, "float16", "4-D weight, got 3-D"),
             ((2, 16, 5, 5), (16, 8, 3, 3), (8,), "float16", "bias of shape (16,), got (8,)"),
+            ((2, 16, 5, 5), (16, 8, 3, 3), (1, 16), "float16", "bias of shape (16,), got (1, 16)"),
             ((2, 16, 5, 5), (16, 8, 3, 3), None, "float32", "fp16 or bf16, got torch.float32"),
             ((2, 16, 5, 5), (16, 8, 7, 3), None, "float16", "R in 1..5, got 7"),
         ],

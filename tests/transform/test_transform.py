@@ -115,19 +115,28 @@ def test_transform_is_idempotent_and_handles_a_bare_conv(caplog):
     assert "is a Conv2dGw8" not in caplog.text
     assert [type(m) for m in model.modules()] == before
     bare = nn.Conv2d(8, 8, 3, padding=1)
-    assert type(transform(bare)) is Conv2dGw8
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="spio"):
+        assert type(transform(bare)) is Conv2dGw8
+        assert transform(bare, include=lambda name, conv: False) is bare
+    # A bare conv is counted as a model of one conv, replaced or excluded.
+    assert "replaced 1 of 1 nn.Conv2d modules" in caplog.records[0].getMessage()
+    assert caplog.records[1].getMessage().endswith("replaced 0 of 1 nn.Conv2d modules (1 excluded)")
     assert type(transform(nn.Conv2d(8, 8, 3, stride=2))) is nn.Conv2d
 
 
-def test_untransform_restores_plain_convs_sharing_parameters():
+def test_untransform_restores_plain_convs_sharing_parameters(caplog):
     """untransform undoes transform: exact nn.Conv2d modules (for torch.onnx.export, or a machine
-    without spio), the same Parameter objects, shared modules still shared, same outputs."""
+    without spio), the same Parameter objects, shared modules still shared (and counted once),
+    same outputs."""
     import spio
 
     reference = _model(5)
     model = transform(copy.deepcopy(reference))
     weights = {name: p for name, p in model.named_parameters()}
-    model = spio.untransform(model)
+    with caplog.at_level(logging.INFO, logger="spio"):
+        model = spio.untransform(model)
+    assert "spio.untransform restored 4 nn.Conv2d modules" in caplog.text
     assert not any(isinstance(m, Conv2dGw8) for m in model.modules())
     assert [type(m) for m in model.modules()] == [type(m) for m in reference.modules()]
     assert all(p is weights[name] for name, p in model.named_parameters())
@@ -222,7 +231,7 @@ def test_scan_modules(transformed):
     for key, value in model.blocks[1].state_dict().items():
         torch.testing.assert_close(value, stats[key], msg=key)
     assert model.training
-    assert not any(m._forward_hooks for m in model.modules())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 def test_scan_modules_reads_autocast_dtype():
@@ -231,6 +240,60 @@ def test_scan_modules_reads_autocast_dtype():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         found = scan_modules(model, x)
     assert found and all(p.dtype == "bf16" for p in found)
+
+
+def test_scan_modules_lists_bf16_inputs_outside_autocast():
+    """An input already in bf16 runs bf16 kernels without autocast: listed as bf16, not
+    skipped as a layer that runs no kernel."""
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)).bfloat16()
+    found = scan_modules(model, torch.randn(2, 16, 5, 6, dtype=torch.bfloat16))
+    assert found == [Conv2dGw8Params(2, 16, 5, 6, padding=1, has_bias=True, dtype="bf16")]
+
+
+def test_scan_modules_lists_an_unbatched_input_as_a_batch_of_one():
+    """nn.Conv2d takes a 3-D (C, H, W) input as one image; the layer it runs is N = 1."""
+    model = transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2))).half()
+    found = scan_modules(model, torch.randn(16, 5, 6).half())
+    assert found == [Conv2dGw8Params(1, 16, 5, 6, padding=1, has_bias=True)]
+
+
+def test_scan_modules_sees_a_conv_called_with_a_keyword_input():
+    """conv(input=x) is a call like conv(x): its layer is listed, for nn.Conv2d and Conv2dGw8."""
+
+    class Keyword(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+
+        def forward(self, x):
+            return self.conv(input=x)
+
+    expected = [Conv2dGw8Params(2, 16, 5, 6, padding=1, has_bias=True)]
+    x = torch.randn(2, 16, 5, 6).half()
+    assert scan_modules(Keyword().half(), x) == expected
+    assert scan_modules(transform(Keyword()).half(), x) == expected
+
+
+def test_scan_modules_lists_meta_device_layers_as_fp16():
+    """On the meta device nothing runs and autocast does not apply: a model built there (e.g. to
+    list a large model's layers without memory) is listed as fp16, whatever its dtype."""
+    model = nn.Sequential(
+        nn.Conv2d(16, 16, 5, padding="same", groups=2, device="meta", dtype=torch.float64),
+        nn.Conv2d(16, 16, 3, stride=2, groups=2, device="meta", dtype=torch.float64),
+    )
+    found = scan_modules(model, torch.empty(2, 16, 9, 8, device="meta", dtype=torch.float64))
+    assert found == [Conv2dGw8Params(2, 16, 9, 8, padding=2, r=5, s=5, has_bias=True)]
+
+
+def test_scan_modules_restores_the_random_number_state():
+    """Dropout draws in the scanning pass; the generator is put back, so that a seeded run that
+    scans its model first draws what it would have drawn without scanning."""
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2), nn.Dropout(0.5)).half()
+    model.train()
+    x = torch.randn(2, 16, 5, 6).half()
+    state = torch.get_rng_state()
+    assert len(scan_modules(model, x)) == 1
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -342,6 +405,40 @@ def test_shared_parents_are_named_by_their_first_path_and_counted_once(caplog):
     assert asked == ["a.0"]
     assert "replaced 1 of 2 nn.Conv2d modules" in caplog.text
     assert type(model.a[0]) is Conv2dGw8 and model.a is model.b
+
+
+def test_the_log_says_how_many_layers_run_each_pass_when_some_leave_passes_to_pytorch(caplog):
+    """Where include gives some convolutions only some passes, the log line counts, for each
+    pass, the replaced layers that run it in spio; where every layer runs all three, it says
+    nothing more."""
+    model = nn.Sequential(*(nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(3)))
+    answers = {"0": ("fprop",), "1": True, "2": ("fprop", "wgrad")}
+    with caplog.at_level(logging.INFO, logger="spio"):
+        transform(model, include=lambda name, conv: answers[name])
+    assert caplog.records[-1].getMessage() == (
+        "spio.transform replaced 3 of 3 nn.Conv2d modules; "
+        "spio runs fprop 3, dgrad 1, wgrad 2 of their passes"
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="spio"):
+        transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)))
+    assert caplog.records[-1].getMessage() == "spio.transform replaced 1 of 1 nn.Conv2d modules"
+
+
+def test_the_debug_log_counts_the_convs_kept_for_each_reason(caplog):
+    """Each reason a convolution is kept is logged once, with how many distinct convolutions it
+    keeps (a shared one counts once)."""
+    strided = nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=2)
+    model = nn.Sequential(
+        strided, strided, nn.Conv2d(16, 16, 3, stride=2, groups=2), nn.Conv2d(16, 16, 3, groups=4)
+    )
+    with caplog.at_level(logging.DEBUG, logger="spio"):
+        transform(model)
+    kept = [r.getMessage() for r in caplog.records if "kept" in r.getMessage()]
+    assert kept == [
+        "spio.transform kept 2 nn.Conv2d: needs stride 1, got (2, 2)",
+        "spio.transform kept 1 nn.Conv2d: needs group width 8, got in_channels=16, groups=4",
+    ]
 
 
 def test_arguments_of_the_wrong_kind_are_type_errors_naming_the_function():
