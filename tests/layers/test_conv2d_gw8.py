@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spio.layers import Conv2dGw8, make_conv2d
-from spio.layers.conv2d_gw8 import module_ineligibility
+from spio.layers.conv2d_gw8 import module_ineligibility, resolve_padding
 from spio.reference import conv2d_gw8_fprop_ref
 from tests.conftest import spy_on_launches
 
@@ -797,11 +797,19 @@ def test_dispatch_modes_see_the_op(device):
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
 
 
-def test_autocast_to_another_dtype_falls_back(monkeypatch, caplog):
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_autocast_to_another_dtype_falls_back_where_kernels_run(monkeypatch, caplog, emulate):
     """The kernels take fp16 and bf16: under autocast to float32 (which PyTorch allows on
-    CUDA) the layer logs why and runs F.conv2d, as it does for fp32 outside autocast."""
-    monkeypatch.setenv("SPIO_EMULATE", "1")
-    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    CUDA) the layer logs why and runs F.conv2d, as it does for fp32 outside autocast. Where no
+    kernels run (CPU, SPIO_EMULATE unset) nothing falls back: the layer calls the op, which runs
+    PyTorch's convolution there, and says nothing."""
+    from spio.layers import conv2d_gw8 as layer_module
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    monkeypatch.setattr(layer_module, "_logged_fallbacks", set())
+    real = layer_module.conv2d_gw8
+    calls = []
+    monkeypatch.setattr(layer_module, "conv2d_gw8", lambda *a: calls.append(1) or real(*a))
     m = make_conv2d(16, 16, 3, padding=1, groups=2)
     x = torch.randn(1, 16, 5, 4)
     was = torch.get_autocast_dtype("cpu")
@@ -814,7 +822,12 @@ def test_autocast_to_another_dtype_falls_back(monkeypatch, caplog):
         torch.set_autocast_enabled("cpu", False)
         torch.set_autocast_dtype("cpu", was)
     torch.testing.assert_close(y, F.conv2d(x, m.weight, m.bias, padding=1, groups=2))
-    assert "Conv2dGw8 falls back to F.conv2d: autocast to torch.float32" in caplog.text
+    if emulate == "1":
+        assert "Conv2dGw8 falls back to F.conv2d: autocast to torch.float32" in caplog.text
+        assert not calls
+    else:
+        assert "falls back" not in caplog.text
+        assert len(calls) == 1
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
@@ -882,6 +895,13 @@ def test_padding_set_after_construction_is_used_as_nn_conv2d_uses_it(monkeypatch
     m.padding = (1, 2, 3)
     with pytest.raises(ValueError, match=r"needs padding of two ints.*got \(1, 2, 3\)"):
         m(x)
+    # A pair equal to the one in use, (1.0, 1.0) == (1, 1), but of floats, which nn.Conv2d
+    # refuses too: resolved anew and refused, not run with the ints kept for (1, 1).
+    m.padding = (1, 1)
+    m(x)
+    m.padding = (1.0, 1.0)
+    with pytest.raises(ValueError, match=r"needs padding of two ints.*got \(1\.0, 1\.0\)"):
+        m(x)
 
 
 @pytest.mark.parametrize(
@@ -938,3 +958,141 @@ def test_a_bias_alone_requiring_grad_gets_its_gradient_on_the_eager_path(monkeyp
     y.backward(dy)
     expected = dy.double().sum(dim=(0, 2, 3))
     torch.testing.assert_close(layer.bias.grad.double(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3, 5, (1, 5), (5, 3)])
+def test_same_padding_resolves_to_the_pair_pytorch_pads_and_not_under_dilation(kernel_size):
+    """resolve_padding("same") gives the ints F.conv2d(padding="same") pads with (odd filters,
+    dilation 1). Under dilation PyTorch pads dilation * (r - 1) / 2, which (r - 1) // 2 is not:
+    resolve_padding answers None there rather than a wrong pair (transform's scan reads it)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 7, 6, dtype=torch.float64)
+    w = torch.randn(8, 8, *nn.modules.utils._pair(kernel_size), dtype=torch.float64)
+    pad = resolve_padding("same", kernel_size)
+    assert torch.equal(F.conv2d(x, w, padding=pad), F.conv2d(x, w, padding="same"))
+    if kernel_size != 1:
+        dilated = F.conv2d(x, w, padding="same", dilation=2)
+        assert F.conv2d(x, w, padding=pad, dilation=2).shape != dilated.shape
+        assert resolve_padding("same", kernel_size, dilation=2) is None
+
+
+def test_channels_not_divisible_by_groups_are_named_as_a_group_width():
+    """17 channels in 2 groups: 17 // 2 is 8, but the groups are not 8 wide. Conv2dGw8 says so
+    itself, as for every other argument it cannot take; make_conv2d gives nn.Conv2d's error."""
+    with pytest.raises(ValueError, match="needs group width 8, got in_channels=17, groups=2"):
+        Conv2dGw8(17, 17, 3, groups=2)
+    with pytest.raises(ValueError, match="in_channels must be divisible by groups"):
+        make_conv2d(17, 17, 3, groups=2)
+
+
+def test_make_conv2d_says_at_debug_level_why_it_keeps_nn_conv2d(caplog):
+    """A model built with make_conv2d can be asked (logging at DEBUG) why a conv stayed plain."""
+    with caplog.at_level(logging.DEBUG, logger="spio"):
+        m = make_conv2d(16, 16, 3, stride=2, groups=2)
+    assert type(m) is nn.Conv2d
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert said == [(logging.DEBUG, "make_conv2d keeps nn.Conv2d: needs stride 1, got (2, 2)")]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_scripted_layer_runs_spio_kernels_for_its_spio_passes_only(monkeypatch):
+    """torch.jit.script keeps the layer's spio_passes: with FProp alone asked, the scripted
+    layer's backward runs PyTorch's DGrad and WGrad, not spio's, as the eager layer does."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=False).half()
+    layer.spio_passes = ("fprop",)
+    scripted = torch.jit.script(layer)
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last).requires_grad_()
+    launched = spy_on_launches(monkeypatch)
+    y = scripted(x)
+    y.backward(torch.ones_like(y))
+    assert launched == ["conv2d_gw8_fprop"]
+    dx = F.conv_transpose2d(
+        torch.ones(y.shape, dtype=torch.float64), layer.weight.double(), padding=1, groups=2
+    )
+    torch.testing.assert_close(x.grad.double(), dx, atol=1e-2, rtol=1e-2)
+
+
+def test_spio_kernels_lists_what_a_step_with_a_frozen_weight_launches(monkeypatch):
+    """A frozen weight (fine-tuning) gets no weight gradient: spio_kernels lists FProp and DGrad,
+    what forward and backward launch, and no WGrad for precompile to build in vain."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=False).half().requires_grad_(False)
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last).requires_grad_()
+    listed = [kernel.name for kernel in layer.spio_kernels(x)]
+    launched = spy_on_launches(monkeypatch, names=True)
+    y = layer(x)
+    y.backward(torch.randn_like(y))
+    assert sorted(set(launched)) == sorted(listed)
+    assert [name.split("__")[0] for name in listed] == ["conv2d_gw8_fprop", "conv2d_gw8_dgrad"]
+
+
+def test_spio_kernels_lists_no_double_backward_kernels_without_a_backward(monkeypatch):
+    """double_backward asks for the kernels of a backward through the backward: where there is
+    no backward (backward=False, or no_grad), there are none, only the FProp a call launches."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last)
+    launched = spy_on_launches(monkeypatch, names=True)
+    with torch.no_grad():
+        layer(x)
+        inferred = [kernel.name for kernel in layer.spio_kernels(x, double_backward=True)]
+    assert inferred == launched and [n.split("__")[0] for n in launched] == ["conv2d_gw8_fprop"]
+    listed = [kernel.name for kernel in layer.spio_kernels(x, False, double_backward=True)]
+    assert listed == launched
+
+
+def test_a_half_layer_with_an_fp32_bias_runs_the_kernels(monkeypatch, caplog):
+    """The op takes an fp32 bias with a half input (autocast gives it one): the layer runs
+    spio's kernels for it, without falling back, and computes the float64 convolution."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    layer.bias = nn.Parameter(torch.randn(16))
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last)
+    launched = spy_on_launches(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="spio"), torch.no_grad():
+        y = layer(x)
+    assert launched == ["conv2d_gw8_fprop"] and "falls back" not in caplog.text
+    want = F.conv2d(x.double(), layer.weight.double(), layer.bias.double(), padding=1, groups=2)
+    torch.testing.assert_close(y.double(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_an_input_on_another_device_than_the_weight_runs_as_in_nn_conv2d(
+    monkeypatch, caplog, emulate
+):
+    """Input and weight on different devices go to F.conv2d, which gives nn.Conv2d's outcome
+    (here: a meta input with CPU weights infers the output's shape, as nn.Conv2d does; on a GPU,
+    PyTorch's device error), and the layer says why once; not spio's op's ValueError."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+    layer = Conv2dGw8.from_torch_module(conv)
+    x = torch.empty(2, 16, 5, 6, dtype=torch.float16, device="meta")
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        y = layer(x)
+    want = conv(x)
+    assert y.is_meta and y.shape == want.shape and y.dtype == want.dtype
+    assert "falls back to F.conv2d: input on meta, weight on cpu" in caplog.text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_full_precision_output_is_laid_out_as_the_ops(monkeypatch, dtype):
+    """With a channels_last weight (model.to(memory_format=channels_last)) and an NCHW input,
+    PyTorch's CPU convolution answers channels_last; the op answers in the input's layout, and
+    so must the layer's direct call of PyTorch's convolution, which stands in for the op."""
+    from spio.functional import conv2d_gw8
+
+    monkeypatch.delenv("SPIO_EMULATE", raising=False)
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).to(dtype)
+    layer = layer.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 16, 5, 6, dtype=dtype)
+    y = layer(x)
+    want = conv2d_gw8(x, layer.weight, layer.bias, 1, 1, 1, 1, 2)
+    assert y.is_contiguous() and y.stride() == want.stride()
+    assert torch.equal(y, want)
