@@ -93,7 +93,8 @@ _TOOL_TEXT = {"encoding": "utf-8", "errors": "replace"}
 
 class EmulatorBuildError(RuntimeError):
     """Building an emulator library failed: the host compiler rejected the kernel source (the
-    message carries its output), or the library could not be written anywhere."""
+    message carries its output), or the library could not be written anywhere, or (on a file
+    system mounted noexec) not loaded from memory either."""
 
 
 @dataclass(frozen=True)

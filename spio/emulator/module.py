@@ -72,9 +72,9 @@ def noexec(folder: Path) -> bool:
         return False
 
 
-#: Libraries loaded from memory, by file, with the descriptors that name them. A descriptor is
-#: never closed: dlopen knows a loaded library by its path, so a closed descriptor's number,
-#: reused by the next library's, would hand back the first library.
+#: Libraries loaded from memory, by file, with the descriptors that name them: one open
+#: descriptor per library, never closed. dlopen knows a loaded library by its path, so a closed
+#: descriptor's number, reused by the next library's, would hand back the first library.
 _from_memory: dict[Path, tuple[int, ctypes.CDLL]] = {}
 _from_memory_lock = threading.Lock()
 
