@@ -184,6 +184,56 @@ def test_emulated_output_is_rounded_to_nearest(pass_, dtype):
     assert wrong == 0, f"{wrong} of {got.numel()} outputs not rounded to nearest"
 
 
+def test_configs_span_tiles_up_to_the_output_rounded_up():
+    """configs offers tiles up to the pass's output rounded up (columns to 16, rows and groups to
+    a power of two), so one tile can cover a whole row of the output: DGrad's output is the
+    layer's input, larger than FProp's here. A 7 x 18 FProp output (3 groups) gets 4 groups,
+    32 columns and 8 rows at most; DGrad's 9 x 20 one 16 rows. mma_k 16 pairs filter columns s
+    and s + 1, so a one-column filter has only mma_k 8. Counts by hand: (groups 1, 2, 4) x
+    (q16 w1, q32 w1, q32 w2) x (4 rows with 2 stages, or 8 or 16 rows with any of 5) x mma_k."""
+    params = Conv2dGw8Params(n=1, c=24, h=9, w=20, padding=0, r=3, s=3)
+    for igrad, rows, count in ((False, {4, 8}, 3 * 3 * 6 * 2), (True, {4, 8, 16}, 3 * 3 * 11 * 2)):
+        found = fd.configs(params, igrad)
+        assert {c.groups for c in found} == {1, 2, 4}
+        assert {(c.block_q, c.warp_q16) for c in found} == {(16, 1), (32, 1), (32, 2)}
+        assert {c.block_p for c in found} == rows
+        assert {c.mma_k for c in found} == {8, 16}
+        assert len(found) == count, igrad
+        assert FAMILY_OF_PASS["dgrad" if igrad else "fprop"].configs(params) == found
+    one_column = Conv2dGw8Params(n=1, c=24, h=9, w=20, padding=0, r=3, s=1)
+    for igrad in (False, True):
+        assert {c.mma_k for c in fd.configs(one_column, igrad)} == {8}
+
+
+def test_estimated_cost_counts_every_tile_of_a_ragged_output():
+    """estimated_cost, worked out by hand for 8-row tiles of a 9 x 16 output (64 channels, all 8
+    groups a block, 256 threads, 2 stages): 2 row tiles, so 2 blocks reading 10 input rows of 18
+    columns each; traffic (2 x 10 x 18 x 8 + 1152) / (2 x 1152) = 1.75 of the ideal. The blocks
+    keep one 18-column row of 8 groups (2304 bytes) in flight on 2 of 132 SMs: latency cover
+    2/132 x 2304/32768. A tile count rounded down would see one block and no overrun."""
+    params = Conv2dGw8Params(n=1, c=64, h=9, w=16, padding=1, r=3, s=3)
+    config = fd.Conv2dGw8Config(groups=8, block_p=8, block_q=16, warp_q16=1, stages=2)
+    assert config in fd.configs(params) and config.threads == 256
+    cover = 2 / 132 * 2304 / 32768
+    assert fd.estimated_cost(params, config) == pytest.approx(1.75 / cover)
+    assert fd.estimated_cost(params, config, igrad=True) == pytest.approx(1.75 / cover)
+
+
+def test_dgrad_kernels_read_no_bias_whatever_bias_elem_says():
+    """DGrad reads no bias, so bias_elem (the bias in the activations' dtype) does not make a
+    second DGrad kernel of a biased layer: one kernel, under one name, serves both flags. FProp
+    of the same layer has the variant; FProp of a layer without a bias does not."""
+    params = Conv2dGw8Params(n=1, c=16, h=6, w=5, padding=1, has_bias=True)
+    config = fd.Conv2dGw8Config(2, 8, 16, 1)
+    plain = fd.make_kernel(params, config, igrad=True)
+    flagged = fd.make_kernel(params, config, igrad=True, bias_elem=True)
+    assert flagged.name == plain.name and flagged.headers == plain.headers
+    assert flagged.info_value("bias_elem") is False
+    assert fd.make_kernel(params, config, bias_elem=True).name.endswith("__belem")
+    unbiased = dataclasses.replace(params, has_bias=False)
+    assert "__belem" not in fd.make_kernel(unbiased, config, bias_elem=True).name
+
+
 @pytest.mark.parametrize("igrad", [False, True])
 def test_every_config_has_its_own_kernel_name(igrad):
     params = Conv2dGw8Params(n=2, c=64, h=20, w=19, r=3, s=3)

@@ -260,6 +260,26 @@ def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype):
         wg.sum_kernel(params, "fp64")
 
 
+def test_one_partials_kernel_sums_into_each_pair_of_gradient_dtypes():
+    """wgrad remembers each partials kernel's sum plan per pair of gradient dtypes: the same
+    kernel summed into fp16 and bf16 gradients, then into fp32 ones, gives each the in-order fp32
+    sums rounded once to its dtype (a plan reused across dtypes would write the wrong type)."""
+    import torch
+
+    params = Conv2dGw8Params(n=2, c=16, h=7, w=5, padding=1, r=3, s=3, has_bias=True)
+    config = wg.Conv2dGw8WgradConfig(groups=1, block_p=4, block_q=8, warp_q8=1, stages=3)
+    kernel = wg.make_kernel(params, config, partials=True)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(params.input_shape, generator=gen).half()
+    dy = torch.randn(params.output_shape, generator=gen).half()
+    halves = (torch.float16, torch.bfloat16)
+    dw16, db16 = wg.wgrad(x, dy, params, kernel=kernel, dtypes=halves, poison=True)
+    dw32, db32 = wg.wgrad(x, dy, params, kernel=kernel, poison=True)
+    assert dw16.dtype == torch.float16 and db16.dtype == torch.bfloat16
+    assert dw32.dtype == db32.dtype == torch.float32 and not dw32.isnan().any()
+    assert torch.equal(dw16, dw32.half()) and torch.equal(db16, db32.bfloat16())
+
+
 def test_sum_slots_builds_for_every_arch():
     from spio.compiler import compile_many
 
@@ -284,6 +304,54 @@ def test_sixteen_images_per_block_only_on_small_images():
     assert config in wg.configs(small)
     check(small, "wgrad", config, "cpu")
     assert wg.partial_slots(small, config) == 2 * 2  # 2 image blocks x 2 row tiles
+
+
+def test_configs_span_tiles_up_to_the_output_and_threads_up_to_the_limit():
+    """WGrad tiles reach the dy output rounded up (columns to 8, rows to a power of two): an
+    18 x 17 dy gets 16 columns and 32 rows at most, and blocks of up to MAX_THREADS threads
+    (8 groups of 16 columns, one 8-column run a warp: 16 warps), none more."""
+    params = Conv2dGw8Params(n=1, c=64, h=20, w=19, padding=0)
+    found = wg.configs(params)
+    assert {c.block_q for c in found} == {8, 16}
+    assert {c.block_p for c in found} == {4, 8, 16, 32}
+    assert {c.groups for c in found} == {1, 2, 4, 8} and {c.block_n for c in found} == {1}
+    assert max(c.threads for c in found) == wg.MAX_THREADS == 512
+    assert wg.Conv2dGw8WgradConfig(groups=8, block_p=4, block_q=16, warp_q8=1) in found
+
+
+def test_sixteen_images_per_block_up_to_small_image_pixels_inclusive():
+    """SMALL_IMAGE bounds the output pixels inclusively: a 16 x 16 output (256 pixels) is offered
+    16 images a block, a 16 x 17 one (272) is not; never with 2 stages (ptxas spills there)."""
+    assert wg.SMALL_IMAGE == 16 * 16
+    at_limit = Conv2dGw8Params(n=16, c=16, h=16, w=16, padding=1)
+    past = Conv2dGw8Params(n=16, c=16, h=16, w=17, padding=1)
+    sixteen = [c for c in wg.configs(at_limit) if c.block_n == 16]
+    assert sixteen and {c.stages for c in sixteen} == set(wg.STAGES) - {2}
+    assert not any(c.block_n == 16 for c in wg.configs(past))
+    assert any(c.block_n == 4 for c in wg.configs(past))
+
+
+def test_partial_sums_while_their_buffer_fits_the_limit(monkeypatch):
+    """uses_partial_sums, and so the kernel production_kernel makes, follows the partial-sum
+    buffer's size: up to PARTIAL_BYTES inclusive by default, MAX_PARTIAL_BYTES for a
+    deterministic WGrad. Worked out by hand: a 2-image 8 x 8 output in 4-row, 8-column tiles of
+    one warp column is 2 x 2 x 1 slots of 16 x 8 x 3 x 3 dw and 16 dbias values, in fp32."""
+    params = Conv2dGw8Params(n=2, c=16, h=8, w=8, padding=1, r=3, s=3, has_bias=True)
+    config = wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=8, block_n=1, warp_q8=1, stages=2)
+    size = 4 * 4 * (16 * 8 * 3 * 3 + 16)
+    assert wg.partial_slots(params, config) == 4 and wg.partial_bytes(params, config) == size
+    assert wg.uses_partial_sums(params, config)
+    assert wg.production_kernel(params, config).info_value("partials") is True
+    monkeypatch.setattr(wg, "PARTIAL_BYTES", size)
+    assert wg.uses_partial_sums(params, config)
+    monkeypatch.setattr(wg, "PARTIAL_BYTES", size - 1)
+    assert not wg.uses_partial_sums(params, config)
+    assert wg.production_kernel(params, config).info_value("partials") is False
+    assert wg.uses_partial_sums(params, config, deterministic=True)
+    monkeypatch.setattr(wg, "MAX_PARTIAL_BYTES", size - 1)
+    assert not wg.uses_partial_sums(params, config, deterministic=True)
+    monkeypatch.setattr(wg, "PARTIAL_BYTES", size)
+    assert wg.uses_partial_sums(params, config)
 
 
 #: Layers whose tiles end inside the image: rows and columns of the last tiles past the output,

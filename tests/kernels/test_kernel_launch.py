@@ -41,6 +41,29 @@ assert g("launches") > again and g("refs1") == 1
     )
 
 
+def test_one_kernel_launched_on_two_devices_loads_into_each(fake_libcuda):  # noqa: F811
+    """A kernel's loaded module is kept per device: after a launch on device 0, a launch on
+    device 1 loads the kernel into device 1's context (a module of another context would not
+    run there), and later launches on either reuse that device's own module."""
+    run_with(
+        fake_libcuda["new"],
+        SETUP
+        + """
+kernel = make("write_pattern", 0)
+kernel.launch([Tensor(0x1000), 1, 2], torch.device("cuda", 0))
+assert g("refs0") == 1 and g("refs1") == 0
+kernel.launch([Tensor(0x1000), 3, 4], torch.device("cuda", 1))
+assert g("refs0") == 1 and g("refs1") == 1
+assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5001
+assert sorted(K._loaded) == [("test_write_pattern", 0), ("test_write_pattern", 1)]
+assert K._loaded[("test_write_pattern", 1)].ordinal == 1
+kernel.launch([Tensor(0x1000), 5, 6], torch.device("cuda", 0))
+assert ctypes.c_ulonglong.in_dll(fake, "last_stream").value == 0x5000
+assert g("refs0") == 1 and g("refs1") == 1 and len(K._loaded) == 2
+""",
+    )
+
+
 def test_a_bare_cuda_device_means_pytorchs_current_device(fake_libcuda):  # noqa: F811
     """torch.device("cuda") is PyTorch's current device, as PyTorch reads it: after
     torch.cuda.set_device(1) the launch, and the device a config is picked for, are device 1's
