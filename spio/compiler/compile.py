@@ -100,7 +100,7 @@ def _cuda_include_dir() -> Path:
 
 @functools.cache
 def _cuda_headers_identity() -> str:
-    """Cheap identity of the CUDA headers in use: folder, file names, sizes and mtimes."""
+    """Cheap identity of the CUDA headers in use: folder, header paths, sizes and mtimes."""
     return digest.headers_identity(_cuda_include_dir())
 
 

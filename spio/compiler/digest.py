@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import stat
-from collections.abc import Iterable
 from pathlib import Path
 
 #: How much of a shared library `library_identity` reads: its ELF headers and GNU build-id are
@@ -38,23 +37,20 @@ def tree_digest(root: Path) -> str:
 HEADER_SUFFIXES = frozenset({"", ".h", ".hh", ".hpp", ".hxx", ".cuh", ".inl", ".inc"})
 
 
-def headers_identity(folder: Path, names: Iterable[str] | None = None) -> str:
+def headers_identity(folder: Path) -> str:
     """Cheap identity of a header folder: its path and each header's path in it, size and mtime.
 
-    `names` picks the headers; by default, every header file in `folder` and its subfolders (a
-    CUDA 13 installation's `crt/` comes from a package of its own, and a toolkit's libcu++
-    headers live in subfolders). Statting instead of reading keeps this fast for the CUDA headers
-    (a toolkit's 1,900 files in about 0.1 s).
+    Every header file in `folder` and its subfolders counts (a CUDA 13 installation's `crt/`
+    comes from a package of its own, and a toolkit's libcu++ headers live in subfolders).
+    Statting instead of reading keeps this fast for the CUDA headers (a toolkit's 1,900 files in
+    about 0.1 s).
     """
     digest = hashlib.sha256(str(folder).encode())
-    if names is None:
-        files = sorted(path for path in folder.rglob("*") if path.suffix in HEADER_SUFFIXES)
-    else:
-        files = [folder / name for name in names]
+    files = sorted(path for path in folder.rglob("*") if path.suffix in HEADER_SUFFIXES)
     for path in files:
         try:
             st = path.stat()
-        except OSError:  # a named header that is missing, or a dangling link
+        except OSError:  # a dangling link
             continue
         if stat.S_ISREG(st.st_mode):  # not a folder (`crt`, `cuda/std` have no suffix either)
             name = path.relative_to(folder).as_posix()

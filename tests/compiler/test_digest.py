@@ -55,9 +55,6 @@ def test_headers_identity_sees_size_mtime_and_names(tmp_path):
     st = (root / "a.h").stat()
     os.utime(root / "a.h", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     assert digest.headers_identity(root) != before
-    only = digest.headers_identity(root, ["sub/b.cuh"])
-    (root / "a.h").write_text("#define A 10\n")
-    assert digest.headers_identity(root, ["sub/b.cuh"]) == only
 
 
 def test_library_identity_sees_a_rebuild_not_a_move(tmp_path):
