@@ -481,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"spio: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 as a shell reports SIGINT
+        print(f"\nspio {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

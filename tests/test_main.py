@@ -341,6 +341,21 @@ def test_a_settings_error_raised_by_a_command_is_a_one_line_error(monkeypatch, c
         cli.main(["info"])
 
 
+@pytest.mark.parametrize("command", ["info", "compile"])
+def test_an_interrupted_command_says_so_in_one_line_and_exits_130(command, monkeypatch, capsys):
+    """Ctrl-C during a command (a long compile, check or bench): one line naming the command,
+    no traceback, exit 130 (128 + SIGINT, what a shell reports)."""
+    from spio import __main__ as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, command, (interrupted, ""))
+    assert cli.main([command]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == f"\nspio {command}: interrupted\n" and captured.out == ""
+
+
 def test_compile_help_names_every_arch_it_accepts():
     from spio import experimental_arch, supported_arch
 
