@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
+from torch.nn.utils import parametrize
 
 from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
@@ -102,7 +103,7 @@ def ineligibility(
 
 def module_ineligibility(module: nn.Module) -> str | None:
     """Why `module` cannot be replaced by a Conv2dGw8, or None if it can."""
-    if type(module) is not nn.Conv2d:
+    if parametrize.type_before_parametrizations(module) is not nn.Conv2d:
         return f"is a {type(module).__name__}, not exactly nn.Conv2d"
     reason = ineligibility(
         module.in_channels,
@@ -116,8 +117,14 @@ def module_ineligibility(module: nn.Module) -> str | None:
     )
     if reason is not None:
         return reason
-    if not isinstance(module._parameters.get("weight"), nn.Parameter):
-        return "has a weight that is not a Parameter (e.g. weight_norm)"
+    if not (
+        isinstance(module._parameters.get("weight"), nn.Parameter)
+        or parametrize.is_parametrized(module, "weight")
+    ):
+        return (
+            "has a weight that is neither a Parameter nor parametrized (e.g. the deprecated "
+            "torch.nn.utils.weight_norm; torch.nn.utils.parametrizations.weight_norm is fine)"
+        )
     if "forward" in vars(module):
         return "has a forward of its own (set on the instance)"
     return None  # hooks travel to the replacement (_share_hooks)
@@ -232,7 +239,8 @@ class Conv2dGw8(nn.Conv2d):
 
     @staticmethod
     def match(module: nn.Module) -> bool:
-        """True when module is exactly an nn.Conv2d that spio can run (subclasses never match)."""
+        """True when module is exactly an nn.Conv2d that spio can run (subclasses never match;
+        one parametrized by torch.nn.utils.parametrize, e.g. weight_norm, does)."""
         return module_ineligibility(module) is None
 
     @classmethod
@@ -411,6 +419,14 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
     )
     for name, parameter in module._parameters.items():  # weight, bias (maybe None), any added
         new.register_parameter(name, parameter)
+    if parametrize.is_parametrized(module):
+        # torch.nn.utils.parametrize: each parametrized tensor (weight, say) is a property of the
+        # module's own class, computed from module.parametrizations (a submodule, shared below
+        # with the others). `new` gets a class of the same kind over cls, and no Parameter of
+        # that name (the meta one cls made would shadow nothing but stay in its state_dict).
+        for name in module.parametrizations:
+            new._parameters.pop(name, None)
+        new.__class__ = _parametrized_class(cls, type(module))
     for name, buffer in module._buffers.items():
         persistent = name not in module._non_persistent_buffers_set
         new.register_buffer(name, buffer, persistent=persistent)
@@ -427,6 +443,13 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
             setattr(new, name, value)
     _share_hooks(new, module)
     return new
+
+
+def _parametrized_class(cls: type[nn.Conv2d], parametrized: type[nn.Module]) -> type:
+    """A class over cls with the properties and methods parametrize gave `parametrized` (as
+    parametrize.register_parametrization builds one: "Parametrized" + the name, one base)."""
+    own = {k: v for k, v in vars(parametrized).items() if k not in ("__dict__", "__weakref__")}
+    return type(f"Parametrized{cls.__name__}", (cls,), own)
 
 
 def _share_hooks(new: nn.Module, module: nn.Module) -> None:

@@ -37,7 +37,8 @@ def transform(
 ) -> nn.Module:
     """Replace, in place, every eligible nn.Conv2d of model by a Conv2dGw8 sharing its Parameters.
 
-    Eligible: exactly nn.Conv2d (subclasses are left alone), group width 8, C == K, stride 1,
+    Eligible: exactly nn.Conv2d (subclasses are left alone; one parametrized with
+    torch.nn.utils.parametrize keeps its parametrizations), group width 8, C == K, stride 1,
     dilation 1, kernel 1..5, zeros padding that is symmetric. `include(name, conv)`, if given,
     is asked about each eligible convolution (`name` as in model.named_modules()) and keeps those
     it returns False for as they are: for instance a network's last stages, whose 7x7 and 8x8

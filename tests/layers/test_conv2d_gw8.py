@@ -131,7 +131,7 @@ def test_match():
     normed = torch.nn.utils.weight_norm(nn.Conv2d(8, 8, 3))
     assert not Conv2dGw8.match(normed)
     parametrized = torch.nn.utils.parametrizations.weight_norm(nn.Conv2d(8, 8, 3))
-    assert not Conv2dGw8.match(parametrized)
+    assert Conv2dGw8.match(parametrized)  # tests/transform/test_parametrize.py
 
 
 def test_from_torch_module_shares_parameters_and_gradients():
