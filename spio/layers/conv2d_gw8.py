@@ -167,14 +167,38 @@ class Conv2dGw8(nn.Conv2d):
 
     __jit_unused_properties__ = ["spio_passes"]  # TorchScript: not part of a scripted layer
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        arguments = _bind_conv2d_args(args, kwargs)
+    def __init__(  # nn.Conv2d's arguments, spelled out: skip_init and help() read them
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
         reason = ineligibility(
-            **{k: arguments[k] for k in inspect.signature(ineligibility).parameters}
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, padding_mode
         )
         if reason is not None:
             raise ValueError(f"Conv2dGw8 {reason}")
-        super().__init__(**arguments)
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+            bias=bias,
+            padding_mode=padding_mode,
+            device=device,
+            dtype=dtype,
+        )
         self._pass_bits = ALL_PASSES
         self._spio_padding_of: Any = None
         self._spio_padding = self._padding_ints()

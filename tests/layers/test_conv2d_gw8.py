@@ -1096,3 +1096,28 @@ def test_cpu_full_precision_output_is_laid_out_as_the_ops(monkeypatch, dtype):
     want = conv2d_gw8(x, layer.weight, layer.bias, 1, 1, 1, 1, 2)
     assert y.is_contiguous() and y.stride() == want.stride()
     assert torch.equal(y, want)
+
+
+def test_the_constructor_takes_nn_conv2ds_arguments_by_name_and_skip_init_works():
+    """Conv2dGw8's signature is nn.Conv2d's (names, order, defaults), so tools that read it work:
+    torch.nn.utils.skip_init had refused it ("Module must support a 'device' arg") while it
+    took *args; a layer built on the meta device materialises with to_empty."""
+    import inspect
+
+    def spelled(cls):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(cls).parameters.values()]
+
+    assert spelled(Conv2dGw8) == spelled(nn.Conv2d)
+    layer = torch.nn.utils.skip_init(Conv2dGw8, 16, 16, 3, padding=1, groups=2, bias=False)
+    assert type(layer) is Conv2dGw8 and layer.weight.device.type == "cpu" and layer.bias is None
+    with torch.device("meta"):
+        model = nn.Sequential(make_conv2d(16, 16, 3, padding=1, groups=2))
+    model.to_empty(device="cpu")
+    model[0].reset_parameters()
+    x = torch.randn(1, 16, 4, 5, dtype=torch.float64)
+    model.double()
+    torch.testing.assert_close(
+        model(x), conv2d_gw8_fprop_ref(x, model[0].weight.detach(), model[0].bias.detach(), 1)
+    )
+    with pytest.raises(ValueError, match="Conv2dGw8 .*stride"):
+        Conv2dGw8(16, 16, 3, stride=2, groups=2)
