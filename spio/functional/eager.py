@@ -1,13 +1,14 @@
-"""A light eager path to spio's kernels for Conv2dGw8 modules.
+"""A light eager path to spio's kernels for Conv2dGw8 modules and spio.functional.conv2d_gw8.
 
 A torch.library custom op pays its dispatch (schema parsing, fake-tensor plumbing, autograd
 wrapper) on every call: on an H200 host that measured 73 µs over F.conv2d's own 19 µs
 (docs/perf/2026-11-29-h200.md), more than a small layer's kernel. In plain eager mode
-Conv2dGw8 calls `conv2d_gw8_eager` instead, which goes straight to the same kernel seam
-(`spio.functional._kernels`). Wherever something must see the op (torch.compile, jit tracing, a
-torch.func transform, a TorchDispatchMode such as FakeTensorMode or make_fx, tensor subclasses:
-`eager_path_applies`) the module uses the custom op, whose fake and autograd registrations
-those need. Both compute the same thing; the tests compare them.
+Conv2dGw8 and `conv2d_gw8` (the public function) call `conv2d_gw8_eager` instead, which goes
+straight to the same kernel seam (`spio.functional._kernels`). Wherever something must see the
+op (torch.compile, jit tracing, a torch.func transform, a TorchDispatchMode such as
+FakeTensorMode or make_fx, tensor subclasses: `eager_path_applies`) they call the custom op,
+whose fake and autograd registrations those need. Both compute the same thing; the tests compare
+them.
 
 What keeps it light:
 - a layer's validation, parameters and kernels are found once per call signature (shapes, dtypes,
@@ -24,7 +25,17 @@ import torch
 from torch import Tensor
 
 from . import _kernels
-from .checks import autocast_dtype, cast_for_autocast, functorch_transform_active, memory_format
+from ._kernels import ALL_PASSES, check_passes
+from .checks import (
+    autocast_dtype,
+    cast_for_autocast,
+    check_tensors,
+    derivative_transform,
+    functorch_transform_active,
+    memory_format,
+    uses_kernels,
+)
+from .conv2d_gw8_op import conv2d_gw8 as conv2d_gw8_op
 
 
 def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
@@ -120,17 +131,82 @@ def conv2d_gw8_eager(
     bias: Tensor | None,
     padding_y: int,
     padding_x: int,
-    passes: int = _kernels.ALL_PASSES,
+    passes: int = ALL_PASSES,
+    stride: int = 1,
+    dilation: int = 1,
+    groups: int = 1,
 ) -> Tensor:
     """spio::conv2d_gw8 for tensors that run spio's kernels, without the custom-op dispatch.
 
     Autocast is applied as the custom op applies it: input and weight to the region's dtype, bias
-    to fp32. Validation is the custom op's own. `passes` as for the op.
+    to fp32. Validation is the custom op's own. `passes`, `stride`, `dilation` and `groups` as
+    for the op.
     """
     input, weight, bias = autocast_operands(input, weight, bias)
-    layer = _kernels.layer(input, weight, bias, padding_y, padding_x)
+    layer = _kernels.layer(input, weight, bias, padding_y, padding_x, stride, dilation, groups)
     if torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
         return _Conv2dGw8.apply(input, weight, bias, layer, passes)
     return _in_format(layer.forward(input, weight, bias, passes), memory_format(input))
+
+
+def conv2d_gw8(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int = 1,
+    padding_y: int = 0,
+    padding_x: int = 0,
+    dilation: int = 1,
+    groups: int = 1,
+    passes: int = ALL_PASSES,
+) -> Tensor:
+    """Grouped conv2d with group width 8, stride 1, C == K: input (N, C, H, W), weight (C, 8, R, S).
+
+    The custom op `torch.ops.spio.conv2d_gw8` (same arguments, results and errors), called
+    without its dispatch cost where nothing needs to see the op: in plain eager mode, on tensors
+    that run spio's kernels, with int arguments. Elsewhere (torch.compile, tracing, torch.func,
+    dispatch modes, CPU tensors without SPIO_EMULATE) it calls the op.
+
+    `groups` is accepted for F.conv2d compatibility: it must be C // 8, or 1 to mean "implied by
+    the weight". The output keeps the input's memory format (channels_last stays channels_last).
+    `passes`: which passes run spio's kernels, as bits (fprop 1, dgrad 2, wgrad 4); the others
+    run PyTorch's convolution. Only where spio's kernels run at all (CUDA; CPU with SPIO_EMULATE).
+    """
+    if (
+        # Exactly ints, as the op's schema takes them (it refuses a float or bool itself).
+        type(stride) is int
+        and type(padding_y) is int
+        and type(padding_x) is int
+        and type(dilation) is int
+        and type(groups) is int
+        and type(passes) is int
+        and isinstance(input, Tensor)
+        and (input.is_cuda or uses_kernels(input.device))
+        and eager_path_applies(input, weight, bias)
+        and derivative_transform(input, weight, bias) is None  # the op raises there
+    ):
+        check_passes(passes)
+        check_tensors(input, weight, bias)
+        return conv2d_gw8_eager(
+            input, weight, bias, padding_y, padding_x, passes, stride, dilation, groups
+        )
+    return conv2d_gw8_op(
+        input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes
+    )
+
+
+def _script_as_the_op() -> None:
+    """TorchScript compiles a call of conv2d_gw8 in scripted code as the op spio::conv2d_gw8 (a
+    builtin, as torch's own functions are), so a scripted model saves and loads with it; where
+    that registry is missing, it calls the Python function, as it calls ignored functions."""
+    try:
+        from torch.jit._builtins import _register_builtin
+    except ImportError:
+        torch.jit.ignore(conv2d_gw8)
+        return
+    _register_builtin(conv2d_gw8, "spio::conv2d_gw8")
+
+
+_script_as_the_op()

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spio.functional import conv2d_gw8, conv2d_gw8_backward
+from spio.functional.conv2d_gw8_op import conv2d_gw8, conv2d_gw8_backward
 from spio.kernels import Conv2dGw8Params
 from spio.reference import (
     Tolerance,

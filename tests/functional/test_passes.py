@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spio.functional import _kernels, conv2d_gw8, conv2d_gw8_backward
+from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, DGRAD, FPROP, WGRAD, pass_mask, pass_names
+from spio.functional.conv2d_gw8_op import conv2d_gw8, conv2d_gw8_backward
 from spio.kernels import Conv2dGw8Params
 from spio.layers import Conv2dGw8
 from spio.reference import (

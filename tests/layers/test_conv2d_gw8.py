@@ -327,8 +327,8 @@ def test_compiled_layers_under_autocast_match_eager():
 @pytest.mark.parametrize("bias", [True, False])
 def test_eager_path_equals_the_custom_op(monkeypatch, bias):
     """Outside torch.compile the layer skips the custom-op dispatch; same kernels, same bits."""
-    from spio.functional import conv2d_gw8
     from spio.functional import eager as eager_module
+    from spio.functional.conv2d_gw8_op import conv2d_gw8
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
     calls = []
@@ -353,7 +353,7 @@ def test_eager_path_equals_the_custom_op(monkeypatch, bias):
 def test_under_autocast_the_eager_path_reads_the_weight_as_the_custom_op_does(monkeypatch):
     """Both cast a channels_last weight to the region's dtype contiguous, so that eager calls
     and the op (torch.compile) launch the same kernels: those spio.precompile builds."""
-    from spio.functional import conv2d_gw8
+    from spio.functional.conv2d_gw8_op import conv2d_gw8
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
     launched = spy_on_launches(monkeypatch, names=True)
@@ -375,8 +375,8 @@ def test_under_autocast_the_eager_path_reads_the_weight_as_the_custom_op_does(mo
 def test_eager_path_without_autograd_skips_the_autograd_function(monkeypatch):
     """Inference (no_grad, or nothing requiring grad) runs the kernels directly: same bits as the
     custom op, and no autograd.Function is built."""
-    from spio.functional import conv2d_gw8
     from spio.functional import eager as eager_module
+    from spio.functional.conv2d_gw8_op import conv2d_gw8
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
     monkeypatch.setattr(
@@ -861,7 +861,7 @@ def test_an_integer_parameter_under_autocast_raises_what_the_custom_op_raises(
     weight or bias. The eager path (kernels, SPIO_EMULATE=1 here) had its own copy of the cast
     rule, which cast every operand: an integer weight became bf16 and the layer ran, eagerly,
     what the op (a compiled model) refused."""
-    from spio.functional import conv2d_gw8
+    from spio.functional.conv2d_gw8_op import conv2d_gw8
 
     monkeypatch.setenv("SPIO_EMULATE", emulate)
     m = make_conv2d(16, 16, 3, padding=1, groups=2)
@@ -1085,7 +1085,7 @@ def test_cpu_full_precision_output_is_laid_out_as_the_ops(monkeypatch, dtype):
     """With a channels_last weight (model.to(memory_format=channels_last)) and an NCHW input,
     PyTorch's CPU convolution answers channels_last; the op answers in the input's layout, and
     so must the layer's direct call of PyTorch's convolution, which stands in for the op."""
-    from spio.functional import conv2d_gw8
+    from spio.functional.conv2d_gw8_op import conv2d_gw8
 
     monkeypatch.delenv("SPIO_EMULATE", raising=False)
     torch.manual_seed(0)

@@ -4,7 +4,8 @@ compiled or traced model takes the op. Both ways must give the same outcome for 
 the same bits in the output and gradients, or the same error. Each case here runs a layer twice,
 once as it runs and once with the shortcuts off, and compares the two: over a grid of operand
 dtypes, autocast regions, emulated kernels or none and layouts, and over one of what requires
-grad, grad modes and layer shapes."""
+grad, grad modes and layer shapes. The public function spio.functional.conv2d_gw8 takes the
+kernel shortcut too; its cases (below) compare it with the op the same way, arguments included."""
 
 from __future__ import annotations
 
@@ -49,12 +50,17 @@ def _outcome(layer: Conv2dGw8, x: torch.Tensor) -> tuple:
     """("raised", type, message), or ("ran", output, {name: gradient}) with the gradients of x
     and of the parameters that require grad (none if the output does not), from a backward of
     a fixed dy."""
+    return _call_outcome(lambda: layer(x), x, layer.weight, layer.bias)
+
+
+def _call_outcome(call, x, weight, bias) -> tuple:
+    """_outcome of `call()`, a convolution of x, weight and bias."""
     try:
-        y = layer(x)
+        y = call()
         leaves = {
             name: t
-            for name, t in (("input", x), ("weight", layer.weight), ("bias", layer.bias))
-            if t is not None and t.requires_grad and y.requires_grad
+            for name, t in (("input", x), ("weight", weight), ("bias", bias))
+            if isinstance(t, torch.Tensor) and t.requires_grad and y.requires_grad
         }
         dy = torch.linspace(-1, 1, y.numel(), dtype=torch.float64).reshape(y.shape).to(y.dtype)
         grads = torch.autograd.grad(y, list(leaves.values()), dy) if leaves else ()
@@ -199,3 +205,196 @@ def _compare(monkeypatch, layer, x, emulate: str, autocast: str | None, grad_mod
 
 def _convolutions(names: list[str]) -> list[str]:
     return [name for name in names if not name.startswith("sum_slots")]
+
+
+# The public function spio.functional.conv2d_gw8 against the op it stands for.
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """The public function's calls of the custom op, counted (the calls still run)."""
+    import spio.functional.eager as eager_module
+
+    calls = []
+    op = eager_module.conv2d_gw8_op
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(eager_module, "conv2d_gw8_op", counted)
+    return calls
+
+
+def _compare_function(monkeypatch, op_calls, x, weight, bias, args, autocast=None, grad_mode=None):
+    """Calls spio.functional.conv2d_gw8 and then the op on the same operands (emulated kernels,
+    under autocast to `autocast` if given, in `grad_mode` if given) and asserts the same outcome;
+    returns it. Asserts too that the function ran without the op where its arguments are ints
+    and its operands tensors, so that the comparison compares two paths (else it calls the op)."""
+    from spio.functional import conv2d_gw8
+    from spio.functional.conv2d_gw8_op import conv2d_gw8 as op
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+
+    def run(fn) -> tuple:
+        with (
+            torch.autocast("cpu", dtype=_DTYPES[autocast or "bf16"], enabled=bool(autocast)),
+            grad_mode() if grad_mode else contextlib.nullcontext(),
+        ):
+            return _call_outcome(lambda: fn(x, weight, bias, *args), x, weight, bias)
+
+    launched = spy_on_launches(monkeypatch, names=True)
+    function = run(conv2d_gw8)
+    function_launched = launched[:]
+    launched.clear()
+    # The shortcut is for int arguments and tensor operands; anything else is the op's to decide.
+    shortcut = all(type(a) is int for a in args) and all(
+        isinstance(t, torch.Tensor) for t in (x, weight)
+    )
+    assert bool(op_calls) != shortcut, f"calls of the op: {len(op_calls)}"
+    through_op = run(op)
+    difference = _difference(function, through_op)
+    assert difference is None, difference
+    assert _convolutions(function_launched) == _convolutions(launched)
+    return function
+
+
+@pytest.mark.parametrize("autocast", [None, "bf16", "fp16"])
+@pytest.mark.parametrize("operands", _OPERANDS, ids=_ids)
+def test_the_public_function_and_the_custom_op_agree(monkeypatch, op_calls, operands, autocast):
+    """Every dtype of input, weight and bias, with and without autocast (kernels emulated)."""
+    layer, x = _operands(*operands)
+    x = x.detach().to(memory_format=torch.channels_last).requires_grad_(x.requires_grad)
+    _compare_function(monkeypatch, op_calls, x, layer.weight, layer.bias, (1, 1, 1, 1, 2), autocast)
+
+
+_ARGUMENTS = {  # (stride, padding_y, padding_x, dilation, groups, passes)
+    "defaults-but-padding": (1, 1, 1),
+    "groups-1-implied": (1, 1, 1, 1, 1),
+    "padding-2-0": (1, 2, 0, 1, 2),
+    "passes-fprop-wgrad": (1, 1, 1, 1, 2, 5),
+    "passes-dgrad": (1, 1, 1, 1, 2, 2),
+    "passes-none": (1, 1, 1, 1, 2, 0),
+    "stride-2": (2, 1, 1, 1, 2),
+    "dilation-2": (1, 1, 1, 2, 2),
+    "groups-3": (1, 1, 1, 1, 3),
+    "padding-negative": (1, -1, 1, 1, 2),
+    "passes-8": (1, 1, 1, 1, 2, 8),
+    "passes-negative": (1, 1, 1, 1, 2, -1),
+    "stride-float": (1.0, 1, 1, 1, 2),
+    "padding-bool": (1, True, 1, 1, 2),
+    "groups-tuple": (1, 1, 1, 1, (2,)),
+}
+
+
+@pytest.mark.parametrize("arguments", list(_ARGUMENTS), ids=str)
+def test_the_public_function_and_the_custom_op_agree_on_every_argument(
+    monkeypatch, op_calls, arguments
+):
+    """The same results for the arguments spio takes, the same errors for those it refuses."""
+    layer, x = _operands("fp16", "=", "fp32")
+    args = _ARGUMENTS[arguments]
+    outcome = _compare_function(monkeypatch, op_calls, x, layer.weight, layer.bias, args)
+    refused = arguments.split("-")[0] in ("stride", "dilation") or arguments in (
+        "groups-3",
+        "padding-negative",
+        "passes-8",
+        "passes-negative",
+        "groups-tuple",
+    )  # fmt: skip (a bool padding is an int to the op's schema, and to F.conv2d)
+    assert (outcome[0] == "raised") == refused, outcome[:3]
+
+
+@pytest.mark.parametrize(
+    "situation", ["frozen-weight", "frozen-input", "no-grad", "inference-mode", "unbatched",
+                  "no-bias", "bias-wrong-length", "weight-none", "input-list"],
+)  # fmt: skip
+def test_the_public_function_and_the_custom_op_agree_in_every_situation(
+    monkeypatch, op_calls, situation
+):
+    layer, x = _operands("bf16", "=", "fp32")
+    weight, bias = layer.weight, layer.bias
+    if situation == "frozen-weight":
+        weight.requires_grad_(False)
+    if situation == "frozen-input":
+        x.requires_grad_(False)
+    if situation == "unbatched":
+        x = x[0].detach().requires_grad_()
+    if situation == "no-bias":
+        bias = None
+    if situation == "bias-wrong-length":
+        bias = torch.nn.Parameter(torch.zeros(8))
+    if situation == "weight-none":
+        weight = None
+    if situation == "input-list":
+        x = x.tolist()
+    grad_mode = {"no-grad": torch.no_grad, "inference-mode": torch.inference_mode}.get(situation)
+    outcome = _compare_function(monkeypatch, op_calls, x, weight, bias, (1, 1, 1, 1, 2), None,
+                                grad_mode)  # fmt: skip
+    refused = situation in ("unbatched", "bias-wrong-length", "weight-none", "input-list")
+    assert (outcome[0] == "raised") == refused, outcome[:3]
+
+
+def test_the_public_function_calls_the_op_where_something_must_see_it(monkeypatch, op_calls):
+    """torch.compile, jit tracing, torch.func.vmap, a dispatch mode and CPU tensors without the
+    emulator get the op (whose registrations they need); forward-mode AD gets its refusal."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from spio.functional import conv2d_gw8
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    layer, x = _operands("fp16", "=", None)
+    w = layer.weight.detach()
+    x = x.detach()
+    want = conv2d_gw8(x, w, None, 1, 1, 1, 1, 2)
+    assert op_calls == []
+
+    def f(t):
+        return conv2d_gw8(t, w, None, 1, 1, 1, 1, 2)
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, backend=backend, fullgraph=True)(x), want)
+    assert "spio.conv2d_gw8" in graphs[0], graphs
+    traced = torch.jit.trace(f, (x,), check_trace=False)
+    assert "spio::conv2d_gw8" in str(traced.graph)
+    assert torch.equal(torch.func.vmap(f)(x.unsqueeze(0))[0], want)
+    with FlopCounterMode(display=False) as counter:
+        f(x)
+    assert counter.get_total_flops() > 0
+    calls = len(op_calls)
+    assert calls >= 3  # tracing, vmap and the flop counter (compiled code calls the op itself)
+    monkeypatch.setenv("SPIO_EMULATE", "0")
+    x32, w32 = x.float(), w.float()
+    torch.testing.assert_close(conv2d_gw8(x32, w32, None, 1, 1, 1, 1, 2), want.float(),
+                               atol=0.05, rtol=0.01)  # fmt: skip
+    assert len(op_calls) == calls + 1
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones_like(x))
+        with pytest.raises(RuntimeError, match="forward-mode AD"):
+            conv2d_gw8(dual, w, None, 1, 1, 1, 1, 2)
+
+
+def test_a_scripted_call_of_the_public_function_is_the_op(tmp_path):
+    """torch.jit.script compiles a call of spio.functional.conv2d_gw8 as the op (not a call back
+    into Python), so the scripted module saves and loads."""
+    from spio.functional import conv2d_gw8
+
+    class Model(torch.nn.Module):
+        def forward(self, x, w):
+            return conv2d_gw8(x, w, None, 1, 1, 1, 1, 2) + conv2d_gw8(x, w, padding_y=1,
+                                                                      padding_x=1)  # fmt: skip
+
+    scripted = torch.jit.script(Model())
+    assert "ops.spio.conv2d_gw8(" in scripted.code
+    torch.jit.save(scripted, tmp_path / "model.pt")
+    loaded = torch.jit.load(tmp_path / "model.pt")
+    x, w = torch.randn(1, 16, 4, 5), torch.randn(16, 8, 3, 3)
+    torch.testing.assert_close(loaded(x, w), Model()(x, w))
