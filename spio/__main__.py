@@ -320,7 +320,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     archs = list(dict.fromkeys(args.arch)) if args.arch else [check_arch(a) for a in supported_arch]
     families = [f for f in FAMILIES if not args.kernel or args.kernel in f]
     if not families:
-        print(f"no kernel family matches {args.kernel!r}; families: {', '.join(FAMILIES)}")
+        print(
+            f"spio compile: no kernel family matches {args.kernel!r}; families: "
+            f"{', '.join(FAMILIES)}",
+            file=sys.stderr,
+        )
         return 2
     # (layer, config) pairs by the start of their kernel's name (a variant only adds a suffix),
     # so that --sample picks as it would among the kernels, generating only the ones it picks.

@@ -229,7 +229,7 @@ def test_clear_cache_removes_entries(tmp_path):
     (tmp_path / "cubin" / "x.bin").write_bytes(b"12345")
     out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
-    assert "removed 1 files (5 B)" in out.stdout
+    assert out.stdout == f"removed 1 files (5 B) from {tmp_path}\n"
     assert not tmp_path.exists()
 
 
@@ -475,3 +475,216 @@ def test_info_says_which_gpus_the_kernels_do_not_run_on():
         "cuda:0 NVIDIA H200 (sm_90, 132 SMs); cuda:1 Tesla T4 (sm_75, 40 SMs): not an arch "
         "spio's kernels run on (PyTorch's convolution runs instead)"
     )
+
+
+def test_human_bytes_changes_unit_at_1024():
+    from spio.__main__ import _human_bytes
+
+    sizes = (0, 1023, 1024, 1536, 1024**2 - 1, 1024**2, 3 * 1024**3, 5 * 1024**4)
+    assert [_human_bytes(n) for n in sizes] == [
+        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1024.0 KiB", "1.0 MiB", "3.0 GiB", "5120.0 GiB"
+    ]  # fmt: skip
+
+
+def test_info_says_why_the_cache_folder_is_not_writable(tmp_path, monkeypatch):
+    """The row names the file that stands in the way, or the OS's reason without its errno
+    clutter; what info made to find out is removed."""
+    from spio import __main__ as cli
+
+    advice = "set SPIO_CACHE_DIR to a writable folder, else every process builds its kernels again"
+    (tmp_path / "file").write_bytes(b"")
+    root = tmp_path / "file" / "a" / "b"
+    assert cli._cache_problem(root) == (
+        f"{root}: NOT A WRITABLE FOLDER ({tmp_path / 'file'} is a file); {advice}"
+    )
+
+    def refuse(dir, prefix):
+        raise PermissionError(13, "Permission denied", str(dir))
+
+    monkeypatch.setattr(cli.tempfile, "NamedTemporaryFile", refuse)
+    root = tmp_path / "new" / "cache"
+    assert cli._cache_problem(root) == (
+        f"{root}: NOT A WRITABLE FOLDER (creating it, or a file in it, fails: Permission denied); "
+        f"{advice}"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_info_leaves_a_cache_folder_another_process_filled_meanwhile(tmp_path, monkeypatch):
+    """info removes the folders it made, but not one that another process's cache has written
+    to since: it stops there, and the cache is fine."""
+    import contextlib
+
+    from spio import __main__ as cli
+
+    root = tmp_path / "new" / "cache"
+
+    def another_process_writes(dir, prefix):
+        (root / "cubin").mkdir()
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(cli.tempfile, "NamedTemporaryFile", another_process_writes)
+    assert cli._cache_problem(root) is None
+    assert [p.name for p in root.iterdir()] == ["cubin"]
+
+
+def test_info_says_how_to_mend_an_nvrtc_that_is_missing_or_does_not_load(monkeypatch):
+    """Found but not loading: reinstall it, or, where SPIO_NVRTC chose it, choose another."""
+    from spio import __main__ as cli
+
+    error = OSError("invalid ELF header")
+    monkeypatch.delenv("SPIO_NVRTC", raising=False)
+    missing = cli._nvrtc_problem(None, FileNotFoundError("libnvrtc.so.12 not found"))
+    assert missing == "BROKEN INSTALL, not found: libnvrtc.so.12 not found"
+    assert cli._nvrtc_problem("/x/libnvrtc.so.12", error) == (
+        "BROKEN INSTALL, /x/libnvrtc.so.12 was found but cannot be loaded (invalid ELF header); "
+        "reinstall it (`pip install nvidia-cuda-nvrtc-cu12`), or set SPIO_NVRTC to another"
+    )
+    monkeypatch.setenv("SPIO_NVRTC", "/x/libnvrtc.so.12")
+    assert cli._nvrtc_problem("/x/libnvrtc.so.12", error).endswith(
+        "(invalid ELF header); set SPIO_NVRTC to a working libnvrtc.so.12 or .13, or unset it"
+    )
+
+
+def test_info_suggests_the_emulator_only_where_there_is_no_gpu():
+    """Not where the driver extension itself does not load: the install is broken."""
+    from spio import __main__ as cli
+
+    hint = "SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator"
+    assert cli._gpu_summary([], None) == f"no GPU; {hint}"
+    assert cli._gpu_summary([], "no GPU (the driver reports 0 devices)") == (
+        f"no GPU (the driver reports 0 devices); {hint}"
+    )
+    broken = "unknown: BROKEN INSTALL, the spio.cuda.driver extension does not load (x)"
+    assert cli._gpu_summary([], broken) == broken
+
+
+def test_compile_kernel_picks_the_families_whose_name_contains_it(compiled_jobs, capsys):
+    """A part of a family's name, as its help says; one that matches none is exit 2 listing
+    them on stderr (it had gone to stdout, into a table redirected to a file), before any
+    compile."""
+    from spio.__main__ import main
+    from spio.kernels.families import FAMILIES
+
+    main(["compile", "--arch", "sm_90", "--kernel", "grad"])
+    assert {name.split("__")[0] for name, _ in compiled_jobs} == {
+        "conv2d_gw8_dgrad",
+        "conv2d_gw8_wgrad",
+    }
+    compiled_jobs.clear()
+    capsys.readouterr()
+    assert main(["compile", "--kernel", "bprop"]) == 2
+    out = capsys.readouterr()
+    said = f"spio compile: no kernel family matches 'bprop'; families: {', '.join(FAMILIES)}\n"
+    assert out.err == said and out.out == ""
+    assert compiled_jobs == []
+
+
+@pytest.fixture
+def compile_outcomes(compiled_jobs, monkeypatch):
+    """cmd_compile's compiles answered from a list the test fills, in job order: an exception
+    (a failed compile), None (compiled, but no entry function in the report), or a
+    ResourceUsage for the kernel's entry; and the kernels by name, to read the table with."""
+    import spio.compiler
+    from spio.compiler import CompileResult
+    from spio.kernels import families
+    from spio.kernels.layer_sets import compile_layer_set
+
+    outcomes = []
+    kernels = {
+        kernel.name: kernel
+        for params in compile_layer_set()
+        for family in families.FAMILIES.values()
+        for kernel in family.kernels(params)
+    }
+
+    def compile_many(batch, **kwargs):
+        results = []
+        for job, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                results.append(outcome)
+                continue
+            entry = kernels[job.name.removesuffix(".cu")].entry
+            resources = {} if outcome is None else {entry: outcome}
+            results.append(CompileResult(cubin=b"", arch=job.arch, resources=resources))
+        return results
+
+    monkeypatch.setattr(spio.compiler, "compile_many", compile_many)
+    return outcomes, kernels
+
+
+def test_compile_table_shows_each_compiles_resources_and_exits_1_on_a_failure_or_spill(
+    compile_outcomes, capsys
+):
+    from spio.__main__ import main
+    from spio.compiler.compile import ResourceUsage
+
+    outcomes, kernels = compile_outcomes
+    argv = ["compile", "--arch", "sm_90", "--arch", "sm_80", "--sample", "2"]
+    clean = ResourceUsage(registers=40, shared_bytes=16)
+    spilling = ResourceUsage(registers=255, spill_stores=8, spill_loads=4, shared_bytes=16)
+    outcomes[:] = [RuntimeError("ptxas says no"), None, spilling, clean]
+    assert main(argv) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "4 compiles: 2 failed, 1 spilled"
+    table = [line.split() for line in lines[2:-1]]
+    first, second = table[0][0], table[2][0]
+    assert table[0] == [first, "sm_90", "FAILED:", "ptxas", "says", "no"]
+    assert table[1] == [first, "sm_80", "FAILED:", "no", "entry", kernels[first].entry]
+    smem = [str(16 + kernels[second].shared_mem_bytes)]
+    assert table[2] == [second, "sm_90", "255", "12", *smem, "SPILLS"]
+    assert table[3] == [second, "sm_80", "40", "0", *smem]
+    assert kernels[second].shared_mem_bytes > 0  # so the column adds the kernel's own
+    for one_bad, summary in [
+        (RuntimeError("ptxas says no"), "1 failed, 0 spilled"),
+        (None, "1 failed, 0 spilled"),
+        (spilling, "0 failed, 1 spilled"),
+        (clean, "0 failed, 0 spilled"),
+    ]:
+        outcomes[:] = [clean, clean, one_bad, clean]
+        assert main(argv) == (0 if one_bad is clean else 1)
+        assert capsys.readouterr().out.endswith(f"4 compiles: {summary}\n")
+
+
+def test_info_gives_the_driver_row_only_with_a_gpu(tmp_path, monkeypatch, capsys):
+    """With a GPU (faked), the CUDA version its driver supports, broken where the NVRTC is of a
+    later major version, or why it is unknown (not a failure); without a GPU, no driver row."""
+    from spio import __main__ as cli
+    from spio.cuda import driver, nvrtc
+
+    def driver_rows(expected_status):
+        assert cli.cmd_info(None) == expected_status
+        rows = capsys.readouterr().out.splitlines()
+        return [row.split(None, 1)[1] for row in rows if row.startswith("driver ")]
+
+    def unknown():
+        raise RuntimeError("cuDriverGetVersion failed")
+
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    h200 = {"name": "NVIDIA H200", "arch": "sm_90", "sm_count": 132}
+    monkeypatch.setattr(cli, "_gpus", lambda: ([h200], None))
+    monkeypatch.setattr(driver, "driver_version", lambda: (12, 8))
+    monkeypatch.setattr(nvrtc, "version", lambda: (12, 9))
+    assert driver_rows(0) == ["CUDA 12.8"]
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
+    (row,) = driver_rows(1)
+    assert row.startswith("CUDA 12.8 (BROKEN INSTALL: spio's NVRTC is of CUDA 13"), row
+    monkeypatch.setattr(driver, "driver_version", unknown)
+    assert driver_rows(0) == ["version unknown (cuDriverGetVersion failed)"]
+    monkeypatch.setattr(cli, "_gpus", lambda: ([], "no GPU (faked)"))
+    assert driver_rows(0) == []
+
+
+def test_info_leaves_out_a_perf_model_whose_metadata_it_cannot_read(tmp_path, monkeypatch):
+    """info still runs, and lists the models it can read."""
+    import shutil as sh
+
+    from spio import __main__ as cli
+    from spio.kernels import perf_model
+
+    models = tmp_path / "models"
+    sh.copytree(perf_model.PACKAGED_MODELS_DIR / "sm_90", models / "sm_90")
+    (models / "sm_90" / "conv2d_gw8_wgrad.json").write_text("{not json")
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
+    ((key, row),) = cli._perf_model_rows(["sm_90"])
+    assert key == "perf models" and row.startswith("sm_90: fprop, dgrad (measured on "), row

@@ -151,3 +151,187 @@ def test_bench_names_why_a_layer_shape_is_refused(text, said):
     assert out.returncode == 2
     assert "argument --layer" in out.stderr and said in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "option,text,said",
+    [
+        ("--passes", ",", "passes must be a comma-separated subset of fprop,dgrad,wgrad, got ','"),
+        ("--passes", "fprop,bprop", "passes must be a comma-separated subset"),
+        ("--batch-sizes", ",", "batch sizes must be positive, got ','"),
+        ("--batch-sizes", "32,-1", "batch sizes must be positive, got '32,-1'"),
+        ("--batch-sizes", "32,x", "batch sizes must be integers, got '32,x'"),
+    ],
+)
+def test_bench_names_why_passes_or_batch_sizes_are_refused(option, text, said, capsys):
+    """An empty list (only commas) is refused as well as a bad entry, by the option's own rule."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["bench", option, text])
+    assert exit_.value.code == 2
+    assert f"argument {option}: {said}" in capsys.readouterr().err
+
+
+def test_bench_lists_skip_empty_entries_and_spaces():
+    args = build_parser().parse_args(["bench", "--passes", " dgrad, ", "--batch-sizes", "8, 16,"])
+    assert args.passes == ("dgrad",) and args.batch_sizes == (8, 16)
+
+
+def _csv_of_runs(tmp_path, dates):
+    """PLOTTED_CSV (one run) copied into tmp_path, its rows repeated once per date in `dates`
+    with that date: one benchmark run per date; no date gives the header alone."""
+    import csv
+
+    with open(PLOTTED_CSV, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        fieldnames, rows = reader.fieldnames, list(reader)
+    path = tmp_path / "runs" / "bench_fp16.csv"
+    path.parent.mkdir(parents=True)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames)
+        writer.writeheader()
+        for date in dates:
+            writer.writerows({**row, "date": date} for row in rows)
+    return path
+
+
+def test_plot_only_refuses_a_csv_without_rows_or_of_two_runs(tmp_path, capsys):
+    """A header alone is exit 1; rows of two runs (two dates) exit 2 and list both runs."""
+    from spio.__main__ import main
+
+    empty = _csv_of_runs(tmp_path / "a", [])
+    assert main(["bench", "--plot-only", str(empty)]) == 1
+    assert capsys.readouterr().err == f"{empty} has no rows\n"
+    two = _csv_of_runs(tmp_path / "b", ["2026-11-29 21:27 UTC", "2026-11-30 08:00 UTC"])
+    assert main(["bench", "--plot-only", str(two)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and f"{two} holds rows of 2 benchmark runs" in out.err
+    assert "  NVIDIA H200, 2026-11-30 08:00 UTC: python -m spio bench --quick" in out.err
+
+
+def test_plot_only_plots_next_to_the_csv_unless_out_is_given(tmp_path, monkeypatch, capsys):
+    from spio.__main__ import main
+    from spio.bench import cli
+
+    plotted = []
+    monkeypatch.setattr(cli, "_plot", lambda rows, out_dir: plotted.append(out_dir) or 0)
+    path = _csv_of_runs(tmp_path, ["2026-11-29 21:27 UTC"])
+    assert main(["bench", "--plot-only", str(path)]) == 0
+    assert main(["bench", "--plot-only", str(path), "--out", str(tmp_path / "plots")]) == 0
+    assert plotted == [path.parent, tmp_path / "plots"]
+    assert "64c_64x64_3x3" in capsys.readouterr().out  # the table
+
+
+@pytest.mark.parametrize("error,status", [(RuntimeError("needs matplotlib"), 1), (OSError(28), 2)])
+def test_plots_that_cannot_be_made_or_written_fail_with_a_message(
+    error, status, monkeypatch, capsys
+):
+    """Without matplotlib exit 1; a folder that went away or filled up since the check, 2."""
+    from spio.bench import cli, plot
+
+    def fail(rows, out_dir):
+        raise error
+
+    monkeypatch.setattr(plot, "plot_rows", fail)
+    assert cli._plot([], "somewhere") == status
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "needs matplotlib" if status == 1 else "cannot write the plots to somewhere"
+    )
+
+
+@pytest.fixture
+def fake_bench(monkeypatch):
+    """cmd_bench on a faked GPU, run_bench recording its settings and returning `fake_bench.rows`
+    rows (None for all it was asked for), the table and plots stubbed out."""
+    import types
+
+    import torch
+
+    from spio.bench import cli, results, run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "_gpu_problem", lambda: None)
+    monkeypatch.setattr(cli, "_plot", lambda rows, out_dir: 0)
+    monkeypatch.setattr(results, "format_table", lambda rows: "TABLE")
+    state = types.SimpleNamespace(settings=[], rows=None)
+
+    def run_bench(settings, command, csv_path):
+        state.settings.append(settings)
+        wanted = len(settings.layers) * len(settings.batch_sizes) * len(settings.passes) * 3
+        return ["row"] * (wanted if state.rows is None else state.rows)
+
+    monkeypatch.setattr(run, "run_bench", run_bench)
+    return state
+
+
+def test_bench_quick_times_fewer_batch_sizes_and_repetitions(fake_bench, tmp_path):
+    from spio.bench import cli
+    from spio.bench.layers import BATCH_SIZES, QUICK_BATCH_SIZES
+
+    for argv, sizes, warmup, reps in [
+        ([], BATCH_SIZES, 5, 100),
+        (["--quick"], QUICK_BATCH_SIZES, 3, 20),
+        (["--quick", "--batch-sizes", "8"], (8,), 3, 20),
+    ]:
+        args = build_parser().parse_args(
+            ["bench", "--out", str(tmp_path), "--layers", "7x7", *argv]
+        )
+        assert cli.cmd_bench(args) == 0
+        settings = fake_bench.settings.pop()
+        assert (settings.batch_sizes, settings.warmup, settings.reps) == (sizes, warmup, reps)
+
+
+def test_bench_fails_when_any_timing_is_missing(fake_bench, tmp_path, capsys):
+    """Three implementations per layer, batch size and pass: one row short is exit 1 naming the
+    count; all of them is exit 0 and the table."""
+    from spio.bench import cli
+
+    argv = ["bench", "--out", str(tmp_path), "--layer", "8,4,4", "--batch-sizes", "2,4"]
+    args = build_parser().parse_args([*argv, "--passes", "fprop,wgrad"])
+    assert cli.cmd_bench(args) == 0
+    assert capsys.readouterr().out == f"TABLE\nwrote {tmp_path / 'bench_fp16.csv'}\n"
+    fake_bench.rows = 11
+    assert cli.cmd_bench(args) == 1
+    assert capsys.readouterr().err == "1 of 12 timings failed (see the log)\n"
+
+
+def test_in_situ_runs_at_n_64_or_the_first_batch_size_and_quick_on_three_layers(
+    monkeypatch, tmp_path
+):
+    """--quick profiles the table's first three layers, but every layer named by --layers or
+    --layer; N is 64 unless --batch-sizes gives one."""
+    import torch
+
+    from spio.bench import cli, insitu, run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "_gpu_problem", lambda: None)
+    monkeypatch.setattr(run, "run_info", lambda command: None)
+    calls = []
+
+    def run_insitu(layers, n, **kwargs):
+        calls.append(([layer.name for layer in layers], n))
+        return []
+
+    monkeypatch.setattr(insitu, "run_insitu", run_insitu)
+
+    def profiled(*argv):
+        args = build_parser().parse_args(["bench", "--in-situ", "--out", str(tmp_path), *argv])
+        assert cli.cmd_bench(args) == 0
+        return calls.pop()
+
+    table = [layer.name for layer in layer_table()]
+    assert profiled("--quick") == (table[:3], 64)
+    assert profiled("--quick", "--batch-sizes", "16,32") == (table[:3], 16)
+    square = [n for n in table if "_3x3" in n]
+    assert len(square) > 3  # so --quick alone would cut them
+    assert profiled("--layers", "_3x3") == (square, 64)
+    assert profiled("--quick", "--layers", "_3x3") == (square, 64)
+    assert profiled("--quick", "--layer", "8,4,4") == (["8c_4x4_3x3"], 64)
+
+
+def test_command_line_quotes_arguments_as_a_shell_would_need(monkeypatch):
+    from spio.bench import cli
+
+    monkeypatch.setattr(cli.sys, "argv", ["/x/spio/__main__.py", "bench", "--layers", "a b"])
+    assert cli.command_line() == "python -m spio bench --layers 'a b'"

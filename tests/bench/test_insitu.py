@@ -135,36 +135,72 @@ def test_profile_passes_counts_ranges_and_event_times_on_cpu(monkeypatch):
 def test_tally_counts_each_range_once_though_the_profiler_reports_it_on_both_sides():
     """PyTorch 2.11 on an H200 reported every bench:: range twice, as the CPU range and as a GPU
     user annotation: calls came out 12 where 6 were made. Only the CPU event counts."""
+    from spio.bench.insitu import tally_events
+
+    found, spio_kernels = tally_events(_profiled_fprops(3))
+    assert found[("spio", "fprop")]["calls"] == 3
+    assert found[("spio", "fprop")]["kernels"] == {"spio_conv2d_gw8": 21.0}
+    assert spio_kernels == {"spio_conv2d_gw8": 21.0, "spio_sum_slots": 3.0}
+
+
+def _event(name, device, kernels=(), children=(), device_us=0.0):
+    """A stand-in for a torch.profiler event."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        name=name,
+        device_type=device,
+        kernels=list(kernels),
+        cpu_children=list(children),
+        device_time_total=device_us,
+    )
+
+
+def _profiled_fprops(calls: int) -> list:
+    """Profiler events of `calls` spio FProp passes of one 7 µs kernel each (and WGrad's 1 µs
+    second kernel, and a PyTorch kernel), each range reported on both sides."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    kernel = SimpleNamespace(name="spio_conv2d_gw8", duration=7.0)
+    launch = _event("cuLaunchKernel", DeviceType.CPU, kernels=[kernel])
+    events = []
+    for _ in range(calls):
+        events += [
+            _event("bench::spio::fprop", DeviceType.CPU, children=[launch]),
+            _event("bench::spio::fprop", DeviceType.CUDA),  # the GPU-side annotation
+            _event("spio_conv2d_gw8", DeviceType.CUDA, device_us=7.0),
+            _event("spio_sum_slots", DeviceType.CUDA, device_us=1.0),  # WGrad's second pass
+            _event("void at::native::reduce_kernel", DeviceType.CUDA, device_us=5.0),
+        ]
+    return events
+
+
+def test_tally_sums_kernels_of_a_range_its_children_and_theirs_once_each():
+    """Kernels hang off the range's own event and off CPU events at any depth below it; a CPU
+    event named like a spio kernel (its device time is its kernels') adds nothing to them."""
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
 
     from spio.bench.insitu import tally_events
 
-    def event(name, device, kernels=(), children=(), device_us=0.0):
-        return SimpleNamespace(
-            name=name,
-            device_type=device,
-            kernels=list(kernels),
-            cpu_children=list(children),
-            device_time_total=device_us,
-        )
+    def kernel(name, us):
+        return SimpleNamespace(name=name, duration=us)
 
-    kernel = SimpleNamespace(name="spio_conv2d_gw8", duration=7.0)
-    launch = event("cuLaunchKernel", DeviceType.CPU, kernels=[kernel])
-    events = []
-    for _ in range(3):
-        events += [
-            event("bench::spio::fprop", DeviceType.CPU, children=[launch]),
-            event("bench::spio::fprop", DeviceType.CUDA),  # the GPU-side annotation
-            event("spio_conv2d_gw8", DeviceType.CUDA, device_us=7.0),
-            event("spio_sum_slots", DeviceType.CUDA, device_us=1.0),  # WGrad's second pass
-            event("void at::native::reduce_kernel", DeviceType.CUDA, device_us=5.0),
-        ]
-    found, spio_kernels = tally_events(events)
-    assert found[("spio", "fprop")]["calls"] == 3
-    assert found[("spio", "fprop")]["kernels"] == {"spio_conv2d_gw8": 21.0}
-    assert spio_kernels == {"spio_conv2d_gw8": 21.0, "spio_sum_slots": 3.0}
+    grandchild = _event("cuLaunchKernel", DeviceType.CPU, kernels=[kernel("spio_b", 2.0)])
+    children = [
+        _event("cuLaunchKernel", DeviceType.CPU, kernels=[kernel("spio_a", 1.0)]),
+        _event("spio::op", DeviceType.CPU, children=[grandchild]),
+    ]
+    range_ = _event(
+        "bench::spio::dgrad", DeviceType.CPU, kernels=[kernel("spio_a", 4.0)], children=children
+    )
+    cpu_side = _event("spio_a", DeviceType.CPU, device_us=5.0)
+    found, spio_kernels = tally_events([range_, cpu_side])
+    assert found == {("spio", "dgrad"): {"calls": 1, "kernels": {"spio_a": 5.0, "spio_b": 2.0}}}
+    assert spio_kernels == {}
 
 
 def test_insitu_table_puts_each_impls_step_time_in_its_own_column():
@@ -190,3 +226,113 @@ def test_step_time_is_the_median_of_the_steps_not_the_mean(monkeypatch):
     stack = make_stack("convfirst", TINY, "torch", depth=1)
     x = torch.randn(1, TINY.c, TINY.h, TINY.w)
     assert step_time_ms(stack, x, steps=3) == 1.0
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+def test_profile_passes_keeps_every_spio_kernel_seen_for_unattributed_launches(monkeypatch):
+    """("spio", "all") holds the profiler's spio kernels, linked to a range or not, and the steps
+    profiled; each range gets its event time. A stand-in profiler reports three FProp passes."""
+    from contextlib import contextmanager
+
+    from spio.bench import insitu
+
+    _fake_events(monkeypatch, itertools.repeat(0.5))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def training_step(stack, x):
+        with insitu._pass("spio", "fprop"):
+            pass
+
+    @contextmanager
+    def profile(activities):
+        yield FakeProfile()
+
+    class FakeProfile:
+        def events(self):
+            return _profiled_fprops(3)
+
+    monkeypatch.setattr(insitu, "training_step", training_step)
+    monkeypatch.setattr(torch.profiler, "profile", profile)
+    found = insitu.profile_passes(None, None, steps=3)
+    assert found[("spio", "all")] == {
+        "calls": 3,
+        "kernels": {"spio_conv2d_gw8": 21.0, "spio_sum_slots": 3.0},
+    }
+    assert found[("spio", "fprop")]["calls"] == 3
+    assert found[("spio", "fprop")]["event_us"] == pytest.approx(500.0)
+
+
+def test_run_insitu_rows_give_per_call_times_and_name_unattributed_kernels(monkeypatch):
+    """run_insitu's rows from stand-in measurements (no GPU): kernel time per call, the kernels
+    behind it, spio's kernels per step where the profiler linked none to the range, and a pass
+    it saw no call of; one row per stack, implementation and requested pass, in that order."""
+    from spio.bench import insitu, run
+    from spio.bench.results import RunInfo
+
+    precompiled = []
+    monkeypatch.setattr(run, "precompile", lambda cases, device: precompiled.extend(cases))
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)  # undone
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "randn", lambda shape, device, dtype: zeros(shape, dtype=dtype))
+
+    class Stack:
+        def __init__(self, impl):
+            self.impl = impl
+
+        def to(self, **kwargs):
+            return self
+
+    measured = {
+        "spio": {
+            ("spio", "fprop"): {"calls": 4, "kernels": {"b": 8.0, "a": 4.0}, "event_us": 3.5},
+            ("spio", "dgrad"): {"calls": 4, "kernels": {}, "event_us": 5.0},
+            ("spio", "all"): {"calls": 10, "kernels": {"spio_y": 30.0, "spio_x": 50.0}},
+        },
+        "torch": {("torch", "fprop"): {"calls": 2, "kernels": {"c": 20.0}, "event_us": 11.0}},
+    }
+    monkeypatch.setattr(insitu, "make_stack", lambda style, layer, impl, depth: Stack(impl))
+    monkeypatch.setattr(insitu, "training_step", lambda stack, x: None)
+    monkeypatch.setattr(insitu, "step_time_ms", lambda stack, x, steps: 2.5)
+    monkeypatch.setattr(insitu, "profile_passes", lambda stack, x, steps: measured[stack.impl])
+    info = RunInfo("GPU", "drv", "t", "c", "s", "today", "cmd", "timing")
+    rows = insitu.run_insitu([TINY], 2, "bf16", info, passes=("wgrad", "fprop", "dgrad"), steps=10)
+    assert precompiled == [(TINY.params(2, "bf16"), p) for p in ("fprop", "dgrad", "wgrad")]
+    assert [(r.style, r.impl, r.pass_) for r in rows] == [
+        (style, impl, pass_)
+        for style in ("convfirst", "mbconv")
+        for impl in ("spio", "torch")
+        for pass_ in ("wgrad", "fprop", "dgrad")
+    ]
+    got = {(r.impl, r.pass_): (r.calls, r.us_per_call, r.kernels, r.event_us_per_call)
+           for r in rows if r.style == "mbconv"}  # fmt: skip
+    assert got[("spio", "fprop")] == (4, 3.0, "a:1.0;b:2.0", 3.5)
+    calls, us, kernels, event_us = got[("spio", "dgrad")]
+    assert (calls, kernels, event_us) == (4, "not attributed; per step: spio_x:5.0;spio_y:3.0", 5.0)
+    assert math.isnan(us)
+    calls, us, kernels, event_us = got[("spio", "wgrad")]  # no call seen
+    assert (calls, us, kernels) == (0, 0, "") and math.isnan(event_us)
+    assert got[("torch", "fprop")] == (2, 10.0, "c:10.0", 11.0)
+    assert {(r.n, r.dtype, r.step_ms, r.gpu, r.command) for r in rows} == {
+        (2, "bf16", 2.5, "GPU", "cmd")
+    }
+
+
+def test_insitu_table_takes_a_zero_event_time_for_no_measurement():
+    """Events recorded back to back measure 0 µs: that is no time to show or divide by."""
+    common = dict(layer="L", style="mbconv", n=8, dtype="fp16", pass_="fprop", calls=4,
+                  step_ms=1.0, gpu="FIXTURE", driver="-", torch="-", spio="-", date="-",
+                  command="-")  # fmt: skip
+    rows = [
+        InSituRow(
+            impl="spio",
+            us_per_call=math.nan,
+            kernels="not attributed",
+            event_us_per_call=0.0,
+            **common,
+        ),  # fmt: skip
+        InSituRow(
+            impl="torch", us_per_call=30.0, kernels="c:30.0", event_us_per_call=33.0, **common
+        ),  # fmt: skip
+    ]
+    lines = format_insitu_table(rows).splitlines()
+    assert lines[2].split()[4:7] == ["-", "30.0", "-"] and len(lines) == 3

@@ -82,3 +82,60 @@ def test_script_without_a_gpu_says_so(capsys):
     script = load_script("read_probe")
     assert script.main([]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(blocks=0), "blocks >= 1, got 0"),
+        (dict(depth=0), "depth >= 1, got 0"),
+        (dict(threads=0), "threads >= 1, got 0"),
+        (dict(threads=1056), "threads a multiple of 32 up to 1024, got 1056"),
+        (dict(mode="bulk", row_bytes=1 << 20, region_bytes=1 << 20), "rows under 1 MiB"),
+        (dict(blocks=2, region_bytes=1 << 30, region_stride=1 << 30), "at most 2 GiB"),
+    ],
+)
+def test_probes_at_a_limit_are_rejected(kwargs, message):
+    base = dict(mode="ldg", blocks=2, threads=32, depth=2, region_bytes=4096, region_stride=4096)
+    with pytest.raises(ValueError, match=message):
+        Probe(**{**base, **kwargs})
+
+
+def test_probes_just_inside_the_limits_are_accepted():
+    assert Probe("ldg", 1, 1024, 1, 16, 16).threads == 1024
+    assert Probe("bulk", 1, 32, 2, (1 << 20) - 16, 1 << 20, row_bytes=(1 << 20) - 16).row_bytes
+    assert Probe("ldg", 2, 32, 1, (1 << 30) - 16, 1 << 30).span_bytes == 2**31 - 16
+
+
+def test_probe_sizes_count_regions_not_strides():
+    """Block b reads region_bytes at b * region_stride: span to the last region's end, bytes
+    read by all blocks, and shared memory per mode (bulk adds an 8-byte mbarrier per row)."""
+    probe = Probe("ldg", 3, 64, 4, 4096, 8192)
+    assert (probe.span_bytes, probe.read_bytes, probe.shared_mem_bytes) == (20480, 12288, 0)
+    assert Probe("cp.async", 3, 64, 3, 4096, 8192).shared_mem_bytes == 3 * 64 * 16
+    assert Probe("rows", 3, 64, 3, 4096, 8192, row_bytes=1024).shared_mem_bytes == 3 * 1024
+    assert Probe("bulk", 3, 64, 3, 4096, 8192, row_bytes=512).shared_mem_bytes == 3 * 520
+
+
+def test_probe_refuses_data_that_is_not_16_byte_aligned():
+    probe = Probe("ldg", 1, 32, 1, 64, 64)
+    data = torch.zeros(256, dtype=torch.uint8)[1:]
+    with pytest.raises(ValueError, match=f"16-byte aligned .* at {data.data_ptr():#x}"):
+        probe.run(data)
+
+
+def test_every_probe_field_gives_its_kernel_another_name():
+    """spio keeps a loaded kernel under its name: probes differing only in one field must not
+    share one."""
+    base = Probe("rows", 2, 64, 2, 4096, 8192, row_bytes=1024)
+    others = [
+        Probe("bulk", 2, 64, 2, 4096, 8192, row_bytes=1024),
+        Probe("rows", 3, 64, 2, 4096, 8192, row_bytes=1024),
+        Probe("rows", 2, 32, 2, 4096, 8192, row_bytes=1024),
+        Probe("rows", 2, 64, 4, 4096, 8192, row_bytes=1024),
+        Probe("rows", 2, 64, 2, 2048, 8192, row_bytes=1024),
+        Probe("rows", 2, 64, 2, 4096, 4096, row_bytes=1024),
+        Probe("rows", 2, 64, 2, 4096, 8192, row_bytes=512),
+    ]
+    names = [p.kernel().name for p in [base, *others]]
+    assert len(set(names)) == len(names), names
