@@ -90,7 +90,8 @@ class Probe:
 
     def run(self, data, out=None):
         """Launch on `data` (a uint8 tensor of at least span_bytes, 16-byte aligned, on a GPU or
-        the CPU for the emulator); returns the per-thread XORs (blocks x threads int32)."""
+        the CPU for the emulator); returns the per-thread XORs (blocks x threads int32), in
+        `out` if given."""
         import torch
 
         if data.dtype != torch.uint8 or data.numel() < self.span_bytes or data.data_ptr() % 16:
@@ -98,8 +99,14 @@ class Probe:
                 f"Probe needs a 16-byte aligned uint8 tensor of at least {self.span_bytes} bytes, "
                 f"got {data.dtype} of {data.numel()} at {data.data_ptr():#x}"
             )
+        threads = self.blocks * self.threads
         if out is None:
-            out = torch.empty(self.blocks * self.threads, dtype=torch.int32, device=data.device)
+            out = torch.empty(threads, dtype=torch.int32, device=data.device)
+        elif out.dtype != torch.int32 or out.numel() < threads or out.device != data.device:
+            raise ValueError(  # the kernel writes one int32 a thread
+                f"Probe needs out as an int32 tensor of at least {threads} elements on "
+                f"{data.device}, got {out.dtype} of {out.numel()} on {out.device}"
+            )
         self.kernel().launch([out, data], data.device)
         return out
 

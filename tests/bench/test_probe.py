@@ -139,3 +139,16 @@ def test_every_probe_field_gives_its_kernel_another_name():
     ]
     names = [p.kernel().name for p in [base, *others]]
     assert len(set(names)) == len(names), names
+
+
+@pytest.mark.parametrize(
+    "out",
+    [torch.zeros(63, dtype=torch.int32), torch.zeros(64, dtype=torch.int64)],
+    ids=["short", "int64"],
+)
+def test_probe_refuses_an_out_the_kernel_would_write_past(out):
+    """One int32 a thread: a shorter or wider-typed buffer would be written past its end."""
+    probe = Probe("ldg", 2, 32, 1, 64, 64)
+    data = torch.zeros(256, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="int32 tensor of at least 64 elements"):
+        probe.run(data, out)
