@@ -162,9 +162,10 @@ def test_opcheck_forward(shape, bias, requires_grad, channels_last):
 @pytest.mark.parametrize(
     "mask", [[True, True, True], [True, False, False], [False, True, False], [False, False, True]]
 )
-def test_opcheck_backward(mask):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # unrequested dx: bf16
+def test_opcheck_backward(mask, dtype):
     shape = SHAPES[1]
-    x, w, _ = _tensors(shape, dtype=torch.float32, bias=False, channels_last=True)
+    x, w, _ = _tensors(shape, dtype=dtype, bias=False, channels_last=True)
     y = conv2d_gw8(x, w, None, padding_y=shape[6], padding_x=shape[7])
     dy = torch.randn_like(y)
     # The backward op has an autograd formula of its own (double backward): opcheck checks its
@@ -221,6 +222,39 @@ def test_only_input_grad_needed_keeps_input_memory_format():
     assert w.grad is None
     torch.testing.assert_close(seen[0], conv2d_gw8_dgrad_ref(dy, w, 1, (6, 7)))
     assert seen[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_weight_grad_keeps_a_channels_last_weights_layout():
+    """As the fake impl promises: opcheck compares the two."""
+    x, w, _ = _tensors(SHAPES[0], bias=False)
+    w = w.to(memory_format=torch.channels_last)
+    dy = torch.randn(2, 16, 6, 7, dtype=torch.float64)
+    _, dw, _ = conv2d_gw8_backward(dy, x, w, 1, 1, [False, True, False])
+    assert dw.is_contiguous(memory_format=torch.channels_last) and not dw.is_contiguous()
+    torch.testing.assert_close(dw, conv2d_gw8_wgrad_ref(x, dy, 1, 3, 3))
+    torch.library.opcheck(conv2d_gw8_backward, (dy, x, w, 1, 1, [False, True, False]))
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_without_a_weight_grad_the_input_is_not_kept_for_backward(monkeypatch, emulate):
+    """Only the weight gradient reads the input: with a frozen weight its memory is freed after
+    the forward, and the input gradient is still right."""
+    import weakref
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    dtype = torch.float16 if emulate == "1" else torch.float64
+    x, w, _ = _tensors(SHAPES[0], dtype=dtype, bias=False, channels_last=True)
+    leaf = x.requires_grad_()
+    xi = leaf.clone()
+    kept = weakref.ref(xi)
+    y = conv2d_gw8(xi, w, None, padding_y=1, padding_x=1)
+    del xi
+    assert kept() is None
+    dy = torch.ones_like(y)
+    y.backward(dy)
+    params = Conv2dGw8Params.from_tensors(x.half(), w.half(), None, padding=(1, 1))
+    want = conv2d_gw8_dgrad_ref(dy, w, 1, (6, 7))
+    conv2d_gw8_tolerance(params, "dgrad", dy, w).assert_close(leaf.grad, want)
 
 
 def test_autocast_cpu_bf16_keeps_fp32_params_and_bias():
@@ -292,6 +326,32 @@ def test_batch_chunks_are_few_and_even(n, limit, chunks):
     assert batch_chunks(n, limit) == chunks
 
 
+def test_activations_of_exactly_2_gib_run_in_chunks(monkeypatch):
+    """The kernels count bytes in a C++ int: 2**31 bytes of activations is one byte past what
+    they take, so 1024 images of 2 MiB run in two chunks, and 1023 in one batch."""
+    from spio.functional import _kernels
+
+    monkeypatch.setattr(_kernels, "_layers", {})
+    x = torch.empty(1024, 16, 256, 256, dtype=torch.float16, device="meta")
+    w = torch.empty(16, 8, 3, 3, dtype=torch.float16, device="meta")
+    assert x.numel() * 2 == 2**31
+    chunked = _kernels.layer(x, w, None, 1, 1)
+    assert isinstance(chunked, _kernels._ChunkedLayer)
+    assert [(start, stop) for start, stop, _ in chunked._chunks] == [(0, 512), (512, 1024)]
+    assert type(_kernels.layer(x[:1023], w, None, 1, 1)) is _kernels.Layer
+
+
+def test_the_layer_cache_holds_at_most_max_signatures(monkeypatch):
+    from spio.functional import _kernels
+
+    monkeypatch.setattr(_kernels, "MAX_SIGNATURES", 2)
+    monkeypatch.setattr(_kernels, "_layers", {})
+    w = torch.empty(8, 8, 3, 3, dtype=torch.float16, device="meta")
+    for h in range(3, 8):
+        _kernels.layer(torch.empty(1, 8, h, h, dtype=torch.float16, device="meta"), w, None, 1, 1)
+        assert 1 <= len(_kernels._layers) <= 2
+
+
 def _train_step_matches_reference(x, w, b) -> None:
     """conv2d_gw8 forward and backward (padding 1) on x, w and an fp32 bias, all requiring
     grad: y, dx, dw and db each match the float64 reference at its tolerance."""
@@ -353,10 +413,19 @@ class TestEmulateSeam:
         with pytest.raises(ValueError, match="filter R in 1..5, got 7"):
             conv2d_gw8(x, torch.randn(16, 8, 7, 3).half())
 
-    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-    def test_batches_past_the_kernels_tensor_limit_run_in_chunks(self, monkeypatch, dtype):
-        """Activations larger than a kernel takes (2 GiB; here lowered to two images) run in
-        chunks of images: each pass matches the float64 reference, the weight and bias
+    @pytest.mark.parametrize(
+        "dtype, images, sizes",
+        [
+            (torch.float16, 2, [2, 2, 1]),
+            (torch.bfloat16, 2, [2, 2, 1]),
+            (torch.float16, 1, [1, 1, 1, 1, 1]),  # one image fits exactly: still the kernels
+        ],
+    )
+    def test_batches_past_the_kernels_tensor_limit_run_in_chunks(
+        self, monkeypatch, dtype, images, sizes
+    ):
+        """Activations larger than a kernel takes (2 GiB; here lowered to two images, or one)
+        run in chunks of images: each pass matches the float64 reference, the weight and bias
         gradients sum over every chunk, and each chunk size gets its own kernels."""
         from spio.functional import _kernels
         from spio.kernels.kernel import Kernel
@@ -365,7 +434,7 @@ class TestEmulateSeam:
         shape = (5, 16, 6, 7, 3, 3, 1, 1)
         x, w, b = _tensors(shape, dtype=dtype, channels_last=True)
         params = Conv2dGw8Params.from_tensors(x, w, b, padding=(1, 1))
-        monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", 2 * _kernels.image_bytes(params))
+        monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", images * _kernels.image_bytes(params))
         monkeypatch.setattr(_kernels, "_layers", {})
         launched = []
         launch = Kernel.launch
@@ -377,10 +446,35 @@ class TestEmulateSeam:
 
         monkeypatch.setattr(Kernel, "launch", spy)
         _train_step_matches_reference(x, w, b)
-        # Chunks of 2, 2 and 1 images: three launches of each pass (WGrad's sum_slots aside).
+        # One launch of each pass per chunk (WGrad's sum_slots aside).
         for kind in ("fprop", "dgrad", "wgrad"):
-            sizes = [n for name, n in launched if name == f"conv2d_gw8_{kind}"]
-            assert sizes == [2, 2, 1], (kind, launched)
+            ran = [n for name, n in launched if name == f"conv2d_gw8_{kind}"]
+            assert ran == sizes, (kind, launched)
+
+    def test_chunked_eager_path_gives_the_ops_bits(self, monkeypatch):
+        """In chunks, the eager path (which has the kernels write the parameters' dtypes) and
+        the op (fp32 gradients, cast after) give the same output and gradients, an fp32 bias's
+        gradient unrounded in both."""
+        from spio.functional import _kernels
+        from spio.functional.eager import conv2d_gw8_eager
+
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        x, w, b = _tensors((5, 16, 6, 7, 3, 3, 1, 1), dtype=torch.float16, channels_last=True)
+        b = b.float()
+        params = Conv2dGw8Params.from_tensors(x, w, b, padding=(1, 1))
+        monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", 2 * _kernels.image_bytes(params))
+        monkeypatch.setattr(_kernels, "_layers", {})
+        dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(3)).half()
+        results = []
+        for run in (conv2d_gw8, conv2d_gw8_eager):
+            leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+            y = run(*leaves, padding_y=1, padding_x=1)
+            y.backward(dy)
+            results.append((y, *(t.grad for t in leaves)))
+        assert isinstance(_kernels.layer(x, w, b, 1, 1), _kernels._ChunkedLayer)
+        assert results[1][3].dtype == torch.float32
+        for got, want in zip(*results, strict=True):
+            assert got.dtype == want.dtype and torch.equal(got, want)
 
     def test_an_image_past_the_kernels_tensor_limit_runs_in_pytorch(self, monkeypatch, caplog):
         from spio.functional import _kernels
@@ -440,6 +534,11 @@ def _bad_calls():
             "C=16 (input.shape[1]) and K=32 (weight",
         ),
         (
+            "C != K of one group",  # groups=1: implied by the weight, so not the layer's message
+            lambda: conv2d_gw8(x, torch.randn(8, 8, 3, 3)),
+            "C=16 (input.shape[1]) and K=8 (weight.shape[0])",
+        ),
+        (
             "input channels for the layer",
             lambda: conv2d_gw8(torch.randn(2, 32, 6, 6), w, None, 1, 1, 1, 1, 2),
             "weight of shape (16, 8, 3, 3) and groups=2 needs an input of 16 channels, got input "
@@ -456,10 +555,16 @@ def _bad_calls():
             lambda: conv2d_gw8(torch.randn(1, 16, 0, 4), w, None, 1, 1, 1),
             "input image of at least 1x1, got 0x4",
         ),
+        (
+            "no columns",  # padding 2 would give a 3-wide output
+            lambda: conv2d_gw8(torch.randn(1, 16, 4, 0), w, None, 1, 1, 2),
+            "input image of at least 1x1, got 4x0",
+        ),
         ("groups", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 4), "groups = C / 8 = 2, got 4"),
         ("groups 0", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 0), "groups = C / 8 = 2, got 0"),
         ("R", lambda: conv2d_gw8(x, torch.randn(16, 8, 7, 3)), "filter R in 1..5, got 7"),
         ("S", lambda: conv2d_gw8(x, torch.randn(16, 8, 3, 6)), "filter S in 1..5, got 6"),
+        ("R 0", lambda: conv2d_gw8(x, torch.randn(16, 8, 0, 3), None, 1, 1, 1), "R in 1..5, got 0"),
         ("padding", lambda: conv2d_gw8(x, w, None, 1, -1, 0), "non-negative padding, got (-1, 0)"),
         (
             "padding x",
@@ -471,15 +576,20 @@ def _bad_calls():
             lambda: conv2d_gw8(torch.randn(1, 8, 2, 9), torch.randn(8, 8, 3, 3)),
             "non-empty output, got output size 0x7",
         ),
+        (
+            "empty width",
+            lambda: conv2d_gw8(torch.randn(1, 8, 9, 2), torch.randn(8, 8, 3, 3)),
+            "non-empty output, got output size 7x0",
+        ),
         ("3-D input", lambda: conv2d_gw8(x[0], w), "4-D NCHW input, got 3-D"),
         ("5-D input", lambda: conv2d_gw8(x[None], w), "4-D NCHW input, got 5-D"),
-        ("3-D weight", lambda: conv2d_gw8(x, w[0]), "4-D weight"),
+        ("3-D weight", lambda: conv2d_gw8(x, w[0]), "4-D weight (K, 8, R, S), got 3-D"),
         ("bias length", lambda: conv2d_gw8(x, w, torch.randn(8)), "bias of shape (16,), got (8,)"),
         ("bias 2-D", lambda: conv2d_gw8(x, w, torch.randn(16, 1)), "got (16, 1)"),
         (
             "bias dtype",
             lambda: conv2d_gw8(x.double(), w.double(), torch.randn(16).half()),
-            "bias in fp32 or the input dtype",
+            "bias in fp32 or the input dtype torch.float64, got torch.float16",
         ),
         (
             "float64 bias",
@@ -490,7 +600,11 @@ def _bad_calls():
         ("bias device", lambda: conv2d_gw8(x, w, torch.randn(16, device="meta")), "bias on meta"),
         ("int input", lambda: conv2d_gw8(x.long(), w), "floating-point tensors, got input"),
         ("int weight", lambda: conv2d_gw8(x, w.int()), "got weight of torch.int32"),
-        ("mixed dtype", lambda: conv2d_gw8(x, w.double()), "weight dtype equal to input dtype"),
+        (
+            "mixed dtype",
+            lambda: conv2d_gw8(x, w.double()),
+            "weight dtype equal to input dtype torch.float32, got torch.float64",
+        ),
         (
             "backward mask",
             lambda: conv2d_gw8_backward(x, x, w, 1, 1, [True]),
@@ -500,6 +614,11 @@ def _bad_calls():
             "backward grad shape",
             lambda: conv2d_gw8_backward(x[:, :, 1:], x, w, 1, 1, [True, True, True]),
             "grad_output of shape (2, 16, 6, 6)",
+        ),
+        (
+            "backward grad dtype",
+            lambda: conv2d_gw8_backward(x.double(), x, w, 1, 1, [True, True, True]),
+            "grad_output of torch.float32 on cpu, got torch.float64 on cpu",
         ),
     ]
 
@@ -672,6 +791,16 @@ def test_deterministic_mode_uses_the_partial_sums_wgrad(monkeypatch, limit):
     tol.assert_close(dw, conv2d_gw8_wgrad_ref(x, dy, (1, 1), 3, 3))
     tol = conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1))
     tol.assert_close(db, conv2d_gw8_bias_grad_ref(dy))
+    # The eager path, here for a layer without a bias, takes the same weight gradient.
+    from spio.functional.eager import conv2d_gw8_eager
+
+    leaf = w.clone().requires_grad_()
+    torch.use_deterministic_algorithms(True)
+    try:
+        conv2d_gw8_eager(x, leaf, None, 1, 1).backward(dy)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert torch.equal(leaf.grad, dw.to(w.dtype))
     # Deterministic mode off again: partial sums by default while their buffer is small, atomics
     # into a zeroed dw past PARTIAL_BYTES.
     launched.clear()
@@ -785,6 +914,7 @@ def test_activations_not_in_channels_last_are_logged_once_on_the_gpu(monkeypatch
         assert warnings() == []
         layer = _kernels.Layer(params, cuda)
         layer.forward(x, w, None, _kernels.DGRAD)  # spio's DGrad would copy dy and dx
+        assert len(warnings()) == 1
         layer.forward(x, w, None, 7)
         _kernels.Layer(params, cuda).forward(x, w, None, 7)
     assert len(warnings()) == 1
@@ -811,6 +941,11 @@ def test_flop_counter_counts_the_ops(monkeypatch):
         counts = counter.get_flop_counts()["Global"]
         assert counts[torch.ops.spio.conv2d_gw8] == forward
         assert counts[torch.ops.spio.conv2d_gw8_backward] == expected_passes * forward
+    layer.weight.requires_grad_(False)  # the bias alone: a sum, no pass
+    with FlopCounterMode(display=False) as counter:
+        layer(x).float().sum().backward()
+    counts = counter.get_flop_counts()["Global"]
+    assert counts[torch.ops.spio.conv2d_gw8_backward] == 0 and layer.bias.grad is not None
     conv = torch.nn.Conv2d(16, 16, (3, 5), padding=(1, 2), groups=2).double()
     with FlopCounterMode(display=False) as counter:
         conv(x.double())

@@ -157,6 +157,43 @@ def test_backward_op_honours_passes(spied):
     bias_tol.assert_close(db, spio_db)  # a sum over dy against spio's WGrad pass
 
 
+@pytest.mark.parametrize(
+    "mask", [[True, False, False], [False, True, False], [False, False, True], [False, True, True]]
+)
+def test_backward_op_runs_the_kernels_of_the_gradients_asked_for_only(spied, mask):
+    """DGrad for the input's gradient, WGrad for the weight's (and the bias's with it); a bias
+    gradient alone is a sum over dy."""
+    x, w, _, dy = _layer_tensors()
+    grads = conv2d_gw8_backward(dy, x, w, 1, 1, mask)
+    assert spied == [name for name, need in zip(("dgrad", "wgrad"), mask, strict=False) if need]
+    assert [g.numel() > 0 for g in grads] == mask
+
+
+def test_double_backward_runs_the_kernels_of_the_gradients_asked_for_only(spied):
+    """The gradient of dx for the weight is one WGrad; that of dw for the input one DGrad."""
+    x, w, _, dy = _layer_tensors()
+    wg = w.clone().requires_grad_()
+    dx = conv2d_gw8_backward(dy, x, wg, 1, 1, [True, False, False])[0]
+    g = torch.randn_like(dx)
+    (g_w,) = torch.autograd.grad(dx, wg, g)
+    assert spied == ["dgrad", "wgrad"]
+    spied.clear()
+    xg = x.clone().requires_grad_()
+    dw = conv2d_gw8_backward(dy, xg, w, 1, 1, [False, True, False])[1]
+    (g_x,) = torch.autograd.grad(dw, xg, torch.ones_like(dw))
+    assert spied == ["wgrad", "dgrad"]
+    # <g, dx> = <w, WGrad(g, dy)> and <1, dw> = <x, DGrad(dy, 1)>.
+    params = Conv2dGw8Params.from_tensors(x, w, None, padding=(1, 1))
+    tol = conv2d_gw8_tolerance(params, "wgrad", g, dy)
+    Tolerance(tol.atol, tol.rtol + torch.finfo(w.dtype).eps).assert_close(
+        g_w, conv2d_gw8_wgrad_ref(g, dy, (1, 1), 3, 3)
+    )
+    ones = torch.ones_like(w)
+    conv2d_gw8_tolerance(params, "dgrad", dy, ones).assert_close(
+        g_x, conv2d_gw8_dgrad_ref(dy, ones, (1, 1), tuple(x.shape[-2:]))
+    )
+
+
 def test_opcheck_with_passes():
     x = torch.randn(2, 16, 6, 7)
     w = torch.randn(16, 8, 3, 3, requires_grad=True)

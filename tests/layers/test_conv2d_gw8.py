@@ -324,9 +324,11 @@ def test_compiled_layers_under_autocast_match_eager():
     assert len(compiles) == 1
 
 
+@pytest.mark.parametrize("channels_last", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
-def test_eager_path_equals_the_custom_op(monkeypatch, bias):
-    """Outside torch.compile the layer skips the custom-op dispatch; same kernels, same bits."""
+def test_eager_path_equals_the_custom_op(monkeypatch, bias, channels_last):
+    """Outside torch.compile the layer skips the custom-op dispatch; same kernels, same bits,
+    and the gradients laid out as the op lays them out (the kernels write NHWC)."""
     from spio.functional import eager as eager_module
     from spio.functional.conv2d_gw8_op import conv2d_gw8
 
@@ -336,24 +338,28 @@ def test_eager_path_equals_the_custom_op(monkeypatch, bias):
     monkeypatch.setattr(eager_module._Conv2dGw8, "apply", lambda *a: calls.append(1) or real(*a))
     torch.manual_seed(0)
     layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=bias).half()
-    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=fmt)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     y1 = layer(x1)
     assert calls, "the layer did not take the eager path"
     y2 = conv2d_gw8(x2, layer.weight, layer.bias, 1, 1, 1, 1, 2)
     assert torch.equal(y1, y2)
-    assert y1.is_contiguous(memory_format=torch.channels_last)
+    assert y1.is_contiguous(memory_format=fmt)
     dy = torch.randn_like(y1)
     g1 = torch.autograd.grad(y1, [x1, layer.weight] + ([layer.bias] if bias else []), dy)
     g2 = torch.autograd.grad(y2, [x2, layer.weight] + ([layer.bias] if bias else []), dy)
     for a, b in zip(g1, g2, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+        assert a.stride() == b.stride()
+    assert g1[0].is_contiguous(memory_format=fmt)
 
 
 def test_under_autocast_the_eager_path_reads_the_weight_as_the_custom_op_does(monkeypatch):
     """Both cast a channels_last weight to the region's dtype contiguous, so that eager calls
     and the op (torch.compile) launch the same kernels: those spio.precompile builds."""
     from spio.functional.conv2d_gw8_op import conv2d_gw8
+    from spio.functional.eager import autocast_operands
 
     monkeypatch.setenv("SPIO_EMULATE", "1")
     launched = spy_on_launches(monkeypatch, names=True)
@@ -368,6 +374,8 @@ def test_under_autocast_the_eager_path_reads_the_weight_as_the_custom_op_does(mo
         y_op = conv2d_gw8(x, layer.weight, layer.bias, 1, 1, 1, 1, 2)
         op = launched[len(eager) :]
         (precompiled,) = layer.spio_kernels(x)
+        weight = autocast_operands(x, layer.weight, layer.bias)[1]
+    assert weight.dtype == torch.bfloat16 and weight.is_contiguous()
     assert eager == op == [precompiled.name]
     assert torch.equal(y_eager, y_op)
 
@@ -1121,3 +1129,53 @@ def test_the_constructor_takes_nn_conv2ds_arguments_by_name_and_skip_init_works(
     )
     with pytest.raises(ValueError, match="Conv2dGw8 .*stride"):
         Conv2dGw8(16, 16, 3, stride=2, groups=2)
+
+
+@pytest.mark.parametrize("frozen_weight", [False, True])
+def test_a_gradient_penalty_on_the_eager_path_gives_the_ops_bits(monkeypatch, frozen_weight):
+    """backward(create_graph=True) on the eager path records differentiable gradients, as the
+    op does: the penalty's gradients are the op's bits, and the input's gradient keeps the
+    input's channels_last layout (with a frozen weight the eager path keeps no input)."""
+    import spio.layers.conv2d_gw8 as layer_module
+    from spio.functional import eager as eager_module
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    calls = []
+    real = eager_module._Conv2dGw8.apply
+    monkeypatch.setattr(eager_module._Conv2dGw8, "apply", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    layer.weight.requires_grad_(not frozen_weight)
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last).requires_grad_()
+
+    def penalty_step():
+        x.grad = layer.weight.grad = layer.bias.grad = None
+        xi = x.clone()  # not a leaf: its gradient keeps the layout the backward gave it
+        (g,) = torch.autograd.grad(layer(xi).float().square().sum(), xi, create_graph=True)
+        g.float().square().sum().backward()
+        return g, x.grad, layer.weight.grad, layer.bias.grad
+
+    eager = penalty_step()
+    assert calls, "the layer did not take the eager path"
+    monkeypatch.setattr(layer_module, "eager_path_applies", lambda *args: False)
+    through_op = penalty_step()
+    assert eager[0].is_contiguous(memory_format=torch.channels_last)
+    assert (eager[2] is None) == frozen_weight
+    for a, b in zip(eager, through_op, strict=True):
+        assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b))
+
+
+def test_the_eager_path_leaves_tensor_subclasses_to_the_op():
+    """A tensor subclass in any operand, the bias too, takes the custom op: its eager path
+    would launch kernels on tensors whose behaviour it does not know."""
+    from spio.functional.eager import eager_path_applies
+
+    class Tagged(torch.Tensor):
+        pass
+
+    x, w, b = torch.randn(1, 16, 4, 4), nn.Parameter(torch.randn(16, 8, 3, 3)), torch.randn(16)
+    assert eager_path_applies(x, w, b) and eager_path_applies(x, w, None)
+    for i in range(3):
+        args = [x, w, b]
+        args[i] = args[i].as_subclass(Tagged)
+        assert not eager_path_applies(*args), i
