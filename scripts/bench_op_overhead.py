@@ -4,11 +4,10 @@ that the host, not the GPU, sets the pace.
 Issue #7's target: no more than about 10 µs per call over PyTorch's own dispatch. The raw custom op
 pays torch.library's dispatch; Conv2dGw8 modules and the public function spio.functional.conv2d_gw8
 outside torch.compile take spio's light eager path (spio.functional.eager), which is what the
-target is checked on. Each case is called many times
-without synchronising, the cases taking turns in every repeat so that a slow patch of the host
-hits them alike; the host time per call is reported (median of repeats), and each gap is the median
-of the differences within a repeat. A training step (forward and backward) is timed too. Needs a
-GPU.
+target is checked on. Each case is called many times without synchronising, the cases taking turns
+in every repeat so that a slow patch of the host hits them alike; the host time per call is
+reported (median of repeats), and each gap is the median of the differences within a repeat. A
+training step (forward and backward) is timed too. Needs a GPU.
 
     python scripts/bench_op_overhead.py [--calls 2000] [--repeats 5] [--dtype fp16] [--profile]
 

@@ -29,7 +29,6 @@ from ._kernels import ALL_PASSES, check_passes
 from .checks import (
     autocast_dtype,
     cast_for_autocast,
-    check_tensors,
     derivative_transform,
     functorch_transform_active,
     memory_format,
@@ -182,13 +181,11 @@ def conv2d_gw8(
         and type(dilation) is int
         and type(groups) is int
         and type(passes) is int
-        and isinstance(input, Tensor)
+        and eager_path_applies(input, weight, bias)  # (also: every operand a plain tensor)
         and (input.is_cuda or uses_kernels(input.device))
-        and eager_path_applies(input, weight, bias)
         and derivative_transform(input, weight, bias) is None  # the op raises there
     ):
         check_passes(passes)
-        check_tensors(input, weight, bias)
         return conv2d_gw8_eager(
             input, weight, bias, padding_y, padding_x, passes, stride, dilation, groups
         )

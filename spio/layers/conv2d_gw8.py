@@ -447,7 +447,7 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
         # torch.nn.utils.parametrize: each parametrized tensor (weight, say) is a property of the
         # module's own class, computed from module.parametrizations (a submodule, shared below
         # with the others). `new` gets a class of the same kind over cls, and no Parameter of
-        # that name (the meta one cls made would shadow nothing but stay in its state_dict).
+        # that name (the property would hide the meta one cls made, but not from state_dict).
         for name in module.parametrizations:
             new._parameters.pop(name, None)
         new.__class__ = _parametrized_class(cls, type(module))
