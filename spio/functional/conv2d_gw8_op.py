@@ -82,13 +82,9 @@ def conv2d_gw8(
     groups: int = 1,
     passes: int = ALL_PASSES,
 ) -> Tensor:
-    """Grouped conv2d with group width 8, stride 1, C == K: input (N, C, H, W), weight (C, 8, R, S).
-
-    `groups` is accepted for F.conv2d compatibility: it must be C // 8, or 1 to mean "implied by
-    the weight". The output keeps the input's memory format (channels_last stays channels_last).
-    `passes`: which passes run spio's kernels, as bits (fprop 1, dgrad 2, wgrad 4); the others
-    run PyTorch's convolution. Only where spio's kernels run at all (CUDA; CPU with SPIO_EMULATE).
-    """
+    """The custom op spio::conv2d_gw8 behind spio.functional.conv2d_gw8 (spio.functional.eager),
+    whose docstring says what the arguments mean; that function calls it wherever something must
+    see the op, and skips its dispatch elsewhere."""
     check_passes(passes)
     check_tensors(input, weight, bias)
     fmt = memory_format(input)

@@ -58,23 +58,26 @@ def test_make_stack_rejects_unknown_style_and_impl():
         GwConv(TINY, "cudnn")
 
 
+#: The fields of an InSituRow that the table tests do not vary.
+_ROW_FIELDS = dict(layer="L", style="mbconv", n=8, dtype="fp16", pass_="fprop", calls=4,
+                   step_ms=1.0, gpu="FIXTURE", driver="-", torch="-", spio="-", date="-",
+                   command="-")  # fmt: skip
+
+
 def test_insitu_table_shows_speedup_and_unattributed_times():
-    common = dict(layer="L", style="mbconv", n=8, dtype="fp16", pass_="fprop", calls=4,
-                  step_ms=1.0, gpu="FIXTURE", driver="-", torch="-", spio="-", date="-",
-                  command="-")  # fmt: skip
     rows = [
         InSituRow(
-            impl="spio", us_per_call=10.0, kernels="k:10.0", event_us_per_call=12.0, **common
+            impl="spio", us_per_call=10.0, kernels="k:10.0", event_us_per_call=12.0, **_ROW_FIELDS
         ),  # fmt: skip
         InSituRow(
-            impl="torch", us_per_call=30.0, kernels="c:30.0", event_us_per_call=33.0, **common
+            impl="torch", us_per_call=30.0, kernels="c:30.0", event_us_per_call=33.0, **_ROW_FIELDS
         ),  # fmt: skip
     ]
     table = format_insitu_table(rows)
     assert "3.00x" in table and "(e)" not in table  # profiler times win where they exist
     # The profiler attributed nothing to spio's pass (pytorch#144778): the event time stands in.
     rows[0] = InSituRow(impl="spio", us_per_call=math.nan, kernels="not attributed",
-                        event_us_per_call=15.0, **common)  # fmt: skip
+                        event_us_per_call=15.0, **_ROW_FIELDS)  # fmt: skip
     lines = format_insitu_table(rows).splitlines()
     # spio us, torch us, and a speedup marked as comparing a profiler and an event time
     assert lines[2].split()[4:7] == ["(e)15.0", "30.0", "2.00x*"]
@@ -82,7 +85,7 @@ def test_insitu_table_shows_speedup_and_unattributed_times():
     assert lines[-1].startswith("*: a profiler time against an event time")
     # Neither measure: no number, no speedup.
     rows[0] = InSituRow(impl="spio", us_per_call=math.nan, kernels="not attributed",
-                        event_us_per_call=math.nan, **common)  # fmt: skip
+                        event_us_per_call=math.nan, **_ROW_FIELDS)  # fmt: skip
     fields = format_insitu_table(rows).splitlines()[2].split()
     assert fields[4:7] == ["-", "30.0", "-"]
 
@@ -319,19 +322,16 @@ def test_run_insitu_rows_give_per_call_times_and_name_unattributed_kernels(monke
 
 def test_insitu_table_takes_a_zero_event_time_for_no_measurement():
     """Events recorded back to back measure 0 µs: that is no time to show or divide by."""
-    common = dict(layer="L", style="mbconv", n=8, dtype="fp16", pass_="fprop", calls=4,
-                  step_ms=1.0, gpu="FIXTURE", driver="-", torch="-", spio="-", date="-",
-                  command="-")  # fmt: skip
     rows = [
         InSituRow(
             impl="spio",
             us_per_call=math.nan,
             kernels="not attributed",
             event_us_per_call=0.0,
-            **common,
+            **_ROW_FIELDS,
         ),  # fmt: skip
         InSituRow(
-            impl="torch", us_per_call=30.0, kernels="c:30.0", event_us_per_call=33.0, **common
+            impl="torch", us_per_call=30.0, kernels="c:30.0", event_us_per_call=33.0, **_ROW_FIELDS
         ),  # fmt: skip
     ]
     lines = format_insitu_table(rows).splitlines()
