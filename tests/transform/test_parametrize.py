@@ -155,3 +155,20 @@ def test_emulated_kernels_run_the_parametrized_weights(monkeypatch, dtype):
         torch.testing.assert_close(
             p.grad.double(), p_ref.grad, atol=16 * eps * g_scale, rtol=16 * eps, msg=name
         )
+
+
+def test_a_compiled_parametrized_model_matches_eager():
+    """torch.compile(fullgraph=True) traces the parametrization's property on the class transform
+    built (as it traces torch's own), the weight computed inside the graph."""
+    model = transform(_model())
+    x = torch.randn(2, 16, 7, 6, dtype=torch.float64, requires_grad=True)
+    y, grads = _outputs_and_grads(model, x)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    model.zero_grad()
+    y_compiled = compiled(x)
+    y_compiled.square().sum().backward()
+    grads_compiled = {name: p.grad for name, p in model.named_parameters()}
+    torch.testing.assert_close(y_compiled, y)
+    for name in grads:
+        torch.testing.assert_close(grads_compiled[name], grads[name], msg=name)
