@@ -498,9 +498,9 @@ def where_faster(
 def _cuda_device(inputs: tuple) -> torch.device:
     devices = {t.device for t in inputs if isinstance(t, torch.Tensor)}
     cuda = [d for d in devices if d.type == "cuda"]
-    if not cuda:
+    if len(cuda) != 1:  # none, or several: which one's times would decide is not for spio to pick
         raise ValueError(
-            "where_faster times layers on the inputs' GPU; got inputs on "
+            "where_faster times layers on the one GPU the inputs are on; got inputs on "
             f"{', '.join(sorted(str(d) for d in devices)) or 'no tensor'}"
         )
     return cuda[0]

@@ -218,10 +218,11 @@ def test_cache_entry_records_what_was_timed(tuned, tmp_path):
     assert winner.encode() == min(entry["timed"], key=entry["timed"].get)
 
 
-@pytest.mark.parametrize("damage", ["not json", "no longer a config"])
+@pytest.mark.parametrize("damage", ["not json", "no config", "no longer a config"])
 def test_an_unusable_cache_entry_is_timed_again_and_replaced(damage, tuned, monkeypatch, caplog):
-    """A damaged entry, or one naming a config the family no longer has, is a miss: it had
-    given every later process the untuned pick, with the same warning, for good."""
+    """A damaged entry (not JSON, or without a config), or one naming a config the family no
+    longer has, is a miss: it had given every later process the untuned pick, with the same
+    warning, for good."""
     import logging
 
     from spio.compiler import DiskCache
@@ -233,6 +234,8 @@ def test_an_unusable_cache_entry_is_timed_again_and_replaced(damage, tuned, monk
     cache = DiskCache("autotune")
     entry = json.loads(cache.get(key)[0])
     entry["config"]["groups"] = 3
+    if damage == "no config":
+        del entry["config"]
     bad = b"{not json" if damage == "not json" else json.dumps(entry).encode()
     cache.discard(key)
     cache.get_or_build(key, lambda: (bad, {"family": family.name}))
@@ -478,7 +481,7 @@ def test_multi_image_variants_of_the_pick_are_timed_and_their_winner_cached(tune
 
 
 def test_default_timer_makes_a_layers_inputs_once_for_all_its_candidates(monkeypatch):
-    """Up to 64 rotated input sets per layer: made once for the k candidates, freed by release
+    """Up to MAX_SETS rotated input sets per layer: made once for the k candidates, freed by release
     (autotune calls it after timing); the CUDA parts are stand-ins."""
     made, timed = [], []
     monkeypatch.setattr(autotune, "_l2_bytes", lambda device: 60 * 2**20)
@@ -553,3 +556,193 @@ def test_default_timer_makes_new_inputs_for_another_pass_of_the_same_layer(monke
         timer(family, layer, "kernel", "cuda:0")
     assert made == ["conv2d_gw8_fprop", "conv2d_gw8_dgrad", "conv2d_gw8_wgrad"]
     assert all(f == args[0] for f, args in timed), timed
+
+
+def test_kernel_inputs_follow_each_pass_where_the_output_is_smaller_than_the_input():
+    """Unpadded, a layer's output is smaller than its input: DGrad reads the output gradient and
+    writes the input's, WGrad reads the input then the output gradient, and a layer without a
+    bias gets no bias gradient."""
+    params = P(n=2, c=16, h=7, w=6, padding=0)
+    assert params.output_shape != params.input_shape
+    dgrad = autotune.kernel_inputs("conv2d_gw8_dgrad", params, "cpu")
+    assert [tuple(dgrad[i].shape) for i in (0, 1)] == [params.input_shape, params.output_shape]
+    wgrad = autotune.kernel_inputs("conv2d_gw8_wgrad", params, "cpu")
+    assert wgrad[1] is None
+    assert [tuple(wgrad[i].shape) for i in (2, 3)] == [params.input_shape, params.output_shape]
+    with_bias = dataclasses.replace(params, has_bias=True)
+    biased = autotune.kernel_inputs("conv2d_gw8_wgrad", with_bias, "cpu")
+    assert tuple(biased[1].shape) == (16,) and not biased[1].any()  # zeroed, to accumulate into
+
+
+def test_time_kernel_rotates_through_the_input_sets_and_gives_seconds(monkeypatch):
+    """Each timed call takes the next input set in turn; the median in milliseconds comes back
+    in seconds. The CUDA parts (the device context and the event timing) are stand-ins."""
+    import contextlib
+    import types
+
+    import torch
+
+    import spio.bench.timing
+
+    launched = []
+
+    class Recording:
+        def launch(self, args, device):
+            launched.append(args[0])
+
+    def time_calls(call, warmup, reps):
+        for i in range(warmup + reps):
+            call(i)
+        return types.SimpleNamespace(median_ms=2.5)
+
+    monkeypatch.setattr(spio.bench.timing, "time_calls", time_calls)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    sets = [["a"], ["b"], ["c"]]
+    seconds = autotune.time_kernel(
+        "conv2d_gw8_fprop", LAYER, Recording(), sets, "cuda:0", warmup=1, repeats=5
+    )
+    assert seconds == pytest.approx(2.5e-3)
+    assert launched == ["a", "b", "c", "a", "b", "c"]
+    with pytest.raises(ValueError, match="at least one set of kernel arguments"):
+        autotune.time_kernel("conv2d_gw8_fprop", LAYER, Recording(), [], "cuda:0")
+
+
+def test_default_timer_makes_new_inputs_for_another_device(monkeypatch):
+    """Inputs live on the device they were made for: the same layer timed on a second GPU gets
+    its own."""
+    made = []
+    monkeypatch.setattr(autotune, "_l2_bytes", lambda device: 60 * 2**20)
+    monkeypatch.setattr(autotune, "input_copies", lambda family, params, l2: 1)
+    monkeypatch.setattr(
+        autotune, "kernel_inputs", lambda family, params, device, seed: made.append(device) or [1]
+    )
+    monkeypatch.setattr(autotune, "time_kernel", lambda f, p, kernel, sets, d: 1e-5)
+    timer = autotune._DefaultTimer()
+    for device in ("cuda:0", "cuda:0", "cuda:1"):
+        timer("conv2d_gw8_fprop", LAYER, "kernel", device)
+    assert made == ["cuda:0", "cuda:1"]
+
+
+def test_l2_size_is_read_from_the_device_timed(monkeypatch):
+    import torch
+
+    from spio.cuda import driver
+
+    asked = []
+    monkeypatch.setattr(
+        driver, "device_attributes", lambda i: asked.append(i) or {"l2_cache_bytes": 50 << 20}
+    )
+    assert autotune._l2_bytes(torch.device("cuda", 1)) == 50 << 20
+    assert asked == [1]
+
+
+def test_autotune_releases_the_timers_inputs_after_timing_a_layer(tmp_path):
+    """The default timer holds a layer's input sets (up to 512) until `release`: autotune calls
+    it once the layer's candidates are timed, so they do not outlive the tuning."""
+    events = []
+
+    class Releasing(FakeTimer):
+        def __call__(self, *args):
+            events.append("time")
+            return super().__call__(*args)
+
+        def release(self):
+            events.append("release")
+
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    candidates = family.configs(LAYER)[:2]
+    autotune.autotune(
+        family, LAYER, FakeCuda(), H200, candidates, timer=Releasing(), cache=_cache(tmp_path)
+    )
+    assert events == ["time", "time", "release"]
+
+
+def test_an_unbuildable_candidate_is_named_in_a_warning_and_never_prepared(tmp_path, caplog):
+    """A config whose kernel cannot be made is neither compiled nor timed, and the log says
+    which and why."""
+    import logging
+
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    candidates = family.configs(LAYER)[:3]
+    real = family.make_kernel
+
+    def unbuildable(params, config):
+        if config == candidates[1]:
+            raise ValueError("cannot be built")
+        return real(params, config)
+
+    prepared = []
+
+    class Preparing(FakeTimer):
+        def prepare(self, kernels, arch):
+            prepared.extend(dict(k.info)["config"] for k in kernels)
+
+    broken = dataclasses.replace(family, make_kernel=unbuildable)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        autotune.autotune(
+            broken, LAYER, FakeCuda(), H200, candidates, timer=Preparing(), cache=_cache(tmp_path)
+        )
+    assert prepared == [candidates[0], candidates[2]]
+    assert f"{candidates[1].encode()} failed: cannot be built" in caplog.text
+
+
+def test_top_k_defaults_to_five(monkeypatch):
+    monkeypatch.delenv("SPIO_AUTOTUNE_TOPK", raising=False)
+    assert autotune.top_k() == autotune.DEFAULT_TOP_K == 5
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", " ")
+    assert autotune.top_k() == 5
+
+
+def test_only_a_cuda_device_defers_tuning_for_a_graph_capture(monkeypatch):
+    """Outside spio.precompile's collection, tuning waits only for a CUDA device's capture: a
+    CPU device has no stream to capture."""
+    import torch
+
+    monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+    monkeypatch.setattr(autotune, "capturing", lambda device: True)
+    assert autotune.deferred(FakeCuda())
+    assert not autotune.deferred(torch.device("cpu"))
+    monkeypatch.setattr(autotune, "capturing", lambda device: False)
+    assert not autotune.deferred(FakeCuda())
+    with autotune.collecting():
+        assert autotune.deferred(FakeCuda()) and autotune.deferred(torch.device("cpu"))
+    # With autotuning off nothing waits: a capture gets the usual choice, remembered.
+    monkeypatch.setenv("SPIO_AUTOTUNE", "0")
+    monkeypatch.setattr(autotune, "capturing", lambda device: True)
+    assert not autotune.deferred(FakeCuda())
+
+
+def test_collecting_records_a_layers_buildable_candidates_and_why_the_others_are_not(
+    monkeypatch, tmp_path
+):
+    """Inside spio.precompile's collection `want` records the layer for its batch build: only
+    the kernels that could be made (the batch builds them all), and the others' errors; outside
+    it records nothing and asks the caller to tune now."""
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_default_cache", None)
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    candidates = family.configs(LAYER)[:3]
+    real = family.make_kernel
+
+    def unbuildable(params, config):
+        if config == candidates[1]:
+            raise ValueError("cannot be built")
+        return real(params, config)
+
+    broken = dataclasses.replace(family, make_kernel=unbuildable)
+    assert not autotune.want(broken, LAYER, FakeCuda(), H200, candidates)
+    with autotune.collecting() as wanted:
+        assert autotune.want(broken, LAYER, FakeCuda(), H200, candidates)
+    ((recorded, device, kernels, unmade),) = wanted.values()
+    assert recorded is broken and isinstance(device, FakeCuda)
+    assert [dict(k.info)["config"] for k in kernels] == [candidates[0], candidates[2]]
+    assert list(unmade) == [candidates[1]] and "cannot be built" in str(unmade[candidates[1]])
+
+
+def test_input_copies_count_the_bytes_of_the_pass_timed():
+    """WGrad also moves its fp32 weight gradient, large for wide 5x5 layers (4.60 MB a set, to
+    FProp's and DGrad's 4.40 MB): ceil(3 x 60 MiB / set) + 1 sets for each."""
+    l2 = 60 * 2**20
+    wide = P(n=8, c=512, h=16, w=16, r=5, s=5, padding=2)
+    copies = {f: autotune.input_copies(f"conv2d_gw8_{f}", wide, l2) for f in ("fprop", "wgrad")}
+    assert copies == {"fprop": 44, "wgrad": 42}

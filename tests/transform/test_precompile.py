@@ -348,7 +348,10 @@ def test_keyword_inputs_of_the_model_are_passed(emulated):
 
 
 def test_build_failures_name_the_kernels(emulated, monkeypatch):
+    asked = set()
+
     def broken(source, headers, name):
+        asked.add(name)
         if name.startswith("conv2d_gw8_dgrad"):
             raise RuntimeError("no compiler today")
         return None
@@ -357,8 +360,10 @@ def test_build_failures_name_the_kernels(emulated, monkeypatch):
     model, x = _model(), _input(h=5, w=3)
     with pytest.raises(
         RuntimeError, match=r"3 of \d+ kernels failed to build:\n.*dgrad.*no compiler"
-    ):
+    ) as raised:
         precompile(model, x, progress=False)
+    # Out of every kernel precompile built, not only the failed ones.
+    assert raised.match(rf"3 of {len(asked)} kernels") and len(asked) > 3
 
 
 def test_layout_warning_survives_a_call_without_spio_passes(caplog, monkeypatch):
@@ -559,3 +564,50 @@ def test_listing_a_transformed_models_layers_builds_and_launches_nothing(emulate
     include = modules.where_faster(model, _input(), timer=lambda params, p, impl: 1.0)
     assert include("first", model.first) == ("fprop", "dgrad", "wgrad")
     assert launched == []
+
+
+def test_one_gpu_data_parallel_is_looked_through_at_any_depth():
+    """A DataParallel over one GPU runs its module on the whole batch, so it is looked through,
+    as are wrappers of wrappers; only one over several GPUs is refused."""
+    model = _Net()
+    inner = nn.DataParallel(model)
+    outer = nn.DataParallel(inner)
+    inner.device_ids = outer.device_ids = [0]  # as on a one-GPU machine
+    assert modules._unwrapped(outer) is model
+    inner.device_ids = [0, 1]
+    with pytest.raises(ValueError, match="splits each batch over its 2 GPUs"):
+        modules._unwrapped(outer)
+
+
+def test_a_model_that_calls_none_of_its_layers_is_reported(caplog):
+    class Bypass(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+
+        def forward(self, x):
+            return x * 2
+
+    model = transform(Bypass())
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert precompile(model, _input()[:, :16], progress=False) == []
+    assert "the model called none of its 1 Conv2dGw8 layers" in caplog.text
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_autotune_collects_the_double_backwards_layers_with_the_rest(
+    emulated, monkeypatch, tmp_path, bias
+):
+    """With double_backward=True the first pass collects the double backward's layer passes
+    too (with a bias, some are the bias-less layer's): their candidates join the one batch
+    build, and nothing is tuned that was not built in it."""
+    fake = _FakeCpuH200(monkeypatch, tmp_path)
+    conv = transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2, bias=bias)).half())
+    x = _input(h=5, w=6)[:, :16]
+    kernels = precompile(conv, x, double_backward=True, progress=False)
+    candidates, chosen = fake.builds()
+    assert sorted(fake.timed()) == sorted(candidates)
+    assert sorted(chosen) == sorted(k.name for k in kernels)
+    # The double backward's FProp of a layer with a bias is the bias-less layer's.
+    fprops = {name.split("__")[1] for name in candidates if name.startswith("conv2d_gw8_fprop")}
+    assert len(fprops) == 1 + bias

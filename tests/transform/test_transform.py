@@ -459,3 +459,22 @@ def test_arguments_of_the_wrong_kind_are_type_errors_naming_the_function():
     for message, call in calls.items():
         with pytest.raises(TypeError, match=re.escape(message)):
             call()
+
+
+def test_scan_modules_runs_the_model_without_autograd():
+    """The listing pass records no graph: a model that checks finds autograd off, and its
+    output would need no backward."""
+    grad_enabled = []
+
+    class Checking(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+
+        def forward(self, x):
+            grad_enabled.append(torch.is_grad_enabled())
+            return self.conv(x)
+
+    assert len(scan_modules(Checking().half(), torch.randn(1, 16, 5, 6).half())) == 1
+    assert len(scan_modules(transform(Checking()).half(), torch.randn(1, 16, 5, 6).half())) == 1
+    assert grad_enabled == [False, False]

@@ -91,7 +91,7 @@ def test_inference_times_fprop_only_and_unreached_convs_stay():
 
 def test_needs_a_gpu_unless_given_a_timer():
     model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)).half()
-    with pytest.raises(ValueError, match="times layers on the inputs' GPU; got inputs on cpu"):
+    with pytest.raises(ValueError, match="one GPU the inputs are on; got inputs on cpu"):
         where_faster(model, torch.randn(1, 16, 8, 8).half())
 
 
@@ -196,3 +196,134 @@ def test_a_conv_called_on_several_layers_keeps_the_passes_faster_on_all():
 
     include = where_faster(Twice(), torch.randn(2, 16, 8, 8).half(), timer=timer)
     assert include("conv", conv) == ("fprop",)
+
+
+def test_the_gpu_is_looked_for_among_keyword_inputs_too():
+    """A model called with keywords only: its inputs are looked at (here on the CPU, so the
+    error names their device rather than "no tensor")."""
+
+    class Keyword(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+
+        def forward(self, *, x):
+            return self.conv(x)
+
+    with pytest.raises(ValueError, match="one GPU the inputs are on; got inputs on cpu$"):
+        where_faster(Keyword().half(), kwargs={"x": torch.randn(1, 16, 8, 8).half()})
+
+
+def test_compiles_the_kernels_of_the_timed_passes_before_timing(monkeypatch):
+    """Without a timer: spio's kernels of each distinct layer and pass to time are compiled at
+    once, before the first timing (FProp only with training=False). The GPU parts (the inputs'
+    device, the compile and the timer) are stand-ins."""
+    import spio.bench.run
+    from spio.transform import modules
+
+    events = []
+    monkeypatch.setattr(modules, "_cuda_device", lambda inputs: torch.device("cuda", 0))
+
+    def compile_cases(cases, device):
+        events.append(("compile", [(params.h, pass_) for params, pass_ in cases]))
+        return {}
+
+    monkeypatch.setattr(spio.bench.run, "precompile", compile_cases)
+
+    def gpu_timer(device):
+        def timer(params, pass_, impl):
+            events.append(("time", (params.h, pass_)))
+            return 1.0
+
+        return timer
+
+    monkeypatch.setattr(modules, "_gpu_layer_timer", gpu_timer)
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            return self.conv(x), self.conv(x[:, :, :4, :4]), self.conv(x)
+
+    x = torch.randn(2, 16, 8, 8).half()
+    where_faster(Twice(), x, training=False)
+    assert events[0] == ("compile", [(8, "fprop"), (4, "fprop")])
+    assert {e[0] for e in events[1:]} == {"time"}
+    events.clear()
+    where_faster(Twice(), x)
+    passes = ["fprop", "dgrad", "wgrad"]
+    assert events[0] == ("compile", [(h, p) for h in (8, 4) for p in passes])
+
+
+def test_gpu_timer_times_each_implementations_call_on_its_device_and_frees_the_last_layer(
+    monkeypatch,
+):
+    """spio's call is timed for "spio" and PyTorch's for "torch", median of 20 calls, with the
+    L2 size of the timer's own device; a layer's cases are dropped when the next layer is timed
+    (they hold its rotated inputs). The CUDA parts are stand-ins."""
+    import gc
+    import types
+    import weakref
+
+    import spio.bench.run
+    import spio.bench.timing
+    from spio.kernels import Conv2dGw8Params
+    from spio.transform import modules
+
+    live = weakref.WeakSet()
+    l2_asked, reps_asked = [], []
+
+    class FakeCase:
+        def __init__(self, params, pass_, l2, device):
+            assert l2 == 40 << 20 and device == torch.device("cuda", 1)
+            live.add(self)
+            self.h = params.h
+
+        def spio_call(self):
+            return ("spio", self.h)
+
+        def torch_call(self):
+            return ("torch", self.h)
+
+    def time_calls(call, warmup, reps):
+        reps_asked.append(reps)
+        return types.SimpleNamespace(median_ms={"spio": 1.0, "torch": 3.0}[call[0]])
+
+    monkeypatch.setattr(spio.bench.run, "PassCase", FakeCase)
+    monkeypatch.setattr(
+        spio.bench.timing, "l2_cache_bytes", lambda index: l2_asked.append(index) or 40 << 20
+    )
+    monkeypatch.setattr(spio.bench.timing, "time_calls", time_calls)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    timer = modules._gpu_layer_timer(torch.device("cuda", 1))
+    a, b = (Conv2dGw8Params(n=2, c=16, h=h, w=8, padding=1) for h in (8, 6))
+    assert timer(a, "fprop", "spio") == pytest.approx(1e-3)
+    assert timer(a, "fprop", "torch") == pytest.approx(3e-3)
+    assert timer(a, "dgrad", "spio") == pytest.approx(1e-3)
+    gc.collect()
+    assert sorted(case.h for case in live) == [8, 8]
+    assert timer(b, "fprop", "torch") == pytest.approx(3e-3)
+    gc.collect()
+    assert [case.h for case in live] == [6]
+    assert l2_asked == [1] and reps_asked == [20] * 4
+
+
+def test_inputs_on_two_gpus_are_refused_naming_them():
+    """Which GPU's times would decide is not for spio to pick: it had taken the first of a set,
+    an arbitrary one."""
+    from spio.transform.modules import _cuda_device
+
+    def on(index):
+        class OnGpu(torch.Tensor):
+            @property
+            def device(self):
+                return torch.device("cuda", index)
+
+        return torch.empty(1).as_subclass(OnGpu)
+
+    assert _cuda_device((on(1), torch.empty(1))) == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="are on; got inputs on cuda:0, cuda:1$"):
+        _cuda_device((on(1), on(0)))
