@@ -1,6 +1,7 @@
 """where_faster: transform's `include` chosen by timing each pass of each layer in spio and in
 PyTorch. The GPU timer is replaced by a fake here; the real one runs under `-m cuda`."""
 
+import contextlib
 import logging
 
 import pytest
@@ -140,7 +141,7 @@ def test_gpu_timer_makes_each_pass_inputs_once_per_layer(monkeypatch):
     monkeypatch.setattr(spio.bench.timing, "l2_cache_bytes", lambda index: 1)
     fake = types.SimpleNamespace(median_ms=2.0)
     monkeypatch.setattr(spio.bench.timing, "time_calls", lambda call, warmup, reps: fake)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     timer = modules._gpu_layer_timer(torch.device("cuda", 0))
     a, b = (Conv2dGw8Params(n=2, c=c, h=8, w=8, padding=1) for c in (16, 24))
     for params in (a, b):
@@ -297,7 +298,7 @@ def test_gpu_timer_times_each_implementations_call_on_its_device_and_frees_the_l
         spio.bench.timing, "l2_cache_bytes", lambda index: l2_asked.append(index) or 40 << 20
     )
     monkeypatch.setattr(spio.bench.timing, "time_calls", time_calls)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     timer = modules._gpu_layer_timer(torch.device("cuda", 1))
     a, b = (Conv2dGw8Params(n=2, c=16, h=h, w=8, padding=1) for h in (8, 6))
     assert timer(a, "fprop", "spio") == pytest.approx(1e-3)
