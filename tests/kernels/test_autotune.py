@@ -657,11 +657,9 @@ def test_autotune_releases_the_timers_inputs_after_timing_a_layer(tmp_path):
     assert events == ["time", "time", "release"]
 
 
-def test_an_unbuildable_candidate_is_named_in_a_warning_and_never_prepared(tmp_path, caplog):
-    """A config whose kernel cannot be made is neither compiled nor timed, and the log says
-    which and why."""
-    import logging
-
+def _fprop_with_an_unbuildable_second_candidate():
+    """The FProp family with make_kernel raising for the second of LAYER's first three configs;
+    and those three configs."""
     family = pm.FAMILIES["conv2d_gw8_fprop"]
     candidates = family.configs(LAYER)[:3]
     real = family.make_kernel
@@ -671,13 +669,22 @@ def test_an_unbuildable_candidate_is_named_in_a_warning_and_never_prepared(tmp_p
             raise ValueError("cannot be built")
         return real(params, config)
 
+    return dataclasses.replace(family, make_kernel=unbuildable), candidates
+
+
+def test_an_unbuildable_candidate_is_named_in_a_warning_and_never_prepared(tmp_path, caplog):
+    """A config whose kernel cannot be made is neither compiled nor timed, and the log says
+    which and why."""
+    import logging
+
+    broken, candidates = _fprop_with_an_unbuildable_second_candidate()
+
     prepared = []
 
     class Preparing(FakeTimer):
         def prepare(self, kernels, arch):
             prepared.extend(dict(k.info)["config"] for k in kernels)
 
-    broken = dataclasses.replace(family, make_kernel=unbuildable)
     with caplog.at_level(logging.WARNING, logger="spio"):
         autotune.autotune(
             broken, LAYER, FakeCuda(), H200, candidates, timer=Preparing(), cache=_cache(tmp_path)
@@ -720,16 +727,8 @@ def test_collecting_records_a_layers_buildable_candidates_and_why_the_others_are
     it records nothing and asks the caller to tune now."""
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "_default_cache", None)
-    family = pm.FAMILIES["conv2d_gw8_fprop"]
-    candidates = family.configs(LAYER)[:3]
-    real = family.make_kernel
+    broken, candidates = _fprop_with_an_unbuildable_second_candidate()
 
-    def unbuildable(params, config):
-        if config == candidates[1]:
-            raise ValueError("cannot be built")
-        return real(params, config)
-
-    broken = dataclasses.replace(family, make_kernel=unbuildable)
     assert not autotune.want(broken, LAYER, FakeCuda(), H200, candidates)
     with autotune.collecting() as wanted:
         assert autotune.want(broken, LAYER, FakeCuda(), H200, candidates)
