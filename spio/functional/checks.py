@@ -78,11 +78,17 @@ def derivative_transform(*tensors: Tensor | None) -> str | None:
         for interpreter in retrieve_all_functorch_interpreters():
             if interpreter.key() in (TransformType.Grad, TransformType.Jvp):
                 return f"inside torch.func's {interpreter.key().name.lower()} transform"
-    if forward_ad._current_level >= 0 and any(
-        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
-    ):
+    if has_forward_tangent(*tensors):
         return "forward-mode AD (a tensor has a tangent)"
     return None
+
+
+def has_forward_tangent(*tensors: Tensor | None) -> bool:
+    """True when a tensor carries a forward-mode AD tangent (torch.autograd.forward_ad): the
+    one part of derivative_transform left to ask once eager_path_applies has answered."""
+    return forward_ad._current_level >= 0 and any(
+        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors
+    )
 
 
 def uses_kernels(device: torch.device) -> bool:

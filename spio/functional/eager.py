@@ -29,8 +29,8 @@ from ._kernels import ALL_PASSES, check_passes
 from .checks import (
     autocast_dtype,
     cast_for_autocast,
-    derivative_transform,
     functorch_transform_active,
+    has_forward_tangent,
     memory_format,
     uses_kernels,
 )
@@ -181,9 +181,11 @@ def conv2d_gw8(
         and type(dilation) is int
         and type(groups) is int
         and type(passes) is int
-        and eager_path_applies(input, weight, bias)  # (also: every operand a plain tensor)
+        # (eager_path_applies also asks for plain tensors, no compile and no torch.func
+        # transform: what derivative_transform asks, but for forward-mode tangents.)
+        and eager_path_applies(input, weight, bias)
         and (input.is_cuda or uses_kernels(input.device))
-        and derivative_transform(input, weight, bias) is None  # the op raises there
+        and not has_forward_tangent(input, weight, bias)  # the op raises there
     ):
         check_passes(passes)
         return conv2d_gw8_eager(
