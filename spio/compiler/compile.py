@@ -48,6 +48,11 @@ class CompileResult:
     seconds: float = 0.0
     key: str = ""
 
+    @property
+    def warnings(self) -> list[str]:
+        """The compiler's warnings in the log (front end and ptxas), a line each."""
+        return compiler_warnings(self.log)
+
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for")
 _PROPS = re.compile(r"Function properties for (\S+)")
@@ -55,6 +60,15 @@ _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _BARRIERS = re.compile(r"used (\d+) barriers")
+
+
+# The front end's "prog.cu(81): warning #177-D: ..." and ptxas' "ptxas warning : ...".
+_WARNING = re.compile(r"\bwarning( #\w+(-D)?)?\s*:")
+
+
+def compiler_warnings(log: str) -> list[str]:
+    """The warning lines of an NVRTC log."""
+    return [line.strip() for line in log.splitlines() if _WARNING.search(line)]
 
 
 def parse_resource_report(log: str) -> dict[str, ResourceUsage]:

@@ -218,6 +218,38 @@ def test_parse_resource_report_reads_each_entry():
     assert (second.registers, second.shared_bytes) == (32, 0)
 
 
+def test_compiler_warnings_are_the_front_ends_and_ptxas_warning_lines():
+    """Warnings only: not ptxas' info lines, nor an entry or file whose name holds the word."""
+    log = textwrap.dedent(
+        """\
+        prog.cu(81): warning #177-D: function "f" was declared but never referenced
+                  ^
+        Remark: The warnings can be suppressed with "-diag-suppress <warning-number>"
+        ptxas info    : Compiling entry function 'no_warning' for 'sm_80'
+        ptxas info    : Function properties for no_warning
+        ptxas warning : Unresolved extern function 'g'
+        warning_kernel.cu(3): remark: something to note
+        ptxas info    : Used 32 registers, 368 bytes cmem[0]
+        """
+    )
+    assert compile_module.compiler_warnings(log) == [
+        'prog.cu(81): warning #177-D: function "f" was declared but never referenced',
+        "ptxas warning : Unresolved extern function 'g'",
+    ]
+    assert compile_module.compiler_warnings("ptxas info    : Used 32 registers\n") == []
+
+
+def test_a_compile_that_warns_keeps_the_warning_and_one_that_does_not_has_none(cache_dir):
+    """CompileResult.warnings reads NVRTC's own log, from a fresh compile and from the cache."""
+    unused = TENSOR_CORE_KERNEL + "\nnamespace { __device__ int never_called() { return 1; } }\n"
+    for cached in (False, True):
+        result = compile_cubin(unused, "sm_80", name="unused.cu")
+        (warning,) = result.warnings
+        assert "warning #177-D" in warning and "never_called" in warning
+        assert result.cached == cached
+        assert compile_cubin(TENSOR_CORE_KERNEL, "sm_80", name="clean.cu").warnings == []
+
+
 @pytest.fixture
 def fresh_digests():
     """Recompute NVRTC's identity before and after the test (spio/include's digest is read at
