@@ -62,13 +62,18 @@ namespace {
 constexpr int PIXELS = Block::mma_k;
 constexpr int RUNS_PER_MMA = PIXELS / 8;
 using Elem = SPIO_WGRAD_ELEMENT;
+#if SPIO_WGRAD_HAS_BIAS
 /// A B register of two ones: the pixel sums of A (the bias gradient).
 constexpr unsigned kOnes = SPIO_WGRAD_BF16 ? 0x3F803F80u : 0x3C003C00u;
+#endif
 
-SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[1][2], const unsigned (&b)[1]) {
+// (A build calls the mma_pixels of its PIXELS; [[maybe_unused]] keeps NVRTC quiet on the other.)
+[[maybe_unused]] SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[1][2],
+                                             const unsigned (&b)[1]) {
     spio::mma_m16n8k8<Elem>(acc, a[0], b[0], acc);
 }
-SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2][2], const unsigned (&b)[2]) {
+[[maybe_unused]] SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[2][2],
+                                             const unsigned (&b)[2]) {
     const unsigned a4[4] = {a[0][0], a[0][1], a[1][0], a[1][1]};
     spio::mma_m16n8k16<Elem>(acc, a4, b, acc);
 }
@@ -168,7 +173,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const int warp_x = warp.x8() * (Block::warp_x8 * 8);  // first dy column of this warp in the tile
 
     float acc[PAIRS][S][4];
+#if SPIO_WGRAD_HAS_BIAS
     float bias_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#endif
     SPIO_UNROLL
     for (int pair = 0; pair < PAIRS; ++pair) {
         SPIO_UNROLL
@@ -200,7 +207,6 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const int rows_in = DOutput::Y % Block::y == 0 || block_y + Block::y <= DOutput::Y
                             ? Block::y
                             : DOutput::Y - block_y;
-    const unsigned full_steps = rows_in > R - 1 ? rows_in - (R - 1) : 0;  // R-1 .. rows_in-1
     constexpr bool kPartialColumns = DOutput::X % Block::x != 0;
     const bool mask_columns =
         !SPIO_WGRAD_UNMASKED && kPartialColumns && block_x + Block::x > DOutput::X;
@@ -212,8 +218,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         // tap pair's dy rows, and this lane's addresses in x's row and in the pair's dy slots
         // (runs then add constant offsets).
         const int i = t % ROWS;
-        const bool careful =
-            !SPIO_WGRAD_UNMASKED && static_cast<unsigned>(i - (R - 1)) >= full_steps;
+        const bool careful = !SPIO_WGRAD_UNMASKED && (i < R - 1 || i >= rows_in);
         const SmemX x_lane = smem_x.stage(t % STAGES).c8(warp.c8()).x(warp_x + lane % 8);
         SmemDy dy_lane[PAIRS];  // lanes 0-7: dy row i - r0's pixels, lanes 8-15: row i - r1's
         SPIO_UNROLL

@@ -71,7 +71,8 @@ def check(params: Conv2dGw8Params, pass_: str, config, device: str, seed: int = 
 
 def assert_sample_compiles_without_spills(family: str, arch: str, count: int, seed: int) -> None:
     """Compile `count` kernels of `family` (one random config of each built-in layer, then a
-    random subset) for `arch`: each must build, spill nothing and fit the register file."""
+    random subset) for `arch`: each must build without a compiler warning, spill nothing and
+    fit the register file."""
     from spio.compiler import compile_many
 
     rng = random.Random(seed)
@@ -81,6 +82,7 @@ def assert_sample_compiles_without_spills(family: str, arch: str, count: int, se
     results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
     for kernel, result in zip(kernels, results, strict=True):
         assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        assert result.warnings == [], f"{kernel.name} on {arch}"
         usage = result.resources[kernel.entry]
         assert not usage.spills, f"{kernel.name} spills on {arch}: {usage}"
         assert usage.registers * kernel.threads <= 65536, f"{kernel.name}: {usage.registers} regs"

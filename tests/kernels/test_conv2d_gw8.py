@@ -519,7 +519,8 @@ def test_weights_are_copied_as_held_into_partly_filled_blocks(igrad, weights_cl)
 @pytest.mark.parametrize("arch", spio.supported_arch)
 def test_sampled_variants_compile_without_spills(arch):
     """The weights_cl / bias_elem variants (the kernels a channels_last, half-precision model
-    runs) of sampled configs build without spills, like the plain kernels."""
+    runs) of sampled configs build without spills or compiler warnings, like the plain
+    kernels."""
     import random
 
     from spio.compiler import compile_many
@@ -535,6 +536,7 @@ def test_sampled_variants_compile_without_spills(arch):
     for kernel, result in zip(kernels, results, strict=True):
         assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
         assert not result.resources[kernel.entry].spills, kernel.name
+        assert result.warnings == [], kernel.name
         assert kernel.name.endswith("__wcl__belem" if not kernel.info_value("igrad") else "__wcl")
 
 

@@ -188,7 +188,8 @@ def test_partial_sums_cover_every_slot_and_match_reference(params, config, devic
 def test_both_reductions_compile_without_spills(arch, partials):
     """Both kernels spio runs: per-warp partial sums (most layers) and atomics (where the
     partial sums would pass 64 MiB; no test layer is that large, so family-level sampling,
-    which builds what spio would run, never builds an atomic kernel)."""
+    which builds what spio would run, never builds an atomic kernel), without compiler
+    warnings (layers with and without a bias, each kernel's other mma width unused)."""
     from spio.compiler import compile_many
 
     kernels = [wg.make_kernel(p, wg.default_config(p), partials=partials) for p in CI_LAYERS[:4]]
@@ -197,6 +198,7 @@ def test_both_reductions_compile_without_spills(arch, partials):
     ):
         assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
         assert not result.resources[kernel.entry].spills, kernel.name
+        assert result.warnings == [], kernel.name
 
 
 def test_emulated_wgrad_with_several_copies_per_thread():
@@ -289,6 +291,7 @@ def test_sum_slots_builds_for_every_arch():
     for job, result in zip(jobs, compile_many(jobs, progress=False), strict=True):
         assert not isinstance(result, BaseException), (job.name, result)
         assert not any(r.spills for r in result.resources.values()), job.name
+        assert result.warnings == [], job.name  # each build leaves a round_to unused
 
 
 def test_sixteen_images_per_block_only_on_small_images():
