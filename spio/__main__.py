@@ -346,7 +346,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     jobs = [(kernel, arch) for kernel in chosen for arch in archs]
     print(f"compiling {len(chosen)} kernels for {', '.join(archs)}: {len(jobs)} compiles")
     results = compile_many([k.compile_job(a) for k, a in jobs], desc="compiling kernels")
-    failures = spills = 0
+    failures = spills = warned = 0
     name_width = max(len(k.name) for k, _ in jobs)
     print(f"{'kernel':<{name_width}}  arch   regs  spill(B)  smem(B)")
     for (kernel, arch), result in zip(jobs, results, strict=True):
@@ -361,13 +361,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
             continue
         spilled = usage.spill_stores + usage.spill_loads
         spills += spilled > 0
+        warned += bool(result.warnings)
         smem = usage.shared_bytes + kernel.shared_mem_bytes
-        flag = "  SPILLS" if spilled else ""
+        flags = ("  SPILLS" if spilled else "") + ("  WARNINGS" if result.warnings else "")
         print(
             f"{kernel.name:<{name_width}}  {arch}  {usage.registers:4d}  {spilled:8d}  "
-            f"{smem:7d}{flag}"
+            f"{smem:7d}{flags}"
         )
-    print(f"{len(jobs)} compiles: {failures} failed, {spills} spilled")
+        for line in result.warnings:
+            print(f"    {line}")
+    print(f"{len(jobs)} compiles: {failures} failed, {spills} spilled, {warned} with warnings")
     return 1 if failures or spills else 0
 
 
@@ -387,8 +390,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "info": (cmd_info, "versions, where NVRTC and the headers were found, GPU, cache folder"),
     "compile": (
         cmd_compile,
-        "compile every config of every kernel for the built-in layer set; exit 1 on any failure "
-        "or spill",
+        "compile every config of every kernel for the built-in layer set, listing compiler "
+        "warnings; exit 1 on any failure or spill",
     ),
     "check": (
         cmd_check,

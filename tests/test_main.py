@@ -584,7 +584,8 @@ def test_compile_kernel_picks_the_families_whose_name_contains_it(compiled_jobs,
 def compile_outcomes(compiled_jobs, monkeypatch):
     """cmd_compile's compiles answered from a list the test fills, in job order: an exception
     (a failed compile), None (compiled, but no entry function in the report), or a
-    ResourceUsage for the kernel's entry; and the kernels by name, to read the table with."""
+    ResourceUsage for the kernel's entry, or a (ResourceUsage, NVRTC log) pair; and the
+    kernels by name, to read the table with."""
     import spio.compiler
     from spio.compiler import CompileResult
     from spio.kernels import families
@@ -605,8 +606,9 @@ def compile_outcomes(compiled_jobs, monkeypatch):
                 results.append(outcome)
                 continue
             entry = kernels[job.name.removesuffix(".cu")].entry
-            resources = {} if outcome is None else {entry: outcome}
-            results.append(CompileResult(cubin=b"", arch=job.arch, resources=resources))
+            usage, log = outcome if isinstance(outcome, tuple) else (outcome, "")
+            resources = {} if usage is None else {entry: usage}
+            results.append(CompileResult(cubin=b"", arch=job.arch, resources=resources, log=log))
         return results
 
     monkeypatch.setattr(spio.compiler, "compile_many", compile_many)
@@ -626,7 +628,7 @@ def test_compile_table_shows_each_compiles_resources_and_exits_1_on_a_failure_or
     outcomes[:] = [RuntimeError("ptxas says no"), None, spilling, clean]
     assert main(argv) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1] == "4 compiles: 2 failed, 1 spilled"
+    assert lines[-1] == "4 compiles: 2 failed, 1 spilled, 0 with warnings"
     table = [line.split() for line in lines[2:-1]]
     first, second = table[0][0], table[2][0]
     assert table[0] == [first, "sm_90", "FAILED:", "ptxas", "says", "no"]
@@ -636,14 +638,36 @@ def test_compile_table_shows_each_compiles_resources_and_exits_1_on_a_failure_or
     assert table[3] == [second, "sm_80", "40", "0", *smem]
     assert kernels[second].shared_mem_bytes > 0  # so the column adds the kernel's own
     for one_bad, summary in [
-        (RuntimeError("ptxas says no"), "1 failed, 0 spilled"),
-        (None, "1 failed, 0 spilled"),
-        (spilling, "0 failed, 1 spilled"),
-        (clean, "0 failed, 0 spilled"),
+        (RuntimeError("ptxas says no"), "1 failed, 0 spilled, 0 with warnings"),
+        (None, "1 failed, 0 spilled, 0 with warnings"),
+        (spilling, "0 failed, 1 spilled, 0 with warnings"),
+        (clean, "0 failed, 0 spilled, 0 with warnings"),
     ]:
         outcomes[:] = [clean, clean, one_bad, clean]
         assert main(argv) == (0 if one_bad is clean else 1)
         assert capsys.readouterr().out.endswith(f"4 compiles: {summary}\n")
+
+
+def test_compile_lists_a_kernels_compiler_warnings_under_it_without_failing(
+    compile_outcomes, capsys
+):
+    """A warning in NVRTC's log (front end or ptxas) flags the kernel's row, is printed under
+    it and counted; the exit status stays that of failures and spills (another NVRTC version
+    may warn where the tests' does not)."""
+    from spio.__main__ import main
+    from spio.compiler.compile import ResourceUsage
+
+    outcomes, _ = compile_outcomes
+    front = 'k.cu(81): warning #177-D: variable "x" was declared but never referenced'
+    ptxas = "ptxas warning : Value of threads per SM for entry k is out of range"
+    log = f"{front}\nptxas info    : Used 40 registers\n{ptxas}\n"
+    outcomes[:] = [ResourceUsage(registers=40), (ResourceUsage(registers=40), log)]
+    assert main(["compile", "--arch", "sm_90", "--sample", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not lines[2].endswith("WARNINGS")
+    assert lines[3].split()[-1] == "WARNINGS"
+    assert lines[4:6] == [f"    {front}", f"    {ptxas}"]
+    assert lines[-1] == "2 compiles: 0 failed, 0 spilled, 1 with warnings"
 
 
 def test_info_gives_the_driver_row_only_with_a_gpu(tmp_path, monkeypatch, capsys):
