@@ -266,7 +266,6 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const int lane = threadIdx.x % 32;
     const WarpIdx warp(threadIdx.x / 32);
     const int warp_x = warp.x16() * (Block::warp_x16 * 16);  // first column of this warp in the tile
-    const int c8 = block_c8 + warp.c8();                      // this warp's group
 
     // B operands: one register per tap, lane l holding B[j][i] and B[j + 1][i] (i = l / 4,
     // j = 2 (l % 4); the mma's B is [c][k]). FProp: B[c][k] = w[8g + k, c, r, s]. DGrad:
@@ -292,6 +291,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     }
 
 #if SPIO_CONV_HAS_BIAS
+    const int c8 = block_c8 + warp.c8();  // this warp's group
     float2 bias_pair = make_float2(0.0f, 0.0f);
     if (c8 < Output::K8) {
         bias_pair = spio::unpack_pair(*Bias(bias).k8(c8).k2(lane % 4));

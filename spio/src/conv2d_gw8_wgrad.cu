@@ -219,6 +219,10 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         // (runs then add constant offsets).
         const int i = t % ROWS;
         const bool careful = !SPIO_WGRAD_UNMASKED && (i < R - 1 || i >= rows_in);
+        // Whether dy row i - r is an output row of the tile (0 <= i - r < rows_in).
+        const auto row_in = [&](int r) {
+            return static_cast<unsigned>(i - r) < static_cast<unsigned>(rows_in);
+        };
         const SmemX x_lane = smem_x.stage(t % STAGES).c8(warp.c8()).x(warp_x + lane % 8);
         SmemDy dy_lane[PAIRS];  // lanes 0-7: dy row i - r0's pixels, lanes 8-15: row i - r1's
         SPIO_UNROLL
@@ -264,9 +268,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     // spare all-zero row of an odd R: as row r0; its sums are dropped).
                     const int r0 = 2 * pair;
                     const int r1 = 2 * pair + 1;
-                    const bool row0_in = !careful_runs || static_cast<unsigned>(i - r0) < rows_in;
-                    const bool row1_in =
-                        !careful_runs || (r1 < R ? static_cast<unsigned>(i - r1) < rows_in : row0_in);
+                    const bool row0_in = !careful_runs || row_in(r0);
+                    const bool row1_in = !careful_runs || (r1 < R ? row_in(r1) : row0_in);
                     if (!row0_in && !row1_in && !(SPIO_WGRAD_HAS_BIAS && pair == 0)) {
                         continue;  // both dy rows are zeros
                     }
