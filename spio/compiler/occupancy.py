@@ -1,8 +1,12 @@
 """Theoretical occupancy: how many blocks of a compiled kernel fit on one SM of an arch.
 
 From ptxas' register count, the block's threads and its shared memory, under the per-SM limits of
-the CUDA C++ Programming Guide ("Technical Specifications per Compute Capability"). No GPU is
-needed; scripts/resource_report.py and scripts/sass_loop.py report it next to their counts.
+the CUDA C++ Programming Guide ("Technical Specifications per Compute Capability") and the
+allocation rules of the toolkit's cuda_occupancy.h: registers go to warps in units of 256, each
+warp's within one of the four sub-partitions (a quarter of the register file each); shared
+memory goes to blocks in units of 128 bytes, plus 1 KiB reserved per block; threads count as
+whole warps. No GPU is needed; scripts/resource_report.py and scripts/sass_loop.py report it
+next to their counts.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ LIMITS = {
 }
 RESERVED_SHARED_PER_BLOCK = 1024
 REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
+SHARED_ALLOCATION_UNIT = 128  # bytes, per block
+SUB_PARTITIONS = 4  # each holds a quarter of the register file; a warp's registers lie in one
 
 
 def blocks_per_sm(limits: SmLimits, threads: int, registers: int, shared_bytes: int) -> int:
@@ -36,7 +42,9 @@ def blocks_per_sm(limits: SmLimits, threads: int, registers: int, shared_bytes: 
     per_warp = (
         math.ceil(max(registers, 1) * 32 / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
     )
-    by_registers = (limits.registers // per_warp) // warps
-    by_shared = limits.shared_bytes // (shared_bytes + RESERVED_SHARED_PER_BLOCK)
-    by_threads = limits.threads // threads
+    warps_by_registers = (limits.registers // SUB_PARTITIONS // per_warp) * SUB_PARTITIONS
+    by_registers = warps_by_registers // warps
+    per_block = math.ceil(shared_bytes / SHARED_ALLOCATION_UNIT) * SHARED_ALLOCATION_UNIT
+    by_shared = limits.shared_bytes // (per_block + RESERVED_SHARED_PER_BLOCK)
+    by_threads = (limits.threads // 32) // warps  # whole warps: a partial warp takes a slot
     return min(limits.blocks, by_registers, by_shared, by_threads)
