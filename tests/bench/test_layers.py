@@ -27,7 +27,7 @@ def test_table_has_every_design_layer_with_unique_names():
     # timm regnetx_002 at 224x224: stride-1 gw8 convs of stage 3 (152c 14x14), stage 4 (368c 7x7)
     assert (152, 14, 14, 3, 3, (1, 1)) in shapes and (368, 7, 7, 3, 3, (1, 1)) in shapes
     assert BATCH_SIZES == (32, 64, 128, 256)
-    assert set(QUICK_BATCH_SIZES) < set(BATCH_SIZES)
+    assert QUICK_BATCH_SIZES == (32, 128)  # as `spio bench --help` says of --quick
 
 
 def test_every_layer_keeps_its_spatial_size():
@@ -74,6 +74,13 @@ def test_select_layers_filters_by_name_and_rejects_unknown():
         "192c_28x28_5x5",
     ]
     assert select_layers(layer_table(), None) == layer_table()
+    assert select_layers(layer_table(), []) == layer_table()  # empty: all of them
+    # Any of several patterns selects a layer.
+    assert [l.name for l in select_layers(layer_table(), ["5x5", "_1x3"])] == [  # noqa: E741
+        "96c_56x56_5x5",
+        "192c_28x28_5x5",
+        "128c_32x32_1x3",
+    ]
     with pytest.raises(ValueError, match="no benchmark layer matches"):
         select_layers(layer_table(), ["7x7_5x5"])
 
@@ -114,3 +121,15 @@ def test_layers_by_name_or_shape():
 def test_a_shape_spio_cannot_run_names_the_constraint(text, error):
     with pytest.raises(ValueError, match=error):
         parse_layer(text)
+
+
+def test_params_of_a_layer_keep_height_width_dtype_and_bias():
+    """A non-square layer's params have H and W in their places (P = 32 + 2 - 3 + 1 = 32 rows,
+    Q = 48 columns), and the dtype and bias asked for."""
+    layer = parse_layer("64,32,48")
+    params = layer.params(2, "bf16", has_bias=True)
+    assert (params.n, params.c, params.h, params.w) == (2, 64, 32, 48)
+    assert params.output_shape == (2, 64, 32, 48)
+    assert (params.dtype, params.has_bias) == ("bf16", True)
+    default = layer.params(2)
+    assert (default.dtype, default.has_bias) == ("fp16", False)

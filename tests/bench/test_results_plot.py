@@ -211,3 +211,55 @@ def test_csv_derived_columns_are_gb_per_second_and_tflop_per_second(tmp_path):
         ("torch", "111.88", "4.027"),
         ("copy", "419.55", "0.000"),
     ]
+
+
+def test_each_panel_plots_its_layers_rows_of_its_pass_and_dtype(monkeypatch, tmp_path):
+    """Five FProp layers in fp16 and bf16, rows given out of order: the fp16 figure has the
+    five layers' panels in row-major order on a 2 x 4 grid (the other three hidden), and each
+    panel one line per implementation over that layer's batch sizes, sorted, with y from 0.
+    With 1,024,000 bytes in n/1000 ms, spio moves 1,024,000 / (n * 1e-6) / 1e9 = 1024 / n GB/s,
+    PyTorch (twice the time) 512 / n and the copy (half) 2048 / n; bf16 rows take 4x longer."""
+    pytest.importorskip("matplotlib")
+    import dataclasses
+    from pathlib import Path
+
+    from matplotlib.figure import Figure
+
+    from spio.bench.plot import plot_rows
+
+    template = _rows()[0]
+    batches = {f"L{i}": (8, 16, 32) if i == 0 else (32, 64) for i in range(5)}
+    factor = {"spio": 1.0, "torch": 2.0, "copy": 0.5}
+    rows = [
+        dataclasses.replace(
+            template, layer=layer, n=n, dtype=dtype, pass_="fprop", impl=impl,
+            bytes=1_024_000, median_ms=n / 1000 * factor[impl] * (4 if dtype == "bf16" else 1),
+        )
+        for dtype in ("fp16", "bf16")
+        for layer, ns in batches.items()
+        for n in reversed(ns)
+        for impl in factor
+    ]  # fmt: skip
+    figures = {}
+    save = Figure.savefig
+
+    def record(fig, path, **kwargs):
+        figures[Path(path).name] = fig
+        return save(fig, path, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    paths = plot_rows(rows, tmp_path)
+    assert [p.name for p in paths] == ["bandwidth_fprop_bf16.png", "bandwidth_fprop_fp16.png"]
+    fig = figures["bandwidth_fprop_fp16.png"]
+    assert len(fig.axes) == 8
+    assert [ax.get_visible() for ax in fig.axes] == [True] * 5 + [False] * 3
+    expected = {"spio": 1024, "PyTorch (cuDNN)": 512, "device copy": 2048}
+    for ax, (layer, ns) in zip(fig.axes, batches.items(), strict=False):
+        assert ax.get_title() == layer
+        assert list(ax.get_xticks()) == list(ns)
+        assert ax.get_ylim()[0] == 0
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert set(lines) == set(expected), layer
+        for label, gbps in expected.items():
+            assert list(lines[label].get_xdata()) == list(ns), (layer, label)
+            assert list(lines[label].get_ydata()) == pytest.approx([gbps / n for n in ns])

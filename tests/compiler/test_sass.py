@@ -39,15 +39,61 @@ def test_no_loop_without_a_barrier():
     assert sass.main_loop(_SASS.replace("BAR.SYNC", "NOP")) is None
 
 
+def test_the_longer_of_two_loops_with_barriers_wins():
+    """A prologue loop with a barrier (3 instructions) before the main loop (the fixture's, 9):
+    the main loop is the longer one, wherever it lies."""
+    prologue = """\
+.L_x_0:
+        /*0000*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0000*/                   IADD3 R2, R2, 0x1, RZ ;
+        /*0000*/               @P4 BRA `(.L_x_0) ;
+"""
+    loop = sass.main_loop(prologue + _SASS)
+    assert (loop.instructions, loop.barriers) == (9, 2)
+    epilogue = _SASS.replace(".L_x_3:\n", prologue.replace("L_x_0", "L_x_4") + ".L_x_3:\n")
+    loop = sass.main_loop(epilogue)
+    assert (loop.instructions, loop.barriers) == (9, 2)
+
+
+def test_a_branch_to_a_label_outside_the_listing_is_not_a_loop():
+    """A branch whose target has no label in the listing is skipped, not a KeyError."""
+    loop = sass.main_loop(_SASS.replace(".L_x_3:\n", ""))
+    assert (loop.instructions, loop.barriers) == (9, 2)
+
+
 def test_opcode_drops_predicate_and_modifiers():
     assert sass.opcode("@!P1 HMMA.1688.F32 R24, R28, R57, R24") == "HMMA"
     assert sass.opcode("@!PT LDS RZ, [RZ]") == "LDS"
     assert sass.opcode("BAR.SYNC.DEFER_BLOCKING 0x0") == "BAR"
+    # Uniform predicates (UP0..UP6, UPT) are dropped too.
+    assert sass.opcode("@!UP0 UIADD3 UR4, UR4, 0x1, URZ") == "UIADD3"
+    assert sass.opcode("@UPT BRA `(.L_x_1)") == "BRA"
 
 
-def test_nvdisasm_named_by_the_environment(monkeypatch):
+def test_nvdisasm_named_by_the_environment(monkeypatch, tmp_path):
+    """SPIO_NVDISASM wins over an nvdisasm on PATH."""
+    on_path = tmp_path / "nvdisasm"
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("SPIO_NVDISASM", "/opt/somewhere/nvdisasm")
     assert sass.find_nvdisasm() == "/opt/somewhere/nvdisasm"
+    monkeypatch.delenv("SPIO_NVDISASM")
+    assert sass.find_nvdisasm() == str(on_path)
+
+
+def test_nvdisasm_from_the_wheel_on_sys_path(monkeypatch, tmp_path):
+    """Without SPIO_NVDISASM or PATH, the wheel's nvidia/cu*/bin/nvdisasm under a sys.path
+    entry is found (the test extra installs it there; the real-cubin tests skip without it)."""
+    wheel = tmp_path / "site" / "nvidia" / "cu13" / "bin" / "nvdisasm"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_text("")
+    monkeypatch.delenv("SPIO_NVDISASM", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr("sys.path", ["", str(tmp_path / "none"), str(tmp_path / "site")])
+    assert sass.find_nvdisasm() == str(wheel)
+    monkeypatch.setattr("sys.path", [str(tmp_path / "none")])
+    assert sass.find_nvdisasm() is None
 
 
 @pytest.mark.skipif(sass.find_nvdisasm() is None, reason="nvdisasm not installed")

@@ -48,3 +48,79 @@ def test_sample_csv_round_trip_and_errors(tmp_path):
     reordered.write_text(",".join(reversed(header.split(","))) + "\n")
     with pytest.raises(ValueError, match="has columns"):
         ps.append_samples(reordered, [sample])
+
+
+def _wgrad_sample(synthetic=False, seconds=12.5e-6):
+    """A WGrad sample of a bf16 layer with bias and unequal padding, timed at 12.5 us."""
+    params = P(4, 32, 10, 12, padding=(1, 2), r=3, s=5, has_bias=True, dtype="bf16")
+    family = FAMILIES["conv2d_gw8_wgrad"]
+    config = family.configs(params)[3]
+    return ps.Sample(
+        family.name, "sm_90", "GPU X", "13.0", "0.0", synthetic, params, config, seconds, "d"
+    )
+
+
+def test_sample_row_fields_match_hand_computed_values():
+    """The row's units and encodings, worked out by hand: P = 10 + 2 - 3 + 1 = 10 and
+    Q = 12 + 4 - 5 + 1 = 12, so x and dy are 4*32*10*12*2 = 30,720 bytes each, dw (fp32)
+    32*8*3*5*4 = 15,360 and dbias 32*4 = 128: 76,928 bytes in 12.5 us is 6.15 GB/s (1e9 B/s).
+    Fields a family does not have are empty, and the layer key drops batch size and dtype."""
+    sample = _wgrad_sample(synthetic=True)
+    row = ps.sample_row(sample)
+    assert set(row) == set(ps.SAMPLE_COLUMNS)
+    assert (row["time_us"], row["bandwidth_gbs"]) == ("12.5000", "6.15")
+    assert (row["pad_h"], row["pad_w"], row["r"], row["s"]) == ("1", "2", "3", "5")
+    assert (row["has_bias"], row["dtype"], row["synthetic"]) == ("1", "bf16", "1")
+    assert row["cfg_stages"] == str(sample.config.stages)
+    assert row["cfg_warp_q16"] == ""  # an FProp/DGrad field, not WGrad's
+    assert sample.layer_key == "c32_h10_w12_pad1x2_r3_s5_bias1"
+
+
+def test_synthetic_rows_read_back_as_synthetic(tmp_path):
+    """The synthetic flag survives the CSV, and a synthetic WGrad row from before the variant
+    column is not a legacy atomic-only timing (its time came from a formula, not a kernel)."""
+    path = tmp_path / "s.csv"
+    ps.append_samples(path, [_wgrad_sample(synthetic=True)])
+    (back,), _ = ps.read_samples(path)
+    assert back.synthetic is True and back.variant == ""
+    old = tmp_path / "old.csv"
+    old.write_text("".join(line.rsplit(",", 1)[0] + "\n" for line in path.read_text().splitlines()))
+    assert "variant" not in old.read_text()
+    (legacy,), _ = ps.read_samples(old)
+    assert legacy.synthetic is True and legacy.variant == ""
+
+
+def test_zero_time_and_a_missing_date_column_are_refused(tmp_path):
+    """A time of 0 us is not a measurement; a CSV without the date column is refused with a
+    ValueError naming the column (not a KeyError out of the reader)."""
+    path = tmp_path / "s.csv"
+    ps.append_samples(path, [_wgrad_sample()])
+    zero = tmp_path / "zero.csv"
+    zero.write_text(path.read_text().replace("12.5000", "0", 1))
+    with pytest.raises(ValueError, match="data row 1.*positive finite time_us, got '0'"):
+        ps.read_samples(zero)
+    header, row = path.read_text().splitlines()
+    date = header.split(",").index("date")
+    no_date = tmp_path / "no_date.csv"
+    no_date.write_text(
+        "\n".join(
+            ",".join(v for i, v in enumerate(line.split(",")) if i != date)
+            for line in (header, row)
+        )
+        + "\n"
+    )
+    with pytest.raises(ValueError, match="data row 1: .*need columns date"):
+        ps.read_samples(no_date)
+
+
+def test_comments_and_an_empty_file(tmp_path):
+    """Any line starting with '#' is a comment, with or without a space after it; an existing
+    empty file takes a header and rows like a new one."""
+    path = tmp_path / "s.csv"
+    path.write_text("")
+    assert ps.append_samples(path, [_wgrad_sample()]) == 1
+    assert path.read_text().splitlines()[0] == ",".join(ps.SAMPLE_COLUMNS)
+    commented = tmp_path / "c.csv"
+    commented.write_text("# one\n#two\n" + path.read_text())
+    samples, comments = ps.read_samples(commented)
+    assert len(samples) == 1 and comments == ["# one\n", "#two\n"]
