@@ -361,14 +361,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
             continue
         spilled = usage.spill_stores + usage.spill_loads
         spills += spilled > 0
-        warned += bool(result.warnings)
+        warnings = result.warnings  # read from the log on each access
+        warned += bool(warnings)
         smem = usage.shared_bytes + kernel.shared_mem_bytes
-        flags = ("  SPILLS" if spilled else "") + ("  WARNINGS" if result.warnings else "")
+        flags = ("  SPILLS" if spilled else "") + ("  WARNINGS" if warnings else "")
         print(
             f"{kernel.name:<{name_width}}  {arch}  {usage.registers:4d}  {spilled:8d}  "
             f"{smem:7d}{flags}"
         )
-        for line in result.warnings:
+        for line in warnings:
             print(f"    {line}")
     print(f"{len(jobs)} compiles: {failures} failed, {spills} spilled, {warned} with warnings")
     return 1 if failures or spills else 0

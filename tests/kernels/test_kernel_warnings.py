@@ -40,7 +40,10 @@ def _kernels():
     ]
 
 
-@pytest.mark.parametrize("kernel", [k for _, k in _kernels()], ids=[i for i, _ in _kernels()])
+KERNELS = _kernels()
+
+
+@pytest.mark.parametrize("kernel", [k for _, k in KERNELS], ids=[i for i, _ in KERNELS])
 def test_kernel_source_builds_under_gxx_wall_wextra(monkeypatch, kernel):
     if build.compiler_family(build.compiler()) != "gcc":
         pytest.skip(f"g++'s warnings are what is held; CXX={build.compiler()!r} is not g++")

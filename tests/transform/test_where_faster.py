@@ -176,18 +176,24 @@ def test_warns_when_the_model_is_not_channels_last(caplog):
     assert ".to(memory_format=torch.channels_last)" in warnings()[0].getMessage()
 
 
+class OnTwoSizes(nn.Module):
+    """Calls one conv on the input and on its top-left 4x4 corner (two layers of one module);
+    with `again`, on the input once more (a layer met twice)."""
+
+    def __init__(self, conv: nn.Module, again: bool = False):
+        super().__init__()
+        self.conv = conv
+        self.again = again
+
+    def forward(self, x):
+        ys = (self.conv(x), self.conv(x[:, :, :4, :4]))
+        return ys + (self.conv(x),) if self.again else ys
+
+
 def test_a_conv_called_on_several_layers_keeps_the_passes_faster_on_all():
     """One module called on two image sizes meets two layers: spio keeps only the passes it won
     on both."""
     conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
-
-    class Twice(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = conv
-
-        def forward(self, x):
-            return self.conv(x), self.conv(x[:, :, :4, :4])
 
     def timer(params, pass_, impl):
         if impl == "torch":
@@ -195,7 +201,7 @@ def test_a_conv_called_on_several_layers_keeps_the_passes_faster_on_all():
         won = {8: ("fprop", "dgrad"), 4: ("fprop", "wgrad")}[params.h]
         return 1.0 if pass_ in won else 3.0
 
-    include = where_faster(Twice(), torch.randn(2, 16, 8, 8).half(), timer=timer)
+    include = where_faster(OnTwoSizes(conv), torch.randn(2, 16, 8, 8).half(), timer=timer)
     assert include("conv", conv) == ("fprop",)
 
 
@@ -240,21 +246,12 @@ def test_compiles_the_kernels_of_the_timed_passes_before_timing(monkeypatch):
 
     monkeypatch.setattr(modules, "_gpu_layer_timer", gpu_timer)
     conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
-
-    class Twice(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = conv
-
-        def forward(self, x):
-            return self.conv(x), self.conv(x[:, :, :4, :4]), self.conv(x)
-
     x = torch.randn(2, 16, 8, 8).half()
-    where_faster(Twice(), x, training=False)
+    where_faster(OnTwoSizes(conv, again=True), x, training=False)
     assert events[0] == ("compile", [(8, "fprop"), (4, "fprop")])
     assert {e[0] for e in events[1:]} == {"time"}
     events.clear()
-    where_faster(Twice(), x)
+    where_faster(OnTwoSizes(conv, again=True), x)
     passes = ["fprop", "dgrad", "wgrad"]
     assert events[0] == ("compile", [(h, p) for h in (8, 4) for p in passes])
 
