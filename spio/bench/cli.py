@@ -79,7 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="batch sizes 32 and 128, fewer repetitions"
     )
     parser.add_argument(
-        "--out", type=Path, help=f"folder for the CSV and PNG files (default ./{DEFAULT_OUT})"
+        "--out",
+        type=Path,
+        help=f"folder for the CSV and PNG files (default ./{DEFAULT_OUT}; "
+        "with --plot-only, the CSV's folder)",
     )
     parser.add_argument(
         "--passes",

@@ -1,6 +1,7 @@
 """A lazily created process pool that compiles many kernels in parallel, with a progress bar.
 
-SPIO_WORKERS sets the number of processes (default: the number of CPU cores). Workers share the disk
+SPIO_WORKERS sets the most processes (default: the CPUs this process may use, its affinity);
+a sweep of fewer jobs starts no more processes than it has jobs. Workers share the disk
 cache, so the parent and later processes find every cubin a sweep compiled; each job is compiled
 into the parent's cache folder as it was when the job was submitted.
 
@@ -16,9 +17,10 @@ WorkerDiedError as its result once it is clear that it was its own worker that d
 Workers ignore SIGINT: on Ctrl-C (any BaseException) the parent cancels the jobs not started, so
 that only the running ones finish, and the pool survives for the next sweep.
 
-One sweep uses the pool at a time; a sweep from another thread waits for it. The pool is as large
-as the machine, so sweeps side by side would finish no sooner, and a worker's death would lose
-both sweeps' jobs and blame a job of one for the other's (a job "lost alone" would not be).
+One sweep uses the pool at a time; a sweep from another thread waits for it. A large sweep's pool
+is as large as the machine, so sweeps side by side would finish no sooner, and a worker's death
+would lose both sweeps' jobs and blame a job of one for the other's (a job "lost alone" would
+not be).
 """
 
 from __future__ import annotations

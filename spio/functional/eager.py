@@ -1,8 +1,9 @@
 """A light eager path to spio's kernels for Conv2dGw8 modules and spio.functional.conv2d_gw8.
 
 A torch.library custom op pays its dispatch (schema parsing, fake-tensor plumbing, autograd
-wrapper) on every call: on an H200 host that measured 73 µs over F.conv2d's own 19 µs
-(docs/perf/2026-11-29-h200.md), more than a small layer's kernel. In plain eager mode
+wrapper) on every call: on an H200 host that measured 73 µs over F.conv2d's own 19 µs in the
+first run (docs/perf/2026-11-29-h200.md) and 28 µs over its 20 µs in run 5
+(docs/perf/2026-11-29-h200-2.md), more than a small layer's kernel. In plain eager mode
 Conv2dGw8 and `conv2d_gw8` (the public function) call `conv2d_gw8_eager` instead, which goes
 straight to the same kernel seam (`spio.functional._kernels`). Wherever something must see the
 op (torch.compile, jit tracing, a torch.func transform, a TorchDispatchMode such as

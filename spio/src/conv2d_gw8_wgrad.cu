@@ -28,7 +28,8 @@
 /// pairs its last row with an all-zero row. The bias gradient is one more mma of the dy rows i
 /// with an all-ones B. At the end each warp adds its accumulators to dw (and dbias) atomically.
 ///
-/// Synchronisation: one __syncthreads per step; every step index commits exactly one cp.async group
+/// Synchronisation: one __syncthreads after the dy slots are zeroed (before the first copies land
+/// in them), then one per step; every step index commits exactly one cp.async group
 /// (past the last step: zeros, into slots no step reads again; waited for before the block
 /// exits). At the top of step t every thread waits for its copies of step t
 /// (wait_group STAGES - 2), the barrier publishes them and guarantees that step t - 1's reads are
@@ -40,7 +41,8 @@
 /// SmemX::num_bytes + SmemDy::num_bytes bytes of dynamic shared memory.
 /// Arguments: (float *dw, float *dbias or null, const uint4 *x, const uint4 *dy); dw and dbias
 /// zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and DBiasPart buffers, unzeroed). The generated header (conv2d_gw8_wgrad_gen.h) defines the rest,
-/// the kernel's symbol SPIO_KERNEL_ENTRY (spio_<layer and config>) among it.
+/// the kernel's symbol SPIO_KERNEL_ENTRY (spio_<pass, layer and config>:
+/// spio.kernels.kernel.entry_symbol) among it.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -14,7 +14,7 @@
 ///                as the convolution kernels stream input rows;
 ///   3 (bulk)     the same rows, each copied by thread 0 with one bulk copy (cp.async.bulk, the
 ///                copy engine of Hopper's TMA) and waited for on the row buffer's mbarrier, all
-///                Probe::depth buffers in flight; sm_90 only.
+///                Probe::depth buffers in flight; sm_90 and newer (spio/thread/bulk_copy.h).
 /// Comparing them (and torch's own kernels) separates the memory system's read ceiling from the
 /// cost of cp.async and of the row-by-row structure, and tells whether the bulk copy engine reads
 /// faster than per-thread copies.
