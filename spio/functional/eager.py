@@ -175,7 +175,8 @@ def conv2d_gw8(
     run PyTorch's convolution. Only where spio's kernels run at all (CUDA; CPU with SPIO_EMULATE).
     """
     if (
-        # Exactly ints, as the op's schema takes them (it refuses a float or bool itself).
+        # Exactly ints, as the op's schema takes them (it refuses a float itself, and takes a
+        # bool as the int it is: stride=True is stride 1 on both paths).
         type(stride) is int
         and type(padding_y) is int
         and type(padding_x) is int

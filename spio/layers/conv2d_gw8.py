@@ -75,7 +75,10 @@ def ineligibility(
     padding_mode: str = "zeros",
 ) -> str | None:
     """Why an nn.Conv2d with these arguments cannot run spio's kernels, or None if it can."""
-    r, s = _pair(kernel_size)
+    size = _pair(kernel_size)
+    if len(size) != 2:  # nn.Conv2d takes it, and fails at its first call
+        return f"needs a kernel size of one or two ints, got {kernel_size!r}"
+    r, s = size
     if groups < 1:
         return f"needs groups >= 1, got {groups}"
     if in_channels % groups or in_channels // groups != GROUP_WIDTH:
@@ -158,7 +161,9 @@ class Conv2dGw8(nn.Conv2d):
     Only group width 8, out_channels == in_channels, stride 1, dilation 1, kernel 1..5,
     zeros padding. Inputs the op cannot take (fp32 CUDA tensors outside autocast, float64 on
     CUDA, integer tensors), and calls under torch.func.grad or jvp or with forward-mode AD
-    tangents, fall back to F.conv2d, logging the reason once.
+    tangents, fall back to F.conv2d, logging the reason once; so does a layer whose stride,
+    dilation, groups or padding_mode were set after construction to values spio cannot run
+    (nn.Conv2d's forward reads them at each call).
 
     `spio_passes` names the passes that run spio's kernels, of "fprop", "dgrad" and "wgrad" (all
     by default); the others run PyTorch's convolution (cuDNN on a GPU), e.g. where cuDNN's WGrad
@@ -214,14 +219,46 @@ class Conv2dGw8(nn.Conv2d):
                     f"Conv2dGw8 needs padding of two ints, one int, 'valid' or 'same' (odd "
                     f"filters), got {self.padding!r}"
                 )
+            if torch.compiler.is_compiling():  # Dynamo's `is` holds for no tuple: no store
+                return pad  # to replay after every call (strict torch.export warns of one)
             self._spio_padding, self._spio_padding_of = pad, self.padding
         return self._spio_padding
 
     def __prepare_scriptable__(self) -> Conv2dGw8:
         """torch.jit.script calls this first: the scripted branch of forward reads
-        _spio_padding as it stands then."""
+        _spio_padding as it stands then, and runs the op, which takes stride 1 and dilation 1
+        whatever the layer's attributes say (ValueError where they were set to others)."""
+        reason = self._set_ineligibility()
+        if reason is not None:
+            raise ValueError(
+                f"Conv2dGw8 {reason}: a scripted layer runs spio's op, which cannot; script "
+                "its .to_torch_module() instead"
+            )
         self._padding_ints()
         return self
+
+    def _set_ineligibility(self) -> str | None:
+        """Why the layer's stride, dilation, groups or padding_mode, set after construction (as
+        nn.Conv2d allows: its forward reads them at each call), are ones spio's kernels cannot
+        run, or None. Cheap while they are as constructed."""
+        if (
+            self.stride == (1, 1)
+            and self.dilation == (1, 1)
+            and self.padding_mode == "zeros"
+            and self.groups * GROUP_WIDTH == self.in_channels
+        ):
+            return None
+        reason = ineligibility(
+            self.in_channels,
+            self.out_channels,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+            self.padding_mode,
+        )
+        return None if reason is None else f"{reason} (set after construction)"
 
     @property
     def spio_passes(self) -> tuple[str, ...]:
@@ -290,6 +327,11 @@ class Conv2dGw8(nn.Conv2d):
             return torch.ops.spio.conv2d_gw8(
                 input, self.weight, self.bias, 1, pad_h, pad_w, 1, self.groups, self._pass_bits
             )
+        reason = self._set_ineligibility()
+        if reason is not None:  # nn.Conv2d's forward, which reads them
+            y = super().forward(input)
+            _log_fallback_once(f"the layer {reason}")
+            return y
         return conv2d_gw8_layer(
             input, self.weight, self.bias, self._padding_ints(), self.groups, self._pass_bits
         )
@@ -308,7 +350,7 @@ class Conv2dGw8(nn.Conv2d):
         of a backward through it (create_graph=True, e.g. a gradient penalty). Raises the call's
         ValueError for bad arguments."""
         kernels, reason = _route(input, self.weight, self.bias)
-        if not kernels or reason is not None:
+        if not kernels or reason is not None or self._set_ineligibility() is not None:
             return []
         x = input.unsqueeze(0) if input.dim() == 3 else input
         x, weight, bias = autocast_operands(x, self.weight, self.bias)

@@ -27,6 +27,8 @@ INELIGIBLE = [
     ((16, 16, 3), dict(groups=2, padding=1, dilation=(2, 1)), r"dilation 1, got \(2, 1\)"),
     ((16, 16, 7), dict(groups=2, padding=3), "kernel size in 1..5"),
     ((16, 16, (3, 7)), dict(groups=2, padding=(1, 3)), r"kernel size in 1..5, got \(3, 7\)"),
+    # nn.Conv2d takes three (and fails at its call): not an unpacking error
+    ((16, 16, (3, 3, 3)), dict(groups=2), r"kernel size of one or two ints, got \(3, 3, 3\)"),
     ((16, 16, 3), dict(groups=2, padding=1, padding_mode="reflect"), "padding_mode 'zeros'"),
     ((16, 16, 3), dict(groups=2, padding=1, padding_mode="circular"), "got 'circular'"),
     ((16, 16, 3), dict(groups=2, padding=1, padding_mode="replicate"), "got 'replicate'"),
@@ -910,6 +912,54 @@ def test_padding_set_after_construction_is_used_as_nn_conv2d_uses_it(monkeypatch
     m.padding = (1.0, 1.0)
     with pytest.raises(ValueError, match=r"needs padding of two ints.*got \(1\.0, 1\.0\)"):
         m(x)
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+@pytest.mark.parametrize(
+    "attribute, value, said",
+    [
+        ("stride", (2, 2), r"stride 1, got \(2, 2\)"),
+        ("dilation", (2, 2), r"dilation 1, got \(2, 2\)"),
+        ("padding_mode", "reflect", "padding_mode 'zeros', got 'reflect'"),
+    ],
+)
+def test_hyperparameters_set_after_construction_are_used_as_nn_conv2d_uses_them(
+    monkeypatch, caplog, emulate, attribute, value, said
+):
+    """nn.Conv2d's forward reads stride, dilation and padding_mode at each call (libraries set
+    them on built models, e.g. to swap strides for dilation); Conv2dGw8 ran the kernels with
+    stride 1, dilation 1 and zeros padding whatever they said, silently: another output shape,
+    or other values. It falls back to PyTorch's convolution there, saying why, and
+    torch.jit.script, whose branch runs the op, refuses the layer."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    m = make_conv2d(16, 16, 3, padding=1, groups=2).half()
+    assert isinstance(m, Conv2dGw8)
+    ref = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+    ref.load_state_dict(m.state_dict())
+    for conv in (m, ref):
+        setattr(conv, attribute, value)
+        if attribute == "dilation":
+            conv.padding = (2, 2)
+    x = torch.randn(1, 16, 6, 7).half()
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        got = m(x)
+    torch.testing.assert_close(got, ref(x))
+    assert re.search(f"falls back to F.conv2d: the layer needs {said}", caplog.text)
+    assert m.spio_kernels(x) == []
+    with pytest.raises(ValueError, match=f"Conv2dGw8 needs {said}.*torch_module"):
+        torch.jit.script(m)
+
+
+def test_tracing_a_layer_stores_no_attribute(recwarn):
+    """Dynamo's `is` holds for no two tuples, so tracing the layer found its padding set anew
+    at every trace and stored the ints: a side effect replayed after every compiled call, which
+    strict torch.export warned of."""
+    m = make_conv2d(16, 16, 3, padding=1, groups=2)
+    x = torch.randn(2, 16, 5, 5)
+    program = torch.export.export(m, (x,), strict=True)
+    assert not [w for w in recwarn if "side effects" in str(w.message)]
+    torch.testing.assert_close(program.module()(x), m(x))
 
 
 @pytest.mark.parametrize(
