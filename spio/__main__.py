@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -288,23 +287,29 @@ def _write_problem(root, existing) -> str | None:
 
 
 def cmd_clear_cache(args: argparse.Namespace) -> int:
-    """Remove spio's folders under the cache root (NAMESPACES), and the root if that empties
-    it; never anything else there, as SPIO_CACHE_DIR may name a folder shared with other data."""
-    from .compiler.cache import NAMESPACES, cache_root, folder_size
+    """Remove spio's files from its folders under the cache root (NAMESPACES), those folders
+    where that empties them, and the root too; never anything else there, as SPIO_CACHE_DIR may
+    name a folder shared with other data (another program's `autotune` folder in ~/.cache).
+    Exit 1, naming the first error, when a file cannot be removed (another user's cache)."""
+    from .compiler.cache import NAMESPACES, cache_root, remove_own_files
 
     root = cache_root()
     files = total = 0
+    errors: list[OSError] = []
     for namespace in NAMESPACES:
-        folder = root / namespace
-        count, size = folder_size(folder)
-        files, total = files + count, total + size
-        if folder.is_dir():
-            shutil.rmtree(folder)
+        count, size, failed = remove_own_files(root / namespace)
+        files, total, errors = files + count, total + size, errors + failed
     try:
         root.rmdir()  # only when empty
     except OSError:
         pass
     print(f"removed {files} files ({_human_bytes(total)}) from {root}")
+    if errors:
+        print(
+            f"spio clear-cache: {len(errors)} files could not be removed, the first: {errors[0]}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -224,28 +224,103 @@ def test_info_says_the_cache_is_on_a_noexec_file_system(tmp_path, monkeypatch, c
         ), row
 
 
+def _entry(name: str = "x") -> str:
+    """The file name of a cache entry, as spio names them (its key, a sha256)."""
+    from spio.compiler.cache import hash_key
+
+    return f"{hash_key(name)}.bin"
+
+
 def test_clear_cache_removes_entries(tmp_path):
     (tmp_path / "cubin").mkdir()
-    (tmp_path / "cubin" / "x.bin").write_bytes(b"12345")
+    (tmp_path / "cubin" / _entry()).write_bytes(b"12345")
+    (tmp_path / "cubin" / (_entry() + ".lock")).write_bytes(b"")
+    (tmp_path / "cubin" / (_entry() + ".0123456789ab.tmp")).write_bytes(b"1")
     out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
-    assert out.stdout == f"removed 1 files (5 B) from {tmp_path}\n"
+    assert out.stdout == f"removed 3 files (6 B) from {tmp_path}\n"
     assert not tmp_path.exists()
 
 
 def test_clear_cache_removes_only_spios_folders(tmp_path):
     """SPIO_CACHE_DIR may name a folder that holds other things too (e.g. ~/.cache)."""
-    for namespace in ("cubin", "emulator/lib", "autotune"):
+    for namespace in ("cubin", "emulator", "autotune"):
         (tmp_path / namespace).mkdir(parents=True)
-        (tmp_path / namespace / "entry.bin").write_bytes(b"12")
+        (tmp_path / namespace / _entry()).write_bytes(b"12")
+    (tmp_path / "emulator" / "lib").mkdir()
+    (tmp_path / "emulator" / "lib" / _entry().replace(".bin", ".so")).write_bytes(b"12")
     (tmp_path / "pip").mkdir()
     (tmp_path / "pip" / "wheel.whl").write_bytes(b"keep me")
     (tmp_path / "notes.txt").write_text("keep me")
     out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
-    assert "removed 3 files (6 B)" in out.stdout
+    assert "removed 4 files (8 B)" in out.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "pip"]
     assert (tmp_path / "pip" / "wheel.whl").read_bytes() == b"keep me"
+
+
+def test_clear_cache_keeps_other_programs_files_in_folders_of_spios_names(tmp_path):
+    """In a shared root (SPIO_CACHE_DIR=~/.cache) another program may keep an `autotune` or
+    `emulator` folder of its own: its files stay, and so do the folders and the root."""
+    theirs = {
+        "autotune/results.json": b"keep",
+        "emulator/avd/disk.img": b"keep",
+        "emulator/lib/libother.so": b"keep",
+        "cubin/notes.bin": b"keep",
+    }
+    for name, data in theirs.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "autotune" / _entry()).write_bytes(b"123")
+    out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert "removed 1 files (3 B)" in out.stdout
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == sorted(theirs)
+
+
+def test_clear_cache_empties_a_namespace_folder_that_is_a_link(tmp_path):
+    """A user may move a namespace folder to a larger disk and link it: its entries go, the
+    link and the folder it names stay, and nothing is a traceback."""
+    elsewhere = tmp_path / "big disk"
+    elsewhere.mkdir()
+    (elsewhere / _entry()).write_bytes(b"12")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "cubin").symlink_to(elsewhere)
+    out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(root)})
+    assert out.returncode == 0, out.stderr
+    assert "removed 1 files (2 B)" in out.stdout
+    assert (root / "cubin").is_symlink() and list(elsewhere.iterdir()) == []
+
+
+def test_clear_cache_says_in_one_line_what_it_could_not_remove(tmp_path, monkeypatch, capsys):
+    """Another user's cache (one built as root in a container image): exit 1 and one line on
+    stderr, not a traceback."""
+    from pathlib import Path
+
+    from spio.__main__ import main
+
+    (tmp_path / "cubin").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "cubin" / _entry(name)).write_bytes(b"12")
+    (tmp_path / "autotune").mkdir()
+    (tmp_path / "autotune" / _entry("c")).write_bytes(b"123")
+
+    def unlink(self, missing_ok=False):
+        if self.parent.name == "cubin":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_unlink(self, missing_ok)
+
+    real_unlink = Path.unlink
+    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    assert main(["clear-cache"]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"removed 1 files (3 B) from {tmp_path}\n"
+    assert err.count("\n") == 1 and "2 files could not be removed" in err
+    assert "Permission denied" in err and "Traceback" not in err
+    assert len(list((tmp_path / "cubin").iterdir())) == 2
 
 
 def test_unknown_command_fails_with_usage():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import struct
 import threading
@@ -238,6 +239,56 @@ class DiskCache:
         """Forget in-memory entries (the disk is untouched); used by tests."""
         with self._memory_lock:
             self._memory.clear()
+
+
+#: The files spio makes in a namespace folder, and in the emulator's lib/ below it: an entry
+#: (`<key>.bin`), its lock file, a library copy (`<key>.so`), and write_atomically's temporary
+#: files. A cache root may be shared (SPIO_CACHE_DIR=~/.cache), and a folder of the same name
+#: there may hold another program's files: those are not spio's to delete.
+_OWN_FILE = re.compile(r"[0-9a-f]{64}\.(?:bin|bin\.lock|so)(?:\.[0-9a-f]+\.tmp)?")
+
+#: The folder spio makes in a namespace folder (the emulator's library copies).
+_OWN_SUBFOLDER = "lib"
+
+
+def own_files(folder: Path) -> list[Path]:
+    """The files spio made in namespace folder `folder` and its lib/ subfolder (see _OWN_FILE);
+    [] when it does not exist. Links are not taken for files."""
+    found: list[Path] = []
+    for where in (folder, folder / _OWN_SUBFOLDER):
+        try:
+            entries = list(os.scandir(where))
+        except OSError:  # missing, or not a folder
+            continue
+        found += [
+            Path(entry.path)
+            for entry in entries
+            if _OWN_FILE.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
+        ]
+    return sorted(found)
+
+
+def remove_own_files(folder: Path) -> tuple[int, int, list[OSError]]:
+    """Delete spio's files in namespace folder `folder` (own_files), then its lib/ subfolder and
+    itself where that empties them: (files removed, their bytes, the errors met)."""
+    count = total = 0
+    errors: list[OSError] = []
+    for path in own_files(folder):
+        try:
+            size = path.lstat().st_size
+            path.unlink()
+        except FileNotFoundError:  # removed meanwhile (another clear-cache)
+            continue
+        except OSError as error:
+            errors.append(error)
+            continue
+        count, total = count + 1, total + size
+    for empty in (folder / _OWN_SUBFOLDER, folder):
+        try:
+            empty.rmdir()  # only when empty; not a link to a folder either
+        except OSError:
+            pass
+    return count, total, errors
 
 
 def folder_size(path: Path) -> tuple[int, int]:
