@@ -129,7 +129,10 @@ class DiskCache:
                 error,
             )
 
-    def _load(self, path: Path) -> tuple[bytes, dict] | None:
+    def _load(self, path: Path, rebuilding: bool = False) -> tuple[bytes, dict] | None:
+        """The entry in `path`, or None. `rebuilding`: the last look before a build (under the
+        file lock), which alone says that a damaged entry is rebuilt (a lookup looks three
+        times)."""
         try:
             blob = path.read_bytes()
         except FileNotFoundError:
@@ -138,7 +141,7 @@ class DiskCache:
             logger.debug("cache read failed for %s: %s", path, error)
             return None
         entry = _decode(blob)
-        if entry is None:
+        if entry is None and rebuilding:
             logger.info("cache entry %s is damaged; rebuilding it", path.name)
         return entry
 
@@ -187,7 +190,7 @@ class DiskCache:
             self._remember(key, (payload, meta))
             return payload, meta, False
         try:
-            entry = self._load(path)  # another process may have built it meanwhile
+            entry = self._load(path, rebuilding=True)  # another process may have built it
             if entry is not None:
                 self._remember(key, entry)
                 return entry[0], entry[1], True

@@ -1,6 +1,7 @@
 """Where the cache lives (SPIO_CACHE_DIR, platformdirs, or ~/.cache when platformdirs is absent),
 and reading an entry without building it."""
 
+import logging
 import os
 import stat
 import sys
@@ -41,6 +42,18 @@ def test_get_reads_memory_then_disk_and_misses_without_building(tmp_path):
     assert fresh.get("k") == (b"payload", {"m": 1})
     cache.path("k").write_bytes(b"damaged")
     assert DiskCache("things", root=tmp_path).get("k") is None
+
+
+def test_a_damaged_entry_is_rebuilt_and_said_once(tmp_path, caplog):
+    """A lookup looks at the file three times (before, and after taking each lock): one line."""
+    cache = DiskCache("things", root=tmp_path)
+    cache.folder.mkdir()
+    cache.path("k").write_bytes(b"damaged")
+    with caplog.at_level(logging.INFO, logger="spio"):
+        got = DiskCache("things", root=tmp_path).get_or_build("k", lambda: (b"new", {}))
+    assert got == (b"new", {}, False)
+    assert caplog.text.count("is damaged; rebuilding it") == 1
+    assert DiskCache("things", root=tmp_path).get("k") == (b"new", {})
 
 
 def test_relative_and_home_paths_are_made_absolute(monkeypatch, tmp_path):
