@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sys
 import tempfile
@@ -234,15 +233,17 @@ def _xgboost_summary() -> str:
 
 
 def _nvrtc_problem(library, error: Exception) -> str:
-    """The NVRTC row when libnvrtc was not found (library None) or was found but does not load."""
+    """The NVRTC row when libnvrtc was not found (library None) or was found but does not load
+    (nvrtc's NvrtcError, whose cause is the loader's own error)."""
+    from .cuda import nvrtc
+
     if library is None:
         return f"{_BROKEN}, not found: {error}"
-    fix = (
-        "set SPIO_NVRTC to a working libnvrtc.so.12 or .13, or unset it"
-        if os.environ.get("SPIO_NVRTC")
-        else "reinstall it (`pip install nvidia-cuda-nvrtc-cu12`), or set SPIO_NVRTC to another"
+    cause = error.__cause__ or error
+    return (
+        f"{_BROKEN}, {library} was found but cannot be loaded ({cause}); "
+        f"{nvrtc.how_to_mend_loading()}"
     )
-    return f"{_BROKEN}, {library} was found but cannot be loaded ({error}); {fix}"
 
 
 def _cache_problem(root) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -60,9 +61,26 @@ def builtins_beside(nvrtc: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _BUILTINS_NAME.match(p.name))
 
 
+def how_to_mend_loading() -> str:
+    """What to do about a libnvrtc that was found but does not load: reinstall it, or, where
+    SPIO_NVRTC chose it, choose another."""
+    if os.environ.get("SPIO_NVRTC"):
+        return "set SPIO_NVRTC to a working libnvrtc.so.12 or .13, or unset it"
+    return "reinstall it (`pip install nvidia-cuda-nvrtc-cu12`), or set SPIO_NVRTC to another"
+
+
 @functools.cache
 def _lib() -> ctypes.CDLL:
     path = library_path()
+    try:
+        return _load(path)
+    except (OSError, AttributeError) as error:  # not a library, or not NVRTC (a missing symbol)
+        raise NvrtcError(
+            f"{path} was found but cannot be loaded as NVRTC ({error}); {how_to_mend_loading()}"
+        ) from error
+
+
+def _load(path: Path) -> ctypes.CDLL:
     with _lock:
         # libnvrtc dlopens libnvrtc-builtins by soname when it compiles. The CUDA 13 wheels do
         # not put their lib folder on its search path ("failed to open libnvrtc-builtins.so.13.0"),

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -399,3 +400,33 @@ def test_nvrtc_identity_follows_the_builtins_library(tmp_path, monkeypatch, fres
     compile_module._nvrtc_identity.cache_clear()
     builtins.write_bytes(b"builtins, another build")
     assert compile_module._nvrtc_identity() != first
+
+
+@pytest.mark.parametrize("library", ["garbage", "another library"])
+def test_an_spio_nvrtc_that_is_not_nvrtc_is_named_with_how_to_mend_it(tmp_path, library):
+    """A file that does not load, or a library without NVRTC's symbols: one NvrtcError naming
+    the file, the loader's reason and SPIO_NVRTC, not ctypes' bare OSError or AttributeError."""
+    if library == "garbage":
+        path = tmp_path / "libnvrtc.so.12"
+        path.write_bytes(b"not a library")
+        reason = "file too short"
+    else:
+        found = sorted(Path(spio.cuda.__file__).parent.glob("driver*.so"))  # spio's extension
+        path = found[0] if found else pytest.skip("the driver extension is not built")
+        reason = "undefined symbol: nvrtcVersion"
+    code = textwrap.dedent(
+        """
+        from spio.cuda import nvrtc
+        try:
+            nvrtc.version()
+        except nvrtc.NvrtcError as error:
+            print(error)
+        """
+    )
+    env = dict(os.environ, SPIO_NVRTC=str(path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "was found but cannot be loaded as NVRTC" in out.stdout, out.stdout
+    assert reason in out.stdout and out.stdout.rstrip().endswith(
+        "set SPIO_NVRTC to a working libnvrtc.so.12 or .13, or unset it"
+    )
