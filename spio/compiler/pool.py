@@ -152,8 +152,12 @@ def _shared_pool(workers: int, most: int) -> ProcessPoolExecutor:
             if not _shutdown_registered:
                 atexit.register(shutdown_pool)
                 _shutdown_registered = True
-            with _stand_in_main():
-                _start_workers(pool, workers)
+            try:
+                with _stand_in_main():
+                    _start_workers(pool, workers)
+            except BaseException:  # a worker died starting (BrokenProcessPool), or Ctrl-C
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
             _pool, _pool_workers = pool, workers
         return _pool
 
@@ -198,10 +202,11 @@ class _Sweep:
         self.root = str(cache_root())
         self.results: list[CompileResult | BaseException | None] = [None] * len(jobs)
         self.breakage: BrokenProcessPool | None = None  # the executor's error at the last break
+        self.lost_before: set[int] = set()  # jobs running when a worker died
 
     def run(self) -> list[CompileResult | BaseException]:
         todo = deque(range(len(self.jobs)))
-        lost_before: set[int] = set()
+        lost_before = self.lost_before
         suspects: list[int] = []
         while todo:
             lost = self._round(todo, limit=self.workers)
@@ -234,7 +239,11 @@ class _Sweep:
         running when it broke. No more jobs than `limit` are ever handed to the executor: a
         worker's death loses only the jobs running beside it, and on Ctrl-C no job waits in the
         executor's queue, where it could no longer be cancelled."""
-        pool = _shared_pool(self.workers, self.most)
+        try:
+            pool = _shared_pool(self.workers, self.most)
+        except BrokenProcessPool as error:
+            self._run_here(todo, error)
+            return []
         finished: SimpleQueue[Future] = SimpleQueue()
         running: dict[Future, int] = {}
         lost: list[int] = []
@@ -279,13 +288,37 @@ class _Sweep:
             _discard_pool(pool)
         return lost
 
-    def _died(self, index: int) -> None:
+    def _run_here(self, todo: deque[int], error: BrokenProcessPool) -> None:
+        """The pool's workers could not start (one died starting: the OOM killer, or a spawn
+        that fails on this system): the jobs left run in this process, one at a time, so the
+        sweep still ends with every result, those the pool returned kept. Not a job that was
+        running when a worker died: it may be what kills one, so it is not run here, where it
+        would kill this process; it gets a WorkerDiedError."""
+        logger.warning(
+            "the compile pool's workers could not start (%s); compiling the %d kernel(s) left in "
+            "this process, one at a time",
+            error,
+            len(todo),
+        )
+        self.breakage = error
+        while todo:
+            index = todo.popleft()
+            if index in self.lost_before:
+                self._died(index, retried="could not be retried: no worker would start")
+                continue
+            self.results[index] = _run(self.jobs[index])
+            self.bar.update()
+
+    def _died(
+        self,
+        index: int,
+        retried: str = "died again when the job was retried in a fresh pool, running alone",
+    ) -> None:
         job = self.jobs[index]
         self.results[index] = WorkerDiedError(
             f"the compile worker running {job.name} for {job.arch} died (killed by a signal: an "
-            "NVRTC crash, or the OOM killer when memory ran out), and died again when the job was "
-            "retried in a fresh pool, running alone. If memory is short, use fewer workers: "
-            "SPIO_WORKERS=1, or compile_many(..., workers=1)"
+            f"NVRTC crash, or the OOM killer when memory ran out), and {retried}. If memory is "
+            "short, use fewer workers: SPIO_WORKERS=1, or compile_many(..., workers=1)"
         )
         self.results[index].__cause__ = self.breakage
         self.bar.update()

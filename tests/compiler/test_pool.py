@@ -143,6 +143,58 @@ def test_a_pool_whose_workers_died_is_replaced(pool_jobs, tmp_path, caplog):
     assert "worker died" not in caplog.text
 
 
+def test_a_pool_whose_workers_cannot_start_runs_the_jobs_here(
+    pool_jobs, tmp_path, monkeypatch, caplog
+):
+    """A worker that dies while the pool starts (the OOM killer, a spawn this system refuses)
+    broke the executor inside compile_many, whose BrokenProcessPool then lost the whole sweep.
+    Now the jobs run in this process, with a warning, and no half-started pool is kept."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from spio.compiler import pool
+
+    def start_workers(executor, workers):
+        raise BrokenProcessPool("a child process terminated abruptly")
+
+    monkeypatch.setattr(pool, "_start_workers", start_workers)
+    jobs = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"job{i}") for i in range(3)]
+    with caplog.at_level("WARNING", logger="spio"):
+        assert compile_many(jobs, workers=2, progress=False) == ["job0", "job1", "job2"]
+    assert "workers could not start" in caplog.text and "3 kernel(s) left" in caplog.text
+    assert pool._pool is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job0", "job1", "job2"]
+
+
+def test_a_job_lost_with_a_worker_is_not_run_here_when_no_pool_starts_again(
+    cache_dir, pool_jobs, tmp_path, monkeypatch
+):
+    """After a worker died, a pool that cannot start again leaves the jobs running then (one of
+    them may be what kills a worker) without a retry, each with a WorkerDiedError saying so:
+    run in this process, it would kill it. The jobs not started run here."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from spio.compiler import pool
+
+    real_start = pool._start_workers
+    starts = []
+
+    def start_workers(executor, workers):
+        starts.append(workers)
+        if len(starts) > 1:
+            raise BrokenProcessPool("a child process terminated abruptly")
+        real_start(executor, workers)
+
+    monkeypatch.setattr(pool, "_start_workers", start_workers)
+    crash = pool_jobs.KillWorkerJob("", "sm_80", name="crash.cu")
+    marks = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"job{i}") for i in range(3)]
+    results = compile_many([crash, *marks], workers=2, progress=False)
+    assert isinstance(results[0], pool.WorkerDiedError), results
+    assert "crash.cu" in str(results[0]) and "could not be retried" in str(results[0])
+    assert results[1] == "job0" or isinstance(results[1], pool.WorkerDiedError), results
+    assert results[2:] == ["job1", "job2"]  # not started when the worker died
+    assert len(starts) == 2
+
+
 def test_a_sweep_starts_no_more_processes_than_it_has_jobs(pool_jobs, tmp_path):
     """Two jobs with SPIO_WORKERS=4 started four processes (30 with 30). Now a pool holds as
     many as the sweep needs; a larger sweep gets a larger one, a smaller one reuses it, and a
