@@ -14,6 +14,8 @@ The executor is never handed more jobs than there are workers. A worker that die
 the OOM killer) breaks the whole executor, losing the jobs running then: the results that came back
 are kept, the pool is replaced, and the lost jobs run once more; a job lost again gets a
 WorkerDiedError as its result once it is clear that it was its own worker that died (it died alone).
+Where no pool will start (a worker dies starting), the jobs left run in this process, with a
+warning, but for those running when a worker died, which get a WorkerDiedError.
 Workers ignore SIGINT: on Ctrl-C (any BaseException) the parent cancels the jobs not started, so
 that only the running ones finish, and the pool survives for the next sweep.
 
