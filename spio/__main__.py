@@ -342,11 +342,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     keys = sorted(pairs)
     if args.sample and args.sample < len(keys):
         keys = random.Random(args.seed).sample(keys, args.sample)
+    from tqdm import tqdm
+
+    # Generating every kernel's source takes about a minute on its own: a bar, not silence.
+    picked = tqdm(
+        map(pairs.get, keys), total=len(keys), desc="generating kernels", unit="kernel", leave=False
+    )
     chosen = sorted(
-        (
-            FAMILIES[family].make_kernel(params, config)
-            for family, params, config in map(pairs.get, keys)
-        ),
+        (FAMILIES[family].make_kernel(params, config) for family, params, config in picked),
         key=lambda k: k.name,
     )
     jobs = [(kernel, arch) for kernel in chosen for arch in archs]

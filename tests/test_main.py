@@ -468,6 +468,20 @@ def test_compile_merges_a_repeated_arch(compiled_jobs, capsys):
     assert "for sm_90, sm_86: 4 compiles" in capsys.readouterr().out
 
 
+def test_compile_shows_progress_while_it_generates_the_kernels(compiled_jobs, capsys):
+    """Generating the source of every kernel of the layer set takes about a minute before the
+    first compile: a progress bar says so, instead of a silent wait."""
+    from spio.__main__ import main
+    from spio.kernels.families import FAMILIES
+    from spio.kernels.layer_sets import compile_layer_set
+
+    total = sum(len(f.configs(p)) for p in compile_layer_set() for f in FAMILIES.values())
+    main(["compile", "--arch", "sm_90"])
+    err = capsys.readouterr().err
+    assert "generating kernels:" in err and f"| 0/{total} [" in err
+    assert len(compiled_jobs) == total
+
+
 @pytest.mark.parametrize("seed", [0, 7])
 def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monkeypatch, seed):
     """--sample N picks as it always has (N of all the kernels, sorted by name, by the seed)
