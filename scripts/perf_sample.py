@@ -165,7 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     arch, name, drv = attrs["arch"], attrs["name"], f"{major}.{minor}"
     done = set()
     if args.csv.exists():
-        done = {s.key() for s in read_samples(args.csv)[0] if s.device == name}
+        try:
+            done = {s.key() for s in read_samples(args.csv)[0] if s.device == name}
+        except (OSError, ValueError) as error:  # e.g. a row cut off by a kill mid-append
+            print(
+                f"perf_sample: cannot read {args.csv}: {error}; mend or remove that row (a run "
+                "stopped while it wrote leaves its last row cut off), or start a new CSV",
+                file=sys.stderr,
+            )
+            return 2
     rng = random.Random(args.seed)
     work = []  # (family, params, configs still to measure)
     layers = sweep_layers(args.batches, args.dtypes, args.extra_layers, args.seed)

@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+import tempfile
+from pathlib import Path
 
 import spio
 from spio.bench.layers import layer_table
 from spio.compiler import CompileResult, compile_many
+from spio.compiler.cache import write_atomically
 from spio.compiler.occupancy import LIMITS, blocks_per_sm
 from spio.compiler.sass import find_nvdisasm, loop_report
 from spio.kernels.families import FAMILIES
@@ -36,12 +39,38 @@ def _steps(full_step, nvdisasm: str | None) -> str:
     return f"{loop.per_step:.0f} ({loop.per_step_of('HMMA'):.0f}, {loop.per_step_of('LDSM'):.0f})"
 
 
+def _positive(text: str) -> int:
+    """A positive integer option; a usage error (exit 2) names the value otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"needs a positive integer, got {text!r}")
+    return value
+
+
+def _out_problem(path: Path) -> str | None:
+    """Why the report cannot be written to `path`, or None: checked before the minutes of
+    compiles, so that a mistyped --out is not found only after them."""
+    if path.is_dir():
+        return f"--out {path} is a folder; name the markdown file to write"
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):  # writable, not only present
+            pass
+    except OSError as error:
+        return f"--out {path}: cannot write a file in {path.parent}: {error.strerror or error}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", help="markdown file to write (default: print)")
-    parser.add_argument("--n", type=int, default=128, help="batch size (default 128)")
+    parser.add_argument("--out", type=Path, help="markdown file to write (default: print)")
+    parser.add_argument("--n", type=_positive, default=128, help="batch size (default 128)")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     args = parser.parse_args(argv)
+    if args.out is not None and (problem := _out_problem(args.out)):
+        parser.error(problem)
 
     rows = []
     for layer in layer_table():
@@ -109,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     text = "\n".join(lines) + "\n"
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        write_atomically(args.out, text.encode())  # an earlier report stays whole until then
         print(f"wrote {args.out} ({len(rows) * len(spio.supported_arch)} kernels)")
     else:
         print(text)

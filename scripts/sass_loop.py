@@ -42,9 +42,12 @@ def _variants():
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from spio.compiler.occupancy import LIMITS
+
     variants, _ = _variants()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="sm_90")
+    # The archs whose per-SM limits are known: blocks per SM are worked out for each kernel.
+    parser.add_argument("--arch", default="sm_90", choices=list(LIMITS))
     parser.add_argument("--family", help="a kernel family, e.g. conv2d_gw8_wgrad (default: all)")
     parser.add_argument("--layer", help="Conv2dGw8Params.encode() text (default: bench layers)")
     parser.add_argument(
@@ -61,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for --sample")
     args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error(f"--batch needs a positive count, got {args.batch}")
     if args.sample is not None and args.sample < 1:
         parser.error(f"--sample needs a positive count, got {args.sample}")
     if args.sample and args.config:

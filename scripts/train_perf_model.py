@@ -25,6 +25,7 @@ import math
 import random
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -252,6 +253,19 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
 
 
+def out_problem(out: Path) -> str | None:
+    """Why models cannot be written under the folder `out` (created if missing), or None:
+    checked before any training, so that a mistyped --out is not found only after it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):  # writable, not only present
+            pass
+    except OSError as error:
+        why = error.strerror or error
+        return f"cannot write models to {out}: {why}; pass --out a writable folder"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", nargs="+", type=Path, help="sample CSVs from perf_sample.py")
@@ -304,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{PACKAGED_MODELS_DIR}; only measured data may ship (pass --out DIR to experiment)",
             file=sys.stderr,
         )
+        return 2
+    if problem := out_problem(args.out):
+        print(f"train_perf_model: {problem}", file=sys.stderr)
         return 2
 
     groups: dict[tuple, list[Sample]] = defaultdict(list)

@@ -147,6 +147,12 @@ def read_csv(path: Path) -> list[BenchRow]:
         for line_no, record in enumerate(reader, start=2):
             if record == header:  # the header again, where CSVs were concatenated
                 continue
+            if None in record.values():  # csv.DictReader fills a short row's columns with None
+                given = sum(value is not None for value in record.values())
+                raise ValueError(
+                    f"{path}:{line_no}: the row has {given} of the header's "
+                    f"{len(header)} columns (a damaged or cut-off line)"
+                )
             values = {}
             for name, kind in types.items():
                 if _column(name) not in present:  # an optional column of a later spio

@@ -91,6 +91,21 @@ def test_a_time_that_is_not_positive_is_named(tmp_path):
         read_csv(path)
 
 
+@pytest.mark.parametrize("kept", [7, 27])  # cut in the numbers, or in the run's text columns
+def test_a_row_cut_short_is_named(tmp_path, kept):
+    """A damaged or cut-off line (fewer fields than the header): a ValueError naming the line,
+    which `bench --plot-only` reports, not a TypeError from int(None), nor a row read with None
+    in its text columns."""
+    import csv
+
+    path = write_csv(_rows()[:2], tmp_path / "cut.csv")
+    header, first, second = list(csv.reader(path.open()))
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows([header, first, second[:kept]])
+    with pytest.raises(ValueError, match=rf"cut.csv:3: the row has {kept} of the header's"):
+        read_csv(path)
+
+
 def test_read_csv_rejects_other_files(tmp_path):
     other = tmp_path / "other.csv"
     other.write_text("a,b\n1,2\n")

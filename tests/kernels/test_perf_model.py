@@ -339,6 +339,21 @@ def test_refuses_to_ship_a_model_trained_on_synthetic_data(capsys, tmp_path):
     assert not (tmp_path / "perf_models").exists()
 
 
+@pytest.mark.parametrize("out", ["a-file/models", "a-file"])
+def test_an_output_folder_it_cannot_write_is_named_before_any_training(
+    out, tmp_path, monkeypatch, capsys
+):
+    """A --out that cannot hold models (below a file, or a file): one line naming it, exit 2,
+    before any model is trained, not an OSError traceback after the first one."""
+    script = load_script("train_perf_model")
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setattr(script, "train_group", lambda *a, **k: pytest.fail("trained"))
+    assert script.main([str(syn.CSV_PATH), "--out", str(tmp_path / out)]) == 2
+    err = capsys.readouterr().err
+    assert f"train_perf_model: cannot write models to {tmp_path / out}: " in err
+    assert "pass --out a writable folder" in err
+
+
 def test_shipped_models_were_measured_on_a_real_gpu_and_load():
     paths = sorted(pm.PACKAGED_MODELS_DIR.rglob("*.ubj"))
     assert paths and (pm.PACKAGED_MODELS_DIR / "README.md").is_file()
@@ -1052,6 +1067,23 @@ def test_perf_sample_refuses_a_csv_of_other_columns_before_timing(tmp_path, monk
     assert "no variant column" in error and "start a new one" in error
     assert script.main(["--csv", str(tmp_path / "new.csv"), "--families", "conv2d_gw8_bogus"]) == 2
     assert "unknown families conv2d_gw8_bogus" in capsys.readouterr().err
+
+
+def test_perf_sample_names_a_row_it_cannot_read_before_timing(tmp_path, monkeypatch, capsys):
+    """A CSV whose last row a kill cut off mid-append (gpu_check.sh stops runs with timeout):
+    one message naming the file and the row, exit 2, not a traceback on every resume."""
+    import spio.compiler
+
+    _fake_gpu(monkeypatch)
+    monkeypatch.setattr(spio.compiler, "compile_many", lambda *a, **k: pytest.fail("compiled"))
+    cut = tmp_path / "cut.csv"
+    ps.append_samples(cut, ps.read_samples(syn.CSV_PATH)[0][:3])
+    cut.write_text(cut.read_text()[:-60])
+    script = load_script("perf_sample")
+    assert script.main(["--csv", str(cut)]) == 2
+    error = capsys.readouterr().err
+    assert f"perf_sample: cannot read {cut}: {cut}: data row 3: " in error
+    assert "mend or remove that row" in error
 
 
 def test_perf_sample_always_times_the_picks_and_their_unweighed_variants(monkeypatch):

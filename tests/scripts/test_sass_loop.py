@@ -16,6 +16,10 @@ sass_loop = load_script("sass_loop")
         (["--sample", "3", "--config", "g2_p32_q64_n4_w4_s6_k8"], "--sample and --config"),
         (["--against", "no-such-variant"], "invalid choice"),
         (["--against", "full"], "invalid choice"),  # full is the kernel itself
+        # an arch without known per-SM limits: a usage error, not a KeyError after compiling
+        (["--arch", "sm_75"], "argument --arch: invalid choice: 'sm_75'"),
+        (["--arch", "sm_100"], "argument --arch: invalid choice: 'sm_100'"),
+        (["--batch", "0"], "--batch needs a positive count, got 0"),
     ],
 )
 def test_bad_arguments_name_the_problem(argv, message, capsys):
