@@ -301,24 +301,38 @@ def run_bench(
     info = run_info(command + " (cudnn.benchmark=True)")
     l2 = l2_cache_bytes()
     rows: list[BenchRow] = []
+
+    def usable_after(error: Exception, what: str) -> bool:
+        """Report a failure and keep the sweep going, unless the CUDA context is broken."""
+        logger.error("%s %s %s failed: %s", what, pass_, params.encode(), error)
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as sticky:
+            logger.error("CUDA context unusable, stopping the sweep: %s", sticky)
+            return False
+        return True
+
     for layer, params, pass_ in tqdm(cases, desc="benchmark", unit="case"):
-        case = PassCase(params, pass_, l2)
-        flops = case.stats.flops
-        timed = {
-            "spio": (case.spio_call(), flops, case.sets, case.config.encode()),
-            "torch": (case.torch_call(), flops, case.sets, "cudnn"),
-            "copy": (case.copy_call(), 0, len(case.copy_data), ""),
-        }
+        try:  # tensors for every set (e.g. out of memory at a large batch), calls, configs
+            case = PassCase(params, pass_, l2)
+            flops = case.stats.flops
+            timed = {
+                "spio": (case.spio_call(), flops, case.sets, case.config.encode()),
+                "torch": (case.torch_call(), flops, case.sets, "cudnn"),
+                "copy": (case.copy_call(), 0, len(case.copy_data), ""),
+            }
+        except Exception as error:
+            case = None
+            torch.cuda.empty_cache()  # what the case held before it failed
+            if not usable_after(error, "setting up"):
+                return rows
+            continue
         for impl, (call, impl_flops, sets, config) in timed.items():
             nbytes = case.copy_bytes if impl == "copy" else case.bytes
             try:
                 timing = time_calls(call, warmup=settings.warmup, reps=settings.reps)
             except Exception as error:  # report the case, keep the sweep going
-                logger.error("%s %s %s failed: %s", impl, pass_, params.encode(), error)
-                try:
-                    torch.cuda.synchronize()
-                except RuntimeError as sticky:  # the context is broken: stop here
-                    logger.error("CUDA context unusable, stopping the sweep: %s", sticky)
+                if not usable_after(error, impl):
                     return rows
                 continue
             how = case.selected_by if impl == "spio" else ""

@@ -156,6 +156,43 @@ def test_the_sweep_writes_its_csv_after_every_case(monkeypatch, tmp_path):
     assert len(read_csv(path)) == 6
 
 
+def test_a_case_that_cannot_be_set_up_is_reported_and_the_sweep_goes_on(monkeypatch, caplog):
+    """A case whose tensors do not fit (torch.OutOfMemoryError at a large batch) had ended the
+    sweep with a traceback; it is now reported like a failed timing, and the other cases run."""
+    from spio.bench import run
+    from spio.bench.results import RunInfo
+    from spio.bench.timing import Timing
+
+    class Case:
+        def __init__(self, params, pass_, l2):
+            if params.n == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
+            self.stats = run.Conv2dStats(params)
+            self.bytes = self.copy_bytes = self.stats.bytes(pass_)
+            self.sets, self.config = 1, run.spio_config(params, pass_)
+            self.copy_data, self.selected_by = [()], "heuristic"
+
+        def spio_call(self):
+            return "call"
+
+        torch_call = copy_call = spio_call
+
+    info = RunInfo(
+        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="t"
+    )
+    monkeypatch.setattr(run, "PassCase", Case)
+    monkeypatch.setattr(run, "time_calls", lambda call, warmup, reps: Timing(1, 1, 1, reps, True))
+    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
+    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
+    monkeypatch.setattr(run, "run_info", lambda command: info)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # the context still works
+    settings = BenchSettings(layers=(TINY,), batch_sizes=(1, 2, 3), passes=("fprop",))
+    with caplog.at_level("ERROR", logger="spio"):
+        rows = run.run_bench(settings, "x")
+    assert sorted({row.n for row in rows}) == [1, 3] and len(rows) == 6
+    assert "setting up fprop" in caplog.text and "out of memory" in caplog.text
+
+
 def test_each_spio_row_says_how_its_config_was_chosen(monkeypatch, tmp_path):
     """ "model sm_90/<family>.ubj", "heuristic" or "autotune", recorded with the row; a run
     without xgboost had timed the heuristic's picks with nothing in the CSV to say so."""
