@@ -15,11 +15,13 @@ import argparse
 import os
 import sys
 
+from spio.args import positive_int
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--calls", type=positive_int, default=3000)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     args = parser.parse_args(argv)
 
     os.environ["SPIO_EMULATE"] = "1"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from spio.args import positive_int
+
 SOURCE = r"""
 extern "C" __global__ void empty_kernel() {}
 extern "C" __global__ void empty_kernel_args(float* out, int n, int stride, float scale) {}
@@ -22,8 +24,10 @@ TARGET_US = 5.0
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--launches", type=int, default=10_000, help="launches per repeat")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
+    parser.add_argument("--launches", type=positive_int, default=10_000, help="launches per repeat")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed repeats (median reported)"
+    )
     parser.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
     args = parser.parse_args(argv)
 

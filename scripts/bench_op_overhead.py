@@ -22,16 +22,20 @@ import argparse
 import sys
 from statistics import median
 
+from spio.args import positive_int
+
 TARGET_US = 10.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=2000, help="calls per repeat")
-    parser.add_argument("--repeats", type=int, default=7, help="timed repeats (median reported)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=positive_int, default=2000, help="calls per repeat")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=7, help="timed repeats (median reported)"
+    )
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument("--channels", type=int, default=64)
-    parser.add_argument("--size", type=int, default=8, help="H and W of the input")
+    parser.add_argument("--size", type=positive_int, default=8, help="H and W of the input")
     parser.add_argument("--profile", action="store_true", help="show where the host time goes")
     args = parser.parse_args(argv)
 

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import spio
+from spio.args import positive_int
 from spio.bench.layers import layer_table
 from spio.compiler import CompileResult, compile_many
 from spio.compiler.cache import write_atomically
@@ -39,17 +40,6 @@ def _steps(full_step, nvdisasm: str | None) -> str:
     return f"{loop.per_step:.0f} ({loop.per_step_of('HMMA'):.0f}, {loop.per_step_of('LDSM'):.0f})"
 
 
-def _positive(text: str) -> int:
-    """A positive integer option; a usage error (exit 2) names the value otherwise."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"needs a positive integer, got {text!r}")
-    return value
-
-
 def _out_problem(path: Path) -> str | None:
     """Why the report cannot be written to `path`, or None: checked before the minutes of
     compiles, so that a mistyped --out is not found only after them."""
@@ -66,7 +56,7 @@ def _out_problem(path: Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="markdown file to write (default: print)")
-    parser.add_argument("--n", type=_positive, default=128, help="batch size (default 128)")
+    parser.add_argument("--n", type=positive_int, default=128, help="batch size (default 128)")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     args = parser.parse_args(argv)
     if args.out is not None and (problem := _out_problem(args.out)):

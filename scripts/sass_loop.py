@@ -29,6 +29,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from spio.args import positive_int
+
 
 def _variants():
     """scripts/ablate_kernel.py's VARIANTS (name -> the defines it builds with) and its
@@ -53,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--config", action="append", help="config name, repeatable (default: the heuristic's)"
     )
-    parser.add_argument("--batch", type=int, default=128, help="N of the bench layers")
+    parser.add_argument("--batch", type=positive_int, default=128, help="N of the bench layers")
     parser.add_argument(
         "--against",
         choices=sorted(set(variants) - {"full"}),
@@ -64,8 +66,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for --sample")
     args = parser.parse_args(argv)
-    if args.batch < 1:
-        parser.error(f"--batch needs a positive count, got {args.batch}")
     if args.sample is not None and args.sample < 1:
         parser.error(f"--sample needs a positive count, got {args.sample}")
     if args.sample and args.config:

@@ -16,6 +16,8 @@ import statistics
 import sys
 import time
 
+from spio.args import positive_int
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line; argparse exits with status 2 on bad arguments."""
@@ -36,18 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--channels-last", action="store_true", help="NHWC model and inputs")
     parser.add_argument("--bench", choices=("train", "inference"), default="inference")
-    parser.add_argument("--batch-size", type=_positive_int, default=64)
-    parser.add_argument("--img-size", type=_positive_int, default=224)
-    parser.add_argument("--warmup", type=_positive_int, default=10, help="untimed steps first")
-    parser.add_argument("--iters", type=_positive_int, default=30, help="timed steps")
+    parser.add_argument("--batch-size", type=positive_int, default=64)
+    parser.add_argument("--img-size", type=positive_int, default=224)
+    parser.add_argument("--warmup", type=positive_int, default=10, help="untimed steps first")
+    parser.add_argument("--iters", type=positive_int, default=30, help="timed steps")
     return parser.parse_args(argv)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"needs a positive integer, got {value}")
-    return value
 
 
 def missing_requirements() -> list[str]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from spio.args import non_negative_float, positive_int, unit_fraction
 from spio.kernels.families import FAMILIES, get_family
 from spio.kernels.perf_model import (
     FEATURE_VERSION,
@@ -282,9 +283,17 @@ def main(argv: list[str] | None = None) -> int:
         help="fraction of layer shapes held out to score a model first (0: no evaluation)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="XGBoost threads")
+    parser.add_argument("--threads", type=positive_int, default=1, help="XGBoost threads")
+    # Values XGBoost would refuse with a traceback, or take and train a constant model with.
+    kinds = {
+        "trees": positive_int,
+        "depth": positive_int,
+        "eta": unit_fraction,
+        "subsample": unit_fraction,
+        "min_child_weight": non_negative_float,
+    }
     for name, value in DEFAULTS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kinds[name], default=value)
     args = parser.parse_args(argv)
     hyper = {name: getattr(args, name) for name in DEFAULTS}
     if not 0 <= args.holdout < 1:

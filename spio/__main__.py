@@ -8,6 +8,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 
+from .args import positive_int
+
 _BROKEN = "BROKEN INSTALL"
 _BAD_SETTING = "BAD SETTING"
 _NOT_WRITABLE = "NOT A WRITABLE FOLDER"
@@ -407,7 +409,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
         cmd_check,
         "numerical self-test of every kernel pass in fp16 and bf16 against float64 references "
         "(the GPU if the kernels run on it, else the CPU emulator); exit 1 on any failure, 2 "
-        "when no kernel can be built",
+        "when no kernel can be built or --device cuda finds no GPU they run on",
     ),
     "bench": (
         cmd_bench,
@@ -431,17 +433,6 @@ def _arch(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _positive(text: str) -> int:
-    """A positive integer option; a usage error (exit 2) names the value otherwise."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"needs a positive integer, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     from . import experimental_arch, supported_arch
 
@@ -460,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compile_parser.add_argument("--kernel", help="only kernel families whose name contains this")
     compile_parser.add_argument(
-        "--sample", type=_positive, help="compile a random sample of N kernels"
+        "--sample", type=positive_int, help="compile a random sample of N kernels"
     )
     compile_parser.add_argument("--seed", type=int, default=0, help="seed for --sample")
     from .bench.cli import add_arguments as add_bench_arguments

@@ -19,7 +19,7 @@ sass_loop = load_script("sass_loop")
         # an arch without known per-SM limits: a usage error, not a KeyError after compiling
         (["--arch", "sm_75"], "argument --arch: invalid choice: 'sm_75'"),
         (["--arch", "sm_100"], "argument --arch: invalid choice: 'sm_100'"),
-        (["--batch", "0"], "--batch needs a positive count, got 0"),
+        (["--batch", "0"], "argument --batch: needs a positive integer, got '0'"),
     ],
 )
 def test_bad_arguments_name_the_problem(argv, message, capsys):

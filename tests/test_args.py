@@ -1,0 +1,42 @@
+"""spio.args: option values a usage error names, for `python -m spio` and the scripts."""
+
+import argparse
+
+import pytest
+
+from spio.args import non_negative_float, positive_int, unit_fraction
+
+
+@pytest.mark.parametrize(
+    "kind, good, bad",
+    [
+        (positive_int, {"1": 1, "12": 12}, ["0", "-3", "1.5", "x", ""]),
+        (unit_fraction, {"1": 1.0, "0.25": 0.25, "1e-3": 0.001}, ["0", "-0.1", "1.01", "nan", "x"]),
+        (non_negative_float, {"0": 0.0, "2.5": 2.5}, ["-1", "-0.001", "nan", "x"]),
+    ],
+)
+def test_values_are_taken_or_named(kind, good, bad):
+    for text, value in good.items():
+        assert kind(text) == value
+    for text in bad:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"got {text!r}"):
+            kind(text)
+
+
+def test_a_script_option_refuses_a_value_that_would_train_a_constant_model(capsys):
+    """train_perf_model.py took --trees 0 or --eta 0 and wrote models that predict a constant
+    (into the shipped models' folder by default); XGBoost refused --depth -1 with a traceback."""
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(
+        "train_perf_model", REPO / "scripts" / "train_perf_model.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for option in (["--trees", "0"], ["--eta", "0"], ["--subsample", "2"], ["--depth", "-1"]):
+        with pytest.raises(SystemExit) as stop:
+            script.main(["unused.csv", *option])
+        assert stop.value.code == 2
+        assert f"argument {option[0]}: needs" in capsys.readouterr().err
