@@ -359,16 +359,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
     results = compile_many([k.compile_job(a) for k, a in jobs], desc="compiling kernels")
     failures = spills = warned = 0
     name_width = max(len(k.name) for k, _ in jobs)
-    print(f"{'kernel':<{name_width}}  arch   regs  spill(B)  smem(B)")
+    arch_width = max(len(arch) for arch in archs)  # sm_100 and sm_120 are wider than sm_90
+    print(f"{'kernel':<{name_width}}  {'arch':<{arch_width}}  regs  spill(B)  smem(B)")
     for (kernel, arch), result in zip(jobs, results, strict=True):
+        head = f"{kernel.name:<{name_width}}  {arch:<{arch_width}}"
         if not isinstance(result, CompileResult):
             failures += 1
-            print(f"{kernel.name:<{name_width}}  {arch}  FAILED: {result}")
+            print(f"{head}  FAILED: {result}")
             continue
         usage = result.resources.get(kernel.entry)
         if usage is None:
             failures += 1
-            print(f"{kernel.name:<{name_width}}  {arch}  FAILED: no entry {kernel.entry}")
+            print(f"{head}  FAILED: no entry {kernel.entry}")
             continue
         spilled = usage.spill_stores + usage.spill_loads
         spills += spilled > 0
@@ -376,10 +378,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         warned += bool(warnings)
         smem = usage.shared_bytes + kernel.shared_mem_bytes
         flags = ("  SPILLS" if spilled else "") + ("  WARNINGS" if warnings else "")
-        print(
-            f"{kernel.name:<{name_width}}  {arch}  {usage.registers:4d}  {spilled:8d}  "
-            f"{smem:7d}{flags}"
-        )
+        print(f"{head}  {usage.registers:4d}  {spilled:8d}  {smem:7d}{flags}")
         for line in warnings:
             print(f"    {line}")
     print(f"{len(jobs)} compiles: {failures} failed, {spills} spilled, {warned} with warnings")

@@ -460,6 +460,18 @@ def compiled_jobs(monkeypatch):
     return jobs
 
 
+def test_compile_keeps_its_columns_with_a_wider_arch(compiled_jobs, capsys):
+    """sm_100 and sm_120 are a character wider than sm_90: the columns after them stay put."""
+    from spio.__main__ import main
+
+    main(["compile", "--arch", "sm_90", "--arch", "sm_100", "--sample", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("kernel"))
+    rows = [line for line in lines if "FAILED" in line]
+    assert len(rows) == 2
+    assert {row.index("FAILED") for row in rows} == {header.index("regs")}
+
+
 def test_compile_merges_a_repeated_arch(compiled_jobs, capsys):
     from spio.__main__ import main
 
