@@ -7,6 +7,7 @@ import platform
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 from .args import positive_int
 
@@ -435,7 +436,9 @@ def _arch(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from . import experimental_arch, supported_arch
 
-    parser = argparse.ArgumentParser(prog="python -m spio", description=__doc__)
+    # As it was called: the `spio` console script, or python -m spio.
+    prog = "spio" if Path(sys.argv[0]).name == "spio" else "python -m spio"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parsers = {}
     for name, (_, help_text) in COMMANDS.items():

@@ -7,10 +7,12 @@ Uses matplotlib's object API with the Agg canvas (no pyplot, no display, no glob
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..compiler.cache import write_atomically
 from .results import BenchRow
 
 _STYLE = {
@@ -77,7 +79,9 @@ def plot_rows(rows: Iterable[BenchRow], out_dir: Path) -> list[Path]:
             fontsize=10,
         )
         path = out_dir / f"bandwidth_{pass_}_{dtype}.png"
-        fig.savefig(path, dpi=110)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=110)
+        write_atomically(path, png.getvalue())  # an earlier run's plot stays whole until then
         written.append(path)
     return written
 

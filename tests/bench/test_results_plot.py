@@ -168,6 +168,32 @@ def test_plots_render_one_png_per_pass(bench_csv, tmp_path):
     _assert_pngs(tmp_path / "plots", names)
 
 
+def test_a_plot_that_fails_leaves_the_earlier_png_whole(bench_csv, tmp_path, monkeypatch):
+    """savefig wrote straight into the PNG: a plot stopped while it drew left a cut-off file
+    where the earlier run's plot had been. It is drawn first, then put in place whole."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from spio.bench.plot import plot_rows
+
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    earlier = folder / "bandwidth_fprop_fp16.png"
+    earlier.write_bytes(b"an earlier run's plot")
+    save = Figure.savefig
+
+    def cut_off(fig, target, **kwargs):
+        save(fig, target, **kwargs)
+        target.truncate(100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", cut_off)
+    with pytest.raises(KeyboardInterrupt):
+        plot_rows(read_csv(bench_csv), folder)
+    assert earlier.read_bytes() == b"an earlier run's plot"
+    assert [p.name for p in folder.iterdir()] == [earlier.name]
+
+
 def test_plot_only_command_needs_no_gpu(bench_csv):
     pytest.importorskip("matplotlib")
     out = _plot_only(bench_csv)
@@ -236,7 +262,6 @@ def test_each_panel_plots_its_layers_rows_of_its_pass_and_dtype(monkeypatch, tmp
     PyTorch (twice the time) 512 / n and the copy (half) 2048 / n; bf16 rows take 4x longer."""
     pytest.importorskip("matplotlib")
     import dataclasses
-    from pathlib import Path
 
     from matplotlib.figure import Figure
 
@@ -255,16 +280,18 @@ def test_each_panel_plots_its_layers_rows_of_its_pass_and_dtype(monkeypatch, tmp
         for n in reversed(ns)
         for impl in factor
     ]  # fmt: skip
-    figures = {}
+    drawn = []
     save = Figure.savefig
 
-    def record(fig, path, **kwargs):
-        figures[Path(path).name] = fig
-        return save(fig, path, **kwargs)
+    def record(fig, target, **kwargs):
+        drawn.append(fig)
+        return save(fig, target, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", record)
     paths = plot_rows(rows, tmp_path)
     assert [p.name for p in paths] == ["bandwidth_fprop_bf16.png", "bandwidth_fprop_fp16.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths)
+    figures = dict(zip([p.name for p in paths], drawn, strict=True))
     fig = figures["bandwidth_fprop_fp16.png"]
     assert len(fig.axes) == 8
     assert [ax.get_visible() for ax in fig.axes] == [True] * 5 + [False] * 3
