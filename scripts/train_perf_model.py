@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from spio.args import non_negative_float, positive_int, unit_fraction
+from spio.compiler.cache import write_atomically
 from spio.kernels.families import FAMILIES, get_family
 from spio.kernels.perf_model import (
     FEATURE_VERSION,
@@ -347,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         path = model_path(args.out, family, arch, device)
         path.parent.mkdir(parents=True, exist_ok=True)
-        booster.save_model(str(path))
+        # Each file replaced whole: a stop mid-write must not leave a cut-off model where the
+        # package (the default --out) loads its models from.
+        write_atomically(path, bytes(booster.save_raw("ubj")))
         meta = {
             "family": family,
             "arch": arch,
@@ -375,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             **metrics,
         }
-        path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        write_atomically(path.with_suffix(".json"), (json.dumps(meta, indent=2) + "\n").encode())
         regret = describe_metrics(metrics)
         print(f"{family} {arch}{' ' + device if device else ''}: {len(group)} rows; {regret}")
         print(f"  wrote {path}")
