@@ -228,7 +228,7 @@ class Conv2dGw8(nn.Conv2d):
         """torch.jit.script calls this first: the scripted branch of forward reads
         _spio_padding as it stands then, and runs the op, which takes stride 1 and dilation 1
         whatever the layer's attributes say (ValueError where they were set to others)."""
-        reason = self._set_ineligibility()
+        reason = self._ineligibility_now()
         if reason is not None:
             raise ValueError(
                 f"Conv2dGw8 {reason}: a scripted layer runs spio's op, which cannot; script "
@@ -237,7 +237,7 @@ class Conv2dGw8(nn.Conv2d):
         self._padding_ints()
         return self
 
-    def _set_ineligibility(self) -> str | None:
+    def _ineligibility_now(self) -> str | None:
         """Why the layer's stride, dilation, groups or padding_mode, set after construction (as
         nn.Conv2d allows: its forward reads them at each call), are ones spio's kernels cannot
         run, or None. Cheap while they are as constructed."""
@@ -327,7 +327,7 @@ class Conv2dGw8(nn.Conv2d):
             return torch.ops.spio.conv2d_gw8(
                 input, self.weight, self.bias, 1, pad_h, pad_w, 1, self.groups, self._pass_bits
             )
-        reason = self._set_ineligibility()
+        reason = self._ineligibility_now()
         if reason is not None:  # nn.Conv2d's forward, which reads them
             y = super().forward(input)
             _log_fallback_once(f"the layer {reason}")
@@ -350,7 +350,7 @@ class Conv2dGw8(nn.Conv2d):
         of a backward through it (create_graph=True, e.g. a gradient penalty). Raises the call's
         ValueError for bad arguments."""
         kernels, reason = _route(input, self.weight, self.bias)
-        if not kernels or reason is not None or self._set_ineligibility() is not None:
+        if not kernels or reason is not None or self._ineligibility_now() is not None:
             return []
         x = input.unsqueeze(0) if input.dim() == 3 else input
         x, weight, bias = autocast_operands(x, self.weight, self.bias)
