@@ -228,6 +228,51 @@ extern "C" __global__ void dynamic_shared(float *out, const float *in, int n) {
     __syncthreads();
     out[i] = dyn[n - 1 - i];
 }
+
+/// Thread i commits 8 groups (group k: one copy, chunk k of the thread), then `empties` empty
+/// groups, then cp.async.wait_group N, and snapshots all 8 chunks (chunk k of thread i at
+/// out[((k * 32) + i) * 4 ..]); copies still pending read as the emulator's poison when unchecked.
+template <int N>
+__device__ void cp_async_wait_n_test(float *out, const float *src, int empties) {
+    __shared__ __align__(16) float smem[8][32][4];
+    const int i = threadIdx.x;
+    for (int k = 0; k < 8; ++k) {
+        spio::cp_async_16(&smem[k][i][0], src + (k * 32 + i) * 4, 16);
+        spio::cp_async_commit_group();
+    }
+    for (int e = 0; e < empties; ++e) spio::cp_async_commit_group();
+    spio::cp_async_wait_group<N>();
+    for (int k = 0; k < 8; ++k) {
+        for (int e = 0; e < 4; ++e) out[(k * 32 + i) * 4 + e] = smem[k][i][e];
+    }
+    spio::cp_async_wait_all();
+}
+
+#define CP_ASYNC_WAIT_N_KERNEL(n)                                                           \
+    extern "C" __global__ void cp_async_wait_n##n(float *out, const float *src, int empties) { \
+        cp_async_wait_n_test<n>(out, src, empties);                                         \
+    }
+CP_ASYNC_WAIT_N_KERNEL(0)
+CP_ASYNC_WAIT_N_KERNEL(1)
+CP_ASYNC_WAIT_N_KERNEL(2)
+CP_ASYNC_WAIT_N_KERNEL(3)
+CP_ASYNC_WAIT_N_KERNEL(6)
+
+/// The predicated form: thread i fills its 16-byte chunk with the byte pattern 0xA5, then copies
+/// src_bytes[i] bytes into it with cp_async_16_if(enable[i], ...). A disabled copy writes nothing
+/// (no zero-fill either): the chunk keeps 0xA5.
+extern "C" __global__ void cp_async_if_fill(unsigned char *out, const unsigned char *src,
+                                            const int *enable, const int *src_bytes) {
+    __shared__ __align__(16) unsigned char smem[64 * 16];
+    const int i = threadIdx.x;
+    for (int b = 0; b < 16; ++b) smem[16 * i + b] = 0xA5;
+    __syncthreads();
+    spio::cp_async_16_if(enable[i] != 0, &smem[16 * i], src + 16 * i, src_bytes[i]);
+    spio::cp_async_commit_group();
+    spio::cp_async_wait_all();
+    __syncthreads();
+    for (int b = 0; b < 16; ++b) out[16 * i + b] = smem[16 * i + b];
+}
 """
 
 HAZARDS = r"""

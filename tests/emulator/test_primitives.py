@@ -350,3 +350,39 @@ def test_x86_64_builds_use_the_assembly_fiber_switch(emu_sources, monkeypatch):
     monkeypatch.delenv("SPIO_EMU_UCONTEXT", raising=False)
     module = load_module(emu_sources["primitives"], name="emu_test_asm_switch")
     assert module.fiber_switch() == module.fiber_switch(checked=False) == "asm"
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 6])
+@pytest.mark.parametrize("empties", [0, 2])
+def test_wait_group_n_lands_exactly_the_groups_older_than_the_newest_n(prims, n, empties):
+    """PTX cp.async.wait_group N: the thread waits until only N or fewer of its most recent groups
+    are pending and all earlier ones are complete; an empty group is trivially complete but is
+    still a group (it counts among the N newest). After 8 one-copy groups and `empties` empty
+    ones, wait_group<N> must have landed exactly groups 0 .. 8 + empties - N - 1 (the emulator
+    lands a copy at the latest legal moment, so the rest still hold the poison). The reference is
+    the ISA sentence, not the runtime's counter arithmetic: the kernels wait with N up to 6
+    (STAGES - 2 with 8 stages) and rely on empty tail groups."""
+    src = torch.randn(8 * 32 * 4)
+    out = torch.zeros(8 * 32 * 4)
+    prims.get_function(f"cp_async_wait_n{n}").launch(1, 32, (out, src, empties), check=False)
+    landed = max(0, min(8, 8 + empties - n))
+    chunks, expected = out.view(8, 32, 4), src.view(8, 32, 4)
+    assert torch.equal(chunks[:landed], expected[:landed])
+    assert torch.isnan(chunks[landed:]).all()
+
+
+def test_predicated_off_copy_writes_nothing(prims_and_gpu):
+    """`@p cp.async` with p false is not executed: no bytes copied and no zero-fill (unlike
+    src-size 0, which zero-fills all 16 bytes). Mixed with enabled copies of every src_bytes."""
+    gen = torch.Generator().manual_seed(12)
+    src = torch.randint(1, 256, (64 * 16,), dtype=torch.uint8, generator=gen)
+    enable = torch.randint(0, 2, (64,), dtype=torch.int32, generator=gen)
+    src_bytes = torch.randint(0, 17, (64,), dtype=torch.int32, generator=gen)
+    enable[:2] = torch.tensor([0, 0], dtype=torch.int32)
+    src_bytes[:2] = torch.tensor([0, 16], dtype=torch.int32)  # disabled zero-fill, disabled copy
+    out = torch.zeros(64 * 16, dtype=torch.uint8)
+    prims_and_gpu.get_function("cp_async_if_fill").launch(1, 64, (out, src, enable, src_bytes))
+    ref = src.view(64, 16).clone()
+    ref[torch.arange(16)[None, :] >= src_bytes[:, None]] = 0
+    ref[enable == 0] = 0xA5
+    assert torch.equal(out.view(64, 16), ref)
