@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import random
@@ -350,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Each file replaced whole: a stop mid-write must not leave a cut-off model where the
         # package (the default --out) loads its models from.
-        write_atomically(path, bytes(booster.save_raw("ubj")))
+        model = bytes(booster.save_raw("ubj"))
+        write_atomically(path, model)
         meta = {
             "family": family,
             "arch": arch,
@@ -369,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             "feature_version": FEATURE_VERSION,
             "features": list(feature_names(get_family(family))),
             "target": TARGET,
+            "model_sha256": hashlib.sha256(model).hexdigest(),
             "trained_with": {
                 "spio": spio.__version__,
                 "xgboost": xgboost.__version__,

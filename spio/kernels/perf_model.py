@@ -283,6 +283,7 @@ class PerfModel:
         path = Path(path)
         meta = read_meta(path.with_suffix(".json"))
         family = _check_meta(path, meta, family, identity)
+        vouched = _check_digest(path, meta)
         try:
             import xgboost
         except Exception as error:  # no kernel selection may fail for it: an ImportError (e.g.
@@ -303,6 +304,9 @@ class PerfModel:
                 f"perf model {path} takes {booster.num_features()} features, "
                 f"expected {len(feature_names(family))}"
             )
+        problem = None if vouched else tree_problem(booster)  # a file as it was trained: no need
+        if problem is not None:
+            raise PerfModelError(f"perf model {path} is unreadable or corrupted: {problem}")
         _check_batch_sizes(path, meta)
         _check_config_values(path, meta, family)
         booster.set_param({"nthread": 1})  # one layer's configs: threads only add overhead
@@ -405,6 +409,80 @@ def _check_meta(
                 f"perf model {path} was measured on {meta.get('device')!r}, not on {identity.name}"
             )
     return family
+
+
+def tree_problem(booster: Any) -> str | None:
+    """What makes a loaded booster unsafe to predict with, or None. XGBoost loads a model file
+    with damaged trees (a child index past the tree's end or pointing back at its parent, as a
+    flipped byte in the .ubj makes) and then crashes the process in its prediction (SIGSEGV):
+    each tree's nodes must link parent to later children within the tree, split on a feature
+    the model takes, numerically (spio's features are numbers), and each tree must belong to
+    the one output. Reads the model's JSON form (~0.1 s for a shipped model)."""
+    import json
+
+    try:
+        learner = json.loads(bytes(booster.save_raw("json")))["learner"]
+        n_features = int(learner["learner_model_param"]["num_feature"])
+        gbtree = learner["gradient_booster"]
+        if gbtree.get("name") != "gbtree":
+            return f"booster {gbtree.get('name')!r}, not gbtree"
+        model = gbtree["model"]
+        trees = model["trees"]
+        if int(model["gbtree_model_param"]["num_trees"]) != len(trees):
+            return "its tree count disagrees with its trees"
+        if len(model["tree_info"]) != len(trees) or any(g != 0 for g in model["tree_info"]):
+            return "a tree of an output other than the one"
+        bounds = np.asarray(model.get("iteration_indptr", [0, len(trees)]), dtype=np.int64)
+        if bounds[0] != 0 or bounds[-1] != len(trees) or np.any(np.diff(bounds) < 0):
+            return "its iterations do not span its trees"
+        for number, tree in enumerate(trees):
+            size = int(tree["tree_param"]["num_nodes"])
+            columns = ("left_children", "right_children", "parents", "split_indices")
+            left, right, parents, split = (np.asarray(tree[c], dtype=np.int64) for c in columns)
+            lengths = [len(tree[c]) for c in (*columns, "split_conditions", "split_type")]
+            if size < 1 or any(n != size for n in lengths):
+                return f"tree {number} has arrays of other lengths than its {size} nodes"
+            leaf = (left == -1) & (right == -1)
+            nodes = np.arange(size)[~leaf]
+            kids_l, kids_r = left[~leaf], right[~leaf]
+            if not (
+                np.all((kids_l > nodes) & (kids_l < size) & (kids_r > nodes) & (kids_r < size))
+                and np.all(parents[kids_l] == nodes)
+                and np.all(parents[kids_r] == nodes)
+                and np.all((split[~leaf] >= 0) & (split[~leaf] < n_features))
+                and not np.any(np.asarray(tree["split_type"])[~leaf])
+            ):
+                return f"tree {number} has a node that links or splits out of the tree"
+    except Exception as error:  # a missing or mistyped field, or xgboost's own error
+        return f"its trees do not read ({type(error).__name__}: {first_line(error)})"
+    return None
+
+
+def _check_digest(path: Path, meta: dict) -> bool:
+    """PerfModelError unless the model file's bytes have the `model_sha256` its metadata
+    records, where it records one: XGBoost loads some damaged files only to crash the process
+    (SIGSEGV), while loading or later predicting, so a damaged file must not reach it. Whether
+    the file was vouched for so (else its trees are checked, tree_problem)."""
+    import hashlib
+
+    expected = meta.get("model_sha256")
+    if expected is None:
+        return False
+    if not isinstance(expected, str):
+        raise PerfModelError(
+            f"perf model metadata {path.with_suffix('.json')} has model_sha256 {expected!r}; "
+            "expected a hex string"
+        )
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as error:
+        raise PerfModelError(f"perf model {path} is unreadable: {error}") from None
+    if digest != expected.lower():
+        raise PerfModelError(
+            f"perf model {path} is corrupted or replaced: its SHA-256 is {digest}, its metadata "
+            f"records {expected}"
+        )
+    return True
 
 
 def _check_batch_sizes(path: Path, meta: dict) -> None:
@@ -529,6 +607,7 @@ def rank_configs(
         found = True
         gap = model.coverage_gap(params)
         if gap is None:
+            _note_other_device(model, identity)
             return model.rank(params, configs), model
         reason, explanation = gap
         _warn_once(
@@ -551,6 +630,28 @@ def rank_configs(
             level=logger.info,
         )
     return heuristic_ranking(family, params, configs), None
+
+
+def _note_other_device(model: PerfModel, identity: DeviceIdentity) -> None:
+    """Log once per model file and device when an arch's model ranks configs for a GPU it was
+    not measured on (the H200's sm_90 model for an H100 or H20): it applies to every GPU of its
+    arch, but their SMs and bandwidth differ, so its ranking is an extrapolation there."""
+    measured = model.meta.get("measured_on")
+    if not isinstance(measured, list) or not measured or identity.name in measured:
+        return
+    _warn_once(
+        ("other device", str(model.path), identity.name),
+        "perf model %s was measured on %s, not on this %s; it ranks configs for every %s GPU, "
+        "so its picks may not be this GPU's best (SPIO_AUTOTUNE=1 times its top candidates; "
+        "a model measured on this GPU, in %s/%s/, would be preferred)",
+        model.path,
+        ", ".join(map(str, measured)),
+        identity.name,
+        identity.arch,
+        identity.arch,
+        identity.slug,
+        level=logger.info,
+    )
 
 
 def unjudged_variants(family: Family, model: PerfModel | None, pick, configs: Sequence) -> list:

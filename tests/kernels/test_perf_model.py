@@ -719,6 +719,10 @@ def test_unjudged_variants_are_the_picks_other_image_counts(models):
         "batch_sizes of a bool",
         "config_values",
         "config_values of an unknown field",
+        "a tree's child out of range",  # XGBoost loads it, then crashes predicting (SIGSEGV)
+        "a tree's child out of range, no digest",  # a model trained before model_sha256
+        "a tree's node its own child, no digest",
+        "model_sha256 not a string",
         "no xgboost",  # e.g. an xgboost wheel without scipy: selection must not fail
         "xgboost without its library",  # import xgboost raises its own, non-ImportError error
     ],
@@ -766,6 +770,16 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
         }[damage]
         meta[field] = value
         dst.with_suffix(".json").write_text(json.dumps(meta))
+    elif damage.startswith("a tree's"):
+        dst.write_bytes(_damaged_tree(src, own_child="own child" in damage))
+        if "no digest" in damage:
+            meta = json.loads(dst.with_suffix(".json").read_text())
+            del meta["model_sha256"]
+            dst.with_suffix(".json").write_text(json.dumps(meta))
+    elif damage == "model_sha256 not a string":
+        meta = json.loads(dst.with_suffix(".json").read_text())
+        meta["model_sha256"] = 1
+        dst.with_suffix(".json").write_text(json.dumps(meta))
     elif damage == "no xgboost":
         monkeypatch.setitem(sys.modules, "xgboost", None)  # import xgboost raises ImportError
     else:  # as xgboost 3 does where libxgboost.so is missing
@@ -789,6 +803,47 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "ignoring perf model" in warnings[0].getMessage()
     assert str(dst.parent) in warnings[0].getMessage()
+
+
+def _damaged_tree(path: Path, own_child: bool) -> bytes:
+    """The model at `path` as .ubj bytes with its first tree's root linking to a child past the
+    tree's end (or to itself): XGBoost loads such a file, and its prediction then crashes."""
+    import json
+
+    import xgboost
+
+    model = json.loads(bytes(xgboost.Booster(model_file=str(path)).save_raw("json")))
+    model["learner"]["gradient_booster"]["model"]["trees"][0]["left_children"][0] = (
+        0 if own_child else 10**6
+    )
+    return bytes(xgboost.Booster(model_file=bytearray(json.dumps(model).encode())).save_raw("ubj"))
+
+
+def test_shipped_and_trained_models_record_their_digest(models):
+    import hashlib
+
+    for folder in (pm.PACKAGED_MODELS_DIR, models):
+        for path in sorted(Path(folder).glob("sm_*/**/*.ubj")):
+            meta = pm.read_meta(path.with_suffix(".json"))
+            assert meta["model_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest(), path
+            assert pm.tree_problem(pm.PerfModel.load(path).booster) is None
+
+
+def test_a_model_measured_on_another_gpu_of_the_arch_says_so_once(fake_device, caplog):
+    h100 = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H100 80GB HBM3", driver="13.0")
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    with caplog.at_level(logging.INFO, logger="spio"):
+        for params in unseen_layers(2):
+            assert pm.rank_configs(family, params, h100)[1] is not None
+    notes = [r.getMessage() for r in caplog.records if "was measured on" in r.getMessage()]
+    assert len(notes) == 1, notes
+    assert syn.DEVICE in notes[0] and "NVIDIA H100 80GB HBM3" in notes[0]
+
+    caplog.clear()
+    synthetic = dataclasses.replace(H200, name=syn.DEVICE)  # the GPU it was measured on
+    with caplog.at_level(logging.INFO, logger="spio"):
+        pm.rank_configs(family, unseen_layers(1)[0], synthetic)
+    assert not [r for r in caplog.records if "was measured on" in r.getMessage()]
 
 
 def test_selection_loads_no_model_and_predicts_once_a_layer(fake_device, monkeypatch):
