@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-import tempfile
 from pathlib import Path
 
 import spio
-from spio.args import positive_int
+from spio.args import folder_write_error, positive_int
 from spio.bench.layers import layer_table
 from spio.compiler import CompileResult, compile_many
 from spio.compiler.cache import write_atomically
@@ -45,10 +44,8 @@ def _out_problem(path: Path) -> str | None:
     compiles, so that a mistyped --out is not found only after them."""
     if path.is_dir():
         return f"--out {path} is a folder; name the markdown file to write"
-    try:
-        with tempfile.TemporaryFile(dir=path.parent):  # writable, not only present
-            pass
-    except OSError as error:
+    error = folder_write_error(path.parent, create=False)
+    if error is not None:
         return f"--out {path}: cannot write a file in {path.parent}: {error.strerror or error}"
     return None
 

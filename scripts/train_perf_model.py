@@ -26,14 +26,13 @@ import math
 import random
 import statistics
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from spio.args import non_negative_float, positive_int, unit_fraction
+from spio.args import folder_write_error, non_negative_float, positive_int, unit_fraction
 from spio.compiler.cache import write_atomically
 from spio.kernels.families import FAMILIES, get_family
 from spio.kernels.perf_model import (
@@ -259,11 +258,8 @@ def _inside(path: Path, folder: Path) -> bool:
 def out_problem(out: Path) -> str | None:
     """Why models cannot be written under the folder `out` (created if missing), or None:
     checked before any training, so that a mistyped --out is not found only after it."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):  # writable, not only present
-            pass
-    except OSError as error:
+    error = folder_write_error(out)
+    if error is not None:
         why = error.strerror or error
         return f"cannot write models to {out}: {why}; pass --out a writable folder"
     return None

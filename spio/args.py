@@ -1,10 +1,12 @@
 """Value types for argparse options, shared by `python -m spio` and the scripts: a bad value is a
-usage error (exit 2) that names it."""
+usage error (exit 2) that names it. And the check of an output folder, made before the work."""
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 
 def _checked(text: str, parse: Callable[[str], float], ok: Callable[[float], bool], needs: str):
@@ -31,3 +33,17 @@ def unit_fraction(text: str) -> float:
 def non_negative_float(text: str) -> float:
     """A number >= 0."""
     return _checked(text, float, lambda v: v >= 0, "a number >= 0")
+
+
+def folder_write_error(folder: Path, create: bool = True) -> OSError | None:
+    """Why no file can be written in `folder` (made first, with its parents, when `create`), or
+    None: checked before minutes of work, so that a mistyped --out is not found only after them.
+    It writes a temporary file, as a permission check (os.access) passes for root everywhere."""
+    try:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return error
+    return None

@@ -26,15 +26,9 @@ def test_values_are_taken_or_named(kind, good, bad):
 def test_a_script_option_refuses_a_value_that_would_train_a_constant_model(capsys):
     """train_perf_model.py took --trees 0 or --eta 0 and wrote models that predict a constant
     (into the shipped models' folder by default); XGBoost refused --depth -1 with a traceback."""
-    import importlib.util
+    from tests.conftest import load_script
 
-    from tests.conftest import REPO
-
-    spec = importlib.util.spec_from_file_location(
-        "train_perf_model", REPO / "scripts" / "train_perf_model.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("train_perf_model")
     for option in (["--trees", "0"], ["--eta", "0"], ["--subsample", "2"], ["--depth", "-1"]):
         with pytest.raises(SystemExit) as stop:
             script.main(["unused.csv", *option])

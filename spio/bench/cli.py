@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 from ..kernels.stats import PASSES
@@ -131,11 +130,10 @@ def command_line() -> str:
 def _out_dir_error(out_dir: Path) -> str | None:
     """Why results cannot be written to out_dir (created if missing), or None; checked before any
     work so that a mistyped --out is not found only after the table is printed."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):  # writable, not only present
-            pass
-    except OSError as error:
+    from ..args import folder_write_error
+
+    error = folder_write_error(out_dir)
+    if error is not None:
         return f"cannot write to the output folder {out_dir}: {error}; pass --out a writable folder"
     return None
 

@@ -279,6 +279,19 @@ def _row(
     )  # fmt: skip
 
 
+def _usable_after(error: Exception, case: str) -> bool:
+    """Reports a failed case; whether the sweep may go on (not where the CUDA context broke)."""
+    import torch
+
+    logger.error("%s failed: %s", case, error)
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as sticky:
+        logger.error("CUDA context unusable, stopping the sweep: %s", sticky)
+        return False
+    return True
+
+
 def run_bench(
     settings: BenchSettings, command: str, csv_path: Path | None = None
 ) -> list[BenchRow]:
@@ -302,16 +315,6 @@ def run_bench(
     l2 = l2_cache_bytes()
     rows: list[BenchRow] = []
 
-    def usable_after(error: Exception, what: str) -> bool:
-        """Report a failure and keep the sweep going, unless the CUDA context is broken."""
-        logger.error("%s %s %s failed: %s", what, pass_, params.encode(), error)
-        try:
-            torch.cuda.synchronize()
-        except RuntimeError as sticky:
-            logger.error("CUDA context unusable, stopping the sweep: %s", sticky)
-            return False
-        return True
-
     for layer, params, pass_ in tqdm(cases, desc="benchmark", unit="case"):
         try:  # tensors for every set (e.g. out of memory at a large batch), calls, configs
             case = PassCase(params, pass_, l2)
@@ -324,7 +327,7 @@ def run_bench(
         except Exception as error:
             case = None
             torch.cuda.empty_cache()  # what the case held before it failed
-            if not usable_after(error, "setting up"):
+            if not _usable_after(error, f"setting up {pass_} {params.encode()}"):
                 return rows
             continue
         for impl, (call, impl_flops, sets, config) in timed.items():
@@ -332,7 +335,7 @@ def run_bench(
             try:
                 timing = time_calls(call, warmup=settings.warmup, reps=settings.reps)
             except Exception as error:  # report the case, keep the sweep going
-                if not usable_after(error, impl):
+                if not _usable_after(error, f"{impl} {pass_} {params.encode()}"):
                     return rows
                 continue
             how = case.selected_by if impl == "spio" else ""

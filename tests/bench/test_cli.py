@@ -100,13 +100,13 @@ def test_plot_only_names_an_output_folder_that_is_a_file(tmp_path):
 
 def test_plot_only_names_an_output_folder_it_cannot_write(tmp_path, monkeypatch, capsys):
     """A folder that exists but refuses files (read-only; simulated, as root may write anyway)."""
+    from spio import args
     from spio.__main__ import main
-    from spio.bench import cli
 
     def refuse(dir):
         raise PermissionError(13, "Permission denied", str(dir))
 
-    monkeypatch.setattr(cli.tempfile, "TemporaryFile", refuse)
+    monkeypatch.setattr(args.tempfile, "TemporaryFile", refuse)  # the output folder's check
     assert main(["bench", "--plot-only", PLOTTED_CSV, "--out", str(tmp_path)]) == 2
     out = capsys.readouterr()
     assert out.out == "" and str(tmp_path) in out.err and "Permission denied" in out.err
