@@ -166,6 +166,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if noexec(root):
         cache += "; mounted noexec: the emulator loads its libraries from memory copies"
     rows.append(("cache", cache))
+    rows.append(("settings", _settings_summary()))
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
@@ -175,6 +176,20 @@ def cmd_info(args: argparse.Namespace) -> int:
     # xgboost that does not import: the heuristic then picks the tile configs.
     problems = (_BROKEN, _BAD_SETTING)
     return 1 if any(p in value for _, value in rows for p in problems) else 0
+
+
+def _settings_summary() -> str:
+    """The SPIO_* variables set, and a BAD SETTING for each that does not parse."""
+    import os
+
+    set_ = [
+        f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("SPIO_")
+    ]
+    text = ", ".join(set_) if set_ else "no SPIO_* variable set"
+    problems = setting_problems()
+    if problems:
+        text += "; " + "; ".join(f"{_BAD_SETTING}: {problem}" for problem in problems)
+    return text
 
 
 def _cuda_headers_summary(folder) -> str:
@@ -464,27 +479,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_settings() -> None:
-    """Parse every SPIO_* setting that has a parser, so that a bad one stops the command before
-    any work instead of part way through."""
+def setting_problems() -> list[str]:
+    """The message of every SPIO_* setting that has a parser and does not parse (each parser
+    raises a ValueError starting with the setting's name)."""
     from . import emulator
     from .compiler.pool import default_workers
     from .emulator.build import use_ucontext
     from .kernels.autotune import autotune_enabled, top_k
     from .kernels.kernel import _emulator_order_seed
 
-    default_workers()
-    _emulator_order_seed()
-    top_k()
-    autotune_enabled()
-    emulator.is_enabled()
-    use_ucontext()
+    problems = []
+    for parse in (
+        default_workers,
+        _emulator_order_seed,
+        top_k,
+        autotune_enabled,
+        emulator.is_enabled,
+        use_ucontext,
+    ):
+        try:
+            parse()
+        except ValueError as error:
+            if not str(error).startswith("SPIO_"):
+                raise
+            problems.append(str(error))
+    return list(dict.fromkeys(problems))  # SPIO_AUTOTUNE's parser checks SPIO_AUTOTUNE_TOPK too
+
+
+#: Commands that run whatever the SPIO_* settings say: `info` reports a bad one among its rows,
+#: and `clear-cache` reads none of them.
+_RUN_WITH_BAD_SETTINGS = ("info", "clear-cache")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        _check_settings()
+        if args.command not in _RUN_WITH_BAD_SETTINGS:
+            # A bad setting stops the command before any work instead of part way through.
+            problems = setting_problems()
+            if problems:
+                for problem in problems:
+                    print(f"spio: error: {problem}", file=sys.stderr)
+                return 2
         return COMMANDS[args.command][0](args)
     except ValueError as error:  # spio's convention: a bad SPIO_X setting's message starts "SPIO_"
         if not str(error).startswith("SPIO_"):

@@ -397,6 +397,56 @@ def test_a_bad_setting_is_a_one_line_error_before_any_work(command, setting, val
     assert out.stdout == ""  # nothing compiled or checked first
 
 
+def test_every_bad_setting_is_named_once(monkeypatch, capsys):
+    """Two bad settings are two lines, not the first alone; SPIO_AUTOTUNE's parser checks
+    SPIO_AUTOTUNE_TOPK too, which is still named once."""
+    from spio import __main__ as cli
+
+    monkeypatch.setenv("SPIO_WORKERS", "0")
+    monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "many")
+    monkeypatch.setitem(cli.COMMANDS, "compile", (lambda args: pytest.fail("ran"), ""))
+    assert cli.main(["compile"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "spio: error: SPIO_WORKERS must be a positive integer, got '0'",
+        "spio: error: SPIO_AUTOTUNE_TOPK needs a positive integer, got 'many'",
+    ]
+
+
+def test_info_reports_the_settings_and_a_bad_one_among_its_rows(monkeypatch, capsys):
+    """info is what users run to see what is wrong: a bad SPIO_* setting is one of its rows
+    (exit 1, as for its other problems), not an error that hides the rest; the settings row
+    lists every SPIO_* variable set, for bug reports."""
+    from spio import __main__ as cli
+
+    for name in [n for n in os.environ if n.startswith("SPIO_")]:
+        monkeypatch.delenv(name)
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "settings" in out and "no SPIO_* variable set" in out
+    monkeypatch.setenv("SPIO_EMULATE", "maybe")
+    monkeypatch.setenv("SPIO_LOGGER", "0")
+    assert cli.main(["info"]) == 1
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("settings")]
+    assert rows == [
+        "settings        SPIO_EMULATE=maybe, SPIO_LOGGER=0; BAD SETTING: SPIO_EMULATE must be "
+        "1/true/yes/on or 0/false/no/off, got 'maybe'"
+    ]
+
+
+def test_clear_cache_runs_whatever_the_settings_it_does_not_read(tmp_path, monkeypatch, capsys):
+    """A bad SPIO_AUTOTUNE_TOPK must not stop the cache from being cleared (it reads only
+    SPIO_CACHE_DIR)."""
+    from spio import __main__ as cli
+
+    (tmp_path / "cubin").mkdir()
+    (tmp_path / "cubin" / f"{'a' * 64}.bin").write_bytes(b"x")
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "0")
+    assert cli.main(["clear-cache"]) == 0
+    assert not (tmp_path / "cubin").exists()
+
+
 def test_a_settings_error_raised_by_a_command_is_a_one_line_error(monkeypatch, capsys):
     """A SPIO_* ValueError raised while a command runs (settings parsed later than main's check)
     is reported as one line, exit 2; any other ValueError still propagates."""
