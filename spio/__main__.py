@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
@@ -180,8 +181,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _settings_summary() -> str:
     """The SPIO_* variables set, and a BAD SETTING for each that does not parse."""
-    import os
-
     set_ = [
         f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("SPIO_")
     ]
