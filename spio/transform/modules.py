@@ -5,6 +5,7 @@ Both walk the module tree instead of tracing, so they work on models FX cannot t
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -88,7 +89,7 @@ def transform(
             if id(child) in replacements:
                 places.append((parent, name, id(child)))
     for parent, name, key in places:
-        parent._modules[name] = replacements[key]
+        _set_child(parent, name, replacements[key])
     replaced = len(replacements) - excluded
     total = len(replacements) + len(skipped)
     note = f" ({excluded} excluded)" if excluded else ""
@@ -116,9 +117,18 @@ def untransform(model: nn.Module) -> nn.Module:
             if isinstance(child, Conv2dGw8):
                 if id(child) not in replacements:
                     replacements[id(child)] = child.to_torch_module()
-                parent._modules[name] = replacements[id(child)]
+                _set_child(parent, name, replacements[id(child)])
     logger.info("spio.untransform restored %d nn.Conv2d modules", len(replacements))
     return model
+
+
+def _set_child(parent: nn.Module, name: str, child: nn.Module) -> None:
+    """parent's submodule `name` replaced by child. A torch.compile'd module (OptimizedModule)
+    calls the module it wrapped, bound when it was made: it is made to call the new one."""
+    parent._modules[name] = child
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not loaded: nothing compiled
+    if name == "_orig_mod" and eval_frame and isinstance(parent, eval_frame.OptimizedModule):
+        parent._initialize()
 
 
 def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, ...]:

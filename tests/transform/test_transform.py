@@ -478,3 +478,33 @@ def test_scan_modules_runs_the_model_without_autograd():
     assert len(scan_modules(Checking().half(), torch.randn(1, 16, 5, 6).half())) == 1
     assert len(scan_modules(transform(Checking()).half(), torch.randn(1, 16, 5, 6).half())) == 1
     assert grad_enabled == [False, False]
+
+
+@pytest.mark.parametrize("called_first", [False, True])
+def test_a_compiled_convolution_runs_spio_after_transform_and_pytorch_after_untransform(
+    monkeypatch, called_first
+):
+    """transform on torch.compile(conv) replaces the conv it wraps, and the compiled module then
+    calls the Conv2dGw8 (spio's kernels, emulated); untransform brings nn.Conv2d back. The
+    compiled module's forward was bound to the nn.Conv2d, which it used to keep calling."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+    x = torch.randn(2, 16, 5, 6).half()
+    with torch.no_grad():
+        expected = conv.double()(x.double())
+    compiled = torch.compile(conv.half())
+    if called_first:
+        compiled(x)
+    launched = spy_on_launches(monkeypatch)
+    assert transform(compiled) is compiled
+    assert type(compiled._orig_mod) is Conv2dGw8
+    with torch.no_grad():
+        y = compiled(x)
+    assert launched == ["conv2d_gw8_fprop"]
+    torch.testing.assert_close(y.double(), expected, atol=1e-2, rtol=1e-2)
+    assert spio_transform.untransform(compiled) is compiled
+    assert type(compiled._orig_mod) is nn.Conv2d
+    with torch.no_grad():
+        compiled(x)
+    assert launched == ["conv2d_gw8_fprop"]
