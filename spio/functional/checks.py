@@ -147,9 +147,12 @@ def check_args(
     padding_x: int,
     dilation: int,
     groups: int,
+    kernel_dtype: bool = True,
 ) -> None:
     """Raise ValueError naming the violated constraint; works on fake (symbolic) tensors too.
-    Arguments that are not tensors where tensors belong raise TypeError."""
+    Arguments that are not tensors where tensors belong raise TypeError. `kernel_dtype`: also
+    that tensors on a device running spio's kernels are fp16 or bf16 (the op's fake impl leaves
+    that to the call: see _conv2d_gw8_fake)."""
     check_tensors(input, weight, bias)
     if stride != 1:
         raise ValueError(f"conv2d_gw8 needs stride 1, got {stride}")
@@ -214,7 +217,7 @@ def check_args(
         raise ValueError(
             f"conv2d_gw8 needs weight dtype equal to input dtype {input.dtype}, got {weight.dtype}"
         )
-    if uses_kernels(input.device) and input.dtype not in _KERNEL_DTYPES:
+    if kernel_dtype and uses_kernels(input.device) and input.dtype not in _KERNEL_DTYPES:
         raise ValueError(
             f"conv2d_gw8 on {input.device.type} needs fp16 or bf16 tensors (or torch.autocast), "
             f"got {input.dtype}"

@@ -556,6 +556,40 @@ def test_exported_model_keeps_the_spio_op_and_round_trips(tmp_path):
     torch.testing.assert_close(x.grad, x_ref.grad)
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_model_autocasting_inside_exports_and_runs_spio_kernels(monkeypatch, tmp_path, strict):
+    """torch.export of an fp32 model whose forward enters torch.autocast: strict export traces
+    the region without applying autocast (the program applies it when run), so the op's fake
+    impl meets fp32 operands where spio's kernels run (emulated here, as on a GPU). It used to
+    refuse them there (ValueError: needs fp16 or bf16); the program runs the kernels in fp16."""
+    import spio
+
+    class Autocasting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.float16):
+                return self.conv(x)
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    model = spio.transform(Autocasting())
+    x = torch.randn(2, 16, 5, 6)
+    with torch.no_grad():
+        expected = F.conv2d(x.double(), model.conv.weight.double(), model.conv.bias.double(),
+                            padding=1, groups=2)  # fmt: skip
+    program = torch.export.export(model, (x,), strict=strict)
+    torch.export.save(program, tmp_path / "model.pt2")
+    launched = spy_on_launches(monkeypatch)
+    with torch.no_grad():
+        y = torch.export.load(tmp_path / "model.pt2").module()(x)
+    assert launched == ["conv2d_gw8_fprop"]
+    assert y.dtype == torch.float16
+    torch.testing.assert_close(y.double(), expected, atol=1e-2, rtol=1e-2)
+
+
 @pytest.mark.filterwarnings("ignore:.*torch.jit.trace.* is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("emulate", ["0", "1"])
 def test_jit_trace_records_the_op(monkeypatch, emulate):
