@@ -508,3 +508,24 @@ def test_a_compiled_convolution_runs_spio_after_transform_and_pytorch_after_untr
     with torch.no_grad():
         compiled(x)
     assert launched == ["conv2d_gw8_fprop"]
+
+
+def test_a_compiled_model_called_before_transform_recompiles_and_runs_spio(monkeypatch):
+    """The README's promise for a model compiled first: its submodules are looked up at each
+    call, so after transform the next call recompiles (the module-type guard fails) and runs
+    spio's kernels (emulated)."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2), nn.ReLU()).half()
+    x = torch.randn(2, 16, 5, 6).half()
+    with torch.no_grad():
+        expected = model.double()(x.double())
+    compiled = torch.compile(model.half())
+    with torch.no_grad():
+        compiled(x)
+    launched = spy_on_launches(monkeypatch)
+    transform(compiled)
+    with torch.no_grad():
+        y = compiled(x)
+    assert launched == ["conv2d_gw8_fprop"]
+    torch.testing.assert_close(y.double(), expected, atol=1e-2, rtol=1e-2)
