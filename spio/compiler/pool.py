@@ -17,7 +17,8 @@ WorkerDiedError as its result once it is clear that it was its own worker that d
 Where no pool will start (a worker dies starting), the jobs left run in this process, with a
 warning, but for those running when a worker died, which get a WorkerDiedError.
 Workers ignore SIGINT: on Ctrl-C (any BaseException) the parent cancels the jobs not started, so
-that only the running ones finish, and the pool survives for the next sweep.
+that only the running ones finish, and the pool survives for the next sweep. Workers end when
+the parent does, however it ends. A child forked from the parent makes a pool of its own.
 
 One sweep uses the pool at a time; a sweep from another thread waits for it. A large sweep's pool
 is as large as the machine, so sweeps side by side would finish no sooner, and a worker's death
@@ -92,6 +93,19 @@ _sweep_lock = threading.Lock()  # one sweep on the pool at a time (see above)
 _shutdown_registered = False
 
 
+def _forget_the_pool() -> None:
+    """Runs in a child made by fork (os.fork, multiprocessing's "fork" start method): the
+    parent's pool is not the child's (its executor's threads did not come along, so a sweep
+    waited forever for its jobs), nor are its locks, which a thread of the parent may have held
+    at the fork. The child makes its own pool when it first needs one."""
+    global _pool, _pool_workers, _pool_lock, _sweep_lock
+    _pool, _pool_workers = None, 0
+    _pool_lock, _sweep_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_the_pool)
+
+
 @contextlib.contextmanager
 def _stand_in_main():
     """sys.modules["__main__"] is a stand-in meanwhile, which names no file or module: processes
@@ -120,11 +134,22 @@ def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
         future.result()
 
 
-def _ignore_interrupts() -> None:
-    """Runs first in each worker: Ctrl-C in a terminal reaches the whole process group, and would
-    kill idle workers (breaking the pool) and print a traceback per worker; the parent handles it,
-    cancelling the jobs not started."""
+def _start_worker() -> None:
+    """Runs first in each worker. It ignores SIGINT: Ctrl-C in a terminal reaches the whole
+    process group, and would kill idle workers (breaking the pool) and print a traceback per
+    worker; the parent handles it, cancelling the jobs not started. And it ends the worker when
+    the parent ends without stopping the pool (SIGKILL, the OOM killer, SIGTERM): the worker
+    would otherwise wait for jobs forever, and keep the parent's stdout open (`| tee` never
+    ended)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent: multiprocessing.process.BaseProcess) -> None:
+    parent.join()  # returns when the parent has ended
+    os._exit(1)
 
 
 def _is_broken(pool: ProcessPoolExecutor) -> bool:
@@ -149,7 +174,7 @@ def _shared_pool(workers: int, most: int) -> ProcessPoolExecutor:
         if _pool is None:
             ctx = multiprocessing.get_context("spawn")
             pool = ProcessPoolExecutor(
-                max_workers=workers, mp_context=ctx, initializer=_ignore_interrupts
+                max_workers=workers, mp_context=ctx, initializer=_start_worker
             )
             if not _shutdown_registered:
                 atexit.register(shutdown_pool)
@@ -335,7 +360,8 @@ def compile_many(
 ) -> list[CompileResult | BaseException]:
     """Run every job; returns, in job order, each CompileResult or the exception it raised (a
     WorkerDiedError for a job whose worker process died twice). `workers` defaults to
-    default_workers(); with 1, or a single job, the jobs run in this process."""
+    default_workers(); with 1, or a single job, or in a daemonic process (which may start
+    none), the jobs run in this process."""
     from tqdm import tqdm
 
     if workers is None:
@@ -348,7 +374,8 @@ def compile_many(
     jobs = list(jobs)
     bar = tqdm(total=len(jobs), desc=desc, unit="kernel", disable=not progress or not jobs)
     try:
-        if workers == 1 or len(jobs) <= 1:
+        # A daemonic process (a multiprocessing.Pool's worker, a DataLoader's) may start none.
+        if workers == 1 or len(jobs) <= 1 or multiprocessing.current_process().daemon:
             results = []
             for job in jobs:
                 results.append(_run(job))

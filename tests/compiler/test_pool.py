@@ -91,6 +91,95 @@ def test_a_script_without_a_main_guard_runs_once(cache_dir, tmp_path):
     assert done.stdout.splitlines() == ["script body ran", "compiled 2"], done.stdout
 
 
+_FORKING_SCRIPT = """\
+import faulthandler, os
+from spio.compiler import CompileJob, compile_many, pool
+
+def sweep(value):
+    source = 'extern "C" __global__ void k(int *x) { x[threadIdx.x] = %d; }' % value
+    jobs = [CompileJob(source, arch) for arch in ("sm_80", "sm_90")]
+    results = compile_many(jobs, workers=2, progress=False)
+    return sum(not isinstance(result, BaseException) for result in results)
+
+print("parent compiled", sweep(1), flush=True)
+pid = os.fork()
+if pid == 0:
+    faulthandler.dump_traceback_later(60, exit=True)  # a child that hangs ends, exit 1
+    print("child compiled", sweep(2), flush=True)
+    pool.shutdown_pool()
+    os._exit(0)
+print("child exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+print("parent compiled", sweep(3), flush=True)
+"""
+
+
+def test_a_child_forked_after_a_sweep_makes_its_own_pool(cache_dir, tmp_path):
+    """A child forked from a process whose pool is up (os.fork, multiprocessing's "fork" start
+    method) inherited the pool, but not its executor's threads: its sweep waited forever for
+    results. It now makes a pool of its own, and the parent's still serves the parent."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork.py"
+    script.write_text(_FORKING_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, encoding="utf-8", timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "parent compiled 2",
+        "child compiled 2",
+        "child exit 0",
+        "parent compiled 2",
+    ], (done.stdout, done.stderr)
+
+
+_KILLED_PARENT_SCRIPT = """\
+import os, signal
+from spio.compiler import CompileJob, compile_many, pool
+
+source = 'extern "C" __global__ void k(int *x) { x[threadIdx.x] = 5; }'
+compile_many([CompileJob(source, arch) for arch in ("sm_80", "sm_90")], workers=2, progress=False)
+print(*pool._pool._processes, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_workers_end_when_their_parent_is_killed(cache_dir, tmp_path):
+    """A process killed with its pool up (SIGKILL, the OOM killer, SIGTERM) left its workers
+    waiting for jobs forever, holding its stdout open: `python train.py | tee log` never ended.
+    They now end with it."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "killed.py"
+    script.write_text(_KILLED_PARENT_SCRIPT)
+    out = tmp_path / "out.txt"
+    with out.open("w") as stdout:  # a file: a pipe would stay open while the workers live
+        done = subprocess.run([sys.executable, str(script)], stdout=stdout, timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    workers = [int(pid) for pid in out.read_text().split()]
+    assert len(workers) == 2, out.read_text()
+    try:
+        deadline = time.monotonic() + 20
+        while any(map(_running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_running, workers)), workers
+    finally:
+        for pid in filter(_running, workers):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture
 def pool_jobs(monkeypatch):
     """The jobs of tests.compiler.pool_jobs, with a pool started afresh whose workers can import
@@ -291,6 +380,21 @@ def test_ctrl_c_cancels_the_jobs_not_started(pool_jobs, tmp_path, monkeypatch):
     assert compile_many(after, workers=2, progress=False) == ["after0", "after1"]
     ran = [path.name for path in tmp_path.iterdir() if path.name.startswith("job")]
     assert len(ran) <= 3, sorted(ran)  # the first job back, and the 2 workers' running jobs
+
+
+def test_a_daemonic_process_compiles_its_jobs_itself(cache_dir, monkeypatch):
+    """A daemonic process (a multiprocessing.Pool's worker, a DataLoader's) may start no
+    processes: its sweep raised AssertionError ("daemonic processes are not allowed to have
+    children"). Its jobs now run in it."""
+    import multiprocessing
+
+    from spio.compiler import pool
+
+    pool.shutdown_pool()
+    monkeypatch.setitem(multiprocessing.current_process()._config, "daemon", True)
+    results = compile_many(fresh_jobs(2), workers=2, progress=False)
+    assert all(isinstance(result, CompileResult) for result in results), results
+    assert pool._pool is None
 
 
 def test_zero_workers_is_rejected():
