@@ -185,7 +185,7 @@ def _settings_summary() -> str:
         f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("SPIO_")
     ]
     text = ", ".join(set_) if set_ else "no SPIO_* variable set"
-    problems = setting_problems()
+    problems = _setting_problems()
     if problems:
         text += "; " + "; ".join(f"{_BAD_SETTING}: {problem}" for problem in problems)
     return text
@@ -478,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def setting_problems() -> list[str]:
+def _setting_problems() -> list[str]:
     """The message of every SPIO_* setting that has a parser and does not parse (each parser
     raises a ValueError starting with the setting's name)."""
     from . import emulator
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command not in _RUN_WITH_BAD_SETTINGS:
             # A bad setting stops the command before any work instead of part way through.
-            problems = setting_problems()
+            problems = _setting_problems()
             if problems:
                 for problem in problems:
                     print(f"spio: error: {problem}", file=sys.stderr)
