@@ -148,6 +148,7 @@ def _start_worker() -> None:
 
 
 def _exit_with(parent: multiprocessing.process.BaseProcess) -> None:
+    """A worker's watch on its parent (a thread of its own): ends the worker when it ends."""
     parent.join()  # returns when the parent has ended
     os._exit(1)
 
