@@ -5,6 +5,7 @@ Both walk the module tree instead of tracing, so they work on models FX cannot t
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections import Counter
@@ -268,23 +269,34 @@ def _forward_once(model: nn.Module, inputs: tuple, kwargs: dict | None, grad: bo
     eagerly where torch.compile would compile (a compiled model, or modules compiled in place,
     would otherwise trace the caller's hooks and recompile later). Afterwards every buffer (e.g.
     BatchNorm's running statistics) and torch's random-number state (e.g. what dropout drew)
-    are as they were."""
+    are as they were, and so are the buffers' autograd version counters: a graph of an earlier
+    forward that saved a buffer (BatchNorm saves its running statistics) still runs its
+    backward, as after a plain forward of the model."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     kwargs = kwargs or {}
     given = (*inputs, *kwargs.values())
     tensors = [*(t for t in given if isinstance(t, torch.Tensor)), *model.parameters()]
     gpus = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
-    try:
-        with (
-            torch.random.fork_rng(devices=gpus),
-            torch.set_grad_enabled(grad),
-            torch.compiler.set_stance("force_eager"),
-        ):
-            model(*inputs, **kwargs)
-    finally:
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
+    with contextlib.ExitStack() as versions:
+        # Each buffer's autograd version counter (inference tensors keep none) is set back on
+        # leaving, after its values: the forward's in-place updates and the restoring copy
+        # would otherwise bump it, and a graph of an earlier forward that saved the buffer
+        # would refuse its backward ("modified by an inplace operation") although the values
+        # are the ones it saved.
+        for buffer, _ in buffers:
+            if not buffer.is_inference():
+                versions.enter_context(torch.autograd._unsafe_preserve_version_counter(buffer))
+        try:
+            with (
+                torch.random.fork_rng(devices=gpus),
+                torch.set_grad_enabled(grad),
+                torch.compiler.set_stance("force_eager"),
+            ):
+                model(*inputs, **kwargs)
+        finally:
+            with torch.no_grad():
+                for buffer, saved in buffers:
+                    buffer.copy_(saved)
 
 
 def precompile(
