@@ -21,6 +21,10 @@ timm = pytest.importorskip("timm")
 #: RegNets of group width 8: the 3x3 conv of every block but each stage's first (stride 2).
 MODELS = ("regnetx_002", "regnety_002")
 
+#: timm zero-initialises each RegNet block's last BatchNorm (zero_init_last), which zeroes the
+#: gradient reaching the block's grouped conv: the gradient checks would compare zeros.
+NONZERO_GRADS = {"zero_init_last": False}
+
 
 def _eligible_names(model: nn.Module) -> list[str]:
     """The convolutions spio should take, by the rules written out here rather than asked of
@@ -62,7 +66,7 @@ def test_transform_takes_exactly_the_eligible_convs_of_a_timm_model(name, caplog
 def test_a_transformed_timm_model_keeps_its_outputs_and_gradients(name):
     """On float64 CPU tensors spio's layers run the PyTorch reference: the same numbers."""
     torch.manual_seed(0)
-    reference = timm.create_model(name).double()
+    reference = timm.create_model(name, **NONZERO_GRADS).double()
     model = transform(copy.deepcopy(reference))
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     y, y_ref = model(x), reference(x)
@@ -70,6 +74,9 @@ def test_a_transformed_timm_model_keeps_its_outputs_and_gradients(name):
     y.square().sum().backward()
     y_ref.square().sum().backward()
     grads = dict(model.named_parameters())
+    for m in model.modules():
+        if isinstance(m, Conv2dGw8):
+            assert m.weight.grad.abs().max() > 0
     for n, p in reference.named_parameters():
         torch.testing.assert_close(grads[n].grad, p.grad, msg=n)
     # scan_modules meets the eligible layers at the sizes their inputs have.
@@ -97,7 +104,7 @@ def test_kernels_run_every_pass_of_a_timm_models_layers(monkeypatch, device):
     layer's own inputs (per layer, so that rounding does not pile up through the network)."""
     monkeypatch.setenv("SPIO_EMULATE", "1" if device == "cpu" else "0")
     torch.manual_seed(0)
-    model = transform(timm.create_model("regnetx_002")).eval()
+    model = transform(timm.create_model("regnetx_002", **NONZERO_GRADS)).eval()
     model = model.to(device=device, memory_format=torch.channels_last)
     layers = [m for m in model.modules() if isinstance(m, Conv2dGw8)]
     seen = {}
@@ -130,6 +137,7 @@ def test_kernels_run_every_pass_of_a_timm_models_layers(monkeypatch, device):
     for i, m in enumerate(layers):
         rec = seen[m]
         assert rec["y"].dtype == torch.bfloat16
+        assert rec["dy"].abs().max() > 0, f"layer {i} gets no gradient to check"
         x64 = rec["x"].to(torch.bfloat16).double().requires_grad_()  # as autocast hands it over
         w64 = m.weight.detach().cpu().to(torch.bfloat16).double().requires_grad_()
         y64 = F.conv2d(x64, w64, None, 1, m._spio_padding, 1, m.groups)
