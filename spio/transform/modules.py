@@ -278,11 +278,9 @@ def _forward_once(model: nn.Module, inputs: tuple, kwargs: dict | None, grad: bo
     tensors = [*(t for t in given if isinstance(t, torch.Tensor)), *model.parameters()]
     gpus = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
     with contextlib.ExitStack() as versions:
-        # Each buffer's autograd version counter (inference tensors keep none) is set back on
-        # leaving, after its values: the forward's in-place updates and the restoring copy
-        # would otherwise bump it, and a graph of an earlier forward that saved the buffer
-        # would refuse its backward ("modified by an inplace operation") although the values
-        # are the ones it saved.
+        # Version counters are set back on leaving, after the values (inference tensors keep
+        # none): else a saved buffer's graph refuses its backward ("modified by an inplace
+        # operation") although the values are the ones it saved.
         for buffer, _ in buffers:
             if not buffer.is_inference():
                 versions.enter_context(torch.autograd._unsafe_preserve_version_counter(buffer))
