@@ -62,6 +62,18 @@ def test_worker_count_from_environment(monkeypatch):
     assert default_workers() == 3
 
 
+def _run_script(tmp_path, text: str):
+    """`text` written to a script and run by this Python (its output decoded, 2 min at most)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, encoding="utf-8", timeout=120
+    )
+
+
 _UNGUARDED_SCRIPT = """\
 import uuid
 from spio.compiler import CompileJob, compile_many
@@ -79,14 +91,7 @@ def test_a_script_without_a_main_guard_runs_once(cache_dir, tmp_path):
     that script guards its body with `if __name__ == "__main__"`; a user's training script with
     SPIO_AUTOTUNE=1 would then run once per worker (and the pool hang). The pool starts its
     workers with a stand-in __main__, so the script's body runs once, in the parent."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "train.py"
-    script.write_text(_UNGUARDED_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, encoding="utf-8", timeout=120
-    )
+    done = _run_script(tmp_path, _UNGUARDED_SCRIPT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["script body ran", "compiled 2"], done.stdout
 
@@ -117,14 +122,7 @@ def test_a_child_forked_after_a_sweep_makes_its_own_pool(cache_dir, tmp_path):
     """A child forked from a process whose pool is up (os.fork, multiprocessing's "fork" start
     method) inherited the pool, but not its executor's threads: its sweep waited forever for
     results. It now makes a pool of its own, and the parent's still serves the parent."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "fork.py"
-    script.write_text(_FORKING_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, encoding="utf-8", timeout=120
-    )
+    done = _run_script(tmp_path, _FORKING_SCRIPT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "parent compiled 2",
