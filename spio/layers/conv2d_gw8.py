@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import sys
 import weakref
 from typing import Any
 
@@ -130,7 +131,27 @@ def module_ineligibility(module: nn.Module) -> str | None:
         )
     if "forward" in vars(module):
         return "has a forward of its own (set on the instance)"
-    return None  # hooks travel to the replacement (_share_hooks)
+    return weight_shard(module)  # None: eligible; hooks travel to the replacement (_share_hooks)
+
+
+def weight_shard(conv: nn.Conv2d) -> str | None:
+    """Why conv's weight is a shard, or None if it is whole. A wrapper that shards parameters
+    (FSDP1's FullyShardedDataParallel, FSDP2's fully_shard on an ancestor) keeps a shard in the
+    module between calls and swaps the full weight in at each call, on this module object: a
+    module put in its place would keep the shard (a 1-D view, or a DTensor) and fail."""
+    weight = conv._parameters.get("weight")
+    if weight is None or parametrize.is_parametrized(conv, "weight"):
+        return None
+    dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor before it is loaded
+    if dtensor is not None and isinstance(weight, dtensor.DTensor):
+        return "has a DTensor weight (sharded, e.g. by fully_shard on an ancestor)"
+    expected = (conv.out_channels, conv.in_channels // conv.groups, *conv.kernel_size)
+    if tuple(weight.shape) != expected:
+        return (
+            f"has a weight of shape {tuple(weight.shape)}, not {expected} (a shard, e.g. of "
+            "FullyShardedDataParallel)"
+        )
+    return None
 
 
 def _bind_conv2d_args(args: tuple, kwargs: dict) -> dict[str, Any]:

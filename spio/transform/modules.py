@@ -20,7 +20,12 @@ from spio.functional.checks import autocast_dtype
 from spio.kernels import autotune
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
 from spio.kernels.kernel import Kernel, build_kernels
-from spio.layers.conv2d_gw8 import Conv2dGw8, module_ineligibility, resolve_padding
+from spio.layers.conv2d_gw8 import (
+    Conv2dGw8,
+    module_ineligibility,
+    resolve_padding,
+    weight_shard,
+)
 from spio.log import logger
 
 #: What transform's `include` may answer: True (spio runs every pass), False (the convolution
@@ -70,7 +75,7 @@ def transform(
     replacements: dict[int, nn.Conv2d] = {}
     skipped: dict[int, str] = {}  # distinct ineligible modules, and why
     places: list[tuple[nn.Module, str, int]] = []
-    excluded = 0
+    excluded = sharded = 0
     for parent in list(model.modules()):
         prefix = names.get(id(parent), "")
         for name, child in list(parent._modules.items()):
@@ -80,6 +85,7 @@ def transform(
                 reason = module_ineligibility(child)
                 if reason is not None:
                     skipped[id(child)] = reason
+                    sharded += weight_shard(child) is not None
                     continue
                 passes = _passes(include, f"{prefix}.{name}" if prefix else name, child)
                 if not passes:
@@ -101,6 +107,12 @@ def transform(
     logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
     for reason, count in Counter(skipped.values()).most_common():
         logger.debug("spio.transform kept %d nn.Conv2d: %s", count, reason)
+    if sharded:
+        logger.warning(
+            "spio.transform kept %d nn.Conv2d whose weights are shards (is the model wrapped in "
+            "FSDP?): transform the model before wrapping it",
+            sharded,
+        )
     return model
 
 
@@ -108,8 +120,17 @@ def untransform(model: nn.Module) -> nn.Module:
     """Replace, in place, every Conv2dGw8 of model by a plain nn.Conv2d sharing its Parameters:
     the inverse of transform. The model then runs PyTorch's convolution everywhere, e.g. for
     torch.onnx.export, which has no translation of spio's op. A module reachable by several paths
-    stays shared. Returns model (or its replacement if model itself is a Conv2dGw8)."""
+    stays shared. Returns model (or its replacement if model itself is a Conv2dGw8). Raises
+    ValueError, leaving model as it was, where a layer's weight is a shard (FSDP's wrappers swap
+    the full weights in on the modules they wrapped): untransform before wrapping."""
     _check_model(model, "untransform")
+    sharded = [n for n, m in model.named_modules() if isinstance(m, Conv2dGw8) and weight_shard(m)]
+    if sharded:  # an nn.Conv2d in its place would keep the shard, as in transform
+        names = ", ".join(repr(n) for n in sharded[:3]) + (", ..." if len(sharded) > 3 else "")
+        raise ValueError(
+            f"spio.untransform: the weights of {len(sharded)} Conv2dGw8 layers ({names}) are "
+            "shards (is the model wrapped in FSDP?): untransform the model before wrapping it"
+        )
     if isinstance(model, Conv2dGw8):
         return model.to_torch_module()
     replacements: dict[int, nn.Conv2d] = {}

@@ -1,0 +1,103 @@
+"""Two gloo ranks wrap a model in FSDP, transform it before or after, and train a few steps.
+
+Run as a script (tests/transform/test_fsdp.py does): python _fsdp_worker.py INIT_FILE RESULT_FILE
+MODE, MODE "fsdp1" (FullyShardedDataParallel, use_orig_params=True) or "fsdp2" (fully_shard on
+the root alone). Both wrappers swap each layer's full weight in at its call, on the module object
+they wrapped. After wrapping, spio.transform must leave those layers (whose weights are shards)
+alone, and spio.untransform must refuse, rather than put modules in that keep the shards. Rank 0
+writes, for a model transformed after wrapping and one transformed before (with a refused
+untransform after), the largest difference from the same steps without spio and from the other
+rank, and how many layers are Conv2dGw8 in each.
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+WORLD_SIZE = 2
+STEPS = 2
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(16, 16, 3, padding=1, groups=2),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 1, groups=2, bias=False),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 4),
+    ).double()
+
+
+def _train(mode: str, rank: int, transform: str) -> tuple[torch.Tensor, int]:
+    """The parameters after STEPS steps, and the number of Conv2dGw8 layers; transform: "",
+    "after" wrapping, or "before" (and an untransform after wrapping, which must refuse)."""
+    import spio
+    from spio.layers import Conv2dGw8
+
+    model = _model()
+    if transform == "before":
+        spio.transform(model)
+    if mode == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        wrapped = FullyShardedDataParallel(
+            model, use_orig_params=True, device_id=torch.device("cpu")
+        )
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        wrapped = fully_shard(model)
+    if transform == "after":
+        spio.transform(model)
+    if transform == "before":
+        try:
+            spio.untransform(model)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("untransform after wrapping did not refuse")
+    spio_layers = sum(isinstance(m, Conv2dGw8) for m in model.modules())
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(STEPS):
+        x = torch.randn(2, 16, 6, 5, generator=gen, dtype=torch.float64)
+        target = torch.randint(0, 4, (2,), generator=gen)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(wrapped(x), target).backward()
+        optimizer.step()
+    if mode == "fsdp1":
+        with FullyShardedDataParallel.summon_full_params(wrapped):
+            return torch.cat([p.detach().flatten() for p in model.parameters()]), spio_layers
+    params = torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()])
+    return params, spio_layers
+
+
+def _run(rank: int, init_file: str, result_file: str, mode: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        plain, _ = _train(mode, rank, transform="")
+        lines = []
+        for when in ("after", "before"):
+            params, spio_layers = _train(mode, rank, transform=when)
+            gathered = [torch.empty_like(params) for _ in range(WORLD_SIZE)]
+            dist.all_gather(gathered, params)
+            diff = (params - plain).abs().max().item()
+            ranks = (gathered[0] - gathered[1]).abs().max().item()
+            lines.append(f"{when} {diff} {ranks} {spio_layers}\n")
+        if rank == 0:
+            with open(result_file, "w") as f:
+                f.writelines(lines)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    mp.start_processes(
+        _run, args=tuple(sys.argv[1:4]), nprocs=WORLD_SIZE, join=True, start_method="fork"
+    )

@@ -1,0 +1,70 @@
+"""FSDP (gloo, CPU): transform before wrapping replaces the convs; after, it leaves them alone."""
+
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import spio
+from spio.layers import Conv2dGw8
+from tests.conftest import REPO
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2"])
+def test_fsdp_training_with_transform_before_and_after_wrapping(tmp_path, mode):
+    """FSDP swaps the full weights in on the modules it wrapped: a module put in their place
+    after wrapping kept the shards and failed at its first call (FSDP1: "needs a 4-D weight, got
+    1-D"; FSDP2: "mixed torch.Tensor and DTensor"), whether a Conv2dGw8 from transform or an
+    nn.Conv2d from untransform. After wrapping, transform leaves those layers as they are and
+    untransform refuses; a model transformed before wrapping trains with its two Conv2dGw8."""
+    worker = pathlib.Path(__file__).with_name("_fsdp_worker.py")
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    }
+    result = tmp_path / "result.txt"
+    proc = subprocess.run(
+        [sys.executable, str(worker), str(tmp_path / "init"), str(result), mode],
+        env=env,
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # when: difference from training without spio, difference between ranks, Conv2dGw8 layers
+    rows = {when: rest for when, *rest in map(str.split, result.read_text().splitlines())}
+    assert rows == {"after": ["0.0", "0.0", "0"], "before": ["0.0", "0.0", "2"]}
+
+
+def _sharded_conv() -> nn.Conv2d:
+    """What FSDP1 (use_orig_params=True) leaves in a module between calls: a flat shard."""
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    conv.weight = nn.Parameter(conv.weight.detach().flatten()[:100].clone())
+    return conv
+
+
+def test_transform_leaves_a_conv_whose_weight_is_a_shard_and_warns(caplog):
+    conv = _sharded_conv()
+    assert not Conv2dGw8.match(conv)
+    model = nn.Sequential(conv, nn.Conv2d(16, 16, 3, padding=1, groups=2))
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        spio.transform(model)
+    assert model[0] is conv and isinstance(model[1], Conv2dGw8)
+    assert "kept 1 nn.Conv2d whose weights are shards" in caplog.text
+    assert "transform the model before wrapping it" in caplog.text
+
+
+def test_untransform_refuses_a_layer_whose_weight_is_a_shard_and_changes_nothing():
+    model = spio.transform(nn.Sequential(*(nn.Conv2d(16, 16, 3, groups=2) for _ in range(5))))
+    layers = list(model)
+    for i in (1, 3):
+        layers[i].weight = nn.Parameter(layers[i].weight.detach().flatten().clone())
+    expected = r"of 2 Conv2dGw8 layers \('1', '3'\) are shards .*untransform the model before"
+    with pytest.raises(ValueError, match=expected):
+        spio.untransform(model)
+    assert list(model) == layers
