@@ -146,7 +146,14 @@ class DiskCache:
         return entry
 
     def _store(self, path: Path, payload: bytes, meta: dict) -> None:
-        write_atomically(path, _encode(payload, meta))
+        """Write the entry; once more where its folder was removed meanwhile (`spio clear-cache`
+        while this process compiles), which is no reason to think the folder unwritable."""
+        data = _encode(payload, meta)
+        try:
+            write_atomically(path, data)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(path, data)
 
     def get(self, key: str) -> tuple[bytes, dict] | None:
         """The entry for `key` (payload, meta), from memory or disk; None on a miss."""
@@ -209,9 +216,13 @@ class DiskCache:
         return self.path(key).is_file()
 
     def keep(self, key: str, payload: bytes, meta: dict) -> None:
-        """Keep an entry built elsewhere (a compile worker) in memory, where the disk could not
-        take it; warns once, as for an entry this process could not store."""
-        self._warn_once(OSError("the compile workers could not store their results there"))
+        """Keep an entry built elsewhere (a compile worker) that is not on disk: stored if this
+        process can (the worker's write may have met a folder removed meanwhile), else kept in
+        memory, warning once, as for an entry this process could not store."""
+        try:
+            self._store(self.path(key), payload, meta)
+        except OSError as error:
+            self._warn_once(error)
         self._remember(key, (payload, meta))
 
     def discard(self, key: str) -> None:

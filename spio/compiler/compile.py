@@ -233,9 +233,10 @@ def _meta(log: str, ptx: str, seconds: float) -> dict:
 
 
 def keep_in_memory(result: CompileResult) -> None:
-    """Keep a result a compile worker made in this process's memory where the disk cache does
-    not hold it (a cache folder the worker could not write), so that loading the kernel does
-    not compile it again; the cache then says once that its folder cannot be written."""
+    """Keep a result a compile worker made where the disk cache does not hold it (a cache folder
+    the worker could not write, or one removed meanwhile), so that loading the kernel does not
+    compile it again: on disk if this process can write it there, else in memory, the cache
+    then saying once that its folder cannot be written."""
     if result.key and not _cubin_cache.on_disk(result.key):
         _cubin_cache.keep(result.key, result.cubin, _meta(result.log, result.ptx, result.seconds))
 

@@ -163,3 +163,37 @@ def test_an_entry_stored_by_another_process_while_waiting_for_the_lock_is_used(
     built = mine.get_or_build("k", lambda: pytest.fail("built although the other process had"))
     assert waited == [str(mine.path("k")) + ".lock"]
     assert built == (b"theirs", {"by": "other"}, True)
+
+
+def test_a_folder_removed_while_building_is_made_again_without_a_warning(tmp_path, caplog):
+    """`spio clear-cache` beside a compiling process removes the namespace folder (its lock file
+    is spio's, so the folder empties): the entry is stored all the same, with no warning that
+    the folder cannot be written."""
+    cache = DiskCache("things", root=tmp_path)
+
+    def build():
+        for path in cache.folder.iterdir():
+            path.unlink()
+        cache.folder.rmdir()
+        return b"payload", {}
+
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert cache.get_or_build("k", build) == (b"payload", {}, False)
+    assert "cannot write" not in caplog.text and not cache.warned
+    assert DiskCache("things", root=tmp_path).get("k") == (b"payload", {})
+
+
+def test_keep_stores_an_entry_where_it_can_and_warns_only_where_it_cannot(tmp_path, caplog):
+    """A compile worker's result missing from the disk (its write met a removed folder, or an
+    unwritable one): the parent stores it, else keeps it in memory and warns once."""
+    cache = DiskCache("things", root=tmp_path / "root")
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        cache.keep("k", b"payload", {"m": 1})
+    assert cache.on_disk("k") and not cache.warned and "cannot write" not in caplog.text
+    (tmp_path / "file").write_text("not a folder")
+    blocked = DiskCache("things", root=tmp_path / "file")
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        blocked.keep("a", b"A", {})
+        blocked.keep("b", b"B", {})
+    assert caplog.text.count("cannot write its cache folder") == 1
+    assert blocked.get("a") == (b"A", {}) and blocked.get("b") == (b"B", {})
