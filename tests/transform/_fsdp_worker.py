@@ -1,13 +1,14 @@
 """Two gloo ranks wrap a model in FSDP, transform it before or after, and train a few steps.
 
 Run as a script (tests/transform/test_fsdp.py does): python _fsdp_worker.py INIT_FILE RESULT_FILE
-MODE, MODE "fsdp1" (FullyShardedDataParallel, use_orig_params=True) or "fsdp2" (fully_shard on
-the root alone). Both wrappers swap each layer's full weight in at its call, on the module object
-they wrapped. After wrapping, spio.transform must leave those layers (whose weights are shards)
-alone, and spio.untransform must refuse, rather than put modules in that keep the shards. Rank 0
-writes, for a model transformed after wrapping and one transformed before (with a refused
-untransform after), the largest difference from the same steps without spio and from the other
-rank, and how many layers are Conv2dGw8 in each.
+MODE DTYPE, MODE "fsdp1" (FullyShardedDataParallel, use_orig_params=True) or "fsdp2" (fully_shard
+on the root alone), DTYPE "float64" or "bfloat16" (spio's kernels run with SPIO_EMULATE=1). Both
+wrappers swap each layer's full weight in at its call, on the module object they wrapped. After
+wrapping, spio.transform must leave those layers (whose weights are shards) alone, and
+spio.untransform must refuse, rather than put modules in that keep the shards. Rank 0 writes,
+for a model transformed after wrapping and one transformed before (with a refused untransform
+after), the largest difference from the same steps without spio and from the other rank, and
+how many layers are Conv2dGw8 in each; then the largest parameter's magnitude.
 """
 
 import sys
@@ -21,7 +22,7 @@ WORLD_SIZE = 2
 STEPS = 2
 
 
-def _model() -> nn.Module:
+def _model(dtype: torch.dtype) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
         nn.Conv2d(16, 16, 3, padding=1, groups=2),
@@ -30,16 +31,16 @@ def _model() -> nn.Module:
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
         nn.Linear(16, 4),
-    ).double()
+    ).to(dtype)
 
 
-def _train(mode: str, rank: int, transform: str) -> tuple[torch.Tensor, int]:
+def _train(mode: str, dtype: torch.dtype, rank: int, transform: str) -> tuple[torch.Tensor, int]:
     """The parameters after STEPS steps, and the number of Conv2dGw8 layers; transform: "",
     "after" wrapping, or "before" (and an untransform after wrapping, which must refuse)."""
     import spio
     from spio.layers import Conv2dGw8
 
-    model = _model()
+    model = _model(dtype)
     if transform == "before":
         spio.transform(model)
     if mode == "fsdp1":
@@ -65,7 +66,7 @@ def _train(mode: str, rank: int, transform: str) -> tuple[torch.Tensor, int]:
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(STEPS):
-        x = torch.randn(2, 16, 6, 5, generator=gen, dtype=torch.float64)
+        x = torch.randn(2, 16, 6, 5, generator=gen, dtype=dtype)
         target = torch.randint(0, 4, (2,), generator=gen)
         optimizer.zero_grad()
         nn.functional.cross_entropy(wrapped(x), target).backward()
@@ -77,13 +78,14 @@ def _train(mode: str, rank: int, transform: str) -> tuple[torch.Tensor, int]:
     return params, spio_layers
 
 
-def _run(rank: int, init_file: str, result_file: str, mode: str) -> None:
+def _run(rank: int, init_file: str, result_file: str, mode: str, dtype_name: str) -> None:
+    dtype = getattr(torch, dtype_name)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        plain, _ = _train(mode, rank, transform="")
+        plain, _ = _train(mode, dtype, rank, transform="")
         lines = []
         for when in ("after", "before"):
-            params, spio_layers = _train(mode, rank, transform=when)
+            params, spio_layers = _train(mode, dtype, rank, transform=when)
             gathered = [torch.empty_like(params) for _ in range(WORLD_SIZE)]
             dist.all_gather(gathered, params)
             diff = (params - plain).abs().max().item()
@@ -91,7 +93,7 @@ def _run(rank: int, init_file: str, result_file: str, mode: str) -> None:
             lines.append(f"{when} {diff} {ranks} {spio_layers}\n")
         if rank == 0:
             with open(result_file, "w") as f:
-                f.writelines(lines)
+                f.writelines([*lines, f"{plain.abs().max().item()}\n"])
     finally:
         dist.destroy_process_group()
 
@@ -99,5 +101,5 @@ def _run(rank: int, init_file: str, result_file: str, mode: str) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     mp.start_processes(
-        _run, args=tuple(sys.argv[1:4]), nprocs=WORLD_SIZE, join=True, start_method="fork"
+        _run, args=tuple(sys.argv[1:5]), nprocs=WORLD_SIZE, join=True, start_method="fork"
     )

@@ -16,29 +16,43 @@ from tests.conftest import REPO
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2"])
-def test_fsdp_training_with_transform_before_and_after_wrapping(tmp_path, mode):
+@pytest.mark.parametrize(
+    "mode, dtype", [("fsdp1", "float64"), ("fsdp2", "float64"), ("fsdp2", "bfloat16")]
+)
+def test_fsdp_training_with_transform_before_and_after_wrapping(tmp_path, mode, dtype):
     """FSDP swaps the full weights in on the modules it wrapped: a module put in their place
     after wrapping kept the shards and failed at its first call (FSDP1: "needs a 4-D weight, got
     1-D"; FSDP2: "mixed torch.Tensor and DTensor"), whether a Conv2dGw8 from transform or an
     nn.Conv2d from untransform. After wrapping, transform leaves those layers as they are and
-    untransform refuses; a model transformed before wrapping trains with its two Conv2dGw8."""
+    untransform refuses; a model transformed before wrapping trains with its two Conv2dGw8: in
+    float64 on PyTorch's path, exactly as the plain model; in bfloat16 on spio's kernels
+    (emulated), within bf16 rounding of it."""
     worker = pathlib.Path(__file__).with_name("_fsdp_worker.py")
     env = os.environ | {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "SPIO_EMULATE": "1" if dtype == "bfloat16" else "0",
     }
     result = tmp_path / "result.txt"
     proc = subprocess.run(
-        [sys.executable, str(worker), str(tmp_path / "init"), str(result), mode],
+        [sys.executable, str(worker), str(tmp_path / "init"), str(result), mode, dtype],
         env=env,
         capture_output=True,
         encoding="utf-8",
-        timeout=120,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    *lines, largest = result.read_text().splitlines()
     # when: difference from training without spio, difference between ranks, Conv2dGw8 layers
-    rows = {when: rest for when, *rest in map(str.split, result.read_text().splitlines())}
-    assert rows == {"after": ["0.0", "0.0", "0"], "before": ["0.0", "0.0", "2"]}
+    rows = {
+        when: (float(diff), float(ranks), int(n)) for when, diff, ranks, n in map(str.split, lines)
+    }
+    assert rows["after"] == (0.0, 0.0, 0)  # nothing replaced: PyTorch's convolution throughout
+    diff, ranks, layers = rows["before"]
+    assert ranks == 0.0 and layers == 2
+    if dtype == "float64":
+        assert diff == 0.0
+    else:  # two steps of bf16 rounding differences (kernel against PyTorch), 4 ulps of the largest
+        assert 0.0 < diff <= 4 * torch.finfo(torch.bfloat16).eps * float(largest)
 
 
 def _sharded_conv() -> nn.Conv2d:
