@@ -10,8 +10,21 @@ pool and the PyTorch-facing modules load on first use.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from .log import logger
+
+if TYPE_CHECKING:  # the names __getattr__ loads, as type checkers should see them
+    from . import functional as functional
+    from . import generators as generators
+    from . import kernels as kernels
+    from . import layers as layers
+    from .transform import _CallablePackage
+    from .transform import precompile as precompile
+    from .transform import scan_modules as scan_modules
+    from .transform import untransform as untransform
+
+    transform: _CallablePackage  # the package, callable as its transform function
 
 __version__ = "0.4.0.dev0"
 

@@ -270,6 +270,7 @@ def _cache_problem(root) -> str | None:
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
+    why: str | None
     if not existing.is_dir():
         why = f"{existing} is a file"
     else:
@@ -363,7 +364,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     # Generating every kernel's source takes about a minute on its own: a bar, not silence.
     picked = tqdm(
-        map(pairs.get, keys), total=len(keys), desc="generating kernels", unit="kernel", leave=False
+        (pairs[key] for key in keys),
+        total=len(keys),
+        desc="generating kernels",
+        unit="kernel",
+        leave=False,
     )
     chosen = sorted(
         (FAMILIES[family].make_kernel(params, config) for family, params, config in picked),

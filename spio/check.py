@@ -297,6 +297,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     except RuntimeError as error:
         print(error, file=sys.stderr)
         return 2
+    layers: tuple[Conv2dGw8Params, ...]
     if device == "cuda":
         layers = GPU_LAYERS[:4] + GPU_LAYERS[-3:] if args.quick else GPU_LAYERS
         extra = 0 if args.quick else 2

@@ -178,8 +178,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
             return 2
         out_dir = args.out or args.plot_only.parent
-        if error := _out_dir_error(out_dir):
-            print(error, file=sys.stderr)
+        if message := _out_dir_error(out_dir):
+            print(message, file=sys.stderr)
             return 2
         print(format_table(rows))
         return _plot(rows, out_dir)
@@ -198,8 +198,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if problem := _gpu_problem():
         print(f"spio bench: spio's kernels do not run on {problem}", file=sys.stderr)
         return 2
-    if error := _out_dir_error(out_dir):
-        print(error, file=sys.stderr)
+    if message := _out_dir_error(out_dir):
+        print(message, file=sys.stderr)
         return 2
     batch_sizes = args.batch_sizes or (QUICK_BATCH_SIZES if args.quick else BATCH_SIZES)
     if args.in_situ:

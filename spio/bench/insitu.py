@@ -321,7 +321,8 @@ def run_insitu(
     for layer, style, impl in tqdm(cases, desc="in-situ", unit="stack"):
         torch.manual_seed(0)
         stack = make_stack(style, layer, impl, depth)
-        stack = stack.to(device="cuda", dtype=torch_dtype, memory_format=torch.channels_last)
+        # nn.Module.to takes memory_format (torch documents it), but torch's overloads omit it.
+        stack = stack.to(device="cuda", dtype=torch_dtype, memory_format=torch.channels_last)  # type: ignore[call-overload]
         shape = (n, stack_input_channels(style, layer), layer.h, layer.w)
         x = torch.randn(shape, device="cuda", dtype=torch_dtype)
         x = x.contiguous(memory_format=torch.channels_last)

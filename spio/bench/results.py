@@ -207,7 +207,7 @@ class Comparison:
 
 def compare(rows: Iterable[BenchRow]) -> list[Comparison]:
     """Group rows by (layer, batch, dtype, pass), keeping first-seen order."""
-    groups: dict[tuple, dict[str, BenchRow]] = {}
+    groups: dict[tuple[str, int, str, str], dict[str, BenchRow]] = {}
     for row in rows:
         groups.setdefault((row.layer, row.n, row.dtype, row.pass_), {})[row.impl] = row
     return [

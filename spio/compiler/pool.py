@@ -42,6 +42,7 @@ from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from queue import SimpleQueue
+from typing import cast
 
 from ..log import logger
 from .cache import cache_root
@@ -259,7 +260,8 @@ class _Sweep:
         while todo:
             for index in self._round(todo, limit=1):
                 self._died(index)
-        return self.results
+        # Every job has its result or error by now: None only marked those not yet back.
+        return cast("list[CompileResult | BaseException]", self.results)
 
     def _round(self, todo: deque[int], limit: int) -> list[int]:
         """Runs the jobs numbered in `todo`, taken from its front, at most `limit` at a time, until
@@ -343,12 +345,13 @@ class _Sweep:
         retried: str = "died again when the job was retried in a fresh pool, running alone",
     ) -> None:
         job = self.jobs[index]
-        self.results[index] = WorkerDiedError(
+        error = WorkerDiedError(
             f"the compile worker running {job.name} for {job.arch} died (killed by a signal: an "
             f"NVRTC crash, or the OOM killer when memory ran out), and {retried}. If memory is "
             "short, use fewer workers: SPIO_WORKERS=1, or compile_many(..., workers=1)"
         )
-        self.results[index].__cause__ = self.breakage
+        error.__cause__ = self.breakage
+        self.results[index] = error
         self.bar.update()
 
 

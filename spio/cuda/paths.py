@@ -134,8 +134,8 @@ def _candidates() -> list[_Candidate]:
     homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), *_SYSTEM_TOOLKITS]
     for home in dict.fromkeys(h for h in homes if h):
         root = Path(home)
-        for lib in ("lib64", "lib"):
-            cands.append(_Candidate(None, root / lib, (root / "include",), f"toolkit at {root}"))
+        for sub in ("lib64", "lib"):
+            cands.append(_Candidate(None, root / sub, (root / "include",), f"toolkit at {root}"))
     conda = os.environ.get("CONDA_PREFIX")
     lib_folders = [(Path(conda) / "lib", "conda's CONDA_PREFIX")] if conda else []
     lib_folders += [

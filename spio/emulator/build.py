@@ -29,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from ..compiler import digest
 from ..compiler.cache import DiskCache, hash_key, write_atomically
@@ -85,10 +86,20 @@ _EXTERN_SHARED_RE = re.compile(
     r"\bextern\s+__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)([^;\[\]]*?)\s*\b([A-Za-z_]\w*)"
     r"\s*\[\s*\]\s*;"
 )
+
+
+class _TextOutput(TypedDict):
+    """subprocess.run's keywords for text output, typed so that type checkers pick the overload
+    of subprocess.run that returns str output (a dict[str, str] matches none)."""
+
+    encoding: str
+    errors: str
+
+
 #: How the host compiler's output is read: as UTF-8 (g++ quotes names with UTF-8 quotation
 #: marks under a UTF-8 locale, and echoes source lines), whatever the locale Python itself
 #: runs under; bytes that are not UTF-8 are replaced, not raised on.
-_TOOL_TEXT = {"encoding": "utf-8", "errors": "replace"}
+_TOOL_TEXT: _TextOutput = {"encoding": "utf-8", "errors": "replace"}
 
 
 class EmulatorBuildError(RuntimeError):

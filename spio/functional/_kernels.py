@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 import torch
 from torch import Tensor
@@ -51,7 +51,9 @@ def pass_mask(passes: Iterable[str] | int) -> int:
     if isinstance(passes, int) and not isinstance(passes, bool):
         check_passes(passes)
         return passes
-    names = (passes,) if isinstance(passes, str) else tuple(passes)
+    # A bool (an int to type checkers, but no bits here) reaches tuple() on purpose: its
+    # TypeError is what the callers (Conv2dGw8.spio_passes, transform's include check) catch.
+    names = (passes,) if isinstance(passes, str) else tuple(passes)  # type: ignore[arg-type]
     unknown = [name for name in names if name not in PASS_BITS]
     if unknown:
         raise ValueError(f"conv2d_gw8 passes must be among {PASSES}, got {unknown}")
@@ -124,7 +126,7 @@ def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.devic
     return kernel
 
 
-def _keep(store: dict, key: tuple, kernel: Kernel | None, device: torch.device) -> Kernel | None:
+def _keep(store: dict, key: Hashable, kernel: Kernel | None, device: torch.device) -> Kernel | None:
     """Remember `kernel` as the choice for `key`, unless autotuning had to wait
     (autotune.deferred): while `device` captures a CUDA graph, or while spio.precompile
     collects what to tune. That choice serves this call only (see
@@ -251,12 +253,14 @@ class Layer:
         if need_input and passes & DGRAD:
             dx = self.dgrad(grad_output, weight)
         if need_weight and passes & WGRAD:
+            assert input is not None, "callers keep the input for a weight gradient"
             dw, db = self.wgrad(input, grad_output, with_bias=need_bias, dtypes=dtypes)
         torch_input = need_input and not passes & DGRAD
         torch_weight = need_weight and not passes & WGRAD
         if torch_input and input is None:  # not kept without a weight gradient: its shape will do
             input = self.stand_in_input(grad_output, memory_format(grad_output))
         if torch_input or torch_weight:
+            assert input is not None, "kept for a weight gradient, else the stand-in above"
             torch_dx, torch_dw = torch_grads(
                 grad_output, input, weight, self.params.padding, torch_input, torch_weight
             )

@@ -6,6 +6,8 @@ non-tensor where a tensor belongs); they work on fake (symbolic) tensors too.
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
@@ -50,6 +52,10 @@ def cast_for_autocast(
     )
 
 
+@overload
+def _autocast(t: Tensor, dtype: torch.dtype, fmt: torch.memory_format) -> Tensor: ...
+@overload
+def _autocast(t: None, dtype: torch.dtype, fmt: torch.memory_format) -> None: ...
 def _autocast(t: Tensor | None, dtype: torch.dtype, fmt: torch.memory_format) -> Tensor | None:
     if t is None or not t.is_floating_point() or t.dtype == torch.float64:
         return t

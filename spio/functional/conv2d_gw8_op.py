@@ -137,22 +137,30 @@ def conv2d_gw8_backward(
     need_input, need_weight, need_bias = output_mask
     grad_dtype = _grad_dtype(grad_output)
     if layer is not None:
-        dx, dw, db = layer.backward(grad_output, input, weight, tuple(output_mask), passes)
+        mask = (need_input, need_weight, need_bias)  # output_mask's 3 bools, as a tuple
+        dx, dw, db = layer.backward(grad_output, input, weight, mask, passes)
     else:
         dx, dw = _kernels.torch_grads(
             grad_output, input, weight, (padding_y, padding_x), need_input, need_weight
         )
         db = grad_output.sum(dim=(0, 2, 3), dtype=grad_dtype) if need_bias else None
+    # Both paths above computed each gradient output_mask asks for.
     empty = (0,)  # an unrequested gradient: an empty placeholder
-    return (
-        _in_format(dx.to(input.dtype), memory_format(input))
-        if need_input
-        else input.new_empty(empty),
-        _in_format(dw.to(grad_dtype), memory_format(weight))
-        if need_weight
-        else input.new_empty(empty, dtype=grad_dtype),
-        db if need_bias else input.new_empty(empty, dtype=grad_dtype),
-    )
+    if need_input:
+        assert dx is not None
+        dx = _in_format(dx.to(input.dtype), memory_format(input))
+    else:
+        dx = input.new_empty(empty)
+    if need_weight:
+        assert dw is not None
+        dw = _in_format(dw.to(grad_dtype), memory_format(weight))
+    else:
+        dw = input.new_empty(empty, dtype=grad_dtype)
+    if need_bias:
+        assert db is not None
+    else:
+        db = input.new_empty(empty, dtype=grad_dtype)
+    return dx, dw, db
 
 
 def _check_backward_args(
@@ -216,7 +224,10 @@ def _conv2d_gw8_vmap(info, in_dims, input, weight, bias=None, stride=1, padding_
         return y.unflatten(0, x.shape[:2]), 0
 
     def pick(t: Tensor | None, dim: int | None, i: int) -> Tensor | None:
-        return t if dim is None else t.select(dim, i)
+        if dim is None:
+            return t
+        assert t is not None, "vmap gives only tensors a batch dimension"
+        return t.select(dim, i)
 
     slices = [
         conv2d_gw8(pick(input, x_dim, i), pick(weight, w_dim, i), pick(bias, b_dim, i), *rest)

@@ -4,9 +4,16 @@ Importing this package does not import torch or touch the GPU; the factories loa
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from .conv2d_gw8_params import Conv2dGw8Params
 from .stats import Conv2dStats
+
+if TYPE_CHECKING:  # the names __getattr__ loads, as type checkers should see them
+    from .conv2d_gw8_factory import conv2d_gw8_kernel_factory as conv2d_gw8_kernel_factory
+    from .conv2d_gw8_wgrad_factory import (
+        conv2d_gw8_wgrad_kernel_factory as conv2d_gw8_wgrad_kernel_factory,
+    )
 
 _LAZY = {
     "conv2d_gw8_kernel_factory": ".conv2d_gw8_factory",

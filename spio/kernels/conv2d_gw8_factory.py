@@ -13,7 +13,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
+from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
 from .conv2d_gw8_params import Conv2dGw8Params
 from .kernel import Kernel, KernelFactory, entry_symbol
 
@@ -271,7 +271,7 @@ def generate_header(
     def weight_dims(k: int) -> dict[str, int]:
         return {"k": k, "r": r, "s": s, "c": 8} if weights_cl else {"k": k, "c": 8, "r": r, "s": s}
 
-    specs = [
+    specs: list[Spec] = [
         MacroSpec(
             {
                 "SPIO_CONV_ELEMENT": element,

@@ -8,7 +8,10 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 #: Channels per group: the k-depth of the m16n8k8 tensor-core instruction.
 GROUP_WIDTH = 8
@@ -76,6 +79,24 @@ class Conv2dGw8Params:
     s: int = 3
     has_bias: bool = False
     dtype: str = "fp16"
+
+    if TYPE_CHECKING:
+        # The constructor as type checkers should see it: it takes padding and dtype in more
+        # forms than the fields hold after __post_init__ normalises them, and a dataclass
+        # cannot annotate the two apart. Only type checkers read this: at run time the dataclass
+        # generates __init__ from the fields above (same names, order and defaults).
+        def __init__(
+            self,
+            n: int,
+            c: int,
+            h: int,
+            w: int,
+            padding: int | tuple[int, int] = (1, 1),
+            r: int = 3,
+            s: int = 3,
+            has_bias: bool = False,
+            dtype: str | torch.dtype = "fp16",
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         for name in ("n", "c", "h", "w", "r", "s"):

@@ -10,7 +10,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ..generators import IndexSpec, MacroSpec, ParamsSpec, TensorSpec, generate
+from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
 from .conv2d_gw8_factory import (
     ELEMENT_TYPES,
     MAX_SHARED_BYTES,
@@ -230,7 +230,7 @@ def generate_header(
     c8 = params.groups
     in_x = config.block_q + params.s - 1
     tiles = _tiles(params, config)
-    specs = [
+    specs: list[Spec] = [
         MacroSpec(
             {
                 "SPIO_WGRAD_ELEMENT": ELEMENT_TYPES[params.dtype][0],

@@ -282,7 +282,7 @@ class PerfModel:
         than `identity`: another arch, or (a per-device model) another device name."""
         path = Path(path)
         meta = read_meta(path.with_suffix(".json"))
-        family = _check_meta(path, meta, family, identity)
+        model_family = _check_meta(path, meta, family, identity)
         vouched = _check_digest(path, meta)
         try:
             import xgboost
@@ -299,18 +299,18 @@ class PerfModel:
             raise PerfModelError(
                 f"perf model {path} is unreadable or corrupted: {first_line(error)}"
             ) from None
-        if booster.num_features() != len(feature_names(family)):
+        if booster.num_features() != len(feature_names(model_family)):
             raise PerfModelError(
                 f"perf model {path} takes {booster.num_features()} features, "
-                f"expected {len(feature_names(family))}"
+                f"expected {len(feature_names(model_family))}"
             )
         problem = None if vouched else tree_problem(booster)  # a file as it was trained: no need
         if problem is not None:
             raise PerfModelError(f"perf model {path} is unreadable or corrupted: {problem}")
         _check_batch_sizes(path, meta)
-        _check_config_values(path, meta, family)
+        _check_config_values(path, meta, model_family)
         booster.set_param({"nthread": 1})  # one layer's configs: threads only add overhead
-        return cls(family=family, path=path, meta=meta, booster=booster)
+        return cls(family=model_family, path=path, meta=meta, booster=booster)
 
     @property
     def batch_range(self) -> tuple[float, float] | None:
@@ -702,7 +702,7 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     """
     family = family_of(factory.name, options)
     identity = device_identity(device) if family is not None else None
-    if identity is None:
+    if family is None or identity is None:
         return factory.default_config(params, **options)
     from . import autotune
 

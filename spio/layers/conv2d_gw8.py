@@ -6,7 +6,8 @@ import inspect
 import operator
 import sys
 import weakref
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Literal, TypeGuard, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,7 @@ from spio.log import logger
 _HALF = (torch.float16, torch.bfloat16)
 _FULL = (torch.float32, torch.float64)
 _logged_fallbacks: set[str] = set()
+_Conv = TypeVar("_Conv", bound=nn.Conv2d)
 
 
 def resolve_padding(padding: Any, kernel_size: Any, dilation: Any = 1) -> tuple[int, int] | None:
@@ -109,6 +111,7 @@ def module_ineligibility(module: nn.Module) -> str | None:
     """Why `module` cannot be replaced by a Conv2dGw8, or None if it can."""
     if parametrize.type_before_parametrizations(module) is not nn.Conv2d:
         return f"is a {type(module).__name__}, not exactly nn.Conv2d"
+    assert isinstance(module, nn.Conv2d)  # a parametrized one's class derives from nn.Conv2d
     reason = ineligibility(
         module.in_channels,
         module.out_channels,
@@ -203,7 +206,7 @@ class Conv2dGw8(nn.Conv2d):
         dilation: Any = 1,
         groups: int = 1,
         bias: bool = True,
-        padding_mode: str = "zeros",
+        padding_mode: Literal["zeros", "reflect", "replicate", "circular"] = "zeros",
         device: Any = None,
         dtype: Any = None,
     ) -> None:
@@ -289,7 +292,7 @@ class Conv2dGw8(nn.Conv2d):
         return pass_names(self._pass_bits)
 
     @spio_passes.setter
-    def spio_passes(self, passes: Any) -> None:
+    def spio_passes(self, passes: bool | int | Iterable[str]) -> None:
         if isinstance(passes, bool):
             self._pass_bits = ALL_PASSES if passes else 0
             return
@@ -320,13 +323,15 @@ class Conv2dGw8(nn.Conv2d):
         return cls(**arguments)
 
     @staticmethod
-    def match(module: nn.Module) -> bool:
+    def match(module: nn.Module) -> TypeGuard[nn.Conv2d]:
         """True when module is exactly an nn.Conv2d that spio can run (subclasses never match;
         one parametrized by torch.nn.utils.parametrize, e.g. weight_norm, does)."""
         return module_ineligibility(module) is None
 
     @classmethod
-    def from_torch_module(cls, module: nn.Conv2d, passes: Any = PASSES) -> Conv2dGw8:
+    def from_torch_module(
+        cls, module: nn.Conv2d, passes: bool | int | Iterable[str] = PASSES
+    ) -> Conv2dGw8:
         """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies)
         and hooks (the same dicts: handles taken on module still remove them), running spio's
         kernels for `passes` (see spio_passes)."""
@@ -378,7 +383,8 @@ class Conv2dGw8(nn.Conv2d):
         padding = self._padding_ints()
         layer = _kernels.layer(x, weight, bias, *padding)
         grad = torch.is_grad_enabled() if backward is None else backward
-        assumed = backward and not torch.is_grad_enabled()  # gradients autograd cannot show now
+        # Gradients autograd cannot show now (a bool: `needs` holds bools).
+        assumed = bool(backward) and not torch.is_grad_enabled()
         needs = (  # the operands as given: an autocast cast without autograd requires none
             grad and (input.requires_grad or assumed),
             grad and self.weight.requires_grad,
@@ -488,17 +494,19 @@ def _reference_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bo
     )
 
 
-def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
+def _sharing(cls: type[_Conv], module: nn.Conv2d) -> _Conv:
     """A `cls` with module's hyperparameters, training mode, and Parameters, buffers and
     submodules (the same objects, not copies): weight and bias, and any a user or library added,
     so that state_dict keys and what an optimizer holds stay as they were."""
+    # Ignores: torch annotates these attributes for convolutions of any dimension
+    # (tuple[int, ...]); an nn.Conv2d's are pairs, which its constructor takes.
     new = cls(
         module.in_channels,
         module.out_channels,
-        module.kernel_size,
-        stride=module.stride,
-        padding=module.padding,
-        dilation=module.dilation,
+        module.kernel_size,  # type: ignore[arg-type]
+        stride=module.stride,  # type: ignore[arg-type]
+        padding=module.padding,  # type: ignore[arg-type]
+        dilation=module.dilation,  # type: ignore[arg-type]
         groups=module.groups,
         bias=module.bias is not None,
         padding_mode=module.padding_mode,
@@ -511,7 +519,9 @@ def _sharing(cls: type[nn.Conv2d], module: nn.Conv2d) -> nn.Conv2d:
         # module's own class, computed from module.parametrizations (a submodule, shared below
         # with the others). `new` gets a class of the same kind over cls, and no Parameter of
         # that name (the property would hide the meta one cls made, but not from state_dict).
-        for name in module.parametrizations:
+        # Ignore: nn.Module.__getattr__ is typed Tensor | Module; parametrize made this
+        # attribute a ModuleDict, whose keys are the parametrized tensors' names.
+        for name in module.parametrizations:  # type: ignore[union-attr]
             new._parameters.pop(name, None)
         new.__class__ = _parametrized_class(cls, type(module))
     for name, buffer in module._buffers.items():

@@ -10,6 +10,7 @@ so the package itself is callable: spio.transform(model) works either way.
 
 import sys
 import types
+from typing import TYPE_CHECKING
 
 from .modules import precompile, scan_modules, transform, untransform, where_faster
 
@@ -17,9 +18,20 @@ __all__ = ["precompile", "scan_modules", "transform", "untransform", "where_fast
 
 
 class _CallablePackage(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        """Same as spio.transform.transform(*args, **kwargs)."""
-        return transform(*args, **kwargs)
+    if TYPE_CHECKING:
+        # What type checkers see as spio.transform (spio/__init__.py declares it so): called,
+        # transform's signature; its functions as attributes, not a module type's Any.
+        __call__ = staticmethod(transform)
+        transform = staticmethod(transform)
+        untransform = staticmethod(untransform)
+        scan_modules = staticmethod(scan_modules)
+        precompile = staticmethod(precompile)
+        where_faster = staticmethod(where_faster)
+    else:
+
+        def __call__(self, *args, **kwargs):
+            """Same as spio.transform.transform(*args, **kwargs)."""
+            return transform(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallablePackage

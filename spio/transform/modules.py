@@ -231,7 +231,7 @@ def _layers_met(
     met: list[tuple[nn.Module, Conv2dGw8Params, bool]] = []
     no_kernel_dtype = 0  # calls in fp32 outside autocast
 
-    def record(module: nn.Module, input: torch.Tensor) -> None:
+    def record(module: nn.Conv2d, input: torch.Tensor) -> None:
         nonlocal no_kernel_dtype
         dtype = _activation_dtype(input)
         if dtype is None:
@@ -241,7 +241,7 @@ def _layers_met(
         if params is not None:
             met.append((module, params, input.is_contiguous(memory_format=torch.channels_last)))
 
-    def before(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def before(module: nn.Conv2d, args: tuple, kwargs: dict) -> None:
         input = _call_input(args, kwargs)
         if input is not None:
             record(module, input)
@@ -400,7 +400,7 @@ def precompile(
             "traced by torch.fx or scripted calls spio's op without them); nothing was built",
             len(layers),
         )
-    failures = {}
+    failures: dict[str, str] = {}
     for device in dict.fromkeys(device for device, _ in found):
         kernels = [k for (d, _), k in found.items() if d == device]
         failures |= build_kernels(kernels, device, progress=progress)
