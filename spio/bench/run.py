@@ -316,34 +316,54 @@ def run_bench(
     rows: list[BenchRow] = []
 
     for layer, params, pass_ in tqdm(cases, desc="benchmark", unit="case"):
-        try:  # tensors for every set (e.g. out of memory at a large batch), calls, configs
-            case = PassCase(params, pass_, l2)
-            flops = case.stats.flops
-            timed = {
-                "spio": (case.spio_call(), flops, case.sets, case.config.encode()),
-                "torch": (case.torch_call(), flops, case.sets, "cudnn"),
-                "copy": (case.copy_call(), 0, len(case.copy_data), ""),
-            }
-        except Exception as error:
-            case = None
-            torch.cuda.empty_cache()  # what the case held before it failed
-            if not _usable_after(error, f"setting up {pass_} {params.encode()}"):
-                return rows
-            continue
-        for impl, (call, impl_flops, sets, config) in timed.items():
-            nbytes = case.copy_bytes if impl == "copy" else case.bytes
-            try:
-                timing = time_calls(call, warmup=settings.warmup, reps=settings.reps)
-            except Exception as error:  # report the case, keep the sweep going
-                if not _usable_after(error, f"{impl} {pass_} {params.encode()}"):
-                    return rows
-                continue
-            how = case.selected_by if impl == "spio" else ""
-            row = _row(
-                layer, params, pass_, impl, timing, nbytes, impl_flops, sets, config, info, how
-            )
-            rows.append(row)
-        del case
+        case_rows, go_on = _bench_case(layer, params, pass_, settings, info, l2)
+        rows += case_rows
         if csv_path is not None and rows:
             write_csv(rows, csv_path)
+        if not go_on:
+            break
     return rows
+
+
+def _bench_case(
+    layer: BenchLayer,
+    params: Conv2dGw8Params,
+    pass_: str,
+    settings: BenchSettings,
+    info: RunInfo,
+    l2: int,
+) -> tuple[list[BenchRow], bool]:
+    """The rows of one case (without those that cannot be set up or timed, reported), and
+    whether the sweep may go on (not where the CUDA context broke). A function of its own so
+    that the case's tensors, and the calls holding them, are freed when it returns: before the
+    next, often larger, case allocates its own."""
+    import torch
+
+    failure = None
+    try:  # tensors for every set (e.g. out of memory at a large batch), calls, configs
+        case = PassCase(params, pass_, l2)
+        flops = case.stats.flops
+        timed = {
+            "spio": (case.spio_call(), flops, case.sets, case.config.encode()),
+            "torch": (case.torch_call(), flops, case.sets, "cudnn"),
+            "copy": (case.copy_call(), 0, len(case.copy_data), ""),
+        }
+    except Exception as error:  # without its traceback, whose frames hold what was allocated
+        failure = error.with_traceback(None)
+    if failure is not None:
+        torch.cuda.empty_cache()  # what the case allocated before it failed, now freed
+        return [], _usable_after(failure, f"setting up {pass_} {params.encode()}")
+    rows: list[BenchRow] = []
+    for impl, (call, impl_flops, sets, config) in timed.items():
+        nbytes = case.copy_bytes if impl == "copy" else case.bytes
+        try:
+            timing = time_calls(call, warmup=settings.warmup, reps=settings.reps)
+        except Exception as error:  # report the case, keep the sweep going
+            if not _usable_after(error, f"{impl} {pass_} {params.encode()}"):
+                return rows, False
+            continue
+        how = case.selected_by if impl == "spio" else ""
+        rows.append(
+            _row(layer, params, pass_, impl, timing, nbytes, impl_flops, sets, config, info, how)
+        )
+    return rows, True

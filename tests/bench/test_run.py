@@ -193,6 +193,102 @@ def test_a_case_that_cannot_be_set_up_is_reported_and_the_sweep_goes_on(monkeypa
     assert "setting up fprop" in caplog.text and "out of memory" in caplog.text
 
 
+def test_each_case_is_freed_before_the_next_is_set_up(monkeypatch):
+    """A case's tensors, and the calls holding them, were alive while the next (often larger)
+    case allocated its own, and a case that failed to set up held what it had allocated through
+    its exception's traceback: a sweep could run out of memory where each case fits alone."""
+    import weakref
+
+    from spio.bench import run
+    from spio.bench.results import RunInfo
+    from spio.bench.timing import Timing
+
+    made: list[weakref.ref] = []
+    alive_at_setup = []
+
+    class Tensors:  # stands for a case's GPU tensors
+        pass
+
+    class Case:
+        def __init__(self, params, pass_, l2):
+            alive_at_setup.append(sum(ref() is not None for ref in made))
+            tensors = Tensors()
+            made.append(weakref.ref(tensors))
+            if params.n == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+            self.tensors = tensors
+            self.stats = run.Conv2dStats(params)
+            self.bytes = self.copy_bytes = self.stats.bytes(pass_)
+            self.sets, self.config = 1, run.spio_config(params, pass_)
+            self.copy_data, self.selected_by = [()], "heuristic"
+
+        def spio_call(self):
+            return lambda: self.tensors  # as a real case's calls hold its tensors
+
+        torch_call = copy_call = spio_call
+
+    info = RunInfo(
+        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="t"
+    )
+    monkeypatch.setattr(run, "PassCase", Case)
+    monkeypatch.setattr(run, "time_calls", lambda call, warmup, reps: Timing(1, 1, 1, reps, True))
+    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
+    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
+    monkeypatch.setattr(run, "run_info", lambda command: info)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    settings = BenchSettings(layers=(TINY,), batch_sizes=(1, 2, 3, 4), passes=("fprop",))
+    rows = run.run_bench(settings, "x")
+    assert sorted({row.n for row in rows}) == [1, 3, 4]
+    assert alive_at_setup == [0, 0, 0, 0]
+
+
+def test_a_broken_cuda_context_stops_the_sweep_keeping_the_rows_measured(monkeypatch, tmp_path):
+    """A failure after which torch.cuda.synchronize raises (an illegal address makes the context
+    unusable) ends the sweep; the rows timed before it, in that case too, are kept and written."""
+    from spio.bench import run
+    from spio.bench.results import RunInfo, read_csv
+    from spio.bench.timing import Timing
+
+    class Case:
+        def __init__(self, params, pass_, l2):
+            self.stats = run.Conv2dStats(params)
+            self.bytes = self.copy_bytes = self.stats.bytes(pass_)
+            self.sets, self.config = 1, run.spio_config(params, pass_)
+            self.copy_data, self.selected_by = [()], "heuristic"
+
+        def spio_call(self):
+            return "spio"
+
+        def torch_call(self):
+            return "torch"
+
+        copy_call = spio_call
+
+    def timer(call, warmup, reps):
+        if call == "torch":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return Timing(1, 1, 1, reps, True)
+
+    def synchronize():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    info = RunInfo(
+        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="t"
+    )
+    monkeypatch.setattr(run, "PassCase", Case)
+    monkeypatch.setattr(run, "time_calls", timer)
+    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
+    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
+    monkeypatch.setattr(run, "run_info", lambda command: info)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    settings = BenchSettings(layers=(TINY,), batch_sizes=(1, 2), passes=("fprop",))
+    path = tmp_path / "rows.csv"
+    rows = run.run_bench(settings, "x", csv_path=path)
+    assert [(row.n, row.impl) for row in rows] == [(1, "spio")]
+    assert [(row.n, row.impl) for row in read_csv(path)] == [(1, "spio")]
+
+
 def test_each_spio_row_says_how_its_config_was_chosen(monkeypatch, tmp_path):
     """ "model sm_90/<family>.ubj", "heuristic" or "autotune", recorded with the row; a run
     without xgboost had timed the heuristic's picks with nothing in the CSV to say so."""
