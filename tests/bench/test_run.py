@@ -109,31 +109,56 @@ def test_pytorchs_outputs_rotate_like_spios(pass_):
     assert len({t.data_ptr() for t in first}) == case.sets > 1
 
 
+class _StandInCase:
+    """PassCase for sweeps without a GPU: the pass's bytes and config, one rotation set, and
+    calls that are their impl's name (for the stand-in timers to tell apart)."""
+
+    def __init__(self, params, pass_, l2):
+        from spio.bench import run
+
+        self.stats = run.Conv2dStats(params)
+        self.bytes = self.copy_bytes = self.stats.bytes(pass_)
+        self.sets, self.config = 1, run.spio_config(params, pass_)
+        self.copy_data, self.selected_by = [()], "heuristic"
+
+    def spio_call(self):
+        return "spio"
+
+    def torch_call(self):
+        return "torch"
+
+    def copy_call(self):
+        return "copy"
+
+
+def _sweep_without_gpu(monkeypatch, case, timer=None, timing="t"):
+    """run_bench set up to run here: `case` stands for PassCase, `timer` (default: 1 ms each)
+    for time_calls; nothing to precompile, no L2, a RunInfo whose timing label is `timing`."""
+    from spio.bench import run
+    from spio.bench.results import RunInfo
+    from spio.bench.timing import Timing
+
+    info = RunInfo(
+        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing=timing
+    )
+    monkeypatch.setattr(run, "PassCase", case)
+    monkeypatch.setattr(
+        run, "time_calls", timer or (lambda c, warmup, reps: Timing(1, 1, 1, reps, True))
+    )
+    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
+    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
+    monkeypatch.setattr(run, "run_info", lambda command: info)
+
+
 def test_the_sweep_writes_its_csv_after_every_case(monkeypatch, tmp_path):
     """A sweep cut short by a time limit keeps the rows it measured: the CSV is rewritten after
     each case (it had been written once, after the whole sweep)."""
     from spio.bench import run
-    from spio.bench.results import RunInfo, read_csv
+    from spio.bench.results import read_csv
     from spio.bench.timing import Timing
 
     path = tmp_path / "bench.csv"
     seen = []
-
-    class Case:
-        def __init__(self, params, pass_, l2):
-            self.params, self.stats = params, run.Conv2dStats(params)
-            self.bytes, self.sets, self.config = (
-                self.stats.bytes(pass_),
-                1,
-                run.spio_config(params, pass_),
-            )
-            self.copy_data, self.copy_bytes = [()], self.bytes
-            self.selected_by = "heuristic"
-
-        def spio_call(self):
-            return "spio"
-
-        torch_call = copy_call = spio_call
 
     def timer(call, warmup, reps):
         seen.append(len(read_csv(path)) if path.exists() else 0)
@@ -141,14 +166,7 @@ def test_the_sweep_writes_its_csv_after_every_case(monkeypatch, tmp_path):
             raise KeyboardInterrupt  # e.g. the step's time limit
         return Timing(1.0, 0.9, 1.1, reps, True)
 
-    info = RunInfo(
-        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="t"
-    )
-    monkeypatch.setattr(run, "PassCase", Case)
-    monkeypatch.setattr(run, "time_calls", timer)
-    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
-    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
-    monkeypatch.setattr(run, "run_info", lambda command: info)
+    _sweep_without_gpu(monkeypatch, _StandInCase, timer)
     settings = BenchSettings(layers=(TINY,), batch_sizes=(1, 2, 3), passes=("fprop",))
     with pytest.raises(KeyboardInterrupt):
         run.run_bench(settings, "x", csv_path=path)
@@ -160,31 +178,14 @@ def test_a_case_that_cannot_be_set_up_is_reported_and_the_sweep_goes_on(monkeypa
     """A case whose tensors do not fit (torch.OutOfMemoryError at a large batch) had ended the
     sweep with a traceback; it is now reported like a failed timing, and the other cases run."""
     from spio.bench import run
-    from spio.bench.results import RunInfo
-    from spio.bench.timing import Timing
 
-    class Case:
+    class Case(_StandInCase):
         def __init__(self, params, pass_, l2):
             if params.n == 2:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80 GiB")
-            self.stats = run.Conv2dStats(params)
-            self.bytes = self.copy_bytes = self.stats.bytes(pass_)
-            self.sets, self.config = 1, run.spio_config(params, pass_)
-            self.copy_data, self.selected_by = [()], "heuristic"
+            super().__init__(params, pass_, l2)
 
-        def spio_call(self):
-            return "call"
-
-        torch_call = copy_call = spio_call
-
-    info = RunInfo(
-        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="t"
-    )
-    monkeypatch.setattr(run, "PassCase", Case)
-    monkeypatch.setattr(run, "time_calls", lambda call, warmup, reps: Timing(1, 1, 1, reps, True))
-    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
-    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
-    monkeypatch.setattr(run, "run_info", lambda command: info)
+    _sweep_without_gpu(monkeypatch, Case)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # the context still works
     settings = BenchSettings(layers=(TINY,), batch_sizes=(1, 2, 3), passes=("fprop",))
     with caplog.at_level("ERROR", logger="spio"):
@@ -200,8 +201,6 @@ def test_each_case_is_freed_before_the_next_is_set_up(monkeypatch):
     import weakref
 
     from spio.bench import run
-    from spio.bench.results import RunInfo
-    from spio.bench.timing import Timing
 
     made: list[weakref.ref] = []
     alive_at_setup = []
@@ -209,7 +208,7 @@ def test_each_case_is_freed_before_the_next_is_set_up(monkeypatch):
     class Tensors:  # stands for a case's GPU tensors
         pass
 
-    class Case:
+    class Case(_StandInCase):
         def __init__(self, params, pass_, l2):
             alive_at_setup.append(sum(ref() is not None for ref in made))
             tensors = Tensors()
@@ -217,24 +216,14 @@ def test_each_case_is_freed_before_the_next_is_set_up(monkeypatch):
             if params.n == 2:
                 raise torch.OutOfMemoryError("CUDA out of memory")
             self.tensors = tensors
-            self.stats = run.Conv2dStats(params)
-            self.bytes = self.copy_bytes = self.stats.bytes(pass_)
-            self.sets, self.config = 1, run.spio_config(params, pass_)
-            self.copy_data, self.selected_by = [()], "heuristic"
+            super().__init__(params, pass_, l2)
 
         def spio_call(self):
             return lambda: self.tensors  # as a real case's calls hold its tensors
 
         torch_call = copy_call = spio_call
 
-    info = RunInfo(
-        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="t"
-    )
-    monkeypatch.setattr(run, "PassCase", Case)
-    monkeypatch.setattr(run, "time_calls", lambda call, warmup, reps: Timing(1, 1, 1, reps, True))
-    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
-    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
-    monkeypatch.setattr(run, "run_info", lambda command: info)
+    _sweep_without_gpu(monkeypatch, Case)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     settings = BenchSettings(layers=(TINY,), batch_sizes=(1, 2, 3, 4), passes=("fprop",))
@@ -247,23 +236,8 @@ def test_a_broken_cuda_context_stops_the_sweep_keeping_the_rows_measured(monkeyp
     """A failure after which torch.cuda.synchronize raises (an illegal address makes the context
     unusable) ends the sweep; the rows timed before it, in that case too, are kept and written."""
     from spio.bench import run
-    from spio.bench.results import RunInfo, read_csv
+    from spio.bench.results import read_csv
     from spio.bench.timing import Timing
-
-    class Case:
-        def __init__(self, params, pass_, l2):
-            self.stats = run.Conv2dStats(params)
-            self.bytes = self.copy_bytes = self.stats.bytes(pass_)
-            self.sets, self.config = 1, run.spio_config(params, pass_)
-            self.copy_data, self.selected_by = [()], "heuristic"
-
-        def spio_call(self):
-            return "spio"
-
-        def torch_call(self):
-            return "torch"
-
-        copy_call = spio_call
 
     def timer(call, warmup, reps):
         if call == "torch":
@@ -273,14 +247,7 @@ def test_a_broken_cuda_context_stops_the_sweep_keeping_the_rows_measured(monkeyp
     def synchronize():
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    info = RunInfo(
-        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="t"
-    )
-    monkeypatch.setattr(run, "PassCase", Case)
-    monkeypatch.setattr(run, "time_calls", timer)
-    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
-    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
-    monkeypatch.setattr(run, "run_info", lambda command: info)
+    _sweep_without_gpu(monkeypatch, _StandInCase, timer)
     monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
     settings = BenchSettings(layers=(TINY,), batch_sizes=(1, 2), passes=("fprop",))
     path = tmp_path / "rows.csv"
@@ -333,41 +300,21 @@ def test_sweep_rows_carry_each_impls_bytes_flops_sets_percentiles_and_pre_fill(m
     bytes; 2*1*4*9*16*8*1*3 = 27648 FLOPs. The copy moves its own bytes (here 3070) over its
     own rotation sets and does no FLOPs; a timing not fully pre-filled is labelled so."""
     from spio.bench import run
-    from spio.bench.results import RunInfo
     from spio.bench.timing import Timing
 
     layer = BenchLayer("tiny_16c_4x9_1x3", 16, 4, 9, 1, 3, (0, 1))
 
-    class Case:
+    class Case(_StandInCase):
         def __init__(self, params, pass_, l2):
-            self.stats = run.Conv2dStats(params)
-            self.bytes, self.sets = self.stats.bytes(pass_), 3
-            self.config = run.spio_config(params, pass_)
-            self.copy_data, self.copy_bytes = [()] * 5, 3070
-            self.selected_by = "heuristic"
-
-        def spio_call(self):
-            return "spio"
-
-        def torch_call(self):
-            return "torch"
-
-        def copy_call(self):
-            return "copy"
+            super().__init__(params, pass_, l2)
+            self.sets, self.copy_data, self.copy_bytes = 3, [()] * 5, 3070
 
     timings = {
         "spio": Timing(1.0, 0.5, 2.0, 7, True),
         "torch": Timing(3.0, 2.5, 4.0, 7, False),
         "copy": Timing(0.5, 0.25, 0.75, 7, True),
     }
-    info = RunInfo(
-        gpu="GPU", driver="d", torch="t", cuda="c", spio="s", date="now", command="x", timing="T"
-    )
-    monkeypatch.setattr(run, "PassCase", Case)
-    monkeypatch.setattr(run, "time_calls", lambda call, warmup, reps: timings[call])
-    monkeypatch.setattr(run, "precompile", lambda cases, device: {})
-    monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
-    monkeypatch.setattr(run, "run_info", lambda command: info)
+    _sweep_without_gpu(monkeypatch, Case, lambda call, warmup, reps: timings[call], timing="T")
     settings = BenchSettings(layers=(layer,), batch_sizes=(1,), passes=("fprop",))
     rows = {row.impl: row for row in run.run_bench(settings, "x")}
     assert list(rows) == ["spio", "torch", "copy"]
