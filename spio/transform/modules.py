@@ -173,14 +173,15 @@ def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, 
 
 
 def _activation_dtype(x: torch.Tensor) -> str | None:
-    """The dtype a kernel would see for input x: its own, or autocast's; None where no kernel
-    runs (fp32 outside autocast: the layer runs PyTorch's convolution). On the meta device,
-    where nothing runs and autocast does not apply, a model's layers are listed as fp16."""
+    """The dtype a kernel would see for input x: autocast's, in a region (it casts fp16, bf16 and
+    fp32 inputs to its dtype, not float64), else its own; None where no kernel runs (fp32
+    outside autocast, float64: the layer runs PyTorch's convolution). On the meta device, where
+    nothing runs and autocast does not apply, a model's layers are listed as fp16."""
+    region = autocast_dtype(x.device.type)
+    if region in (torch.float16, torch.bfloat16) and x.dtype != torch.float64:
+        return dtype_name(region)
     if x.dtype in (torch.float16, torch.bfloat16):
         return dtype_name(x.dtype)
-    region = autocast_dtype(x.device.type)
-    if region in (torch.float16, torch.bfloat16):
-        return dtype_name(region)
     return "fp16" if x.device.type == "meta" else None
 
 
@@ -233,6 +234,10 @@ def _layers_met(
 
     def record(module: nn.Conv2d, input: torch.Tensor) -> None:
         nonlocal no_kernel_dtype
+        fallback = module._ineligibility_now() if isinstance(module, Conv2dGw8) else None
+        if fallback is not None:  # runs PyTorch's convolution, as its forward logs
+            logger.debug("scan_modules skips a layer that %s", fallback)
+            return
         dtype = _activation_dtype(input)
         if dtype is None:
             no_kernel_dtype += 1
@@ -256,9 +261,10 @@ def _layers_met(
             handle.remove()
     if no_kernel_dtype:
         logger.warning(
-            "%d calls of spio-eligible convolutions got inputs that are neither fp16 nor bf16, "
-            "outside torch.autocast: spio's kernels take fp16 and bf16, so these run PyTorch's "
-            "convolution and are not listed. Call under torch.autocast, as the model will run.",
+            "%d calls of spio-eligible convolutions got inputs no kernel takes (fp32 outside "
+            "torch.autocast, or float64): spio's kernels take fp16 and bf16, so these run "
+            "PyTorch's convolution and are not listed. Call under torch.autocast, as the model "
+            "will run.",
             no_kernel_dtype,
         )
     return met

@@ -212,12 +212,12 @@ def test_package_is_callable():
 
 @pytest.mark.parametrize("transformed", [False, True])
 def test_scan_modules(transformed):
-    model = _model()
+    model = _model().float()
     if transformed:
         transform(model)
     model.train()
     stats = copy.deepcopy(model.blocks[1].state_dict())
-    x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    x = torch.randn(2, 3, 9, 8)
     with torch.autocast("cpu", dtype=torch.float16):
         found = scan_modules(model, x)
     p = dict(n=2, c=16, h=9, w=8, dtype="fp16")
@@ -296,14 +296,42 @@ def test_scan_modules_restores_the_random_number_state():
     assert torch.equal(torch.get_rng_state(), state)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_scan_modules_lists_no_layer_that_runs_no_kernel(caplog, dtype):
-    """Outside autocast, fp32 (or fp64) calls run PyTorch's convolution: they are not listed,
-    and a warning says why (they had been listed as fp16 layers)."""
+@pytest.mark.parametrize(
+    "dtype, region",
+    [(torch.float32, None), (torch.float64, None), (torch.float64, torch.bfloat16)],
+)
+def test_scan_modules_lists_no_layer_that_runs_no_kernel(caplog, dtype, region):
+    """Outside autocast, fp32 (or fp64) calls run PyTorch's convolution, and float64 calls do
+    under autocast too (it leaves float64 as it is): they are not listed, and a warning says why
+    (they had been listed as fp16 layers, and float64 ones under autocast in its dtype)."""
     model = transform(_model()).to(dtype)
     with caplog.at_level(logging.WARNING, logger="spio"):
-        assert scan_modules(model, torch.randn(1, 3, 6, 6, dtype=dtype)) == []
-    assert "4 calls of spio-eligible convolutions got inputs that are neither fp16" in caplog.text
+        with torch.autocast("cpu", dtype=region or torch.bfloat16, enabled=region is not None):
+            assert scan_modules(model, torch.randn(1, 3, 6, 6, dtype=dtype)) == []
+    assert "4 calls of spio-eligible convolutions got inputs no kernel takes" in caplog.text
+
+
+def test_scan_modules_lists_autocasts_dtype_over_the_inputs(monkeypatch):
+    """Autocast casts fp16 inputs in a bf16 region to bf16 (and the layer runs bf16 kernels):
+    listed as bf16, as spio_kernels names them (they had been listed as fp16)."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")  # CPU tensors run spio's kernels: spio_kernels lists
+    model = transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2))).half()
+    x = torch.randn(2, 16, 5, 6).half()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        found = scan_modules(model, x)
+        kernels = model[0].spio_kernels(x, backward=False)
+    assert found == [Conv2dGw8Params(2, 16, 5, 6, padding=1, has_bias=True, dtype="bf16")]
+    assert [k.name.split("__")[1] for k in kernels] == [found[0].encode()]
+
+
+def test_scan_modules_skips_a_layer_that_falls_back_for_attributes_set_later():
+    """A Conv2dGw8 whose stride was set after construction runs PyTorch's convolution (its
+    forward says so): not listed (it had been, as a stride-1 layer)."""
+    model = transform(nn.Sequential(*(nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(2))))
+    model = model.half()
+    model[0].stride = (2, 2)
+    found = scan_modules(model, torch.randn(2, 16, 8, 8).half())
+    assert found == [Conv2dGw8Params(2, 16, 4, 4, padding=1, has_bias=True)]
 
 
 def test_a_forward_set_on_the_instance_keeps_a_conv_and_attributes_travel():
