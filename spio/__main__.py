@@ -418,11 +418,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-    "info": (cmd_info, "versions, where NVRTC and the headers were found, GPU, cache folder"),
+    "info": (
+        cmd_info,
+        "versions, where NVRTC and the headers were found, GPU, cache folder, SPIO_* settings; "
+        "exit 1 when a part is missing or does not load, or a SPIO_* setting is bad",
+    ),
     "compile": (
         cmd_compile,
         "compile every config of every kernel for the built-in layer set, listing compiler "
-        "warnings; exit 1 on any failure or spill",
+        "warnings; exit 1 on any failure or spill, 2 when --kernel matches no family",
     ),
     "check": (
         cmd_check,
@@ -433,11 +437,14 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "bench": (
         cmd_bench,
         "time spio vs PyTorch (cuDNN) vs a device copy on the layer table; table, CSV and plots "
-        "(needs a GPU, except --plot-only)",
+        "(needs a GPU, except --plot-only); exit 2 without a GPU or on bad arguments or an "
+        "output folder that cannot be written, 1 when a timing fails or the plots cannot be "
+        "drawn",
     ),
     "clear-cache": (
         cmd_clear_cache,
-        "delete every cached cubin, emulator library and autotuning result",
+        "delete every cached cubin, emulator library and autotuning result; exit 1 when a "
+        "file cannot be removed",
     ),
 }
 
@@ -470,11 +477,17 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"{', '.join(supported_arch)}, or experimental (untested) "
         f"{', '.join(experimental_arch)} (repeatable; default: all but the experimental)",
     )
-    compile_parser.add_argument("--kernel", help="only kernel families whose name contains this")
     compile_parser.add_argument(
-        "--sample", type=positive_int, help="compile a random sample of N kernels"
+        "--kernel",
+        metavar="NAME",
+        help="only kernel families (conv2d_gw8_fprop, _dgrad, _wgrad) whose name contains NAME",
     )
-    compile_parser.add_argument("--seed", type=int, default=0, help="seed for --sample")
+    compile_parser.add_argument(
+        "--sample", type=positive_int, metavar="N", help="compile a random sample of N kernels"
+    )
+    compile_parser.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed for --sample (default 0)"
+    )
     from .bench.cli import add_arguments as add_bench_arguments
     from .check import add_arguments as add_check_arguments
 

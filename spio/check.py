@@ -257,7 +257,8 @@ def run_check(
 
 def resolve_device(requested: str | None) -> str:
     """ "cuda" or "cpu": the requested device, else a GPU when torch sees one that spio's
-    kernels run on (else the emulator, saying why)."""
+    kernels run on (else the emulator, saying why). RuntimeError when "cuda" is requested and
+    there is no such GPU."""
     import torch
 
     from .functional.checks import device_problem
@@ -282,7 +283,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
-        help="cuda: the real kernels; cpu: the CPU emulator (default: cuda if a GPU is present)",
+        help="cuda: the real kernels; cpu: the CPU emulator (default: cuda when a GPU spio's "
+        "kernels run on is present, else cpu)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="fewer layers and only each pass's default config"

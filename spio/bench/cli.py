@@ -63,8 +63,8 @@ def _layer(text: str) -> BenchLayer:
 
 def chosen_layers(args: argparse.Namespace) -> tuple[BenchLayer, ...]:
     """The layers to time: the table's whose names contain a --layers text (all of them when
-    neither --layers nor --layer is given), then each --layer not among them. ValueError when a
-    --layers text matches no row."""
+    neither --layers nor --layer is given), then each --layer not among them. ValueError when no
+    --layers text matches a row."""
     table = select_layers(layer_table(), args.layers) if args.layers or not args.layer else []
     chosen = {layer.name: layer for layer in table}
     for layer in args.layer or ():
@@ -89,13 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=PASSES,
         help="comma-separated passes to time (default fprop,dgrad,wgrad)",
     )
-    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16", help="default fp16")
     parser.add_argument(
         "--in-situ",
         action="store_true",
         help="instead of isolated layers, profile each layer inside ConvFirst- and MBConv-style "
-        "block stacks at N=64 or the first --batch-sizes (torch.profiler kernel times; --quick: "
-        "the first three layers)",
+        "block stacks at N=64 or the first --batch-sizes (torch.profiler kernel times; --quick "
+        "without --layers or --layer: the table's first three layers)",
     )
     parser.add_argument(
         "--plot-only",
@@ -113,11 +113,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         type=_layer,
         metavar="C,H,W[,R,S[,PAD_H,PAD_W]]",
-        help="time this layer shape (repeatable; R and S default to 3, padding to R//2, S//2); "
-        "alone it replaces the table, with --layers it adds to the rows they select",
+        help="time this layer shape, or a table row by name (repeatable; R and S default to 3, "
+        "padding to R//2, S//2); alone it replaces the table, with --layers it adds to the rows "
+        "they select",
     )
     parser.add_argument(
-        "--batch-sizes", type=_batch_sizes, help="comma-separated batch sizes (overrides --quick)"
+        "--batch-sizes",
+        type=_batch_sizes,
+        help=f"comma-separated batch sizes (default {','.join(map(str, BATCH_SIZES))}; "
+        "overrides --quick's)",
     )
 
 

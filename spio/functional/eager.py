@@ -169,10 +169,20 @@ def conv2d_gw8(
     that run spio's kernels, with int arguments. Elsewhere (torch.compile, tracing, torch.func,
     dispatch modes, CPU tensors without SPIO_EMULATE) it calls the op.
 
-    `groups` is accepted for F.conv2d compatibility: it must be C // 8, or 1 to mean "implied by
-    the weight". The output keeps the input's memory format (channels_last stays channels_last).
-    `passes`: which passes run spio's kernels, as bits (fprop 1, dgrad 2, wgrad 4); the others
-    run PyTorch's convolution. Only where spio's kernels run at all (CUDA; CPU with SPIO_EMULATE).
+    `bias`: (C,), fp32 or the input's dtype, or None. `padding_y`, `padding_x`: rows and columns
+    of zeros padded on both sides. `stride` and `dilation` must be 1, and `groups` C // 8, or 1
+    to mean "implied by the weight": they are accepted for F.conv2d compatibility. Input and
+    weight share one floating dtype, which must be fp16 or bf16 where spio's kernels run, unless
+    torch.autocast casts them (and the bias to fp32). The output keeps the input's memory format
+    (channels_last stays channels_last). `passes`: which passes run spio's kernels, as bits
+    (fprop 1, dgrad 2, wgrad 4); the others run PyTorch's convolution. Only where spio's kernels
+    run at all (CUDA; CPU with SPIO_EMULATE).
+
+    Autograd: gradients as conv2d_gw8_backward computes them, differentiable in turn (double
+    backward).
+    Unsupported arguments raise ValueError naming the constraint; under torch.func.grad or jvp,
+    or with forward-mode AD tangents, it raises RuntimeError (a Conv2dGw8 module falls back to
+    F.conv2d there).
     """
     if (
         # Exactly ints, as the op's schema takes them (it refuses a float itself, and takes a

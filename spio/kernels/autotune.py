@@ -4,9 +4,10 @@ With SPIO_AUTOTUNE=1, `KernelFactory.get_kernel` on a CUDA device times, the fir
 a layer, the k configs the model (or, where none applies, the heuristic) ranks best
 (SPIO_AUTOTUNE_TOPK, default 5) and the pick's variants in fields no model has measured, and
 stores the fastest in `<cache_root>/autotune/`, keyed by device name, driver, spio version,
-kernel family, layer params and the configs timed. Later uses, in this process or another,
-read the entry and time nothing. spio.precompile finds a model's layers to tune first
-(`collecting`), so that their candidates build all at once.
+kernel family, layer params, the configs timed and a digest of their kernels' code and
+compiler (`cache_key`). Later uses, in this process or another, read the entry and time
+nothing. spio.precompile finds a model's layers to tune first (`collecting`), so that their
+candidates build all at once.
 
 The timing helpers here (`kernel_inputs`, `time_kernel`) are also what scripts/perf_sample.py uses
 to measure the data the models are trained on. They time a pass as spio runs it: a WGrad time
@@ -105,7 +106,8 @@ def want(
 
 
 def top_k() -> int:
-    """How many configs to time: SPIO_AUTOTUNE_TOPK (a positive int), default 5."""
+    """How many configs to time: SPIO_AUTOTUNE_TOPK (a positive int), default 5; ValueError
+    naming the setting for any other value."""
     text = os.environ.get("SPIO_AUTOTUNE_TOPK", "").strip()
     if not text:
         return DEFAULT_TOP_K
@@ -342,7 +344,8 @@ def autotune(
     Not to be called while `device`'s stream is capturing a CUDA graph (`capturing`).
     `family` is a perf_model.Family; `identity` the device's DeviceIdentity; `timer` defaults to
     `default_timer`; `cache` to DiskCache("autotune"). A config that fails to build or launch
-    counts as infinitely slow.
+    counts as infinitely slow (logged); RuntimeError when every one does, ValueError for no
+    candidates.
     """
     if not candidates:
         raise ValueError(f"autotune of {family.name} needs at least one candidate config")

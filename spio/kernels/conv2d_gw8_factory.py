@@ -138,7 +138,8 @@ BLOCK_NS = (1, 2, 4, 8)
 
 
 def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Config]:
-    """Every tile config worth trying for this layer, in a fixed order."""
+    """Every tile config worth trying for this layer, in a fixed order: FProp's, or with
+    `igrad` DGrad's (whose convolution maps dy to dx)."""
     geo = _Geometry.of(params, igrad)
     max_groups = 1 << math.ceil(math.log2(params.groups))  # no more than the layer has, rounded
     max_q = max(16, 16 * math.ceil(geo.out_w / 16))

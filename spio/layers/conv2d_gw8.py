@@ -183,11 +183,15 @@ class Conv2dGw8(nn.Conv2d):
     """nn.Conv2d (same arguments, Parameters and state_dict) that runs spio's grouped conv.
 
     Only group width 8, out_channels == in_channels, stride 1, dilation 1, kernel 1..5,
-    zeros padding. Inputs the op cannot take (fp32 CUDA tensors outside autocast, float64 on
-    CUDA, integer tensors), and calls under torch.func.grad or jvp or with forward-mode AD
-    tangents, fall back to F.conv2d, logging the reason once; so does a layer whose stride,
-    dilation, groups or padding_mode were set after construction to values spio cannot run
-    (nn.Conv2d's forward reads them at each call).
+    zeros padding: other arguments raise a ValueError naming the constraint (make_conv2d gives a
+    plain nn.Conv2d for them instead). Inputs the op cannot take (where the kernels run, on CUDA
+    or on the CPU with SPIO_EMULATE=1: fp32 outside autocast, and float64; anywhere: float64
+    under autocast, integer tensors), inputs on a GPU spio builds no kernels for (e.g. a T4,
+    sm_75), and calls under torch.func.grad or jvp or with forward-mode AD tangents fall back to
+    F.conv2d, logging the reason once; so does a layer whose stride, dilation, groups or
+    padding_mode were set after construction to values spio cannot run (nn.Conv2d's forward
+    reads them at each call). On the CPU without SPIO_EMULATE, fp32 and float64 inputs outside
+    autocast run PyTorch's convolution, as the op does there, without a message.
 
     `spio_passes` names the passes that run spio's kernels, of "fprop", "dgrad" and "wgrad" (all
     by default); the others run PyTorch's convolution (cuDNN on a GPU), e.g. where cuDNN's WGrad
@@ -332,9 +336,10 @@ class Conv2dGw8(nn.Conv2d):
     def from_torch_module(
         cls, module: nn.Conv2d, passes: bool | int | Iterable[str] = PASSES
     ) -> Conv2dGw8:
-        """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies)
-        and hooks (the same dicts: handles taken on module still remove them), running spio's
-        kernels for `passes` (see spio_passes)."""
+        """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies),
+        buffers, submodules (parametrizations included) and hooks (the same dicts: handles
+        taken on module still remove them), running spio's kernels for `passes` (see
+        spio_passes). ValueError, naming why, when module is not one that `match` accepts."""
         reason = module_ineligibility(module)
         if reason is not None:
             raise ValueError(f"Conv2dGw8.from_torch_module: the module {reason}")
@@ -343,11 +348,14 @@ class Conv2dGw8(nn.Conv2d):
         return new
 
     def to_torch_module(self) -> nn.Conv2d:
-        """A plain nn.Conv2d computing the same function, sharing this module's Parameters (the
-        inverse of from_torch_module)."""
+        """A plain nn.Conv2d computing the same function, sharing this module's Parameters,
+        buffers, submodules (parametrizations included) and hooks (the inverse of
+        from_torch_module)."""
         return _sharing(nn.Conv2d, self)
 
     def forward(self, input: Tensor) -> Tensor:
+        """nn.Conv2d's output for input (N, C, H, W) or (C, H, W): by spio's kernels where they
+        run, in input's memory format; by F.conv2d where they cannot (see the class docstring)."""
         if torch.jit.is_scripting():  # TorchScript compiles this branch alone: the op, 4-D input
             pad_h, pad_w = self._spio_padding
             return torch.ops.spio.conv2d_gw8(

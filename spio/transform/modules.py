@@ -46,13 +46,18 @@ def transform(
 
     Eligible: exactly nn.Conv2d (subclasses are left alone; one parametrized with
     torch.nn.utils.parametrize keeps its parametrizations), group width 8, C == K, stride 1,
-    dilation 1, kernel 1..5, zeros padding that is symmetric. `include(name, conv)`, if given,
-    is asked about each eligible convolution (`name` as in model.named_modules()) and keeps those
-    it returns False for as they are: for instance a network's last stages, whose 7x7 and 8x8
-    layers still run faster in cuDNN (docs/perf/). It may instead return the passes spio should
-    run, e.g. ("fprop", "dgrad"), leaving the others to PyTorch (Conv2dGw8.spio_passes). A module
-    reachable by several paths is decided once, by its first name, and stays shared. Returns model
-    (or its replacement if model itself is an eligible convolution).
+    dilation 1, kernel 1..5, zeros padding that is symmetric, a weight that is a Parameter (not
+    the deprecated torch.nn.utils.weight_norm's), no forward set on the instance; a conv whose
+    weight is a shard (FSDP) is kept, with a warning: transform before wrapping the model.
+    `include(name, conv)`, if given, is asked about each eligible convolution (`name` as in
+    model.named_modules()) and keeps those it returns False for as they are: for instance a
+    network's last stages, whose 7x7 and 8x8 layers still run faster in cuDNN (docs/perf/). It
+    may instead return the passes spio should run, e.g. ("fprop", "dgrad"), leaving the others
+    to PyTorch (Conv2dGw8.spio_passes). A module reachable by several paths is decided once, by
+    its first name, and stays shared. Returns model (or its replacement if model itself is an
+    eligible convolution). Raises TypeError when model is not an nn.Module or include is not
+    callable, and ValueError, leaving model as it was, when include answers anything but True,
+    False or pass names.
     """
     _check_model(model, "transform")
     if include is not None and not callable(include):
@@ -207,9 +212,14 @@ def scan_modules(
     meet.
 
     Counts Conv2dGw8 modules and nn.Conv2d modules that transform would replace, in the order
-    first met. The pass runs without autograd, and every buffer (e.g. BatchNorm running
-    statistics) and the random-number state are restored afterwards, so the model is left
-    unchanged.
+    first met. PyTorch's convolution stands in for spio's layers: no kernel is built or launched.
+    Under torch.autocast a layer is listed in autocast's dtype, as it runs. Calls that run
+    PyTorch's convolution are left out: fp32 inputs outside autocast and float64 ones anywhere
+    (with a warning: call it under autocast as the model will run; on the meta device, where
+    nothing runs, they are listed as fp16), and Conv2dGw8 layers whose stride, dilation, groups
+    or padding_mode were changed after construction. The pass runs
+    without autograd, and every buffer (e.g. BatchNorm running statistics) and the random-number
+    state are restored afterwards, so the model is left unchanged.
     """
     _check_model(model, "scan_modules")
     return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs, kwargs)))
@@ -354,7 +364,10 @@ def precompile(
     Call it as the model will run: on its device, in its memory format, with each batch size
     it will see (kernels are made for a batch size: a smaller last batch is another call), and
     under torch.autocast if it trains under it. The forward runs eagerly even where the model
-    or its modules are compiled; a DistributedDataParallel wrapper is looked through.
+    or its modules are compiled; a DistributedDataParallel wrapper is looked through, and so is
+    a DataParallel over one GPU (over several it splits the batch: ValueError; call it on
+    model.module with one GPU's part of the batch). A model without Conv2dGw8 layers (not yet
+    transformed) builds nothing, with a warning.
     Buffers and torch's random-number state are restored afterwards. With SPIO_AUTOTUNE=1 it
     tunes too: a first stand-in forward finds the layers not tuned yet, their candidate configs
     are built all at once, and then each layer's are timed on the GPU (a second progress bar).
@@ -493,10 +506,14 @@ def where_faster(
     layer on the inputs' GPU, in spio and in PyTorch: FProp, DGrad and WGrad each (FProp alone with
     `training=False`). The returned function gives, for each convolution, the passes whose spio
     time was at most PyTorch's (with `training=False`: all three if FProp was, else none); no
-    pass for convolutions the forward pass did not reach, which then stay as they are. It logs
-    one line per layer. Use: spio.transform(model, include=spio.transform.where_faster(model, x)).
+    pass for convolutions the forward pass did not reach, which then stay as they are, nor for
+    those of another model (it knows modules by identity: time the model you will transform); a
+    module called on several layers gets the passes spio won on all of them. It logs one line
+    per layer (info level). Use:
+    spio.transform(model, include=spio.transform.where_faster(model, x)).
     Both implementations are timed in channels_last, the layout spio's kernels read; a warning
-    says so when the convolutions met other layouts. `timer` replaces the GPU timing (tests).
+    says so when the convolutions met other layouts. `timer` replaces the GPU timing (tests);
+    without one, ValueError unless the tensors among inputs and kwargs are on exactly one GPU.
     """
     _check_model(model, "transform.where_faster")
     met = _layers_met(model, inputs, kwargs)
