@@ -144,19 +144,25 @@ class KernelFactory:
     default_config: Callable[..., Any]
 
     def get_kernel(self, params: Any, device: Any = None, **options: Any) -> Kernel:
-        """The kernel to run `params` on `device` (a torch.device; None: any), not yet built:
-        its first launch builds it (see build_kernels).
+        """The kernel to run `params` on `device` (a torch.device, a string torch.device takes,
+        e.g. "cuda:1", or a GPU ordinal; None: any), not yet built: its first launch builds it
+        (see build_kernels).
 
         On a CUDA device the config comes from the performance model of the device's arch
         (SPIO_AUTOTUNE=1: the fastest of its top-k, measured once and cached on disk), else from
-        the analytic heuristic `default_config`; see spio.kernels.perf_model. Anything but a
-        CUDA torch.device (a string "cuda" included) gets the heuristic's config. `options`:
+        the analytic heuristic `default_config`; see spio.kernels.perf_model. `options`:
         igrad=True for DGrad from conv2d_gw8_kernel_factory (the only option it takes).
         The WGrad factory's kernel adds into dw and dbias atomically (they must be zeroed first;
         conv2d_gw8_wgrad_factory.wgrad does that).
         """
         from .perf_model import select_config
 
+        if isinstance(device, (str, int)):  # as a string "cuda" had the heuristic's config
+            import torch
+
+            device = (
+                torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+            )
         return self.make_kernel(params, select_config(self, params, device, **options), **options)
 
 

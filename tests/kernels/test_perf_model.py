@@ -451,6 +451,20 @@ def test_get_kernel_uses_the_model_of_the_device_arch(fake_device, models):
         assert dict(kernel.info)["config"] == conv2d_gw8_kernel_factory.default_config(params)
 
 
+def test_get_kernel_takes_a_device_as_torch_device_does(fake_device):
+    """A string or an ordinal names the GPU too: it had got the heuristic's config, silently,
+    where a torch.device got the model's."""
+    differs = 0
+    for name, (factory, options) in CALLS.items():
+        for params in unseen_layers(3):
+            expected = dict(factory.get_kernel(params, fake_device, **options).info)["config"]
+            differs += expected != factory.default_config(params, **options)
+            for device in ("cuda:0", 0):  # "cuda" alone asks torch for the current GPU
+                got = dict(factory.get_kernel(params, device, **options).info)["config"]
+                assert got == expected, (name, device)
+    assert differs > 0  # the model, not the heuristic, decided
+
+
 def test_selection_follows_spio_perf_models_changed_in_a_running_process(
     fake_device, tmp_path, monkeypatch
 ):
