@@ -217,9 +217,9 @@ def scan_modules(
     PyTorch's convolution are left out: fp32 inputs outside autocast and float64 ones anywhere
     (with a warning: call it under autocast as the model will run; on the meta device, where
     nothing runs, they are listed as fp16), and Conv2dGw8 layers whose stride, dilation, groups
-    or padding_mode were changed after construction. The pass runs
-    without autograd, and every buffer (e.g. BatchNorm running statistics) and the random-number
-    state are restored afterwards, so the model is left unchanged.
+    or padding_mode were changed after construction. The pass runs without autograd, and every
+    buffer (e.g. BatchNorm running statistics) and the random-number state are restored
+    afterwards, so the model is left unchanged.
     """
     _check_model(model, "scan_modules")
     return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs, kwargs)))
@@ -240,7 +240,7 @@ def _layers_met(
     listing a model's layers builds and launches no kernel. Buffers and the random-number state
     are restored afterwards."""
     met: list[tuple[nn.Module, Conv2dGw8Params, bool]] = []
-    no_kernel_dtype = 0  # calls in fp32 outside autocast
+    no_kernel_dtype = 0  # calls in fp32 outside autocast, or in float64
 
     def record(module: nn.Conv2d, input: torch.Tensor) -> None:
         nonlocal no_kernel_dtype
