@@ -538,7 +538,13 @@ def main(argv: list[str] | None = None) -> int:
                 for problem in problems:
                     print(f"spio: error: {problem}", file=sys.stderr)
                 return 2
-        return COMMANDS[args.command][0](args)
+        status = COMMANDS[args.command][0](args)
+        sys.stdout.flush()  # here, where a reader that went away is caught, not at exit
+        return status
+    except BrokenPipeError:  # `spio compile | head`: the reader has what it wanted; no traceback
+        # Python flushes stdout again at exit: pointed at devnull, that flush cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a command ended by SIGPIPE (128 + 13)
     except ValueError as error:  # spio's convention: a bad SPIO_X setting's message starts "SPIO_"
         if not str(error).startswith("SPIO_"):
             raise

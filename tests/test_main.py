@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import gpu_available, run_spio
+from tests.conftest import REPO, gpu_available, run_spio
 
 
 def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -863,3 +863,35 @@ def test_info_leaves_out_a_perf_model_whose_metadata_it_cannot_read(tmp_path, mo
     monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
     ((key, row),) = cli._perf_model_rows(["sm_90"])
     assert key == "perf models" and row.startswith("sm_90: fprop, dgrad (measured on "), row
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        # `spio info | head -1`: the output waits in stdout's buffer until the command ends
+        "from spio.__main__ import main; sys.exit(main(['info']))",
+        # `spio compile | head -1`: more output than the buffer holds, written while it runs
+        "from spio import __main__ as cli; "
+        "cli.COMMANDS['info'] = (lambda args: print('row\\n' * 50_000) or 0, ''); "
+        "sys.exit(cli.main(['info']))",
+    ],
+)
+def test_output_to_a_reader_that_went_away_ends_quietly_with_141(script):
+    """A reader that closes the pipe early (`| head`) had the command end in a BrokenPipeError
+    traceback (or, at exit, "Exception ignored ... BrokenPipeError" and status 120): now it
+    ends quietly with 141, as a shell reports a command ended by SIGPIPE."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import sys; {script}"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            encoding="utf-8",
+            cwd=REPO,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert "BrokenPipeError" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
