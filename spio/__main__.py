@@ -460,11 +460,12 @@ def _arch(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import experimental_arch, supported_arch
+    from . import __version__, experimental_arch, supported_arch
 
     # As it was called: the `spio` console script, or python -m spio.
     prog = "spio" if Path(sys.argv[0]).name == "spio" else "python -m spio"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser.add_argument("--version", action="version", version=f"spio {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parsers = {}
     for name, (_, help_text) in COMMANDS.items():

@@ -895,3 +895,10 @@ def test_output_to_a_reader_that_went_away_ends_quietly_with_141(script):
         os.close(write)
     assert proc.returncode == 141, proc.stderr
     assert "BrokenPipeError" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_version_prints_spios_version():
+    import spio
+
+    out = run_spio("--version")
+    assert out.returncode == 0 and out.stdout == f"spio {spio.__version__}\n", out
