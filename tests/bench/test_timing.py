@@ -40,6 +40,7 @@ def test_interleaved_host_timing_takes_turns_and_pairs_repeats():
     )
     assert order == ["a", "b"] + (["a"] * 3 + ["b"] * 3) * 4
     assert len(syncs) == 1 + 2 * 4
+    assert list(times) == ["a", "b"]  # every case timed, in order
     assert all(len(v) == 4 and min(v) > 0 for v in times.values())
     made = {"fast": [1.0, 1.0, 9.0, 1.0, 1.0], "slow": [3.0, 3.1, 11.0, 2.9, 3.0]}
     assert paired_gap(made, "slow", "fast") == pytest.approx(2.0)
