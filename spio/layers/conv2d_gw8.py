@@ -124,35 +124,47 @@ def module_ineligibility(module: nn.Module) -> str | None:
     )
     if reason is not None:
         return reason
-    if not (
-        isinstance(module._parameters.get("weight"), nn.Parameter)
-        or parametrize.is_parametrized(module, "weight")
-    ):
-        return (
-            "has a weight that is neither a Parameter nor parametrized (e.g. the deprecated "
-            "torch.nn.utils.weight_norm; torch.nn.utils.parametrizations.weight_norm is fine)"
-        )
     if "forward" in vars(module):
         return "has a forward of its own (set on the instance)"
-    return weight_shard(module)  # None: eligible; hooks travel to the replacement (_share_hooks)
+    return weight_problem(module)  # None: eligible; hooks travel to the replacement (_share_hooks)
+
+
+def weight_problem(conv: nn.Conv2d) -> str | None:
+    """Why conv's weight keeps it from being replaced, or None: a weight that is not a
+    Parameter, which a replacement could not share (the deprecated torch.nn.utils.weight_norm
+    sets a plain tensor at each call, as FullyShardedDataParallel with use_orig_params=False
+    does), or a shard (weight_shard). A user can mend either: transform warns of them."""
+    if parametrize.is_parametrized(conv, "weight"):
+        return None
+    if not isinstance(conv._parameters.get("weight"), nn.Parameter):
+        return (
+            "has a weight that is neither a Parameter nor parametrized: the deprecated "
+            "torch.nn.utils.weight_norm (use torch.nn.utils.parametrizations.weight_norm), or "
+            "a model already wrapped in FSDP (transform the model before wrapping it)"
+        )
+    return weight_shard(conv)
 
 
 def weight_shard(conv: nn.Conv2d) -> str | None:
-    """Why conv's weight is a shard, or None if it is whole. A wrapper that shards parameters
-    (FSDP1's FullyShardedDataParallel, FSDP2's fully_shard on an ancestor) keeps a shard in the
-    module between calls and swaps the full weight in at each call, on this module object: a
-    module put in its place would keep the shard (a 1-D view, or a DTensor) and fail."""
+    """Why conv's weight Parameter is a shard, or None if it is whole. A wrapper that shards
+    parameters (FSDP1's FullyShardedDataParallel, FSDP2's fully_shard on an ancestor) keeps a
+    shard in the module between calls and swaps the full weight in at each call, on this module
+    object: a module put in its place would keep the shard (a 1-D view, or a DTensor) and fail."""
     weight = conv._parameters.get("weight")
     if weight is None or parametrize.is_parametrized(conv, "weight"):
         return None
     dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor before it is loaded
     if dtensor is not None and isinstance(weight, dtensor.DTensor):
-        return "has a DTensor weight (sharded, e.g. by fully_shard on an ancestor)"
+        return (
+            "has a DTensor weight, a shard (a model already wrapped in FSDP's fully_shard?): "
+            "transform the model before wrapping it"
+        )
     expected = (conv.out_channels, conv.in_channels // conv.groups, *conv.kernel_size)
     if tuple(weight.shape) != expected:
         return (
-            f"has a weight of shape {tuple(weight.shape)}, not {expected} (a shard, e.g. of "
-            "FullyShardedDataParallel)"
+            f"has a weight of shape {tuple(weight.shape)}, not {expected}, a shard (a model "
+            "already wrapped in FullyShardedDataParallel?): transform the model before wrapping "
+            "it"
         )
     return None
 

@@ -24,7 +24,7 @@ from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
     module_ineligibility,
     resolve_padding,
-    weight_shard,
+    weight_problem,
 )
 from spio.log import logger
 
@@ -46,9 +46,10 @@ def transform(
 
     Eligible: exactly nn.Conv2d (subclasses are left alone; one parametrized with
     torch.nn.utils.parametrize keeps its parametrizations), group width 8, C == K, stride 1,
-    dilation 1, kernel 1..5, zeros padding that is symmetric, a weight that is a Parameter (not
-    the deprecated torch.nn.utils.weight_norm's), no forward set on the instance; a conv whose
-    weight is a shard (FSDP) is kept, with a warning: transform before wrapping the model.
+    dilation 1, kernel 1..5, zeros padding that is symmetric, no forward set on the instance,
+    and a weight that is a whole Parameter: a conv kept for its weight gets a warning saying how
+    to mend it (the deprecated torch.nn.utils.weight_norm's is a plain tensor; in a model already
+    wrapped in FSDP it is a shard, or a plain tensor: transform before wrapping the model).
     `include(name, conv)`, if given, is asked about each eligible convolution (`name` as in
     model.named_modules()) and keeps those it returns False for as they are: for instance a
     network's last stages, whose 7x7 and 8x8 layers still run faster in cuDNN (docs/perf/). It
@@ -80,7 +81,8 @@ def transform(
     replacements: dict[int, nn.Conv2d] = {}
     skipped: dict[int, str] = {}  # distinct ineligible modules, and why
     places: list[tuple[nn.Module, str, int]] = []
-    excluded = sharded = 0
+    excluded = 0
+    mendable: Counter[str] = Counter()  # kept for their weights, why: a user can mend these
     for parent in list(model.modules()):
         prefix = names.get(id(parent), "")
         for name, child in list(parent._modules.items()):
@@ -90,7 +92,8 @@ def transform(
                 reason = module_ineligibility(child)
                 if reason is not None:
                     skipped[id(child)] = reason
-                    sharded += weight_shard(child) is not None
+                    if weight_problem(child) is not None:
+                        mendable[reason] += 1
                     continue
                 passes = _passes(include, f"{prefix}.{name}" if prefix else name, child)
                 if not passes:
@@ -111,13 +114,8 @@ def transform(
         note += f"; spio runs {counts} of their passes"
     logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
     for reason, count in Counter(skipped.values()).most_common():
-        logger.debug("spio.transform kept %d nn.Conv2d: %s", count, reason)
-    if sharded:
-        logger.warning(
-            "spio.transform kept %d nn.Conv2d whose weights are shards (is the model wrapped in "
-            "FSDP?): transform the model before wrapping it",
-            sharded,
-        )
+        log = logger.warning if reason in mendable else logger.debug
+        log("spio.transform kept %d nn.Conv2d: each %s", count, reason)
     return model
 
 
@@ -126,15 +124,17 @@ def untransform(model: nn.Module) -> nn.Module:
     the inverse of transform. The model then runs PyTorch's convolution everywhere, e.g. for
     torch.onnx.export, which has no translation of spio's op. A module reachable by several paths
     stays shared. Returns model (or its replacement if model itself is a Conv2dGw8). Raises
-    ValueError, leaving model as it was, where a layer's weight is a shard (FSDP's wrappers swap
-    the full weights in on the modules they wrapped): untransform before wrapping."""
+    ValueError, leaving model as it was, where a layer's weight is a shard or not a Parameter
+    (FSDP's wrappers swap the full weights in on the modules they wrapped: untransform before
+    wrapping; the deprecated torch.nn.utils.weight_norm: remove it first)."""
     _check_model(model, "untransform")
-    sharded = [n for n, m in model.named_modules() if isinstance(m, Conv2dGw8) and weight_shard(m)]
-    if sharded:  # an nn.Conv2d in its place would keep the shard, as in transform
-        names = ", ".join(repr(n) for n in sharded[:3]) + (", ..." if len(sharded) > 3 else "")
+    stuck = [n for n, m in model.named_modules() if isinstance(m, Conv2dGw8) and weight_problem(m)]
+    if stuck:  # an nn.Conv2d in their place could not share, or would keep, those weights
+        names = ", ".join(repr(n) for n in stuck[:3]) + (", ..." if len(stuck) > 3 else "")
         raise ValueError(
-            f"spio.untransform: the weights of {len(sharded)} Conv2dGw8 layers ({names}) are "
-            "shards (is the model wrapped in FSDP?): untransform the model before wrapping it"
+            f"spio.untransform: {len(stuck)} Conv2dGw8 layers ({names}) have weights that are "
+            "shards or not Parameters: a model wrapped in FSDP (untransform the model before "
+            "wrapping it), or the deprecated torch.nn.utils.weight_norm (remove it first)"
         )
     if isinstance(model, Conv2dGw8):
         return model.to_torch_module()

@@ -1,14 +1,15 @@
 """Two gloo ranks wrap a model in FSDP, transform it before or after, and train a few steps.
 
 Run as a script (tests/transform/test_fsdp.py does): python _fsdp_worker.py INIT_FILE RESULT_FILE
-MODE DTYPE, MODE "fsdp1" (FullyShardedDataParallel, use_orig_params=True) or "fsdp2" (fully_shard
-on the root alone), DTYPE "float64" or "bfloat16" (spio's kernels run with SPIO_EMULATE=1). Both
-wrappers swap each layer's full weight in at its call, on the module object they wrapped. After
-wrapping, spio.transform must leave those layers (whose weights are shards) alone, and
-spio.untransform must refuse, rather than put modules in that keep the shards. Rank 0 writes,
-for a model transformed after wrapping and one transformed before (with a refused untransform
-after), the largest difference from the same steps without spio and from the other rank, and
-how many layers are Conv2dGw8 in each; then the largest parameter's magnitude.
+MODE DTYPE, MODE "fsdp1" (FullyShardedDataParallel, use_orig_params=True), "fsdp1-flat" (the same
+with use_orig_params=False) or "fsdp2" (fully_shard on the root alone), DTYPE "float64" or
+"bfloat16" (spio's kernels run with SPIO_EMULATE=1). The wrappers swap each layer's full weight in
+at its call, on the module object they wrapped. After wrapping, spio.transform must leave those
+layers (whose weights are shards, or plain tensors) alone, and spio.untransform must refuse,
+rather than put modules in that keep the shards. Rank 0 writes, for a model transformed after
+wrapping and one transformed before (with a refused untransform after), the largest difference
+from the same steps without spio and from the other rank, and how many layers are Conv2dGw8 in
+each; then the largest parameter's magnitude.
 """
 
 import sys
@@ -43,11 +44,11 @@ def _train(mode: str, dtype: torch.dtype, rank: int, transform: str) -> tuple[to
     model = _model(dtype)
     if transform == "before":
         spio.transform(model)
-    if mode == "fsdp1":
+    if mode.startswith("fsdp1"):
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         wrapped = FullyShardedDataParallel(
-            model, use_orig_params=True, device_id=torch.device("cpu")
+            model, use_orig_params=mode == "fsdp1", device_id=torch.device("cpu")
         )
     else:
         from torch.distributed.fsdp import fully_shard
@@ -71,7 +72,7 @@ def _train(mode: str, dtype: torch.dtype, rank: int, transform: str) -> tuple[to
         optimizer.zero_grad()
         nn.functional.cross_entropy(wrapped(x), target).backward()
         optimizer.step()
-    if mode == "fsdp1":
+    if mode.startswith("fsdp1"):
         with FullyShardedDataParallel.summon_full_params(wrapped):
             return torch.cat([p.detach().flatten() for p in model.parameters()]), spio_layers
     params = torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()])

@@ -17,7 +17,8 @@ from tests.conftest import REPO
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 @pytest.mark.parametrize(
-    "mode, dtype", [("fsdp1", "float64"), ("fsdp2", "float64"), ("fsdp2", "bfloat16")]
+    "mode, dtype",
+    [("fsdp1", "float64"), ("fsdp1-flat", "float64"), ("fsdp2", "float64"), ("fsdp2", "bfloat16")],
 )
 def test_fsdp_training_with_transform_before_and_after_wrapping(tmp_path, mode, dtype):
     """FSDP swaps the full weights in on the modules it wrapped: a module put in their place
@@ -69,7 +70,7 @@ def test_transform_leaves_a_conv_whose_weight_is_a_shard_and_warns(caplog):
     with caplog.at_level(logging.WARNING, logger="spio"):
         spio.transform(model)
     assert model[0] is conv and isinstance(model[1], Conv2dGw8)
-    assert "kept 1 nn.Conv2d whose weights are shards" in caplog.text
+    assert "kept 1 nn.Conv2d: each has a weight of shape (100,), not (16, 8, 3, 3)" in caplog.text
     assert "transform the model before wrapping it" in caplog.text
 
 
@@ -78,7 +79,7 @@ def test_untransform_refuses_a_layer_whose_weight_is_a_shard_and_changes_nothing
     layers = list(model)
     for i in (1, 3):
         layers[i].weight = nn.Parameter(layers[i].weight.detach().flatten().clone())
-    expected = r"of 2 Conv2dGw8 layers \('1', '3'\) are shards .*untransform the model before"
+    expected = r"2 Conv2dGw8 layers \('1', '3'\) have weights that are shards .*untransform the"
     with pytest.raises(ValueError, match=expected):
         spio.untransform(model)
     assert list(model) == layers

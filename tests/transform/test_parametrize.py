@@ -4,6 +4,7 @@ and a Conv2dGw8 parametrized after transform goes back to a working nn.Conv2d (i
 with a weight on the meta device and computed garbage)."""
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -119,12 +120,28 @@ def test_parametrizations_still_come_and_go_on_the_replacement():
     torch.testing.assert_close(model(x), y)
 
 
-def test_the_deprecated_weight_norm_is_still_left_alone_saying_why():
-    """torch.nn.utils.weight_norm (a forward pre-hook setting a plain tensor) is not replaced."""
+def test_the_deprecated_weight_norm_is_still_left_alone_saying_why(caplog):
+    """torch.nn.utils.weight_norm (a forward pre-hook setting a plain tensor) is not replaced;
+    transform warns (it had said so only in a debug line), naming the mend."""
     conv = torch.nn.utils.weight_norm(nn.Conv2d(16, 16, 3, groups=2))
     assert not Conv2dGw8.match(conv)
     with pytest.raises(ValueError, match="neither a Parameter nor parametrized"):
         Conv2dGw8.from_torch_module(conv)
+    model = nn.Sequential(conv)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert transform(model)[0] is conv
+    assert "kept 1 nn.Conv2d: each has a weight that is neither a Parameter" in caplog.text
+    assert "use torch.nn.utils.parametrizations.weight_norm" in caplog.text
+
+
+def test_untransform_refuses_the_deprecated_weight_norm_put_on_a_conv2dgw8():
+    """untransform's nn.Conv2d cannot share a weight that is a plain tensor: a ValueError naming
+    the layer and the mend, the model as it was (it had been a TypeError from nn.Module)."""
+    model = transform(nn.Sequential(nn.Conv2d(16, 16, 3, groups=2)))
+    torch.nn.utils.weight_norm(model[0])
+    with pytest.raises(ValueError, match=r"1 Conv2dGw8 layers \('0'\) .*weight_norm \(remove it"):
+        untransform(model)
+    assert isinstance(model[0], Conv2dGw8)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
