@@ -115,7 +115,7 @@ def transform(
     logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
     for reason, count in Counter(skipped.values()).most_common():
         log = logger.warning if reason in mendable else logger.debug
-        log("spio.transform kept %d nn.Conv2d: each %s", count, reason)
+        log("spio.transform kept %d nn.Conv2d: %s", count, reason)
     return model
 
 

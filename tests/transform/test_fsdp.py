@@ -70,7 +70,7 @@ def test_transform_leaves_a_conv_whose_weight_is_a_shard_and_warns(caplog):
     with caplog.at_level(logging.WARNING, logger="spio"):
         spio.transform(model)
     assert model[0] is conv and isinstance(model[1], Conv2dGw8)
-    assert "kept 1 nn.Conv2d: each has a weight of shape (100,), not (16, 8, 3, 3)" in caplog.text
+    assert "kept 1 nn.Conv2d: has a weight of shape (100,), not (16, 8, 3, 3)" in caplog.text
     assert "transform the model before wrapping it" in caplog.text
 
 

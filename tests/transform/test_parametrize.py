@@ -130,7 +130,7 @@ def test_the_deprecated_weight_norm_is_still_left_alone_saying_why(caplog):
     model = nn.Sequential(conv)
     with caplog.at_level(logging.WARNING, logger="spio"):
         assert transform(model)[0] is conv
-    assert "kept 1 nn.Conv2d: each has a weight that is neither a Parameter" in caplog.text
+    assert "kept 1 nn.Conv2d: has a weight that is neither a Parameter" in caplog.text
     assert "use torch.nn.utils.parametrizations.weight_norm" in caplog.text
 
 
