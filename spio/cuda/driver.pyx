@@ -387,7 +387,7 @@ def _ordinal_of(device) -> int:
     if device is None:
         return _current_ordinal()
     if isinstance(device, int) and not isinstance(device, bool):
-        return device
+        return int(device)
     kind = getattr(device, "type", None)
     if kind is not None:
         if kind != "cuda":
@@ -410,11 +410,19 @@ cdef object _device_attr(CUdevice dev, int attribute, bint optional):
 _attributes_cache = {}
 
 
-def device_attributes(ordinal: int = 0) -> dict:
+def _checked_ordinal(ordinal) -> int:
+    """`ordinal` as a plain int; a bool (which Python counts as 0 or 1) or a non-int is refused."""
+    if isinstance(ordinal, bool) or not isinstance(ordinal, int):
+        raise TypeError(f"CUDA device ordinal must be an int, got {ordinal!r}")
+    return int(ordinal)
+
+
+def device_attributes(ordinal=0) -> dict:
     """Name, compute capability, SM count, cache and shared-memory limits of device `ordinal`.
 
     Values are read once per device and cached; the result is a fresh dict each call.
     """
+    ordinal = _checked_ordinal(ordinal)
     cached = _attributes_cache.get(ordinal)
     if cached is not None:
         return dict(cached)
@@ -531,11 +539,12 @@ cdef class PrimaryContext:
             _api.p_cuDevicePrimaryCtxRelease(self._device)
 
 
-def retain_primary_context(ordinal: int = 0) -> PrimaryContext:
+def retain_primary_context(ordinal=0) -> PrimaryContext:
     """The primary context of device `ordinal`, retained once per process and shared.
 
     Retaining keeps the context alive even if PyTorch resets its device; release() undoes it.
     """
+    ordinal = _checked_ordinal(ordinal)
     existing = _primary_contexts.get(ordinal)
     if existing is not None:
         return existing
@@ -757,9 +766,12 @@ cdef uintptr_t _stream_handle(object stream) except? 1:
         return 0
     if stream is None:
         return 0
-    if type(stream) is not int:
+    if isinstance(stream, bool):
+        raise TypeError(f"stream must be a CUstream handle (int) or a torch.cuda.Stream, "
+                        f"got {stream!r}")
+    if not isinstance(stream, int):
         handle = getattr(stream, "cuda_stream", None)  # a torch.cuda.Stream
-        if handle is None or isinstance(stream, bool) or not isinstance(handle, int):
+        if isinstance(handle, bool) or not isinstance(handle, int):
             raise TypeError(f"stream must be a CUstream handle (int) or a torch.cuda.Stream, "
                             f"got {stream!r}")
         stream = handle

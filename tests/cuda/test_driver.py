@@ -219,7 +219,7 @@ CUresult cuLaunchKernel(Fn *f, unsigned gx, unsigned gy, unsigned gz, unsigned b
 """
 
 PRELUDE = """
-import ctypes, gc, os, struct
+import ctypes, enum, gc, os, struct
 import pytest
 from spio.cuda import driver as d
 library = os.environ["SPIO_LIBCUDA"]
@@ -377,6 +377,17 @@ def test_shared_memory_and_stream_validation():
         driver._check_launch_config_for_test(1, 1, 0, -5)
     with pytest.raises(TypeError, match="stream must be"):
         driver._check_launch_config_for_test(1, 1, 0, "default")
+    # An int subclass is a handle (an IntEnum of streams); a bool, a handle or not, is refused.
+    assert driver._check_launch_config_for_test(1, 1, 0, Color.RED)[3] == 3
+    for flag in (True, False):
+        with pytest.raises(TypeError, match="stream must be"):
+            driver._check_launch_config_for_test(1, 1, 0, flag)
+
+    class BoolStream:
+        cuda_stream = True
+
+    with pytest.raises(TypeError, match="stream must be"):
+        driver._check_launch_config_for_test(1, 1, 0, BoolStream())
 
 
 class FakeTensor:
@@ -544,6 +555,17 @@ def test_fake_driver_devices(fake_libcuda):
     assert d.device_attributes(1)["name"] == "Fake GPU 1"
     with pytest.raises(ValueError, match=r"ordinal must be in 0\\.\\.1, got 2"):
         d.device_attributes(2)
+    # True is not device 1, nor 1.0; an IntEnum is its value.
+    for bad in (True, 1.0, "1"):
+        with pytest.raises(TypeError, match="ordinal must be an int"):
+            d.device_attributes(bad)
+        with pytest.raises(TypeError, match="ordinal must be an int"):
+            d.retain_primary_context(bad)
+    class Gpu(enum.IntEnum):
+        SECOND = 1
+    assert d.device_attributes(Gpu.SECOND)["name"] == "Fake GPU 1"
+    assert d.retain_primary_context(Gpu.SECOND) is d.retain_primary_context(1)
+    assert type(d.retain_primary_context(1).ordinal) is int
     """,
     )
 
