@@ -195,15 +195,13 @@ def _cuda_headers_summary(folder) -> str:
     """The headers' folder and CUDA version; headers too old for the CPU emulator are reported,
     not a failure of `info`: NVRTC builds GPU kernels with them."""
     from .cuda.paths import cuda_headers_version
-    from .emulator.build import MIN_CUDA_HEADERS, EmulatorBuildError, check_cuda_headers, dotted
+    from .emulator.build import MIN_CUDA_HEADERS, dotted
 
     version = cuda_headers_version(folder)
     if version is None:
         return str(folder)
     summary = f"{dotted(version)} at {folder}"
-    try:
-        check_cuda_headers(folder)
-    except EmulatorBuildError:
+    if version < MIN_CUDA_HEADERS:  # the test check_cuda_headers makes
         summary += f"; {_TOO_OLD} for the CPU emulator, which needs {dotted(MIN_CUDA_HEADERS)}+"
     return summary
 
