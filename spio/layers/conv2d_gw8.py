@@ -126,7 +126,16 @@ def module_ineligibility(module: nn.Module) -> str | None:
         return reason
     if "forward" in vars(module):
         return "has a forward of its own (set on the instance)"
-    return weight_problem(module)  # None: eligible; hooks travel to the replacement (_share_hooks)
+    return compiled_in_place(module) or weight_problem(module)  # None: eligible (hooks travel)
+
+
+def compiled_in_place(module: nn.Module) -> str | None:
+    """Why a module compiled in place (`module.compile(...)`) is kept, or None: its replacement
+    would run uncompiled, and its compile options are not known to carry them over. A user can
+    mend it (transform warns): transform first, then compile."""
+    if getattr(module, "_compiled_call_impl", None) is None:
+        return None
+    return "was compiled in place (Module.compile): transform before compiling"
 
 
 def weight_problem(conv: nn.Conv2d) -> str | None:

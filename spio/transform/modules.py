@@ -22,6 +22,7 @@ from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
 from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
+    compiled_in_place,
     module_ineligibility,
     resolve_padding,
     weight_problem,
@@ -47,8 +48,9 @@ def transform(
     Eligible: exactly nn.Conv2d (subclasses are left alone; one parametrized with
     torch.nn.utils.parametrize keeps its parametrizations), group width 8, C == K, stride 1,
     dilation 1, kernel 1..5, zeros padding that is symmetric, no forward set on the instance,
-    and a weight that is a whole Parameter: a conv kept for its weight gets a warning saying how
-    to mend it (the deprecated torch.nn.utils.weight_norm's is a plain tensor; in a model already
+    not compiled in place (conv.compile(): transform first), and a weight that is a whole
+    Parameter: a conv kept for its weight or its compile gets a warning saying how to mend it
+    (the deprecated torch.nn.utils.weight_norm's weight is a plain tensor; in a model already
     wrapped in FSDP it is a shard, or a plain tensor: transform before wrapping the model).
     `include(name, conv)`, if given, is asked about each eligible convolution (`name` as in
     model.named_modules()) and keeps those it returns False for as they are: for instance a
@@ -92,7 +94,7 @@ def transform(
                 reason = module_ineligibility(child)
                 if reason is not None:
                     skipped[id(child)] = reason
-                    if weight_problem(child) is not None:
+                    if weight_problem(child) or compiled_in_place(child):
                         mendable[reason] += 1
                     continue
                 passes = _passes(include, f"{prefix}.{name}" if prefix else name, child)
@@ -139,13 +141,21 @@ def untransform(model: nn.Module) -> nn.Module:
     if isinstance(model, Conv2dGw8):
         return model.to_torch_module()
     replacements: dict[int, nn.Conv2d] = {}
+    compiled = 0
     for parent in list(model.modules()):
         for name, child in list(parent._modules.items()):
             if isinstance(child, Conv2dGw8):
                 if id(child) not in replacements:
                     replacements[id(child)] = child.to_torch_module()
+                    compiled += compiled_in_place(child) is not None
                 _set_child(parent, name, replacements[id(child)])
     logger.info("spio.untransform restored %d nn.Conv2d modules", len(replacements))
+    if compiled:
+        logger.warning(
+            "spio.untransform: %d Conv2dGw8 were compiled in place (Module.compile); the "
+            "nn.Conv2d restored are not: compile after untransform",
+            compiled,
+        )
     return model
 
 

@@ -557,3 +557,25 @@ def test_a_compiled_model_called_before_transform_recompiles_and_runs_spio(monke
         y = compiled(x)
     assert launched == ["conv2d_gw8_fprop"]
     torch.testing.assert_close(y.double(), expected, atol=1e-2, rtol=1e-2)
+
+
+def test_a_conv_compiled_in_place_is_kept_saying_how_to_mend_it(caplog):
+    """conv.compile() compiles that module's calls: a replacement would run uncompiled (its
+    options unknown), so transform keeps the conv and warns; untransform warns of a Conv2dGw8
+    compiled in place, whose nn.Conv2d comes back uncompiled. Both were silent."""
+    compiled = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    compiled.compile()  # lazy: nothing compiles until a call
+    model = nn.Sequential(compiled, nn.Conv2d(16, 16, 3, padding=1, groups=2))
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        transform(model)
+    assert [type(m) for m in model] == [nn.Conv2d, Conv2dGw8]
+    assert "kept 1 nn.Conv2d: was compiled in place (Module.compile): transform before" in (
+        caplog.text
+    )
+    assert not Conv2dGw8.match(compiled)
+    caplog.clear()
+    model[1].compile()
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        spio_transform.untransform(model)
+    assert [type(m) for m in model] == [nn.Conv2d, nn.Conv2d]
+    assert "1 Conv2dGw8 were compiled in place (Module.compile)" in caplog.text
