@@ -81,16 +81,17 @@ def sweep_layers(batches=(32, 64, 128, 256), dtypes=("fp16", "bf16"), extra: int
 def configs_to_sample(family, params, rng, max_configs: int = 0, identity=None) -> list:
     """The configs of one layer to time: every one, or `max_configs` drawn with `rng`; and
     always the configs that differ from a pick only in fields its ranking cannot weigh
-    (`unjudged_variants` of the heuristic's pick, and of the model's where one applies to
-    `identity`), so that a model trained on the samples learns those fields next to the configs
-    that matter (for now: 2, 4 and 8 images per FProp/DGrad block)."""
+    (`unjudged_variants` of the heuristic's pick for `identity`'s machine, and of the model's where
+    one applies to `identity`), so that a model trained on the samples learns those fields next to
+    the configs that matter (for now: 2, 4 and 8 images per FProp/DGrad block)."""
     from spio.kernels import perf_model as pm
 
     configs = family.configs(params)
     chosen = list(configs)
     if max_configs and len(configs) > max_configs:
         chosen = sorted(rng.sample(configs, max_configs))
-    rankings = [(pm.heuristic_ranking(family, params, configs), None)]
+    machine = identity.machine if identity is not None else pm.H200_CLASS
+    rankings = [(pm.heuristic_ranking(family, params, configs, machine), None)]
     if identity is not None:
         ranked, model = pm.rank_configs(family, params, identity)
         if model is not None:
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     work = []  # (family, params, configs still to measure)
     layers = sweep_layers(args.batches, args.dtypes, args.extra_layers, args.seed)
-    identity = DeviceIdentity(arch=arch, name=name, driver=drv)
+    identity = DeviceIdentity(arch=arch, name=name, driver=drv, sms=attrs["sm_count"])
     for layer in layers[: args.layers or None]:
         for family in families:
             params = family.layer_as_run(layer)  # DGrad of a biased layer: the bias-free kernel

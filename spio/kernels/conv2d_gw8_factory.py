@@ -13,6 +13,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
 from .conv2d_gw8_params import Conv2dGw8Params
 from .kernel import Kernel, KernelFactory, entry_symbol
@@ -162,12 +163,32 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
     return found
 
 
-#: Rough machine model for ranking configs without measurements (an H100/H200-class GPU).
-SMS = 132
-REGISTERS_PER_SM = 65536
-THREADS_PER_SM = 2048
-SHARED_BYTES_PER_SM = 228 * 1024
-#: Bytes each SM must keep in flight to cover DRAM latency (~4 TB/s x ~1 us / 132 SMs).
+@dataclass(frozen=True)
+class Machine:
+    """The GPU the analytic heuristic ranks configs for: its SM count and per-SM limits (the
+    threads, blocks, registers and shared memory that decide how many blocks are resident)."""
+
+    sms: int
+    limits: SmLimits
+
+
+#: The machine assumed where no GPU is known (an H100/H200-class one): the one the heuristic's
+#: ranking was checked against (run 5's samples), and the one the perf models' features assume.
+H200_CLASS = Machine(sms=132, limits=LIMITS["sm_90"])
+
+
+def machine_of(arch: str, sms: int = 0) -> Machine:
+    """The heuristic's machine for a GPU of `arch` with `sms` SMs: the arch's per-SM limits
+    (spio.compiler.occupancy.LIMITS; an arch without an entry, e.g. sm_100 or sm_120, gets
+    sm_90's) and its SM count (0, unknown: the H200's). sm_86 and sm_89 hold 1,536 threads and
+    100 KiB of shared memory an SM, against 2,048 and 228 KiB on sm_90, so a config that keeps
+    seven blocks resident on an H200 may keep three on an RTX 3090."""
+    limits = LIMITS.get(arch, LIMITS["sm_90"])
+    return Machine(sms=sms if sms > 0 else H200_CLASS.sms, limits=limits)
+
+
+#: Bytes each SM must keep in flight to cover DRAM latency (~4 TB/s x ~1 us / 132 SMs). The same
+#: figure on every machine: spio cannot read a GPU's memory bandwidth or latency.
 BYTES_IN_FLIGHT_PER_SM = 32 * 1024
 
 
@@ -182,29 +203,42 @@ def sector_waste(params: Conv2dGw8Params, config) -> float:
 
 
 def latency_cover(
-    blocks: int, threads: int, registers: int, smem: int, bytes_per_block: int
+    blocks: int,
+    threads: int,
+    registers: int,
+    smem: int,
+    bytes_per_block: int,
+    machine: Machine = H200_CLASS,
 ) -> float:
-    """Fraction (0..1] of the DRAM latency-bandwidth product the resident blocks keep in flight."""
+    """Fraction (0..1] of the DRAM latency-bandwidth product the resident blocks keep in flight
+    on `machine`. `registers` is an estimate (the config is not compiled), so residency is
+    counted by the simple rules, not spio.compiler.occupancy's allocation units."""
     registers = min(255, 8 * math.ceil(registers / 8))
+    limits = machine.limits
     per_sm = min(
-        32,
-        REGISTERS_PER_SM // (registers * threads),
-        THREADS_PER_SM // threads,
-        SHARED_BYTES_PER_SM // max(smem + 1024, 1),
+        limits.blocks,
+        limits.registers // (registers * threads),
+        limits.threads // threads,
+        limits.shared_bytes // max(smem + RESERVED_SHARED_PER_BLOCK, 1),
     )
-    resident = min(max(per_sm, 1), math.ceil(blocks / SMS))
-    busy_sms = min(1.0, blocks / SMS)
+    resident = min(max(per_sm, 1), math.ceil(blocks / machine.sms))
+    busy_sms = min(1.0, blocks / machine.sms)
     return busy_sms * min(1.0, resident * bytes_per_block / BYTES_IN_FLIGHT_PER_SM)
 
 
-def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool = False) -> float:
-    """A unitless cost for ranking configs without measurements: memory traffic (halo, tile
-    overrun and sector waste included) relative to the ideal, divided by how well the resident
-    blocks cover DRAM latency. It has no term for what a block pays once (reading the weights,
-    filling and draining the pipeline), so it cannot weigh several images per block; where an
-    output has under 8 rows, only a multi-image block has a deep pipeline, which its latency
-    term rewards. default_config therefore keeps to one image per block: only measurements (a
-    perf model trained on such configs, autotuning) choose more."""
+def estimated_cost(
+    params: Conv2dGw8Params,
+    config: Conv2dGw8Config,
+    igrad: bool = False,
+    machine: Machine = H200_CLASS,
+) -> float:
+    """A unitless cost for ranking configs without measurements: memory traffic (halo, tile overrun
+    and sector waste included) relative to the ideal, divided by how well the resident blocks cover
+    DRAM latency on `machine`. It has no term for what a block pays once (reading the weights,
+    filling and draining the pipeline), so it cannot weigh several images per block; where an output
+    has under 8 rows, only a multi-image block has a deep pipeline, which its latency term rewards.
+    default_config therefore keeps to one image per block: only measurements (a perf model trained
+    on such configs, autotuning) choose more."""
     geo = _Geometry.of(params, igrad)
     tiles_y = math.ceil(geo.out_h / config.block_p)
     tiles_x = math.ceil(geo.out_w / config.block_q)
@@ -224,24 +258,32 @@ def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool
         registers,
         shared_mem_bytes(params, config),
         (config.stages - 1) * row_bytes,
+        machine,
     )
     return sector_waste(params, config) * max(traffic, 0.5 * compute) / cover
 
 
-def heuristic_key(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool = False) -> tuple:
-    """How the analytic heuristic orders configs: by estimated_cost; of equal costs, m16n8k16
-    (half the mma instructions) first. On the H200 samples of run 5
+def heuristic_key(
+    params: Conv2dGw8Params,
+    config: Conv2dGw8Config,
+    igrad: bool = False,
+    machine: Machine = H200_CLASS,
+) -> tuple:
+    """How the analytic heuristic orders configs for `machine`: by estimated_cost; of equal
+    costs, m16n8k16 (half the mma instructions) first. On the H200 samples of run 5
     (docs/perf/2026-11-29-h200-2/run5/perf_samples.csv, 19 FProp and 18 DGrad layers) the
     tie-break took the heuristic's median regret over the best sampled config from 1.067 to 1.057
     (FProp) and from 1.047 to 1.044 (DGrad)."""
-    return (estimated_cost(params, config, igrad), -config.mma_k, config)
+    return (estimated_cost(params, config, igrad, machine), -config.mma_k, config)
 
 
-def default_config(params: Conv2dGw8Params, igrad: bool = False) -> Conv2dGw8Config:
-    """The heuristic's first config of one image per block (where no performance model
-    applies), the head of perf_model.heuristic_ranking: see estimated_cost."""
+def default_config(
+    params: Conv2dGw8Params, igrad: bool = False, machine: Machine = H200_CLASS
+) -> Conv2dGw8Config:
+    """The heuristic's first config of one image per block for `machine` (where no performance
+    model applies), the head of perf_model.heuristic_ranking: see estimated_cost."""
     single = [c for c in configs(params, igrad) if c.block_n == 1]
-    return min(single, key=lambda c: heuristic_key(params, c, igrad))
+    return min(single, key=lambda c: heuristic_key(params, c, igrad, machine))
 
 
 def generate_header(

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
 from .conv2d_gw8_factory import (
     ELEMENT_TYPES,
+    H200_CLASS,
     MAX_SHARED_BYTES,
     MAX_THREADS,
+    Machine,
     latency_cover,
     pad_odd,
     sector_waste,
@@ -131,11 +133,13 @@ def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
     return found
 
 
-def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> float:
+def estimated_cost(
+    params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, machine: Machine = H200_CLASS
+) -> float:
     """A unitless cost for ranking configs without measurements: x and dy traffic (halo, tile
     overrun and sector waste included) relative to the ideal, plus the cross-block reduction spio
     runs for this config (partial sums written and summed, or atomics), divided by how well the
-    resident blocks cover DRAM latency."""
+    resident blocks cover DRAM latency on `machine`."""
     tiles_y = math.ceil(params.p / config.block_p)
     tiles_x = math.ceil(params.q / config.block_q)
     groups = math.ceil(params.groups / config.groups) * config.groups
@@ -152,19 +156,22 @@ def estimated_cost(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> flo
     registers = 40 + ((params.r + 1) // 2) * params.s * 4 + params.s
     step_bytes = (config.stages - 1) * config.groups * (2 * config.block_q + params.s - 1) * 16
     cover = latency_cover(
-        blocks, config.threads, registers, shared_mem_bytes(params, config), step_bytes
+        blocks, config.threads, registers, shared_mem_bytes(params, config), step_bytes, machine
     )
     return (sector_waste(params, config) * traffic + reduction) / cover
 
 
-def heuristic_key(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> tuple:
-    """How the analytic heuristic orders configs: by estimated_cost, then config order."""
-    return (estimated_cost(params, config), config)
+def heuristic_key(
+    params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, machine: Machine = H200_CLASS
+) -> tuple:
+    """How the analytic heuristic orders configs for `machine`: by estimated_cost, then config
+    order."""
+    return (estimated_cost(params, config, machine), config)
 
 
-def default_config(params: Conv2dGw8Params) -> Conv2dGw8WgradConfig:
-    """The heuristic's first config (where no performance model applies)."""
-    return min(configs(params), key=lambda c: heuristic_key(params, c))
+def default_config(params: Conv2dGw8Params, machine: Machine = H200_CLASS) -> Conv2dGw8WgradConfig:
+    """The heuristic's first config for `machine` (where no performance model applies)."""
+    return min(configs(params), key=lambda c: heuristic_key(params, c, machine))
 
 
 def _tiles(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> dict[str, int]:

@@ -28,9 +28,11 @@ class Family:
     config_type: type
     configs: Callable[[Conv2dGw8Params], list]
     make_kernel: Callable[[Conv2dGw8Params, Any], Kernel]
-    estimated_cost: Callable[[Conv2dGw8Params, Any], float]  # lower is better
-    heuristic_key: Callable[[Conv2dGw8Params, Any], tuple]  # the heuristic's order: ascending
-    default_config: Callable[[Conv2dGw8Params], Any]
+    # The analytic heuristic's, each taking machine= (conv2d_gw8_factory.Machine; default: an
+    # H200-class GPU) after its other arguments.
+    estimated_cost: Callable[..., float]  # (params, config): lower is better
+    heuristic_key: Callable[..., tuple]  # (params, config): the heuristic's order, ascending
+    default_config: Callable[..., Any]  # (params)
     shared_mem_bytes: Callable[[Conv2dGw8Params, Any], int]  # dynamic, per block
     # Config fields the heuristic's cost cannot weigh; autotuning tries the pick's variants in them.
     heuristic_ignores: tuple[str, ...] = ()

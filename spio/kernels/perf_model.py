@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..log import logger
+from .conv2d_gw8_factory import H200_CLASS, Machine, machine_of
 from .conv2d_gw8_params import Conv2dGw8Params
 from .families import FAMILIES, Family, family_of
 from .kernel import cuda_ordinal
@@ -187,15 +188,22 @@ def target_offset(family: Family, params: Conv2dGw8Params) -> float:
 
 @dataclass(frozen=True)
 class DeviceIdentity:
-    """What decides which model (and which autotune cache entry) applies to a GPU."""
+    """What decides which model (and which autotune cache entry) applies to a GPU, and, where no
+    model does, the machine the analytic heuristic ranks configs for (arch and SM count)."""
 
     arch: str
     name: str
     driver: str
+    sms: int = 0  # streaming multiprocessors; 0: unknown (the heuristic assumes an H200's)
 
     @property
     def slug(self) -> str:
         return device_slug(self.name)
+
+    @property
+    def machine(self) -> Machine:
+        """The machine the analytic heuristic ranks configs for on this GPU."""
+        return machine_of(self.arch, self.sms)
 
 
 def device_slug(name: str) -> str:
@@ -209,7 +217,9 @@ def _cuda_identity(ordinal: int) -> DeviceIdentity:
 
     attrs = driver.device_attributes(ordinal)
     major, minor = driver.driver_version()
-    return DeviceIdentity(arch=attrs["arch"], name=attrs["name"], driver=f"{major}.{minor}")
+    return DeviceIdentity(
+        arch=attrs["arch"], name=attrs["name"], driver=f"{major}.{minor}", sms=attrs["sm_count"]
+    )
 
 
 def device_identity(device: Any) -> DeviceIdentity | None:
@@ -629,7 +639,7 @@ def rank_configs(
             folder or models_dir(),
             level=logger.info,
         )
-    return heuristic_ranking(family, params, configs), None
+    return heuristic_ranking(family, params, configs, identity.machine), None
 
 
 def _note_other_device(model: PerfModel, identity: DeviceIdentity) -> None:
@@ -674,15 +684,17 @@ def unjudged_variants(family: Family, model: PerfModel | None, pick, configs: Se
     return [c for c in configs if c != pick and rest(c) == rest(pick)]
 
 
-def heuristic_ranking(family: Family, params: Conv2dGw8Params, configs: Sequence) -> list:
-    """configs in the analytic heuristic's order (`family.heuristic_key`), those with another
-    value than the default in a field it cannot weigh (`family.heuristic_ignores`) last: its
-    cost would tie them with their default-valued twins and fill a top-k with copies."""
+def heuristic_ranking(
+    family: Family, params: Conv2dGw8Params, configs: Sequence, machine: Machine = H200_CLASS
+) -> list:
+    """configs in the analytic heuristic's order for `machine` (`family.heuristic_key`), those
+    with another value than the default in a field it cannot weigh (`family.heuristic_ignores`)
+    last: its cost would tie them with their default-valued twins and fill a top-k with copies."""
     defaults = family.config_type()
 
     def key(config) -> tuple:
         odd = any(getattr(config, f) != getattr(defaults, f) for f in family.heuristic_ignores)
-        return (odd, family.heuristic_key(params, config))
+        return (odd, family.heuristic_key(params, config, machine=machine))
 
     return sorted(configs, key=key)
 
@@ -690,14 +702,14 @@ def heuristic_ranking(family: Family, params: Conv2dGw8Params, configs: Sequence
 def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **options: Any):
     """The tile config `factory.get_kernel` builds for `params` on `device`.
 
-    CUDA device: the perf model's best config (SPIO_AUTOTUNE=1: the fastest of its top-k and of
-    the pick's variants in fields the model cannot weigh (`unjudged_variants`), timed once and
-    cached on disk); the analytic heuristic (SPIO_AUTOTUNE=1: the same, from its ranking) where no
-    model applies, including a batch size the model does not cover. No device or a CPU
-    device: the analytic heuristic. Selections are memoised per process, by the settings
-    (SPIO_PERF_MODELS, SPIO_AUTOTUNE, SPIO_AUTOTUNE_TOPK) too; the layers' kernel caches of
-    spio.functional._kernels above them keep a layer's first choice. Inside a CUDA graph
-    capture autotuning waits: the untuned pick serves that call only. So it does while
+    CUDA device: the perf model's best config (SPIO_AUTOTUNE=1: the fastest of its top-k and of the
+    pick's variants in fields the model cannot weigh (`unjudged_variants`), timed once and cached on
+    disk); the analytic heuristic for the device's arch and SM count (SPIO_AUTOTUNE=1: the same,
+    from its ranking) where no model applies, including a batch size the model does not cover. No
+    device or a CPU device: the analytic heuristic for an H200-class GPU. Selections are memoised
+    per process, by the settings (SPIO_PERF_MODELS, SPIO_AUTOTUNE, SPIO_AUTOTUNE_TOPK) too; the
+    layers' kernel caches of spio.functional._kernels above them keep a layer's first choice. Inside
+    a CUDA graph capture autotuning waits: the untuned pick serves that call only. So it does while
     spio.precompile collects the layers to tune (autotune.collecting), which records them.
     """
     family = family_of(factory.name, options)
@@ -712,7 +724,10 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     if hit is not None:
         return hit[0]
     ranked, model = rank_configs(family, params, identity, folder)
-    untuned = factory.default_config(params, **options) if model is None else ranked[0]
+    if model is None:
+        untuned = factory.default_config(params, **options, machine=identity.machine)
+    else:
+        untuned = ranked[0]
     if tune:
         candidates = ranked[:top_k]
         candidates += [

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spio.compiler import occupancy
+from spio.kernels import conv2d_gw8_factory as fd
 from spio.kernels import perf_model as pm
 from spio.kernels import perf_samples as ps
 from spio.kernels.conv2d_gw8_factory import conv2d_gw8_kernel_factory
@@ -993,7 +995,7 @@ def _fake_gpu(monkeypatch) -> dict:
     from spio.cuda import driver
     from spio.kernels import autotune
 
-    attrs = {"arch": "sm_90", "name": "Fake GPU", "l2_cache_bytes": 60 * 2**20}
+    attrs = {"arch": "sm_90", "name": "Fake GPU", "l2_cache_bytes": 60 * 2**20, "sm_count": 132}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(driver, "device_attributes", lambda ordinal=0: dict(attrs))
@@ -1176,3 +1178,48 @@ def test_perf_sample_always_times_the_picks_and_their_unweighed_variants(monkeyp
     pm.clear_caches()
     assert model_pick in chosen
     assert all(dataclasses.replace(model_pick, block_n=n) in chosen for n in (2, 4, 8))
+
+
+# --- the heuristic's machine -----------------------------------------------------------------
+
+
+def test_the_heuristic_counts_residency_under_the_gpus_own_limits():
+    """An sm_86 SM holds 1,536 threads and 100 KiB of shared memory (sm_90: 2,048 and 228 KiB):
+    the heuristic used to count every GPU's resident blocks as an H200's."""
+    h200, rtx3090 = fd.machine_of("sm_90", 132), fd.machine_of("sm_86", 82)
+    assert h200 == fd.H200_CLASS and fd.machine_of("sm_90") == fd.H200_CLASS
+    assert rtx3090.sms == 82 and rtx3090.limits == occupancy.LIMITS["sm_86"]
+    assert fd.machine_of("sm_120", 0) == fd.H200_CLASS  # no limits of its own: sm_90's
+    # 128 threads, 72 registers, 31.5 KiB: 7 blocks resident by registers on either SM, but 3 by
+    # shared memory on sm_86. Enough blocks for every SM; the bytes in flight scale with them.
+    args = (100_000, 128, 72, 31_584, 2_048)
+    assert fd.latency_cover(*args) == fd.latency_cover(*args, fd.H200_CLASS) == 7 * 2_048 / 32_768
+    assert fd.latency_cover(*args, rtx3090) == 3 * 2_048 / 32_768
+    # Fewer SMs are filled by fewer blocks: 82 blocks fill an RTX 3090, not an H200.
+    assert fd.latency_cover(82, 128, 72, 31_584, 32_768, rtx3090) == 1.0
+    assert fd.latency_cover(82, 128, 72, 31_584, 32_768) == 82 / 132
+
+
+def test_without_a_model_a_gpu_gets_the_heuristics_pick_for_its_own_limits(
+    fake_device, monkeypatch, tmp_path
+):
+    """An RTX 3090 (sm_86, 82 SMs, no model) gets the config the heuristic ranks first for its
+    machine, which on this layer is not the H200-class pick; the autotune candidates come from
+    the same ranking."""
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))  # no models at all
+    rtx3090 = pm.DeviceIdentity(arch="sm_86", name="NVIDIA GeForce RTX 3090", driver="13.0", sms=82)
+    monkeypatch.setattr(pm, "device_identity", lambda d: rtx3090)
+    layer = P(128, 64, 64, 64, padding=1)
+    for name, (factory, options) in CALLS.items():
+        family = pm.FAMILIES[name]
+        picked = pm.select_config(factory, layer, fake_device, **options)
+        assert picked == family.default_config(layer, machine=rtx3090.machine)
+        ranked, model = pm.rank_configs(family, layer, rtx3090, tmp_path)
+        assert model is None and ranked[0] == picked
+        assert factory.default_config(layer, **options) == family.default_config(layer)
+    wgrad = pm.FAMILIES["conv2d_gw8_wgrad"]
+    assert wgrad.default_config(layer, machine=rtx3090.machine) != wgrad.default_config(layer)
+    # The H200-class pick keeps 7 blocks of an SM resident on sm_90, 3 on sm_86 (its shared
+    # memory); the 3090's pick reads fewer halo rows for as many resident blocks.
+    assert wgrad.default_config(layer).encode() == "g2_p32_q64_n4_w4_s6_k8"
+    assert wgrad.default_config(layer, machine=rtx3090.machine).encode() == "g2_p64_q64_n4_w4_s6_k8"
