@@ -84,18 +84,16 @@ def transform(
     skipped: dict[int, str] = {}  # distinct ineligible modules, and why
     places: list[tuple[nn.Module, str, int]] = []
     excluded = 0
-    mendable: Counter[str] = Counter()  # kept for their weights, why: a user can mend these
+    mendable: Counter[str] = Counter()  # kept for their weights or compiles: a user can mend these
+    if isinstance(model, nn.Conv2d) and not isinstance(model, Conv2dGw8):  # match said no: why
+        _keep(model, skipped, mendable)
     for parent in list(model.modules()):
         prefix = names.get(id(parent), "")
         for name, child in list(parent._modules.items()):
             if not isinstance(child, nn.Conv2d) or isinstance(child, Conv2dGw8):
                 continue
             if id(child) not in replacements and id(child) not in skipped:
-                reason = module_ineligibility(child)
-                if reason is not None:
-                    skipped[id(child)] = reason
-                    if weight_problem(child) or compiled_in_place(child):
-                        mendable[reason] += 1
+                if _keep(child, skipped, mendable):
                     continue
                 passes = _passes(include, f"{prefix}.{name}" if prefix else name, child)
                 if not passes:
@@ -119,6 +117,18 @@ def transform(
         log = logger.warning if reason in mendable else logger.debug
         log("spio.transform kept %d nn.Conv2d: %s", count, reason)
     return model
+
+
+def _keep(conv: nn.Conv2d, skipped: dict[int, str], mendable: Counter[str]) -> bool:
+    """Whether transform keeps `conv` as it is; if so, records why (counting it as mendable
+    where the user can change that)."""
+    reason = module_ineligibility(conv)
+    if reason is None:
+        return False
+    skipped[id(conv)] = reason
+    if weight_problem(conv) or compiled_in_place(conv):
+        mendable[reason] += 1
+    return True
 
 
 def untransform(model: nn.Module) -> nn.Module:

@@ -574,6 +574,10 @@ def test_a_conv_compiled_in_place_is_kept_saying_how_to_mend_it(caplog):
     )
     assert not Conv2dGw8.match(compiled)
     caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="spio"):  # the model itself: kept, saying why
+        assert transform(compiled) is compiled
+    assert "kept 1 nn.Conv2d: was compiled in place" in caplog.text
+    caplog.clear()
     model[1].compile()
     with caplog.at_level(logging.WARNING, logger="spio"):
         spio_transform.untransform(model)
