@@ -154,12 +154,23 @@ def run_one(
     return worst
 
 
-def configs_to_run(params: Conv2dGw8Params, pass_: str, extra: int, seed: int) -> list:
-    """The default config of the pass plus `extra` others drawn reproducibly."""
+def configs_to_run(
+    params: Conv2dGw8Params, pass_: str, extra: int, seed: int, device: str = "cpu"
+) -> list:
+    """The config spio picks for the pass plus `extra` others drawn reproducibly. On "cuda" the
+    pick is the one spio runs there before any autotuning (its perf model's first, or the
+    analytic heuristic's for that GPU); on the CPU, the heuristic's for an H200-class GPU."""
+    import torch
+
+    from .kernels import perf_model as pm
     from .kernels.families import FAMILY_OF_PASS
 
     family = FAMILY_OF_PASS[pass_]
-    default = family.default_config(params)
+    identity = pm.device_identity(torch.device(device))
+    if identity is None:
+        default = family.default_config(params)
+    else:  # as select_config ranks them (DGrad: the bias-free layer's kernel)
+        default = pm.rank_configs(family, family.layer_as_run(params), identity)[0][0]
     others = [c for c in family.configs(params) if c != default]
     return [default] + random.Random(seed).sample(others, min(extra, len(others)))
 
@@ -179,7 +190,7 @@ def check_pass(
     jobs = [
         (params, config)
         for index, params in enumerate(typed)
-        for config in configs_to_run(params, pass_, extra_configs, seed=index)
+        for config in configs_to_run(params, pass_, extra_configs, seed=index, device=device)
     ]
     for params, config in tqdm(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run"):
         case = f"{params.encode()} {config.encode()}"
@@ -220,7 +231,9 @@ def precompile(
         for pass_ in passes:
             family = FAMILY_OF_PASS[pass_]
             for index, params in enumerate(replace(p, dtype=dtype) for p in layers):
-                for config in configs_to_run(params, pass_, extra_configs, seed=index):
+                for config in configs_to_run(
+                    params, pass_, extra_configs, seed=index, device=device
+                ):
                     kernel = family.make_kernel(params, config)
                     kernels[kernel.name] = kernel
                     if kernel.info_value("partials"):  # and the sum over its partial sums
@@ -287,7 +300,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "kernels run on is present, else cpu)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="fewer layers and only each pass's default config"
+        "--quick",
+        action="store_true",
+        help="fewer layers and only the config spio picks for each pass",
     )
 
 
@@ -308,8 +323,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         extra = 0 if args.quick else 1
     where = "GPU (real kernels)" if device == "cuda" else "CPU emulator"
     print(
-        f"spio check on the {where}: {len(layers)} layers, default config + {extra} sampled "
-        "per layer, pass and dtype"
+        f"spio check on the {where}: {len(layers)} layers, the config spio picks and {extra} "
+        "sampled per layer, pass and dtype"
     )
     started = time.perf_counter()
     try:

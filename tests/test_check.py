@@ -240,7 +240,14 @@ LAYERS = (
 
 def _recorded_runs(monkeypatch, ratios=None):
     """check.run_one replaced: records (params, pass, config, device) and returns the next of
-    `ratios` (0.5 when None)."""
+    `ratios` (0.5 when None). "cuda" is a fake sm_90 GPU without perf models: the heuristic's
+    picks for an H200-class GPU, as on the CPU."""
+    from spio.kernels import perf_model as pm
+
+    fake_gpu = pm.DeviceIdentity("sm_90", "Fake GPU", "13.0")
+    monkeypatch.setattr(pm, "device_identity", lambda d: fake_gpu if d.type == "cuda" else None)
+    monkeypatch.setenv("SPIO_PERF_MODELS", "/nonexistent/spio-perf-models")
+    pm.clear_caches()
     runs = []
     ratios = iter(ratios or ())
 
@@ -405,3 +412,36 @@ def test_check_runs_where_the_kernels_run(monkeypatch, capsys):
     assert check.resolve_device(None) == "cpu"
     with pytest.raises(RuntimeError, match="needs a CUDA GPU; none is available"):
         check.resolve_device("cuda")
+
+
+def test_the_check_runs_the_config_spio_picks_on_the_gpu(monkeypatch, tmp_path):
+    """On a GPU the check's first config of each pass is the one spio runs there (its perf
+    model's pick, or the heuristic's for that GPU); it had been the heuristic's for an H200-class
+    GPU whatever the GPU, a config spio may never run there. On the CPU it still is."""
+    from spio.kernels import perf_model as pm
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    layer = Conv2dGw8Params(128, 64, 64, 64, padding=1, has_bias=True)
+    rtx3090 = pm.DeviceIdentity("sm_86", "NVIDIA GeForce RTX 3090", "13.0", sms=82)
+    h200 = pm.DeviceIdentity("sm_90", "NVIDIA H200", "13.0", sms=132)
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))  # none for the 3090
+    monkeypatch.setattr(pm, "device_identity", lambda d: rtx3090 if d.type == "cuda" else None)
+    pm.clear_caches()
+    for pass_ in PASSES:
+        family = FAMILY_OF_PASS[pass_]
+        cpu = check.configs_to_run(layer, pass_, extra=2, seed=0)
+        gpu = check.configs_to_run(layer, pass_, extra=2, seed=0, device="cuda")
+        assert cpu[0] == family.default_config(layer) and len(cpu) == len(gpu) == 3
+        assert gpu[0] == family.default_config(layer, machine=rtx3090.machine)
+    wgrad = FAMILY_OF_PASS["wgrad"]
+    assert check.configs_to_run(layer, "wgrad", 0, 0, "cuda") != [wgrad.default_config(layer)]
+    # With the shipped sm_90 models: each pass's model pick, on this layer not the heuristic's.
+    monkeypatch.delenv("SPIO_PERF_MODELS")
+    monkeypatch.setattr(pm, "device_identity", lambda d: h200 if d.type == "cuda" else None)
+    pm.clear_caches()
+    for pass_ in PASSES:
+        family = FAMILY_OF_PASS[pass_]
+        ranked, model = pm.rank_configs(family, family.layer_as_run(layer), h200)
+        assert model is not None and ranked[0] != family.default_config(layer)
+        assert check.configs_to_run(layer, pass_, 0, 0, "cuda") == [ranked[0]]
+    pm.clear_caches()
