@@ -177,13 +177,14 @@ class Machine:
 H200_CLASS = Machine(sms=132, limits=LIMITS["sm_90"])
 
 
-def machine_of(arch: str, sms: int = 0) -> Machine:
-    """The heuristic's machine for a GPU of `arch` with `sms` SMs: the arch's per-SM limits
-    (spio.compiler.occupancy.LIMITS; an arch without an entry, e.g. sm_100 or sm_120, gets
-    sm_90's) and its SM count (0, unknown: the H200's). sm_86 and sm_89 hold 1,536 threads and
-    100 KiB of shared memory an SM, against 2,048 and 228 KiB on sm_90, so a config that keeps
-    seven blocks resident on an H200 may keep three on an RTX 3090."""
-    limits = LIMITS.get(arch, LIMITS["sm_90"])
+def machine_of(arch: str, sms: int = 0, limits: SmLimits | None = None) -> Machine:
+    """The heuristic's machine for a GPU of `arch` with `sms` SMs (0, unknown: the H200's) and
+    per-SM `limits` (as the GPU reports them; None: the arch's entry in
+    spio.compiler.occupancy.LIMITS, sm_90's for an arch without one). sm_86 and sm_89 hold 1,536
+    threads and 100 KiB of shared memory an SM, against 2,048 and 228 KiB on sm_90, so a config
+    that keeps seven blocks resident on an H200 may keep three on an RTX 3090."""
+    if limits is None:
+        limits = LIMITS.get(arch, LIMITS["sm_90"])
     return Machine(sms=sms if sms > 0 else H200_CLASS.sms, limits=limits)
 
 

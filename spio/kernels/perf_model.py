@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..compiler.occupancy import LIMITS, SmLimits
 from ..log import logger
 from .conv2d_gw8_factory import H200_CLASS, Machine, machine_of
 from .conv2d_gw8_params import Conv2dGw8Params
@@ -195,6 +196,7 @@ class DeviceIdentity:
     name: str
     driver: str
     sms: int = 0  # streaming multiprocessors; 0: unknown (the heuristic assumes an H200's)
+    limits: SmLimits | None = None  # per SM, as the GPU reports them; None: the arch's
 
     @property
     def slug(self) -> str:
@@ -203,7 +205,7 @@ class DeviceIdentity:
     @property
     def machine(self) -> Machine:
         """The machine the analytic heuristic ranks configs for on this GPU."""
-        return machine_of(self.arch, self.sms)
+        return machine_of(self.arch, self.sms, self.limits)
 
 
 def device_slug(name: str) -> str:
@@ -218,7 +220,30 @@ def _cuda_identity(ordinal: int) -> DeviceIdentity:
     attrs = driver.device_attributes(ordinal)
     major, minor = driver.driver_version()
     return DeviceIdentity(
-        arch=attrs["arch"], name=attrs["name"], driver=f"{major}.{minor}", sms=attrs["sm_count"]
+        arch=attrs["arch"],
+        name=attrs["name"],
+        driver=f"{major}.{minor}",
+        sms=attrs["sm_count"],
+        limits=reported_limits(attrs),
+    )
+
+
+def reported_limits(attrs: dict) -> SmLimits:
+    """A GPU's per-SM limits from its driver attributes (threads, registers, shared memory); the
+    driver does not report resident blocks, which come from the arch's entry in
+    spio.compiler.occupancy.LIMITS (sm_90's for an arch without one), as does a value it
+    reports as 0 or not at all."""
+    known = LIMITS.get(attrs["arch"], LIMITS["sm_90"])
+
+    def reported(key: str, default: int) -> int:
+        value = attrs.get(key)
+        return value if isinstance(value, int) and value > 0 else default
+
+    return SmLimits(
+        threads=reported("max_threads_per_sm", known.threads),
+        blocks=known.blocks,
+        shared_bytes=reported("max_shared_memory_per_sm", known.shared_bytes),
+        registers=reported("max_registers_per_sm", known.registers),
     )
 
 

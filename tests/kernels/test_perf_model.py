@@ -995,7 +995,15 @@ def _fake_gpu(monkeypatch) -> dict:
     from spio.cuda import driver
     from spio.kernels import autotune
 
-    attrs = {"arch": "sm_90", "name": "Fake GPU", "l2_cache_bytes": 60 * 2**20, "sm_count": 132}
+    attrs = {
+        "arch": "sm_90",
+        "name": "Fake GPU",
+        "l2_cache_bytes": 60 * 2**20,
+        "sm_count": 132,
+        "max_threads_per_sm": 2048,
+        "max_shared_memory_per_sm": 233472,
+        "max_registers_per_sm": 65536,
+    }
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(driver, "device_attributes", lambda ordinal=0: dict(attrs))
@@ -1223,3 +1231,36 @@ def test_without_a_model_a_gpu_gets_the_heuristics_pick_for_its_own_limits(
     # memory); the 3090's pick reads fewer halo rows for as many resident blocks.
     assert wgrad.default_config(layer).encode() == "g2_p32_q64_n4_w4_s6_k8"
     assert wgrad.default_config(layer, machine=rtx3090.machine).encode() == "g2_p64_q64_n4_w4_s6_k8"
+
+
+def test_a_gpu_of_an_arch_without_known_limits_is_ranked_for_the_limits_it_reports(monkeypatch):
+    """The driver reports each GPU's threads, registers and shared memory per SM: a GPU of an arch
+    spio keeps no limits for (sm_120 here, a fake) is ranked for those, not for sm_90's."""
+    from spio.cuda import driver
+
+    attrs = {
+        "arch": "sm_120",
+        "name": "Fake sm_120 GPU",
+        "sm_count": 84,
+        "max_threads_per_sm": 1536,
+        "max_shared_memory_per_sm": 102400,
+        "max_registers_per_sm": 65536,
+    }
+    monkeypatch.setattr(driver, "device_attributes", lambda ordinal=0: dict(attrs))
+    monkeypatch.setattr(driver, "driver_version", lambda: (13, 0))
+    pm._cuda_identity.cache_clear()
+    try:
+        identity = pm._cuda_identity(0)
+    finally:
+        pm._cuda_identity.cache_clear()
+    limits = occupancy.SmLimits(threads=1536, blocks=32, shared_bytes=102400, registers=65536)
+    assert identity.sms == 84 and identity.limits == limits
+    assert identity.machine == fd.Machine(sms=84, limits=limits) != fd.machine_of("sm_120", 84)
+    # Known archs report what spio.compiler.occupancy keeps for them.
+    h200 = dict(attrs, arch="sm_90", max_threads_per_sm=2048, max_shared_memory_per_sm=233472)
+    assert pm.reported_limits(h200) == occupancy.LIMITS["sm_90"]
+    unreported = {"arch": "sm_86", "max_threads_per_sm": 0}  # 0 or missing: the arch's
+    assert pm.reported_limits(unreported) == occupancy.LIMITS["sm_86"]
+    layer = P(128, 64, 64, 64, padding=1)
+    wgrad = pm.FAMILIES["conv2d_gw8_wgrad"]
+    assert wgrad.default_config(layer, machine=identity.machine) != wgrad.default_config(layer)
