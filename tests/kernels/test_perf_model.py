@@ -1261,6 +1261,10 @@ def test_a_gpu_of_an_arch_without_known_limits_is_ranked_for_the_limits_it_repor
     assert pm.reported_limits(h200) == occupancy.LIMITS["sm_90"]
     unreported = {"arch": "sm_86", "max_threads_per_sm": 0}  # 0 or missing: the arch's
     assert pm.reported_limits(unreported) == occupancy.LIMITS["sm_86"]
-    layer = P(128, 64, 64, 64, padding=1)
-    wgrad = pm.FAMILIES["conv2d_gw8_wgrad"]
-    assert wgrad.default_config(layer, machine=identity.machine) != wgrad.default_config(layer)
+    # On 96c 56x56 5x5 at N = 128 its FProp pick differs from the one for sm_90's limits.
+    layer = P(128, 96, 56, 56, padding=2, r=5, s=5)
+    fprop = pm.FAMILIES["conv2d_gw8_fprop"]
+    assert fprop.default_config(layer, machine=identity.machine).encode() == "g2_p64_q64_w2_s8_k16"
+    assert fprop.default_config(layer, machine=fd.machine_of("sm_120", 84)).encode() == (
+        "g2_p64_q64_w2_s6_k16"
+    )
