@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from spio.cuda import driver
     from spio.kernels import autotune
     from spio.kernels.families import FAMILIES, get_family
-    from spio.kernels.perf_model import DeviceIdentity, reported_limits
+    from spio.kernels.perf_model import identity_of
     from spio.kernels.perf_samples import (
         Sample,
         append_samples,
@@ -178,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     work = []  # (family, params, configs still to measure)
     layers = sweep_layers(args.batches, args.dtypes, args.extra_layers, args.seed)
-    identity = DeviceIdentity(
-        arch=arch, name=name, driver=drv, sms=attrs["sm_count"], limits=reported_limits(attrs)
-    )
+    identity = identity_of(attrs, (major, minor))
     for layer in layers[: args.layers or None]:
         for family in families:
             params = family.layer_as_run(layer)  # DGrad of a biased layer: the bias-free kernel

@@ -31,6 +31,13 @@ LIMITS = {
     "sm_90": SmLimits(threads=2048, blocks=32, shared_bytes=228 * 1024),
 }
 RESERVED_SHARED_PER_BLOCK = 1024
+
+
+def limits_of(arch: str) -> SmLimits:
+    """The per-SM limits of `arch`; sm_90's for an arch without an entry (sm_100, sm_120)."""
+    return LIMITS.get(arch, LIMITS["sm_90"])
+
+
 REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
 SHARED_ALLOCATION_UNIT = 128  # bytes, per block
 SUB_PARTITIONS = 4  # each holds a quarter of the register file; a warp's registers lie in one

@@ -13,7 +13,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits
+from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits, limits_of
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
 from .conv2d_gw8_params import Conv2dGw8Params
 from .kernel import Kernel, KernelFactory, entry_symbol
@@ -183,9 +183,7 @@ def machine_of(arch: str, sms: int = 0, limits: SmLimits | None = None) -> Machi
     spio.compiler.occupancy.LIMITS, sm_90's for an arch without one). sm_86 and sm_89 hold 1,536
     threads and 100 KiB of shared memory an SM, against 2,048 and 228 KiB on sm_90, so a config
     that keeps seven blocks resident on an H200 may keep three on an RTX 3090."""
-    if limits is None:
-        limits = LIMITS.get(arch, LIMITS["sm_90"])
-    return Machine(sms=sms if sms > 0 else H200_CLASS.sms, limits=limits)
+    return Machine(sms=sms if sms > 0 else H200_CLASS.sms, limits=limits or limits_of(arch))
 
 
 #: Bytes each SM must keep in flight to cover DRAM latency (~4 TB/s x ~1 us / 132 SMs). The same

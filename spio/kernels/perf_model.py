@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..compiler.occupancy import LIMITS, SmLimits
+from ..compiler.occupancy import SmLimits, limits_of
 from ..log import logger
 from .conv2d_gw8_factory import H200_CLASS, Machine, machine_of
 from .conv2d_gw8_params import Conv2dGw8Params
@@ -217,8 +217,13 @@ def device_slug(name: str) -> str:
 def _cuda_identity(ordinal: int) -> DeviceIdentity:
     from ..cuda import driver
 
-    attrs = driver.device_attributes(ordinal)
-    major, minor = driver.driver_version()
+    return identity_of(driver.device_attributes(ordinal), driver.driver_version())
+
+
+def identity_of(attrs: dict, driver_version: tuple[int, int]) -> DeviceIdentity:
+    """The identity of a GPU from its driver attributes (spio.cuda.driver.device_attributes) and
+    the driver's CUDA version."""
+    major, minor = driver_version
     return DeviceIdentity(
         arch=attrs["arch"],
         name=attrs["name"],
@@ -233,7 +238,7 @@ def reported_limits(attrs: dict) -> SmLimits:
     driver does not report resident blocks, which come from the arch's entry in
     spio.compiler.occupancy.LIMITS (sm_90's for an arch without one), as does a value it
     reports as 0 or not at all."""
-    known = LIMITS.get(attrs["arch"], LIMITS["sm_90"])
+    known = limits_of(attrs["arch"])
 
     def reported(key: str, default: int) -> int:
         value = attrs.get(key)
@@ -749,10 +754,7 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     if hit is not None:
         return hit[0]
     ranked, model = rank_configs(family, params, identity, folder)
-    if model is None:
-        untuned = factory.default_config(params, **options, machine=identity.machine)
-    else:
-        untuned = ranked[0]
+    untuned = ranked[0]  # without a model, the heuristic's default_config for this GPU
     if tune:
         candidates = ranked[:top_k]
         candidates += [

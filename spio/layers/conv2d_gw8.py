@@ -126,7 +126,13 @@ def module_ineligibility(module: nn.Module) -> str | None:
         return reason
     if "forward" in vars(module):
         return "has a forward of its own (set on the instance)"
-    return compiled_in_place(module) or weight_problem(module)  # None: eligible (hooks travel)
+    return mendable_problem(module)  # None: eligible (hooks travel: _share_hooks)
+
+
+def mendable_problem(conv: nn.Conv2d) -> str | None:
+    """Why an otherwise eligible conv is kept for something its user can mend (transform warns
+    of these), or None: a compile in place, or a weight that is not a whole Parameter."""
+    return compiled_in_place(conv) or weight_problem(conv)
 
 
 def compiled_in_place(module: nn.Module) -> str | None:

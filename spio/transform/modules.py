@@ -23,6 +23,7 @@ from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
     compiled_in_place,
+    mendable_problem,
     module_ineligibility,
     resolve_padding,
     weight_problem,
@@ -126,7 +127,7 @@ def _keep(conv: nn.Conv2d, skipped: dict[int, str], mendable: Counter[str]) -> b
     if reason is None:
         return False
     skipped[id(conv)] = reason
-    if weight_problem(conv) or compiled_in_place(conv):
+    if mendable_problem(conv) is not None:
         mendable[reason] += 1
     return True
 
