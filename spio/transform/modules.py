@@ -149,17 +149,24 @@ def untransform(model: nn.Module) -> nn.Module:
             "shards or not Parameters: a model wrapped in FSDP (untransform the model before "
             "wrapping it), or the deprecated torch.nn.utils.weight_norm (remove it first)"
         )
-    if isinstance(model, Conv2dGw8):
-        return model.to_torch_module()
     replacements: dict[int, nn.Conv2d] = {}
     compiled = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent._modules.items()):
-            if isinstance(child, Conv2dGw8):
-                if id(child) not in replacements:
-                    replacements[id(child)] = child.to_torch_module()
-                    compiled += compiled_in_place(child) is not None
-                _set_child(parent, name, replacements[id(child)])
+
+    def restored(conv: Conv2dGw8) -> nn.Conv2d:
+        nonlocal compiled
+        if id(conv) not in replacements:
+            replacements[id(conv)] = conv.to_torch_module()
+            compiled += compiled_in_place(conv) is not None
+        return replacements[id(conv)]
+
+    if isinstance(model, Conv2dGw8):
+        result: nn.Module = restored(model)
+    else:
+        result = model
+        for parent in list(model.modules()):
+            for name, child in list(parent._modules.items()):
+                if isinstance(child, Conv2dGw8):
+                    _set_child(parent, name, restored(child))
     logger.info("spio.untransform restored %d nn.Conv2d modules", len(replacements))
     if compiled:
         logger.warning(
@@ -167,7 +174,7 @@ def untransform(model: nn.Module) -> nn.Module:
             "nn.Conv2d restored are not: compile after untransform",
             compiled,
         )
-    return model
+    return result
 
 
 def _set_child(parent: nn.Module, name: str, child: nn.Module) -> None:

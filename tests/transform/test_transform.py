@@ -583,3 +583,15 @@ def test_a_conv_compiled_in_place_is_kept_saying_how_to_mend_it(caplog):
         spio_transform.untransform(model)
     assert [type(m) for m in model] == [nn.Conv2d, nn.Conv2d]
     assert "1 Conv2dGw8 were compiled in place (Module.compile)" in caplog.text
+
+
+def test_untransform_of_a_conv2dgw8_compiled_in_place_warns_as_for_a_nested_one(caplog):
+    """The model itself a Conv2dGw8 compiled in place: its nn.Conv2d comes back uncompiled, and
+    untransform says so as it does for one inside a model (it returned it silently)."""
+    conv = Conv2dGw8(16, 16, 3, padding=1, groups=2)
+    conv.compile()
+    with caplog.at_level(logging.INFO, logger="spio"):
+        restored = spio_transform.untransform(conv)
+    assert type(restored) is nn.Conv2d and restored.weight is conv.weight
+    assert "restored 1 nn.Conv2d modules" in caplog.text
+    assert "1 Conv2dGw8 were compiled in place (Module.compile)" in caplog.text
