@@ -16,8 +16,9 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .kernels.conv2d_gw8_params import DTYPES, Conv2dGw8Params
 from .kernels.stats import PASSES
@@ -175,23 +176,34 @@ def configs_to_run(
     return [default] + random.Random(seed).sample(others, min(extra, len(others)))
 
 
+def check_jobs(
+    device: str, layers: Sequence[Conv2dGw8Params], pass_: str, dtype: str, extra_configs: int
+) -> list[tuple[Conv2dGw8Params, Any]]:
+    """The (layer, config) runs of one pass in one dtype: layers re-typed to dtype, each with
+    the config spio picks and extra_configs sampled ones (configs_to_run)."""
+    typed = [replace(p, dtype=dtype) for p in layers]
+    return [
+        (params, config)
+        for index, params in enumerate(typed)
+        for config in configs_to_run(params, pass_, extra_configs, seed=index, device=device)
+    ]
+
+
 def check_pass(
     device: str,
     layers: Sequence[Conv2dGw8Params],
     pass_: str,
     dtype: str,
     extra_configs: int = 1,
+    jobs: Sequence[tuple[Conv2dGw8Params, Any]] | None = None,
 ) -> PassResult:
-    """Run one pass in one dtype over layers (re-typed to dtype), each with sampled configs."""
+    """Run one pass in one dtype over layers (re-typed to dtype), each with sampled configs;
+    `jobs`, when given, are those runs as check_jobs drew them already."""
     from tqdm import tqdm
 
     result = PassResult(pass_, dtype)
-    typed = [replace(p, dtype=dtype) for p in layers]
-    jobs = [
-        (params, config)
-        for index, params in enumerate(typed)
-        for config in configs_to_run(params, pass_, extra_configs, seed=index, device=device)
-    ]
+    if jobs is None:
+        jobs = check_jobs(device, layers, pass_, dtype, extra_configs)
     for params, config in tqdm(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run"):
         case = f"{params.encode()} {config.encode()}"
         try:
@@ -211,15 +223,12 @@ class SetupError(RuntimeError):
 
 
 def precompile(
-    layers: Sequence[Conv2dGw8Params],
-    extra_configs: int,
-    passes: Sequence[str] = PASSES,
-    dtypes: Sequence[str] = DTYPES,
-    device: str = "cuda",
+    jobs: Mapping[tuple[str, str], Sequence[tuple[Conv2dGw8Params, Any]]], device: str
 ) -> None:
-    """Build every kernel the check will launch, in parallel, into the disk cache: cubins for
-    the GPU, emulator libraries for the CPU. A kernel that fails to build fails its run; when
-    none builds, SetupError says why (the first kernel's error)."""
+    """Build every kernel of the check's runs (check_jobs, by pass and dtype), in parallel,
+    into the disk cache: cubins for the GPU, emulator libraries for the CPU. A kernel that
+    fails to build fails its run; when none builds, SetupError says why (the first kernel's
+    error)."""
     import torch
 
     from .kernels.conv2d_gw8_wgrad_factory import sum_kernel
@@ -227,18 +236,13 @@ def precompile(
     from .kernels.kernel import build_kernels
 
     kernels = {}
-    for dtype in dtypes:
-        for pass_ in passes:
-            family = FAMILY_OF_PASS[pass_]
-            for index, params in enumerate(replace(p, dtype=dtype) for p in layers):
-                for config in configs_to_run(
-                    params, pass_, extra_configs, seed=index, device=device
-                ):
-                    kernel = family.make_kernel(params, config)
-                    kernels[kernel.name] = kernel
-                    if kernel.info_value("partials"):  # and the sum over its partial sums
-                        summing = sum_kernel(params)
-                        kernels[summing.name] = summing
+    for (pass_, _), runs in jobs.items():
+        for params, config in runs:
+            kernel = FAMILY_OF_PASS[pass_].make_kernel(params, config)
+            kernels[kernel.name] = kernel
+            if kernel.info_value("partials"):  # and the sum over its partial sums
+                summing = sum_kernel(params)
+                kernels[summing.name] = summing
     failures = build_kernels(kernels.values(), torch.device(device))
     if kernels and len(failures) == len(kernels):
         where = "the GPU" if device == "cuda" else "the CPU emulator"
@@ -258,11 +262,16 @@ def run_check(
     report: Callable[[str], None] = print,
 ) -> list[PassResult]:
     """Check every (pass, dtype); report one line each as it finishes."""
-    precompile(layers, extra_configs, passes, dtypes, device)
+    jobs = {
+        (pass_, dtype): check_jobs(device, layers, pass_, dtype, extra_configs)
+        for dtype in dtypes
+        for pass_ in passes
+    }
+    precompile(jobs, device)
     results = []
     for dtype in dtypes:
         for pass_ in passes:
-            result = check_pass(device, tuple(layers), pass_, dtype, extra_configs)
+            result = check_pass(device, layers, pass_, dtype, jobs=jobs[pass_, dtype])
             report(result.line())
             results.append(result)
     return results

@@ -29,6 +29,17 @@ def test_check_passes_every_pass_and_dtype_in_the_emulator():
     assert "worst error" in lines[0] and "of tolerance" in lines[0]
 
 
+def test_check_draws_each_pass_configs_once(monkeypatch):
+    """run_check draws each (layer, pass, dtype)'s configs once, for building and running both
+    (it ranked them again for the runs: on a GPU, another round of perf-model predictions)."""
+    calls = []
+    real = check.configs_to_run
+    monkeypatch.setattr(check, "configs_to_run", lambda *a, **k: calls.append(a) or real(*a, **k))
+    results, _ = _run(passes=("fprop", "wgrad"), dtypes=("bf16",))
+    assert all(r.passed and r.runs == 1 for r in results)
+    assert len(calls) == 2
+
+
 def test_check_reports_a_broken_fprop(monkeypatch):
     real = fd.fprop
 
