@@ -65,7 +65,10 @@ class _Conv2dGw8(torch.autograd.Function):
     def backward(ctx, grad_output: Tensor):
         input, weight = ctx.saved_tensors
         mask = tuple(ctx.needs_input_grad[:3])
-        if torch.is_grad_enabled():  # create_graph: gradients that are differentiable in turn
+        # create_graph: gradients that are differentiable in turn. Batched gradients
+        # (autograd.grad(is_grads_batched=True), a vectorized jacobian, torch.vmap over a
+        # backward): a batched grad_output, which only the op's batching rules take.
+        if torch.is_grad_enabled() or _batched(grad_output):
             return _differentiable_backward(ctx, grad_output, input, weight, mask)
         # The weight and bias gradients in their parameters' dtypes, rounded once.
         dtypes = (weight.dtype, ctx.bias_dtype or torch.float32)
@@ -73,6 +76,12 @@ class _Conv2dGw8(torch.autograd.Function):
         if dx is not None:
             dx = _in_format(dx, ctx.input_format)
         return dx, dw, db, None, None
+
+
+def _batched(t: Tensor) -> bool:
+    """Whether t is batched by torch.vmap or by autograd's own vmap (is_grads_batched)."""
+    legacy = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    return functorch_transform_active() or (legacy is not None and legacy(t))
 
 
 def _differentiable_backward(ctx, grad_output, input, weight, mask):

@@ -636,6 +636,38 @@ def test_vmap_over_a_layer(monkeypatch, emulate):
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
+@pytest.mark.parametrize("call", ["layer", "function"])
+def test_batched_gradients(monkeypatch, emulate, call):
+    """autograd.grad(is_grads_batched=True) and a vectorized jacobian through a layer or the
+    function give each batch entry's gradients, as nn.Conv2d does. The eager path's backward got
+    autograd's batched grad_output and failed on a layout query; it now hands it to the op."""
+    import spio.functional
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    if call == "function":
+        def f(x):  # fmt: skip
+            return spio.functional.conv2d_gw8(x, layer.weight, layer.bias, 1, 1, 1, groups=2)
+    else:
+        f = layer
+    x = torch.randn(2, 16, 4, 3).half().requires_grad_()
+    y = f(x)
+    dys = torch.randn(3, *y.shape).half()
+    wanted = (x, layer.weight, layer.bias)
+    batched = torch.autograd.grad(y, wanted, dys, is_grads_batched=True, retain_graph=True)
+    for i, dy in enumerate(dys):
+        for got, want in zip(batched, torch.autograd.grad(y, wanted, dy, retain_graph=True)):
+            torch.testing.assert_close(got[i], want)
+    jac = torch.autograd.functional.jacobian(f, x[:1].detach(), vectorize=True)
+    x64 = x[:1].detach().double()
+    want = torch.autograd.functional.jacobian(
+        lambda t: F.conv2d(t, layer.weight.double(), layer.bias.double(), 1, 1, 1, 2), x64
+    )
+    torch.testing.assert_close(jac.double(), want, atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
 def test_functional_and_forward_mode_differentiation_fall_back(monkeypatch, emulate, caplog):
     """torch.func.grad and jvp, and forward-mode AD, work on a layer as on nn.Conv2d: PyTorch
     runs no custom op's autograd formula under them and spio has no forward-mode formula, so the
