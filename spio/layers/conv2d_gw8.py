@@ -500,7 +500,7 @@ def conv2d_gw8_layer(
     x = input.unsqueeze(0) if unbatched else input
     pad_h, pad_w = padding
     if kernels and eager_path_applies(x, weight, bias):
-        y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w, passes)  # no op dispatch cost
+        y = conv2d_gw8_eager(x, weight, bias, pad_h, pad_w, passes, 1, 1, groups)  # no dispatch
     elif not kernels and _reference_applies(x, weight, bias):
         # What the op runs on this device (PyTorch's convolution), called directly: autograd is
         # PyTorch's own, with no op dispatch, and the gradients are the op's (in fp32 and

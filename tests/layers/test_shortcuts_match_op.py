@@ -111,13 +111,14 @@ def test_shortcuts_and_the_custom_op_agree(monkeypatch, operands, emulate, autoc
 @pytest.mark.parametrize(
     "situation",
     ["frozen-weight", "frozen-input", "no-grad", "inference-mode", "unbatched", "deterministic",
-     "padding-2-0", "filter-1x5"],
+     "padding-2-0", "filter-1x5", "wrong-channels"],
 )  # fmt: skip
 def test_shortcuts_and_the_custom_op_agree_in_every_situation(
     monkeypatch, situation, operands, emulate, autocast
 ):
     """What requires grad, grad mode, unbatched inputs, deterministic algorithms, padding and
-    filter shape, for a few operand dtypes."""
+    filter shape, for a few operand dtypes; an input of the wrong channel count (the kernel
+    shortcut blamed C != K, for it had not passed the layer's groups on)."""
     shape = (1, 5) if situation == "filter-1x5" else (3, 3)
     padding = (2, 0) if situation == "padding-2-0" else 1
     layer, x = _operands(*operands, shape=shape, padding=padding)
@@ -127,6 +128,8 @@ def test_shortcuts_and_the_custom_op_agree_in_every_situation(
         x.requires_grad_(False)
     if situation == "unbatched":
         x = x[0].detach().requires_grad_()
+    if situation == "wrong-channels":
+        x = torch.cat([x, x[:, :8]], 1).detach().requires_grad_(x.requires_grad)
     if situation == "deterministic":
         monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     grad_mode = {"no-grad": torch.no_grad, "inference-mode": torch.inference_mode}.get(situation)
@@ -320,6 +323,8 @@ def test_the_public_function_and_the_custom_op_agree_in_every_situation(
         x.requires_grad_(False)
     if situation == "unbatched":
         x = x[0].detach().requires_grad_()
+    if situation == "wrong-channels":
+        x = torch.cat([x, x[:, :8]], 1).detach().requires_grad_(x.requires_grad)
     if situation == "no-bias":
         bias = None
     if situation == "bias-wrong-length":
