@@ -657,7 +657,8 @@ def test_batched_gradients(monkeypatch, emulate, call):
     wanted = (x, layer.weight, layer.bias)
     batched = torch.autograd.grad(y, wanted, dys, is_grads_batched=True, retain_graph=True)
     for i, dy in enumerate(dys):
-        for got, want in zip(batched, torch.autograd.grad(y, wanted, dy, retain_graph=True)):
+        singly = torch.autograd.grad(y, wanted, dy, retain_graph=True)
+        for got, want in zip(batched, singly, strict=True):
             torch.testing.assert_close(got[i], want)
     jac = torch.autograd.functional.jacobian(f, x[:1].detach(), vectorize=True)
     x64 = x[:1].detach().double()
