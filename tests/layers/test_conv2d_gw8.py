@@ -641,16 +641,17 @@ def test_batched_gradients(monkeypatch, emulate, call):
     """autograd.grad(is_grads_batched=True) and a vectorized jacobian through a layer or the
     function give each batch entry's gradients, as nn.Conv2d does. The eager path's backward got
     autograd's batched grad_output and failed on a layout query; it now hands it to the op."""
+    from functools import partial
+
     import spio.functional
 
     monkeypatch.setenv("SPIO_EMULATE", emulate)
     torch.manual_seed(0)
     layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    f = layer
     if call == "function":
-        def f(x):  # fmt: skip
-            return spio.functional.conv2d_gw8(x, layer.weight, layer.bias, 1, 1, 1, groups=2)
-    else:
-        f = layer
+        f = partial(spio.functional.conv2d_gw8, weight=layer.weight, bias=layer.bias,
+                    padding_y=1, padding_x=1, groups=2)  # fmt: skip
     x = torch.randn(2, 16, 4, 3).half().requires_grad_()
     y = f(x)
     dys = torch.randn(3, *y.shape).half()
