@@ -144,27 +144,54 @@ def compiled_in_place(module: nn.Module) -> str | None:
     return "was compiled in place (Module.compile): transform before compiling"
 
 
-def weight_problem(conv: nn.Conv2d) -> str | None:
+def weight_problem(conv: nn.Conv2d, undo: bool = False) -> str | None:
     """Why conv's weight keeps it from being replaced, or None: a weight that is not a
-    Parameter, which a replacement could not share (the deprecated torch.nn.utils.weight_norm
-    sets a plain tensor at each call, as FullyShardedDataParallel with use_orig_params=False
-    does), or a shard (weight_shard). A user can mend either: transform warns of them."""
+    Parameter, which a replacement could not share (torch.nn.utils.prune and the deprecated
+    torch.nn.utils.weight_norm set a plain tensor at each call, as FullyShardedDataParallel with
+    use_orig_params=False does), or a shard (weight_shard). A user can mend either: transform
+    warns of them. `undo`: the mend named is for untransform's replacement, not transform's."""
     if parametrize.is_parametrized(conv, "weight"):
         return None
     if not isinstance(conv._parameters.get("weight"), nn.Parameter):
-        return (
-            "has a weight that is neither a Parameter nor parametrized: the deprecated "
-            "torch.nn.utils.weight_norm (use torch.nn.utils.parametrizations.weight_norm), or "
-            "a model already wrapped in FSDP (transform the model before wrapping it)"
-        )
-    return weight_shard(conv)
+        return _weight_setter(conv, undo)
+    return weight_shard(conv, undo)
 
 
-def weight_shard(conv: nn.Conv2d) -> str | None:
+def _weight_setter(conv: nn.Conv2d, undo: bool) -> str:
+    """What sets conv's weight, a plain tensor, at each call, as far as its hooks tell, and
+    the mend (for transform, or for untransform if `undo`)."""
+    prune = sys.modules.get("torch.nn.utils.prune")  # none pruned before it is loaded
+    weight_norm = sys.modules.get("torch.nn.utils.weight_norm")
+    for hook in conv._forward_pre_hooks.values():
+        if prune is not None and isinstance(hook, prune.BasePruningMethod):
+            mend = "prune.remove it first" if undo else "transform before pruning"
+            return f"is pruned (torch.nn.utils.prune), its weight not a Parameter: {mend}"
+        if weight_norm is not None and isinstance(hook, weight_norm.WeightNorm):
+            mend = (
+                "remove it first (torch.nn.utils.remove_weight_norm)"
+                if undo
+                else "use torch.nn.utils.parametrizations.weight_norm"
+            )
+            return (
+                "has a weight that is neither a Parameter nor parametrized: the deprecated "
+                f"torch.nn.utils.weight_norm ({mend})"
+            )
+    return (
+        "has a weight that is neither a Parameter nor parametrized: a model already wrapped "
+        f"in FSDP? ({_before_wrapping(undo)})"
+    )
+
+
+def _before_wrapping(undo: bool) -> str:
+    return f"{'untransform' if undo else 'transform'} the model before wrapping it"
+
+
+def weight_shard(conv: nn.Conv2d, undo: bool = False) -> str | None:
     """Why conv's weight Parameter is a shard, or None if it is whole. A wrapper that shards
     parameters (FSDP1's FullyShardedDataParallel, FSDP2's fully_shard on an ancestor) keeps a
     shard in the module between calls and swaps the full weight in at each call, on this module
-    object: a module put in its place would keep the shard (a 1-D view, or a DTensor) and fail."""
+    object: a module put in its place would keep the shard (a 1-D view, or a DTensor) and fail.
+    `undo`: the mend named is for untransform's replacement."""
     weight = conv._parameters.get("weight")
     if weight is None or parametrize.is_parametrized(conv, "weight"):
         return None
@@ -172,16 +199,27 @@ def weight_shard(conv: nn.Conv2d) -> str | None:
     if dtensor is not None and isinstance(weight, dtensor.DTensor):
         return (
             "has a DTensor weight, a shard (a model already wrapped in FSDP's fully_shard?): "
-            "transform the model before wrapping it"
+            + _before_wrapping(undo)
         )
     expected = (conv.out_channels, conv.in_channels // conv.groups, *conv.kernel_size)
     if tuple(weight.shape) != expected:
         return (
             f"has a weight of shape {tuple(weight.shape)}, not {expected}, a shard (a model "
-            "already wrapped in FullyShardedDataParallel?): transform the model before wrapping "
-            "it"
+            f"already wrapped in FullyShardedDataParallel?): {_before_wrapping(undo)}"
         )
     return None
+
+
+def restore_problem(conv: nn.Conv2d) -> str | None:
+    """Why conv (a Conv2dGw8) cannot be given back as a plain nn.Conv2d, or None: a forward set
+    on the instance (it calls this module: the nn.Conv2d would still run spio), or its weight
+    (weight_problem)."""
+    if "forward" in vars(conv):
+        return (
+            "has a forward of its own (set on the instance, e.g. by accelerate's hooks), which "
+            "calls this layer: remove it first"
+        )
+    return weight_problem(conv, undo=True)
 
 
 def _bind_conv2d_args(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -377,7 +415,11 @@ class Conv2dGw8(nn.Conv2d):
     def to_torch_module(self) -> nn.Conv2d:
         """A plain nn.Conv2d computing the same function, sharing this module's Parameters,
         buffers, submodules (parametrizations included) and hooks (the inverse of
-        from_torch_module)."""
+        from_torch_module). Not compiled, if this module was compiled in place. ValueError,
+        naming why, where it cannot be (restore_problem)."""
+        reason = restore_problem(self)
+        if reason is not None:
+            raise ValueError(f"Conv2dGw8.to_torch_module: the module {reason}")
         return _sharing(nn.Conv2d, self)
 
     def forward(self, input: Tensor) -> Tensor:
@@ -565,12 +607,14 @@ def _sharing(cls: type[_Conv], module: nn.Conv2d) -> _Conv:
     for name, child in module._modules.items():
         new.add_module(name, child)
     new.train(module.training)
-    # Attributes a user or library set on the module (e.g. a tag); not Conv2dGw8's own.
+    # Attributes a user or library set on the module (e.g. a tag); not Conv2dGw8's own, nor a
+    # compile in place (Module.compile), which compiled a call of `module` itself.
     for name, value in vars(module).items():
         if name not in vars(new) and name not in (
             "_pass_bits",
             "_spio_padding",
             "_spio_padding_of",
+            "_compiled_call_impl",
         ):
             setattr(new, name, value)
     _share_hooks(new, module)

@@ -26,7 +26,7 @@ from spio.layers.conv2d_gw8 import (
     mendable_problem,
     module_ineligibility,
     resolve_padding,
-    weight_problem,
+    restore_problem,
 )
 from spio.log import logger
 
@@ -137,17 +137,26 @@ def untransform(model: nn.Module) -> nn.Module:
     the inverse of transform. The model then runs PyTorch's convolution everywhere, e.g. for
     torch.onnx.export, which has no translation of spio's op. A module reachable by several paths
     stays shared. Returns model (or its replacement if model itself is a Conv2dGw8). Raises
-    ValueError, leaving model as it was, where a layer's weight is a shard or not a Parameter
-    (FSDP's wrappers swap the full weights in on the modules they wrapped: untransform before
-    wrapping; the deprecated torch.nn.utils.weight_norm: remove it first)."""
+    ValueError, leaving model as it was, naming the layers that cannot be given back and why
+    (`restore_problem`): a weight that is a shard or not a Parameter (FSDP's wrappers swap the
+    full weights in on the modules they wrapped: untransform before wrapping; torch.nn.utils.prune
+    and the deprecated torch.nn.utils.weight_norm: remove them first), or a forward set on the
+    instance. A Conv2dGw8 compiled in place gives an nn.Conv2d that is not (with a warning)."""
     _check_model(model, "untransform")
-    stuck = [n for n, m in model.named_modules() if isinstance(m, Conv2dGw8) and weight_problem(m)]
-    if stuck:  # an nn.Conv2d in their place could not share, or would keep, those weights
-        names = ", ".join(repr(n) for n in stuck[:3]) + (", ..." if len(stuck) > 3 else "")
+    stuck: dict[str, list[str]] = {}  # why: the layers' names
+    for name, module in model.named_modules():
+        reason = restore_problem(module) if isinstance(module, Conv2dGw8) else None
+        if reason is not None:
+            stuck.setdefault(reason, []).append(repr(name))
+    if stuck:
+        count = sum(map(len, stuck.values()))
+        reasons = "; ".join(
+            ", ".join(names[:3]) + (", ..." if len(names) > 3 else "") + f" {reason}"
+            for reason, names in stuck.items()
+        )
         raise ValueError(
-            f"spio.untransform: {len(stuck)} Conv2dGw8 layers ({names}) have weights that are "
-            "shards or not Parameters: a model wrapped in FSDP (untransform the model before "
-            "wrapping it), or the deprecated torch.nn.utils.weight_norm (remove it first)"
+            f"spio.untransform changed nothing: {count} Conv2dGw8 layers cannot be given back "
+            f"as nn.Conv2d: {reasons}"
         )
     replacements: dict[int, nn.Conv2d] = {}
     compiled = 0

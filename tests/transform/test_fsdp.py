@@ -90,7 +90,7 @@ def test_untransform_refuses_a_layer_whose_weight_is_a_shard_and_changes_nothing
     layers = list(model)
     for i in (1, 3):
         layers[i].weight = nn.Parameter(layers[i].weight.detach().flatten().clone())
-    expected = r"2 Conv2dGw8 layers \('1', '3'\) have weights that are shards .*untransform the"
+    expected = r"2 Conv2dGw8 layers .*: '1', '3' has a weight of shape .*untransform the model"
     with pytest.raises(ValueError, match=expected):
         spio.untransform(model)
     assert list(model) == layers

@@ -139,7 +139,7 @@ def test_untransform_refuses_the_deprecated_weight_norm_put_on_a_conv2dgw8():
     the layer and the mend, the model as it was (it had been a TypeError from nn.Module)."""
     model = transform(nn.Sequential(nn.Conv2d(16, 16, 3, groups=2)))
     torch.nn.utils.weight_norm(model[0])
-    with pytest.raises(ValueError, match=r"1 Conv2dGw8 layers \('0'\) .*weight_norm \(remove it"):
+    with pytest.raises(ValueError, match=r"1 Conv2dGw8 layers .*: '0' .*weight_norm \(remove it"):
         untransform(model)
     assert isinstance(model[0], Conv2dGw8)
 

@@ -1,11 +1,13 @@
 """spio.transform and spio.scan_modules on a ConvNet mixing eligible and ineligible convolutions."""
 
 import copy
+import functools
 import logging
 import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import spio.transform as spio_transform
@@ -595,3 +597,55 @@ def test_untransform_of_a_conv2dgw8_compiled_in_place_warns_as_for_a_nested_one(
     assert type(restored) is nn.Conv2d and restored.weight is conv.weight
     assert "restored 1 nn.Conv2d modules" in caplog.text
     assert "1 Conv2dGw8 were compiled in place (Module.compile)" in caplog.text
+
+
+def test_the_nn_conv2d_untransform_gives_back_runs_pytorch_not_spio(monkeypatch):
+    """The nn.Conv2d given back for a Conv2dGw8 compiled in place had its compiled call, a
+    compile of the Conv2dGw8's own: it still ran spio's op (torch.export recorded it). And one
+    with a forward set on the instance (accelerate's hooks bind the old module) would run it too:
+    untransform now refuses it, naming the layer, and changes nothing."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    model = nn.Sequential(Conv2dGw8(16, 16, 3, padding=1, groups=2))
+    model[0].compile(backend="eager")
+    spio_transform.untransform(model)
+    seen = []
+    model[0].register_forward_pre_hook(lambda module, args: seen.append(type(module)))
+    x = torch.randn(1, 16, 5, 5)
+    model(x)
+    assert seen == [nn.Conv2d]
+    exported = torch.export.export(model, (x,))
+    targets = {str(node.target) for node in exported.graph.nodes}
+    assert not any("spio" in t for t in targets) and any("conv" in t for t in targets), targets
+
+    bound = transform(nn.Sequential(nn.Conv2d(16, 16, 3, groups=2), nn.Conv2d(16, 16, 1)))
+    layer = bound[0]
+    layer.forward = functools.partial(Conv2dGw8.forward, layer)  # as accelerate's hooks do
+    with pytest.raises(ValueError, match=r"1 Conv2dGw8 layers .*: '0' has a forward of its own"):
+        spio_transform.untransform(bound)
+    assert bound[0] is layer
+    with pytest.raises(ValueError, match="to_torch_module: the module has a forward of its own"):
+        layer.to_torch_module()
+
+
+def test_pruned_convs_are_named_as_such(caplog):
+    """torch.nn.utils.prune leaves a conv's weight a plain tensor: transform keeps such a conv,
+    and untransform refuses a pruned Conv2dGw8, each saying pruning is why and how to mend it
+    (both blamed FSDP or the deprecated weight_norm). Pruning after transform runs spio."""
+    from torch.nn.utils import prune
+
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    prune.l1_unstructured(conv, "weight", amount=0.5)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert transform(nn.Sequential(conv))[0] is conv
+    assert "kept 1 nn.Conv2d: is pruned (torch.nn.utils.prune)" in caplog.text
+    assert "transform before pruning" in caplog.text
+    model = transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)))
+    prune.l1_unstructured(model[0], "weight", amount=0.5)
+    model.double()
+    x = torch.randn(2, 16, 5, 5, dtype=torch.float64)
+    want = F.conv2d(x, model[0].weight_orig * model[0].weight_mask, model[0].bias, 1, 1, 1, 2)
+    torch.testing.assert_close(model(x), want)
+    with pytest.raises(ValueError, match=r"'0' is pruned .*: prune.remove it first"):
+        spio_transform.untransform(model)
+    prune.remove(model[0], "weight")
+    assert type(spio_transform.untransform(model)[0]) is nn.Conv2d
