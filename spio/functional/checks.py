@@ -231,9 +231,30 @@ def check_args(
 
 
 def memory_format(t: Tensor) -> torch.memory_format:
-    """channels_last when t is stored NHWC, else contiguous. A tensor that is both (an empty
-    batch, 1x1 images) counts as what its strides say, as for PyTorch's convolution."""
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+    """The memory format PyTorch's convolution gives its output (and gradients) for t:
+    channels_last when t is stored NHWC, or is a view with NHWC's stride order (a crop of an NHWC
+    tensor), else contiguous. A tensor that is both (an empty batch, 1x1 images) counts as what
+    its strides say, as for PyTorch's convolution."""
+    if t.dim() != 4:
+        return torch.contiguous_format
+    if t.is_contiguous(memory_format=torch.channels_last):
         if not t.is_contiguous() or (t.shape[1] > 1 and t.stride(1) < t.stride(3)):
             return torch.channels_last
+    elif not t.is_contiguous() and _nhwc_stride_order(t):
+        return torch.channels_last
     return torch.contiguous_format
+
+
+def _nhwc_stride_order(t: Tensor) -> bool:
+    """Whether a 4-D view's strides rise in NHWC's order (C, W, H, N), each at least the span of
+    the dims before it, as PyTorch's suggest_memory_format asks; a channel stride of 0 or an
+    N stride equal to the channels' (the N11W case) does not count."""
+    least = 0
+    for dim in (1, 3, 2, 0):
+        size, stride = t.shape[dim], t.stride(dim)
+        if size == 0 or stride < least or (dim == 1 and stride == 0):
+            return False
+        if dim == 0 and least == t.stride(1):
+            return False
+        least = stride * size if size > 1 else stride
+    return True

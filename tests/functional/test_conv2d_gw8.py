@@ -1034,3 +1034,35 @@ def test_custom_op_parameters_are_annotated_in_forms_torch_2_6_reads():
         for name, parameter in inspect.signature(op._init_fn).parameters.items():
             annotation = str(parameter.annotation)
             assert not builtin_generic.search(annotation), (op, name, annotation)
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_outputs_are_laid_out_as_pytorch_lays_them_out(monkeypatch, emulate):
+    """Views of NHWC tensors (crops, channel slices, strided rows or images) are not NHWC-
+    contiguous, yet PyTorch's convolution gives them channels_last outputs by their stride
+    order; spio gave them NCHW ones (a channels_last model turned NCHW after a crop)."""
+    import spio.functional
+    from spio.layers import Conv2dGw8
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    gen = torch.Generator().manual_seed(0)
+    nhwc = torch.randn(2, 16, 8, 8, generator=gen).half().to(memory_format=torch.channels_last)
+    nchw = torch.randn(2, 16, 8, 8, generator=gen).half()
+    views = {
+        "crop": nhwc[:, :, 1:7, 1:7], "channels": nhwc[:, :8], "rows": nhwc[:, :, ::2],
+        "images": nhwc[::2], "nchw-crop": nchw[:, :, 1:7, 1:7], "transposed": nchw.mT,
+    }  # fmt: skip
+    w = torch.randn(16, 8, 3, 3, generator=gen)
+    for name, view in views.items():
+        c = view.shape[1]
+        want = F.conv2d(view.double(), w[:c].double(), None, 1, 1, 1, c // 8)
+        layer = Conv2dGw8(c, c, 3, padding=1, groups=c // 8, bias=False).half()
+        layer.weight.data.copy_(w[:c])
+        x = view  # of half tensors: .half() would copy a view, laid out NHWC
+        for how, y in [
+            ("op", conv2d_gw8(x, w[:c].half(), None, 1, 1, 1, 1, c // 8)),
+            ("function", spio.functional.conv2d_gw8(x, w[:c].half(), None, 1, 1, 1, 1, c // 8)),
+            ("layer", layer(x)),
+        ]:
+            assert y.stride() == want.stride(), (name, how)
+            torch.testing.assert_close(y.double(), want, atol=1e-2, rtol=1e-2)
