@@ -331,11 +331,12 @@ class Conv2dGw8(nn.Conv2d):
         return self
 
     def _ineligibility_now(self) -> str | None:
-        """Why the layer's stride, dilation, groups or padding_mode, set after construction (as
-        nn.Conv2d allows: its forward reads them at each call), are ones spio's kernels cannot
-        run, or None. Cheap while they are as constructed."""
+        """Why the layer's stride, dilation, groups, padding or padding_mode, set after
+        construction (as nn.Conv2d allows: its forward reads them at each call), are ones spio's
+        kernels cannot run, or None. Cheap while they are as constructed."""
         if (
-            self.stride == (1, 1)
+            self.padding is self._spio_padding_of
+            and self.stride == (1, 1)
             and self.dilation == (1, 1)
             and self.padding_mode == "zeros"
             and self.groups * GROUP_WIDTH == self.in_channels

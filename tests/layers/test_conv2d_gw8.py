@@ -237,6 +237,31 @@ def test_fallback_logs_once(monkeypatch, caplog):
     ]
 
 
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_a_padding_set_later_that_the_kernels_cannot_take_falls_back(monkeypatch, caplog, emulate):
+    """padding = "same" on an even filter, set after construction: nn.Conv2d runs it (padding
+    more on one side), so the layer falls back to it, saying why, as for a stride set later;
+    it raised a ValueError. Set back to ints, the kernels run again."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    launched = spy_on_launches(monkeypatch)
+    layer = Conv2dGw8(16, 16, (3, 4), padding=1, groups=2).half()
+    x = torch.randn(1, 16, 6, 6).half()
+    layer.padding = "same"
+    with caplog.at_level(logging.WARNING, logger="spio"), torch.no_grad():
+        y = layer(x)
+    want = F.conv2d(x.double(), layer.weight.double(), layer.bias.double(), 1, "same", 1, 2)
+    torch.testing.assert_close(y.double(), want, atol=1e-2, rtol=1e-2)
+    assert "falls back to F.conv2d: the layer needs padding of one or two ints" in caplog.text
+    assert "(set after construction)" in caplog.text and launched == []
+    layer.padding = (1, 2)
+    with torch.no_grad():
+        y = layer(x)
+    want = F.conv2d(x.double(), layer.weight.double(), layer.bias.double(), 1, (1, 2), 1, 2)
+    torch.testing.assert_close(y.double(), want, atol=1e-2, rtol=1e-2)
+    assert launched == (["conv2d_gw8_fprop"] if emulate == "1" else [])
+
+
 @pytest.mark.parametrize("fullgraph", [True, False])
 def test_a_compiled_fallback_says_why_and_stays_one_graph(monkeypatch, caplog, fullgraph):
     """torch.compile cannot trace the fallback's logging call: it runs while the call is traced,
