@@ -333,7 +333,10 @@ class Conv2dGw8(nn.Conv2d):
     def _ineligibility_now(self) -> str | None:
         """Why the layer's stride, dilation, groups, padding or padding_mode, set after
         construction (as nn.Conv2d allows: its forward reads them at each call), are ones spio's
-        kernels cannot run, or None. Cheap while they are as constructed."""
+        kernels cannot run, or None. Cheap while they are as constructed. A padding counts only
+        where nn.Conv2d runs it ("same" on an even filter); one neither can take (negative,
+        floats, three values) is the kernels' to refuse (_padding_ints, the op's checks), with a
+        clearer error than nn.Conv2d's."""
         if (
             self.padding is self._spio_padding_of
             and self.stride == (1, 1)
@@ -342,12 +345,13 @@ class Conv2dGw8(nn.Conv2d):
             and self.groups * GROUP_WIDTH == self.in_channels
         ):
             return None
+        padding = self.padding if self.padding == "same" else 0
         reason = ineligibility(
             self.in_channels,
             self.out_channels,
             self.kernel_size,
             self.stride,
-            self.padding,
+            padding,
             self.dilation,
             self.groups,
             self.padding_mode,
