@@ -72,17 +72,19 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
     present (their archs, by ordinal) none covers: their tile configs come from the analytic
     heuristic."""
     from .kernels.families import FAMILIES
-    from .kernels.perf_model import PACKAGED_MODELS_DIR, PerfModelError, models_dir, read_meta
+    from .kernels.perf_model import (
+        PACKAGED_MODELS_DIR,
+        PerfModelError,
+        models_dir,
+        models_setting_problem,
+        read_meta,
+    )
 
     folder = models_dir()
     if not folder.is_dir():  # a mistyped SPIO_PERF_MODELS must not pass for "no models"
         if folder == PACKAGED_MODELS_DIR:
             return [("perf models", f"{_BROKEN}, the shipped models' folder {folder} is missing")]
-        why = (
-            f"{_BAD_SETTING}: SPIO_PERF_MODELS={folder} is not a folder; set it to a folder of "
-            "models (sm_XX/<family>.ubj), or unset it for the shipped ones"
-        )
-        return [("perf models", why)]
+        return [("perf models", f"{_BAD_SETTING}: {models_setting_problem()}")]
     by_arch: dict[str, list[dict]] = {}
     for meta_path in sorted(folder.glob("sm_*/**/*.json")):
         try:
@@ -503,9 +505,11 @@ def _setting_problems() -> list[str]:
     from .emulator.build import use_ucontext
     from .kernels.autotune import autotune_enabled, top_k
     from .kernels.kernel import _emulator_order_seed
+    from .kernels.perf_model import check_models_setting
 
     problems = []
     for parse in (
+        check_models_setting,
         default_workers,
         _emulator_order_seed,
         top_k,

@@ -249,7 +249,7 @@ LAYERS = (
 )
 
 
-def _recorded_runs(monkeypatch, ratios=None):
+def _recorded_runs(monkeypatch, tmp_path, ratios=None):
     """check.run_one replaced: records (params, pass, config, device) and returns the next of
     `ratios` (0.5 when None). "cuda" is a fake sm_90 GPU without perf models: the heuristic's
     picks for an H200-class GPU, as on the CPU."""
@@ -257,7 +257,7 @@ def _recorded_runs(monkeypatch, ratios=None):
 
     fake_gpu = pm.DeviceIdentity("sm_90", "Fake GPU", "13.0")
     monkeypatch.setattr(pm, "device_identity", lambda d: fake_gpu if d.type == "cuda" else None)
-    monkeypatch.setenv("SPIO_PERF_MODELS", "/nonexistent/spio-perf-models")
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))  # no models there
     pm.clear_caches()
     runs = []
     ratios = iter(ratios or ())
@@ -270,12 +270,14 @@ def _recorded_runs(monkeypatch, ratios=None):
     return runs
 
 
-def test_check_runs_every_layer_in_the_dtype_with_the_default_and_sampled_configs(monkeypatch):
+def test_check_runs_every_layer_in_the_dtype_with_the_default_and_sampled_configs(
+    monkeypatch, tmp_path
+):
     from dataclasses import replace
 
     from spio.kernels.families import FAMILY_OF_PASS
 
-    runs = _recorded_runs(monkeypatch)
+    runs = _recorded_runs(monkeypatch, tmp_path)
     result = check.check_pass("cuda", LAYERS, "dgrad", "bf16", extra_configs=2)
     family = FAMILY_OF_PASS["dgrad"]
     typed = [replace(p, dtype="bf16") for p in LAYERS]
@@ -288,10 +290,10 @@ def test_check_runs_every_layer_in_the_dtype_with_the_default_and_sampled_config
     assert result.passed and result.runs == 6 and result.worst == 0.5
 
 
-def test_check_keeps_the_worst_error_and_counts_every_failed_run(monkeypatch):
+def test_check_keeps_the_worst_error_and_counts_every_failed_run(monkeypatch, tmp_path):
     """A NaN ratio fails too (not ratio <= 1), and the worst error is the largest run's, not
     the last."""
-    _recorded_runs(monkeypatch, ratios=[0.5, 3.0, float("nan"), 0.25])
+    _recorded_runs(monkeypatch, tmp_path, ratios=[0.5, 3.0, float("nan"), 0.25])
     result = check.check_pass("cpu", LAYERS, "fprop", "fp16", extra_configs=1)
     assert result.runs == 4 and len(result.failures) == 2 and not result.passed
     assert result.worst == 3.0
@@ -303,8 +305,8 @@ def test_check_with_nothing_run_does_not_pass():
     assert result.runs == 0 and not result.passed and " FAIL " in result.line()
 
 
-def test_check_runs_the_kernels_on_the_device_it_is_given(monkeypatch):
-    runs = _recorded_runs(monkeypatch)
+def test_check_runs_the_kernels_on_the_device_it_is_given(monkeypatch, tmp_path):
+    runs = _recorded_runs(monkeypatch, tmp_path)
     built_for = []
     monkeypatch.setattr(check, "precompile", lambda *args: built_for.append(args[-1]))
     results = check.run_check("cuda", TINY, extra_configs=0, report=lambda line: None)

@@ -387,6 +387,7 @@ def test_info_says_which_gpus_no_perf_model_covers(tmp_path, monkeypatch):
         (["check", "--quick"], "SPIO_EMULATE", "maybe"),
         (["check", "--quick"], "SPIO_AUTOTUNE", "maybe"),
         (["check", "--quick"], "SPIO_EMU_UCONTEXT", "maybe"),
+        (["compile", "--arch", "sm_90", "--sample", "1"], "SPIO_PERF_MODELS", "/nonexistent"),
     ],
 )
 def test_a_bad_setting_is_a_one_line_error_before_any_work(command, setting, value, tmp_path):
@@ -584,7 +585,7 @@ def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monke
     [
         ("SPIO_CUDA_INCLUDE", "CUDA headers", "BROKEN INSTALL, not found: SPIO_CUDA_INCLUDE="),
         ("SPIO_NVRTC", "NVRTC", "was found but cannot be loaded"),
-        ("SPIO_PERF_MODELS", "perf models", "is not a folder; set it to a folder of models"),
+        ("SPIO_PERF_MODELS", "perf models", "must name a folder of models"),
         ("SPIO_CACHE_DIR", "cache", "NOT A WRITABLE FOLDER"),
     ],
 )

@@ -265,6 +265,25 @@ def models_dir() -> Path:
     return Path(env) if env else PACKAGED_MODELS_DIR
 
 
+def models_setting_problem() -> str | None:
+    """What is wrong with SPIO_PERF_MODELS, or None: set to something that is not a folder (a
+    typo must not pass for "no models": the heuristic would pick every config unannounced)."""
+    env = os.environ.get("SPIO_PERF_MODELS", "").strip()
+    if not env or Path(env).is_dir():
+        return None
+    return (
+        f"SPIO_PERF_MODELS must name a folder of models (sm_XX/<family>.ubj), got {env!r}, "
+        "not a folder; unset it for the shipped models"
+    )
+
+
+def check_models_setting() -> None:
+    """ValueError, naming SPIO_PERF_MODELS, where models_setting_problem finds one."""
+    problem = models_setting_problem()
+    if problem is not None:
+        raise ValueError(problem)
+
+
 def model_path(folder: Path, family: str, arch: str, device_name: str | None = None) -> Path:
     """`<folder>/<arch>[/<device-slug>]/<family>.ubj`."""
     base = Path(folder) / arch
@@ -659,7 +678,10 @@ def rank_configs(
             reason,
             level=logger.info,
         )
-    if not found:
+    problem = models_setting_problem() if folder is None else None
+    if problem is not None:
+        _warn_once(("setting", problem), "%s: using the analytic heuristic", problem)
+    elif not found:
         _warn_once(
             ("none", family.name, identity.arch, identity.name),
             "no perf model for %s on %s (%s) under %s; using the analytic heuristic",

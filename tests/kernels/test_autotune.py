@@ -283,6 +283,7 @@ def test_a_failing_config_counts_as_slowest(monkeypatch, tmp_path):
 
 
 def test_without_a_model_the_heuristic_top_k_is_timed(tuned, monkeypatch, tmp_path):
+    (tmp_path / "none").mkdir()
     monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path / "none"))
     family = pm.FAMILIES["conv2d_gw8_fprop"]
     ranked = sorted(family.configs(LAYER), key=lambda c: family.heuristic_key(LAYER, c))

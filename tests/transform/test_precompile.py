@@ -421,6 +421,7 @@ class _FakeCpuH200:
     def __init__(self, monkeypatch, tmp_path):
         monkeypatch.setenv("SPIO_AUTOTUNE", "1")
         monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "3")
+        (tmp_path / "no-models").mkdir()
         monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path / "no-models"))  # heuristic ranks
         identity = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H200", driver="13.0")
         monkeypatch.setattr(pm, "device_identity", lambda d: identity if d is not None else None)
