@@ -187,10 +187,25 @@ def _settings_summary() -> str:
         f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("SPIO_")
     ]
     text = ", ".join(set_) if set_ else "no SPIO_* variable set"
-    problems = _setting_problems()
+    problems = _setting_problems() + _missing_tools()
     if problems:
         text += "; " + "; ".join(f"{_BAD_SETTING}: {problem}" for problem in problems)
     return text
+
+
+def _missing_tools() -> list[str]:
+    """SPIO_LIBCUDA and SPIO_NVDISASM naming no file, which only info checks: the driver is
+    opened at the first GPU call (a missing one reads as "no GPU"), nvdisasm only by scripts/."""
+    import shutil
+
+    problems = []
+    libcuda = os.environ.get("SPIO_LIBCUDA", "")
+    if "/" in libcuda and not os.path.isfile(libcuda):  # a bare name is the loader's to find
+        problems.append(f"SPIO_LIBCUDA must name the CUDA driver library, got {libcuda!r}, no file")
+    nvdisasm = os.environ.get("SPIO_NVDISASM", "")
+    if nvdisasm and shutil.which(nvdisasm) is None:
+        problems.append(f"SPIO_NVDISASM must name nvdisasm, got {nvdisasm!r}, no program")
+    return problems
 
 
 def _cuda_headers_summary(folder) -> str:

@@ -587,6 +587,8 @@ def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monke
         ("SPIO_NVRTC", "NVRTC", "was found but cannot be loaded"),
         ("SPIO_PERF_MODELS", "perf models", "must name a folder of models"),
         ("SPIO_CACHE_DIR", "cache", "NOT A WRITABLE FOLDER"),
+        ("SPIO_LIBCUDA", "settings", "must name the CUDA driver library, got '/nonexistent'"),
+        ("SPIO_NVDISASM", "settings", "must name nvdisasm, got '/nonexistent', no program"),
     ],
 )
 def test_info_names_a_setting_that_points_at_something_unusable(setting, row, said, tmp_path):
