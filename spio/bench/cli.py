@@ -158,11 +158,32 @@ def _plot(rows, out_dir: Path) -> int:
     return 0
 
 
+def _unused_with_plot_only(args: argparse.Namespace) -> list[str]:
+    """The options given (set off their defaults) that choose what to time, which a CSV already
+    timed fixes: --plot-only would ignore them."""
+    given = {
+        "--quick": args.quick,
+        "--passes": tuple(args.passes) != tuple(PASSES),
+        "--dtype": args.dtype != "fp16",
+        "--in-situ": args.in_situ,
+        "--layers": args.layers,
+        "--layer": args.layer,
+        "--batch-sizes": args.batch_sizes,
+    }
+    return [option for option, value in given.items() if value]
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark (or only render plots) as the arguments say; returns the exit status."""
     from .results import format_table, read_csv, runs
 
     if args.plot_only is not None:
+        if ignored := _unused_with_plot_only(args):
+            print(
+                f"--plot-only renders the CSV as it is: {', '.join(ignored)} do not apply to it",
+                file=sys.stderr,
+            )
+            return 2
         try:
             rows = read_csv(args.plot_only)
         except (OSError, ValueError) as error:

@@ -208,6 +208,21 @@ def test_plot_only_refuses_a_csv_without_rows_or_of_two_runs(tmp_path, capsys):
     assert "  NVIDIA H200, 2026-11-30 08:00 UTC: python -m spio bench --quick" in out.err
 
 
+def test_plot_only_refuses_the_options_that_choose_what_to_time(capsys):
+    """--plot-only renders a CSV's rows as they are: --passes, --layers and the other options
+    that choose what to time were silently ignored with it; now exit 2 naming them."""
+    from spio.__main__ import main
+
+    argv = ["bench", "--plot-only", PLOTTED_CSV, "--passes", "fprop", "--layers", "64c",
+            "--dtype", "bf16", "--batch-sizes", "32"]  # fmt: skip
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (
+        "--plot-only renders the CSV as it is: --passes, --dtype, --layers, --batch-sizes do "
+        "not apply to it\n"
+    )
+
+
 def test_plot_only_plots_next_to_the_csv_unless_out_is_given(tmp_path, monkeypatch, capsys):
     from spio.__main__ import main
     from spio.bench import cli
