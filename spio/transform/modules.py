@@ -35,10 +35,16 @@ from spio.log import logger
 Included = bool | Iterable[str]
 
 
-def _check_model(model: object, caller: str) -> None:
-    """TypeError naming the caller when model is not an nn.Module."""
+def _check_model(model: object, caller: str, kwargs: object = None) -> None:
+    """TypeError naming the caller when model is not an nn.Module, or kwargs (the keyword
+    arguments of the model's call, where the caller takes them) neither None nor a dict."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"spio.{caller} needs an nn.Module, got {type(model).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(
+            f"spio.{caller}: kwargs must be a dict of the model call's keyword arguments, got "
+            f"{type(kwargs).__name__}"
+        )
 
 
 def transform(
@@ -258,7 +264,7 @@ def scan_modules(
     buffer (e.g. BatchNorm running statistics) and the random-number state are restored
     afterwards, so the model is left unchanged.
     """
-    _check_model(model, "scan_modules")
+    _check_model(model, "scan_modules", kwargs)
     return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs, kwargs)))
 
 
@@ -410,7 +416,7 @@ def precompile(
     are built all at once, and then each layer's are timed on the GPU (a second progress bar).
     Returns the kernels; raises RuntimeError naming any kernel that failed to build.
     """
-    _check_model(model, "precompile")
+    _check_model(model, "precompile", kwargs)
     model = _unwrapped(model)
     training = model.training if training is None else training
     layers = list({id(m): m for m in model.modules() if isinstance(m, Conv2dGw8)}.values())
@@ -552,7 +558,7 @@ def where_faster(
     says so when the convolutions met other layouts. `timer` replaces the GPU timing (tests);
     without one, ValueError unless the tensors among inputs and kwargs are on exactly one GPU.
     """
-    _check_model(model, "transform.where_faster")
+    _check_model(model, "transform.where_faster", kwargs)
     met = _layers_met(model, inputs, kwargs)
     layers = list(dict.fromkeys(params for _, params, _ in met))
     timed = PASSES if training else ("fprop",)

@@ -473,7 +473,7 @@ def test_the_debug_log_counts_the_convs_kept_for_each_reason(caplog):
 
 def test_arguments_of_the_wrong_kind_are_type_errors_naming_the_function():
     """A string for the model, or True for include, failed inside with AttributeError or
-    "'bool' object is not callable"."""
+    "'bool' object is not callable"; a kwargs of the model's call that is not a dict too."""
     calls = {
         "spio.transform needs an nn.Module, got str": lambda: transform("model"),
         "include must be a function of (name, conv) or None, got bool": lambda: transform(
@@ -485,6 +485,14 @@ def test_arguments_of_the_wrong_kind_are_type_errors_naming_the_function():
         "spio.transform.where_faster needs an nn.Module, got str": lambda: (
             spio_transform.where_faster("model", timer=lambda *a: 0.0)
         ),
+        # A kwargs that is no dict failed inside with AttributeError.
+        "spio.scan_modules: kwargs must be a dict of the model call's keyword arguments, got "
+        "list": lambda: scan_modules(_model(), torch.randn(1, 16, 4, 4), kwargs=[1]),
+        "spio.precompile: kwargs must be a dict of the model call's keyword arguments, got str": (
+            lambda: spio_transform.precompile(_model(), kwargs="abc")
+        ),
+        "spio.transform.where_faster: kwargs must be a dict of the model call's keyword "
+        "arguments, got tuple": lambda: spio_transform.where_faster(_model(), kwargs=()),
     }
     for message, call in calls.items():
         with pytest.raises(TypeError, match=re.escape(message)):
