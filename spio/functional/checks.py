@@ -6,7 +6,7 @@ non-tensor where a tensor belongs); they work on fake (symbolic) tensors too.
 
 from __future__ import annotations
 
-from typing import overload
+from typing import Any, overload
 
 import torch
 import torch.autograd.forward_ad as forward_ad
@@ -144,6 +144,15 @@ def check_tensors(input: Tensor, weight: Tensor, bias: Tensor | None) -> None:
             raise TypeError(f"conv2d_gw8 needs {name} to be {kind}, got {type(t).__name__}")
 
 
+def _shown(value: Any) -> Any:
+    """A size (or a shape, as a tuple) as an error message shows it: under torch.compile with
+    dynamic shapes a size is a symbol (s6), whose value this call has; the message names the
+    value (asking it specializes the graph to it, harmless on the way to an error)."""
+    if isinstance(value, (tuple, torch.Size)):
+        return tuple(_shown(v) for v in value)
+    return int(value) if isinstance(value, torch.SymInt) else value
+
+
 def check_args(
     input: Tensor,
     weight: Tensor,
@@ -180,41 +189,46 @@ def check_args(
     c, k = input.shape[1], weight.shape[0]
     group_width, r, s = weight.shape[1], weight.shape[2], weight.shape[3]
     if group_width != GROUP_WIDTH:
-        raise ValueError(f"conv2d_gw8 needs group width 8, got {group_width}")
+        raise ValueError(f"conv2d_gw8 needs group width 8, got {_shown(group_width)}")
     if c % GROUP_WIDTH or c < GROUP_WIDTH:
-        raise ValueError(f"conv2d_gw8 needs channels a positive multiple of 8, got {c}")
+        raise ValueError(f"conv2d_gw8 needs channels a positive multiple of 8, got {_shown(c)}")
     if groups != 1 and k == groups * GROUP_WIDTH and c != k:  # a layer met the wrong input
         raise ValueError(
-            f"conv2d_gw8 with weight of shape {tuple(weight.shape)} and groups={groups} needs an "
-            f"input of {groups * GROUP_WIDTH} channels, got input of shape {tuple(input.shape)}"
+            f"conv2d_gw8 with weight of shape {_shown(weight.shape)} and groups={groups} needs an "
+            f"input of {groups * GROUP_WIDTH} channels, got input of shape {_shown(input.shape)}"
         )
     if k != c:
         raise ValueError(
-            f"conv2d_gw8 needs as many output as input channels, got C={c} (input.shape[1]) "
-            f"and K={k} (weight.shape[0])"
+            f"conv2d_gw8 needs as many output as input channels, got C={_shown(c)} "
+            f"(input.shape[1]) and K={_shown(k)} (weight.shape[0])"
         )
     if groups != 1 and groups != c // GROUP_WIDTH:
-        raise ValueError(f"conv2d_gw8 needs groups = C / 8 = {c // GROUP_WIDTH}, got {groups}")
+        raise ValueError(
+            f"conv2d_gw8 needs groups = C / 8 = {_shown(c // GROUP_WIDTH)}, got {groups}"
+        )
     for name, value in (("R", r), ("S", s)):
         if not MIN_FILTER <= value <= MAX_FILTER:
             raise ValueError(
-                f"conv2d_gw8 needs filter {name} in {MIN_FILTER}..{MAX_FILTER}, got {value}"
+                f"conv2d_gw8 needs filter {name} in {MIN_FILTER}..{MAX_FILTER}, got {_shown(value)}"
             )
     if padding_y < 0 or padding_x < 0:
         raise ValueError(f"conv2d_gw8 needs non-negative padding, got ({padding_y}, {padding_x})")
     if input.shape[2] < 1 or input.shape[3] < 1:
-        h, w = input.shape[2], input.shape[3]
+        h, w = _shown(input.shape[2:])
         raise ValueError(f"conv2d_gw8 needs an input image of at least 1x1, got {h}x{w}")
     p = input.shape[2] + 2 * padding_y - r + 1
     q = input.shape[3] + 2 * padding_x - s + 1
     if p <= 0 or q <= 0:
         raise ValueError(
-            f"conv2d_gw8 needs a non-empty output, got output size {p}x{q} for input "
-            f"{input.shape[2]}x{input.shape[3]}, filter {r}x{s}, padding ({padding_y}, {padding_x})"
+            f"conv2d_gw8 needs a non-empty output, got output size {_shown(p)}x{_shown(q)} for "
+            f"input {'x'.join(map(str, _shown(input.shape[2:])))}, filter {_shown(r)}x"
+            f"{_shown(s)}, padding ({padding_y}, {padding_x})"
         )
     if bias is not None:
         if bias.dim() != 1 or bias.shape[0] != k:
-            raise ValueError(f"conv2d_gw8 needs a bias of shape ({k},), got {tuple(bias.shape)}")
+            raise ValueError(
+                f"conv2d_gw8 needs a bias of shape ({_shown(k)},), got {_shown(bias.shape)}"
+            )
         if bias.dtype not in (input.dtype, torch.float32):
             raise ValueError(
                 f"conv2d_gw8 needs bias in fp32 or the input dtype {input.dtype}, got {bias.dtype}"

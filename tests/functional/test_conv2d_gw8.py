@@ -1,5 +1,7 @@
 """spio::conv2d_gw8 custom ops on CPU: values, gradients, opcheck, compile, autocast, bad inputs."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -1066,3 +1068,25 @@ def test_outputs_are_laid_out_as_pytorch_lays_them_out(monkeypatch, emulate):
         ]:
             assert y.stride() == want.stride(), (name, how)
             torch.testing.assert_close(y.double(), want, atol=1e-2, rtol=1e-2)
+
+
+def test_errors_under_dynamic_shapes_name_values_not_symbols():
+    """Compiled with dynamic shapes, sizes are symbols while the op's checks run: an error said
+    "needs filter R in 1..5, got s6", or an output size of "0xs0 - s49 + 3". It names the values
+    this call has."""
+    import spio.functional
+
+    def f(x, w):
+        return spio.functional.conv2d_gw8(x, w, None, 1, 1, 1, 1, 2)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="eager", fullgraph=True, dynamic=True)
+    cases = [
+        ((1, 16, 8, 8), (16, 8, 6, 3), "needs filter R in 1..5, got 6"),
+        ((1, 16, 2, 3), (16, 8, 5, 5), "got output size 0x1 for input 2x3, filter 5x5, padding"),
+        ((1, 16, 8, 8), (24, 8, 3, 3), "got C=16 (input.shape[1]) and K=24 (weight.shape[0])"),
+    ]
+    for x_shape, w_shape, said in cases:
+        with pytest.raises(Exception, match=re.escape(said)):
+            compiled(torch.randn(x_shape), torch.randn(w_shape))
+    torch._dynamo.reset()
