@@ -357,11 +357,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     # A repeated --arch once: compiling every kernel twice for it would only double the time.
     archs = list(dict.fromkeys(args.arch)) if args.arch else [check_arch(a) for a in supported_arch]
-    families = [f for f in FAMILIES if not args.kernel or args.kernel in f]
-    if not families:
+    names = args.kernel or []
+    families = [f for f in FAMILIES if not names or any(name in f for name in names)]
+    unmatched = [name for name in names if not any(name in f for f in FAMILIES)]
+    if unmatched:
         print(
-            f"spio compile: no kernel family matches {args.kernel!r}; families: "
-            f"{', '.join(FAMILIES)}",
+            f"spio compile: no kernel family matches {', '.join(map(repr, unmatched))}; "
+            f"families: {', '.join(FAMILIES)}",
             file=sys.stderr,
         )
         return 2
@@ -375,6 +377,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     keys = sorted(pairs)
     if args.sample and args.sample < len(keys):
         keys = random.Random(args.seed).sample(keys, args.sample)
+    elif args.sample:
+        print(f"--sample {args.sample} is at least the {len(keys)} kernels there are: all of them")
     from tqdm import tqdm
 
     # Generating every kernel's source takes about a minute on its own: a bar, not silence.
@@ -495,8 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compile_parser.add_argument(
         "--kernel",
+        action="append",
         metavar="NAME",
-        help="only kernel families (conv2d_gw8_fprop, _dgrad, _wgrad) whose name contains NAME",
+        help="only kernel families (conv2d_gw8_fprop, _dgrad, _wgrad) whose name contains NAME "
+        "(repeatable: those of any NAME)",
     )
     compile_parser.add_argument(
         "--sample", type=positive_int, metavar="N", help="compile a random sample of N kernels"

@@ -732,6 +732,32 @@ def test_compile_kernel_picks_the_families_whose_name_contains_it(compiled_jobs,
     said = f"spio compile: no kernel family matches 'bprop'; families: {', '.join(FAMILIES)}\n"
     assert out.err == said and out.out == ""
     assert compiled_jobs == []
+    # Repeated, the families of any (the last alone had been kept); each must match one.
+    main(["compile", "--arch", "sm_90", "--kernel", "fprop", "--kernel", "wgrad"])
+    assert {name.split("__")[0] for name, _ in compiled_jobs} == {
+        "conv2d_gw8_fprop",
+        "conv2d_gw8_wgrad",
+    }
+    compiled_jobs.clear()
+    capsys.readouterr()
+    assert main(["compile", "--kernel", "fprop", "--kernel", "bprop"]) == 2
+    assert capsys.readouterr().err.startswith("spio compile: no kernel family matches 'bprop';")
+    assert compiled_jobs == []
+
+
+def test_compile_says_when_its_sample_is_every_kernel(compiled_jobs, capsys, monkeypatch):
+    """--sample N of at least the kernels there are compiles them all, and says so (a user who
+    meant a sample was left waiting on a full compile)."""
+    from spio.__main__ import main
+    from spio.kernels import layer_sets
+
+    one = layer_sets.compile_layer_set()[:1]
+    monkeypatch.setattr(layer_sets, "compile_layer_set", lambda: one)
+    main(["compile", "--arch", "sm_90", "--kernel", "wgrad", "--sample", "100000"])
+    total = len(compiled_jobs)
+    assert f"--sample 100000 is at least the {total} kernels there are: all of them" in (
+        capsys.readouterr().out
+    )
 
 
 @pytest.fixture
