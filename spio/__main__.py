@@ -328,6 +328,10 @@ def cmd_clear_cache(args: argparse.Namespace) -> int:
     from .compiler.cache import NAMESPACES, cache_root, remove_own_files
 
     root = cache_root()
+    if not root.is_dir():  # said as it is, not as "removed 0 files from" a folder there is not
+        kind = "no cache folder at" if not root.exists() else "not a folder, no cache:"
+        print(f"{kind} {root}; nothing removed")
+        return 0
     files = total = 0
     errors: list[OSError] = []
     for namespace in NAMESPACES:

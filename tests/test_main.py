@@ -242,6 +242,19 @@ def test_clear_cache_removes_entries(tmp_path):
     assert not tmp_path.exists()
 
 
+def test_clear_cache_says_when_there_is_no_cache_folder(tmp_path, monkeypatch, capsys):
+    """A cache root that does not exist (cleared already, or a mistyped SPIO_CACHE_DIR) or is a
+    file: said so, not "removed 0 files (0 B) from" it."""
+    from spio.__main__ import main
+
+    (tmp_path / "a-file").write_bytes(b"")
+    for root, said in (("missing", "no cache folder at"), ("a-file", "not a folder, no cache:")):
+        monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / root))
+        assert main(["clear-cache"]) == 0
+        assert capsys.readouterr().out == f"{said} {tmp_path / root}; nothing removed\n"
+    assert (tmp_path / "a-file").is_file()
+
+
 def test_clear_cache_removes_only_spios_folders(tmp_path):
     """SPIO_CACHE_DIR may name a folder that holds other things too (e.g. ~/.cache)."""
     for namespace in ("cubin", "emulator", "autotune"):
