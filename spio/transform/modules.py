@@ -207,10 +207,8 @@ def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, 
     answer = True if include is None else include(name, conv)
     if isinstance(answer, bool):
         return PASSES if answer else ()
-    if isinstance(answer, str):
-        answer = (answer,)
     try:
-        passes = tuple(answer)
+        passes = (answer,) if isinstance(answer, str) else tuple(answer)
         pass_mask(passes)
     except (TypeError, ValueError):
         raise ValueError(

@@ -417,9 +417,11 @@ def test_include_answers_are_checked_before_the_model_changes():
     transform(model, include=lambda name, conv: "fprop")
     assert [m.spio_passes for m in model] == [("fprop",)] * 3
     model = nn.Sequential(*(nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(3)))
-    for bad in ("fp", None, ["fprop", "bprop"]):
+    for bad in ("fprop,dgrad", None, ["fprop", "bprop"]):
         answers = {"0": True, "1": True, "2": bad}
-        with pytest.raises(ValueError, match=r"include\('2', conv\) must return True, False"):
+        # The answer as include gave it (a string was shown as the tuple made of it).
+        said = rf"include\('2', conv\) must return True, False .*, got {re.escape(repr(bad))}$"
+        with pytest.raises(ValueError, match=said):
             transform(model, include=lambda name, conv, a=answers: a[name])
         assert [type(m) for m in model] == [nn.Conv2d] * 3
 
