@@ -137,8 +137,17 @@ def _include_options() -> list[str]:
 
 
 def nvrtc_options(arch: str, *, line_info: bool = False, debug: bool = False) -> list[str]:
-    """The NVRTC command line spio uses for `arch`."""
-    opts = [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v", *_include_options()]
+    """The NVRTC command line spio uses for `arch`. --no-source-include: NVRTC searches a
+    quoted #include first beside the program, whose name is bare: in the current directory,
+    which the cache key does not cover (a process started in another checkout's spio/include
+    would build, and cache for every process, kernels from that checkout's headers)."""
+    opts = [
+        f"--gpu-architecture={arch}",
+        "-std=c++17",
+        "--ptxas-options=-v",
+        "--no-source-include",
+        *_include_options(),
+    ]
     if line_info:
         opts.append("-lineinfo")
     if debug:

@@ -430,3 +430,21 @@ def test_an_spio_nvrtc_that_is_not_nvrtc_is_named_with_how_to_mend_it(tmp_path, 
     assert reason in out.stdout and out.stdout.rstrip().endswith(
         "set SPIO_NVRTC to a working libnvrtc.so.12 or .13, or unset it"
     )
+
+
+def test_quoted_includes_are_not_searched_in_the_current_directory(
+    cache_dir, tmp_path, monkeypatch
+):
+    """NVRTC searched a quoted #include first beside the program, named bare: in the current
+    directory. A process started where another checkout's spio/include lies built its kernels
+    from those headers, and cached them under the key of spio's own for every process."""
+    impostor = tmp_path / "spio" / "macros.h"
+    impostor.parent.mkdir()
+    impostor.write_text("#define SPIO_TEST_VALUE 7\n", encoding="utf-8")
+    source = (
+        '#include "spio/macros.h"\n#ifndef SPIO_TEST_VALUE\n#define SPIO_TEST_VALUE 5\n#endif\n'
+        'extern "C" __global__ void k(int* x) { x[0] = SPIO_TEST_VALUE; }\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    stored = [line for line in compile_cubin(source, "sm_90").ptx.splitlines() if "mov" in line]
+    assert any(line.rstrip().endswith(", 5;") for line in stored), stored
