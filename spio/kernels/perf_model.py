@@ -678,8 +678,10 @@ def rank_configs(
             reason,
             level=logger.info,
         )
-    problem = models_setting_problem() if folder is None else None
-    if problem is not None:
+    looked_in = models_dir() if folder is None else Path(folder)
+    if not looked_in.is_dir():  # a typo must not pass for "no models" (info level, hidden)
+        problem = models_setting_problem() if looked_in == models_dir() else None
+        problem = problem or f"the perf models' folder {looked_in} is missing"
         _warn_once(("setting", problem), "%s: using the analytic heuristic", problem)
     elif not found:
         _warn_once(

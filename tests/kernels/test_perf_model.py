@@ -1273,20 +1273,26 @@ def test_a_gpu_of_an_arch_without_known_limits_is_ranked_for_the_limits_it_repor
 def test_a_mistyped_models_folder_is_warned_of_once(monkeypatch, tmp_path, caplog):
     """SPIO_PERF_MODELS naming no folder: the heuristic ranks, as without models, but with a
     warning naming the setting (it was logged at info level, hidden by default, as if the
-    folder simply held no model). An existing folder without models warns of nothing."""
+    folder simply held no model), where get_kernel picks (select_config) as where configs are
+    ranked. An existing folder without models warns of nothing."""
+    import torch
+
     family = pm.FAMILIES["conv2d_gw8_fprop"]
     layer = P(128, 64, 64, 64, padding=1)
     identity = pm.DeviceIdentity("sm_90", "NVIDIA H200", "13.0", sms=132)
+    monkeypatch.setattr(pm, "device_identity", lambda device: identity)
     for folder, warned in ((tmp_path, False), (tmp_path / "typo", True)):
         monkeypatch.setenv("SPIO_PERF_MODELS", str(folder))
-        pm.clear_caches()
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="spio"):
-            for _ in range(2):
-                ranked, model = pm.rank_configs(family, layer, identity)
-                assert model is None and ranked[0] == family.default_config(layer)
-        said = [r.getMessage() for r in caplog.records]
-        assert said == ([f"SPIO_PERF_MODELS must name a folder of models (sm_XX/<family>.ubj), "
-                         f"got {str(folder)!r}, not a folder; unset it for the shipped models: "
-                         "using the analytic heuristic"] if warned else []), said  # fmt: skip
+        for pick in (
+            lambda: pm.select_config(conv2d_gw8_kernel_factory, layer, torch.device("cuda")),
+            lambda: pm.rank_configs(family, layer, identity)[0][0],
+        ):
+            pm.clear_caches()
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="spio"):
+                assert pick() == pick() == family.default_config(layer)
+            said = [r.getMessage() for r in caplog.records]
+            assert said == ([f"SPIO_PERF_MODELS must name a folder of models (sm_XX/<family>.ubj), "
+                             f"got {str(folder)!r}, not a folder; unset it for the shipped models: "
+                             "using the analytic heuristic"] if warned else []), said  # fmt: skip
     pm.clear_caches()
