@@ -49,7 +49,7 @@ class Conv2dGw8Config:
     def __post_init__(self) -> None:
         for name in ("groups", "block_p", "block_q", "warp_q16", "stages", "mma_k", "block_n"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # bool: "True"
                 raise ValueError(f"Conv2dGw8Config needs {name} a positive int, got {value!r}")
         if self.stages < 2:
             raise ValueError(f"Conv2dGw8Config needs stages >= 2, got {self.stages}")

@@ -53,7 +53,7 @@ class Conv2dGw8WgradConfig:
     def __post_init__(self) -> None:
         for name in ("groups", "block_p", "block_q", "block_n", "warp_q8", "stages", "mma_k"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # bool: "True"
                 raise ValueError(f"Conv2dGw8WgradConfig needs {name} a positive int, got {value!r}")
         if self.stages < 2:
             raise ValueError(f"Conv2dGw8WgradConfig needs stages >= 2, got {self.stages}")

@@ -60,6 +60,7 @@ def test_sector_waste_charges_only_blocks_that_split_pixels():
         dict(block_q=16, warp_q16=2),
         dict(groups=64, block_q=64),
         dict(block_n=0),
+        dict(groups=True),  # equal to groups=1, but encoded "gTrue"
     ],
 )
 def test_bad_configs_are_rejected(bad):

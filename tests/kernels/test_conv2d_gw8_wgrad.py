@@ -35,7 +35,14 @@ def test_default_kernels_fit_the_launch_limits():
 
 
 @pytest.mark.parametrize(
-    "bad", [dict(block_n=0), dict(block_q=12), dict(block_q=8, warp_q8=2), dict(groups=64)]
+    "bad",
+    [
+        dict(block_n=0),
+        dict(block_q=12),
+        dict(block_q=8, warp_q8=2),
+        dict(groups=64),
+        dict(groups=True),
+    ],  # fmt: skip
 )
 def test_bad_configs_are_rejected(bad):
     with pytest.raises(ValueError, match="Conv2dGw8WgradConfig needs"):
