@@ -206,6 +206,14 @@ def compile_cubin(
         raise ValueError(f"compile_cubin needs non-empty CUDA source for {name!r}, got {source!r}")
     check_arch(arch)
     headers = dict(headers or {})
+    for header, text in headers.items():
+        if not isinstance(header, str) or not isinstance(text, str):
+            raise TypeError(
+                f"compile_cubin needs headers as {{name: text}} of strings, got {header!r}: "
+                f"{type(text).__name__}"
+            )
+    if isinstance(options, str) or not all(isinstance(o, str) for o in options):
+        raise TypeError(f"compile_cubin needs options as a sequence of strings, got {options!r}")
     opts = nvrtc_options(arch, line_info=line_info, debug=debug) + list(options)
 
     def build() -> tuple[bytes, dict]:
