@@ -174,7 +174,7 @@ def ablate_layer(args, layer) -> int:
     from spio.cuda import driver
     from spio.kernels import autotune
     from spio.kernels.families import FAMILY_OF_PASS
-    from spio.kernels.perf_model import select_config
+    from spio.kernels.perf_model import device_identity, select_config
     from spio.kernels.stats import Conv2dStats
 
     params = layer.params(args.n, args.dtype)
@@ -194,8 +194,8 @@ def ablate_layer(args, layer) -> int:
                 print(f"{pass_}: no config {', '.join(missing)} for this layer", file=sys.stderr)
                 return 2
             configs = [by_name[name] for name in args.config]
-        elif args.heuristic:
-            configs = [family.default_config(params)]
+        elif args.heuristic:  # for this GPU's SMs and limits, as spio ranks without a model
+            configs = [family.default_config(params, machine=device_identity(device).machine)]
         else:  # the config spio's get_kernel would use on this GPU
             configs = [select_config(_factory_of(family), params, device, **_options(family))]
         plan[pass_] = []

@@ -2,7 +2,8 @@
 
 For every layer of the benchmark table at one batch size, each kernel family's default config for a
 GPU of each supported arch (the analytic heuristic's pick for that arch's limits and a typical GPU's
-SM count, `GPUS`) is compiled with NVRTC for that arch; ptxas' report gives registers, spills and
+SM count, `spio.kernels.conv2d_gw8_factory.TYPICAL_GPU`) is compiled with NVRTC for that arch;
+ptxas' report gives registers, spills and
 static shared memory, and the theoretical occupancy follows from the arch's per-SM limits (CUDA
 programming guide, compute capability table). Where nvdisasm is installed, each kernel's main loop
 is read from its SASS too (spio.compiler.sass): instructions a warp issues per row step. No GPU is
@@ -26,17 +27,8 @@ from spio.compiler import CompileResult, compile_many
 from spio.compiler.cache import write_atomically
 from spio.compiler.occupancy import LIMITS, blocks_per_sm
 from spio.compiler.sass import find_nvdisasm, loop_report
-from spio.kernels.conv2d_gw8_factory import machine_of
+from spio.kernels.conv2d_gw8_factory import TYPICAL_GPU, typical_machine
 from spio.kernels.families import FAMILIES
-
-#: The GPU whose SM count stands for each arch in the heuristic's picks (the arch's per-SM limits
-#: do not depend on the GPU).
-GPUS = {
-    "sm_80": ("A100", 108),
-    "sm_86": ("RTX 3090", 82),
-    "sm_89": ("RTX 4090", 128),
-    "sm_90": ("H200", 132),
-}
 
 
 def _steps(full_step, nvdisasm: str | None) -> str:
@@ -75,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         params = layer.params(args.n, args.dtype)
         for family in FAMILIES.values():
             for arch in spio.supported_arch:
-                machine = machine_of(arch, GPUS[arch][1])
-                config = family.default_config(params, machine=machine)
+                config = family.default_config(params, machine=typical_machine(arch))
                 row = (layer.name, family, config, family.make_kernel(params, config))
                 jobs.append((row, arch))
     results = compile_many([row[3].compile_job(arch) for row, arch in jobs], desc="compiling")
@@ -107,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Made on {datetime.date.today()} by `python scripts/resource_report.py"
         f" --n {args.n} --dtype {args.dtype}` (NVRTC, no GPU): each family's default config "
         "per layer of the benchmark table, the analytic heuristic's pick for a GPU of the arch ("
-        + ", ".join(f"{arch}: {gpu}'s {sms} SMs" for arch, (gpu, sms) in GPUS.items())
+        + ", ".join(f"{arch}: {gpu}'s {sms} SMs" for arch, (gpu, sms) in TYPICAL_GPU.items())
         + "; where a performance model applies, spio runs its pick instead). Occupancy is "
         "theoretical: "
         "resident warps per SM from ptxas' registers and the block's shared memory under the "

@@ -75,7 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def choose_cases(args: argparse.Namespace, families: list, layers: list) -> list[tuple]:
     """(family, params, config) to count: the named configs, a random sample of all of them, or
-    each layer's heuristic config."""
+    each layer's heuristic config for a typical GPU of --arch (TYPICAL_GPU)."""
+    from spio.kernels.conv2d_gw8_factory import typical_machine
+
     if args.sample:
         every = [(f, p, c) for f in families for p in layers for c in f.configs(p)]
         chosen = random.Random(args.seed).sample(every, min(args.sample, len(every)))
@@ -89,8 +91,9 @@ def choose_cases(args: argparse.Namespace, families: list, layers: list) -> list
                         cases.append((family, params, family.config_named(params, name)))
                     except ValueError as error:
                         sys.exit(f"sass_loop: {error}")
-            else:
-                cases.append((family, params, family.default_config(params)))
+            else:  # the heuristic's pick for a typical GPU of the arch, as resource_report's
+                config = family.default_config(params, machine=typical_machine(args.arch))
+                cases.append((family, params, config))
     return cases
 
 

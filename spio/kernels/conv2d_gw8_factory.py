@@ -186,6 +186,21 @@ def machine_of(arch: str, sms: int = 0, limits: SmLimits | None = None) -> Machi
     return Machine(sms=sms if sms > 0 else H200_CLASS.sms, limits=limits or limits_of(arch))
 
 
+#: The GPU whose SM count stands for each arch where no GPU is at hand (the resource report,
+#: scripts/sass_loop.py): the arch's per-SM limits do not depend on the GPU, its SMs do.
+TYPICAL_GPU = {
+    "sm_80": ("A100", 108),
+    "sm_86": ("RTX 3090", 82),
+    "sm_89": ("RTX 4090", 128),
+    "sm_90": ("H200", 132),
+}
+
+
+def typical_machine(arch: str) -> Machine:
+    """machine_of a TYPICAL_GPU of `arch` (the H200's SM count for an arch without one)."""
+    return machine_of(arch, TYPICAL_GPU.get(arch, ("", 0))[1])
+
+
 #: Bytes each SM must keep in flight to cover DRAM latency (~4 TB/s x ~1 us / 132 SMs). The same
 #: figure on every machine: spio cannot read a GPU's memory bandwidth or latency.
 BYTES_IN_FLIGHT_PER_SM = 32 * 1024

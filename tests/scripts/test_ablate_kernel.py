@@ -373,18 +373,31 @@ def test_a_layers_kernels_compile_in_one_batch_before_any_is_timed(fake_gpu):
     assert all(isinstance(name, str) for name in timed)
 
 
-def test_heuristic_times_the_config_gpus_without_a_model_run(fake_gpu):
-    """--heuristic times each pass's analytic-heuristic config, spio's choice where no
-    performance model applies; it and --config exclude each other."""
+@pytest.mark.parametrize("gpu", ["H200", "RTX 3090"])
+def test_heuristic_times_the_config_gpus_without_a_model_run(fake_gpu, monkeypatch, gpu):
+    """--heuristic times each pass's analytic-heuristic config for this GPU, spio's choice
+    where no performance model applies (it timed the H200's pick on every GPU: on an RTX 3090
+    WGrad's differs at N = 128); it and --config exclude each other."""
+    from spio.kernels import perf_model as pm
     from spio.kernels.families import FAMILY_OF_PASS
 
+    identity = {
+        "H200": pm.DeviceIdentity("sm_90", "NVIDIA H200", "13.0", sms=132),
+        "RTX 3090": pm.DeviceIdentity("sm_86", "NVIDIA GeForce RTX 3090", "13.0", sms=82),
+    }[gpu]
+    monkeypatch.setattr(pm, "device_identity", lambda device: identity)
     args = ablate.parse_args(
-        ["--layer", "64c_64x64_3x3", "--n", "2", "--passes", "fprop", "wgrad", "--heuristic",
+        ["--layer", "64c_64x64_3x3", "--n", "128", "--passes", "fprop", "wgrad", "--heuristic",
          "--variants", "full", "unroll-r"]
     )  # fmt: skip
     assert ablate.ablate_layer(args, parse_layer("64c_64x64_3x3")) == 0
-    params = parse_layer("64c_64x64_3x3").params(2, "fp16")
-    fprop, wgrad = (FAMILY_OF_PASS[p].default_config(params).encode() for p in ("fprop", "wgrad"))
+    params = parse_layer("64c_64x64_3x3").params(128, "fp16")
+    fprop, wgrad = (
+        FAMILY_OF_PASS[p].default_config(params, machine=identity.machine).encode()
+        for p in ("fprop", "wgrad")
+    )
+    h200_wgrad = FAMILY_OF_PASS["wgrad"].default_config(params).encode()
+    assert (wgrad == h200_wgrad) == (gpu == "H200")
     timed = fake_gpu[1:]
     assert fake_gpu[0] == len(timed) == 3  # unroll-r is FProp's alone
     assert timed[0].endswith(f"__{fprop}")

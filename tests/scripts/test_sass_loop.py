@@ -47,6 +47,15 @@ def test_a_sample_is_drawn_from_every_config_of_the_layers_and_repeats_with_its_
     # Without --sample: each layer's heuristic config, or the configs named.
     default = sass_loop.choose_cases(sass_loop.parse_args([]), families[:1], layers)
     assert [c for _, _, c in default] == [families[0].default_config(p) for p in layers]
+    # For --arch, the pick for a typical GPU of that arch, as resource_report makes it (it was
+    # the H200's whatever the arch): on sm_86 WGrad's of 64c 64x64 at N = 128 differs.
+    from spio.kernels.conv2d_gw8_factory import typical_machine
+
+    wgrad = [FAMILIES["conv2d_gw8_wgrad"]]
+    big = [layer.params(128, "fp16") for layer in layer_table() if layer.name == "64c_64x64_3x3"]
+    ((_, _, on_86),) = sass_loop.choose_cases(sass_loop.parse_args(["--arch", "sm_86"]), wgrad, big)
+    assert on_86 == wgrad[0].default_config(big[0], machine=typical_machine("sm_86"))
+    assert on_86 != wgrad[0].default_config(big[0])
     # A sample larger than the configs there are takes them all.
     args = sass_loop.parse_args(["--sample", "99999"])
     every = sass_loop.choose_cases(args, families, layers[:1])
