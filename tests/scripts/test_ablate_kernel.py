@@ -334,6 +334,7 @@ def fake_gpu(monkeypatch):
     import spio.compiler
     import spio.cuda
     from spio.kernels import autotune
+    from spio.kernels import perf_model as pm
 
     events = []
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -344,6 +345,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "spio.cuda.driver", fake_driver)
     monkeypatch.setattr(spio.compiler, "compile_many", lambda jobs, **k: events.append(len(jobs)))
     monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])
+    h200 = pm.DeviceIdentity("sm_90", "NVIDIA H200", "13.0", sms=132)
+    monkeypatch.setattr(pm, "device_identity", lambda device: h200)
 
     def time_kernel(family, params, kernel, *args, **kwargs):
         events.append(kernel.name)
