@@ -28,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from spio.args import non_negative_int, positive_int
+
 #: Chunks stay under 8 minutes: the budget is checked before each config is timed.
 MAX_BUDGET_S = 450
 
@@ -108,16 +110,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, default=Path("perf_samples.csv"), help="CSV to extend")
     parser.add_argument("--budget-s", type=float, default=360.0, help="stop after this long")
     parser.add_argument("--families", nargs="*", help="kernel families (default: all)")
-    parser.add_argument("--dtypes", nargs="*", default=["fp16", "bf16"])
-    parser.add_argument("--batches", nargs="*", type=int, default=[32, 64, 128, 256])
-    parser.add_argument("--extra-layers", type=int, default=0, help="random layers to add")
-    parser.add_argument("--layers", type=int, default=0, help="only the first N layers")
-    parser.add_argument("--max-configs", type=int, default=0, help="sample this many per layer")
+    parser.add_argument("--dtypes", nargs="*", choices=("fp16", "bf16"), default=["fp16", "bf16"])
+    parser.add_argument("--batches", nargs="*", type=positive_int, default=[32, 64, 128, 256])
+    parser.add_argument(
+        "--extra-layers", type=non_negative_int, default=0, help="random layers to add"
+    )
+    parser.add_argument(
+        "--layers", type=non_negative_int, default=0, help="only the first N layers (0: all)"
+    )
+    parser.add_argument(
+        "--max-configs",
+        type=non_negative_int,
+        default=0,
+        help="sample this many per layer (0: every config)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=25)
-    parser.add_argument("--workers", type=int, default=0, help="compile processes (0: all cores)")
+    parser.add_argument("--device", type=non_negative_int, default=0, help="CUDA device ordinal")
+    parser.add_argument("--warmup", type=non_negative_int, default=5)
+    parser.add_argument("--repeats", type=positive_int, default=25)
+    parser.add_argument(
+        "--workers", type=non_negative_int, default=0, help="compile processes (0: all cores)"
+    )
     args = parser.parse_args(argv)
     if not 0 < args.budget_s <= MAX_BUDGET_S:
         parser.error(f"--budget-s must be in (0, {MAX_BUDGET_S}] seconds, got {args.budget_s}")
@@ -270,10 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     left = total - measured - failed
     print(
-        f"perf_sample: measured {measured}, skipped {failed} (compile or launch error), "
-        f"{left} left{'; run again to continue' if left else ''}; rows in {args.csv}"
+        f"perf_sample: measured {measured}, failed {failed} (compile or launch errors, above; "
+        f"not in the CSV: a later run tries them again), {left} not reached"
+        f"{'; run again to continue' if left else ''}; rows in {args.csv}"
     )
-    return 0
+    return 1 if failed else 0  # a kernel that fails to build or launch is a defect
 
 
 if __name__ == "__main__":

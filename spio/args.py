@@ -25,6 +25,11 @@ def positive_int(text: str) -> int:
     return _checked(text, int, lambda v: v >= 1, "a positive integer")
 
 
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (0 often meaning "all" or "none")."""
+    return _checked(text, int, lambda v: v >= 0, "an integer >= 0")
+
+
 def unit_fraction(text: str) -> float:
     """A number in (0, 1]: a rate or a fraction of which some must be kept."""
     return _checked(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
