@@ -50,6 +50,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from spio.args import positive_int
+
 VARIANTS = {
     "full": (),
     "no-stores": ("SPIO_ABLATE_STORES",),
@@ -113,7 +115,7 @@ def parse_args(argv=None):
         help="layers: names from the bench table, or shapes C,H,W[,R,S[,PAD_H,PAD_W]] "
         "(padding R//2, S//2 by default)",
     )
-    parser.add_argument("--n", type=int, default=128, help="batch size")
+    parser.add_argument("--n", type=positive_int, default=128, help="batch size")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
     parser.add_argument(
         "--passes",
@@ -138,7 +140,7 @@ def parse_args(argv=None):
         default=list(VARIANTS),
         help="ablation variants to time (default: all; full is always timed, first)",
     )
-    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--repeats", type=positive_int, default=50)
     return parser.parse_args(argv)
 
 

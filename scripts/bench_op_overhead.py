@@ -9,7 +9,7 @@ in every repeat so that a slow patch of the host hits them alike; the host time 
 reported (median of repeats), and each gap is the median of the differences within a repeat. A
 training step (forward and backward) is timed too. Needs a GPU.
 
-    python scripts/bench_op_overhead.py [--calls 2000] [--repeats 5] [--dtype fp16] [--profile]
+    python scripts/bench_op_overhead.py [--calls 2000] [--repeats 7] [--dtype fp16] [--profile]
 
 --profile also prints where the host time of Conv2dGw8's forward and training step goes: the
 PyTorch ops each step dispatches (torch.profiler, CPU only) and the Python functions that take the
@@ -27,6 +27,14 @@ from spio.args import positive_int
 TARGET_US = 10.0
 
 
+def _channels(text: str) -> int:
+    """--channels: a positive multiple of 8 (group width 8), else a usage error naming it."""
+    value = positive_int(text)
+    if value % 8:
+        raise argparse.ArgumentTypeError(f"needs a positive multiple of 8, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=positive_int, default=2000, help="calls per repeat")
@@ -34,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=positive_int, default=7, help="timed repeats (median reported)"
     )
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
-    parser.add_argument("--channels", type=int, default=64)
+    parser.add_argument(
+        "--channels", type=_channels, default=64, help="C = K, a positive multiple of 8"
+    )
     parser.add_argument("--size", type=positive_int, default=8, help="H and W of the input")
     parser.add_argument("--profile", action="store_true", help="show where the host time goes")
     args = parser.parse_args(argv)
@@ -89,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         return step
 
     steps = {"nn.Conv2d (cuDNN)": train(torch_conv), "Conv2dGw8": train(spio_conv)}
-    step_times = host_us_interleaved(steps, args.calls // 4, args.repeats, torch.cuda.synchronize)
+    steps_per_repeat = max(1, args.calls // 4)  # a training step costs about 4 calls
+    step_times = host_us_interleaved(steps, steps_per_repeat, args.repeats, torch.cuda.synchronize)
     print(f"{'training step (fwd + bwd)':32s} {'host µs/step':>13s} {'min':>8s} {'max':>8s}")
     for name, values in step_times.items():
         print(f"{name:32s} {median(values):13.2f} {min(values):8.2f} {max(values):8.2f}")
@@ -111,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "met" if extra <= TARGET_US else "MISSED"
         print(f"target <= {TARGET_US:g} µs for {what}: {verdict}")
     if args.profile:
-        sync = torch.cuda.synchronize
+        sync, calls = torch.cuda.synchronize, steps_per_repeat
         with torch.no_grad():
-            profile_host("Conv2dGw8 forward (no_grad)", lambda: spio_conv(x), args.calls // 4, sync)
-        profile_host("Conv2dGw8 training step", train(spio_conv), args.calls // 4, sync)
+            profile_host("Conv2dGw8 forward (no_grad)", lambda: spio_conv(x), calls, sync)
+        profile_host("Conv2dGw8 training step", train(spio_conv), calls, sync)
     return 0
 
 

@@ -428,3 +428,13 @@ def test_every_line_is_timed_against_full_timed_first(fake_gpu, monkeypatch, cap
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     rows = [(w[1], w[2], w[4]) for w in lines if w[:1] == ["fprop"] and w[1] != "variant"]
     assert rows[:2] == [("full", "40.0", "1.00"), ("no-loads", "10.0", "0.25")]
+
+
+@pytest.mark.parametrize("option", ["--n", "--repeats"])
+def test_a_batch_or_repeat_count_below_1_is_a_usage_error(option, capsys):
+    """--n 0 was a traceback from the layer; --repeats 0 one from the copy's timing, after
+    every kernel had been compiled and timed."""
+    with pytest.raises(SystemExit) as info:
+        ablate.parse_args(["--layer", "64c_64x64_3x3", option, "0"])
+    assert info.value.code == 2
+    assert f"argument {option}: needs a positive integer, got '0'" in capsys.readouterr().err

@@ -33,3 +33,15 @@ def test_profile_host_lists_the_costliest_ops_first(capsys):
     bench_op_overhead.profile_host("toy", call, calls=20, sync=lambda: None, rows=1)
     ops = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "aten::" in line]
     assert ops[:1] == ["aten::mm"], ops
+
+
+def test_channels_not_a_positive_multiple_of_8_is_a_usage_error(capsys):
+    """--channels 12 or 0 were tracebacks from the layer after the GPU was set up."""
+    import pytest
+
+    for value, needs in (("12", "a positive multiple of 8"), ("0", "a positive integer")):
+        with pytest.raises(SystemExit) as info:
+            bench_op_overhead.main(["--channels", value])
+        assert info.value.code == 2
+        said = f"argument --channels: needs {needs}, got '{value}'"
+        assert said in capsys.readouterr().err
