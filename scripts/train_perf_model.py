@@ -218,7 +218,8 @@ def train_group(
             "the model written was retrained on all rows"
         )
     else:
-        metrics["metrics_from"] = "no held-out evaluation (--holdout 0); trained on all rows"
+        why = "--holdout 0" if holdout <= 0 else "one layer shape: none to hold out"
+        metrics["metrics_from"] = f"no held-out evaluation ({why}); trained on all rows"
     return fit(samples, hyper, seed, threads), metrics
 
 

@@ -179,6 +179,19 @@ def test_metrics_line_survives_constant_predictions():
     assert "0.500" in describe({"regret_median": 1.0, "regret_p95": 1.0, "spearman_median": 0.5})
 
 
+def test_a_model_of_one_layer_shape_says_why_nothing_was_held_out():
+    """With --holdout above 0 and one layer shape there is none to hold out: the metadata said
+    "--holdout 0", which was not given."""
+    train_script = load_script("train_perf_model")
+    samples = syn.synthetic_samples(layers=2, configs_per_layer=8)
+    first = samples[0]
+    one = [s for s in samples if (s.layer_key, s.family) == (first.layer_key, first.family)]
+    hyper = dict(train_script.DEFAULTS, trees=5)
+    for holdout, why in ((0.2, "one layer shape: none to hold out"), (0.0, "--holdout 0")):
+        _, metrics = train_script.train_group(one, holdout=holdout, seed=0, hyper=hyper, threads=1)
+        assert metrics["metrics_from"] == f"no held-out evaluation ({why}); trained on all rows"
+
+
 def test_layers_are_held_out_whole():
     train_script = load_script("train_perf_model")
     samples, _ = ps.read_samples(syn.CSV_PATH)
