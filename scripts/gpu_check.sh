@@ -40,9 +40,13 @@
 # written to OUT_DIR/summary.txt a line at a time as each step ends (so a run cut off by an outer
 # timeout still leaves one); calls a step makes besides its main one keep within its limit. The
 # exit status is 1 if any step failed, timed out or was skipped (the perf step stops itself before
-# its limit, so running out of time there is not a failure).
+# its limit, so running out of time there is not a failure; nor is timm or perf left out when the
+# budget is spent before them).
 
 set -u -o pipefail
+# Python buffers output written to a log file, and a step killed by its time limit loses what it
+# had printed (the probes before one that hangs, the ablate parts before the deadline).
+export PYTHONUNBUFFERED=1
 
 STEPS=(
     "wheels:60"
@@ -333,8 +337,12 @@ step_tests() {
     local deadline=$((SECONDS + $1)) ids="$OUT_DIR/tests_collected.txt" order="$OUT_DIR/tests_order.txt"
     timeout -k 5 "$(($1 / 3 + 1))" "$PYTHON" -m pytest -m "cuda and not slow" --collect-only -q \
         -p no:cacheprovider | grep '::' >"$ids"
-    local total
+    local collected=${PIPESTATUS[0]} total
     total=$(wc -l <"$ids")
+    if ((collected == 124 || collected == 137)); then  # cut off: a time limit, not a failure
+        NOTE="collecting the tests timed out"
+        return 124
+    fi
     if [[ "$total" -eq 0 ]]; then
         echo "no cuda tests collected"
         NOTE="no cuda tests collected"
@@ -359,7 +367,8 @@ while any(groups.values()):
     for members in groups.values():
         if members:
             print(members.pop())
-print(*last, sep="\n")
+if last:  # (an empty line would be an empty argument: pytest would collect everything)
+    print(*last, sep="\n")
 EOF
     local ordered=()
     mapfile -t ordered <"$order"
@@ -401,7 +410,9 @@ run_step() {
     fi
     if ((left < MIN_STEP_SECONDS)); then
         status="SKIPPED (budget spent)"
-        FAILED=1
+        # timm and perf gather numbers, and come last for that: a run whose budget ends before
+        # them still checked everything (GPU_CHECK_ONLY="wheels build perf" runs them alone).
+        [[ $name == timm || $name == perf ]] || FAILED=1
         add_summary "$(printf '%-10s %-48s %5d' "$name" "$status" 0)"
         log "$name: $status"
         return

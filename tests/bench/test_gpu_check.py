@@ -27,7 +27,9 @@ if [[ -n "${{FAKE_HANG:-}}" && "$*" == *"${{FAKE_HANG}}"* ]]; then sleep 60; fi
 if [[ "$1 $2" == "--version " ]]; then echo "Python (stand-in)"; exit 0; fi
 if [[ "$1 $2" == "-m pytest" ]]; then
     if [[ " $* " == *" --collect-only "* ]]; then
-        printf 'tests/a.py::test_bulk_copy[1]\\ntests/a.py::test_x[1]\\ntests/a.py::test_x[2]\\n'
+        if [[ -n "${{FAKE_COLLECT_HANG:-}}" ]]; then sleep 60; fi
+        [[ -n "${{FAKE_NO_BULK:-}}" ]] || printf 'tests/a.py::test_bulk_copy[1]\\n'
+        printf 'tests/a.py::test_x[1]\\ntests/a.py::test_x[2]\\n'
         printf 'tests/b.py::test_y\\n\\n4 tests\\n'
         exit 0
     fi
@@ -44,7 +46,9 @@ if [[ "$*" == *"spio bench"* ]]; then echo "bench stand-in"; exit ${{FAKE_BENCH_
 if [[ "$*" == *"torch.cuda.is_available"* ]]; then exit ${{FAKE_NO_CUDA:-0}}; fi
 if [[ "$*" == *"ablate_kernel.py"* && -n "${{FAKE_ABLATE_HANG:-}}" ]]; then sleep 60; fi
 if [[ "$*" == *"layer_table"* && -n "${{FAKE_NO_LAYERS:-}}" ]]; then exit 1; fi
-if [[ "$*" == *"spio info"* ]]; then echo "info stand-in"; exit ${{FAKE_INFO_RC:-0}}; fi
+if [[ "$*" == *"spio info"* ]]; then
+    echo "info stand-in (PYTHONUNBUFFERED=${{PYTHONUNBUFFERED:-unset}})"; exit ${{FAKE_INFO_RC:-0}}
+fi
 if [[ "$*" == *"perf_sample.py"* && -n "${{FAKE_PERF_ROWS:-}}" ]]; then  # appends rows to --csv
     while [[ "$1" != "--csv" ]]; do shift; done
     [[ -s "$2" ]] || echo "layer,n" >"$2"
@@ -164,6 +168,33 @@ def test_steps_are_skipped_when_the_budget_is_spent(stand_ins, tmp_path):
     out = _run(stand_ins, tmp_path / "out", GPU_CHECK_BUDGET="0")
     assert out.returncode == 1
     assert out.stdout.count("SKIPPED (budget spent)") >= 9
+    # timm and perf gather numbers: a budget spent before them alone does not fail the run.
+    out = _run(stand_ins, tmp_path / "late", GPU_CHECK_BUDGET="0", GPU_CHECK_ONLY="timm perf")
+    assert out.returncode == 0, out.stdout
+    summary = (tmp_path / "late" / "summary.txt").read_text()
+    assert summary.count("SKIPPED (budget spent)") == 2 and "total      PASS" in summary
+
+
+def test_python_output_is_unbuffered_so_a_killed_step_keeps_its_lines(stand_ins, tmp_path):
+    """Python buffers what it writes to a log file: a step killed at its time limit lost every
+    line it had printed, unless the environment happened to set PYTHONUNBUFFERED."""
+    env = {k: v for k, v in stand_ins.items() if k != "PYTHONUNBUFFERED"}
+    _run(env, tmp_path / "out", GPU_CHECK_ONLY="info")
+    assert "PYTHONUNBUFFERED=1" in (tmp_path / "out" / "info.log").read_text()
+
+
+def test_collecting_the_tests_cut_off_is_a_timeout_and_no_bulk_test_no_empty_argument(
+    stand_ins, tmp_path
+):
+    """Collection cut off by its time limit was reported as "FAIL: no cuda tests collected";
+    without a bulk test, the ordering passed pytest an empty argument (all tests)."""
+    out = _run(stand_ins, tmp_path / "hang", GPU_CHECK_ONLY="tests", GPU_CHECK_TEST_SECONDS="6",
+               FAKE_COLLECT_HANG="1")  # fmt: skip
+    tests = next(line for line in out.stdout.splitlines() if line.startswith("tests "))
+    assert "TIMEOUT" in tests and "collecting the tests timed out" in tests, tests
+    _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="tests", FAKE_NO_BULK="1")
+    order = (tmp_path / "out" / "tests_order.txt").read_text()
+    assert "" not in order.splitlines() and len(order.splitlines()) == 3, repr(order)
 
 
 @pytest.mark.parametrize(
