@@ -80,7 +80,7 @@ def ineligibility(
     """Why an nn.Conv2d with these arguments cannot run spio's kernels, or None if it can."""
     size = _pair(kernel_size)
     if len(size) != 2:  # nn.Conv2d takes it, and fails at its first call
-        return f"needs a kernel size of one or two ints, got {kernel_size!r}"
+        return f"needs a kernel size of an int or a pair of ints, got {kernel_size!r}"
     r, s = size
     if groups < 1:
         return f"needs groups >= 1, got {groups}"

@@ -28,7 +28,9 @@ INELIGIBLE = [
     ((16, 16, 7), dict(groups=2, padding=3), "kernel size in 1..5"),
     ((16, 16, (3, 7)), dict(groups=2, padding=(1, 3)), r"kernel size in 1..5, got \(3, 7\)"),
     # nn.Conv2d takes three (and fails at its call): not an unpacking error
-    ((16, 16, (3, 3, 3)), dict(groups=2), r"kernel size of one or two ints, got \(3, 3, 3\)"),
+    ((16, 16, (3, 3, 3)), dict(groups=2), r"kernel size of an int or a pair of ints, got \(3, "),
+    # One int in a tuple: the message had said "one or two ints" of it.
+    ((16, 16, (3,)), dict(groups=2), r"kernel size of an int or a pair of ints, got \(3,\)"),
     ((16, 16, 3), dict(groups=2, padding=1, padding_mode="reflect"), "padding_mode 'zeros'"),
     ((16, 16, 3), dict(groups=2, padding=1, padding_mode="circular"), "got 'circular'"),
     ((16, 16, 3), dict(groups=2, padding=1, padding_mode="replicate"), "got 'replicate'"),
