@@ -40,6 +40,10 @@ def entry_symbol(name: str) -> str:
     return f"spio_{name}"
 
 
+#: The #define lines of each variant name with_defines has made in this process.
+_variant_defines: dict[str, str] = {}
+
+
 @dataclass(frozen=True)
 class Kernel:
     """Everything needed to compile and launch one kernel instance."""
@@ -95,7 +99,17 @@ class Kernel:
             short = name.removeprefix("SPIO_ABLATE_").removeprefix("SPIO_").lower()
             parts.append(f"{short}{value}")
         headers = tuple((name, text + "\n" + defines) for name, text in self.headers)
-        return replace(self, name=f"{self.name}__variant_{'_'.join(parts)}", headers=headers)
+        name = f"{self.name}__variant_{'_'.join(parts)}"
+        # The name is readable, not injective (SPIO_ABLATE_X and SPIO_X both give "x"): kernels
+        # are kept in memory by name, so two switch sets of one name in a process would share
+        # a module. Refused instead, naming both.
+        first = _variant_defines.setdefault(name, defines)
+        if first != defines:
+            raise ValueError(
+                f"kernel variant {name} would name two builds: switches {first.split()[1::3]} "
+                f"and {defines.split()[1::3]}; rename a switch"
+            )
+        return replace(self, name=name, headers=headers)
 
     def compile_job(self, arch: str):
         """A CompileJob for the parallel compile pool."""

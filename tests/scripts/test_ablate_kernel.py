@@ -438,3 +438,14 @@ def test_a_batch_or_repeat_count_below_1_is_a_usage_error(option, capsys):
         ablate.parse_args(["--layer", "64c_64x64_3x3", option, "0"])
     assert info.value.code == 2
     assert f"argument {option}: needs a positive integer, got '0'" in capsys.readouterr().err
+
+
+def test_two_switch_sets_of_one_variant_name_are_refused(base_kernels):
+    """Variant names drop SPIO_ABLATE_/SPIO_ and join the switches with "_": two sets could
+    share a name, and kernels are kept in memory by name (the second would run the first's
+    module). with_defines refuses the second, naming both; the same set again is fine."""
+    kernel = base_kernels["fprop"]
+    first = kernel.with_defines(("SPIO_ABLATE_LOADS",))
+    assert kernel.with_defines(("SPIO_ABLATE_LOADS",)) == first
+    with pytest.raises(ValueError, match=r"would name two builds: .*SPIO_ABLATE_LOADS.*SPIO_LOADS"):
+        kernel.with_defines(("SPIO_LOADS",))
