@@ -195,15 +195,18 @@ def check_pass(
     pass_: str,
     dtype: str,
     extra_configs: int = 1,
-    jobs: Sequence[tuple[Conv2dGw8Params, Any]] | None = None,
 ) -> PassResult:
-    """Run one pass in one dtype over layers (re-typed to dtype), each with sampled configs;
-    `jobs`, when given, are those runs as check_jobs drew them already."""
+    """Run one pass in one dtype over layers (re-typed to dtype), each with sampled configs."""
+    return run_jobs(device, pass_, dtype, check_jobs(device, layers, pass_, dtype, extra_configs))
+
+
+def run_jobs(
+    device: str, pass_: str, dtype: str, jobs: Sequence[tuple[Conv2dGw8Params, Any]]
+) -> PassResult:
+    """Run one pass's (layer, config) runs, as check_jobs draws them, into its PassResult."""
     from tqdm import tqdm
 
     result = PassResult(pass_, dtype)
-    if jobs is None:
-        jobs = check_jobs(device, layers, pass_, dtype, extra_configs)
     for params, config in tqdm(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run"):
         case = f"{params.encode()} {config.encode()}"
         try:
@@ -271,7 +274,7 @@ def run_check(
     results = []
     for dtype in dtypes:
         for pass_ in passes:
-            result = check_pass(device, layers, pass_, dtype, jobs=jobs[pass_, dtype])
+            result = run_jobs(device, pass_, dtype, jobs[pass_, dtype])
             report(result.line())
             results.append(result)
     return results

@@ -23,6 +23,7 @@ NO_GPU_MESSAGE = (
 )
 
 DEFAULT_OUT = "spio_bench_out"
+DEFAULT_DTYPE = "fp16"
 
 
 def _gpu_problem() -> str | None:
@@ -89,7 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=PASSES,
         help="comma-separated passes to time (default fprop,dgrad,wgrad)",
     )
-    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16", help="default fp16")
+    parser.add_argument(
+        "--dtype", choices=("fp16", "bf16"), default=DEFAULT_DTYPE, help=f"default {DEFAULT_DTYPE}"
+    )
     parser.add_argument(
         "--in-situ",
         action="store_true",
@@ -164,7 +167,7 @@ def _unused_with_plot_only(args: argparse.Namespace) -> list[str]:
     given = {
         "--quick": args.quick,
         "--passes": tuple(args.passes) != tuple(PASSES),
-        "--dtype": args.dtype != "fp16",
+        "--dtype": args.dtype != DEFAULT_DTYPE,
         "--in-situ": args.in_situ,
         "--layers": args.layers,
         "--layer": args.layer,

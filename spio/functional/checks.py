@@ -219,10 +219,10 @@ def check_args(
     p = input.shape[2] + 2 * padding_y - r + 1
     q = input.shape[3] + 2 * padding_x - s + 1
     if p <= 0 or q <= 0:
+        p, q, h, w, r, s = _shown((p, q, *input.shape[2:], r, s))
         raise ValueError(
-            f"conv2d_gw8 needs a non-empty output, got output size {_shown(p)}x{_shown(q)} for "
-            f"input {'x'.join(map(str, _shown(input.shape[2:])))}, filter {_shown(r)}x"
-            f"{_shown(s)}, padding ({padding_y}, {padding_x})"
+            f"conv2d_gw8 needs a non-empty output, got output size {p}x{q} for input {h}x{w}, "
+            f"filter {r}x{s}, padding ({padding_y}, {padding_x})"
         )
     if bias is not None:
         if bias.dim() != 1 or bias.shape[0] != k:

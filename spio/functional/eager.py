@@ -80,8 +80,7 @@ class _Conv2dGw8(torch.autograd.Function):
 
 def _batched(t: Tensor) -> bool:
     """Whether t is batched by torch.vmap or by autograd's own vmap (is_grads_batched)."""
-    legacy = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
-    return functorch_transform_active() or (legacy is not None and legacy(t))
+    return functorch_transform_active() or torch._C._functorch.is_legacy_batchedtensor(t)
 
 
 def _differentiable_backward(ctx, grad_output, input, weight, mask):

@@ -1,6 +1,7 @@
 """scripts/bench_op_overhead.py's --profile report, on the CPU: it names the PyTorch ops a call
 dispatches, with their count per call, and the Python functions that cost the most."""
 
+import pytest
 import torch
 
 from tests.conftest import load_script
@@ -37,8 +38,6 @@ def test_profile_host_lists_the_costliest_ops_first(capsys):
 
 def test_channels_not_a_positive_multiple_of_8_is_a_usage_error(capsys):
     """--channels 12 or 0 were tracebacks from the layer after the GPU was set up."""
-    import pytest
-
     for value, needs in (("12", "a positive multiple of 8"), ("0", "a positive integer")):
         with pytest.raises(SystemExit) as info:
             bench_op_overhead.main(["--channels", value])
