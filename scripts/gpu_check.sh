@@ -83,6 +83,29 @@ BROKEN=""
 
 log() { printf '[gpu_check %4ds] %s\n' "$SECONDS" "$*"; }
 
+# The device run wraps this script in `timeout`, whose TERM reaches this shell's process group
+# but not the running step's commands: each runs under a `timeout` of its own, in a process
+# group of its own, and would go on after the script had gone (writing to its log while the
+# caller packs OUT_DIR). On TERM, INT or HUP the step's processes are ended first.
+STEP_PID=""
+kill_tree() {  # $1 and every process below it, the lowest first
+    local child
+    for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do
+        kill_tree "$child"
+    done
+    kill -TERM "$1" 2>/dev/null
+}
+stop_step() {
+    if [[ -n "$STEP_PID" ]]; then
+        kill_tree "$STEP_PID"
+        log "stopped by a signal; the running step's processes are ended"
+    else
+        log "stopped by a signal"
+    fi
+    exit 143
+}
+trap stop_step TERM INT HUP
+
 # Seconds a call inside the running step may take: at most $1, and no more than the step has
 # left (at least 1: timeout 0 would mean no limit).
 STEP_DEADLINE=0
@@ -127,8 +150,7 @@ step_wheels() {
     fi
     timeout -k 10 "$limit" "$PYTHON" -m pip install --no-index --no-deps --target /tmp/site \
         "${wheels[@]}" || return $?
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-    NOTE="${#wheels[@]} wheels"
+    NOTE="${#wheels[@]} wheels"  # (run_step puts /tmp/site on PYTHONPATH)
 }
 
 step_build() {
@@ -421,8 +443,28 @@ run_step() {
     log "$name (limit ${limit}s) -> $OUT_DIR/$name.log"
     local started=$SECONDS
     STEP_DEADLINE=$((SECONDS + limit))
-    "step_$name" "$limit" >"$OUT_DIR/$name.log" 2>&1
+    # In the background, with this shell waiting, so that a signal to the script ends the step
+    # at once (stop_step); the step's NOTE comes back through a file.
+    local note_file="$OUT_DIR/.note"
+    : >"$note_file"
+    (
+        # A signal to the script reaches this subshell too: it must outlive its commands, for
+        # stop_step to find them by their parent, and exit once they have gone.
+        trap 'exit 143' TERM INT HUP
+        NOTE=""
+        "step_$name" "$limit"
+        rc=$?
+        printf '%s' "$NOTE" >"$note_file"
+        exit $rc
+    ) >"$OUT_DIR/$name.log" 2>&1 &
+    STEP_PID=$!
+    wait "$STEP_PID"
     local rc=$?
+    STEP_PID=""
+    NOTE=$(<"$note_file")
+    rm -f "$note_file"
+    # The wheels step installs into /tmp/site; what runs after it imports from there.
+    [[ $name == wheels && $rc -eq 0 ]] && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
     local took=$((SECONDS - started))
     case $rc in
         0) status="PASS" ;;

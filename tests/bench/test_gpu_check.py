@@ -347,3 +347,46 @@ def test_a_steps_extra_calls_keep_within_its_limit(stand_ins, tmp_path, hang, st
     # timeout's kill grace (-k 5) and a loaded machine's start-up may add a few seconds; the
     # calls' own timeouts had added 30-60
     assert limit <= 22 and int(line.split()[-1]) <= limit + 6, line
+
+
+def test_a_signal_to_the_script_ends_the_running_step(stand_ins, tmp_path):
+    """`timeout` around the script signals its process group, which the step's own `timeout`
+    (a process group of its own) is not in: the step went on after the script had gone."""
+    import signal
+    import time
+
+    out_dir = tmp_path / "out"
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), str(out_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        encoding="utf-8",
+        env=dict(stand_ins, FAKE_HANG="timm_benchmark.py"),
+        cwd=REPO,
+        start_new_session=True,
+    )
+    fake_python = stand_ins["PYTHON"]
+
+    def step_running() -> bool:
+        ps = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, encoding="utf-8")
+        return any(fake_python in line and "timm_benchmark.py" in line
+                   for line in ps.stdout.splitlines())  # fmt: skip
+
+    try:
+        deadline = time.monotonic() + 90
+        while not step_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert step_running(), "the timm step never started"
+        os.killpg(proc.pid, signal.SIGTERM)  # as `timeout` does
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while step_running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not step_running(), "the timm step outlived the script"
+    assert proc.returncode == 143, out
+    assert "stopped by a signal; the running step's processes are ended" in out
+    summary = (out_dir / "summary.txt").read_text()
+    assert "tests " in summary and "timm " not in summary
