@@ -35,8 +35,8 @@ MAX_BUDGET_S = 450
 
 
 def sweep_layers(batches=(32, 64, 128, 256), dtypes=("fp16", "bf16"), extra: int = 0, seed=0):
-    """The layer table of the design brief (each at every batch size and dtype), plus `extra`
-    random layers for variety."""
+    """The bench layer table's shapes (spio/bench/layers.py) and two more, each at every batch
+    size and dtype, plus `extra` random layers for variety."""
     from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
 
     shapes = [

@@ -3,12 +3,11 @@
 For every layer of the benchmark table at one batch size, each kernel family's default config for a
 GPU of each supported arch (the analytic heuristic's pick for that arch's limits and a typical GPU's
 SM count, `spio.kernels.conv2d_gw8_factory.TYPICAL_GPU`) is compiled with NVRTC for that arch;
-ptxas' report gives registers, spills and
-static shared memory, and the theoretical occupancy follows from the arch's per-SM limits (CUDA
-programming guide, compute capability table). Where nvdisasm is installed, each kernel's main loop
-is read from its SASS too (spio.compiler.sass): instructions a warp issues per row step. No GPU is
-needed. Commit the output under docs/perf/ so that register, shared-memory or instruction-count
-regressions show in review:
+ptxas' report gives registers, spills and static shared memory, and the theoretical occupancy
+follows from the arch's per-SM limits (CUDA programming guide, compute capability table). Where
+nvdisasm is installed, each kernel's main loop is read from its SASS too (spio.compiler.sass):
+instructions a warp issues per row step. No GPU is needed. Commit the output under docs/perf/ so
+that register, shared-memory or instruction-count regressions show in review:
 
     python scripts/resource_report.py --out docs/perf/resources.md
 """

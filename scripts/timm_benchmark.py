@@ -4,7 +4,7 @@
 Both variants are timed in the same run on the same GPU from the same initial weights, so the ratio
 is meaningful. Needs a CUDA GPU and timm; without either it exits with status 2 and says why.
 
-    python scripts/timm_benchmark.py --model regnetx_002 --spio --amp-dtype bfloat16 \
+    python scripts/timm_benchmark.py --model regnetx_002 --spio --amp-dtype bfloat16 \\
         --channels-last --bench train --batch-size 256 --img-size 224
 """
 

@@ -225,7 +225,7 @@ def train_group(
 
 def training_domain(samples: Sequence[Sample]) -> dict:
     """The batch sizes and dtypes the samples were measured at, and each config field's values
-    (PerfModel.covers reads the batch sizes, PerfModel.measured the config values; the dtypes
+    (PerfModel.batch_range reads the batch sizes, PerfModel.measured the config values; the dtypes
     are only recorded)."""
     fields = get_family(samples[0].family).config_fields
     return {

@@ -92,12 +92,20 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
         except PerfModelError:
             continue
         by_arch.setdefault(meta_path.relative_to(folder).parts[0], []).append(meta)
+
+    def listed(meta: dict, key: str) -> list:
+        """meta[key] where it is a list, else [] (null, or a damaged file: info never crashes)."""
+        value = meta.get(key)
+        return value if isinstance(value, list) else []
+
     rows = []
     for arch, metas in sorted(by_arch.items()):
-        families = {m.get("family") for m in metas}
+        families = [m.get("family") for m in metas]
         passes = ", ".join(f.removeprefix("conv2d_gw8_") for f in FAMILIES if f in families)
-        devices = sorted({d for m in metas for d in m.get("measured_on", [])})
-        sizes = sorted({n for m in metas for n in m.get("batch_sizes", [])})
+        devices = sorted({str(d) for m in metas for d in listed(m, "measured_on")})
+        sizes = sorted(
+            {n for m in metas for n in listed(m, "batch_sizes") if type(n) is int and n > 0}
+        )
         rows.append(
             f"{arch}: {passes} (measured on {', '.join(devices) or 'unknown'}; "
             f"N {', '.join(map(str, sizes)) or '?'})"
@@ -114,12 +122,15 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
 
 
 def _human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{n} B"
+    """`n` bytes as "n B" under a KiB, else in KiB, MiB or GiB to one decimal."""
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
         size /= 1024
-    return f"{n} B"
+    return f"{size:.1f} GiB"
 
 
 def cmd_info(args: argparse.Namespace) -> int:

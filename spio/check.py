@@ -89,8 +89,10 @@ def random_inputs(params: Conv2dGw8Params, seed: int) -> dict:
     """Random CPU tensors (never zeros) in the layer's dtype: x, w, dy, and an fp32 bias or None."""
     import torch
 
+    from .kernels.conv2d_gw8_factory import torch_dtype
+
     gen = torch.Generator().manual_seed(seed)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[params.dtype]
+    dtype = torch_dtype(params.dtype)
     return {
         "x": torch.randn(params.input_shape, generator=gen).to(dtype),
         "w": (torch.randn(params.weight_shape, generator=gen) / 3).to(dtype),
@@ -187,17 +189,6 @@ def check_jobs(
         for index, params in enumerate(typed)
         for config in configs_to_run(params, pass_, extra_configs, seed=index, device=device)
     ]
-
-
-def check_pass(
-    device: str,
-    layers: Sequence[Conv2dGw8Params],
-    pass_: str,
-    dtype: str,
-    extra_configs: int = 1,
-) -> PassResult:
-    """Run one pass in one dtype over layers (re-typed to dtype), each with sampled configs."""
-    return run_jobs(device, pass_, dtype, check_jobs(device, layers, pass_, dtype, extra_configs))
 
 
 def run_jobs(

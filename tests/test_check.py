@@ -13,6 +13,12 @@ from tests.conftest import gpu_available, run_spio
 TINY = (Conv2dGw8Params(n=1, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),)
 
 
+def _check_pass(device, layers, pass_, dtype, extra_configs=1):
+    """One pass in one dtype over layers (re-typed to dtype), each with sampled configs."""
+    jobs = check.check_jobs(device, layers, pass_, dtype, extra_configs)
+    return check.run_jobs(device, pass_, dtype, jobs)
+
+
 def _run(**kwargs):
     lines = []
     results = check.run_check("cpu", TINY, extra_configs=0, report=lines.append, **kwargs)
@@ -179,7 +185,7 @@ def test_check_measures_an_error_below_the_reference_in_tolerances(monkeypatch, 
     by at most half a tolerance); every other pass, whose result is the reference, passes."""
     _fake_kernels(monkeypatch, target)
     for pass_ in ("fprop", "dgrad", "wgrad"):
-        result = check.check_pass("cpu", TINY, pass_, dtype, extra_configs=0)
+        result = _check_pass("cpu", TINY, pass_, dtype, extra_configs=0)
         if pass_ == {"dw": "wgrad", "dbias": "wgrad"}.get(target, target):
             assert not result.passed and 3.4 < result.worst < 4.6, result.line()
         else:
@@ -204,7 +210,7 @@ def test_check_hands_every_kernel_nan_filled_outputs(monkeypatch):
     monkeypatch.setattr(fd, "fprop", fprop)
     monkeypatch.setattr(fd, "dgrad", dgrad)
     for pass_ in ("fprop", "dgrad"):
-        assert check.check_pass("cpu", TINY, pass_, "bf16", extra_configs=0).passed
+        assert _check_pass("cpu", TINY, pass_, "bf16", extra_configs=0).passed
     assert seen == [("fprop", True), ("dgrad", True)]
 
 
@@ -239,7 +245,7 @@ def test_check_compares_with_the_exact_reference_not_one_rounded_to_the_output_d
 
     monkeypatch.setattr(fd, "fprop", fprop)
     monkeypatch.setattr(fd, "dgrad", dgrad)
-    result = check.check_pass("cpu", TINY, pass_, dtype, extra_configs=0)
+    result = _check_pass("cpu", TINY, pass_, dtype, extra_configs=0)
     assert not result.passed and 1.2 < result.worst < 1.3, result.line()
 
 
@@ -278,7 +284,7 @@ def test_check_runs_every_layer_in_the_dtype_with_the_default_and_sampled_config
     from spio.kernels.families import FAMILY_OF_PASS
 
     runs = _recorded_runs(monkeypatch, tmp_path)
-    result = check.check_pass("cuda", LAYERS, "dgrad", "bf16", extra_configs=2)
+    result = _check_pass("cuda", LAYERS, "dgrad", "bf16", extra_configs=2)
     family = FAMILY_OF_PASS["dgrad"]
     typed = [replace(p, dtype="bf16") for p in LAYERS]
     assert [params for params, _, _, _ in runs] == [typed[0]] * 3 + [typed[1]] * 3
@@ -294,14 +300,14 @@ def test_check_keeps_the_worst_error_and_counts_every_failed_run(monkeypatch, tm
     """A NaN ratio fails too (not ratio <= 1), and the worst error is the largest run's, not
     the last."""
     _recorded_runs(monkeypatch, tmp_path, ratios=[0.5, 3.0, float("nan"), 0.25])
-    result = check.check_pass("cpu", LAYERS, "fprop", "fp16", extra_configs=1)
+    result = _check_pass("cpu", LAYERS, "fprop", "fp16", extra_configs=1)
     assert result.runs == 4 and len(result.failures) == 2 and not result.passed
     assert result.worst == 3.0
     assert "FAIL" in result.line() and "2 failed" in result.line()
 
 
 def test_check_with_nothing_run_does_not_pass():
-    result = check.check_pass("cpu", (), "fprop", "fp16")
+    result = _check_pass("cpu", (), "fprop", "fp16")
     assert result.runs == 0 and not result.passed and " FAIL " in result.line()
 
 

@@ -1,5 +1,6 @@
 """The command line and the import contract: no GPU or NVRTC work at import time."""
 
+import json
 import os
 import platform
 import subprocess
@@ -570,10 +571,10 @@ def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monke
     from spio.kernels.layer_sets import compile_layer_set
 
     everything = sorted(
-        kernel.name
+        family.make_kernel(params, config).name
         for params in compile_layer_set()
         for family in families.FAMILIES.values()
-        for kernel in family.kernels(params)
+        for config in family.configs(params)
     )
     picked = sorted(random.Random(seed).sample(everything, 5))
     made = []
@@ -785,12 +786,13 @@ def compile_outcomes(compiled_jobs, monkeypatch):
     from spio.kernels.layer_sets import compile_layer_set
 
     outcomes = []
-    kernels = {
-        kernel.name: kernel
+    made_kernels = (
+        family.make_kernel(params, config)
         for params in compile_layer_set()
         for family in families.FAMILIES.values()
-        for kernel in family.kernels(params)
-    }
+        for config in family.configs(params)
+    )
+    kernels = {kernel.name: kernel for kernel in made_kernels}
 
     def compile_many(batch, **kwargs):
         results = []
@@ -905,6 +907,31 @@ def test_info_leaves_out_a_perf_model_whose_metadata_it_cannot_read(tmp_path, mo
     monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
     ((key, row),) = cli._perf_model_rows(["sm_90"])
     assert key == "perf models" and row.startswith("sm_90: fprop, dgrad (measured on "), row
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"batch_sizes": None, "measured_on": None},  # as the loader reads a model without them
+        {"batch_sizes": 64, "measured_on": "NVIDIA H200"},
+        {"batch_sizes": [64, "x", [1]], "measured_on": [["H200"], 3], "family": ["fprop"]},
+    ],
+    ids=["null", "not lists", "odd items"],
+)
+def test_info_reports_perf_model_metadata_of_other_types_without_crashing(
+    tmp_path, monkeypatch, fields
+):
+    """A model JSON with null (or other non-list) batch_sizes or measured_on: `info` had raised
+    TypeError iterating them (PerfModel.load takes a null batch_sizes as "not recorded")."""
+    from spio import __main__ as cli
+
+    (tmp_path / "sm_90").mkdir()
+    meta = {"family": "conv2d_gw8_fprop", **fields}
+    (tmp_path / "sm_90" / "conv2d_gw8_fprop.json").write_text(json.dumps(meta))
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))
+    ((key, row),) = cli._perf_model_rows(["sm_90"])
+    assert key == "perf models" and row.startswith("sm_90: "), row
+    assert "(measured on " in row and "; N " in row, row
 
 
 @pytest.mark.parametrize(

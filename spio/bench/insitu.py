@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import conv2d_gw8_factory as fd
 from ..kernels.conv2d_gw8_params import GROUP_WIDTH
 from ..kernels.stats import PASSES
 from .layers import BenchLayer
@@ -315,7 +316,7 @@ def run_insitu(
         torch.device("cuda", 0),
     )
     torch.backends.cudnn.benchmark = True
-    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    torch_dtype = fd.torch_dtype(dtype)
     rows = []
     cases = [(layer, style, impl) for layer in layers for style in STYLES for impl in IMPLS]
     for layer, style, impl in tqdm(cases, desc="in-situ", unit="stack"):

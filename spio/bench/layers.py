@@ -1,4 +1,4 @@
-"""The benchmark layer table of DESIGN.md §6: which group-width-8 layers spio is measured on.
+"""The benchmark layer table: which group-width-8 layers spio is measured on.
 
 Every entry is one (C, H, W, R, S, padding) shape timed at several batch sizes. The regnetx_002
 rows come from timm's RegNet definition (timm/models/regnet.py): `regnetx_002 = RegNetCfg(w0=24,
@@ -43,7 +43,7 @@ class BenchLayer:
 
 
 def layer_table() -> list[BenchLayer]:
-    """Every layer of DESIGN.md §6, in a fixed order (names are unique and used in CSV files)."""
+    """Every layer of the table, in a fixed order (names are unique and used in CSV files)."""
     return [
         BenchLayer("64c_64x64_3x3", 64, 64, 64, source="ConvFirst-like (the seed's figure)"),
         BenchLayer("128c_32x32_3x3", 128, 32, 32),

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..compiler.cache import write_atomically
+from ..kernels.stats import PASSES
 from .results import BenchRow
 
 _STYLE = {
@@ -87,5 +88,4 @@ def plot_rows(rows: Iterable[BenchRow], out_dir: Path) -> list[Path]:
 
 
 def _pass_order(pass_: str) -> int:
-    order = ("fprop", "dgrad", "wgrad")
-    return order.index(pass_) if pass_ in order else len(order)
+    return PASSES.index(pass_) if pass_ in PASSES else len(PASSES)

@@ -143,16 +143,3 @@ def _kernel(probe: Probe) -> Kernel:
         shared_mem_bytes=probe.shared_mem_bytes,
         info=(("probe", probe),),
     )
-
-
-def expected_xors(probe: Probe, data) -> list[int]:
-    """The per-block XOR of all 32-bit words each block reads (the XOR of its threads' outputs),
-    computed on the host."""
-    import numpy as np
-
-    words = data.cpu().numpy().view(np.uint32)
-    out = []
-    for b in range(probe.blocks):
-        start = b * probe.region_stride // 4
-        out.append(int(np.bitwise_xor.reduce(words[start : start + probe.region_bytes // 4])))
-    return out

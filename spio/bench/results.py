@@ -87,8 +87,8 @@ class BenchRow:
         return self.flops / (self.median_ms * 1e-3) / 1e12
 
 
-#: CSV header: the dataclass fields ("pass_" written as "pass") plus derived columns.
-#: Columns written after BenchRow's fields, computed from them (and skipped when reading).
+#: CSV columns written after BenchRow's fields (whose "pass_" is written "pass"), computed from
+#: them (and recomputed, not read, by read_csv).
 _DERIVED: dict[str, Callable] = {
     "gbps": lambda row: f"{row.gbps:.2f}",
     "tflops": lambda row: f"{row.tflops:.3f}",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..kernels.conv2d_gw8_factory import torch_dtype
 from ..kernels.conv2d_gw8_params import Conv2dGw8Params
 from ..kernels.stats import PASSES, Conv2dStats
 from ..log import logger
@@ -120,11 +121,6 @@ def selected_by(kernel, pass_: str, device) -> str:
     return pm.selection_source(FAMILY_OF_PASS[pass_], kernel.info_value("params"), device)
 
 
-def spio_config(params: Conv2dGw8Params, pass_: str, device=None):
-    """The tile config of spio_kernel(params, pass_, device)."""
-    return spio_kernel(params, pass_, device).info_value("config")
-
-
 def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], device) -> dict[str, str]:
     """Compile every spio kernel of `cases` (as chosen for `device`, a CUDA torch.device) in
     parallel into the disk cache, so timing loops only load cubins; returns the kernels that
@@ -132,12 +128,6 @@ def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], device) -> dict[str
     from ..kernels.kernel import build_kernels
 
     return build_kernels([spio_kernel(params, pass_, device) for params, pass_ in cases], device)
-
-
-def _torch_dtype(dtype: str):
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
 
 
 class PassCase:
@@ -158,7 +148,7 @@ class PassCase:
         self.kernel = spio_kernel(params, pass_, torch.device(device))
         self.config = self.kernel.info_value("config")
         self.selected_by = selected_by(self.kernel, pass_, torch.device(device))
-        dtype = _torch_dtype(params.dtype)
+        dtype = torch_dtype(params.dtype)
         cl = torch.channels_last
 
         def randn(shape, scale=1.0):

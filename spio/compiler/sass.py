@@ -2,9 +2,10 @@
 
 Each of spio's kernels streams rows through one loop with one barrier per row step, so the
 instructions between two barriers are what a warp issues per row: index arithmetic, copies,
-ldmatrix and mma. `loop_report(cubin)` disassembles a cubin and counts them. No GPU is needed, but
-nvdisasm is: it comes with a CUDA toolkit or NVIDIA's `nvidia-cuda-nvdisasm` wheel (the `test`
-extra installs it); SPIO_NVDISASM names it explicitly.
+ldmatrix and mma. `loop_report(cubin, nvdisasm)` disassembles a cubin and counts them. No GPU
+is needed, but nvdisasm is: it comes with a CUDA toolkit or NVIDIA's `nvidia-cuda-nvdisasm`
+wheel (the `test` extra installs it); `find_nvdisasm` finds it, SPIO_NVDISASM names it
+explicitly.
 """
 
 from __future__ import annotations

@@ -129,7 +129,9 @@ def kernel_inputs(family: str, params: Conv2dGw8Params, device: Any, seed: int =
     the kernels' NHWC layout and an output, on `device`."""
     import torch
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[params.dtype]
+    from .conv2d_gw8_factory import torch_dtype
+
+    dtype = torch_dtype(params.dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     cl = torch.channels_last
 
@@ -342,10 +344,10 @@ def autotune(
     """The fastest of `candidates` for `params` on `device`, measured once and then cached.
 
     Not to be called while `device`'s stream is capturing a CUDA graph (`capturing`).
-    `family` is a perf_model.Family; `identity` the device's DeviceIdentity; `timer` defaults to
-    `default_timer`; `cache` to DiskCache("autotune"). A config that fails to build or launch
-    counts as infinitely slow (logged); RuntimeError when every one does, ValueError for no
-    candidates.
+    `family` is a spio.kernels.families.Family; `identity` the device's DeviceIdentity; `timer`
+    defaults to `default_timer`; `cache` to DiskCache("autotune"). A config that fails to build
+    or launch counts as infinitely slow (logged); RuntimeError when every one does, ValueError
+    for no candidates.
     """
     if not candidates:
         raise ValueError(f"autotune of {family.name} needs at least one candidate config")

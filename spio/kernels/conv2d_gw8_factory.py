@@ -300,6 +300,17 @@ def default_config(
     return min(single, key=lambda c: heuristic_key(params, c, igrad, machine))
 
 
+def _tiles(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> dict[str, int]:
+    """Blocks along each dimension of the grid, outermost first."""
+    geo = _Geometry.of(params, igrad)
+    return {
+        "n": math.ceil(params.n / config.block_n),
+        "c8": math.ceil(params.groups / config.groups),
+        "y": math.ceil(geo.out_h / config.block_p),
+        "x": math.ceil(geo.out_w / config.block_q),
+    }
+
+
 def generate_header(
     params: Conv2dGw8Params,
     config: Conv2dGw8Config,
@@ -316,12 +327,7 @@ def generate_header(
     element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups
     in_x = config.block_q + params.s - 1
-    tiles = {
-        "n": math.ceil(params.n / config.block_n),
-        "c8": math.ceil(c8 / config.groups),
-        "y": math.ceil(geo.out_h / config.block_p),
-        "x": math.ceil(geo.out_w / config.block_q),
-    }
+    tiles = _tiles(params, config, igrad)
     k, r, s = params.c, params.r, params.s
 
     # PyTorch's channels_last weight is [K, R, S, 8] in memory.
@@ -394,13 +400,7 @@ def make_kernel(
     config = config or default_config(params, igrad)
     bias_elem = bias_elem and params.has_bias and not igrad
     variant = ("__wcl" if weights_cl else "") + ("__belem" if bias_elem else "")
-    geo = _Geometry.of(params, igrad)
-    blocks = (
-        math.ceil(params.n / config.block_n)
-        * math.ceil(params.groups / config.groups)
-        * math.ceil(geo.out_h / config.block_p)
-        * math.ceil(geo.out_w / config.block_q)
-    )
+    blocks = math.prod(_tiles(params, config, igrad).values())
     kind = "dgrad" if igrad else "fprop"
     name = f"conv2d_gw8_{kind}__{params.encode()}__{config.encode()}{variant}"
     entry = entry_symbol(name)
@@ -500,14 +500,15 @@ def _check_out(out, shape: tuple, dtype) -> None:
 
 
 @functools.cache
-def _torch_dtypes() -> dict:
+def torch_dtype(name: str):
+    """The torch dtype of a layer dtype name ("fp16" or "bf16"; KeyError for another)."""
     import torch
 
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
 def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
-    expected = _torch_dtypes()[params.dtype]
+    expected = torch_dtype(params.dtype)
     for t in tensors:
         if t is not None and t.dtype != expected:
             raise ValueError(

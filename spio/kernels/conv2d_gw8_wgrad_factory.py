@@ -310,12 +310,7 @@ def make_kernel(
     slots (see `wgrad`). The result then does not depend on the order the blocks run in.
     """
     config = config or default_config(params)
-    blocks = (
-        math.ceil(params.n / config.block_n)
-        * math.ceil(params.groups / config.groups)
-        * math.ceil(params.p / config.block_p)
-        * math.ceil(params.q / config.block_q)
-    )
+    blocks = math.prod(_tiles(params, config).values())
     name = f"conv2d_gw8_wgrad__{params.encode()}__{config.encode()}" + (
         "__partials" if partials else ""
     )

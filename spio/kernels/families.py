@@ -30,7 +30,6 @@ class Family:
     make_kernel: Callable[[Conv2dGw8Params, Any], Kernel]
     # The analytic heuristic's, each taking machine= (conv2d_gw8_factory.Machine; default: an
     # H200-class GPU) after its other arguments.
-    estimated_cost: Callable[..., float]  # (params, config): lower is better
     heuristic_key: Callable[..., tuple]  # (params, config): the heuristic's order, ascending
     default_config: Callable[..., Any]  # (params)
     shared_mem_bytes: Callable[[Conv2dGw8Params, Any], int]  # dynamic, per block
@@ -68,10 +67,6 @@ class Family:
                 return config
         raise ValueError(f"{self.name} has no config {name!r} for layer {params.encode()}")
 
-    def kernels(self, params: Conv2dGw8Params) -> list[Kernel]:
-        """Every kernel of this family for a layer, one per config."""
-        return [self.make_kernel(params, config) for config in self.configs(params)]
-
 
 def _fprop_dgrad(name: str, pass_: str, igrad: bool) -> Family:
     bind = functools.partial
@@ -81,7 +76,6 @@ def _fprop_dgrad(name: str, pass_: str, igrad: bool) -> Family:
         config_type=fd.Conv2dGw8Config,
         configs=bind(fd.configs, igrad=igrad),
         make_kernel=bind(fd.make_kernel, igrad=igrad),
-        estimated_cost=bind(fd.estimated_cost, igrad=igrad),
         heuristic_key=bind(fd.heuristic_key, igrad=igrad),
         default_config=bind(fd.default_config, igrad=igrad),
         shared_mem_bytes=fd.shared_mem_bytes,
@@ -99,7 +93,6 @@ FAMILIES: dict[str, Family] = {
         config_type=wg.Conv2dGw8WgradConfig,
         configs=wg.configs,
         make_kernel=wg.production_kernel,  # partial sums or atomics, as spio runs the config
-        estimated_cost=wg.estimated_cost,
         heuristic_key=wg.heuristic_key,
         default_config=wg.default_config,
         shared_mem_bytes=wg.shared_mem_bytes,

@@ -4,8 +4,8 @@ A model predicts, for one layer, the run time of every tile config of a kernel f
 of the layer, the config and a few derived quantities (the terms of the analytic `estimated_cost`,
 blocks, threads, shared memory). `select_config` ranks all configs with one batched prediction and
 returns the fastest; without a model for the device's arch, or for a layer whose batch size lies
-outside the range the model was measured at (`PerfModel.covers`), it falls back to the analytic
-heuristic (and logs that once). With SPIO_AUTOTUNE=1 the top-k configs of whichever ranking
+outside the range the model was measured at (`PerfModel.coverage_gap`), it falls back to the
+analytic heuristic (and logs that once). With SPIO_AUTOTUNE=1 the top-k configs of whichever ranking
 applies are timed on first use and the winner is kept in a disk cache (`spio.kernels.autotune`).
 
 Models live in `spio/perf_models/<arch>/<family>.ubj` (or a device-specific
@@ -49,7 +49,7 @@ FEATURE_VERSION = 1
 TARGET = "log_seconds_per_byte"
 
 #: A model is trusted from 1/COVER_FACTOR of the smallest to COVER_FACTOR times the largest batch
-#: size it was measured at (`PerfModel.covers`); outside that the analytic heuristic decides.
+#: size it was measured at (`PerfModel.coverage_gap`); outside that the analytic heuristic decides.
 COVER_FACTOR = 2
 
 
@@ -381,9 +381,10 @@ class PerfModel:
         return min(sizes) / COVER_FACTOR, float(max(sizes) * COVER_FACTOR)
 
     def coverage_gap(self, params: Conv2dGw8Params) -> tuple[str, str] | None:
-        """(reason, explanation) when the model does not apply to `params`, else None. The
-        reason ('batch sizes below the range' or '... above the range') groups log lines; the
-        explanation names the batch size and the measured range."""
+        """(reason, explanation) when `params.n` lies outside batch_range, else None (always
+        None for a model without batch sizes; dtype is not checked: fp16 and bf16 move the same
+        bytes). The reason ('batch sizes below the range' or '... above the range') groups log
+        lines; the explanation names the batch size and the measured range."""
         bounds = self.batch_range
         if bounds is None or bounds[0] <= params.n <= bounds[1]:
             return None
@@ -393,11 +394,6 @@ class PerfModel:
             f"batch size {params.n} is {side} the range it covers, {bounds[0]:g} to "
             f"{bounds[1]:g} (measured at batch sizes {sizes})"
         )
-
-    def covers(self, params: Conv2dGw8Params) -> bool:
-        """True when `params.n` lies within [min/2, 2*max] of the measured batch sizes (always
-        True for a model without them). Dtype is not checked: fp16 and bf16 move the same bytes."""
-        return self.coverage_gap(params) is None
 
     def predict_log_seconds(self, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
         """Predicted log run time (seconds) of each config, in one batched call."""
@@ -631,13 +627,6 @@ def loadable_models(
             _warn_once(("bad", str(path)), "ignoring perf model: %s", error)
 
 
-def find_model(
-    family: Family, identity: DeviceIdentity, folder: Path | None = None
-) -> PerfModel | None:
-    """The most specific model of `family` for `identity` that loads, or None."""
-    return next(loadable_models(family, identity, folder), None)
-
-
 def clear_caches(models: bool = True) -> None:
     """Forget memoised selections, one-time warnings and (with `models`) loaded models."""
     with _lock:
@@ -654,8 +643,8 @@ def rank_configs(
     """All configs of `family` for `params`, fastest first, and the model that ranked them.
 
     The model is the most specific one that loads and covers the batch size
-    (`PerfModel.covers`): a per-device model, else the arch's. The analytic heuristic ranks them
-    instead (and the model returned is None) where none does. Each fallback is logged once per
+    (`PerfModel.coverage_gap`): a per-device model, else the arch's. The analytic heuristic ranks
+    them instead (and the model returned is None) where none does. Each fallback is logged once per
     family, arch (or model file) and reason.
     """
     configs = family.configs(params)

@@ -73,7 +73,6 @@ def test_bench_times_the_kernel_the_custom_ops_choose(monkeypatch, pass_):
     monkeypatch.setattr(perf_model, "select_config", lambda factory, p, device, **o: chosen)
     kernel = run.spio_kernel(params, pass_, torch.device("cuda", 0))
     assert dict(kernel.info)["config"] == chosen
-    assert run.spio_config(params, pass_, torch.device("cuda", 0)) == chosen
 
 
 @pytest.mark.parametrize("pass_", ["fprop", "dgrad"])
@@ -118,7 +117,7 @@ class _StandInCase:
 
         self.stats = run.Conv2dStats(params)
         self.bytes = self.copy_bytes = self.stats.bytes(pass_)
-        self.sets, self.config = 1, run.spio_config(params, pass_)
+        self.sets, self.config = 1, run.spio_kernel(params, pass_).info_value("config")
         self.copy_data, self.selected_by = [()], "heuristic"
 
     def spio_call(self):
@@ -330,7 +329,7 @@ def test_sweep_rows_carry_each_impls_bytes_flops_sets_percentiles_and_pre_fill(m
     assert all((r.r, r.s, r.pad_h, r.pad_w) == (1, 3, 0, 1) for r in rows.values())
     assert [r.selected_by for r in rows.values()] == ["heuristic", "", ""]
     assert [r.config for r in rows.values()] == [
-        run.spio_config(layer.params(1), "fprop").encode(),
+        run.spio_kernel(layer.params(1), "fprop").info_value("config").encode(),
         "cudnn",
         "",
     ]

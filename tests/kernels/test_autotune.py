@@ -73,7 +73,7 @@ def new_process(monkeypatch):
 
 
 def test_first_use_times_the_top_k_then_the_disk_cache_answers(tuned, monkeypatch, tmp_path):
-    model = pm.find_model(pm.FAMILIES["conv2d_gw8_fprop"], H200)
+    model = next(pm.loadable_models(pm.FAMILIES["conv2d_gw8_fprop"], H200))
     top = model.rank(LAYER, pm.FAMILIES["conv2d_gw8_fprop"].configs(LAYER))[:4]
 
     kernel = conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
@@ -103,7 +103,7 @@ def test_inside_a_graph_capture_tuning_waits_for_a_later_call(tuned, monkeypatch
     Layer), and is tuned at its first call outside."""
     from spio.functional import _kernels
 
-    model = pm.find_model(pm.FAMILIES["conv2d_gw8_fprop"], H200)
+    model = next(pm.loadable_models(pm.FAMILIES["conv2d_gw8_fprop"], H200))
     top = model.rank(LAYER, pm.FAMILIES["conv2d_gw8_fprop"].configs(LAYER))[:4]
     monkeypatch.setattr(_kernels, "_chosen", {})
     layer = _kernels.Layer(LAYER, FakeCuda())

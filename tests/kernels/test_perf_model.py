@@ -66,6 +66,11 @@ def fake_device(monkeypatch, models):
     pm.clear_caches()
 
 
+def _find_model(family, identity, folder):
+    """The most specific model of `family` for `identity` in `folder` that loads, or None."""
+    return next(pm.loadable_models(family, identity, folder), None)
+
+
 def unseen_layers(count: int) -> list[P]:
     """Random layers that are not in the synthetic CSV."""
     seen = {s.params for s in ps.read_samples(syn.CSV_PATH)[0]}
@@ -522,10 +527,10 @@ def test_device_specific_model_is_loaded(tmp_path, models):
         shutil.copy(src, dst)
         shutil.copy(src.with_suffix(".json"), dst.with_suffix(".json"))
     pm.clear_caches()
-    assert pm.find_model(family, H200, tmp_path).path.parent.name == "nvidia-h200"
+    assert _find_model(family, H200, tmp_path).path.parent.name == "nvidia-h200"
     other = pm.DeviceIdentity("sm_90", "NVIDIA H100 80GB HBM3", "13.0")
-    assert pm.find_model(family, other, tmp_path).path.parent.name == "sm_90"
-    assert pm.find_model(family, pm.DeviceIdentity("sm_80", "A100", "13.0"), tmp_path) is None
+    assert _find_model(family, other, tmp_path).path.parent.name == "sm_90"
+    assert _find_model(family, pm.DeviceIdentity("sm_80", "A100", "13.0"), tmp_path) is None
 
 
 def _place(models: Path, folder: Path, family: str, arch: str, slot=None, **meta) -> Path:
@@ -565,9 +570,9 @@ def test_a_model_in_another_familys_or_devices_slot_is_ignored(
     h100 = pm.DeviceIdentity(arch="sm_90", name="NVIDIA H100", driver="13.0")
     with caplog.at_level(logging.WARNING, logger="spio"):
         for name in ("conv2d_gw8_dgrad", "conv2d_gw8_wgrad"):
-            assert pm.find_model(pm.FAMILIES[name], H200, tmp_path) is None
-        assert pm.find_model(fprop, sm_80, tmp_path) is None
-        assert pm.find_model(fprop, h100, tmp_path) is None  # and no generic sm_90 FProp model
+            assert _find_model(pm.FAMILIES[name], H200, tmp_path) is None
+        assert _find_model(fprop, sm_80, tmp_path) is None
+        assert _find_model(fprop, h100, tmp_path) is None  # and no generic sm_90 FProp model
         layer = unseen_layers(1)[0]
         for name, (factory, options) in CALLS.items():
             if name != "conv2d_gw8_fprop":
@@ -653,14 +658,14 @@ def test_a_model_covers_half_its_smallest_to_twice_its_largest_batch_size():
     measured = model(batch_sizes=[32, 128], dtypes=["fp16"])
     assert measured.batch_range == (16.0, 256.0)
     for n, covered in [(15, False), (16, True), (64, True), (256, True), (257, False)]:
-        assert measured.covers(P(n, 64, 28, 28, padding=1)) is covered, n
-    assert measured.covers(P(64, 64, 28, 28, padding=1, dtype="bf16"))  # dtype is not checked
+        assert (measured.coverage_gap(P(n, 64, 28, 28, padding=1)) is None) is covered, n
+    assert measured.coverage_gap(P(64, 64, 28, 28, padding=1, dtype="bf16")) is None  # any dtype
     reason, explanation = measured.coverage_gap(P(1, 64, 28, 28, padding=1))
     assert reason == "batch sizes below the range"
     assert explanation == (
         "batch size 1 is below the range it covers, 16 to 256 (measured at batch sizes 32, 128)"
     )
-    assert model().covers(P(1, 64, 28, 28, padding=1))  # older models: no batch sizes recorded
+    assert model().coverage_gap(P(1, 64, 28, 28, padding=1)) is None  # no batch sizes recorded
     assert model().batch_range is None
 
 
