@@ -84,9 +84,16 @@ def find_nvdisasm() -> str | None:
     if found:
         return found
     for entry in sys.path:
-        for candidate in sorted(Path(entry).glob("nvidia/cu*/bin/nvdisasm")) if entry else ():
-            return str(candidate)
+        found_here = list(Path(entry).glob("nvidia/cu*/bin/nvdisasm")) if entry else []
+        if found_here:  # the newest CUDA's (cu13 over cu12): an older one may not read a cubin
+            return str(max(found_here, key=_cuda_major))
     return None
+
+
+def _cuda_major(nvdisasm: Path) -> int:
+    """The CUDA major version of a wheel's nvidia/cuNN/bin/nvdisasm; 0 for another folder."""
+    folder = nvdisasm.parent.parent.name.removeprefix("cu")
+    return int(folder) if folder.isdigit() else 0
 
 
 def disassemble(cubin: bytes, nvdisasm: str) -> str:

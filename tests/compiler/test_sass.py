@@ -96,6 +96,19 @@ def test_nvdisasm_from_the_wheel_on_sys_path(monkeypatch, tmp_path):
     assert sass.find_nvdisasm() is None
 
 
+def test_nvdisasm_of_the_newest_cuda_wheel(monkeypatch, tmp_path):
+    """With the CUDA 12 and 13 wheels side by side, CUDA 13's nvdisasm (it reads CUDA 12's
+    cubins; CUDA 12's may not read 13's); names sorted as text had put cu12 first."""
+    site = tmp_path / "site" / "nvidia"
+    for folder in ("cu12", "cu13", "cuda_nvdisasm", "cu9"):
+        (site / folder / "bin").mkdir(parents=True)
+        (site / folder / "bin" / "nvdisasm").write_text("")
+    monkeypatch.delenv("SPIO_NVDISASM", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr("sys.path", [str(tmp_path / "site")])
+    assert sass.find_nvdisasm() == str(site / "cu13" / "bin" / "nvdisasm")
+
+
 @pytest.mark.skipif(sass.find_nvdisasm() is None, reason="nvdisasm not installed")
 def test_wgrad_main_loop_from_a_real_cubin():
     """A full WGrad step issues its tap pairs' mma and ldmatrix once: 2 pairs x 3 taps x 4 runs
