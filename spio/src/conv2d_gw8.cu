@@ -24,8 +24,8 @@
 /// rows i - r. The loop over input rows is unrolled by a multiple of R so that each buffer slot is
 /// a fixed set of registers (and, where that stays short, of the stages, so that each step's
 /// stage is a constant: unroll_steps). After input row i, output row i - (R-1) is complete: it is
-/// rounded, biased and written to a shared-memory staging buffer, and its slot
-/// zeroed for reuse. In the next step all threads copy the staged row to global memory in whole
+/// biased (in fp32), rounded and written to a shared-memory staging buffer, and its slot zeroed
+/// for reuse. In the next step all threads copy the staged row to global memory in whole
 /// 16-byte chunks, a pixel's groups side by side (two staging buffers alternate).
 /// Across images the stream is one sequence of rows: its output rows i - (R-1) whose R input rows
 /// straddle two images' tiles (the last R - 1 of each image's stretch) mix two images and are
@@ -44,13 +44,13 @@
 /// (The timing variant SPIO_LOAD_VIA_REGS moves input rows through registers instead; its
 /// comment is at its code.)
 ///
-/// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
-/// SmemInput::num_bytes + SmemWeights::num_bytes + SmemOutput::num_bytes bytes of dynamic shared
-/// memory.
-/// Arguments: (Out *out, const In *in, const Elem *weights, const Bias *bias or null). The
-/// generated header sets the weights' layout (PyTorch's contiguous [K, 8, R, S] or its
-/// channels_last [K, R, S, 8]) and the bias element (fp32, or the activations' dtype), so either
-/// is read as the caller holds it.
+/// Launch contract: grid = BlockIdx::size blocks, Block::threads threads (one warp per group and
+/// run of Block::warp_x16 * 16 columns: WarpIdx), SmemInput::num_bytes + SmemWeights::num_bytes +
+/// SmemOutput::num_bytes bytes of dynamic shared memory.
+/// Arguments: (Output::data_type *out, const uint4 *in, const Elem *weights,
+/// Bias::data_type *bias or null); out and in are NHWC. The generated header sets the
+/// weights' layout (PyTorch's contiguous [K, 8, R, S] or its channels_last [K, R, S, 8]) and the
+/// bias element (fp32, or the activations' dtype), so either is read as the caller holds it.
 /// The generated header (conv2d_gw8_gen.h) defines Conv, Block, the tensors and the index classes,
 /// and the kernel's symbol SPIO_KERNEL_ENTRY: spio_<pass, layer and config>
 /// (spio.kernels.kernel.entry_symbol), so that profiler traces tell launches apart.
@@ -70,22 +70,23 @@ namespace {
 
 using Elem = SPIO_CONV_ELEMENT;
 
-// mma_tap adds A * B into acc for one tap (m16n8k8); mma_two_taps adds [A0 A1] * [B0; B1] for
-// taps s and s + 1 in one m16n8k16: its A fragment is the two k8 fragments' registers in order, its
-// B the two B registers.
+/// Adds A * B into acc for one tap (one m16n8k8).
 SPIO_DEVICE void mma_tap(float (&acc)[4], const unsigned (&a)[2], unsigned b) {
     spio::mma_m16n8k8<Elem>(acc, a, b, acc);
 }
-// The 32-bit register holding lo (bits 0-15) and hi (bits 16-31), as ldmatrix would load them.
-// (A build calls the element_bits of its Elem; [[maybe_unused]] keeps NVRTC quiet on the other.)
+/// The 16 bits of an element. (A build calls the element_bits of its Elem; [[maybe_unused]] keeps
+/// NVRTC quiet on the other.)
 [[maybe_unused]] SPIO_DEVICE unsigned short element_bits(__half e) { return __half_as_ushort(e); }
 [[maybe_unused]] SPIO_DEVICE unsigned short element_bits(__nv_bfloat16 e) {
     return __bfloat16_as_ushort(e);
 }
+/// The 32-bit register holding lo (bits 0-15) and hi (bits 16-31), as ldmatrix would load them.
 SPIO_DEVICE unsigned pack_elements(Elem lo, Elem hi) {
     return element_bits(lo) | (static_cast<unsigned>(element_bits(hi)) << 16);
 }
 
+/// Adds [A0 A1] * [B0; B1] into acc for taps s and s + 1 in one m16n8k16: its A fragment is the
+/// two k8 fragments' registers in order, its B the two B registers.
 SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const unsigned (&a1)[2],
                               unsigned b0, unsigned b1) {
     const unsigned a[4] = {a0[0], a0[1], a1[0], a1[1]};
@@ -93,22 +94,23 @@ SPIO_DEVICE void mma_two_taps(float (&acc)[4], const unsigned (&a0)[2], const un
     spio::mma_m16n8k16<Elem>(acc, a, b, acc);
 }
 
-// Where a row of a block's stream lies: its image (counted from the block's first) and its row in
-// that image's tile of Block::y + R - 1 input rows. The main loop advances positions one row a
-// step instead of dividing by the tile's rows. With one image a block the position is the stream
-// row itself (StreamRow::of) and the counters stand still, so that they cost nothing.
+/// Where a row of a block's stream lies: its image (counted from the block's first) and its row in
+/// that image's tile of Block::y + R - 1 input rows. The main loop advances positions one row a
+/// step instead of dividing by the tile's rows. With one image a block the position is the stream
+/// row itself (StreamRow::of) and the counters stand still, so that they cost nothing.
 struct StreamRow {
     static constexpr int ROWS = Block::y + Conv::r - 1;
     int image;
     int row;
-    // The position of stream row `row` (for row < 0: image 0 and the same negative row).
+    /// The position of stream row `row` (for row < 0: image 0 and the same negative row).
     SPIO_DEVICE static constexpr StreamRow at(int row) {
         return Block::n == 1 || row < 0 ? StreamRow{0, row} : StreamRow{row / ROWS, row % ROWS};
     }
-    // The position of stream row `row` kept by a counter: the counter's, or the row itself.
+    /// The position of stream row `row` kept by a counter: the counter's, or the row itself.
     SPIO_DEVICE static constexpr StreamRow of(int row, StreamRow counted) {
         return Block::n == 1 ? at(row) : counted;
     }
+    /// Moves to the next stream row (nothing with one image a block).
     SPIO_DEVICE void next() {
         if (Block::n > 1 && ++row == ROWS) {
             row = 0;
@@ -117,16 +119,17 @@ struct StreamRow {
     }
 };
 
-// Steps of the main loop's unrolled body: a multiple of R, so that each accumulator slot is a
-// fixed set of registers. Where it stays at most MAX_UNROLL steps, also a multiple of `stages`
-// and 2 (or of `stages` alone), so that each step's input stage and output buffer are constants:
-// the input's shared-memory addresses are then immediate offsets, not a division, a multiply and
-// an add per step. (NVRTC 12.9, sm_90: 90 -> 40 instructions a step for the 64c 64x64 layer's
-// 6-stage config, same blocks per SM; longer unrolls cost blocks per SM, docs/perf/resources.md.)
-// SPIO_UNROLL_BY_R (spio/ablation.h) keeps R, for timing the difference.
+/// The most steps unroll_steps unrolls the main loop by to make the stages constants.
 constexpr int MAX_UNROLL = 6;
 SPIO_DEVICE constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
 SPIO_DEVICE constexpr int lcm(int a, int b) { return a / gcd(a, b) * b; }
+/// Steps of the main loop's unrolled body: a multiple of R, so that each accumulator slot is a
+/// fixed set of registers. Where it stays at most MAX_UNROLL steps, also a multiple of `stages`
+/// and 2 (or of `stages` alone), so that each step's input stage and output buffer are constants:
+/// the input's shared-memory addresses are then immediate offsets, not a division, a multiply and
+/// an add per step. (NVRTC 12.9, sm_90: 90 -> 40 instructions a step for the 64c 64x64 layer's
+/// 6-stage config, same blocks per SM; longer unrolls cost blocks per SM, docs/perf/resources.md.)
+/// SPIO_UNROLL_BY_R (spio/ablation.h) keeps R, for timing the difference.
 SPIO_DEVICE constexpr int unroll_steps(int r, int stages) {
     return SPIO_UNROLL_BY_R                       ? r
            : lcm(lcm(r, stages), 2) <= MAX_UNROLL ? lcm(lcm(r, stages), 2)
@@ -180,8 +183,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 col = x * Input::stride_x + c8 * Input::stride_c8;
             }
         });
-    // Where the input row at `pos` is read from: its image (the block's first for a row past the
-    // batch, which is not read), its offset there, and whether it is inside the input.
+    // Where the input row at `pos` is read from: its image (the block's first for a row that is
+    // not read: outside the image's rows or past the batch), its offset there, and whether it is
+    // inside the input.
     struct RowSource {
         const uint4 *image;
         int offset;
@@ -314,8 +318,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     // Output rows leave through shared memory so that global stores are whole 16-byte chunks,
     // consecutive threads writing consecutive chunks (all the block's groups of a pixel, then the
     // next pixel), instead of each lane writing 4 bytes into every pixel's 16-byte group slice.
-    // Rounds, biases and writes an output row from accumulator slot `rows` into staging buffer
-    // `buf` (output row i goes to buffer i % 2).
+    // Biases (in fp32), rounds and writes an output row from accumulator slot `rows` into staging
+    // buffer `buf` (stream output row i goes to buffer i % 2).
     const auto stage_output_row = [&](int buf, float (&rows)[Block::warp_x16][4]) {
         const SmemOutput staged = smem_output.buf(buf).k8(warp.c8()).k2(lane % 4);
         SPIO_UNROLL

@@ -5,44 +5,49 @@
 ///   dw[8g + k, c, r, s] += sum_{n, p, q} dy[n, p, q, 8g + k] * x[n, p + r - PAD_H, q + s - PAD_W, 8g + c]
 ///   dbias[8g + k]       += sum_{n, p, q} dy[n, p, q, 8g + k]
 /// Inputs outside x are zero. Only products of output pixels' dy reach the sums: where a tile runs
-/// past the output or meets the rows of its neighbours, x is kept from the zeros it holds there
-/// ("careful" steps, at the main loop), so an inf or NaN in x makes dw non-finite at the taps
-/// PyTorch's does, no more. dw and dbias are accumulated with atomicAdd: the caller zeroes them.
-/// The sum order across blocks varies from launch to launch, so results may differ in the last
-/// bits of fp32 rounding, never more. With SPIO_WGRAD_PARTIALS each warp instead stores its sums
-/// to its own slot of DWPart / DBiasPart (no atomics, nothing to zero) and the caller sums the
-/// slots: a second pass over a small buffer, with a result that does not depend on launch order.
+/// past the output or its steps reach dy rows outside the tile (its neighbours' rows, held as zeros
+/// in shared memory), x is kept from meeting those zeros ("careful" steps, at the main loop), so an
+/// inf or NaN in x makes dw non-finite at the taps PyTorch's does, no more. dw and dbias are
+/// accumulated with atomicAdd: the caller zeroes them. The sum order across blocks varies from
+/// launch to launch, so results may differ in the last bits of fp32 rounding, never more. With
+/// SPIO_WGRAD_PARTIALS each warp instead stores its sums to its part of a slot of DWPart /
+/// DBiasPart (a slot per dy tile and run of Block::warp_x8 * 8 columns, each warp of it writing its
+/// group's channels; no atomics, nothing to zero) and the caller sums the slots (sum_slots.cu): a
+/// second pass, with a result that does not depend on launch order.
 ///
 /// Tiling: a block owns Block::c8 groups, Block::y rows and Block::x columns of dy, for Block::n
 /// images in turn. Per image it streams the Block::y + R - 1 rows of x that the tile touches, one
 /// row per step (cp.async, STAGES = Block::stages x-row buffers, so STAGES - 1 steps are in flight
-/// while one is computed), together with one new row of dy, into shared memory. Step i pairs x row
-/// i with the dy rows i - r (r = 0..R-1) kept in a ring of R + STAGES - 1 row slots (the spare slots
-/// receive the next rows while the others are read; rows outside the tile or image are zero).
-/// Each warp owns one group and Block::warp_x8 runs of 8 dy columns. For a run it loads, per filter
-/// column s, B = the 8 pixels x 8 channels of x shifted by s (ldmatrix .trans), and, per pair of
-/// filter rows (r0, r1), A = the 8 channels x 8 pixels of dy rows i - r0 and i - r1 stacked into a
-/// 16x8 matrix (ldmatrix.x2 .trans); mma.sync.m16n8k8 then adds the taps (r0, s) and (r1, s) of the
-/// pixels' products into a 16x8 fp32 accumulator: the pixels are the reduction dimension. With
-/// Block::mma_k == 16 one mma.sync.m16n8k16 takes two consecutive runs (16 pixels) at once. An odd R
-/// pairs its last row with an all-zero row. The bias gradient is one more mma of the dy rows i
-/// with an all-ones B. At the end each warp adds its accumulators to dw (and dbias) atomically.
+/// while one is computed), together with one new row of dy (zeros in the last R - 1 steps of an
+/// image), into shared memory. Step i pairs x row i with the dy rows i - r (r = 0..R-1) kept in a
+/// ring of R + STAGES - 1 row slots (the spare slots receive the next rows while the others are
+/// read; rows outside the tile or image are zero). Each warp owns one group and Block::warp_x8
+/// runs of 8 dy columns. For a run it loads, per filter column s, B = the 8 pixels x 8 channels of
+/// x shifted by s (ldmatrix .trans), and, per pair of filter rows (r0, r1), A = the 8 channels x
+/// 8 pixels of dy rows i - r0 and i - r1 stacked into a 16x8 matrix (ldmatrix.x2 .trans);
+/// mma.sync.m16n8k8 then adds the taps (r0, s) and (r1, s) of the pixels' products into a 16x8
+/// fp32 accumulator: the pixels are the reduction dimension. With Block::mma_k == 16 one
+/// mma.sync.m16n8k16 takes two consecutive runs (16 pixels) at once. An odd R pairs its last row
+/// with an all-zero row. The bias gradient is one more mma of the dy rows i
+/// with an all-ones B. At the end each warp adds its accumulators to dw (and dbias) atomically, or
+/// with SPIO_WGRAD_PARTIALS stores them to its slot.
 ///
 /// Synchronisation: one __syncthreads after the dy slots are zeroed (before the first copies land
-/// in them), then one per step; every step index commits exactly one cp.async group
-/// (past the last step: zeros, into slots no step reads again; waited for before the block
-/// exits). At the top of step t every thread waits for its copies of step t
+/// in them), then one per step; every step index commits exactly one cp.async group (past the
+/// last step: zeros, into slots no step reads again, or an empty group in the prologue; waited
+/// for before the block exits). At the top of step t every thread waits for its copies of step t
 /// (wait_group STAGES - 2), the barrier publishes them and guarantees that step t - 1's reads are
 /// over, so step t + STAGES - 1's rows can be copied into the slots step t - 1 read last (x: STAGES
 /// slots; dy: R + STAGES - 1 slots, of which step t reads R). (The timing variant
 /// SPIO_LOAD_VIA_REGS moves rows through registers instead; its comment is at its code.)
 ///
-/// Launch contract: grid = BlockIdx::size blocks, Block::threads threads,
-/// SmemX::num_bytes + SmemDy::num_bytes bytes of dynamic shared memory.
-/// Arguments: (float *dw, float *dbias or null, const uint4 *x, const uint4 *dy); dw and dbias
-/// zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and DBiasPart buffers, unzeroed). The generated header (conv2d_gw8_wgrad_gen.h) defines the rest,
-/// the kernel's symbol SPIO_KERNEL_ENTRY (spio_<pass, layer and config>:
-/// spio.kernels.kernel.entry_symbol) among it.
+/// Launch contract: grid = BlockIdx::size blocks, Block::threads threads (one warp per group and
+/// run of Block::warp_x8 * 8 columns: WarpIdx), SmemX::num_bytes + SmemDy::num_bytes bytes of
+/// dynamic shared memory (SmemDy: the R + STAGES - 1 ring slots and the zero row).
+/// Arguments: (float *dw, float *dbias or null, const uint4 *x, const uint4 *dy), x and dy NHWC;
+/// dw and dbias zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and DBiasPart buffers,
+/// unzeroed). The generated header (conv2d_gw8_wgrad_gen.h) defines the rest, the kernel's symbol
+/// SPIO_KERNEL_ENTRY (spio_<pass, layer and config>: spio.kernels.kernel.entry_symbol) among it.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -57,11 +62,9 @@
 
 namespace {
 
-// mma_pixels adds A * B into acc, the product summing over the pixels: with PIXELS == 8 one
-// m16n8k8 (A 16 x 8 pixels, B 8 pixels x 8); with PIXELS == 16 (Block::mma_k == 16) one m16n8k16
-// over two consecutive 8-pixel runs, whose A fragment is the two runs' k8 A registers in order and
-// whose B is the two runs' B registers. kOnes is a B register of ones (for the bias gradient).
+/// Pixels one mma sums over: 8 (m16n8k8) or, with Block::mma_k == 16, 16 (m16n8k16, two runs).
 constexpr int PIXELS = Block::mma_k;
+/// 8-pixel runs of one mma.
 constexpr int RUNS_PER_MMA = PIXELS / 8;
 using Elem = SPIO_WGRAD_ELEMENT;
 #if SPIO_WGRAD_HAS_BIAS
@@ -69,7 +72,11 @@ using Elem = SPIO_WGRAD_ELEMENT;
 constexpr unsigned kOnes = SPIO_WGRAD_BF16 ? 0x3F803F80u : 0x3C003C00u;
 #endif
 
-// (A build calls the mma_pixels of its PIXELS; [[maybe_unused]] keeps NVRTC quiet on the other.)
+/// Adds A * B into acc, the product summing over the pixels: with PIXELS == 8 one m16n8k8 (A 16 x
+/// 8 pixels, B 8 pixels x 8); with PIXELS == 16 one m16n8k16 over two consecutive 8-pixel runs,
+/// whose A fragment is the two runs' k8 A registers in order and whose B is the two runs' B
+/// registers. (A build calls the mma_pixels of its PIXELS; [[maybe_unused]] keeps NVRTC quiet on
+/// the other.)
 [[maybe_unused]] SPIO_DEVICE void mma_pixels(float (&acc)[4], const unsigned (&a)[1][2],
                                              const unsigned (&b)[1]) {
     spio::mma_m16n8k8<Elem>(acc, a[0], b[0], acc);
@@ -243,8 +250,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         const auto runs = [&](bool careful_runs, bool masked_runs) {
             SPIO_UNROLL
             for (int run = 0; run < Block::warp_x8; run += RUNS_PER_MMA) {
-                // B operands: x pixels col + s .. col + s + 7 of this row (x's tile starts PAD_W
-                // left), for each 8-pixel run of this mma; zero where dy is past the output.
+                // B operands: x pixels first + s .. first + s + 7 of this row, `first` being a
+                // run's first dy column (x's tile starts PAD_W left), for each run of this mma;
+                // zero where keep_cols masks a dy column past the output.
                 unsigned keep_cols[RUNS_PER_MMA];
                 SPIO_UNROLL
                 for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {

@@ -3,7 +3,7 @@
 ///
 /// What it computes: block b reads the Probe::region_bytes bytes at in + b * Probe::region_stride
 /// bytes, in 16-byte chunks, and thread t of block b writes the XOR of the 32-bit words it read to
-/// out[b * Probe::threads + t] (so no load can be dropped). Three ways to read (Probe::mode):
+/// out[b * Probe::threads + t] (so no load can be dropped). Four ways to read (SPIO_PROBE_MODE):
 ///   0 (ldg)      each thread keeps Probe::depth 16-byte loads in flight in registers, striding
 ///                over the region's chunks with the block's other threads;
 ///   1 (cp.async) each thread streams its chunks (the same ones) through a ring of Probe::depth
@@ -22,7 +22,8 @@
 /// Launch contract: grid = Probe::blocks blocks of Probe::threads threads; dynamic shared memory
 /// Probe::depth * Probe::threads * 16 bytes (mode 1), Probe::depth * Probe::row_bytes (mode 2),
 /// Probe::depth * (Probe::row_bytes + 8) (mode 3: the buffers, then one mbarrier each), or none
-/// (mode 0). region_bytes and row_bytes are multiples of 16, region_bytes of row_bytes.
+/// (mode 0). region_bytes and row_bytes are multiples of 16, region_bytes of row_bytes in modes
+/// 2 and 3 (spio.bench.probe.Probe checks them).
 /// Arguments: (unsigned *out, const uint4 *in).
 
 #include "spio/macros.h"
@@ -35,6 +36,7 @@
 
 namespace {
 
+/// The XOR of the four 32-bit words of v.
 SPIO_DEVICE unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
 }  // namespace
@@ -74,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(Probe::threads)
     }
     for (int k = 0; k < mine; ++k) {
         spio::cp_async_wait_group<DEPTH - 2>();
-        acc ^= fold(ring[k % DEPTH]);  // read (and used) before its slot is refilled below
+        acc ^= fold(ring[k % DEPTH]);  // used before the next iteration's copy refills its slot
         const int next = k + DEPTH - 1;
         if (next < mine) {
             spio::cp_async_16(ring + next % DEPTH, region + t + next * THREADS, 16);

@@ -28,8 +28,8 @@ namespace {
 using DwOut = SPIO_SUM_DW_TYPE;
 using DbiasOut = SPIO_SUM_DBIAS_TYPE;
 
-// v rounded once to T. A build calls the round_to of its two output types; [[maybe_unused]]
-// keeps NVRTC quiet on the others.
+/// v rounded once (to nearest even) to T. A build calls the round_to of its two output types;
+/// [[maybe_unused]] keeps NVRTC quiet on the others.
 template <typename T>
 SPIO_HOST_DEVICE T round_to(float v);
 
@@ -48,7 +48,7 @@ template <>
     return __float2bfloat16_rn(v);
 }
 
-// The sum over `slots` slots of column i of a [slots][columns] fp32 buffer, in slot order.
+/// The sum over `slots` slots of column i of a [slots][columns] fp32 buffer, in slot order.
 SPIO_DEVICE float column_sum(const float *part, int slots, int columns, int i) {
     float total = 0.0f;
     for (int t = 0; t < slots; ++t) {

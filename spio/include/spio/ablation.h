@@ -6,10 +6,13 @@
 /// kernels never set them, and get the defaults below.
 ///
 /// Ablations (each makes the results wrong; only the time means something):
-///   SPIO_ABLATE_LOADS   no global reads (shared memory keeps whatever it holds)
-///   SPIO_ABLATE_MMA     no tensor-core work
+///   SPIO_ABLATE_LOADS   no input-row copies (shared memory keeps whatever it holds); FProp/DGrad
+///                       still copy their weights, and SPIO_LOAD_VIA_REGS's loads stay
+///   SPIO_ABLATE_MMA     no mma for the convolution's products (the ldmatrix loads stay, and so
+///                       does WGrad's bias-gradient mma)
 ///   SPIO_ABLATE_STORES  results are written only under a condition the compiler cannot prove
-///                       false, so the work that produces them stays
+///                       false, so the work that produces them stays (FProp/DGrad still stage
+///                       output rows in shared memory; WGrad's dbias is still written)
 ///   SPIO_ABLATE_SYNC    no barrier per row (warps race ahead of each other's copies)
 /// Variants (the results stay right):
 ///   SPIO_L2_PREFETCH    0, 128 or 256: the L2 prefetch hint of the input copies (cp_async_16)
@@ -21,18 +24,17 @@
 ///                       cp.async; FProp/DGrad need STAGES - 1 to divide R
 ///   SPIO_WGRAD_UNMASKED WGrad has no careful steps and no column masks: x's products with the
 ///                       zeros a tile holds outside the output are added too, as if they were
-///                       output pixels. Right
-///                       for finite inputs (inf or NaN in x then spreads to more taps than in
-///                       PyTorch); for timing what the careful steps cost, and for counting the
-///                       instructions of a full step (scripts/sass_loop.py)
+///                       output pixels. Right for finite inputs (inf or NaN in x then spreads to
+///                       more taps than in PyTorch); for timing what the careful steps cost, and
+///                       for counting the instructions of a full step (scripts/sass_loop.py)
 ///   SPIO_UNROLL_BY_R    FProp/DGrad's main loop is unrolled by R steps only, as before the
 ///                       unroll to a multiple of the stages (each step then divides its row for
 ///                       its stage and output buffer): for timing what the longer unroll gains
-///   SPIO_COPY_UNDER_BRANCH  WGrad's row copies as before the nineteenth session: a copy that a
-///                       thread has no element for is skipped by a branch around it, not by its
-///                       predicate (spio/thread/async_copy.h), and the steps past the last skip
-///                       their copies by a branch instead of copying zeros: for timing what
-///                       the two gain
+///   SPIO_COPY_UNDER_BRANCH  WGrad's row copies the older way: a copy that a thread has no
+///                       element for is skipped by a branch around it, not by its predicate
+///                       (spio/thread/async_copy.h), and the steps past the last skip their
+///                       copies by a branch instead of copying zeros: for timing what the two
+///                       gain
 
 #include "spio/macros.h"
 

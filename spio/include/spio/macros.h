@@ -10,7 +10,8 @@
 ///   spio::emu:: primitives before any spio header is included.
 /// - A plain host C++ compiler (host-side tests of layouts and index arithmetic).
 /// No host standard header is included anywhere: NVRTC has none (no <cstdint>, <cstring>, ...).
-/// Each macro is only defined when not defined already, so the emulator may predefine it.
+/// SPIO_DEVICE, SPIO_HOST_DEVICE, SPIO_UNROLL and SPIO_RESTRICT are only defined when not defined
+/// already, so the emulator may predefine them.
 
 /// True (1) while compiling device code for a GPU, 0 on the host and in the emulator.
 #if defined(__CUDA_ARCH__)

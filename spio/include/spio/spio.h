@@ -1,7 +1,9 @@
 #ifndef SPIO_SPIO_H_
 #define SPIO_SPIO_H_
 
-/// The whole spio header library; kernels may include just the headers they need instead.
+/// spio's header library but spio/ablation.h (timing switches, included after a kernel's
+/// generated header) and spio/thread/bulk_copy.h (sm_90 only); kernels may include just the
+/// headers they need instead.
 
 #include "spio/macros.h"
 #include "spio/block/pipeline.h"

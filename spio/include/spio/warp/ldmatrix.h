@@ -63,7 +63,8 @@ SPIO_DEVICE void ldmatrix_x4(unsigned (&d)[4], const void *row_ptr) {
 #endif
 }
 
-/// Loads one 8x8 matrix from shared memory, transposed (ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16).
+/// Loads one 8x8 matrix from shared memory, transposed
+/// (ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16).
 ///
 /// Parameters:
 ///   d: d[j] receives the lane's two elements of matrix j transposed.
@@ -79,7 +80,8 @@ SPIO_DEVICE void ldmatrix_x1_trans(unsigned (&d)[1], const void *row_ptr) {
 #endif
 }
 
-/// Loads two 8x8 matrices from shared memory, transposed (ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16).
+/// Loads two 8x8 matrices from shared memory, transposed
+/// (ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16).
 ///
 /// Parameters:
 ///   d: d[j] receives the lane's two elements of matrix j transposed.
@@ -95,7 +97,8 @@ SPIO_DEVICE void ldmatrix_x2_trans(unsigned (&d)[2], const void *row_ptr) {
 #endif
 }
 
-/// Loads four 8x8 matrices from shared memory, transposed (ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16).
+/// Loads four 8x8 matrices from shared memory, transposed
+/// (ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16).
 ///
 /// Parameters:
 ///   d: d[j] receives the lane's two elements of matrix j transposed.
