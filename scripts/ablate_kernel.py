@@ -8,7 +8,8 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
     full         the real kernel
     no-stores    results kept only under an impossible condition (the work that makes them stays)
     no-mma       no tensor-core work (loads, barriers and stores stay)
-    no-loads     no global reads (compute on whatever shared memory holds)
+    no-loads     no input-row reads (compute on whatever shared memory holds; FProp/DGrad
+                 still read their weights)
     skeleton     no loads and no mma: index math, barriers and stores only
     loads-only   no mma and no stores: the input pipeline alone (copies, waits, barriers)
     no-sync      no barrier per input row (warps no longer wait for each other)

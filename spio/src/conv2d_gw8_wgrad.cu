@@ -308,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                         }
                     }
 #if SPIO_WGRAD_HAS_BIAS
-                    if (pair == 0) {
+                    if (pair == 0 && !SPIO_ABLATE_MMA) {
                         unsigned ones[RUNS_PER_MMA];
                         SPIO_UNROLL
                         for (int sub = 0; sub < RUNS_PER_MMA; ++sub) {
@@ -448,6 +448,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         }
     }
 #if SPIO_WGRAD_HAS_BIAS
+#if SPIO_ABLATE_STORES
+    if (__float_as_uint(bias_acc[0]) != 0x7fc0beefu) {  // as for dw above
+        return;
+    }
+#endif
     if (lane % 4 == 0) {
 #if SPIO_WGRAD_PARTIALS
         *DBiasPart(dbias).t(part).k(k).get() = bias_acc[0];

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from spio.bench.layers import parse_layer
+from spio.compiler.sass import find_nvdisasm
 from tests.conftest import REPO, load_script
 
 ablate = load_script("ablate_kernel")
@@ -449,3 +450,39 @@ def test_two_switch_sets_of_one_variant_name_are_refused(base_kernels):
     assert kernel.with_defines(("SPIO_ABLATE_LOADS",)) == first
     with pytest.raises(ValueError, match=r"would name two builds: .*SPIO_ABLATE_LOADS.*SPIO_LOADS"):
         kernel.with_defines(("SPIO_LOADS",))
+
+
+@pytest.mark.parametrize("variant", ["no-stores", "loads-only"])
+def test_wgrad_ablations_leave_out_the_bias_gradient_too(variant):
+    """`no-stores` wrote WGrad's dbias all the same, and `no-mma` kept its bias-gradient mma, so a
+    layer with a bias timed work the variant names as gone; `no-stores` did not build in the
+    emulator (no __float_as_uint). Emulated, with atomics into zeroed buffers: nothing is added
+    to dw or dbias."""
+
+    from spio.check import random_inputs
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+
+    params = Conv2dGw8Params(n=2, c=16, h=9, w=12, padding=1, has_bias=True)
+    atomic = wg.make_kernel(params, wg.default_config(params), partials=False)
+    t = random_inputs(params, seed=4)
+    dw, db = wg.wgrad(t["x"], t["dy"], params, kernel=atomic)
+    assert dw.abs().sum() > 0 and db.abs().sum() > 0
+    dw, db = wg.wgrad(t["x"], t["dy"], params, kernel=atomic.with_defines(ablate.VARIANTS[variant]))
+    assert not dw.any() and not db.any(), (dw.abs().sum(), db)
+
+
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+def test_wgrad_no_mma_has_no_mma_with_a_bias():
+    """`no-mma` left WGrad's bias-gradient mma in (an HMMA per step in the SASS)."""
+    from spio.compiler import sass
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+
+    params = Conv2dGw8Params(n=8, c=64, h=32, w=32, padding=1, has_bias=True)
+    kernel = wg.production_kernel(params, wg.default_config(params))
+    listing = sass.disassemble(kernel.compile("sm_90").cubin, sass.find_nvdisasm())
+    assert "HMMA" in listing
+    ablated = kernel.with_defines(ablate.VARIANTS["no-mma"])
+    listing = sass.disassemble(ablated.compile("sm_90").cubin, sass.find_nvdisasm())
+    assert "HMMA" not in listing

@@ -212,6 +212,11 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) { ::spio::emu::detail::syncw
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 inline void __nanosleep(unsigned) {}  // timing only: nothing to emulate
+inline unsigned __float_as_uint(float x) {
+    unsigned bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    return bits;
+}
 inline unsigned __activemask() { return ::spio::emu::detail::active_mask(); }
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
     return ::spio::emu::detail::ballot(mask, predicate);

@@ -8,11 +8,10 @@
 /// Ablations (each makes the results wrong; only the time means something):
 ///   SPIO_ABLATE_LOADS   no input-row copies (shared memory keeps whatever it holds); FProp/DGrad
 ///                       still copy their weights, and SPIO_LOAD_VIA_REGS's loads stay
-///   SPIO_ABLATE_MMA     no mma for the convolution's products (the ldmatrix loads stay, and so
-///                       does WGrad's bias-gradient mma)
+///   SPIO_ABLATE_MMA     no mma (the ldmatrix loads stay)
 ///   SPIO_ABLATE_STORES  results are written only under a condition the compiler cannot prove
 ///                       false, so the work that produces them stays (FProp/DGrad still stage
-///                       output rows in shared memory; WGrad's dbias is still written)
+///                       output rows in shared memory)
 ///   SPIO_ABLATE_SYNC    no barrier per row (warps race ahead of each other's copies)
 /// Variants (the results stay right):
 ///   SPIO_L2_PREFETCH    0, 128 or 256: the L2 prefetch hint of the input copies (cp_async_16)
