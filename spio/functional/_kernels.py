@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from collections.abc import Hashable, Iterable
 
 import torch
@@ -47,13 +48,24 @@ PASS_BITS = dict(zip(PASSES, (FPROP, DGRAD, WGRAD), strict=True))
 
 def pass_mask(passes: Iterable[str] | int) -> int:
     """The `passes` bits of pass names ("fprop", "dgrad", "wgrad"), or of bits already (the op's
-    `passes` argument)."""
-    if isinstance(passes, int) and not isinstance(passes, bool):
-        check_passes(passes)
-        return passes
-    # A bool (an int to type checkers, but no bits here) reaches tuple() on purpose: its
-    # TypeError is what the callers (Conv2dGw8.spio_passes, transform's include check) catch.
+    `passes` argument: an int, or an integer such as numpy's). TypeError for a value of another
+    type (a bool, a float, None, names that are not strings), ValueError for unknown names or
+    bits out of range; the callers (Conv2dGw8.spio_passes, transform's include check) say what
+    they take, in the error's type."""
+    if isinstance(passes, bool):  # an int to Python, but no bits: the callers take it first
+        raise TypeError(f"conv2d_gw8 passes must be pass names or bits, got {passes!r}")
+    if not isinstance(passes, str):
+        try:
+            bits = operator.index(passes)  # type: ignore[arg-type]
+        except TypeError:
+            bits = None
+        if bits is not None:
+            check_passes(bits)
+            return bits
+    # tuple() raises TypeError for a value that is neither names nor bits (a float, None).
     names = (passes,) if isinstance(passes, str) else tuple(passes)  # type: ignore[arg-type]
+    if not all(isinstance(name, str) for name in names):
+        raise TypeError(f"conv2d_gw8 pass names must be strings, got {names}")
     unknown = [name for name in names if name not in PASS_BITS]
     if unknown:
         raise ValueError(f"conv2d_gw8 passes must be among {PASSES}, got {unknown}")

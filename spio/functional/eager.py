@@ -22,6 +22,8 @@ What keeps it light:
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import Tensor
 
@@ -30,6 +32,7 @@ from ._kernels import ALL_PASSES, check_passes
 from .checks import (
     autocast_dtype,
     cast_for_autocast,
+    check_tensors,
     functorch_transform_active,
     has_forward_tangent,
     memory_format,
@@ -188,13 +191,14 @@ def conv2d_gw8(
 
     Autograd: gradients as conv2d_gw8_backward computes them, differentiable in turn (double
     backward).
-    Unsupported arguments raise ValueError naming the constraint; under torch.func.grad or jvp,
-    or with forward-mode AD tangents, it raises RuntimeError (a Conv2dGw8 module falls back to
-    F.conv2d there).
+    Unsupported arguments raise ValueError naming the constraint, and arguments of the wrong
+    type (not a tensor; not an integer, or a bool, where an int belongs) TypeError naming the
+    argument, as F.conv2d and Conv2dGw8 refuse them (the raw op's schema raises RuntimeError,
+    and takes a bool as an int); under torch.func.grad or jvp, or with forward-mode AD
+    tangents, it raises RuntimeError (a Conv2dGw8 module falls back to F.conv2d there).
     """
     if (
-        # Exactly ints, as the op's schema takes them (it refuses a float itself, and takes a
-        # bool as the int it is: stride=True is stride 1 on both paths).
+        # Exactly ints (not bools: _check_types refuses them), as the op's schema takes them.
         type(stride) is int
         and type(padding_y) is int
         and type(padding_x) is int
@@ -211,9 +215,37 @@ def conv2d_gw8(
         return conv2d_gw8_eager(
             input, weight, bias, padding_y, padding_x, passes, stride, dilation, groups
         )
+    _check_types(input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes)
     return conv2d_gw8_op(
         input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes
     )
+
+
+_INT_ARGUMENTS = ("stride", "padding_y", "padding_x", "dilation", "groups", "passes")
+
+
+def _check_types(
+    input: Tensor, weight: Tensor, bias: Tensor | None, *ints: int | torch.SymInt
+) -> None:
+    """TypeError naming the argument of the wrong type: a tensor operand that is not a tensor,
+    or an int argument that is not an integer (an int, a SymInt, or what has __index__, e.g.
+    numpy's) or is a bool (F.conv2d refuses those, and passes=True would be FProp alone where
+    Conv2dGw8.spio_passes = True is every pass). Before the op, whose schema would raise a
+    RuntimeError for some of these (a float, a list for a tensor) and take the others."""
+    check_tensors(input, weight, bias)
+    for name, value in zip(_INT_ARGUMENTS, ints, strict=True):
+        if isinstance(value, bool):
+            integer = False
+        elif isinstance(value, (int, torch.SymInt)):
+            continue
+        else:
+            try:
+                operator.index(value)
+                integer = True
+            except TypeError:
+                integer = False
+        if not integer:
+            raise TypeError(f"conv2d_gw8 needs an integer {name}, got {value!r}")
 
 
 def _script_as_the_op() -> None:

@@ -32,13 +32,14 @@ _ENCODED = re.compile(
 
 
 def _as_int(name: str, value: Any) -> int:
-    """Return value as an int, rejecting bools, floats and other non-integers by name."""
-    if isinstance(value, bool):
-        raise ValueError(f"Conv2dGw8Params needs an integer {name}, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise ValueError(f"Conv2dGw8Params needs an integer {name}, got {value!r}") from None
+    """Return value as an int (an int, or an integer such as numpy's); TypeError naming the
+    argument for bools, floats (even whole ones) and other non-integers."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"Conv2dGw8Params needs an integer {name}, got {value!r}")
 
 
 def _as_padding(padding: Any) -> tuple[int, int]:
@@ -103,12 +104,16 @@ class Conv2dGw8Params:
             object.__setattr__(self, name, _as_int(name, getattr(self, name)))
         object.__setattr__(self, "padding", _as_padding(self.padding))
         if type(self.has_bias) not in (bool, int) or self.has_bias not in (0, 1):
-            raise ValueError(f"Conv2dGw8Params needs has_bias True or False, got {self.has_bias!r}")
+            error = ValueError if type(self.has_bias) is int else TypeError  # 2, or "yes"
+            raise error(f"Conv2dGw8Params needs has_bias True or False, got {self.has_bias!r}")
         object.__setattr__(self, "has_bias", bool(self.has_bias))
         try:
             object.__setattr__(self, "dtype", dtype_name(self.dtype))
         except ValueError:
-            raise ValueError(
+            # A name or a torch dtype of another precision is a bad value; anything else
+            # (None, a number) is not a dtype at all.
+            named = isinstance(self.dtype, str) or type(self.dtype).__module__ == "torch"
+            raise (ValueError if named else TypeError)(
                 f"Conv2dGw8Params needs dtype fp16 or bf16 (or torch.float16, torch.bfloat16), "
                 f"got {self.dtype!r}"
             ) from None
@@ -210,8 +215,17 @@ class Conv2dGw8Params:
         """Return the params of conv2d_gw8(input, weight, bias, padding), checking the tensors.
 
         input is (n, c, h, w), weight (c, 8, r, s) in the same fp16/bf16 dtype; bias, if any,
-        has c elements.
+        has c elements. TypeError naming an operand that is not a tensor.
         """
+        import torch
+
+        for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+            if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
+                kind = "a tensor or None" if name == "bias" else "a tensor"
+                got = type(t).__name__
+                raise TypeError(
+                    f"Conv2dGw8Params.from_tensors needs {name} to be {kind}, got {got}"
+                )
         if input.dim() != 4:
             raise ValueError(f"conv2d_gw8 needs a 4-D input, got {input.dim()}-D")
         if weight.dim() != 4:

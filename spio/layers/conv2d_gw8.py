@@ -41,30 +41,80 @@ _logged_fallbacks: set[str] = set()
 _Conv = TypeVar("_Conv", bound=nn.Conv2d)
 
 
+#: What a Conv2dGw8 takes as padding, as its errors say.
+PADDING_TAKEN = "padding of one or two ints, 'valid', or 'same' with odd kernel sizes"
+
+
 def resolve_padding(padding: Any, kernel_size: Any, dilation: Any = 1) -> tuple[int, int] | None:
     """Padding as an (pad_h, pad_w) pair of ints, or None when it is not one.
 
     "valid" is (0, 0); "same" is ((r - 1) // 2, (s - 1) // 2) for odd filters at dilation 1 and
-    None otherwise (PyTorch pads an even filter asymmetrically). An int, or a tuple of one, is
-    both sides, as F.conv2d takes it; other lengths, other strings and non-integers are None.
+    None otherwise (PyTorch pads an even filter asymmetrically). An integer (an int or numpy's,
+    not a bool), or a sequence of one or two, is both sides, as nn.Conv2d and F.conv2d take
+    it; other lengths, other strings, bools and non-integers are None.
     """
-    r, s = _pair(kernel_size)
-    if padding == "valid":
-        return (0, 0)
-    if padding == "same":
-        if _pair(dilation) != (1, 1) or r % 2 == 0 or s % 2 == 0:
+    if isinstance(padding, str):  # first: `==` on an array of paddings is elementwise
+        if padding == "valid":
+            return (0, 0)
+        r, s = _pair(kernel_size)
+        if padding != "same" or _pair(dilation) != (1, 1) or r % 2 == 0 or s % 2 == 0:
             return None
         return ((r - 1) // 2, (s - 1) // 2)
-    if isinstance(padding, str):
+    pad = _integers(padding)
+    if pad is None or len(pad) not in (1, 2):
         return None
-    pad = _pair(padding)
-    if len(pad) == 1:
-        pad = (pad[0], pad[0])
+    return (pad[0], pad[-1])
+
+
+def _integers(value: Any) -> tuple[int, ...] | None:
+    """value as a tuple of ints, as nn.Conv2d takes a size (an integer, or a sequence of them,
+    e.g. a tuple, a list or a numpy array), or None where it is not one. Integers are ints and
+    what has __index__ (numpy's, 0-d integer tensors), not bools: F.conv2d refuses a bool
+    stride, padding or dilation at every call, where nn.Conv2d took them at construction."""
     try:
-        pad_h, pad_w = (operator.index(p) for p in pad)
-    except (TypeError, ValueError):  # floats, or not two values
+        items = tuple(value) if isinstance(value, Iterable) else (value,)
+    except TypeError:  # a 0-d tensor, which nn.Conv2d cannot take either
         return None
-    return (pad_h, pad_w)
+    ints = tuple(map(_integer, items))
+    return None if None in ints else ints  # type: ignore[return-value]
+
+
+def _integer(value: Any) -> int | None:
+    """value as an int where it is an integer (an int, or what has __index__: numpy's, a 0-d
+    integer tensor), not a bool; else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def type_problem(
+    in_channels: Any,
+    out_channels: Any,
+    kernel_size: Any,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: Any = 1,
+) -> str | None:
+    """Why these nn.Conv2d arguments are of a type a Conv2dGw8 cannot take (a TypeError in its
+    constructor), or None: sizes that are not integers or sequences of them (floats, even whole
+    ones, bools, None, strings), padding that is neither those nor a string."""
+    for name, value in (
+        ("in_channels", in_channels),
+        ("out_channels", out_channels),
+        ("groups", groups),
+    ):
+        if _integer(value) is None:
+            return f"needs an integer {name}, got {value!r}"
+    for name, value in (("kernel size", kernel_size), ("stride", stride), ("dilation", dilation)):
+        if _integers(value) is None:
+            return f"needs a {name} of an int or a pair of ints, got {value!r}"
+    if not isinstance(padding, str) and _integers(padding) is None:
+        return f"needs {PADDING_TAKEN}, got {padding!r}"
+    return None
 
 
 def ineligibility(
@@ -77,7 +127,11 @@ def ineligibility(
     groups: int = 1,
     padding_mode: str = "zeros",
 ) -> str | None:
-    """Why an nn.Conv2d with these arguments cannot run spio's kernels, or None if it can."""
+    """Why an nn.Conv2d with these arguments cannot run spio's kernels, or None if it can
+    (type_problem's reasons first)."""
+    reason = type_problem(in_channels, out_channels, kernel_size, stride, padding, dilation, groups)
+    if reason is not None:
+        return reason
     size = _pair(kernel_size)
     if len(size) != 2:  # nn.Conv2d takes it, and fails at its first call
         return f"needs a kernel size of an int or a pair of ints, got {kernel_size!r}"
@@ -88,20 +142,18 @@ def ineligibility(
         return f"needs group width 8, got in_channels={in_channels}, groups={groups}"
     if out_channels != in_channels:
         return f"needs out_channels == in_channels, got {out_channels} != {in_channels}"
-    if _pair(stride) != (1, 1):
-        return f"needs stride 1, got {_pair(stride)}"
-    if _pair(dilation) != (1, 1):
-        return f"needs dilation 1, got {_pair(dilation)}"
+    # One value or two, as F.conv2d takes them (a sequence of one is both).
+    for name, value in (("stride", stride), ("dilation", dilation)):
+        ints = _integers(value)
+        if ints is None or len(ints) not in (1, 2) or set(ints) != {1}:
+            return f"needs {name} 1, got {_pair(value)}"
     if not (MIN_FILTER <= r <= MAX_FILTER and MIN_FILTER <= s <= MAX_FILTER):
         return f"needs a kernel size in {MIN_FILTER}..{MAX_FILTER}, got {(r, s)}"
     if padding_mode != "zeros":
         return f"needs padding_mode 'zeros', got {padding_mode!r}"
     pad = resolve_padding(padding, (r, s), dilation)
     if pad is None:
-        return (
-            "needs padding of one or two ints, 'valid', or 'same' with odd kernel sizes, got "
-            f"{padding!r} for kernel size {(r, s)}"
-        )
+        return f"needs {PADDING_TAKEN}, got {padding!r} for kernel size {(r, s)}"
     if min(pad) < 0:
         return f"needs non-negative padding, got {pad}"
     return None
@@ -248,15 +300,17 @@ class Conv2dGw8(nn.Conv2d):
     """nn.Conv2d (same arguments, Parameters and state_dict) that runs spio's grouped conv.
 
     Only group width 8, out_channels == in_channels, stride 1, dilation 1, kernel 1..5,
-    zeros padding: other arguments raise a ValueError naming the constraint (make_conv2d gives a
-    plain nn.Conv2d for them instead). Inputs the op cannot take (where the kernels run, on CUDA
-    or on the CPU with SPIO_EMULATE=1: fp32 outside autocast, and float64; anywhere: float64
-    under autocast, integer tensors), inputs on a GPU spio builds no kernels for (e.g. a T4,
-    sm_75), and calls under torch.func.grad or jvp or with forward-mode AD tangents fall back to
-    F.conv2d, logging the reason once; so does a layer whose stride, dilation, groups or
-    padding_mode were set after construction to values spio cannot run (nn.Conv2d's forward
-    reads them at each call). On the CPU without SPIO_EMULATE, fp32 and float64 inputs outside
-    autocast run PyTorch's convolution, as the op does there, without a message.
+    zeros padding: other arguments raise a ValueError naming the constraint, and arguments of a
+    type it cannot take (a float, a bool, None or a string for a size) a TypeError naming the
+    argument (make_conv2d gives a plain nn.Conv2d for them instead). Inputs the op cannot
+    take (where the kernels run, on CUDA or on the CPU with SPIO_EMULATE=1: fp32 outside
+    autocast, and float64; anywhere: float64 under autocast, integer tensors), inputs on a GPU
+    spio builds no kernels for (e.g. a T4, sm_75), and calls under torch.func.grad or jvp or
+    with forward-mode AD tangents fall back to F.conv2d, logging the reason once; so does a
+    layer whose stride, dilation, groups or padding_mode were set after construction to values
+    spio cannot run (nn.Conv2d's forward reads them at each call). On the CPU without
+    SPIO_EMULATE, fp32 and float64 inputs outside autocast run PyTorch's convolution, as the op
+    does there, without a message.
 
     `spio_passes` names the passes that run spio's kernels, of "fprop", "dgrad" and "wgrad" (all
     by default); the others run PyTorch's convolution (cuDNN on a GPU), e.g. where cuDNN's WGrad
@@ -279,9 +333,11 @@ class Conv2dGw8(nn.Conv2d):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        reason = ineligibility(
-            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, padding_mode
-        )
+        args = (in_channels, out_channels, kernel_size, stride, padding, dilation, groups)
+        reason = type_problem(*args)
+        if reason is not None:
+            raise TypeError(f"Conv2dGw8 {reason}")
+        reason = ineligibility(*args, padding_mode)
         if reason is not None:
             raise ValueError(f"Conv2dGw8 {reason}")
         super().__init__(
@@ -307,10 +363,11 @@ class Conv2dGw8(nn.Conv2d):
         resolved from it again whenever it was set anew, as nn.Conv2d's forward reads it."""
         if self.padding is not self._spio_padding_of:
             pad = resolve_padding(self.padding, self.kernel_size, self.dilation)
-            if pad is None:
-                raise ValueError(
-                    f"Conv2dGw8 needs padding of two ints, one int, 'valid' or 'same' (odd "
-                    f"filters), got {self.padding!r}"
+            if pad is None:  # set after construction: the constructor's error
+                string = isinstance(self.padding, str) or _integers(self.padding) is not None
+                raise (ValueError if string else TypeError)(
+                    f"Conv2dGw8 needs {PADDING_TAKEN}, got {self.padding!r} for kernel size "
+                    f"{self.kernel_size}"
                 )
             if torch.compiler.is_compiling():  # Dynamo's `is` holds for no tuple: no store
                 return pad  # to replay after every call (strict torch.export warns of one)
@@ -345,7 +402,7 @@ class Conv2dGw8(nn.Conv2d):
             and self.groups * GROUP_WIDTH == self.in_channels
         ):
             return None
-        padding = self.padding if self.padding == "same" else 0
+        padding = "same" if isinstance(self.padding, str) and self.padding == "same" else 0
         reason = ineligibility(
             self.in_channels,
             self.out_channels,
@@ -409,7 +466,12 @@ class Conv2dGw8(nn.Conv2d):
         """A Conv2dGw8 computing the same function, sharing module's Parameters (not copies),
         buffers, submodules (parametrizations included) and hooks (the same dicts: handles
         taken on module still remove them), running spio's kernels for `passes` (see
-        spio_passes). ValueError, naming why, when module is not one that `match` accepts."""
+        spio_passes). ValueError, naming why, when module is an nn.Conv2d that `match` does not
+        accept; TypeError when it is no nn.Conv2d at all."""
+        if not isinstance(module, nn.Conv2d):
+            raise TypeError(
+                f"Conv2dGw8.from_torch_module needs an nn.Conv2d, got {type(module).__name__}"
+            )
         reason = module_ineligibility(module)
         if reason is not None:
             raise ValueError(f"Conv2dGw8.from_torch_module: the module {reason}")

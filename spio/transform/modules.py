@@ -66,8 +66,9 @@ def transform(
     to PyTorch (Conv2dGw8.spio_passes). A module reachable by several paths is decided once, by
     its first name, and stays shared. Returns model (or its replacement if model itself is an
     eligible convolution). Raises TypeError when model is not an nn.Module or include is not
-    callable, and ValueError, leaving model as it was, when include answers anything but True,
-    False or pass names.
+    callable; when include answers anything but True, False or pass names, it raises, leaving
+    model as it was, as Conv2dGw8.spio_passes does for that value: TypeError for an answer of
+    another type (1.0, None), ValueError for unknown pass names.
     """
     _check_model(model, "transform")
     if include is not None and not callable(include):
@@ -202,16 +203,20 @@ def _set_child(parent: nn.Module, name: str, child: nn.Module) -> None:
 
 
 def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, ...]:
-    """The passes spio runs for `conv` by include's answer (empty: keep conv as it is); a
-    ValueError names an answer that is none of True, False, a pass name or pass names."""
+    """The passes spio runs for `conv` by include's answer (empty: keep conv as it is). An
+    answer that is none of True, False, a pass name or pass names is an error naming it, as
+    Conv2dGw8.spio_passes gives for the same value: TypeError for an answer of another type
+    (1.0, None, a number), ValueError for unknown pass names."""
     answer = True if include is None else include(name, conv)
     if isinstance(answer, bool):
         return PASSES if answer else ()
     try:
+        if not isinstance(answer, (str, Iterable)):  # bits are spio_passes', not include's
+            raise TypeError
         passes = (answer,) if isinstance(answer, str) else tuple(answer)
         pass_mask(passes)
-    except (TypeError, ValueError):
-        raise ValueError(
+    except (TypeError, ValueError) as error:
+        raise type(error)(
             f"spio.transform: include({name!r}, conv) must return True, False or pass names "
             f"among {PASSES}, got {answer!r}"
         ) from None

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from spio.functional import conv2d_gw8 as public_conv2d_gw8
 from spio.functional.conv2d_gw8_op import conv2d_gw8, conv2d_gw8_backward
 from spio.kernels import Conv2dGw8Params
 from spio.reference import (
@@ -636,6 +637,77 @@ def test_bad_argument_type_is_a_clean_error():
     x = torch.randn(1, 8, 4, 4)
     with pytest.raises((TypeError, RuntimeError), match="stride"):
         conv2d_gw8(x, torch.randn(8, 8, 3, 3), None, (1, 1))
+    with pytest.raises(TypeError, match=r"needs an integer stride, got \(1, 1\)"):
+        public_conv2d_gw8(x, torch.randn(8, 8, 3, 3), None, (1, 1))
+
+
+_WRONG_TYPES = [
+    (dict(stride=1.0), "an integer stride, got 1.0"),
+    (dict(stride=True), "an integer stride, got True"),
+    (dict(padding_y=-0.0), "an integer padding_y, got -0.0"),
+    (dict(padding_x=False), "an integer padding_x, got False"),
+    (dict(padding_x="1"), "an integer padding_x, got '1'"),
+    (dict(dilation=None), "an integer dilation, got None"),
+    (dict(groups=2.0), "an integer groups, got 2.0"),
+    (dict(groups=torch.tensor(2.0)), r"an integer groups, got tensor\(2\.\)"),
+    (dict(passes=True), "an integer passes, got True"),
+    (dict(passes="fprop"), "an integer passes, got 'fprop'"),
+    (dict(input=[[1.0]]), "input to be a tensor, got list"),
+    (dict(bias=[0.0] * 16), "bias to be a tensor or None, got list"),
+]
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+@pytest.mark.parametrize("kwargs, message", _WRONG_TYPES, ids=repr)
+def test_an_argument_of_the_wrong_type_is_a_type_error_naming_it(
+    monkeypatch, emulate, kwargs, message
+):
+    """As F.conv2d, Conv2dGw8 and Conv2dGw8Params refuse them: a float (even a whole one or
+    -0.0) or a string where an int belongs, a list for a tensor, was the op schema's
+    RuntimeError; a bool was taken as an int, F.conv2d's refusal aside (and passes=True ran
+    FProp alone, where Conv2dGw8.spio_passes = True is every pass)."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    dtype = torch.float16 if emulate == "1" else torch.float32
+    call = dict(input=torch.randn(1, 16, 4, 4, dtype=dtype), weight=torch.randn(16, 8, 3, 3,
+                dtype=dtype), padding_y=1, padding_x=1) | kwargs  # fmt: skip
+    with pytest.raises(TypeError, match=f"^conv2d_gw8 needs {message}$"):
+        public_conv2d_gw8(**call)
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_integers_of_other_types_are_ints(monkeypatch, emulate):
+    """numpy integers and 0-d integer tensors are ints, as the op's schema takes them."""
+    import numpy as np
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    dtype = torch.float16 if emulate == "1" else torch.float32
+    x, w = torch.randn(1, 16, 4, 4, dtype=dtype), torch.randn(16, 8, 3, 3, dtype=dtype)
+    want = public_conv2d_gw8(x, w, None, 1, 1, 2, 1, 2, 7)
+    got = public_conv2d_gw8(
+        x, w, None, np.int64(1), torch.tensor(1), np.int32(2), 1, np.int64(2), 7
+    )
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_same_wrong_type_is_a_type_error_at_every_entry_point():
+    """A whole float for an int, or a bool, is a TypeError from the function, the module, the
+    params class and transform's include alike (they had been RuntimeError, taken, ValueError)."""
+    from torch import nn
+
+    import spio
+    from spio.kernels import Conv2dGw8Params
+    from spio.layers import Conv2dGw8
+
+    x, w = torch.randn(1, 16, 4, 4), torch.randn(16, 8, 3, 3)
+    for bad in (1.0, True):
+        with pytest.raises(TypeError, match=f"integer padding_y, got {bad}"):
+            public_conv2d_gw8(x, w, None, 1, bad, 1)
+        with pytest.raises(TypeError, match=f"padding of one or two ints.*, got {bad}"):
+            Conv2dGw8(16, 16, 3, padding=bad, groups=2)
+        with pytest.raises(TypeError, match=f"integer padding, got {bad}"):
+            Conv2dGw8Params(1, 16, 4, 4, padding=bad)
+    with pytest.raises(TypeError, match="include.*must return True, False or pass names"):
+        spio.transform(nn.Conv2d(16, 16, 3, groups=2), include=lambda name, conv: 1.0)
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])

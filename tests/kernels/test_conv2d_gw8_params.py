@@ -74,15 +74,9 @@ def test_dtype_is_stored_as_its_short_name(dtype, name):
         (dict(w=-3), "w >= 1, got -3"),
         (dict(dtype="fp32"), "dtype fp16 or bf16 (or torch.float16, torch.bfloat16), got 'fp32'"),
         (dict(dtype=torch.float32), "got torch.float32"),
-        (dict(dtype=None), "got None"),
         (dict(h=2, padding=0), "non-empty output, got output size 0x1"),
         (dict(w=1, s=5, padding=(1, 1)), "non-empty output, got output size 3x-1"),
-        (dict(n=2.0), "integer n, got 2.0"),
-        (dict(r=True), "integer r, got True"),
-        (dict(has_bias="no"), "has_bias True or False, got 'no'"),
         (dict(has_bias=2), "has_bias True or False, got 2"),
-        (dict(has_bias=None), "has_bias True or False, got None"),
-        (dict(has_bias=1.0), "has_bias True or False, got 1.0"),
     ],
 )
 def test_invalid(kwargs, message):
@@ -90,6 +84,43 @@ def test_invalid(kwargs, message):
     with pytest.raises(ValueError) as info:
         Conv2dGw8Params(**args)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n=2.0), "integer n, got 2.0"),
+        (dict(n=-0.0), "integer n, got -0.0"),
+        (dict(r=True), "integer r, got True"),
+        (dict(h="3"), "integer h, got '3'"),
+        (dict(w=None), "integer w, got None"),
+        (dict(padding=1.0), "integer padding, got 1.0"),
+        (dict(padding=(1, 1.0)), "integer padding, got 1.0"),
+        (dict(padding="same"), "integer padding, got 'same'"),
+        (dict(has_bias="no"), "has_bias True or False, got 'no'"),
+        (dict(has_bias=None), "has_bias True or False, got None"),
+        (dict(has_bias=1.0), "has_bias True or False, got 1.0"),
+        (dict(dtype=None), "dtype fp16 or bf16 (or torch.float16, torch.bfloat16), got None"),
+        (dict(dtype=16), "got 16"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_a_type_error(kwargs, message):
+    """A float (even a whole one), a bool, a string or None where an int belongs is the wrong
+    type, a TypeError as in Python, PyTorch, Conv2dGw8 and spio.functional.conv2d_gw8; it was a
+    ValueError here alone."""
+    args = dict(n=1, c=16, h=3, w=3, padding=1) | kwargs
+    with pytest.raises(TypeError) as info:
+        Conv2dGw8Params(**args)
+    assert message in str(info.value)
+
+
+def test_integers_of_other_types_are_taken_as_ints():
+    """numpy integers and 0-d integer tensors (what a shape or a size often is) are ints."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    p = Conv2dGw8Params(np.int64(2), torch.tensor(16), 5, 5, padding=(np.int32(1), 0), r=3)
+    assert p == Conv2dGw8Params(2, 16, 5, 5, padding=(1, 0))
+    assert type(p.n) is int and type(p.c) is int and type(p.padding_h) is int
 
 
 @given(
@@ -188,6 +219,19 @@ class TestFromTensors:
         with pytest.raises(ValueError) as info:
             Conv2dGw8Params.from_tensors(x, w, b)
         assert message in str(info.value)
+
+    def test_an_operand_that_is_no_tensor_is_a_type_error_naming_it(self):
+        """It was an AttributeError ("'NoneType' object has no attribute 'dim'")."""
+        torch = self.torch
+        x = torch.randn(1, 8, 4, 4, dtype=torch.float16)
+        w = torch.randn(8, 8, 3, 3, dtype=torch.float16)
+        for args, message in (
+            ((None, w), "input to be a tensor, got NoneType"),
+            ((x, [1.0]), "weight to be a tensor, got list"),
+            ((x, w, [0.0] * 8), "bias to be a tensor or None, got list"),
+        ):
+            with pytest.raises(TypeError, match=f"^Conv2dGw8Params.from_tensors needs {message}$"):
+                Conv2dGw8Params.from_tensors(*args)
 
     def test_mixed_dtypes(self):
         torch = self.torch

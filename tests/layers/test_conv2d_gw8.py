@@ -7,11 +7,13 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import spio
 from spio.layers import Conv2dGw8, make_conv2d
 from spio.layers.conv2d_gw8 import module_ineligibility, resolve_padding
 from spio.reference import conv2d_gw8_fprop_ref
@@ -37,7 +39,34 @@ INELIGIBLE = [
     ((16, 16, 4), dict(groups=2, padding="same"), "padding of one or two ints"),
     ((16, 16, (3, 4)), dict(groups=2, padding="same"), "padding of one or two ints"),
     ((16, 16, 3), dict(groups=2, padding=(0, -1)), r"non-negative padding, got \(0, -1\)"),
-    ((16, 16, 3), dict(groups=2, padding=(1.5, 1)), r"padding .*got \(1.5, 1\)"),
+    ((16, 16, 3), dict(groups=2, padding=(1, 1, 1)), r"padding of one or two ints, .*\(1, 1, 1\)"),
+]
+
+#: Arguments of a type Conv2dGw8 cannot take: a TypeError naming the argument and the value.
+#: Floats, bools, None and strings had passed its checks, to fail in nn.Conv2d's constructor
+#: (torch.empty's "argument 'size' failed to unpack", "'<' not supported"), or had been taken:
+#: a bool or a whole float stride, padding or dilation, which F.conv2d refuses at every call
+#: of the nn.Conv2d that untransform gives back. padding=1.5 had been a ValueError.
+WRONG_TYPES = [
+    (dict(in_channels=16.0, out_channels=16.0), "an integer in_channels, got 16.0"),
+    (dict(in_channels=None), "an integer in_channels, got None"),
+    (dict(out_channels="16"), "an integer out_channels, got '16'"),
+    (dict(groups=2.0), "an integer groups, got 2.0"),
+    (dict(groups=True), "an integer groups, got True"),
+    (dict(kernel_size=3.0), "a kernel size of an int or a pair of ints, got 3.0"),
+    (dict(kernel_size=(3, 3.0)), r"a kernel size of an int or a pair of ints, got \(3, 3.0\)"),
+    (dict(kernel_size=None), "a kernel size of an int or a pair of ints, got None"),
+    (dict(kernel_size=True), "a kernel size of an int or a pair of ints, got True"),
+    (dict(kernel_size=torch.tensor(3)), r"a kernel size .*, got tensor\(3\)"),
+    (dict(stride=1.0), "a stride of an int or a pair of ints, got 1.0"),
+    (dict(stride=True), "a stride of an int or a pair of ints, got True"),
+    (dict(stride=None), "a stride of an int or a pair of ints, got None"),
+    (dict(dilation=(1.0, 1)), r"a dilation of an int or a pair of ints, got \(1.0, 1\)"),
+    (dict(padding=1.0), "padding of one or two ints, 'valid', or 'same' .*, got 1.0"),
+    (dict(padding=-0.0), "padding of one or two ints, 'valid', or 'same' .*, got -0.0"),
+    (dict(padding=(1.5, 1)), r"padding of one or two ints, .*got \(1.5, 1\)"),
+    (dict(padding=True), "padding of one or two ints, 'valid', or 'same' .*, got True"),
+    (dict(padding=None), "padding of one or two ints, 'valid', or 'same' .*, got None"),
 ]
 
 
@@ -108,6 +137,54 @@ def test_make_conv2d_ineligible_gives_plain_conv(args, kwargs, reason):
     assert not Conv2dGw8.match(m)
 
 
+@pytest.mark.parametrize("kwargs, message", WRONG_TYPES, ids=repr)
+def test_arguments_of_the_wrong_type_are_a_type_error_naming_them(kwargs, message):
+    """Conv2dGw8 raises a TypeError naming the argument; make_conv2d gives what nn.Conv2d
+    gives for them (a plain nn.Conv2d, or nn.Conv2d's own error), and match and transform
+    leave such an nn.Conv2d alone."""
+    arguments = dict(in_channels=16, out_channels=16, kernel_size=3, padding=1, groups=2) | kwargs
+    with pytest.raises(TypeError, match=f"^Conv2dGw8 needs {message}$"):
+        Conv2dGw8(**arguments)
+    try:
+        plain = nn.Conv2d(**arguments)
+    except Exception as error:  # nn.Conv2d refuses it too: make_conv2d raises the same
+        with pytest.raises(type(error), match=re.escape(str(error))):
+            make_conv2d(**arguments)
+        return
+    made = make_conv2d(**arguments)
+    assert type(made) is nn.Conv2d
+    assert not Conv2dGw8.match(plain)
+    assert spio.transform(nn.Sequential(plain))[0] is plain
+
+
+def test_integers_of_other_types_are_taken_as_nn_conv2d_takes_them():
+    """numpy integers, a numpy array of paddings (nn.Conv2d makes a tuple of it), a 0-d tensor
+    for groups, a one-value stride: the layer runs as nn.Conv2d does. A numpy array of paddings
+    had raised numpy's "truth value of an array is ambiguous" in Conv2dGw8 and make_conv2d."""
+    x = torch.randn(2, 16, 5, 6)
+    for kwargs in (
+        dict(in_channels=np.int64(16), out_channels=np.int64(16), groups=np.int32(2)),
+        dict(kernel_size=np.int64(3), padding=np.int64(1)),
+        dict(padding=np.array([1, 2])),
+        dict(padding=[torch.tensor(1), torch.tensor(2)]),
+        dict(groups=torch.tensor(2), stride=(1,), dilation=[1, 1]),
+    ):
+        arguments = dict(in_channels=16, out_channels=16, kernel_size=3, padding=1, groups=2)
+        arguments |= kwargs
+        plain = nn.Conv2d(**arguments)
+        made = make_conv2d(**arguments)
+        assert type(made) is Conv2dGw8 and Conv2dGw8.match(plain), kwargs
+        made.load_state_dict(plain.state_dict())
+        torch.testing.assert_close(made(x), plain(x))
+
+
+def test_from_torch_module_of_no_conv_is_a_type_error():
+    with pytest.raises(TypeError, match="from_torch_module needs an nn.Conv2d, got Linear"):
+        Conv2dGw8.from_torch_module(nn.Linear(8, 8))
+    with pytest.raises(TypeError, match="from_torch_module needs an nn.Conv2d, got NoneType"):
+        Conv2dGw8.from_torch_module(None)
+
+
 def test_groups_below_one_are_a_value_error():
     """Not a ZeroDivisionError: Conv2dGw8 names the value, make_conv2d gives nn.Conv2d's error."""
     with pytest.raises(ValueError, match="needs groups >= 1, got 0"):
@@ -170,6 +247,19 @@ def test_spio_passes_takes_true_and_false_as_include_does_and_names_what_it_take
         with pytest.raises(error, match=rf"{accepted}, got {re.escape(repr(bad))}"):
             layer.spio_passes = bad
         assert layer.spio_passes == ("fprop", "dgrad", "wgrad")
+
+
+def test_spio_passes_takes_bits_of_any_integer_type():
+    """A numpy integer is bits, as the op's `passes` takes it; it was refused with a message
+    saying bits 0..7 are taken."""
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2)
+    layer.spio_passes = np.int64(3)
+    assert layer.spio_passes == ("fprop", "dgrad")
+    with pytest.raises(ValueError, match=r"bits 0\.\.7, got np.int64\(9\)"):
+        layer.spio_passes = np.int64(9)
+    with pytest.raises(TypeError, match=r"bits 0\.\.7, got np.True_"):
+        layer.spio_passes = np.True_
+    assert layer.spio_passes == ("fprop", "dgrad")
 
 
 def test_from_torch_module_rejects_ineligible():
@@ -998,14 +1088,14 @@ def test_padding_set_after_construction_is_used_as_nn_conv2d_uses_it(monkeypatch
     scripted = torch.jit.script(m)
     assert scripted(x).shape == F.conv2d(x.float(), m.weight.float(), None, 1, 2, 1, 2).shape
     m.padding = (1, 2, 3)
-    with pytest.raises(ValueError, match=r"needs padding of two ints.*got \(1, 2, 3\)"):
+    with pytest.raises(ValueError, match=r"needs padding of one or two ints.*got \(1, 2, 3\)"):
         m(x)
     # A pair equal to the one in use, (1.0, 1.0) == (1, 1), but of floats, which nn.Conv2d
     # refuses too: resolved anew and refused, not run with the ints kept for (1, 1).
     m.padding = (1, 1)
     m(x)
     m.padding = (1.0, 1.0)
-    with pytest.raises(ValueError, match=r"needs padding of two ints.*got \(1\.0, 1\.0\)"):
+    with pytest.raises(TypeError, match=r"needs padding of one or two ints.*got \(1\.0, 1\.0\)"):
         m(x)
 
 

@@ -5,7 +5,8 @@ the same bits in the output and gradients, or the same error. Each case here run
 once as it runs and once with the shortcuts off, and compares the two: over a grid of operand
 dtypes, autocast regions, emulated kernels or none and layouts, and over one of what requires
 grad, grad modes and layer shapes. The public function spio.functional.conv2d_gw8 takes the
-kernel shortcut too; its cases (below) compare it with the op the same way, arguments included."""
+kernel shortcut too; its cases (below) compare it with the op the same way, arguments included,
+but for arguments of the wrong type: those are the function's own TypeError."""
 
 from __future__ import annotations
 
@@ -250,11 +251,16 @@ def _compare_function(monkeypatch, op_calls, x, weight, bias, args, autocast=Non
     function = run(conv2d_gw8)
     function_launched = launched[:]
     launched.clear()
-    # The shortcut is for int arguments and tensor operands; anything else is the op's to decide.
-    shortcut = all(type(a) is int for a in args) and all(
-        isinstance(t, torch.Tensor) for t in (x, weight)
-    )
-    assert bool(op_calls) != shortcut, f"calls of the op: {len(op_calls)}"
+    # The shortcut is for int arguments and tensor operands, the only ones here of the right
+    # types. Arguments of the wrong type (not a tensor; a float, a bool or a tuple for an int)
+    # are the function's TypeError, before the op, whose schema raises a RuntimeError for
+    # some and takes bools as ints.
+    if not all(isinstance(t, torch.Tensor) for t in (x, weight)) or any(
+        type(a) is not int for a in args
+    ):
+        assert function[:2] == ("raised", TypeError) and not op_calls, function
+        return function
+    assert not op_calls, f"calls of the op: {len(op_calls)}"
     through_op = run(op)
     difference = _difference(function, through_op)
     assert difference is None, difference
@@ -294,7 +300,8 @@ _ARGUMENTS = {  # (stride, padding_y, padding_x, dilation, groups, passes)
 def test_the_public_function_and_the_custom_op_agree_on_every_argument(
     monkeypatch, op_calls, arguments
 ):
-    """The same results for the arguments spio takes, the same errors for those it refuses."""
+    """The same results for the arguments spio takes, the same errors for those it refuses
+    (but for arguments of the wrong type: the function's TypeError)."""
     layer, x = _operands("fp16", "=", "fp32")
     args = _ARGUMENTS[arguments]
     outcome = _compare_function(monkeypatch, op_calls, x, layer.weight, layer.bias, args)
@@ -304,7 +311,9 @@ def test_the_public_function_and_the_custom_op_agree_on_every_argument(
         "passes-8",
         "passes-negative",
         "groups-tuple",
-    )  # fmt: skip (a bool padding is an int to the op's schema, and to F.conv2d)
+        "stride-float",
+        "padding-bool",
+    )  # fmt: skip (a bool padding is an int to the op's schema, but not to F.conv2d)
     assert (outcome[0] == "raised") == refused, outcome[:3]
 
 

@@ -5,6 +5,7 @@ import functools
 import logging
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -417,13 +418,37 @@ def test_include_answers_are_checked_before_the_model_changes():
     transform(model, include=lambda name, conv: "fprop")
     assert [m.spio_passes for m in model] == [("fprop",)] * 3
     model = nn.Sequential(*(nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(3)))
-    for bad in ("fprop,dgrad", None, ["fprop", "bprop"]):
+    for bad, error in (
+        ("fprop,dgrad", ValueError),
+        (None, TypeError),
+        (["fprop", "bprop"], ValueError),
+    ):
         answers = {"0": True, "1": True, "2": bad}
         # The answer as include gave it (a string was shown as the tuple made of it).
         said = rf"include\('2', conv\) must return True, False .*, got {re.escape(repr(bad))}$"
-        with pytest.raises(ValueError, match=said):
+        with pytest.raises(error, match=said):
             transform(model, include=lambda name, conv, a=answers: a[name])
         assert [type(m) for m in model] == [nn.Conv2d] * 3
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [(1.0, TypeError), (None, TypeError), (np.True_, TypeError), (["fprop", 1], TypeError),
+     ("bprop", ValueError), (["fprop", "bprop"], ValueError)],
+    ids=repr,
+)  # fmt: skip
+def test_an_include_answer_and_spio_passes_refuse_a_value_alike(bad, error):
+    """The same value refused by include's answer and by Conv2dGw8.spio_passes is the same
+    error type: TypeError for a value of the wrong type, ValueError for unknown pass names.
+    include answering 1.0 was a ValueError where spio_passes = 1.0 was a TypeError."""
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2))
+    with pytest.raises(error, match=r"include\('0', conv\) must return True, False or pass"):
+        transform(model, include=lambda name, conv: bad)
+    assert type(model[0]) is nn.Conv2d
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2)
+    with pytest.raises(error, match="spio_passes must be True, False, pass names"):
+        layer.spio_passes = bad
+    assert layer.spio_passes == ("fprop", "dgrad", "wgrad")
 
 
 def test_shared_parents_are_named_by_their_first_path_and_counted_once(caplog):
