@@ -153,6 +153,12 @@ def read_csv(path: Path) -> list[BenchRow]:
                     f"{path}:{line_no}: the row has {given} of the header's "
                     f"{len(header)} columns (a damaged or cut-off line)"
                 )
+            if None in record:  # ... and keeps a long row's extra fields under the key None
+                given = len(header) + len(record[None])  # type: ignore[index]
+                raise ValueError(
+                    f"{path}:{line_no}: the row has {given} columns, the header "
+                    f"{len(header)} (a damaged line, or two joined)"
+                )
             values = {}
             for name, kind in types.items():
                 if _column(name) not in present:  # an optional column of a later spio

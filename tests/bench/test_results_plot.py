@@ -106,6 +106,19 @@ def test_a_row_cut_short_is_named(tmp_path, kept):
         read_csv(path)
 
 
+def test_a_row_with_extra_fields_is_named(tmp_path):
+    """A line with more fields than the header (two rows joined, a stray comma) was read, its
+    extra fields dropped without a word."""
+    import csv
+
+    path = write_csv(_rows()[:2], tmp_path / "long.csv")
+    header, first, second = list(csv.reader(path.open()))
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows([header, first + second[:3], second])
+    with pytest.raises(ValueError, match=rf"long.csv:2: the row has {len(header) + 3} columns"):
+        read_csv(path)
+
+
 def test_read_csv_rejects_other_files(tmp_path):
     other = tmp_path / "other.csv"
     other.write_text("a,b\n1,2\n")
