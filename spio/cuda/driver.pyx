@@ -132,7 +132,6 @@ cdef struct Api:
 cdef Api _api
 cdef bint _loaded = False
 cdef bint _initialized = False
-_library_path = None
 
 #: The CUDA_VERSION of the cuda.h this extension was built against (types and enums only).
 built_with_cuda_version = CUDA_VERSION
@@ -241,14 +240,13 @@ def library_path() -> str:
 
 
 cdef inline int _load() except -1:
-    global _loaded, _api, _library_path
+    global _loaded, _api
     if _loaded:
         return 0
     cdef Api api
     path = library_path()
     _open(path, &api)
     _api = api
-    _library_path = path
     _loaded = True
     logger.debug("loaded the CUDA driver from %s", path)
     return 0
@@ -382,8 +380,9 @@ cdef int _current_ordinal() except -1:
     return 0
 
 
-def _ordinal_of(device) -> int:
-    """A device ordinal from None (the current device), an int, or a torch.device."""
+cdef object _ordinal_of(object device):
+    """A device ordinal from None (the current device), an int, or a torch.device (Module.load's
+    `device`); its range is checked where the ordinal is used (retain_primary_context)."""
     if device is None:
         return _current_ordinal()
     if isinstance(device, int) and not isinstance(device, bool):
@@ -410,7 +409,7 @@ cdef object _device_attr(CUdevice dev, int attribute, bint optional):
 _attributes_cache = {}
 
 
-def _checked_ordinal(ordinal) -> int:
+cdef object _checked_ordinal(object ordinal):
     """`ordinal` as a plain int; a bool (which Python counts as 0 or 1) or a non-int is refused."""
     if isinstance(ordinal, bool) or not isinstance(ordinal, int):
         raise TypeError(f"CUDA device ordinal must be an int, got {ordinal!r}")
@@ -781,9 +780,11 @@ cdef uintptr_t _stream_handle(object stream) except? 1:
 
 
 cdef str _arg_kind_text(object a, Py_ssize_t size):
-    if type(a) is int or (isinstance(a, int) and not isinstance(a, (bool, KernelArg))):
+    """What argument `a` of `size` bytes is, for messages; _pack_args has already made int and
+    float subclasses plain ints and floats."""
+    if type(a) is int:
         return "a Python int (int32, 4 bytes)"
-    if isinstance(a, float):
+    if type(a) is float:
         return "a Python float (float32, 4 bytes)"
     if isinstance(a, KernelArg):
         return f"{a!r} ({size} bytes)"

@@ -1,11 +1,11 @@
 """Build a kernel source into an emulator shared library with the host C++ compiler.
 
-A library is: the runtime object (fibers, barriers, collectives, checks), the context switch, the
-kernel object (the .cu source compiled as C++ after force-including runtime/spio_emu.h, plus one
-generated entry per `extern "C" __global__` kernel) and a closing guard object. The checked variant
-compiles the kernel object with -fsanitize=thread (GCC's or clang's), so every load and store
-calls the runtime's __tsan_read*/__tsan_write* callbacks. Libraries and runtime objects are
-cached on disk.
+A library is: the runtime object (fibers, barriers, collectives, checks), the x86-64 context switch
+(none with ucontext fibers), the kernel object (the .cu source compiled as C++ after
+force-including runtime/spio_emu.h, plus one generated entry per `extern "C" __global__` kernel)
+and a closing guard object. The checked variant compiles the kernel object with -fsanitize=thread
+(GCC's or clang's), so every load and store calls the runtime's __tsan_read*/__tsan_write*
+callbacks. Libraries and runtime objects are cached on disk.
 
 A library's checksummed cache entry is copied to `<cache>/emulator/lib/<key>.so` for dlopen. The
 copy is checked against the entry once per process and rewritten when it differs, and is readable by
@@ -275,14 +275,11 @@ def use_ucontext() -> bool:
 def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
     """The runtime, context-switch and closing-guard objects, compiled once and cached."""
     arch = platform.machine()
-    sources = ["emu_runtime.cc"]
-    if not use_ucontext():
-        sources.append("fiber_switch_x86_64.S")
+    ucontext = use_ucontext()
+    sources = ["emu_runtime.cc", *([] if ucontext else ["fiber_switch_x86_64.S"]), "emu_tls_end.cc"]
+    flags = [*_BASE_FLAGS, *_include_flags([]), *(["-DSPIO_EMU_UCONTEXT"] if ucontext else [])]
     out: list[Path] = []
-    for src in [*sources, "emu_tls_end.cc"]:
-        flags = [*_BASE_FLAGS, *_include_flags([])]
-        if use_ucontext():
-            flags.append("-DSPIO_EMU_UCONTEXT")
+    for src in sources:
         key = hash_key(
             "emu-runtime",
             BUILD_VERSION,
@@ -296,7 +293,7 @@ def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
             _cuda_identity(),
         )
 
-        def build(src: str = src, flags: list[str] = flags) -> tuple[bytes, dict]:
+        def build(src: str = src) -> tuple[bytes, dict]:
             with tempfile.TemporaryDirectory(prefix="spio-emu-rt-") as tmp:
                 obj = Path(tmp) / (src + ".o")
                 _run(

@@ -47,17 +47,13 @@ class _Launch(ctypes.Structure):
 class _Loaded:
     library: Library
     handle: ctypes.CDLL
-    lock: threading.Lock  # the library's launch lock (`_launch_lock`)
+    lock: threading.Lock  # the library's launch lock (in `_launch_locks`)
 
 
 #: A launch lock per loaded library, by dlopen handle: a library's runtime keeps one launch's
 #: state in globals, and every EmuModule that loads the same file gets the same handle (dlopen
 #: loads a file once), so two modules of one library must not launch at once.
 _launch_locks = KeyedLocks()
-
-
-def _launch_lock(handle: ctypes.CDLL) -> threading.Lock:
-    return _launch_locks[handle._handle]
 
 
 def noexec(folder: Path) -> bool:
@@ -114,7 +110,10 @@ def _dlopen(path: Path) -> ctypes.CDLL:
 
 
 def _dims(value: Any, what: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
-    dims = (value,) if isinstance(value, int) else tuple(value)
+    try:
+        dims = (value,) if isinstance(value, int) else tuple(value)
+    except TypeError:  # neither an int nor a sequence (a float, None): refused below
+        dims = ()
     if not 1 <= len(dims) <= 3 or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in dims
     ):
@@ -238,7 +237,7 @@ class EmuFunction:
                     slots.append(arg.data_ptr())
                 ranges.append((lo, hi))
             elif kind in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "b"):
-                if isinstance(arg, torch.Tensor) or not isinstance(arg, int):
+                if not isinstance(arg, int):
                     raise TypeError(f"{where} is an integer ({kind}), got {type(arg).__name__}")
                 lo_v, hi_v = (0, 1) if kind == "b" else _int_range(kind)
                 if not lo_v <= int(arg) <= hi_v:
@@ -338,7 +337,7 @@ class EmuModule:
                 if lib is None:
                     lib = build_library(self.source, self.headers, name=self.name, checked=checked)
                 handle = _dlopen(lib.path)
-                hit = _Loaded(lib, handle, _launch_lock(handle))
+                hit = _Loaded(lib, handle, _launch_locks[handle._handle])
                 self._loaded[checked] = hit
             return hit
 

@@ -1,8 +1,9 @@
 """The protocol every generator spec implements, plus the name and dimension checks they share.
 
 A spec describes one piece of a generated C++ header. `generate()` (in `header.py`) asks each spec
-which names it defines (to reject duplicates), which dependencies it needs (includes and the
-host/device prelude, emitted once each in a fixed order) and for its C++ text.
+which section it goes in (macros or definitions), which names it defines (to reject duplicates),
+which dependencies it needs (includes and the host/device prelude, emitted once each in a fixed
+order) and for its C++ text.
 """
 
 from __future__ import annotations

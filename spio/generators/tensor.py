@@ -158,11 +158,10 @@ class TensorSpec:
         )
         check_unique_members(label, self.name, members)
         check_unique_members(f"{label} Index", "Index", _index_members(dims, with_offset=True))
-        size = math.prod(dim.stored for _, dim in dims)
-        if size * dtype[1] > INT32_MAX:
-            raise ValueError(f"{label}: {size} elements of {dtype[0]} exceed 2 GiB")
         object.__setattr__(self, "_dims", dims)
         object.__setattr__(self, "_dtype", dtype)
+        if self.num_bytes > INT32_MAX:
+            raise ValueError(f"{label}: {self.size} elements of {dtype[0]} exceed 2 GiB")
 
     @property
     def class_name(self) -> str:

@@ -98,8 +98,9 @@ def conv2d_gw8_dgrad_ref(
             f"conv2d_gw8 reference: dy of size {p}x{q} does not match input {h}x{w_in}, "
             f"filter {r}x{s}, padding {(pad_h, pad_w)}"
         )
-    dxp = torch.zeros(n, g, GROUP_WIDTH, h + 2 * pad_h, w_in + 2 * pad_w, dtype=torch.float64)
-    dxp = dxp.to(dy.device)
+    dxp = torch.zeros(
+        n, g, GROUP_WIDTH, h + 2 * pad_h, w_in + 2 * pad_w, dtype=torch.float64, device=dy.device
+    )
     for i in range(r):
         for j in range(s):
             dxp[..., i : i + p, j : j + q] += torch.einsum("gkc,ngkpq->ngcpq", wg[..., i, j], dyg)

@@ -487,6 +487,8 @@ def test_arguments_checked_against_parameter_sizes():
         driver._pack_args_for_test([FakeTensor(8)], param_sizes=[8, 4])
     with pytest.raises(ValueError, match=r"argument 0 is a 8-byte parameter, but a Python int"):
         driver._pack_args_for_test([5, 1], param_sizes=[8, 4])
+    with pytest.raises(ValueError, match=r"argument 0 is a 8-byte parameter, but a Python int"):
+        driver._pack_args_for_test([Color.RED, 1], param_sizes=[8, 4])  # an int subclass
     with pytest.raises(ValueError, match=r"argument 1 is a 1-byte parameter"):
         driver._pack_args_for_test([FakeTensor(8), 1.0], param_sizes=[8, 1])
     packed = driver._pack_args_for_test([driver.Int64(5), driver.Bool(False)], param_sizes=[8, 1])

@@ -46,6 +46,8 @@ def test_bad_arguments(add_fn, args, error, match):
         (1, 32, 227 * 1024 + 1, "exceed the 232448-byte limit"),
         (1, 32, -1, "shared_mem_bytes must be"),
         ((1, 2, 3, 4), 32, 0, "1-3 ints"),
+        (1.5, 32, 0, r"grid must be an int or 1-3 ints, got 1\.5"),  # not TypeError: not iterable
+        (1, None, 0, "block must be an int or 1-3 ints, got None"),
         (2**31, 32, 0, r"grid\[0\] must be in 1..2147483647, got 2147483648"),
         ((1, 65536), 32, 0, r"grid\[1\] must be in 1..65535, got 65536"),
         ((1, 1, 65536), 32, 0, r"grid\[2\] must be in 1..65535, got 65536"),

@@ -206,6 +206,15 @@ def test_limits_are_inclusive():
     assert "int hi = 2147483647;" in text and "int lo = -2147483648;" in text
 
 
+def test_tensor_bytes_must_fit_an_int():
+    """num_bytes is a C++ int: 2**28 doubles (2 GiB) are refused though their count fits."""
+    with pytest.raises(
+        ValueError, match="TensorSpec 'T': 268435456 elements of double exceed 2 GiB"
+    ):
+        TensorSpec("T", "double", {"a": 2**14, "b": 2**14})
+    assert TensorSpec("T", "double", {"a": 2**14, "b": 2**14 - 1}).num_bytes == 2**31 - 2**17
+
+
 def test_param_floats_at_the_edges_of_float32():
     """1e300 read back as inf and 1e-60 as 0 (g++ only warned); the float32 range itself is fine."""
     text = ParamsSpec("Block", {"big": 3.0e38, "small": 1.5e-45, "zero": 0.0}).generate()

@@ -1593,8 +1593,6 @@ SPIO_EMU_EXPORT const char *spio_emu_last_error() { return spio::emu::g_rt.error
 /// Which context switch the fibers use: "asm" (fiber_switch_x86_64.S) or "ucontext".
 SPIO_EMU_EXPORT const char *spio_emu_fiber_switch() { return SPIO_EMU_ASM_SWITCH ? "asm" : "ucontext"; }
 
-SPIO_EMU_EXPORT int spio_emu_abi_version() { return 1; }
-
 /// Bytes of static shared memory in this library (every kernel's __shared__ variables together).
 SPIO_EMU_EXPORT uint64_t spio_emu_static_shared_bytes() {
     return static_cast<uint64_t>(spio::emu::detail::g_tls_arena_end -

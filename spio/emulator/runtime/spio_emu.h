@@ -210,7 +210,6 @@ inline void cp_async_wait_group() {
 inline void __syncthreads() { ::spio::emu::detail::syncthreads(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ::spio::emu::detail::syncwarp(mask); }
 inline void __threadfence() {}
-inline void __threadfence_block() {}
 inline void __nanosleep(unsigned) {}  // timing only: nothing to emulate
 inline unsigned __float_as_uint(float x) {
     unsigned bits;
@@ -220,12 +219,6 @@ inline unsigned __float_as_uint(float x) {
 inline unsigned __activemask() { return ::spio::emu::detail::active_mask(); }
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
     return ::spio::emu::detail::ballot(mask, predicate);
-}
-inline int __any_sync(unsigned mask, int predicate) {
-    return ::spio::emu::detail::ballot(mask, predicate) != 0;
-}
-inline int __all_sync(unsigned mask, int predicate) {
-    return ::spio::emu::detail::ballot(mask, predicate) == (mask & __activemask());
 }
 
 namespace spio {
@@ -286,24 +279,6 @@ inline unsigned atomicCAS(unsigned *address, unsigned compare, unsigned value) {
     unsigned old;
     ::spio::emu::detail::atomic_rmw(address, pair, &old, ::spio::emu::detail::kCasU32);
     return old;
-}
-
-/// Integer intrinsics of the CUDA math API that kernels commonly use.
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
-inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
-inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
-inline int __ffs(int x) { return __builtin_ffs(x); }
-inline unsigned __brev(unsigned x) {
-    unsigned r = 0;
-    for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
-    return r;
-}
-inline unsigned __umulhi(unsigned a, unsigned b) {
-    return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
-}
-template <class T>
-inline T __ldg(const T *p) {
-    return *p;
 }
 
 #endif  // SPIO_SPIO_EMU_H_
