@@ -110,13 +110,16 @@ def _dlopen(path: Path) -> ctypes.CDLL:
 
 
 def _dims(value: Any, what: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
+    """`value` (an int, or 1 to 3 of them) as three dims: TypeError for a value of another type
+    (a float, None, a bool), ValueError for other counts or dims out of range, as the driver's
+    launch (spio.cuda.driver) has them."""
     try:
         dims = (value,) if isinstance(value, int) else tuple(value)
-    except TypeError:  # neither an int nor a sequence (a float, None): refused below
-        dims = ()
-    if not 1 <= len(dims) <= 3 or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in dims
-    ):
+    except TypeError:  # neither an int nor a sequence (a float, None)
+        dims = None
+    if dims is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"{what} must be an int or 1-3 ints, got {value!r}")
+    if not 1 <= len(dims) <= 3:
         raise ValueError(f"{what} must be an int or 1-3 ints, got {value!r}")
     dims = dims + (1,) * (3 - len(dims))
     for axis, (d, lim) in enumerate(zip(dims, limits, strict=False)):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
 from collections.abc import Hashable, Iterable
 
 import torch
@@ -32,7 +31,7 @@ from torch import Tensor
 
 from spio.kernels import autotune, conv2d_gw8_factory
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
-from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params
+from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params, as_integer
 from spio.kernels.families import FAMILY_OF_PASS
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
@@ -54,14 +53,10 @@ def pass_mask(passes: Iterable[str] | int) -> int:
     they take, in the error's type."""
     if isinstance(passes, bool):  # an int to Python, but no bits: the callers take it first
         raise TypeError(f"conv2d_gw8 passes must be pass names or bits, got {passes!r}")
-    if not isinstance(passes, str):
-        try:
-            bits = operator.index(passes)  # type: ignore[arg-type]
-        except TypeError:
-            bits = None
-        if bits is not None:
-            check_passes(bits)
-            return bits
+    bits = as_integer(passes)
+    if bits is not None:
+        check_passes(bits)
+        return bits
     # tuple() raises TypeError for a value that is neither names nor bits (a float, None).
     names = (passes,) if isinstance(passes, str) else tuple(passes)  # type: ignore[arg-type]
     if not all(isinstance(name, str) for name in names):

@@ -22,10 +22,10 @@ What keeps it light:
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch import Tensor
+
+from spio.kernels.conv2d_gw8_params import as_integer
 
 from . import _kernels
 from ._kernels import ALL_PASSES, check_passes
@@ -175,10 +175,11 @@ def conv2d_gw8(
 ) -> Tensor:
     """Grouped conv2d with group width 8, stride 1, C == K: input (N, C, H, W), weight (C, 8, R, S).
 
-    The custom op `torch.ops.spio.conv2d_gw8` (same arguments, results and errors), called
-    without its dispatch cost where nothing needs to see the op: in plain eager mode, on tensors
-    that run spio's kernels, with int arguments. Elsewhere (torch.compile, tracing, torch.func,
-    dispatch modes, CPU tensors without SPIO_EMULATE) it calls the op.
+    The custom op `torch.ops.spio.conv2d_gw8` (same arguments, results and errors, but for
+    arguments of the wrong type: see below), called without its dispatch cost where nothing
+    needs to see the op: in plain eager mode, on tensors that run spio's kernels, with int
+    arguments. Elsewhere (torch.compile, tracing, torch.func, dispatch modes, CPU tensors
+    without SPIO_EMULATE) it calls the op.
 
     `bias`: (C,), fp32 or the input's dtype, or None. `padding_y`, `padding_x`: rows and columns
     of zeros padded on both sides. `stride` and `dilation` must be 1, and `groups` C // 8, or 1
@@ -234,17 +235,8 @@ def _check_types(
     RuntimeError for some of these (a float, a list for a tensor) and take the others."""
     check_tensors(input, weight, bias)
     for name, value in zip(_INT_ARGUMENTS, ints, strict=True):
-        if isinstance(value, bool):
-            integer = False
-        elif isinstance(value, (int, torch.SymInt)):
-            continue
-        else:
-            try:
-                operator.index(value)
-                integer = True
-            except TypeError:
-                integer = False
-        if not integer:
+        # (A SymInt is one, but its __index__ would specialize a compiled graph to its value.)
+        if not isinstance(value, torch.SymInt) and as_integer(value) is None:
             raise TypeError(f"conv2d_gw8 needs an integer {name}, got {value!r}")
 
 

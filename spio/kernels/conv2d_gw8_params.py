@@ -31,15 +31,25 @@ _ENCODED = re.compile(
 )
 
 
+def as_integer(value: Any) -> int | None:
+    """value as an int where it is an integer (an int, or what has __index__: numpy's, a 0-d
+    integer tensor), not a bool; else None. The one rule of spio's public API for an int
+    argument: another value is a TypeError naming it."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _as_int(name: str, value: Any) -> int:
-    """Return value as an int (an int, or an integer such as numpy's); TypeError naming the
-    argument for bools, floats (even whole ones) and other non-integers."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise TypeError(f"Conv2dGw8Params needs an integer {name}, got {value!r}")
+    """Return value as an int (as_integer); TypeError naming the argument for bools, floats
+    (even whole ones) and other non-integers."""
+    integer = as_integer(value)
+    if integer is None:
+        raise TypeError(f"Conv2dGw8Params needs an integer {name}, got {value!r}")
+    return integer
 
 
 def _as_padding(padding: Any) -> tuple[int, int]:

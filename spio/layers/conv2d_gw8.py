@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import operator
 import sys
 import weakref
 from collections.abc import Iterable
@@ -31,7 +30,7 @@ from spio.functional.eager import (
     conv2d_gw8_eager,
     eager_path_applies,
 )
-from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
+from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER, as_integer
 from spio.kernels.kernel import Kernel
 from spio.log import logger
 
@@ -75,19 +74,8 @@ def _integers(value: Any) -> tuple[int, ...] | None:
         items = tuple(value) if isinstance(value, Iterable) else (value,)
     except TypeError:  # a 0-d tensor, which nn.Conv2d cannot take either
         return None
-    ints = tuple(map(_integer, items))
+    ints = tuple(map(as_integer, items))
     return None if None in ints else ints  # type: ignore[return-value]
-
-
-def _integer(value: Any) -> int | None:
-    """value as an int where it is an integer (an int, or what has __index__: numpy's, a 0-d
-    integer tensor), not a bool; else None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 def type_problem(
@@ -107,7 +95,7 @@ def type_problem(
         ("out_channels", out_channels),
         ("groups", groups),
     ):
-        if _integer(value) is None:
+        if as_integer(value) is None:
             return f"needs an integer {name}, got {value!r}"
     for name, value in (("kernel size", kernel_size), ("stride", stride), ("dilation", dilation)):
         if _integers(value) is None:
@@ -364,8 +352,8 @@ class Conv2dGw8(nn.Conv2d):
         if self.padding is not self._spio_padding_of:
             pad = resolve_padding(self.padding, self.kernel_size, self.dilation)
             if pad is None:  # set after construction: the constructor's error
-                string = isinstance(self.padding, str) or _integers(self.padding) is not None
-                raise (ValueError if string else TypeError)(
+                wrong_type = not isinstance(self.padding, str) and _integers(self.padding) is None
+                raise (TypeError if wrong_type else ValueError)(
                     f"Conv2dGw8 needs {PADDING_TAKEN}, got {self.padding!r} for kernel size "
                     f"{self.kernel_size}"
                 )

@@ -46,8 +46,6 @@ def test_bad_arguments(add_fn, args, error, match):
         (1, 32, 227 * 1024 + 1, "exceed the 232448-byte limit"),
         (1, 32, -1, "shared_mem_bytes must be"),
         ((1, 2, 3, 4), 32, 0, "1-3 ints"),
-        (1.5, 32, 0, r"grid must be an int or 1-3 ints, got 1\.5"),  # not TypeError: not iterable
-        (1, None, 0, "block must be an int or 1-3 ints, got None"),
         (2**31, 32, 0, r"grid\[0\] must be in 1..2147483647, got 2147483648"),
         ((1, 65536), 32, 0, r"grid\[1\] must be in 1..65535, got 65536"),
         ((1, 1, 65536), 32, 0, r"grid\[2\] must be in 1..65535, got 65536"),
@@ -57,6 +55,25 @@ def test_bad_launch_configuration(add_fn, grid, block, shared, match):
     out = torch.full((4,), 3.0)
     with pytest.raises(ValueError, match=match):
         add_fn.launch(grid, block, (out, torch.zeros(4), 4, 0), shared_mem_bytes=shared)
+    assert torch.equal(out, torch.full((4,), 3.0))  # nothing ran
+
+
+@pytest.mark.parametrize(
+    "grid,block,match",
+    [
+        (1.5, 32, r"grid must be an int or 1-3 ints, got 1\.5"),
+        (1, None, "block must be an int or 1-3 ints, got None"),
+        ((1.0, 2), 32, r"grid must be an int or 1-3 ints, got \(1\.0, 2\)"),
+        (1, (32, True), r"block must be an int or 1-3 ints, got \(32, True\)"),
+    ],
+)
+def test_a_launch_configuration_of_the_wrong_type_is_a_type_error(add_fn, grid, block, match):
+    """As the driver's launch has it (tests/cuda/test_driver.py): a grid or block that is not an
+    int or ints is a TypeError. A float or None had become a ValueError here, and a float or a
+    bool among ints had been one."""
+    out = torch.full((4,), 3.0)
+    with pytest.raises(TypeError, match=match):
+        add_fn.launch(grid, block, (out, torch.zeros(4), 4, 0))
     assert torch.equal(out, torch.full((4,), 3.0))  # nothing ran
 
 
