@@ -47,7 +47,9 @@ if [[ "$*" == *"torch.cuda.is_available"* ]]; then exit ${{FAKE_NO_CUDA:-0}}; fi
 if [[ "$*" == *"ablate_kernel.py"* && -n "${{FAKE_ABLATE_HANG:-}}" ]]; then sleep 60; fi
 if [[ "$*" == *"layer_table"* && -n "${{FAKE_NO_LAYERS:-}}" ]]; then exit 1; fi
 if [[ "$*" == *"spio info"* ]]; then
-    echo "info stand-in (PYTHONUNBUFFERED=${{PYTHONUNBUFFERED:-unset}})"; exit ${{FAKE_INFO_RC:-0}}
+    echo "info stand-in (PYTHONUNBUFFERED=${{PYTHONUNBUFFERED:-unset}}," \
+        "PYTHONPATH=${{PYTHONPATH:-unset}})"
+    exit ${{FAKE_INFO_RC:-0}}
 fi
 if [[ "$*" == *"perf_sample.py"* && -n "${{FAKE_PERF_ROWS:-}}" ]]; then  # appends rows to --csv
     while [[ "$1" != "--csv" ]]; do shift; done
@@ -390,3 +392,24 @@ def test_a_signal_to_the_script_ends_the_running_step(stand_ins, tmp_path):
     assert "stopped by a signal; the running step's processes are ended" in out
     summary = (out_dir / "summary.txt").read_text()
     assert "tests " in summary and "timm " not in summary
+
+
+def test_the_steps_after_wheels_import_from_where_it_installed(stand_ins, tmp_path):
+    """The wheels step installs into /tmp/site; every later step's Python must find them there
+    (PYTHONPATH), now that steps run in a subshell whose exports do not come back."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "scripts" / "gpu_check.sh")
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "xgboost_cpu-0-py3-none-any.whl").write_text("")
+    out = subprocess.run(
+        ["bash", str(repo / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+        env=dict(stand_ins, GPU_CHECK_ONLY="wheels info", PYTHONPATH=""),
+        cwd=repo,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "wheels     PASS: 1 wheels" in out.stdout
+    assert "PYTHONPATH=/tmp/site)" in (tmp_path / "out" / "info.log").read_text()
