@@ -278,7 +278,9 @@ class EmuFunction:
                 f"a block has at most {MAX_THREADS_PER_BLOCK} threads, got {threads} "
                 f"(block={block!r})"
             )
-        if not isinstance(shared_mem_bytes, int) or shared_mem_bytes < 0:
+        if not isinstance(shared_mem_bytes, int) or isinstance(shared_mem_bytes, bool):
+            raise TypeError(f"shared_mem_bytes must be an int, got {shared_mem_bytes!r}")
+        if shared_mem_bytes < 0:
             raise ValueError(f"shared_mem_bytes must be an int >= 0, got {shared_mem_bytes!r}")
         loaded = self.module._load(check)
         static = self.module.static_shared_bytes(check)

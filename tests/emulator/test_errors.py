@@ -77,6 +77,16 @@ def test_a_launch_configuration_of_the_wrong_type_is_a_type_error(add_fn, grid, 
     assert torch.equal(out, torch.full((4,), 3.0))  # nothing ran
 
 
+@pytest.mark.parametrize("shared", [96.0, None, True])
+def test_shared_memory_of_the_wrong_type_is_a_type_error(add_fn, shared):
+    """As the driver's launch has it: a float or None was a ValueError here, and True was
+    taken as 1 byte."""
+    out = torch.full((4,), 3.0)
+    with pytest.raises(TypeError, match=f"shared_mem_bytes must be an int, got {shared!r}"):
+        add_fn.launch(1, 32, (out, torch.zeros(4), 4, 0), shared_mem_bytes=shared)
+    assert torch.equal(out, torch.full((4,), 3.0))  # nothing ran
+
+
 def test_unknown_kernel(hazards):
     with pytest.raises(KeyError, match="no kernel 'nope'.*neighbour"):
         hazards.get_function("nope")
