@@ -57,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from spio.bench.timing import host_us_interleaved, paired_gap
     from spio.functional import conv2d_gw8  # (also registers torch.ops.spio)
+    from spio.kernels.conv2d_gw8_params import torch_dtype
     from spio.layers import Conv2dGw8
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    dtype = torch_dtype(args.dtype)
     c, groups = args.channels, args.channels // 8
     x = torch.randn(1, c, args.size, args.size, device="cuda", dtype=dtype)
     x = x.contiguous(memory_format=torch.channels_last)

@@ -98,6 +98,7 @@ kill_tree() {  # $1 and every process below it, the lowest first
 stop_step() {
     if [[ -n "$STEP_PID" ]]; then
         kill_tree "$STEP_PID"
+        rm -f "$OUT_DIR/.note"  # the step's NOTE file, which run_step did not get to read
         log "stopped by a signal; the running step's processes are ended"
     else
         log "stopped by a signal"

@@ -89,7 +89,7 @@ def random_inputs(params: Conv2dGw8Params, seed: int) -> dict:
     """Random CPU tensors (never zeros) in the layer's dtype: x, w, dy, and an fp32 bias or None."""
     import torch
 
-    from .kernels.conv2d_gw8_factory import torch_dtype
+    from .kernels.conv2d_gw8_params import torch_dtype
 
     gen = torch.Generator().manual_seed(seed)
     dtype = torch_dtype(params.dtype)

@@ -31,8 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import conv2d_gw8_factory as fd
-from ..kernels.conv2d_gw8_params import GROUP_WIDTH
+from ..kernels.conv2d_gw8_params import GROUP_WIDTH, torch_dtype
 from ..kernels.stats import PASSES
 from .layers import BenchLayer
 from .results import RunInfo, write_rows
@@ -316,16 +315,16 @@ def run_insitu(
         torch.device("cuda", 0),
     )
     torch.backends.cudnn.benchmark = True
-    torch_dtype = fd.torch_dtype(dtype)
+    tensor_dtype = torch_dtype(dtype)
     rows = []
     cases = [(layer, style, impl) for layer in layers for style in STYLES for impl in IMPLS]
     for layer, style, impl in tqdm(cases, desc="in-situ", unit="stack"):
         torch.manual_seed(0)
         stack = make_stack(style, layer, impl, depth)
         # nn.Module.to takes memory_format (torch documents it), but torch's overloads omit it.
-        stack = stack.to(device="cuda", dtype=torch_dtype, memory_format=torch.channels_last)  # type: ignore[call-overload]
+        stack = stack.to(device="cuda", dtype=tensor_dtype, memory_format=torch.channels_last)  # type: ignore[call-overload]
         shape = (n, stack_input_channels(style, layer), layer.h, layer.w)
-        x = torch.randn(shape, device="cuda", dtype=torch_dtype)
+        x = torch.randn(shape, device="cuda", dtype=tensor_dtype)
         x = x.contiguous(memory_format=torch.channels_last)
         for _ in range(warmup):
             training_step(stack, x)

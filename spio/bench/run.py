@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..kernels.conv2d_gw8_factory import torch_dtype
-from ..kernels.conv2d_gw8_params import Conv2dGw8Params
+from ..kernels.conv2d_gw8_params import Conv2dGw8Params, torch_dtype
 from ..kernels.stats import PASSES, Conv2dStats
 from ..log import logger
 from .layers import BenchLayer

@@ -129,7 +129,7 @@ def kernel_inputs(family: str, params: Conv2dGw8Params, device: Any, seed: int =
     the kernels' NHWC layout and an output, on `device`."""
     import torch
 
-    from .conv2d_gw8_factory import torch_dtype
+    from .conv2d_gw8_params import torch_dtype
 
     dtype = torch_dtype(params.dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)

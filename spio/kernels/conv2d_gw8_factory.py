@@ -8,14 +8,13 @@ spio.kernels.perf_model.select_config chooses).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from dataclasses import dataclass
 
 from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits, limits_of
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
-from .conv2d_gw8_params import Conv2dGw8Params
+from .conv2d_gw8_params import Conv2dGw8Params, torch_dtype
 from .kernel import Kernel, KernelFactory, entry_symbol
 
 SOURCE_FILE = "conv2d_gw8.cu"
@@ -497,14 +496,6 @@ def _check_out(out, shape: tuple, dtype) -> None:
             "conv2d_gw8 out must be channels_last contiguous and 16-byte aligned, got strides "
             f"{tuple(out.stride())} at address {out.data_ptr():#x}"
         )
-
-
-@functools.cache
-def torch_dtype(name: str):
-    """The torch dtype of a layer dtype name ("fp16" or "bf16"; KeyError for another)."""
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
 def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:

@@ -5,6 +5,7 @@ Importing this module does not import torch; only `Conv2dGw8Params.from_tensors`
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from dataclasses import dataclass, field
@@ -69,6 +70,15 @@ def dtype_name(dtype: Any) -> str:
     if key not in names:
         raise ValueError(f"conv2d_gw8 needs dtype fp16 or bf16, got {dtype}")
     return names[key]
+
+
+@functools.cache
+def torch_dtype(name: str):
+    """The torch dtype of a layer dtype name ("fp16" or "bf16"; KeyError for another). torch is
+    imported at the first call: this module stays importable without it."""
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params
-
-#: The activations' torch dtype of each layer dtype.
-_TORCH_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
+from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -100,6 +97,6 @@ def conv2d_gw8_tolerance(
     activation dtype, except WGrad, whose dw is fp32. Assumes zero-mean random inputs.
     """
     depth = conv2d_gw8_depth(params, pass_)
-    out_dtype = torch.float32 if pass_ == "wgrad" else _TORCH_DTYPE[params.dtype]
+    out_dtype = torch.float32 if pass_ == "wgrad" else torch_dtype(params.dtype)
     scale = max(_rms(a) * _rms(b), torch.finfo(torch.float32).tiny)
     return accumulation_tolerance(out_dtype, depth, scale, safety=safety)
