@@ -29,7 +29,7 @@ from collections.abc import Hashable, Iterable
 import torch
 from torch import Tensor
 
-from spio.kernels import autotune, conv2d_gw8_factory
+from spio.kernels import autotune, conv2d_gw8_factory, conv2d_gw8_params
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params, as_integer
 from spio.kernels.families import FAMILY_OF_PASS
@@ -168,7 +168,8 @@ def wgrad_kernel(
     """
     params = dataclasses.replace(params, has_bias=with_bias)
     atomic = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
-    key = ("wgrad", atomic.name, device, deterministic)
+    # (params too: a kernel's name leaves out the batch size, its grid and slots do not.)
+    key = ("wgrad", params, atomic.name, device, deterministic)
     if key not in _chosen:
         config = atomic.info_value("config")
         if wf.uses_partial_sums(params, config, deterministic):
@@ -430,8 +431,9 @@ class _TorchLayer(Layer):
         return []
 
 
-#: The largest tensor a kernel takes: its generated header counts bytes in a C++ int.
-MAX_TENSOR_BYTES = 2**31 - 1
+#: The largest tensor a kernel takes (the kernels index with C++ ints); larger batches run in
+#: chunks of images. (A name of this module: tests lower it to make chunks of small batches.)
+MAX_TENSOR_BYTES = conv2d_gw8_params.MAX_TENSOR_BYTES
 
 
 def image_bytes(params: Conv2dGw8Params) -> int:

@@ -138,26 +138,46 @@ class Dim:
     Padding grows the stride of every outer dimension without adding indices, e.g.
     `Dim(8, 9)` on the innermost dim of shared memory staggers rows to avoid bank conflicts.
     In a dims dict, `8` means `Dim(8)` and `(8, 9)` means `Dim(8, 9)`.
+
+    The outermost dim may have no extent (`None` in a dims dict: `Dim(None)`): its extent is
+    given at run time, e.g. a batch of images whose count each launch passes. No stride depends
+    on it, so the generated class has every stride but no extent constant for it and no size.
     """
 
-    extent: int
+    extent: int | None
     padded: int | None = None
 
     @property
-    def stored(self) -> int:
-        """Number of slots the dimension occupies; the next-outer dim's stride is a multiple."""
+    def stored(self) -> int | None:
+        """Number of slots the dimension occupies (None: given at run time); the next-outer dim's
+        stride is a multiple."""
         return self.extent if self.padded is None else self.padded
 
 
 def normalize_dims(
     spec: str, dims: object, allow_padding: bool = True
 ) -> tuple[tuple[str, Dim], ...]:
-    """Check a dims mapping (outermost first) and return it as ((name, Dim), ...)."""
+    """Check a dims mapping (outermost first) and return it as ((name, Dim), ...). The outermost
+    value may be None (Dim(None)): an extent given at run time."""
     if not isinstance(dims, Mapping) or not dims:
         raise ValueError(f"{spec}: dims must be a non-empty dict of name -> extent, got {dims!r}")
     result = []
-    for name, value in dims.items():
+    for pos, (name, value) in enumerate(dims.items()):
         check_dim_name(spec, name)
+        # `(extent, padded)` means `Dim(extent, padded)`, for a run-time extent too.
+        as_dim = Dim(*value) if isinstance(value, tuple) and len(value) == 2 else value
+        if as_dim is None or (isinstance(as_dim, Dim) and as_dim.extent is None):
+            if pos > 0:
+                raise ValueError(
+                    f"{spec}: dim {name!r} at position {pos} cannot have its extent given at "
+                    f"run time (only the outermost dim can), got {value!r}"
+                )
+            if isinstance(as_dim, Dim) and as_dim.padded is not None:
+                raise ValueError(
+                    f"{spec}: dim {name!r} of run-time extent cannot be padded, got {value!r}"
+                )
+            result.append((name, Dim(None)))
+            continue
         if isinstance(value, Dim):
             dim = value
         elif isinstance(value, tuple) and len(value) == 2:
@@ -166,8 +186,8 @@ def normalize_dims(
             dim = Dim(value)
         else:
             raise ValueError(
-                f"{spec}: dim {name!r} must be an int, an (extent, padded) tuple or a Dim, "
-                f"got {value!r}"
+                f"{spec}: dim {name!r} must be an int, an (extent, padded) tuple, a Dim, or None "
+                f"(outermost only: given at run time), got {value!r}"
             )
         for what, number in (("extent", dim.extent), ("padded length", dim.padded)):
             if what == "padded length" and number is None:
@@ -176,6 +196,7 @@ def normalize_dims(
                 raise ValueError(
                     f"{spec}: dim {name!r} {what} must be a positive int, got {number!r}"
                 )
+        assert dim.extent is not None  # checked above
         if dim.padded is not None and dim.padded < dim.extent:
             raise ValueError(
                 f"{spec}: dim {name!r} padded length {dim.padded} is smaller than its extent "
@@ -186,7 +207,7 @@ def normalize_dims(
         if not allow_padding and dim.stored != dim.extent:
             raise ValueError(f"{spec}: dim {name!r} cannot be padded here, got {dim!r}")
         result.append((name, dim))
-    total = math.prod(dim.stored for _, dim in result)
+    total = math.prod(dim.stored for _, dim in result if dim.stored is not None)
     if total > INT32_MAX:
         raise ValueError(f"{spec}: dims span {total} elements, more than a C++ int holds")
     return tuple(result)

@@ -27,8 +27,25 @@ def _describe(dims: tuple[tuple[str, Dim], ...]) -> str:
     parts = []
     for name, dim in dims:
         padded = f", padded to {dim.stored}" if dim.stored != dim.extent else ""
-        parts.append(f"{name}({dim.extent}{padded})")
+        extent = "run time" if dim.extent is None else dim.extent
+        parts.append(f"{name}({extent}{padded})")
     return " > ".join(parts)
+
+
+def _known_size(dims: tuple[tuple[str, Dim], ...]) -> int | None:
+    """The product of the dims' stored lengths; None where the outermost is given at run time."""
+    size = 1
+    for _, dim in dims:
+        if dim.stored is None:
+            return None
+        size *= dim.stored
+    return size
+
+
+def _inner_stored(dim: Dim) -> int:
+    """The stored length of a dim that is not the outermost, so never given at run time."""
+    assert dim.stored is not None
+    return dim.stored
 
 
 def _index_members(dims: tuple[tuple[str, Dim], ...], with_offset: bool) -> list[str]:
@@ -47,25 +64,34 @@ def _index_class(
 
     With `strides`, the class also gets offset(): the element offset in a padded tensor.
     """
-    extents = [dim.extent for _, dim in dims]
     unpadded = tuple((name, Dim(dim.extent)) for name, dim in dims)
+    size = _known_size(unpadded)
     lines = [
         f"/// Decomposes a flat index i >= 0 into {_describe(unpadded)}, the last fastest.",
-        "/// The outermost dim does not wrap: i >= size gives an outermost index >= its extent.",
+        "/// The outermost dim does not wrap: i >= size gives an outermost index >= its extent."
+        if size is not None
+        else "/// The outermost dim does not wrap (its extent is given at run time).",
         f"class {class_name} {{",
         "  public:",
     ]
-    lines += [f"    static constexpr int {name.upper()} = {dim.extent};" for name, dim in dims]
     lines += [
-        "    /// Number of distinct indices: the product of the extents.",
-        f"    static constexpr int size = {math.prod(extents)};",
+        f"    static constexpr int {name.upper()} = {dim.extent};"
+        for name, dim in dims
+        if dim.extent is not None
+    ]
+    if size is not None:
+        lines += [
+            "    /// Number of distinct indices: the product of the extents.",
+            f"    static constexpr int size = {size};",
+        ]
+    lines += [
         "",
         f"    {_FN} explicit {class_name}(int i) : i_(i) {{}}",
         "    /// The flat index this object decomposes.",
         f"    {_FN} int flat() const {{ return i_; }}",
     ]
     for pos, (name, dim) in enumerate(dims):
-        inner = math.prod(extents[pos + 1 :])
+        inner = math.prod(_inner_stored(d) for _, d in unpadded[pos + 1 :])
         expr = "i_" if inner == 1 else f"i_ / {inner}"
         if pos > 0:
             expr = f"{expr} % {dim.extent}"
@@ -88,11 +114,12 @@ class IndexSpec:
     """A class `name` that decomposes a flat index (e.g. threadIdx.x) into `dims`.
 
     `dims` maps lower-case names to positive extents, outermost first; the innermost varies fastest.
-    C++: `Name idx(threadIdx.x); idx.n(); Name::N; Name::size`.
+    The outermost extent may be None, given at run time: then there is no `Name::N` for it and
+    no `Name::size`. C++: `Name idx(threadIdx.x); idx.n(); Name::N; Name::size`.
     """
 
     name: str
-    dims: Mapping[str, int] = field(compare=False)
+    dims: Mapping[str, int | None] = field(compare=False)
     # Checked copy of dims; equality and hashing use it, so dim order matters.
     _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False)
 
@@ -131,13 +158,16 @@ class TensorSpec:
     `(extent, padded)` tuple or a `Dim`; a padded dim occupies `padded` slots, so every outer stride
     grows. Strides are derived: innermost 1, each outer one the next inner stride times its stored
     length. `dtype` is a C++ type name from `dtypes.ELEMENT_TYPES`, optionally "const ...".
+    The outermost extent may be None, given at run time (e.g. the batch): the class then has
+    its stride but no extent constant for it, and no `size` or `num_bytes`; the caller keeps
+    the whole tensor's offsets within an int.
     C++: `Name t(ptr); t.n(i).k8(j).get(); *t; Name::N; Name::stride_n; Name::size;
     Name::num_bytes; Name::data_type; Name::Index idx(i); idx.n(); idx.offset()`.
     """
 
     name: str
     dtype: str
-    dims: Mapping[str, int | tuple[int, int] | Dim] = field(compare=False)
+    dims: Mapping[str, int | tuple[int, int] | Dim | None] = field(compare=False)
     # Checked copy of dims; equality and hashing use it, so dim order matters.
     _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False)
     _dtype: tuple[str, int, Dependency | None] = field(init=False, repr=False, compare=False)
@@ -160,8 +190,10 @@ class TensorSpec:
         check_unique_members(f"{label} Index", "Index", _index_members(dims, with_offset=True))
         object.__setattr__(self, "_dims", dims)
         object.__setattr__(self, "_dtype", dtype)
-        if self.num_bytes > INT32_MAX:
-            raise ValueError(f"{label}: {self.size} elements of {dtype[0]} exceed 2 GiB")
+        # One outermost index's elements where the extent is given at run time.
+        elements = self.size if self.size is not None else self.strides[0]
+        if elements * dtype[1] > INT32_MAX:
+            raise ValueError(f"{label}: {elements} elements of {dtype[0]} exceed 2 GiB")
 
     @property
     def class_name(self) -> str:
@@ -171,22 +203,23 @@ class TensorSpec:
     @property
     def strides(self) -> tuple[int, ...]:
         """Element stride of each dim, outermost first; padding included."""
-        strides = []
-        stride = 1
-        for _, dim in reversed(self._dims):
-            strides.append(stride)
-            stride *= dim.stored
+        strides = [1]
+        for _, dim in reversed(self._dims[1:]):
+            strides.append(strides[-1] * _inner_stored(dim))
         return tuple(reversed(strides))
 
     @property
-    def size(self) -> int:
-        """Elements spanned by the tensor, padding included."""
-        return math.prod(dim.stored for _, dim in self._dims)
+    def size(self) -> int | None:
+        """Elements spanned by the tensor, padding included; None where the outermost extent is
+        given at run time."""
+        return _known_size(self._dims)
 
     @property
-    def num_bytes(self) -> int:
-        """Bytes spanned by the tensor, padding included."""
-        return self.size * self._dtype[1]
+    def num_bytes(self) -> int | None:
+        """Bytes spanned by the tensor, padding included; None where the outermost extent is
+        given at run time."""
+        size = self.size
+        return None if size is None else size * self._dtype[1]
 
     def defined_names(self) -> tuple[str, ...]:
         """Global names this spec defines."""
@@ -208,20 +241,30 @@ class TensorSpec:
             "  public:",
             f"    using data_type = {ctype};",
         ]
-        lines += [f"    static constexpr int {n.upper()} = {d.extent};" for n, d in self._dims]
+        lines += [
+            f"    static constexpr int {n.upper()} = {d.extent};"
+            for n, d in self._dims
+            if d.extent is not None
+        ]
         lines += [
             f"    static constexpr int stride_{n} = {s};"
             for (n, _), s in zip(self._dims, strides, strict=True)
         ]
-        lines += [
-            "    /// Elements spanned, padding included.",
-            f"    static constexpr int size = {self.size};",
-            f"    static constexpr int num_bytes = {self.num_bytes};",
-            "    static_assert(num_bytes == size * static_cast<int>(sizeof(data_type)),",
-            f'                  "{cls}: unexpected sizeof({ctype})");',
-            "",
-            f"    {_FN} explicit {cls}(data_type *ptr = nullptr) : ptr_(ptr) {{}}",
-        ]
+        if self.size is None:
+            lines += [
+                f"    /// No size: the extent of {self._dims[0][0]} is given at run time.",
+                f"    static_assert(sizeof(data_type) == {self._dtype[1]},",
+                f'                  "{cls}: unexpected sizeof({ctype})");',
+            ]
+        else:
+            lines += [
+                "    /// Elements spanned, padding included.",
+                f"    static constexpr int size = {self.size};",
+                f"    static constexpr int num_bytes = {self.num_bytes};",
+                "    static_assert(num_bytes == size * static_cast<int>(sizeof(data_type)),",
+                f'                  "{cls}: unexpected sizeof({ctype})");',
+            ]
+        lines += ["", f"    {_FN} explicit {cls}(data_type *ptr = nullptr) : ptr_(ptr) {{}}"]
         for name, _ in self._dims:
             lines.append(
                 f"    {_FN} {cls} {name}(int i) const {{ return {cls}(ptr_ + i * stride_{name}); }}"

@@ -145,15 +145,15 @@ def kernel_inputs(family: str, params: Conv2dGw8Params, device: Any, seed: int =
     if family == "conv2d_gw8_fprop":
         out = torch.empty(params.output_shape, dtype=dtype, device=device, memory_format=cl)
         bias = randn((params.c,), torch.float32) if params.has_bias else None
-        return [out, act(params.input_shape), weight, bias]
+        return [out, act(params.input_shape), weight, bias, params.n]
     if family == "conv2d_gw8_dgrad":
         out = torch.empty(params.input_shape, dtype=dtype, device=device, memory_format=cl)
-        return [out, act(params.output_shape), weight, None]
+        return [out, act(params.output_shape), weight, None, params.n]
     if family == "conv2d_gw8_wgrad":
         dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
         dbias = torch.zeros(params.c, dtype=torch.float32, device=device)
         return [dw, dbias if params.has_bias else None, act(params.input_shape),
-                act(params.output_shape)]  # fmt: skip
+                act(params.output_shape), params.n]  # fmt: skip
     raise ValueError(f"kernel_inputs needs a conv2d_gw8 family, got {family!r}")
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits, limits_of
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
-from .conv2d_gw8_params import Conv2dGw8Params, torch_dtype
+from .conv2d_gw8_params import Conv2dGw8Params, check_tensor_bytes, torch_dtype
 from .kernel import Kernel, KernelFactory, entry_symbol
 
 SOURCE_FILE = "conv2d_gw8.cu"
@@ -356,10 +356,9 @@ def generate_header(
                 "n": config.block_n,
             },
         ),
-        TensorSpec("Input", "const uint4", {"n": params.n, "y": geo.in_h, "x": geo.in_w, "c8": c8}),
-        TensorSpec(
-            "Output", pair, {"n": params.n, "y": geo.out_h, "x": geo.out_w, "k8": c8, "k2": 4}
-        ),
+        # The batch size (n) is given at launch: one build serves every batch size.
+        TensorSpec("Input", "const uint4", {"n": None, "y": geo.in_h, "x": geo.in_w, "c8": c8}),
+        TensorSpec("Output", pair, {"n": None, "y": geo.out_h, "x": geo.out_w, "k8": c8, "k2": 4}),
         TensorSpec("Weights", f"const {element}", weight_dims(k)),
         TensorSpec("Bias", f"const {pair if bias_elem else 'float2'}", {"k8": c8, "k2": 4}),
         TensorSpec(
@@ -375,7 +374,7 @@ def generate_header(
             pair,
             {"buf": 2, "x": config.block_q, "k8": (config.groups, config.groups + 1), "k2": 4},
         ),
-        IndexSpec("BlockIdx", tiles),
+        IndexSpec("BlockIdx", {**tiles, "n": None}),  # (n stays outermost)
         IndexSpec(
             "WarpIdx", {"c8": config.groups, "x16": config.block_q // (16 * config.warp_q16)}
         ),
@@ -397,11 +396,14 @@ def make_kernel(
     reads channels_last weights, `bias_elem` (FProp with a bias) a bias in the activations'
     dtype (see generate_header). The tile loop is the same in every variant."""
     config = config or default_config(params, igrad)
+    check_tensor_bytes(params)
     bias_elem = bias_elem and params.has_bias and not igrad
     variant = ("__wcl" if weights_cl else "") + ("__belem" if bias_elem else "")
     blocks = math.prod(_tiles(params, config, igrad).values())
     kind = "dgrad" if igrad else "fprop"
-    name = f"conv2d_gw8_{kind}__{params.encode()}__{config.encode()}{variant}"
+    # The code does not depend on the batch size (given at launch): neither does the name, so
+    # kernels of one layer and config share one build, whatever the grid of each batch size.
+    name = f"conv2d_gw8_{kind}__{params.encode_image()}__{config.encode()}{variant}"
     entry = entry_symbol(name)
     return Kernel(
         name=name,
@@ -557,7 +559,7 @@ def fprop(
     else:
         _check_out(out, params.output_shape, x.dtype)
     bias = _bias_as(kernel, bias, x.dtype)
-    kernel.launch([out, _nhwc(x), _weight_as(kernel, weight), bias], x.device)
+    kernel.launch([out, _nhwc(x), _weight_as(kernel, weight), bias, params.n], x.device)
     return out
 
 
@@ -584,7 +586,7 @@ def dgrad(
         )
     else:
         _check_out(out, params.input_shape, dy.dtype)
-    kernel.launch([out, _nhwc(dy), _weight_as(kernel, weight), None], dy.device)
+    kernel.launch([out, _nhwc(dy), _weight_as(kernel, weight), None, params.n], dy.device)
     return out
 
 

@@ -22,6 +22,9 @@ MIN_FILTER, MAX_FILTER = 1, 5
 
 #: Activation dtypes the kernels take, by short name.
 DTYPES = ("fp16", "bf16")
+#: The largest activation tensor a kernel takes, in bytes: the kernels index with C++ ints.
+#: spio.functional runs larger batches in chunks of images.
+MAX_TENSOR_BYTES = 2**31 - 1
 
 # Numbers as encode writes them (ASCII digits, no leading zeros), so that decoding a name and
 # encoding it again gives the same name.
@@ -211,6 +214,12 @@ class Conv2dGw8Params:
             f"_r{self.r}_s{self.s}_bias{int(self.has_bias)}_{self.dtype}"
         )
 
+    def encode_image(self) -> str:
+        """`encode` without the batch size: what a kernel is built for (the kernels take the
+        batch size at launch, so one build serves every batch size of a layer), e.g.
+        "c64_h64_w64_pad1x1_r3_s3_bias0_fp16". `decode` does not read it."""
+        return self.encode().removeprefix(f"n{self.n}_")
+
     @classmethod
     def decode(cls, text: str) -> Conv2dGw8Params:
         """Inverse of `encode`."""
@@ -265,3 +274,15 @@ class Conv2dGw8Params:
         if bias is not None and tuple(bias.shape) != (k,):
             raise ValueError(f"conv2d_gw8 needs a bias of shape ({k},), got {tuple(bias.shape)}")
         return cls(n, c, h, w, padding=padding, r=r, s=s, has_bias=bias is not None, dtype=dtype)
+
+
+def check_tensor_bytes(params: Conv2dGw8Params) -> None:
+    """ValueError where the layer's larger activation tensor (input or output; both 2-byte
+    elements) passes MAX_TENSOR_BYTES, naming its size."""
+    largest = params.n * params.c * max(params.h * params.w, params.p * params.q) * 2
+    if largest > MAX_TENSOR_BYTES:
+        raise ValueError(
+            f"conv2d_gw8 layer {params.encode()}: its activations take {largest} bytes, more "
+            f"than the {MAX_TENSOR_BYTES} a kernel takes (spio.functional runs such a batch in "
+            "chunks of images)"
+        )

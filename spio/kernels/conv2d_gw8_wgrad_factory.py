@@ -21,7 +21,7 @@ from .conv2d_gw8_factory import (
     pad_odd,
     sector_waste,
 )
-from .conv2d_gw8_params import Conv2dGw8Params
+from .conv2d_gw8_params import MAX_TENSOR_BYTES, Conv2dGw8Params, check_tensor_bytes
 from .kernel import Kernel, KernelFactory, entry_symbol
 
 SOURCE_FILE = "conv2d_gw8_wgrad.cu"
@@ -264,10 +264,9 @@ def generate_header(
                 "mma_k": config.mma_k,
             },
         ),
-        TensorSpec("Input", "const uint4", {"n": params.n, "y": params.h, "x": params.w, "c8": c8}),
-        TensorSpec(
-            "DOutput", "const uint4", {"n": params.n, "y": params.p, "x": params.q, "k8": c8}
-        ),
+        # The batch size (n) is given at launch: one build serves every batch size.
+        TensorSpec("Input", "const uint4", {"n": None, "y": params.h, "x": params.w, "c8": c8}),
+        TensorSpec("DOutput", "const uint4", {"n": None, "y": params.p, "x": params.q, "k8": c8}),
         TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
         TensorSpec("DBias", "float", {"k": params.c}),
         TensorSpec(
@@ -284,18 +283,17 @@ def generate_header(
                 "x": (config.block_q, pad_odd(config.block_q)),
             },
         ),
-        IndexSpec("BlockIdx", tiles),
+        IndexSpec("BlockIdx", {**tiles, "n": None}),  # (n stays outermost)
         IndexSpec("WarpIdx", {"c8": config.groups, "x8": config.block_q // (8 * config.warp_q8)}),
         IndexSpec("XLoadIdx", {"x": in_x, "c8": config.groups}),
         IndexSpec("DyLoadIdx", {"x": config.block_q, "c8": config.groups}),
     ]
-    if partials:  # only then: an atomic kernel must build where these would pass 2 GiB
-        slots = partial_slots(params, config)
+    if partials:  # slots (t): one per warp of the grid's dy tiles, so as many as the batch asks
         specs += [
             TensorSpec(
-                "DWPart", "float", {"t": slots, "k": params.c, "c": 8, "r": params.r, "s": params.s}
+                "DWPart", "float", {"t": None, "k": params.c, "c": 8, "r": params.r, "s": params.s}
             ),
-            TensorSpec("DBiasPart", "float", {"t": slots, "k": params.c}),
+            TensorSpec("DBiasPart", "float", {"t": None, "k": params.c}),
         ]
     return generate(specs)
 
@@ -310,8 +308,17 @@ def make_kernel(
     slots (see `wgrad`). The result then does not depend on the order the blocks run in.
     """
     config = config or default_config(params)
+    check_tensor_bytes(params)
+    if partials and partial_bytes(params, config) > MAX_TENSOR_BYTES:
+        # (Only then: the atomic kernel of such a config still builds.)
+        raise ValueError(
+            f"conv2d_gw8 WGrad of layer {params.encode()} with config {config.encode()}: its "
+            f"partial sums would take {partial_bytes(params, config)} bytes, more than the "
+            f"{MAX_TENSOR_BYTES} a kernel takes; the atomic kernel (partials=False) has none"
+        )
     blocks = math.prod(_tiles(params, config).values())
-    name = f"conv2d_gw8_wgrad__{params.encode()}__{config.encode()}" + (
+    # The code does not depend on the batch size (given at launch): neither does the name.
+    name = f"conv2d_gw8_wgrad__{params.encode_image()}__{config.encode()}" + (
         "__partials" if partials else ""
     )
     entry = entry_symbol(name)
@@ -399,12 +406,12 @@ def wgrad(
             for buffer in (dw_part, dbias_part, dw, dbias):
                 if buffer is not None:
                     buffer.fill_(math.nan)
-        kernel.launch([dw_part, dbias_part, _nhwc(x), _nhwc(dy)], device)
+        kernel.launch([dw_part, dbias_part, _nhwc(x), _nhwc(dy), params.n], device)
         summing.launch([dw, dbias, dw_part, dbias_part, slots, w_size, c], device)
         return dw, dbias
     dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
     dbias = torch.zeros(params.c, dtype=torch.float32, device=device) if params.has_bias else None
-    kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy)], device)
+    kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy), params.n], device)
     if dw_dtype != torch.float32:
         dw = dw.to(dw_dtype)
     if dbias is not None and dbias_dtype != torch.float32:
@@ -412,13 +419,14 @@ def wgrad(
     return dw, dbias
 
 
-#: (partials kernel name, dw dtype, dbias dtype) -> (slots, dw and dbias values per slot, the
-#: sum_slots kernel): worked out once, as wgrad runs on every backward pass.
+#: (partials kernel name, batch size, dw dtype, dbias dtype) -> (slots, dw and dbias values per
+#: slot, the sum_slots kernel): worked out once, as wgrad runs on every backward pass. (The name
+#: leaves out the batch size, on which the slots depend.)
 _partials_plans: dict[tuple, tuple[int, int, int, Kernel]] = {}
 
 
 def _partials_plan(kernel: Kernel, params: Conv2dGw8Params, dw_dtype, dbias_dtype):
-    key = (kernel.name, dw_dtype, dbias_dtype)
+    key = (kernel.name, params.n, dw_dtype, dbias_dtype)
     plan = _partials_plans.get(key)
     if plan is None:
         slots = partial_slots(params, kernel.info_value("config"))

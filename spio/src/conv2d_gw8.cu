@@ -44,11 +44,14 @@
 /// (The timing variant SPIO_LOAD_VIA_REGS moves input rows through registers instead; its
 /// comment is at its code.)
 ///
-/// Launch contract: grid = BlockIdx::size blocks, Block::threads threads (one warp per group and
-/// run of Block::warp_x16 * 16 columns: WarpIdx), SmemInput::num_bytes + SmemWeights::num_bytes +
+/// Launch contract: grid = ceil(images / Block::n) * (the blocks of one image's tiles: BlockIdx
+/// without its n) blocks, Block::threads threads (one warp per group and run of
+/// Block::warp_x16 * 16 columns: WarpIdx), SmemInput::num_bytes + SmemWeights::num_bytes +
 /// SmemOutput::num_bytes bytes of dynamic shared memory.
 /// Arguments: (Output::data_type *out, const uint4 *in, const Elem *weights,
-/// Bias::data_type *bias or null); out and in are NHWC. The generated header sets the
+/// Bias::data_type *bias or null, int images); out and in are NHWC. The batch size `images` is
+/// the one extent given at launch: the generated tensors and BlockIdx leave their n extents open,
+/// so one build serves every batch size. The generated header sets the
 /// weights' layout (PyTorch's contiguous [K, 8, R, S] or its channels_last [K, R, S, 8]) and the
 /// bias element (fp32, or the activations' dtype), so either is read as the caller holds it.
 /// The generated header (conv2d_gw8_gen.h) defines Conv, Block, the tensors and the index classes,
@@ -143,7 +146,7 @@ SPIO_DEVICE constexpr int unroll_steps(int r, int stages) {
 // below the need of some register-heavy configs and spilled; this way it never spills them.
 extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     SPIO_KERNEL_ENTRY(Output::data_type *out, const uint4 *in, const Elem *weights,
-                    Bias::data_type *bias) {
+                    Bias::data_type *bias, int images) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
     constexpr int ROWS = Block::y + R - 1;     // input rows of the tile in one image
@@ -195,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto row_source = [&](StreamRow pos) {
         const int y = block_y + pos.row - Conv::pad_h;
         const int n = block_n + pos.image;
-        const bool inside = y >= 0 && y < Input::Y && (Block::n == 1 || n < Input::N);
+        const bool inside = y >= 0 && y < Input::Y && (Block::n == 1 || n < images);
         const uint4 *image = Block::n == 1 || !inside ? first_image : Input(in).n(n).get();
         return RowSource{image, y * Input::stride_y, inside};
     };
@@ -359,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto store_output_row = [&](int buf, StreamRow pos) {
         const int y = block_y + pos.row;
         const bool one_image =
-            Block::n == 1 || (pos.row < Block::y && block_n + pos.image < Output::N);
+            Block::n == 1 || (pos.row < Block::y && block_n + pos.image < images);
         if (!one_image || y >= Output::Y) {
             return;
         }

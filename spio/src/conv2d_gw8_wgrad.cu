@@ -41,12 +41,15 @@
 /// slots; dy: R + STAGES - 1 slots, of which step t reads R). (The timing variant
 /// SPIO_LOAD_VIA_REGS moves rows through registers instead; its comment is at its code.)
 ///
-/// Launch contract: grid = BlockIdx::size blocks, Block::threads threads (one warp per group and
-/// run of Block::warp_x8 * 8 columns: WarpIdx), SmemX::num_bytes + SmemDy::num_bytes bytes of
-/// dynamic shared memory (SmemDy: the R + STAGES - 1 ring slots and the zero row).
-/// Arguments: (float *dw, float *dbias or null, const uint4 *x, const uint4 *dy), x and dy NHWC;
-/// dw and dbias zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and DBiasPart buffers,
-/// unzeroed). The generated header (conv2d_gw8_wgrad_gen.h) defines the rest, the kernel's symbol
+/// Launch contract: grid = ceil(images / Block::n) * (the blocks of one image's tiles: BlockIdx
+/// without its n) blocks, Block::threads threads (one warp per group and run of
+/// Block::warp_x8 * 8 columns: WarpIdx), SmemX::num_bytes + SmemDy::num_bytes bytes of dynamic
+/// shared memory (SmemDy: the R + STAGES - 1 ring slots and the zero row).
+/// Arguments: (float *dw, float *dbias or null, const uint4 *x, const uint4 *dy, int images), x
+/// and dy NHWC; dw and dbias zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and
+/// DBiasPart buffers, one slot per warp of the grid's dy tiles, unzeroed). The batch size `images`
+/// is given at launch: the generated x, dy, partial-sum buffers and BlockIdx leave their outermost
+/// extents open, so one build serves every batch size. The generated header (conv2d_gw8_wgrad_gen.h) defines the rest, the kernel's symbol
 /// SPIO_KERNEL_ENTRY (spio_<pass, layer and config>: spio.kernels.kernel.entry_symbol) among it.
 
 #include <cuda_bf16.h>
@@ -92,7 +95,7 @@ constexpr unsigned kOnes = SPIO_WGRAD_BF16 ? 0x3F803F80u : 0x3C003C00u;
 // Min. 1 block per SM: with the thread count alone, ptxas (NVRTC 12.9 and 13.0) capped registers
 // below the need of some register-heavy configs and spilled; this way it never spills them.
 extern "C" __global__ void __launch_bounds__(Block::threads, 1)
-    SPIO_KERNEL_ENTRY(float *dw, float *dbias, const uint4 *x, const uint4 *dy) {
+    SPIO_KERNEL_ENTRY(float *dw, float *dbias, const uint4 *x, const uint4 *dy, int images) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
     constexpr int PAIRS = (R + 1) / 2;
@@ -157,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto load_step = [&](int t) {
         const int n = block_n + t / ROWS;
         const int i = t % ROWS;
-        const bool image_inside = n < DOutput::N && t < STEPS;
+        const bool image_inside = n < images && t < STEPS;
         const int y = block_y + i - Conv::pad_h;
         const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
         // Predicated copies (a thread with no element j skips it by the instruction's predicate,
@@ -341,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto load_step_regs = [&](int t, uint4(&hx)[X_LOADS], uint4(&hdy)[DY_LOADS]) {
         const int n = block_n + t / ROWS;
         const int i = t % ROWS;
-        const bool image_inside = n < DOutput::N;
+        const bool image_inside = n < images;
         const int y = block_y + i - Conv::pad_h;
         const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
         spio::load_row_16(hx, x_dst, x_col, x, n * Input::stride_n + y * Input::stride_y,

@@ -336,17 +336,19 @@ def test_kernel_inputs_match_the_kernels_argument_order():
 
     params = P(n=2, c=16, h=6, w=7, padding=1, has_bias=True, dtype="bf16")
     fprop = autotune.kernel_inputs("conv2d_gw8_fprop", params, "cpu")
-    assert [tuple(t.shape) for t in fprop] == [
+    assert [tuple(t.shape) for t in fprop[:4]] == [
         params.output_shape, params.input_shape, params.weight_shape, (16,)
     ]  # fmt: skip
+    assert fprop[4] == params.n  # the batch size, a launch argument
     assert fprop[1].is_contiguous(memory_format=torch.channels_last)
     assert fprop[1].dtype == torch.bfloat16 and fprop[3].dtype == torch.float32
     assert fprop[1].abs().sum() > 0 and fprop[2].abs().sum() > 0  # never zeros
     dgrad = autotune.kernel_inputs("conv2d_gw8_dgrad", params, "cpu")
     assert tuple(dgrad[0].shape) == params.input_shape and dgrad[3] is None
+    assert dgrad[4] == params.n
     wgrad = autotune.kernel_inputs("conv2d_gw8_wgrad", params, "cpu")
     assert wgrad[0].dtype == torch.float32 and tuple(wgrad[0].shape) == params.weight_shape
-    assert tuple(wgrad[3].shape) == params.output_shape
+    assert tuple(wgrad[3].shape) == params.output_shape and wgrad[4] == params.n
     a, b = (autotune.kernel_inputs("conv2d_gw8_fprop", params, "cpu", seed) for seed in (0, 1))
     assert not torch.equal(a[1], b[1])  # rotated input sets differ
 

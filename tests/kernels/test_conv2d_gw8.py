@@ -74,7 +74,45 @@ def test_kernel_names_encode_params_and_config():
     b = fd.make_kernel(params, fd.Conv2dGw8Config(2, 8, 16, 1))
     c = fd.make_kernel(params, fd.Conv2dGw8Config(2, 4, 16, 1), igrad=True)
     assert len({a.name, b.name, c.name}) == 3
-    assert params.encode() in a.name and "fprop" in a.name and "dgrad" in c.name
+    assert params.encode_image() in a.name and "fprop" in a.name and "dgrad" in c.name
+    # The batch size is a launch argument, not part of the code or its name.
+    assert "n2_" not in a.name and a.name.startswith("conv2d_gw8_fprop__c16_h8_w8_")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("block_n", [1, 2])
+@pytest.mark.parametrize("pass_", PASSES)
+def test_one_build_serves_every_batch_size(pass_, block_n, device):
+    """The kernels take the batch size at launch: a layer's kernels for N = 3 and N = 5 share
+    one name and header (one build, one loaded module) and differ only in their grids, and each
+    batch runs right (NaN-poisoned outputs against the float64 reference). With two images a
+    block, the last block of either batch is half empty."""
+    from spio.check import run_one
+
+    igrad = pass_ == "dgrad"
+    layers = [Conv2dGw8Params(n=n, c=16, h=6, w=5, padding=1, has_bias=not igrad) for n in (3, 5)]
+    config = next(c for c in fd.configs(layers[0], igrad) if c.block_n == block_n)
+    kernels = [fd.make_kernel(p, config, igrad) for p in layers]
+    assert kernels[0].name == kernels[1].name and kernels[0].headers == kernels[1].headers
+    assert kernels[0].grid != kernels[1].grid
+    for params, kernel in zip(layers, kernels, strict=True):
+        ratio = run_one(params, pass_, config, device, kernel=kernel)
+        assert ratio <= 1.0, f"N = {params.n}: worst error {ratio:.3g} times the tolerance"
+
+
+def test_layers_too_large_for_a_kernel_are_refused():
+    """The kernels index with C++ ints: a batch whose activations pass 2 GiB gets no kernel
+    (spio.functional runs it in chunks), one just under does."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+    from spio.kernels.conv2d_gw8_params import MAX_TENSOR_BYTES
+
+    image = 64 * 64 * 64 * 2
+    fits = Conv2dGw8Params(n=MAX_TENSOR_BYTES // image, c=64, h=64, w=64)
+    too_many = dataclasses.replace(fits, n=fits.n + 1)
+    for make in (fd.make_kernel, lambda p: fd.make_kernel(p, igrad=True), wg.make_kernel):
+        assert make(fits).name
+        with pytest.raises(ValueError, match=r"activations take 2147483648 bytes, more than"):
+            make(too_many)
 
 
 def test_wrong_dtype_is_rejected():

@@ -81,14 +81,38 @@ def test_64_column_tiles(config, device):
 
 def test_atomic_kernel_builds_where_partial_sums_would_pass_2_gib():
     """A config whose partial sums would pass 2 GiB still has its atomic kernel (it used to
-    fail: the header declared the unused partial-sum tensors, too large for a TensorSpec)."""
+    fail: the header declared the unused partial-sum tensors, too large for a TensorSpec);
+    its partials kernel is refused, naming the bytes."""
     params = Conv2dGw8Params(n=256, c=96, h=56, w=56, padding=2, r=5, s=5)
     config = next(c for c in wg.configs(params) if wg.partial_bytes(params, c) > 2**31)
     kernel = wg.production_kernel(params, config)
     assert not kernel.info_value("partials")
     assert all("DWPart" not in text for _, text in kernel.headers)
-    with pytest.raises(ValueError, match="DWPart.*exceed 2 GiB"):  # partial sums cannot be
+    with pytest.raises(ValueError, match=r"partial sums would take \d+ bytes, more than the"):
         wg.make_kernel(params, config, partials=True)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("partials", [True, False], ids=["partials", "atomics"])
+@pytest.mark.parametrize("block_n", [1, 4])
+def test_one_build_serves_every_batch_size(block_n, partials, device):
+    """The WGrad kernels take the batch size at launch: a layer's kernels for N = 5 and N = 9
+    share one name and header (one build) and differ in their grids, and each batch's dw and
+    dbias are right (partial sums: NaN-poisoned buffers, as many slots as that batch's grid;
+    four images a block: the last block of either batch part empty)."""
+    from spio.check import run_one
+
+    layers = [
+        Conv2dGw8Params(n=n, c=16, h=6, w=9, padding=1, r=3, s=2, has_bias=True) for n in (5, 9)
+    ]
+    config = next(c for c in wg.configs(layers[0]) if c.block_n == block_n)
+    kernels = [wg.make_kernel(p, config, partials=partials) for p in layers]
+    assert kernels[0].name == kernels[1].name and kernels[0].headers == kernels[1].headers
+    assert kernels[0].grid != kernels[1].grid
+    assert wg.partial_slots(layers[0], config) != wg.partial_slots(layers[1], config)
+    for params, kernel in zip(layers, kernels, strict=True):
+        ratio = run_one(params, "wgrad", config, device, kernel=kernel)
+        assert ratio <= 1.0, f"N = {params.n}: worst error {ratio:.3g} times the tolerance"
 
 
 @pytest.mark.slow
@@ -169,7 +193,7 @@ def test_partial_sums_cover_every_slot_and_match_reference(params, config, devic
     nan = float("nan")
     dw_parts = torch.full((slots, *params.weight_shape), nan, device=device)
     db_parts = torch.full((slots, params.c), nan, device=device) if params.has_bias else None
-    kernel.launch([dw_parts, db_parts, _nhwc(x), _nhwc(dy)], torch.device(device))
+    kernel.launch([dw_parts, db_parts, _nhwc(x), _nhwc(dy), params.n], torch.device(device))
     x, dy = x.cpu(), dy.cpu()
     want = conv2d_gw8_wgrad_ref(x.double(), dy.double(), params.padding, params.r, params.s)
     conv2d_gw8_tolerance(params, "wgrad", x, dy).assert_close(dw_parts.sum(0).cpu(), want)

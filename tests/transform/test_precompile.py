@@ -116,11 +116,12 @@ def test_builds_what_a_training_step_launches(emulated, monkeypatch, caplog):
     for name in built - {n for n in built if n.startswith("sum_slots")}:
         family, layer, _ = name.split("__", 2)
         by_layer.setdefault(layer, set()).add(family.removeprefix("conv2d_gw8_"))
-    first = Conv2dGw8Params(2, 24, 11, 5, padding=1, has_bias=True).encode()
-    frozen = Conv2dGw8Params(2, 24, 11, 5, padding=(0, 1), r=1, has_bias=True).encode()
-    only = Conv2dGw8Params(2, 24, 11, 5, padding=(1, 0), s=1).encode()
+    first = Conv2dGw8Params(2, 24, 11, 5, padding=1, has_bias=True).encode_image()
+    frozen = Conv2dGw8Params(2, 24, 11, 5, padding=(0, 1), r=1, has_bias=True).encode_image()
+    only = Conv2dGw8Params(2, 24, 11, 5, padding=(1, 0), s=1).encode_image()
     shared = [
-        Conv2dGw8Params(2, 24, h, w, padding=0, r=1, s=1).encode() for h, w in ((11, 5), (10, 4))
+        Conv2dGw8Params(2, 24, h, w, padding=0, r=1, s=1).encode_image()
+        for h, w in ((11, 5), (10, 4))
     ]
     assert by_layer[first] == {"fprop", "wgrad"}
     assert by_layer[only] == {"fprop"}
@@ -128,7 +129,7 @@ def test_builds_what_a_training_step_launches(emulated, monkeypatch, caplog):
     # The frozen bias: its WGrad computes no bias gradient (a has_bias=False WGrad kernel), and
     # DGrad, which reads no bias, is always the kernel of the layer without one.
     assert by_layer[frozen] == {"fprop"}
-    without_bias = Conv2dGw8Params(2, 24, 11, 5, padding=(0, 1), r=1, has_bias=False).encode()
+    without_bias = Conv2dGw8Params(2, 24, 11, 5, padding=(0, 1), r=1, has_bias=False).encode_image()
     assert by_layer[without_bias] == {"dgrad", "wgrad"}
 
 
@@ -187,10 +188,10 @@ def test_chunked_layers_build_their_chunks_kernels(emulated, monkeypatch):
     monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", 24 * 6 * 6 * 2 * 2)  # two images a chunk
     monkeypatch.setattr(_kernels, "_layers", {})
     kernels = precompile(model, x, progress=False)
-    convs = [k.name for k in kernels if "sum_slots" not in k.name]
-    # Kernels of both chunk sizes and of no other (PyTorch running the batch builds none).
-    assert any("__n2_" in n for n in convs) and any("__n1_" in n for n in convs), convs
-    assert all("__n2_" in n or "__n1_" in n for n in convs)
+    # Kernels chosen for the chunks' batch sizes and no other (PyTorch running the batch builds
+    # none). Kernels take the batch size at launch, so one build may serve both chunk sizes.
+    sizes = {k.info_value("params").n for k in kernels if "sum_slots" not in k.name}
+    assert sizes and sizes <= {1, 2}, sizes
     _no_builds(monkeypatch)
     launched = _launched(monkeypatch)
     model(x).float().backward()

@@ -324,7 +324,7 @@ def test_scan_modules_lists_autocasts_dtype_over_the_inputs(monkeypatch):
         found = scan_modules(model, x)
         kernels = model[0].spio_kernels(x, backward=False)
     assert found == [Conv2dGw8Params(2, 16, 5, 6, padding=1, has_bias=True, dtype="bf16")]
-    assert [k.name.split("__")[1] for k in kernels] == [found[0].encode()]
+    assert [k.name.split("__")[1] for k in kernels] == [found[0].encode_image()]
 
 
 def test_scan_modules_skips_a_layer_that_falls_back_for_attributes_set_later():
