@@ -385,6 +385,20 @@ class TestEmulateSeam:
         x, w, b = _tensors(SHAPES[0], dtype=dtype, channels_last=True)
         _train_step_matches_reference(x, w, b)
 
+    def test_one_layer_at_several_batch_sizes(self, monkeypatch):
+        """The kernels take the batch size at launch, so a layer's batch sizes share builds
+        where their configs agree; the choices that depend on the batch size (the grid, the
+        partial-sum slots) must not be shared with them. Batches of 2, 3, then 2 images again
+        through one layer: every step matches the float64 reference."""
+        from spio.functional import _kernels
+
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        monkeypatch.setattr(_kernels, "_layers", {})
+        x3, w, b = _tensors((3, 16, 6, 5, 3, 3, 1, 1), dtype=torch.float16, channels_last=True)
+        for n in (2, 3, 2):
+            x = x3[:n].clone(memory_format=torch.channels_last)
+            _train_step_matches_reference(x, w.detach().clone(), b.detach().clone())
+
     @pytest.mark.parametrize("bias", [True, False])
     def test_empty_batch_runs_like_nn_conv2d(self, monkeypatch, bias):
         """N = 0 is legal in nn.Conv2d: an empty output, an empty dx, zero dw and dbias. The kernels
