@@ -299,6 +299,14 @@ def default_config(
     return min(single, key=lambda c: heuristic_key(params, c, igrad, machine))
 
 
+def ragged(params: Conv2dGw8Params, block_n: int) -> bool:
+    """Whether a batch of params.n images leaves the last block of `block_n` images partly empty.
+    The kernels take the batch size at launch; only such a kernel checks each image against it
+    (Block::ragged), so kernels of the batch sizes block_n divides share one build without the
+    check, and those of the others another."""
+    return params.n % block_n != 0
+
+
 def _tiles(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> dict[str, int]:
     """Blocks along each dimension of the grid, outermost first."""
     geo = _Geometry.of(params, igrad)
@@ -354,9 +362,10 @@ def generate_header(
                 "stages": config.stages,
                 "mma_k": config.mma_k,
                 "n": config.block_n,
+                "ragged": ragged(params, config.block_n),
             },
         ),
-        # The batch size (n) is given at launch: one build serves every batch size.
+        # The batch size (n) is given at launch: one build serves every batch size (see ragged).
         TensorSpec("Input", "const uint4", {"n": None, "y": geo.in_h, "x": geo.in_w, "c8": c8}),
         TensorSpec("Output", pair, {"n": None, "y": geo.out_h, "x": geo.out_w, "k8": c8, "k2": 4}),
         TensorSpec("Weights", f"const {element}", weight_dims(k)),
@@ -398,11 +407,15 @@ def make_kernel(
     config = config or default_config(params, igrad)
     check_tensor_bytes(params)
     bias_elem = bias_elem and params.has_bias and not igrad
-    variant = ("__wcl" if weights_cl else "") + ("__belem" if bias_elem else "")
+    variant = (
+        ("__ragged" if ragged(params, config.block_n) else "")
+        + ("__wcl" if weights_cl else "")
+        + ("__belem" if bias_elem else "")
+    )
     blocks = math.prod(_tiles(params, config, igrad).values())
     kind = "dgrad" if igrad else "fprop"
-    # The code does not depend on the batch size (given at launch): neither does the name, so
-    # kernels of one layer and config share one build, whatever the grid of each batch size.
+    # The code does not depend on the batch size (given at launch) beyond `ragged`: neither does
+    # the name, so kernels of one layer and config share one build, whatever their grids.
     name = f"conv2d_gw8_{kind}__{params.encode_image()}__{config.encode()}{variant}"
     entry = entry_symbol(name)
     return Kernel(

@@ -19,6 +19,7 @@ from .conv2d_gw8_factory import (
     Machine,
     latency_cover,
     pad_odd,
+    ragged,
     sector_waste,
 )
 from .conv2d_gw8_params import MAX_TENSOR_BYTES, Conv2dGw8Params, check_tensor_bytes
@@ -258,13 +259,14 @@ def generate_header(
                 "y": config.block_p,
                 "x": config.block_q,
                 "n": config.block_n,
+                "ragged": ragged(params, config.block_n),
                 "warp_x8": config.warp_q8,
                 "threads": config.threads,
                 "stages": config.stages,
                 "mma_k": config.mma_k,
             },
         ),
-        # The batch size (n) is given at launch: one build serves every batch size.
+        # The batch size (n) is given at launch: one build serves every batch size (see ragged).
         TensorSpec("Input", "const uint4", {"n": None, "y": params.h, "x": params.w, "c8": c8}),
         TensorSpec("DOutput", "const uint4", {"n": None, "y": params.p, "x": params.q, "k8": c8}),
         TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
@@ -317,9 +319,12 @@ def make_kernel(
             f"{MAX_TENSOR_BYTES} a kernel takes; the atomic kernel (partials=False) has none"
         )
     blocks = math.prod(_tiles(params, config).values())
-    # The code does not depend on the batch size (given at launch): neither does the name.
-    name = f"conv2d_gw8_wgrad__{params.encode_image()}__{config.encode()}" + (
-        "__partials" if partials else ""
+    # The code does not depend on the batch size (given at launch) beyond `ragged`: neither
+    # does the name.
+    name = (
+        f"conv2d_gw8_wgrad__{params.encode_image()}__{config.encode()}"
+        + ("__ragged" if ragged(params, config.block_n) else "")
+        + ("__partials" if partials else "")
     )
     entry = entry_symbol(name)
     return Kernel(

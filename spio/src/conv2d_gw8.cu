@@ -51,7 +51,8 @@
 /// Arguments: (Output::data_type *out, const uint4 *in, const Elem *weights,
 /// Bias::data_type *bias or null, int images); out and in are NHWC. The batch size `images` is
 /// the one extent given at launch: the generated tensors and BlockIdx leave their n extents open,
-/// so one build serves every batch size. The generated header sets the
+/// so one build serves every batch size that Block::n divides, and another (Block::ragged, whose
+/// last block of images is partly empty and checks each image against `images`) the others. The generated header sets the
 /// weights' layout (PyTorch's contiguous [K, 8, R, S] or its channels_last [K, R, S, 8]) and the
 /// bias element (fp32, or the activations' dtype), so either is read as the caller holds it.
 /// The generated header (conv2d_gw8_gen.h) defines Conv, Block, the tensors and the index classes,
@@ -198,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto row_source = [&](StreamRow pos) {
         const int y = block_y + pos.row - Conv::pad_h;
         const int n = block_n + pos.image;
-        const bool inside = y >= 0 && y < Input::Y && (Block::n == 1 || n < images);
+        const bool inside = y >= 0 && y < Input::Y && (!Block::ragged || n < images);
         const uint4 *image = Block::n == 1 || !inside ? first_image : Input(in).n(n).get();
         return RowSource{image, y * Input::stride_y, inside};
     };
@@ -362,7 +363,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto store_output_row = [&](int buf, StreamRow pos) {
         const int y = block_y + pos.row;
         const bool one_image =
-            Block::n == 1 || (pos.row < Block::y && block_n + pos.image < images);
+            Block::n == 1 ||
+            (pos.row < Block::y && (!Block::ragged || block_n + pos.image < images));
         if (!one_image || y >= Output::Y) {
             return;
         }

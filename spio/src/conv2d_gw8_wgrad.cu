@@ -49,7 +49,9 @@
 /// and dy NHWC; dw and dbias zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and
 /// DBiasPart buffers, one slot per warp of the grid's dy tiles, unzeroed). The batch size `images`
 /// is given at launch: the generated x, dy, partial-sum buffers and BlockIdx leave their outermost
-/// extents open, so one build serves every batch size. The generated header (conv2d_gw8_wgrad_gen.h) defines the rest, the kernel's symbol
+/// extents open, so one build serves every batch size that Block::n divides, and another
+/// (Block::ragged, whose last block of images is partly empty and checks each image against
+/// `images`) the others. The generated header (conv2d_gw8_wgrad_gen.h) defines the rest, the kernel's symbol
 /// SPIO_KERNEL_ENTRY (spio_<pass, layer and config>: spio.kernels.kernel.entry_symbol) among it.
 
 #include <cuda_bf16.h>
@@ -160,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto load_step = [&](int t) {
         const int n = block_n + t / ROWS;
         const int i = t % ROWS;
-        const bool image_inside = n < images && t < STEPS;
+        const bool image_inside = (!Block::ragged || n < images) && t < STEPS;
         const int y = block_y + i - Conv::pad_h;
         const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
         // Predicated copies (a thread with no element j skips it by the instruction's predicate,
@@ -344,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto load_step_regs = [&](int t, uint4(&hx)[X_LOADS], uint4(&hdy)[DY_LOADS]) {
         const int n = block_n + t / ROWS;
         const int i = t % ROWS;
-        const bool image_inside = n < images;
+        const bool image_inside = !Block::ragged || n < images;
         const int y = block_y + i - Conv::pad_h;
         const bool x_row_inside = image_inside && y >= 0 && y < Input::Y;
         spio::load_row_16(hx, x_dst, x_col, x, n * Input::stride_n + y * Input::stride_y,

@@ -408,7 +408,8 @@ def precompile(
     penalty).
 
     Call it as the model will run: on its device, in its memory format, with each batch size
-    it will see (kernels are made for a batch size: a smaller last batch is another call), and
+    it will see (a kernel takes any batch size, but a layer's tile config, so its kernel, is
+    picked per batch size: a smaller last batch is another call), and
     under torch.autocast if it trains under it. The forward runs eagerly even where the model
     or its modules are compiled; a DistributedDataParallel wrapper is looked through, and so is
     a DataParallel over one GPU (over several it splits the batch: ValueError; call it on

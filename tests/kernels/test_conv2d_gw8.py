@@ -86,15 +86,21 @@ def test_one_build_serves_every_batch_size(pass_, block_n, device):
     """The kernels take the batch size at launch: a layer's kernels for N = 3 and N = 5 share
     one name and header (one build, one loaded module) and differ only in their grids, and each
     batch runs right (NaN-poisoned outputs against the float64 reference). With two images a
-    block, the last block of either batch is half empty."""
+    block, the last block of either batch is half empty: a "ragged" build, which checks each
+    image against the batch size; N = 4 fills its blocks and gets the build without the check.
+    With one image a block all three share one build."""
     from spio.check import run_one
 
     igrad = pass_ == "dgrad"
-    layers = [Conv2dGw8Params(n=n, c=16, h=6, w=5, padding=1, has_bias=not igrad) for n in (3, 5)]
+    layers = [
+        Conv2dGw8Params(n=n, c=16, h=6, w=5, padding=1, has_bias=not igrad) for n in (3, 5, 4)
+    ]
     config = next(c for c in fd.configs(layers[0], igrad) if c.block_n == block_n)
     kernels = [fd.make_kernel(p, config, igrad) for p in layers]
     assert kernels[0].name == kernels[1].name and kernels[0].headers == kernels[1].headers
     assert kernels[0].grid != kernels[1].grid
+    assert (kernels[2].name == kernels[0].name) == (block_n == 1)
+    assert ("__ragged" in kernels[0].name) == (block_n == 2) and "__ragged" not in kernels[2].name
     for params, kernel in zip(layers, kernels, strict=True):
         ratio = run_one(params, pass_, config, device, kernel=kernel)
         assert ratio <= 1.0, f"N = {params.n}: worst error {ratio:.3g} times the tolerance"

@@ -99,16 +99,19 @@ def test_one_build_serves_every_batch_size(block_n, partials, device):
     """The WGrad kernels take the batch size at launch: a layer's kernels for N = 5 and N = 9
     share one name and header (one build) and differ in their grids, and each batch's dw and
     dbias are right (partial sums: NaN-poisoned buffers, as many slots as that batch's grid;
-    four images a block: the last block of either batch part empty)."""
+    four images a block: the last block of either batch part empty, a "ragged" build that checks
+    each image against the batch size; N = 8 fills its blocks and gets the build without)."""
     from spio.check import run_one
 
     layers = [
-        Conv2dGw8Params(n=n, c=16, h=6, w=9, padding=1, r=3, s=2, has_bias=True) for n in (5, 9)
+        Conv2dGw8Params(n=n, c=16, h=6, w=9, padding=1, r=3, s=2, has_bias=True) for n in (5, 9, 8)
     ]
     config = next(c for c in wg.configs(layers[0]) if c.block_n == block_n)
     kernels = [wg.make_kernel(p, config, partials=partials) for p in layers]
     assert kernels[0].name == kernels[1].name and kernels[0].headers == kernels[1].headers
     assert kernels[0].grid != kernels[1].grid
+    assert (kernels[2].name == kernels[0].name) == (block_n == 1)
+    assert ("__ragged" in kernels[0].name) == (block_n == 4) and "__ragged" not in kernels[2].name
     assert wg.partial_slots(layers[0], config) != wg.partial_slots(layers[1], config)
     for params, kernel in zip(layers, kernels, strict=True):
         ratio = run_one(params, "wgrad", config, device, kernel=kernel)
