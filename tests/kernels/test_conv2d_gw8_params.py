@@ -142,6 +142,16 @@ def test_encode_decode_round_trip(n, c8, h, w, ph, pw, r, s, has_bias, dtype):
     assert Conv2dGw8Params.decode(text) == p
 
 
+def test_encode_image_leaves_out_the_batch_size_alone():
+    """What a kernel is built for: the layer without its batch size (a launch argument)."""
+    a = Conv2dGw8Params(12, 16, 8, 9, padding=(1, 2), r=3, s=5, has_bias=True, dtype="bf16")
+    assert a.encode_image() == "c16_h8_w9_pad1x2_r3_s5_bias1_bf16"
+    assert a.encode() == "n12_" + a.encode_image()
+    assert Conv2dGw8Params(1, 16, 8, 9, padding=(1, 2), r=3, s=5, has_bias=True,
+                           dtype="bf16").encode_image() == a.encode_image()  # fmt: skip
+    assert Conv2dGw8Params(12, 16, 8, 9, padding=(2, 1)).encode_image() != a.encode_image()
+
+
 def test_encode_is_distinct():
     a = Conv2dGw8Params(2, 16, 8, 9, padding=(1, 2))
     b = Conv2dGw8Params(2, 16, 8, 9, padding=(2, 1))
