@@ -95,6 +95,30 @@ class HostCxx:
             out[key] = int(value)
         return out
 
+    def printed(
+        self,
+        headers: dict[str, str],
+        body: list[str],
+        preamble: tuple[str, ...] = (),
+        cuda: bool = False,
+    ) -> dict[str, int]:
+        """values() of a program that includes `headers`, then the `preamble` lines, and runs
+        `body` in main(), whose lines print integers with P("key", value)."""
+        program = "\n".join(
+            [
+                *(f'#include "{name}"' for name in headers),
+                "#include <cstdio>",
+                *preamble,
+                "template <typename T> void P(const char *k, T v) {",
+                '  std::printf("%s %lld\\n", k, static_cast<long long>(v));',
+                "}",
+                "int main() {",
+                *body,
+                "}",
+            ]
+        )
+        return self.values(program, headers, cuda)
+
 
 @pytest.fixture(scope="session")
 def cxx(tmp_path_factory) -> HostCxx:

@@ -99,22 +99,8 @@ def test_runtime_outermost_host(cxx):
         " : std::true_type {};"
         for name in ("N", "size", "num_bytes", "Y", "P")
     ]
-    program = "\n".join(
-        [
-            '#include "runtime.h"',
-            "#include <cstdio>",
-            "#include <type_traits>",
-            "#include <vector>",
-            *detect,
-            "template <typename T> void P(const char *k, T v) {",
-            '  std::printf("%s %lld\\n", k, static_cast<long long>(v));',
-            "}",
-            "int main() {",
-            *body,
-            "}",
-        ]
-    )
-    assert cxx.values(program, {"runtime.h": generate(specs, "runtime.h")}) == expected
+    preamble = ("#include <type_traits>", "#include <vector>", *detect)
+    assert cxx.printed({"runtime.h": generate(specs, "runtime.h")}, body, preamble) == expected
 
 
 @pytest.mark.parametrize("arch", spio.supported_arch)

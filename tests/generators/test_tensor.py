@@ -131,20 +131,7 @@ def test_tensor_cursor_offsets_strides_and_index(cxx, data):
             )
         body.append("}")
     header = generate(specs, "tensors.h")
-    program = "\n".join(
-        [
-            '#include "tensors.h"',
-            "#include <cstdio>",
-            "#include <vector>",
-            "template <typename T> void P(const char *k, T v) {",
-            '  std::printf("%s %lld\\n", k, static_cast<long long>(v));',
-            "}",
-            "int main() {",
-            *body,
-            "}",
-        ]
-    )
-    assert cxx.values(program, {"tensors.h": header}) == expected
+    assert cxx.printed({"tensors.h": header}, body, ("#include <vector>",)) == expected
 
 
 @settings(max_examples=5, deadline=None, phases=NO_SHRINK)
@@ -168,17 +155,7 @@ def test_index_decomposition(cxx, all_dims, data):
             for name, _ in logical:
                 body.append(f'  P("{cls}.{j}.{name}", {cls}({flat}).{name}());')
                 expected[f"{cls}.{j}.{name}"] = digits[name]
-    program = "\n".join(
-        [
-            '#include "idx.h"',
-            "#include <cstdio>",
-            'void P(const char *k, int v) { std::printf("%s %d\\n", k, v); }',
-            "int main() {",
-            *body,
-            "}",
-        ]
-    )
-    assert cxx.values(program, {"idx.h": generate(specs)}) == expected
+    assert cxx.printed({"idx.h": generate(specs)}, body) == expected
 
 
 def test_padding_example_from_docs(cxx):
@@ -237,18 +214,8 @@ def test_every_element_type_has_its_declared_size(cxx):
     for i in range(len(specs)):
         lines.append(f'  P("T{i}.sizeof", sizeof(T{i}::data_type));')
         lines.append(f'  P("T{i}.num_bytes", T{i}::num_bytes);')
-    program = "\n".join(
-        [
-            '#include "all.h"',
-            "#include <cstdio>",
-            'void P(const char *k, long v) { std::printf("%s %ld\\n", k, v); }',
-            "int main() {",
-            *lines,
-            "}",
-        ]
-    )
     expected = {}
     for i, dtype in enumerate(dtypes):
         expected[f"T{i}.sizeof"] = ELEMENT_TYPES[dtype][0]
         expected[f"T{i}.num_bytes"] = 3 * ELEMENT_TYPES[dtype][0]
-    assert cxx.values(program, {"all.h": generate(specs)}, cuda=True) == expected
+    assert cxx.printed({"all.h": generate(specs)}, lines, cuda=True) == expected
