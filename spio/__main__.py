@@ -382,8 +382,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    # (layer, config) pairs by the start of their kernel's name (a variant only adds a suffix),
-    # so that --sample picks as it would among the kernels, generating only the ones it picks.
+    # (layer, config) pairs by their family, layer and config, the parts of their kernel's name
+    # (a variant only adds a suffix), so that --sample picks as it would among the kernels,
+    # generating only the ones it picks.
     pairs = {}
     for params in compile_layer_set():
         for family in families:

@@ -434,11 +434,7 @@ class _TorchLayer(Layer):
 #: The largest tensor a kernel takes (the kernels index with C++ ints); larger batches run in
 #: chunks of images. (A name of this module: tests lower it to make chunks of small batches.)
 MAX_TENSOR_BYTES = conv2d_gw8_params.MAX_TENSOR_BYTES
-
-
-def image_bytes(params: Conv2dGw8Params) -> int:
-    """Bytes of one image of the layer's larger activation tensor (input or output)."""
-    return params.c * max(params.h * params.w, params.p * params.q) * 2
+image_bytes = conv2d_gw8_params.image_bytes
 
 
 def batch_chunks(n: int, limit: int) -> list[tuple[int, int]]:

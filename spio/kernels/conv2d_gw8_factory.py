@@ -496,6 +496,18 @@ def _bias_as(kernel: Kernel, bias, dtype):
     return bias if bias.data_ptr() % align == 0 else bias.clone()
 
 
+def check_batch(kernel: Kernel, params: Conv2dGw8Params) -> None:
+    """A kernel's grid is its own batch size's, the images it is told of the caller's: they must
+    be one (kernels of one name serve several batch sizes, so one is easily taken for another).
+    ValueError naming both."""
+    made_for = kernel.info_value("params")
+    if made_for is not None and made_for.n != params.n:
+        raise ValueError(
+            f"conv2d_gw8 kernel {kernel.name} was made for a batch of {made_for.n} images (its "
+            f"grid), not {params.n}: make it with this batch's params"
+        )
+
+
 def _check_out(out, shape: tuple, dtype) -> None:
     """A caller-provided output must be what the kernel writes: NHWC, the right shape and dtype,
     16-byte aligned (FProp/DGrad store whole 8-channel chunks)."""
@@ -565,6 +577,7 @@ def fprop(
         _check_dtype(params, x, weight)
         _check_shapes(params, x=x, weight=weight, bias=bias)
     kernel = kernel or make_kernel(params, config)
+    check_batch(kernel, params)
     if out is None:
         out = torch.empty(
             params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
@@ -593,6 +606,7 @@ def dgrad(
         _check_dtype(params, dy, weight)
         _check_shapes(params, dy=dy, weight=weight)
     kernel = kernel or make_kernel(params, config, igrad=True)
+    check_batch(kernel, params)
     if out is None:
         out = torch.empty(
             params.input_shape, dtype=dy.dtype, device=dy.device, memory_format=torch.channels_last

@@ -215,9 +215,10 @@ class Conv2dGw8Params:
         )
 
     def encode_image(self) -> str:
-        """`encode` without the batch size: what a kernel is built for (the kernels take the
-        batch size at launch, so one build serves every batch size of a layer), e.g.
-        "c64_h64_w64_pad1x1_r3_s3_bias0_fp16". `decode` does not read it."""
+        """`encode` without the batch size, e.g. "c64_h64_w64_pad1x1_r3_s3_bias0_fp16": what a
+        kernel's name carries of its layer. The kernels take the batch size at launch, so one
+        build of a layer and tile config serves every batch size that its images per block
+        divide (a "ragged" build the others). `decode` does not read it."""
         return self.encode().removeprefix(f"n{self.n}_")
 
     @classmethod
@@ -276,10 +277,16 @@ class Conv2dGw8Params:
         return cls(n, c, h, w, padding=padding, r=r, s=s, has_bias=bias is not None, dtype=dtype)
 
 
+def image_bytes(params: Conv2dGw8Params) -> int:
+    """Bytes of one image of the layer's larger activation tensor (input or output; 2-byte
+    elements)."""
+    return params.c * max(params.h * params.w, params.p * params.q) * 2
+
+
 def check_tensor_bytes(params: Conv2dGw8Params) -> None:
-    """ValueError where the layer's larger activation tensor (input or output; both 2-byte
-    elements) passes MAX_TENSOR_BYTES, naming its size."""
-    largest = params.n * params.c * max(params.h * params.w, params.p * params.q) * 2
+    """ValueError where the layer's larger activation tensor passes MAX_TENSOR_BYTES, naming its
+    size."""
+    largest = params.n * image_bytes(params)
     if largest > MAX_TENSOR_BYTES:
         raise ValueError(
             f"conv2d_gw8 layer {params.encode()}: its activations take {largest} bytes, more "

@@ -69,8 +69,12 @@ class Kernel:
         return hash(self.name)
 
     def info_value(self, key: str, default: Any = None) -> Any:
-        """One value of `info` ("params", "config", ...), or default."""
-        return dict(self.info).get(key, default)
+        """One value of `info` ("params", "config", ...), or default. (Read on every launch of
+        spio's layers: a scan of a few pairs, no dict made.)"""
+        for name, value in self.info:
+            if name == key:
+                return value
+        return default
 
     @property
     def source(self) -> str:

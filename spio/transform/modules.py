@@ -338,8 +338,8 @@ def _unwrapped(model: nn.Module) -> nn.Module:
             if len(model.device_ids) > 1:
                 raise ValueError(
                     f"spio.precompile: DataParallel splits each batch over its "
-                    f"{len(model.device_ids)} GPUs, and spio's kernels are made for a batch "
-                    "size; call spio.precompile(model.module, x_part) with one GPU's part of "
+                    f"{len(model.device_ids)} GPUs, and spio picks each layer's kernels per "
+                    "batch size; call spio.precompile(model.module, x_part) with one GPU's part of "
                     "the batch (the kernels it builds serve every GPU of that architecture)"
                 )
             model = model.module
@@ -408,8 +408,9 @@ def precompile(
     penalty).
 
     Call it as the model will run: on its device, in its memory format, with each batch size
-    it will see (a kernel takes any batch size, but a layer's tile config, so its kernel, is
-    picked per batch size: a smaller last batch is another call), and
+    it will see (a kernel takes the batch size at launch, but a layer's tile config, and so
+    its kernel, is picked, and autotuned, per batch size; and a batch that the config's images
+    per block do not divide has a build of its own: a smaller last batch is another call), and
     under torch.autocast if it trains under it. The forward runs eagerly even where the model
     or its modules are compiled; a DistributedDataParallel wrapper is looked through, and so is
     a DataParallel over one GPU (over several it splits the batch: ValueError; call it on

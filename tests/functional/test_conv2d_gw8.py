@@ -399,6 +399,39 @@ class TestEmulateSeam:
             x = x3[:n].clone(memory_format=torch.channels_last)
             _train_step_matches_reference(x, w.detach().clone(), b.detach().clone())
 
+    def test_ragged_builds_through_the_layer_path(self, monkeypatch):
+        """A batch that its tile configs' images per block do not divide runs the "ragged"
+        builds, which check each image against the batch size: with every pass's config forced
+        to several images a block (2 for FProp and DGrad, 4 for WGrad) at N = 5, a training step
+        launches them and matches the float64 reference."""
+        from spio.functional import _kernels
+        from spio.kernels import kernel as kernel_module
+        from spio.kernels import perf_model
+
+        real = perf_model.select_config
+
+        def several_images(factory, params, device=None, **options):
+            want = 4 if factory.name == "conv2d_gw8_wgrad" else 2
+            found = [c for c in factory.configs(params, **options) if c.block_n == want]
+            return found[0] if found else real(factory, params, device, **options)
+
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        monkeypatch.setattr(perf_model, "select_config", several_images)
+        monkeypatch.setattr(_kernels, "_layers", {})
+        monkeypatch.setattr(_kernels, "_chosen", {})
+        launched = []
+        launch = kernel_module.Kernel.launch
+
+        def recording(self, args, device):
+            launched.append(self.name)
+            return launch(self, args, device)
+
+        monkeypatch.setattr(kernel_module.Kernel, "launch", recording)
+        x, w, b = _tensors((5, 16, 6, 5, 3, 3, 1, 1), dtype=torch.float16, channels_last=True)
+        _train_step_matches_reference(x, w, b)
+        ragged = {name.split("__")[0] for name in launched if "__ragged" in name}
+        assert ragged == {f"conv2d_gw8_{p}" for p in ("fprop", "dgrad", "wgrad")}, launched
+
     @pytest.mark.parametrize("bias", [True, False])
     def test_empty_batch_runs_like_nn_conv2d(self, monkeypatch, bias):
         """N = 0 is legal in nn.Conv2d: an empty output, an empty dx, zero dw and dbias. The kernels

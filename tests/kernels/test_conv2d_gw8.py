@@ -106,6 +106,26 @@ def test_one_build_serves_every_batch_size(pass_, block_n, device):
         assert ratio <= 1.0, f"N = {params.n}: worst error {ratio:.3g} times the tolerance"
 
 
+def test_a_kernel_of_another_batch_size_is_refused():
+    """Kernels of one name serve several batch sizes, each with its own grid: launching one
+    made for 4 images on a batch of 2 would read past the batch (and one made for 3 on 5 would
+    leave images unwritten). fprop, dgrad and wgrad refuse it, naming both."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    four, two = (Conv2dGw8Params(n=n, c=16, h=6, w=5, padding=1) for n in (4, 2))
+    t = random_inputs(two, seed=0)
+    config = next(c for c in fd.configs(four) if c.block_n == 2)
+    wconfig = next(c for c in wg.configs(four) if c.block_n == 1)
+    match = "was made for a batch of 4 images .* not 2"
+    with pytest.raises(ValueError, match=match):
+        fd.fprop(t["x"], t["w"], None, two, kernel=fd.make_kernel(four, config))
+    with pytest.raises(ValueError, match=match):
+        fd.dgrad(t["dy"], t["w"], two, kernel=fd.make_kernel(four, config, igrad=True))
+    with pytest.raises(ValueError, match=match):
+        wg.wgrad(t["x"], t["dy"], two, kernel=wg.make_kernel(four, wconfig, partials=True))
+    assert fd.make_kernel(four, config).name == fd.make_kernel(two, config).name  # one build
+
+
 def test_layers_too_large_for_a_kernel_are_refused():
     """The kernels index with C++ ints: a batch whose activations pass 2 GiB gets no kernel
     (spio.functional runs it in chunks), one just under does."""
@@ -587,7 +607,8 @@ def test_sampled_variants_compile_without_spills(arch):
 
 def _load_via_regs_cases():
     """Layers and configs for the SPIO_LOAD_VIA_REGS timing variant (STAGES - 1 must divide R):
-    1, 3 and 5 rows in flight, tiles taller and shorter than the image, partial group blocks."""
+    1, 3 and 5 rows in flight, tiles taller and shorter than the image, partial group blocks,
+    a ragged batch."""
     import random
 
     from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
@@ -607,6 +628,14 @@ def _load_via_regs_cases():
                 yield pytest.param(
                     pass_, params, config, id=f"{pass_}-{params.encode()}-{config.encode()}"
                 )
+    # Several images a block on a batch they do not divide: the ragged build's image checks.
+    ragged = P(n=3, c=16, h=6, w=5, padding=1, r=3, s=3, has_bias=True)
+    for pass_ in PASSES:
+        configs = fd.configs(ragged, pass_ == "dgrad")
+        config = next(c for c in configs if c.block_n == 2 and ragged.r % (c.stages - 1) == 0)
+        yield pytest.param(
+            pass_, ragged, config, id=f"{pass_}-{ragged.encode()}-{config.encode()}-ragged"
+        )
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
