@@ -106,6 +106,33 @@ def test_one_build_serves_every_batch_size(pass_, block_n, device):
         assert ratio <= 1.0, f"N = {params.n}: worst error {ratio:.3g} times the tolerance"
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_ragged_builds_compile_without_spills(arch):
+    """The builds for batches that their images per block do not divide (Block::ragged) check
+    each image against the batch size: a few more registers, still no spill or warning (FProp,
+    DGrad and WGrad, partials and atomics, on a small and the headline layer)."""
+    from spio.compiler import compile_many
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    kernels = []
+    for params in (
+        Conv2dGw8Params(n=3, c=16, h=6, w=5, padding=1, has_bias=True),
+        Conv2dGw8Params(n=127, c=64, h=64, w=64, padding=1),
+    ):
+        for igrad in (False, True):
+            multi = [c for c in fd.configs(params, igrad) if c.block_n > 1]
+            kernels += [fd.make_kernel(params, c, igrad) for c in multi[:: max(1, len(multi) // 3)]]
+        multi = [c for c in wg.configs(params) if c.block_n > 1 and params.n % c.block_n]
+        for config in multi[:: max(1, len(multi) // 2)]:
+            kernels += [wg.make_kernel(params, config, partials=p) for p in (False, True)]
+    assert all("__ragged" in k.name for k in kernels) and len(kernels) >= 12
+    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        assert not result.resources[kernel.entry].spills, kernel.name
+        assert result.warnings == [], kernel.name
+
+
 def test_a_kernel_of_another_batch_size_is_refused():
     """Kernels of one name serve several batch sizes, each with its own grid: launching one
     made for 4 images on a batch of 2 would read past the batch (and one made for 3 on 5 would
