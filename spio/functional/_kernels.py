@@ -31,7 +31,7 @@ from torch import Tensor
 
 from spio.kernels import autotune, conv2d_gw8_factory, conv2d_gw8_params
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
-from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params, as_integer
+from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params, as_integer, image_bytes
 from spio.kernels.families import FAMILY_OF_PASS
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
@@ -434,7 +434,6 @@ class _TorchLayer(Layer):
 #: The largest tensor a kernel takes (the kernels index with C++ ints); larger batches run in
 #: chunks of images. (A name of this module: tests lower it to make chunks of small batches.)
 MAX_TENSOR_BYTES = conv2d_gw8_params.MAX_TENSOR_BYTES
-image_bytes = conv2d_gw8_params.image_bytes
 
 
 def batch_chunks(n: int, limit: int) -> list[tuple[int, int]]:

@@ -178,10 +178,8 @@ def normalize_dims(
                 )
             result.append((name, Dim(None)))
             continue
-        if isinstance(value, Dim):
-            dim = value
-        elif isinstance(value, tuple) and len(value) == 2:
-            dim = Dim(*value)
+        if isinstance(as_dim, Dim):
+            dim = as_dim
         elif isinstance(value, int) and not isinstance(value, bool):
             dim = Dim(value)
         else:

@@ -52,9 +52,10 @@
 /// Bias::data_type *bias or null, int images); out and in are NHWC. The batch size `images` is
 /// the one extent given at launch: the generated tensors and BlockIdx leave their n extents open,
 /// so one build serves every batch size that Block::n divides, and another (Block::ragged, whose
-/// last block of images is partly empty and checks each image against `images`) the others. The generated header sets the
-/// weights' layout (PyTorch's contiguous [K, 8, R, S] or its channels_last [K, R, S, 8]) and the
-/// bias element (fp32, or the activations' dtype), so either is read as the caller holds it.
+/// last block of images is partly empty and checks each image against `images`) the others.
+/// The generated header sets the weights' layout (PyTorch's contiguous [K, 8, R, S] or its
+/// channels_last [K, R, S, 8]) and the bias element (fp32, or the activations' dtype), so either
+/// is read as the caller holds it.
 /// The generated header (conv2d_gw8_gen.h) defines Conv, Block, the tensors and the index classes,
 /// and the kernel's symbol SPIO_KERNEL_ENTRY: spio_<pass, layer and config>
 /// (spio.kernels.kernel.entry_symbol), so that profiler traces tell launches apart.

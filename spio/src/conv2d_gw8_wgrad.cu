@@ -51,8 +51,9 @@
 /// is given at launch: the generated x, dy, partial-sum buffers and BlockIdx leave their outermost
 /// extents open, so one build serves every batch size that Block::n divides, and another
 /// (Block::ragged, whose last block of images is partly empty and checks each image against
-/// `images`) the others. The generated header (conv2d_gw8_wgrad_gen.h) defines the rest, the kernel's symbol
-/// SPIO_KERNEL_ENTRY (spio_<pass, layer and config>: spio.kernels.kernel.entry_symbol) among it.
+/// `images`) the others. The generated header (conv2d_gw8_wgrad_gen.h) defines the rest, the
+/// kernel's symbol SPIO_KERNEL_ENTRY (spio_<pass, layer and config>:
+/// spio.kernels.kernel.entry_symbol) among it.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

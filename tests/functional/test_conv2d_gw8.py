@@ -405,8 +405,8 @@ class TestEmulateSeam:
         to several images a block (2 for FProp and DGrad, 4 for WGrad) at N = 5, a training step
         launches them and matches the float64 reference."""
         from spio.functional import _kernels
-        from spio.kernels import kernel as kernel_module
         from spio.kernels import perf_model
+        from tests.conftest import spy_on_launches
 
         real = perf_model.select_config
 
@@ -419,14 +419,7 @@ class TestEmulateSeam:
         monkeypatch.setattr(perf_model, "select_config", several_images)
         monkeypatch.setattr(_kernels, "_layers", {})
         monkeypatch.setattr(_kernels, "_chosen", {})
-        launched = []
-        launch = kernel_module.Kernel.launch
-
-        def recording(self, args, device):
-            launched.append(self.name)
-            return launch(self, args, device)
-
-        monkeypatch.setattr(kernel_module.Kernel, "launch", recording)
+        launched = spy_on_launches(monkeypatch, names=True)
         x, w, b = _tensors((5, 16, 6, 5, 3, 3, 1, 1), dtype=torch.float16, channels_last=True)
         _train_step_matches_reference(x, w, b)
         ragged = {name.split("__")[0] for name in launched if "__ragged" in name}

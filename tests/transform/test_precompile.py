@@ -20,6 +20,7 @@ from spio.kernels import kernel as kernel_module
 from spio.kernels import perf_model as pm
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.transform import modules, precompile, transform
+from tests.conftest import spy_on_launches
 
 
 class _Net(nn.Module):
@@ -57,15 +58,7 @@ def _input(dtype=torch.float16, n=2, h=11, w=5):
 
 def _launched(monkeypatch) -> list[str]:
     """Records the name of every kernel launched from now on."""
-    names = []
-    launch = kernel_module.Kernel.launch
-
-    def recording(self, args, device):
-        names.append(self.name)
-        return launch(self, args, device)
-
-    monkeypatch.setattr(kernel_module.Kernel, "launch", recording)
-    return names
+    return spy_on_launches(monkeypatch, names=True)
 
 
 def _no_builds(monkeypatch) -> None:
