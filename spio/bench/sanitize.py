@@ -1,5 +1,5 @@
-"""One FProp, DGrad and WGrad launch on a few small layers (and FProp and DGrad blocks of several
-images), for running under compute-sanitizer.
+"""One FProp, DGrad and WGrad launch on a few small layers (and blocks of several images over a
+batch they do not divide), for running under compute-sanitizer.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python -m spio.bench.sanitize
 
@@ -27,27 +27,33 @@ LAYERS = (
     EMULATOR_LAYERS[3],
 )
 
-#: FProp and DGrad blocks of two images each, the last block half past the batch (no default
-#: config streams several images yet, so it is named here).
+#: Blocks of several images over a batch they do not divide (the "ragged" builds, which check
+#: each image against the batch size): FProp and DGrad two images a block, WGrad four, so the
+#: last block is partly past the batch. Named here: no default FProp/DGrad config streams
+#: several images, and WGrad's picks divide the batch sizes spio benchmarks.
 MULTI_IMAGE = (
     Conv2dGw8Params(n=5, c=16, h=6, w=5, padding=1, has_bias=True),
-    "g2_p8_q16_w1_s4_k16_n2",
+    {
+        "fprop": "g2_p8_q16_w1_s4_k16_n2",
+        "dgrad": "g2_p8_q16_w1_s4_k16_n2",
+        "wgrad": "g1_p8_q8_n4_w1_s4_k8",
+    },
 )
 
 
 def launches() -> list:
     """(params, pass, config) of every launch: each pass's default config on LAYERS, then the
-    multi-image FProp and DGrad configs."""
+    multi-image configs of each pass."""
     from ..check import configs_to_run
 
-    params, name = MULTI_IMAGE
+    params, names = MULTI_IMAGE
     return [
         (layer, pass_, configs_to_run(layer, pass_, extra=0, seed=0)[0])
         for layer in LAYERS
         for pass_ in PASSES
     ] + [
         (params, pass_, FAMILY_OF_PASS[pass_].config_named(params, name))
-        for pass_ in ("fprop", "dgrad")
+        for pass_, name in names.items()
     ]
 
 

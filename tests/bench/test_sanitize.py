@@ -2,13 +2,21 @@
 
 
 def test_sanitizer_launches_include_multi_image_blocks():
-    """Each pass on three layers, then FProp and DGrad blocks of two images over an odd batch."""
+    """Each pass on three layers, then each pass's blocks of several images over a batch they
+    do not divide: the ragged builds, FProp and DGrad two images a block, WGrad four."""
     from spio.bench import sanitize
+    from spio.kernels.families import FAMILY_OF_PASS
 
     launches = sanitize.launches()
-    assert len(launches) == 3 * 3 + 2
-    multi = [(p, c) for p, _, c in launches if c.block_n > 1]
-    assert [c.block_n for _, c in multi] == [2, 2] and multi[0][0].n % 2 == 1
+    assert len(launches) == 3 * 3 + 3
+    multi = [(p, pass_, c) for p, pass_, c in launches if c.block_n > 1]
+    assert [(pass_, c.block_n) for _, pass_, c in multi] == [
+        ("fprop", 2),
+        ("dgrad", 2),
+        ("wgrad", 4),
+    ]
+    assert all(p.n % c.block_n for p, _, c in multi)
+    assert all("__ragged" in FAMILY_OF_PASS[pass_].make_kernel(p, c).name for p, pass_, c in multi)
 
 
 def test_sanitizer_layers_are_the_edge_cases_it_names():
