@@ -23,12 +23,14 @@ from spio.functional.checks import (
     derivative_transform,
     device_problem,
     memory_format,
+    onnx_exporting,
 )
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
 from spio.functional.eager import (
     autocast_operands,
     conv2d_gw8_eager,
     eager_path_applies,
+    exported_conv2d,
 )
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER, as_integer
 from spio.kernels.kernel import Kernel
@@ -606,6 +608,8 @@ def conv2d_gw8_layer(
         y = _kernels.torch_fprop(x, weight, bias, padding).contiguous(
             memory_format=memory_format(x)
         )
+    elif onnx_exporting():
+        y = exported_conv2d(x, weight, bias, 1, pad_h, pad_w, 1, groups, passes)
     else:
         y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, groups, passes)
     return y.squeeze(0) if unbatched else y

@@ -141,8 +141,8 @@ def _keep(conv: nn.Conv2d, skipped: dict[int, str], mendable: Counter[str]) -> b
 
 def untransform(model: nn.Module) -> nn.Module:
     """Replace, in place, every Conv2dGw8 of model by a plain nn.Conv2d sharing its Parameters:
-    the inverse of transform. The model then runs PyTorch's convolution everywhere, e.g. for
-    torch.onnx.export, which has no translation of spio's op. A module reachable by several paths
+    the inverse of transform. The model then runs PyTorch's convolution everywhere (as it
+    does under torch.onnx.export without this). A module reachable by several paths
     stays shared. Returns model (or its replacement if model itself is a Conv2dGw8). Raises
     ValueError, leaving model as it was, naming the layers that cannot be given back and why
     (`restore_problem`): a weight that is a shard or not a Parameter (FSDP's wrappers swap the

@@ -1,0 +1,144 @@
+"""torch.onnx.export of models with spio's layers and calls: they export as ONNX Conv nodes
+(spio's op has no ONNX translation), with both of PyTorch's exporters, and the exported model
+computes what the PyTorch model does (onnxruntime)."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import spio
+import spio.functional
+from spio.functional.checks import onnx_exporting
+from spio.layers import Conv2dGw8
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+#: (the dynamo-based exporter, torch.onnx's default, needs onnxscript)
+EXPORTERS = [
+    pytest.param(True, id="dynamo"),
+    pytest.param(False, id="torchscript"),
+]
+
+
+class _Net(nn.Module):
+    """Two eligible nn.Conv2d (one 1x5 without bias), a call of the function, an ineligible
+    conv (stride 2) between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+        self.b = nn.Conv2d(16, 16, (1, 5), padding=(0, 2), groups=2, bias=False)
+        self.down = nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=2)
+        self.w = nn.Parameter(torch.randn(16, 8, 3, 2) / 6)
+        self.bias = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x)))
+        y = spio.functional.conv2d_gw8(y, self.w, self.bias, padding_y=1, padding_x=0)
+        return self.down(y)
+
+
+def _export(model, args, path, dynamo, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation warning
+        torch.onnx.export(model, args, str(path), dynamo=dynamo, **kwargs)
+    return onnx.load(str(path))
+
+
+def _run(path, x):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+
+
+@pytest.mark.parametrize("dynamo", EXPORTERS)
+def test_a_transformed_model_exports_as_onnx_convs(tmp_path, dynamo):
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = spio.transform(_Net()).eval()
+    assert isinstance(model.a, Conv2dGw8) and isinstance(model.b, Conv2dGw8)
+    x = torch.randn(2, 16, 9, 7)
+    graph = _export(model, (x,), tmp_path / "net.onnx", dynamo).graph
+    ops = [node.op_type for node in graph.node]
+    assert ops.count("Conv") == 4, ops
+    assert all(node.domain in ("", "ai.onnx") for node in graph.node), ops
+    convs = [node for node in graph.node if node.op_type == "Conv"]
+    groups = [next(a.i for a in node.attribute if a.name == "group") for node in convs]
+    assert groups == [2, 2, 2, 2]
+    with torch.no_grad():
+        expected = model(x)
+    torch.testing.assert_close(_run(tmp_path / "net.onnx", x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_export_keeps_a_dynamic_batch_size(tmp_path):
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(1)
+    model = spio.transform(_Net()).eval()
+    batch = torch.export.Dim("batch")
+    x = torch.randn(2, 16, 9, 7)
+    _export(model, (x,), tmp_path / "net.onnx", True, dynamic_shapes=({0: batch},))
+    x5 = torch.randn(5, 16, 9, 7)
+    with torch.no_grad():
+        expected = model(x5)
+    torch.testing.assert_close(_run(tmp_path / "net.onnx", x5), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dynamo", EXPORTERS)
+def test_layers_that_run_kernels_export_as_onnx_convs(monkeypatch, tmp_path, dynamo):
+    """fp16 layers on a device that runs spio's kernels (the emulator here, as a GPU would)."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    model = nn.Sequential(Conv2dGw8(16, 16, 3, padding=1, groups=2), nn.ReLU()).half().eval()
+    x = torch.randn(1, 16, 6, 5).half()
+    graph = _export(model, (x,), tmp_path / "half.onnx", dynamo).graph
+    assert [node.op_type for node in graph.node] == ["Conv", "Relu"]
+
+
+def test_an_export_refuses_what_the_function_refuses(tmp_path):
+    """The exported call checks its arguments as the op does: a stride of 2 is still refused
+    (F.conv2d would have taken it)."""
+
+    class Strided(nn.Module):
+        def forward(self, x):
+            return spio.functional.conv2d_gw8(x, torch.ones(16, 8, 3, 3), stride=2)
+
+    with pytest.raises(ValueError, match="stride"):
+        _export(Strided(), (torch.randn(1, 16, 8, 8),), tmp_path / "s.onnx", False)
+
+
+def test_outside_an_export_the_op_is_recorded():
+    """Only an ONNX export swaps in PyTorch's convolution: torch.export keeps spio's op."""
+    assert not onnx_exporting()
+    model = spio.transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)))
+    program = torch.export.export(model, (torch.randn(1, 16, 5, 5),))
+    targets = [node.target for node in program.graph.nodes if node.op == "call_function"]
+    assert targets == [torch.ops.spio.conv2d_gw8.default]
+
+
+def test_the_eager_path_does_not_ask(monkeypatch):
+    """Whether an export runs costs microseconds once torch.onnx is imported: only the paths
+    that call the op ask, not the eager path a GPU's layers and calls take."""
+    import spio.functional.eager as eager
+    import spio.layers.conv2d_gw8 as layer
+
+    def asked():
+        raise AssertionError("onnx_exporting asked on the eager path")
+
+    monkeypatch.setattr(eager, "onnx_exporting", asked)
+    monkeypatch.setattr(layer, "onnx_exporting", asked)
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(2)
+    x = torch.randn(1, 16, 5, 4).half()
+    conv = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    torch.testing.assert_close(conv(x), conv.to_torch_module()(x), atol=2e-3, rtol=2e-3)
+    y = spio.functional.conv2d_gw8(x, conv.weight, None, padding_y=1, padding_x=1)
+    torch.testing.assert_close(y, F.conv2d(x, conv.weight, padding=1, groups=2), atol=2e-3,
+                               rtol=2e-3)  # fmt: skip
+    monkeypatch.delenv("SPIO_EMULATE")  # CPU tensors then call the op, which does ask
+    with pytest.raises(AssertionError, match="eager path"):
+        spio.functional.conv2d_gw8(x, conv.weight, padding_y=1, padding_x=1)
