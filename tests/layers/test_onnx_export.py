@@ -148,3 +148,21 @@ def test_the_eager_path_does_not_ask(monkeypatch):
     monkeypatch.delenv("SPIO_EMULATE")  # CPU tensors then call the op, which does ask
     with pytest.raises(AssertionError, match="eager path"):
         spio.functional.conv2d_gw8(x, conv.weight, padding_y=1, padding_x=1)
+
+
+def test_torch_compile_traces_the_question_without_a_break():
+    """torch.compile traces onnx_exporting where a call takes the op (here with torch.onnx
+    imported, so it asks torch.onnx): fullgraph compiles, and the compiled model equals eager."""
+    import torch.onnx  # noqa: F401  (as after any export in the process)
+
+    torch.manual_seed(3)
+    model = spio.transform(_Net())
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 16, 9, 7, requires_grad=True)
+    y = compiled(x)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    x_ref = x.detach().requires_grad_()
+    y_ref = model(x_ref)
+    (grad_ref,) = torch.autograd.grad(y_ref.sum(), x_ref)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(grad, grad_ref)
