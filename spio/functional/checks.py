@@ -6,7 +6,6 @@ non-tensor where a tensor belongs); they work on fake (symbolic) tensors too.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, overload
 
 import torch
@@ -88,15 +87,6 @@ def derivative_transform(*tensors: Tensor | None) -> str | None:
     if has_forward_tangent(*tensors):
         return "forward-mode AD (a tensor has a tangent)"
     return None
-
-
-def onnx_exporting() -> bool:
-    """True while torch.onnx.export runs, with either of its exporters (dynamo's or
-    TorchScript's). spio's op has no ONNX translation, so there a Conv2dGw8 or a
-    spio.functional.conv2d_gw8 call records PyTorch's convolution, an ONNX Conv, instead. A
-    dict lookup where torch.onnx was never imported (no export can be running)."""
-    onnx = sys.modules.get("torch.onnx")
-    return onnx is not None and onnx.is_in_onnx_export()
 
 
 def has_forward_tangent(*tensors: Tensor | None) -> bool:

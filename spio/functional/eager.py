@@ -32,15 +32,14 @@ from ._kernels import ALL_PASSES, check_passes
 from .checks import (
     autocast_dtype,
     cast_for_autocast,
-    check_args,
     check_tensors,
     functorch_transform_active,
     has_forward_tangent,
     memory_format,
-    onnx_exporting,
     uses_kernels,
 )
 from .conv2d_gw8_op import conv2d_gw8 as conv2d_gw8_op
+from .onnx_export import exported_conv2d, onnx_exporting
 
 
 def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
@@ -125,26 +124,6 @@ def eager_path_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bo
         or type(weight) not in _PLAIN
         or (bias is not None and type(bias) not in _PLAIN)
     )
-
-
-def exported_conv2d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    stride: int,
-    padding_y: int,
-    padding_x: int,
-    dilation: int,
-    groups: int,
-    passes: int,
-) -> Tensor:
-    """What torch.onnx.export records for a conv2d_gw8 call (checks.onnx_exporting): the same
-    checks, then PyTorch's convolution, which exports as an ONNX Conv (a bias in another dtype
-    is cast to the input's)."""
-    check_passes(passes)
-    check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups,
-               kernel_dtype=False)  # fmt: skip
-    return _kernels.torch_fprop(input, weight, bias, (padding_y, padding_x))
 
 
 def autocast_operands(

@@ -23,15 +23,14 @@ from spio.functional.checks import (
     derivative_transform,
     device_problem,
     memory_format,
-    onnx_exporting,
 )
 from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
 from spio.functional.eager import (
     autocast_operands,
     conv2d_gw8_eager,
     eager_path_applies,
-    exported_conv2d,
 )
+from spio.functional.onnx_export import exported_conv2d, onnx_exporting
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER, as_integer
 from spio.kernels.kernel import Kernel
 from spio.log import logger

@@ -11,7 +11,7 @@ from torch import nn
 
 import spio
 import spio.functional
-from spio.functional.checks import onnx_exporting
+from spio.functional.onnx_export import onnx_exporting
 from spio.layers import Conv2dGw8
 
 onnx = pytest.importorskip("onnx")
@@ -117,13 +117,58 @@ def test_an_export_refuses_what_the_function_refuses(tmp_path):
         _export(Strided(), (torch.randn(1, 16, 8, 8),), tmp_path / "s.onnx", False)
 
 
-def test_outside_an_export_the_op_is_recorded():
-    """Only an ONNX export swaps in PyTorch's convolution: torch.export keeps spio's op."""
+@_DYNAMO
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_an_exported_program_exports_with_the_translations(tmp_path, dtype):
+    """Only an ONNX export swaps in PyTorch's convolution: torch.export keeps spio's op, and
+    onnx_translations() turns it into ONNX Convs (with and without a bias, the function's
+    implied groups, an fp32 bias beside fp16 operands)."""
+    pytest.importorskip("onnxscript")
     assert not onnx_exporting()
-    model = spio.transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)))
-    program = torch.export.export(model, (torch.randn(1, 16, 5, 5),))
+    torch.manual_seed(4)
+    model = spio.transform(_Net()).eval()
+    x = torch.randn(2, 16, 9, 7)
+    program = torch.export.export(model.to(dtype), (x.to(dtype),))
     targets = [node.target for node in program.graph.nodes if node.op == "call_function"]
-    assert targets == [torch.ops.spio.conv2d_gw8.default]
+    assert targets.count(torch.ops.spio.conv2d_gw8.default) == 3
+    with pytest.raises(Exception, match="conv2d_gw8"):  # no translation of its own
+        _export(program, (x.to(dtype),), tmp_path / "bare.onnx", True)
+    table = spio.functional.onnx_translations()
+    graph = _export(program, (x.to(dtype),), tmp_path / "ep.onnx", True,
+                    custom_translation_table=table).graph  # fmt: skip
+    assert [node.op_type for node in graph.node].count("Conv") == 4
+    assert all(node.domain in ("", "ai.onnx") for node in graph.node)
+    if dtype == torch.float32:
+        with torch.no_grad():
+            expected = model(x)
+        torch.testing.assert_close(_run(tmp_path / "ep.onnx", x), expected, atol=1e-5, rtol=1e-5)
+
+
+@_DYNAMO
+def test_the_translation_casts_an_fp32_bias(tmp_path):
+    """The function takes an fp32 bias beside fp16 operands (as under autocast); ONNX's Conv
+    takes one type, so the translation casts it."""
+    pytest.importorskip("onnxscript")
+
+    class Call(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(16, 8, 3, 3, dtype=torch.float16) / 6)
+            self.b = nn.Parameter(torch.randn(16))
+
+        def forward(self, x):
+            return spio.functional.conv2d_gw8(x, self.w, self.b, padding_y=1, padding_x=1)
+
+    torch.manual_seed(5)
+    model = Call()
+    x = torch.randn(1, 16, 6, 5, dtype=torch.float16)
+    table = spio.functional.onnx_translations()
+    program = torch.export.export(model, (x,))
+    graph = _export(program, (x,), tmp_path / "b.onnx", True, custom_translation_table=table).graph
+    # (the exporter's optimizer folds the cast of a constant bias into the initializer)
+    assert [node.op_type for node in graph.node if node.op_type != "CastLike"] == ["Conv"]
+    expected = F.conv2d(x.float(), model.w.float(), model.b, padding=1, groups=2).half()
+    torch.testing.assert_close(_run(tmp_path / "b.onnx", x), expected, atol=1e-2, rtol=1e-2)
 
 
 def test_the_eager_path_does_not_ask(monkeypatch):
