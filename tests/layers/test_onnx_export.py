@@ -117,7 +117,6 @@ def test_an_export_refuses_what_the_function_refuses(tmp_path):
         _export(Strided(), (torch.randn(1, 16, 8, 8),), tmp_path / "s.onnx", False)
 
 
-@_DYNAMO
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_an_exported_program_exports_with_the_translations(tmp_path, dtype):
     """Only an ONNX export swaps in PyTorch's convolution: torch.export keeps spio's op, and
@@ -144,7 +143,6 @@ def test_an_exported_program_exports_with_the_translations(tmp_path, dtype):
         torch.testing.assert_close(_run(tmp_path / "ep.onnx", x), expected, atol=1e-5, rtol=1e-5)
 
 
-@_DYNAMO
 def test_the_translation_casts_an_fp32_bias(tmp_path):
     """The function takes an fp32 bias beside fp16 operands (as under autocast); ONNX's Conv
     takes one type, so the translation casts it."""
@@ -165,8 +163,8 @@ def test_the_translation_casts_an_fp32_bias(tmp_path):
     table = spio.functional.onnx_translations()
     program = torch.export.export(model, (x,))
     graph = _export(program, (x,), tmp_path / "b.onnx", True, custom_translation_table=table).graph
-    # (the exporter's optimizer folds the cast of a constant bias into the initializer)
-    assert [node.op_type for node in graph.node if node.op_type != "CastLike"] == ["Conv"]
+    # (the exporter's optimizer may fold the cast of a constant bias into the initializer)
+    assert [node.op_type for node in graph.node if "Cast" not in node.op_type] == ["Conv"]
     expected = F.conv2d(x.float(), model.w.float(), model.b, padding=1, groups=2).half()
     torch.testing.assert_close(_run(tmp_path / "b.onnx", x), expected, atol=1e-2, rtol=1e-2)
 
