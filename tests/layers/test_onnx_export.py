@@ -105,16 +105,49 @@ def test_layers_that_run_kernels_export_as_onnx_convs(monkeypatch, tmp_path, dyn
     assert [node.op_type for node in graph.node] == ["Conv", "Relu"]
 
 
-def test_an_export_refuses_what_the_function_refuses(tmp_path):
+@pytest.mark.parametrize("dynamo", EXPORTERS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_model_exports_under_autocast(tmp_path, dynamo, dtype):
+    """Under autocast the operands are cast as the op's autocast kernel casts them (a layer
+    after another autocast op gets a half-precision input beside its fp32 weight), and the
+    export computes what the model does there (fp16 through onnxruntime; it has no bf16 Conv
+    on the CPU)."""
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(6)
+    model = spio.transform(_Net()).eval()
+    x = torch.randn(2, 16, 9, 7)
+    with torch.autocast("cpu", dtype=dtype):
+        graph = _export(model, (x,), tmp_path / "ac.onnx", dynamo).graph
+        with torch.no_grad():
+            expected = model(x)
+    assert [node.op_type for node in graph.node].count("Conv") == 4
+    if dtype == torch.float16:
+        got = _run(tmp_path / "ac.onnx", x)
+        assert got.dtype == expected.dtype == torch.float16
+        torch.testing.assert_close(got, expected, atol=2e-3, rtol=2e-3)
+
+
+def test_an_export_refuses_what_the_function_refuses(monkeypatch, tmp_path):
     """The exported call checks its arguments as the op does: a stride of 2 is still refused
-    (F.conv2d would have taken it)."""
+    (F.conv2d would have taken it), and so are fp32 tensors outside autocast on a device whose
+    calls run spio's kernels (the emulator's CPU here, as a GPU's)."""
 
-    class Strided(nn.Module):
+    class Call(nn.Module):
+        def __init__(self, stride):
+            super().__init__()
+            self.stride = stride
+
         def forward(self, x):
-            return spio.functional.conv2d_gw8(x, torch.ones(16, 8, 3, 3), stride=2)
+            return spio.functional.conv2d_gw8(x, torch.ones(16, 8, 3, 3), stride=self.stride)
 
+    x = torch.randn(1, 16, 8, 8)
     with pytest.raises(ValueError, match="stride"):
-        _export(Strided(), (torch.randn(1, 16, 8, 8),), tmp_path / "s.onnx", False)
+        _export(Call(2), (x,), tmp_path / "s.onnx", False)
+    _export(Call(1), (x,), tmp_path / "f.onnx", False)
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    with pytest.raises(ValueError, match="fp16 or bf16"):
+        _export(Call(1), (x,), tmp_path / "f.onnx", False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
