@@ -26,7 +26,8 @@ from .checks import autocast_dtype, cast_for_autocast, check_args
 def onnx_exporting() -> bool:
     """True while torch.onnx.export runs, with either of its exporters (dynamo's from torch 2.7,
     or TorchScript's). A dict lookup where torch.onnx was never imported (no export can be
-    running)."""
+    running). Dynamo's own tracing reads it as False: where the dynamo exporter falls back to
+    strict tracing, the graph holds spio's op (onnx_translations translates it)."""
     onnx = sys.modules.get("torch.onnx")
     return onnx is not None and onnx.is_in_onnx_export()
 
