@@ -52,6 +52,17 @@ def cast_for_autocast(
     )
 
 
+def autocast_operands(
+    input: Tensor, weight: Tensor, bias: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The operands as the kernels get them: inside an autocast region, cast as the custom op
+    casts them (cast_for_autocast); outside one, as they are."""
+    dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
+    if dtype is None:
+        return input, weight, bias
+    return cast_for_autocast(input, weight, bias, dtype)
+
+
 @overload
 def _autocast(t: Tensor, dtype: torch.dtype, fmt: torch.memory_format) -> Tensor: ...
 @overload

@@ -30,8 +30,7 @@ from spio.kernels.conv2d_gw8_params import as_integer
 from . import _kernels
 from ._kernels import ALL_PASSES, check_passes
 from .checks import (
-    autocast_dtype,
-    cast_for_autocast,
+    autocast_operands,
     check_tensors,
     functorch_transform_active,
     has_forward_tangent,
@@ -126,17 +125,6 @@ def eager_path_applies(input: Tensor, weight: Tensor, bias: Tensor | None) -> bo
     )
 
 
-def autocast_operands(
-    input: Tensor, weight: Tensor, bias: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The operands as the kernels get them: inside an autocast region, cast as the custom op
-    casts them (checks.cast_for_autocast); outside one, as they are."""
-    dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
-    if dtype is None:
-        return input, weight, bias
-    return cast_for_autocast(input, weight, bias, dtype)
-
-
 def conv2d_gw8_eager(
     input: Tensor,
     weight: Tensor,
@@ -218,13 +206,24 @@ def conv2d_gw8(
             input, weight, bias, padding_y, padding_x, passes, stride, dilation, groups
         )
     _check_types(input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes)
-    if onnx_exporting():
-        return exported_conv2d(
-            input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes
-        )
-    return conv2d_gw8_op(
-        input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes
-    )
+    return op_or_export(input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes)
+
+
+def op_or_export(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: int,
+    padding_y: int,
+    padding_x: int,
+    dilation: int,
+    groups: int,
+    passes: int,
+) -> Tensor:
+    """The custom op, or, while torch.onnx.export runs, what the export records in its place
+    (spio.functional.onnx_export): where conv2d_gw8 and Conv2dGw8 layers call the op."""
+    call = exported_conv2d if onnx_exporting() else conv2d_gw8_op
+    return call(input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes)
 
 
 _INT_ARGUMENTS = ("stride", "padding_y", "padding_x", "dilation", "groups", "passes")

@@ -20,7 +20,7 @@ from spio.kernels.conv2d_gw8_params import GROUP_WIDTH
 
 from . import _kernels
 from ._kernels import check_passes
-from .checks import autocast_dtype, cast_for_autocast, check_args
+from .checks import autocast_operands, check_args
 
 
 def onnx_exporting() -> bool:
@@ -47,9 +47,7 @@ def exported_conv2d(
     operands cast as the op's autocast kernel casts them; the op's argument checks; then
     PyTorch's convolution (the bias cast to the input's dtype)."""
     check_passes(passes)
-    dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
-    if dtype is not None:
-        input, weight, bias = cast_for_autocast(input, weight, bias, dtype)
+    input, weight, bias = autocast_operands(input, weight, bias)
     check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups)
     return _kernels.torch_fprop(input, weight, bias, (padding_y, padding_x))
 

@@ -18,19 +18,15 @@ from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
 from spio.functional.checks import (
     autocast_dtype,
+    autocast_operands,
     check_args,
     check_tensors,
     derivative_transform,
     device_problem,
     memory_format,
 )
-from spio.functional.conv2d_gw8_op import conv2d_gw8, uses_kernels
-from spio.functional.eager import (
-    autocast_operands,
-    conv2d_gw8_eager,
-    eager_path_applies,
-)
-from spio.functional.onnx_export import exported_conv2d, onnx_exporting
+from spio.functional.conv2d_gw8_op import uses_kernels
+from spio.functional.eager import conv2d_gw8_eager, eager_path_applies, op_or_export
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER, as_integer
 from spio.kernels.kernel import Kernel
 from spio.log import logger
@@ -607,10 +603,8 @@ def conv2d_gw8_layer(
         y = _kernels.torch_fprop(x, weight, bias, padding).contiguous(
             memory_format=memory_format(x)
         )
-    elif onnx_exporting():
-        y = exported_conv2d(x, weight, bias, 1, pad_h, pad_w, 1, groups, passes)
     else:
-        y = conv2d_gw8(x, weight, bias, 1, pad_h, pad_w, 1, groups, passes)
+        y = op_or_export(x, weight, bias, 1, pad_h, pad_w, 1, groups, passes)
     return y.squeeze(0) if unbatched else y
 
 

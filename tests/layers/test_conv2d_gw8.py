@@ -526,12 +526,12 @@ def test_cpu_layer_in_full_precision_runs_pytorch_directly(monkeypatch, dtype, c
     """Without kernels (CPU, SPIO_EMULATE unset), an fp32 or float64 call runs what the op would,
     PyTorch's convolution, without the op's dispatch: the bits and gradients of the op (and of
     nn.Conv2d), the input's memory format, and the op's errors for a wrong input."""
-    from spio.layers import conv2d_gw8 as layer_module
+    from spio.functional import eager
 
     monkeypatch.delenv("SPIO_EMULATE", raising=False)
-    real = layer_module.conv2d_gw8
+    real = eager.conv2d_gw8_op  # the op, where layers call it (eager.op_or_export)
     calls = []
-    monkeypatch.setattr(layer_module, "conv2d_gw8", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(eager, "conv2d_gw8_op", lambda *a: calls.append(1) or real(*a))
     torch.manual_seed(0)
     conv = nn.Conv2d(16, 16, 3, padding=(1, 2), groups=2).to(dtype)
     layer = Conv2dGw8.from_torch_module(conv)
@@ -558,12 +558,12 @@ def test_cpu_layer_in_full_precision_runs_pytorch_directly(monkeypatch, dtype, c
 def test_cpu_layer_keeps_the_op_where_its_numbers_differ(monkeypatch):
     """Half precision on CPU and CPU autocast still go through the op: it computes weight and
     bias gradients in fp32 and keeps the bias fp32 under autocast, which F.conv2d would not."""
-    from spio.layers import conv2d_gw8 as layer_module
+    from spio.functional import eager
 
     monkeypatch.delenv("SPIO_EMULATE", raising=False)
-    real = layer_module.conv2d_gw8
+    real = eager.conv2d_gw8_op  # the op, where layers call it (eager.op_or_export)
     calls = []
-    monkeypatch.setattr(layer_module, "conv2d_gw8", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(eager, "conv2d_gw8_op", lambda *a: calls.append(1) or real(*a))
     layer = Conv2dGw8(16, 16, 3, padding=1, groups=2)
     x = torch.randn(2, 16, 5, 6)
     layer.bfloat16()(x.bfloat16())
@@ -998,13 +998,14 @@ def test_autocast_to_another_dtype_falls_back_where_kernels_run(monkeypatch, cap
     CUDA) the layer logs why and runs F.conv2d, as it does for fp32 outside autocast. Where no
     kernels run (CPU, SPIO_EMULATE unset) nothing falls back: the layer calls the op, which runs
     PyTorch's convolution there, and says nothing."""
+    from spio.functional import eager
     from spio.layers import conv2d_gw8 as layer_module
 
     monkeypatch.setenv("SPIO_EMULATE", emulate)
     monkeypatch.setattr(layer_module, "_logged_fallbacks", set())
-    real = layer_module.conv2d_gw8
+    real = eager.conv2d_gw8_op  # the op, where layers call it (eager.op_or_export)
     calls = []
-    monkeypatch.setattr(layer_module, "conv2d_gw8", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(eager, "conv2d_gw8_op", lambda *a: calls.append(1) or real(*a))
     m = make_conv2d(16, 16, 3, padding=1, groups=2)
     x = torch.randn(1, 16, 5, 4)
     was = torch.get_autocast_dtype("cpu")
