@@ -29,6 +29,9 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
     copy-branch  WGrad with its row copies under branches, as before they were predicated and
                  the last steps copied zeros (right results): what the two changes gain
 
+--config also takes a family's trial configs (WGrad's with 8 column runs a warp): correct in the
+emulator, outside the space spio picks from until a GPU has timed them.
+
 For WGrad it also times the whole wrapper both ways issue #6 asks to choose between: atomics into
 a zeroed dw ("atomic+zero") and per-warp partial sums followed by a sum ("partials+sum").
 
@@ -126,7 +129,10 @@ def parse_args(argv=None):
     )
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument(
-        "--config", nargs="+", help="encoded tile configs to time (default: spio's choice)"
+        "--config",
+        nargs="+",
+        help="encoded tile configs to time, from the config space or on trial (e.g. WGrad's "
+        "warp_q8 8; default: spio's choice)",
     )
     choice.add_argument(
         "--heuristic",
@@ -191,12 +197,9 @@ def ablate_layer(args, layer) -> int:
     for pass_ in args.passes:
         family = FAMILY_OF_PASS[pass_]
         if args.config:
-            by_name = {c.encode(): c for c in family.configs(params)}
-            missing = [name for name in args.config if name not in by_name]
-            if missing:
-                print(f"{pass_}: no config {', '.join(missing)} for this layer", file=sys.stderr)
+            configs = named_configs(family, params, args.config)
+            if configs is None:
                 return 2
-            configs = [by_name[name] for name in args.config]
         elif args.heuristic:  # for this GPU's SMs and limits, as spio ranks without a model
             configs = [family.default_config(params, machine=device_identity(device).machine)]
         else:  # the config spio's get_kernel would use on this GPU
@@ -258,6 +261,20 @@ def ablate_layer(args, layer) -> int:
         note = f"reads {moved / 2e6:.1f} MB: {moved / 2 / read / 1e9:.0f} GB/s"
         print(row(pass_, "read", read, nbytes, None, note))
     return 0
+
+
+def named_configs(family, params, names: list[str]) -> list | None:
+    """The configs `names` of `family` for `params`, from its space or on trial (spio never
+    runs those: each is said); None, having said which, if the layer lacks any."""
+    by_name = {c.encode(): c for c in family.configs(params)}
+    trial = {c.encode(): c for c in family.trial_configs(params)}
+    missing = [name for name in names if name not in by_name | trial]
+    if missing:
+        print(f"{family.pass_}: no config {', '.join(missing)} for this layer", file=sys.stderr)
+        return None
+    for name in (name for name in names if name in trial):
+        print(f"{family.pass_:6s} {name}: a trial config, outside the space spio picks from")
+    return [(by_name | trial)[name] for name in names]
 
 
 def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, float]:

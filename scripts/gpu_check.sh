@@ -218,10 +218,10 @@ step_ablate() {
     # headline layer with spio's choice for every pass (where its time goes, WGrad's instructions
     # per step); WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and
     # sum_slots) on every bench layer; FProp's unroll to a multiple of its stages against the
-    # R-step unroll on every bench layer; the input pipeline on image sizes around 64x64 (DRAM
-    # camping); input rows through registers (ldg); several images per block on the small layers;
-    # the small layers' own ablation; FProp tile shapes from shallow to deep pipelines; the no-halo
-    # 1x3 layer. Each line names its variants (all 12 on a line would be 12 compiles a config).
+    # R-step unroll on every bench layer; WGrad's trial configs (8 runs a warp) on the headline
+    # layer; the input pipeline on image sizes around 64x64 (DRAM camping); input rows through
+    # registers (ldg); several images per block on the small layers; the small layers' own
+    # ablation; FProp tile shapes from shallow to deep pipelines; the no-halo 1x3 layer. Each line names its variants (all 12 on a line would be 12 compiles a config).
     # Each part gets the step's time left; a part that would get under 10 s is skipped (timeout 0
     # would mean no limit at all).
     # A part that fails sets rc; one that times out, or is skipped for want of time, makes the
@@ -269,6 +269,12 @@ step_ablate() {
         # shellcheck disable=SC2086  # one word per layer
         ablate --passes fprop --heuristic --variants full unroll-r --repeats 30 --layer $layers
     fi
+    # WGrad with eight 8-column runs a warp (trial configs, outside the space spio picks from:
+    # 24-34 % fewer instructions a pixel in SASS, never timed) against the sm_90 model's pick and
+    # the heuristic's with four.
+    ablate --layer 64c_64x64_3x3 --passes wgrad --repeats 30 --variants full \
+        --config g2_p64_q32_n1_w4_s2_k16 g2_p32_q64_n4_w4_s6_k8 g2_p64_q64_n1_w8_s2_k16 \
+        g2_p32_q64_n4_w8_s6_k8 g2_p32_q64_n4_w8_s6_k16
     # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
     # camping would show as a faster loads-only there), next to a read-only pass; and blocks
     # made to start apart (stagger), which would also help if lockstep blocks camp. (l2-256 is

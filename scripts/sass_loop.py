@@ -53,7 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--family", help="a kernel family, e.g. conv2d_gw8_wgrad (default: all)")
     parser.add_argument("--layer", help="Conv2dGw8Params.encode() text (default: bench layers)")
     parser.add_argument(
-        "--config", action="append", help="config name, repeatable (default: the heuristic's)"
+        "--config",
+        action="append",
+        help="config name, of the space or on trial; repeatable (default: the heuristic's)",
     )
     parser.add_argument("--batch", type=positive_int, default=128, help="N of the bench layers")
     parser.add_argument(
@@ -88,7 +90,8 @@ def choose_cases(args: argparse.Namespace, families: list, layers: list) -> list
             if args.config:
                 for name in args.config:
                     try:
-                        cases.append((family, params, family.config_named(params, name)))
+                        config = family.config_named(params, name, trial=True)
+                        cases.append((family, params, config))
                     except ValueError as error:
                         sys.exit(f"sass_loop: {error}")
             else:  # the heuristic's pick for a typical GPU of the arch, as resource_report's

@@ -111,14 +111,37 @@ BLOCK_N = (1, 4, 16)
 SMALL_IMAGE = 256
 
 
+#: 8-column runs a warp computes in the config space.
+WARP_Q8 = (1, 2, 4)
+
+#: Runs a warp in trial configs only (trial_configs): 8 runs issue 24-34 % fewer instructions a
+#: pixel than 4 on the 64c 64x64 3x3 layer (scripts/sass_loop.py, sm_90), at 84 registers and
+#: 64-thread blocks, but no GPU has timed them. The analytic heuristic, which does not count
+#: instructions, would pick them for that layer on every GPU without a model, so they stay out
+#: of configs() until a GPU run (gpu_check's ablate step) shows whether they are faster.
+TRIAL_WARP_Q8 = (8,)
+
+
 def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
     """Every tile config worth trying for this layer, in a fixed order."""
+    return _space(params, WARP_Q8)
+
+
+def trial_configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
+    """Configs on trial for this layer: built, emulated against the reference in the tests and
+    timed by `scripts/ablate_kernel.py --config`, but outside configs(), so spio never picks
+    one (neither the heuristic nor a model nor autotuning sees them)."""
+    return _space(params, TRIAL_WARP_Q8)
+
+
+def _space(params: Conv2dGw8Params, warp_q8s: tuple[int, ...]) -> list[Conv2dGw8WgradConfig]:
+    """The configs with these runs a warp that fit this layer, in a fixed order."""
     max_groups = 1 << math.ceil(math.log2(params.groups))
     max_q = max(8, 8 * math.ceil(params.q / 8))
     max_p = max(4, 1 << math.ceil(math.log2(params.p)))
     found = []
     for groups, block_q, warp_q8, block_p, block_n, stages, mma_k in itertools.product(
-        (1, 2, 4, 8), (8, 16, 32, 64), (1, 2, 4), (4, 8, 16, 32, 64), BLOCK_N, STAGES, (8, 16)
+        (1, 2, 4, 8), (8, 16, 32, 64), warp_q8s, (4, 8, 16, 32, 64), BLOCK_N, STAGES, (8, 16)
     ):
         if groups > max_groups or block_q > max_q or block_p > max_p or block_n > params.n:
             continue

@@ -40,6 +40,9 @@ class Family:
     # for counting its instructions (scripts/sass_loop.py, resource_report.py). WGrad's tile-edge
     # steps run a second, careful copy of the step's runs, which the steps between never take.
     full_step_defines: tuple[str, ...] = ()
+    # (params): configs on trial, outside `configs` (spio never picks them), which the ablation
+    # and SASS tools may name to time or count them.
+    trial_configs: Callable[[Conv2dGw8Params], list] = lambda params: []
 
     def layer_as_run(self, params: Conv2dGw8Params) -> Conv2dGw8Params:
         """The layer whose kernel spio runs for this family's pass of `params`: a family that
@@ -60,9 +63,10 @@ class Family:
             **{name: int(value) for name, value in given.items() if str(value).strip() != ""}
         )
 
-    def config_named(self, params: Conv2dGw8Params, name: str) -> Any:
-        """The config of this family for `params` whose encode() is `name`; ValueError if none."""
-        for config in self.configs(params):
+    def config_named(self, params: Conv2dGw8Params, name: str, trial: bool = False) -> Any:
+        """The config of this family for `params` whose encode() is `name`, among its trial
+        configs too with `trial`; ValueError if none."""
+        for config in self.configs(params) + (self.trial_configs(params) if trial else []):
             if config.encode() == name:
                 return config
         raise ValueError(f"{self.name} has no config {name!r} for layer {params.encode()}")
@@ -97,6 +101,7 @@ FAMILIES: dict[str, Family] = {
         default_config=wg.default_config,
         shared_mem_bytes=wg.shared_mem_bytes,
         full_step_defines=("SPIO_WGRAD_UNMASKED",),
+        trial_configs=wg.trial_configs,
     ),
 }
 

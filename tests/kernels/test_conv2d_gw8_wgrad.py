@@ -118,6 +118,63 @@ def test_one_build_serves_every_batch_size(block_n, partials, device):
         assert ratio <= 1.0, f"N = {params.n}: worst error {ratio:.3g} times the tolerance"
 
 
+#: Trial configs (eight 8-column runs a warp) as gpu_check's ablate step times them, and on
+#: layers with a tile past the output's columns, several images a block and a partial group block.
+TRIAL_CASES = [
+    (Conv2dGw8Params(n=5, c=16, h=6, w=70, padding=(1, 2), r=3, s=5, has_bias=True),
+     "g2_p4_q64_n4_w8_s3_k16"),
+    (Conv2dGw8Params(n=2, c=24, h=9, w=64, padding=1, r=3, s=3, dtype="bf16"),
+     "g2_p8_q64_n1_w8_s2_k8"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("partials", [True, False], ids=["partials", "atomics"])
+@pytest.mark.parametrize("params,name", TRIAL_CASES, ids=[name for _, name in TRIAL_CASES])
+def test_trial_configs_match_reference(params, name, partials, device):
+    """A trial config is timed on a GPU before it may join the config space: it must compute
+    dw (and dbias) right, with either reduction, though spio never picks it."""
+    family = FAMILY_OF_PASS["wgrad"]
+    config = family.config_named(params, name, trial=True)
+    assert config not in family.configs(params)
+    kernel = wg.make_kernel(params, config, partials=partials)
+    ratio = run_one(params, "wgrad", config, device, kernel=kernel)
+    assert ratio <= 1.0, f"{params.encode()} {name}: worst error {ratio:.3g} times the tolerance"
+
+
+@pytest.mark.parametrize("arch", spio.supported_arch)
+def test_trial_configs_compile_without_spills(arch):
+    """The trial configs gpu_check times on the headline layer build for every arch without a
+    warning or a spill."""
+    from spio.bench.layers import layer_table
+    from spio.compiler import compile_many
+
+    (headline,) = [layer for layer in layer_table() if layer.name == "64c_64x64_3x3"]
+    params = headline.params(128, "fp16")
+    family = FAMILY_OF_PASS["wgrad"]
+    names = ("g2_p64_q64_n1_w8_s2_k16", "g2_p32_q64_n4_w8_s6_k16")
+    configs = [family.config_named(params, name, trial=True) for name in names]
+    kernels = [family.make_kernel(params, config) for config in configs]
+    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        assert result.warnings == [] and not result.resources[kernel.entry].spills, kernel.name
+
+
+def test_spio_never_picks_a_trial_config():
+    """Trial configs are apart from the space the heuristic, the models and autotuning rank:
+    none is in configs(), and config_named finds one only when asked for trial configs."""
+    params = TRIAL_CASES[0][0]
+    family = FAMILY_OF_PASS["wgrad"]
+    trial = family.trial_configs(params)
+    assert trial and all(c.warp_q8 in wg.TRIAL_WARP_Q8 for c in trial)
+    for layer in CI_LAYERS + SLOW_LAYERS + [params]:
+        assert not set(family.configs(layer)) & set(family.trial_configs(layer))
+    with pytest.raises(ValueError, match="has no config 'g2_p4_q64_n4_w8_s3_k16'"):
+        family.config_named(params, "g2_p4_q64_n4_w8_s3_k16")
+    assert FAMILY_OF_PASS["fprop"].trial_configs(params) == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("params,config", list(_cases(SLOW_LAYERS, SLOW_CONFIGS, seed=11)))
 def test_emulated_wgrad_matches_reference_sweep(params, config):

@@ -241,6 +241,23 @@ def test_copy_branch_wgrad_builds_everywhere_and_gives_the_same_dw():
     assert dw_plain.abs().sum() > 0
 
 
+def test_config_names_come_from_the_space_or_the_trial_configs(capsys):
+    """--config takes a layer's configs and its trial ones (saying so); a name the layer has
+    neither of is an error naming it."""
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    params = parse_layer("64c_64x64_3x3").params(128, "fp16")
+    family = FAMILY_OF_PASS["wgrad"]
+    names = ["g2_p64_q32_n1_w4_s2_k16", "g2_p64_q64_n1_w8_s2_k16"]
+    configs = ablate.named_configs(family, params, names)
+    assert [c.encode() for c in configs] == names and configs[1] not in family.configs(params)
+    out = capsys.readouterr().out
+    assert "g2_p64_q64_n1_w8_s2_k16: a trial config" in out and "w4" not in out
+    assert ablate.named_configs(family, params, [names[0], "g2_p64_q64_n1_w16_s2_k16"]) is None
+    assert "wgrad: no config g2_p64_q64_n1_w16_s2_k16 for this layer" in capsys.readouterr().err
+    assert ablate.named_configs(FAMILY_OF_PASS["fprop"], params, [names[1]]) is None
+
+
 def _gpu_check_ablate_calls() -> list[list[str]]:
     """The arguments of every `ablate ...` call in scripts/gpu_check.sh's ablate step."""
     import shlex
@@ -258,7 +275,7 @@ def _gpu_check_ablate_calls() -> list[list[str]]:
 def test_gpu_check_ablates_only_layers_passes_and_configs_that_exist():
     """A config name the config space no longer has makes its whole line of the GPU run exit 2
     (and the run is rare): every call of the script's ablate step must parse, and every --config
-    it names must exist for each of its layers and passes."""
+    it names must exist for each of its layers and passes (in the space or on trial)."""
     from spio.bench.layers import layer_table
     from spio.kernels.families import FAMILY_OF_PASS
 
@@ -272,7 +289,8 @@ def test_gpu_check_ablates_only_layers_passes_and_configs_that_exist():
         for text in args.layer:
             params = parse_layer(text).params(args.n, args.dtype)
             for pass_ in args.passes:
-                names = {c.encode() for c in FAMILY_OF_PASS[pass_].configs(params)}
+                family = FAMILY_OF_PASS[pass_]
+                names = {c.encode() for c in family.configs(params) + family.trial_configs(params)}
                 missing = sorted(set(args.config or ()) - names)
                 assert not missing, f"gpu_check: {text} {pass_} has no config {missing}"
                 checked += len(args.config or ())
@@ -295,15 +313,15 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     """The step has 150 s for ~10 processes: no line times all 12 variants (12 compiles a config),
     the whole step builds under 270 kernels (it had 288, and its last part, WGrad's reductions on
     every layer, was the one cut; 226 then, 236 with WGrad's `unmasked` on every layer, 256 with
-    FProp's `unroll-r` on every layer, 266 with WGrad's `copy-branch`; a line cut for time is one
-    of the last ones), and the headline ablation, WGrad's reductions and FProp's unroll on every
-    layer come first."""
+    FProp's `unroll-r` on every layer, 266 with WGrad's `copy-branch`, 281 with WGrad's trial
+    configs; a line cut for time is one of the last ones), and the headline ablation, WGrad's
+    reductions and FProp's unroll on every layer come first."""
     from spio.bench.layers import layer_table
 
     calls = _gpu_check_ablate_calls()
     assert all("--variants" in argv for argv in calls), [a for a in calls if "--variants" not in a]
     total = sum(_kernels_of_call(argv, len(layer_table())) for argv in calls)
-    assert total < 270, total
+    assert total < 285, total
     assert calls[0][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[0]
     assert "$layers" in calls[1] and calls[1][calls[1].index("--passes") + 1] == "wgrad"
     assert "$layers" in calls[2] and "--heuristic" in calls[2] and "unroll-r" in calls[2]
