@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -40,7 +41,7 @@ def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:
     if not gpus:
         why = why_none or "no GPU"
         if why.startswith("no GPU"):  # the driver's message says CPU tensors run PyTorch
-            why += "; SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator"
+            why += "; " + _emulation_hint()
         return why
     from .compiler.arch import builds_for
 
@@ -51,6 +52,20 @@ def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:
         return text
 
     return "; ".join(one(i, a) for i, a in enumerate(gpus))
+
+
+def _emulation_hint() -> str:
+    """What spio ops on CPU tensors run, for a machine without a GPU: the emulator where
+    SPIO_EMULATE is on, else how to turn it on."""
+    from . import emulator
+
+    try:
+        on = emulator.is_enabled()
+    except ValueError:  # malformed: the settings row says so
+        on = False
+    if on:
+        return "SPIO_EMULATE is on: spio ops on CPU tensors run the real kernels in the emulator"
+    return "SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator"
 
 
 def _driver_summary(driver_cuda: tuple[int, int], nvrtc_version: tuple) -> str:
@@ -86,10 +101,12 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
             return [("perf models", f"{_BROKEN}, the shipped models' folder {folder} is missing")]
         return [("perf models", f"{_BAD_SETTING}: {models_setting_problem()}")]
     by_arch: dict[str, list[dict]] = {}
+    damaged = []
     for meta_path in sorted(folder.glob("sm_*/**/*.json")):
         try:
             meta = read_meta(meta_path)
-        except PerfModelError:
+        except PerfModelError as error:  # its layers get the heuristic's configs, with a warning
+            damaged.append(str(error))
             continue
         by_arch.setdefault(meta_path.relative_to(folder).parts[0], []).append(meta)
 
@@ -112,6 +129,8 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
         )
     if not rows:
         rows.append(f"none in {folder}")
+    label = _BROKEN if folder == PACKAGED_MODELS_DIR else _BAD_SETTING
+    rows.extend(f"{label}: {problem}" for problem in damaged)
     for ordinal, arch in enumerate(gpu_archs):
         if arch not in by_arch:
             rows.append(
@@ -119,6 +138,11 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
                 "configs (SPIO_AUTOTUNE=1 times its top candidates on first use)"
             )
     return [("perf models" if i == 0 else "", row) for i, row in enumerate(rows)]
+
+
+def _count(n: int, noun: str) -> str:
+    """ "1 file", "2 files": `n` and `noun`, with an s unless n is 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _human_bytes(n: int) -> str:
@@ -176,7 +200,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     root = cache_root()  # spio's folders there only: SPIO_CACHE_DIR may hold other things too
     sizes = [folder_size(root / namespace) for namespace in NAMESPACES]
     files, total = sum(n for n, _ in sizes), sum(b for _, b in sizes)
-    cache = _cache_problem(root) or f"{root} ({files} files, {_human_bytes(total)})"
+    cache = _cache_problem(root) or f"{root} ({_count(files, 'file')}, {_human_bytes(total)})"
     if noexec(root):
         cache += "; mounted noexec: the emulator loads its libraries from memory copies"
     rows.append(("cache", cache))
@@ -198,25 +222,52 @@ def _settings_summary() -> str:
         f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("SPIO_")
     ]
     text = ", ".join(set_) if set_ else "no SPIO_* variable set"
-    problems = _setting_problems() + _missing_tools()
+    problems = _setting_problems() + _info_only_problems()
     if problems:
         text += "; " + "; ".join(f"{_BAD_SETTING}: {problem}" for problem in problems)
     return text
 
 
-def _missing_tools() -> list[str]:
-    """SPIO_LIBCUDA and SPIO_NVDISASM naming no file, which only info checks: the driver is
-    opened at the first GPU call (a missing one reads as "no GPU"), nvdisasm only by scripts/."""
+def _info_only_problems() -> list[str]:
+    """Settings only info checks: SPIO_LIBCUDA naming no driver library (the driver is opened at
+    the first GPU call, where an unusable one reads as "no GPU"), SPIO_NVDISASM naming no
+    program (used only by scripts/), and SPIO_LOGGER malformed (which the other commands only
+    warn of, at import)."""
     import shutil
+
+    from .log import logger_setting_problem
 
     problems = []
     libcuda = os.environ.get("SPIO_LIBCUDA", "")
-    if "/" in libcuda and not os.path.isfile(libcuda):  # a bare name is the loader's to find
-        problems.append(f"SPIO_LIBCUDA must name the CUDA driver library, got {libcuda!r}, no file")
+    if libcuda:
+        problem = _libcuda_problem(libcuda)
+        if problem:
+            problems.append(
+                f"SPIO_LIBCUDA must name the CUDA driver library, got {libcuda!r}, {problem}"
+            )
     nvdisasm = os.environ.get("SPIO_NVDISASM", "")
     if nvdisasm and shutil.which(nvdisasm) is None:
         problems.append(f"SPIO_NVDISASM must name nvdisasm, got {nvdisasm!r}, no program")
+    logger = logger_setting_problem()
+    if logger:
+        problems.append(logger)
     return problems
+
+
+def _libcuda_problem(path: str) -> str | None:
+    """Why `path` (SPIO_LIBCUDA) is no CUDA driver library: no file there, or a library that
+    does not load or lacks cuInit; None where it loads (whether a GPU answers is the GPU row's)."""
+    import ctypes
+
+    if "/" in path and not os.path.isfile(path):  # a bare name is the loader's to find
+        return "no file"
+    try:
+        library = ctypes.CDLL(path)
+    except OSError as error:
+        return f"which does not load ({error})"
+    if not hasattr(library, "cuInit"):
+        return "which has no entry point cuInit"
+    return None
 
 
 def _cuda_headers_summary(folder) -> str:
@@ -352,10 +403,11 @@ def cmd_clear_cache(args: argparse.Namespace) -> int:
         root.rmdir()  # only when empty
     except OSError:
         pass
-    print(f"removed {files} files ({_human_bytes(total)}) from {root}")
+    print(f"removed {_count(files, 'file')} ({_human_bytes(total)}) from {root}")
     if errors:
         print(
-            f"spio clear-cache: {len(errors)} files could not be removed, the first: {errors[0]}",
+            f"spio clear-cache: {_count(len(errors), 'file')} could not be removed, the first: "
+            f"{errors[0]}",
             file=sys.stderr,
         )
         return 1
@@ -410,7 +462,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         key=lambda k: k.name,
     )
     jobs = [(kernel, arch) for kernel in chosen for arch in archs]
-    print(f"compiling {len(chosen)} kernels for {', '.join(archs)}: {len(jobs)} compiles")
+    print(
+        f"compiling {_count(len(chosen), 'kernel')} for {', '.join(archs)}: "
+        f"{_count(len(jobs), 'compile')}"
+    )
     results = compile_many([k.compile_job(a) for k, a in jobs], desc="compiling kernels")
     failures = spills = warned = 0
     name_width = max(len(k.name) for k, _ in jobs)
@@ -569,7 +624,9 @@ _RUN_WITH_BAD_SETTINGS = ("info", "clear-cache")
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _command
     args = build_parser().parse_args(argv)
+    _command = args.command
     try:
         if args.command not in _RUN_WITH_BAD_SETTINGS:
             # A bad setting stops the command before any work instead of part way through.
@@ -595,5 +652,24 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+#: The command main() ran last, for the line run() prints when Ctrl-C comes after it.
+_command = ""
+
+
+def run() -> None:
+    """The `spio` program (`python -m spio`, the console script): main(), then the exit. Ctrl-C
+    while Python exits (its atexit callbacks, torch's and the compile pool's, take up to a
+    second) ends the process at once, as during the command: one line and exit 130, not a
+    traceback and the command's own status."""
+    status = main()
+
+    def interrupted(signum: int, frame: object) -> None:
+        os.write(sys.stderr.fileno(), f"\nspio {_command}: interrupted\n".encode())
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, interrupted)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

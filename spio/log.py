@@ -27,14 +27,11 @@ _LEVELS = {"": None, "0": None, "1": logging.INFO, "2": logging.DEBUG}
 def _configure_from_env() -> None:
     """Set the level from SPIO_LOGGER; another value warns (it is read at `import spio`, where
     raising would break the import) and leaves the default level."""
-    text = os.environ.get("SPIO_LOGGER", "")
-    if text.strip() not in _LEVELS:
-        warnings.warn(
-            f"SPIO_LOGGER must be 0 or empty (off), 1 (info) or 2 (debug), got {text!r}; "
-            "spio logs at the default level",
-            stacklevel=2,
-        )
+    problem = logger_setting_problem()
+    if problem:
+        warnings.warn(f"{problem}; spio logs at the default level", stacklevel=2)
         return
+    text = os.environ.get("SPIO_LOGGER", "")
     level = _LEVELS[text.strip()]
     if level is None:
         return
@@ -43,6 +40,14 @@ def _configure_from_env() -> None:
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("spio %(levelname)s: %(message)s"))
         logger.addHandler(handler)
+
+
+def logger_setting_problem() -> str | None:
+    """What is wrong with SPIO_LOGGER's value, or None where it is one of the levels."""
+    text = os.environ.get("SPIO_LOGGER", "")
+    if text.strip() in _LEVELS:
+        return None
+    return f"SPIO_LOGGER must be 0 or empty (off), 1 (info) or 2 (debug), got {text!r}"
 
 
 _configure_from_env()

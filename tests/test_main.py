@@ -288,7 +288,7 @@ def test_clear_cache_keeps_other_programs_files_in_folders_of_spios_names(tmp_pa
     (tmp_path / "autotune" / _entry()).write_bytes(b"123")
     out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
-    assert "removed 1 files (3 B)" in out.stdout
+    assert "removed 1 file (3 B)" in out.stdout
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert left == sorted(theirs)
 
@@ -304,7 +304,7 @@ def test_clear_cache_empties_a_namespace_folder_that_is_a_link(tmp_path):
     (root / "cubin").symlink_to(elsewhere)
     out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(root)})
     assert out.returncode == 0, out.stderr
-    assert "removed 1 files (2 B)" in out.stdout
+    assert "removed 1 file (2 B)" in out.stdout
     assert (root / "cubin").is_symlink() and list(elsewhere.iterdir()) == []
 
 
@@ -331,7 +331,7 @@ def test_clear_cache_says_in_one_line_what_it_could_not_remove(tmp_path, monkeyp
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
     assert main(["clear-cache"]) == 1
     out, err = capsys.readouterr()
-    assert out == f"removed 1 files (3 B) from {tmp_path}\n"
+    assert out == f"removed 1 file (3 B) from {tmp_path}\n"
     assert err.count("\n") == 1 and "2 files could not be removed" in err
     assert "Permission denied" in err and "Traceback" not in err
     assert len(list((tmp_path / "cubin").iterdir())) == 2
@@ -389,6 +389,28 @@ def test_info_says_which_gpus_no_perf_model_covers(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path / "empty"))
     assert cli._perf_model_rows([])[0] == ("perf models", f"none in {tmp_path / 'empty'}")
+
+
+def test_info_names_a_damaged_model_file(tmp_path, monkeypatch):
+    """info still runs and lists the models it can read, but a model whose metadata does not
+    parse is no longer left out quietly (exit 0): its layers get the heuristic's configs."""
+    import shutil as sh
+
+    from spio import __main__ as cli
+    from spio.kernels import perf_model
+
+    models = tmp_path / "models"
+    sh.copytree(perf_model.PACKAGED_MODELS_DIR / "sm_90", models / "sm_90")
+    (models / "sm_90" / "conv2d_gw8_wgrad.json").write_text("{bad", encoding="utf-8")
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
+    rows = [value for _, value in cli._perf_model_rows([])]
+    assert rows[0].startswith("sm_90: fprop, dgrad (measured on"), rows
+    assert rows[1].startswith(
+        f"BAD SETTING: perf model metadata {models / 'sm_90' / 'conv2d_gw8_wgrad.json'} is "
+        "unreadable: "
+    ), rows
+    out = run_spio("info", env={"SPIO_PERF_MODELS": str(models), "SPIO_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 1 and "is unreadable" in out.stdout, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize(
@@ -714,9 +736,11 @@ def test_info_says_how_to_mend_an_nvrtc_that_is_missing_or_does_not_load(monkeyp
     )
 
 
-def test_info_suggests_the_emulator_only_where_there_is_no_gpu():
+def test_info_suggests_the_emulator_only_where_there_is_no_gpu(monkeypatch):
     """Not where the driver extension itself does not load: the install is broken."""
     from spio import __main__ as cli
+
+    monkeypatch.delenv("SPIO_EMULATE", raising=False)
 
     hint = "SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator"
     assert cli._gpu_summary([], None) == f"no GPU; {hint}"
@@ -725,6 +749,69 @@ def test_info_suggests_the_emulator_only_where_there_is_no_gpu():
     )
     broken = "unknown: BROKEN INSTALL, the spio.cuda.driver extension does not load (x)"
     assert cli._gpu_summary([], broken) == broken
+
+
+def test_info_says_cpu_tensors_run_the_emulator_where_spio_emulate_is_on(monkeypatch):
+    """With SPIO_EMULATE=1, info had still said CPU tensors run the PyTorch reference and
+    suggested setting what was set."""
+    from spio import __main__ as cli
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    assert cli._gpu_summary([], "no GPU (x)") == (
+        "no GPU (x); SPIO_EMULATE is on: spio ops on CPU tensors run the real kernels in the "
+        "emulator"
+    )
+
+
+def test_info_names_a_spio_libcuda_that_is_no_driver_library(tmp_path):
+    """A file that does not load, or a library without the driver's entry points, had read as
+    "no GPU" with exit 0: only a path to no file was a bad setting."""
+    from spio import __main__ as cli
+
+    empty = tmp_path / "libcuda.so"
+    empty.write_bytes(b"")
+    assert cli._libcuda_problem(str(tmp_path / "none.so")) == "no file"
+    assert cli._libcuda_problem(str(empty)).startswith("which does not load (")
+    assert cli._libcuda_problem("libnotthere.so.7").startswith("which does not load (")
+    assert cli._libcuda_problem("libc.so.6") == "which has no entry point cuInit"
+    out = run_spio("info", env={"SPIO_LIBCUDA": str(empty), "SPIO_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 1, out.stdout + out.stderr
+    (settings,) = [line for line in out.stdout.splitlines() if line.startswith("settings")]
+    assert (
+        f"BAD SETTING: SPIO_LIBCUDA must name the CUDA driver library, got '{empty}', which "
+        "does not load" in settings
+    )
+
+
+def test_info_names_a_malformed_spio_logger_and_exits_1(tmp_path):
+    """The other commands only warn of it (at import); info, the bug-report command, had listed
+    SPIO_LOGGER=3 among the settings without a word, exit 0."""
+    out = run_spio("info", env={"SPIO_LOGGER": "3", "SPIO_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "BAD SETTING: SPIO_LOGGER must be 0 or empty (off), 1 (info) or 2 (debug), got '3'" in (
+        out.stdout
+    )
+    listed = run_spio("clear-cache", env={"SPIO_LOGGER": "3", "SPIO_CACHE_DIR": str(tmp_path)})
+    assert listed.returncode == 0 and "SPIO_LOGGER must be" in listed.stderr
+
+
+def test_ctrl_c_while_the_program_exits_says_so_and_exits_130():
+    """Ctrl-C in the second or so Python takes to exit after a command (torch's and the pool's
+    atexit callbacks) had printed "Exception ignored ... KeyboardInterrupt" and exited with the
+    command's own status, 0."""
+    code = (
+        "import atexit, os, signal, time\n"
+        "import spio.__main__ as cli\n"
+        "def main():\n"
+        "    cli._command = 'info'\n"
+        "    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))\n"
+        "    return 0\n"
+        "cli.main = main\n"
+        "cli.run()\n"
+    )
+    out = run_python(code, dict(os.environ))
+    assert out.returncode == 130, out.stderr
+    assert out.stderr == "\nspio info: interrupted\n"
 
 
 def test_compile_kernel_picks_the_families_whose_name_contains_it(compiled_jobs, capsys):
@@ -892,21 +979,6 @@ def test_info_gives_the_driver_row_only_with_a_gpu(tmp_path, monkeypatch, capsys
     assert driver_rows(0) == ["version unknown (cuDriverGetVersion failed)"]
     monkeypatch.setattr(cli, "_gpus", lambda: ([], "no GPU (faked)"))
     assert driver_rows(0) == []
-
-
-def test_info_leaves_out_a_perf_model_whose_metadata_it_cannot_read(tmp_path, monkeypatch):
-    """info still runs, and lists the models it can read."""
-    import shutil as sh
-
-    from spio import __main__ as cli
-    from spio.kernels import perf_model
-
-    models = tmp_path / "models"
-    sh.copytree(perf_model.PACKAGED_MODELS_DIR / "sm_90", models / "sm_90")
-    (models / "sm_90" / "conv2d_gw8_wgrad.json").write_text("{not json")
-    monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
-    ((key, row),) = cli._perf_model_rows(["sm_90"])
-    assert key == "perf models" and row.startswith("sm_90: fprop, dgrad (measured on "), row
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,12 @@ def check_arch(arch: str) -> str:
     raise ValueError(f"unknown GPU architecture {arch!r}; spio compiles for {known}")
 
 
+def warn_here_only() -> None:
+    """In a compile worker: the process that hands out the jobs warns of an experimental arch,
+    so its workers do not repeat the warning each."""
+    _warned.update(experimental_arch)
+
+
 def arch_of(capability: tuple[int, int]) -> str:
     """'sm_XY' for a (major, minor) compute capability."""
     return f"sm_{capability[0]}{capability[1]}"

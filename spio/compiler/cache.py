@@ -36,8 +36,8 @@ def cache_root() -> Path:
     """The cache folder, as an absolute path: SPIO_CACHE_DIR (`~` expanded; a relative path is
     taken from the current folder, and the absolute path is what compile workers are given, so
     that workers started elsewhere agree), else platformdirs' user cache dir for spio."""
-    env = os.environ.get("SPIO_CACHE_DIR")
-    if env:
+    env = os.environ.get("SPIO_CACHE_DIR", "")
+    if env.strip():  # blank counts as unset, as for the other settings (not a folder named " ")
         return Path(os.path.abspath(os.path.expanduser(env)))
     try:
         import platformdirs

@@ -32,6 +32,7 @@ import atexit
 import contextlib
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -45,6 +46,7 @@ from queue import SimpleQueue
 from typing import cast
 
 from ..log import logger
+from .arch import builds_for, check_arch, warn_here_only
 from .cache import cache_root
 from .compile import CompileResult, compile_cubin, keep_in_memory, quiet_unwritable_cache
 
@@ -66,16 +68,13 @@ class CompileJob:
 
 
 def default_workers() -> int:
-    """SPIO_WORKERS, else the number of CPU cores this process may use."""
-    env = os.environ.get("SPIO_WORKERS")
-    if env:
-        try:
-            workers = int(env)
-        except ValueError:
-            raise ValueError(f"SPIO_WORKERS must be a positive integer, got {env!r}") from None
-        if workers < 1:
+    """SPIO_WORKERS (digits; blank counts as unset), else the number of CPU cores this process
+    may use."""
+    env = os.environ.get("SPIO_WORKERS", "")
+    if env.strip():
+        if not re.fullmatch(r"[0-9]+", env.strip()) or int(env) < 1:  # int() takes "4_0"
             raise ValueError(f"SPIO_WORKERS must be a positive integer, got {env!r}")
-        return workers
+        return int(env)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -143,6 +142,7 @@ def _start_worker() -> None:
     would otherwise wait for jobs forever, and keep the parent's stdout open (`| tee` never
     ended)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warn_here_only()  # compile_many warned of an experimental arch in the parent, once
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
@@ -385,6 +385,8 @@ def compile_many(
                 results.append(_run(job))
                 bar.update()
             return results
+        for arch in sorted({job.arch for job in jobs if builds_for(job.arch)}):
+            check_arch(arch)  # warns here of an experimental one; the workers do not
         with _sweep_lock:
             results = _Sweep(jobs, workers, bar).run()
         for result in results:

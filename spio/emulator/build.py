@@ -124,17 +124,28 @@ def compiler() -> str:
     return os.environ.get("CXX", "").strip() or "g++"
 
 
+def command_words(cxx: str) -> list[str]:
+    """`cxx` (the compiler, its flags and any wrapper) split into words as a shell would;
+    EmulatorBuildError naming CXX when it cannot be (an unbalanced quote)."""
+    try:
+        return shlex.split(cxx)
+    except ValueError as error:
+        raise EmulatorBuildError(
+            f"CXX must be a command line (a compiler and its flags), got {cxx!r}: {error}"
+        ) from error
+
+
 @functools.cache
 def compiler_version(cxx: str) -> str:
     """First line of `cxx --version`; raises EmulatorBuildError when it cannot run."""
     try:
         out = subprocess.run(
-            [*shlex.split(cxx), "--version"], capture_output=True, check=True, **_TOOL_TEXT
+            [*command_words(cxx), "--version"], capture_output=True, check=True, **_TOOL_TEXT
         ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         raise EmulatorBuildError(
-            f"the emulator needs a host C++ compiler (CXX={cxx!r}); running it failed: {error}. "
-            "Install g++ or clang++, or set CXX to one."
+            f"the emulator needs a host C++ compiler (CXX={cxx!r}); running it failed: "
+            f"{str(error).rstrip('.')}. Install g++ or clang++, or set CXX to one."
         ) from error
     return out.splitlines()[0] if out else cxx
 
@@ -285,7 +296,7 @@ def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
             BUILD_VERSION,
             src,
             runtime_digest(),
-            shlex.split(cxx),  # the command, flags and wrappers included
+            command_words(cxx),  # the command, flags and wrappers included
             compiler_version(cxx),
             compiler_environment(),
             flags,
@@ -297,7 +308,7 @@ def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
             with tempfile.TemporaryDirectory(prefix="spio-emu-rt-") as tmp:
                 obj = Path(tmp) / (src + ".o")
                 _run(
-                    [*shlex.split(cxx), *flags, "-c", str(RUNTIME_DIR / src), "-o", str(obj)],
+                    [*command_words(cxx), *flags, "-c", str(RUNTIME_DIR / src), "-o", str(obj)],
                     f"compiling the emulator runtime ({src})",
                 )
                 return obj.read_bytes(), {"source": src}
@@ -329,7 +340,7 @@ def _scan_kernels(cxx: str, cu: Path, include: list[str], name: str) -> list[str
     """Kernel names from the preprocessed source, so kernels declared by macros are found."""
     proc = subprocess.run(
         [
-            *shlex.split(cxx),
+            *command_words(cxx),
             "-std=c++17",
             "-E",
             "-P",
@@ -457,7 +468,7 @@ def build_library(
         BUILD_VERSION,
         source,
         sorted(headers.items()),
-        shlex.split(cxx),
+        command_words(cxx),
         compiler_version(cxx),
         compiler_environment(),
         flags,
@@ -498,7 +509,7 @@ def build_library(
             kobj = work / "kernel.o"
             _run(
                 [
-                    *shlex.split(cxx),
+                    *command_words(cxx),
                     *flags,
                     "-include",
                     "spio_emu.h",
@@ -514,7 +525,7 @@ def build_library(
             # Order matters: runtime (opening TLS guard), kernel, closing guard last.
             _run(
                 [
-                    *shlex.split(cxx),
+                    *command_words(cxx),
                     "-shared",
                     "-o",
                     str(lib),

@@ -17,6 +17,16 @@ def test_environment_variable_wins(monkeypatch, tmp_path):
     assert cache_root() == tmp_path / "c"
 
 
+def test_a_blank_cache_dir_is_unset(monkeypatch, tmp_path):
+    """SPIO_CACHE_DIR=" " had made a folder named " " wherever the process ran."""
+    import platformdirs
+
+    monkeypatch.chdir(tmp_path)
+    for blank in ("", " ", "\t"):
+        monkeypatch.setenv("SPIO_CACHE_DIR", blank)
+        assert cache_root() == Path(platformdirs.user_cache_dir("spio"))
+
+
 def test_platformdirs_user_cache(monkeypatch):
     import platformdirs
 

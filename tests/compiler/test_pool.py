@@ -8,7 +8,7 @@ import pytest
 
 from spio.compiler import CompileError, CompileJob, CompileResult, compile_many
 from spio.compiler.pool import default_workers
-from tests.conftest import REPO
+from tests.conftest import REPO, run_spio
 
 GOOD = 'extern "C" __global__ void k(int *x) {{ x[threadIdx.x] = {value}; }}'
 BAD = 'extern "C" __global__ void k(int *x) { x[0] = nope; }'
@@ -50,7 +50,7 @@ def test_workers_follow_the_parents_cache_folder(cache_dir, tmp_path, monkeypatc
     assert any((other / "cubin").iterdir())
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "many"])
+@pytest.mark.parametrize("value", ["0", "-3", "many", "4_0", "+4", "4.0"])
 def test_bad_worker_count_is_rejected(value, monkeypatch):
     monkeypatch.setenv("SPIO_WORKERS", value)
     with pytest.raises(ValueError, match="SPIO_WORKERS"):
@@ -60,6 +60,26 @@ def test_bad_worker_count_is_rejected(value, monkeypatch):
 def test_worker_count_from_environment(monkeypatch):
     monkeypatch.setenv("SPIO_WORKERS", "3")
     assert default_workers() == 3
+    monkeypatch.setenv("SPIO_WORKERS", " 3 ")
+    assert default_workers() == 3
+
+
+def test_a_blank_worker_count_is_unset(monkeypatch):
+    """As for the other settings: "" and " " mean the default (" " had been a ValueError)."""
+    monkeypatch.delenv("SPIO_WORKERS", raising=False)
+    default = default_workers()
+    for blank in ("", "  "):
+        monkeypatch.setenv("SPIO_WORKERS", blank)
+        assert default_workers() == default
+
+
+def test_an_experimental_arch_is_warned_of_once_not_by_every_worker(tmp_path):
+    """`spio compile --arch sm_100` with two workers: one warning (each worker process had
+    warned again, inside the progress bar)."""
+    env = {"SPIO_WORKERS": "2", "SPIO_CACHE_DIR": str(tmp_path)}
+    out = run_spio("compile", "--arch", "sm_100", "--sample", "3", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stderr.count("sm_100 is experimental") == 1, out.stderr
 
 
 def _run_script(tmp_path, text: str):

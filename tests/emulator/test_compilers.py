@@ -15,6 +15,19 @@ from tests.emulator.conftest import CLANG, HAZARDS, load
 needs_clang = pytest.mark.skipif(CLANG is None, reason="no clang++ 16 or newer on PATH")
 
 
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_cxx_with_an_unbalanced_quote_is_named(monkeypatch, checked):
+    """CXX='g++ "' had been shlex's ValueError ("No closing quotation"), a traceback of
+    `spio info` and a setup error of `spio check` that did not name CXX."""
+    monkeypatch.setenv("CXX", 'g++ "')
+    said = r"CXX must be a command line \(a compiler and its flags\), got 'g\+\+ \"': No closing"
+    with pytest.raises(build.EmulatorBuildError, match=said):
+        build.build_library('extern "C" __global__ void k() {}', checked=checked)
+    from spio import __main__ as cli
+
+    assert cli._emulator_compiler_summary().startswith("NOT FOUND (CXX must be a command line")
+
+
 @pytest.mark.parametrize(
     "version,family",
     [
