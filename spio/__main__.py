@@ -159,7 +159,7 @@ def _human_bytes(n: int) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from . import __version__, supported_arch
-    from .compiler.cache import NAMESPACES, cache_root, folder_size
+    from .compiler.cache import NAMESPACES, cache_root, own_size
     from .cuda import nvrtc, paths
     from .emulator.module import noexec
 
@@ -198,7 +198,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     rows.append(("xgboost", _xgboost_summary()))
     rows.extend(_perf_model_rows([gpu["arch"] for gpu in gpus]))
     root = cache_root()  # spio's folders there only: SPIO_CACHE_DIR may hold other things too
-    sizes = [folder_size(root / namespace) for namespace in NAMESPACES]
+    sizes = [own_size(root / namespace) for namespace in NAMESPACES]
     files, total = sum(n for n, _ in sizes), sum(b for _, b in sizes)
     cache = _cache_problem(root) or f"{root} ({_count(files, 'file')}, {_human_bytes(total)})"
     if noexec(root):

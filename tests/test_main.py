@@ -286,6 +286,9 @@ def test_clear_cache_keeps_other_programs_files_in_folders_of_spios_names(tmp_pa
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(data)
     (tmp_path / "autotune" / _entry()).write_bytes(b"123")
+    # info counts what clear-cache would remove (it had counted the other program's files too)
+    info = run_spio("info", env={"SPIO_CACHE_DIR": str(tmp_path)})
+    assert f"{tmp_path} (1 file, 3 B)" in info.stdout, info.stdout
     out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert "removed 1 file (3 B)" in out.stdout

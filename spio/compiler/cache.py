@@ -305,12 +305,15 @@ def remove_own_files(folder: Path) -> tuple[int, int, list[OSError]]:
     return count, total, errors
 
 
-def folder_size(path: Path) -> tuple[int, int]:
-    """(number of files, total bytes) under `path`; (0, 0) when it does not exist."""
+def own_size(folder: Path) -> tuple[int, int]:
+    """(number of files, total bytes) of spio's files in namespace folder `folder` (own_files:
+    what clear-cache would remove, not another program's files there); (0, 0) when it does not
+    exist."""
     count = total = 0
-    if path.is_dir():
-        for entry in path.rglob("*"):
-            if entry.is_file():
-                count += 1
-                total += entry.stat().st_size
+    for path in own_files(folder):
+        try:
+            total += path.lstat().st_size
+        except FileNotFoundError:  # removed meanwhile
+            continue
+        count += 1
     return count, total
