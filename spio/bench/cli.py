@@ -64,8 +64,8 @@ def _layer(text: str) -> BenchLayer:
 
 def chosen_layers(args: argparse.Namespace) -> tuple[BenchLayer, ...]:
     """The layers to time: the table's whose names contain a --layers text (all of them when
-    neither --layers nor --layer is given), then each --layer not among them. ValueError when no
-    --layers text matches a row."""
+    neither --layers nor --layer is given), then each --layer not among them. ValueError naming
+    each --layers text that matches no row."""
     table = select_layers(layer_table(), args.layers) if args.layers or not args.layer else []
     chosen = {layer.name: layer for layer in table}
     for layer in args.layer or ():
@@ -182,8 +182,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.plot_only is not None:
         if ignored := _unused_with_plot_only(args):
+            verb = "does" if len(ignored) == 1 else "do"
             print(
-                f"--plot-only renders the CSV as it is: {', '.join(ignored)} do not apply to it",
+                f"--plot-only renders the CSV as it is: {', '.join(ignored)} {verb} not apply "
+                "to it",
                 file=sys.stderr,
             )
             return 2
@@ -192,9 +194,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as error:
             print(f"cannot read {args.plot_only}: {error}", file=sys.stderr)
             return 2
-        if not rows:
+        if not rows:  # a header alone: a CSV that cannot be plotted, as the errors above
             print(f"{args.plot_only} has no rows", file=sys.stderr)
-            return 1
+            return 2
         found = runs(rows)
         if len(found) > 1:
             listed = "\n".join(f"  {gpu}, {date}: {command}" for gpu, date, command in found)
@@ -212,17 +214,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(format_table(rows))
         return _plot(rows, out_dir)
 
+    try:  # before the GPU check, as argparse's checks: a typo is reported on any machine
+        layers = chosen_layers(args)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+
     import torch
 
     if not torch.cuda.is_available():
         print(NO_GPU_MESSAGE, file=sys.stderr)
         return 2
     out_dir = args.out or Path(DEFAULT_OUT)
-    try:
-        layers = chosen_layers(args)
-    except ValueError as error:
-        print(error, file=sys.stderr)
-        return 2
     if problem := _gpu_problem():
         print(f"spio bench: spio's kernels do not run on {problem}", file=sys.stderr)
         return 2

@@ -82,11 +82,13 @@ def parse_layer(text: str) -> BenchLayer:
 
 
 def select_layers(layers: list[BenchLayer], patterns: list[str] | None) -> list[BenchLayer]:
-    """The layers whose name contains any of `patterns` (all of them when patterns is empty)."""
+    """The layers whose name contains any of `patterns` (all of them when patterns is empty).
+    A ValueError names every pattern that matches no layer (a typo among matching patterns too)
+    and lists the layers' names."""
     if not patterns:
         return list(layers)
-    chosen = [layer for layer in layers if any(p in layer.name for p in patterns)]
-    if not chosen:
+    unmatched = [p for p in patterns if not any(p in layer.name for layer in layers)]
+    if unmatched:
         names = ", ".join(layer.name for layer in layers)
-        raise ValueError(f"no benchmark layer matches {patterns}; layers: {names}")
-    return chosen
+        raise ValueError(f"no benchmark layer matches {unmatched}; layers: {names}")
+    return [layer for layer in layers if any(p in layer.name for p in patterns)]

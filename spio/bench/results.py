@@ -135,7 +135,8 @@ def read_csv(path: Path) -> list[BenchRow]:
     types = {f.name: f.type for f in fields(BenchRow)}
     optional = {f.name: f.default for f in fields(BenchRow) if f.default is not MISSING}
     rows = []
-    with path.open(newline="", encoding="utf-8") as handle:
+    # utf-8-sig: Excel saves "CSV UTF-8" with a byte-order mark, else read into the first name.
+    with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         present = set(reader.fieldnames or ())
         missing = {_column(n) for n in types if n not in optional} - present
@@ -171,10 +172,11 @@ def read_csv(path: Path) -> list[BenchRow]:
                     )
                 except ValueError:
                     raise ValueError(f"{path}:{line_no}: bad {_column(name)} {text!r}") from None
-            if not values["median_ms"] > 0:
-                raise ValueError(
-                    f"{path}:{line_no}: median_ms must be > 0, got {values['median_ms']}"
-                )
+            for positive in ("n", "median_ms"):  # n: the plots' log-scaled batch-size axis
+                if not values[positive] > 0:
+                    raise ValueError(
+                        f"{path}:{line_no}: {positive} must be > 0, got {values[positive]}"
+                    )
             rows.append(BenchRow(**values))
     return rows
 

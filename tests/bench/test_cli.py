@@ -68,6 +68,28 @@ def test_bench_names_the_layers_when_none_matches(monkeypatch, capsys):
     assert "no benchmark layer matches ['nomatch']" in err and "64c_64x64_3x3" in err
 
 
+def test_bench_names_every_layers_name_that_matches_nothing(monkeypatch, capsys):
+    """A --layers NAME matching no row was dropped without a word when another NAME matched;
+    now exit 2 naming each such NAME and the table's names, before the GPU check, so that a
+    typo is reported on a machine without a GPU too."""
+    import torch
+
+    from spio.__main__ import main
+    from spio.bench import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["bench", "--layers", "64c_64x64", "--layers", "368c_7x7_3x33", "--layers", "nope"]
+    with pytest.raises(ValueError) as error:
+        cli.chosen_layers(build_parser().parse_args(argv))
+    assert "no benchmark layer matches ['368c_7x7_3x33', 'nope']; layers: " in str(error.value)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"{error.value}\n"
+    assert all(layer.name in err for layer in layer_table())
+    args = build_parser().parse_args(["bench", "--layers", "64c_64x64", "--layers", "368c_7x7"])
+    assert [layer.name for layer in cli.chosen_layers(args)] == ["64c_64x64_3x3", "368c_7x7_3x3"]
+
+
 PLOTTED_CSV = str(REPO / "docs/perf/2026-11-29-h200-2/bench_fp16.csv")
 
 
@@ -195,11 +217,12 @@ def _csv_of_runs(tmp_path, dates):
 
 
 def test_plot_only_refuses_a_csv_without_rows_or_of_two_runs(tmp_path, capsys):
-    """A header alone is exit 1; rows of two runs (two dates) exit 2 and list both runs."""
+    """A header alone is exit 2, as every other CSV that cannot be plotted (it was 1, the status
+    of a failed timing); rows of two runs (two dates) exit 2 and list both runs."""
     from spio.__main__ import main
 
     empty = _csv_of_runs(tmp_path / "a", [])
-    assert main(["bench", "--plot-only", str(empty)]) == 1
+    assert main(["bench", "--plot-only", str(empty)]) == 2
     assert capsys.readouterr().err == f"{empty} has no rows\n"
     two = _csv_of_runs(tmp_path / "b", ["2026-11-29 21:27 UTC", "2026-11-30 08:00 UTC"])
     assert main(["bench", "--plot-only", str(two)]) == 2
@@ -221,6 +244,8 @@ def test_plot_only_refuses_the_options_that_choose_what_to_time(capsys):
         "--plot-only renders the CSV as it is: --passes, --dtype, --layers, --batch-sizes do "
         "not apply to it\n"
     )
+    assert main(["bench", "--plot-only", PLOTTED_CSV, "--quick"]) == 2
+    assert capsys.readouterr().err.endswith(": --quick does not apply to it\n")
 
 
 def test_plot_only_plots_next_to_the_csv_unless_out_is_given(tmp_path, monkeypatch, capsys):

@@ -83,6 +83,9 @@ def test_select_layers_filters_by_name_and_rejects_unknown():
     ]
     with pytest.raises(ValueError, match="no benchmark layer matches"):
         select_layers(layer_table(), ["7x7_5x5"])
+    # Every pattern must select a layer: one matching nothing is named, not dropped.
+    with pytest.raises(ValueError, match=r"no benchmark layer matches \['7x7_5x5'\]; layers: "):
+        select_layers(layer_table(), ["5x5", "7x7_5x5"])
 
 
 def test_layers_by_name_or_shape():

@@ -91,6 +91,32 @@ def test_a_time_that_is_not_positive_is_named(tmp_path):
         read_csv(path)
 
 
+@pytest.mark.parametrize("n", ["0", "-32"])
+def test_a_batch_size_that_is_not_positive_is_named(tmp_path, n):
+    """Not a matplotlib traceback from log-scaling a batch-size axis at n <= 0 (exit 1): the
+    file, line and value, which `bench --plot-only` reports with exit 2."""
+    import csv
+
+    path = write_csv(_rows()[:2], tmp_path / "zero_n.csv")
+    header, first, second = list(csv.reader(path.open()))
+    second[header.index("n")] = n
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows([header, first, second])
+    with pytest.raises(ValueError, match=rf"zero_n.csv:3: n must be > 0, got {n}$"):
+        read_csv(path)
+    out = _plot_only(path)
+    assert out.returncode == 2, out.stderr
+    assert "zero_n.csv:3: n must be > 0" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_csv_saved_with_a_byte_order_mark_reads(bench_csv, tmp_path):
+    """Excel saves "CSV UTF-8" with a byte-order mark, which became part of the first column's
+    name: `missing columns ['layer']`."""
+    with_bom = tmp_path / "excel.csv"
+    with_bom.write_bytes(b"\xef\xbb\xbf" + bench_csv.read_bytes())
+    assert read_csv(with_bom) == _rows()
+
+
 @pytest.mark.parametrize("kept", [7, 27])  # cut in the numbers, or in the run's text columns
 def test_a_row_cut_short_is_named(tmp_path, kept):
     """A damaged or cut-off line (fewer fields than the header): a ValueError naming the line,
