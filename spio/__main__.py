@@ -419,6 +419,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     from . import supported_arch
     from .compiler import CompileResult, check_arch, compile_many
+    from .compiler.compile import toolchain_identity
     from .kernels.families import FAMILIES
     from .kernels.layer_sets import compile_layer_set
 
@@ -431,6 +432,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(
             f"spio compile: no kernel family matches {', '.join(map(repr, unmatched))}; "
             f"families: {', '.join(FAMILIES)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:  # what every compile needs: one line now, not a FAILED line for each kernel
+        toolchain_identity()
+    except (OSError, RuntimeError) as error:  # CudaNotFoundError, NvrtcError
+        print(
+            f"spio compile: setup error: nothing was compiled: {error}\n"
+            "`python -m spio info` shows where spio looked for its tools",
             file=sys.stderr,
         )
         return 2

@@ -644,6 +644,20 @@ def test_info_names_a_setting_that_points_at_something_unusable(setting, row, sa
     assert len([line for line in out.stdout.splitlines() if line.startswith("NVRTC")]) == 1
 
 
+@pytest.mark.parametrize("setting", ["SPIO_NVRTC", "SPIO_CUDA_INCLUDE"])
+def test_compile_without_its_toolchain_is_one_setup_error(setting, tmp_path):
+    """An NVRTC that does not load, or headers not found, had made every kernel a FAILED line
+    (about 39,000 x 4 of them for a whole sweep), exit 1: now one line, exit 2, nothing built."""
+    (tmp_path / "empty.so").write_bytes(b"")
+    value = tmp_path / ("empty.so" if setting == "SPIO_NVRTC" else "no-headers")
+    env = {"SPIO_CACHE_DIR": str(tmp_path / "cache"), setting: str(value)}
+    out = run_spio("compile", "--arch", "sm_90", "--sample", "2", env=env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith("spio compile: setup error: nothing was compiled: ")
+    assert setting in out.stderr and "FAILED" not in out.stdout + out.stderr
+    assert not (tmp_path / "cache").exists()
+
+
 def test_info_says_when_the_driver_cannot_load_what_nvrtc_builds():
     """A driver of CUDA 12 loads cubins of any CUDA 12 NVRTC (minor version compatibility) but
     not those of a CUDA 13 one: info then marks the install broken and says how to mend it."""
