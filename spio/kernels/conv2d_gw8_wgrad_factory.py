@@ -110,6 +110,12 @@ STAGES = (2, 3, 4, 6)
 BLOCK_N = (1, 4, 16)
 SMALL_IMAGE = 256
 
+#: Images per block that no GPU has run yet (the H200 run of 2026-11-29 had 1 and 4): the
+#: analytic heuristic ranks their configs last, as FProp/DGrad's keeps one image per block, so
+#: that a GPU without a model never runs one untimed; a model ranks them last too (they are not
+#: among its `config_values`), and autotuning times them as the pick's unjudged variants.
+UNTIMED_BLOCK_N = (16,)
+
 
 #: 8-column runs a warp computes in the config space.
 WARP_Q8 = (1, 2, 4)
@@ -188,9 +194,10 @@ def estimated_cost(
 def heuristic_key(
     params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, machine: Machine = H200_CLASS
 ) -> tuple:
-    """How the analytic heuristic orders configs for `machine`: by estimated_cost, then config
-    order."""
-    return (estimated_cost(params, config, machine), config)
+    """How the analytic heuristic orders configs for `machine`: images per block that no GPU has
+    run last (UNTIMED_BLOCK_N), then by estimated_cost, then config order."""
+    untimed = config.block_n in UNTIMED_BLOCK_N
+    return (untimed, estimated_cost(params, config, machine), config)
 
 
 def default_config(params: Conv2dGw8Params, machine: Machine = H200_CLASS) -> Conv2dGw8WgradConfig:

@@ -710,10 +710,11 @@ def _note_other_device(model: PerfModel, identity: DeviceIdentity) -> None:
 def unjudged_variants(family: Family, model: PerfModel | None, pick, configs: Sequence) -> list:
     """The configs that differ from `pick` only in fields its ranking could not weigh: for a
     model, fields with values it was never trained on (`PerfModel.measured`); for the analytic
-    heuristic, `family.heuristic_ignores`. Autotuning times them besides the top-k, so that a
-    config dimension no model has measured yet is still tried where it is timed."""
+    heuristic, `family.heuristic_ignores` and `family.heuristic_untimed`. Autotuning times them
+    besides the top-k, so that a config dimension no model has measured yet is still tried where
+    it is timed."""
     if model is None:
-        fields = set(family.heuristic_ignores)
+        fields = set(family.heuristic_ignores) | set(family.heuristic_untimed)
     else:
         trained = model.meta.get("config_values") or {}
         fields = {f for f, v in trained.items() if any(getattr(c, f) not in v for c in configs)}

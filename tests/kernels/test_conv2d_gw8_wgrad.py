@@ -49,6 +49,33 @@ def test_bad_configs_are_rejected(bad):
         wg.Conv2dGw8WgradConfig(**bad)
 
 
+@pytest.mark.parametrize(
+    "layer,arch",
+    [
+        (Conv2dGw8Params(n=256, c=512, h=8, w=8), "sm_80"),
+        (Conv2dGw8Params(n=256, c=368, h=7, w=7), "sm_86"),
+        (Conv2dGw8Params(n=128, c=1024, h=7, w=7, padding=2, r=5, s=5), "sm_90"),
+    ],
+    ids=["512c_8x8_sm80", "368c_7x7_sm86", "1024c_7x7_5x5_sm90"],
+)
+def test_the_heuristic_picks_no_images_per_block_no_gpu_has_run(layer, arch):
+    """16 images a block had never run on a GPU, yet the heuristic's cost made them the pick of
+    these layers on GPUs without a model (14 of 1,080 layer, batch and arch cases); they rank
+    last now, as FProp/DGrad's keeps one image a block, and come first again once a GPU run
+    takes 16 out of UNTIMED_BLOCK_N."""
+    from spio.kernels.conv2d_gw8_factory import typical_machine
+    from spio.kernels.families import FAMILY_OF_PASS
+    from spio.kernels.perf_model import heuristic_ranking
+
+    machine = typical_machine(arch)
+    cheapest = min(wg.configs(layer), key=lambda c: (wg.estimated_cost(layer, c, machine), c))
+    assert cheapest.block_n in wg.UNTIMED_BLOCK_N
+    assert wg.default_config(layer, machine=machine).block_n not in wg.UNTIMED_BLOCK_N
+    ranked = heuristic_ranking(FAMILY_OF_PASS["wgrad"], layer, wg.configs(layer), machine)
+    untimed = [c.block_n in wg.UNTIMED_BLOCK_N for c in ranked]
+    assert any(untimed) and untimed == sorted(untimed)
+
+
 def _cases(layers, configs_per_layer, seed):
     for index, params in enumerate(layers):
         for config in sample_configs(params, "wgrad", configs_per_layer, seed + index):
