@@ -424,7 +424,10 @@ def autotune(
 def _entry_config(family: Any, params: Conv2dGw8Params, payload: bytes) -> tuple[Any, str | None]:
     """(the config an autotune cache entry names, None), or (None, why it is unusable)."""
     try:
-        config = family.config_from_fields(json.loads(payload)["config"])
+        fields = json.loads(payload)["config"]
+        if not isinstance(fields, dict):
+            raise TypeError(f"its config is {fields!r}, not an object of fields")
+        config = family.config_from_fields(fields)
     except (ValueError, KeyError, TypeError) as error:
         return None, f"unusable cache entry ({type(error).__name__}: {error})"
     if config not in family.configs(params):

@@ -654,6 +654,8 @@ def rank_configs(
     for model in loadable_models(family, identity, folder):
         found = True
         gap = model.coverage_gap(params)
+        if gap is None and not any(model.measured(c) for c in configs):  # it would rank none
+            gap = ("unmeasured", f"it has measured none of the configs of {params.encode()}")
         if gap is None:
             _note_other_device(model, identity)
             return model.rank(params, configs), model
@@ -712,7 +714,9 @@ def unjudged_variants(family: Family, model: PerfModel | None, pick, configs: Se
     model, fields with values it was never trained on (`PerfModel.measured`); for the analytic
     heuristic, `family.heuristic_ignores` and `family.heuristic_untimed`. Autotuning times them
     besides the top-k, so that a config dimension no model has measured yet is still tried where
-    it is timed."""
+    it is timed. For several images a block that is where the pick's own tile covers the whole
+    image, the small images such blocks are for; the best whole-image tiles of larger layers are
+    not timed, which would add three kernels a pass to most layers' tuning."""
     if model is None:
         fields = set(family.heuristic_ignores) | set(family.heuristic_untimed)
     else:

@@ -218,11 +218,14 @@ def test_cache_entry_records_what_was_timed(tuned, tmp_path):
     assert winner.encode() == min(entry["timed"], key=entry["timed"].get)
 
 
-@pytest.mark.parametrize("damage", ["not json", "no config", "no longer a config"])
+@pytest.mark.parametrize(
+    "damage", ["not json", "no config", "no longer a config", "config null", "config a name"]
+)
 def test_an_unusable_cache_entry_is_timed_again_and_replaced(damage, tuned, monkeypatch, caplog):
-    """A damaged entry (not JSON, or without a config), or one naming a config the family no
-    longer has, is a miss: it had given every later process the untuned pick, with the same
-    warning, for good."""
+    """A damaged entry (not JSON, or without a config, or with a config that is no object of
+    fields: that had been an AttributeError out of every selection of the layer), or one naming
+    a config the family no longer has, is a miss: it had given every later process the untuned
+    pick, with the same warning, for good."""
     import logging
 
     from spio.compiler import DiskCache
@@ -236,6 +239,10 @@ def test_an_unusable_cache_entry_is_timed_again_and_replaced(damage, tuned, monk
     entry["config"]["groups"] = 3
     if damage == "no config":
         del entry["config"]
+    elif damage == "config null":
+        entry["config"] = None
+    elif damage == "config a name":
+        entry["config"] = tuned.configs[-1].encode()
     bad = b"{not json" if damage == "not json" else json.dumps(entry).encode()
     cache.discard(key)
     cache.get_or_build(key, lambda: (bad, {"family": family.name}))

@@ -429,6 +429,30 @@ def test_a_model_ranks_configs_it_never_measured_last(models):
     assert all(old.measured(c) for c in multi)
 
 
+def test_a_model_that_measured_none_of_a_layers_configs_leaves_it_to_the_heuristic(tmp_path):
+    """A model whose `config_values` lack a value every config of a layer has (a foreign or
+    user-trained model) had "ranked" them all as unmeasured, in config order: the pick was the
+    family's first config. The heuristic ranks them instead, as for a layer no model covers."""
+    import json
+
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    (tmp_path / "sm_90").mkdir()
+    for suffix in (".json", ".ubj"):
+        source = pm.model_path(pm.PACKAGED_MODELS_DIR, family.name, "sm_90").with_suffix(suffix)
+        shutil.copy(source, tmp_path / "sm_90" / source.name)
+    meta_path = pm.model_path(tmp_path, family.name, "sm_90").with_suffix(".json")
+    meta = json.loads(meta_path.read_text())
+    meta["config_values"]["block_p"] = [v for v in meta["config_values"]["block_p"] if v != 4]
+    meta_path.write_text(json.dumps(meta))
+    tiny = P(32, 64, 4, 4, padding=1)  # every config's block_p is 4
+    assert {c.block_p for c in family.configs(tiny)} == {4}
+    ranked, model = pm.rank_configs(family, tiny, H200, tmp_path)
+    assert model is None
+    assert ranked == pm.heuristic_ranking(family, tiny, family.configs(tiny), H200.machine)
+    ranked, model = pm.rank_configs(family, P(32, 64, 16, 16, padding=1), H200, tmp_path)
+    assert model is not None  # a layer it measured configs of keeps the model
+
+
 def test_samples_from_before_a_config_field_read_its_default():
     family = pm.FAMILIES["conv2d_gw8_fprop"]
     fields = {"groups": "2", "block_p": "8", "block_q": "16", "warp_q16": "1", "stages": "4"}
