@@ -369,7 +369,10 @@ def autotune(
                 if kernel is not None:
                     try:
                         seconds = float(run(family.name, params, kernel, device))
+                        if not 0 < seconds < math.inf:  # NaN, 0: a broken timing, not a win
+                            raise ValueError(f"its time was {seconds!r} s")
                     except Exception as error:  # one broken config must not stop tuning
+                        seconds = math.inf
                         logger.warning(
                             "autotune: %s %s failed: %s", family.name, config.encode(), error
                         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -257,6 +258,27 @@ def test_an_unusable_cache_entry_is_timed_again_and_replaced(damage, tuned, monk
         else:
             assert tuned.calls == []  # the entry was replaced
     assert caplog.text.count("timing again") == 1
+
+
+@pytest.mark.parametrize("broken", [math.nan, 0.0, -1e-6, math.inf])
+def test_a_config_timed_as_nan_or_zero_counts_as_failed(broken, tmp_path, caplog):
+    """A NaN first time had won min() (every comparison with it is false) and, not finite, made
+    tuning fail as if every candidate had; a time of 0 or less is no measurement either."""
+    import logging
+
+    family = pm.FAMILIES["conv2d_gw8_wgrad"]
+    candidates = family.configs(LAYER)[:3]
+
+    def timer(family_name, params, kernel, device):
+        config = dict(kernel.info)["config"]
+        return broken if config == candidates[0] else 1e-3 * (1 + candidates.index(config))
+
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        config = autotune.autotune(
+            family, LAYER, FakeCuda(), H200, candidates, timer=timer, cache=_cache(tmp_path)
+        )
+    assert config == candidates[1]
+    assert f"{candidates[0].encode()} failed: its time was {broken!r} s" in caplog.text
 
 
 def test_a_failing_config_counts_as_slowest(monkeypatch, tmp_path):
