@@ -221,7 +221,8 @@ step_ablate() {
     # R-step unroll on every bench layer; WGrad's trial configs (8 runs a warp) on the headline
     # layer; the input pipeline on image sizes around 64x64 (DRAM camping); input rows through
     # registers (ldg); several images per block on the small layers; the small layers' own
-    # ablation; FProp tile shapes from shallow to deep pipelines; the no-halo 1x3 layer. Each line names its variants (all 12 on a line would be 12 compiles a config).
+    # ablation; FProp tile shapes from shallow to deep pipelines; the no-halo 1x3 layer. Each
+    # line names its variants (all 12 on a line would be 12 compiles a config).
     # Each part gets the step's time left; a part that would get under 10 s is skipped (timeout 0
     # would mean no limit at all).
     # A part that fails sets rc; one that times out, or is skipped for want of time, makes the

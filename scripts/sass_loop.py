@@ -92,6 +92,8 @@ def choose_cases(args: argparse.Namespace, families: list, layers: list) -> list
                     try:
                         config = family.config_named(params, name, trial=True)
                         cases.append((family, params, config))
+                        if config not in family.configs(params):
+                            print(f"{name}: a trial config, outside the space spio picks from")
                     except ValueError as error:
                         sys.exit(f"sass_loop: {error}")
             else:  # the heuristic's pick for a typical GPU of the arch, as resource_report's

@@ -129,7 +129,9 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
         )
     if not rows:
         rows.append(f"none in {folder}")
-    label = _BROKEN if folder == PACKAGED_MODELS_DIR else _BAD_SETTING
+    label = (
+        _BROKEN if folder == PACKAGED_MODELS_DIR else f"{_BAD_SETTING}: SPIO_PERF_MODELS={folder}"
+    )
     rows.extend(f"{label}: {problem}" for problem in damaged)
     for ordinal, arch in enumerate(gpu_archs):
         if arch not in by_arch:
@@ -255,8 +257,10 @@ def _info_only_problems() -> list[str]:
 
 
 def _libcuda_problem(path: str) -> str | None:
-    """Why `path` (SPIO_LIBCUDA) is no CUDA driver library: no file there, or a library that
-    does not load or lacks cuInit; None where it loads (whether a GPU answers is the GPU row's)."""
+    """Why `path` (SPIO_LIBCUDA) is no CUDA driver library: no file there, or a file that does
+    not load, or a library without cuInit; None where it loads, and for a bare name the loader
+    does not find (e.g. the default, libcuda.so.1, on a machine without a driver: the GPU row
+    says so, and no GPU is no failure of info)."""
     import ctypes
 
     if "/" in path and not os.path.isfile(path):  # a bare name is the loader's to find
@@ -264,7 +268,7 @@ def _libcuda_problem(path: str) -> str | None:
     try:
         library = ctypes.CDLL(path)
     except OSError as error:
-        return f"which does not load ({error})"
+        return f"which does not load ({error})" if "/" in path else None
     if not hasattr(library, "cuInit"):
         return "which has no entry point cuInit"
     return None

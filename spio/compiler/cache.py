@@ -313,7 +313,7 @@ def own_size(folder: Path) -> tuple[int, int]:
     for path in own_files(folder):
         try:
             total += path.lstat().st_size
-        except FileNotFoundError:  # removed meanwhile
+        except OSError:  # removed meanwhile, or in a folder it may list but not search
             continue
         count += 1
     return count, total

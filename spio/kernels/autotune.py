@@ -346,8 +346,8 @@ def autotune(
     Not to be called while `device`'s stream is capturing a CUDA graph (`capturing`).
     `family` is a spio.kernels.families.Family; `identity` the device's DeviceIdentity; `timer`
     defaults to `default_timer`; `cache` to DiskCache("autotune"). A config that fails to build
-    or launch counts as infinitely slow (logged); RuntimeError when every one does, ValueError
-    for no candidates.
+    or launch, or whose time is not a positive finite number (NaN, say), counts as infinitely slow
+    (logged); RuntimeError when every one does, ValueError for no candidates.
     """
     if not candidates:
         raise ValueError(f"autotune of {family.name} needs at least one candidate config")

@@ -35,9 +35,9 @@ class Family:
     shared_mem_bytes: Callable[[Conv2dGw8Params, Any], int]  # dynamic, per block
     # Config fields the heuristic's cost cannot weigh; autotuning tries the pick's variants in them.
     heuristic_ignores: tuple[str, ...] = ()
-    # Config fields with values no GPU has run, which heuristic_key ranks last; without a model,
-    # autotuning tries the pick's variants in them too.
-    heuristic_untimed: tuple[str, ...] = ()
+    # (config field, its values no GPU has run) pairs: heuristic_key ranks them last; without a
+    # model, autotuning tries the pick's variants with them too. (Pairs: a Family is hashed.)
+    heuristic_untimed: tuple[tuple[str, tuple[int, ...]], ...] = ()
     reads_bias: bool = True  # DGrad does not
     # Defines (Kernel.with_defines) that leave in the main loop only the code of a full row step,
     # for counting its instructions (scripts/sass_loop.py, resource_report.py). WGrad's tile-edge
@@ -104,7 +104,7 @@ FAMILIES: dict[str, Family] = {
         default_config=wg.default_config,
         shared_mem_bytes=wg.shared_mem_bytes,
         full_step_defines=("SPIO_WGRAD_UNMASKED",),
-        heuristic_untimed=("block_n",),  # wg.UNTIMED_BLOCK_N
+        heuristic_untimed=(("block_n", wg.UNTIMED_BLOCK_N),),
         trial_configs=wg.trial_configs,
     ),
 }

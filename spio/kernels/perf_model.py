@@ -642,9 +642,10 @@ def rank_configs(
 ) -> tuple[list, PerfModel | None]:
     """All configs of `family` for `params`, fastest first, and the model that ranked them.
 
-    The model is the most specific one that loads and covers the batch size
-    (`PerfModel.coverage_gap`): a per-device model, else the arch's. The analytic heuristic ranks
-    them instead (and the model returned is None) where none does. Each fallback is logged once per
+    The model is the most specific one that loads, covers the batch size
+    (`PerfModel.coverage_gap`) and has measured some of the layer's configs: a per-device model,
+    else the arch's. The analytic heuristic ranks them instead (and the model returned is None)
+    where none does. Each fallback is logged once per
     family, arch (or model file) and reason.
     """
     configs = family.configs(params)
@@ -655,7 +656,8 @@ def rank_configs(
         found = True
         gap = model.coverage_gap(params)
         if gap is None and not any(model.measured(c) for c in configs):  # it would rank none
-            gap = ("unmeasured", f"it has measured none of the configs of {params.encode()}")
+            reason = "layers none of whose configs it measured"
+            gap = (reason, f"it has measured none of the configs of {params.encode()}")
         if gap is None:
             _note_other_device(model, identity)
             return model.rank(params, configs), model
@@ -710,15 +712,17 @@ def _note_other_device(model: PerfModel, identity: DeviceIdentity) -> None:
 
 
 def unjudged_variants(family: Family, model: PerfModel | None, pick, configs: Sequence) -> list:
-    """The configs that differ from `pick` only in fields its ranking could not weigh: for a
+    """The configs that differ from `pick` only in what its ranking could not weigh: for a
     model, fields with values it was never trained on (`PerfModel.measured`); for the analytic
-    heuristic, `family.heuristic_ignores` and `family.heuristic_untimed`. Autotuning times them
-    besides the top-k, so that a config dimension no model has measured yet is still tried where
-    it is timed. For several images a block that is where the pick's own tile covers the whole
-    image, the small images such blocks are for; the best whole-image tiles of larger layers are
-    not timed, which would add three kernels a pass to most layers' tuning."""
+    heuristic, the fields `family.heuristic_ignores` and the values no GPU has run
+    (`family.heuristic_untimed`). Autotuning times them besides the top-k, so that a config
+    dimension no model has measured yet is still tried where it is timed. They are the pick's
+    twins: several images a block, say, are tried where the pick's tile covers the whole image
+    (the small images they are for), not with every whole-image tile of other layers, which
+    would add three kernels a pass to most layers' tuning."""
+    untimed = dict(family.heuristic_untimed) if model is None else {}
     if model is None:
-        fields = set(family.heuristic_ignores) | set(family.heuristic_untimed)
+        fields = set(family.heuristic_ignores) | set(untimed)
     else:
         trained = model.meta.get("config_values") or {}
         fields = {f for f, v in trained.items() if any(getattr(c, f) not in v for c in configs)}
@@ -729,7 +733,14 @@ def unjudged_variants(family: Family, model: PerfModel | None, pick, configs: Se
     def rest(config) -> tuple:
         return tuple(getattr(config, f) for f in kept)
 
-    return [c for c in configs if c != pick and rest(c) == rest(pick)]
+    def weighed_apart(config) -> bool:
+        """Whether it differs from the pick in a value of an untimed field that was run."""
+        return any(
+            getattr(config, f) != getattr(pick, f) and getattr(config, f) not in values
+            for f, values in untimed.items()
+        )
+
+    return [c for c in configs if c != pick and rest(c) == rest(pick) and not weighed_apart(c)]
 
 
 def heuristic_ranking(
@@ -753,7 +764,8 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     CUDA device: the perf model's best config (SPIO_AUTOTUNE=1: the fastest of its top-k and of the
     pick's variants in fields the model cannot weigh (`unjudged_variants`), timed once and cached on
     disk); the analytic heuristic for the device's arch and SM count (SPIO_AUTOTUNE=1: the same,
-    from its ranking) where no model applies, including a batch size the model does not cover. No
+    from its ranking) where no model applies, including a batch size the model does not cover
+    and a layer none of whose configs it measured. No
     device or a CPU device: the analytic heuristic for an H200-class GPU. Selections are memoised
     per process, by the settings (SPIO_PERF_MODELS, SPIO_AUTOTUNE, SPIO_AUTOTUNE_TOPK) too; the
     layers' kernel caches of spio.functional._kernels above them keep a layer's first choice. Inside
