@@ -355,7 +355,15 @@ def _forward_once(model: nn.Module, inputs: tuple, kwargs: dict | None, grad: bo
     are as they were, and so are the buffers' autograd version counters: a graph of an earlier
     forward that saved a buffer (BatchNorm saves its running statistics) still runs its
     backward, as after a plain forward of the model."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    # Each module's buffers by name: a forward may also set a new tensor in a buffer's place
+    # (self.mean = 0.9 * self.mean + ...), which the old one is put back over.
+    slots = [
+        (module, name, buffer, buffer.detach().clone())
+        for module in model.modules()
+        for name, buffer in module._buffers.items()
+        if buffer is not None
+    ]
+    buffers = list({id(b): b for _, _, b, _ in slots}.values())
     kwargs = kwargs or {}
     given = (*inputs, *kwargs.values())
     tensors = [*(t for t in given if isinstance(t, torch.Tensor)), *model.parameters()]
@@ -364,7 +372,7 @@ def _forward_once(model: nn.Module, inputs: tuple, kwargs: dict | None, grad: bo
         # Version counters are set back on leaving, after the values (inference tensors keep
         # none): else a saved buffer's graph refuses its backward ("modified by an inplace
         # operation") although the values are the ones it saved.
-        for buffer, _ in buffers:
+        for buffer in buffers:
             if not buffer.is_inference():
                 versions.enter_context(torch.autograd._unsafe_preserve_version_counter(buffer))
         try:
@@ -376,8 +384,10 @@ def _forward_once(model: nn.Module, inputs: tuple, kwargs: dict | None, grad: bo
                 model(*inputs, **kwargs)
         finally:
             with torch.no_grad():
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
+                for module, name, buffer, saved in slots:
+                    module._buffers[name] = buffer
+                    if not buffer.is_inference():  # an inference tensor cannot have changed
+                        buffer.copy_(saved)
 
 
 def precompile(
