@@ -199,7 +199,18 @@ def _weight_setter(conv: nn.Conv2d, undo: bool) -> str:
     the mend (for transform, or for untransform if `undo`)."""
     prune = sys.modules.get("torch.nn.utils.prune")  # none pruned before it is loaded
     weight_norm = sys.modules.get("torch.nn.utils.weight_norm")
+    spectral_norm = sys.modules.get("torch.nn.utils.spectral_norm")
     for hook in conv._forward_pre_hooks.values():
+        if spectral_norm is not None and isinstance(hook, spectral_norm.SpectralNorm):
+            mend = (
+                "remove it first (torch.nn.utils.remove_spectral_norm)"
+                if undo
+                else "use torch.nn.utils.parametrizations.spectral_norm"
+            )
+            return (
+                "has a weight that is neither a Parameter nor parametrized: the deprecated "
+                f"torch.nn.utils.spectral_norm ({mend})"
+            )
         if prune is not None and isinstance(hook, prune.BasePruningMethod):
             mend = "prune.remove it first" if undo else "transform before pruning"
             return f"is pruned (torch.nn.utils.prune), its weight not a Parameter: {mend}"
@@ -680,19 +691,55 @@ def _parametrized_class(cls: type[nn.Conv2d], parametrized: type[nn.Module]) -> 
     return type(f"Parametrized{cls.__name__}", (cls,), own)
 
 
+class _FirstAlive:
+    """What a module-receiving hook holds for its module (weakref.ref(module) in torch's
+    _WrappedHook) when two modules share it: the first while it lives, then the second."""
+
+    def __init__(self, first: nn.Module, second: nn.Module) -> None:
+        self._refs = (weakref.ref(first), weakref.ref(second))
+
+    def __call__(self) -> nn.Module | None:
+        for ref in self._refs:
+            module = ref()
+            if module is not None:
+                return module
+        return None
+
+
 def _share_hooks(new: nn.Module, module: nn.Module) -> None:
     """Give `new` module's hooks (forward, backward, state_dict, load_state_dict, of every kind):
     the same dicts, not copies, so that the handles a user holds still remove them. A hook
-    registered to receive the module (register_load_state_dict_pre_hook) receives `new`."""
+    registered to receive the module (register_load_state_dict_pre_hook) receives `module`
+    while it lives, then `new` (a conversion whose result takes module's place, as a user's
+    `model.conv = Conv2dGw8.from_torch_module(model.conv)`); `receive_hooks` makes it `new` at
+    once where new has taken module's place (transform, untransform)."""
     for name, value in vars(module).items():
         if "hook" not in name:
             continue
         vars(new)[name] = value  # the dicts, and _is_full_backward_hook (a flag)
-        if not isinstance(value, dict):
-            continue
-        for hook in value.values():
-            if getattr(hook, "with_module", False) and hook.module() is module:
-                hook.module = weakref.ref(new)
+    for hook in _module_hooks(module):
+        if hook.module() is module:
+            hook.module = _FirstAlive(module, new)
+
+
+def _module_hooks(module: nn.Module) -> list:
+    """module's hooks that receive a module (torch's _WrappedHook with with_module)."""
+    dicts = [value for name, value in vars(module).items() if "hook" in name]
+    return [
+        hook
+        for value in dicts
+        if isinstance(value, dict)
+        for hook in value.values()
+        if getattr(hook, "with_module", False)
+    ]
+
+
+def receive_hooks(new: nn.Module, old: nn.Module) -> None:
+    """`new` has taken the place of `old`, whose hooks it shares (from_torch_module,
+    to_torch_module): the hooks that received `old` receive `new` from now on."""
+    for hook in _module_hooks(new):
+        if hook.module() in (old, new):
+            hook.module = weakref.ref(new)
 
 
 def make_conv2d(*args: Any, **kwargs: Any) -> nn.Conv2d:

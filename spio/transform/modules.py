@@ -25,6 +25,7 @@ from spio.layers.conv2d_gw8 import (
     compiled_in_place,
     mendable_problem,
     module_ineligibility,
+    receive_hooks,
     resolve_padding,
     restore_problem,
 )
@@ -82,13 +83,16 @@ def transform(
             logger.info("spio.transform replaced 0 of 1 nn.Conv2d modules (1 excluded)")
             return model
         logger.info("spio.transform replaced 1 of 1 nn.Conv2d modules")
-        return Conv2dGw8.from_torch_module(model, passes)
+        replacement = Conv2dGw8.from_torch_module(model, passes)
+        receive_hooks(replacement, model)
+        return replacement
     names: dict[int, str] = {}  # each module's first name
     for name, module in model.named_modules(remove_duplicate=False):
         names.setdefault(id(module), name)
     # First decide every convolution (include is asked, and its answers checked, before the
     # model changes: an error leaves it as it was), then replace.
     replacements: dict[int, nn.Conv2d] = {}
+    originals: dict[int, nn.Conv2d] = {}
     skipped: dict[int, str] = {}  # distinct ineligible modules, and why
     places: list[tuple[nn.Module, str, int]] = []
     excluded = 0
@@ -109,10 +113,15 @@ def transform(
                     excluded += 1
                     continue
                 replacements[id(child)] = Conv2dGw8.from_torch_module(child, passes)
+                originals[id(child)] = child
             if id(child) in replacements:
                 places.append((parent, name, id(child)))
     for parent, name, key in places:
-        _set_child(parent, name, replacements[key])
+        # A conv within a conv replaced too goes into the replacement (which shares its
+        # submodules; the replaced one is dropped).
+        _set_child(replacements.get(id(parent), parent), name, replacements[key])
+    for key, original in originals.items():
+        receive_hooks(replacements[key], original)
     replaced = len(replacements) - excluded
     total = len(replacements) + len(skipped)
     note = f" ({excluded} excluded)" if excluded else ""
@@ -175,14 +184,20 @@ def untransform(model: nn.Module) -> nn.Module:
             compiled += compiled_in_place(conv) is not None
         return replacements[id(conv)]
 
+    originals: dict[int, Conv2dGw8] = {}
     if isinstance(model, Conv2dGw8):
         result: nn.Module = restored(model)
+        originals[id(model)] = model
     else:
         result = model
         for parent in list(model.modules()):
             for name, child in list(parent._modules.items()):
                 if isinstance(child, Conv2dGw8):
-                    _set_child(parent, name, restored(child))
+                    # Into parent's replacement where it has one (a conv within a conv).
+                    _set_child(replacements.get(id(parent), parent), name, restored(child))
+                    originals[id(child)] = child
+    for key, original in originals.items():
+        receive_hooks(replacements[key], original)
     logger.info("spio.untransform restored %d nn.Conv2d modules", len(replacements))
     if compiled:
         logger.warning(
@@ -508,9 +523,13 @@ def _stand_in_calls(
     of their calls; returns how many there were. The layers' passes are restored afterwards."""
     passes = {id(m): m._pass_bits for m in layers}
     calls = 0
+    strays = 0
 
     def before(module: Conv2dGw8, args: tuple, kwargs: dict) -> None:
-        nonlocal calls
+        nonlocal calls, strays
+        if id(module) not in passes:  # a module sharing a layer's hooks: the conv it replaced
+            strays += 1
+            return
         input = _call_input(args, kwargs)
         if input is not None:
             calls += 1
@@ -518,7 +537,8 @@ def _stand_in_calls(
         module._pass_bits = 0  # PyTorch's convolution runs this call: nothing is built
 
     def after(module: Conv2dGw8, args: tuple, output: object) -> None:
-        module._pass_bits = passes[id(module)]
+        if id(module) in passes:
+            module._pass_bits = passes[id(module)]
 
     handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in layers]
     handles += [m.register_forward_hook(after) for m in layers]
@@ -529,6 +549,14 @@ def _stand_in_calls(
             handle.remove()
         for module in layers:
             module._pass_bits = passes[id(module)]
+    if strays:
+        logger.warning(
+            "%d calls of an nn.Conv2d that spio.transform replaced: the model reaches it other "
+            "than through its submodules (a plain list or dict, say), so those calls run "
+            "PyTorch's convolution; register the container as an nn.ModuleList or "
+            "nn.ModuleDict before transforming",
+            strays,
+        )
     return calls
 
 

@@ -208,6 +208,107 @@ def test_hooks_on_a_conv2dgw8_survive_untransform_and_their_handles_still_remove
     assert seen == []
 
 
+def _load_hooked(model: nn.Module, layer: nn.Module) -> list:
+    """A load_state_dict pre-hook on `layer` that records the type of the module it receives."""
+    seen: list = []
+    layer.register_load_state_dict_pre_hook(lambda m, *a: seen.append(type(m).__name__))
+    return seen
+
+
+def test_a_converted_copy_leaves_the_layers_hooks_with_the_layer():
+    """to_torch_module() (e.g. to script a copy, as the layer's own error advises) and
+    from_torch_module() had pointed the hooks that receive the module at the copy: the layer in
+    the model then handed them the copy, and once the copy was gone load_state_dict failed
+    ("hook of a dead Module"). They receive the layer while it lives, the copy only after."""
+    import gc
+
+    model = transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)))
+    seen = _load_hooked(model, model[0])
+    plain = model[0].to_torch_module()
+    again = Conv2dGw8.from_torch_module(plain)
+    model.load_state_dict(model.state_dict())
+    assert seen == ["Conv2dGw8"]
+    del plain, again
+    gc.collect()
+    model.load_state_dict(model.state_dict())
+    assert seen == ["Conv2dGw8", "Conv2dGw8"]
+    # A copy put in the layer's place, as a user may, receives them once the layer is gone.
+    model[0] = model[0].to_torch_module()
+    gc.collect()
+    model.load_state_dict(model.state_dict())
+    assert seen[-1] == "Conv2d"
+
+
+def test_a_transform_refused_by_include_leaves_the_hooks_as_they_were():
+    """An include answer checked after earlier convs were converted had left their hooks
+    pointing at the dropped conversions: load_state_dict then failed ("hook of a dead
+    Module")."""
+    import gc
+
+    model = nn.Sequential(*(nn.Conv2d(16, 16, 3, padding=1, groups=2) for _ in range(2)))
+    seen = _load_hooked(model, model[0])
+    with pytest.raises(ValueError, match="got 'fpropp'"):
+        transform(model, include=lambda name, conv: True if name == "0" else "fpropp")
+    gc.collect()
+    model.load_state_dict(model.state_dict())
+    assert seen == ["Conv2d"] and type(model[0]) is nn.Conv2d
+
+
+@pytest.mark.parametrize("undo", [False, True], ids=["transform", "untransform"])
+def test_a_conv_within_a_conv_is_replaced_too(undo):
+    """A conv that is a submodule of another eligible conv (an adapter its hooks call, say) had
+    been set on the outer conv's dropped original: counted as replaced, left as it was."""
+    import spio
+
+    outer = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    outer.adapter = nn.Conv2d(16, 16, 1, groups=2)
+    model = transform(nn.Sequential(outer))
+    assert [type(m) for m in (model[0], model[0].adapter)] == [Conv2dGw8, Conv2dGw8]
+    if undo:
+        spio.untransform(model)
+        assert [type(m) for m in (model[0], model[0].adapter)] == [nn.Conv2d, nn.Conv2d]
+
+
+class _ListedBranches(nn.Module):
+    """Calls its convs through a plain list, which module walks (transform) do not see."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+        self.branches = [self.conv1, self.conv2]
+
+    def forward(self, x):
+        return sum(branch(x) for branch in self.branches)
+
+
+def test_convs_called_past_the_walk_are_named_not_a_crash(caplog):
+    """The replaced convs still called through a plain list share their replacements' hooks,
+    so the stand-in forward's hooks met them: a KeyError from scan_modules (an AttributeError
+    from precompile). Now they are counted and the model's author told how to mend it."""
+    model = transform(_ListedBranches())
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert scan_modules(model, torch.randn(1, 16, 6, 6)) == []
+    assert "2 calls of an nn.Conv2d that spio.transform replaced" in caplog.text
+    assert "nn.ModuleList" in caplog.text
+
+
+def test_a_deprecated_spectral_norm_is_named_with_its_mend(caplog):
+    """Its weight is a plain tensor set at each call, as the deprecated weight_norm's: the
+    message had blamed FSDP."""
+    model = nn.Sequential(nn.utils.spectral_norm(nn.Conv2d(16, 16, 3, padding=1, groups=2)))
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        transform(model)
+    assert type(model[0]) is nn.Conv2d
+    assert (
+        "the deprecated torch.nn.utils.spectral_norm (use torch.nn.utils.parametrizations"
+        ".spectral_norm)"
+        in caplog.text
+        and "FSDP" not in caplog.text
+    )
+
+
 def test_package_is_callable():
     model = spio_transform(_model())
     assert isinstance(model.blocks[0], Conv2dGw8)
