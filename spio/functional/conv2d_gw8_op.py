@@ -58,8 +58,10 @@ def fresh_strides(shape: tuple[int, ...], fmt: torch.memory_format) -> tuple[int
     return (c * h * w, h * w, w, 1)
 
 
-def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
-    """t with exactly the strides of a fresh tensor in fmt (the fake impls promise those)."""
+def in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
+    """t with exactly the strides of a fresh tensor in fmt (the fake impls promise those; for
+    1x1 images NHWC's strides would pass is_contiguous too, but PyTorch's convolution gives
+    these)."""
     if t.stride() == fresh_strides(tuple(t.shape), fmt):
         return t
     return _empty(t.shape, t, fmt).copy_(t)
@@ -94,7 +96,7 @@ def conv2d_gw8(
     else:
         check_args(input, weight, bias, stride, padding_y, padding_x, dilation, groups)
         out = _kernels.torch_fprop(input, weight, bias, (padding_y, padding_x))
-    return _in_format(out, fmt)
+    return in_format(out, fmt)
 
 
 @conv2d_gw8.register_fake
@@ -148,12 +150,12 @@ def conv2d_gw8_backward(
     empty = (0,)  # an unrequested gradient: an empty placeholder
     if need_input:
         assert dx is not None
-        dx = _in_format(dx.to(input.dtype), memory_format(input))
+        dx = in_format(dx.to(input.dtype), memory_format(input))
     else:
         dx = input.new_empty(empty)
     if need_weight:
         assert dw is not None
-        dw = _in_format(dw.to(grad_dtype), memory_format(weight))
+        dw = in_format(dw.to(grad_dtype), memory_format(weight))
     else:
         dw = input.new_empty(empty, dtype=grad_dtype)
     if need_bias:
@@ -216,7 +218,9 @@ def _conv2d_gw8_vmap(info, in_dims, input, weight, bias=None, stride=1, padding_
     """torch.vmap: inputs batched over one weight (and bias) are one call, the vmapped dimension
     folded into the images; batched weights or biases (e.g. a vmapped ensemble), one call per
     slice."""
-    x_dim, w_dim, b_dim = in_dims[:3]
+    # The dispatcher leaves out trailing arguments equal to their defaults (bias None, padding
+    # 0, ...), and with them their in_dims: those are None.
+    x_dim, w_dim, b_dim = (*in_dims, None, None)[:3]
     rest = (stride, padding_y, padding_x, dilation, groups, passes)
     if w_dim is None and b_dim is None:
         x = input.movedim(x_dim, 0)
@@ -249,7 +253,9 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
-    mask = [bool(m) for m in ctx.needs_input_grad[:3]]
+    # needs_input_grad lacks the trailing arguments the dispatcher left out for equalling their
+    # defaults (a call without bias and with no padding has (input, weight) only).
+    mask = [bool(m) for m in (*ctx.needs_input_grad, False, False)[:3]]
     if not any(mask):
         return (None,) * 9
     if input is None:

@@ -38,12 +38,8 @@ from .checks import (
     uses_kernels,
 )
 from .conv2d_gw8_op import conv2d_gw8 as conv2d_gw8_op
+from .conv2d_gw8_op import in_format
 from .onnx_export import exported_conv2d, onnx_exporting
-
-
-def _in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
-    """t in memory format fmt (the kernels return channels_last)."""
-    return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
 
 
 class _Conv2dGw8(torch.autograd.Function):
@@ -62,7 +58,7 @@ class _Conv2dGw8(torch.autograd.Function):
         ctx.passes = passes
         ctx.input_format = memory_format(input)
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return _in_format(layer.forward(input, weight, bias, passes), ctx.input_format)
+        return in_format(layer.forward(input, weight, bias, passes), ctx.input_format)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
@@ -77,7 +73,7 @@ class _Conv2dGw8(torch.autograd.Function):
         dtypes = (weight.dtype, ctx.bias_dtype or torch.float32)
         dx, dw, db = ctx.layer.backward(grad_output, input, weight, mask, ctx.passes, dtypes)
         if dx is not None:
-            dx = _in_format(dx, ctx.input_format)
+            dx = in_format(dx, ctx.input_format)
         return dx, dw, db, None, None
 
 
@@ -148,7 +144,7 @@ def conv2d_gw8_eager(
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
         return _Conv2dGw8.apply(input, weight, bias, layer, passes)
-    return _in_format(layer.forward(input, weight, bias, passes), memory_format(input))
+    return in_format(layer.forward(input, weight, bias, passes), memory_format(input))
 
 
 def conv2d_gw8(

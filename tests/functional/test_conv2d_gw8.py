@@ -774,6 +774,55 @@ def test_tensors_both_contiguous_and_channels_last_keep_their_strides(monkeypatc
         assert y.stride() == F.conv2d(x.float(), w.float(), None, 1, 1, 1, 2).stride()
 
 
+@pytest.mark.parametrize("emulate", ["0", "1"])
+@pytest.mark.parametrize("image", [1, 3], ids=["1x1_pad1", "3x3_pad0"])
+def test_one_pixel_outputs_of_nchw_inputs_have_nchw_strides_on_every_path(monkeypatch, emulate,
+                                                                          image):  # fmt: skip
+    """A 1x1 output is contiguous in both formats: the eager shortcut (the public function, the
+    layers) had kept the kernels' NHWC strides for an NCHW input, where the op and F.conv2d give
+    NCHW's, in the output and in x.grad."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    pad = 1 if image == 1 else 0
+    w = torch.randn(16, 8, 3, 3).half()
+    x = torch.randn(2, 16, image, image).half().requires_grad_()
+    expected = F.conv2d(x.detach().float(), w.float(), None, 1, pad, 1, 2).stride()
+    assert expected == (16, 1, 1, 1)
+    for call in (public_conv2d_gw8, torch.ops.spio.conv2d_gw8):
+        x.grad = None
+        y = call(x, w, None, 1, pad, pad, 1, 2)
+        y.sum().backward()
+        assert y.stride() == expected and x.grad.stride() == x.stride(), call
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_call_with_every_trailing_argument_at_its_default_has_gradients(monkeypatch, emulate,
+                                                                          bias):  # fmt: skip
+    """The dispatcher leaves out trailing arguments equal to their defaults: without a bias and
+    with no padding the op saw (input, weight) only, and its backward (raw op, torch.compile,
+    the CPU path) raised "needs an output mask of 3 bools", its vmap rule a ValueError."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    dtype = torch.float16 if emulate == "1" else torch.float32
+    x, w = torch.randn(2, 16, 5, 5), torch.randn(16, 8, 1, 1)
+    b = torch.randn(16) if bias else None
+    for call in (
+        lambda x, w: torch.ops.spio.conv2d_gw8(x, w, b),
+        lambda x, w: public_conv2d_gw8(x, w, b),
+        torch.compile(lambda x, w: public_conv2d_gw8(x, w, b), backend="aot_eager"),
+    ):
+        xs, ws = (t.to(dtype).clone().requires_grad_() for t in (x, w))
+        call(xs, ws).float().sum().backward()
+        reference = [t.double().requires_grad_() for t in (xs.detach(), ws.detach())]
+        F.conv2d(*reference, None if b is None else b.double(), groups=2).sum().backward()
+        for got, want in zip((xs.grad, ws.grad), (t.grad for t in reference), strict=True):
+            torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+    batched = torch.randn(3, 2, 16, 5, 5).to(dtype)
+    y = torch.vmap(lambda t: public_conv2d_gw8(t, w.to(dtype), b))(batched)
+    want = F.conv2d(batched.double().flatten(0, 1), w.double(), None if b is None else b.double(),
+                    groups=2).unflatten(0, (3, 2))  # fmt: skip
+    torch.testing.assert_close(y.double(), want, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.cuda
 def test_fp32_cuda_outside_autocast_is_rejected():
     x = torch.randn(1, 8, 4, 4, device="cuda")
