@@ -198,32 +198,24 @@ def _weight_setter(conv: nn.Conv2d, undo: bool) -> str:
     """What sets conv's weight, a plain tensor, at each call, as far as its hooks tell, and
     the mend (for transform, or for untransform if `undo`)."""
     prune = sys.modules.get("torch.nn.utils.prune")  # none pruned before it is loaded
-    weight_norm = sys.modules.get("torch.nn.utils.weight_norm")
-    spectral_norm = sys.modules.get("torch.nn.utils.spectral_norm")
+    # The deprecated reparametrizations (torch.nn.utils.<name>, hook class), and their mends.
+    deprecated = (("weight_norm", "WeightNorm"), ("spectral_norm", "SpectralNorm"))
     for hook in conv._forward_pre_hooks.values():
-        if spectral_norm is not None and isinstance(hook, spectral_norm.SpectralNorm):
-            mend = (
-                "remove it first (torch.nn.utils.remove_spectral_norm)"
-                if undo
-                else "use torch.nn.utils.parametrizations.spectral_norm"
-            )
-            return (
-                "has a weight that is neither a Parameter nor parametrized: the deprecated "
-                f"torch.nn.utils.spectral_norm ({mend})"
-            )
         if prune is not None and isinstance(hook, prune.BasePruningMethod):
             mend = "prune.remove it first" if undo else "transform before pruning"
             return f"is pruned (torch.nn.utils.prune), its weight not a Parameter: {mend}"
-        if weight_norm is not None and isinstance(hook, weight_norm.WeightNorm):
-            mend = (
-                "remove it first (torch.nn.utils.remove_weight_norm)"
-                if undo
-                else "use torch.nn.utils.parametrizations.weight_norm"
-            )
-            return (
-                "has a weight that is neither a Parameter nor parametrized: the deprecated "
-                f"torch.nn.utils.weight_norm ({mend})"
-            )
+        for name, kind in deprecated:
+            module = sys.modules.get(f"torch.nn.utils.{name}")  # no such hook before it loads
+            if module is not None and isinstance(hook, getattr(module, kind)):
+                mend = (
+                    f"remove it first (torch.nn.utils.remove_{name})"
+                    if undo
+                    else f"use torch.nn.utils.parametrizations.{name}"
+                )
+                return (
+                    "has a weight that is neither a Parameter nor parametrized: the deprecated "
+                    f"torch.nn.utils.{name} ({mend})"
+                )
     return (
         "has a weight that is neither a Parameter nor parametrized: a model already wrapped "
         f"in FSDP? ({_before_wrapping(undo)})"
