@@ -266,15 +266,20 @@ def ablate_layer(args, layer) -> int:
 def named_configs(family, params, names: list[str]) -> list | None:
     """The configs `names` of `family` for `params`, from its space or on trial (spio never
     runs those: each is said); None, having said which, if the layer lacks any."""
-    by_name = {c.encode(): c for c in family.configs(params)}
-    trial = {c.encode(): c for c in family.trial_configs(params)}
-    missing = [name for name in names if name not in by_name | trial]
+    configs, missing = [], []
+    for name in names:
+        try:
+            configs.append(family.config_named(params, name, trial=True))
+        except ValueError:
+            missing.append(name)
     if missing:
         print(f"{family.pass_}: no config {', '.join(missing)} for this layer", file=sys.stderr)
         return None
-    for name in (name for name in names if name in trial):
+    space = family.configs(params)
+    for config in (c for c in configs if c not in space):
+        name = config.encode()
         print(f"{family.pass_:6s} {name}: a trial config, outside the space spio picks from")
-    return [(by_name | trial)[name] for name in names]
+    return configs
 
 
 def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, float]:

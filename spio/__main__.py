@@ -638,9 +638,12 @@ _RUN_WITH_BAD_SETTINGS = ("info", "clear-cache")
 
 
 def main(argv: list[str] | None = None) -> int:
-    global _command
-    args = build_parser().parse_args(argv)
-    _command = args.command
+    return _run_command(build_parser().parse_args(argv))
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """The parsed command's exit status: settings checked, the command run, its errors and
+    Ctrl-C turned into one line and a status."""
     try:
         if args.command not in _RUN_WITH_BAD_SETTINGS:
             # A bad setting stops the command before any work instead of part way through.
@@ -666,19 +669,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-#: The command main() ran last, for the line run() prints when Ctrl-C comes after it.
-_command = ""
-
-
 def run() -> None:
     """The `spio` program (`python -m spio`, the console script): main(), then the exit. Ctrl-C
     while Python exits (its atexit callbacks, torch's and the compile pool's, take up to a
     second) ends the process at once, as during the command: one line and exit 130, not a
     traceback and the command's own status."""
-    status = main()
+    args = build_parser().parse_args()
+    status = _run_command(args)
 
     def interrupted(signum: int, frame: object) -> None:
-        os.write(sys.stderr.fileno(), f"\nspio {_command}: interrupted\n".encode())
+        os.write(sys.stderr.fileno(), f"\nspio {args.command}: interrupted\n".encode())
         os._exit(130)
 
     signal.signal(signal.SIGINT, interrupted)

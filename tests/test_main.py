@@ -822,13 +822,13 @@ def test_ctrl_c_while_the_program_exits_says_so_and_exits_130():
     atexit callbacks) had printed "Exception ignored ... KeyboardInterrupt" and exited with the
     command's own status, 0."""
     code = (
-        "import atexit, os, signal, time\n"
+        "import atexit, os, signal, sys, time\n"
         "import spio.__main__ as cli\n"
-        "def main():\n"
-        "    cli._command = 'info'\n"
+        "def command(args):\n"
         "    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))\n"
         "    return 0\n"
-        "cli.main = main\n"
+        "cli._run_command = command\n"
+        "sys.argv = ['spio', 'info']\n"
         "cli.run()\n"
     )
     out = run_python(code, dict(os.environ))

@@ -22,6 +22,8 @@ What keeps it light:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -205,21 +207,13 @@ def conv2d_gw8(
     return op_or_export(input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes)
 
 
-def op_or_export(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    stride: int,
-    padding_y: int,
-    padding_x: int,
-    dilation: int,
-    groups: int,
-    passes: int,
-) -> Tensor:
-    """The custom op, or, while torch.onnx.export runs, what the export records in its place
-    (spio.functional.onnx_export): where conv2d_gw8 and Conv2dGw8 layers call the op."""
+def op_or_export(*args: Any) -> Tensor:
+    """The custom op on `args` (its own, in its schema's order: input, weight, bias, stride,
+    padding_y, padding_x, dilation, groups, passes), or, while torch.onnx.export runs, what the
+    export records in its place (spio.functional.onnx_export): where conv2d_gw8 and Conv2dGw8
+    layers call the op."""
     call = exported_conv2d if onnx_exporting() else conv2d_gw8_op
-    return call(input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes)
+    return call(*args)
 
 
 _INT_ARGUMENTS = ("stride", "padding_y", "padding_x", "dilation", "groups", "passes")

@@ -720,8 +720,9 @@ def unjudged_variants(family: Family, model: PerfModel | None, pick, configs: Se
     twins: several images a block, say, are tried where the pick's tile covers the whole image
     (the small images they are for), not with every whole-image tile of other layers, which
     would add three kernels a pass to most layers' tuning."""
-    untimed = dict(family.heuristic_untimed) if model is None else {}
+    untimed: dict[str, tuple] = {}
     if model is None:
+        untimed = dict(family.heuristic_untimed)
         fields = set(family.heuristic_ignores) | set(untimed)
     else:
         trained = model.meta.get("config_values") or {}
