@@ -256,18 +256,26 @@ def check_args(
 
 
 def memory_format(t: Tensor) -> torch.memory_format:
-    """The memory format PyTorch's convolution gives its output (and gradients) for t:
-    channels_last when t is stored NHWC, or is a view with NHWC's stride order (a crop of an NHWC
-    tensor), else contiguous. A tensor that is both (an empty batch, 1x1 images) counts as what
-    its strides say, as for PyTorch's convolution."""
+    """The memory format PyTorch's suggest_memory_format reads from t's strides: channels_last
+    when t is stored NHWC or is a view with NHWC's stride order (a crop of an NHWC tensor), else
+    contiguous. A tensor with no elements (an empty batch) is contiguous in every format: it
+    counts as channels_last when its channel stride is below its column stride."""
     if t.dim() != 4:
         return torch.contiguous_format
-    if t.is_contiguous(memory_format=torch.channels_last):
-        if not t.is_contiguous() or (t.shape[1] > 1 and t.stride(1) < t.stride(3)):
-            return torch.channels_last
-    elif not t.is_contiguous() and _nhwc_stride_order(t):
+    if t.numel() == 0:
+        nhwc = t.shape[1] > 1 and t.stride(1) < t.stride(3)
+        return torch.channels_last if nhwc else torch.contiguous_format
+    return torch.channels_last if _nhwc_stride_order(t) else torch.contiguous_format
+
+
+def conv_format(input: Tensor, weight: Tensor) -> torch.memory_format:
+    """The memory format PyTorch's convolution gives its output and input gradient (cuDNN's rule
+    and its CPU backends'): channels_last when the input or the weight is laid out NHWC, else
+    contiguous; for an empty batch, the input's alone."""
+    fmt = memory_format(input)
+    if fmt == torch.contiguous_format and input.numel() and memory_format(weight) != fmt:
         return torch.channels_last
-    return torch.contiguous_format
+    return fmt
 
 
 def _nhwc_stride_order(t: Tensor) -> bool:

@@ -30,6 +30,7 @@ from .checks import (
     cast_for_autocast,
     check_args,
     check_tensors,
+    conv_format,
     derivative_transform,
     emulate_enabled,
     memory_format,
@@ -89,7 +90,7 @@ def conv2d_gw8(
     see the op, and skips its dispatch elsewhere."""
     check_passes(passes)
     check_tensors(input, weight, bias)
-    fmt = memory_format(input)
+    fmt = conv_format(input, weight)
     if uses_kernels(input.device):  # validated once per call signature, with its kernels
         layer = _kernels.layer(input, weight, bias, padding_y, padding_x, stride, dilation, groups)
         out = layer.forward(input, weight, bias, passes)
@@ -111,7 +112,7 @@ def _conv2d_gw8_fake(input, weight, bias=None, stride=1, padding_y=0, padding_x=
     n, c, h, w = input.shape
     r, s = weight.shape[2], weight.shape[3]
     shape = (n, c, h + 2 * padding_y - r + 1, w + 2 * padding_x - s + 1)
-    return _empty(shape, input, memory_format(input))
+    return _empty(shape, input, conv_format(input, weight))
 
 
 @torch.library.custom_op("spio::conv2d_gw8_backward", mutates_args=())
@@ -150,7 +151,7 @@ def conv2d_gw8_backward(
     empty = (0,)  # an unrequested gradient: an empty placeholder
     if need_input:
         assert dx is not None
-        dx = in_format(dx.to(input.dtype), memory_format(input))
+        dx = in_format(dx.to(input.dtype), conv_format(input, weight))
     else:
         dx = input.new_empty(empty)
     if need_weight:
@@ -200,7 +201,7 @@ def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, 
     contiguous = torch.contiguous_format
     none = (0,)  # an unrequested gradient: an empty, contiguous placeholder
     return (
-        _empty(input.shape, input, memory_format(input))
+        _empty(input.shape, input, conv_format(input, weight))
         if need_input
         else _empty(none, input, contiguous),
         _empty(weight.shape, weight, memory_format(weight), grad_dtype)
@@ -244,7 +245,7 @@ def _setup_context(ctx, inputs, output) -> None:
     input, weight, bias, _stride, padding_y, padding_x, _dilation, _groups, passes = inputs
     need_weight = ctx.needs_input_grad[1]
     ctx.save_for_backward(input if need_weight else None, weight)
-    ctx.input_meta = (input.shape, input.dtype, input.device, memory_format(input))
+    ctx.input_meta = (input.shape, input.dtype, input.device, conv_format(input, weight))
     ctx.padding = (padding_y, padding_x)
     ctx.passes = passes
     ctx.bias_dtype = None if bias is None else bias.dtype

@@ -34,9 +34,9 @@ from ._kernels import ALL_PASSES, check_passes
 from .checks import (
     autocast_operands,
     check_tensors,
+    conv_format,
     functorch_transform_active,
     has_forward_tangent,
-    memory_format,
     uses_kernels,
 )
 from .conv2d_gw8_op import conv2d_gw8 as conv2d_gw8_op
@@ -58,7 +58,7 @@ class _Conv2dGw8(torch.autograd.Function):
         ctx.save_for_backward(input if need_weight else None, weight)
         ctx.layer = layer
         ctx.passes = passes
-        ctx.input_format = memory_format(input)
+        ctx.input_format = conv_format(input, weight)
         ctx.bias_dtype = None if bias is None else bias.dtype
         return in_format(layer.forward(input, weight, bias, passes), ctx.input_format)
 
@@ -146,7 +146,7 @@ def conv2d_gw8_eager(
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
         return _Conv2dGw8.apply(input, weight, bias, layer, passes)
-    return in_format(layer.forward(input, weight, bias, passes), memory_format(input))
+    return in_format(layer.forward(input, weight, bias, passes), conv_format(input, weight))
 
 
 def conv2d_gw8(

@@ -21,9 +21,9 @@ from spio.functional.checks import (
     autocast_operands,
     check_args,
     check_tensors,
+    conv_format,
     derivative_transform,
     device_problem,
-    memory_format,
 )
 from spio.functional.conv2d_gw8_op import uses_kernels
 from spio.functional.eager import conv2d_gw8_eager, eager_path_applies, op_or_export
@@ -604,7 +604,7 @@ def conv2d_gw8_layer(
         # float64 the op too computes them in the input's dtype).
         check_args(x, weight, bias, 1, pad_h, pad_w, 1, groups)
         y = _kernels.torch_fprop(x, weight, bias, padding).contiguous(
-            memory_format=memory_format(x)
+            memory_format=conv_format(x, weight)
         )
     else:
         y = op_or_export(x, weight, bias, 1, pad_h, pad_w, 1, groups, passes)

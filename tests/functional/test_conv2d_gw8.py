@@ -1231,6 +1231,52 @@ def test_outputs_are_laid_out_as_pytorch_lays_them_out(monkeypatch, emulate):
             torch.testing.assert_close(y.double(), want, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_outputs_and_input_grads_take_the_layout_pytorch_reads_from_input_and_weight(
+    monkeypatch, emulate
+):
+    """PyTorch's convolution gives channels_last outputs and input gradients when the input or
+    the weight is laid out NHWC, reading a layout from strides in suggest_memory_format's order:
+    spio had looked at the input alone (an NCHW input under a channels_last weight got NCHW),
+    and counted an NHWC-contiguous input whose size-1 dims break NHWC's stride order as NHWC."""
+    from spio.layers import Conv2dGw8
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    gen = torch.Generator().manual_seed(0)
+    cl = torch.channels_last
+    nchw = torch.randn(2, 8, 1, 5, generator=gen).half()
+    weight = torch.randn(8, 8, 3, 3, generator=gen).half()
+    # NHWC-contiguous, but with C's stride above W's: NCHW by stride order.
+    size_one = torch.randn(2, 5, 8, 1, generator=gen).half().permute(0, 2, 3, 1)
+    assert size_one.is_contiguous(memory_format=cl)
+    cases = {
+        "nchw input, nhwc weight": (nchw, weight.to(memory_format=cl)),
+        "nhwc input, nchw weight": (nchw.to(memory_format=cl), weight),
+        "nchw input, nchw weight": (nchw, weight),
+        "size-1 dims out of nhwc order": (size_one, weight),
+    }
+    for name, (x, w) in cases.items():
+        xr = x.double().requires_grad_()
+        want = F.conv2d(xr, w.double(), None, 1, 1, 1, 1)
+        dy = torch.randn(want.shape, generator=gen)
+        (want_dx,) = torch.autograd.grad(want, xr, dy)
+        layer = Conv2dGw8(8, 8, 3, padding=1, bias=False).half()
+        layer.weight.data = w
+        calls = {
+            "op": lambda t, w=w: conv2d_gw8(t, w, None, 1, 1, 1, 1, 1),
+            "function": lambda t, w=w: public_conv2d_gw8(t, w, None, 1, 1, 1, 1, 1),
+            "layer": layer,
+        }
+        for how, call in calls.items():
+            xs = x.detach().requires_grad_()
+            y = call(xs)
+            (dx,) = torch.autograd.grad(y, xs, dy.half())
+            assert (y.stride(), dx.stride()) == (want.stride(), want_dx.stride()), (name, how)
+            torch.testing.assert_close(y.double(), want, atol=1e-2, rtol=1e-2)
+        if emulate == "0":  # the fake impls promise the real strides
+            torch.library.opcheck(conv2d_gw8, (x, w, None, 1, 1, 1, 1, 1))
+
+
 def test_errors_under_dynamic_shapes_name_values_not_symbols():
     """Compiled with dynamic shapes, sizes are symbols while the op's checks run: an error said
     "needs filter R in 1..5, got s6", or an output size of "0xs0 - s49 + 3". It names the values

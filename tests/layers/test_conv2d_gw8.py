@@ -1327,8 +1327,9 @@ def test_an_input_on_another_device_than_the_weight_runs_as_in_nn_conv2d(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cpu_full_precision_output_is_laid_out_as_the_ops(monkeypatch, dtype):
     """With a channels_last weight (model.to(memory_format=channels_last)) and an NCHW input,
-    PyTorch's CPU convolution answers channels_last; the op answers in the input's layout, and
-    so must the layer's direct call of PyTorch's convolution, which stands in for the op."""
+    PyTorch's convolution answers channels_last, and so do the op and the layer's direct call of
+    PyTorch's convolution, which stands in for the op (the op had answered in the input's
+    layout, and the layer with it)."""
     from spio.functional.conv2d_gw8_op import conv2d_gw8
 
     monkeypatch.delenv("SPIO_EMULATE", raising=False)
@@ -1338,7 +1339,9 @@ def test_cpu_full_precision_output_is_laid_out_as_the_ops(monkeypatch, dtype):
     x = torch.randn(2, 16, 5, 6, dtype=dtype)
     y = layer(x)
     want = conv2d_gw8(x, layer.weight, layer.bias, 1, 1, 1, 1, 2)
-    assert y.is_contiguous() and y.stride() == want.stride()
+    torch_strides = F.conv2d(x, layer.weight, layer.bias, 1, 1, 1, 2).stride()
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert y.stride() == want.stride() == torch_strides
     assert torch.equal(y, want)
 
 
