@@ -496,16 +496,32 @@ def _bias_as(kernel: Kernel, bias, dtype):
     return bias if bias.data_ptr() % align == 0 else bias.clone()
 
 
-def check_batch(kernel: Kernel, params: Conv2dGw8Params) -> None:
-    """A kernel's grid is its own batch size's, the images it is told of the caller's: they must
-    be one (kernels of one name serve several batch sizes, so one is easily taken for another).
-    ValueError naming both."""
+def check_layer(kernel: Kernel, params: Conv2dGw8Params) -> None:
+    """A kernel computes the layer it was made for, on its batch size's grid: the caller's layer
+    must be that one (kernels of one name serve several batch sizes, so one is easily taken for
+    another). DGrad, which reads no bias, serves a layer with or without one. ValueError naming
+    both layers."""
     made_for = kernel.info_value("params")
-    if made_for is not None and made_for.n != params.n:
+    if made_for is None or made_for is params:
+        return
+    if made_for.n != params.n:
         raise ValueError(
             f"conv2d_gw8 kernel {kernel.name} was made for a batch of {made_for.n} images (its "
             f"grid), not {params.n}: make it with this batch's params"
         )
+    if made_for == params or (kernel.info_value("igrad") and _same_but_bias(made_for, params)):
+        return
+    raise ValueError(
+        f"conv2d_gw8 kernel {kernel.name} was made for layer {made_for.encode()}, not "
+        f"{params.encode()}: make it with this layer's params"
+    )
+
+
+def _same_but_bias(a: Conv2dGw8Params, b: Conv2dGw8Params) -> bool:
+    """Whether a and b are one layer but for has_bias (dataclasses.replace would validate anew:
+    slower than a whole launch's other checks)."""
+    fields = ("n", "c", "h", "w", "padding", "r", "s", "dtype")
+    return all(getattr(a, f) == getattr(b, f) for f in fields)
 
 
 def _check_out(out, shape: tuple, dtype) -> None:
@@ -577,7 +593,7 @@ def fprop(
         _check_dtype(params, x, weight)
         _check_shapes(params, x=x, weight=weight, bias=bias)
     kernel = kernel or make_kernel(params, config)
-    check_batch(kernel, params)
+    check_layer(kernel, params)
     if out is None:
         out = torch.empty(
             params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
@@ -606,7 +622,7 @@ def dgrad(
         _check_dtype(params, dy, weight)
         _check_shapes(params, dy=dy, weight=weight)
     kernel = kernel or make_kernel(params, config, igrad=True)
-    check_batch(kernel, params)
+    check_layer(kernel, params)
     if out is None:
         out = torch.empty(
             params.input_shape, dtype=dy.dtype, device=dy.device, memory_format=torch.channels_last

@@ -423,13 +423,13 @@ def wgrad(
     contributions only the comparison with a reference can show. `validated`: as for fprop."""
     import torch
 
-    from .conv2d_gw8_factory import _check_dtype, _check_shapes, _nhwc, check_batch
+    from .conv2d_gw8_factory import _check_dtype, _check_shapes, _nhwc, check_layer
 
     if not validated:
         _check_dtype(params, x, dy)
         _check_shapes(params, x=x, dy=dy)
     kernel = kernel or make_kernel(params, config)
-    check_batch(kernel, params)
+    check_layer(kernel, params)
     device = x.device
     dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)
     if kernel.info_value("partials"):

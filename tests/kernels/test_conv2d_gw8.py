@@ -4,6 +4,7 @@ reference in the CPU emulator (sampled configs in CI, all with -m slow) and on a
 import dataclasses
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -151,6 +152,34 @@ def test_a_kernel_of_another_batch_size_is_refused():
     with pytest.raises(ValueError, match=match):
         wg.wgrad(t["x"], t["dy"], two, kernel=wg.make_kernel(four, wconfig, partials=True))
     assert fd.make_kernel(four, config).name == fd.make_kernel(two, config).name  # one build
+
+
+def test_a_kernel_of_another_layer_is_refused():
+    """A kernel computes the layer it was made for: one of another image size, dtype or bias
+    had been launched on the caller's tensors, checked for its batch size alone (NaNs from
+    reads past the image, a bias dropped from y and from its gradient). DGrad reads no bias:
+    the bias-free layer's kernel serves a layer with one."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    layer = Conv2dGw8Params(n=2, c=16, h=6, w=5, padding=1, has_bias=True)
+    t = random_inputs(layer, seed=0)
+    others = [
+        dataclasses.replace(layer, h=4),
+        dataclasses.replace(layer, has_bias=False),
+        dataclasses.replace(layer, dtype="bf16"),
+        dataclasses.replace(layer, padding=(1, 2), s=5),
+    ]
+    for other in others:
+        match = f"was made for layer {other.encode()}, not {layer.encode()}"
+        with pytest.raises(ValueError, match=re.escape(match)):
+            fd.fprop(t["x"], t["w"], t["bias"], layer, kernel=fd.make_kernel(other))
+        with pytest.raises(ValueError, match=re.escape(match)):
+            wg.wgrad(t["x"], t["dy"], layer, kernel=wg.make_kernel(other, partials=True))
+        if other.has_bias:
+            with pytest.raises(ValueError, match=re.escape(match)):
+                fd.dgrad(t["dy"], t["w"], layer, kernel=fd.make_kernel(other, igrad=True))
+    no_bias = fd.make_kernel(dataclasses.replace(layer, has_bias=False), igrad=True)
+    fd.check_layer(no_bias, layer)  # no error
 
 
 def test_layers_too_large_for_a_kernel_are_refused():
