@@ -47,6 +47,22 @@ def as_integer(value: Any) -> int | None:
         return None
 
 
+def as_integer(value: Any) -> int | None:
+    """value as an int where it is an integer (an int, or what has __index__: numpy's, a 0-d
+    integer tensor), not a bool; else None. The one rule of spio's public API for an int
+    argument: another value is a TypeError naming it."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return None  # (a bool tensor's __index__ answers 0 or 1)
+    if getattr(value, "ndim", 0) != 0:
+        return None  # (a one-element tensor's __index__ answers its element)
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _as_int(name: str, value: Any) -> int:
     """Return value as an int (as_integer); TypeError naming the argument for bools, floats
     (even whole ones) and other non-integers."""

@@ -123,6 +123,19 @@ def test_integers_of_other_types_are_taken_as_ints():
     assert type(p.n) is int and type(p.c) is int and type(p.padding_h) is int
 
 
+def test_bool_and_one_element_tensors_are_not_ints():
+    """A bool tensor's __index__ answers 0 or 1 and a one-element tensor's its element: they had
+    passed as ints (a layer of torch.tensor(True) images), where a bool or a list is refused."""
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    for bad in (torch.tensor(True), torch.tensor([3]), np.array([3]), np.True_):
+        with pytest.raises(TypeError, match="integer n"):
+            Conv2dGw8Params(n=bad, c=16, h=3, w=3)
+        with pytest.raises(TypeError, match="padding"):
+            Conv2dGw8Params(n=1, c=16, h=3, w=3, padding=(bad, 1))
+    assert Conv2dGw8Params(n=np.array(2), c=16, h=3, w=3).n == 2  # a 0-d integer array is one
+
+
 @given(
     n=st.integers(1, 512),
     c8=st.integers(1, 128),
