@@ -31,7 +31,13 @@ from torch import Tensor
 
 from spio.kernels import autotune, conv2d_gw8_factory, conv2d_gw8_params
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
-from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params, as_integer, image_bytes
+from spio.kernels.conv2d_gw8_params import (
+    GROUP_WIDTH,
+    Conv2dGw8Params,
+    as_integer,
+    image_bytes,
+    weight_grad_bytes,
+)
 from spio.kernels.families import FAMILY_OF_PASS
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
@@ -570,14 +576,21 @@ def _new_layer(input: Tensor, weight: Tensor, bias: Tensor | None, padding) -> L
     one = torch.empty((1, *input.shape[1:]), dtype=input.dtype, device="meta")
     params = Conv2dGw8Params.from_tensors(one, weight, bias, padding=padding)
     limit = MAX_TENSOR_BYTES // image_bytes(params)
-    if n == 0 or limit == 0:
-        if limit == 0:
+    # (The weight gradient's limit is the kernels' own: tests lower this module's for chunks.)
+    too_large = [
+        ("one image's activations take", image_bytes(params), MAX_TENSOR_BYTES),
+        ("its fp32 weight gradient takes", weight_grad_bytes(params),
+         conv2d_gw8_params.MAX_TENSOR_BYTES),
+    ]  # fmt: skip
+    too_large = [(what, size, most) for what, size, most in too_large if size > most]
+    if n == 0 or too_large:
+        for what, size, most in too_large:
             logger.info(
-                "conv2d_gw8 %s: one image's activations take %d MiB, more than the kernels' "
-                "%d MiB; PyTorch runs this layer",
+                "conv2d_gw8 %s: %s %d MiB, more than the kernels' %d MiB; PyTorch runs this layer",
                 params.encode(),
-                image_bytes(params) >> 20,
-                MAX_TENSOR_BYTES >> 20,
+                what,
+                size >> 20,
+                most >> 20,
             )
         return _TorchLayer(params, input.device)
     params = dataclasses.replace(params, n=n)

@@ -39,18 +39,6 @@ def as_integer(value: Any) -> int | None:
     """value as an int where it is an integer (an int, or what has __index__: numpy's, a 0-d
     integer tensor), not a bool; else None. The one rule of spio's public API for an int
     argument: another value is a TypeError naming it."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
-
-
-def as_integer(value: Any) -> int | None:
-    """value as an int where it is an integer (an int, or what has __index__: numpy's, a 0-d
-    integer tensor), not a bool; else None. The one rule of spio's public API for an int
-    argument: another value is a TypeError naming it."""
     if type(value) is int:
         return value
     if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
@@ -299,13 +287,24 @@ def image_bytes(params: Conv2dGw8Params) -> int:
     return params.c * max(params.h * params.w, params.p * params.q) * 2
 
 
+def weight_grad_bytes(params: Conv2dGw8Params) -> int:
+    """Bytes of the layer's fp32 weight gradient, its largest weight-side tensor."""
+    return params.c * GROUP_WIDTH * params.r * params.s * 4
+
+
 def check_tensor_bytes(params: Conv2dGw8Params) -> None:
-    """ValueError where the layer's larger activation tensor passes MAX_TENSOR_BYTES, naming its
-    size."""
+    """ValueError where the layer's larger activation tensor or its fp32 weight gradient passes
+    MAX_TENSOR_BYTES, naming its size."""
     largest = params.n * image_bytes(params)
     if largest > MAX_TENSOR_BYTES:
         raise ValueError(
             f"conv2d_gw8 layer {params.encode()}: its activations take {largest} bytes, more "
             f"than the {MAX_TENSOR_BYTES} a kernel takes (spio.functional runs such a batch in "
             "chunks of images)"
+        )
+    if weight_grad_bytes(params) > MAX_TENSOR_BYTES:
+        raise ValueError(
+            f"conv2d_gw8 layer {params.encode()}: its fp32 weight gradient takes "
+            f"{weight_grad_bytes(params)} bytes, more than the {MAX_TENSOR_BYTES} a kernel takes "
+            "(spio.functional runs such a layer with PyTorch)"
         )

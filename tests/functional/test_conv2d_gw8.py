@@ -519,14 +519,23 @@ class TestEmulateSeam:
         for got, want in zip(*results, strict=True):
             assert got.dtype == want.dtype and torch.equal(got, want)
 
-    def test_an_image_past_the_kernels_tensor_limit_runs_in_pytorch(self, monkeypatch, caplog):
+    @pytest.mark.parametrize("past", ["image", "weight gradient"])
+    def test_an_image_past_the_kernels_tensor_limit_runs_in_pytorch(self, monkeypatch, caplog,
+                                                                    past):  # fmt: skip
+        """As does a layer whose fp32 weight gradient passes it (millions of channels), which
+        had got kernels and failed in WGrad's header."""
         from spio.functional import _kernels
         from spio.kernels.kernel import Kernel
 
         monkeypatch.setenv("SPIO_EMULATE", "1")
         x, w, b = _tensors(SHAPES[0], dtype=torch.float16)
         params = Conv2dGw8Params.from_tensors(x, w, b, padding=(1, 1))
-        monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", _kernels.image_bytes(params) - 1)
+        image, dw = _kernels.image_bytes(params), _kernels.weight_grad_bytes(params)
+        assert image < dw
+        if past == "image":
+            monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", image - 1)
+        else:
+            monkeypatch.setattr(_kernels.conv2d_gw8_params, "MAX_TENSOR_BYTES", dw - 1)
         monkeypatch.setattr(_kernels, "_layers", {})
 
         def no_launch(self, args, device):
@@ -536,7 +545,8 @@ class TestEmulateSeam:
         with caplog.at_level("INFO", logger="spio"):
             y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
         torch.testing.assert_close(y, F.conv2d(x, w, b, padding=1, groups=2))
-        assert any("PyTorch runs this layer" in r.message for r in caplog.records)
+        assert any(past in r.message and "PyTorch runs this layer" in r.message
+                   for r in caplog.records)  # fmt: skip
 
     def test_seam_receives_params(self, monkeypatch):
         from spio.kernels import conv2d_gw8_factory

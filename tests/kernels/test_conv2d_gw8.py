@@ -197,6 +197,18 @@ def test_layers_too_large_for_a_kernel_are_refused():
             make(too_many)
 
 
+def test_layers_whose_weight_gradient_is_too_large_for_a_kernel_are_refused():
+    """WGrad's fp32 weight gradient is indexed with C++ ints too: millions of channels had got
+    kernels, failing later in the generated header."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    wide = Conv2dGw8Params(n=1, c=2**22, h=1, w=1, padding=2, r=5, s=5)
+    for make in (fd.make_kernel, lambda p: fd.make_kernel(p, igrad=True), wg.make_kernel):
+        with pytest.raises(ValueError, match=r"fp32 weight gradient takes 3355443200 bytes"):
+            make(wide)
+    assert wg.make_kernel(dataclasses.replace(wide, c=2**20)).name
+
+
 def test_wrong_dtype_is_rejected():
     import torch
 
