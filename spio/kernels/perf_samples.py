@@ -108,6 +108,22 @@ def sample_row(sample: Sample) -> dict[str, str]:
     return {k: str(v) for k, v in row.items()}
 
 
+def _int(row: dict[str, str], column: str) -> int:
+    try:
+        return int(row[column])
+    except ValueError:
+        raise ValueError(
+            f"perf sample column {column} needs an integer, got {row[column]!r}"
+        ) from None
+
+
+def _flag(row: dict[str, str], column: str) -> bool:
+    value = row[column].strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"perf sample column {column} needs 0 or 1, got {row[column]!r}")
+    return value == "1"
+
+
 def parse_sample(row: dict[str, str]) -> Sample:
     """The Sample of a CSV row; ValueError naming the bad column otherwise."""
     family = get_family(row.get("family") or "")
@@ -116,21 +132,26 @@ def parse_sample(row: dict[str, str]) -> Sample:
     if missing:
         raise ValueError(f"{family.name} sample rows need columns {', '.join(missing)}")
     params = Conv2dGw8Params(
-        n=int(row["n"]),
-        c=int(row["c"]),
-        h=int(row["h"]),
-        w=int(row["w"]),
-        padding=(int(row["pad_h"]), int(row["pad_w"])),
-        r=int(row["r"]),
-        s=int(row["s"]),
-        has_bias=row["has_bias"].strip() == "1",
+        n=_int(row, "n"),
+        c=_int(row, "c"),
+        h=_int(row, "h"),
+        w=_int(row, "w"),
+        padding=(_int(row, "pad_h"), _int(row, "pad_w")),
+        r=_int(row, "r"),
+        s=_int(row, "s"),
+        has_bias=_flag(row, "has_bias"),
         dtype=row["dtype"].strip(),
     )
-    config = family.config_from_fields({k: row[f"cfg_{k}"] for k in family.config_fields})
-    seconds = float(row["time_us"]) * 1e-6
+    config = family.config_from_fields(
+        {k: _int(row, f"cfg_{k}") for k in family.config_fields if row[f"cfg_{k}"].strip()}
+    )
+    try:
+        seconds = float(row["time_us"]) * 1e-6
+    except ValueError:
+        seconds = math.nan
     if not seconds > 0 or not math.isfinite(seconds):
         raise ValueError(f"perf sample needs a positive finite time_us, got {row['time_us']!r}")
-    synthetic = row["synthetic"].strip() == "1"
+    synthetic = _flag(row, "synthetic")
     variant = row.get("variant")
     if variant is None:  # a CSV from before the column: WGrad rows timed the atomic kernel alone
         variant = LEGACY_WGRAD_VARIANT if family.pass_ == "wgrad" and not synthetic else ""

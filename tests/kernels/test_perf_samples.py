@@ -124,3 +124,28 @@ def test_comments_and_an_empty_file(tmp_path):
     commented.write_text("# one\n#two\n" + path.read_text())
     samples, comments = ps.read_samples(commented)
     assert len(samples) == 1 and comments == ["# one\n", "#two\n"]
+
+
+@pytest.mark.parametrize(
+    "column, value, message",
+    [
+        ("n", "x", "column n needs an integer, got 'x'"),
+        ("cfg_groups", "abc", "column cfg_groups needs an integer, got 'abc'"),
+        ("time_us", "fast", "positive finite time_us, got 'fast'"),
+        ("has_bias", "yes", "column has_bias needs 0 or 1, got 'yes'"),
+        ("has_bias", "True", "column has_bias needs 0 or 1, got 'True'"),
+        ("synthetic", "2", "column synthetic needs 0 or 1, got '2'"),
+    ],
+)
+def test_a_bad_cell_is_refused_naming_its_column(tmp_path, column, value, message):
+    """A cell that is not a number had raised int()'s or float()'s bare message, naming neither
+    the column nor the value's place; a has_bias of 'yes' had read as False (the sample then
+    counted for the layer without a bias)."""
+    path = tmp_path / "s.csv"
+    ps.append_samples(path, [_wgrad_sample()])
+    rows = [line.split(",") for line in path.read_text().splitlines()]
+    rows[1][rows[0].index(column)] = value
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(",".join(row) for row in rows) + "\n")
+    with pytest.raises(ValueError, match=f"data row 1.*{message}"):
+        ps.read_samples(bad)
