@@ -107,7 +107,8 @@ class DiskCache:
     def __init__(self, namespace: str, root: Path | None = None):
         self.namespace = namespace
         self._root = root
-        self._memory: dict[str, tuple[bytes, dict]] = {}
+        # By the entry's path, so that an SPIO_CACHE_DIR changed meanwhile is a miss (stored there).
+        self._memory: dict[Path, tuple[bytes, dict]] = {}
         self._memory_lock = threading.Lock()
         self._building = KeyedLocks()  # by key: this process's threads
         self._warned = False
@@ -157,13 +158,14 @@ class DiskCache:
 
     def get(self, key: str) -> tuple[bytes, dict] | None:
         """The entry for `key` (payload, meta), from memory or disk; None on a miss."""
+        path = self.path(key)
         with self._memory_lock:
-            hit = self._memory.get(key)
+            hit = self._memory.get(path)
         if hit is not None:
             return hit
-        entry = self._load(self.path(key))
+        entry = self._load(path)
         if entry is not None:
-            self._remember(key, entry)
+            self._remember(path, entry)
         return entry
 
     def get_or_build(
@@ -194,12 +196,12 @@ class DiskCache:
         except OSError as error:  # read-only or full cache folder: build, keep in memory
             self._warn_once(error)
             payload, meta = build()
-            self._remember(key, (payload, meta))
+            self._remember(path, (payload, meta))
             return payload, meta, False
         try:
             entry = self._load(path, rebuilding=True)  # another process may have built it
             if entry is not None:
-                self._remember(key, entry)
+                self._remember(path, entry)
                 return entry[0], entry[1], True
             payload, meta = build()
             try:
@@ -208,7 +210,7 @@ class DiskCache:
                 self._warn_once(error)
         finally:
             lock.release()
-        self._remember(key, (payload, meta))
+        self._remember(path, (payload, meta))
         return payload, meta, False
 
     def on_disk(self, key: str) -> bool:
@@ -219,19 +221,21 @@ class DiskCache:
         """Keep an entry built elsewhere (a compile worker) that is not on disk: stored if this
         process can (the worker's write may have met a folder removed meanwhile), else kept in
         memory, warning once, as for an entry this process could not store."""
+        path = self.path(key)
         try:
-            self._store(self.path(key), payload, meta)
+            self._store(path, payload, meta)
         except OSError as error:
             self._warn_once(error)
-        self._remember(key, (payload, meta))
+        self._remember(path, (payload, meta))
 
     def discard(self, key: str) -> None:
         """Forget the entry for `key`, in memory and on disk (e.g. one its reader cannot use), so
         that the next get_or_build builds it again."""
+        path = self.path(key)
         with self._memory_lock:
-            self._memory.pop(key, None)
+            self._memory.pop(path, None)
         try:
-            self.path(key).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         except OSError as error:
             logger.debug("cache entry %s could not be removed: %s", key, error)
 
@@ -245,9 +249,9 @@ class DiskCache:
         """Do not warn that the folder cannot be written (compile workers: their parent does)."""
         self._warned = True
 
-    def _remember(self, key: str, entry: tuple[bytes, dict]) -> None:
+    def _remember(self, path: Path, entry: tuple[bytes, dict]) -> None:
         with self._memory_lock:
-            self._memory[key] = entry
+            self._memory[path] = entry
 
     def clear_memory(self) -> None:
         """Forget in-memory entries (the disk is untouched); used by tests."""

@@ -135,6 +135,23 @@ def test_an_entry_read_from_disk_is_then_served_from_memory(tmp_path):
     )
 
 
+def test_an_entry_built_before_spio_cache_dir_changed_is_stored_in_the_new_folder(
+    monkeypatch, tmp_path
+):
+    """Entries in memory had answered for any folder: a process that set SPIO_CACHE_DIR anew (to
+    fill a cache to ship) left out of it every kernel it had already built."""
+    cache = DiskCache("things")
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / "a"))
+    assert cache.get_or_build("k", lambda: (b"payload", {"m": 1}))[2] is False
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / "b"))
+    assert cache.get("k") is None
+    assert cache.get_or_build("k", lambda: (b"payload", {"m": 1}))[2] is False
+    assert cache.path("k") == tmp_path / "b" / "things" / "k.bin" and cache.path("k").is_file()
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / "a"))
+    (tmp_path / "a" / "things" / "k.bin").unlink()
+    assert cache.get("k") == (b"payload", {"m": 1})  # still served from memory in its folder
+
+
 def test_a_failed_write_leaves_the_old_entry_and_no_temporary_file(tmp_path, monkeypatch):
     from spio.compiler import cache
 
