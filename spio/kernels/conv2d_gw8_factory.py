@@ -524,15 +524,15 @@ def _same_but_bias(a: Conv2dGw8Params, b: Conv2dGw8Params) -> bool:
     return all(getattr(a, f) == getattr(b, f) for f in fields)
 
 
-def _check_out(out, shape: tuple, dtype) -> None:
+def _check_out(out, shape: tuple, dtype, device) -> None:
     """A caller-provided output must be what the kernel writes: NHWC, the right shape and dtype,
-    16-byte aligned (FProp/DGrad store whole 8-channel chunks)."""
+    on the operands' device, 16-byte aligned (FProp/DGrad store whole 8-channel chunks)."""
     import torch
 
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
         raise ValueError(
-            f"conv2d_gw8 out must be {dtype} of shape {tuple(shape)}, got {out.dtype} "
-            f"{tuple(out.shape)}"
+            f"conv2d_gw8 out must be {dtype} of shape {tuple(shape)} on {device}, got "
+            f"{out.dtype} {tuple(out.shape)} on {out.device}"
         )
     if not out.is_contiguous(memory_format=torch.channels_last) or out.data_ptr() % 16:
         raise ValueError(
@@ -552,7 +552,8 @@ def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
 
 def _check_shapes(params: Conv2dGw8Params, **tensors) -> None:
     """Each named tensor must have its shape under `params` (x, dy, weight, bias): the kernels
-    index by `params`, so a tensor of another shape would be read out of bounds."""
+    index by `params`, so a tensor of another shape would be read out of bounds. All must be
+    on one device (a kernel would take another device's address as its own)."""
     shapes = {
         "x": params.input_shape,
         "dy": params.output_shape,
@@ -565,6 +566,10 @@ def _check_shapes(params: Conv2dGw8Params, **tensors) -> None:
                 f"conv2d_gw8 {name} of layer {params.encode()} must have shape "
                 f"{shapes[name]}, got {tuple(t.shape)}"
             )
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        where = ", ".join(f"{name} on {device}" for name, device in devices.items())
+        raise ValueError(f"conv2d_gw8 tensors must be on one device, got {where}")
     if "bias" in tensors and (tensors["bias"] is not None) != params.has_bias:
         raise ValueError(
             f"conv2d_gw8 layer {params.encode()} has has_bias={params.has_bias}, but the bias "
@@ -599,7 +604,7 @@ def fprop(
             params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
         )
     else:
-        _check_out(out, params.output_shape, x.dtype)
+        _check_out(out, params.output_shape, x.dtype, x.device)
     bias = _bias_as(kernel, bias, x.dtype)
     kernel.launch([out, _nhwc(x), _weight_as(kernel, weight), bias, params.n], x.device)
     return out
@@ -628,7 +633,7 @@ def dgrad(
             params.input_shape, dtype=dy.dtype, device=dy.device, memory_format=torch.channels_last
         )
     else:
-        _check_out(out, params.input_shape, dy.dtype)
+        _check_out(out, params.input_shape, dy.dtype, dy.device)
     kernel.launch([out, _nhwc(dy), _weight_as(kernel, weight), None, params.n], dy.device)
     return out
 

@@ -574,6 +574,31 @@ def test_misaligned_inputs_are_realigned(pass_):
     assert error_ratio(got, want, tol.atol, tol.rtol) <= 1.0
 
 
+def test_tensors_on_different_devices_are_rejected():
+    """The kernels take every tensor's address as one on the launch device: a weight or an out
+    elsewhere (a host address on the GPU) had been launched on (here "meta" stands in for a
+    second device)."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    params = Conv2dGw8Params(n=1, c=8, h=4, w=4, has_bias=True)
+    t = random_inputs(params, seed=0)
+    x, w, dy, b = t["x"], t["w"], t["dy"], t["bias"]
+    elsewhere = {name: v.to("meta") for name, v in t.items()}
+    with pytest.raises(ValueError, match="one device, got x on cpu, weight on meta, bias on cpu"):
+        fd.fprop(x, elsewhere["w"], b, params)
+    with pytest.raises(ValueError, match="one device, got x on cpu, weight on cpu, bias on meta"):
+        fd.fprop(x, w, elsewhere["bias"], params)
+    with pytest.raises(ValueError, match="one device, got dy on meta, weight on cpu"):
+        fd.dgrad(elsewhere["dy"], w, params)
+    with pytest.raises(ValueError, match="one device, got x on cpu, dy on meta"):
+        wg.wgrad(x, elsewhere["dy"], params)
+    out = torch.empty(params.output_shape, dtype=x.dtype, device="meta")
+    with pytest.raises(ValueError, match="on cpu, got torch.float16 .* on meta"):
+        fd.fprop(x, w, b, params, out=out)
+    with pytest.raises(ValueError, match="on cpu, got torch.float16 .* on meta"):
+        fd.dgrad(dy, w, params, out=torch.empty(params.input_shape, dtype=x.dtype, device="meta"))
+
+
 def test_bad_out_is_rejected():
     params = Conv2dGw8Params(n=1, c=8, h=4, w=4)
     t = random_inputs(params, seed=0)
