@@ -524,9 +524,10 @@ def _same_but_bias(a: Conv2dGw8Params, b: Conv2dGw8Params) -> bool:
     return all(getattr(a, f) == getattr(b, f) for f in fields)
 
 
-def _check_out(out, shape: tuple, dtype, device) -> None:
+def _check_out(out, shape: tuple, dtype, device, *operands) -> None:
     """A caller-provided output must be what the kernel writes: NHWC, the right shape and dtype,
-    on the operands' device, 16-byte aligned (FProp/DGrad store whole 8-channel chunks)."""
+    on the operands' device, 16-byte aligned (FProp/DGrad store whole 8-channel chunks), and in
+    no operand's memory (blocks would read what others have written)."""
     import torch
 
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
@@ -539,6 +540,9 @@ def _check_out(out, shape: tuple, dtype, device) -> None:
             "conv2d_gw8 out must be channels_last contiguous and 16-byte aligned, got strides "
             f"{tuple(out.stride())} at address {out.data_ptr():#x}"
         )
+    memory = out.untyped_storage().data_ptr()
+    if any(t is not None and t.untyped_storage().data_ptr() == memory for t in operands):
+        raise ValueError("conv2d_gw8 out must not share memory with an operand (x, dy, weight)")
 
 
 def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
@@ -604,7 +608,7 @@ def fprop(
             params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
         )
     else:
-        _check_out(out, params.output_shape, x.dtype, x.device)
+        _check_out(out, params.output_shape, x.dtype, x.device, x, weight)
     bias = _bias_as(kernel, bias, x.dtype)
     kernel.launch([out, _nhwc(x), _weight_as(kernel, weight), bias, params.n], x.device)
     return out
@@ -633,7 +637,7 @@ def dgrad(
             params.input_shape, dtype=dy.dtype, device=dy.device, memory_format=torch.channels_last
         )
     else:
-        _check_out(out, params.input_shape, dy.dtype, dy.device)
+        _check_out(out, params.input_shape, dy.dtype, dy.device, dy, weight)
     kernel.launch([out, _nhwc(dy), _weight_as(kernel, weight), None, params.n], dy.device)
     return out
 

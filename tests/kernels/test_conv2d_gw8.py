@@ -615,6 +615,13 @@ def test_bad_out_is_rejected():
     assert out.is_contiguous(memory_format=torch.channels_last) and out.data_ptr() % 16 == 8
     with pytest.raises(ValueError, match="16-byte aligned"):
         fd.fprop(x, w, None, params, out=out)
+    # In place (the layer keeps its size with padding 1): blocks would read rows others wrote.
+    nhwc = x.contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="must not share memory with an operand"):
+        fd.fprop(nhwc, w, None, params, out=nhwc)
+    with pytest.raises(ValueError, match="must not share memory with an operand"):
+        dy = t["dy"].contiguous(memory_format=torch.channels_last)
+        fd.dgrad(dy, w, params, out=dy)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
