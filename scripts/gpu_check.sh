@@ -28,10 +28,11 @@
 #              long steps, so that it is never the step the budget leaves out)
 #   tests      pytest -m "cuda and not slow", every test function first, then round-robin, until
 #              its time limit (GPU_CHECK_TEST_SECONDS, default 120) or the budget runs out
-#   timm       scripts/timm_benchmark.py: regnetx_002 training samples/s, PyTorch and spio
+#   timm       scripts/timm_benchmark.py: regnetx_002 training samples/s, PyTorch and spio; not
+#              started with under GPU_CHECK_TIMM_MIN_SECONDS (default 60) left, which it needs
 #   perf       scripts/perf_sample.py into OUT_DIR/perf_samples.csv with the time left (data for
 #              the performance model; a partial sweep is still useful); GPU_CHECK_PERF_SEED=CSV
-#              continues from earlier samples
+#              continues from earlier samples (a CSV an older spio wrote too)
 # GPU_CHECK_ARCHIVE=FILE.tgz also packs OUT_DIR into that one file at the end (for transports
 # that bring back only a few files). GPU_CHECK_ONLY="wheels build info perf" runs only the steps
 # named (e.g. a second call that spends what device time is left on perf samples).
@@ -41,7 +42,7 @@
 # timeout still leaves one); calls a step makes besides its main one keep within its limit. The
 # exit status is 1 if any step failed, timed out or was skipped (the perf step stops itself before
 # its limit, so running out of time there is not a failure; nor is timm or perf left out when the
-# budget is spent before them).
+# budget is spent before them, or leaves them too little time).
 
 set -u -o pipefail
 # Python buffers output written to a log file, and a step killed by its time limit loses what it
@@ -76,6 +77,8 @@ cd "$REPO" || exit 1
 PYTHON=${PYTHON:-python}
 BUDGET=${GPU_CHECK_BUDGET:-470}
 MIN_STEP_SECONDS=20
+# The timm step's train bench took 33 s in run 5, before its third variant (where_faster).
+TIMM_MIN_SECONDS=${GPU_CHECK_TIMM_MIN_SECONDS:-60}
 
 FAILED=0
 NOTE=""
@@ -206,7 +209,7 @@ step_memcheck() { sanitize memcheck "$1"; }
 step_racecheck() { sanitize racecheck "$1"; }
 
 step_overhead() {
-    local half=$((($1 - 10) / 2))  # each half may take 10 s more to die
+    local half=$((($1 - 20) / 2))  # each half may take 10 s more to die
     timeout -k 10 "$half" "$PYTHON" scripts/bench_launch.py --launches 2000 --repeats 3
     local rc=$?
     timeout -k 10 "$half" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 7 --profile || rc=$?
@@ -321,6 +324,10 @@ step_probe() {
 }
 
 step_timm() {
+    if (($1 < TIMM_MIN_SECONDS)); then  # it could not finish: a sample not taken, not a failure
+        NOTE="${1}s left, under the ${TIMM_MIN_SECONDS}s it needs"
+        return 200
+    fi
     if ! timeout -k 5 "$(cap 30)" "$PYTHON" -c "import timm" 2>/dev/null; then
         NOTE="timm not installed"
         return 200
@@ -338,7 +345,10 @@ step_timm() {
 step_perf() {
     # perf_sample.py stops itself before its budget runs out; keep 20 s for it to write the CSV.
     local budget=$(($1 - 20))
-    ((budget < 10)) && return 200
+    if ((budget < 10)); then
+        NOTE="${1}s left, too few to sample"
+        return 200
+    fi
     # A fresh sample of the kernels as they are now; GPU_CHECK_PERF_SEED=CSV resumes from earlier
     # samples instead (perf_sample skips what this GPU model already has), which is right only
     # while the kernels they timed are unchanged (and the CSV has the same columns). Layer by
@@ -346,7 +356,18 @@ step_perf() {
     # WGrad model cannot be retrained without them), N = 128 first.
     local csv="$OUT_DIR/perf_samples.csv" before=0 after=0
     if [[ -n "${GPU_CHECK_PERF_SEED:-}" && ! -f "$csv" ]]; then
-        cp "$GPU_CHECK_PERF_SEED" "$csv"
+        # Copied sample by sample: a CSV an older spio wrote has other columns, which
+        # perf_sample refuses to extend.
+        if ! "$PYTHON" - "$GPU_CHECK_PERF_SEED" "$csv" <<'EOF'; then
+import sys
+
+from spio.kernels.perf_samples import append_samples, read_samples
+
+print(f"seeded {append_samples(sys.argv[2], read_samples(sys.argv[1])[0])} samples")
+EOF
+            NOTE="GPU_CHECK_PERF_SEED $GPU_CHECK_PERF_SEED cannot be read"
+            return 2
+        fi
     fi
     [[ -s "$csv" ]] && before=$(($(wc -l <"$csv") - 1))  # data rows, past the header
     timeout -k 10 "$1" "$PYTHON" scripts/perf_sample.py --csv "$csv" \
