@@ -75,6 +75,9 @@ class BenchRow:
     #: How spio's config was chosen ("model sm_90/<family>.ubj", "heuristic", "autotune"); empty
     #: for PyTorch and the copy, and in CSVs written before it was recorded.
     selected_by: str = ""
+    #: The kernel spio ran (its name: config and variant, e.g. `__wcl`, WGrad's `__partials`);
+    #: empty for PyTorch and the copy, and in CSVs written before it was recorded.
+    kernel: str = ""
 
     @property
     def gbps(self) -> float:

@@ -255,6 +255,7 @@ def copy_call(pairs: list[tuple[Any, Any]]) -> Callable[[int], object]:
 def _row(
     layer: BenchLayer, params: Conv2dGw8Params, pass_: str, impl: str, timing: Timing,
     nbytes: int, flops: int, sets: int, config: str, info: RunInfo, selected_by: str = "",
+    kernel: str = "",
 ) -> BenchRow:  # fmt: skip
     return BenchRow(
         layer=layer.name, n=params.n, c=params.c, h=params.h, w=params.w, r=params.r,
@@ -264,7 +265,7 @@ def _row(
         config=config, gpu=info.gpu, driver=info.driver, torch=info.torch, cuda=info.cuda,
         spio=info.spio, date=info.date, command=info.command,
         timing=info.timing if timing.prefilled else info.timing + NOT_PREFILLED,
-        selected_by=selected_by,
+        selected_by=selected_by, kernel=kernel,
     )  # fmt: skip
 
 
@@ -351,8 +352,7 @@ def _bench_case(
             if not _usable_after(error, f"{impl} {pass_} {params.encode()}"):
                 return rows, False
             continue
-        how = case.selected_by if impl == "spio" else ""
-        rows.append(
-            _row(layer, params, pass_, impl, timing, nbytes, impl_flops, sets, config, info, how)
-        )
+        how, kernel = (case.selected_by, case.kernel.name) if impl == "spio" else ("", "")
+        rows.append(_row(layer, params, pass_, impl, timing, nbytes, impl_flops, sets, config,
+                         info, how, kernel))  # fmt: skip
     return rows, True

@@ -117,7 +117,8 @@ class _StandInCase:
 
         self.stats = run.Conv2dStats(params)
         self.bytes = self.copy_bytes = self.stats.bytes(pass_)
-        self.sets, self.config = 1, run.spio_kernel(params, pass_).info_value("config")
+        self.kernel = run.spio_kernel(params, pass_)
+        self.sets, self.config = 1, self.kernel.info_value("config")
         self.copy_data, self.selected_by = [()], "heuristic"
 
     def spio_call(self):
@@ -328,6 +329,9 @@ def test_sweep_rows_carry_each_impls_bytes_flops_sets_percentiles_and_pre_fill(m
     }
     assert all((r.r, r.s, r.pad_h, r.pad_w) == (1, 3, 0, 1) for r in rows.values())
     assert [r.selected_by for r in rows.values()] == ["heuristic", "", ""]
+    # The kernel's name, with its variant (the config column has the config alone).
+    kernel = run.spio_kernel(layer.params(1), "fprop").name
+    assert kernel.endswith("__wcl") and [r.kernel for r in rows.values()] == [kernel, "", ""]
     assert [r.config for r in rows.values()] == [
         run.spio_kernel(layer.params(1), "fprop").info_value("config").encode(),
         "cudnn",
