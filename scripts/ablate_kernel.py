@@ -166,15 +166,18 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"ablate_kernel: {error}", file=sys.stderr)
         return 2
+    worst = 0
     for layer in layers:
         status = ablate_layer(args, layer)
-        if status:
+        if status == 2:
             return status
-    return 0
+        worst = max(worst, status)
+    return worst
 
 
 def ablate_layer(args, layer) -> int:
-    """Times the variants of each pass of one layer; 0, or 2 for a config the layer lacks."""
+    """Times the variants of each pass of one layer; 0, 1 where a variant did not build (the
+    others are timed), or 2 for a config the layer lacks."""
     import torch
 
     from spio.bench.run import copy_call, copy_pairs
@@ -215,7 +218,14 @@ def ablate_layer(args, layer) -> int:
             kernels = {n: base.with_defines(VARIANTS[n]) for n in names if n not in skipped}
             plan[pass_].append((config, kernels))
     every = [k for configs in plan.values() for _, kernels in configs for k in kernels.values()]
-    compile_many([k.compile_job(attrs["arch"]) for k in every], progress=False)
+    results = compile_many([k.compile_job(attrs["arch"]) for k in every], progress=False)
+    # A variant that does not build is reported on its line; the others are still timed.
+    failed = {
+        id(kernel): result
+        for kernel, result in zip(every, results, strict=True)
+        if isinstance(result, BaseException)
+    }
+    status = 0
     print(f"{'pass':6s} {'variant':14s} {'µs':>6s} {'pass GB/s':>9s} {'vs full':>8s}  config")
     for pass_, configs in plan.items():
         family = FAMILY_OF_PASS[pass_]
@@ -225,12 +235,20 @@ def ablate_layer(args, layer) -> int:
         for config, kernels in configs:
             full = None
             for name, kernel in kernels.items():
+                if id(kernel) in failed:
+                    error = str(failed[id(kernel)]).strip().splitlines() or ["(no message)"]
+                    print(f"{pass_:6s} {name:14s} did not build: {error[0][:120]}")
+                    status = 1
+                    continue
                 seconds = autotune.time_kernel(
                     family.name, params, kernel, arg_sets, device, repeats=args.repeats
                 )
-                full = full or seconds
+                if name == "full":
+                    full = seconds
                 print(row(pass_, name, seconds, nbytes, full, config.encode()))
-            if pass_ == "wgrad":  # issue #6: atomics into zeroed dw, or per-warp partials + a sum
+            if pass_ == "wgrad" and full is None:  # its wrappers would run the same code
+                print(f"{pass_:6s} reductions not timed: the config's kernel did not build")
+            elif pass_ == "wgrad":  # issue #6: atomics into zeroed dw, or per-warp partials + a sum
                 for name, seconds in time_wgrad_reductions(
                     params, config, arg_sets, attrs["arch"], args.repeats
                 ).items():
@@ -260,7 +278,7 @@ def ablate_layer(args, layer) -> int:
         read = timing.median_ms * 1e-3
         note = f"reads {moved / 2e6:.1f} MB: {moved / 2 / read / 1e9:.0f} GB/s"
         print(row(pass_, "read", read, nbytes, None, note))
-    return 0
+    return status
 
 
 def named_configs(family, params, names: list[str]) -> list | None:

@@ -362,7 +362,13 @@ def fake_gpu(monkeypatch):
     )
     monkeypatch.setattr(spio.cuda, "driver", fake_driver, raising=False)
     monkeypatch.setitem(sys.modules, "spio.cuda.driver", fake_driver)
-    monkeypatch.setattr(spio.compiler, "compile_many", lambda jobs, **k: events.append(len(jobs)))
+
+    def compile_many(jobs, **kwargs):
+        events.append(len(jobs))
+        broken = RuntimeError("did not build")  # the no-mma variant's
+        return [broken if "__variant_mma." in job.name else None for job in jobs]
+
+    monkeypatch.setattr(spio.compiler, "compile_many", compile_many)
     monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])
     h200 = pm.DeviceIdentity("sm_90", "NVIDIA H200", "13.0", sms=132)
     monkeypatch.setattr(pm, "device_identity", lambda device: h200)
@@ -447,6 +453,21 @@ def test_every_line_is_timed_against_full_timed_first(fake_gpu, monkeypatch, cap
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     rows = [(w[1], w[2], w[4]) for w in lines if w[:1] == ["fprop"] and w[1] != "variant"]
     assert rows[:2] == [("full", "40.0", "1.00"), ("no-loads", "10.0", "0.25")]
+
+
+def test_a_variant_that_does_not_build_is_reported_and_the_others_are_timed(fake_gpu, capsys):
+    """A build failure had come up as the launch's error, ending the ablation of every layer
+    after it; now its line says so, the rest are timed, and the exit status is 1."""
+    args = ablate.parse_args(
+        ["--layer", "64c_64x64_3x3", "152c_14x14_3x3", "--n", "2", "--passes", "fprop",
+         "--heuristic", "--variants", "full", "no-mma", "no-loads"]
+    )  # fmt: skip
+    statuses = [ablate.ablate_layer(args, parse_layer(name)) for name in args.layer]
+    assert statuses == [1, 1]
+    out = capsys.readouterr().out
+    assert out.count("no-mma         did not build: did not build") == 2
+    timed = [e for e in fake_gpu if isinstance(e, str)]
+    assert len(timed) == 4 and not any("__variant_mma" in name for name in timed)
 
 
 @pytest.mark.parametrize("option", ["--n", "--repeats"])
