@@ -448,14 +448,14 @@ run_step() {
     local status
     NOTE=""
     if [[ -n "${GPU_CHECK_ONLY:-}" && " $GPU_CHECK_ONLY " != *" $name "* ]]; then
-        add_summary "$(printf '%-10s %-48s %5d' "$name" "not selected (GPU_CHECK_ONLY)" 0)"
+        add_summary "$(printf '%-10s %-64s %5d' "$name" "not selected (GPU_CHECK_ONLY)" 0)"
         log "$name: not selected"
         return
     fi
     if [[ -n "$BROKEN" ]]; then
         status="SKIPPED ($BROKEN)"
         FAILED=1
-        add_summary "$(printf '%-10s %-48s %5d' "$name" "$status" 0)"
+        add_summary "$(printf '%-10s %-64s %5d' "$name" "$status" 0)"
         log "$name: $status"
         return
     fi
@@ -464,7 +464,7 @@ run_step() {
         # timm and perf gather numbers, and come last for that: a run whose budget ends before
         # them still checked everything (GPU_CHECK_ONLY="wheels build perf" runs them alone).
         [[ $name == timm || $name == perf ]] || FAILED=1
-        add_summary "$(printf '%-10s %-48s %5d' "$name" "$status" 0)"
+        add_summary "$(printf '%-10s %-64s %5d' "$name" "$status" 0)"
         log "$name: $status"
         return
     fi
@@ -520,7 +520,7 @@ run_step() {
     if [[ $rc -ne 0 && ($name == build || $name == info) ]]; then
         BROKEN="$name failed"  # nothing after this can work: don't spend GPU time on it
     fi
-    add_summary "$(printf '%-10s %-48s %5d' "$name" "${status:0:48}" "$took")"
+    add_summary "$(printf '%-10s %-64s %5d' "$name" "${status:0:64}" "$took")"
     log "$name: $status (${took}s)"
 }
 
@@ -528,13 +528,13 @@ log "repository $REPO, output $OUT_DIR, budget ${BUDGET}s, python $(timeout 10 "
 {
     echo
     echo "gpu_check summary ($(date -u '+%Y-%m-%d %H:%M UTC'), logs in $OUT_DIR)"
-    printf '%-10s %-48s %5s\n' step status sec
+    printf '%-10s %-64s %5s\n' step status sec
 } >"$OUT_DIR/summary.txt"
 for step in "${STEPS[@]}"; do
     run_step "${step%%:*}" "${step##*:}"
 done
 
-printf '%-10s %-48s %5d\n' total "$([[ $FAILED -eq 0 ]] && echo PASS || echo FAIL)" "$SECONDS" \
+printf '%-10s %-64s %5d\n' total "$([[ $FAILED -eq 0 ]] && echo PASS || echo FAIL)" "$SECONDS" \
     >>"$OUT_DIR/summary.txt"
 if [[ -n "${GPU_CHECK_ARCHIVE:-}" ]]; then  # before the summary, which is printed last
     tar czf "$GPU_CHECK_ARCHIVE" -C "$OUT_DIR" . && log "packed $OUT_DIR into $GPU_CHECK_ARCHIVE"
