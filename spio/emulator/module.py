@@ -285,9 +285,14 @@ class EmuFunction:
         loaded = self.module._load(check)
         static = self.module.static_shared_bytes(check)
         if shared_mem_bytes + static > MAX_SHARED_BYTES:
+            # The static count is the module's, not this kernel's: every kernel's __shared__
+            # variables live in one arena of the library (see spio_emu.h).
             raise ValueError(
                 f"kernel {self.name}: {shared_mem_bytes} dynamic + {static} static shared bytes "
-                f"exceed the {MAX_SHARED_BYTES}-byte limit per block (sm_90)"
+                f"exceed the {MAX_SHARED_BYTES}-byte limit per block (sm_90); the emulator "
+                f"counts as static the __shared__ variables of every kernel in module "
+                f"{self.module.name} together, so kernels that each fit on a GPU may need "
+                f"modules of their own"
             )
         kinds = self._signature(loaded)
         slots, ranges, copies = self._marshal(kinds, tuple(args), check)

@@ -519,6 +519,57 @@ extern "C" __global__ void warp_halves(unsigned *out, int bad) {
     out[3 * lane + 1] = __shfl_xor_sync(mask, lane, 2);
     out[3 * lane + 2] = __ballot_sync(mask, lane & 1);
 }
+
+/// Thread i copies src[4i..4i+3] by cp.async, then overwrites src[4i] before its wait (`bug` 1),
+/// or thread i - 1 overwrites it after a __syncthreads but before thread i's wait (`bug` 2): the
+/// copy may read the old value or the new. `bug` 0 overwrites after the waits and a barrier.
+/// out[i] = s[4i].
+extern "C" __global__ void source_overwritten(float *out, float *src, int bug) {
+    __shared__ __align__(16) float s[64 * 4];
+    const int i = threadIdx.x, next = (i + 1) % blockDim.x;
+    spio::cp_async_16(&s[4 * i], src + 4 * i, 16);
+    spio::cp_async_commit_group();
+    if (bug == 1) src[4 * i] = -1.f;
+    __syncthreads();
+    if (bug == 2) src[4 * next] = -1.f;
+    __syncthreads();
+    spio::cp_async_wait_all();
+    __syncthreads();
+    if (bug == 0) src[4 * next] = -1.f;
+    out[i] = s[4 * i];
+}
+
+/// Every thread adds 1 to a shared counter atomically, and thread 0 reads it after a
+/// __syncthreads (`bug` 0), or after a __syncwarp in a one-warp block (`bug` 3). `bug` 1: every
+/// thread reads it right after its own atomic, racing with the others' atomics; `bug` 2: thread 1
+/// sets it with a plain store instead, racing with them. out[0] = the count.
+extern "C" __global__ void shared_count(int *out, int bug) {
+    __shared__ int c;
+    const int i = threadIdx.x;
+    if (i == 0) c = 0;
+    __syncthreads();
+    if (bug == 2 && i == 1) {
+        c = 100;
+    } else {
+        atomicAdd(&c, 1);
+    }
+    if (bug == 1) out[i] = c;
+    if (bug == 3) {
+        __syncwarp();
+    } else {
+        __syncthreads();
+    }
+    if (bug != 1 && i == 0) out[0] = c;
+}
+
+/// Lanes 0 and 1 read g[0]; lane 0 then stores to it after a __syncwarp of lanes 0 and 1
+/// (`fixed` 1), or of lanes 0 and 2 (a race with lane 1's read). The other lanes take no part.
+extern "C" __global__ void reader_pair_global(int *g, int fixed) {
+    const int lane = threadIdx.x;
+    const int v = lane < 2 ? g[0] : 0;
+    if (fixed ? lane < 2 : lane == 0 || lane == 2) __syncwarp(fixed ? 0x3u : 0x5u);
+    if (lane == 0) g[0] = v + 1;
+}
 """
 
 SHARED_OOB = r"""
@@ -720,6 +771,49 @@ extern "C" __global__ void bulk_two_arrivals(float *out, const float *in) {
         out[64 * phase + i] = buf[(i * 5) % 64];
         __syncthreads();
     }
+}
+
+/// Warp 0 waits on an mbarrier while warp 1 first runs `steps` rounds of shuffles; then thread 32
+/// announces 16 bytes and bulk-copies them from `in` (`arrive` 1), or never does (a deadlock).
+/// out[i] = in[i % 4] for warp 0.
+extern "C" __global__ void late_producer(float *out, const float *in, int steps, int arrive) {
+    __shared__ __align__(16) float buf[4];
+    __shared__ __align__(8) unsigned long long bar;
+    const int i = threadIdx.x;
+    init_mbarriers(&bar, 1, 1);
+    if (i < 32) {
+        spio::mbarrier_wait_parity(&bar, 0);
+        out[i] = buf[i % 4];
+        return;
+    }
+    unsigned v = i;
+    for (int k = 0; k < steps; ++k) v += __shfl_xor_sync(0xffffffffu, v, 1);
+    out[i] = float(v % 7);
+    if (i == 32 && arrive) {
+        spio::mbarrier_arrive_expect_tx(&bar, 16);
+        spio::cp_async_bulk_g2s(buf, in, 16, &bar);
+        spio::mbarrier_wait_parity(&bar, 0);
+    }
+}
+
+/// Thread 0 bulk-copies in[0..63]; thread 1 overwrites in[0] before the barrier that comes before
+/// anyone waits (`bug` 1: the copy may read the old value or the new), or after every thread's
+/// wait and a __syncthreads (`bug` 0). out[i] = buf[i].
+extern "C" __global__ void bulk_source_overwritten(float *out, float *in, int bug) {
+    __shared__ __align__(16) float buf[64];
+    __shared__ __align__(8) unsigned long long bar;
+    const int i = threadIdx.x;
+    init_mbarriers(&bar, 1, 1);
+    if (i == 0) {
+        spio::mbarrier_arrive_expect_tx(&bar, 256);
+        spio::cp_async_bulk_g2s(buf, in, 256, &bar);
+    }
+    if (bug && i == 1) in[0] = -1.f;
+    __syncthreads();
+    spio::mbarrier_wait_parity(&bar, 0);
+    out[i] = buf[i];
+    __syncthreads();
+    if (!bug && i == 1) in[0] = -1.f;
 }
 
 /// Thread 0 starts a bulk copy that no thread waits for.

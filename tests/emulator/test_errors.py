@@ -222,6 +222,44 @@ def test_launch_leaves_no_fiber_stack_mappings_behind():
     assert torch.equal(out, torch.arange(1024, dtype=torch.float32))
 
 
+def test_512_kib_of_local_memory_fits_and_more_is_a_stack_overflow():
+    """A GPU thread has up to 512 KiB of local memory; a fiber stack holds that much. An array
+    past the stack faults in the guard below it, which the launch reports (checked or not), and
+    the process goes on. In a subprocess: a fault the emulator missed would end the process."""
+    code = r"""
+import torch
+from spio import emulator
+src = '''
+extern "C" __global__ void big_local(float *out, const float *in, int n) {
+    float r[N];
+    for (int i = 0; i < n; ++i) r[i] = in[i % 32] * i;
+    float s = 0;
+    for (int i = n - 1; i >= 0; --i) s += r[(i * 7) % n];
+    out[threadIdx.x] = s;
+}
+'''
+for n in (131072, 200000, 131072):  # 512 KiB, 781 KiB, then 512 KiB again
+    fn = emulator.load_module(src.replace("N", str(n)), name=f"big_local_{n}")
+    for check in (True, False):
+        out = torch.zeros(32)
+        try:
+            fn.get_function("big_local").launch(1, 32, (out, torch.ones(32), n), check=check)
+            print(n, check, "ok", out[0].item() == out[31].item() > 0)
+        except emulator.EmulatorError as error:
+            print(n, check, "error", "stack overflow of the emulated thread" in str(error))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=REPO)
+    assert run.returncode == 0, run.stderr.decode(errors="replace")
+    assert run.stdout.decode().splitlines() == [
+        "131072 True ok True",
+        "131072 False ok True",
+        "200000 True error True",
+        "200000 False error True",
+        "131072 True ok True",
+        "131072 False ok True",
+    ]
+
+
 def test_checked_launch_leaves_read_only_inputs_untouched(add_fn):
     # Checked launches run on guarded copies; copying an unchanged input back would bump its
     # autograd version counter and break backward passes that saved it.
@@ -323,8 +361,10 @@ def test_the_shared_memory_limit_counts_static_shared_memory(shared_oob):
     fn.launch(1, 128, (out, x, 0), shared_mem_bytes=232448 - 512)
     assert torch.equal(out, x)
     match = r"231937 dynamic \+ 512 static shared bytes exceed the 232448-byte limit"
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as info:
         fn.launch(1, 128, (out, x, 0), shared_mem_bytes=232448 - 511)
+    # The static bytes are the module's (every kernel's __shared__ variables), and it says so.
+    assert "__shared__ variables of every kernel in module emu_test_shared_oob" in str(info.value)
 
 
 def test_extern_shared_in_a_header_given_with_the_source_is_the_dynamic_buffer():

@@ -1,5 +1,7 @@
 """Planted bugs are reported by the checked emulator, and their fixed versions pass."""
 
+import re
+
 import pytest
 import torch
 
@@ -544,3 +546,95 @@ def test_a_second_launch_starts_with_a_clean_record(global_races):
     fn = global_races.get_function("prefix_step")
     fn.launch(4, 32, (out, x, 0))
     fn.launch(4, 32, (torch.zeros(4), out, 0))
+
+
+@pytest.mark.parametrize("bug,issuer", [(1, 0), (2, 1)], ids=["own", "other"])
+def test_overwriting_a_cp_async_source_before_the_wait_races(hazards, bug, issuer):
+    """The copy reads its source any time until its thread's wait: a store to it in between, by
+    the issuing thread or (after a barrier) by another, may land before the read or after.
+    Thread 0 runs first and stores to its own source (bug 1) or thread 1's (bug 2)."""
+    src = torch.arange(256, dtype=torch.float32)
+    with pytest.raises(EmulatorError) as info:
+        hazards.get_function("source_overwritten").launch(1, 64, (torch.zeros(64), src, bug))
+    message = str(info.value)
+    assert re.search(
+        rf"block \(0,0,0\), thread \(0,0,0\): global-memory race: writes address "
+        rf"0x[0-9a-f]+, which a cp_async_16 that thread \({issuer},0,0\) "
+        rf"issued to shared address 0x[0-9a-f]+ reads, before that thread's cp_async_wait",
+        message,
+    ), message
+
+
+@pytest.mark.parametrize("seed", [None, 6])
+def test_overwriting_a_cp_async_source_after_the_wait_passes(hazards, seed):
+    src = torch.arange(256, dtype=torch.float32)
+    out = torch.zeros(64)
+    hazards.get_function("source_overwritten").launch(1, 64, (out, src, 0), seed=seed)
+    assert torch.equal(out, 4 * torch.arange(64, dtype=torch.float32))
+    assert (src[::4] == -1).all()
+
+
+def test_overwriting_a_bulk_copy_source_before_its_phase_completes_races(bulk):
+    src = torch.randn(64)
+    with pytest.raises(EmulatorError, match=r"global-memory race: writes address") as info:
+        bulk.get_function("bulk_source_overwritten").launch(1, 64, (torch.zeros(64), src, 1))
+    assert "which a cp_async_bulk_g2s to shared address" in str(info.value)
+    src = torch.randn(64)
+    want = src.clone()
+    out = torch.zeros(64)
+    bulk.get_function("bulk_source_overwritten").launch(1, 64, (out, src, 0), seed=2)
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+@pytest.mark.parametrize(
+    "bug,message",
+    [
+        (1, r"race: (atomically updates .* which .* read|reads .* which .* updated atomically)"),
+        (2, r"race: (writes .* which .* updated atomically|atomically updates .* which .* wrote)"),
+    ],
+    ids=["read-during-atomics", "store-during-atomics"],
+)
+def test_shared_atomics_mixed_with_plain_accesses_race(hazards, bug, message, seed):
+    """Atomics need no order among themselves, but a plain access needs one with them (as in
+    global memory)."""
+    with pytest.raises(EmulatorError, match="shared-memory " + message):
+        hazards.get_function("shared_count").launch(
+            1, 64, (torch.zeros(64, dtype=torch.int32), bug), seed=seed
+        )
+
+
+@pytest.mark.parametrize("seed", [None, 1])
+@pytest.mark.parametrize("bug,block", [(0, 64), (3, 32)], ids=["syncthreads", "syncwarp"])
+def test_shared_atomics_then_an_ordered_read_pass(hazards, bug, block, seed):
+    out = torch.zeros(64, dtype=torch.int32)
+    hazards.get_function("shared_count").launch(1, block, (out, bug), seed=seed)
+    assert out[0].item() == block
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_a_partial_syncwarp_orders_its_lanes_global_accesses(hazards, seed):
+    """Lanes 0 and 1 load g[0], sync among themselves, and lane 0 stores: the other lanes, which
+    never touched g[0], need no part in the __syncwarp (as in shared memory)."""
+    g = torch.zeros(1, dtype=torch.int32)
+    hazards.get_function("reader_pair_global").launch(1, 32, (g, 1), seed=seed)
+    assert g.item() == 1
+    with pytest.raises(EmulatorError, match=r"global-memory race: writes .* lanes of warp 0 read"):
+        hazards.get_function("reader_pair_global").launch(
+            1, 32, (torch.zeros(1, dtype=torch.int32), 0)
+        )
+
+
+@pytest.mark.parametrize("steps", [10, 400])
+def test_an_mbarrier_waiter_outlasts_a_busy_producer(bulk, steps):
+    """Warp 0 spins on the mbarrier while warp 1 shuffles before it arrives: no deadlock, however
+    long the producer is busy."""
+    x = torch.randn(4)
+    out = torch.zeros(64)
+    bulk.get_function("late_producer").launch(1, 64, (out, x, steps, 1))
+    assert torch.equal(out[:32], x.repeat(8))
+
+
+def test_an_mbarrier_no_thread_arrives_at_is_a_deadlock_after_the_others_finish(bulk):
+    with pytest.raises(EmulatorError, match="mbarrier wait never ends: phase parity 0"):
+        bulk.get_function("late_producer").launch(1, 64, (torch.zeros(64), torch.randn(4), 400, 0))

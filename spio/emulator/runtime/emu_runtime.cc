@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <signal.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -57,8 +58,11 @@ extern __attribute__((visibility("hidden"))) __thread char g_tls_arena_end[64];
 namespace {
 
 constexpr int kMaxThreads = 1024;
-constexpr std::size_t kStackBytes = 256 * 1024;
-constexpr std::size_t kGuardBytes = 4096;
+/// A fiber stack holds 512 KiB of local memory, the most a GPU thread has, and the runtime's
+/// frames. The guard below it is as large (it costs only address space): a frame that overflows
+/// the stack by less than a stack faults in the guard rather than writing into another fiber's.
+constexpr std::size_t kStackBytes = 640 * 1024;
+constexpr std::size_t kGuardBytes = kStackBytes;
 constexpr std::size_t kMaxDynamicShared = 227 * 1024;
 constexpr std::size_t kDynGuard = 256;
 constexpr uint16_t kMany = 0xffff;
@@ -154,17 +158,23 @@ struct Warp {
     uint32_t out[32][4];
 };
 
+/// Accesses to a shared-memory byte that need no order among themselves (plain reads, or
+/// atomics), in the last epoch with such accesses: the epoch, their threads (kMany for several,
+/// with warp and lanes when they were all in one warp) and the latest one's warp sync generation.
+struct Accesses {
+    uint32_t epoch, wep, lanes;
+    uint16_t tid, warp;
+};
+
 /// Race-detection state of one shared-memory byte: the last write (epoch, thread, its warp's
-/// sync generation) and the reads of the last epoch with reads (their threads; kMany for
-/// several, with r_warp and r_lanes when they were all in one warp). `bulk` is 1 + an index into
-/// Runtime::landings when the last write is a bulk copy landing, async_tid 1 + the thread whose
-/// async copy to the byte is still in flight.
+/// sync generation), the reads and the atomics. `bulk` is 1 + an index into Runtime::landings
+/// when the last write is a bulk copy landing, async_tid 1 + the thread whose async copy to the
+/// byte is still in flight.
 struct Shadow {
-    uint32_t w_epoch, r_epoch;
-    uint32_t w_wep, r_wep;
-    uint32_t r_lanes;
+    uint32_t w_epoch, w_wep;
     uint32_t bulk;
-    uint16_t w_tid, r_tid, r_warp, async_tid;
+    uint16_t w_tid, async_tid;
+    Accesses r, a;
 };
 
 /// One access to a byte of global memory: the epoch (0: none), the thread (kMany: several
@@ -177,16 +187,27 @@ struct GAccess {
     uint16_t wep;
 };
 
+/// Loads or atomics, which several threads may make in one epoch: their record and, when it
+/// stands for several lanes of one warp (kWarpMany | w), which lanes (a __syncwarp may order some
+/// lanes of a warp and not others).
+struct GAccesses {
+    GAccess x;
+    uint32_t lanes;
+};
+
 /// Race-detection state of one byte of global memory (a registered tensor) in a checked launch:
 /// the last plain store, the atomics and the plain loads since it.
 struct GShadow {
-    GAccess store, atomic, load;
+    GAccess store;
+    GAccesses atomic, load;
 };
 
-/// Shadow of a merged run of registered global ranges, in chunks allocated on first touch.
+/// Shadow of a merged run of registered global ranges, in chunks allocated on first touch;
+/// `reading` counts the async copies in flight (issued, not completed) whose source lies in it.
 struct GRange {
     uintptr_t lo, hi;
     std::vector<std::vector<GShadow>> chunks;
+    uint32_t reading = 0;
 };
 
 struct Runtime {
@@ -202,6 +223,7 @@ struct Runtime {
     Fiber fibers[kMaxThreads];
     Warp warps[kMaxThreads / 32];
     Fiber *cur = nullptr;
+    uintptr_t overflow = 0;  ///< where the running fiber faulted in its stack's guard (on_segv)
     void *sched_sp = nullptr;
 #if !SPIO_EMU_ASM_SWITCH
     ucontext_t sched_uc;
@@ -223,9 +245,12 @@ struct Runtime {
     std::vector<std::pair<uint32_t, uint3>> block_starts;
     std::vector<GRange> granges;
     std::vector<Landing> landings;
-    // mbarriers of the running block, by shared address; failed waits since one last changed
+    // mbarriers of the running block, by shared address; failed waits in a row with no fiber
+    // doing anything else in between (a fiber that yields elsewhere, or an mbarrier operation,
+    // resets the count); whether the running fiber yielded at a failed wait
     std::map<uintptr_t, MBarrier> mbarriers;
     uint64_t mbarrier_spins = 0;
+    bool spun = false;
     // Library segments (constants, statics)
     std::vector<std::pair<uintptr_t, uintptr_t>> segments;
 };
@@ -360,17 +385,41 @@ std::string action(bool write, const char *via) {
     return via ? format("%s writes", via) : std::string(verb(write));
 }
 
-/// Whether the reads recorded in `s` (in the current epoch) are ordered before an access by
-/// fiber `f`: they are its own, or all by lanes of its warp that have since taken part in a
-/// __syncwarp with it.
-bool reads_ordered(const Shadow &s, const Fiber *f) {
-    if (s.r_tid == f->tid) return true;
-    if (s.r_warp != f->warp) return false;
+/// Whether accesses `x` (in the current epoch) are ordered before an access by fiber `f`: they
+/// are its own, or all by lanes of its warp that have since taken part in a __syncwarp with it.
+bool ordered(const Accesses &x, const Fiber *f) {
+    if (x.tid == f->tid) return true;
+    if (x.warp != f->warp) return false;
     const Warp &w = g_rt.warps[f->warp];
-    for (uint32_t m = s.r_lanes & ~(1u << f->lane); m; m &= m - 1) {
-        if (!lanes_synced(w, f->lane, __builtin_ctz(m), s.r_wep)) return false;
+    for (uint32_t m = x.lanes & ~(1u << f->lane); m; m &= m - 1) {
+        if (!lanes_synced(w, f->lane, __builtin_ctz(m), x.wep)) return false;
     }
     return true;
+}
+
+/// Adds an access by fiber `f` (in epoch `e`, at its warp's sync generation `gen`) to `x`.
+void add_access(Accesses &x, const Fiber *f, uint32_t e, uint32_t gen) {
+    const auto tid = static_cast<uint16_t>(f->tid), warp = static_cast<uint16_t>(f->warp);
+    if (x.epoch != e || ordered(x, f)) {
+        // A new epoch, or every access recorded is ordered before this one (by program order or
+        // a __syncwarp): this one stands for them, so a later conflicting access need only be
+        // ordered after it. (Merging would date the earlier accesses at this one's sync
+        // generation, and a lane that re-reads after a __syncwarp would fail its writer.)
+        x = Accesses{e, gen, 1u << f->lane, tid, warp};
+        return;
+    }
+    if (x.tid != tid) x.tid = kMany;
+    if (x.warp != warp) {
+        x.warp = kMany;
+    } else {
+        x.lanes |= 1u << f->lane;
+    }
+    x.wep = gen;
+}
+
+/// Who made accesses `x`, for messages.
+std::string accessors(const Accesses &x) {
+    return x.tid == kMany ? std::string("other threads") : thread_name(x.tid);
 }
 
 /// Fails unless fiber `f` has seen complete the mbarrier phase whose bulk copy wrote the shared
@@ -389,21 +438,26 @@ void check_landed(const Fiber *f, const Shadow &s, uintptr_t addr, bool write, c
 
 /// Race, cp.async and bulk-copy checks for `n` shared bytes at arena offset `off`, accessed by
 /// fiber `f`. `via` names an async copy being issued: its write is checked against the epoch's
-/// accesses by other threads now, and entered in the shadow when the copy completes.
+/// accesses by other threads now, and entered in the shadow when the copy completes. `atomic`:
+/// an atomic read-modify-write (write is true), which needs no order with other atomics but
+/// races with unordered plain accesses, as in global memory.
 void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n, bool write,
-                   const char *via = nullptr) {
+                   const char *via = nullptr, bool atomic = false) {
     const uint16_t tid = static_cast<uint16_t>(f->tid);
     const uint16_t warp = static_cast<uint16_t>(f->warp);
     const Warp &w = g_rt.warps[f->warp];
     const uint32_t gen = w.sync_gen;
     const uint32_t e = g_rt.epoch;
+    // The access, for messages (built only when one fails).
+    const auto act = [&] { return atomic ? std::string("atomically updates") : action(write, via); };
     for (std::size_t i = 0; i < n; ++i) {
         Shadow &s = g_rt.shadow[off + i];
         if (s.async_tid) {
             fail(f, format("%s shared address %#lx, the destination of an async copy (cp.async "
                            "or bulk) issued by %s, before a cp_async_wait_group/cp_async_wait_all "
                            "or mbarrier wait covering it (stale data)",
-                           verb(write), static_cast<unsigned long>(addr + i),
+                           atomic ? "atomically updates" : verb(write),
+                           static_cast<unsigned long>(addr + i),
                            thread_name(s.async_tid - 1).c_str()));
         }
         if (s.w_epoch == e) {
@@ -413,42 +467,35 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
                        !(s.w_tid / 32 == warp && lanes_synced(w, f->lane, s.w_tid % 32, s.w_wep))) {
                 fail(f, format("shared-memory race: %s address %#lx, which %s wrote with no "
                                "__syncthreads() in between",
-                               action(write, via).c_str(), static_cast<unsigned long>(addr + i),
+                               act().c_str(), static_cast<unsigned long>(addr + i),
                                thread_name(s.w_tid).c_str()));
             }
         }
+        if (!atomic && s.a.epoch == e && !ordered(s.a, f)) {
+            fail(f, format("shared-memory race: %s address %#lx, which %s updated atomically "
+                           "with no __syncthreads() in between (atomics may share bytes only "
+                           "with atomics)",
+                           act().c_str(), static_cast<unsigned long>(addr + i),
+                           accessors(s.a).c_str()));
+        }
         if (write) {
-            if (s.r_epoch == e && !reads_ordered(s, f)) {
-                std::string other =
-                    s.r_tid == kMany ? std::string("other threads") : thread_name(s.r_tid);
+            if (s.r.epoch == e && !ordered(s.r, f)) {
                 fail(f, format("shared-memory race: %s address %#lx, which %s read with no "
                                "__syncthreads() in between",
-                               action(write, via).c_str(), static_cast<unsigned long>(addr + i),
-                               other.c_str()));
+                               act().c_str(), static_cast<unsigned long>(addr + i),
+                               accessors(s.r).c_str()));
             }
             if (via) continue;
+            if (atomic) {
+                add_access(s.a, f, e, gen);
+                continue;
+            }
             s.w_epoch = e;
             s.w_tid = tid;
             s.w_wep = gen;
             s.bulk = 0;
-        } else if (s.r_epoch != e || reads_ordered(s, f)) {
-            // A new epoch, or every read recorded is ordered before this one (by program order
-            // or a __syncwarp): this read stands for them, so a later write need only be
-            // ordered after it. (Merging would date the earlier reads at this read's sync
-            // generation, and a lane that re-reads after a __syncwarp would fail its writer.)
-            s.r_epoch = e;
-            s.r_tid = tid;
-            s.r_warp = warp;
-            s.r_lanes = 1u << f->lane;
-            s.r_wep = gen;
         } else {
-            if (s.r_tid != tid) s.r_tid = kMany;
-            if (s.r_warp != warp) {
-                s.r_warp = kMany;
-            } else {
-                s.r_lanes |= 1u << f->lane;
-            }
-            s.r_wep = gen;
+            add_access(s.r, f, e, gen);
         }
     }
 }
@@ -492,8 +539,8 @@ uint32_t full_gen(const Warp &w, uint16_t wep) {
 
 /// Whether access `x` is ordered before an access by fiber `f`: none recorded, or by the same
 /// block and in an earlier epoch, by the same thread, or by lanes of its warp that have since
-/// taken part in a __syncwarp with it.
-bool g_ordered(const GAccess &x, const Fiber *f) {
+/// taken part in a __syncwarp with it (`lanes`, when x stands for several lanes of a warp).
+bool g_ordered(const GAccess &x, const Fiber *f, uint32_t lanes = 0) {
     if (x.epoch == 0) return true;
     if (x.epoch < g_rt.block_epoch0 || (x.tid & kOtherBlocks)) return false;
     if (x.epoch != g_rt.epoch) return true;
@@ -503,23 +550,26 @@ bool g_ordered(const GAccess &x, const Fiber *f) {
     const uint32_t gen = full_gen(w, x.wep);
     if (who < kWarpMany) return who / 32 == f->warp && lanes_synced(w, f->lane, who % 32, gen);
     if (who != (kWarpMany | f->warp)) return false;
-    for (uint32_t m = w.existing & ~(1u << f->lane); m; m &= m - 1) {
+    for (uint32_t m = lanes & ~(1u << f->lane); m; m &= m - 1) {
         if (!lanes_synced(w, f->lane, __builtin_ctz(m), gen)) return false;
     }
     return true;
 }
 
-/// Adds an access by fiber `f` to record `x` (loads or atomics: several threads and blocks).
-void g_record(GAccess &x, const Fiber *f) {
+/// Adds an access by fiber `f` to record `r` (loads or atomics: several threads and blocks).
+void g_record(GAccesses &r, const Fiber *f) {
+    GAccess &x = r.x;
     const bool other = (x.tid & kOtherBlocks) || (x.epoch != 0 && x.epoch < g_rt.block_epoch0);
     const auto flag = static_cast<uint16_t>(other ? kOtherBlocks : 0);
     const auto wep = static_cast<uint16_t>(g_rt.warps[f->warp].sync_gen);
-    if (x.epoch != g_rt.epoch || (!other && g_ordered(x, f))) {
+    if (x.epoch != g_rt.epoch || (!other && g_ordered(x, f, r.lanes))) {
         // A new epoch, or every access recorded is ordered before this one: it stands for them
-        // (as in shadow_access's reads).
+        // (as in add_access).
         x = GAccess{g_rt.epoch, static_cast<uint16_t>(f->tid | flag), wep};
+        r.lanes = 1u << f->lane;
         return;
     }
+    r.lanes |= 1u << f->lane;  // used when the record stands for lanes of one warp
     uint16_t who = x.tid & kTidMask;
     if (who != f->tid) {
         const bool same_warp = who < kWarpMany ? who / 32 == f->warp : who == (kWarpMany | f->warp);
@@ -543,12 +593,58 @@ std::string g_who(const GAccess &x) {
     return format("lanes of warp %d", who & 31);
 }
 
+/// Counts an async copy reading `bytes` bytes at `src` into (delta 1) or out of (delta -1) the
+/// copies in flight of its global range, in a checked launch.
+void count_source(const char *src, std::size_t bytes, int delta) {
+    if (!g_rt.check || bytes == 0) return;
+    if (GRange *r = grange_of(reinterpret_cast<uintptr_t>(src))) r->reading += delta;
+}
+
+/// Fails if fiber `f` writes (or updates atomically) `n` global bytes at `addr` that an async
+/// copy in flight reads: the copy may read its source any time until it completes (a cp.async at
+/// its thread's wait, a bulk copy when its mbarrier phase completes), so on the GPU it may copy
+/// the old bytes or the new.
+void check_copy_sources(const Fiber *f, uintptr_t addr, std::size_t n, GKind kind) {
+    const char *act = kind == GKind::kStore ? "writes" : "atomically updates";
+    // The first byte of [addr, addr + n) in [src, src + bytes), or 0.
+    const auto overlap = [&](const char *src, std::size_t bytes) -> uintptr_t {
+        const auto lo = reinterpret_cast<uintptr_t>(src);
+        return lo < addr + n && addr < lo + bytes ? std::max(lo, addr) : 0;
+    };
+    for (int t = 0; t < g_rt.nthreads; ++t) {
+        for (const PendingCopy &pc : g_rt.fibers[t].pending) {
+            if (const uintptr_t a = overlap(pc.src, static_cast<std::size_t>(pc.bytes))) {
+                fail(f, format("global-memory race: %s address %#lx, which a cp_async_16 that %s "
+                               "issued to shared address %#lx reads, before that thread's "
+                               "cp_async_wait_group/cp_async_wait_all covering the copy (the "
+                               "copy may read its source any time until then)",
+                               act, static_cast<unsigned long>(a), thread_name(t).c_str(),
+                               reinterpret_cast<unsigned long>(pc.dst)));
+            }
+        }
+    }
+    for (const auto &[bar, b] : g_rt.mbarriers) {
+        for (const BulkCopy &c : b.copies) {
+            if (const uintptr_t a = overlap(c.src, c.bytes)) {
+                fail(f, format("global-memory race: %s address %#lx, which a cp_async_bulk_g2s "
+                               "to shared address %#lx reads, before the phase of the mbarrier "
+                               "at %#lx that the copy belongs to completes (the copy may read "
+                               "its source any time until then)",
+                               act, static_cast<unsigned long>(a),
+                               reinterpret_cast<unsigned long>(c.dst),
+                               static_cast<unsigned long>(bar)));
+            }
+        }
+    }
+}
+
 /// Race checks for `n` bytes of global memory at `addr` (inside a registered range) accessed by
 /// fiber `f`; `via` names an async copy reading them.
 void global_access(const Fiber *f, uintptr_t addr, std::size_t n, GKind kind,
                    const char *via = nullptr) {
     GRange *r = grange_of(addr);
     if (r == nullptr) return;
+    if (kind != GKind::kLoad && r->reading) check_copy_sources(f, addr, n, kind);
     for (std::size_t i = 0; i < n; ++i) {
         GShadow &s = gshadow(*r, addr + i);
         const GAccess *clash = nullptr;
@@ -556,11 +652,11 @@ void global_access(const Fiber *f, uintptr_t addr, std::size_t n, GKind kind,
         if (!g_ordered(s.store, f)) {
             clash = &s.store;
             did = "wrote";
-        } else if (kind != GKind::kAtomic && !g_ordered(s.atomic, f)) {
-            clash = &s.atomic;
+        } else if (kind != GKind::kAtomic && !g_ordered(s.atomic.x, f, s.atomic.lanes)) {
+            clash = &s.atomic.x;
             did = "updated atomically";
-        } else if (kind != GKind::kLoad && !g_ordered(s.load, f)) {
-            clash = &s.load;
+        } else if (kind != GKind::kLoad && !g_ordered(s.load.x, f, s.load.lanes)) {
+            clash = &s.load.x;
             did = "read";
         }
         if (clash) {
@@ -583,11 +679,18 @@ void global_access(const Fiber *f, uintptr_t addr, std::size_t n, GKind kind,
             // Ordered after every access recorded so far (else reported): it stands for them.
             s.store = GAccess{g_rt.epoch, static_cast<uint16_t>(f->tid),
                               static_cast<uint16_t>(g_rt.warps[f->warp].sync_gen)};
-            s.atomic = GAccess{};
-            s.load = GAccess{};
+            s.atomic = GAccesses{};
+            s.load = GAccesses{};
             break;
         }
     }
+}
+
+/// The error for a fiber that touched `a`, in the guard below its stack.
+std::string overflow_message(uintptr_t a) {
+    return format("stack overflow of the emulated thread at %#lx (%zu-byte fiber stacks: more "
+                  "local memory than the 512 KiB a GPU thread has, or deep recursion)",
+                  static_cast<unsigned long>(a), kStackBytes);
 }
 
 /// Full check of one access by fiber `f` (used by the callbacks and by the runtime's own reads).
@@ -604,7 +707,8 @@ void check_access(const Fiber *f, uintptr_t a, std::size_t n, bool write) {
     }
     if (region == -1) {
         fail(f, format("out-of-bounds shared-memory access: %s %zu bytes at %#lx, outside the "
-                       "block's shared memory (%zu static + %zu dynamic bytes)",
+                       "block's shared memory (%zu static bytes, the __shared__ variables of "
+                       "every kernel in this module together, + %zu dynamic bytes)",
                        verb(write), n, static_cast<unsigned long>(a),
                        static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo), g_rt.d_size));
     }
@@ -612,11 +716,12 @@ void check_access(const Fiber *f, uintptr_t a, std::size_t n, bool write) {
         global_access(f, a, n, write ? GKind::kStore : GKind::kLoad);
         return;
     }
+    // The library's own data: constants, and __device__ variables, which are neither race- nor
+    // bounds-checked (an index past one lands in whatever the linker put next).
     if (in_library(a, n)) return;
     if (a < reinterpret_cast<uintptr_t>(f->stack_lo) &&
-        a + 65536 >= reinterpret_cast<uintptr_t>(f->stack_lo)) {
-        fail(f, format("stack overflow of the emulated thread at %#lx (%zu-byte fiber stacks)",
-                       static_cast<unsigned long>(a), kStackBytes));
+        a + kGuardBytes >= reinterpret_cast<uintptr_t>(f->stack_lo)) {
+        fail(f, overflow_message(a));
     }
     fail(f, format("out-of-bounds global-memory access: %s %zu bytes at %#lx, outside every "
                    "tensor passed to the kernel",
@@ -629,8 +734,9 @@ void require_shared(const Fiber *f, const void *p, std::size_t n, std::size_t al
     auto a = reinterpret_cast<uintptr_t>(p);
     std::size_t off;
     if (shared_region(a, n, &off) < 0) {
-        fail(f, format("%s: address %#lx is not inside the block's shared memory (%zu static + "
-                       "%zu dynamic bytes)",
+        fail(f, format("%s: address %#lx is not inside the block's shared memory (%zu static "
+                       "bytes, the __shared__ variables of every kernel in this module together, "
+                       "+ %zu dynamic bytes)",
                        what, static_cast<unsigned long>(a),
                        static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo), g_rt.d_size));
     }
@@ -653,7 +759,8 @@ void fiber_main_uc(int hi, int lo) {
 }
 #endif
 
-/// Maps `n` fiber stacks, each below a PROT_NONE guard page, for one launch.
+/// Maps `n` fiber stacks, each above its PROT_NONE guard (the stack grows down into it), for one
+/// launch (MAP_NORESERVE: only the pages a fiber touches take memory).
 ///
 /// Stacks live only for the launch (release_stacks unmaps them): every library links its own
 /// runtime, and each guard page splits the mapping, so stacks kept per library would exhaust the
@@ -686,6 +793,53 @@ void release_stacks() {
 /// Releases the stacks when a launch returns, whichever way it returns.
 struct StackLease {
     ~StackLease() { release_stacks(); }
+};
+
+/// The alternate signal stack of on_segv: a fiber that overflows its stack has none left to run
+/// a handler on. (Launches of a library are serialised, so one per library will do.)
+alignas(16) char g_signal_stack[64 * 1024];
+struct sigaction g_old_segv;
+
+/// SIGSEGV handler of a launch. A fault in the running fiber's guard is its stack overflowing:
+/// the fiber is abandoned, as fail() abandons it, and run_block reports the overflow (nothing
+/// here allocates: the fault may have come anywhere). Any other fault goes on to the handler
+/// that was there before (Python's faulthandler, or the default action: the process ends).
+void on_segv(int sig, siginfo_t *info, void *context) {
+    Fiber *f = g_rt.cur;
+    const auto a = reinterpret_cast<uintptr_t>(info->si_addr);
+    const auto lo = f ? reinterpret_cast<uintptr_t>(f->stack_lo) : 0;
+    if (f && a < lo && a + kGuardBytes >= lo) {
+        g_rt.overflow = a;
+        f->state = State::kDone;
+        switch_to_scheduler(f);  // never resumed; SA_NODEFER left SIGSEGV unblocked
+    }
+    if ((g_old_segv.sa_flags & SA_SIGINFO) && g_old_segv.sa_sigaction) {
+        g_old_segv.sa_sigaction(sig, info, context);
+    } else if (g_old_segv.sa_handler != SIG_DFL && g_old_segv.sa_handler != SIG_IGN) {
+        g_old_segv.sa_handler(sig);
+    } else {
+        sigaction(SIGSEGV, &g_old_segv, nullptr);  // the access faults again, with no handler
+    }
+}
+
+/// Installs on_segv, on its own stack, for the launch; puts back what was there when it ends.
+struct SignalLease {
+    stack_t old_stack{};
+    SignalLease() {
+        stack_t ss{};
+        ss.ss_sp = g_signal_stack;
+        ss.ss_size = sizeof g_signal_stack;
+        sigaltstack(&ss, &old_stack);
+        struct sigaction sa {};
+        sa.sa_sigaction = on_segv;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSEGV, &sa, &g_old_segv);
+    }
+    ~SignalLease() {
+        sigaction(SIGSEGV, &g_old_segv, nullptr);
+        sigaltstack(&old_stack, nullptr);
+    }
 };
 
 /// Sets up the global-memory shadow of a checked launch: the registered ranges, overlapping ones
@@ -795,6 +949,7 @@ void drop_pending(Fiber &f) {
             if (shared_region(reinterpret_cast<uintptr_t>(pc.dst), 16, &off) >= 0) {
                 for (int i = 0; i < 16; ++i) g_rt.shadow[off + i].async_tid = 0;
             }
+            count_source(pc.src, static_cast<std::size_t>(pc.bytes), -1);
         }
     }
     f.pending.clear();
@@ -809,6 +964,7 @@ void drop_mbarriers() {
                 if (shared_region(reinterpret_cast<uintptr_t>(c.dst), c.bytes, &off) >= 0) {
                     for (unsigned i = 0; i < c.bytes; ++i) g_rt.shadow[off + i].async_tid = 0;
                 }
+                count_source(c.src, c.bytes, -1);
             }
         }
     }
@@ -901,8 +1057,17 @@ int run_block() {
             Fiber &f = g_rt.fibers[t];
             if (f.state != State::kRunnable) continue;
             progress = true;
+            g_rt.spun = false;
             resume(f);
+            if (g_rt.overflow) {
+                g_rt.failed = true;
+                g_rt.error = who(&f) + ": " + overflow_message(g_rt.overflow);
+                g_rt.overflow = 0;
+                return -1;
+            }
             if (g_rt.failed) return -1;
+            // It reached a barrier, a collective or its end: a failed mbarrier wait may end yet.
+            if (!g_rt.spun) g_rt.mbarrier_spins = 0;
         }
         if (!progress) {
             g_rt.failed = true;
@@ -1168,6 +1333,7 @@ void complete_copy(Fiber *f, const PendingCopy &pc) {
         shared_region(reinterpret_cast<uintptr_t>(pc.dst), 16, &off);
         for (int i = 0; i < 16; ++i) g_rt.shadow[off + i].async_tid = 0;
         shadow_access(f, reinterpret_cast<uintptr_t>(pc.dst), off, 16, true);
+        count_source(pc.src, static_cast<std::size_t>(pc.bytes), -1);
     }
     if (pc.bytes) std::memcpy(pc.dst, pc.src, pc.bytes);
     std::memset(pc.dst + pc.bytes, 0, 16 - pc.bytes);
@@ -1212,6 +1378,7 @@ int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
     g_rt.nthreads = static_cast<int>(cfg->block[0] * cfg->block[1] * cfg->block[2]);
     g_rt.nwarps = (g_rt.nthreads + 31) / 32;
     StackLease lease;
+    SignalLease signals;
     if (!map_stacks(g_rt.nthreads)) {
         g_rt.error = "cannot map fiber stacks";
         return -1;
@@ -1298,7 +1465,11 @@ void atomic_rmw(void *addr, const void *value, void *old, int kind) {
         if (region == -1 || (region == -2 && !in_global(a, n))) {
             fail(f, format("out-of-bounds atomic at %#lx", static_cast<unsigned long>(a)));
         }
-        if (region == -2) global_access(f, a, n, GKind::kAtomic);
+        if (region == -2) {
+            global_access(f, a, n, GKind::kAtomic);
+        } else {
+            shadow_access(f, a, off, n, true, nullptr, true);
+        }
     }
     std::memcpy(old, addr, n);
     switch (kind) {
@@ -1420,6 +1591,7 @@ void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
         }
     }
     f->pending.push_back({dst, static_cast<const char *>(gmem_src), src_bytes, f->committed});
+    detail::count_source(f->pending.back().src, static_cast<std::size_t>(src_bytes), 1);
 }
 
 void cp_async_commit_group() { ++g_rt.cur->committed; }
@@ -1458,6 +1630,7 @@ void land(MBarrier &b, uintptr_t addr) {
                 s.w_tid = kMany;
                 s.bulk = static_cast<uint32_t>(g_rt.landings.size());
             }
+            count_source(c.src, c.bytes, -1);
         }
         std::memcpy(c.dst, c.src, c.bytes);
         b.tx -= c.bytes;
@@ -1537,6 +1710,7 @@ void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long
         }
     }
     b.copies.push_back({d, static_cast<const char *>(src), bytes});
+    detail::count_source(b.copies.back().src, bytes, 1);
     g_rt.mbarrier_spins = 0;
 }
 
@@ -1566,7 +1740,8 @@ bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity) {
         }
         return true;
     }
-    // Not yet: let the other threads run. A wait that no thread can ever end is a deadlock.
+    // Not yet: let the other threads run. A wait that no thread can ever end is a deadlock: every
+    // fiber that ran since has only failed mbarrier waits, many times over.
     if (++g_rt.mbarrier_spins > 64ull * g_rt.nthreads + 1024) {
         detail::fail(f, detail::format("mbarrier wait never ends: phase parity %u of the "
                                        "mbarrier at %#lx has %u of %u arrivals left and %lld "
@@ -1575,6 +1750,7 @@ bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity) {
                                        b.pending, b.expected, b.tx));
     }
     f->state = detail::State::kRunnable;
+    g_rt.spun = true;
     detail::switch_to_scheduler(f);
     detail::g_thread_idx = f->idx;
     return false;

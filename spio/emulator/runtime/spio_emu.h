@@ -9,8 +9,10 @@
 /// signatures. One CUDA thread runs as one user-level fiber; warp collectives meet at a warp
 /// barrier; __syncthreads is a block barrier; static __shared__ variables are thread_local, so
 /// they all live in this library's TLS block, which the runtime treats as the block's
-/// shared-memory arena. `extern __shared__` arrays are rewritten by the Python build step into
-/// references to the dynamic shared-memory buffer.
+/// shared-memory arena. That arena holds every kernel's static __shared__ variables together:
+/// a kernel's launch counts them all against the shared-memory limit, and an index past one
+/// kernel's array that lands in another's is not reported. `extern __shared__` arrays are
+/// rewritten by the Python build step into references to the dynamic shared-memory buffer.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
