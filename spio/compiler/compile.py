@@ -6,7 +6,7 @@ import functools
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ..cuda import nvrtc, paths
 from ..cuda.nvrtc import CompileError
@@ -186,6 +186,26 @@ def toolchain_identity() -> tuple:
     return _nvrtc_identity(), _bundled_headers_digest(), _cuda_headers_identity()
 
 
+def checked_headers(headers: dict[str, str] | None, who: str) -> dict[str, str]:
+    """`headers` as a dict, after checking that they are {name: text} of strings, each name a
+    relative path within the include folder (the emulator writes them to files there): TypeError
+    or ValueError naming `who` and the header."""
+    headers = dict(headers or {})
+    for header, text in headers.items():
+        if not isinstance(header, str) or not isinstance(text, str):
+            raise TypeError(
+                f"{who} needs headers as {{name: text}} of strings, got {header!r}: "
+                f"{type(text).__name__}"
+            )
+        parts = PurePosixPath(header).parts
+        if not parts or header.startswith("/") or ".." in parts or "\\" in header:
+            raise ValueError(
+                f"{who} needs header names that are relative paths without '..' or "
+                f"backslashes, got {header!r}"
+            )
+    return headers
+
+
 def compile_cubin(
     source: str,
     arch: str,
@@ -205,13 +225,7 @@ def compile_cubin(
     if not isinstance(source, str) or not source.strip():
         raise ValueError(f"compile_cubin needs non-empty CUDA source for {name!r}, got {source!r}")
     check_arch(arch)
-    headers = dict(headers or {})
-    for header, text in headers.items():
-        if not isinstance(header, str) or not isinstance(text, str):
-            raise TypeError(
-                f"compile_cubin needs headers as {{name: text}} of strings, got {header!r}: "
-                f"{type(text).__name__}"
-            )
+    headers = checked_headers(headers, "compile_cubin")
     if isinstance(options, str) or not all(isinstance(o, str) for o in options):
         raise TypeError(f"compile_cubin needs options as a sequence of strings, got {options!r}")
     opts = nvrtc_options(arch, line_info=line_info, debug=debug) + list(options)

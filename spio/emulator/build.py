@@ -33,6 +33,7 @@ from typing import TypedDict
 
 from ..compiler import digest
 from ..compiler.cache import DiskCache, hash_key, write_atomically
+from ..compiler.compile import checked_headers
 from ..cuda import paths
 from ..env import flag
 from ..log import logger
@@ -460,7 +461,7 @@ def build_library(
     """Compile `source` (and in-memory `headers`) into an emulator library; cached on disk."""
     if not isinstance(source, str) or not source.strip():
         raise ValueError(f"the emulator needs non-empty CUDA source for {name!r}, got {source!r}")
-    headers = dict(headers or {})
+    headers = checked_headers(headers, "the emulator")
     cxx = compiler()
     flags = [*_BASE_FLAGS, *(check_flags(cxx) if checked else ())]
     key = hash_key(

@@ -81,6 +81,23 @@ def test_headers_and_options_of_the_wrong_types_are_named(cache_dir):
         compile_cubin(source, "sm_80", options="-lineinfo")
 
 
+@pytest.mark.parametrize("name", ["/tmp/spio-escape.h", "../../spio-escape.h", "a\\b.h", ""])
+def test_header_names_outside_the_include_folder_are_refused(cache_dir, name):
+    """The emulator writes in-memory headers to files in its include folder: an absolute name or
+    one with '..' had been written outside it (over an existing file), and bytes for a header's
+    text had been a TypeError of the regex module. NVRTC takes the same names as the emulator."""
+    from spio.emulator.build import build_library
+
+    source = 'extern "C" __global__ void k() {}'
+    message = "header names that are relative paths without '..' or backslashes, got"
+    with pytest.raises(ValueError, match=f"compile_cubin needs {message}"):
+        compile_cubin(source, "sm_80", headers={name: "#define A 1\n"})
+    with pytest.raises(ValueError, match=f"the emulator needs {message}"):
+        build_library(source, headers={name: "#define A 1\n"})
+    with pytest.raises(TypeError, match="the emulator needs headers as .* got 'a.h': bytes"):
+        build_library(source, headers={"a.h": b"#define A 1\n"})
+
+
 def test_in_memory_headers_are_included(cache_dir):
     source = '#include "gen.h"\nextern "C" __global__ void k(int *x) { x[0] = GEN_VALUE; }'
     result = compile_cubin(source, "sm_86", headers={"gen.h": "#define GEN_VALUE 42\n"})
