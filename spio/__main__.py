@@ -182,7 +182,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("NVRTC", _nvrtc_problem(library, error)))
     try:
         headers = paths.find_cuda_include(prefer_major=major, nvrtc=library)  # as compiles use
-        rows.append(("CUDA headers", _cuda_headers_summary(headers)))
+        rows.append(("CUDA headers", _cuda_headers_summary(headers, major, minor)))
     except Exception as error:
         rows.append(("CUDA headers", f"{_BROKEN}, not found: {error}"))
     rows.append(("spio headers", str(paths.bundled_include_dir())))
@@ -274,9 +274,11 @@ def _libcuda_problem(path: str) -> str | None:
     return None
 
 
-def _cuda_headers_summary(folder) -> str:
+def _cuda_headers_summary(folder, major: int | None = None, minor: int | None = None) -> str:
     """The headers' folder and CUDA version; headers too old for the CPU emulator are reported,
-    not a failure of `info`: NVRTC builds GPU kernels with them."""
+    not a failure of `info` (NVRTC builds GPU kernels with them); headers of another major
+    version than NVRTC's (`major`, `minor`) are a broken install."""
+    from .compiler.compile import headers_mismatch
     from .cuda.paths import cuda_headers_version
     from .emulator.build import MIN_CUDA_HEADERS, dotted
 
@@ -284,6 +286,10 @@ def _cuda_headers_summary(folder) -> str:
     if version is None:
         return str(folder)
     summary = f"{dotted(version)} at {folder}"
+    if major is not None and minor is not None:
+        mismatch = headers_mismatch(folder, (major, minor))
+        if mismatch:
+            summary += f"; {_BROKEN}: {mismatch}"
     if version < MIN_CUDA_HEADERS:  # the test check_cuda_headers makes
         summary += f"; {_TOO_OLD} for the CPU emulator, which needs {dotted(MIN_CUDA_HEADERS)}+"
     return summary

@@ -978,7 +978,7 @@ def test_info_gives_the_driver_row_only_with_a_gpu(tmp_path, monkeypatch, capsys
     """With a GPU (faked), the CUDA version its driver supports, broken where the NVRTC is of a
     later major version, or why it is unknown (not a failure); without a GPU, no driver row."""
     from spio import __main__ as cli
-    from spio.cuda import driver, nvrtc
+    from spio.cuda import driver, nvrtc, paths
 
     def driver_rows(expected_status):
         assert cli.cmd_info(None) == expected_status
@@ -989,6 +989,8 @@ def test_info_gives_the_driver_row_only_with_a_gpu(tmp_path, monkeypatch, capsys
         raise RuntimeError("cuDriverGetVersion failed")
 
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    # (Headers of a version unknown: the faked NVRTC versions would not match this machine's.)
+    monkeypatch.setattr(paths, "cuda_headers_version", lambda folder: None)
     h200 = {"name": "NVIDIA H200", "arch": "sm_90", "sm_count": 132}
     monkeypatch.setattr(cli, "_gpus", lambda: ([h200], None))
     monkeypatch.setattr(driver, "driver_version", lambda: (12, 8))

@@ -108,8 +108,28 @@ def _bundled_headers_digest() -> str:
 
 @functools.cache
 def _cuda_include_dir() -> Path:
-    """The CUDA headers for the NVRTC in use: its own installation's, else its major version's."""
-    return paths.find_cuda_include(prefer_major=nvrtc.version()[0], nvrtc=nvrtc.library_path())
+    """The CUDA headers for the NVRTC in use: its own installation's, else its major version's
+    (warning once where the only ones found are another major's)."""
+    version = nvrtc.version()
+    include = paths.find_cuda_include(prefer_major=version[0], nvrtc=nvrtc.library_path())
+    mismatch = headers_mismatch(include, version)
+    if mismatch:
+        logger.warning("%s", mismatch)
+    return include
+
+
+def headers_mismatch(include: Path, nvrtc_version: tuple[int, int]) -> str | None:
+    """What is wrong where the CUDA headers in `include` are of another major version than
+    NVRTC (whose compiles then fail in the headers, e.g. NV_IF_ELSE_TARGET undefined), else
+    None."""
+    headers = paths.cuda_headers_version(include)
+    if headers is None or headers[0] == nvrtc_version[0]:
+        return None
+    return (
+        f"the CUDA headers at {include} are CUDA {headers[0]}.{headers[1]}'s, NVRTC is CUDA "
+        f"{nvrtc_version[0]}.{nvrtc_version[1]}'s: kernels may fail to compile. Install CUDA "
+        f"{nvrtc_version[0]}'s headers (its nvidia-cuda-runtime wheel) or set SPIO_CUDA_INCLUDE"
+    )
 
 
 @functools.cache

@@ -153,10 +153,13 @@ def _candidates() -> list[_Candidate]:
 
 
 def _nvrtc_in(folder: Path) -> Path | None:
+    """The newest libnvrtc in `folder`, of torch's CUDA major where the folder holds one."""
     if not folder.is_dir():
         return None
     names = [p for p in folder.iterdir() if _NVRTC_NAME.match(p.name)]
-    return max(names, key=_soname_version, default=None)
+    preferred = torch_cuda_major() if len(names) > 1 else None
+    return max(names, key=lambda p: (_soname_version(p)[:1] == (preferred,), _soname_version(p)),
+               default=None)  # fmt: skip
 
 
 def _soname_version(path: Path) -> tuple[int, ...]:
@@ -282,7 +285,9 @@ def _find_include(required: str, prefer_major: int | None, nvrtc: Path | None = 
         places += [(inc, f"beside {nvrtc}") for inc in includes_beside(nvrtc)]
     cands = _candidates()
     if prefer_major is not None:
-        cands.sort(key=lambda c: 0 if c.major == prefer_major else 1)
+        # Stable sort: the preferred major's, then those of an unknown major (toolkits), last
+        # another major's wheels (whose headers NVRTC of the preferred major fails to compile).
+        cands.sort(key=lambda c: 0 if c.major == prefer_major else 1 if c.major is None else 2)
     for cand in cands:
         places += [(inc, cand.origin) for inc in cand.includes]
     seen: set[Path] = set()

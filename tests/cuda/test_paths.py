@@ -142,6 +142,55 @@ def test_the_newest_soname_in_a_folder_wins(tmp_path):
     assert paths._nvrtc_in(tmp_path).name == "libnvrtc.so.12"  # string order picked .so.9.2
 
 
+def test_a_folder_with_both_majors_gives_torchs(tmp_path, monkeypatch):
+    """A folder (LD_LIBRARY_PATH, conda) holding libnvrtc.so.12 and .13 had given the newest
+    whatever torch's CUDA, whose driver may not load the newer major's cubins."""
+    for name in ("libnvrtc.so.12", "libnvrtc.so.12.9.86", "libnvrtc.so.13"):
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setattr(paths, "torch_cuda_major", lambda: 12)
+    assert paths._nvrtc_in(tmp_path).name == "libnvrtc.so.12.9.86"
+    monkeypatch.setattr(paths, "torch_cuda_major", lambda: None)  # CPU torch: the newest
+    assert paths._nvrtc_in(tmp_path).name == "libnvrtc.so.13"
+
+
+def test_another_majors_wheel_headers_come_after_a_toolkits(isolated, monkeypatch):
+    """NVRTC 12 without the CUDA 12 runtime wheel, beside a CUDA 13 wheel: its headers, which
+    NVRTC 12 fails to compile, had come before CUDA_HOME's toolkit, whose major is unknown."""
+    nvidia = make_wheels(isolated, [13])
+    monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
+    monkeypatch.setattr(paths, "_SYSTEM_TOOLKITS", ())
+    install(isolated / "toolkit", "lib64", "include")
+    monkeypatch.setenv("CUDA_HOME", str(isolated / "toolkit"))
+    bare = isolated / "bare" / "libnvrtc.so.12"  # no headers beside it
+    bare.parent.mkdir()
+    bare.write_bytes(b"")
+    assert paths.find_cuda_include(prefer_major=12, nvrtc=bare) == isolated / "toolkit/include"
+    assert paths.find_cuda_include(prefer_major=13, nvrtc=bare) == nvidia / "cu13/include"
+
+
+def test_headers_of_another_major_than_nvrtcs_are_named(tmp_path, monkeypatch, caplog):
+    """Compiles then fail inside the headers (NV_IF_ELSE_TARGET undefined), naming neither
+    version: a warning at the first compile and a broken install in `spio info` name both."""
+    from spio.__main__ import _cuda_headers_summary
+    from spio.compiler import compile as compile_module
+
+    (tmp_path / "cuda.h").write_text("#define CUDA_VERSION 13000\n")
+    assert compile_module.headers_mismatch(tmp_path, (13, 2)) is None
+    mismatch = compile_module.headers_mismatch(tmp_path, (12, 9))
+    assert "CUDA 13.0's, NVRTC is CUDA 12.9's" in mismatch and "SPIO_CUDA_INCLUDE" in mismatch
+    assert "BROKEN INSTALL" in _cuda_headers_summary(tmp_path, 12, 9)
+    assert "BROKEN" not in _cuda_headers_summary(tmp_path, 13, 0)
+    monkeypatch.setattr(compile_module.nvrtc, "version", lambda: (12, 9))
+    monkeypatch.setattr(compile_module.paths, "find_cuda_include", lambda **kw: tmp_path)
+    compile_module._cuda_include_dir.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="spio"):
+            assert compile_module._cuda_include_dir() == tmp_path
+    finally:
+        compile_module._cuda_include_dir.cache_clear()
+    assert "CUDA 13.0's, NVRTC is CUDA 12.9's" in caplog.text
+
+
 def test_cuda_home_is_searched_after_the_wheels(isolated, monkeypatch):
     home = isolated / "toolkit"
     (home / "lib64").mkdir(parents=True)
