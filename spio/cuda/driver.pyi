@@ -5,6 +5,7 @@ module defines at Python level, with the signatures driver.pyx gives them. Keep 
 Cython's internals). The cdef classes are disjoint bases: with their C fields, no class can
 derive from two of them."""
 
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, SupportsBytes, SupportsIndex
 
@@ -46,6 +47,9 @@ class CudaError(RuntimeError):
     ) -> None: ...
     def __reduce__(self) -> tuple[type[CudaError], tuple[int, str, str, str, str]]: ...
 
+_STICKY_ERRORS: frozenset[int]
+
+def _sticky_note(code: int) -> str: ...
 def _probe_library(path: str) -> None: ...
 def library_path() -> str: ...
 def init() -> None: ...
@@ -118,8 +122,9 @@ class Bytes(KernelArg):
         self, data: ReadableBuffer | Iterable[SupportsIndex] | SupportsIndex | SupportsBytes
     ) -> None: ...
 
-# A launch argument: an int (C int32), a float (C float), a wrapper, or a data pointer.
-_Arg = int | float | KernelArg | _HasDataPtr
+# A launch argument: an int (C int32), a float (C float; numpy's scalars too), a wrapper, or a
+# data pointer.
+_Arg = int | float | KernelArg | _HasDataPtr | numbers.Real
 
 def _pack_args_for_test(
     args: Iterable[_Arg], param_sizes: Sequence[int] | None = None

@@ -17,6 +17,7 @@ report a kernel's parameter sizes (cuFuncGetParamInfo, driver 550+), they are re
 and every launch is checked against them, so a wrong argument is an error, not a corrupt launch.
 """
 
+import numbers
 import operator
 import os
 
@@ -284,6 +285,30 @@ cdef object _make_error(CUresult r, str call, str detail=""):
             and s != NULL):
         description = _c_text(s)
     return CudaError(<int>r, name, call, description, detail)
+
+
+#: Errors that leave the context unusable (sticky), which a launch may report for an earlier
+#: asynchronous one: an illegal or misaligned address, a launch timeout, a hardware stack error,
+#: an illegal instruction, an invalid address space or program counter, a failed launch.
+_STICKY_ERRORS = frozenset({700, 702, 714, 715, 716, 717, 718, 719})
+
+
+def _sticky_note(code: int) -> str:
+    """What a launch error adds for a sticky error `code`: it may be an earlier launch's."""
+    if code not in _STICKY_ERRORS:
+        return ""
+    return ("; this error may be an earlier asynchronous launch's (a launch reports the "
+            "context's sticky error): CUDA_LAUNCH_BLOCKING=1 makes the kernel that failed "
+            "report it, and the process must restart to use the GPU again")
+
+
+cdef float _float32(double value, str what) except? -1:
+    """value as a C float; ValueError where a finite value overflows float32 (it would be inf)."""
+    cdef float f = <float>value
+    if f - f != 0 and value - value == 0:  # f is inf or nan, value finite
+        raise ValueError(f"{what}: the float {value!r} does not fit in float32; wrap it as "
+                         "Float64(x) for a double")
+    return f
 
 
 cdef inline int _check(CUresult r, str call) except -1:
@@ -654,7 +679,7 @@ cdef class Float32(KernelArg):
     """A C float argument (what a plain Python float already means)."""
 
     def __init__(self, value):
-        cdef float f = float(value)
+        cdef float f = _float32(float(value), "Float32")
         self._bits = 0
         memcpy(&self._bits, &f, 4)
         self._size = 4
@@ -825,6 +850,11 @@ cdef Py_ssize_t _pack_args(object args, uint64_t* arena, void** ptrs,
                 a = int(a)
             elif isinstance(a, float):  # float subclasses such as numpy.float64
                 a = float(a)
+            elif not hasattr(a, "data_ptr"):  # numpy.int32, numpy.float32, ...: not tensors
+                if isinstance(a, numbers.Integral):
+                    a = int(a)
+                elif isinstance(a, numbers.Real):
+                    a = float(a)
         if type(a) is int:
             iv = PyLong_AsLongLongAndOverflow(a, &overflow)
             if overflow or iv < -2147483648 or iv > 2147483647:
@@ -834,7 +864,7 @@ cdef Py_ssize_t _pack_args(object args, uint64_t* arena, void** ptrs,
             slot[0] = <uint32_t><int32_t>iv
             size = 4
         elif type(a) is float:
-            fv = <float>(<double>a)
+            fv = _float32(a, f"kernel {kernel!r} argument {i}")
             slot[0] = 0
             memcpy(slot, &fv, 4)
             size = 4
@@ -855,6 +885,9 @@ cdef Py_ssize_t _pack_args(object args, uint64_t* arena, void** ptrs,
                     f"kernel {kernel!r} argument {i} has unsupported type {type(a).__name__}; "
                     "pass an int (int32), a float (float32), a tensor (pointer) or a wrapper "
                     "such as Int64(x), Float64(x), Pointer(addr) or Bytes(struct)")
+            if getattr(a, "is_cuda", True) is False:  # a host address would fault on the GPU
+                raise ValueError(f"kernel {kernel!r} argument {i} is a tensor on "
+                                 f"{getattr(a, 'device', 'the host')}: pass CUDA tensors")
             address = data_ptr()
             if type(address) is not int or address < 0 or address > 0xFFFFFFFFFFFFFFFF:
                 raise ValueError(f"kernel {kernel!r} argument {i}: data_ptr() returned "
@@ -1178,7 +1211,8 @@ cdef class Function:
         if r2 != CUDA_SUCCESS:
             raise _make_error(r2, "cuLaunchKernel",
                               f"kernel {self.name!r}, grid ({g[0]}, {g[1]}, {g[2]}), block "
-                              f"({b[0]}, {b[1]}, {b[2]}), {smem} bytes of dynamic shared memory")
+                              f"({b[0]}, {b[1]}, {b[2]}), {smem} bytes of dynamic shared memory"
+                              + _sticky_note(<int>r2))
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r} device={self._module.device}>"

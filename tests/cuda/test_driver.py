@@ -449,6 +449,8 @@ def test_arguments_packed_as_c_values():
         ([1, None], TypeError, "argument 1 has unsupported type NoneType"),
         ([FakeTensor(-1)], ValueError, "not a 64-bit address"),
         ([driver.Bytes(bytes(4096)), 1], ValueError, "exceed 4096 bytes"),
+        ([1e40], ValueError, "the float 1e\\+40 does not fit in float32; wrap it as Float64"),
+        ([-3.5e38], ValueError, "does not fit in float32"),
     ],
 )
 def test_bad_arguments_rejected(args, error, match):
@@ -468,11 +470,41 @@ def test_bad_arguments_rejected(args, error, match):
         (driver.Int64, 1.5, TypeError),
         (driver.Int32, True, TypeError),
         (driver.Bytes, b"", ValueError),
+        (driver.Float32, 1e40, ValueError),
     ],
 )
 def test_wrapper_ranges(make, value, error):
     with pytest.raises(error):
         make(value)
+
+
+def test_numpy_scalars_pack_as_ints_and_floats_and_infinities_as_given():
+    """numpy.float32 had been refused as an unsupported type where numpy.float64 passed; a
+    float too large for float32 had been packed as inf, where an int too large for int32 is
+    refused. inf and nan given as such still pass."""
+    np = pytest.importorskip("numpy")
+    packed = driver._pack_args_for_test([np.float32(2.5), np.int32(-3), np.float64(1.5)])
+    assert packed == [struct.pack("<f", 2.5), struct.pack("<i", -3), struct.pack("<f", 1.5)]
+    inf, nan = driver._pack_args_for_test([float("inf"), float("nan")])
+    assert struct.unpack("<f", inf)[0] == float("inf") and struct.unpack("<f", nan)[0] != 0
+
+
+def test_host_tensors_are_refused_as_kernel_arguments():
+    """A CPU tensor's data_ptr() is a host address, which a kernel would fault on (a sticky
+    error, ending the process's use of the GPU)."""
+    import torch
+
+    with pytest.raises(ValueError, match="argument 1 is a tensor on cpu: pass CUDA tensors"):
+        driver._pack_args_for_test([FakeTensor(16), torch.zeros(4)])
+
+
+def test_launch_errors_that_may_be_an_earlier_launchs_say_so():
+    """An illegal address from an earlier asynchronous launch is reported by the next launch,
+    which had been named as its cause."""
+    note = driver._sticky_note(700)  # CUDA_ERROR_ILLEGAL_ADDRESS
+    assert "earlier asynchronous launch's" in note and "CUDA_LAUNCH_BLOCKING=1" in note
+    assert driver._sticky_note(719) == note  # CUDA_ERROR_LAUNCH_FAILED
+    assert driver._sticky_note(701) == ""  # out of resources: this launch's own
 
 
 def test_wrappers_cannot_be_built_directly():
