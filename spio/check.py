@@ -200,15 +200,36 @@ def run_jobs(
     result = PassResult(pass_, dtype)
     for params, config in tqdm(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run"):
         case = f"{params.encode()} {config.encode()}"
+        lost = False
         try:
             ratio = run_one(params, pass_, config, device)
         except Exception as error:  # a launch or build error is a failure, not a crash
             ratio, case = math.inf, f"{case}: {type(error).__name__}: {error}"
+            lost = _sticky(error)
         failures = result.failures + ((case,) if not ratio <= 1.0 else ())
         result = replace(
             result, runs=result.runs + 1, worst=max(result.worst, ratio), failures=failures
         )
+        if lost:
+            raise ContextLost(result)
     return result
+
+
+class ContextLost(RuntimeError):
+    """A sticky CUDA error (an illegal address, a failed launch): the GPU context is unusable
+    for the rest of the process, so every later run would fail with it. `result`: the pass's
+    runs up to it."""
+
+    def __init__(self, result: PassResult):
+        super().__init__(result.failures[-1])
+        self.result = result
+
+
+def _sticky(error: BaseException) -> bool:
+    """Whether `error` is a CUDA error that leaves the context unusable."""
+    from .cuda import driver
+
+    return isinstance(error, driver.CudaError) and error.code in driver._STICKY_ERRORS
 
 
 class SetupError(RuntimeError):
@@ -265,7 +286,16 @@ def run_check(
     results = []
     for dtype in dtypes:
         for pass_ in passes:
-            result = run_jobs(device, pass_, dtype, jobs[pass_, dtype])
+            try:
+                result = run_jobs(device, pass_, dtype, jobs[pass_, dtype])
+            except ContextLost as lost:
+                report(lost.result.line())
+                report(
+                    "the GPU is unusable in this process after that error (a sticky CUDA "
+                    "error): the remaining runs were not made. CUDA_LAUNCH_BLOCKING=1 names "
+                    "the kernel that caused it"
+                )
+                return [*results, lost.result]
             report(result.line())
             results.append(result)
     return results

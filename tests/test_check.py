@@ -99,6 +99,34 @@ def test_check_turns_a_kernel_error_into_a_failure(monkeypatch):
     assert "RuntimeError: launch failed" in lines[0]
 
 
+def test_check_stops_at_a_sticky_cuda_error(monkeypatch):
+    """After an illegal address the GPU context is unusable: every later run had failed with
+    the same error, each reported as its own failure; now the check stops and says why."""
+    from spio.cuda import driver
+
+    calls = []
+
+    def illegal_address(*args, **kwargs):
+        calls.append(args)
+        raise driver.CudaError(700, "CUDA_ERROR_ILLEGAL_ADDRESS", "cuLaunchKernel")
+
+    monkeypatch.setattr(check, "precompile", lambda jobs, device: None)
+    monkeypatch.setattr(check, "run_one", illegal_address)
+    results, lines = _run()
+    assert len(calls) == 1 and len(results) == 1 and not results[0].passed
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in lines[0]
+    assert "unusable in this process" in lines[1] and "CUDA_LAUNCH_BLOCKING=1" in lines[1]
+
+    # Another CUDA error is the run's own: the check goes on.
+    def out_of_resources(*args, **kwargs):
+        raise driver.CudaError(701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "cuLaunchKernel")
+
+    monkeypatch.setattr(check, "run_one", out_of_resources)
+    results, lines = _run()
+    assert len(results) == len(PASSES) * len(check.DTYPES)
+    assert not any(r.passed for r in results)
+
+
 def test_check_builds_its_kernels_before_running_them(monkeypatch):
     """In parallel, up front: every kernel the check launches was among those built."""
     from spio.kernels import kernel as kernel_module
