@@ -283,7 +283,7 @@ def run_check(
         for pass_ in passes
     }
     precompile(jobs, device)
-    results = []
+    results: list[PassResult] = []
     for dtype in dtypes:
         for pass_ in passes:
             try:
