@@ -197,10 +197,20 @@ def test_overhead_keeps_within_its_limit_when_its_scripts_ignore_term(stand_ins,
     version = 'if [[ "$1 $2" == "--version " ]]'
     slow = _executable(tmp_path / "python-slow", text.replace(version, stubborn + version))
     out = _run(dict(stand_ins, PYTHON=str(slow)), tmp_path / "out", GPU_CHECK_ONLY="overhead",
-               GPU_CHECK_BUDGET="24")  # fmt: skip
+               GPU_CHECK_BUDGET="34")  # fmt: skip
     line = [line for line in out.stdout.splitlines() if line.startswith("overhead ")][-1]
     limit = int(re.search(r"overhead \(limit (\d+)s\)", out.stdout).group(1))
     assert "TIMEOUT" in line and int(line.split()[-1]) <= limit + 1, line
+
+
+def test_overhead_is_not_started_with_too_little_time(stand_ins, tmp_path):
+    """At a limit of 20 or 21 s each script's half had been 0 s, and `timeout 0` is no limit."""
+    out = _run(stand_ins, tmp_path / "out", FAKE_HANG="bench_launch.py", GPU_CHECK_ONLY="overhead",
+               GPU_CHECK_BUDGET="21")  # fmt: skip
+    assert out.returncode == 0, out.stdout
+    line = [line for line in out.stdout.splitlines() if line.startswith("overhead ")][-1]
+    assert re.search(r"n/a: \d+s left, too few to measure", line), line
+    assert int(line.split()[-1]) <= 2, line  # not started
 
 
 def test_python_output_is_unbuffered_so_a_killed_step_keeps_its_lines(stand_ins, tmp_path):
