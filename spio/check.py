@@ -205,7 +205,7 @@ def run_jobs(
             ratio = run_one(params, pass_, config, device)
         except Exception as error:  # a launch or build error is a failure, not a crash
             ratio, case = math.inf, f"{case}: {type(error).__name__}: {error}"
-            lost = _sticky(error)
+            lost = _sticky(error, device)
         failures = result.failures + ((case,) if not ratio <= 1.0 else ())
         result = replace(
             result, runs=result.runs + 1, worst=max(result.worst, ratio), failures=failures
@@ -225,11 +225,23 @@ class ContextLost(RuntimeError):
         self.result = result
 
 
-def _sticky(error: BaseException) -> bool:
-    """Whether `error` is a CUDA error that leaves the context unusable."""
+def _sticky(error: BaseException, device: str) -> bool:
+    """Whether `error` left the GPU context unusable: a sticky CUDA error from spio's driver,
+    or any error after which the context no longer synchronises (PyTorch reports the same
+    errors as its own exceptions: "an illegal memory access was encountered", ...)."""
     from .cuda import driver
 
-    return isinstance(error, driver.CudaError) and error.code in driver._STICKY_ERRORS
+    if isinstance(error, driver.CudaError):
+        return error.code in driver._STICKY_ERRORS
+    if not device.startswith("cuda"):
+        return False
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:  # the context's sticky error, whoever raised it first
+        return True
+    return False
 
 
 class SetupError(RuntimeError):

@@ -127,6 +127,35 @@ def test_check_stops_at_a_sticky_cuda_error(monkeypatch):
     assert not any(r.passed for r in results)
 
 
+def test_check_stops_at_a_sticky_error_raised_by_pytorch(monkeypatch):
+    """On a GPU the sticky error may surface through PyTorch (its own exception type, not the
+    driver's CudaError): the check had gone on and failed every later run with it. Any error
+    after which the context no longer synchronises stops it; one after which it does, not."""
+    calls = []
+
+    def illegal_access(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def lost_context(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    jobs = check.check_jobs("cpu", TINY, "fprop", "fp16", extra_configs=1) * 2
+    monkeypatch.setattr(check, "run_one", illegal_access)
+    monkeypatch.setattr(torch.cuda, "synchronize", lost_context)
+    with pytest.raises(check.ContextLost) as lost:
+        check.run_jobs("cuda", "fprop", "fp16", jobs)
+    assert len(calls) == 1 and lost.value.result.runs == 1
+    assert "illegal memory access" in lost.value.result.failures[0]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    result = check.run_jobs("cuda", "fprop", "fp16", jobs)
+    assert result.runs == len(jobs) > 1 and len(result.failures) == len(jobs)
+    # On the CPU no error is sticky.
+    monkeypatch.setattr(torch.cuda, "synchronize", lost_context)
+    assert check.run_jobs("cpu", "fprop", "fp16", jobs).runs == len(jobs)
+
+
 def test_check_builds_its_kernels_before_running_them(monkeypatch):
     """In parallel, up front: every kernel the check launches was among those built."""
     from spio.kernels import kernel as kernel_module
@@ -357,7 +386,6 @@ def _cmd_check(monkeypatch, device, quick, results=None, error=None):
     """cmd_check on `device` with run_check replaced: records its arguments and returns
     `results` (six passing ones when None) or raises `error`. -> (exit status, arguments)."""
     import argparse
-
     calls = []
 
     def run_check(device, layers, extra_configs=1, **kwargs):
