@@ -1,5 +1,6 @@
 """spio::conv2d_gw8 custom ops on CPU: values, gradients, opcheck, compile, autocast, bad inputs."""
 
+import random
 import re
 
 import pytest
@@ -1256,7 +1257,7 @@ def test_outputs_and_input_grads_take_the_layout_pytorch_reads_from_input_and_we
     cl = torch.channels_last
     nchw = torch.randn(2, 8, 1, 5, generator=gen).half()
     weight = torch.randn(8, 8, 3, 3, generator=gen).half()
-    # NHWC-contiguous, but with C's stride above W's: NCHW by stride order.
+    # NHWC-contiguous, but the size-1 H dim's stride (1) is below W's span: NCHW by stride order.
     size_one = torch.randn(2, 5, 8, 1, generator=gen).half().permute(0, 2, 3, 1)
     assert size_one.is_contiguous(memory_format=cl)
     cases = {
@@ -1285,6 +1286,25 @@ def test_outputs_and_input_grads_take_the_layout_pytorch_reads_from_input_and_we
             torch.testing.assert_close(y.double(), want, atol=1e-2, rtol=1e-2)
         if emulate == "0":  # the fake impls promise the real strides
             torch.library.opcheck(conv2d_gw8, (x, w, None, 1, 1, 1, 1, 1))
+
+
+def test_memory_format_reads_strides_as_pytorch_does():
+    """spio reads a layout from strides on every call, by hand (PyTorch's C++ rule has no cheap
+    Python entry): on random strided views with elements it agrees with PyTorch's Python copy
+    of the rule."""
+    from spio.functional.checks import conv_format, memory_format
+
+    suggest = pytest.importorskip("torch._prims_common").suggest_memory_format
+    rng = random.Random(0)
+    storage = torch.empty(40000)
+    weight = torch.empty(8, 8, 3, 3)
+    for _ in range(20000):
+        shape = [rng.choice([1, 1, 2, 3, 8]) for _ in range(4)]
+        stride = [rng.choice([0, 1, 2, 3, 6, 8, 16, 24, 48, 64, 96, 200, 1000]) for _ in range(4)]
+        t = storage.as_strided(shape, stride)
+        assert memory_format(t) == suggest(t), (shape, stride)
+        assert conv_format(t, weight) == suggest(t), (shape, stride)  # an NCHW weight
+        assert conv_format(weight, t) == suggest(t), (shape, stride)  # an NCHW input
 
 
 def test_errors_under_dynamic_shapes_name_values_not_symbols():
