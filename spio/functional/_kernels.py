@@ -228,11 +228,22 @@ class Layer:
     kernels once first needed. Both the custom ops and the eager path run through it, so a model
     pays validation, config selection and kernel lookup once per layer, not once per call."""
 
-    __slots__ = ("params", "device", "_fprop", "_dgrad", "_wgrad", "_layout_checked")
+    __slots__ = (
+        "params",
+        "device",
+        "_dgrad_params",
+        "_fprop",
+        "_dgrad",
+        "_wgrad",
+        "_layout_checked",
+    )
 
     def __init__(self, params: Conv2dGw8Params, device: torch.device):
         self.params = params
         self.device = device
+        # DGrad's layer (bias-free: dgrad_kernel), one object so that the kernel's check of the
+        # layer it is given is an identity test, not a comparison of every field.
+        self._dgrad_params = FAMILY_OF_PASS["dgrad"].layer_as_run(params)
         # Kernels by (weights_cl, bias_elem): the variant that reads the weight and bias as the
         # caller holds them (conv2d_gw8_factory.operand_layout), so neither is copied per call.
         self._fprop: dict[tuple[bool, bool], Kernel] = {}
@@ -362,7 +373,7 @@ class Layer:
     def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
         kernel = self.dgrad_kernel(conv2d_gw8_factory.operand_layout(weight)[0])
         return conv2d_gw8_factory.dgrad(
-            grad_output, weight, self.params, kernel=kernel, validated=True
+            grad_output, weight, self._dgrad_params, kernel=kernel, validated=True
         )
 
     def fprop_kernel(self, layout: tuple[bool, bool]) -> Kernel:
@@ -378,7 +389,7 @@ class Layer:
         """The DGrad kernel, reading channels_last weights when `weights_cl`."""
         kernel = self._dgrad.get(weights_cl)
         if kernel is None:
-            base = dgrad_kernel(self.params, self.device)
+            base = dgrad_kernel(self._dgrad_params, self.device)
             kernel = conv2d_gw8_factory.variant(base, weights_cl, False)
             _keep(self._dgrad, weights_cl, kernel, self.device)
         return kernel
