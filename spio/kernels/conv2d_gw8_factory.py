@@ -540,9 +540,25 @@ def _check_out(out, shape: tuple, dtype, device, *operands) -> None:
             "conv2d_gw8 out must be channels_last contiguous and 16-byte aligned, got strides "
             f"{tuple(out.stride())} at address {out.data_ptr():#x}"
         )
-    memory = out.untyped_storage().data_ptr()
-    if any(t is not None and t.untyped_storage().data_ptr() == memory for t in operands):
-        raise ValueError("conv2d_gw8 out must not share memory with an operand (x, dy, weight)")
+    if any(t is not None and _overlap(out, t) for t in operands):
+        raise ValueError(
+            "conv2d_gw8 out must not share memory with an operand (x, dy, weight, bias)"
+        )
+
+
+def _overlap(a, b) -> bool:
+    """Whether the bytes two tensors span (first element to last, gaps included) overlap:
+    disjoint views of one buffer do not."""
+    if not a.numel() or not b.numel():
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = _bytes_spanned(a), _bytes_spanned(b)
+    return a_lo < b_hi and b_lo < a_hi
+
+
+def _bytes_spanned(t) -> tuple[int, int]:
+    """[first, last + 1) byte addresses of a tensor with elements."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
 def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
@@ -608,7 +624,7 @@ def fprop(
             params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
         )
     else:
-        _check_out(out, params.output_shape, x.dtype, x.device, x, weight)
+        _check_out(out, params.output_shape, x.dtype, x.device, x, weight, bias)
     bias = _bias_as(kernel, bias, x.dtype)
     kernel.launch([out, _nhwc(x), _weight_as(kernel, weight), bias, params.n], x.device)
     return out

@@ -624,6 +624,29 @@ def test_bad_out_is_rejected():
         fd.dgrad(dy, w, params, out=dy)
 
 
+def test_out_may_share_a_buffer_with_operands_but_no_bytes():
+    """Disjoint views of one buffer had been refused as sharing memory (the storages were
+    compared), and a bias in out's bytes had been taken (the bias was not checked)."""
+    from spio.check import error_ratio
+    from spio.reference import conv2d_gw8_fprop_ref, conv2d_gw8_tolerance
+
+    params = Conv2dGw8Params(n=1, c=8, h=4, w=4, has_bias=True)
+    t = random_inputs(params, seed=1)
+    size = math.prod(params.output_shape)
+    buffer = torch.full((2 * size + 16,), float("nan"), dtype=torch.float16)
+    n, c, h, w_ = params.output_shape
+    out = buffer[:size].view(n, h, w_, c).permute(0, 3, 1, 2)  # then the bias, then x
+    bias = buffer[size + 8 : size + 16].copy_(t["bias"])
+    x = buffer[size + 16 :].view(t["x"].shape).copy_(t["x"])
+    y = fd.fprop(x, t["w"], bias, params, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    want = conv2d_gw8_fprop_ref(t["x"], t["w"], bias.clone(), params.padding)  # as rounded
+    tol = conv2d_gw8_tolerance(params, "fprop", t["x"], t["w"])
+    assert error_ratio(y, want, tol.atol, tol.rtol) <= 1.0
+    with pytest.raises(ValueError, match="must not share memory with an operand"):
+        fd.fprop(x, t["w"], buffer[size - 8 : size], params, out=out)  # out's last 8
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_variants_read_channels_last_weights_and_half_bias(dtype, device):
