@@ -386,6 +386,7 @@ def _cmd_check(monkeypatch, device, quick, results=None, error=None):
     """cmd_check on `device` with run_check replaced: records its arguments and returns
     `results` (six passing ones when None) or raises `error`. -> (exit status, arguments)."""
     import argparse
+
     calls = []
 
     def run_check(device, layers, extra_configs=1, **kwargs):
