@@ -125,9 +125,10 @@ def _flag(row: dict[str, str], column: str) -> bool:
 
 
 def parse_sample(row: dict[str, str]) -> Sample:
-    """The Sample of a CSV row; ValueError naming the bad column otherwise."""
+    """The Sample of a CSV row; ValueError naming the bad column otherwise. A config column
+    missing or empty takes the field's default (a CSV from before the field existed)."""
     family = get_family(row.get("family") or "")
-    needed = _BASE_COLUMNS + PARAM_COLUMNS + tuple(f"cfg_{n}" for n in family.config_fields)
+    needed = _BASE_COLUMNS + PARAM_COLUMNS
     missing = [c for c in needed + ("time_us", "date") if row.get(c) is None]
     if missing:
         raise ValueError(f"{family.name} sample rows need columns {', '.join(missing)}")
@@ -143,7 +144,11 @@ def parse_sample(row: dict[str, str]) -> Sample:
         dtype=row["dtype"].strip(),
     )
     config = family.config_from_fields(
-        {k: _int(row, f"cfg_{k}") for k in family.config_fields if row[f"cfg_{k}"].strip()}
+        {
+            k: _int(row, f"cfg_{k}")
+            for k in family.config_fields
+            if (row.get(f"cfg_{k}") or "").strip()
+        }
     )
     try:
         seconds = float(row["time_us"]) * 1e-6

@@ -1,6 +1,8 @@
 """The sample CSV (`spio.kernels.perf_samples`): rows written and read back, comments, rows from
 before a column, and refusals that name the row and column."""
 
+import dataclasses
+
 import pytest
 
 from spio.kernels import perf_samples as ps
@@ -111,6 +113,31 @@ def test_zero_time_and_a_missing_date_column_are_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="data row 1: .*need columns date"):
         ps.read_samples(no_date)
+
+
+def test_a_csv_from_before_a_config_field_reads_with_its_default(tmp_path):
+    """Config fields are added over time, their defaults what kernels did before: a CSV without
+    a field's column had been refused ("need columns cfg_..."), as config_from_fields does not."""
+    path = tmp_path / "s.csv"
+    sample = _wgrad_sample()
+    ps.append_samples(path, [sample])
+    header, row = path.read_text().splitlines()
+    family = FAMILIES[sample.family]
+    field = next(  # a field at its default: the value a CSV from before it meant
+        f.name for f in dataclasses.fields(family.config_type)
+        if f.default is not dataclasses.MISSING and getattr(sample.config, f.name) == f.default
+    )  # fmt: skip
+    column = header.split(",").index(f"cfg_{field}")
+    older = tmp_path / "older.csv"
+    older.write_text(
+        "\n".join(
+            ",".join(v for i, v in enumerate(line.split(",")) if i != column)
+            for line in (header, row)
+        )
+        + "\n"
+    )
+    (read,), _ = ps.read_samples(older)
+    assert (read.params, read.config, read.variant) == (sample.params, sample.config, "")
 
 
 def test_comments_and_an_empty_file(tmp_path):
