@@ -1,4 +1,14 @@
-"""EmuModule / EmuFunction: the GPU driver's module API, running kernels on CPU tensors."""
+"""EmuModule / EmuFunction: the GPU driver's module API, running kernels on CPU tensors.
+
+Emulated launches take turns in the whole process, whichever library they run (one lock, held
+while the C++ runtime runs): a library's runtime keeps its launch's state in globals, and every
+launch installs its runtime's SIGSEGV handler for the process (saving the handler it finds and
+putting it back at its end). Launches of two libraries overlapping in two threads put the
+handlers back out of order and left a stale one installed, which later chained to itself instead
+of reaching Python's faulthandler or ending the process. Nothing in spio launches emulated
+kernels from several threads at once; threads that do (a model served from threads on the CPU)
+wait for each other's launches.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..locks import KeyedLocks
 from ..log import logger
 from .build import EmulatorBuildError, Library, build_library
 
@@ -47,13 +56,13 @@ class _Launch(ctypes.Structure):
 class _Loaded:
     library: Library
     handle: ctypes.CDLL
-    lock: threading.Lock  # the library's launch lock (in `_launch_locks`)
 
 
-#: A launch lock per loaded library, by dlopen handle: a library's runtime keeps one launch's
-#: state in globals, and every EmuModule that loads the same file gets the same handle (dlopen
-#: loads a file once), so two modules of one library must not launch at once.
-_launch_locks = KeyedLocks()
+#: Held by every emulated launch while its library's runtime runs (see the module's docstring).
+#: A library's runtime keeps one launch's state in globals, shared by every EmuModule that loads
+#: its file (dlopen loads a file once); and the SIGSEGV handler a launch installs and puts back
+#: is the process's, so launches of different libraries must not overlap either.
+_launch_lock = threading.Lock()
 
 
 def noexec(folder: Path) -> bool:
@@ -315,7 +324,7 @@ class EmuFunction:
         entry = getattr(loaded.handle, f"spio_emu_entry_{self.name}")
         entry.restype = ctypes.c_int
         entry.argtypes = [ctypes.POINTER(_Launch), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
-        with loaded.lock:
+        with _launch_lock:
             rc = entry(ctypes.byref(cfg), slot_array, len(slots))
             message = loaded.handle.spio_emu_last_error
             message.restype = ctypes.c_char_p
@@ -347,7 +356,7 @@ class EmuModule:
                 if lib is None:
                     lib = build_library(self.source, self.headers, name=self.name, checked=checked)
                 handle = _dlopen(lib.path)
-                hit = _Loaded(lib, handle, _launch_locks[handle._handle])
+                hit = _Loaded(lib, handle)
                 self._loaded[checked] = hit
             return hit
 

@@ -2,6 +2,7 @@
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -260,6 +261,110 @@ for n in (131072, 200000, 131072):  # 512 KiB, 781 KiB, then 512 KiB again
     ]
 
 
+_OVERLAPPING_LIBRARIES = r'''
+import contextlib, ctypes, faulthandler, sys, threading, time
+import torch
+from spio import emulator
+from spio.emulator import module
+
+faulthandler.enable()
+if sys.argv[1] == "unlocked":  # launches no longer take turns: the runtime on its own
+    module._launch_lock = contextlib.nullcontext()
+libc = ctypes.CDLL(None)
+
+
+def segv_handler():
+    # The process's SIGSEGV handler: the first member of the struct sigaction(2) fills in.
+    action = ctypes.create_string_buffer(256)
+    assert libc.sigaction(11, None, action) == 0
+    return ctypes.c_void_p.from_buffer(action).value
+
+
+SOURCE = """
+// Marks flags[mark], then waits until flags[go] or flags[go2] is set.
+extern "C" __global__ void mark_and_wait(volatile int *flags, int mark, int go, int go2) {
+    flags[mark] = 1;
+    while (!flags[go] && !flags[go2]) {}
+}
+"""
+# Two libraries (two sources), each with its own runtime and SIGSEGV handler.
+a = emulator.load_module(SOURCE + "// a", name="overlap_a").get_function("mark_and_wait")
+b = emulator.load_module(SOURCE + "// b", name="overlap_b").get_function("mark_and_wait")
+flags = torch.zeros(4, dtype=torch.int32)
+before = segv_handler()
+
+
+def run_a():
+    try:  # A's launch waits for B's to start (flags[1]), or for the main thread's word
+        a.launch(1, 1, (flags, 0, 1, 3), check=False)
+    finally:
+        flags[2] = 1
+
+
+def run_b():  # B's launch waits for A's to have returned
+    b.launch(1, 1, (flags, 1, 2, 2), check=False)
+
+
+thread_a, thread_b = threading.Thread(target=run_a), threading.Thread(target=run_b)
+thread_a.start()
+while not flags[0]:  # A's launch is running
+    time.sleep(0.001)
+thread_b.start()
+deadline = time.monotonic() + 1
+while not flags[1] and time.monotonic() < deadline:
+    time.sleep(0.001)
+print("overlapped", bool(flags[1]))
+flags[3] = 1  # A's launch stops waiting: B's is waiting for it to end
+thread_a.join()
+thread_b.join()
+print("handler kept", segv_handler() == before)
+a.launch(1, 1, (flags, 0, 3, 3), check=False)  # A again, alone
+print("faulting", flush=True)
+ctypes.string_at(0)
+'''
+
+
+def _overlapping_libraries(mode: str) -> tuple[str, str, int]:
+    """_OVERLAPPING_LIBRARIES run in a process of its own: stdout, stderr, exit status."""
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", _OVERLAPPING_LIBRARIES, mode],
+            capture_output=True,
+            cwd=REPO,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired as error:
+        hung = (error.stdout or b"").decode(errors="replace")
+    else:
+        return run.stdout.decode(), run.stderr.decode(errors="replace"), run.returncode
+    pytest.fail(f"the process hung after a segmentation fault; its output: {hung!r}")
+
+
+def test_launches_of_two_libraries_from_two_threads_leave_the_segv_handler_as_it_was():
+    """Each launch installs its library's SIGSEGV handler (stack overflows) and puts back the one
+    it found. Launches of two libraries overlapping in two threads (A starts, B starts, A ends, B
+    ends) put back A's handler, stale; A's next launch took it for the one before, and a later
+    fault chained to itself without end: the process hung instead of reaching faulthandler.
+    Launches take turns process-wide now. In a subprocess: the fault ends it."""
+    out, err, returncode = _overlapping_libraries("locked")
+    assert "overlapped False" in out  # B's launch waited for A's
+    assert "handler kept True" in out
+    assert "faulting" in out
+    assert "Fatal Python error: Segmentation fault" in err, err[-3000:]
+    assert returncode == -signal.SIGSEGV
+
+
+def test_a_launch_never_chains_the_segv_handler_to_itself():
+    """The same launches overlapping (the lock taken away): A's stale handler is left installed,
+    and A's next launch finds it. The runtime does not take its own handler for the one before:
+    a fault then ends the process (faulthandler's handler is lost) instead of hanging it."""
+    out, _, returncode = _overlapping_libraries("unlocked")
+    assert "overlapped True" in out
+    assert "handler kept False" in out
+    assert "faulting" in out
+    assert returncode == -signal.SIGSEGV
+
+
 def test_checked_launch_leaves_read_only_inputs_untouched(add_fn):
     # Checked launches run on guarded copies; copying an unchanged input back would bump its
     # autograd version counter and break backward passes that saved it.
@@ -346,11 +451,11 @@ def test_a_pointer_argument_must_be_a_cpu_tensor(scalars):
         scalars.launch(1, 1, args)
 
 
-def test_modules_of_one_library_share_its_launch_lock(scalars):
-    """Both load one file (dlopen loads it once) whose runtime keeps a launch in globals."""
+def test_modules_of_one_library_load_one_handle(scalars):
+    """Both load one file (dlopen loads it once) whose runtime keeps a launch in globals: their
+    launches must take turns, as every emulated launch does (one lock in the process)."""
     other = emulator.load_module(SCALARS, name="emu_test_scalars_again")
     assert other._load(True).handle._handle == scalars.module._load(True).handle._handle
-    assert other._load(True).lock is scalars.module._load(True).lock
 
 
 def test_the_shared_memory_limit_counts_static_shared_memory(shared_oob):

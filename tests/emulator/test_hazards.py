@@ -612,6 +612,39 @@ def test_shared_atomics_then_an_ordered_read_pass(hazards, bug, block, seed):
     assert out[0].item() == block
 
 
+ATOMICS_THEN_READS = r"""
+/// `atomics` 1: every thread adds to s[0] and to g[0]. 0: thread 0 adds to s[1] and g[1], and
+/// thread 40 (another warp) reads s[0] and g[0], which nothing in this launch updates.
+extern "C" __global__ void atomics_then_reads(int *g, int *out, int atomics) {
+    __shared__ int s[2];
+    if (atomics) {
+        atomicAdd(&s[0], 1);
+        atomicAdd(&g[0], 1);
+        return;
+    }
+    if (threadIdx.x == 0) {
+        atomicAdd(&s[1], 1);
+        atomicAdd(&g[1], 1);
+    }
+    if (threadIdx.x == 40) out[0] = s[0] + g[0];
+}
+"""
+
+
+def test_a_launch_forgets_the_atomics_of_the_one_before():
+    """The atomics' records live apart from the other per-byte records and are kept between
+    launches of a library; epochs start again at each launch, so the first launch's atomics on
+    s[0] and g[0], in the same epoch number, must not race with the second's reads of them."""
+    from spio.emulator import load_module
+
+    fn = load_module(ATOMICS_THEN_READS, name="emu_test_atomics_then_reads")
+    fn = fn.get_function("atomics_then_reads")
+    g, out = torch.zeros(2, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    fn.launch(1, 64, (g, out, 1))
+    fn.launch(1, 64, (g, out, 0))
+    assert g.tolist() == [64, 1]
+
+
 @pytest.mark.parametrize("seed", [None, 3])
 def test_a_partial_syncwarp_orders_its_lanes_global_accesses(hazards, seed):
     """Lanes 0 and 1 load g[0], sync among themselves, and lane 0 stores: the other lanes, which
