@@ -101,18 +101,17 @@ def test_zero_time_and_a_missing_date_column_are_refused(tmp_path):
     zero.write_text(path.read_text().replace("12.5000", "0", 1))
     with pytest.raises(ValueError, match="data row 1.*positive finite time_us, got '0'"):
         ps.read_samples(zero)
-    header, row = path.read_text().splitlines()
-    date = header.split(",").index("date")
-    no_date = tmp_path / "no_date.csv"
-    no_date.write_text(
-        "\n".join(
-            ",".join(v for i, v in enumerate(line.split(",")) if i != date)
-            for line in (header, row)
-        )
-        + "\n"
-    )
     with pytest.raises(ValueError, match="data row 1: .*need columns date"):
-        ps.read_samples(no_date)
+        ps.read_samples(_without_column(path, "date", tmp_path / "no_date.csv"))
+
+
+def _without_column(path, column, dest):
+    """dest: the CSV at path (a header and rows, no comments) with `column` left out."""
+    lines = path.read_text().splitlines()
+    drop = lines[0].split(",").index(column)
+    kept = (",".join(v for i, v in enumerate(line.split(",")) if i != drop) for line in lines)
+    dest.write_text("\n".join(kept) + "\n")
+    return dest
 
 
 def test_a_csv_from_before_a_config_field_reads_with_its_default(tmp_path):
@@ -121,22 +120,12 @@ def test_a_csv_from_before_a_config_field_reads_with_its_default(tmp_path):
     path = tmp_path / "s.csv"
     sample = _wgrad_sample()
     ps.append_samples(path, [sample])
-    header, row = path.read_text().splitlines()
     family = FAMILIES[sample.family]
     field = next(  # a field at its default: the value a CSV from before it meant
         f.name for f in dataclasses.fields(family.config_type)
         if f.default is not dataclasses.MISSING and getattr(sample.config, f.name) == f.default
     )  # fmt: skip
-    column = header.split(",").index(f"cfg_{field}")
-    older = tmp_path / "older.csv"
-    older.write_text(
-        "\n".join(
-            ",".join(v for i, v in enumerate(line.split(",")) if i != column)
-            for line in (header, row)
-        )
-        + "\n"
-    )
-    (read,), _ = ps.read_samples(older)
+    (read,), _ = ps.read_samples(_without_column(path, f"cfg_{field}", tmp_path / "older.csv"))
     assert (read.params, read.config, read.variant) == (sample.params, sample.config, "")
 
 
