@@ -91,7 +91,32 @@ def test_emulated_wgrad_matches_reference(params, config):
 def test_emulated_atomic_wgrad_matches_reference(params):
     """The atomic kernel (dw zeroed, blocks add into it), which spio runs where the partial sums
     would pass 64 MiB, against the float64 reference like the partial-sums one."""
-    config = wg.default_config(params)
+    _check_atomic(params, wg.default_config(params))
+
+
+def _column_warps(config) -> int:
+    """Warps side by side along a WGrad tile's columns (each adds its own sums into dw)."""
+    return config.block_q // (8 * config.warp_q8)
+
+
+def _most_column_warps(params):
+    """The first of the layer's configs with the most warps along a tile's columns."""
+    return max(wg.configs(params), key=_column_warps)  # max keeps the first of equals
+
+
+@pytest.mark.parametrize(
+    "params",
+    [p for p in CI_LAYERS if _column_warps(_most_column_warps(p)) > 1],
+    ids=lambda p: p.encode(),
+)
+def test_emulated_atomic_wgrad_adds_every_warps_sums(params):
+    """The atomic kernel with several warps along a tile's columns, each adding its own sums:
+    the CI layers' default configs have one such warp, and a kernel that added only the first
+    warp's sums had passed every test but the slow sweep (which runs the partial sums)."""
+    _check_atomic(params, _most_column_warps(params))
+
+
+def _check_atomic(params, config):
     kernel = wg.make_kernel(params, config, partials=False)
     assert not kernel.info_value("partials")
     ratio = run_one(params, "wgrad", config, "cpu", kernel=kernel)
