@@ -12,7 +12,10 @@ cast to float64, so input rounding is not part of the error). Then:
    truncate (all errors one sign), so we budget the biased case: sum_k u * sqrt(k) * sigma
    <= u * D**1.5 * sigma. That is absolute, hence `atol`.
 3. The single rounding of the result to the output dtype is at most eps_out / 2 relative, so
-   `rtol = eps_out` (twice that, for the bias add and slack).
+   `rtol = eps_out` (twice that, for the bias add and slack); below the smallest normal number
+   the output's spacing stops shrinking (fp16's subnormals are 2**-24 apart), so `atol` adds
+   that spacing, twice the half-spacing a rounding may err by. Small outputs (gradients of
+   size 1e-4 and less in fp16) had failed correct kernels, even the reference rounded to fp16.
 
 `safety` multiplies atol. For FProp with fp16 output the atol term is tiny and rtol dominates; for
 WGrad (fp32 output, depth N*P*Q) atol dominates. A wrong tap, channel or row changes outputs by
@@ -60,15 +63,17 @@ def accumulation_tolerance(
 ) -> Tolerance:
     """Tolerance for sums of `depth` products of term size `scale`, accumulated in acc_dtype.
 
-    atol = safety * eps(acc) / 2 * depth**1.5 * scale (biased accumulation error);
-    rtol = eps(out_dtype) (final rounding). See the module docstring for the reasoning.
+    atol = safety * eps(acc) / 2 * depth**1.5 * scale (biased accumulation error) plus the
+    spacing of out_dtype's subnormals; rtol = eps(out_dtype) (final rounding). See the module
+    docstring for the reasoning.
     """
     if depth < 1:
         raise ValueError(f"accumulation_tolerance needs depth >= 1, got {depth}")
     if not scale > 0:
         raise ValueError(f"accumulation_tolerance needs a positive scale, got {scale}")
     atol = safety * _eps(acc_dtype) / 2 * depth**1.5 * scale
-    return Tolerance(atol=atol, rtol=_eps(out_dtype))
+    return Tolerance(atol=atol + torch.finfo(out_dtype).smallest_normal * _eps(out_dtype),
+                     rtol=_eps(out_dtype))  # fmt: skip
 
 
 def _rms(t: torch.Tensor) -> float:

@@ -72,6 +72,28 @@ def test_faithful_kernel_passes_and_bugs_fail(dtype, shape):
         tol_w.assert_close(dw.to(torch.float16), dw_ref)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("scale", [1e-3, 1e-4, 1e-6])
+def test_small_outputs_correctly_rounded_pass(dtype, scale):
+    """Outputs near or below the output dtype's smallest normal number are rounded on a fixed
+    grid (fp16's subnormals, 2**-24 apart), not a relative one: the float64 reference rounded
+    to fp16 had failed at input scale 1e-4 (9 x the tolerance) with no absolute floor. A
+    missing tap still fails."""
+    params = Conv2dGw8Params(2, 16, 8, 8, dtype=dtype)
+    x, w, dy = (t * scale for t in _inputs(params, seed=5))
+    x, w, dy = x.to(DTYPES[dtype]), w.to(DTYPES[dtype]), dy.to(DTYPES[dtype])
+    y_ref = conv2d_gw8_fprop_ref(x, w, None, 1)
+    dx_ref = conv2d_gw8_dgrad_ref(dy, w, 1, (8, 8))
+    tol_f = conv2d_gw8_tolerance(params, "fprop", x, w)
+    tol_f.assert_close(y_ref.to(x.dtype), y_ref)
+    conv2d_gw8_tolerance(params, "dgrad", dy, w).assert_close(dx_ref.to(x.dtype), dx_ref)
+    if scale >= 1e-4:  # (at 1e-6 the products themselves are below fp16's grid)
+        w_missing = w.clone()
+        w_missing[..., 1, 1] = 0
+        with pytest.raises(AssertionError):
+            tol_f.assert_close(conv2d_gw8_fprop_ref(x, w_missing, None, 1), y_ref)
+
+
 def test_tolerance_is_tight_for_fprop():
     params = Conv2dGw8Params(2, 16, 8, 8)
     x, w, _ = _inputs(params, seed=3)
