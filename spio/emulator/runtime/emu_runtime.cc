@@ -908,7 +908,7 @@ void init_global_shadow(const spio_emu_launch *cfg) {
         if (!g_rt.granges.empty() && lo <= g_rt.granges.back().hi) {
             g_rt.granges.back().hi = std::max(g_rt.granges.back().hi, hi);
         } else {
-            g_rt.granges.push_back(GRange{lo, hi, {}});
+            g_rt.granges.push_back(GRange{lo, hi, {}, {}, 0});
         }
     }
     for (GRange &r : g_rt.granges) {
