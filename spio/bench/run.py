@@ -134,7 +134,9 @@ class PassCase:
 
     spio and PyTorch get the same tensors: activations and weights channels_last. Each writes
     a separate output per rotation set (PyTorch's are kept in the set until its next call), so
-    that neither rewrites an output still in L2 that the other would have to write to DRAM."""
+    that neither rewrites an output still in L2 that the other would have to write to DRAM.
+    A biased layer's FProp adds a bias (fp32 for spio, as the ops pass it; the input's dtype for
+    F.conv2d) and its WGrad computes the bias gradient too, in both."""
 
     def __init__(self, params: Conv2dGw8Params, pass_: str, l2_bytes: int, device="cuda"):
         import torch
@@ -165,6 +167,9 @@ class PassCase:
                 item["x"] = torch.empty(
                     params.input_shape, dtype=dtype, device=device, memory_format=cl
                 )
+            if pass_ == "fprop" and params.has_bias:  # fp32 for spio, as the op passes it
+                item["bias"] = torch.randn(params.c, device=device)
+                item["bias_torch"] = item["bias"].to(dtype)  # F.conv2d takes the input's dtype
             if pass_ == "fprop":
                 item["out"] = torch.empty(
                     params.output_shape, dtype=dtype, device=device, memory_format=cl
@@ -188,7 +193,12 @@ class PassCase:
             item = data[i % len(data)]
             if pass_ == "fprop":
                 return fd.fprop(
-                    item["x"], item["w_cl"], None, params, kernel=kernel, out=item["out"]
+                    item["x"],
+                    item["w_cl"],
+                    item.get("bias"),
+                    params,
+                    kernel=kernel,
+                    out=item["out"],
                 )
             if pass_ == "dgrad":
                 return fd.dgrad(item["dy"], item["w_cl"], params, kernel=kernel, out=item["out"])
@@ -203,13 +213,14 @@ class PassCase:
 
         p, data, pass_ = self.params, self.data, self.pass_
         padding = list(p.padding)
-        mask = [pass_ == "dgrad", pass_ == "wgrad", False]
+        mask = [pass_ == "dgrad", pass_ == "wgrad", pass_ == "wgrad" and p.has_bias]
 
         def call(i: int):
             item = data[i % len(data)]
             item["torch_out"] = None  # freed first: its block may serve this call's output
             if pass_ == "fprop":
-                out = F.conv2d(item["x"], item["w_cl"], None, 1, padding, 1, p.groups)
+                bias = item.get("bias_torch")
+                out = F.conv2d(item["x"], item["w_cl"], bias, 1, padding, 1, p.groups)
             else:
                 out = torch.ops.aten.convolution_backward(
                     item["dy"], item["x"], item["w_cl"], None, [1, 1], padding, [1, 1], False,

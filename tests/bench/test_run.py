@@ -11,10 +11,12 @@ from spio.kernels.conv2d_gw8_params import Conv2dGw8Params as P
 TINY = BenchLayer("tiny_16c_7x9_3x3", 16, 7, 9)
 
 
+@pytest.mark.parametrize("has_bias", [False, True])
 @pytest.mark.parametrize("pass_", ["fprop", "dgrad", "wgrad"])
-def test_spio_and_torch_calls_compute_the_same_pass(pass_):
+def test_spio_and_torch_calls_compute_the_same_pass(pass_, has_bias):
+    """Also for a biased layer (the kernels for it take a bias; where_faster times such layers)."""
     torch.manual_seed(0)
-    case = PassCase(TINY.params(2), pass_, l2_bytes=0, device="cpu")
+    case = PassCase(TINY.params(2, has_bias=has_bias), pass_, l2_bytes=0, device="cpu")
     assert case.sets == 1 and case.bytes == case.stats.bytes(pass_)
     spio_out = case.spio_call()(0)
     torch_out = case.torch_call()(0)
@@ -26,6 +28,15 @@ def test_spio_and_torch_calls_compute_the_same_pass(pass_):
     else:
         got, want = spio_out[0], torch_out[1]
         assert torch_out[0] is None
+        assert (spio_out[1] is None) == (torch_out[2] is None) == (not has_bias)
+        if has_bias:
+            torch.testing.assert_close(
+                spio_out[1].float(), torch_out[2].float(), atol=0.1, rtol=0.02
+            )
+    if pass_ == "fprop" and has_bias:  # the bias made a difference
+        assert not torch.allclose(
+            got.float(), (want - case.data[0]["bias_torch"].view(-1, 1, 1)).float()
+        )
     assert got.shape == want.shape
     torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.02)
 
