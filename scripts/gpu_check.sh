@@ -55,7 +55,7 @@ STEPS=(
     "info:60"
     "check:90"
     "bench:200"
-    "overhead:60"
+    "overhead:90"
     "ablate:150"
     "probe:60"
     "memcheck:120"
@@ -209,14 +209,20 @@ step_memcheck() { sanitize memcheck "$1"; }
 step_racecheck() { sanitize racecheck "$1"; }
 
 step_overhead() {
-    local half=$((($1 - 20) / 2))  # each half may take 10 s more to die
-    if ((half < 5)); then  # (timeout 0 would be no limit at all)
+    # The launch bench is short (torch's start-up and 24,000 launches); the op bench gets the rest:
+    # it also compiles three kernels, times training steps and profiles (run 6 cut it at 20 s,
+    # half of a 60 s step, before its training steps). Each call may take 10 s more to die.
+    if (($1 < 30)); then  # (each call needs 5 s at least: timeout 0 would be no limit at all)
         NOTE="${1}s left, too few to measure"
         return 200
     fi
-    timeout -k 10 "$half" "$PYTHON" scripts/bench_launch.py --launches 2000 --repeats 3
-    local rc=$?
-    timeout -k 10 "$half" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 7 --profile || rc=$?
+    local deadline=$((SECONDS + $1 - 20)) launch=$((($1 - 20) / 3))
+    ((launch > 20)) && launch=20
+    ((launch < 5)) && launch=5
+    timeout -k 10 "$launch" "$PYTHON" scripts/bench_launch.py --launches 2000 --repeats 3
+    local rc=$? left=$((deadline - SECONDS))
+    ((left < 5)) && left=5
+    timeout -k 10 "$left" "$PYTHON" scripts/bench_op_overhead.py --calls 2000 --repeats 7 --profile || rc=$?
     return "$rc"
 }
 
