@@ -11,7 +11,11 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
     no-loads     no input-row reads (compute on whatever shared memory holds; FProp/DGrad
                  still read their weights)
     skeleton     no loads and no mma: index math, barriers and stores only
-    loads-only   no mma and no stores: the input pipeline alone (copies, waits, barriers)
+    loads-only   no mma and no global stores (the copies, ldmatrix, FProp/DGrad's output staging
+                 in shared memory, waits and barriers stay)
+    pipeline-only  FProp/DGrad's input pipeline alone: the row copies, waits and barriers, with
+                 no ldmatrix, mma, staging or stores (run 6 read at 1.75 TB/s in loads-only where
+                 the read probe's rows reached 3.3: is it the pipeline or the work beside it?)
     no-sync      no barrier per input row (warps no longer wait for each other)
     l2-256       the real kernel, its input copies asking L2 to prefetch 256 bytes (.L2::256B)
     stagger      the real kernel, block b starting (b % 16) x 400 ns late: lockstep blocks stop
@@ -21,6 +25,7 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
                  and stored to shared memory (FProp/DGrad: configs whose stages - 1 divide R;
                  WGrad: any): is the per-thread cp.async path the bound?
     ldg-loads-only  loads-only, through registers
+    ldg-pipeline-only  pipeline-only, through registers
     unmasked     WGrad without its careful steps (right for finite inputs; inf or NaN in x then
                  reaches more taps than in PyTorch): what the careful steps cost
     unroll-r     FProp/DGrad with the main loop unrolled by R steps only, each step dividing its
@@ -72,6 +77,10 @@ VARIANTS = {
     # Input rows through registers instead of cp.async (correct results; FProp and DGrad).
     "ldg": ("SPIO_LOAD_VIA_REGS",),
     "ldg-loads-only": ("SPIO_LOAD_VIA_REGS", "SPIO_ABLATE_MMA", "SPIO_ABLATE_STORES"),
+    # FProp/DGrad's input pipeline alone (copies, waits, barriers; no ldmatrix, staging or
+    # stores), by cp.async and through registers: its read rate without the work beside it.
+    "pipeline-only": ("SPIO_ABLATE_COMPUTE",),
+    "ldg-pipeline-only": ("SPIO_LOAD_VIA_REGS", "SPIO_ABLATE_COMPUTE"),
     # WGrad without its careful steps (right for finite inputs): what keeping inf and NaN in x
     # from taps PyTorch keeps them from costs.
     "unmasked": ("SPIO_WGRAD_UNMASKED",),
@@ -100,7 +109,9 @@ def row(pass_: str, name: str, seconds: float, nbytes: int, full: float | None, 
 def variant_applies(name: str, pass_: str, params, config) -> bool:
     """Whether variant `name` can build for this pass and config: FProp and DGrad's `ldg` index
     their register slots by the R-step unroll, so it needs stages - 1 to divide R; `unmasked` and
-    `copy-branch` are WGrad's alone, `unroll-r` FProp and DGrad's."""
+    `copy-branch` are WGrad's alone, `unroll-r` and the `pipeline-only` pair FProp and DGrad's."""
+    if name.endswith("pipeline-only") and pass_ not in ("fprop", "dgrad"):
+        return False
     if name.startswith("ldg") and pass_ in ("fprop", "dgrad"):
         return params.r % (config.stages - 1) == 0
     if name in ("unmasked", "copy-branch"):

@@ -399,6 +399,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     // The loop is unrolled by UNROLL steps (unroll_steps). ring(row0, k, n): the slot of stream
     // row row0 + k in a ring of n (row0 + k >= 0 where used), a constant where n divides UNROLL.
     constexpr int UNROLL = unroll_steps(R, STAGES);
+    constexpr bool COMPUTE = !SPIO_ABLATE_COMPUTE;  // (the input pipeline alone without it)
     const auto ring = [](int row0, int k, int n) {
         return UNROLL % n == 0 ? (k % n + n) % n : (row0 + k) % n;
     };
@@ -424,14 +425,14 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 spio::cp_async_commit_group();
 #endif
                 // The output row staged in the previous step is visible to all threads now.
-                if (row >= R) {
+                if (COMPUTE && row >= R) {
                     store_output_row(ring(row0, u - R, 2), StreamRow::of(row - R, staged));
                 }
                 const SmemInput stage = smem_input.stage(ring(row0, u, STAGES)).c8(warp.c8());
                 // Block::mma_k == 16 pairs filter columns s and s + 1 into one m16n8k16.
                 constexpr int TAPS_PER_MMA = Block::mma_k / 8;
                 SPIO_UNROLL
-                for (int s = 0; s < S; s += TAPS_PER_MMA) {
+                for (int s = 0; COMPUTE && s < S; s += TAPS_PER_MMA) {
                     const bool two_taps = TAPS_PER_MMA == 2 && s + 1 < S;
                     const int s1 = two_taps ? s + 1 : s;
                     SPIO_UNROLL
@@ -459,7 +460,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 // Output row (row - (R - 1)) has all its input rows now.
                 const int done = row - (R - 1);
                 float (&finished)[Block::warp_x16][4] = acc[(u + 1) % R];
-                if (done >= 0 && (Block::n == 1 || finishing.row < Block::y)) {
+                if (COMPUTE && done >= 0 && (Block::n == 1 || finishing.row < Block::y)) {
                     stage_output_row(ring(row0, u - (R - 1), 2), finished);
                 }
                 staged = finishing;
@@ -487,5 +488,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         }
     }
     __syncthreads();  // the last output row of the stream is staged
-    store_output_row((STREAM - R) % 2, StreamRow::at(STREAM - R));
+    if (COMPUTE) {
+        store_output_row((STREAM - R) % 2, StreamRow::at(STREAM - R));
+    }
 }

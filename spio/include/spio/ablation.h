@@ -13,6 +13,10 @@
 ///                       false, so the work that produces them stays (FProp/DGrad still stage
 ///                       output rows in shared memory)
 ///   SPIO_ABLATE_SYNC    no barrier per row (warps race ahead of each other's copies)
+///   SPIO_ABLATE_COMPUTE FProp/DGrad: the input pipeline alone (row copies, waits and barriers):
+///                       no ldmatrix, mma, output staging or stores. loads-only keeps all but the
+///                       mma and the global stores, so the two tell the pipeline's own read rate
+///                       from what the work beside it costs it
 /// Variants (the results stay right):
 ///   SPIO_L2_PREFETCH    0, 128 or 256: the L2 prefetch hint of the input copies (cp_async_16)
 ///   SPIO_STAGGER_NS     block b first sleeps (b % 16) * SPIO_STAGGER_NS ns (stagger_start), so
@@ -48,6 +52,9 @@
 #endif
 #ifndef SPIO_ABLATE_SYNC
 #define SPIO_ABLATE_SYNC 0
+#endif
+#ifndef SPIO_ABLATE_COMPUTE
+#define SPIO_ABLATE_COMPUTE 0
 #endif
 #ifndef SPIO_L2_PREFETCH
 #define SPIO_L2_PREFETCH 0
