@@ -25,8 +25,9 @@ def probes(total: int, sms: int, arch: str) -> list:
     """The probes for `total` bytes of reads (a multiple of 512 KiB): plain loads and cp.async over
     contiguous regions; the headline FProp's pattern (one block per 512 KiB image, rows of 8 KiB,
     in lockstep) at a power-of-2 stride and at a stride that is not; short tiles (8 rows per
-    block), whose blocks are not in lockstep; and on sm_90 and newer, the same rows by bulk copies
-    (one thread, one instruction per row: does the copy engine read faster?)."""
+    block), whose blocks are not in lockstep; the headline FProp config's row size and block
+    shape (rows of 4,352 B, 272 of 512 threads copying); and on sm_90 and newer, the same rows
+    by bulk copies (one thread, one instruction per row: does the copy engine read faster?)."""
     from spio.bench.probe import Probe
 
     image = 512 * 1024
@@ -43,6 +44,15 @@ def probes(total: int, sms: int, arch: str) -> list:
     for depth in (4, 8):
         found.append(Probe("rows", images, 512, depth, image, image + 16 * 1024, row_bytes=8192))
     found.append(Probe("rows", 8 * images, 512, 4, image // 8, image // 8, row_bytes=8192))
+    # The headline FProp config's own geometry (g8_p64_q32_w1_s4_k16 on 64c 64x64: two blocks of
+    # 512 threads an SM, input rows of 34 pixels x 128 B, so 272 of the 512 threads copy a row):
+    # run 6 read at 1.75 TB/s in its loads-only ablation where the 8 KB rows above reached
+    # 2.8-3.3. Rows of that size, with 4 and 8 buffers, and with 288 threads (all but 16 copy).
+    row = 34 * 128
+    region = 64 * row
+    for depth in (4, 8):
+        found.append(Probe("rows", total // region, 512, depth, region, region, row_bytes=row))
+    found.append(Probe("rows", total // region, 288, 4, region, region, row_bytes=row))
     if int(arch.removeprefix("sm_")) >= 90:
         for depth in (2, 4, 8):
             found.append(Probe("bulk", images, 128, depth, image, image, row_bytes=8192))

@@ -17,6 +17,7 @@ CASES = [
     Probe("cp.async", 2, 32, 2, 1040, 1056),
     Probe("rows", 3, 64, 3, 4096, 8192, row_bytes=1024),
     Probe("rows", 2, 32, 4, 4800, 4800, row_bytes=480),  # more row buffers than rows in flight
+    Probe("rows", 2, 64, 4, 3264, 3264, row_bytes=1088),  # 68 chunks a row: some threads copy 2
     Probe("bulk", 3, 64, 3, 4096, 8192, row_bytes=512),
     Probe("bulk", 2, 32, 4, 1440, 1440, row_bytes=480),  # more buffers than rows
 ]
