@@ -6,12 +6,18 @@ is meaningful. Needs a CUDA GPU and timm; without either it exits with status 2 
 
     python scripts/timm_benchmark.py --model regnetx_002 --spio --amp-dtype bfloat16 \\
         --channels-last --bench train --batch-size 256 --img-size 224
+
+--profile then profiles a few more steps of each variant (torch.profiler, CPU and CUDA) and prints
+where their GPU time goes: the costliest kernels per step, the kernel launches, memcpy/memset ops
+and host synchronisations, and which kernels took more time per step with spio than without.
+All variants are timed before any is profiled, so the profiler cannot slow a timing.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import statistics
 import sys
 import time
@@ -42,6 +48,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--img-size", type=positive_int, default=224)
     parser.add_argument("--warmup", type=positive_int, default=10, help="untimed steps first")
     parser.add_argument("--iters", type=positive_int, default=30, help="timed steps")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing, profile each variant's steps and print its costliest GPU kernels, "
+        "and the kernels that grew with spio",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=positive_int,
+        default=3,
+        help="steps each --profile profiles (default 3)",
+    )
     return parser.parse_args(argv)
 
 
@@ -123,6 +141,209 @@ def time_model(model, args) -> float:
     return args.batch_size / statistics.median(times)
 
 
+# CUDA runtime calls that make the host wait for the GPU.
+SYNC_CALLS = (
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+)
+
+
+@dataclasses.dataclass
+class KernelSummary:
+    """GPU work per step: rows of (name, µs per step, calls per step), one per kernel or
+    memcpy/memset, most time first; their total µs per step, the kernel launches per step (not
+    counting memcpy/memset) and the memcpy/memset ops per step."""
+
+    rows: list[tuple[str, float, float]]
+    total_us: float
+    launches: float
+    memops: float
+
+
+def is_memop(name: str) -> bool:
+    """Whether a GPU activity the profiler names so is a memcpy or memset rather than a kernel."""
+    return name.lower().startswith(("memcpy", "memset"))
+
+
+def summarize_kernels(rows, steps: int) -> KernelSummary:
+    """Per-step GPU work from (name, device µs, calls) over `steps` profiled steps; rows of the
+    same name add up, and rows with no device time are left out."""
+    if steps < 1:
+        raise ValueError(f"steps must be positive, got {steps}")
+    merged: dict[str, tuple[float, int]] = {}
+    for name, us, count in rows:
+        if us <= 0:
+            continue
+        total, calls = merged.get(name, (0.0, 0))
+        merged[name] = (total + us, calls + count)
+    per_step = sorted(
+        ((name, us / steps, calls / steps) for name, (us, calls) in merged.items()),
+        key=lambda row: (-row[1], row[0]),
+    )
+    return KernelSummary(
+        rows=per_step,
+        total_us=sum(us for _, us, _ in per_step),
+        launches=sum(calls for name, _, calls in per_step if not is_memop(name)),
+        memops=sum(calls for name, _, calls in per_step if is_memop(name)),
+    )
+
+
+def kernel_deltas(base: KernelSummary, other: KernelSummary) -> list[tuple[str, float]]:
+    """(name, other's µs per step - base's) for every kernel whose time differs, the kernels
+    absent from one side counting 0 there; largest growth first, largest shrinkage last."""
+    before = {name: us for name, us, _ in base.rows}
+    after = {name: us for name, us, _ in other.rows}
+    deltas = [(name, after.get(name, 0.0) - before.get(name, 0.0)) for name in before | after]
+    return sorted((d for d in deltas if d[1] != 0), key=lambda d: (-d[1], d[0]))
+
+
+def short_name(name: str, width: int = 70) -> str:
+    """A kernel's name for a table column: without "void " and the at::native and anonymous
+    namespaces, which take room and tell the kernels apart no better, cut to `width` chars."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    name = name.replace("at::native::", "")
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def format_kernel_table(
+    title: str, summary: KernelSummary, steps: int, top: int = 15, step_us: float | None = None
+) -> list[str]:
+    """Lines of a table of the `top` kernels by GPU time per step, then one line of the rest and
+    one of the totals; `step_us`, the step's timed length, tells how busy the GPU was."""
+    rows = summary.rows[:top]
+    lines = [
+        f"{title}: GPU time per step ({steps} steps profiled), top {len(rows)} of "
+        f"{len(summary.rows)} kernels and memcpy/memset"
+    ]
+    if not summary.rows:
+        return lines + ["  no GPU activity recorded"]
+    lines.append(f"  {'calls':>7} {'µs/step':>10} {'share':>6}  kernel")
+    for name, us, calls in rows:
+        share = us / summary.total_us
+        lines.append(f"  {calls:7.1f} {us:10.1f} {share:6.1%}  {short_name(name)}")
+    rest = summary.rows[top:]
+    if rest:
+        us = sum(r[1] for r in rest)
+        lines.append(f"  {'':7} {us:10.1f} {us / summary.total_us:6.1%}  ({len(rest)} more)")
+    busy = ""
+    if step_us:
+        busy = f" ({summary.total_us / step_us:.0%} of the {step_us:.0f} µs timed step)"
+    lines.append(
+        f"  GPU time {summary.total_us:.1f} µs/step{busy}; {summary.launches:.1f} kernel "
+        f"launches, {summary.memops:.1f} memcpy/memset per step"
+    )
+    return lines
+
+
+def format_syncs(syncs: dict[str, int], steps: int) -> str:
+    """A line of the host synchronisations (SYNC_CALLS) seen over the profiled steps."""
+    said = ", ".join(f"{name} {syncs[name]}" for name in SYNC_CALLS if syncs.get(name))
+    return (
+        f"  host syncs in {steps} steps: {said or 'none'} (the profiler's stop adds one "
+        "cudaDeviceSynchronize)"
+    )
+
+
+def format_comparison(
+    base_name: str, base: KernelSummary, name: str, other: KernelSummary, top: int = 8
+) -> list[str]:
+    """Lines comparing `other` with `base`: the change in GPU time, launches and memcpy/memset per
+    step, then the `top` kernels whose time per step grew most and the `top` that shrank most
+    (new: not run by `base`; gone: not run by `other`)."""
+    lines = [
+        f"{name} vs {base_name}: GPU time {other.total_us - base.total_us:+.1f} µs/step "
+        f"({base.total_us:.1f} -> {other.total_us:.1f}), kernel launches "
+        f"{other.launches - base.launches:+.1f}, memcpy/memset {other.memops - base.memops:+.1f}"
+        " per step"
+    ]
+    before = {row[0] for row in base.rows}
+    after = {row[0] for row in other.rows}
+    deltas = kernel_deltas(base, other)
+    grew = [d for d in deltas if d[1] > 0][:top]
+    shrank = [d for d in reversed(deltas) if d[1] < 0][:top]
+    for label, chosen in (("grew most", grew), ("shrank most", shrank)):
+        if chosen:
+            lines.append(f"  {label} (µs/step):")
+        for kernel, delta in chosen:
+            mark = "new" if kernel not in before else "gone" if kernel not in after else ""
+            lines.append(f"    {delta:+10.1f} {mark:4}  {short_name(kernel)}")
+    return lines
+
+
+def _device_type_name(evt) -> str | None:
+    device_type = getattr(evt, "device_type", None)
+    if device_type is None:
+        return None
+    return getattr(device_type, "name", str(device_type).rsplit(".", 1)[-1])
+
+
+def kernel_rows(events) -> list[tuple[str, float, int]]:
+    """(name, device µs, calls) of the GPU activities (kernels, memcpy, memset) among a
+    profiler's key_averages(); the CPU ops, whose device time is their kernels', are left out."""
+    rows = []
+    for evt in events:
+        if _device_type_name(evt) in (None, "CPU"):
+            continue
+        us = getattr(evt, "device_time_total", None)
+        if us is None:  # older torch
+            us = getattr(evt, "cuda_time_total", 0)
+        if us:
+            rows.append((evt.key, float(us), int(evt.count)))
+    return rows
+
+
+def host_syncs(events) -> dict[str, int]:
+    """Calls of each SYNC_CALLS runtime function among a profiler's key_averages()."""
+    syncs: dict[str, int] = {}
+    for evt in events:
+        if evt.key in SYNC_CALLS and _device_type_name(evt) in (None, "CPU"):
+            syncs[evt.key] = syncs.get(evt.key, 0) + int(evt.count)
+    return syncs
+
+
+def profile_model(model, args) -> tuple[KernelSummary, dict[str, int]]:
+    """GPU work per step and host syncs over args.profile_steps steps of the (warmed-up) model,
+    after one unprofiled step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    step = _step_fn(model, args, example_input(args))
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.profile_steps):
+            step()
+    events = prof.key_averages()
+    return summarize_kernels(kernel_rows(events), args.profile_steps), host_syncs(events)
+
+
+def print_profiles(variants: dict, results: dict[str, float], args) -> None:
+    """Profile each variant and print its table, then each spio variant against pytorch; a
+    profile that fails says so, and the others go on."""
+    summaries = {}
+    for name, model in variants.items():
+        t0 = time.perf_counter()
+        try:
+            summary, syncs = profile_model(model, args)
+        except Exception as e:  # the timings above stand; say why this profile is missing
+            print(f"\nprofile of {name} failed: {type(e).__name__}: {e}")
+            continue
+        summaries[name] = summary
+        step_us = args.batch_size / results[name] * 1e6
+        print()
+        print("\n".join(format_kernel_table(name, summary, args.profile_steps, step_us=step_us)))
+        print(format_syncs(syncs, args.profile_steps))
+        print(f"  ({time.perf_counter() - t0:.1f} s)")
+    for name in ("spio", "spio-faster"):
+        if name in summaries and "pytorch" in summaries:
+            print()
+            print(
+                "\n".join(format_comparison("pytorch", summaries["pytorch"], name, summaries[name]))
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     missing = missing_requirements()
@@ -172,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("spio", "spio-faster"):
         if name in results:
             print(f"{name} / pytorch = {results[name] / results['pytorch']:.3f}")
+    if args.profile:
+        print_profiles(variants, results, args)
     return 0
 
 

@@ -91,3 +91,179 @@ def test_script_exit_status():
         pytest.skip("this machine has a GPU and timm: the benchmark would run")
     assert proc.returncode == 2
     assert "timm_benchmark needs" in proc.stderr
+
+
+def test_profile_is_an_option(bench):
+    args = bench.parse_args(["--model", "m", "--profile", "--profile-steps", "5"])
+    assert args.profile and args.profile_steps == 5
+    defaults = bench.parse_args(["--model", "m"])
+    assert not defaults.profile and defaults.profile_steps == 3
+
+
+def test_profile_steps_must_be_positive(bench, capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(["--model", "m", "--profile", "--profile-steps", "0"])
+    assert info.value.code == 2
+    assert "--profile-steps" in capsys.readouterr().err
+
+
+# Three profiled steps: 900 µs of cudnn_fprop in 6 calls (two rows of the same name, which add
+# up) is 300 µs and 2 calls a step; the memset with no device time is left out.
+ROWS = [
+    ("cudnn_fprop", 600.0, 3),
+    ("void at::native::elementwise_kernel<128, 4>(int)", 300.0, 6),
+    ("Memcpy DtoD (Device -> Device)", 30.0, 3),
+    ("Memset (Device)", 0.0, 3),
+    ("cudnn_fprop", 300.0, 3),
+    ("tiny", 15.0, 3),
+]
+
+
+def test_summarize_kernels_per_step_most_time_first(bench):
+    summary = bench.summarize_kernels(ROWS, steps=3)
+    assert summary.rows == [
+        ("cudnn_fprop", 300.0, 2.0),
+        ("void at::native::elementwise_kernel<128, 4>(int)", 100.0, 2.0),
+        ("Memcpy DtoD (Device -> Device)", 10.0, 1.0),
+        ("tiny", 5.0, 1.0),
+    ]
+    assert summary.total_us == 415.0
+    assert summary.launches == 5.0  # 2 + 2 + 1 kernel launches; the memcpy is not one
+    assert summary.memops == 1.0  # the memset had no device time
+    with pytest.raises(ValueError):
+        bench.summarize_kernels(ROWS, steps=0)
+
+
+def test_summarize_kernels_breaks_ties_by_name(bench):
+    summary = bench.summarize_kernels([("b", 6.0, 1), ("a", 6.0, 1), ("c", 9.0, 1)], steps=2)
+    assert [row[0] for row in summary.rows] == ["c", "a", "b"]
+    assert summary.total_us == 10.5 and summary.launches == 1.5 and summary.memops == 0
+
+
+def test_kernel_table_cuts_at_top_and_sums_the_rest(bench):
+    summary = bench.summarize_kernels(ROWS, steps=3)
+    lines = bench.format_kernel_table("pytorch", summary, steps=3, top=2, step_us=830.0)
+    assert lines[0] == (
+        "pytorch: GPU time per step (3 steps profiled), top 2 of 4 kernels and memcpy/memset"
+    )
+    assert lines[1].split() == ["calls", "µs/step", "share", "kernel"]
+    # 300 / 415 = 72.3 %, 100 / 415 = 24.1 %; the two cut rows are 10 + 5 = 15 µs, 3.6 %
+    assert lines[2].split() == ["2.0", "300.0", "72.3%", "cudnn_fprop"]
+    assert lines[3].split() == ["2.0", "100.0", "24.1%", "elementwise_kernel<128,", "4>(int)"]
+    assert lines[4].split() == ["15.0", "3.6%", "(2", "more)"]
+    assert lines[5] == (
+        "  GPU time 415.0 µs/step (50% of the 830 µs timed step); 5.0 kernel launches, "
+        "1.0 memcpy/memset per step"
+    )
+    assert len(lines) == 6
+    whole = bench.format_kernel_table("pytorch", summary, steps=3)
+    assert len(whole) == 2 + 4 + 1 and "timed step" not in whole[-1]
+    empty = bench.summarize_kernels([], steps=3)
+    assert bench.format_kernel_table("spio", empty, steps=3)[-1] == "  no GPU activity recorded"
+
+
+def test_short_name_drops_namespaces_and_cuts_long_names(bench):
+    assert bench.short_name("void at::native::(anonymous namespace)::foo<float>(int)") == (
+        "foo<float>(int)"
+    )
+    long = "k" * 100
+    assert bench.short_name(long) == "k" * 67 + "..." and len(bench.short_name(long)) == 70
+    assert bench.short_name("k" * 70) == "k" * 70
+
+
+# Per step, pytorch: cudnn_fprop 300, cudnn_dgrad 50, elem 100, memcpy 10 (460 µs, 5 launches);
+# spio: spio_fprop 150, elem 200, transpose 40, cudnn_fprop 20, memcpy 10 (420 µs, 8 launches).
+BASE = [("cudnn_fprop", 900.0, 6), ("cudnn_dgrad", 150.0, 3), ("elem", 300.0, 6)]
+BASE += [("Memcpy DtoD", 30.0, 3)]
+OTHER = [("spio_fprop", 450.0, 3), ("elem", 600.0, 12), ("Memcpy DtoD", 30.0, 3)]
+OTHER += [("transpose", 120.0, 6), ("cudnn_fprop", 60.0, 3)]
+
+
+def test_kernel_deltas_growth_first_and_unchanged_left_out(bench):
+    base, other = bench.summarize_kernels(BASE, 3), bench.summarize_kernels(OTHER, 3)
+    assert bench.kernel_deltas(base, other) == [
+        ("spio_fprop", 150.0),
+        ("elem", 100.0),
+        ("transpose", 40.0),
+        ("cudnn_dgrad", -50.0),
+        ("cudnn_fprop", -280.0),
+    ]
+
+
+def test_comparison_lists_the_top_growth_and_shrinkage(bench):
+    base, other = bench.summarize_kernels(BASE, 3), bench.summarize_kernels(OTHER, 3)
+    lines = bench.format_comparison("pytorch", base, "spio", other, top=2)
+    assert lines[0] == (
+        "spio vs pytorch: GPU time -40.0 µs/step (460.0 -> 420.0), kernel launches +3.0, "
+        "memcpy/memset +0.0 per step"
+    )
+    assert [line.split() for line in lines[1:]] == [
+        ["grew", "most", "(µs/step):"],
+        ["+150.0", "new", "spio_fprop"],
+        ["+100.0", "elem"],  # transpose's +40 is past the top 2
+        ["shrank", "most", "(µs/step):"],
+        ["-280.0", "cudnn_fprop"],
+        ["-50.0", "gone", "cudnn_dgrad"],
+    ]
+    assert len(bench.format_comparison("pytorch", base, "spio", other)) == 1 + 1 + 3 + 1 + 2
+
+
+def test_kernel_rows_keeps_device_activity_and_reads_either_time_attribute(bench):
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    events = [
+        SimpleNamespace(
+            key="aten::conv", device_type=DeviceType.CPU, device_time_total=90, count=1
+        ),
+        SimpleNamespace(key="k1", device_type=DeviceType.CUDA, device_time_total=12.5, count=2),
+        SimpleNamespace(key="idle", device_type=DeviceType.CUDA, device_time_total=0, count=4),
+        SimpleNamespace(key="k2", device_type=DeviceType.CUDA, cuda_time_total=7, count=1),
+        SimpleNamespace(key="cudaStreamSynchronize", device_type=DeviceType.CPU, count=4),
+        SimpleNamespace(key="cudaLaunchKernel", device_type=DeviceType.CPU, count=9),
+    ]
+    assert bench.kernel_rows(events) == [("k1", 12.5, 2), ("k2", 7.0, 1)]
+    syncs = bench.host_syncs(events)
+    assert syncs == {"cudaStreamSynchronize": 4}
+    assert bench.format_syncs(syncs, 3).startswith("  host syncs in 3 steps: cudaStreamSync")
+    assert "steps: none" in bench.format_syncs({}, 3)
+
+
+def test_kernel_rows_of_a_real_cpu_profile_is_empty(bench):
+    """The profiler's own events go through kernel_rows and host_syncs without error; on the CPU
+    there is no GPU activity and no sync."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    events = prof.key_averages()
+    assert bench.kernel_rows(events) == [] and bench.host_syncs(events) == {}
+
+
+def test_print_profiles_compares_each_spio_variant_and_survives_a_failure(
+    bench, monkeypatch, capsys
+):
+    summaries = {
+        "P": bench.summarize_kernels(BASE, 3),
+        "S": bench.summarize_kernels(OTHER, 3),
+    }
+
+    def profile_model(model, args):
+        if model == "F":
+            raise RuntimeError("CUPTI unavailable")
+        return summaries[model], {"cudaStreamSynchronize": 3}
+
+    monkeypatch.setattr(bench, "profile_model", profile_model)
+    args = bench.parse_args(["--model", "m", "--profile", "--batch-size", "10"])
+    variants = {"pytorch": "P", "spio": "S", "spio-faster": "F"}
+    bench.print_profiles(variants, {"pytorch": 10_000.0, "spio": 20_000.0}, args)
+    out = capsys.readouterr().out
+    # 10 samples at 10,000/s: a 1000 µs step, of which pytorch's GPU time is 460 µs
+    assert "GPU time 460.0 µs/step (46% of the 1000 µs timed step)" in out
+    assert "GPU time 420.0 µs/step (84% of the 500 µs timed step)" in out
+    assert out.count("host syncs in 3 steps: cudaStreamSynchronize 3") == 2
+    assert "profile of spio-faster failed: RuntimeError: CUPTI unavailable" in out
+    assert "spio vs pytorch: GPU time -40.0 µs/step" in out
+    assert "spio-faster vs pytorch" not in out
