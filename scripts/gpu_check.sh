@@ -19,8 +19,9 @@
 #   overhead   scripts/bench_launch.py (µs per driver launch) and scripts/bench_op_overhead.py
 #              (µs per custom-op / module call over F.conv2d's)
 #   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma, stores or
-#              barriers switched off, to show where their time goes; then WGrad's atomics against
-#              its partial sums on every bench layer; then the narrower experiments
+#              barriers switched off, to show where their time goes; then the open experiments
+#              (L2 prefetch, input rows through registers, the small and 1x3 layers); last,
+#              WGrad's atomics against its partial sums on every bench layer (settled in run 6)
 #   probe      scripts/read_probe.py: this GPU's read rate through plain loads, cp.async and the
 #              kernels' row-by-row structure, next to torch's sum and copy
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
@@ -227,15 +228,32 @@ step_overhead() {
 }
 
 step_ablate() {
-    # Most wanted first (docs/perf/2026-11-30-predictions.md says what each part settles): the
-    # headline layer with spio's choice for every pass (where its time goes, WGrad's instructions
-    # per step); WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and
-    # sum_slots) on every bench layer; FProp's unroll to a multiple of its stages against the
-    # R-step unroll on every bench layer; WGrad's trial configs (8 runs a warp) on the headline
-    # layer; the input pipeline on image sizes around 64x64 (DRAM camping); input rows through
-    # registers (ldg); several images per block on the small layers; the small layers' own
-    # ablation; FProp tile shapes from shallow to deep pipelines; the no-halo 1x3 layer. Each
-    # line names its variants (all 12 on a line would be 12 compiles a config).
+    # Open questions first, settled ones last: run 6 (docs/perf/2026-12-04-h200.md) spent the
+    # step's 150 s on parts that answered their questions and ran out before its last three, the
+    # L2 prefetch experiment among them, never run yet. In order:
+    #   1. the headline layer with spio's choice for every pass, the classic ablation: the
+    #      reference each run compares against (run 6: FProp/DGrad's stores are the gap to a copy,
+    #      WGrad's input pipeline is its bound);
+    #   2. the L2 prefetch hint (l2-256) on the headline layer: FProp and WGrad with spio's configs
+    #      (WGrad too: loads-only 76 of its 85 µs), then FProp's tile shapes from shallow to deep
+    #      pipelines, the input pipeline alone (loads-only) by rows in flight;
+    #   3. input rows through registers (ldg) against cp.async, the strongest lead (FProp's
+    #      ldg-loads-only 25.6 µs against loads-only 40.5): FProp and WGrad (DGrad, which runs
+    #      FProp's loop, was within 1 % of FProp on every line of run 6: left out), with FProp's
+    #      input pipeline alone both ways (pipeline-only, ldg-pipeline-only);
+    #   4. the small layers' own ablation (512c 8x8, 368c 7x7) and the no-halo 1x3 layer, both cut
+    #      for time in run 6;
+    #   5. last, what run 6 settled, trimmed: WGrad's two reductions (atomics into a zeroed dw,
+    #      per-warp partial sums and sum_slots) on every bench layer with spio's config alone
+    #      (`full`; partial sums won or tied on 7 of 10 layers: a check on the 3 where they did
+    #      not, and on every layer's WGrad pick).
+    # Dropped, settled by run 6: WGrad's `unmasked` and `copy-branch` on every layer (the careful
+    # steps' cost is known; predicated copies win), FProp's `unroll-r` on every layer (full
+    # faster or level on all 10), the input pipeline on images around 64x64 with `stagger` (no
+    # DRAM camping), several images per block on the small layers (one image a block is fastest)
+    # and WGrad's trial configs on the headline layer (g2_p64_q64_n1_w8_s2_k16 79.5 µs against
+    # the pick's 84.3: now a question for the config space and the perf samples).
+    # Each line names its variants (every variant on a line would be a compile each, a config).
     # Each part gets the step's time left; a part that would get under 10 s is skipped (timeout 0
     # would mean no limit at all).
     # A part that fails sets rc; one that times out, or is skipped for want of time, makes the
@@ -256,73 +274,50 @@ step_ablate() {
             *) rc=$part ;;
         esac
     }
-    # The classic ablation (the variants that only some lines need come in those lines).
+    # 1. The classic ablation (the variants that only some lines need come in those lines).
     ablate --layer 64c_64x64_3x3 \
         --variants full no-stores no-mma no-loads skeleton loads-only no-sync
-    # WGrad's reductions on every bench layer: sum_slots and 16 images per block not yet timed;
-    # what its careful steps (inf and NaN in x kept from taps outside the output) cost; and what
-    # its row copies without branches (predicated; zeros past the last step) gain.
-    if ((deadline - SECONDS >= 10)); then
-        layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
-            "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
-        if [[ -z $layers ]]; then
-            # Both every-layer lines need the list: the step fails rather than skip them quietly.
-            echo "ablate: listing the bench layers failed; skipped: every-layer WGrad and FProp lines"
-            rc=1
-        else
-            # shellcheck disable=SC2086  # one word per layer
-            ablate --passes wgrad --variants full unmasked copy-branch --repeats 30 --layer $layers
-        fi
-    else
-        out_of_time=1
-    fi
-    # FProp's loop unrolled to a multiple of its stages (constant stage addresses) against the
-    # R-step unroll, on every bench layer, with the heuristic's configs (most have 6 stages; the
-    # sm_90 model's 4- and 8-stage picks for R = 3 compile as before). DGrad runs the same loop.
-    if [[ -n ${layers:-} ]]; then
-        # shellcheck disable=SC2086  # one word per layer
-        ablate --passes fprop --heuristic --variants full unroll-r --repeats 30 --layer $layers
-    fi
-    # WGrad with eight 8-column runs a warp (trial configs, outside the space spio picks from:
-    # 24-34 % fewer instructions a pixel in SASS, never timed) against the sm_90 model's pick and
-    # the heuristic's with four.
-    ablate --layer 64c_64x64_3x3 --passes wgrad --repeats 30 --variants full \
-        --config g2_p64_q32_n1_w4_s2_k16 g2_p32_q64_n4_w4_s6_k8 g2_p64_q64_n1_w8_s2_k16 \
-        g2_p32_q64_n4_w8_s6_k8 g2_p32_q64_n4_w8_s6_k16
-    # The input pipeline alone on power-of-2 images and on neighbours that are not (DRAM channel
-    # camping would show as a faster loads-only there), next to a read-only pass; and blocks
-    # made to start apart (stagger), which would also help if lockstep blocks camp. (l2-256 is
-    # timed on 64x64 in the tile-shape line.)
-    ablate --layer 64,64,64 64,64,60 64,60,64 64,62,62 --passes fprop --repeats 30 \
-        --variants full loads-only stagger loads-stagger \
-        --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16
-    ablate --layer 64,64,64 64,64,60 --passes wgrad --repeats 30 \
-        --variants full loads-only stagger loads-stagger
-    # Input rows through registers (plain loads) against cp.async, in the full kernel and alone.
-    ablate --layer 64c_64x64_3x3 --passes fprop dgrad --repeats 30 \
-        --variants full ldg loads-only ldg-loads-only \
-        --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s2_k16
-    ablate --layer 64c_64x64_3x3 --passes wgrad --repeats 30 \
-        --variants full ldg loads-only ldg-loads-only \
-        --config g2_p32_q64_n4_w4_s6_k8 g2_p32_q64_n4_w4_s3_k8
-    # Several images per block on the small layers (their blocks are short: weights, pipeline
-    # fill and drain paid per image), against the one-image config the model picks for both.
-    ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop dgrad --repeats 30 \
-        --variants full loads-only --config g2_p8_q16_w1_s4_k16 g2_p8_q16_w1_s4_k16_n2 \
-        g2_p8_q16_w1_s4_k16_n4 g2_p8_q16_w1_s4_k16_n8 g4_p8_q16_w1_s4_k16_n4 g2_p8_q16_w1_s8_k16_n4
-    # The small layers that lose to cuDNN in every pass: where their time goes, with spio's
-    # choice (the weights' start-up is in skeleton and no-loads).
-    ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30 \
-        --variants full no-loads skeleton loads-only
+    # 2. The L2 prefetch hint with spio's configs, next to full timed in the same process.
+    ablate --layer 64c_64x64_3x3 --passes fprop wgrad --repeats 30 --variants full l2-256
     # FProp tile shapes: the input pipeline (loads-only) by rows in flight, and the L2 prefetch
     # hint (no-stores and skeleton per config are in run 5's record).
     ablate --layer 64c_64x64_3x3 --passes fprop \
         --repeats 30 --variants full loads-only l2-256 --config \
         g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s8_k16 g8_p64_q32_w1_s6_k16 \
         g8_p64_q64_w2_s4_k16 g8_p32_q32_w1_s8_k16 g8_p16_q64_w2_s8_k16
+    # 3. Input rows through registers (plain loads) against cp.async, in the full kernel and alone
+    #    (FProp: ldg builds where stages - 1 divide R); FProp's input pipeline without the work
+    #    beside it (pipeline-only: no ldmatrix or output staging, which loads-only keeps), both ways.
+    ablate --layer 64c_64x64_3x3 --passes fprop --repeats 30 \
+        --variants full ldg loads-only ldg-loads-only pipeline-only ldg-pipeline-only \
+        --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s2_k16
+    ablate --layer 64c_64x64_3x3 --passes wgrad --repeats 30 \
+        --variants full ldg loads-only ldg-loads-only \
+        --config g2_p32_q64_n4_w4_s6_k8 g2_p32_q64_n4_w4_s3_k8
+    # 4. The small layers, whose WGrad loses to cuDNN at both batch sizes (their FProp and DGrad
+    #    beat it since run 6): where their time goes, with spio's choice (the weights' start-up
+    #    is in skeleton and no-loads).
+    ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30 \
+        --variants full no-loads skeleton loads-only
     # The 1x3 layer (4-row tiles, so no lockstep blocks): the figures run 5 recorded for it.
     ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8 \
         --variants full no-stores skeleton loads-only
+    # 5. WGrad's reductions on every bench layer, spio's config only (`full`; the wrapper times
+    #    both reductions on each).
+    if ((deadline - SECONDS >= 10)); then
+        layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
+            "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
+        if [[ -z $layers ]]; then
+            # The every-layer line needs the list: the step fails rather than skip it quietly.
+            echo "ablate: listing the bench layers failed; skipped: the every-layer WGrad line"
+            rc=1
+        else
+            # shellcheck disable=SC2086  # one word per layer
+            ablate --passes wgrad --variants full --repeats 30 --layer $layers
+        fi
+    else
+        out_of_time=1
+    fi
     if ((rc == 0 && out_of_time)); then
         return 124
     fi
@@ -344,7 +339,8 @@ step_timm() {
     fi
     timeout -k 10 "$(cap "$1")" "$PYTHON" scripts/timm_benchmark.py --model regnetx_002 --spio \
         --spio-where-faster \
-        --amp-dtype float16 --channels-last --bench train --batch-size 256 --warmup 5 --iters 20
+        --amp-dtype float16 --channels-last --bench train --batch-size 256 --warmup 5 --iters 20 \
+        --profile
     local rc=$?
     # e.g. "spio=0.835 spio-faster=1.002": short enough for the summary's status column
     NOTE=$(grep -E "^spio(-faster)? / pytorch" "$OUT_DIR/timm.log" | sed -E 's| / pytorch = |=|' |
