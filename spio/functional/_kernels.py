@@ -275,6 +275,10 @@ class Layer:
         need_input, need_weight, need_bias = mask
         dw_dtype, db_dtype = dtypes or (torch.float32, torch.float32)
         dx = dw = db = None
+        if need_input and need_weight and passes & DGRAD and passes & WGRAD:
+            # Both kernels read dy as NHWC: lay it out once for both, not once in each (a dy in
+            # another layout, e.g. from a .float() after the layer, was copied twice).
+            grad_output = conv2d_gw8_factory.nhwc_operand(grad_output)
         if need_input and passes & DGRAD:
             dx = self.dgrad(grad_output, weight)
         if need_weight and passes & WGRAD:

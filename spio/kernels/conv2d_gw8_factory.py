@@ -467,8 +467,9 @@ def _aligned_in(t, fmt):
     return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=fmt)
 
 
-def _nhwc(t):
-    """`t` (N, C, H, W) in channels_last memory, the kernels' NHWC layout, 16-byte aligned."""
+def nhwc_operand(t):
+    """`t` (N, C, H, W) in channels_last memory, the kernels' NHWC layout, 16-byte aligned: `t`
+    itself where it is that already, else a copy (which every kernel then takes as it is)."""
     import torch
 
     return _aligned_in(t, torch.channels_last)
@@ -626,7 +627,7 @@ def fprop(
     else:
         _check_out(out, params.output_shape, x.dtype, x.device, x, weight, bias)
     bias = _bias_as(kernel, bias, x.dtype)
-    kernel.launch([out, _nhwc(x), _weight_as(kernel, weight), bias, params.n], x.device)
+    kernel.launch([out, nhwc_operand(x), _weight_as(kernel, weight), bias, params.n], x.device)
     return out
 
 
@@ -654,7 +655,7 @@ def dgrad(
         )
     else:
         _check_out(out, params.input_shape, dy.dtype, dy.device, dy, weight)
-    kernel.launch([out, _nhwc(dy), _weight_as(kernel, weight), None, params.n], dy.device)
+    kernel.launch([out, nhwc_operand(dy), _weight_as(kernel, weight), None, params.n], dy.device)
     return out
 
 

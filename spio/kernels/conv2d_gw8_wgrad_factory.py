@@ -423,7 +423,7 @@ def wgrad(
     contributions only the comparison with a reference can show. `validated`: as for fprop."""
     import torch
 
-    from .conv2d_gw8_factory import _check_dtype, _check_shapes, _nhwc, check_layer
+    from .conv2d_gw8_factory import _check_dtype, _check_shapes, check_layer, nhwc_operand
 
     if not validated:
         _check_dtype(params, x, dy)
@@ -442,12 +442,12 @@ def wgrad(
             for buffer in (dw_part, dbias_part, dw, dbias):
                 if buffer is not None:
                     buffer.fill_(math.nan)
-        kernel.launch([dw_part, dbias_part, _nhwc(x), _nhwc(dy), params.n], device)
+        kernel.launch([dw_part, dbias_part, nhwc_operand(x), nhwc_operand(dy), params.n], device)
         summing.launch([dw, dbias, dw_part, dbias_part, slots, w_size, c], device)
         return dw, dbias
     dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
     dbias = torch.zeros(params.c, dtype=torch.float32, device=device) if params.has_bias else None
-    kernel.launch([dw, dbias, _nhwc(x), _nhwc(dy), params.n], device)
+    kernel.launch([dw, dbias, nhwc_operand(x), nhwc_operand(dy), params.n], device)
     if dw_dtype != torch.float32:
         dw = dw.to(dw_dtype)
     if dbias is not None and dbias_dtype != torch.float32:

@@ -287,7 +287,7 @@ def test_partial_sums_cover_every_slot_and_match_reference(params, config, devic
     NaN-poisoned buffers, summed, match the float64 reference (a missed slot would be NaN)."""
     import torch
 
-    from spio.kernels.conv2d_gw8_factory import _nhwc
+    from spio.kernels.conv2d_gw8_factory import nhwc_operand
     from spio.reference import (
         conv2d_gw8_bias_grad_ref,
         conv2d_gw8_tolerance,
@@ -305,7 +305,9 @@ def test_partial_sums_cover_every_slot_and_match_reference(params, config, devic
     nan = float("nan")
     dw_parts = torch.full((slots, *params.weight_shape), nan, device=device)
     db_parts = torch.full((slots, params.c), nan, device=device) if params.has_bias else None
-    kernel.launch([dw_parts, db_parts, _nhwc(x), _nhwc(dy), params.n], torch.device(device))
+    kernel.launch(
+        [dw_parts, db_parts, nhwc_operand(x), nhwc_operand(dy), params.n], torch.device(device)
+    )
     x, dy = x.cpu(), dy.cpu()
     want = conv2d_gw8_wgrad_ref(x.double(), dy.double(), params.padding, params.r, params.s)
     conv2d_gw8_tolerance(params, "wgrad", x, dy).assert_close(dw_parts.sum(0).cpu(), want)
