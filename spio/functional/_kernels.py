@@ -259,6 +259,13 @@ class Layer:
             return self.fprop(input, weight, bias)
         return torch_fprop(input, weight, bias, self.params.padding)
 
+    @staticmethod
+    def _dy_for_both(grad_output: Tensor) -> Tensor:
+        """dy for a backward that runs both DGrad and WGrad kernels: laid out NHWC once for both,
+        not once in each (a dy in another layout, e.g. from a .float() after the layer, was
+        copied twice)."""
+        return conv2d_gw8_factory.nhwc_operand(grad_output)
+
     def backward(
         self,
         grad_output: Tensor,
@@ -276,9 +283,7 @@ class Layer:
         dw_dtype, db_dtype = dtypes or (torch.float32, torch.float32)
         dx = dw = db = None
         if need_input and need_weight and passes & DGRAD and passes & WGRAD:
-            # Both kernels read dy as NHWC: lay it out once for both, not once in each (a dy in
-            # another layout, e.g. from a .float() after the layer, was copied twice).
-            grad_output = conv2d_gw8_factory.nhwc_operand(grad_output)
+            grad_output = self._dy_for_both(grad_output)
         if need_input and passes & DGRAD:
             dx = self.dgrad(grad_output, weight)
         if need_weight and passes & WGRAD:
@@ -486,6 +491,12 @@ class _ChunkedLayer(Layer):
             if size not in by_size:
                 by_size[size] = Layer(dataclasses.replace(params, n=size), device)
             self._chunks.append((start, stop, by_size[size]))
+
+    @staticmethod
+    def _dy_for_both(grad_output: Tensor) -> Tensor:
+        """dy as given: each chunk lays out its own slice (at most MAX_TENSOR_BYTES at a time),
+        where one NHWC copy of the whole dy would hold it all through the chunks."""
+        return grad_output
 
     def kernels(self, weight, bias, passes, needs, deterministic):
         chunks = {id(chunk): chunk for _, _, chunk in self._chunks}.values()

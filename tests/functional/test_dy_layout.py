@@ -10,20 +10,24 @@ from spio.kernels.kernel import Kernel
 from spio.layers import Conv2dGw8
 
 
-def _dy_arguments(monkeypatch) -> dict[str, list[int]]:
-    """data_ptr of the dy each DGrad and WGrad launch reads, by family, from now on."""
-    seen: dict[str, list[int]] = {"conv2d_gw8_dgrad": [], "conv2d_gw8_wgrad": []}
+def _dy_arguments(monkeypatch) -> dict[str, list[torch.Tensor]]:
+    """The dy each DGrad and WGrad launch reads, by family, from now on. The tensors are kept:
+    comparing addresses of freed copies would prove nothing (the allocator reuses them)."""
+    seen: dict[str, list[torch.Tensor]] = {"conv2d_gw8_dgrad": [], "conv2d_gw8_wgrad": []}
     launch = Kernel.launch
 
     def spy(self, args, device):
         family = self.name.split("__")[0]
         if family in seen:  # DGrad: (dx, dy, w, bias, n); WGrad: (dw, dbias, x, dy, n)
-            dy = args[1] if family == "conv2d_gw8_dgrad" else args[3]
-            seen[family].append(dy.data_ptr())
+            seen[family].append(args[1] if family == "conv2d_gw8_dgrad" else args[3])
         return launch(self, args, device)
 
     monkeypatch.setattr(Kernel, "launch", spy)
     return seen
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    return t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
 
 
 def test_backward_lays_out_a_contiguous_dy_once_for_both_kernels(monkeypatch):
@@ -36,9 +40,10 @@ def test_backward_lays_out_a_contiguous_dy_once_for_both_kernels(monkeypatch):
     dy = torch.randn(2, 16, 6, 7, dtype=torch.float16)  # contiguous (NCHW), not NHWC
     seen = _dy_arguments(monkeypatch)
     conv(x).backward(dy)
-    assert len(seen["conv2d_gw8_dgrad"]) == 1 and len(seen["conv2d_gw8_wgrad"]) == 1, seen
-    assert seen["conv2d_gw8_dgrad"] == seen["conv2d_gw8_wgrad"]  # one copy, read by both
-    assert dy.data_ptr() not in seen["conv2d_gw8_dgrad"]  # (a copy: dy was not NHWC)
+    (dgrad_dy,), (wgrad_dy,) = seen["conv2d_gw8_dgrad"], seen["conv2d_gw8_wgrad"]
+    assert dgrad_dy is wgrad_dy  # one copy, read by both
+    assert _storage(dgrad_dy) != _storage(dy)  # (a copy: dy was not NHWC)
+    assert dgrad_dy.is_contiguous(memory_format=torch.channels_last)
     # ... and the gradients are still right.
     xd = x.detach().double().requires_grad_()
     w = conv.weight.detach().double().requires_grad_()
@@ -57,4 +62,24 @@ def test_an_nhwc_dy_is_read_as_given(monkeypatch):
     dy = torch.randn(1, 16, 5, 4, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     seen = _dy_arguments(monkeypatch)
     conv(x).backward(dy)
-    assert seen["conv2d_gw8_dgrad"] == seen["conv2d_gw8_wgrad"] == [dy.data_ptr()]
+    assert seen["conv2d_gw8_dgrad"][0] is seen["conv2d_gw8_wgrad"][0] is dy
+
+
+def test_a_chunked_backward_lays_out_dy_a_chunk_at_a_time(monkeypatch):
+    """Where activations pass MAX_TENSOR_BYTES the batch runs in chunks: each chunk's kernels read
+    an NHWC copy of that chunk's slice of dy, never a copy of all of it (which would hold the
+    whole dy again in memory through every chunk)."""
+    from spio.functional import _kernels
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    conv = Conv2dGw8(16, 16, 3, padding=1, groups=2).half().to(memory_format=torch.channels_last)
+    x = torch.randn(4, 16, 6, 7, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    image = 16 * 6 * 7 * 2
+    monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", image)  # one image a chunk
+    dy = torch.randn(4, 16, 6, 7, dtype=torch.float16)  # NCHW
+    seen = _dy_arguments(monkeypatch)
+    conv(x).backward(dy)
+    read = seen["conv2d_gw8_dgrad"] + seen["conv2d_gw8_wgrad"]
+    assert len(read) == 8  # 4 chunks, 2 kernels each
+    assert all(t.shape[0] == 1 and t.untyped_storage().nbytes() == image for t in read)
