@@ -191,13 +191,22 @@ def _shared_pool(workers: int, most: int) -> ProcessPoolExecutor:
         return _pool
 
 
-def _discard_pool(pool: ProcessPoolExecutor) -> None:
+def _discard_pool(pool: ProcessPoolExecutor, kill: bool = False) -> None:
     """Stop `pool`'s workers, and forget it if it is the shared one, so that the next round
-    makes a new one (_shared_pool)."""
+    makes a new one (_shared_pool). `kill` (a broken pool) first ends every worker still alive
+    with SIGKILL: the executor ends them with SIGTERM and waits, and NVRTC, while it compiles,
+    handles SIGTERM by calling exit(), which can deadlock on the malloc lock the interrupted
+    compile holds; the executor, and with it this sweep, then waited forever (seen in CI: a
+    worker's stack, in gdb, went malloc -> signal handler -> nvrtc -> exit -> free)."""
     global _pool
     with _pool_lock:
         if _pool is pool:
             _pool = None
+    if kill:
+        processes = getattr(pool, "_processes", None) or {}
+        for process in list(processes.values()):
+            if process.is_alive():
+                process.kill()
     pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -315,7 +324,7 @@ class _Sweep:
                 future.cancel()
             raise
         if broken:
-            _discard_pool(pool)
+            _discard_pool(pool, kill=True)
         return lost
 
     def _run_here(self, todo: deque[int], error: BrokenProcessPool) -> None:

@@ -28,3 +28,30 @@ class MarkJob(CompileJob):
         time.sleep(0.2)
         Path(self.source, self.name).touch()
         return self.name
+
+
+@dataclass(frozen=True)
+class HangOnTermJob(CompileJob):
+    """Handles SIGTERM by waiting forever, as NVRTC's handler can (it calls exit() and may
+    deadlock on a malloc lock the compile it interrupted holds), then works for a while (a
+    compile in progress when its pool breaks)."""
+
+    def run(self):
+        signal.signal(signal.SIGTERM, lambda *args: time.sleep(3600))
+        Path(self.source, "handler-set").touch()  # (`source` is a folder, as for MarkJob)
+        for _ in range(50):  # 5 s; the handler runs between these sleeps
+            time.sleep(0.1)
+        return self.name
+
+
+@dataclass(frozen=True)
+class KillWorkerWhenReadyJob(CompileJob):
+    """KillWorkerJob, once a HangOnTermJob has set its handler (its file in the folder
+    `source`), so that the pool breaks while that job runs with its handler in place."""
+
+    def run(self):
+        for _ in range(300):
+            if Path(self.source, "handler-set").exists():
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)

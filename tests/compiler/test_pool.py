@@ -229,6 +229,31 @@ def test_a_job_that_kills_its_worker_loses_only_itself(cache_dir, pool_jobs):
     assert all(isinstance(result, CompileResult) for result in again), again
 
 
+def test_a_broken_pool_whose_other_worker_hangs_on_sigterm_still_ends(
+    tmp_path, cache_dir, pool_jobs
+):
+    """When a worker dies, the executor ends the others with SIGTERM and waits for them. NVRTC
+    handles SIGTERM while it compiles by calling exit(), which deadlocked in CI on the malloc
+    lock the interrupted compile held: the sweep then waited forever. A worker that hangs on
+    SIGTERM stands in for it; the sweep must end (the broken pool's workers are killed)."""
+    import threading
+
+    from spio.compiler import pool
+
+    folder = str(tmp_path)
+    hang = pool_jobs.HangOnTermJob(folder, "sm_80", name="hang.cu")
+    crash = pool_jobs.KillWorkerWhenReadyJob(folder, "sm_80", name="crash.cu")
+    results = []
+    sweep = threading.Thread(
+        target=lambda: results.extend(compile_many([hang, crash], workers=2, progress=False)),
+        daemon=True,
+    )
+    sweep.start()
+    sweep.join(timeout=90)
+    assert not sweep.is_alive(), "the sweep waited for a worker that hangs on SIGTERM"
+    assert isinstance(results[1], pool.WorkerDiedError), results
+
+
 def test_a_pool_whose_workers_died_is_replaced(pool_jobs, tmp_path, caplog):
     """Workers killed while the pool sits idle (say by Ctrl-C in a terminal, or the OOM killer):
     the next sweep starts a new pool instead of failing, and needs no retry."""
