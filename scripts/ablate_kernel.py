@@ -18,6 +18,8 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
                  the read probe's rows reached 3.3: is it the pipeline or the work beside it?)
     no-sync      no barrier per input row (warps no longer wait for each other)
     l2-256       the real kernel, its input copies asking L2 to prefetch 256 bytes (.L2::256B)
+    stores-cs    FProp/DGrad, their output stored with st.global.cs (evict first): does the output
+                 passing through L2 crowd out the input rows? (run 6: the stores add 12.5 µs)
     stagger      the real kernel, block b starting (b % 16) x 400 ns late: lockstep blocks stop
                  reading the same image rows at the same time
     loads-stagger  loads-only, staggered
@@ -70,6 +72,8 @@ VARIANTS = {
     "loads-only": ("SPIO_ABLATE_MMA", "SPIO_ABLATE_STORES"),
     "no-sync": ("SPIO_ABLATE_SYNC",),
     "l2-256": ("SPIO_L2_PREFETCH=256",),
+    # FProp/DGrad's output stores as st.global.cs (streaming, evict first; correct results).
+    "stores-cs": ("SPIO_STORE_STREAMING",),
     # Not ablations either: blocks start up to 15 x 400 ns apart, so that lockstep blocks stop
     # reading the same rows of their images at once.
     "stagger": ("SPIO_STAGGER_NS=400",),
@@ -109,8 +113,9 @@ def row(pass_: str, name: str, seconds: float, nbytes: int, full: float | None, 
 def variant_applies(name: str, pass_: str, params, config) -> bool:
     """Whether variant `name` can build for this pass and config: FProp and DGrad's `ldg` index
     their register slots by the R-step unroll, so it needs stages - 1 to divide R; `unmasked` and
-    `copy-branch` are WGrad's alone, `unroll-r` and the `pipeline-only` pair FProp and DGrad's."""
-    if name.endswith("pipeline-only") and pass_ not in ("fprop", "dgrad"):
+    `copy-branch` are WGrad's alone, `unroll-r`, `stores-cs` and the `pipeline-only` pair FProp and
+    DGrad's."""
+    if (name.endswith("pipeline-only") or name == "stores-cs") and pass_ not in ("fprop", "dgrad"):
         return False
     if name.startswith("ldg") and pass_ in ("fprop", "dgrad"):
         return params.r % (config.stages - 1) == 0

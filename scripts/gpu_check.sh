@@ -278,8 +278,9 @@ step_ablate() {
     # 1. The classic ablation (the variants that only some lines need come in those lines).
     ablate --layer 64c_64x64_3x3 \
         --variants full no-stores no-mma no-loads skeleton loads-only no-sync
-    # 2. The L2 prefetch hint with spio's configs, next to full timed in the same process.
-    ablate --layer 64c_64x64_3x3 --passes fprop wgrad --repeats 30 --variants full l2-256
+    # 2. The L2 prefetch hint with spio's configs, next to full timed in the same process, and
+    #    FProp's output stored with st.global.cs (evict first: does the output crowd L2?).
+    ablate --layer 64c_64x64_3x3 --passes fprop wgrad --repeats 30 --variants full l2-256 stores-cs
     # FProp tile shapes: the input pipeline (loads-only) by rows in flight, and the L2 prefetch
     # hint (no-stores and skeleton per config are in run 5's record).
     ablate --layer 64c_64x64_3x3 --passes fprop \

@@ -382,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 continue;
             }
 #endif
-            *reinterpret_cast<uint4 *>(out_row + store_dst[j]) = chunk;
+            spio::store_output_16(out_row + store_dst[j], chunk);
         }
     };
 

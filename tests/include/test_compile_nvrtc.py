@@ -53,14 +53,16 @@ _kernel(
     "ablation_kernel",
     r"""
 static_assert(SPIO_ABLATE_LOADS == 0 && SPIO_ABLATE_MMA == 0 && SPIO_ABLATE_STORES == 0 &&
-              SPIO_ABLATE_SYNC == 0 && SPIO_L2_PREFETCH == 0 && SPIO_STAGGER_NS == 0,
+              SPIO_ABLATE_SYNC == 0 && SPIO_L2_PREFETCH == 0 && SPIO_STAGGER_NS == 0 &&
+              SPIO_ABLATE_COMPUTE == 0 && SPIO_STORE_STREAMING == 0,
               "production kernels get every switch off");
-extern "C" __global__ void ablation_kernel(int *out) {
+extern "C" __global__ void ablation_kernel(int *out, uint4 *wide) {
     spio::stagger_start(blockIdx.x);
     out[threadIdx.x] = 1;
+    spio::store_output_16(wide + threadIdx.x, make_uint4(threadIdx.x, 1u, 2u, 3u));
 }
 """,
-    [],
+    [r"st\.global\.v4\.u32"],  # a plain store by default (st.global.cs with the switch)
 )
 
 _kernel(
@@ -350,6 +352,18 @@ def test_all_headers_compile_together(arch: str) -> None:
     result = compile_cubin(source, arch, name="all_headers.cu", use_cache=False)
     for kernel, _, ptx_patterns in KERNELS.values():
         _check(result, kernel, ptx_patterns)
+
+
+def test_streaming_store_switch_emits_st_global_cs() -> None:
+    """SPIO_STORE_STREAMING (the `stores-cs` timing variant) turns store_output_16 into
+    st.global.cs; without it the store is plain (the ablation.h kernel above)."""
+    kernel, source, _ = KERNELS["ablation.h"]
+    source = source.replace("static_assert(", "static_assert(true || ", 1)
+    result = compile_cubin(
+        "#define SPIO_STORE_STREAMING 1\n" + source, "sm_90", name="streaming.cu", use_cache=False
+    )
+    assert re.search(r"st\.global\.cs\.v4\.u32", result.ptx), result.ptx
+    assert not re.search(r"st\.global\.v4\.u32", result.ptx)
 
 
 def test_arch_below_sm80_is_rejected() -> None:

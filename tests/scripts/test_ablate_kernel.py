@@ -170,10 +170,12 @@ def test_wgrad_reductions_time_both_wrappers_on_their_inputs(monkeypatch):
         ("l2-256", "#define SPIO_L2_PREFETCH 256"),
         ("stagger", "#define SPIO_STAGGER_NS 400"),
         ("unroll-r", "#define SPIO_UNROLL_BY_R 1"),
+        ("stores-cs", "#define SPIO_STORE_STREAMING 1"),
     ],
 )
 def test_timing_variants_build_for_every_arch_and_stay_correct(base_kernels, variant, define):
-    """l2-256, stagger and unroll-r are not ablations: the input copies carry the .L2::256B hint,
+    """l2-256, stagger, unroll-r and stores-cs are not ablations (stores-cs: the output goes out
+    with st.global.cs, tested in tests/include): the input copies carry the .L2::256B hint,
     blocks start late (__nanosleep), or the main loop is unrolled by R steps only, and the results
     are unchanged (the emulator ignores the first two; NVRTC must accept them on every arch)."""
     import spio

@@ -19,6 +19,9 @@
 ///                       from what the work beside it costs it
 /// Variants (the results stay right):
 ///   SPIO_L2_PREFETCH    0, 128 or 256: the L2 prefetch hint of the input copies (cp_async_16)
+///   SPIO_STORE_STREAMING  FProp/DGrad write their output chunks with st.global.cs (streaming:
+///                       evict first), not plain stores: do the output's 67 MB, which pass
+///                       through the 60 MB L2, crowd out the input rows being read?
 ///   SPIO_STAGGER_NS     block b first sleeps (b % 16) * SPIO_STAGGER_NS ns (stagger_start), so
 ///                       that blocks streaming the same rows of their images in lockstep drift
 ///                       apart: a test for DRAM channel camping on power-of-2 image strides
@@ -62,6 +65,9 @@
 #ifndef SPIO_STAGGER_NS
 #define SPIO_STAGGER_NS 0
 #endif
+#ifndef SPIO_STORE_STREAMING
+#define SPIO_STORE_STREAMING 0
+#endif
 #ifndef SPIO_LOAD_VIA_REGS
 #define SPIO_LOAD_VIA_REGS 0
 #endif
@@ -83,6 +89,19 @@ SPIO_DEVICE void stagger_start(unsigned block) {
     __nanosleep((block % 16) * SPIO_STAGGER_NS);
 #else
     (void)block;
+#endif
+}
+
+/// Stores the 16 bytes `v` at `dst` in global memory: with SPIO_STORE_STREAMING as st.global.cs
+/// (cache streaming, likely read once: evicted first), by default a plain store.
+SPIO_DEVICE void store_output_16(void *dst, uint4 v) {
+#if SPIO_STORE_STREAMING && defined(__CUDA_ARCH__)
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :
+                 : "l"(__cvta_generic_to_global(dst)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+#else
+    *static_cast<uint4 *>(dst) = v;
 #endif
 }
 
