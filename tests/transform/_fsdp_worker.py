@@ -8,8 +8,8 @@ at its call, on the module object they wrapped. After wrapping, spio.transform m
 layers (whose weights are shards, or plain tensors) alone, and spio.untransform must refuse,
 rather than put modules in that keep the shards. Rank 0 writes, for a model transformed after
 wrapping and one transformed before (with a refused untransform after), the largest difference
-from the same steps without spio and from the other rank, and how many layers are Conv2dGw8 in
-each; then the largest parameter's magnitude.
+from the same steps without spio and from the other rank, how many layers are Conv2dGw8 in each,
+and how many spio kernels its steps launched; then the largest parameter's magnitude.
 """
 
 import sys
@@ -35,11 +35,24 @@ def _model(dtype: torch.dtype) -> nn.Module:
     ).to(dtype)
 
 
-def _train(mode: str, dtype: torch.dtype, rank: int, transform: str) -> tuple[torch.Tensor, int]:
-    """The parameters after STEPS steps, and the number of Conv2dGw8 layers; transform: "",
-    "after" wrapping, or "before" (and an untransform after wrapping, which must refuse)."""
+def _train(
+    mode: str, dtype: torch.dtype, rank: int, transform: str
+) -> tuple[torch.Tensor, int, int]:
+    """The parameters after STEPS steps, the number of Conv2dGw8 layers and of spio kernel
+    launches; transform: "", "after" wrapping, or "before" (and an untransform after wrapping,
+    which must refuse)."""
     import spio
+    from spio.kernels.kernel import Kernel
     from spio.layers import Conv2dGw8
+
+    launches = [0]
+    launch = Kernel.launch
+
+    def counted(self, args, device):
+        launches[0] += 1
+        return launch(self, args, device)
+
+    Kernel.launch = counted
 
     model = _model(dtype)
     if transform == "before":
@@ -72,26 +85,28 @@ def _train(mode: str, dtype: torch.dtype, rank: int, transform: str) -> tuple[to
         optimizer.zero_grad()
         nn.functional.cross_entropy(wrapped(x), target).backward()
         optimizer.step()
+    Kernel.launch = launch
     if mode.startswith("fsdp1"):
         with FullyShardedDataParallel.summon_full_params(wrapped):
-            return torch.cat([p.detach().flatten() for p in model.parameters()]), spio_layers
+            params = torch.cat([p.detach().flatten() for p in model.parameters()])
+            return params, spio_layers, launches[0]
     params = torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()])
-    return params, spio_layers
+    return params, spio_layers, launches[0]
 
 
 def _run(rank: int, init_file: str, result_file: str, mode: str, dtype_name: str) -> None:
     dtype = getattr(torch, dtype_name)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        plain, _ = _train(mode, dtype, rank, transform="")
+        plain, _, _ = _train(mode, dtype, rank, transform="")
         lines = []
         for when in ("after", "before"):
-            params, spio_layers = _train(mode, dtype, rank, transform=when)
+            params, spio_layers, launches = _train(mode, dtype, rank, transform=when)
             gathered = [torch.empty_like(params) for _ in range(WORLD_SIZE)]
             dist.all_gather(gathered, params)
             diff = (params - plain).abs().max().item()
             ranks = (gathered[0] - gathered[1]).abs().max().item()
-            lines.append(f"{when} {diff} {ranks} {spio_layers}\n")
+            lines.append(f"{when} {diff} {ranks} {spio_layers} {launches}\n")
         if rank == 0:
             with open(result_file, "w") as f:
                 f.writelines([*lines, f"{plain.abs().max().item()}\n"])

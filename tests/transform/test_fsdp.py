@@ -54,17 +54,25 @@ def test_fsdp_training_with_transform_before_and_after_wrapping(tmp_path, mode, 
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     *lines, largest = result.read_text().splitlines()
-    # when: difference from training without spio, difference between ranks, Conv2dGw8 layers
+    # when: difference from training without spio, difference between ranks, Conv2dGw8 layers,
+    # spio kernel launches
     rows = {
-        when: (float(diff), float(ranks), int(n)) for when, diff, ranks, n in map(str.split, lines)
+        when: (float(diff), float(ranks), int(n), int(launched))
+        for when, diff, ranks, n, launched in map(str.split, lines)
     }
-    assert rows["after"] == (0.0, 0.0, 0)  # nothing replaced: PyTorch's convolution throughout
-    diff, ranks, layers = rows["before"]
+    assert rows["after"] == (0.0, 0.0, 0, 0)  # nothing replaced: PyTorch's convolution throughout
+    diff, ranks, layers, launched = rows["before"]
     assert ranks == 0.0 and layers == 2
-    if dtype == "float64":
-        assert diff == 0.0
-    else:  # two steps of bf16 rounding differences (kernel against PyTorch), 4 ulps of the largest
-        assert 0.0 < diff <= 4 * torch.finfo(torch.bfloat16).eps * float(largest)
+    if dtype == "float64":  # PyTorch's path (no kernels for float64)
+        assert diff == 0.0 and launched == 0
+    else:
+        # spio's kernels ran, each step FProp and WGrad of both layers and DGrad of the second
+        # (the first's input needs no gradient): 14 launches with WGrad's partial sums. Their
+        # bf16 results may round to the same parameters as PyTorch's or not: that changed with
+        # the CPU PyTorch's own bf16 convolution ran on (equal on 2026-12-04's CI machine, where
+        # this test had asserted a difference); within 4 ulps of the largest either way.
+        assert launched >= 2 * 5, launched
+        assert 0.0 <= diff <= 4 * torch.finfo(torch.bfloat16).eps * float(largest)
 
 
 def _sharded_conv() -> nn.Conv2d:
