@@ -1,6 +1,7 @@
 """The compile pool runs jobs in worker processes and returns results and errors in order."""
 
 import os
+import signal
 import time
 import uuid
 
@@ -414,10 +415,17 @@ def test_ctrl_c_cancels_the_jobs_not_started(pool_jobs, tmp_path, monkeypatch):
             pass
 
     jobs = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"job{i}") for i in range(20)]
-    with monkeypatch.context() as patch:
-        patch.setattr(tqdm, "tqdm", InterruptingBar)
-        with pytest.raises(KeyboardInterrupt):
-            compile_many(jobs, workers=2)
+    # interrupt_main does nothing where SIGINT is ignored, as in a process a non-interactive
+    # shell started in the background (a CI run started with `&` failed here): Python's own
+    # handler for the test's length.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(tqdm, "tqdm", InterruptingBar)
+            with pytest.raises(KeyboardInterrupt):
+                compile_many(jobs, workers=2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     # The next sweep's jobs queue behind whatever the interrupted one left in the pool.
     after = [pool_jobs.MarkJob(str(tmp_path), "sm_80", name=f"after{i}") for i in range(2)]
     assert compile_many(after, workers=2, progress=False) == ["after0", "after1"]
