@@ -59,6 +59,21 @@ def main(argv: list[str] | None = None) -> int:
     steps = max(1, args.calls // 4)
     print(f"{'Conv2dGw8 module, forward + backward':36s} "
           f"{host_us_per_call(train_step, steps, args.repeats)[0]:8.2f}")  # fmt: skip
+    # The parts: the forward recording the graph (no backward), and the kernel wrappers alone
+    # (Layer's fprop, dgrad, wgrad as the backward calls them), to tell their cost from the
+    # module's routing and checks and the autograd Function's Python around them.
+    from spio.functional import _kernels
+
+    layer = _kernels.layer(x, w, b, 1, 1)
+    dtypes = (torch.float16, torch.float16)
+    parts = {
+        "Conv2dGw8 module, forward with grad": lambda: module(xg),
+        "wrapper Layer.fprop": lambda: layer.fprop(x, w, b),
+        "wrapper Layer.dgrad": lambda: layer.dgrad(dy, w),
+        "wrapper Layer.wgrad (with bias)": lambda: layer.wgrad(x, dy, True, dtypes=dtypes),
+    }
+    for name, call in parts.items():
+        print(f"{name:36s} {host_us_per_call(call, steps, args.repeats)[0]:8.2f}")
     return 0
 
 
