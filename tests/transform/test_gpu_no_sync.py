@@ -1,10 +1,12 @@
-"""On a GPU: a training step of a transformed model under autocast, as timm's benchmark runs one
-(fp32 parameters, channels_last or not), makes no call that waits for the GPU. A wait per layer
-would stall the stream at every spio call and cost whole-model throughput that per-pass kernel
-timings never show. PyTorch's sync debug mode raises on every synchronising call it makes (a
-copy to the host, a stream or device synchronise, `.item()`, a data-dependent shape); CUDA
-graph capture (tests/transform/test_cuda_graphs.py) checks the same of fp16 models without
-autocast."""
+"""On a GPU: a training step of a transformed model under autocast, timm's benchmark's own step
+(scripts/timm_benchmark.py; fp32 parameters, channels_last or not), makes no call that waits for
+the GPU. A wait per layer would stall the stream at every spio call and cost whole-model
+throughput that per-pass kernel timings never show. PyTorch's sync debug mode raises on every
+synchronising call it makes (a copy to the host, a stream or device synchronise, `.item()`, a
+data-dependent shape); CUDA graph capture (tests/transform/test_cuda_graphs.py) checks the same
+of fp16 models without autocast."""
+
+import types
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from torch import nn
 
 from spio.layers import Conv2dGw8
 from spio.transform import precompile, transform
+from tests.conftest import load_script
 
 pytestmark = pytest.mark.cuda
 
@@ -40,12 +43,9 @@ def test_gpu_autocast_training_step_never_waits_for_the_gpu(dtype, channels_last
     assert sum(isinstance(m, Conv2dGw8) for m in model.modules()) == 2
     x = torch.randn(8, 32, 20, 18, device="cuda").contiguous(memory_format=fmt)
 
-    def step():
-        with torch.autocast("cuda", dtype=dtype):
-            loss = model(x).float().logsumexp(-1).mean()
-        loss.backward()
-        for p in model.parameters():
-            p.grad = None
+    # timm_benchmark.py's own training step: autocast forward, a loss, backward, grads dropped.
+    args = types.SimpleNamespace(bench="train", amp_dtype=str(dtype).removeprefix("torch."))
+    step = load_script("timm_benchmark")._step_fn(model, args, x)
 
     with torch.autocast("cuda", dtype=dtype):
         precompile(model, x, progress=False)
