@@ -33,6 +33,7 @@ class LoopReport:
     instructions: int
     barriers: int
     counts: Counter  # by opcode: HMMA (mma.sync), LDSM (ldmatrix), LDGSTS (cp.async), ...
+    body: tuple[str, ...] = ()  # the instructions, as nvdisasm writes them (without the ';')
 
     @property
     def per_step(self) -> float:
@@ -72,7 +73,7 @@ def main_loop(sass: str) -> LoopReport | None:
     if best is None:
         return None
     counts = Counter(opcode(i) for i in best)
-    return LoopReport(len(best), counts["BAR"], counts)
+    return LoopReport(len(best), counts["BAR"], counts, tuple(best))
 
 
 def find_nvdisasm() -> str | None:
