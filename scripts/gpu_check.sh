@@ -18,10 +18,11 @@
 #   bench      python -m spio bench --quick --out OUT_DIR/bench
 #   overhead   scripts/bench_launch.py (µs per driver launch) and scripts/bench_op_overhead.py
 #              (µs per custom-op / module call over F.conv2d's)
-#   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma, stores or
-#              barriers switched off, to show where their time goes; then the open experiments
-#              (L2 prefetch, input rows through registers, the small and 1x3 layers); last,
-#              WGrad's atomics against its partial sums on every bench layer (settled in run 6)
+#   ablate     scripts/ablate_kernel.py: the open experiment first (input zeros by stores
+#              against zero-filling copies), then the headline layer's kernels with loads, mma,
+#              stores or barriers switched off, to show where their time goes, the small and 1x3
+#              layers; last, WGrad's atomics against its partial sums on every bench layer
+#              (settled in run 6). Its time limit: GPU_CHECK_ABLATE_SECONDS (default 150)
 #   probe      scripts/read_probe.py: this GPU's read rate through plain loads, cp.async and the
 #              kernels' row-by-row structure, next to torch's sum and copy
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
@@ -57,7 +58,7 @@ STEPS=(
     "check:90"
     "bench:200"
     "overhead:90"
-    "ablate:150"
+    "ablate:${GPU_CHECK_ABLATE_SECONDS:-150}"
     "probe:60"
     "memcheck:120"
     "racecheck:120"
@@ -229,31 +230,27 @@ step_overhead() {
 }
 
 step_ablate() {
-    # Open questions first, settled ones last: run 6 (docs/perf/2026-12-04-h200.md) spent the
-    # step's 150 s on parts that answered their questions and ran out before its last three, the
-    # L2 prefetch experiment among them, never run yet. In order:
-    #   1. the headline layer with spio's choice for every pass, the classic ablation: the
-    #      reference each run compares against (run 6: FProp/DGrad's stores are the gap to a copy,
-    #      WGrad's input pipeline is its bound);
-    #   2. the L2 prefetch hint (l2-256) on the headline layer: FProp and WGrad with spio's configs
-    #      (WGrad too: loads-only 76 of its 85 µs), then FProp's tile shapes from shallow to deep
-    #      pipelines, the input pipeline alone (loads-only) by rows in flight;
-    #   3. input rows through registers (ldg) against cp.async, the strongest lead (FProp's
-    #      ldg-loads-only 25.6 µs against loads-only 40.5): FProp and WGrad (DGrad, which runs
-    #      FProp's loop, was within 2.4 % of FProp on every line of run 6: left out), with FProp's
-    #      input pipeline alone both ways (pipeline-only, ldg-pipeline-only);
-    #   4. the small layers' own ablation (512c 8x8, 368c 7x7) and the no-halo 1x3 layer, both cut
-    #      for time in run 6;
-    #   5. last, what run 6 settled, trimmed: WGrad's two reductions (atomics into a zeroed dw,
-    #      per-warp partial sums and sum_slots) on every bench layer with spio's config alone
-    #      (`full`; partial sums were faster on 8 of 10 layers, 96c 56x56 by 0.4 %: a check on
-    #      the 2 where they were not, and on every layer's WGrad pick).
-    # Dropped, settled by run 6: WGrad's `unmasked` and `copy-branch` on every layer (the careful
-    # steps' cost is known; predicated copies win), FProp's `unroll-r` on every layer (full
-    # faster or level on all 10), the input pipeline on images around 64x64 with `stagger` (no
-    # DRAM camping), several images per block on the small layers (one image a block is fastest)
-    # and WGrad's trial configs on the headline layer (g2_p64_q64_n1_w8_s2_k16 79.5 µs against
-    # the pick's 84.3: now a question for the config space and the perf samples).
+    # Open questions first, settled ones last (each run's record in docs/perf/ says what its
+    # parts settled). In order:
+    #   1. input zeros by shared-memory stores (production since run 7) against zero-filling
+    #      copies (zfill, the code before): run 7 found the cp.async input pipeline alone
+    #      (pipeline-only) reading at ~1.8 TB/s in every FProp config where the read probe's rows
+    #      of the same geometry reach 2.8-3.0, the only difference in their SASS being the
+    #      zero-filling form of the copies; the headline layer with spio's configs (all three
+    #      passes: WGrad's x and dy rows are copied the same way, and its loads-only was 76 of its
+    #      85 µs), then FProp's tile shapes and WGrad's deep-pipeline configs;
+    #   2. the headline layer's classic ablation with spio's choice for every pass: the
+    #      reference each run compares against;
+    #   3. the small layers' own ablation (512c 8x8, 368c 7x7) and the no-halo 1x3 layer;
+    #   4. last, WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and
+    #      sum_slots) on every bench layer with spio's config alone (`full`; partial sums were
+    #      faster on 8 of 10 layers in run 6: a check on every layer's WGrad pick).
+    # Dropped, settled: by run 6, WGrad's `unmasked` and `copy-branch` (the careful steps' cost is
+    # known; predicated copies win), FProp's `unroll-r` (full faster or level on all 10 layers),
+    # `stagger` (no DRAM camping), several images per block on the small layers; by run 7, the L2
+    # prefetch hint (`l2-256`: within 1 % on FProp, 5 % slower on WGrad), streaming stores
+    # (`stores-cs`: 1 % slower), and rows through registers in the full kernel (`ldg`: slower on
+    # 3 of 5 configs, although `ldg-pipeline-only` read at up to 3.1 TB/s).
     # Each line names its variants (every variant on a line would be a compile each, a config).
     # Each part gets the step's time left; a part that would get under 10 s is skipped (timeout 0
     # would mean no limit at all).
@@ -275,36 +272,28 @@ step_ablate() {
             *) rc=$part ;;
         esac
     }
-    # 1. The classic ablation (the variants that only some lines need come in those lines).
+    # 1. Input zeros by stores against zero-filling copies: spio's configs, then FProp's tile
+    #    shapes from shallow to deep pipelines and WGrad's deep-pipeline configs.
+    ablate --layer 64c_64x64_3x3 --repeats 30 --variants full zfill loads-only zfill-loads-only \
+        pipeline-only zfill-pipeline-only
+    ablate --layer 64c_64x64_3x3 --passes fprop --repeats 30 \
+        --variants full zfill pipeline-only zfill-pipeline-only --config \
+        g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q32_w1_s6_k16 g8_p64_q64_w2_s4_k16
+    ablate --layer 64c_64x64_3x3 --passes wgrad --repeats 30 \
+        --variants full zfill loads-only zfill-loads-only \
+        --config g2_p32_q64_n4_w4_s6_k8 g2_p64_q64_n1_w8_s2_k16
+    # 2. The classic ablation (the variants that only some lines need come in those lines).
     ablate --layer 64c_64x64_3x3 \
         --variants full no-stores no-mma no-loads skeleton loads-only no-sync
-    # 2. The L2 prefetch hint with spio's configs, next to full timed in the same process, and
-    #    FProp's output stored with st.global.cs (evict first: does the output crowd L2?).
-    ablate --layer 64c_64x64_3x3 --passes fprop wgrad --repeats 30 --variants full l2-256 stores-cs
-    # FProp tile shapes: the input pipeline (loads-only) by rows in flight, and the L2 prefetch
-    # hint (no-stores and skeleton per config are in run 5's record).
-    ablate --layer 64c_64x64_3x3 --passes fprop \
-        --repeats 30 --variants full loads-only l2-256 --config \
-        g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s8_k16 g8_p64_q32_w1_s6_k16 \
-        g8_p64_q64_w2_s4_k16 g8_p32_q32_w1_s8_k16 g8_p16_q64_w2_s8_k16
-    # 3. Input rows through registers (plain loads) against cp.async, in the full kernel and alone
-    #    (FProp: ldg builds where stages - 1 divide R); FProp's input pipeline without the work
-    #    beside it (pipeline-only: no ldmatrix or output staging, which loads-only keeps), both ways.
-    ablate --layer 64c_64x64_3x3 --passes fprop --repeats 30 \
-        --variants full ldg loads-only ldg-loads-only pipeline-only ldg-pipeline-only \
-        --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 g8_p64_q16_w1_s2_k16
-    ablate --layer 64c_64x64_3x3 --passes wgrad --repeats 30 \
-        --variants full ldg loads-only ldg-loads-only \
-        --config g2_p32_q64_n4_w4_s6_k8 g2_p32_q64_n4_w4_s3_k8
-    # 4. The small layers, whose WGrad loses to cuDNN at both batch sizes (their FProp and DGrad
+    # 3. The small layers, whose WGrad loses to cuDNN at both batch sizes (their FProp and DGrad
     #    beat it since run 6): where their time goes, with spio's choice (the weights' start-up
-    #    is in skeleton and no-loads).
+    #    is in skeleton and no-loads), and their zeros both ways (their tiles are mostly edge).
     ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30 \
-        --variants full no-loads skeleton loads-only
+        --variants full zfill no-loads skeleton loads-only
     # The 1x3 layer (4-row tiles, so no lockstep blocks): the figures run 5 recorded for it.
     ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8 \
         --variants full no-stores skeleton loads-only
-    # 5. WGrad's reductions on every bench layer, spio's config only (`full`; the wrapper times
+    # 4. WGrad's reductions on every bench layer, spio's config only (`full`; the wrapper times
     #    both reductions on each).
     if ((deadline - SECONDS >= 10)); then
         layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
@@ -437,8 +426,10 @@ EOF
         return 124
     fi
     echo "running up to ${#ordered[@]} cuda tests for at most ${limit}s"
-    timeout -s INT -k 10 "$limit" "$PYTHON" -m pytest -q -p no:cacheprovider -m "cuda and not slow" \
-        "${ordered[@]}"
+    # SPIO_TEST_ORDER keeps this order (tests/conftest.py): pytest would otherwise group tests by
+    # their parametrized fixtures' set-ups (run 7 ran 41 cases of one function first).
+    SPIO_TEST_ORDER="$order" timeout -s INT -k 10 "$limit" "$PYTHON" -m pytest -q \
+        -p no:cacheprovider -m "cuda and not slow" "${ordered[@]}"
     local rc=$?
     local summary
     summary=$(grep -E '[0-9]+ (passed|failed|error|skipped)' "$OUT_DIR/tests.log" | tail -1)
