@@ -481,4 +481,4 @@ def test_the_tests_step_order_is_kept_where_pytest_would_group_fixture_set_ups(t
 
     assert collected() == [ids[0], ids[1], ids[3], ids[2]]  # grouped by the fixture's parameter
     assert collected(SPIO_TEST_ORDER=str(order)) == ids
-    assert "SPIO_TEST_ORDER=\"$order\"" in (REPO / "scripts" / "gpu_check.sh").read_text()
+    assert 'SPIO_TEST_ORDER="$order"' in (REPO / "scripts" / "gpu_check.sh").read_text()
