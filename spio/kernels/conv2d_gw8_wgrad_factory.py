@@ -17,7 +17,11 @@ from .conv2d_gw8_factory import (
     MAX_SHARED_BYTES,
     MAX_THREADS,
     Machine,
+    _check_dtype,
+    _check_shapes,
+    check_layer,
     latency_cover,
+    nhwc_operand,
     pad_odd,
     ragged,
     sector_waste,
@@ -423,8 +427,6 @@ def wgrad(
     contributions only the comparison with a reference can show. `validated`: as for fprop."""
     import torch
 
-    from .conv2d_gw8_factory import _check_dtype, _check_shapes, check_layer, nhwc_operand
-
     if not validated:
         _check_dtype(params, x, dy)
         _check_shapes(params, x=x, dy=dy)
@@ -434,12 +436,15 @@ def wgrad(
     dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)
     if kernel.info_value("partials"):
         slots, w_size, c, summing = _partials_plan(kernel, params, dw_dtype, dbias_dtype)
-        dw_part = torch.empty(slots * w_size, dtype=torch.float32, device=device)
-        dbias_part = torch.empty(slots * c, dtype=torch.float32, device=device) if c else None
+        # Both partial-sum buffers in one allocation (dbias's starts 32-byte aligned: w_size is
+        # a multiple of 8): one allocator call fewer on every backward pass.
+        parts = torch.empty(slots * (w_size + c), dtype=torch.float32, device=device)
+        dw_part = parts[: slots * w_size]
+        dbias_part = parts[slots * w_size :] if c else None
         dw = torch.empty(params.weight_shape, dtype=dw_dtype, device=device)
         dbias = torch.empty(params.c, dtype=dbias_dtype, device=device) if c else None
         if poison:
-            for buffer in (dw_part, dbias_part, dw, dbias):
+            for buffer in (parts, dw, dbias):
                 if buffer is not None:
                     buffer.fill_(math.nan)
         kernel.launch([dw_part, dbias_part, nhwc_operand(x), nhwc_operand(dy), params.n], device)
