@@ -172,7 +172,8 @@ def wgrad_kernel(
     variant; where the chosen config's buffer would pass MAX_PARTIAL_BYTES, that of the
     best-ranked config whose buffer fits, or None (PyTorch computes dw) where none does.
     """
-    params = dataclasses.replace(params, has_bias=with_bias)
+    if params.has_bias != with_bias:
+        params = dataclasses.replace(params, has_bias=with_bias)
     atomic = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
     # (params too: a kernel's name leaves out the batch size, its grid and slots do not.)
     key = ("wgrad", params, atomic.name, device, deterministic)
@@ -425,9 +426,9 @@ class Layer:
             return _pytorch_wgrad(input, grad_output, self.params, with_bias)
         if deterministic:
             _log_deterministic_once()
-        params = self.params
-        if params.has_bias != with_bias:
-            params = dataclasses.replace(params, has_bias=with_bias)
+        # The kernel's own layer: this one with has_bias = with_bias (wgrad_kernel chose it for
+        # that), the very object, so wf.wgrad's check of it is an identity test.
+        params = kernel.info_value("params")
         return wf.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes, validated=True)
 
     def wgrad_kernel(self, with_bias: bool, deterministic: bool) -> Kernel | None:
