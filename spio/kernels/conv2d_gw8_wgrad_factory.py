@@ -436,15 +436,12 @@ def wgrad(
     dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)
     if kernel.info_value("partials"):
         slots, w_size, c, summing = _partials_plan(kernel, params, dw_dtype, dbias_dtype)
-        # Both partial-sum buffers in one allocation (dbias's starts 32-byte aligned: w_size is
-        # a multiple of 8): one allocator call fewer on every backward pass.
-        parts = torch.empty(slots * (w_size + c), dtype=torch.float32, device=device)
-        dw_part = parts[: slots * w_size]
-        dbias_part = parts[slots * w_size :] if c else None
+        dw_part = torch.empty(slots * w_size, dtype=torch.float32, device=device)
+        dbias_part = torch.empty(slots * c, dtype=torch.float32, device=device) if c else None
         dw = torch.empty(params.weight_shape, dtype=dw_dtype, device=device)
         dbias = torch.empty(params.c, dtype=dbias_dtype, device=device) if c else None
         if poison:
-            for buffer in (parts, dw, dbias):
+            for buffer in (dw_part, dbias_part, dw, dbias):
                 if buffer is not None:
                     buffer.fill_(math.nan)
         kernel.launch([dw_part, dbias_part, nhwc_operand(x), nhwc_operand(dy), params.n], device)

@@ -427,32 +427,6 @@ def test_one_partials_kernel_sums_into_each_pair_of_gradient_dtypes():
     assert torch.equal(dw16, dw32.half()) and torch.equal(db16, db32.bfloat16())
 
 
-def test_partial_sums_of_dw_and_dbias_share_one_allocation(monkeypatch):
-    """A partials WGrad allocates one buffer for both partial sums (one allocator call fewer on
-    every backward pass): dw's and dbias's slots are disjoint views of it, dbias's 16-byte
-    aligned, each the size the kernel writes; poison fills both."""
-    import torch
-
-    from spio.kernels.kernel import Kernel
-
-    params = Conv2dGw8Params(n=2, c=16, h=7, w=5, padding=1, r=3, s=3, has_bias=True)
-    config = wg.Conv2dGw8WgradConfig(groups=1, block_p=4, block_q=8, warp_q8=1, stages=3)
-    kernel = wg.make_kernel(params, config, partials=True)
-    launched = []
-    monkeypatch.setattr(Kernel, "launch", lambda self, args, device: launched.append(args))
-    x = torch.randn(params.input_shape).half()
-    dy = torch.randn(params.output_shape).half()
-    wg.wgrad(x, dy, params, kernel=kernel, poison=True)
-    dw_part, dbias_part = launched[0][:2]
-    slots = wg.partial_slots(params, config)
-    assert dw_part.numel() == slots * 16 * 8 * 9 and dbias_part.numel() == slots * 16
-    assert dw_part.untyped_storage().data_ptr() == dbias_part.untyped_storage().data_ptr()
-    assert dbias_part.data_ptr() == dw_part.data_ptr() + 4 * dw_part.numel()
-    assert dbias_part.data_ptr() % 16 == 0
-    assert dw_part.isnan().all() and dbias_part.isnan().all()
-    assert launched[1][2] is dw_part and launched[1][3] is dbias_part  # what sum_slots reads
-
-
 def test_sum_slots_builds_for_every_arch():
     from spio.compiler import compile_many
 
