@@ -289,7 +289,11 @@ class Layer:
             dx = self.dgrad(grad_output, weight)
         if need_weight and passes & WGRAD:
             assert input is not None, "callers keep the input for a weight gradient"
-            dw, db = self.wgrad(input, grad_output, with_bias=need_bias, dtypes=dtypes)
+            # dw in the weight's layout: autograd lays a gradient out as its parameter is (in a
+            # channels_last model, a copy kernel and an allocation a layer a step), or adds one
+            # laid out otherwise into .grad more slowly.
+            weights_cl = conv2d_gw8_factory.operand_layout(weight)[0]
+            dw, db = self.wgrad(input, grad_output, need_bias, dtypes, channels_last=weights_cl)
         torch_input = need_input and not passes & DGRAD
         torch_weight = need_weight and not passes & WGRAD
         if torch_input and input is None:  # not kept without a weight gradient: its shape will do
@@ -410,11 +414,13 @@ class Layer:
         grad_output: Tensor,
         with_bias: bool,
         dtypes: tuple[torch.dtype, torch.dtype] | None = None,
+        channels_last: bool = False,
     ):
         """(dw, dbias) from x and dy: dw of shape params.weight_shape; dbias (C,) computed in
         the same pass when `with_bias`, else None; fp32, or `dtypes` (dw's, dbias's) where
         spio's kernels compute them (PyTorch's fallback gives fp32: callers cast what is not
-        their dtype).
+        their dtype). dw is contiguous, or with `channels_last` (a channels_last weight's)
+        laid out channels_last where spio's kernels compute it.
 
         The kernel is wgrad_kernel's choice: per-warp partial sums then a sum (the same bits on
         every run), or, for layers whose partial sums would pass PARTIAL_BYTES, fp32 atomics
@@ -429,7 +435,10 @@ class Layer:
         # The kernel's own layer: this one with has_bias = with_bias (wgrad_kernel chose it for
         # that), the very object, so wf.wgrad's check of it is an identity test.
         params = kernel.info_value("params")
-        return wf.wgrad(input, grad_output, params, kernel=kernel, dtypes=dtypes, validated=True)
+        return wf.wgrad(
+            input, grad_output, params, kernel=kernel, dtypes=dtypes, validated=True,
+            channels_last=channels_last,
+        )  # fmt: skip
 
     def wgrad_kernel(self, with_bias: bool, deterministic: bool) -> Kernel | None:
         """wgrad_kernel's choice for this layer (None: PyTorch computes dw)."""
@@ -530,10 +539,12 @@ class _ChunkedLayer(Layer):
             )
         return out
 
-    def wgrad(self, input, grad_output, with_bias, dtypes=None):
+    def wgrad(self, input, grad_output, with_bias, dtypes=None, channels_last=False):
         dw = db = None
         for start, stop, chunk in self._chunks:
-            part_w, part_b = chunk.wgrad(input[start:stop], grad_output[start:stop], with_bias)
+            part_w, part_b = chunk.wgrad(
+                input[start:stop], grad_output[start:stop], with_bias, channels_last=channels_last
+            )
             dw = part_w if dw is None else dw.add_(part_w)
             if with_bias:
                 db = part_b if db is None else db.add_(part_b)

@@ -415,10 +415,13 @@ def wgrad(
     dtypes: tuple | None = None,
     poison: bool = False,
     validated: bool = False,
+    channels_last: bool = False,
 ):
     """(dw, dbias) of conv2d_gw8 with the WGrad kernel: dw (C, 8, R, S); dbias (C,) when
     params.has_bias, else None; both fp32 or, with `dtypes` = (dw dtype, dbias dtype) as torch
-    dtypes, rounded once to those. x and dy (N, C, ., .) in any memory layout.
+    dtypes, rounded once to those. x and dy (N, C, ., .) in any memory layout. dw is contiguous,
+    or with `channels_last` in torch.channels_last (a channels_last weight's layout: autograd
+    then keeps it as the weight's gradient without laying it out again).
 
     A `partials` kernel (make_kernel(..., partials=True)) writes per-warp sums into one buffer,
     which sum_slots then sums in a fixed order: the result is the same on every run.
@@ -438,19 +441,23 @@ def wgrad(
         slots, w_size, c, summing = _partials_plan(kernel, params, dw_dtype, dbias_dtype)
         dw_part = torch.empty(slots * w_size, dtype=torch.float32, device=device)
         dbias_part = torch.empty(slots * c, dtype=torch.float32, device=device) if c else None
-        dw = torch.empty(params.weight_shape, dtype=dw_dtype, device=device)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        dw = torch.empty(params.weight_shape, dtype=dw_dtype, device=device, memory_format=layout)
         dbias = torch.empty(params.c, dtype=dbias_dtype, device=device) if c else None
         if poison:
             for buffer in (dw_part, dbias_part, dw, dbias):
                 if buffer is not None:
                     buffer.fill_(math.nan)
         kernel.launch([dw_part, dbias_part, nhwc_operand(x), nhwc_operand(dy), params.n], device)
-        summing.launch([dw, dbias, dw_part, dbias_part, slots, w_size, c], device)
+        taps_cl = params.r * params.s if channels_last else 0
+        summing.launch([dw, dbias, dw_part, dbias_part, slots, w_size, c, taps_cl], device)
         return dw, dbias
     dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
     dbias = torch.zeros(params.c, dtype=torch.float32, device=device) if params.has_bias else None
     kernel.launch([dw, dbias, nhwc_operand(x), nhwc_operand(dy), params.n], device)
-    if dw_dtype != torch.float32:
+    if channels_last:  # one copy for the dtype and the layout
+        dw = dw.to(dw_dtype, memory_format=torch.channels_last)
+    elif dw_dtype != torch.float32:
         dw = dw.to(dw_dtype)
     if dbias is not None and dbias_dtype != torch.float32:
         dbias = dbias.to(dbias_dtype)

@@ -22,7 +22,7 @@ def test_wgrad_launches_with_its_kernels_own_layer(monkeypatch, has_bias, with_b
     layer = _kernels.layer(x, w, b, 1, 1)
     seen = []
 
-    def spy(x, dy, params, kernel, dtypes=None, validated=False):
+    def spy(x, dy, params, kernel, dtypes=None, validated=False, channels_last=False):
         seen.append((params, kernel))
         return None, None
 
@@ -35,3 +35,45 @@ def test_wgrad_launches_with_its_kernels_own_layer(monkeypatch, has_bias, with_b
         assert params.has_bias == with_bias
         assert params == dataclasses.replace(layer.params, has_bias=with_bias)
     assert seen[0][0] is seen[1][0]
+
+
+@pytest.mark.parametrize("path", ["partials", "atomics"])
+def test_weight_gradient_comes_in_the_weights_layout(monkeypatch, path):
+    """In a channels_last model the weight is channels_last, and autograd lays a gradient out as
+    its parameter is: spio's WGrad hands dw over channels_last (sum_slots writes it so; the
+    atomics path casts and lays out in one copy), so that the step makes no copy of it, which
+    the H200 profile of regnetx_002 showed as an fp16 copy kernel a layer a step (run 7). The
+    values are those of a contiguous weight's gradient, and autograd keeps the very tensor as
+    .grad (emulated, both WGrad reductions)."""
+    from spio.functional.eager import conv2d_gw8_eager
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr(_kernels, "_layers", {})
+    monkeypatch.setattr(_kernels, "_chosen", {})
+    if path == "atomics":
+        monkeypatch.setattr(wf, "PARTIAL_BYTES", 16)
+    handed = []
+    real = wf.wgrad
+
+    def spy(*args, **kwargs):
+        dw, db = real(*args, **kwargs)
+        handed.append((kwargs["kernel"].name, dw.data_ptr()))  # (a reference would keep
+        return dw, db  # autograd from taking dw as .grad: it takes a gradient nothing else holds)
+
+    monkeypatch.setattr(wf, "wgrad", spy)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 6, 7, generator=gen).half().to(memory_format=torch.channels_last)
+    dy = torch.randn(2, 16, 6, 7, generator=gen).half().to(memory_format=torch.channels_last)
+    w = torch.randn(16, 8, 3, 3, generator=gen).half()
+    grads = {}
+    for layout in (torch.contiguous_format, torch.channels_last):
+        leaf = w.clone(memory_format=layout).requires_grad_()
+        conv2d_gw8_eager(x, leaf, None, 1, 1).backward(dy)
+        assert leaf.grad.stride() == leaf.stride(), layout
+        grads[layout] = leaf.grad
+    (name, _), (_, handed_cl) = handed
+    assert name.endswith("__partials") == (path == "partials")
+    assert grads[torch.channels_last].data_ptr() == handed_cl  # kept, not copied
+    assert not grads[torch.contiguous_format].is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(grads[torch.channels_last], grads[torch.contiguous_format])
+    assert grads[torch.channels_last].abs().sum() > 0

@@ -383,9 +383,11 @@ def _in_order_sum(parts):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("dw_dtype,dbias_dtype", [("fp32", "fp32"), ("fp16", "fp32"),
                                                   ("bf16", "bf16")])  # fmt: skip
-def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype):
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype, channels_last):
     """sum_slots: every dw and dbias element is the in-order fp32 sum of its slots, rounded once
-    to the gradient's dtype; dw's columns and dbias's come from their own buffers."""
+    to the gradient's dtype; dw's columns and dbias's come from their own buffers. With taps_cl
+    = R * S it writes dw in channels_last order, each element where channels_last puts it."""
     import torch
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -394,12 +396,16 @@ def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype):
     gen = torch.Generator().manual_seed(0)
     dw_parts = torch.randn(slots, w_size, generator=gen).to(device)
     db_parts = (torch.randn(slots, 40, generator=gen) * 100).to(device)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
     dw = torch.full((40, 8, 3, 2), float("nan"), dtype=dtypes[dw_dtype], device=device)
+    dw = dw.contiguous(memory_format=layout)
     db = torch.full((40,), float("nan"), dtype=dtypes[dbias_dtype], device=device)
     kernel = wg.sum_kernel(params, dw_dtype, dbias_dtype)
     assert kernel.grid[0] * kernel.block[0] >= w_size + 40
-    kernel.launch([dw, db, dw_parts, db_parts, slots, w_size, 40], torch.device(device))
+    taps_cl = 3 * 2 if channels_last else 0
+    kernel.launch([dw, db, dw_parts, db_parts, slots, w_size, 40, taps_cl], torch.device(device))
     want_dw = _in_order_sum(dw_parts).to(dtypes[dw_dtype]).reshape(dw.shape)
+    assert dw.is_contiguous(memory_format=layout)
     assert torch.equal(dw, want_dw)
     assert torch.equal(db, _in_order_sum(db_parts).to(dtypes[dbias_dtype]))
     assert wg.sum_kernel(params, dw_dtype, dbias_dtype) is kernel  # built once
