@@ -35,10 +35,6 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
                  stages gains (the same kernel where that unroll would be too long)
     copy-branch  WGrad with its row copies under branches, as before they were predicated and
                  the last steps copied zeros (right results): what the two changes gain
-    zfill        the real kernel with its input elements outside the tensor zeroed by
-                 zero-filling copies, as before run 7, not by shared-memory stores (right
-                 results): every copy of a row is then the zero-filling form of cp.async
-    zfill-pipeline-only, zfill-loads-only  pipeline-only and loads-only, the same way
 
 --config also takes a family's trial configs (WGrad's with 8 column runs a warp): correct in the
 emulator, outside the space spio picks from until a GPU has timed them.
@@ -97,11 +93,6 @@ VARIANTS = {
     # WGrad's row copies skipped by branches, as before they were predicated and the last steps
     # copied zeros.
     "copy-branch": ("SPIO_COPY_UNDER_BRANCH",),
-    # Input zeros by zero-filling copies (src-size 0), as before run 7 (correct results): the
-    # row copies are then all the zero-filling form of the instruction.
-    "zfill": ("SPIO_ZERO_BY_COPY",),
-    "zfill-pipeline-only": ("SPIO_ZERO_BY_COPY", "SPIO_ABLATE_COMPUTE"),
-    "zfill-loads-only": ("SPIO_ZERO_BY_COPY", "SPIO_ABLATE_MMA", "SPIO_ABLATE_STORES"),
 }
 
 
@@ -115,7 +106,7 @@ def row(pass_: str, name: str, seconds: float, nbytes: int, full: float | None, 
     """One line of the table: `nbytes` are the pass's, whatever the variant moved."""
     ratio = f"{seconds / full:8.2f}" if full else " " * 8
     return (
-        f"{pass_:6s} {name:19s} {seconds * 1e6:6.1f} {nbytes / seconds / 1e9:9.0f} {ratio}  {note}"
+        f"{pass_:6s} {name:14s} {seconds * 1e6:6.1f} {nbytes / seconds / 1e9:9.0f} {ratio}  {note}"
     )
 
 

@@ -18,11 +18,11 @@
 #   bench      python -m spio bench --quick --out OUT_DIR/bench
 #   overhead   scripts/bench_launch.py (µs per driver launch) and scripts/bench_op_overhead.py
 #              (µs per custom-op / module call over F.conv2d's)
-#   ablate     scripts/ablate_kernel.py: the open experiment first (input zeros by stores
-#              against zero-filling copies), then the headline layer's kernels with loads, mma,
-#              stores or barriers switched off, to show where their time goes, the small and 1x3
-#              layers; last, WGrad's atomics against its partial sums on every bench layer
-#              (settled in run 6). Its time limit: GPU_CHECK_ABLATE_SECONDS (default 150)
+#   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma, stores or
+#              barriers switched off, to show where their time goes (and FProp's input pipeline
+#              alone), the small and 1x3 layers; last, WGrad's atomics against its partial sums
+#              on every bench layer (settled in run 6). Its time limit: GPU_CHECK_ABLATE_SECONDS
+#              (default 150)
 #   probe      scripts/read_probe.py: this GPU's read rate through plain loads, cp.async and the
 #              kernels' row-by-row structure, next to torch's sum and copy
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
@@ -232,30 +232,22 @@ step_overhead() {
 step_ablate() {
     # Open questions first, settled ones last (each run's record in docs/perf/ says what its
     # parts settled). In order:
-    #   1. input zeros by shared-memory stores (production since run 7) against zero-filling
-    #      copies (zfill, the code before): run 7 found the cp.async input pipeline alone
-    #      (pipeline-only) reading at ~1.8 TB/s in every FProp config where the read probe's rows
-    #      of the same geometry reach 2.8-3.0, the only difference in their SASS being the
-    #      zero-filling form of the copies; the headline layer with spio's configs (all three
-    #      passes: WGrad's x and dy rows are copied the same way, and its loads-only was 76 of its
-    #      85 µs), then FProp's tile shapes and WGrad's deep-pipeline configs;
-    #   2. the headline layer's classic ablation with spio's choice for every pass: the
-    #      reference each run compares against;
-    #   3. the small layers' own ablation (512c 8x8, 368c 7x7) and the no-halo 1x3 layer;
-    #   4. last, WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and
+    #   1. the headline layer's classic ablation with spio's choice for every pass, the reference
+    #      each run compares against, with FProp/DGrad's input pipeline alone (pipeline-only:
+    #      run 7 and 8 read at ~1.7 TB/s where the read probe's rows of its geometry reach 2.8;
+    #      the probe step's kernel-pattern probes look for the difference);
+    #   2. the small layers' own ablation (512c 8x8, 368c 7x7) and the no-halo 1x3 layer;
+    #   3. last, WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and
     #      sum_slots) on every bench layer with spio's config alone (`full`; partial sums were
-    #      faster on 8 of 10 layers in run 6: a check on every layer's WGrad pick).
+    #      faster on 8 of 10 layers in runs 6 and 7: a check on every layer's WGrad pick).
     # Dropped, settled: by run 6, WGrad's `unmasked` and `copy-branch` (the careful steps' cost is
     # known; predicated copies win), FProp's `unroll-r` (full faster or level on all 10 layers),
     # `stagger` (no DRAM camping), several images per block on the small layers; by run 7, the L2
     # prefetch hint (`l2-256`: within 1 % on FProp, 5 % slower on WGrad), streaming stores
     # (`stores-cs`: 1 % slower), and rows through registers in the full kernel (`ldg`: slower on
-    # 3 of 5 configs, although `ldg-pipeline-only` read at up to 3.1 TB/s).
-    # Each line names its variants (every variant on a line would be a compile each, a config).
-    # Each part gets the step's time left; a part that would get under 10 s is skipped (timeout 0
-    # would mean no limit at all).
-    # A part that fails sets rc; one that times out, or is skipped for want of time, makes the
-    # step a TIMEOUT unless another part failed.
+    # 3 of 5 configs, although `ldg-pipeline-only` read at up to 3.0 TB/s); by run 8, input
+    # zeros by shared-memory stores instead of zero-filling copies (FProp/DGrad level, WGrad
+    # 4-8 % slower on most configs: reverted).
     local deadline=$((SECONDS + $1 - 10)) rc=0 out_of_time=0 layers
     ablate() {
         local left=$((deadline - SECONDS)) part
@@ -272,28 +264,18 @@ step_ablate() {
             *) rc=$part ;;
         esac
     }
-    # 1. Input zeros by stores against zero-filling copies: spio's configs, then FProp's tile
-    #    shapes from shallow to deep pipelines and WGrad's deep-pipeline configs.
-    ablate --layer 64c_64x64_3x3 --repeats 30 --variants full zfill loads-only zfill-loads-only \
-        pipeline-only zfill-pipeline-only
-    ablate --layer 64c_64x64_3x3 --passes fprop --repeats 30 \
-        --variants full zfill pipeline-only zfill-pipeline-only --config \
-        g8_p64_q16_w1_s2_k16 g8_p64_q16_w1_s4_k16 g8_p64_q32_w1_s6_k16 g8_p64_q64_w2_s4_k16
-    ablate --layer 64c_64x64_3x3 --passes wgrad --repeats 30 \
-        --variants full zfill loads-only zfill-loads-only \
-        --config g2_p32_q64_n4_w4_s6_k8 g2_p64_q64_n1_w8_s2_k16
-    # 2. The classic ablation (the variants that only some lines need come in those lines).
+    # 1. The classic ablation, with the input pipeline alone (FProp/DGrad).
     ablate --layer 64c_64x64_3x3 \
-        --variants full no-stores no-mma no-loads skeleton loads-only no-sync
-    # 3. The small layers, whose WGrad loses to cuDNN at both batch sizes (their FProp and DGrad
+        --variants full no-stores no-mma no-loads skeleton loads-only pipeline-only no-sync
+    # 2. The small layers, whose WGrad loses to cuDNN at both batch sizes (their FProp and DGrad
     #    beat it since run 6): where their time goes, with spio's choice (the weights' start-up
-    #    is in skeleton and no-loads), and their zeros both ways (their tiles are mostly edge).
+    #    is in skeleton and no-loads).
     ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30 \
-        --variants full zfill no-loads skeleton loads-only
+        --variants full no-loads skeleton loads-only
     # The 1x3 layer (4-row tiles, so no lockstep blocks): the figures run 5 recorded for it.
     ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8 \
         --variants full no-stores skeleton loads-only
-    # 4. WGrad's reductions on every bench layer, spio's config only (`full`; the wrapper times
+    # 3. WGrad's reductions on every bench layer, spio's config only (`full`; the wrapper times
     #    both reductions on each).
     if ((deadline - SECONDS >= 10)); then
         layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \

@@ -33,7 +33,6 @@ class LoopReport:
     instructions: int
     barriers: int
     counts: Counter  # by opcode: HMMA (mma.sync), LDSM (ldmatrix), LDGSTS (cp.async), ...
-    body: tuple[str, ...] = ()  # the instructions, as nvdisasm writes them (without the ';')
 
     @property
     def per_step(self) -> float:
@@ -73,7 +72,7 @@ def main_loop(sass: str) -> LoopReport | None:
     if best is None:
         return None
     counts = Counter(opcode(i) for i in best)
-    return LoopReport(len(best), counts["BAR"], counts, tuple(best))
+    return LoopReport(len(best), counts["BAR"], counts)
 
 
 def find_nvdisasm() -> str | None:

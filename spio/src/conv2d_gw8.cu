@@ -7,7 +7,7 @@
 ///   DGrad: In = dy, Out = dx, Tap(g, r, s)[k][c] = w[8g + c, k, R-1-r, S-1-s], PAD = R-1-padding (may
 ///          be negative); the same kernel with the taps flipped and each 8x8 tap transposed, which
 ///          ldmatrix .trans does for free.
-/// Inputs whose indices fall outside In are zero (stored as zeros, not copied); w is read as the caller holds
+/// Inputs whose indices fall outside In are zero (cp.async zero-fill); w is read as the caller holds
 /// it, PyTorch's [K, 8, R, S] or its channels_last [K, R, S, 8] (see the launch contract).
 ///
 /// Tiling: a block owns Block::n consecutive images, Block::c8 groups, Block::y output rows and
@@ -208,9 +208,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const auto load_input_row = [&](int stage, StreamRow pos) {
         const RowSource source = row_source(pos);
         if (!SPIO_ABLATE_LOADS) {
-            spio::cp_async_row_16<SPIO_L2_PREFETCH, false, SPIO_ZERO_BY_COPY>(
-                smem_input.stage(stage).get(), load_dst, load_col, source.image, source.offset,
-                source.inside, in);
+            spio::cp_async_row_16<SPIO_L2_PREFETCH>(smem_input.stage(stage).get(), load_dst,
+                                                    load_col, source.image, source.offset,
+                                                    source.inside, in);
         }
     };
 #if SPIO_LOAD_VIA_REGS

@@ -170,14 +170,14 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         // not a branch): fewer instructions a step here (spio/thread/async_copy.h).
         constexpr bool kPredicated = !SPIO_COPY_UNDER_BRANCH;
         if (!SPIO_ABLATE_LOADS) {
-            spio::cp_async_row_16<SPIO_L2_PREFETCH, kPredicated, SPIO_ZERO_BY_COPY>(
+            spio::cp_async_row_16<SPIO_L2_PREFETCH, kPredicated>(
                 smem_x.stage(t % STAGES).get(), x_dst, x_col, x,
                 n * Input::stride_n + y * Input::stride_y, x_row_inside, x);
         }
         const int p = block_y + i;
         const bool dy_row_inside = image_inside && i < Block::y && p < DOutput::Y;
         if (!SPIO_ABLATE_LOADS) {
-            spio::cp_async_row_16<SPIO_L2_PREFETCH, kPredicated, SPIO_ZERO_BY_COPY>(
+            spio::cp_async_row_16<SPIO_L2_PREFETCH, kPredicated>(
                 smem_dy.slot(t % SLOTS).get(), dy_dst, dy_col, dy,
                 n * DOutput::stride_n + p * DOutput::stride_y, dy_row_inside, dy);
         }

@@ -293,7 +293,7 @@ def test_ablate_fails_when_the_bench_layers_cannot_be_listed(stand_ins, tmp_path
     log = (out_dir / "ablate.log").read_text()
     assert "listing the bench layers failed" in log
     # The other lines, before it, still ran.
-    assert log.count("ablate_kernel.py") >= 6, log
+    assert log.count("ablate_kernel.py") >= 3, log
 
 
 @pytest.mark.parametrize("seed", sorted(REPO.glob("docs/perf/**/perf_samples.csv")),

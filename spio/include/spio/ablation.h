@@ -36,10 +36,6 @@
 ///   SPIO_UNROLL_BY_R    FProp/DGrad's main loop is unrolled by R steps only, as before the
 ///                       unroll to a multiple of the stages (each step then divides its row for
 ///                       its stage and output buffer): for timing what the longer unroll gains
-///   SPIO_ZERO_BY_COPY   input-row elements outside the tensor are zeroed by zero-filling
-///                       cp.async copies (src-size 0), as before run 7, not by shared-memory
-///                       stores: the zero-filling form of the instruction then carries every
-///                       copy of a row (spio/thread/async_copy.h, cp_async_row_16)
 ///   SPIO_COPY_UNDER_BRANCH  WGrad's row copies the older way: a copy that a thread has no
 ///                       element for is skipped by a branch around it, not by its predicate
 ///                       (spio/thread/async_copy.h), and the steps past the last skip their
@@ -71,9 +67,6 @@
 #endif
 #ifndef SPIO_STORE_STREAMING
 #define SPIO_STORE_STREAMING 0
-#endif
-#ifndef SPIO_ZERO_BY_COPY
-#define SPIO_ZERO_BY_COPY 0
 #endif
 #ifndef SPIO_LOAD_VIA_REGS
 #define SPIO_LOAD_VIA_REGS 0

@@ -116,22 +116,15 @@ SPIO_DEVICE void plan_row_16(int (&slot)[N], int (&col)[N], int thread, Locate l
 /// Copies one row of 16-byte elements into shared memory with cp_async_16, following a per-thread
 /// plan worked out once (plan_row_16): this thread's element j goes to slot + dst[j] (dst[j] < 0:
 /// the thread has no element j) from base + row_offset + col[j] (col[j] < 0, or !row_inside:
-/// zero). No commit. L2_PREFETCH as for cp_async_16.
-/// Zeros are written by the thread itself (a 16-byte shared-memory store, at once: its slot is
-/// free when the copy would have been issued, and the barrier that publishes the copies publishes
-/// it too), so every copy is a plain 16-byte cp.async. ZERO_BY_COPY zeroes them the older way, by
-/// a zero-filling copy that reads nothing from `fallback` (src-size 0): on sm_90 that makes every
-/// copy of the row the zero-filling form of the instruction (LDGSTS with an ignore-source
-/// predicate), which the H200 was measured to read with at about 1.8 TB/s against 2.8 for plain
-/// copies in the same geometry (docs/perf/2026-12-04-h200.md, run 7); kept for timing.
+/// zero-filled, reading nothing; `fallback` is then the in-bounds address the instruction is
+/// given). No commit. L2_PREFETCH as for cp_async_16.
 /// PREDICATED: a missing element j skips its copy through the instruction's predicate
 /// (cp_async_16_if) rather than a branch around it. The branch keeps a loop from reusing the
 /// copy's shared-memory address work across steps (ptxas redoes it under the branch each time);
 /// the predicate lets it, for a few more registers. Which is faster depends on the kernel: the
 /// WGrad kernel takes the predicate (150 -> 132 instructions a step on its 64c 64x64 config, NVRTC
 /// 12.9, sm_90); FProp's loop came out longer on some configs.
-template <int L2_PREFETCH = 0, bool PREDICATED = false, bool ZERO_BY_COPY = false, int N,
-          typename T>
+template <int L2_PREFETCH = 0, bool PREDICATED = false, int N, typename T>
 SPIO_DEVICE void cp_async_row_16(T *slot, const int (&dst)[N], const int (&col)[N],
                                  const T *base, int row_offset, bool row_inside,
                                  const T *fallback) {
@@ -140,21 +133,11 @@ SPIO_DEVICE void cp_async_row_16(T *slot, const int (&dst)[N], const int (&col)[
         const bool has = dst[j] >= 0;
         if (PREDICATED || has) {
             const bool inside = row_inside && col[j] >= 0;
-            if constexpr (ZERO_BY_COPY) {
-                const T *src = inside ? base + (row_offset + col[j]) : fallback;
-                if constexpr (PREDICATED) {
-                    cp_async_16_if<L2_PREFETCH>(has, slot + (has ? dst[j] : 0), src,
-                                                inside ? 16 : 0);
-                } else {
-                    cp_async_16<L2_PREFETCH>(slot + dst[j], src, inside ? 16 : 0);
-                }
+            const T *src = inside ? base + (row_offset + col[j]) : fallback;
+            if constexpr (PREDICATED) {
+                cp_async_16_if<L2_PREFETCH>(has, slot + (has ? dst[j] : 0), src, inside ? 16 : 0);
             } else {
-                // (The source address outside the tensor is never read: the copy is off.)
-                T *to = slot + (PREDICATED && !has ? 0 : dst[j]);
-                cp_async_16_if<L2_PREFETCH>(has && inside, to, base + (row_offset + col[j]), 16);
-                if (has && !inside) {
-                    *reinterpret_cast<uint4 *>(to) = make_uint4(0u, 0u, 0u, 0u);
-                }
+                cp_async_16<L2_PREFETCH>(slot + dst[j], src, inside ? 16 : 0);
             }
         }
     }
