@@ -53,6 +53,12 @@ def probes(total: int, sms: int, arch: str) -> list:
     for depth in (4, 8):
         found.append(Probe("rows", total // region, 512, depth, region, region, row_bytes=row))
     found.append(Probe("rows", total // region, 288, 4, region, region, row_bytes=row))
+    # The same rows, and the kernel's own 8 KB rows, landing in shared memory as the kernels
+    # stage them (each group's pixels together, a run padded to odd): runs 7 and 8 read at
+    # 1.7 TB/s in the kernels' input pipeline alone where these rows in order reach 2.8 (and
+    # whether the copies land in order is the one difference left between the two).
+    for size, blocks in ((row, total // region), (8192, images)):
+        found.append(Probe("rows", blocks, 512, 4, 64 * size, 64 * size, size, groups=8))
     if int(arch.removeprefix("sm_")) >= 90:
         for depth in (2, 4, 8):
             found.append(Probe("bulk", images, 128, depth, image, image, row_bytes=8192))

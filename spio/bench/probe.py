@@ -21,7 +21,10 @@ ROW_MODES = ("rows", "bulk")
 class Probe:
     """One probe launch: `blocks` blocks of `threads` threads; block b reads `region_bytes` bytes
     at byte offset b * `region_stride` of the input with `mode`, keeping `depth` loads (ldg),
-    copies (cp.async) or rows (rows and bulk, of `row_bytes`) in flight. Mode bulk needs sm_90."""
+    copies (cp.async) or rows (rows and bulk, of `row_bytes`) in flight. Mode bulk needs sm_90.
+    `groups` (mode rows): a row's 16-byte chunks land in shared memory as the convolutions stage
+    an input row, chunk c (pixel c // groups, channel group c % groups) at (c % groups) * pitch
+    + c // groups, the pitch the row's pixels rounded up to odd; 0 keeps them in order."""
 
     mode: str
     blocks: int
@@ -30,6 +33,7 @@ class Probe:
     region_bytes: int
     region_stride: int
     row_bytes: int = 0
+    groups: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -53,6 +57,12 @@ class Probe:
                 f"Probe mode {self.mode} needs row_bytes a multiple of 16 dividing region_bytes "
                 f"{self.region_bytes}, got {self.row_bytes}"
             )
+        misfit = self.groups < 0 or self.mode != "rows" or self.row_chunks % self.groups
+        if self.groups and misfit:
+            raise ValueError(
+                f"Probe groups need mode rows and a row of 16-byte chunks that they divide, got "
+                f"{self.groups} groups, mode {self.mode}, {self.row_chunks} chunks a row"
+            )
         if self.mode == "bulk" and self.row_bytes >= 1 << 20:
             raise ValueError(f"Probe mode bulk needs rows under 1 MiB, got {self.row_bytes} bytes")
         if self.span_bytes >= 2**31:
@@ -68,17 +78,31 @@ class Probe:
         return self.blocks * self.region_bytes
 
     @property
+    def row_chunks(self) -> int:
+        return self.row_bytes // 16
+
+    @property
+    def stage_chunks(self) -> int:
+        """16-byte chunks of one row buffer (mode rows): the row's, or with groups the groups'
+        pixel runs, each padded to an odd length."""
+        if not self.groups:
+            return self.row_chunks
+        pixels = self.row_chunks // self.groups
+        return self.groups * (pixels | 1)
+
+    @property
     def shared_mem_bytes(self) -> int:
         if self.mode == "cp.async":
             return self.depth * self.threads * 16
         if self.mode == "rows":
-            return self.depth * self.row_bytes
+            return self.depth * self.stage_chunks * 16
         if self.mode == "bulk":
             return self.depth * (self.row_bytes + 8)  # the buffers, then one mbarrier each
         return 0
 
     def label(self) -> str:
         row = f" rows of {self.row_bytes} B" if self.mode in ROW_MODES else ""
+        row += f" as {self.groups} groups" if self.groups else ""
         return (
             f"{self.mode:8s} depth {self.depth}{row}, {self.blocks} blocks x {self.threads}, "
             f"{self.region_bytes >> 10} KiB each every {self.region_stride >> 10} KiB"
@@ -125,6 +149,7 @@ def _kernel(probe: Probe) -> Kernel:
                     "region_bytes": probe.region_bytes,
                     "region_stride": probe.region_stride,
                     "row_bytes": max(probe.row_bytes, 16),
+                    "groups": probe.groups,
                 },
             ),
         ]
@@ -132,6 +157,7 @@ def _kernel(probe: Probe) -> Kernel:
     name = (
         f"read_probe__{probe.mode.replace('.', '')}_b{probe.blocks}_t{probe.threads}"
         f"_d{probe.depth}_r{probe.region_bytes}_s{probe.region_stride}_w{probe.row_bytes}"
+        + (f"_g{probe.groups}" if probe.groups else "")
     )
     return Kernel(
         name=name,

@@ -11,7 +11,10 @@
 ///                for its own copies: no barriers;
 ///   2 (rows)     the block streams the region in rows of Probe::row_bytes through a ring of
 ///                Probe::depth row buffers, one cp.async group, wait and __syncthreads per row,
-///                as the convolution kernels stream input rows;
+///                as the convolution kernels stream input rows; with Probe::groups > 0 each row's
+///                chunks land grouped as the convolutions stage them (chunk c, pixel c / groups
+///                of channel group c % groups, at (c % groups) * pitch + c / groups, the pitch
+///                the row's pixels rounded up to odd), not in order;
 ///   3 (bulk)     the same rows, each copied by thread 0 with one bulk copy (cp.async.bulk, the
 ///                copy engine of Hopper's TMA) and waited for on the row buffer's mbarrier, all
 ///                Probe::depth buffers in flight; sm_90 and newer (spio/thread/bulk_copy.h).
@@ -21,6 +24,7 @@
 ///
 /// Launch contract: grid = Probe::blocks blocks of Probe::threads threads; dynamic shared memory
 /// Probe::depth * Probe::threads * 16 bytes (mode 1), Probe::depth * Probe::row_bytes (mode 2),
+/// (with groups, Probe::depth * groups * pitch * 16),
 /// Probe::depth * (Probe::row_bytes + 8) (mode 3: the buffers, then one mbarrier each), or none
 /// (mode 0). region_bytes and row_bytes are multiples of 16, region_bytes of row_bytes in modes
 /// 2 and 3 (spio.bench.probe.Probe checks them).
@@ -125,10 +129,16 @@ extern "C" __global__ void __launch_bounds__(Probe::threads)
     extern __shared__ uint4 smem[];
     constexpr int ROW_CHUNKS = Probe::row_bytes / 16;
     constexpr int ROWS = Probe::region_bytes / Probe::row_bytes;
+    constexpr bool GROUPED = Probe::groups > 0;
+    constexpr int GROUPS = GROUPED ? Probe::groups : 1;
+    constexpr int PITCH = (ROW_CHUNKS / GROUPS) | 1;  // a group's pixels, rounded up to odd
+    constexpr int STAGE_CHUNKS = GROUPED ? GROUPS * PITCH : ROW_CHUNKS;
+    // Where chunk c of a row lands in its buffer: in order, or grouped (see above).
+    const auto slot = [](int c) { return GROUPED ? (c % GROUPS) * PITCH + c / GROUPS : c; };
     const auto load_row = [&](int row) {
-        uint4 *stage = smem + (row % DEPTH) * ROW_CHUNKS;
+        uint4 *stage = smem + (row % DEPTH) * STAGE_CHUNKS;
         for (int c = t; c < ROW_CHUNKS; c += THREADS) {
-            spio::cp_async_16(stage + c, region + row * ROW_CHUNKS + c, 16);
+            spio::cp_async_16(stage + slot(c), region + row * ROW_CHUNKS + c, 16);
         }
     };
     SPIO_UNROLL
@@ -145,9 +155,9 @@ extern "C" __global__ void __launch_bounds__(Probe::threads)
             load_row(row + DEPTH - 1);
         }
         spio::cp_async_commit_group();
-        const uint4 *stage = smem + (row % DEPTH) * ROW_CHUNKS;
+        const uint4 *stage = smem + (row % DEPTH) * STAGE_CHUNKS;
         for (int c = t; c < ROW_CHUNKS; c += THREADS) {
-            acc ^= fold(stage[c]);
+            acc ^= fold(stage[slot(c)]);
         }
     }
 #endif

@@ -18,6 +18,8 @@ CASES = [
     Probe("rows", 3, 64, 3, 4096, 8192, row_bytes=1024),
     Probe("rows", 2, 32, 4, 4800, 4800, row_bytes=480),  # more row buffers than rows in flight
     Probe("rows", 2, 64, 4, 3264, 3264, row_bytes=1088),  # 68 chunks a row: some threads copy 2
+    Probe("rows", 2, 64, 4, 3264, 3264, row_bytes=1088, groups=4),  # staged as the convolutions
+    Probe("rows", 3, 32, 2, 4096, 8192, row_bytes=1024, groups=8),  # an even pixel count, padded
     Probe("bulk", 3, 64, 3, 4096, 8192, row_bytes=512),
     Probe("bulk", 2, 32, 4, 1440, 1440, row_bytes=480),  # more buffers than rows
 ]
@@ -39,7 +41,9 @@ def _block_xors(out, probe):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-@pytest.mark.parametrize("probe", CASES, ids=lambda p: f"{p.mode}-d{p.depth}-r{p.region_bytes}")
+@pytest.mark.parametrize(
+    "probe", CASES, ids=lambda p: f"{p.mode}-d{p.depth}-r{p.region_bytes}-g{p.groups}"
+)
 def test_each_block_reads_exactly_its_region(probe, device):
     if device == "cuda" and probe.mode == "bulk" and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("bulk copies need sm_90")
@@ -76,6 +80,9 @@ def test_script_probes_build_without_spills(arch):
         (dict(mode="bulk", row_bytes=0), "mode bulk needs row_bytes a multiple of 16"),
         (dict(region_bytes=1000), "multiples of 16"),
         (dict(mode="cp.async", depth=1), "needs depth >= 2"),
+        (dict(groups=8), "groups need mode rows"),
+        (dict(mode="rows", row_bytes=1024, groups=3), "that they divide, got 3 groups"),
+        (dict(mode="rows", row_bytes=1024, groups=-8), "got -8 groups"),
     ],
 )
 def test_bad_probes_are_rejected(kwargs, message):
@@ -125,6 +132,10 @@ def test_probe_sizes_count_regions_not_strides():
     assert (probe.span_bytes, probe.read_bytes, probe.shared_mem_bytes) == (20480, 12288, 0)
     assert Probe("cp.async", 3, 64, 3, 4096, 8192).shared_mem_bytes == 3 * 64 * 16
     assert Probe("rows", 3, 64, 3, 4096, 8192, row_bytes=1024).shared_mem_bytes == 3 * 1024
+    # 64 chunks a row as 8 groups of 8 pixels, each run padded to 9 chunks
+    grouped = Probe("rows", 3, 64, 3, 4096, 8192, row_bytes=1024, groups=8)
+    assert grouped.shared_mem_bytes == 3 * 8 * 9 * 16
+    assert Probe("rows", 3, 64, 3, 4096, 8192, row_bytes=1024, groups=16).stage_chunks == 16 * 5
     assert Probe("bulk", 3, 64, 3, 4096, 8192, row_bytes=512).shared_mem_bytes == 3 * 520
 
 
@@ -147,6 +158,7 @@ def test_every_probe_field_gives_its_kernel_another_name():
         Probe("rows", 2, 64, 2, 2048, 8192, row_bytes=1024),
         Probe("rows", 2, 64, 2, 4096, 4096, row_bytes=1024),
         Probe("rows", 2, 64, 2, 4096, 8192, row_bytes=512),
+        Probe("rows", 2, 64, 2, 4096, 8192, row_bytes=1024, groups=8),
     ]
     names = [p.kernel().name for p in [base, *others]]
     assert len(set(names)) == len(names), names
