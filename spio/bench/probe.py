@@ -57,8 +57,9 @@ class Probe:
                 f"Probe mode {self.mode} needs row_bytes a multiple of 16 dividing region_bytes "
                 f"{self.region_bytes}, got {self.row_bytes}"
             )
-        misfit = self.groups < 0 or self.mode != "rows" or self.row_chunks % self.groups
-        if self.groups and misfit:
+        if self.groups and (
+            self.groups < 0 or self.mode != "rows" or self.row_chunks % self.groups
+        ):
             raise ValueError(
                 f"Probe groups need mode rows and a row of 16-byte chunks that they divide, got "
                 f"{self.groups} groups, mode {self.mode}, {self.row_chunks} chunks a row"
