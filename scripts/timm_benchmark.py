@@ -303,30 +303,67 @@ def host_syncs(events) -> dict[str, int]:
     return syncs
 
 
-def profile_model(model, args) -> tuple[KernelSummary, dict[str, int]]:
-    """GPU work per step and host syncs over args.profile_steps steps of the (warmed-up) model,
-    after one unprofiled step."""
+#: PyTorch ops that copy a tensor (their kernels show in the GPU table as copy kernels, without
+#: saying which tensor): listed by input shapes to tell which.
+COPY_OPS = ("aten::copy_", "aten::clone", "aten::_to_copy", "aten::contiguous")
+
+
+def copy_calls(events, steps: int) -> dict[tuple[str, str], float]:
+    """Calls per step of each COPY_OPS op by its input shapes, from a profiler's
+    key_averages(group_by_input_shape=True) over `steps` steps."""
+    calls: dict[tuple[str, str], float] = {}
+    for evt in events:
+        if evt.key in COPY_OPS and _device_type_name(evt) in (None, "CPU"):
+            key = (evt.key, str(getattr(evt, "input_shapes", None) or []))
+            calls[key] = calls.get(key, 0.0) + int(evt.count) / steps
+    return calls
+
+
+def format_copy_comparison(
+    base_name: str, base: dict, name: str, other: dict, top: int = 8
+) -> list[str]:
+    """Lines of the copying ops (copy_calls) whose calls per step differ between `other` and
+    `base`, by input shapes: the `top` that `other` calls more, then the `top` it calls less
+    (e.g. a tensor one of them lays out again every step)."""
+    deltas = [(key, other.get(key, 0.0) - base.get(key, 0.0)) for key in base.keys() | other.keys()]
+    more = sorted((d for d in deltas if d[1] > 0), key=lambda d: (-d[1], d[0]))[:top]
+    fewer = sorted((d for d in deltas if d[1] < 0), key=lambda d: (d[1], d[0]))[:top]
+    if not more and not fewer:
+        return [f"{name} vs {base_name}: the same copying ops per step"]
+    lines = [f"{name} vs {base_name}: copying ops per step by input shapes"]
+    for (op, shapes), delta in more + fewer:
+        lines.append(f"    {delta:+6.1f}  {op} {short_name(shapes, 90)}")
+    return lines
+
+
+def profile_model(model, args) -> tuple[KernelSummary, dict[str, int], dict]:
+    """GPU work per step, host syncs and copying ops by input shapes (copy_calls) over
+    args.profile_steps steps of the (warmed-up) model, after one unprofiled step."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     step = _step_fn(model, args, example_input(args))
     step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True
+    ) as prof:
         for _ in range(args.profile_steps):
             step()
     events = prof.key_averages()
-    return summarize_kernels(kernel_rows(events), args.profile_steps), host_syncs(events)
+    copies = copy_calls(prof.key_averages(group_by_input_shape=True), args.profile_steps)
+    return summarize_kernels(kernel_rows(events), args.profile_steps), host_syncs(events), copies
 
 
 def print_profiles(variants: dict, results: dict[str, float], args) -> None:
     """Profile each variant and print its table, then each spio variant against pytorch; a
     profile that fails says so, and the others go on."""
     summaries = {}
+    copies = {}
     for name, model in variants.items():
         t0 = time.perf_counter()
         try:
-            summary, syncs = profile_model(model, args)
+            summary, syncs, copies[name] = profile_model(model, args)
         except Exception as e:  # the timings above stand; say why this profile is missing
             print(f"\nprofile of {name} failed: {type(e).__name__}: {e}")
             continue
@@ -341,6 +378,9 @@ def print_profiles(variants: dict, results: dict[str, float], args) -> None:
             print()
             print(
                 "\n".join(format_comparison("pytorch", summaries["pytorch"], name, summaries[name]))
+            )
+            print(
+                "\n".join(format_copy_comparison("pytorch", copies["pytorch"], name, copies[name]))
             )
 
 

@@ -253,7 +253,8 @@ def test_print_profiles_compares_each_spio_variant_and_survives_a_failure(
     def profile_model(model, args):
         if model == "F":
             raise RuntimeError("CUPTI unavailable")
-        return summaries[model], {"cudaStreamSynchronize": 3}
+        copies = {("aten::copy_", "[[4, 8], [4, 8], []]"): 2.0 if model == "S" else 1.0}
+        return summaries[model], {"cudaStreamSynchronize": 3}, copies
 
     monkeypatch.setattr(bench, "profile_model", profile_model)
     args = bench.parse_args(["--model", "m", "--profile", "--batch-size", "10"])
@@ -266,4 +267,34 @@ def test_print_profiles_compares_each_spio_variant_and_survives_a_failure(
     assert out.count("host syncs in 3 steps: cudaStreamSynchronize 3") == 2
     assert "profile of spio-faster failed: RuntimeError: CUPTI unavailable" in out
     assert "spio vs pytorch: GPU time -40.0 µs/step" in out
+    assert "spio vs pytorch: copying ops per step by input shapes" in out
+    assert "+1.0  aten::copy_ [[4, 8], [4, 8], []]" in out
     assert "spio-faster vs pytorch" not in out
+
+
+def test_copy_calls_count_copying_ops_by_input_shapes_per_step(bench):
+    """A real CPU profile with shapes recorded: each copying op is counted per step by its input
+    shapes (a clone of a 4x8 and a copy into an 8x2, twice each over 2 steps), other ops left
+    out; the comparison lists what one side copies more, then less, and says when they match."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a, b = torch.ones(4, 8), torch.empty(8, 2)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(2):
+            a.clone()
+            b.copy_(torch.ones(8, 2))
+            torch.mm(a, a.t())
+    calls = bench.copy_calls(prof.key_averages(group_by_input_shape=True), 2)
+    assert calls[("aten::copy_", "[[8, 2], [8, 2], []]")] == 1.0
+    assert any(op == "aten::clone" and "[4, 8]" in shapes for op, shapes in calls)
+    assert all(op in bench.COPY_OPS for op, _ in calls)
+    other = {key: n for key, n in calls.items() if key[0] != "aten::clone"}  # one fewer op
+    other[("aten::contiguous", "[[3, 3], []]")] = 2.0  # and one more
+    lines = bench.format_copy_comparison("pytorch", calls, "spio", other)
+    assert lines[0] == "spio vs pytorch: copying ops per step by input shapes"
+    assert lines[1].split()[:2] == ["+2.0", "aten::contiguous"]
+    assert lines[2].split()[1] == "aten::clone" and lines[2].split()[0].startswith("-")
+    assert bench.format_copy_comparison("pytorch", calls, "spio", dict(calls)) == [
+        "spio vs pytorch: the same copying ops per step"
+    ]
