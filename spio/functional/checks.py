@@ -39,8 +39,12 @@ def cast_for_autocast(
     input: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The operands as spio's op takes them in an autocast region of `dtype`: input and weight
-    cast to `dtype`, the weight contiguous (the layout the kernels read, so that eager calls and
-    the op launch the same kernels, those spio.precompile builds), bias to fp32. As autocast
+    cast to `dtype` in their own layouts, bias to fp32 (one rule for eager calls and the op, so
+    that both launch the same kernels, those spio.precompile builds). A channels_last model's
+    weight stays channels_last, as autocast leaves it for aten's convolution: its cast is a plain
+    one, the kernels read it as held, and its gradient comes back in its layout, which autograd
+    keeps as the parameter's (a contiguous cast cost a layout-changing copy each way a step,
+    H200 runs 7 and 8: docs/perf/2026-12-04-h200.md). As autocast
     leaves them for aten's convolution, tensors that are not floating point and float64 tensors
     stay as they are, for the op's checks to name. (Autocast also leaves tensors on other
     devices alone; casting one changes nothing seen: `to` does not move it, and the op refuses
@@ -48,7 +52,7 @@ def cast_for_autocast(
     The one cast rule of the op's autocast kernels and the eager path."""
     return (
         _autocast(input, dtype, torch.preserve_format),
-        _autocast(weight, dtype, torch.contiguous_format),
+        _autocast(weight, dtype, torch.preserve_format),
         _autocast(bias, torch.float32, torch.preserve_format),
     )
 

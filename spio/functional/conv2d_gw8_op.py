@@ -348,7 +348,7 @@ _refuse_derivative_transforms(conv2d_gw8_backward)
 
 def _register_autocast(device_type: str) -> None:
     """Cast the operands as checks.cast_for_autocast says (input and weight to the region's
-    autocast dtype, the weight contiguous; bias to fp32), then run the op."""
+    autocast dtype in their layouts; bias to fp32), then run the op."""
     key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
     excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key_name))
 

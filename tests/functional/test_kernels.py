@@ -77,3 +77,36 @@ def test_weight_gradient_comes_in_the_weights_layout(monkeypatch, path):
     assert not grads[torch.contiguous_format].is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(grads[torch.channels_last], grads[torch.contiguous_format])
     assert grads[torch.channels_last].abs().sum() > 0
+
+
+def test_a_channels_last_model_under_autocast_keeps_its_weights_layout(monkeypatch):
+    """Under autocast the weight is cast in its own layout (checks.cast_for_autocast), as autocast
+    casts it for aten's convolution: a channels_last model's stays channels_last, the kernels
+    read it as held, and its gradient comes back channels_last, so that autograd keeps it as
+    .grad with no copy. The cast had made it contiguous: a layout-changing cast each forward,
+    and a copy into the parameter's layout in AccumulateGrad each backward (H200 runs 7 and 8
+    profiled a strided copy kernel new with spio). Emulated, bf16 autocast on the CPU; the
+    gradient equals a contiguous model's."""
+    from torch.profiler import profile
+
+    from spio.layers import Conv2dGw8
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    x = torch.randn(2, 16, 6, 7, generator=torch.Generator().manual_seed(0))
+    grads = {}
+    for layout in (torch.contiguous_format, torch.channels_last):
+        torch.manual_seed(0)
+        layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=False).to(memory_format=layout)
+        x_in = x.contiguous(memory_format=layout)
+        with profile() as prof, torch.autocast("cpu", dtype=torch.bfloat16):
+            layer(x_in).float().sum().backward()
+        accumulating = [
+            e for e in prof.events()
+            if e.name == "aten::copy_" and e.cpu_parent is not None
+            and e.cpu_parent.name == "torch::autograd::AccumulateGrad"
+        ]  # fmt: skip
+        assert not accumulating, layout
+        assert layer.weight.grad.stride() == layer.weight.stride(), layout
+        grads[layout] = layer.weight.grad
+    assert torch.equal(grads[torch.channels_last], grads[torch.contiguous_format])
+    assert grads[torch.channels_last].abs().sum() > 0

@@ -475,8 +475,9 @@ def test_eager_path_equals_the_custom_op(monkeypatch, bias, channels_last):
 
 
 def test_under_autocast_the_eager_path_reads_the_weight_as_the_custom_op_does(monkeypatch):
-    """Both cast a channels_last weight to the region's dtype contiguous, so that eager calls
-    and the op (torch.compile) launch the same kernels: those spio.precompile builds."""
+    """Both cast a channels_last weight to the region's dtype in its own layout (as autocast
+    does for aten's convolution), so that eager calls and the op (torch.compile) launch the same
+    kernels, those spio.precompile builds: the variants that read channels_last weights."""
     from spio.functional.conv2d_gw8_op import conv2d_gw8
     from spio.functional.eager import autocast_operands
 
@@ -494,8 +495,9 @@ def test_under_autocast_the_eager_path_reads_the_weight_as_the_custom_op_does(mo
         op = launched[len(eager) :]
         (precompiled,) = layer.spio_kernels(x)
         weight = autocast_operands(x, layer.weight, layer.bias)[1]
-    assert weight.dtype == torch.bfloat16 and weight.is_contiguous()
-    assert eager == op == [precompiled.name]
+    assert weight.dtype == torch.bfloat16 and not weight.is_contiguous()
+    assert weight.is_contiguous(memory_format=torch.channels_last)
+    assert eager == op == [precompiled.name] and precompiled.name.endswith("__wcl")
     assert torch.equal(y_eager, y_op)
 
 
