@@ -239,15 +239,15 @@ step_ablate() {
     #   2. the small layers' own ablation (512c 8x8, 368c 7x7) and the no-halo 1x3 layer;
     #   3. last, WGrad's two reductions (atomics into a zeroed dw, per-warp partial sums and
     #      sum_slots) on every bench layer with spio's config alone (`full`; partial sums were
-    #      faster on 8 of 10 layers in runs 6 and 7: a check on every layer's WGrad pick).
+    #      faster on 8 of 10 layers in run 6, 7 in run 7: a check on every layer's WGrad pick).
     # Dropped, settled: by run 6, WGrad's `unmasked` and `copy-branch` (the careful steps' cost is
     # known; predicated copies win), FProp's `unroll-r` (full faster or level on all 10 layers),
     # `stagger` (no DRAM camping), several images per block on the small layers; by run 7, the L2
-    # prefetch hint (`l2-256`: within 1 % on FProp, 5 % slower on WGrad), streaming stores
+    # prefetch hint (`l2-256`: within 2 % on FProp, 5 % slower on WGrad), streaming stores
     # (`stores-cs`: 1 % slower), and rows through registers in the full kernel (`ldg`: slower on
     # 3 of 5 configs, although `ldg-pipeline-only` read at up to 3.0 TB/s); by run 8, input
     # zeros by shared-memory stores instead of zero-filling copies (FProp/DGrad level, WGrad
-    # 4-8 % slower on most configs: reverted).
+    # 3-8 % slower on most configs: reverted).
     local deadline=$((SECONDS + $1 - 10)) rc=0 out_of_time=0 layers
     ablate() {
         local left=$((deadline - SECONDS)) part

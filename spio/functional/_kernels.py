@@ -291,9 +291,10 @@ class Layer:
             assert input is not None, "callers keep the input for a weight gradient"
             # dw in the weight's layout: autograd lays a gradient out as its parameter is (in a
             # channels_last model, a copy kernel and an allocation a layer a step), or adds one
-            # laid out otherwise into .grad more slowly.
-            weights_cl = conv2d_gw8_factory.operand_layout(weight)[0]
-            dw, db = self.wgrad(input, grad_output, need_bias, dtypes, channels_last=weights_cl)
+            # laid out otherwise into .grad more slowly. (memory_format, the op's rule for dw:
+            # a 1x1 filter's channels_last weight is contiguous too, but has NHWC's strides.)
+            cl = memory_format(weight) is torch.channels_last
+            dw, db = self.wgrad(input, grad_output, need_bias, dtypes, channels_last=cl)
         torch_input = need_input and not passes & DGRAD
         torch_weight = need_weight and not passes & WGRAD
         if torch_input and input is None:  # not kept without a weight gradient: its shape will do
@@ -419,8 +420,9 @@ class Layer:
         """(dw, dbias) from x and dy: dw of shape params.weight_shape; dbias (C,) computed in
         the same pass when `with_bias`, else None; fp32, or `dtypes` (dw's, dbias's) where
         spio's kernels compute them (PyTorch's fallback gives fp32: callers cast what is not
-        their dtype). dw is contiguous, or with `channels_last` (a channels_last weight's)
-        laid out channels_last where spio's kernels compute it.
+        their dtype). Where spio's kernels compute dw it is contiguous, or with
+        `channels_last` (a channels_last weight's) channels_last; PyTorch's fallback gives
+        convolution_backward's layout.
 
         The kernel is wgrad_kernel's choice: per-warp partial sums then a sum (the same bits on
         every run), or, for layers whose partial sums would pass PARTIAL_BYTES, fp32 atomics

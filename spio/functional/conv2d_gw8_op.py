@@ -12,7 +12,7 @@ dtype, so a transformed model runs anywhere.
 
 Autocast: a custom rule (not torch.library.register_autocast, which casts every floating tensor,
 bias included, to one fixed dtype) casts input and weight to the autocast dtype of the region,
-fp16 or bf16 (the weight contiguous), and the bias to fp32, which is what the kernels take: one
+fp16 or bf16 (each in its own layout), and the bias to fp32, which is what the kernels take: one
 rule, `checks.cast_for_autocast`, which the eager path applies too.
 """
 

@@ -473,9 +473,10 @@ def test_the_tests_step_order_is_kept_where_pytest_would_group_fixture_set_ups(t
 
     def collected(**env) -> list[str]:
         command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        inherited = {k: v for k, v in os.environ.items() if k != "SPIO_TEST_ORDER"}
         out = subprocess.run(
             [*command, *ids], cwd=REPO, capture_output=True, text=True, timeout=120,
-            env={**os.environ, **env},
+            env={**inherited, **env},
         )  # fmt: skip
         return [line for line in out.stdout.splitlines() if "::" in line]
 

@@ -179,13 +179,20 @@ def test_opcheck_backward(mask, dtype):
     torch.library.opcheck(conv2d_gw8_backward, (dy, x, w, shape[6], shape[7], mask))
 
 
+@pytest.mark.parametrize("weights_cl", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_opcheck_on_the_kernels(monkeypatch, dtype):
+def test_opcheck_on_the_kernels(monkeypatch, dtype, weights_cl):
     """opcheck of both ops where they run spio's kernels (the emulator, as on a GPU), not
-    PyTorch's reference: NHWC input, bias, every input requiring grad."""
+    PyTorch's reference: NHWC input, bias, every input requiring grad; with a contiguous and a
+    channels_last weight (whose weight gradient the kernels write channels_last: the fake
+    functions must say the same strides), and the forward op once more under autocast (which
+    casts the fp32 operands in their layouts)."""
     monkeypatch.setenv("SPIO_EMULATE", "1")
     shape = SHAPES[1]
     x, w, b = _tensors(shape, dtype=dtype, bias=True, channels_last=True)
+    if weights_cl:
+        w = w.to(memory_format=torch.channels_last)
+        assert not w.is_contiguous()
     for t in (x, w, b):
         t.requires_grad_(True)
     pads = dict(padding_y=shape[6], padding_x=shape[7])
@@ -193,6 +200,12 @@ def test_opcheck_on_the_kernels(monkeypatch, dtype):
     dy = torch.randn(conv2d_gw8(x, w, b, **pads).shape).to(dtype).requires_grad_(True)
     mask = [True, True, True]
     torch.library.opcheck(conv2d_gw8_backward, (dy, x, w, shape[6], shape[7], mask))
+    _, dw, _ = conv2d_gw8_backward(dy.detach(), x.detach(), w.detach(), *pads.values(), mask)
+    assert dw.stride() == w.stride()
+    if dtype == torch.bfloat16:  # (CPU autocast's dtype)
+        x32, w32, b32 = (t.detach().float().requires_grad_(True) for t in (x, w, b))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.library.opcheck(conv2d_gw8, (x32, w32, b32), pads)
 
 
 def test_backward_op_computes_only_masked_gradients():

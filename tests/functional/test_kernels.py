@@ -110,3 +110,23 @@ def test_a_channels_last_model_under_autocast_keeps_its_weights_layout(monkeypat
         grads[layout] = layer.weight.grad
     assert torch.equal(grads[torch.channels_last], grads[torch.contiguous_format])
     assert grads[torch.channels_last].abs().sum() > 0
+
+
+def test_a_1x1_channels_last_weights_gradient_has_its_strides_on_both_paths(monkeypatch):
+    """A 1x1 filter's weight laid out channels_last, (K, 8, 1, 1) with strides (8, 1, 8, 8), is
+    contiguous too: the eager path had given its dw the contiguous strides, the op (a compiled
+    model) the weight's, copying it. Both give the weight's strides now (emulated)."""
+    from spio.functional.conv2d_gw8_op import conv2d_gw8_backward
+    from spio.functional.eager import conv2d_gw8_eager
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 5, 6, generator=gen).half().to(memory_format=torch.channels_last)
+    dy = torch.randn(2, 16, 5, 6, generator=gen).half().to(memory_format=torch.channels_last)
+    w = torch.randn(16, 8, 1, 1, generator=gen).half().to(memory_format=torch.channels_last)
+    assert w.is_contiguous() and w.stride() == (8, 1, 8, 8)
+    leaf = w.clone(memory_format=torch.preserve_format).requires_grad_()
+    (eager_dw,) = torch.autograd.grad(conv2d_gw8_eager(x, leaf, None, 0, 0), leaf, dy)
+    _, op_dw, _ = conv2d_gw8_backward(dy, x, w, 0, 0, [False, True, False])
+    assert eager_dw.stride() == op_dw.stride() == w.stride()
+    assert torch.equal(eager_dw, op_dw.to(eager_dw.dtype))

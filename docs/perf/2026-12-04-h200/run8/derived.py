@@ -99,7 +99,7 @@ print(f"FProp pipeline-only, 5 configs: stores/zfill {min(pct(s, z) for s, z in 
       f"{MB / max(s for s, _ in pipe):.2f}-{MB / min(s for s, _ in pipe):.2f} TB/s, zfill "
       f"{MB / max(z for _, z in pipe):.2f}-{MB / min(z for _, z in pipe):.2f} TB/s")
 fulls = [v for (w, var), v in pairs.items() if var == "full" and w.startswith(("fprop", "dgrad"))]
-print(f"FProp/DGrad full, headline layer (7): stores/zfill {min(pct(s, z) for s, z in fulls):+.1f} .. "
+print(f"FProp/DGrad full, headline layer ({len(fulls)}): stores/zfill {min(pct(s, z) for s, z in fulls):+.1f} .. "
       f"{max(pct(s, z) for s, z in fulls):+.1f} %")
 lo = [v for (w, var), v in pairs.items() if var == "loads-only" and w.startswith("wgrad")]
 print(f"WGrad loads-only (3 configs): stores/zfill {min(pct(s, z) for s, z in lo):+.1f} .. "
