@@ -190,13 +190,16 @@ def summarize_kernels(rows, steps: int) -> KernelSummary:
     )
 
 
+def deltas(before: dict, after: dict) -> list[tuple]:
+    """(key, after's value - before's) for every key whose value differs, a key absent from one
+    side counting 0 there; largest growth first, largest shrinkage last."""
+    changes = [(key, after.get(key, 0.0) - before.get(key, 0.0)) for key in before | after]
+    return sorted((d for d in changes if d[1] != 0), key=lambda d: (-d[1], d[0]))
+
+
 def kernel_deltas(base: KernelSummary, other: KernelSummary) -> list[tuple[str, float]]:
-    """(name, other's µs per step - base's) for every kernel whose time differs, the kernels
-    absent from one side counting 0 there; largest growth first, largest shrinkage last."""
-    before = {name: us for name, us, _ in base.rows}
-    after = {name: us for name, us, _ in other.rows}
-    deltas = [(name, after.get(name, 0.0) - before.get(name, 0.0)) for name in before | after]
-    return sorted((d for d in deltas if d[1] != 0), key=lambda d: (-d[1], d[0]))
+    """(name, other's µs per step - base's) for every kernel whose time differs (deltas)."""
+    return deltas({n: us for n, us, _ in base.rows}, {n: us for n, us, _ in other.rows})
 
 
 def short_name(name: str, width: int = 70) -> str:
@@ -260,9 +263,9 @@ def format_comparison(
     ]
     before = {row[0] for row in base.rows}
     after = {row[0] for row in other.rows}
-    deltas = kernel_deltas(base, other)
-    grew = [d for d in deltas if d[1] > 0][:top]
-    shrank = [d for d in reversed(deltas) if d[1] < 0][:top]
+    changes = kernel_deltas(base, other)
+    grew = [d for d in changes if d[1] > 0][:top]
+    shrank = [d for d in reversed(changes) if d[1] < 0][:top]
     for label, chosen in (("grew most", grew), ("shrank most", shrank)):
         if chosen:
             lines.append(f"  {label} (µs/step):")
@@ -325,9 +328,9 @@ def format_copy_comparison(
     """Lines of the copying ops (copy_calls) whose calls per step differ between `other` and
     `base`, by input shapes: the `top` that `other` calls more, then the `top` it calls less
     (e.g. a tensor one of them lays out again every step)."""
-    deltas = [(key, other.get(key, 0.0) - base.get(key, 0.0)) for key in base.keys() | other.keys()]
-    more = sorted((d for d in deltas if d[1] > 0), key=lambda d: (-d[1], d[0]))[:top]
-    fewer = sorted((d for d in deltas if d[1] < 0), key=lambda d: (d[1], d[0]))[:top]
+    changes = deltas(base, other)
+    more = [d for d in changes if d[1] > 0][:top]
+    fewer = [d for d in reversed(changes) if d[1] < 0][:top]
     if not more and not fewer:
         return [f"{name} vs {base_name}: the same copying ops per step"]
     lines = [f"{name} vs {base_name}: copying ops per step by input shapes"]

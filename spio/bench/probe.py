@@ -83,13 +83,16 @@ class Probe:
         return self.row_bytes // 16
 
     @property
+    def pitch(self) -> int:
+        """With groups, the 16-byte chunks from one group's pixel run of a row buffer to the
+        next: the row's pixels rounded up to odd (the kernel reads it from its header)."""
+        return (self.row_chunks // self.groups) | 1 if self.groups else 0
+
+    @property
     def stage_chunks(self) -> int:
         """16-byte chunks of one row buffer (mode rows): the row's, or with groups the groups'
-        pixel runs, each padded to an odd length."""
-        if not self.groups:
-            return self.row_chunks
-        pixels = self.row_chunks // self.groups
-        return self.groups * (pixels | 1)
+        pixel runs, each `pitch` long."""
+        return self.groups * self.pitch if self.groups else self.row_chunks
 
     @property
     def shared_mem_bytes(self) -> int:
@@ -151,6 +154,8 @@ def _kernel(probe: Probe) -> Kernel:
                     "region_stride": probe.region_stride,
                     "row_bytes": max(probe.row_bytes, 16),
                     "groups": probe.groups,
+                    "pitch": probe.pitch,
+                    "stage_chunks": probe.stage_chunks,
                 },
             ),
         ]

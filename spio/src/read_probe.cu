@@ -23,8 +23,8 @@
 /// faster than per-thread copies.
 ///
 /// Launch contract: grid = Probe::blocks blocks of Probe::threads threads; dynamic shared memory
-/// Probe::depth * Probe::threads * 16 bytes (mode 1), Probe::depth * Probe::row_bytes (mode 2),
-/// (with groups, Probe::depth * groups * pitch * 16),
+/// Probe::depth * Probe::threads * 16 bytes (mode 1), Probe::depth * Probe::stage_chunks * 16
+/// (mode 2: row_bytes, or with groups groups * pitch chunks a buffer),
 /// Probe::depth * (Probe::row_bytes + 8) (mode 3: the buffers, then one mbarrier each), or none
 /// (mode 0). region_bytes and row_bytes are multiples of 16, region_bytes of row_bytes in modes
 /// 2 and 3 (spio.bench.probe.Probe checks them).
@@ -131,10 +131,11 @@ extern "C" __global__ void __launch_bounds__(Probe::threads)
     constexpr int ROWS = Probe::region_bytes / Probe::row_bytes;
     constexpr bool GROUPED = Probe::groups > 0;
     constexpr int GROUPS = GROUPED ? Probe::groups : 1;
-    constexpr int PITCH = (ROW_CHUNKS / GROUPS) | 1;  // a group's pixels, rounded up to odd
-    constexpr int STAGE_CHUNKS = GROUPED ? GROUPS * PITCH : ROW_CHUNKS;
+    constexpr int STAGE_CHUNKS = Probe::stage_chunks;  // a row buffer, as Probe sizes it
     // Where chunk c of a row lands in its buffer: in order, or grouped (see above).
-    const auto slot = [](int c) { return GROUPED ? (c % GROUPS) * PITCH + c / GROUPS : c; };
+    const auto slot = [](int c) {
+        return GROUPED ? (c % GROUPS) * Probe::pitch + c / GROUPS : c;
+    };
     const auto load_row = [&](int row) {
         uint4 *stage = smem + (row % DEPTH) * STAGE_CHUNKS;
         for (int c = t; c < ROW_CHUNKS; c += THREADS) {

@@ -184,9 +184,10 @@ def test_opcheck_backward(mask, dtype):
 def test_opcheck_on_the_kernels(monkeypatch, dtype, weights_cl):
     """opcheck of both ops where they run spio's kernels (the emulator, as on a GPU), not
     PyTorch's reference: NHWC input, bias, every input requiring grad; with a contiguous and a
-    channels_last weight (whose weight gradient the kernels write channels_last: the fake
-    functions must say the same strides), and the forward op once more under autocast (which
-    casts the fp32 operands in their layouts)."""
+    channels_last weight (opcheck compares the fake functions' strides with the real ones; the
+    op gives dw the weight's strides, which it would by a copy if the kernels did not: whether
+    they do is tests/functional/test_kernels.py's), and the forward op once more under autocast
+    (which casts the fp32 operands in their layouts)."""
     monkeypatch.setenv("SPIO_EMULATE", "1")
     shape = SHAPES[1]
     x, w, b = _tensors(shape, dtype=dtype, bias=True, channels_last=True)
