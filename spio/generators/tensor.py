@@ -59,10 +59,13 @@ def _index_class(
     dims: tuple[tuple[str, Dim], ...],
     strides: tuple[int, ...] | None,
     indent: str,
+    swizzled: bool = False,
 ) -> list[str]:
     """C++ lines of a class decomposing a flat index over `dims` (innermost fastest).
 
-    With `strides`, the class also gets offset(): the element offset in a padded tensor.
+    With `strides`, the class also gets offset(): the element offset in a padded tensor; with
+    `swizzled`, in a tensor whose innermost index is stored XORed with the enclosing class's
+    swizzle_key of the next dim's (TensorSpec's swizzle).
     """
     unpadded = tuple((name, Dim(dim.extent)) for name, dim in dims)
     size = _known_size(unpadded)
@@ -101,6 +104,9 @@ def _index_class(
             f"{name}()" if stride == 1 else f"{name}() * {stride}"
             for (name, _), stride in zip(dims, strides, strict=True)
         ]
+        if swizzled:
+            (key_dim, _), (swizzled_dim, _) = dims[-2:]
+            terms[-1] = f"({swizzled_dim}() ^ swizzle_key({key_dim}()))"
         lines += [
             "    /// Element offset of this index in the tensor, padding included.",
             f"    {_FN} int offset() const {{ return {' + '.join(terms)}; }}",
@@ -163,11 +169,22 @@ class TensorSpec:
     the whole tensor's offsets within an int.
     C++: `Name t(ptr); t.n(i).k8(j).get(); *t; Name::N; Name::stride_n; Name::size;
     Name::num_bytes; Name::data_type; Name::Index idx(i); idx.n(); idx.offset()`.
+
+    `swizzle=True` stores the innermost dim (E indices, E a power of two up to 8, unpadded) XORed
+    with a key of the next dim's index o: element (..., o, i) lies at o * E + (i ^ key(o)), key(o)
+    = (o / (8 / E)) % E (`Name::swizzle_key`). For 16-byte elements (a shared-memory row of
+    pixels, each pixel's E 16-byte channel groups together) this puts a fixed i of any 8
+    consecutive o in 8 different 16-byte bank slots, so ldmatrix reading 8 pixels of one group
+    does not conflict, while each pixel's E elements stay side by side (whole-pixel copies). The
+    key depends on o only modulo 8. The cursor then tracks the two dims' indices (moves along
+    them add up, in any order) and places the element at get(); it must start at the tensor's
+    origin, and its innermost index be in 0..E-1 at get().
     """
 
     name: str
     dtype: str
     dims: Mapping[str, int | tuple[int, int] | Dim | None] = field(compare=False)
+    swizzle: bool = False
     # Checked copy of dims; equality and hashing use it, so dim order matters.
     _dims: tuple[tuple[str, Dim], ...] = field(init=False, repr=False)
     _dtype: tuple[str, int, Dependency | None] = field(init=False, repr=False, compare=False)
@@ -186,10 +203,14 @@ class TensorSpec:
             + [f"stride_{name}" for name in names]
             + names
         )
+        if self.swizzle is True and len(names) >= 2:  # the indices the cursor keeps
+            members += ["swizzle_key", f"{names[-2]}_", f"{names[-1]}_"]
         check_unique_members(label, self.name, members)
         check_unique_members(f"{label} Index", "Index", _index_members(dims, with_offset=True))
         object.__setattr__(self, "_dims", dims)
         object.__setattr__(self, "_dtype", dtype)
+        if self.swizzle:
+            self._check_swizzle(label)
         # One outermost index's elements where the extent is given at run time.
         elements = self.size if self.size is not None else self.strides[0]
         if elements * dtype[1] > INT32_MAX:
@@ -199,6 +220,21 @@ class TensorSpec:
     def class_name(self) -> str:
         """The C++ class this spec defines."""
         return self.name
+
+    def _check_swizzle(self, label: str) -> None:
+        """The swizzle's conditions (see the class docstring), ValueError naming the one unmet."""
+        if self.swizzle is not True:
+            raise ValueError(f"{label}: swizzle must be True or False, got {self.swizzle!r}")
+        if len(self._dims) < 2:
+            raise ValueError(f"{label}: swizzle needs two dims or more, got {len(self._dims)}")
+        (outer, outer_dim), (inner, dim) = self._dims[-2:]
+        if dim.extent not in (1, 2, 4, 8) or dim.stored != dim.extent:
+            raise ValueError(
+                f"{label}: swizzle needs the innermost dim {inner!r} unpadded with 1, 2, 4 or 8 "
+                f"indices, got {_describe(self._dims[-1:])}"
+            )
+        if outer_dim.extent is None:
+            raise ValueError(f"{label}: swizzle needs dim {outer!r} (the key's) of a known extent")
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -235,7 +271,8 @@ class TensorSpec:
         cls, ctype = self.name, self._dtype[0]
         strides = self.strides
         lines = [
-            f"/// Cursor over {ctype} elements with dims {_describe(self._dims)}, innermost last.",
+            f"/// Cursor over {ctype} elements with dims {_describe(self._dims)}, innermost last"
+            + (f", {self._dims[-1][0]} swizzled by {self._dims[-2][0]}." if self.swizzle else "."),
             "/// Moves return a new cursor; offsets are in elements and are not bounds-checked.",
             f"class {cls} {{",
             "  public:",
@@ -264,18 +301,59 @@ class TensorSpec:
                 "    static_assert(num_bytes == size * static_cast<int>(sizeof(data_type)),",
                 f'                  "{cls}: unexpected sizeof({ctype})");',
             ]
-        lines += ["", f"    {_FN} explicit {cls}(data_type *ptr = nullptr) : ptr_(ptr) {{}}"]
+        lines += self._swizzled_cursor() if self.swizzle else self._plain_cursor()
+        lines += _index_class("Index", self._dims, strides, "    ", self.swizzle)
+        lines += ["", "  private:", "    data_type *ptr_;"]
+        if self.swizzle:
+            lines += [f"    int {self._dims[-2][0]}_;", f"    int {self._dims[-1][0]}_;"]
+        lines += ["};"]
+        return "\n".join(lines)
+
+    def _plain_cursor(self) -> list[str]:
+        """Constructor, moves and access of a cursor that is a pointer."""
+        cls = self.name
+        lines = ["", f"    {_FN} explicit {cls}(data_type *ptr = nullptr) : ptr_(ptr) {{}}"]
         for name, _ in self._dims:
             lines.append(
                 f"    {_FN} {cls} {name}(int i) const {{ return {cls}(ptr_ + i * stride_{name}); }}"
             )
-        lines += [
+        return lines + [
             "    /// The element pointer at the cursor.",
             f"    {_FN} data_type *get() const {{ return ptr_; }}",
             f"    {_FN} data_type &operator*() const {{ return *ptr_; }}",
             f"    {_FN} data_type *operator->() const {{ return ptr_; }}",
             "",
         ]
-        lines += _index_class("Index", self._dims, strides, "    ")
-        lines += ["", "  private:", "    data_type *ptr_;", "};"]
-        return "\n".join(lines)
+
+    def _swizzled_cursor(self) -> list[str]:
+        """Constructor, moves and access of a swizzled cursor: the pointer moved along the other
+        dims, and the key dim's and innermost dim's indices, placed at get()."""
+        cls = self.name
+        (outer, _), (inner, inner_dim) = self._dims[-2:]
+        assert inner_dim.extent is not None  # checked in __post_init__
+        shift = (8 // inner_dim.extent).bit_length() - 1  # log2 of the o sharing a key
+        lines = [
+            "    /// The XOR key of the innermost index at key-dim index o: o mod 8 decides it.",
+            f"    static {_FN} int swizzle_key(int o) {{ return (o & 7) >> {shift}; }}",
+            "",
+            f"    {_FN} explicit {cls}(data_type *ptr = nullptr, int {outer} = 0, int {inner} = 0)",
+            f"        : ptr_(ptr), {outer}_({outer}), {inner}_({inner}) {{}}",
+        ]
+        for name, _ in self._dims[:-2]:
+            lines.append(
+                f"    {_FN} {cls} {name}(int i) const {{ "
+                f"return {cls}(ptr_ + i * stride_{name}, {outer}_, {inner}_); }}"
+            )
+        o, i = f"{outer}_", f"{inner}_"
+        lines += [
+            f"    {_FN} {cls} {outer}(int i) const {{ return {cls}(ptr_, {o} + i, {i}); }}",
+            f"    {_FN} {cls} {inner}(int i) const {{ return {cls}(ptr_, {o}, {i} + i); }}",
+            f"    /// The element pointer at the cursor ({inner} stored XORed with its key).",
+            f"    {_FN} data_type *get() const {{",
+            f"        return ptr_ + {o} * stride_{outer} + ({i} ^ swizzle_key({o}));",
+            "    }",
+            f"    {_FN} data_type &operator*() const {{ return *get(); }}",
+            f"    {_FN} data_type *operator->() const {{ return get(); }}",
+            "",
+        ]
+        return lines

@@ -1,0 +1,94 @@
+"""TensorSpec(swizzle=True): where elements land (g++ against Python arithmetic), the bank slots
+a fixed innermost index takes over 8 consecutive key-dim indices, and the conditions' errors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spio.generators import Dim, TensorSpec, generate
+from tests.generators.test_tensor import NO_SHRINK
+
+
+def reference_offset(stage: int, x: int, g: int, xs: int, groups: int) -> int:
+    """Element (stage, x, g) of a [stage][xs][groups] tensor whose g is XORed with x's key:
+    (x / (8 / groups)) % groups, written as the layout's definition, not the generator's."""
+    key = (x // (8 // groups)) % groups
+    return (stage * xs + x) * groups + (g ^ key)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4, 8])
+def test_a_groups_column_of_8_pixels_takes_8_bank_slots(groups):
+    """The layout's purpose: for each group, any 8 consecutive pixels (any start) lie in 8
+    different 16-byte slots of the 128-byte bank line, so ldmatrix reading them does not
+    conflict; and each pixel's groups stay in its own `groups` elements (a permutation)."""
+    for g in range(groups):
+        for start in range(24):
+            slots = {reference_offset(0, x, g, 40, groups) % 8 for x in range(start, start + 8)}
+            assert len(slots) == 8, (groups, g, start, sorted(slots))
+    for x in range(40):
+        placed = sorted(reference_offset(0, x, g, 40, groups) for g in range(groups))
+        assert placed == list(range(x * groups, (x + 1) * groups))
+
+
+@settings(max_examples=4, deadline=None, phases=NO_SHRINK)
+@given(data=st.data())
+def test_swizzled_cursor_and_index_place_elements_by_the_layout(cxx, data):
+    """Cursor moves in any order and split into parts, Index.offset() and swizzle_key, compiled
+    with g++, against reference_offset."""
+    specs, body, expected = [], [], {}
+    for t, groups in enumerate([1, 2, 4, 8]):
+        xs = data.draw(st.integers(9, 40), label=f"xs{t}")
+        cls = f"T{t}"
+        specs.append(TensorSpec(cls, "int", {"stage": 3, "x": xs, "c8": groups}, swizzle=True))
+        body.append(f'P("{cls}.size", {cls}::size);')
+        expected[f"{cls}.size"] = 3 * xs * groups
+        for m in range(6):
+            stage = data.draw(st.integers(0, 2), label="stage")
+            x = data.draw(st.integers(0, xs - 1), label="x")
+            g = data.draw(st.integers(0, groups - 1), label="g")
+            x1 = data.draw(st.integers(-x, xs), label="x1")  # x as two moves: x1 + (x - x1)
+            moves = [f".stage({stage})", f".x({x1})", f".c8({g})", f".x({x - x1})"]
+            chain = "".join(data.draw(st.permutations(moves), label="order"))
+            body.append(f'P("{cls}.move{m}", {cls}(nullptr){chain}.get() - ({cls}::data_type *)0);')
+            flat = (stage * xs + x) * groups + g
+            body.append(f'P("{cls}.idx{m}", {cls}::Index({flat}).offset());')
+            want = reference_offset(stage, x, g, xs, groups)
+            expected[f"{cls}.move{m}"] = expected[f"{cls}.idx{m}"] = want
+        for x in range(-9, 17):  # o mod 8 decides the key, negative o too
+            body.append(f'P("{cls}.key{x}", {cls}::swizzle_key({x}));')
+            expected[f"{cls}.key{x}"] = ((x % 8) // (8 // groups)) % groups
+    header = generate(specs, "swizzled.h")
+    assert cxx.printed({"swizzled.h": header}, body) == expected
+
+
+@pytest.mark.parametrize(
+    "dims, message",
+    [
+        ({"c8": 8}, "two dims or more, got 1"),
+        ({"x": 4, "c8": 3}, "innermost dim 'c8' unpadded with 1, 2, 4 or 8 indices, got c8(3)"),
+        ({"x": 4, "c8": 16}, "got c8(16)"),
+        ({"x": 4, "c8": (8, 9)}, "got c8(8, padded to 9)"),
+        ({"x": None, "c8": 8}, "dim 'x' (the key's) of a known extent"),
+        ({"x": 4, "x_": 8}, "member name 'x_' would be defined twice"),
+    ],
+)
+def test_swizzle_conditions_are_named(dims, message):
+    with pytest.raises(ValueError, match=r"TensorSpec 'S'.*" + re.escape(message)):
+        TensorSpec("S", "uint4", dims, swizzle=True)
+
+
+def test_swizzle_must_be_a_bool():
+    with pytest.raises(ValueError, match="swizzle must be True or False, got 1"):
+        TensorSpec("S", "uint4", {"x": 4, "c8": 8}, swizzle=1)
+
+
+def test_unswizzled_tensor_is_unchanged_by_the_option():
+    """swizzle=False generates the plain cursor, as before the option."""
+    dims = {"x": 5, "c8": Dim(8, 9)}
+    assert generate([TensorSpec("S", "uint4", dims, swizzle=False)]) == generate(
+        [TensorSpec("S", "uint4", dims)]
+    )
