@@ -35,6 +35,12 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
                  stages gains (the same kernel where that unroll would be too long)
     copy-branch  WGrad with its row copies under branches, as before they were predicated and
                  the last steps copied zeros (right results): what the two changes gain
+    swizzled     the real kernel with its input rows (WGrad: x and dy rows) staged pixel-major,
+                 swizzled (right results; conv2d_gw8_factory.stage_layout), not group-major: a
+                 warp's row copies land in contiguous bytes instead of a few chunks in each of G
+                 rows. Runs 7-8 read at ~1.7 TB/s through the group-major pipeline, 2.8-3.0
+                 into contiguous rows (the read probe)
+    swizzled-loads-only, swizzled-pipeline-only  loads-only and pipeline-only, swizzled
 
 --config also takes a family's trial configs (WGrad's with 8 column runs a warp): correct in the
 emulator, outside the space spio picks from until a GPU has timed them.
@@ -96,6 +102,26 @@ VARIANTS = {
 }
 
 
+#: Variants built with the input rows staged swizzled (make_kernel's `swizzled`), and the
+#: VARIANTS entry whose switches they add (swizzled-pipeline-only: FProp and DGrad only).
+SWIZZLED = {
+    "swizzled": "full",
+    "swizzled-loads-only": "loads-only",
+    "swizzled-pipeline-only": "pipeline-only",
+}
+
+
+def build_variant(kernel, name: str):
+    """`kernel` as variant `name` (of VARIANTS or SWIZZLED)."""
+    if name in SWIZZLED:
+        from spio.kernels import conv2d_gw8_factory as fd
+        from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+        swizzle = {fd.SOURCE_FILE: fd.with_swizzled_stages, wg.SOURCE_FILE: wg.with_swizzled_stages}
+        return swizzle[kernel.source_file](kernel).with_defines(VARIANTS[SWIZZLED[name]])
+    return kernel.with_defines(VARIANTS[name])
+
+
 COLUMNS = (
     "µs: median time per call; pass GB/s: the full pass's bytes over that time, on every line "
     "(a rate for comparing times, not what the variant moved); vs full: time over full's."
@@ -113,7 +139,7 @@ def row(pass_: str, name: str, seconds: float, nbytes: int, full: float | None, 
 def variant_applies(name: str, pass_: str, params, config) -> bool:
     """Whether variant `name` can build for this pass and config: FProp and DGrad's `ldg` index
     their register slots by the R-step unroll, so it needs stages - 1 to divide R; `unmasked` and
-    `copy-branch` are WGrad's alone, `unroll-r`, `stores-cs` and the `pipeline-only` pair FProp and
+    `copy-branch` are WGrad's alone, `unroll-r`, `stores-cs` and the `pipeline-only` ones FProp and
     DGrad's."""
     if (name.endswith("pipeline-only") or name == "stores-cs") and pass_ not in ("fprop", "dgrad"):
         return False
@@ -159,8 +185,8 @@ def parse_args(argv=None):
     parser.add_argument(
         "--variants",
         nargs="+",
-        choices=list(VARIANTS),
-        default=list(VARIANTS),
+        choices=[*VARIANTS, *SWIZZLED],
+        default=[*VARIANTS, *SWIZZLED],
         help="ablation variants to time (default: all; full is always timed, first)",
     )
     parser.add_argument("--repeats", type=positive_int, default=50)
@@ -231,7 +257,7 @@ def ablate_layer(args, layer) -> int:
             skipped = [n for n in names if not variant_applies(n, pass_, params, config)]
             if skipped:
                 print(f"{pass_:6s} {', '.join(skipped)}: not for {config.encode()} (see --help)")
-            kernels = {n: base.with_defines(VARIANTS[n]) for n in names if n not in skipped}
+            kernels = {n: build_variant(base, n) for n in names if n not in skipped}
             plan[pass_].append((config, kernels))
     every = [k for configs in plan.values() for _, kernels in configs for k in kernels.values()]
     results = compile_many([k.compile_job(attrs["arch"]) for k in every], progress=False)

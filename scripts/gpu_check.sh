@@ -20,9 +20,10 @@
 #              (µs per custom-op / module call over F.conv2d's)
 #   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma, stores or
 #              barriers switched off, to show where their time goes (and FProp's input pipeline
-#              alone), the small and 1x3 layers; last, WGrad's atomics against its partial sums
-#              on every bench layer (settled in run 6). Its time limit: GPU_CHECK_ABLATE_SECONDS
-#              (default 150)
+#              alone, and each pass with its input rows staged swizzled), the small and 1x3
+#              layers; last, on every bench layer, each pass swizzled against group-major and
+#              WGrad's atomics against its partial sums (settled in run 6). Its time limit:
+#              GPU_CHECK_ABLATE_SECONDS (default 200)
 #   probe      scripts/read_probe.py: this GPU's read rate through plain loads, cp.async and the
 #              kernels' row-by-row structure, next to torch's sum and copy
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
@@ -58,7 +59,7 @@ STEPS=(
     "check:90"
     "bench:200"
     "overhead:90"
-    "ablate:${GPU_CHECK_ABLATE_SECONDS:-150}"
+    "ablate:${GPU_CHECK_ABLATE_SECONDS:-200}"
     "probe:60"
     "memcheck:120"
     "racecheck:120"
@@ -264,9 +265,17 @@ step_ablate() {
             *) rc=$part ;;
         esac
     }
-    # 1. The classic ablation, with the input pipeline alone (FProp/DGrad).
+    # 1. The classic ablation, with the input pipeline alone (FProp/DGrad), and the kernels with
+    #    their input rows staged swizzled (pixel-major) instead of group-major (FProp/DGrad also
+    #    the pipeline alone): the fix to time if the probe step's grouped rows read slower than
+    #    rows in order.
     ablate --layer 64c_64x64_3x3 \
-        --variants full no-stores no-mma no-loads skeleton loads-only pipeline-only no-sync
+        --variants full no-stores no-mma no-loads skeleton loads-only pipeline-only no-sync \
+        swizzled swizzled-pipeline-only
+    # The swizzled stages on two more FProp tile widths of the headline layer (run 7's
+    # pipeline-only configs).
+    ablate --layer 64c_64x64_3x3 --passes fprop --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 \
+        --variants full swizzled pipeline-only swizzled-pipeline-only
     # 2. The small layers, whose WGrad loses to cuDNN at both batch sizes (their FProp and DGrad
     #    beat it since run 6): where their time goes, with spio's choice (the weights' start-up
     #    is in skeleton and no-loads).
@@ -275,18 +284,18 @@ step_ablate() {
     # The 1x3 layer (4-row tiles, so no lockstep blocks): the figures run 5 recorded for it.
     ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8 \
         --variants full no-stores skeleton loads-only
-    # 3. WGrad's reductions on every bench layer, spio's config only (`full`; the wrapper times
-    #    both reductions on each).
+    # 3. On every bench layer with spio's configs, each pass's kernel swizzled against
+    #    group-major, and WGrad's reductions (the wrapper times both on each config).
     if ((deadline - SECONDS >= 10)); then
         layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
             "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
         if [[ -z $layers ]]; then
-            # The every-layer line needs the list: the step fails rather than skip it quietly.
-            echo "ablate: listing the bench layers failed; skipped: the every-layer WGrad line"
+            # The every-layer lines need the list: the step fails rather than skip them quietly.
+            echo "ablate: listing the bench layers failed; skipped: the every-layer lines"
             rc=1
         else
             # shellcheck disable=SC2086  # one word per layer
-            ablate --passes wgrad --variants full --repeats 30 --layer $layers
+            ablate --variants full swizzled --repeats 30 --layer $layers
         fi
     else
         out_of_time=1

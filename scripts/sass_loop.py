@@ -33,20 +33,20 @@ from spio.args import positive_int
 
 
 def _variants():
-    """scripts/ablate_kernel.py's VARIANTS (name -> the defines it builds with) and its
+    """scripts/ablate_kernel.py's variant names, build_variant (a kernel as one of them) and
     variant_applies."""
     scripts = str(Path(__file__).resolve().parent)
     if scripts not in sys.path:
         sys.path.insert(0, scripts)
-    from ablate_kernel import VARIANTS, variant_applies
+    from ablate_kernel import SWIZZLED, VARIANTS, build_variant, variant_applies
 
-    return VARIANTS, variant_applies
+    return [*VARIANTS, *SWIZZLED], build_variant, variant_applies
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from spio.compiler.occupancy import LIMITS
 
-    variants, _ = _variants()
+    variants, _, _ = _variants()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # The archs whose per-SM limits are known: blocks per SM are worked out for each kernel.
     parser.add_argument("--arch", default="sm_90", choices=list(LIMITS))
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     nvdisasm = find_nvdisasm()
     if nvdisasm is None:
         sys.exit("sass_loop: no nvdisasm; `pip install nvidia-cuda-nvdisasm` or set SPIO_NVDISASM")
-    variants, variant_applies = _variants()
+    _, build_variant, variant_applies = _variants()
     cases = []
     for family, params, config in choose_cases(args, families, layers):
         if args.against and not variant_applies(args.against, family.pass_, params, config):
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         kernel = family.make_kernel(params, config)
         versions = [kernel]
         if args.against:
-            versions.append(kernel.with_defines(variants[args.against]))
+            versions.append(build_variant(kernel, args.against))
         for version in versions:
             builds += [version, version.with_defines(family.full_step_defines)]
     unique = list({build.name: build for build in builds}.values())

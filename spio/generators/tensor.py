@@ -176,9 +176,10 @@ class TensorSpec:
     pixels, each pixel's E 16-byte channel groups together) this puts a fixed i of any 8
     consecutive o in 8 different 16-byte bank slots, so ldmatrix reading 8 pixels of one group
     does not conflict, while each pixel's E elements stay side by side (whole-pixel copies). The
-    key depends on o only modulo 8. The cursor then tracks the two dims' indices (moves along
-    them add up, in any order) and places the element at get(); it must start at the tensor's
-    origin, and its innermost index be in 0..E-1 at get().
+    key depends on o only modulo 8. The cursor then also keeps the two dims' indices, and a move
+    along either adds the change of the XOR part (none for a move by a multiple of 8 along the
+    key dim, which the compiler folds as into a plain cursor); moves add up in any order. It must
+    start at the tensor's origin, and its innermost index stay in 0..E-1.
     """
 
     name: str
@@ -303,9 +304,17 @@ class TensorSpec:
             ]
         lines += self._swizzled_cursor() if self.swizzle else self._plain_cursor()
         lines += _index_class("Index", self._dims, strides, "    ", self.swizzle)
-        lines += ["", "  private:", "    data_type *ptr_;"]
+        lines += ["", "  private:"]
         if self.swizzle:
-            lines += [f"    int {self._dims[-2][0]}_;", f"    int {self._dims[-1][0]}_;"]
+            (outer, _), (inner, _) = self._dims[-2:]
+            lines += [
+                f"    /// At key-dim index {outer} and innermost index {inner}, element ptr.",
+                f"    {_FN} {cls}(data_type *ptr, int {outer}, int {inner})",
+                f"        : ptr_(ptr), {outer}_({outer}), {inner}_({inner}) {{}}",
+            ]
+        lines += ["    data_type *ptr_;"]
+        if self.swizzle:
+            lines += [f"    int {outer}_;", f"    int {inner}_;"]
         lines += ["};"]
         return "\n".join(lines)
 
@@ -326,8 +335,8 @@ class TensorSpec:
         ]
 
     def _swizzled_cursor(self) -> list[str]:
-        """Constructor, moves and access of a swizzled cursor: the pointer moved along the other
-        dims, and the key dim's and innermost dim's indices, placed at get()."""
+        """Constructor, moves and access of a swizzled cursor: the element's pointer, with the
+        key dim's and the innermost dim's indices that a move needs to place the element anew."""
         cls = self.name
         (outer, _), (inner, inner_dim) = self._dims[-2:]
         assert inner_dim.extent is not None  # checked in __post_init__
@@ -336,8 +345,7 @@ class TensorSpec:
             "    /// The XOR key of the innermost index at key-dim index o: o mod 8 decides it.",
             f"    static {_FN} int swizzle_key(int o) {{ return (o & 7) >> {shift}; }}",
             "",
-            f"    {_FN} explicit {cls}(data_type *ptr = nullptr, int {outer} = 0, int {inner} = 0)",
-            f"        : ptr_(ptr), {outer}_({outer}), {inner}_({inner}) {{}}",
+            f"    {_FN} explicit {cls}(data_type *ptr = nullptr) : {cls}(ptr, 0, 0) {{}}",
         ]
         for name, _ in self._dims[:-2]:
             lines.append(
@@ -345,15 +353,23 @@ class TensorSpec:
                 f"return {cls}(ptr_ + i * stride_{name}, {outer}_, {inner}_); }}"
             )
         o, i = f"{outer}_", f"{inner}_"
+        # ptr_ is the element's address; a move along either dim adds the change of the XOR
+        # part too, which for a move by a multiple of 8 along the key dim is zero (the key
+        # repeats), so that the compiler folds such moves into the address as constants.
         lines += [
-            f"    {_FN} {cls} {outer}(int i) const {{ return {cls}(ptr_, {o} + i, {i}); }}",
-            f"    {_FN} {cls} {inner}(int i) const {{ return {cls}(ptr_, {o}, {i} + i); }}",
-            f"    /// The element pointer at the cursor ({inner} stored XORed with its key).",
-            f"    {_FN} data_type *get() const {{",
-            f"        return ptr_ + {o} * stride_{outer} + ({i} ^ swizzle_key({o}));",
+            f"    {_FN} {cls} {outer}(int i) const {{",
+            f"        return {cls}(ptr_ + i * stride_{outer} + ({i} ^ swizzle_key({o} + i)) -",
+            f"                         ({i} ^ swizzle_key({o})),",
+            f"                     {o} + i, {i});",
             "    }",
-            f"    {_FN} data_type &operator*() const {{ return *get(); }}",
-            f"    {_FN} data_type *operator->() const {{ return get(); }}",
+            f"    {_FN} {cls} {inner}(int i) const {{",
+            f"        const int key = swizzle_key({o});",
+            f"        return {cls}(ptr_ + (({i} + i) ^ key) - ({i} ^ key), {o}, {i} + i);",
+            "    }",
+            f"    /// The element pointer at the cursor ({inner} stored XORed with its key).",
+            f"    {_FN} data_type *get() const {{ return ptr_; }}",
+            f"    {_FN} data_type &operator*() const {{ return *ptr_; }}",
+            f"    {_FN} data_type *operator->() const {{ return ptr_; }}",
             "",
         ]
         return lines

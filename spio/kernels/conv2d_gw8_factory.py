@@ -113,12 +113,15 @@ def pad_odd(n: int) -> int:
     return n if n % 2 else n + 1
 
 
-def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8Config) -> int:
-    """Dynamic shared memory of one block: the input-row stages, the weights and the two output
-    staging rows."""
-    in_x = pad_odd(config.block_q + params.s - 1)
+def shared_mem_bytes(
+    params: Conv2dGw8Params, config: Conv2dGw8Config, swizzled: bool = False
+) -> int:
+    """Dynamic shared memory of one block: the input-row stages (group-major rows padded to an odd
+    pitch, or `swizzled` pixel-major rows, unpadded: see stage_layout), the weights and the two
+    output staging rows."""
+    in_x = config.block_q + params.s - 1
     return (
-        config.stages * config.groups * in_x * 16
+        config.stages * config.groups * (in_x if swizzled else pad_odd(in_x)) * 16
         + config.groups * params.r * params.s * 64 * 2
         + 2 * config.block_q * (config.groups + 1) * 16
     )
@@ -318,6 +321,25 @@ def _tiles(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> dic
     }
 
 
+def stage_layout(
+    buffers: tuple[str, int], groups: int, pixels: int, swizzled: bool
+) -> tuple[dict[str, int | tuple[int, int]], bool]:
+    """(dims, swizzle) of a TensorSpec of `buffers` (dim name, count) shared-memory row buffers
+    of `pixels` pixels of `groups` 16-byte chunks (8 channels each), for the input rows the
+    kernels stage. Group-major (the default): [buffer][c8][x], the pitch padded to odd against
+    bank conflicts, so ldmatrix reads a group's pixels side by side while each copied pixel's
+    chunks land in `groups` rows. `swizzled`: pixel-major [buffer][x][c8], each pixel's chunks
+    side by side as in global memory (a warp's row copies land in contiguous bytes), the group
+    XORed with a key of the pixel so that ldmatrix still reads a group's 8 pixels from 8 bank
+    slots (TensorSpec's swizzle). On the H200 the FProp row copies alone read at ~1.7 TB/s into
+    group-major stages where copies into contiguous rows read at 2.8-3.0 (docs/perf, runs 7-8):
+    the swizzled layout is there to time against it."""
+    name, count = buffers
+    if swizzled:
+        return {name: count, "x": pixels, "c8": groups}, True
+    return {name: count, "c8": groups, "x": (pixels, pad_odd(pixels))}, False
+
+
 def generate_header(
     params: Conv2dGw8Params,
     config: Conv2dGw8Config,
@@ -325,11 +347,13 @@ def generate_header(
     weights_cl: bool,
     bias_elem: bool,
     entry: str,
+    swizzled: bool = False,
 ) -> str:
     """The C++ header that specialises conv2d_gw8.cu for one layer and config. `weights_cl`: the
     weights are read in channels_last memory ([K, R, S, 8]) instead of contiguous ([K, 8, R, S]);
     `bias_elem`: the bias is read in the activations' dtype instead of fp32; `entry`: the
-    kernel's symbol (SPIO_KERNEL_ENTRY, the name of the kernel function in conv2d_gw8.cu)."""
+    kernel's symbol (SPIO_KERNEL_ENTRY, the name of the kernel function in conv2d_gw8.cu);
+    `swizzled`: the input-row stages' layout (stage_layout)."""
     geo = _Geometry.of(params, igrad)
     element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups
@@ -373,7 +397,7 @@ def generate_header(
         TensorSpec(
             "SmemInput",
             "uint4",
-            {"stage": config.stages, "c8": config.groups, "x": (in_x, pad_odd(in_x))},
+            *stage_layout(("stage", config.stages), config.groups, in_x, swizzled),
         ),
         # The block's groups of the weights, in their global layout (copied as they are).
         TensorSpec("SmemWeights", element, {"c8": config.groups, **weight_dims(8)}),
@@ -400,10 +424,13 @@ def make_kernel(
     igrad: bool = False,
     weights_cl: bool = False,
     bias_elem: bool = False,
+    swizzled: bool = False,
 ) -> Kernel:
     """The FProp (or, with igrad, DGrad) kernel for `params` with tile `config`; `weights_cl`
     reads channels_last weights, `bias_elem` (FProp with a bias) a bias in the activations'
-    dtype (see generate_header). The tile loop is the same in every variant."""
+    dtype, `swizzled` stages input rows pixel-major (see generate_header; spio runs the
+    group-major kernels, scripts/ablate_kernel.py times the other). The tile loop is the same in
+    every variant."""
     config = config or default_config(params, igrad)
     check_tensor_bytes(params)
     bias_elem = bias_elem and params.has_bias and not igrad
@@ -411,6 +438,7 @@ def make_kernel(
         ("__ragged" if ragged(params, config.block_n) else "")
         + ("__wcl" if weights_cl else "")
         + ("__belem" if bias_elem else "")
+        + ("__swz" if swizzled else "")
     )
     blocks = math.prod(_tiles(params, config, igrad).values())
     kind = "dgrad" if igrad else "fprop"
@@ -423,17 +451,21 @@ def make_kernel(
         source_file=SOURCE_FILE,
         entry=entry,
         headers=(
-            (HEADER_NAME, generate_header(params, config, igrad, weights_cl, bias_elem, entry)),
+            (
+                HEADER_NAME,
+                generate_header(params, config, igrad, weights_cl, bias_elem, entry, swizzled),
+            ),
         ),
         grid=(blocks, 1, 1),
         block=(config.threads, 1, 1),
-        shared_mem_bytes=shared_mem_bytes(params, config),
+        shared_mem_bytes=shared_mem_bytes(params, config, swizzled),
         info=(
             ("params", params),
             ("config", config),
             ("igrad", igrad),
             ("weights_cl", weights_cl),
             ("bias_elem", bias_elem),
+            ("swizzled", swizzled),
         ),
     )
 
@@ -451,11 +483,22 @@ def operand_layout(weight, bias=None) -> tuple[bool, bool]:
 
 
 def variant(kernel: Kernel, weights_cl: bool, bias_elem: bool) -> Kernel:
-    """`kernel` (same params and config) reading weights and bias as make_kernel's flags say."""
+    """`kernel` (same params, config and stage layout) reading weights and bias as make_kernel's
+    flags say."""
     if (weights_cl, bias_elem) == (kernel.info_value("weights_cl"), kernel.info_value("bias_elem")):
         return kernel
     params, igrad = kernel.info_value("params"), kernel.info_value("igrad")
-    return make_kernel(params, kernel.info_value("config"), igrad, weights_cl, bias_elem)
+    config, swizzled = kernel.info_value("config"), bool(kernel.info_value("swizzled"))
+    return make_kernel(params, config, igrad, weights_cl, bias_elem, swizzled)
+
+
+def with_swizzled_stages(kernel: Kernel) -> Kernel:
+    """`kernel` (same params, config, operand layouts) with its input rows staged swizzled
+    (stage_layout): the layout scripts/ablate_kernel.py times against the group-major one."""
+    info = dict(kernel.info)
+    return make_kernel(
+        info["params"], info["config"], info["igrad"], info["weights_cl"], info["bias_elem"], True
+    )
 
 
 def _aligned_in(t, fmt):

@@ -25,6 +25,7 @@ from .conv2d_gw8_factory import (
     pad_odd,
     ragged,
     sector_waste,
+    stage_layout,
 )
 from .conv2d_gw8_params import MAX_TENSOR_BYTES, Conv2dGw8Params, check_tensor_bytes
 from .kernel import Kernel, KernelFactory, entry_symbol
@@ -92,10 +93,17 @@ class Conv2dGw8WgradConfig:
         )
 
 
-def shared_mem_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
-    """`stages` slots of x rows plus R + stages slots of dy rows (the ring and a zero row)."""
-    x_row = config.groups * pad_odd(config.block_q + params.s - 1) * 16
-    dy_row = config.groups * pad_odd(config.block_q) * 16
+def shared_mem_bytes(
+    params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, swizzled: bool = False
+) -> int:
+    """`stages` slots of x rows plus R + stages slots of dy rows (the ring and a zero row),
+    group-major rows padded to an odd pitch, or `swizzled` rows unpadded (stage_layout)."""
+
+    def pitch(pixels: int) -> int:
+        return pixels if swizzled else pad_odd(pixels)
+
+    x_row = config.groups * pitch(config.block_q + params.s - 1) * 16
+    dy_row = config.groups * pitch(config.block_q) * 16
     return config.stages * x_row + (params.r + config.stages) * dy_row
 
 
@@ -266,9 +274,11 @@ def generate_header(
     config: Conv2dGw8WgradConfig,
     partials: bool,
     entry: str,
+    swizzled: bool = False,
 ) -> str:
     """The C++ header that specialises conv2d_gw8_wgrad.cu for one layer and config; `entry`:
-    the kernel's symbol (SPIO_KERNEL_ENTRY, the name of the kernel function in the source)."""
+    the kernel's symbol (SPIO_KERNEL_ENTRY, the name of the kernel function in the source);
+    `swizzled`: the x and dy row buffers' layout (conv2d_gw8_factory.stage_layout)."""
     c8 = params.groups
     in_x = config.block_q + params.s - 1
     tiles = _tiles(params, config)
@@ -306,18 +316,14 @@ def generate_header(
         TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
         TensorSpec("DBias", "float", {"k": params.c}),
         TensorSpec(
-            "SmemX",
-            "uint4",
-            {"stage": config.stages, "c8": config.groups, "x": (in_x, pad_odd(in_x))},
+            "SmemX", "uint4", *stage_layout(("stage", config.stages), config.groups, in_x, swizzled)
         ),
         TensorSpec(
             "SmemDy",
             "uint4",
-            {
-                "slot": params.r + config.stages,
-                "c8": config.groups,
-                "x": (config.block_q, pad_odd(config.block_q)),
-            },
+            *stage_layout(
+                ("slot", params.r + config.stages), config.groups, config.block_q, swizzled
+            ),
         ),
         IndexSpec("BlockIdx", {**tiles, "n": None}),  # (n stays outermost)
         IndexSpec("WarpIdx", {"c8": config.groups, "x8": config.block_q // (8 * config.warp_q8)}),
@@ -335,13 +341,18 @@ def generate_header(
 
 
 def make_kernel(
-    params: Conv2dGw8Params, config: Conv2dGw8WgradConfig | None = None, partials: bool = False
+    params: Conv2dGw8Params,
+    config: Conv2dGw8WgradConfig | None = None,
+    partials: bool = False,
+    swizzled: bool = False,
 ) -> Kernel:
     """The WGrad kernel for `params` with tile `config` (bias gradient too when has_bias).
 
     `partials`: each warp stores its sums to its own slot of a partial-sum buffer
     (partial_slots(params, config) slots) instead of adding them atomically; the caller sums the
     slots (see `wgrad`). The result then does not depend on the order the blocks run in.
+    `swizzled`: x and dy rows staged pixel-major, swizzled (conv2d_gw8_factory.stage_layout;
+    spio runs the group-major kernels, scripts/ablate_kernel.py times the other).
     """
     config = config or default_config(params)
     check_tensor_bytes(params)
@@ -359,18 +370,31 @@ def make_kernel(
         f"conv2d_gw8_wgrad__{params.encode_image()}__{config.encode()}"
         + ("__ragged" if ragged(params, config.block_n) else "")
         + ("__partials" if partials else "")
+        + ("__swz" if swizzled else "")
     )
     entry = entry_symbol(name)
     return Kernel(
         name=name,
         source_file=SOURCE_FILE,
         entry=entry,
-        headers=((HEADER_NAME, generate_header(params, config, partials, entry)),),
+        headers=((HEADER_NAME, generate_header(params, config, partials, entry, swizzled)),),
         grid=(blocks, 1, 1),
         block=(config.threads, 1, 1),
-        shared_mem_bytes=shared_mem_bytes(params, config),
-        info=(("params", params), ("config", config), ("partials", partials)),
+        shared_mem_bytes=shared_mem_bytes(params, config, swizzled),
+        info=(
+            ("params", params),
+            ("config", config),
+            ("partials", partials),
+            ("swizzled", swizzled),
+        ),
     )
+
+
+def with_swizzled_stages(kernel: Kernel) -> Kernel:
+    """`kernel` (same params, config and reduction) with its x and dy rows staged swizzled
+    (stage_layout): the layout scripts/ablate_kernel.py times against the group-major one."""
+    info = dict(kernel.info)
+    return make_kernel(info["params"], info["config"], info["partials"], swizzled=True)
 
 
 @functools.lru_cache(maxsize=1024)  # called on every partials WGrad: build each one once

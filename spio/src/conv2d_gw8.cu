@@ -15,7 +15,11 @@
 /// image after image, through shared memory one row at a time (cp.async, Block::stages row
 /// buffers, so up to Block::stages - 1 rows are in flight while one is being computed). The
 /// pipeline runs on across image boundaries, and the weights are read once for all Block::n
-/// images. Each warp owns one group and Block::warp_x16 runs of 16 output columns.
+/// images. A stage holds one row of the block's groups, group-major ([c8][x], the pitch padded to
+/// odd) or, in a build with swizzled stages, pixel-major with each pixel's groups permuted by a
+/// key of the pixel (SmemInput; conv2d_gw8_factory.stage_layout); the code is the same, as all
+/// its addresses come from SmemInput. Each warp owns one group and Block::warp_x16 runs of 16
+/// output columns.
 /// For each input row a warp loads, per filter column s, the 16x8 matrix of the shifted input
 /// (16 pixels x 8 channels, ldmatrix.x2) and multiplies it with the R taps (r, s) by
 /// mma.sync.m16n8k8 (or, with Block::mma_k == 16, two filter columns per mma.sync.m16n8k16: A is

@@ -21,7 +21,10 @@
 /// while one is computed), together with one new row of dy (zeros in the last R - 1 steps of an
 /// image), into shared memory. Step i pairs x row i with the dy rows i - r (r = 0..R-1) kept in a
 /// ring of R + STAGES - 1 row slots (the spare slots receive the next rows while the others are
-/// read; rows outside the tile or image are zero). Each warp owns one group and Block::warp_x8
+/// read; rows outside the tile or image are zero). The row buffers are group-major ([c8][x], the
+/// pitch padded to odd) or, in a build with swizzled rows, pixel-major with each pixel's groups
+/// permuted by a key of the pixel (SmemX, SmemDy; conv2d_gw8_factory.stage_layout); the code is
+/// the same, as all its addresses come from them. Each warp owns one group and Block::warp_x8
 /// runs of 8 dy columns. For a run it loads, per filter column s, B = the 8 pixels x 8 channels of
 /// x shifted by s (ldmatrix .trans), and, per pair of filter rows (r0, r1), A = the 8 channels x
 /// 8 pixels of dy rows i - r0 and i - r1 stacked into a 16x8 matrix (ldmatrix.x2 .trans);

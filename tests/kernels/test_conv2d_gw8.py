@@ -793,3 +793,71 @@ def test_every_collected_gpu_kernel_test_has_a_kernel(request):
     assert failures == []
     if any(i.get_closest_marker("cuda") for i in request.session.items if "kernels" in i.nodeid):
         assert kernels  # the collected GPU kernel tests name kernels
+
+
+SWIZZLED_CASES = [
+    # (pass, params, config): every group count, rows of a pixel count that is no multiple of 8
+    # (the key runs on across the row's end), several copies per thread, stages and images.
+    ("fprop", Conv2dGw8Params(n=1, c=8, h=6, w=21, padding=1, r=3, s=3, has_bias=True),
+     fd.Conv2dGw8Config(1, 8, 32, 2, stages=3, mma_k=16)),
+    ("dgrad", Conv2dGw8Params(n=1, c=16, h=9, w=20, padding=(2, 1), r=5, s=3),
+     fd.Conv2dGw8Config(2, 8, 16, 1, stages=4, mma_k=8)),
+    ("fprop", Conv2dGw8Params(n=3, c=40, h=5, w=7, padding=1, r=3, s=3, dtype="bf16"),
+     fd.Conv2dGw8Config(4, 8, 16, 1, stages=3, mma_k=16, block_n=2)),
+    ("dgrad", Conv2dGw8Params(n=2, c=64, h=7, w=33, padding=(1, 0), r=2, s=4),
+     fd.Conv2dGw8Config(8, 8, 32, 1, stages=6, mma_k=16)),
+    ("fprop", Conv2dGw8Params(n=1, c=64, h=4, w=66, padding=(0, 2), r=1, s=5, has_bias=True),
+     fd.Conv2dGw8Config(8, 4, 64, 2, stages=2, mma_k=8)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize(
+    "pass_,params,config", SWIZZLED_CASES, ids=[f"{c[0]}-{c[2].encode()}" for c in SWIZZLED_CASES]
+)
+def test_swizzled_stages_match_reference(pass_, params, config, device):
+    """Input rows staged pixel-major and swizzled (scripts/ablate_kernel.py's `swizzled`,
+    timed against the group-major stages as a fix for the row pipeline's read rate) must
+    compute the same results; its `ldg` form too where it builds."""
+    from spio.check import run_one
+
+    kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", swizzled=True)
+    assert kernel.name.endswith("__swz") and "swizzle_key" in kernel.headers[0][1]
+    group_major = fd.make_kernel(params, config, igrad=pass_ == "dgrad")
+    assert "swizzle_key" not in group_major.headers[0][1]
+    assert kernel.shared_mem_bytes <= group_major.shared_mem_bytes  # no odd-pitch padding
+    kernels = [kernel]
+    if params.r % (config.stages - 1) == 0:
+        kernels.append(load_via_regs(kernel))
+    for k in kernels:
+        ratio = run_one(params, pass_, config, device, kernel=k)
+        assert ratio <= 1.0, f"{k.name}: worst error {ratio:.3g} times the tolerance"
+
+
+@pytest.mark.parametrize("arch", spio.supported_arch)
+def test_swizzled_stages_build_without_spills(arch):
+    """The headline layer's configs (those the GPU check times swizzled) and a sample of others
+    build for every arch, spilling nothing; the swizzled kernel keeps its entry's name apart."""
+    from spio.compiler import compile_many
+
+    params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1)
+    names = ("g8_p64_q32_w1_s4_k16", "g8_p64_q64_w2_s4_k16", "g8_p64_q16_w1_s4_k16")
+    configs = {c.encode(): c for c in fd.configs(params)}
+    kernels = [fd.make_kernel(params, configs[n], igrad=i, swizzled=True) for n in names
+               for i in (False, True)]  # fmt: skip
+    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        usage = result.resources[kernel.entry]
+        assert kernel.entry.endswith("__swz"), kernel.entry  # profiler traces tell it apart
+        assert not usage.spills and usage.registers * kernel.threads <= 65536, (kernel.name, usage)
+
+
+def test_a_swizzled_kernels_operand_variants_stay_swizzled():
+    """fprop()'s operand variants (channels_last weights, a half bias) of a swizzled kernel are
+    swizzled too: a timing must not fall back to the group-major stages unseen."""
+    params = Conv2dGw8Params(n=1, c=16, h=8, w=8, padding=1, has_bias=True)
+    kernel = fd.make_kernel(params, fd.default_config(params), swizzled=True)
+    other = fd.variant(kernel, weights_cl=True, bias_elem=True)
+    assert other.info_value("swizzled") and other.name.endswith("__wcl__belem__swz")
+    assert fd.with_swizzled_stages(fd.make_kernel(params)).name == kernel.name

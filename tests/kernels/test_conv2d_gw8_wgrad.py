@@ -661,3 +661,52 @@ def test_load_via_regs_variant_builds_without_spills(arch):
         kernel = load_via_regs(wg.production_kernel(params, by_name[name]))
         usage = kernel.compile(arch).resources[kernel.entry]
         assert not usage.spills and usage.registers * kernel.threads <= 65536, (name, usage)
+
+
+SWIZZLED_CASES = [
+    # every group count; x rows of a pixel count that is no multiple of 8; 16 pixels an mma;
+    # several images a block (the last block partly past the batch); a last tile past the
+    # output (column masks on swizzled rows)
+    (Conv2dGw8Params(n=2, c=8, h=9, w=21, padding=1, r=3, s=3, has_bias=True),
+     wg.Conv2dGw8WgradConfig(groups=1, block_p=4, block_q=16, warp_q8=2, stages=3, mma_k=16)),
+    (Conv2dGw8Params(n=5, c=16, h=6, w=10, padding=2, r=5, s=3, dtype="bf16"),
+     wg.Conv2dGw8WgradConfig(groups=2, block_p=8, block_q=16, block_n=4, warp_q8=1, stages=4)),
+    (Conv2dGw8Params(n=1, c=40, h=7, w=26, padding=0, r=3, s=3),
+     wg.Conv2dGw8WgradConfig(groups=4, block_p=4, block_q=16, warp_q8=1, stages=3)),
+    (Conv2dGw8Params(n=2, c=64, h=5, w=13, padding=(1, 2), r=2, s=5, has_bias=True),
+     wg.Conv2dGw8WgradConfig(groups=8, block_p=4, block_q=16, warp_q8=2, stages=6)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("partials", [True, False], ids=["partials", "atomics"])
+@pytest.mark.parametrize(
+    "params,config", SWIZZLED_CASES, ids=[c[1].encode() for c in SWIZZLED_CASES]
+)
+def test_swizzled_rows_match_reference(params, config, partials, device):
+    """x and dy rows staged pixel-major and swizzled (scripts/ablate_kernel.py's `swizzled`,
+    timed against the group-major rows) give the same results, with either reduction; its
+    `ldg` form too."""
+    assert config in wg.configs(params) or config in wg.trial_configs(params)
+    kernel = wg.make_kernel(params, config, partials=partials, swizzled=True)
+    assert kernel.name.endswith("__swz") and "swizzle_key" in kernel.headers[0][1]
+    assert kernel.shared_mem_bytes <= wg.make_kernel(params, config).shared_mem_bytes
+    for k in (kernel, load_via_regs(kernel)):
+        ratio = run_one(params, "wgrad", config, device, kernel=k)
+        assert ratio <= 1.0, f"{k.name}: worst error {ratio:.3g} times the tolerance"
+
+
+@pytest.mark.parametrize("arch", spio.supported_arch)
+def test_swizzled_rows_build_without_spills(arch):
+    """The headline layer's WGrad configs, swizzled, build for every arch without spills."""
+    from spio.compiler import compile_many
+
+    params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1)
+    by_name = {c.encode(): c for c in wg.configs(params)}
+    names = ("g2_p64_q32_n1_w4_s2_k16", "g2_p32_q64_n4_w4_s6_k8", "g1_p64_q32_n1_w4_s2_k16")
+    kernels = [wg.with_swizzled_stages(wg.production_kernel(params, by_name[n])) for n in names]
+    results = compile_many([k.compile_job(arch) for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        usage = result.resources[kernel.entry]
+        assert not usage.spills and usage.registers * kernel.threads <= 65536, (kernel.name, usage)

@@ -27,9 +27,9 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
     from spio.compiler import compile_many
 
     kernels = {
-        (pass_, name): kernel.with_defines(switches)
+        (pass_, name): ablate.build_variant(kernel, name)
         for pass_, kernel in base_kernels.items()
-        for name, switches in ablate.VARIANTS.items()
+        for name in [*ablate.VARIANTS, *ablate.SWIZZLED]
         if ablate.variant_applies(name, pass_, *_params_and_config(kernel))
     }
     results = compile_many([k.compile_job("sm_90") for k in kernels.values()], progress=False)
@@ -44,9 +44,12 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
         assert len(by_key[(pass_, "no-mma")].cubin) < full
         assert len(by_key[(pass_, "skeleton")].cubin) < len(by_key[(pass_, "no-mma")].cubin)
     for pass_ in ("fprop", "dgrad"):  # the pipeline alone: less than loads-only keeps
-        pipeline = len(by_key[(pass_, "pipeline-only")].cubin)
-        assert pipeline < len(by_key[(pass_, "loads-only")].cubin)
+        for prefix in ("", "swizzled-"):
+            pipeline = len(by_key[(pass_, f"{prefix}pipeline-only")].cubin)
+            assert pipeline < len(by_key[(pass_, f"{prefix}loads-only")].cubin)
     assert ("wgrad", "pipeline-only") not in by_key
+    assert ("wgrad", "swizzled-pipeline-only") not in by_key
+    assert ("wgrad", "swizzled") in by_key and ("wgrad", "swizzled-loads-only") in by_key
     # WGrad's `unmasked` need not shrink the code: with one kind of step left ptxas may unroll
     # the loop further (it did once the last steps stopped branching around their copies: 792
     # against 776 instructions, NVRTC 12.9). That it leaves out the careful steps is tested by
@@ -65,6 +68,29 @@ def test_combined_variants_are_the_union_of_their_parts():
     assert v["loads-only"] == v["no-mma"] | v["no-stores"]
     assert v["loads-stagger"] == v["loads-only"] | v["stagger"]
     assert v["ldg-pipeline-only"] == v["ldg"] | v["pipeline-only"]
+
+
+def test_swizzled_variants_are_the_swizzled_kernel_with_their_partners_switches(base_kernels):
+    """Each swizzled variant is make_kernel(swizzled=True) with the switches of the variant it
+    names (loads-only's, pipeline-only's, none), under a name of its own; WGrad's keep its
+    reduction (partial sums or atomics) and have no pipeline-only."""
+    from spio.kernels import conv2d_gw8_factory as fd
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    for pass_, factory in (("fprop", fd), ("dgrad", fd), ("wgrad", wg)):
+        kernel = base_kernels[pass_]
+        swizzled = factory.with_swizzled_stages(kernel)
+        assert swizzled.info_value("swizzled") and not kernel.info_value("swizzled")
+        assert swizzled.info[:-1] == kernel.info[:-1]  # params, config, operands or reduction
+        names = set()
+        for name, partner in ablate.SWIZZLED.items():
+            applies = ablate.variant_applies(name, pass_, *_params_and_config(kernel))
+            assert applies == (pass_ != "wgrad" or name != "swizzled-pipeline-only")
+            if applies:
+                built = ablate.build_variant(kernel, name)
+                assert built.headers == swizzled.with_defines(ablate.VARIANTS[partner]).headers
+                names.add(built.name)
+        assert len(names) == (2 if pass_ == "wgrad" else 3) and kernel.name not in names
 
 
 @pytest.mark.parametrize("variant", ["pipeline-only", "ldg-pipeline-only"])
@@ -347,9 +373,9 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     """The step has 150 s for a few processes: no line times every variant (a compile each, a
     config), and the whole step builds under 160 kernels (run 6 built 236 of its 281 before its
     time ran out: docs/perf/2026-12-04-h200.md). The headline layer's ablation, with FProp's
-    input pipeline alone, comes first (the reference each run compares against); the settled
-    WGrad reductions on every layer come last, with `full` alone; what runs 6 to 8 settled is
-    left out."""
+    input pipeline alone and the swizzled stages, comes first (the reference each run compares
+    against); every layer's kernels swizzled and not, with the settled WGrad reductions, come
+    last; what runs 6 to 8 settled is left out."""
     from spio.bench.layers import layer_table
 
     calls = _gpu_check_ablate_calls()
@@ -360,7 +386,11 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     assert calls[0][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[0]
     assert not args[0].config
     assert {"no-stores", "no-loads", "skeleton", "pipeline-only"} <= set(args[0].variants)
-    assert "$layers" in calls[-1] and args[-1].passes == ["wgrad"] and args[-1].variants == ["full"]
+    # Last, every layer: each pass swizzled against group-major (and WGrad's reductions); the
+    # swizzled stages also in the headline layer's ablation, kernel and pipeline alone.
+    assert "$layers" in calls[-1] and args[-1].variants == ["full", "swizzled"]
+    assert args[-1].passes == ["fprop", "dgrad", "wgrad"]
+    assert {"swizzled", "swizzled-pipeline-only"} <= set(args[0].variants)
     assert all("$layers" not in argv for argv in calls[:-1])
     # Settled by run 6, left out: FProp's unroll-r, WGrad's unmasked and copy-branch on every
     # layer, stagger (DRAM camping), several images per block on the small layers; by run 7: the
