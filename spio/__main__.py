@@ -85,11 +85,13 @@ def _driver_summary(driver_cuda: tuple[int, int], nvrtc_version: tuple) -> str:
 def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
     """What the shipped (or SPIO_PERF_MODELS) performance models cover, and which of the GPUs
     present (their archs, by ordinal) none covers: their tile configs come from the analytic
-    heuristic."""
+    heuristic. A model whose metadata does not parse, whose model file is missing or whose bytes
+    are not those its metadata records is reported, not counted."""
     from .kernels.families import FAMILIES
     from .kernels.perf_model import (
         PACKAGED_MODELS_DIR,
         PerfModelError,
+        check_model_file,
         models_dir,
         models_setting_problem,
         read_meta,
@@ -105,6 +107,7 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
     for meta_path in sorted(folder.glob("sm_*/**/*.json")):
         try:
             meta = read_meta(meta_path)
+            check_model_file(meta_path, meta)
         except PerfModelError as error:  # its layers get the heuristic's configs, with a warning
             damaged.append(str(error))
             continue

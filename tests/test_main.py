@@ -416,6 +416,33 @@ def test_info_names_a_damaged_model_file(tmp_path, monkeypatch):
     assert out.returncode == 1 and "is unreadable" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("damage", ["missing", "flipped byte"])
+def test_info_names_a_missing_or_changed_model_file(damage, tmp_path, monkeypatch):
+    """A model file gone from beside its metadata, or whose bytes are not the SHA-256 its
+    metadata records, is named by info (which loads no model) and not counted as covering its
+    pass: at first use spio would ignore it and pick configs by the heuristic."""
+    import shutil as sh
+
+    from spio import __main__ as cli
+    from spio.kernels import perf_model
+
+    models = tmp_path / "models"
+    sh.copytree(perf_model.PACKAGED_MODELS_DIR / "sm_90", models / "sm_90")
+    model = models / "sm_90" / "conv2d_gw8_dgrad.ubj"
+    if damage == "missing":
+        model.unlink()
+    else:
+        data = bytearray(model.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        model.write_bytes(bytes(data))
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
+    rows = [value for _, value in cli._perf_model_rows([])]
+    assert rows[0].startswith("sm_90: fprop, wgrad (measured on"), rows
+    problem = "is missing" if damage == "missing" else "is corrupted or replaced"
+    assert rows[1].startswith(f"BAD SETTING: SPIO_PERF_MODELS={models}: perf model {model} "), rows
+    assert problem in rows[1] and len(rows) == 2, rows
+
+
 @pytest.mark.parametrize(
     "command,setting,value",
     [
@@ -1024,6 +1051,7 @@ def test_info_reports_perf_model_metadata_of_other_types_without_crashing(
     (tmp_path / "sm_90").mkdir()
     meta = {"family": "conv2d_gw8_fprop", **fields}
     (tmp_path / "sm_90" / "conv2d_gw8_fprop.json").write_text(json.dumps(meta))
+    (tmp_path / "sm_90" / "conv2d_gw8_fprop.ubj").write_bytes(b"model")  # no digest to match
     monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))
     ((key, row),) = cli._perf_model_rows(["sm_90"])
     assert key == "perf models" and row.startswith("sm_90: "), row

@@ -540,6 +540,16 @@ def _check_digest(path: Path, meta: dict) -> bool:
     return True
 
 
+def check_model_file(meta_path: Path, meta: dict) -> None:
+    """PerfModelError unless the model file beside metadata `meta_path` exists and, where its
+    metadata records a SHA-256, has those bytes: what `spio info` can check of a model without
+    loading it (XGBoost's load and its tree checks come at first use)."""
+    path = meta_path.with_suffix(".ubj")
+    if not path.is_file():
+        raise PerfModelError(f"perf model {path} is missing (its metadata {meta_path} is there)")
+    _check_digest(path, meta)
+
+
 def _check_batch_sizes(path: Path, meta: dict) -> None:
     """PerfModelError unless `batch_sizes`, where present, is a list of positive integers."""
     sizes = meta.get("batch_sizes")
