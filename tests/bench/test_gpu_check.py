@@ -283,8 +283,8 @@ def test_an_ablate_part_out_of_time_is_a_timeout(stand_ins, tmp_path):
 
 
 def test_ablate_fails_when_the_bench_layers_cannot_be_listed(stand_ins, tmp_path):
-    """The every-layer WGrad line (the step's last) needs the list of bench layers: without it
-    the step says so and fails, instead of skipping the line without a word."""
+    """The every-layer line (the step's last) needs the list of bench layers: without it the
+    step says so and fails, instead of skipping the line without a word."""
     out_dir = tmp_path / "out"
     out = _run(stand_ins, out_dir, FAKE_NO_LAYERS="1", GPU_CHECK_ONLY="ablate")
     ablate = [line for line in out.stdout.splitlines() if line.startswith("ablate ")][-1]
