@@ -245,6 +245,19 @@ class TensorSpec:
             strides.append(strides[-1] * _inner_stored(dim))
         return tuple(reversed(strides))
 
+    def offset(self, **indices: int) -> int:
+        """The element offset of `indices` (every dim by name), as the C++ Index.offset() and
+        cursor give it, the swizzle included: for checking a layout's properties in Python."""
+        names = [name for name, _ in self._dims]
+        if sorted(indices) != sorted(names):
+            raise ValueError(f"TensorSpec {self.name!r}.offset needs dims {names}, got {indices}")
+        terms = {name: indices[name] for name in names}
+        if self.swizzle:
+            (outer, _), (inner, dim) = self._dims[-2:]
+            assert dim.extent is not None  # checked in __post_init__
+            terms[inner] ^= (indices[outer] % 8) // (8 // dim.extent)
+        return sum(terms[name] * stride for name, stride in zip(names, self.strides, strict=True))
+
     @property
     def size(self) -> int | None:
         """Elements spanned by the tensor, padding included; None where the outermost extent is

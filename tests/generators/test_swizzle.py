@@ -57,6 +57,7 @@ def test_swizzled_cursor_and_index_place_elements_by_the_layout(cxx, data):
             flat = (stage * xs + x) * groups + g
             body.append(f'P("{cls}.idx{m}", {cls}::Index({flat}).offset());')
             want = reference_offset(stage, x, g, xs, groups)
+            assert specs[-1].offset(stage=stage, x=x, c8=g) == want  # Python's, the same
             expected[f"{cls}.move{m}"] = expected[f"{cls}.idx{m}"] = want
         for x in range(-9, 17):  # o mod 8 decides the key, negative o too
             body.append(f'P("{cls}.key{x}", {cls}::swizzle_key({x}));')
@@ -92,3 +93,10 @@ def test_unswizzled_tensor_is_unchanged_by_the_option():
     assert generate([TensorSpec("S", "uint4", dims, swizzle=False)]) == generate(
         [TensorSpec("S", "uint4", dims)]
     )
+
+
+def test_python_offset_of_a_plain_tensor_and_its_errors():
+    spec = TensorSpec("S", "uint4", {"stage": 3, "c8": 2, "x": (5, 7)})
+    assert spec.offset(stage=2, c8=1, x=4) == 2 * 14 + 7 + 4
+    with pytest.raises(ValueError, match=r"'S'.offset needs dims \['stage', 'c8', 'x'\]"):
+        spec.offset(stage=0, x=1)

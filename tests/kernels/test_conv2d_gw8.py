@@ -861,3 +861,25 @@ def test_a_swizzled_kernels_operand_variants_stay_swizzled():
     other = fd.variant(kernel, weights_cl=True, bias_elem=True)
     assert other.info_value("swizzled") and other.name.endswith("__wcl__belem__swz")
     assert fd.with_swizzled_stages(fd.make_kernel(params)).name == kernel.name
+
+
+@pytest.mark.parametrize("groups,pixels", [(8, 34), (4, 18), (2, 66), (1, 20)])
+def test_stage_layouts_where_copies_land_and_where_ldmatrix_reads(groups, pixels):
+    """What the swizzled layout is for, on the stage spec the kernels are built with
+    (stage_layout): a warp's 32 row copies (InputLoadIdx's order: a pixel's groups, then the
+    next pixel's) land in 512 contiguous bytes, where group-major rows scatter them over the
+    groups' rows; and in both layouts ldmatrix reads one group's 8 consecutive pixels (from any
+    first pixel) from 8 different 16-byte bank slots."""
+    from spio.generators import TensorSpec
+
+    for swizzled in (False, True):
+        spec = TensorSpec("S", "uint4", *fd.stage_layout(("stage", 2), groups, pixels, swizzled))
+        order = [(i // groups, i % groups) for i in range(pixels * groups)]  # (x, c8)
+        for warp in range(len(order) // 32):
+            landed = sorted(spec.offset(stage=1, x=x, c8=g) for x, g in order[32 * warp :][:32])
+            contiguous = landed == list(range(landed[0], landed[0] + 32))
+            assert contiguous == (swizzled or groups == 1), (swizzled, warp, landed)
+        for g in range(groups):
+            for first in range(pixels - 7):
+                slots = {spec.offset(stage=1, x=x, c8=g) % 8 for x in range(first, first + 8)}
+                assert len(slots) == 8, (swizzled, g, first, sorted(slots))
