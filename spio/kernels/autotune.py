@@ -93,14 +93,15 @@ def want(
     family: Any, params: Conv2dGw8Params, device: Any, identity: Any, candidates: Sequence
 ) -> bool:
     """Inside `collecting`, record that `params` is to be tuned over `candidates` unless the
-    autotune cache has it already, and return True: the caller then serves its untuned pick.
+    autotune cache has a usable entry for it already (a damaged or outdated one is timed again,
+    as autotune would at first use), and return True: the caller then serves its untuned pick.
     Outside, return False: the caller tunes now."""
     wanted = _wanted.get()
     if wanted is None:
         return False
     kernels, unmade = make_kernels(family, params, candidates)
     key = cache_key(family.name, params, identity, candidates, code_digest(kernels))
-    if key not in wanted and _cache().get(key) is None:
+    if key not in wanted and not _usable(_cache().get(key), family, params):
         wanted[key] = (family, device, [k for k in kernels if k is not None], unmade)
     return True
 
@@ -422,6 +423,11 @@ def autotune(
     if cached:
         logger.debug("autotune: %s %s: cached %s", family.name, params.encode(), config.encode())
     return config
+
+
+def _usable(entry: tuple[bytes, dict] | None, family: Any, params: Conv2dGw8Params) -> bool:
+    """Whether a cache entry (payload, meta), or None for a miss, names a config to use."""
+    return entry is not None and _entry_config(family, params, entry[0])[1] is None
 
 
 def _entry_config(family: Any, params: Conv2dGw8Params, payload: bytes) -> tuple[Any, str | None]:

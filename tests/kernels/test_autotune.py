@@ -770,6 +770,29 @@ def test_collecting_records_a_layers_buildable_candidates_and_why_the_others_are
     assert list(unmade) == [candidates[1]] and "cannot be built" in str(unmade[candidates[1]])
 
 
+@pytest.mark.parametrize("entry", ["usable", "damaged", "outdated"])
+def test_collecting_records_a_layer_whose_cache_entry_is_unusable(entry, monkeypatch, tmp_path):
+    """spio.precompile tunes a layer whose autotune entry is damaged or names a config the
+    family no longer has, as autotune would at first use (inside the training loop, which
+    precompile is there to spare): it had counted any entry as tuned. A usable one still is."""
+    from spio.compiler import DiskCache
+
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_default_cache", None)
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    candidates = family.configs(LAYER)[:3]
+    code = autotune.code_digest([family.make_kernel(LAYER, c) for c in candidates])
+    key = autotune.cache_key(family.name, LAYER, H200, candidates, code)
+    fields = {name: getattr(candidates[1], name) for name in family.config_fields}
+    if entry == "outdated":
+        fields["groups"] = 3
+    payload = b"{not json" if entry == "damaged" else json.dumps({"config": fields}).encode()
+    DiskCache("autotune").get_or_build(key, lambda: (payload, {"family": family.name}))
+    with autotune.collecting() as wanted:
+        assert autotune.want(family, LAYER, FakeCuda(), H200, candidates)
+    assert (key in wanted) == (entry != "usable")
+
+
 def test_input_copies_count_the_bytes_of_the_pass_timed():
     """WGrad also moves its fp32 weight gradient, large for wide 5x5 layers (4.60 MB a set, to
     FProp's and DGrad's 4.40 MB): ceil(3 x 60 MiB / set) + 1 sets for each."""
