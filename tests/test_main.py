@@ -153,6 +153,7 @@ def test_info_gives_the_headers_cuda_version_and_reports_headers_too_old_for_the
     old = tmp_path / "include"
     old.mkdir()
     (old / "cuda_fp16.h").write_text("")
+    (old / "cuda_bf16.h").write_text("")
     (old / "cuda.h").write_text("#define CUDA_VERSION 12010\n")
     out = run_spio("info", env={"SPIO_CACHE_DIR": str(tmp_path), "SPIO_CUDA_INCLUDE": str(old)})
     assert out.returncode == 0, out.stdout + out.stderr  # NVRTC still builds GPU kernels

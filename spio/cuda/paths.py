@@ -270,14 +270,24 @@ def find_nvrtc() -> Path:
     )
 
 
-def _find_include(required: str, prefer_major: int | None, nvrtc: Path | None = None) -> Path:
+def _find_include(
+    headers: tuple[str, ...], prefer_major: int | None, nvrtc: Path | None = None
+) -> Path:
+    """The first folder holding every one of `headers` (SPIO_CUDA_INCLUDE, where set, or
+    none), searched as find_cuda_include says."""
+
+    def has_all(folder: Path) -> bool:
+        return all((folder / header).is_file() for header in headers)
+
+    required = " and ".join(headers)
     env = os.environ.get("SPIO_CUDA_INCLUDE")
     if env:
-        if (Path(env) / required).is_file():
+        if has_all(Path(env)):
             return Path(env)
+        missing = ", ".join(h for h in headers if not (Path(env) / h).is_file())
         raise CudaNotFoundError(
-            f"SPIO_CUDA_INCLUDE={env} holds no {required}. Set it to the CUDA include folder "
-            "that does, or unset it to let spio search its usual places"
+            f"SPIO_CUDA_INCLUDE={env} holds no {missing}. Set it to the CUDA include folder "
+            f"that holds {required}, or unset it to let spio search its usual places"
         )
     looked: list[str] = []
     places: list[tuple[Path, str]] = []
@@ -295,7 +305,7 @@ def _find_include(required: str, prefer_major: int | None, nvrtc: Path | None = 
         if include in seen:
             continue
         seen.add(include)
-        if (include / required).is_file():
+        if has_all(include):
             return include
         looked.append(f"{include} ({origin})")
     if nvrtc is None:  # last, the headers of the libnvrtc the dynamic loader finds
@@ -303,7 +313,7 @@ def _find_include(required: str, prefer_major: int | None, nvrtc: Path | None = 
         for include in includes_beside(loaded) if loaded is not None else []:
             if include in seen:
                 continue
-            if (include / required).is_file():
+            if has_all(include):
                 return include
             looked.append(f"{include} (beside {loaded}, found by the dynamic loader)")
     raise CudaNotFoundError(
@@ -314,12 +324,13 @@ def _find_include(required: str, prefer_major: int | None, nvrtc: Path | None = 
 
 
 def find_cuda_include(prefer_major: int | None = None, nvrtc: Path | None = None) -> Path:
-    """Folder holding cuda_fp16.h and friends for NVRTC, preferably of CUDA `prefer_major`.
+    """Folder holding cuda_fp16.h and cuda_bf16.h (the kernels include both) for NVRTC,
+    preferably of CUDA `prefer_major`.
 
     With `nvrtc`, the path of the libnvrtc in use, the headers of its own installation come first
     (after SPIO_CUDA_INCLUDE), so a libnvrtc from conda or the loader is paired with its headers.
     """
-    return _find_include("cuda_fp16.h", prefer_major, nvrtc)
+    return _find_include(("cuda_fp16.h", "cuda_bf16.h"), prefer_major, nvrtc)
 
 
 def cuda_headers_version(folder: Path) -> tuple[int, int] | None:
@@ -339,7 +350,7 @@ def cuda_headers_version(folder: Path) -> tuple[int, int] | None:
 
 def find_driver_header_dir() -> Path:
     """Folder holding cuda.h, for building the driver extension."""
-    return _find_include("cuda.h", None)
+    return _find_include(("cuda.h",), None)
 
 
 def bundled_include_dir() -> Path:

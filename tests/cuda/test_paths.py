@@ -25,7 +25,7 @@ def make_wheels(root, majors):
         (nvidia / lib).parent.mkdir(parents=True, exist_ok=True)
         (nvidia / lib).write_bytes(b"")
         (nvidia / include).mkdir(parents=True, exist_ok=True)
-        for header in ("cuda.h", "cuda_fp16.h"):
+        for header in ("cuda.h", "cuda_fp16.h", "cuda_bf16.h"):
             (nvidia / include / header).write_text("")
     return nvidia
 
@@ -71,7 +71,8 @@ def no_toolkit(isolated, monkeypatch):
 
 def install(root, lib_dir, include_dir, real=None, name="libnvrtc.so.12"):
     """A fake NVRTC installation under root: lib_dir/name (a symlink to the real libnvrtc, or an
-    empty file) and include_dir/cuda_fp16.h and cuda.h. Returns the library's path."""
+    empty file) and include_dir/cuda_fp16.h, cuda_bf16.h and cuda.h. Returns the library's
+    path."""
     lib = root / lib_dir / name
     lib.parent.mkdir(parents=True, exist_ok=True)
     if real is not None:
@@ -79,7 +80,7 @@ def install(root, lib_dir, include_dir, real=None, name="libnvrtc.so.12"):
     else:
         lib.write_bytes(b"")
     (root / include_dir).mkdir(parents=True, exist_ok=True)
-    for header in ("cuda.h", "cuda_fp16.h"):
+    for header in ("cuda.h", "cuda_fp16.h", "cuda_bf16.h"):
         (root / include_dir / header).write_text("")
     return lib
 
@@ -113,6 +114,7 @@ def test_environment_overrides_win(isolated, monkeypatch):
     custom.mkdir()
     (custom / "libnvrtc.so.99").write_bytes(b"")
     (custom / "cuda_fp16.h").write_text("")
+    (custom / "cuda_bf16.h").write_text("")
     monkeypatch.setenv("SPIO_NVRTC", str(custom / "libnvrtc.so.99"))
     monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(custom))
     assert paths.find_nvrtc() == custom / "libnvrtc.so.99"
@@ -197,6 +199,7 @@ def test_cuda_home_is_searched_after_the_wheels(isolated, monkeypatch):
     (home / "lib64" / "libnvrtc.so.12").write_bytes(b"")
     (home / "include").mkdir()
     (home / "include" / "cuda_fp16.h").write_text("")
+    (home / "include" / "cuda_bf16.h").write_text("")
     monkeypatch.setenv("CUDA_HOME", str(home))
     assert paths.find_nvrtc() == home / "lib64" / "libnvrtc.so.12"
     assert paths.find_cuda_include() == home / "include"
@@ -442,6 +445,32 @@ def test_an_include_override_without_the_header_is_an_error(isolated, monkeypatc
     monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(empty))
     with pytest.raises(paths.CudaNotFoundError, match=r"empty holds no cuda_fp16.h"):
         paths.find_cuda_include()
+
+
+def test_headers_without_cuda_bf16_are_no_kernel_headers(isolated, monkeypatch):
+    """Every kernel includes cuda_bf16.h as well as cuda_fp16.h: a folder with only the latter
+    (an override, or a place searched) is not the kernels' headers, where it had passed `spio
+    info` and then failed every compile with an NVRTC error far from the cause."""
+    nvidia = make_wheels(isolated, [12])
+    monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
+    half = isolated / "half"
+    half.mkdir()
+    (half / "cuda_fp16.h").write_text("")
+    monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(half))
+    with pytest.raises(
+        paths.CudaNotFoundError,
+        match=r"half holds no cuda_bf16.h\. Set it to the CUDA include folder that holds "
+        r"cuda_fp16.h and cuda_bf16.h",
+    ):
+        paths.find_cuda_include()
+    monkeypatch.delenv("SPIO_CUDA_INCLUDE")
+    home = isolated / "toolkit"  # searched after the wheels, whose headers lack cuda_bf16.h
+    (home / "include").mkdir(parents=True)
+    for header in ("cuda_fp16.h", "cuda_bf16.h"):
+        (home / "include" / header).write_text("")
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    (nvidia / "cuda_runtime" / "include" / "cuda_bf16.h").unlink()
+    assert paths.find_cuda_include() == home / "include"
 
 
 def test_cuda_home_comes_before_cuda_path_and_lib64_before_lib(no_toolkit, monkeypatch):
