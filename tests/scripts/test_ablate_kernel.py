@@ -599,3 +599,21 @@ def test_wgrad_no_mma_has_no_mma_with_a_bias():
     ablated = kernel.with_defines(ablate.VARIANTS["no-mma"])
     listing = sass.disassemble(ablated.compile("sm_90").cubin, sass.find_nvdisasm())
     assert "HMMA" not in listing
+
+
+def test_the_swizzled_variants_are_built_and_timed_per_pass(fake_gpu):
+    """The GPU check's swizzled lines through ablate_layer: each pass's swizzled kernel (its
+    own build, `__swz` in the name) after its full one, FProp/DGrad's pipeline alone swizzled
+    too, WGrad's skipped where it has none."""
+    args = ablate.parse_args(
+        ["--layer", "64c_64x64_3x3", "--n", "128", "--heuristic",
+         "--variants", "full", "swizzled", "pipeline-only", "swizzled-pipeline-only"]
+    )  # fmt: skip
+    assert ablate.ablate_layer(args, parse_layer("64c_64x64_3x3")) == 0
+    timed = fake_gpu[1:]
+    assert fake_gpu[0] == len(timed) == 4 + 4 + 2  # FProp and DGrad 4 each, WGrad 2
+    for first in (0, 4):  # FProp's, then DGrad's: full, swizzled, and the pipelines alone
+        full, swizzled, pipeline, swizzled_pipeline = timed[first : first + 4]
+        assert swizzled == f"{full}__swz" and pipeline.startswith(f"{full}__variant_")
+        assert swizzled_pipeline == pipeline.replace(full, swizzled)
+    assert timed[9] == f"{timed[8]}__swz" and "conv2d_gw8_wgrad" in timed[8]
