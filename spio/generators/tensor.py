@@ -172,14 +172,14 @@ class TensorSpec:
 
     `swizzle=True` stores the innermost dim (E indices, E a power of two up to 8, unpadded) XORed
     with a key of the next dim's index o: element (..., o, i) lies at o * E + (i ^ key(o)), key(o)
-    = (o / (8 / E)) % E (`Name::swizzle_key`). For 16-byte elements (a shared-memory row of
+    = (o mod 8) / (8 / E) (`Name::swizzle_key`). For 16-byte elements (a shared-memory row of
     pixels, each pixel's E 16-byte channel groups together) this puts a fixed i of any 8
     consecutive o in 8 different 16-byte bank slots, so ldmatrix reading 8 pixels of one group
     does not conflict, while each pixel's E elements stay side by side (whole-pixel copies). The
-    key depends on o only modulo 8. The cursor then also keeps the two dims' indices, and a move
-    along either adds the change of the XOR part (none for a move by a multiple of 8 along the
-    key dim, which the compiler folds as into a plain cursor); moves add up in any order. It must
-    start at the tensor's origin, and its innermost index stay in 0..E-1.
+    cursor then also keeps the two dims' indices, and a move along either adds the change of the
+    XOR part (none for a move by a multiple of 8 along the key dim, which the compiler folds as
+    into a plain cursor), so moves add up in any order. It starts from the tensor's origin; its
+    innermost index need be in 0..E-1 only where it is read.
     """
 
     name: str
@@ -204,7 +204,9 @@ class TensorSpec:
             + [f"stride_{name}" for name in names]
             + names
         )
-        if self.swizzle is True and len(names) >= 2:  # the indices the cursor keeps
+        if not isinstance(self.swizzle, bool):
+            raise ValueError(f"{label}: swizzle must be True or False, got {self.swizzle!r}")
+        if self.swizzle and len(names) >= 2:  # the indices the cursor keeps
             members += ["swizzle_key", f"{names[-2]}_", f"{names[-1]}_"]
         check_unique_members(label, self.name, members)
         check_unique_members(f"{label} Index", "Index", _index_members(dims, with_offset=True))
@@ -224,8 +226,6 @@ class TensorSpec:
 
     def _check_swizzle(self, label: str) -> None:
         """The swizzle's conditions (see the class docstring), ValueError naming the one unmet."""
-        if self.swizzle is not True:
-            raise ValueError(f"{label}: swizzle must be True or False, got {self.swizzle!r}")
         if len(self._dims) < 2:
             raise ValueError(f"{label}: swizzle needs two dims or more, got {len(self._dims)}")
         (outer, outer_dim), (inner, dim) = self._dims[-2:]
@@ -372,8 +372,8 @@ class TensorSpec:
         lines += [
             f"    {_FN} {cls} {outer}(int i) const {{",
             f"        return {cls}(ptr_ + i * stride_{outer} + ({i} ^ swizzle_key({o} + i)) -",
-            f"                         ({i} ^ swizzle_key({o})),",
-            f"                     {o} + i, {i});",
+            f"                     ({i} ^ swizzle_key({o})),",
+            f"                 {o} + i, {i});",
             "    }",
             f"    {_FN} {cls} {inner}(int i) const {{",
             f"        const int key = swizzle_key({o});",

@@ -322,19 +322,16 @@ def _tiles(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> dic
 
 
 def stage_layout(
-    buffers: tuple[str, int], groups: int, pixels: int, swizzled: bool
+    name: str, count: int, groups: int, pixels: int, swizzled: bool
 ) -> tuple[dict[str, int | tuple[int, int]], bool]:
-    """(dims, swizzle) of a TensorSpec of `buffers` (dim name, count) shared-memory row buffers
-    of `pixels` pixels of `groups` 16-byte chunks (8 channels each), for the input rows the
-    kernels stage. Group-major (the default): [buffer][c8][x], the pitch padded to odd against
-    bank conflicts, so ldmatrix reads a group's pixels side by side while each copied pixel's
-    chunks land in `groups` rows. `swizzled`: pixel-major [buffer][x][c8], each pixel's chunks
-    side by side as in global memory (a warp's row copies land in contiguous bytes), the group
-    XORed with a key of the pixel so that ldmatrix still reads a group's 8 pixels from 8 bank
-    slots (TensorSpec's swizzle). On the H200 the FProp row copies alone read at ~1.7 TB/s into
-    group-major stages where copies into contiguous rows read at 2.8-3.0 (docs/perf, runs 7-8):
-    the swizzled layout is there to time against it."""
-    name, count = buffers
+    """(dims, swizzle) of a TensorSpec of `count` shared-memory row buffers (dim `name`) of
+    `pixels` pixels of `groups` 16-byte chunks: the input rows the kernels stage. Group-major
+    (the default): [name][c8][x], the pitch padded to odd against bank conflicts, so that
+    ldmatrix reads a group's pixels side by side, while a warp's row copies land in `groups`
+    rows. `swizzled`: pixel-major [name][x][c8], a warp's copies landing in contiguous bytes as
+    they lie in global memory, the group XORed with a key of the pixel so that ldmatrix still
+    reads a group's 8 pixels from 8 bank slots (TensorSpec's swizzle). Why both exist:
+    docs/perf/2026-12-04-predictions-2.md."""
     if swizzled:
         return {name: count, "x": pixels, "c8": groups}, True
     return {name: count, "c8": groups, "x": (pixels, pad_odd(pixels))}, False
@@ -397,7 +394,7 @@ def generate_header(
         TensorSpec(
             "SmemInput",
             "uint4",
-            *stage_layout(("stage", config.stages), config.groups, in_x, swizzled),
+            *stage_layout("stage", config.stages, config.groups, in_x, swizzled),
         ),
         # The block's groups of the weights, in their global layout (copied as they are).
         TensorSpec("SmemWeights", element, {"c8": config.groups, **weight_dims(8)}),

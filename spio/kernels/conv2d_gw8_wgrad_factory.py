@@ -316,13 +316,13 @@ def generate_header(
         TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
         TensorSpec("DBias", "float", {"k": params.c}),
         TensorSpec(
-            "SmemX", "uint4", *stage_layout(("stage", config.stages), config.groups, in_x, swizzled)
+            "SmemX", "uint4", *stage_layout("stage", config.stages, config.groups, in_x, swizzled)
         ),
         TensorSpec(
             "SmemDy",
             "uint4",
             *stage_layout(
-                ("slot", params.r + config.stages), config.groups, config.block_q, swizzled
+                "slot", params.r + config.stages, config.groups, config.block_q, swizzled
             ),
         ),
         IndexSpec("BlockIdx", {**tiles, "n": None}),  # (n stays outermost)

@@ -100,3 +100,43 @@ def test_python_offset_of_a_plain_tensor_and_its_errors():
     assert spec.offset(stage=2, c8=1, x=4) == 2 * 14 + 7 + 4
     with pytest.raises(ValueError, match=r"'S'.offset needs dims \['stage', 'c8', 'x'\]"):
         spec.offset(stage=0, x=1)
+
+
+def test_every_short_move_chain_lands_where_the_layout_says(cxx):
+    """Exhaustive where the Hypothesis test samples: for 1, 2, 4 and 8 groups and a padded key
+    dim, the cursor moved to pixel a, group g1, pixel +b and group +(g - g1) (moves of -16..16
+    pixels, intermediate groups outside 0..E-1 too) is at (a + b, g), as is Index.offset()."""
+    specs, body, expected = [], [], {}
+    for groups in (1, 2, 4, 8):
+        cls = f"E{groups}"
+        spec = TensorSpec(cls, "int", {"stage": 2, "x": (40, 43), "c8": groups}, swizzle=True)
+        specs.append(spec)
+        body += [
+            "{",
+            "  long long sum = 0, bad = 0;",
+            "  for (int a = -16; a <= 16; ++a)",
+            "    for (int b = -16; b <= 16; ++b)",
+            f"      for (int g = 0; g < {groups}; ++g)",
+            f"        for (int g1 = -2; g1 <= {groups} + 1; ++g1) {{",
+            f"          const long long got = {cls}(nullptr).stage(1).x(a).c8(g1).x(b).c8(g - g1)"
+            f".get() - ({cls}::data_type *)0;",
+            f"          const int x = a + b, key = {cls}::swizzle_key(x);",
+            f"          const long long want = {cls}::stride_stage + x * {cls}::stride_x"
+            " + (g ^ key);",
+            "          bad += got != want;",
+            "          sum += got;",
+            "        }",
+            f'  P("{cls}.bad", bad);',
+            f'  P("{cls}.sum", sum);',
+            "}",
+        ]
+        expected[f"{cls}.bad"] = 0
+        expected[f"{cls}.sum"] = sum(
+            spec.offset(stage=1, x=a + b, c8=g)
+            for a in range(-16, 17)
+            for b in range(-16, 17)
+            for g in range(groups)
+            for _ in range(-2, groups + 2)
+        )
+    header = generate(specs, "exhaustive.h")
+    assert cxx.printed({"exhaustive.h": header}, body) == expected

@@ -84,9 +84,11 @@ def test_tensor_cursor_offsets_strides_and_index(cxx, data):
         expected[f"{cls}.sizeof"] = sizeof
         body += [
             "{",
-            f"  std::vector<{cls}::data_type> buf(5 * {cls}::size);",
+            # Moves reach +-(extent x stride) in each of up to 4 dims: up to 4 sizes either way
+            # (dims of extent 1 each add a whole size), so the cursor starts 5 sizes in.
+            f"  std::vector<{cls}::data_type> buf(11 * {cls}::size);",
             "  for (size_t i = 0; i < buf.size(); ++i) buf[i] = i;",
-            f"  {cls}::data_type *base = buf.data() + 2 * {cls}::size;",
+            f"  {cls}::data_type *base = buf.data() + 5 * {cls}::size;",
             f'  P("{cls}.size", {cls}::size);',
             f'  P("{cls}.num_bytes", {cls}::num_bytes);',
             f'  P("{cls}.sizeof", sizeof({cls}::data_type));',
@@ -108,7 +110,8 @@ def test_tensor_cursor_offsets_strides_and_index(cxx, data):
             body.append(f'    P("{cls}.move{m}", c.get() - base);')
             body.append(f'    P("{cls}.deref{m}", *c); }}')
             expected[f"{cls}.move{m}"] = offset
-            expected[f"{cls}.deref{m}"] = 2 * size + offset
+            assert abs(offset) <= 5 * size  # inside buf
+            expected[f"{cls}.deref{m}"] = 5 * size + offset
         logical = [(name, extent) for name, extent, _ in layout]
         logical_size = math.prod(e for _, e in logical)
         expected[f"{cls}.Index.size"] = logical_size

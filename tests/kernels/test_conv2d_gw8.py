@@ -861,6 +861,8 @@ def test_a_swizzled_kernels_operand_variants_stay_swizzled():
     other = fd.variant(kernel, weights_cl=True, bias_elem=True)
     assert other.info_value("swizzled") and other.name.endswith("__wcl__belem__swz")
     assert fd.with_swizzled_stages(fd.make_kernel(params)).name == kernel.name
+    both = fd.make_kernel(params, weights_cl=True, bias_elem=True)
+    assert fd.with_swizzled_stages(both).name == f"{both.name}__swz"  # the operands' flags kept
 
 
 @pytest.mark.parametrize("groups,pixels", [(8, 34), (4, 18), (2, 66), (1, 20)])
@@ -873,7 +875,7 @@ def test_stage_layouts_where_copies_land_and_where_ldmatrix_reads(groups, pixels
     from spio.generators import TensorSpec
 
     for swizzled in (False, True):
-        spec = TensorSpec("S", "uint4", *fd.stage_layout(("stage", 2), groups, pixels, swizzled))
+        spec = TensorSpec("S", "uint4", *fd.stage_layout("stage", 2, groups, pixels, swizzled))
         order = [(i // groups, i % groups) for i in range(pixels * groups)]  # (x, c8)
         for warp in range(len(order) // 32):
             landed = sorted(spec.offset(stage=1, x=x, c8=g) for x, g in order[32 * warp :][:32])

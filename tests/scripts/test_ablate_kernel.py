@@ -370,7 +370,7 @@ def _kernels_of_call(argv: list[str], layers: int) -> int:
 
 
 def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_first():
-    """The step has 150 s for a few processes: no line times every variant (a compile each, a
+    """The step has 200 s for a few processes: no line times every variant (a compile each, a
     config), and the whole step builds under 160 kernels (run 6 built 236 of its 281 before its
     time ran out: docs/perf/2026-12-04-h200.md). The headline layer's ablation, with FProp's
     input pipeline alone and the swizzled stages, comes first (the reference each run compares
