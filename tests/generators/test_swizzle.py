@@ -82,9 +82,10 @@ def test_swizzle_conditions_are_named(dims, message):
         TensorSpec("S", "uint4", dims, swizzle=True)
 
 
-def test_swizzle_must_be_a_bool():
-    with pytest.raises(ValueError, match="swizzle must be True or False, got 1"):
-        TensorSpec("S", "uint4", {"x": 4, "c8": 8}, swizzle=1)
+@pytest.mark.parametrize("value", [1, 0, None, "yes"])
+def test_swizzle_must_be_a_bool(value):
+    with pytest.raises(ValueError, match=f"swizzle must be True or False, got {value!r}"):
+        TensorSpec("S", "uint4", {"x": 4, "c8": 8}, swizzle=value)
 
 
 def test_unswizzled_tensor_is_unchanged_by_the_option():
