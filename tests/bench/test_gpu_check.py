@@ -389,9 +389,10 @@ def test_a_steps_extra_calls_keep_within_its_limit(stand_ins, tmp_path, hang, st
                GPU_CHECK_BUDGET="22", GPU_CHECK_TIMM_MIN_SECONDS="0")  # fmt: skip
     line = [line for line in out.stdout.splitlines() if line.startswith(f"{step} ")][-1]
     limit = int(re.search(rf"{step} \(limit (\d+)s\)", out.stdout).group(1))
-    # timeout's kill grace (-k 5) and a loaded machine's start-up may add a few seconds; the
+    # timeout's kill grace (-k 5) and a loaded machine's start-up may add seconds (a fresh-clone
+    # CI run of 2026-12-04 took 34 s for a limit of 22, on a machine where it takes 22-25); the
     # calls' own timeouts had added 30-60
-    assert limit <= 22 and int(line.split()[-1]) <= limit + 6, line
+    assert limit <= 22 and int(line.split()[-1]) <= limit + 15, line
 
 
 def test_a_signal_to_the_script_ends_the_running_step(stand_ins, tmp_path):
