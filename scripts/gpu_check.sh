@@ -266,12 +266,13 @@ step_ablate() {
         esac
     }
     # 1. The classic ablation, with the input pipeline alone (FProp/DGrad), and the kernels with
-    #    their input rows staged swizzled (pixel-major) instead of group-major (FProp/DGrad also
-    #    the pipeline alone): the fix to time if the probe step's grouped rows read slower than
-    #    rows in order.
+    #    their input rows staged swizzled (pixel-major) instead of group-major, also without
+    #    their mma and stores (loads-only: WGrad's 76.7 of its 85.1 us in run 7) and FProp/DGrad's
+    #    pipeline alone: the fix to time if the probe step's grouped rows read slower than rows
+    #    in order.
     ablate --layer 64c_64x64_3x3 \
         --variants full no-stores no-mma no-loads skeleton loads-only pipeline-only no-sync \
-        swizzled swizzled-pipeline-only
+        swizzled swizzled-loads-only swizzled-pipeline-only
     # The swizzled stages on two more FProp tile widths of the headline layer (run 7's
     # pipeline-only configs).
     ablate --layer 64c_64x64_3x3 --passes fprop --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 \

@@ -390,7 +390,7 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     # swizzled stages also in the headline layer's ablation, kernel and pipeline alone.
     assert "$layers" in calls[-1] and args[-1].variants == ["full", "swizzled"]
     assert args[-1].passes == ["fprop", "dgrad", "wgrad"]
-    assert {"swizzled", "swizzled-pipeline-only"} <= set(args[0].variants)
+    assert {"swizzled", "swizzled-loads-only", "swizzled-pipeline-only"} <= set(args[0].variants)
     assert all("$layers" not in argv for argv in calls[:-1])
     # Settled by run 6, left out: FProp's unroll-r, WGrad's unmasked and copy-branch on every
     # layer, stagger (DRAM camping), several images per block on the small layers; by run 7: the
