@@ -317,17 +317,16 @@ class TensorSpec:
             ]
         lines += self._swizzled_cursor() if self.swizzle else self._plain_cursor()
         lines += _index_class("Index", self._dims, strides, "    ", self.swizzle)
-        lines += ["", "  private:"]
-        if self.swizzle:
+        lines += ["", "  private:", "    data_type *ptr_;"]
+        if self.swizzle:  # the indices a move needs, and the constructor that sets them
             (outer, _), (inner, _) = self._dims[-2:]
             lines += [
+                f"    int {outer}_;",
+                f"    int {inner}_;",
                 f"    /// At key-dim index {outer} and innermost index {inner}, element ptr.",
                 f"    {_FN} {cls}(data_type *ptr, int {outer}, int {inner})",
                 f"        : ptr_(ptr), {outer}_({outer}), {inner}_({inner}) {{}}",
             ]
-        lines += ["    data_type *ptr_;"]
-        if self.swizzle:
-            lines += [f"    int {outer}_;", f"    int {inner}_;"]
         lines += ["};"]
         return "\n".join(lines)
 

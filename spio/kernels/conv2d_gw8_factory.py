@@ -113,15 +113,20 @@ def pad_odd(n: int) -> int:
     return n if n % 2 else n + 1
 
 
+def row_pitch(pixels: int, swizzled: bool) -> int:
+    """The 16-byte chunks a staged row of `pixels` pixels spans per group (stage_layout):
+    group-major rows are padded to an odd pitch, swizzled ones are not."""
+    return pixels if swizzled else pad_odd(pixels)
+
+
 def shared_mem_bytes(
     params: Conv2dGw8Params, config: Conv2dGw8Config, swizzled: bool = False
 ) -> int:
-    """Dynamic shared memory of one block: the input-row stages (group-major rows padded to an odd
-    pitch, or `swizzled` pixel-major rows, unpadded: see stage_layout), the weights and the two
-    output staging rows."""
+    """Dynamic shared memory of one block: the input-row stages (row_pitch), the weights and the
+    two output staging rows."""
     in_x = config.block_q + params.s - 1
     return (
-        config.stages * config.groups * (in_x if swizzled else pad_odd(in_x)) * 16
+        config.stages * config.groups * row_pitch(in_x, swizzled) * 16
         + config.groups * params.r * params.s * 64 * 2
         + 2 * config.block_q * (config.groups + 1) * 16
     )
@@ -334,7 +339,7 @@ def stage_layout(
     docs/perf/2026-12-04-predictions-2.md."""
     if swizzled:
         return {name: count, "x": pixels, "c8": groups}, True
-    return {name: count, "c8": groups, "x": (pixels, pad_odd(pixels))}, False
+    return {name: count, "c8": groups, "x": (pixels, row_pitch(pixels, swizzled))}, False
 
 
 def generate_header(

@@ -22,8 +22,8 @@ from .conv2d_gw8_factory import (
     check_layer,
     latency_cover,
     nhwc_operand,
-    pad_odd,
     ragged,
+    row_pitch,
     sector_waste,
     stage_layout,
 )
@@ -96,14 +96,10 @@ class Conv2dGw8WgradConfig:
 def shared_mem_bytes(
     params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, swizzled: bool = False
 ) -> int:
-    """`stages` slots of x rows plus R + stages slots of dy rows (the ring and a zero row),
-    group-major rows padded to an odd pitch, or `swizzled` rows unpadded (stage_layout)."""
-
-    def pitch(pixels: int) -> int:
-        return pixels if swizzled else pad_odd(pixels)
-
-    x_row = config.groups * pitch(config.block_q + params.s - 1) * 16
-    dy_row = config.groups * pitch(config.block_q) * 16
+    """`stages` slots of x rows plus R + stages slots of dy rows (the ring and a zero row), each
+    row_pitch chunks a group."""
+    x_row = config.groups * row_pitch(config.block_q + params.s - 1, swizzled) * 16
+    dy_row = config.groups * row_pitch(config.block_q, swizzled) * 16
     return config.stages * x_row + (params.r + config.stages) * dy_row
 
 
