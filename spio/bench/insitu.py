@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..functional.checks import memory_format
+from ..functional.checks import weight_grad_channels_last
 from ..kernels.conv2d_gw8_params import GROUP_WIDTH, torch_dtype
 from ..kernels.stats import PASSES
 from .layers import BenchLayer
@@ -100,7 +100,7 @@ class _SpioConv(torch.autograd.Function):
         with _pass("spio", "wgrad"):  # dw in the weight's dtype, rounded in the pass as the op does
             dw, _ = ctx.layer.wgrad(
                 x, dy, with_bias=False, dtypes=(weight.dtype, weight.dtype),
-                channels_last=memory_format(weight) is torch.channels_last,
+                channels_last=weight_grad_channels_last(weight),
             )  # fmt: skip
             dw = dw.to(weight.dtype)  # a no-op, except where PyTorch's fallback gave fp32
         return dx, dw, None

@@ -42,7 +42,7 @@ from spio.kernels.families import FAMILY_OF_PASS
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
 
-from .checks import check_args, device_problem, memory_format
+from .checks import check_args, device_problem, memory_format, weight_grad_channels_last
 
 #: The passes of a convolution, and their bits in a call's `passes` (those running spio's kernels).
 PASSES = ("fprop", "dgrad", "wgrad")
@@ -289,11 +289,7 @@ class Layer:
             dx = self.dgrad(grad_output, weight)
         if need_weight and passes & WGRAD:
             assert input is not None, "callers keep the input for a weight gradient"
-            # dw in the weight's layout: autograd lays a gradient out as its parameter is (in a
-            # channels_last model, a copy kernel and an allocation a layer a step), or adds one
-            # laid out otherwise into .grad more slowly. (memory_format, the op's rule for dw:
-            # a 1x1 filter's channels_last weight is contiguous too, but has NHWC's strides.)
-            cl = memory_format(weight) is torch.channels_last
+            cl = weight_grad_channels_last(weight)  # dw in the weight's layout
             dw, db = self.wgrad(input, grad_output, need_bias, dtypes, channels_last=cl)
         torch_input = need_input and not passes & DGRAD
         torch_weight = need_weight and not passes & WGRAD

@@ -272,6 +272,15 @@ def memory_format(t: Tensor) -> torch.memory_format:
     return torch.channels_last if nhwc else torch.contiguous_format
 
 
+def weight_grad_channels_last(weight: Tensor) -> bool:
+    """Whether spio's WGrad should give dw channels_last: when `weight` is laid out so
+    (memory_format, the op's rule: a 1x1 filter's channels_last weight is contiguous too, but has
+    NHWC's strides). Autograd lays a gradient out as its parameter is (in a channels_last model,
+    a copy kernel and an allocation a layer a step), or adds one laid out otherwise into .grad
+    more slowly."""
+    return memory_format(weight) is torch.channels_last
+
+
 def conv_format(input: Tensor, weight: Tensor) -> torch.memory_format:
     """The memory format PyTorch's convolution gives its output and input gradient (cuDNN's rule
     and its CPU backends'): channels_last when the input or the weight is laid out NHWC, else
