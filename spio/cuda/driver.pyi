@@ -60,6 +60,15 @@ _attributes_cache: dict[int, dict[str, Any]]
 
 # Values are ints, but "name" and "arch" (str), "compute_capability" (a pair of ints), and the
 # clocks and bus width (None where the driver does not report them).
+def encode_tensor_map_tiled(
+    data_type: int,
+    address: int,
+    dims: Sequence[int],
+    strides: Sequence[int],
+    box: Sequence[int],
+    swizzle: int,
+    l2_promotion: int = 0,
+) -> bytes: ...
 def device_attributes(ordinal: int = 0) -> dict[str, Any]: ...
 
 _primary_contexts: dict[int, PrimaryContext]

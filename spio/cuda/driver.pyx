@@ -99,6 +99,9 @@ ctypedef CUresult (*fn_module_function)(CUfunction*, CUmodule, const char*) noex
 ctypedef CUresult (*fn_func_get_attr)(int*, int, CUfunction) noexcept nogil
 ctypedef CUresult (*fn_func_set_attr)(CUfunction, int, int) noexcept nogil
 ctypedef CUresult (*fn_func_param_info)(CUfunction, size_t, size_t*, size_t*) noexcept nogil
+ctypedef CUresult (*fn_tensor_map_tiled)(
+    void*, int, uint32_t, void*, const uint64_t*, const uint64_t*, const uint32_t*,
+    const uint32_t*, int, int, int, int) noexcept nogil
 ctypedef CUresult (*fn_launch)(
     CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
     unsigned int, unsigned int, CUstream, void**, void**) noexcept nogil
@@ -128,6 +131,7 @@ cdef struct Api:
     fn_func_set_attr p_cuFuncSetAttribute
     fn_func_param_info p_cuFuncGetParamInfo  # optional: NULL on drivers before CUDA 12.4
     fn_launch p_cuLaunchKernel
+    fn_tensor_map_tiled p_cuTensorMapEncodeTiled  # optional: NULL on drivers before CUDA 12.0
 
 
 cdef Api _api
@@ -223,6 +227,7 @@ cdef int _open(str path, Api* api) except -1:
     api.p_cuFuncSetAttribute = <fn_func_set_attr>_symbol(lib, b"cuFuncSetAttribute", path)
     api.p_cuLaunchKernel = <fn_launch>_symbol(lib, b"cuLaunchKernel", path)
     api.p_cuFuncGetParamInfo = <fn_func_param_info>dlsym(lib, b"cuFuncGetParamInfo")
+    api.p_cuTensorMapEncodeTiled = <fn_tensor_map_tiled>dlsym(lib, b"cuTensorMapEncodeTiled")
     return 0
 
 
@@ -593,6 +598,43 @@ def retain_primary_context(ordinal=0) -> PrimaryContext:
 
 # --------------------------------------------------------------------------------------------------
 # Kernel-argument wrappers
+
+
+def encode_tensor_map_tiled(int data_type, address, dims, strides, box, int swizzle,
+                            int l2_promotion=0) -> bytes:
+    """The 128 bytes cuTensorMapEncodeTiled encodes for a tiled region: `data_type` and `swizzle`
+    as cuda.h numbers them, `dims` and `box` in elements and `strides` in bytes (of dims[1:]),
+    innermost first; element strides 1, no interleave, zeros out of bounds.
+    spio.cuda.tensor_map.TensorMap checks the driver's rules first and names any broken one."""
+    _ensure_init()
+    if _api.p_cuTensorMapEncodeTiled == NULL:
+        raise CudaDriverError(
+            "this NVIDIA driver has no cuTensorMapEncodeTiled: tensor maps need a driver for "
+            "CUDA 12.0 or newer")
+    cdef Py_ssize_t rank = len(dims), i
+    if not 1 <= rank <= 5 or len(strides) != rank - 1 or len(box) != rank:
+        raise ValueError(f"a tensor map of {rank} dims (1 to 5) needs {rank - 1} strides and "
+                         f"{rank} box extents, got {len(strides)} and {len(box)}")
+    cdef uint64_t c_dims[5]
+    cdef uint64_t c_strides[5]
+    cdef uint32_t c_box[5]
+    cdef uint32_t c_elem[5]
+    for i in range(rank):
+        c_dims[i] = dims[i]
+        c_box[i] = box[i]
+        c_elem[i] = 1
+        if i < rank - 1:
+            c_strides[i] = strides[i]
+    # The driver writes the map at a 64-byte aligned address: 128 bytes inside this buffer.
+    cdef uint64_t storage[24]
+    cdef void* tmap = <void*>((<uintptr_t>storage + 63) & ~(<uintptr_t>63))
+    cdef void* gaddr = <void*><uintptr_t>PyLong_AsUnsignedLongLong(address)
+    cdef CUresult r
+    with nogil:
+        r = _api.p_cuTensorMapEncodeTiled(tmap, data_type, <uint32_t>rank, gaddr, c_dims,
+                                          c_strides, c_box, c_elem, 0, swizzle, l2_promotion, 0)
+    _check(r, "cuTensorMapEncodeTiled")
+    return (<char*>tmap)[:128]
 
 
 cdef class KernelArg:
@@ -1241,6 +1283,7 @@ __all__ = [
     "device_attributes",
     "device_count",
     "driver_version",
+    "encode_tensor_map_tiled",
     "init",
     "library_path",
     "retain_primary_context",

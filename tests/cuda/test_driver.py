@@ -199,6 +199,28 @@ CUresult cuFuncGetParamInfo(Fn *f, size_t i, size_t *offset, size_t *size) {
     return 0;
 }
 #endif
+#ifndef NO_PARAM_INFO
+/* Records its arguments in the map, word by word, so that a test can read back what it was
+   given: the real driver's encoding is opaque. 1 (invalid value) for a map not 64-byte aligned. */
+CUresult cuTensorMapEncodeTiled(void *map, int type, unsigned rank, void *address,
+                                const unsigned long long *dims, const unsigned long long *strides,
+                                const unsigned *box, const unsigned *elem, int interleave,
+                                int swizzle, int l2, int oob) {
+    unsigned long long *w = map;
+    if ((unsigned long long)map % 64) return 1;
+    memset(map, 0, 128);
+    w[0] = type | (unsigned long long)rank << 8 | (unsigned long long)interleave << 16 |
+           (unsigned long long)swizzle << 24 | (unsigned long long)l2 << 32 |
+           (unsigned long long)oob << 40;
+    w[1] = (unsigned long long)address;
+    for (unsigned i = 0; i < rank; ++i) {
+        w[2 + i] = dims[i];
+        w[7 + i] = (unsigned long long)box[i] | (unsigned long long)elem[i] << 32;
+        if (i + 1 < rank) w[12 + i] = strides[i];
+    }
+    return 0;
+}
+#endif
 CUresult cuLaunchKernel(Fn *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned smem, void *stream, void **params, void **extra) {
     size_t off = 0;
@@ -877,6 +899,48 @@ def test_fake_old_driver_skips_parameter_checks(fake_libcuda):
     f.launch(1, 1, [Tensor(0x1000), 5, 2.5])
     params = bytes((ctypes.c_ubyte * 16).in_dll(fake, "last_params"))
     assert params == struct.pack("<Qif", 0x1000, 5, 2.5)
+    """,
+    )
+
+
+def test_fake_driver_tensor_map_gets_the_maps_arguments(fake_libcuda):
+    """TensorMap.cuda_bytes passes cuTensorMapEncodeTiled the map's facts as cuda.h numbers them
+    (the fake records its arguments in the map; the real encoding is opaque), at a 64-byte
+    aligned address (the fake refuses others), and its argument on a GPU is a by-value Bytes."""
+    run_with(
+        fake_libcuda["new"],
+        """
+    from spio.cuda.tensor_map import TensorMap
+    m = TensorMap(0x7000, 2, (64, 66, 64, 128), (128, 8448, 540672), (64, 34, 1, 1), 128)
+    blob = m.cuda_bytes()
+    w = struct.unpack("<16Q", blob)
+    # UINT16 (1), rank 4, no interleave, SWIZZLE_128B (3), no L2 promotion, zeros out of bounds
+    assert w[0] == 1 | 4 << 8 | 3 << 24, hex(w[0])
+    assert w[1] == 0x7000
+    assert w[2:6] == (64, 66, 64, 128)
+    assert [x & 0xFFFFFFFF for x in w[7:11]] == [64, 34, 1, 1]
+    assert [x >> 32 for x in w[7:11]] == [1, 1, 1, 1]
+    assert w[12:15] == (128, 8448, 540672)
+    for swizzle, mode in ((0, 0), (32, 1), (64, 2)):
+        m2 = TensorMap(0x7000, 2, (16, 5), (32,), (16, 3), swizzle)
+        w = struct.unpack("<16Q", m2.cuda_bytes())
+        assert (w[0] >> 24) & 0xFF == mode and w[0] & 0xFF == 1 and (w[0] >> 8) & 0xFF == 2
+    assert struct.unpack("<16Q", TensorMap(0x7000, 4, (4,), (), (4,)).cuda_bytes())[0] & 0xFF == 2
+    class Device:
+        type = "cuda"
+    arg = m.argument(Device())
+    assert isinstance(arg, d.Bytes) and arg.nbytes == 128 and arg.value == blob
+    """,
+    )
+
+
+def test_fake_old_driver_without_tensor_maps_says_so(fake_libcuda):
+    run_with(
+        fake_libcuda["old"],
+        """
+    from spio.cuda.tensor_map import TensorMap
+    with pytest.raises(d.CudaDriverError, match="no cuTensorMapEncodeTiled.*CUDA 12.0"):
+        TensorMap(0x7000, 2, (16, 5), (32,), (16, 3)).cuda_bytes()
     """,
     )
 
