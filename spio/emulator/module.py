@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cuda.tensor_map import EMULATOR_MAGIC
 from ..log import logger
 from .build import EmulatorBuildError, Library, build_library
 
@@ -31,6 +32,9 @@ _MAX_BLOCK = (1024, 1024, 64)
 _MAX_GRID = (2**31 - 1, 65535, 65535)
 #: Unregistered bytes placed around tensors copied for a checked launch.
 _REDZONE = 256
+#: The first 8 bytes of a tensor map in the emulator's layout (spio.cuda.tensor_map); its next 8
+#: bytes are the tensor's global address.
+_MAP_MAGIC = EMULATOR_MAGIC.to_bytes(8, "little")
 
 
 class EmulatorError(RuntimeError):
@@ -191,6 +195,36 @@ def _guarded_copy(t: Any, lo: int, hi: int) -> tuple[Any, Any, Any]:
     return torch.as_strided(flat, t.shape, t.stride(), offset), original, span
 
 
+def _struct_bytes(kind: str, arg: Any, where: str) -> bytes:
+    """The bytes of a struct passed by value (kind "s<N>"): bytes, bytearray or memoryview of
+    exactly N bytes."""
+    size = int(kind[1:])
+    if not isinstance(arg, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"{where} is a struct of {size} bytes ({kind}): pass bytes, bytearray or memoryview, "
+            f"got {type(arg).__name__}"
+        )
+    data = bytes(arg)
+    if len(data) != size:
+        raise ValueError(f"{where} is a struct of {size} bytes ({kind}): got {len(data)} bytes")
+    return data
+
+
+def _relocate_map(data: bytes, moves: list[tuple[int, int, int]]) -> bytes:
+    """`data`, a struct argument, with its global address moved when it is a tensor map in the
+    emulator's layout whose address lies inside a tensor that a checked launch moved into a
+    guarded copy ([lo, hi) its original span, `moved` the copy's offset from it): the copy then
+    reads the guarded copy, as the kernel's pointers do. Any other struct comes back unchanged, and
+    so does a map into no moved tensor (the runtime reports a read outside every tensor)."""
+    if len(data) < 16 or not data.startswith(_MAP_MAGIC):
+        return data
+    (address,) = struct.unpack_from("<Q", data, 8)
+    for lo, hi, moved in moves:
+        if lo <= address < hi:
+            return data[:8] + struct.pack("<Q", address + moved) + data[16:]
+    return data
+
+
 def _int_range(kind: str) -> tuple[int, int]:
     bits = 8 * int(kind[1])
     if kind[0] == "u":
@@ -213,7 +247,9 @@ class EmuFunction:
         return text.split(",") if text else []
 
     def _marshal(self, kinds: list[str], args: tuple, check: bool):
-        """Slots for the C++ side, registered ranges, and (original, copy) pairs to copy back."""
+        """Slots for the C++ side, registered ranges, (original, copy) pairs to copy back, and the
+        ctypes buffers of struct arguments, which must stay alive until the launch returns (their
+        slots hold the buffers' addresses)."""
         import torch
 
         if len(args) != len(kinds):
@@ -226,6 +262,8 @@ class EmuFunction:
         slots: list[int] = []
         ranges: list[tuple[int, int]] = []
         copies: list[tuple[Any, Any, Any, Any]] = []
+        moves: list[tuple[int, int, int]] = []  # (lo, hi) of a moved tensor's span, and its move
+        structs: list[tuple[int, bytes]] = []  # (slot index, bytes) of the struct arguments
         for i, (kind, arg) in enumerate(zip(kinds, args, strict=False)):
             where = f"argument {i} of kernel {self.name}"
             if kind == "p":
@@ -243,6 +281,7 @@ class EmuFunction:
                     copy, original_bytes, copy_bytes = _guarded_copy(arg, lo, hi)
                     copies.append((arg, copy, original_bytes, copy_bytes))
                     moved = copy.data_ptr() - arg.data_ptr()
+                    moves.append((lo, hi, moved))
                     lo, hi = lo + moved, hi + moved
                     slots.append(copy.data_ptr())
                 else:
@@ -259,12 +298,21 @@ class EmuFunction:
                 if isinstance(arg, bool) or not isinstance(arg, (int, float)):
                     raise TypeError(f"{where} is a float ({kind}), got {type(arg).__name__}")
                 slots.append(struct.unpack("<Q", struct.pack("<d", float(arg)))[0])
+            elif kind[0] == "s" and kind[1:].isdigit():
+                structs.append((len(slots), _struct_bytes(kind, arg, where)))
+                slots.append(0)  # the buffer's address, once every tensor has been placed
             else:
                 raise TypeError(
                     f"{where} has a type the emulator cannot pass (only pointers, integers, "
-                    f"floats and bools are supported)"
+                    f"floats, bools and trivially copyable structs, as bytes, are supported)"
                 )
-        return slots, ranges, copies
+        # Maps after all tensors: a map may come before the tensor it describes.
+        keep = []
+        for slot, data in structs:
+            buffer = ctypes.create_string_buffer(_relocate_map(data, moves), len(data))
+            keep.append(buffer)
+            slots[slot] = ctypes.addressof(buffer)
+        return slots, ranges, copies, keep
 
     def launch(
         self,
@@ -304,7 +352,7 @@ class EmuFunction:
                 f"modules of their own"
             )
         kinds = self._signature(loaded)
-        slots, ranges, copies = self._marshal(kinds, tuple(args), check)
+        slots, ranges, copies, keep = self._marshal(kinds, tuple(args), check)
         if not self._logged:
             self._logged.append(True)
             logger.info("emulating %s on the CPU", self.name)
@@ -326,6 +374,7 @@ class EmuFunction:
         entry.argtypes = [ctypes.POINTER(_Launch), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
         with _launch_lock:
             rc = entry(ctypes.byref(cfg), slot_array, len(slots))
+            del keep  # the struct arguments' buffers: the runtime has copied them
             message = loaded.handle.spio_emu_last_error
             message.restype = ctypes.c_char_p
             error = message().decode(errors="replace") if rc != 0 else ""

@@ -1,6 +1,6 @@
 /// The CPU emulator's runtime: fibers, block and warp barriers, warp collectives (mma.sync,
-/// ldmatrix, shuffles), deferred cp.async copies, mbarriers with bulk copies, and the hazard
-/// checks.
+/// ldmatrix, shuffles), deferred cp.async copies, mbarriers with bulk copies (1-D and tensor),
+/// and the hazard checks.
 ///
 /// This file is compiled without instrumentation and linked first into every emulator library.
 /// In checked libraries the kernel object is compiled with -fsanitize=thread (GCC's or clang's)
@@ -66,7 +66,10 @@ constexpr int kMaxThreads = 1024;
 constexpr std::size_t kStackBytes = 640 * 1024;
 constexpr std::size_t kGuardBytes = kStackBytes;
 constexpr std::size_t kMaxDynamicShared = 227 * 1024;
-constexpr std::size_t kDynGuard = 256;
+/// The guard zones around the dynamic shared-memory buffer, and the buffer's alignment: 1024 bytes,
+/// so that the buffer starts at a multiple of the largest swizzle repeat (8 spans of 128 bytes) as
+/// a GPU's does, and kernels that align a buffer to it get the GPU's tensor-copy swizzle pattern.
+constexpr std::size_t kDynGuard = 1024;
 constexpr uint16_t kMany = 0xffff;
 constexpr uint16_t kTidMask = 0x7ff;
 constexpr uint16_t kGlobalMany = 0x7ff;
@@ -84,12 +87,15 @@ struct PendingCopy {
     uint64_t group;
 };
 
-/// A bulk copy (cp.async.bulk) waiting to land: it lands when a thread waits on its mbarrier
-/// after the phase's last arrival, the latest moment the hardware may complete it.
+/// A bulk copy (cp.async.bulk), or one contiguous piece of a tensor copy, waiting to land: it lands
+/// when a thread waits on its mbarrier after the phase's last arrival, the latest moment the
+/// hardware may complete it. A null `src` lands `bytes` zeros (a tensor copy's box outside the
+/// tensor); `via` names the copy's instruction for messages.
 struct BulkCopy {
     char *dst;
     const char *src;
     unsigned bytes;
+    const char *via;
 };
 
 /// An mbarrier: arrivals still expected in the current phase, bytes announced and not yet
@@ -271,7 +277,7 @@ struct Runtime {
 };
 
 Runtime g_rt;
-alignas(128) char g_dynamic[kDynGuard + kMaxDynamicShared + kDynGuard];
+alignas(kDynGuard) char g_dynamic[kDynGuard + kMaxDynamicShared + kDynGuard];
 
 std::string format(const char *fmt, ...) {
     char buf[1024];
@@ -632,7 +638,7 @@ std::string g_who(const GAccess &x) {
 /// Counts an async copy reading `bytes` bytes at `src` into (delta 1) or out of (delta -1) the
 /// copies in flight of its global range, in a checked launch.
 void count_source(const char *src, std::size_t bytes, int delta) {
-    if (!g_rt.check || bytes == 0) return;
+    if (!g_rt.check || bytes == 0 || src == nullptr) return;  // null: zeros, nothing read
     if (GRange *r = grange_of(reinterpret_cast<uintptr_t>(src))) r->reading += delta;
 }
 
@@ -661,12 +667,13 @@ void check_copy_sources(const Fiber *f, uintptr_t addr, std::size_t n, GKind kin
     }
     for (const auto &[bar, b] : g_rt.mbarriers) {
         for (const BulkCopy &c : b.copies) {
+            if (c.src == nullptr) continue;  // zeros: nothing read
             if (const uintptr_t a = overlap(c.src, c.bytes)) {
-                fail(f, format("global-memory race: %s address %#lx, which a cp_async_bulk_g2s "
-                               "to shared address %#lx reads, before the phase of the mbarrier "
-                               "at %#lx that the copy belongs to completes (the copy may read "
-                               "its source any time until then)",
-                               act, static_cast<unsigned long>(a),
+                fail(f, format("global-memory race: %s address %#lx, which a %s to shared address "
+                               "%#lx reads, before the phase of the mbarrier at %#lx that the "
+                               "copy belongs to completes (the copy may read its source any "
+                               "time until then)",
+                               act, static_cast<unsigned long>(a), c.via,
                                reinterpret_cast<unsigned long>(c.dst),
                                static_cast<unsigned long>(bar)));
             }
@@ -1655,7 +1662,9 @@ void cp_async_commit_group() { ++g_rt.cur->committed; }
 // mbarriers and bulk copies. A barrier's state lives here, keyed by its shared address (the
 // kernel never reads the 8 bytes itself). Bulk copies land when a thread waits on their barrier
 // after the phase's last arrival; until then their destination is marked like a cp.async's, so a
-// read before the wait is reported as stale. Their writes take no part in race detection.
+// read before the wait is reported as stale. Their writes take no part in race detection. A
+// tensor copy (cp_async_bulk_tensor_g2s) is issued as pieces on the same machinery (start_bulk):
+// runs of source bytes, and runs of zeros for the box outside the tensor.
 
 namespace detail {
 
@@ -1688,7 +1697,11 @@ void land(MBarrier &b, uintptr_t addr) {
             }
             count_source(c.src, c.bytes, -1);
         }
-        std::memcpy(c.dst, c.src, c.bytes);
+        if (c.src) {
+            std::memcpy(c.dst, c.src, c.bytes);
+        } else {
+            std::memset(c.dst, 0, c.bytes);
+        }
         b.tx -= c.bytes;
     }
     b.copies.clear();
@@ -1728,6 +1741,128 @@ void mbarrier_arrive_expect_tx(unsigned long long *bar, unsigned bytes) {
     g_rt.mbarrier_spins = 0;
 }
 
+namespace detail {
+
+/// Issues a bulk copy for fiber `f`: `what` (the instruction, for messages) lands `pieces` (n of
+/// them, together exactly the `bytes` shared bytes at `dst`) on the current phase of `bar`.
+/// Checked: each piece's global source lies inside the kernel's tensors and races with no store;
+/// the landing bytes are no async copy's destination still in flight, count as written now (a
+/// race with this epoch's unordered accesses), and stay marked in flight, so that reading them
+/// before a wait on the phase is reported as stale, until the phase lands them (land()).
+void start_bulk(Fiber *f, const char *what, char *dst, std::size_t bytes, unsigned long long *bar,
+                const BulkCopy *pieces, std::size_t n) {
+    if (g_rt.check) {
+        for (std::size_t k = 0; k < n; ++k) {
+            const BulkCopy &c = pieces[k];
+            if (c.src == nullptr) continue;  // zeros: nothing read
+            const auto s = reinterpret_cast<uintptr_t>(c.src);
+            if (!in_global(s, c.bytes)) {
+                fail(f, format("out-of-bounds global-memory access: %s reads %u bytes at %#lx, "
+                               "outside every tensor passed to the kernel",
+                               what, c.bytes, static_cast<unsigned long>(s)));
+            }
+            global_access(f, s, c.bytes, GKind::kLoad, what);
+        }
+    }
+    MBarrier &b = mbarrier_at(f, bar, what);
+    if (g_rt.check) {
+        std::size_t off;
+        shared_region(reinterpret_cast<uintptr_t>(dst), bytes, &off);
+        for (std::size_t i = 0; i < bytes; ++i) {
+            if (g_rt.shadow[off + i].async_tid) {
+                fail(f, format("%s to %#lx overlaps an async copy that has not landed", what,
+                               reinterpret_cast<unsigned long>(dst + i)));
+            }
+        }
+        shadow_access(f, reinterpret_cast<uintptr_t>(dst), off, bytes, true, what);
+        for (std::size_t i = 0; i < bytes; ++i) {
+            g_rt.shadow[off + i].async_tid = static_cast<uint16_t>(f->tid + 1);
+        }
+    }
+    for (std::size_t k = 0; k < n; ++k) {
+        b.copies.push_back(pieces[k]);
+        count_source(pieces[k].src, pieces[k].bytes, 1);
+    }
+    g_rt.mbarrier_spins = 0;
+}
+
+/// The largest rank of a tensor map (CUDA's, and spio.cuda.tensor_map.MAX_RANK).
+constexpr int kMapRank = 5;
+/// "SPIOTMAP" as a little-endian word: the first 8 bytes of an emulator tensor map.
+constexpr uint64_t kMapMagic = 0x50414d544f495053ull;
+
+/// A tensor map decoded from the emulator's layout (spio.cuda.tensor_map.TensorMap.emulator_bytes,
+/// 16 little-endian words): innermost dim first; stride[0] is the element size.
+struct TensorMapInfo {
+    uintptr_t address;
+    int rank;
+    unsigned element_bytes;
+    unsigned swizzle;  ///< the swizzle span in bytes, 0 for none
+    uint64_t dims[kMapRank];
+    uint64_t strides[kMapRank];
+    uint64_t box[kMapRank];
+};
+
+/// Reads and checks the tensor map at `map` for `what` (a copy of `rank` coordinates).
+TensorMapInfo read_tensor_map(Fiber *f, const char *what, const void *map, int rank) {
+    const auto m = reinterpret_cast<uintptr_t>(map);
+    if (m % 16) {
+        fail(f, format("%s: the tensor map at %#lx is not 16-byte aligned (pass a spio::TensorMap, "
+                       "e.g. a `const __grid_constant__ spio::TensorMap` kernel parameter)",
+                       what, static_cast<unsigned long>(m)));
+    }
+    if (g_rt.check) check_access(f, m, 16 * sizeof(uint64_t), false);  // a wild pointer fails here
+    uint64_t w[16];
+    std::memcpy(w, map, sizeof w);
+    if (w[0] != kMapMagic) {
+        fail(f, format("%s: the map at %#lx is not a tensor map made for the emulator "
+                       "(spio.cuda.tensor_map.TensorMap.emulator_bytes): its first 8 bytes are "
+                       "%#llx, not \"SPIOTMAP\" (a driver-encoded map runs only on a GPU)",
+                       what, static_cast<unsigned long>(m),
+                       static_cast<unsigned long long>(w[0])));
+    }
+    TensorMapInfo t{};
+    t.address = static_cast<uintptr_t>(w[1]);
+    t.rank = static_cast<int>(w[2] & 0xff);
+    t.element_bytes = static_cast<unsigned>((w[2] >> 8) & 0xff);
+    t.swizzle = static_cast<unsigned>((w[2] >> 16) & 0xffff);
+    if (t.rank != rank) {
+        fail(f, format("%s: the tensor map has rank %d, but the copy gives %d coordinates", what,
+                       t.rank, rank));
+    }
+    const unsigned eb = t.element_bytes;
+    if (eb != 1 && eb != 2 && eb != 4 && eb != 8) {
+        fail(f, format("%s: the tensor map's element size must be 1, 2, 4 or 8 bytes, got %u",
+                       what, eb));
+    }
+    if (t.swizzle != 0 && t.swizzle != 32 && t.swizzle != 64 && t.swizzle != 128) {
+        fail(f, format("%s: the tensor map's swizzle must be 0, 32, 64 or 128 bytes, got %u",
+                       what, t.swizzle));
+    }
+    for (int d = 0; d < kMapRank; ++d) {
+        t.dims[d] = w[3 + d];
+        t.strides[d] = d == 0 ? eb : w[8 + d - 1];
+        t.box[d] = (w[12 + d / 2] >> (32 * (d % 2))) & 0xffffffffu;
+        if (d >= rank) continue;
+        if (t.dims[d] < 1 || t.dims[d] > (uint64_t(1) << 32)) {
+            fail(f, format("%s: tensor map dim %d must be 1..2^32 elements, got %llu", what, d,
+                           static_cast<unsigned long long>(t.dims[d])));
+        }
+        if (t.box[d] < 1 || t.box[d] > 256) {
+            fail(f, format("%s: tensor map box dim %d must be 1..256 elements, got %llu", what, d,
+                           static_cast<unsigned long long>(t.box[d])));
+        }
+    }
+    if ((t.box[0] * eb) % 16) {
+        fail(f, format("%s: a tensor map box's inner dim must span a multiple of 16 bytes, got "
+                       "%llu",
+                       what, static_cast<unsigned long long>(t.box[0] * eb)));
+    }
+    return t;
+}
+
+}  // namespace detail
+
 void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long long *bar) {
     Fiber *f = g_rt.cur;
     if (bytes == 0 || bytes % 16) {
@@ -1740,34 +1875,116 @@ void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long
         detail::fail(f, detail::format("cp_async_bulk_g2s source %#lx is not 16-byte aligned",
                                        static_cast<unsigned long>(s)));
     }
-    if (g_rt.check && !detail::in_global(s, bytes)) {
-        detail::fail(f, detail::format("out-of-bounds global-memory access: cp_async_bulk_g2s "
-                                       "reads %u bytes at %#lx, outside every tensor passed to "
-                                       "the kernel",
-                                       bytes, static_cast<unsigned long>(s)));
-    }
-    if (g_rt.check) detail::global_access(f, s, bytes, detail::GKind::kLoad, "cp_async_bulk_g2s");
-    detail::MBarrier &b = detail::mbarrier_at(f, bar, "cp_async_bulk_g2s");
     auto *d = static_cast<char *>(dst);
-    if (g_rt.check) {
-        std::size_t off;
-        detail::shared_region(reinterpret_cast<uintptr_t>(d), bytes, &off);
-        for (unsigned i = 0; i < bytes; ++i) {
-            if (g_rt.shadow[off + i].async_tid) {
-                detail::fail(f, detail::format("cp_async_bulk_g2s to %#lx overlaps an async copy "
-                                               "that has not landed",
-                                               reinterpret_cast<unsigned long>(d + i)));
+    const detail::BulkCopy copy{d, static_cast<const char *>(src), bytes, "cp_async_bulk_g2s"};
+    detail::start_bulk(f, "cp_async_bulk_g2s", d, bytes, bar, &copy, 1);
+}
+
+// A tensor copy lands box[0] x ... x box[rank-1] elements: box element (i0, i1, ...) lands at
+// byte (i0 + box0 * (i1 + box1 * (i2 + ...))) * element_bytes from dst, swizzled, and comes from
+// element (coords[0] + i0, coords[1] + i1, ...) of the tensor, or is zero where that lies outside
+// it. The copy is issued as pieces on the 1-D copies' machinery (BulkCopy, landed with the phase):
+// a contiguous run of source bytes, or of zeros, per piece; with a swizzle, at most a 16-byte
+// chunk per piece, since the swizzle moves each chunk on its own.
+void cp_async_bulk_tensor_g2s(void *dst, const void *map, int rank, const int *coords,
+                              unsigned long long *bar) {
+    Fiber *f = g_rt.cur;
+    static const char *const names[] = {
+        "cp_async_bulk_tensor_g2s",    "cp_async_bulk_tensor_1d_g2s",
+        "cp_async_bulk_tensor_2d_g2s", "cp_async_bulk_tensor_3d_g2s",
+        "cp_async_bulk_tensor_4d_g2s", "cp_async_bulk_tensor_5d_g2s"};
+    const bool rank_ok = rank >= 1 && rank <= detail::kMapRank;
+    const char *what = names[rank_ok ? rank : 0];
+    if (!rank_ok) {
+        detail::fail(f, detail::format("%s: a tensor copy has 1 to %d coordinates, got %d", what,
+                                       detail::kMapRank, rank));
+    }
+    const detail::TensorMapInfo t = detail::read_tensor_map(f, what, map, rank);
+    const uint64_t eb = t.element_bytes;
+    const uint64_t row_bytes = t.box[0] * eb;
+    uint64_t rows = 1;
+    for (int d = 1; d < rank; ++d) rows *= t.box[d];
+    const uint64_t box_bytes = rows * row_bytes;
+    const std::string dst_what = std::string(what) + " destination";
+    detail::require_shared(f, dst, box_bytes, 128, dst_what.c_str());
+    if (t.swizzle && row_bytes != t.swizzle) {
+        detail::fail(f, detail::format(
+                            "%s: a %u-byte swizzle needs a box inner dim of exactly %u bytes in "
+                            "the emulator, got %llu (box dim 0 of %llu elements of %llu bytes); "
+                            "the GPU accepts fewer, but then pads each row of the box in shared "
+                            "memory in a way spio does not rely on",
+                            what, t.swizzle, t.swizzle, static_cast<unsigned long long>(row_bytes),
+                            static_cast<unsigned long long>(t.box[0]),
+                            static_cast<unsigned long long>(eb)));
+    }
+    auto *d = static_cast<char *>(dst);
+    std::vector<detail::BulkCopy> pieces;
+    // Appends a piece, merged into the last one when it continues it (in shared memory, and in
+    // global memory or as zeros).
+    const auto add = [&](char *to, const char *from, uint64_t n) {
+        if (!pieces.empty()) {
+            detail::BulkCopy &last = pieces.back();
+            const bool zeros = from == nullptr && last.src == nullptr;
+            const bool data = from && last.src && last.src + last.bytes == from;
+            if (last.dst + last.bytes == to && (zeros || data)) {
+                last.bytes += static_cast<unsigned>(n);
+                return;
             }
         }
-        detail::shadow_access(f, reinterpret_cast<uintptr_t>(d), off, bytes, true,
-                              "cp_async_bulk_g2s");
-        for (unsigned i = 0; i < bytes; ++i) {
-            g_rt.shadow[off + i].async_tid = static_cast<uint16_t>(f->tid + 1);
+        pieces.push_back({to, from, static_cast<unsigned>(n), what});
+    };
+    // Lands `n` bytes (from `from`, or zeros) at landing offset `off`, 16-byte chunk by chunk when
+    // swizzled: chunk bits [4, 4 + log2(S/16)) of the shared address XOR its bits [7, ...).
+    const uint64_t chunk_mask = t.swizzle ? t.swizzle / 16 - 1 : 0;
+    const auto place = [&](uint64_t off, const char *from, uint64_t n) {
+        if (!t.swizzle) {
+            if (n) add(d + off, from, n);
+            return;
         }
+        while (n) {
+            const uint64_t take = std::min<uint64_t>(n, 16 - off % 16);
+            uintptr_t a = reinterpret_cast<uintptr_t>(d) + off;
+            a ^= ((a >> 7) & chunk_mask) << 4;
+            add(reinterpret_cast<char *>(a), from, take);
+            off += take;
+            n -= take;
+            if (from) from += take;
+        }
+    };
+    // The in-bounds elements of every row: i0 in [lo0, hi0).
+    const int64_t c0 = coords[0];
+    const int64_t box0 = static_cast<int64_t>(t.box[0]);
+    const int64_t lo0 = std::min(box0, std::max<int64_t>(0, -c0));
+    const int64_t hi0 = std::max(lo0, std::min(box0, static_cast<int64_t>(t.dims[0]) - c0));
+    for (uint64_t row = 0; row < rows; ++row) {
+        // Row (i1, i2, ...), i1 fastest: inside the tensor along every outer dim, or zeros.
+        uint64_t rest = row, src = 0;
+        bool inside = hi0 > lo0;
+        for (int dim = 1; dim < rank; ++dim) {
+            const int64_t x = coords[dim] + static_cast<int64_t>(rest % t.box[dim]);
+            rest /= t.box[dim];
+            if (x < 0 || x >= static_cast<int64_t>(t.dims[dim])) {
+                inside = false;
+            } else {
+                src += static_cast<uint64_t>(x) * t.strides[dim];
+            }
+        }
+        const uint64_t base = row * row_bytes;
+        if (!inside) {
+            place(base, nullptr, row_bytes);
+            continue;
+        }
+        const auto *from = reinterpret_cast<const char *>(t.address + src +
+                                                          static_cast<uint64_t>(c0 + lo0) * eb);
+        place(base, nullptr, static_cast<uint64_t>(lo0) * eb);
+        place(base + static_cast<uint64_t>(lo0) * eb, from, static_cast<uint64_t>(hi0 - lo0) * eb);
+        place(base + static_cast<uint64_t>(hi0) * eb, nullptr,
+              static_cast<uint64_t>(box0 - hi0) * eb);
     }
-    b.copies.push_back({d, static_cast<const char *>(src), bytes});
-    detail::count_source(b.copies.back().src, bytes, 1);
-    g_rt.mbarrier_spins = 0;
+    // The landing bytes are exactly [dst, dst + box_bytes): dst is 128-byte aligned and a swizzled
+    // row spans the swizzle S (checked above), so the swizzle permutes chunks within each S-byte
+    // row.
+    detail::start_bulk(f, what, d, box_bytes, bar, pieces.data(), pieces.size());
 }
 
 bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity) {

@@ -83,7 +83,37 @@ SPIO_EMU_API void cp_async_wait(int n);  ///< n < 0: wait_all
 enum ShuffleMode { kShflIdx = 0, kShflUp = 1, kShflDown = 2, kShflXor = 3 };
 enum AtomicKind { kAddF32, kAddF64, kAddI32, kAddU32, kAddU64, kMaxI32, kMinI32, kExchU32, kCasU32 };
 
-/// The kind code of a kernel parameter type, as reported to Python ("p", "i4", "u8", "f4", ...).
+/// The kind code "s<N>" of a struct passed by value: "s" and N (its sizeof) in decimal.
+struct KindText {
+    char c[24];
+};
+template <std::size_t N>
+constexpr KindText struct_kind_text() {
+    KindText t{};
+    char digits[21] = {};
+    int n = 0;
+    std::size_t v = N;
+    do {
+        digits[n++] = static_cast<char>('0' + v % 10);
+        v /= 10;
+    } while (v);
+    t.c[0] = 's';
+    for (int i = 0; i < n; ++i) t.c[1 + i] = digits[n - 1 - i];
+    return t;
+}
+/// One static text per size, built at compile time, so that param_kind can return a pointer to it.
+template <std::size_t N>
+inline constexpr KindText kStructKind = struct_kind_text<N>();
+
+/// Whether kernel parameter type U is a struct Python passes as bytes: a trivially copyable class
+/// (its bytes are all there is to it, as for a GPU's by-value parameters, e.g. spio::TensorMap).
+/// It must also be default-constructible, as every parameter type must (Entry::args holds one).
+template <class U>
+constexpr bool is_byte_struct_v = std::is_class_v<U> && std::is_trivially_copyable_v<U> &&
+                                  std::is_default_constructible_v<U>;
+
+/// The kind code of a kernel parameter type, as reported to Python ("p", "i4", "u8", "f4", ...;
+/// "s<N>" for a struct of N bytes passed by value, "x" for a type the emulator cannot pass).
 template <class T>
 constexpr const char *param_kind() {
     using U = std::remove_cv_t<T>;
@@ -103,12 +133,15 @@ constexpr const char *param_kind() {
         return "f4";
     } else if constexpr (std::is_same_v<U, double>) {
         return "f8";
+    } else if constexpr (is_byte_struct_v<U>) {
+        return kStructKind<sizeof(U)>.c;
     } else {
         return "x";
     }
 }
 
-/// Converts one 8-byte argument slot to the parameter type T.
+/// Converts one 8-byte argument slot to the parameter type T. For a struct passed by value ("s<N>")
+/// the slot is the host address of its N bytes, which Python keeps alive until the launch returns.
 template <class T>
 T from_slot(uint64_t slot) {
     using U = std::remove_cv_t<T>;
@@ -120,6 +153,11 @@ T from_slot(uint64_t slot) {
         return static_cast<U>(d);
     } else if constexpr (std::is_integral_v<U> || std::is_enum_v<U>) {
         return static_cast<U>(static_cast<int64_t>(slot));
+    } else if constexpr (is_byte_struct_v<U>) {
+        U value{};
+        std::memcpy(static_cast<void *>(&value),
+                    reinterpret_cast<const void *>(static_cast<uintptr_t>(slot)), sizeof(U));
+        return value;
     } else {
         return U{};
     }
@@ -186,6 +224,11 @@ SPIO_EMU_API void fence_proxy_async_shared();
 SPIO_EMU_API void mbarrier_arrive_expect_tx(unsigned long long *bar, unsigned bytes);
 SPIO_EMU_API void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes,
                                     unsigned long long *bar);
+/// cp.async.bulk.tensor.<rank>d...tile: the box of the tensor map at `map` (the emulator's layout,
+/// spio.cuda.tensor_map.TensorMap.emulator_bytes) at element coordinates coords[0..rank), innermost
+/// first, to shared `dst`; zeros outside the tensor, all the box's bytes on `bar`'s current phase.
+SPIO_EMU_API void cp_async_bulk_tensor_g2s(void *dst, const void *map, int rank, const int *coords,
+                                           unsigned long long *bar);
 SPIO_EMU_API bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity);
 
 /// cp.async.wait_group N: at most N of the calling thread's newest committed groups stay pending.

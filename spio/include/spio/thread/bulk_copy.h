@@ -16,6 +16,9 @@
 ///   thread 0: fence_proxy_async_shared() before refilling a buffer that threads have read.
 /// Hazard: dst holds stale data until a wait on the copy's phase returns.
 ///
+/// Tensor copies (cp_async_bulk_tensor_4d_g2s) move a box of a tensor described by a TensorMap,
+/// zero-filling what lies outside the tensor and optionally swizzling the 16-byte chunks.
+///
 /// GPU code needs sm_90 or newer (PTX ISA 8.0); the emulator runs it anywhere.
 
 #include "spio/macros.h"
@@ -109,6 +112,45 @@ SPIO_DEVICE bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned pari
     return done != 0;
 #else
     return ::spio::emu::mbarrier_try_wait_parity(bar, parity);
+#endif
+}
+
+/// The shared-memory address of `p` (a pointer into shared memory): the address tensor copies
+/// swizzle by. (The emulator's shared memory is host memory: its low bits stand for it.)
+SPIO_DEVICE unsigned shared_address(const void *p) {
+#if defined(__CUDA_ARCH__)
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+#else
+    return static_cast<unsigned>(reinterpret_cast<unsigned long long>(p));
+#endif
+}
+
+/// A tiled tensor map (spio.cuda.tensor_map.TensorMap): the driver's opaque 128 bytes on a GPU, the
+/// emulator's own layout of the same facts on the CPU. A kernel takes it by value as
+/// `const __grid_constant__ spio::TensorMap`, so that its address is a parameter's.
+struct alignas(64) TensorMap {
+    unsigned long long words[16];
+};
+
+/// Starts copying the box of `map` at element coordinates (c0, c1, c2, c3), innermost first, to
+/// shared `dst` (128-byte aligned; with a swizzled map, aligned to the swizzle's 8-span repeat so
+/// that the pattern starts at dst): elements outside the tensor land as zeros, negative coordinates
+/// included, and all the box's bytes count towards the current phase of `bar`.
+SPIO_DEVICE void cp_async_bulk_tensor_4d_g2s(void *dst, const TensorMap *map, int c0, int c1,
+                                             int c2, int c3, unsigned long long *bar) {
+#if defined(__CUDA_ARCH__)
+    const unsigned dst_addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    const unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+        :
+        : "r"(dst_addr), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1),
+          "r"(c2), "r"(c3), "r"(bar_addr)
+        : "memory");
+#else
+    const int coords[4] = {c0, c1, c2, c3};
+    ::spio::emu::cp_async_bulk_tensor_g2s(dst, map, 4, coords, bar);
 #endif
 }
 

@@ -1,0 +1,397 @@
+"""sm_90 bulk tensor copies (cp_async_bulk_tensor_4d_g2s, TMA) in the emulator, and kernel
+parameters passed by value as a struct (a `const __grid_constant__ spio::TensorMap`).
+
+A tensor copy lands a box of a tensor in shared memory in one instruction: zeros where the box
+lies outside the tensor (negative coordinates included), every byte counted on the mbarrier, and,
+with a swizzle of S bytes, each 16-byte chunk moved by XORing its address bits [4, 4 + log2(S/16))
+with bits [7, ...). The references here compute the box with torch indexing and the swizzle with
+CUTLASS's formulation (Swizzle<B, 4, 3>: offset ^ ((offset & mask << 7) >> 3)), not the runtime's.
+"""
+
+import pytest
+import torch
+
+from spio.cuda.tensor_map import TensorMap
+from spio.emulator import EmulatorError
+from tests.emulator.conftest import COMPILERS, load
+
+TENSOR_COPY = r"""
+#include "spio/thread/bulk_copy.h"
+
+/// Thread 0 announces `expect` bytes on an mbarrier and copies the box of `map` at (c0, c1, c2,
+/// c3) to dynamic shared memory + `offset` bytes; every thread waits, then out[0..bytes/2) gets
+/// the shared memory's 16-bit words from dst and where[0] the dynamic buffer's address mod 1024.
+/// `src` is the tensor the map describes (an argument, as on a GPU, so that the emulator knows
+/// its bounds); the map comes before it, as a kernel may take them. `bug`: 0 none, 1 thread 0
+/// reads dst before its wait, 2 the map pointer is 8 bytes off, 3 thread 0 issues the copy
+/// twice before the wait, 4 thread 0 overwrites src[poke] while the copy is in flight.
+extern "C" __global__ void box4(unsigned short *out, const __grid_constant__ spio::TensorMap map,
+                                unsigned short *src, int c0, int c1, int c2, int c3, int bytes,
+                                int expect, int offset, int bug, int poke,
+                                unsigned long long *where) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    __shared__ __align__(8) unsigned long long bar;
+    unsigned char *dst = smem + offset;
+    if (threadIdx.x == 0) {
+        spio::mbarrier_init(&bar, 1);
+        spio::fence_mbarrier_init();
+        where[0] = reinterpret_cast<unsigned long long>(smem) % 1024;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const spio::TensorMap *m = &map;
+        if (bug == 2) {
+            m = reinterpret_cast<const spio::TensorMap *>(reinterpret_cast<const char *>(&map) + 8);
+        }
+        spio::mbarrier_arrive_expect_tx(&bar, expect);
+        spio::cp_async_bulk_tensor_4d_g2s(dst, m, c0, c1, c2, c3, &bar);
+        if (bug == 3) spio::cp_async_bulk_tensor_4d_g2s(dst, m, c0, c1, c2, c3, &bar);
+        if (bug == 1) out[0] = dst[0];
+        if (bug == 4) src[poke] = 0;
+    }
+    spio::mbarrier_wait_parity(&bar, 0);
+    const unsigned short *words = reinterpret_cast<const unsigned short *>(dst);
+    for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) out[i] = words[i];
+}
+
+/// A struct parameter of 12 bytes, returned field by field: out = {a, b, c}.
+struct Triple {
+    int a, b, c;
+};
+extern "C" __global__ void triple(int *out, const Triple t) {
+    out[0] = t.a;
+    out[1] = t.b;
+    out[2] = t.c;
+}
+"""
+
+SHARED_BYTES = 64 * 1024
+
+
+@pytest.fixture(scope="module", params=COMPILERS)
+def tc(request):
+    return load(TENSOR_COPY, "emu_test_tensor_copy", request.param)
+
+
+def _nhwc(n, h, w, c, seed=0):
+    """An [n][h][w][c] tensor of 16-bit values (fp16 bits as int16), none of them zero."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 2**15, (n, h, w, c), generator=gen, dtype=torch.int16)
+
+
+def _box_reference(x, box, coords):
+    """The box of x ([N][H][W][C]) at coords, both innermost first (c, w, h, n), as
+    [box n][box h][box w][box c], zeros where the box lies outside x."""
+    index = [torch.arange(b) + c for b, c in zip(box, coords, strict=True)]
+    sizes = (x.shape[3], x.shape[2], x.shape[1], x.shape[0])
+    inside = [(i >= 0) & (i < s) for i, s in zip(index, sizes, strict=True)]
+    ic, iw, ih, in_ = (i.clamp(0, s - 1) for i, s in zip(index, sizes, strict=True))
+    values = x[in_[:, None, None, None], ih[None, :, None, None], iw[None, None, :, None], ic]
+    mask = inside[3][:, None, None, None] & inside[2][None, :, None, None]
+    mask = mask & inside[1][None, None, :, None] & inside[0][None, None, None, :]
+    return torch.where(mask, values, torch.zeros_like(values))
+
+
+def _swizzled(landing, swizzle):
+    """The 16-bit words of `landing` (flat, in landing order from a 1024-byte aligned dst) where a
+    copy with `swizzle` puts them: CUTLASS's Swizzle<B, 4, 3> of each byte offset."""
+    if swizzle == 0:
+        return landing
+    bits = {32: 1, 64: 2, 128: 3}[swizzle]
+    mask = ((1 << bits) - 1) << 7
+    byte = 2 * torch.arange(landing.numel())
+    moved = byte ^ ((byte & mask) >> 3)
+    out = torch.empty_like(landing)
+    out[moved // 2] = landing
+    return out
+
+
+def _run(tc, x, tmap, coords, *, src=None, expect=None, offset=0, bug=0, poke=-1, check=True):
+    """Launches box4; returns the landed words (flat) and the dynamic buffer's address mod 1024."""
+    out = torch.full((tmap.box_bytes // 2,), -1, dtype=torch.int16)
+    where = torch.full((1,), -1, dtype=torch.int64)
+    args = (
+        out,
+        tmap.emulator_bytes(),
+        x if src is None else src,
+        *coords,
+        tmap.box_bytes,
+        tmap.box_bytes if expect is None else expect,
+        offset,
+        bug,
+        poke,
+        where,
+    )
+    tc.get_function("box4").launch(1, 64, args, shared_mem_bytes=SHARED_BYTES, check=check)
+    return out, int(where[0])
+
+
+# (tensor [N, H, W, C], box (c, w, h, n), swizzle, coords (c, w, h, n)): boxes hanging off every
+# side of the tensor, negative coordinates included, and boxes wholly inside or outside it.
+CASES = [
+    ((2, 3, 5, 16), (8, 6, 1, 1), 0, (-3, -2, 1, 0)),
+    ((2, 3, 5, 16), (8, 6, 1, 1), 0, (12, 2, 2, 1)),
+    ((2, 3, 5, 16), (8, 6, 1, 1), 0, (4, 0, 3, 1)),
+    ((2, 3, 5, 16), (8, 6, 1, 1), 0, (0, 0, 0, -1)),
+    ((2, 3, 5, 16), (8, 6, 1, 1), 0, (8, -1, -1, 2)),
+    ((2, 3, 5, 16), (16, 5, 3, 2), 0, (0, 0, 0, 0)),
+    ((2, 3, 5, 16), (16, 6, 2, 2), 32, (-5, -1, 2, -1)),
+    ((2, 3, 5, 16), (16, 8, 4, 1), 32, (3, 0, -1, 1)),
+    ((2, 3, 5, 48), (32, 6, 2, 2), 64, (-7, 1, -1, 1)),
+    ((2, 3, 5, 48), (32, 8, 3, 1), 64, (40, -3, 0, 0)),
+    ((2, 4, 5, 80), (64, 6, 3, 2), 128, (-9, -2, 2, -1)),
+    ((2, 4, 5, 80), (64, 8, 4, 1), 128, (30, 0, 0, 1)),
+]
+
+
+@pytest.mark.parametrize("shape,box,swizzle,coords", CASES)
+def test_box_copy_lands_the_box_with_zeros_outside_and_the_swizzle(tc, shape, box, swizzle, coords):
+    x = _nhwc(*shape)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), box, swizzle=swizzle)
+    got, aligned = _run(tc, x, tmap, coords)
+    assert aligned == 0  # the dynamic buffer starts at a multiple of 1024, as on a GPU
+    want = _swizzled(_box_reference(x, box, coords).flatten(), swizzle)
+    assert torch.equal(got, want)
+
+
+def test_swizzle_moves_the_chunks(tc):
+    """The 128-byte swizzle does move data (a reference that forgot it would differ)."""
+    x = _nhwc(1, 1, 8, 64)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (64, 8, 1, 1), swizzle=128)
+    got, _ = _run(tc, x, tmap, (0, 0, 0, 0))
+    plain = x.flatten()
+    assert not torch.equal(got, plain)
+    assert torch.equal(got.view(8, 8, 8)[3, 3 ^ 5], plain.view(8, 8, 8)[3, 5])  # row 3, chunk 5
+
+
+def test_unchecked_launch_lands_the_same_box(tc):
+    x = _nhwc(2, 3, 5, 48)
+    box, coords = (32, 6, 2, 2), (-7, 1, -1, 1)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), box, swizzle=64)
+    got, _ = _run(tc, x, tmap, coords, check=False)
+    assert torch.equal(got, _swizzled(_box_reference(x, box, coords).flatten(), 64))
+
+
+def test_a_map_of_a_view_inside_a_tensor_argument_reads_its_guarded_copy(tc):
+    """Checked launches move tensor arguments into guarded copies; a map whose address lies inside
+    one (here the second image of x, not x's first byte) is moved with it, so the copy reads the
+    guarded copy (unmoved, it would read outside every tensor the launch knows)."""
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x[1:], (3, 2, 1, 0), (16, 5, 3, 1))
+    assert tmap.address == x.data_ptr() + x[0].numel() * 2
+    got, _ = _run(tc, x, tmap, (0, 0, 0, 0))
+    assert torch.equal(got, x[1].flatten())
+
+
+def test_a_map_into_no_tensor_argument_is_an_out_of_bounds_read(tc):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    other = _nhwc(2, 3, 5, 16, seed=1)
+    with pytest.raises(
+        EmulatorError,
+        match="out-of-bounds global-memory access: cp_async_bulk_tensor_4d_g2s reads 16 bytes at",
+    ):
+        _run(tc, x, tmap, (0, 0, 0, 0), src=other)
+
+
+def test_a_box_past_the_tensor_is_reported_when_the_map_overstates_it(tc):
+    """The map claims 4 rows of x's 3: the read of the fourth lies past x (in its guard zone)."""
+    x = _nhwc(1, 3, 1, 16)
+    tmap = TensorMap(x.data_ptr(), 2, (16, 1, 4, 1), (32, 32, 128), (16, 1, 4, 1))
+    with pytest.raises(EmulatorError, match="out-of-bounds global-memory access"):
+        _run(tc, x, tmap, (0, 0, 0, 0))
+
+
+def test_zeros_count_as_transaction_bytes(tc):
+    """A box wholly outside the tensor lands only zeros, and they complete the phase that
+    announced the box's bytes (shared memory starts poisoned: 0xff bytes)."""
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (16, 4, 2, 1), swizzle=32)
+    got, _ = _run(tc, x, tmap, (0, 0, 0, 5))
+    assert torch.equal(got, torch.zeros_like(got))
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (16, "mbarrier wait never ends: phase parity 0 .* 16 announced bytes not copied"),
+        (-16, "moved 16 bytes more than mbarrier_arrive_expect_tx announced"),
+    ],
+    ids=["announced-too-many", "announced-too-few"],
+)
+def test_a_wrong_transaction_count_is_reported(tc, extra, message):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    with pytest.raises(EmulatorError, match=message):
+        _run(tc, x, tmap, (-3, -2, 1, 0), expect=tmap.box_bytes + extra)
+
+
+def test_a_map_not_made_for_the_emulator_is_refused(tc):
+    x = _nhwc(2, 3, 5, 16)
+    out = torch.zeros(48, dtype=torch.int16)
+    where = torch.zeros(1, dtype=torch.int64)
+    args = (out, bytes(128), x, 0, 0, 0, 0, 96, 96, 0, 0, -1, where)
+    with pytest.raises(
+        EmulatorError,
+        match=r"cp_async_bulk_tensor_4d_g2s: the map at 0x[0-9a-f]+ is not a tensor map made for "
+        r"the emulator \(spio.cuda.tensor_map.TensorMap.emulator_bytes\): its first 8 bytes are 0,",
+    ):
+        tc.get_function("box4").launch(1, 64, args, shared_mem_bytes=SHARED_BYTES)
+
+
+def test_a_map_of_another_rank_is_refused(tc):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x.view(6, 5, 16), (2, 1, 0), (8, 6, 1))
+    with pytest.raises(EmulatorError, match="the tensor map has rank 3, but the copy gives 4"):
+        _run(tc, x, tmap, (0, 0, 0, 0))
+
+
+def test_a_misaligned_map_is_refused(tc):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    with pytest.raises(
+        EmulatorError, match=r"the tensor map at 0x[0-9a-f]+ is not 16-byte aligned"
+    ):
+        _run(tc, x, tmap, (0, 0, 0, 0), bug=2)
+
+
+def test_a_destination_off_128_bytes_is_refused(tc):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    with pytest.raises(
+        EmulatorError,
+        match=r"cp_async_bulk_tensor_4d_g2s destination: shared address 0x[0-9a-f]+ is not "
+        r"128-byte aligned",
+    ):
+        _run(tc, x, tmap, (0, 0, 0, 0), offset=64)
+
+
+def test_a_box_running_past_shared_memory_is_refused(tc):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 2, 1))  # 192 bytes, 128 of them left
+    with pytest.raises(
+        EmulatorError,
+        match=r"cp_async_bulk_tensor_4d_g2s destination: address 0x[0-9a-f]+ is not inside the "
+        r"block's shared memory",
+    ):
+        _run(tc, x, tmap, (0, 0, 0, 0), offset=SHARED_BYTES - 128)
+
+
+def test_a_destination_16_bytes_off_128_is_refused_too(tc):
+    """A 1-D bulk copy needs 16-byte alignment; a tensor copy needs 128."""
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    with pytest.raises(EmulatorError, match="is not 128-byte aligned"):
+        _run(tc, x, tmap, (0, 0, 0, 0), offset=16)
+
+
+def test_a_swizzled_row_narrower_than_the_span_is_refused(tc):
+    """The GPU takes a box inner dim below the swizzle span (the driver's rule), but pads its rows
+    in a way spio does not rely on: the emulator refuses it and says so."""
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (16, 4, 1, 1), swizzle=64)
+    with pytest.raises(
+        EmulatorError,
+        match=r"a 64-byte swizzle needs a box inner dim of exactly 64 bytes in the emulator, got "
+        r"32 \(box dim 0 of 16 elements of 2 bytes\); the GPU accepts fewer, but then pads",
+    ):
+        _run(tc, x, tmap, (0, 0, 0, 0))
+
+
+def test_reading_the_destination_before_the_wait_is_a_stale_read(tc):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1), swizzle=0)
+    with pytest.raises(
+        EmulatorError,
+        match=r"reads shared address 0x[0-9a-f]+, the destination of an async copy \(cp.async or "
+        r"bulk\) issued by thread \(0,0,0\), before a cp_async_wait_group/cp_async_wait_all or "
+        r"mbarrier wait covering it \(stale data\)",
+    ):
+        _run(tc, x, tmap, (0, 0, 0, 0), bug=1)
+
+
+def test_a_copy_onto_one_in_flight_is_refused(tc):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    with pytest.raises(
+        EmulatorError,
+        match=r"cp_async_bulk_tensor_4d_g2s to 0x[0-9a-f]+ overlaps an async copy that has not "
+        r"landed",
+    ):
+        _run(tc, x, tmap, (0, 0, 0, 0), bug=3, expect=2 * tmap.box_bytes)
+
+
+def test_overwriting_the_source_of_a_copy_in_flight_is_a_race(tc):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    poke = (1 * 3 + 2) * 5 * 16 + 3 * 16 + 5  # element (n 1, h 2, w 3, c 5): inside the box
+    with pytest.raises(
+        EmulatorError,
+        match=r"global-memory race: writes address 0x[0-9a-f]+, which a "
+        r"cp_async_bulk_tensor_4d_g2s to shared address 0x[0-9a-f]+ reads, before the phase",
+    ):
+        _run(tc, x, tmap, (2, 1, 2, 1), bug=4, poke=poke)
+
+
+def test_overwriting_bytes_the_copy_does_not_read_is_no_race(tc):
+    """The zeros of a box read nothing: a store next to the box's in-bounds part is fine."""
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    poke = (1 * 3 + 2) * 5 * 16 + 3 * 16 + 1  # element (n 1, h 2, w 3, c 1): left of the box
+    want = _box_reference(x.clone(), (8, 6, 1, 1), (2, 1, 2, 1)).flatten()
+    got, _ = _run(tc, x, tmap, (2, 1, 2, 1), bug=4, poke=poke)
+    assert torch.equal(got, want) and x.view(-1)[poke] == 0
+
+
+# Structs passed by value: a kernel's `const T` parameter of a trivially copyable class takes its
+# bytes ("s<N>", N = sizeof(T)).
+
+
+def test_struct_parameters_take_their_bytes(tc):
+    import struct
+
+    fn = tc.get_function("triple")
+    for data in (
+        struct.pack("<3i", 7, -8, 9),
+        bytearray(struct.pack("<3i", 7, -8, 9)),
+        memoryview(struct.pack("<3i", 7, -8, 9)),
+    ):
+        out = torch.zeros(3, dtype=torch.int32)
+        fn.launch(1, 1, (out, data))
+        assert out.tolist() == [7, -8, 9]
+
+
+def test_a_struct_parameter_of_the_wrong_length_is_refused(tc):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 1 of kernel triple is a struct of 12 bytes \(s12\): got 11 bytes",
+    ):
+        tc.get_function("triple").launch(1, 1, (torch.zeros(3, dtype=torch.int32), bytes(11)))
+
+
+@pytest.mark.parametrize("value", [12, torch.zeros(3, dtype=torch.int32), "abc"])
+def test_a_struct_parameter_of_another_type_is_refused(tc, value):
+    with pytest.raises(
+        TypeError,
+        match=r"argument 1 of kernel triple is a struct of 12 bytes \(s12\): pass bytes, "
+        r"bytearray or memoryview, got",
+    ):
+        tc.get_function("triple").launch(1, 1, (torch.zeros(3, dtype=torch.int32), value))
+
+
+def test_the_signature_names_struct_kinds(tc):
+    loaded = tc._load(True)
+    assert tc.get_function("triple")._signature(loaded) == ["p", "s12"]
+    assert tc.get_function("box4")._signature(loaded)[:3] == ["p", "s128", "p"]
+
+
+def test_tensor_copy_kernels_compile_with_nvrtc_for_sm_90():
+    """The GPU branch of the tensor copy and the __grid_constant__ map parameter build too."""
+    compiler = pytest.importorskip("spio.compiler")
+    try:
+        from spio.cuda.paths import find_nvrtc
+
+        find_nvrtc()
+    except Exception as error:  # no NVRTC on this machine
+        pytest.skip(f"NVRTC not available: {error}")
+    assert compiler.compile_cubin(TENSOR_COPY, "sm_90", name="emu_tensor_copy.cu").cubin
