@@ -182,6 +182,10 @@ def pass_call(
 
         x, dy = args[2], args[3]
         return lambda: wgrad(x, dy, params, kernel=kernel)
+    if kernel.info_value("tma"):  # its input's tensor map, encoded once for every call
+        from .conv2d_gw8_factory import input_map
+
+        args = [*args, input_map(kernel, args[1]).argument(device)]
     return lambda: kernel.launch(args, device)
 
 

@@ -113,22 +113,42 @@ def pad_odd(n: int) -> int:
     return n if n % 2 else n + 1
 
 
-def row_pitch(pixels: int, swizzled: bool) -> int:
+def row_pitch(pixels: int, swizzled: bool, tma: bool = False) -> int:
     """The 16-byte chunks a staged row of `pixels` pixels spans per group (stage_layout):
-    group-major rows are padded to an odd pitch, swizzled ones are not."""
+    group-major rows are padded to an odd pitch, swizzled ones are not, and rows that tensor
+    copies fill are padded to a multiple of 8 pixels, so that each starts at a multiple of its
+    swizzle's repeat (tma_align)."""
+    if tma:
+        return -(-pixels // 8) * 8
     return pixels if swizzled else pad_odd(pixels)
 
 
+def tma_align(groups: int) -> int:
+    """The byte alignment of a stage that tensor copies fill with `groups` 16-byte chunks a pixel:
+    the repeat of their swizzle (8 rows of its span, the span 16 * groups bytes: 32, 64 or 128;
+    one group is unswizzled, and tensor copies land at multiples of 128 bytes)."""
+    return 128 * groups
+
+
+def tma_swizzle(groups: int) -> int:
+    """The swizzle span, in bytes, of the tensor map that fills such stages: a pixel's groups
+    (TensorSpec's swizzle keys the same chunks by the same bits: stage_layout)."""
+    return 16 * groups if groups > 1 else 0
+
+
 def shared_mem_bytes(
-    params: Conv2dGw8Params, config: Conv2dGw8Config, swizzled: bool = False
+    params: Conv2dGw8Params, config: Conv2dGw8Config, swizzled: bool = False, tma: bool = False
 ) -> int:
     """Dynamic shared memory of one block: the input-row stages (row_pitch), the weights and the
-    two output staging rows."""
+    two output staging rows; with `tma`, also room to align the stages (tma_align; dynamic shared
+    memory starts 16-byte aligned) and one mbarrier a stage."""
     in_x = config.block_q + params.s - 1
+    extra = tma_align(config.groups) - 16 + 8 * config.stages if tma else 0
     return (
-        config.stages * config.groups * row_pitch(in_x, swizzled) * 16
+        config.stages * config.groups * row_pitch(in_x, swizzled, tma) * 16
         + config.groups * params.r * params.s * 64 * 2
         + 2 * config.block_q * (config.groups + 1) * 16
+        + extra
     )
 
 
@@ -327,7 +347,7 @@ def _tiles(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> dic
 
 
 def stage_layout(
-    name: str, count: int, groups: int, pixels: int, swizzled: bool
+    name: str, count: int, groups: int, pixels: int, swizzled: bool, tma: bool = False
 ) -> tuple[dict[str, int | tuple[int, int]], bool]:
     """(dims, swizzle) of a TensorSpec of `count` shared-memory row buffers (dim `name`) of
     `pixels` pixels of `groups` 16-byte chunks: the input rows the kernels stage. Group-major
@@ -336,9 +356,11 @@ def stage_layout(
     rows. `swizzled`: pixel-major [name][x][c8], a warp's copies landing in contiguous bytes as
     they lie in global memory, the group XORed with a key of the pixel so that ldmatrix still
     reads a group's 8 pixels from 8 bank slots (TensorSpec's swizzle). Why both exist:
-    docs/perf/2026-12-04-predictions-2.md."""
-    if swizzled:
-        return {name: count, "x": pixels, "c8": groups}, True
+    docs/perf/2026-12-04-predictions-2.md. `tma` (swizzled too): the rows padded to a multiple
+    of 8 pixels (row_pitch), the layout a tensor copy with tma_swizzle lands at tma_align."""
+    if swizzled or tma:
+        x = row_pitch(pixels, True, tma)
+        return {name: count, "x": pixels if x == pixels else (pixels, x), "c8": groups}, True
     return {name: count, "c8": groups, "x": (pixels, row_pitch(pixels, swizzled))}, False
 
 
@@ -350,12 +372,14 @@ def generate_header(
     bias_elem: bool,
     entry: str,
     swizzled: bool = False,
+    tma: bool = False,
 ) -> str:
     """The C++ header that specialises conv2d_gw8.cu for one layer and config. `weights_cl`: the
     weights are read in channels_last memory ([K, R, S, 8]) instead of contiguous ([K, 8, R, S]);
     `bias_elem`: the bias is read in the activations' dtype instead of fp32; `entry`: the
     kernel's symbol (SPIO_KERNEL_ENTRY, the name of the kernel function in conv2d_gw8.cu);
-    `swizzled`: the input-row stages' layout (stage_layout)."""
+    `swizzled`: the input-row stages' layout (stage_layout); `tma`: input rows arrive by tensor
+    copies (sm_90; swizzled stages, aligned; the kernel then takes the input's tensor map)."""
     geo = _Geometry.of(params, igrad)
     element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups
@@ -374,6 +398,8 @@ def generate_header(
                 "SPIO_CONV_IGRAD": int(igrad),
                 "SPIO_CONV_HAS_BIAS": int(params.has_bias and not igrad),
                 "SPIO_KERNEL_ENTRY": entry,
+                "SPIO_LOAD_VIA_TMA": int(tma),
+                "SPIO_TMA_ALIGN": tma_align(config.groups),
             }
         ),
         ParamsSpec("Conv", {"r": params.r, "s": params.s, "pad_h": geo.pad_h, "pad_w": geo.pad_w}),
@@ -399,7 +425,7 @@ def generate_header(
         TensorSpec(
             "SmemInput",
             "uint4",
-            *stage_layout("stage", config.stages, config.groups, in_x, swizzled),
+            *stage_layout("stage", config.stages, config.groups, in_x, swizzled, tma),
         ),
         # The block's groups of the weights, in their global layout (copied as they are).
         TensorSpec("SmemWeights", element, {"c8": config.groups, **weight_dims(8)}),
@@ -427,20 +453,29 @@ def make_kernel(
     weights_cl: bool = False,
     bias_elem: bool = False,
     swizzled: bool = False,
+    tma: bool = False,
 ) -> Kernel:
     """The FProp (or, with igrad, DGrad) kernel for `params` with tile `config`; `weights_cl`
     reads channels_last weights, `bias_elem` (FProp with a bias) a bias in the activations'
     dtype, `swizzled` stages input rows pixel-major (see generate_header; spio runs the
-    group-major kernels, scripts/ablate_kernel.py times the other). The tile loop is the same in
+    group-major kernels, scripts/ablate_kernel.py times the other), `tma` fills those stages by
+    tensor copies (sm_90 and newer only; implies `swizzled`). The tile loop is the same in
     every variant."""
     config = config or default_config(params, igrad)
     check_tensor_bytes(params)
+    swizzled = swizzled or tma
+    smem = shared_mem_bytes(params, config, swizzled, tma)
+    if smem > MAX_SHARED_BYTES:
+        raise ValueError(
+            f"config {config.encode()} of layer {params.encode()} needs {smem} bytes of shared "
+            f"memory with tma={tma}, more than the {MAX_SHARED_BYTES} a block may have"
+        )
     bias_elem = bias_elem and params.has_bias and not igrad
     variant = (
         ("__ragged" if ragged(params, config.block_n) else "")
         + ("__wcl" if weights_cl else "")
         + ("__belem" if bias_elem else "")
-        + ("__swz" if swizzled else "")
+        + ("__tma" if tma else "__swz" if swizzled else "")
     )
     blocks = math.prod(_tiles(params, config, igrad).values())
     kind = "dgrad" if igrad else "fprop"
@@ -455,18 +490,19 @@ def make_kernel(
         headers=(
             (
                 HEADER_NAME,
-                generate_header(params, config, igrad, weights_cl, bias_elem, entry, swizzled),
+                generate_header(params, config, igrad, weights_cl, bias_elem, entry, swizzled, tma),
             ),
         ),
         grid=(blocks, 1, 1),
         block=(config.threads, 1, 1),
-        shared_mem_bytes=shared_mem_bytes(params, config, swizzled),
+        shared_mem_bytes=smem,
         info=(
             ("params", params),
             ("config", config),
             ("igrad", igrad),
             ("weights_cl", weights_cl),
             ("bias_elem", bias_elem),
+            ("tma", tma),
             ("swizzled", swizzled),
         ),
     )
@@ -491,7 +527,8 @@ def variant(kernel: Kernel, weights_cl: bool, bias_elem: bool) -> Kernel:
         return kernel
     params, igrad = kernel.info_value("params"), kernel.info_value("igrad")
     config, swizzled = kernel.info_value("config"), bool(kernel.info_value("swizzled"))
-    return make_kernel(params, config, igrad, weights_cl, bias_elem, swizzled)
+    tma = bool(kernel.info_value("tma"))
+    return make_kernel(params, config, igrad, weights_cl, bias_elem, swizzled, tma)
 
 
 def with_swizzled_stages(kernel: Kernel) -> Kernel:
@@ -501,6 +538,43 @@ def with_swizzled_stages(kernel: Kernel) -> Kernel:
     return make_kernel(
         info["params"], info["config"], info["igrad"], info["weights_cl"], info["bias_elem"], True
     )
+
+
+def with_tma_stages(kernel: Kernel) -> Kernel:
+    """`kernel` (same params, config, operand layouts) with its input rows brought in by tensor
+    copies into swizzled stages (sm_90 and newer): the loader scripts/ablate_kernel.py times
+    against cp.async."""
+    info = dict(kernel.info)
+    return make_kernel(
+        info["params"],
+        info["config"],
+        info["igrad"],
+        info["weights_cl"],
+        info["bias_elem"],
+        tma=True,
+    )
+
+
+def input_map(kernel: Kernel, t):
+    """The tensor map a `tma` kernel reads its input `t` (N, C, H, W, channels_last) through: dims
+    C, W, H, N, innermost first; a box is one staged row, the block's groups across its input
+    columns (tma_swizzle)."""
+    from ..cuda.tensor_map import TensorMap
+
+    params, config = kernel.info_value("params"), kernel.info_value("config")
+    in_x = config.block_q + params.s - 1
+    return TensorMap.of_tensor(
+        t, (1, 3, 2, 0), (8 * config.groups, in_x, 1, 1), tma_swizzle(config.groups)
+    )
+
+
+def _launch(kernel: Kernel, out, source, weight, bias, images: int, device) -> None:
+    """Launches an FProp/DGrad kernel on `source` (x or dy, NHWC), adding the tensor map a `tma`
+    kernel takes."""
+    args = [out, source, weight, bias, images]
+    if kernel.info_value("tma"):
+        args.append(input_map(kernel, source).argument(device))
+    kernel.launch(args, device)
 
 
 def _aligned_in(t, fmt):
@@ -672,7 +746,7 @@ def fprop(
     else:
         _check_out(out, params.output_shape, x.dtype, x.device, x, weight, bias)
     bias = _bias_as(kernel, bias, x.dtype)
-    kernel.launch([out, nhwc_operand(x), _weight_as(kernel, weight), bias, params.n], x.device)
+    _launch(kernel, out, nhwc_operand(x), _weight_as(kernel, weight), bias, params.n, x.device)
     return out
 
 
@@ -700,7 +774,7 @@ def dgrad(
         )
     else:
         _check_out(out, params.input_shape, dy.dtype, dy.device, dy, weight)
-    kernel.launch([out, nhwc_operand(dy), _weight_as(kernel, weight), None, params.n], dy.device)
+    _launch(kernel, out, nhwc_operand(dy), _weight_as(kernel, weight), None, params.n, dy.device)
     return out
 
 

@@ -46,7 +46,11 @@
 /// which the threads copy out in step i; its buffer is staged into again only in step i + 1, after
 /// the next barrier. One more barrier after the last step publishes the tile's last output row.
 /// (The timing variant SPIO_LOAD_VIA_REGS moves input rows through registers instead; its
-/// comment is at its code.)
+/// comment is at its code.) A build with SPIO_LOAD_VIA_TMA (sm_90; the generated header sets
+/// it, with swizzled stages) brings each input row in by one tensor copy that thread 0 issues,
+/// waited for on an mbarrier a stage instead of cp.async.wait_group; the barrier per row stays,
+/// and so does its role: the stage thread 0 then refills is one no warp reads any more. Such a
+/// kernel takes one more argument, the input's tensor map (conv2d_gw8_factory.input_map).
 ///
 /// Launch contract: grid = ceil(images / Block::n) * (the blocks of one image's tiles: BlockIdx
 /// without its n) blocks, Block::threads threads (one warp per group and run of
@@ -74,6 +78,9 @@
 #include "conv2d_gw8_gen.h"
 // After the generated header, where scripts/ablate_kernel.py defines its switches.
 #include "spio/ablation.h"
+#if SPIO_LOAD_VIA_TMA
+#include "spio/thread/bulk_copy.h"
+#endif
 
 namespace {
 
@@ -152,7 +159,12 @@ SPIO_DEVICE constexpr int unroll_steps(int r, int stages) {
 // below the need of some register-heavy configs and spilled; this way it never spills them.
 extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     SPIO_KERNEL_ENTRY(Output::data_type *out, const uint4 *in, const Elem *weights,
-                    Bias::data_type *bias, int images) {
+                      Bias::data_type *bias, int images
+#if SPIO_LOAD_VIA_TMA
+                      ,
+                      const __grid_constant__ spio::TensorMap in_map
+#endif
+    ) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
     constexpr int ROWS = Block::y + R - 1;     // input rows of the tile in one image
@@ -160,7 +172,18 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 
     spio::stagger_start(blockIdx.x);  // nothing unless timing with SPIO_STAGGER_NS
 
-    extern __shared__ uint4 smem[];
+    extern __shared__ uint4 dynamic_smem[];
+#if SPIO_LOAD_VIA_TMA
+    // Tensor copies swizzle by shared-memory address bits: the stages start at a multiple of the
+    // pattern's repeat, SPIO_TMA_ALIGN bytes (the factory leaves room to round up to it). An
+    // offset from dynamic_smem, not an address made from an integer, so that the compiler still
+    // knows every access through smem is to shared memory.
+    uint4 *const smem =
+        dynamic_smem +
+        (SPIO_TMA_ALIGN - spio::shared_address(dynamic_smem) % SPIO_TMA_ALIGN) % SPIO_TMA_ALIGN / 16;
+#else
+    uint4 *const smem = dynamic_smem;
+#endif
     const SmemInput smem_input(smem);
     const SmemWeights smem_weights(reinterpret_cast<Elem *>(smem + SmemInput::size));
     static_assert(SmemWeights::num_bytes % 16 == 0, "output staging must be 16-byte aligned");
@@ -175,6 +198,42 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 
     constexpr int STAGES = Block::stages;
 
+#if SPIO_LOAD_VIA_TMA
+    static_assert(!SPIO_LOAD_VIA_REGS, "SPIO_LOAD_VIA_TMA and SPIO_LOAD_VIA_REGS exclude each other");
+    // Input rows by tensor copies (sm_90): thread 0 copies each row, one box of in_map (the
+    // block's groups across its Block::x + S - 1 input columns), which lands swizzled as
+    // SmemInput lays it out, zeros outside the input (also rows above or below the image, and
+    // images past the batch). Stage s completes a phase of mbarrier stage_full[s] when its row
+    // has landed; its k-th row (rows s, s + STAGES, ...) is waited for with parity k % 2,
+    // which `phases` (bit s) tracks. The barriers follow the output staging buffers.
+    constexpr unsigned ROW_BYTES = InputLoadIdx::size * 16;
+    unsigned long long *const stage_full = reinterpret_cast<unsigned long long *>(
+        smem + SmemInput::size + SmemWeights::num_bytes / 16 + SmemOutput::num_bytes / 16);
+    const bool issuer = threadIdx.x == 0;
+    unsigned phases = 0;
+    // Copies the stream row at `pos` into stage `stage` (thread 0 only).
+    const auto load_input_row = [&](int stage, StreamRow pos) {
+        spio::mbarrier_arrive_expect_tx(&stage_full[stage], SPIO_ABLATE_LOADS ? 0 : ROW_BYTES);
+        if (!SPIO_ABLATE_LOADS) {
+            spio::cp_async_bulk_tensor_4d_g2s(smem_input.stage(stage).get(), &in_map, block_c8 * 8,
+                                              block_x - Conv::pad_w, block_y + pos.row - Conv::pad_h,
+                                              block_n + pos.image, &stage_full[stage]);
+        }
+    };
+    // Waits for the stage's row to land (all threads).
+    const auto wait_input_row = [&](int stage) {
+        spio::mbarrier_wait_parity(&stage_full[stage], (phases >> stage) & 1);
+        phases ^= 1u << stage;
+    };
+    if (issuer) {
+        SPIO_UNROLL
+        for (int stage = 0; stage < STAGES; ++stage) {
+            spio::mbarrier_init(&stage_full[stage], 1);
+        }
+        spio::fence_mbarrier_init();
+    }
+    (void)in;
+#else
     // Input copies: thread t copies elements t + j * Block::threads of every row. The part of an
     // element's addresses that does not depend on the row is worked out once, here: its offset in
     // a stage (-1: this thread has no element j) and in an input row (-1: outside the image or the
@@ -217,6 +276,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                                                     source.inside, in);
         }
     };
+#endif  // SPIO_LOAD_VIA_TMA
 #if SPIO_LOAD_VIA_REGS
     // The timing variant SPIO_LOAD_VIA_REGS (spio/ablation.h): input rows travel through
     // registers instead of cp.async. Row r is loaded with plain 16-byte loads into register slot
@@ -264,6 +324,15 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         load_row_regs(StreamRow::at(DEPTH), held[0]);
     }
     spio::cp_async_wait_all();  // the weights have landed
+#elif SPIO_LOAD_VIA_TMA
+    spio::cp_async_commit_group();  // the weights
+    SPIO_UNROLL
+    for (int row = 0; row < STAGES - 1; ++row) {
+        if (issuer && row < STREAM) {
+            load_input_row(row, StreamRow::at(row));  // row `row` into stage `row`
+        }
+    }
+    spio::cp_async_wait_all();  // the weights have landed (the rows are waited for in the loop)
 #else
     SPIO_UNROLL
     for (int row = 0; row < STAGES - 1; ++row) {
@@ -416,6 +485,19 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 if (!SPIO_ABLATE_SYNC) {
                     __syncthreads();
                 }
+#elif SPIO_LOAD_VIA_TMA
+                wait_input_row(ring(row0, u, STAGES));
+                if (!SPIO_ABLATE_SYNC) {
+                    __syncthreads();
+                }
+                // Every warp is done with row - 1's stage: thread 0 refills it, ordering the
+                // threads' reads of it before the copy's writes (the async proxy's).
+                if (issuer && row + STAGES - 1 < STREAM) {
+                    spio::fence_proxy_async_shared();
+                    load_input_row(ring(row0, u + STAGES - 1, STAGES),
+                                   StreamRow::of(row + STAGES - 1, ahead));
+                }
+                ahead.next();
 #else
                 spio::cp_async_wait_group<STAGES - 2>();
                 if (!SPIO_ABLATE_SYNC) {

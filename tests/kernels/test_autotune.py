@@ -606,6 +606,45 @@ def test_kernel_inputs_follow_each_pass_where_the_output_is_smaller_than_the_inp
     assert tuple(biased[1].shape) == (16,) and not biased[1].any()  # zeroed, to accumulate into
 
 
+def test_pass_call_gives_a_tma_kernel_its_inputs_tensor_map():
+    """An FProp/DGrad kernel fed by tensor copies takes its input's map as one more argument:
+    pass_call encodes it once per input set (not per call) and appends it."""
+    import torch
+
+    from spio.cuda.tensor_map import TensorMap
+    from spio.kernels import conv2d_gw8_factory as fd
+
+    params = P(n=1, c=16, h=8, w=8, padding=1)
+    kernel = fd.make_kernel(params, tma=True)
+    x = torch.zeros(params.input_shape, dtype=torch.half).to(memory_format=torch.channels_last)
+    launched = []
+
+    class Recording:
+        def launch(self, args, device):
+            launched.append(args)
+
+        def info_value(self, key, default=None):
+            return kernel.info_value(key, default)
+
+    call = autotune.pass_call(
+        "conv2d_gw8_fprop", params, Recording(), ["out", x, "w", None, 1], torch.device("cpu")
+    )
+    call()
+    call()
+    assert launched[0] is launched[1] and launched[0][:5] == ["out", x, "w", None, 1]
+    assert launched[0][5] == fd.input_map(kernel, x).emulator_bytes()
+    assert fd.input_map(kernel, x) == TensorMap.of_tensor(x, (1, 3, 2, 0), (16, 18, 1, 1), 32)
+    plain = fd.make_kernel(params)
+    launched.clear()
+
+    class Plain(Recording):
+        def info_value(self, key, default=None):
+            return plain.info_value(key, default)
+
+    autotune.pass_call("conv2d_gw8_fprop", params, Plain(), ["out", x], torch.device("cpu"))()
+    assert launched == [["out", x]]
+
+
 def test_time_kernel_rotates_through_the_input_sets_and_gives_seconds(monkeypatch):
     """Each timed call takes the next input set in turn; the median in milliseconds comes back
     in seconds. The CUDA parts (the device context and the event timing) are stand-ins."""
@@ -621,6 +660,9 @@ def test_time_kernel_rotates_through_the_input_sets_and_gives_seconds(monkeypatc
     class Recording:
         def launch(self, args, device):
             launched.append(args[0])
+
+        def info_value(self, key, default=None):
+            return default
 
     def time_calls(call, warmup, reps):
         for i in range(warmup + reps):

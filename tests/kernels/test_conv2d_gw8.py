@@ -885,3 +885,118 @@ def test_stage_layouts_where_copies_land_and_where_ldmatrix_reads(groups, pixels
             for first in range(pixels - 7):
                 slots = {spec.offset(stage=1, x=x, c8=g) % 8 for x in range(first, first + 8)}
                 assert len(slots) == 8, (swizzled, g, first, sorted(slots))
+
+
+def _skip_without_tensor_copies(device):
+    if device == "cuda" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("tensor copies (TMA) need sm_90 or newer")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize(
+    "pass_,params,config", SWIZZLED_CASES, ids=[f"{c[0]}-{c[2].encode()}" for c in SWIZZLED_CASES]
+)
+def test_tma_stages_match_reference(pass_, params, config, device):
+    """Input rows brought in by tensor copies (scripts/ablate_kernel.py's `tma`: one thread a
+    row, landing swizzled, zeros outside the input, an mbarrier a stage) must compute the same
+    results, on every group count, halo and padding (negative coordinates, rows above and below
+    the image), several images a block and a ragged last block of images."""
+    from spio.check import run_one
+
+    _skip_without_tensor_copies(device)
+    kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma=True)
+    assert kernel.name.endswith("__tma") and kernel.info_value("tma")
+    assert kernel.info_value("swizzled") and "swizzle_key" in kernel.headers[0][1]
+    assert "#define SPIO_LOAD_VIA_TMA 1" in kernel.headers[0][1]
+    ratio = run_one(params, pass_, config, device, kernel=kernel)
+    assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_tma_stages_with_a_ragged_batch_and_wide_channels(device):
+    """Images past the batch (a ragged last block of images: the map's N extent stops the
+    copies) and a layer with more channels than a block's groups (the box's channels start at
+    the block's first group, C's stride spans the others)."""
+    from spio.check import run_one
+
+    _skip_without_tensor_copies(device)
+    cases = [
+        ("fprop", Conv2dGw8Params(n=3, c=16, h=4, w=6, padding=1),
+         fd.Conv2dGw8Config(2, 4, 16, 1, stages=2, mma_k=8, block_n=2)),
+        ("dgrad", Conv2dGw8Params(n=2, c=48, h=6, w=9, padding=2, r=5, s=5),
+         fd.Conv2dGw8Config(2, 8, 16, 1, stages=3, mma_k=16)),
+    ]  # fmt: skip
+    for pass_, params, config in cases:
+        kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma=True)
+        assert fd.ragged(params, config.block_n) == (pass_ == "fprop")
+        ratio = run_one(params, pass_, config, device, kernel=kernel)
+        assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
+
+
+@pytest.mark.parametrize("groups,pixels", [(8, 34), (4, 18), (2, 66), (1, 20)])
+def test_tma_stage_layout_is_where_tensor_copies_land(groups, pixels):
+    """The stages a `tma` kernel is built with put each element where a tensor copy with
+    tma_swizzle lands it: box element (pixel x, chunk g) at byte (x * groups + g) * 16 of the
+    stage, its chunk bits [4, 4 + log2(S / 16)) XORed with address bits [7, ...), as the driver
+    documents CU_TENSOR_MAP_SWIZZLE_32B/64B/128B; every stage starts at tma_align bytes (the
+    kernel aligns the first), so the address bits are the stage offset's."""
+    from spio.generators import TensorSpec
+
+    dims, swizzle = fd.stage_layout("stage", 3, groups, pixels, swizzled=False, tma=True)
+    spec = TensorSpec("S", "uint4", dims, swizzle)
+    span = fd.tma_swizzle(groups)
+    align = fd.tma_align(groups)
+    pitch = fd.row_pitch(pixels, True, tma=True) * groups * 16
+    assert pitch % align == 0 and align % 128 == 0
+    for stage in range(3):
+        for x in range(pixels):
+            for g in range(groups):
+                linear = stage * pitch + (x * groups + g) * 16
+                if span:
+                    linear ^= ((linear >> 7) & (span // 16 - 1)) << 4
+                assert spec.offset(stage=stage, x=x, c8=g) * 16 == linear, (stage, x, g)
+
+
+def test_tma_kernels_need_sm_90_and_say_so():
+    """A `tma` kernel builds for sm_90 without spills; for sm_80 the compile fails naming the
+    arch it needs (spio/thread/bulk_copy.h)."""
+    from spio.compiler import compile_many
+
+    params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1)
+    configs = {c.encode(): c for c in fd.configs(params)}
+    names = ("g8_p64_q32_w1_s4_k16", "g8_p64_q64_w2_s4_k16", "g8_p64_q16_w1_s4_k16")
+    kernels = [fd.make_kernel(params, configs[n], igrad=i, tma=True) for n in names
+               for i in (False, True)]  # fmt: skip
+    results = compile_many([k.compile_job("sm_90") for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        usage = result.resources[kernel.entry]
+        assert not usage.spills and usage.registers * kernel.threads <= 65536, (kernel.name, usage)
+    with pytest.raises(Exception, match="needs sm_90 or newer"):
+        kernels[0].compile("sm_80")
+
+
+def test_tma_kernel_flags_names_and_shared_memory():
+    """tma implies the swizzled layout; the operand variants keep it; shared memory grows by the
+    stages' alignment room and an mbarrier a stage, and a config that would then exceed the
+    limit is refused naming it."""
+    params = Conv2dGw8Params(n=1, c=64, h=8, w=40, padding=1, has_bias=True)
+    config = fd.Conv2dGw8Config(8, 8, 32, 1, stages=4, mma_k=16)
+    kernel = fd.make_kernel(params, config, tma=True)
+    swizzled = fd.make_kernel(params, config, swizzled=True)
+    in_x = 32 + 2
+    stages = 4 * 8 * 16 * fd.row_pitch(in_x, True, tma=True)
+    assert fd.row_pitch(in_x, True, tma=True) == 40
+    assert kernel.shared_mem_bytes - swizzled.shared_mem_bytes == (
+        stages - 4 * 8 * 16 * in_x + fd.tma_align(8) - 16 + 8 * 4
+    )
+    other = fd.variant(kernel, weights_cl=True, bias_elem=True)
+    assert other.info_value("tma") and other.name.endswith("__wcl__belem__tma")
+    assert fd.with_tma_stages(fd.make_kernel(params, config)).name == kernel.name
+    assert (fd.tma_align(1), fd.tma_align(8)) == (128, 1024)
+    assert (fd.tma_swizzle(1), fd.tma_swizzle(4)) == (0, 64)
+    big = Conv2dGw8Params(n=1, c=64, h=64, w=64, padding=1)
+    wide = fd.Conv2dGw8Config(8, 8, 64, 2, stages=8, mma_k=8)
+    assert wide in fd.configs(big)  # 96,256 bytes group-major, 102,448 with tensor copies
+    with pytest.raises(ValueError, match="needs 102448 bytes of shared memory with tma=True"):
+        fd.make_kernel(big, wide, tma=True)
