@@ -26,6 +26,8 @@ from .conv2d_gw8_factory import (
     row_pitch,
     sector_waste,
     stage_layout,
+    tma_align,
+    tma_swizzle,
 )
 from .conv2d_gw8_params import MAX_TENSOR_BYTES, Conv2dGw8Params, check_tensor_bytes
 from .kernel import Kernel, KernelFactory, entry_symbol
@@ -94,13 +96,18 @@ class Conv2dGw8WgradConfig:
 
 
 def shared_mem_bytes(
-    params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, swizzled: bool = False
+    params: Conv2dGw8Params,
+    config: Conv2dGw8WgradConfig,
+    swizzled: bool = False,
+    tma: bool = False,
 ) -> int:
     """`stages` slots of x rows plus R + stages slots of dy rows (the ring and a zero row), each
-    row_pitch chunks a group."""
-    x_row = config.groups * row_pitch(config.block_q + params.s - 1, swizzled) * 16
-    dy_row = config.groups * row_pitch(config.block_q, swizzled) * 16
-    return config.stages * x_row + (params.r + config.stages) * dy_row
+    row_pitch chunks a group; with `tma`, also room to align the rows (tma_align) and one
+    mbarrier a stage."""
+    x_row = config.groups * row_pitch(config.block_q + params.s - 1, swizzled, tma) * 16
+    dy_row = config.groups * row_pitch(config.block_q, swizzled, tma) * 16
+    extra = tma_align(config.groups) - 16 + 8 * config.stages if tma else 0
+    return config.stages * x_row + (params.r + config.stages) * dy_row + extra
 
 
 #: Row buffers per block. On the H200 the input pipeline alone (ablated kernel: no mma, no
@@ -271,10 +278,13 @@ def generate_header(
     partials: bool,
     entry: str,
     swizzled: bool = False,
+    tma: bool = False,
 ) -> str:
     """The C++ header that specialises conv2d_gw8_wgrad.cu for one layer and config; `entry`:
     the kernel's symbol (SPIO_KERNEL_ENTRY, the name of the kernel function in the source);
-    `swizzled`: the x and dy row buffers' layout (conv2d_gw8_factory.stage_layout)."""
+    `swizzled`: the x and dy row buffers' layout (conv2d_gw8_factory.stage_layout); `tma`: the
+    rows arrive by tensor copies (sm_90; swizzled, aligned; the kernel then takes x's and dy's
+    tensor maps)."""
     c8 = params.groups
     in_x = config.block_q + params.s - 1
     tiles = _tiles(params, config)
@@ -286,6 +296,8 @@ def generate_header(
                 "SPIO_WGRAD_HAS_BIAS": int(params.has_bias),
                 "SPIO_WGRAD_PARTIALS": int(partials),
                 "SPIO_KERNEL_ENTRY": entry,
+                "SPIO_LOAD_VIA_TMA": int(tma),
+                "SPIO_TMA_ALIGN": tma_align(config.groups),
             }
         ),
         ParamsSpec(
@@ -312,13 +324,15 @@ def generate_header(
         TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
         TensorSpec("DBias", "float", {"k": params.c}),
         TensorSpec(
-            "SmemX", "uint4", *stage_layout("stage", config.stages, config.groups, in_x, swizzled)
+            "SmemX",
+            "uint4",
+            *stage_layout("stage", config.stages, config.groups, in_x, swizzled, tma),
         ),
         TensorSpec(
             "SmemDy",
             "uint4",
             *stage_layout(
-                "slot", params.r + config.stages, config.groups, config.block_q, swizzled
+                "slot", params.r + config.stages, config.groups, config.block_q, swizzled, tma
             ),
         ),
         IndexSpec("BlockIdx", {**tiles, "n": None}),  # (n stays outermost)
@@ -341,6 +355,7 @@ def make_kernel(
     config: Conv2dGw8WgradConfig | None = None,
     partials: bool = False,
     swizzled: bool = False,
+    tma: bool = False,
 ) -> Kernel:
     """The WGrad kernel for `params` with tile `config` (bias gradient too when has_bias).
 
@@ -348,10 +363,18 @@ def make_kernel(
     (partial_slots(params, config) slots) instead of adding them atomically; the caller sums the
     slots (see `wgrad`). The result then does not depend on the order the blocks run in.
     `swizzled`: x and dy rows staged pixel-major, swizzled (conv2d_gw8_factory.stage_layout;
-    spio runs the group-major kernels, scripts/ablate_kernel.py times the other).
+    spio runs the group-major kernels, scripts/ablate_kernel.py times the other). `tma`: those
+    rows brought in by tensor copies (sm_90 and newer only; implies `swizzled`).
     """
     config = config or default_config(params)
     check_tensor_bytes(params)
+    swizzled = swizzled or tma
+    smem = shared_mem_bytes(params, config, swizzled, tma)
+    if smem > MAX_SHARED_BYTES:
+        raise ValueError(
+            f"WGrad config {config.encode()} of layer {params.encode()} needs {smem} bytes of "
+            f"shared memory with tma={tma}, more than the {MAX_SHARED_BYTES} a block may have"
+        )
     if partials and partial_bytes(params, config) > MAX_TENSOR_BYTES:
         # (Only then: the atomic kernel of such a config still builds.)
         raise ValueError(
@@ -366,21 +389,22 @@ def make_kernel(
         f"conv2d_gw8_wgrad__{params.encode_image()}__{config.encode()}"
         + ("__ragged" if ragged(params, config.block_n) else "")
         + ("__partials" if partials else "")
-        + ("__swz" if swizzled else "")
+        + ("__tma" if tma else "__swz" if swizzled else "")
     )
     entry = entry_symbol(name)
     return Kernel(
         name=name,
         source_file=SOURCE_FILE,
         entry=entry,
-        headers=((HEADER_NAME, generate_header(params, config, partials, entry, swizzled)),),
+        headers=((HEADER_NAME, generate_header(params, config, partials, entry, swizzled, tma)),),
         grid=(blocks, 1, 1),
         block=(config.threads, 1, 1),
-        shared_mem_bytes=shared_mem_bytes(params, config, swizzled),
+        shared_mem_bytes=smem,
         info=(
             ("params", params),
             ("config", config),
             ("partials", partials),
+            ("tma", tma),
             ("swizzled", swizzled),
         ),
     )
@@ -391,6 +415,40 @@ def with_swizzled_stages(kernel: Kernel) -> Kernel:
     (stage_layout): the layout scripts/ablate_kernel.py times against the group-major one."""
     info = dict(kernel.info)
     return make_kernel(info["params"], info["config"], info["partials"], swizzled=True)
+
+
+def with_tma_stages(kernel: Kernel) -> Kernel:
+    """`kernel` (same params, config and reduction) with its x and dy rows brought in by tensor
+    copies into swizzled buffers (sm_90 and newer): the loader scripts/ablate_kernel.py times
+    against cp.async."""
+    info = dict(kernel.info)
+    return make_kernel(info["params"], info["config"], info["partials"], tma=True)
+
+
+def row_maps(kernel: Kernel, x, dy) -> list:
+    """The tensor maps a `tma` WGrad kernel reads x and dy (N, C, ., ., channels_last) through:
+    dims C, W, H, N, innermost first; a box is one row of a step, the block's groups across its
+    Block::x + S - 1 columns of x or Block::x columns of dy (tma_swizzle)."""
+    from ..cuda.tensor_map import TensorMap
+
+    params, config = kernel.info_value("params"), kernel.info_value("config")
+    groups = config.groups
+    swizzle = tma_swizzle(groups)
+    return [
+        TensorMap.of_tensor(
+            x, (1, 3, 2, 0), (8 * groups, config.block_q + params.s - 1, 1, 1), swizzle
+        ),
+        TensorMap.of_tensor(dy, (1, 3, 2, 0), (8 * groups, config.block_q, 1, 1), swizzle),
+    ]
+
+
+def _launch(kernel: Kernel, dw, dbias, x, dy, images: int, device) -> None:
+    """Launches a WGrad kernel (atomic or partials) on x and dy (NHWC), adding the tensor maps a
+    `tma` kernel takes."""
+    args = [dw, dbias, x, dy, images]
+    if kernel.info_value("tma"):
+        args += [m.argument(device) for m in row_maps(kernel, x, dy)]
+    kernel.launch(args, device)
 
 
 @functools.lru_cache(maxsize=1024)  # called on every partials WGrad: build each one once
@@ -468,13 +526,13 @@ def wgrad(
             for buffer in (dw_part, dbias_part, dw, dbias):
                 if buffer is not None:
                     buffer.fill_(math.nan)
-        kernel.launch([dw_part, dbias_part, nhwc_operand(x), nhwc_operand(dy), params.n], device)
+        _launch(kernel, dw_part, dbias_part, nhwc_operand(x), nhwc_operand(dy), params.n, device)
         taps_cl = params.r * params.s if channels_last else 0
         summing.launch([dw, dbias, dw_part, dbias_part, slots, w_size, c, taps_cl], device)
         return dw, dbias
     dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
     dbias = torch.zeros(params.c, dtype=torch.float32, device=device) if params.has_bias else None
-    kernel.launch([dw, dbias, nhwc_operand(x), nhwc_operand(dy), params.n], device)
+    _launch(kernel, dw, dbias, nhwc_operand(x), nhwc_operand(dy), params.n, device)
     if channels_last:  # one copy for the dtype and the layout
         dw = dw.to(dw_dtype, memory_format=torch.channels_last)
     elif dw_dtype != torch.float32:

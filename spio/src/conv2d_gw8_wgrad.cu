@@ -42,7 +42,11 @@
 /// (wait_group STAGES - 2), the barrier publishes them and guarantees that step t - 1's reads are
 /// over, so step t + STAGES - 1's rows can be copied into the slots step t - 1 read last (x: STAGES
 /// slots; dy: R + STAGES - 1 slots, of which step t reads R). (The timing variant
-/// SPIO_LOAD_VIA_REGS moves rows through registers instead; its comment is at its code.)
+/// SPIO_LOAD_VIA_REGS moves rows through registers instead; its comment is at its code.) A build
+/// with SPIO_LOAD_VIA_TMA (sm_90; the generated header sets it, with swizzled rows) brings each
+/// step's x row and dy row in by two tensor copies that thread 0 issues, waited for on an mbarrier
+/// a stage instead of cp.async.wait_group; the barrier per step keeps its role. Such a kernel
+/// takes two more arguments, x's and dy's tensor maps (conv2d_gw8_wgrad_factory.row_maps).
 ///
 /// Launch contract: grid = ceil(images / Block::n) * (the blocks of one image's tiles: BlockIdx
 /// without its n) blocks, Block::threads threads (one warp per group and run of
@@ -68,6 +72,9 @@
 #include "conv2d_gw8_wgrad_gen.h"
 // After the generated header, where scripts/ablate_kernel.py defines its switches.
 #include "spio/ablation.h"
+#if SPIO_LOAD_VIA_TMA
+#include "spio/thread/bulk_copy.h"
+#endif
 
 namespace {
 
@@ -101,7 +108,13 @@ constexpr unsigned kOnes = SPIO_WGRAD_BF16 ? 0x3F803F80u : 0x3C003C00u;
 // Min. 1 block per SM: with the thread count alone, ptxas (NVRTC 12.9 and 13.0) capped registers
 // below the need of some register-heavy configs and spilled; this way it never spills them.
 extern "C" __global__ void __launch_bounds__(Block::threads, 1)
-    SPIO_KERNEL_ENTRY(float *dw, float *dbias, const uint4 *x, const uint4 *dy, int images) {
+    SPIO_KERNEL_ENTRY(float *dw, float *dbias, const uint4 *x, const uint4 *dy, int images
+#if SPIO_LOAD_VIA_TMA
+                      ,
+                      const __grid_constant__ spio::TensorMap x_map,
+                      const __grid_constant__ spio::TensorMap dy_map
+#endif
+    ) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
     constexpr int PAIRS = (R + 1) / 2;
@@ -112,7 +125,17 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 
     spio::stagger_start(blockIdx.x);  // nothing unless timing with SPIO_STAGGER_NS
 
-    extern __shared__ uint4 smem[];
+    extern __shared__ uint4 dynamic_smem[];
+#if SPIO_LOAD_VIA_TMA
+    // Tensor copies swizzle by shared-memory address bits: the row buffers start at a multiple of
+    // the pattern's repeat, SPIO_TMA_ALIGN bytes (the factory leaves room to round up to it; an
+    // offset from dynamic_smem keeps the accesses known to be shared).
+    uint4 *const smem =
+        dynamic_smem +
+        (SPIO_TMA_ALIGN - spio::shared_address(dynamic_smem) % SPIO_TMA_ALIGN) % SPIO_TMA_ALIGN / 16;
+#else
+    uint4 *const smem = dynamic_smem;
+#endif
     const SmemX smem_x(smem);
     const SmemDy smem_dy(smem + SmemX::size);
 
@@ -128,6 +151,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         smem[SmemX::size + i] = make_uint4(0, 0, 0, 0);
     }
 
+    constexpr int STEPS = Block::n * ROWS;
+#if !SPIO_LOAD_VIA_TMA
     // Copies: thread tid copies elements tid + j * Block::threads of each step's x row and dy row.
     // The part of an element's addresses that does not depend on the step is worked out once,
     // here: its offset in a slot (-1: this thread has no element j) and in a row (-1: outside the
@@ -159,8 +184,52 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 col = x * DOutput::stride_x + c8 * DOutput::stride_k8;
             }
         });
+#endif
 
-    constexpr int STEPS = Block::n * ROWS;
+#if SPIO_LOAD_VIA_TMA
+    static_assert(!SPIO_LOAD_VIA_REGS, "SPIO_LOAD_VIA_TMA and SPIO_LOAD_VIA_REGS exclude each other");
+    // Rows by tensor copies (sm_90): thread 0 copies step t's x row (a box of x_map: the block's
+    // groups across its Block::x + S - 1 columns) into x stage t % STAGES and its dy row (of
+    // dy_map, Block::x columns) into dy slot t % SLOTS; both land swizzled as SmemX and SmemDy lay
+    // them out, with zeros outside x and dy (rows above and below, images past the batch). A dy
+    // row that is no row of the tile (the last R - 1 steps of an image) is copied from row
+    // DOutput::Y, outside dy, so it lands as zeros too. Both count towards mbarrier
+    // stage_full[t % STAGES], whose k-th phase (steps s, s + STAGES, ...) is waited for with
+    // parity k % 2, which `phases` (bit s) tracks. The barriers follow the dy slots.
+    constexpr unsigned STEP_BYTES = (XLoadIdx::size + DyLoadIdx::size) * 16;
+    unsigned long long *const stage_full =
+        reinterpret_cast<unsigned long long *>(smem + SmemX::size + SmemDy::size);
+    const bool issuer = threadIdx.x == 0;
+    unsigned phases = 0;
+    const auto load_step = [&](int t) {  // thread 0 only
+        const int n = block_n + t / ROWS;
+        const int i = t % ROWS;
+        const int stage = t % STAGES;
+        spio::mbarrier_arrive_expect_tx(&stage_full[stage], SPIO_ABLATE_LOADS ? 0 : STEP_BYTES);
+        if (!SPIO_ABLATE_LOADS) {
+            spio::cp_async_bulk_tensor_4d_g2s(smem_x.stage(stage).get(), &x_map, block_c8 * 8,
+                                              block_x - Conv::pad_w, block_y + i - Conv::pad_h, n,
+                                              &stage_full[stage]);
+            const int p = i < Block::y ? block_y + i : DOutput::Y;
+            spio::cp_async_bulk_tensor_4d_g2s(smem_dy.slot(t % SLOTS).get(), &dy_map,
+                                              block_c8 * 8, block_x, p, n, &stage_full[stage]);
+        }
+    };
+    const auto wait_step = [&](int t) {  // all threads
+        const int stage = t % STAGES;
+        spio::mbarrier_wait_parity(&stage_full[stage], (phases >> stage) & 1);
+        phases ^= 1u << stage;
+    };
+    if (issuer) {
+        SPIO_UNROLL
+        for (int stage = 0; stage < STAGES; ++stage) {
+            spio::mbarrier_init(&stage_full[stage], 1);
+        }
+        spio::fence_mbarrier_init();
+    }
+    (void)x;
+    (void)dy;
+#else
     // Copies step t's x row and dy row (zero outside the image or tile, and for t past the last
     // step) into their slots; no commit.
     const auto load_step = [&](int t) {
@@ -185,6 +254,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 n * DOutput::stride_n + p * DOutput::stride_y, dy_row_inside, dy);
         }
     };
+#endif  // SPIO_LOAD_VIA_TMA
 
     const int lane = threadIdx.x % 32;
     const WarpIdx warp(threadIdx.x / 32);
@@ -395,6 +465,29 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 }
             }
         }
+    }
+#elif SPIO_LOAD_VIA_TMA
+    if (issuer) {
+        spio::fence_proxy_async_shared();  // the zeroed dy slots before the copies' writes
+        SPIO_UNROLL
+        for (int t = 0; t < STAGES - 1; ++t) {
+            if (t < STEPS) {
+                load_step(t);
+            }
+        }
+    }
+    for (int t = 0; t < STEPS; ++t) {
+        wait_step(t);
+        if (!SPIO_ABLATE_SYNC) {
+            __syncthreads();
+        }
+        // Every warp is done with step t - 1's slots: thread 0 refills them, ordering the
+        // threads' reads before the copies' writes (the async proxy's).
+        if (issuer && t + STAGES - 1 < STEPS) {
+            spio::fence_proxy_async_shared();
+            load_step(t + STAGES - 1);
+        }
+        compute_step(t);
     }
 #else
     SPIO_UNROLL

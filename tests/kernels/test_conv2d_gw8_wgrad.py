@@ -710,3 +710,60 @@ def test_swizzled_rows_build_without_spills(arch):
         assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
         usage = result.resources[kernel.entry]
         assert not usage.spills and usage.registers * kernel.threads <= 65536, (kernel.name, usage)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("partials", [True, False], ids=["partials", "atomics"])
+@pytest.mark.parametrize(
+    "params,config", SWIZZLED_CASES, ids=[c[1].encode() for c in SWIZZLED_CASES]
+)
+def test_tma_rows_match_reference(params, config, partials, device):
+    """x and dy rows brought in by tensor copies (scripts/ablate_kernel.py's `tma`: thread 0
+    copies a step's two rows, which land swizzled, zeros outside x and dy and for the dy rows
+    past the tile, an mbarrier a stage) give the same results with either reduction: every
+    group count, several images a block with the last partly past the batch, masked columns."""
+    import torch
+
+    if device == "cuda" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("tensor copies (TMA) need sm_90 or newer")
+    kernel = wg.make_kernel(params, config, partials=partials, tma=True)
+    assert kernel.name.endswith("__tma") and kernel.info_value("tma")
+    assert kernel.info_value("swizzled") and "#define SPIO_LOAD_VIA_TMA 1" in kernel.headers[0][1]
+    assert wg.with_tma_stages(wg.make_kernel(params, config, partials=partials)) == kernel
+    ratio = run_one(params, "wgrad", config, device, kernel=kernel)
+    assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
+
+
+def test_tma_rows_build_for_sm_90_and_their_maps():
+    """The headline layer's WGrad configs with tensor copies build for sm_90 without spills;
+    the maps a launch passes are x's and dy's, boxes of one row of the block's groups; shared
+    memory grows by the alignment room and an mbarrier a stage."""
+    import torch
+
+    from spio.compiler import compile_many
+    from spio.cuda.tensor_map import TensorMap
+    from spio.kernels import conv2d_gw8_factory as fd
+
+    params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1)
+    by_name = {c.encode(): c for c in wg.configs(params)}
+    names = ("g2_p64_q32_n1_w4_s2_k16", "g2_p32_q64_n4_w4_s6_k8", "g1_p64_q32_n1_w4_s2_k16")
+    kernels = [wg.with_tma_stages(wg.production_kernel(params, by_name[n])) for n in names]
+    results = compile_many([k.compile_job("sm_90") for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        usage = result.resources[kernel.entry]
+        assert not usage.spills and usage.registers * kernel.threads <= 65536, (kernel.name, usage)
+    small = Conv2dGw8Params(n=1, c=16, h=5, w=9, padding=1)
+    config = wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=16, warp_q8=2, stages=3)
+    kernel = wg.make_kernel(small, config, tma=True)
+    x = torch.zeros(small.input_shape, dtype=torch.half).to(memory_format=torch.channels_last)
+    dy = torch.zeros(small.output_shape, dtype=torch.half).to(memory_format=torch.channels_last)
+    assert wg.row_maps(kernel, x, dy) == [
+        TensorMap.of_tensor(x, (1, 3, 2, 0), (16, 18, 1, 1), 32),
+        TensorMap.of_tensor(dy, (1, 3, 2, 0), (16, 16, 1, 1), 32),
+    ]
+    swizzled = wg.make_kernel(small, config, swizzled=True)
+    x_pad = fd.row_pitch(18, True, tma=True) - 18
+    dy_pad = fd.row_pitch(16, True, tma=True) - 16
+    rows = (3 * x_pad + (3 + 3) * dy_pad) * 2 * 16
+    assert kernel.shared_mem_bytes - swizzled.shared_mem_bytes == rows + fd.tma_align(2) - 16 + 24
