@@ -41,6 +41,12 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
                  rows. Runs 7-8 read at ~1.7 TB/s through the group-major pipeline, 2.8-3.0
                  into contiguous rows (the read probe)
     swizzled-loads-only, swizzled-pipeline-only  loads-only and pipeline-only, swizzled
+    tma          the real kernel with its input rows (WGrad: x and dy rows) brought in by tensor
+                 copies (sm_90's TMA: one thread copies a row, which lands swizzled, zeros
+                 outside the input) into the swizzled buffers, waited for on an mbarrier a stage
+                 (right results): the bulk copy engine read 3.0-3.4 TB/s in the read probe (run
+                 6), cp.async rows 2.8-3.0
+    tma-loads-only, tma-pipeline-only  loads-only and pipeline-only, by tensor copies
 
 --config also takes a family's trial configs (WGrad's with 8 column runs a warp): correct in the
 emulator, outside the space spio picks from until a GPU has timed them.
@@ -111,14 +117,32 @@ SWIZZLED = {
 }
 
 
+#: Variants whose input rows arrive by tensor copies (make_kernel's `tma`; sm_90 and newer), and
+#: the VARIANTS entry whose switches they add (tma-pipeline-only: FProp and DGrad only).
+TMA = {
+    "tma": "full",
+    "tma-loads-only": "loads-only",
+    "tma-pipeline-only": "pipeline-only",
+}
+
+#: The arch tensor copies need.
+TMA_ARCH = 90
+
+
 def build_variant(kernel, name: str):
-    """`kernel` as variant `name` (of VARIANTS or SWIZZLED)."""
+    """`kernel` as variant `name` (of VARIANTS, SWIZZLED or TMA)."""
+    from spio.kernels import conv2d_gw8_factory as fd
+
     if name in SWIZZLED:
-        from spio.kernels import conv2d_gw8_factory as fd
         from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
         swizzle = {fd.SOURCE_FILE: fd.with_swizzled_stages, wg.SOURCE_FILE: wg.with_swizzled_stages}
         return swizzle[kernel.source_file](kernel).with_defines(VARIANTS[SWIZZLED[name]])
+    if name in TMA:
+        from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+        tma = {fd.SOURCE_FILE: fd.with_tma_stages, wg.SOURCE_FILE: wg.with_tma_stages}
+        return tma[kernel.source_file](kernel).with_defines(VARIANTS[TMA[name]])
     return kernel.with_defines(VARIANTS[name])
 
 
@@ -185,8 +209,8 @@ def parse_args(argv=None):
     parser.add_argument(
         "--variants",
         nargs="+",
-        choices=[*VARIANTS, *SWIZZLED],
-        default=[*VARIANTS, *SWIZZLED],
+        choices=[*VARIANTS, *SWIZZLED, *TMA],
+        default=[*VARIANTS, *SWIZZLED, *TMA],
         help="ablation variants to time (default: all; full is always timed, first)",
     )
     parser.add_argument("--repeats", type=positive_int, default=50)
@@ -235,10 +259,12 @@ def ablate_layer(args, layer) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     attrs = driver.device_attributes(device.index)
     stats = Conv2dStats(params)
+    tensor_copies = int(attrs["arch"].removeprefix("sm_").rstrip("a")) >= TMA_ARCH
     print(f"{attrs['name']} ({attrs['arch']}), layer {layer.name} N={args.n} {args.dtype}")
     # Every kernel of every pass and config first, then one parallel compile of them all: one
     # compile per config had left most workers idle (a config has a few variants).
     plan: dict[str, list[tuple[object, dict]]] = {}  # pass -> [(config, {variant: kernel})]
+    status = 0
     for pass_ in args.passes:
         family = FAMILY_OF_PASS[pass_]
         if args.config:
@@ -257,7 +283,19 @@ def ablate_layer(args, layer) -> int:
             skipped = [n for n in names if not variant_applies(n, pass_, params, config)]
             if skipped:
                 print(f"{pass_:6s} {', '.join(skipped)}: not for {config.encode()} (see --help)")
-            kernels = {n: build_variant(base, n) for n in names if n not in skipped}
+            early = [n for n in names if n in TMA and n not in skipped and not tensor_copies]
+            if early:
+                print(f"{pass_:6s} {', '.join(early)}: tensor copies need sm_{TMA_ARCH} or newer")
+                skipped += early
+            kernels = {}
+            for n in names:
+                if n in skipped:
+                    continue
+                try:
+                    kernels[n] = build_variant(base, n)
+                except ValueError as error:  # e.g. tensor copies' stages past shared memory
+                    print(f"{pass_:6s} {n:14s} not built: {error}")
+                    status = 1
             plan[pass_].append((config, kernels))
     every = [k for configs in plan.values() for _, kernels in configs for k in kernels.values()]
     results = compile_many([k.compile_job(attrs["arch"]) for k in every], progress=False)
@@ -267,7 +305,6 @@ def ablate_layer(args, layer) -> int:
         for kernel, result in zip(every, results, strict=True)
         if isinstance(result, BaseException)
     }
-    status = 0
     print(f"{'pass':6s} {'variant':14s} {'µs':>6s} {'pass GB/s':>9s} {'vs full':>8s}  config")
     for pass_, configs in plan.items():
         family = FAMILY_OF_PASS[pass_]

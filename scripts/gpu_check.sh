@@ -20,8 +20,9 @@
 #              (µs per custom-op / module call over F.conv2d's)
 #   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma, stores or
 #              barriers switched off, to show where their time goes (and FProp's input pipeline
-#              alone, and each pass with its input rows staged swizzled), the small and 1x3
-#              layers; last, on every bench layer, each pass swizzled against group-major and
+#              alone, and each pass with its input rows staged swizzled, and brought in by
+#              tensor copies), the small and 1x3 layers; last, on every bench layer, each
+#              pass swizzled against group-major and
 #              WGrad's atomics against its partial sums (settled in run 6). Its time limit:
 #              GPU_CHECK_ABLATE_SECONDS (default 200)
 #   probe      scripts/read_probe.py: this GPU's read rate through plain loads, cp.async and the
@@ -269,14 +270,15 @@ step_ablate() {
     #    their input rows staged swizzled (pixel-major) instead of group-major, also without
     #    their mma and stores (loads-only: WGrad's 76.7 of its 85.1 us in run 7) and FProp/DGrad's
     #    pipeline alone: the fix to time if the probe step's grouped rows read slower than rows
-    #    in order.
+    #    in order; and the rows by tensor copies (tma: one thread a row, into the swizzled
+    #    buffers; the read probe's bulk copies read 3.0-3.4 TB/s in run 6).
     ablate --layer 64c_64x64_3x3 \
         --variants full no-stores no-mma no-loads skeleton loads-only pipeline-only no-sync \
-        swizzled swizzled-loads-only swizzled-pipeline-only
-    # The swizzled stages on two more FProp tile widths of the headline layer (run 7's
-    # pipeline-only configs).
+        swizzled swizzled-loads-only swizzled-pipeline-only tma tma-loads-only tma-pipeline-only
+    # The swizzled stages and tensor copies on two more FProp tile widths of the headline layer
+    # (run 7's pipeline-only configs).
     ablate --layer 64c_64x64_3x3 --passes fprop --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 \
-        --variants full swizzled pipeline-only swizzled-pipeline-only
+        --variants full swizzled pipeline-only swizzled-pipeline-only tma tma-pipeline-only
     # 2. The small layers, whose WGrad loses to cuDNN at both batch sizes (their FProp and DGrad
     #    beat it since run 6): where their time goes, with spio's choice (the weights' start-up
     #    is in skeleton and no-loads).
@@ -286,7 +288,9 @@ step_ablate() {
     ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8 \
         --variants full no-stores skeleton loads-only
     # 3. On every bench layer with spio's configs, each pass's kernel swizzled against
-    #    group-major, and WGrad's reductions (the wrapper times both on each config).
+    #    group-major, and WGrad's reductions (the wrapper times both on each config). (Tensor
+    #    copies on every layer would take the step past its kernel budget: the headline layer's
+    #    lines above decide whether they are worth it.)
     if ((deadline - SECONDS >= 10)); then
         layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
             "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")

@@ -38,9 +38,9 @@ def _variants():
     scripts = str(Path(__file__).resolve().parent)
     if scripts not in sys.path:
         sys.path.insert(0, scripts)
-    from ablate_kernel import SWIZZLED, VARIANTS, build_variant, variant_applies
+    from ablate_kernel import SWIZZLED, TMA, VARIANTS, build_variant, variant_applies
 
-    return [*VARIANTS, *SWIZZLED], build_variant, variant_applies
+    return [*VARIANTS, *SWIZZLED, *TMA], build_variant, variant_applies
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

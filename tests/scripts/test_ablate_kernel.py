@@ -29,7 +29,7 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
     kernels = {
         (pass_, name): ablate.build_variant(kernel, name)
         for pass_, kernel in base_kernels.items()
-        for name in [*ablate.VARIANTS, *ablate.SWIZZLED]
+        for name in [*ablate.VARIANTS, *ablate.SWIZZLED, *ablate.TMA]
         if ablate.variant_applies(name, pass_, *_params_and_config(kernel))
     }
     results = compile_many([k.compile_job("sm_90") for k in kernels.values()], progress=False)
@@ -44,12 +44,14 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
         assert len(by_key[(pass_, "no-mma")].cubin) < full
         assert len(by_key[(pass_, "skeleton")].cubin) < len(by_key[(pass_, "no-mma")].cubin)
     for pass_ in ("fprop", "dgrad"):  # the pipeline alone: less than loads-only keeps
-        for prefix in ("", "swizzled-"):
+        for prefix in ("", "swizzled-", "tma-"):
             pipeline = len(by_key[(pass_, f"{prefix}pipeline-only")].cubin)
             assert pipeline < len(by_key[(pass_, f"{prefix}loads-only")].cubin)
     assert ("wgrad", "pipeline-only") not in by_key
     assert ("wgrad", "swizzled-pipeline-only") not in by_key
     assert ("wgrad", "swizzled") in by_key and ("wgrad", "swizzled-loads-only") in by_key
+    assert ("wgrad", "tma") in by_key and ("wgrad", "tma-loads-only") in by_key
+    assert ("wgrad", "tma-pipeline-only") not in by_key
     # WGrad's `unmasked` need not shrink the code: with one kind of step left ptxas may unroll
     # the loop further (it did once the last steps stopped branching around their copies: 792
     # against 776 instructions, NVRTC 12.9). That it leaves out the careful steps is tested by
@@ -89,6 +91,27 @@ def test_swizzled_variants_are_the_swizzled_kernel_with_their_partners_switches(
             if applies:
                 built = ablate.build_variant(kernel, name)
                 assert built.headers == swizzled.with_defines(ablate.VARIANTS[partner]).headers
+                names.add(built.name)
+        assert len(names) == (2 if pass_ == "wgrad" else 3) and kernel.name not in names
+
+
+def test_tma_variants_are_the_tma_kernel_with_their_partners_switches(base_kernels):
+    """Each tma variant is make_kernel(tma=True) with the switches of the variant it names,
+    under a name of its own; WGrad's keep its reduction and have no pipeline-only."""
+    from spio.kernels import conv2d_gw8_factory as fd
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    for pass_, factory in (("fprop", fd), ("dgrad", fd), ("wgrad", wg)):
+        kernel = base_kernels[pass_]
+        names = set()
+        for name, partner in ablate.TMA.items():
+            applies = ablate.variant_applies(name, pass_, *_params_and_config(kernel))
+            assert applies == (pass_ != "wgrad" or name != "tma-pipeline-only")
+            if applies:
+                built = ablate.build_variant(kernel, name)
+                expected = factory.with_tma_stages(kernel).with_defines(ablate.VARIANTS[partner])
+                assert built.headers == expected.headers and built.info_value("tma")
+                assert built.info[:2] == kernel.info[:2]  # params, config
                 names.add(built.name)
         assert len(names) == (2 if pass_ == "wgrad" else 3) and kernel.name not in names
 
@@ -362,10 +385,14 @@ def _kernels_of_call(argv: list[str], layers: int) -> int:
     with the WGrad wrapper's two reduction kernels per config."""
     args = ablate.parse_args(["--n", "128", *argv])
     count = len(args.layer) - 1 + layers if "$layers" in argv else len(args.layer)
-    per_config = len(set(args.variants) | {"full"})
+    variants = set(args.variants) | {"full"}
     total = 0
     for pass_ in args.passes:
-        total += count * len(args.config or [None]) * (per_config + 2 * (pass_ == "wgrad"))
+        if pass_ == "wgrad":  # FProp/DGrad's own variants (pipeline-only, tma) are not built
+            per_config = 2 + sum(ablate.variant_applies(v, pass_, None, None) for v in variants)
+        else:
+            per_config = len(variants)
+        total += count * len(args.config or [None]) * per_config
     return total
 
 
@@ -373,9 +400,9 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     """The step has 200 s for a few processes: no line times every variant (a compile each, a
     config), and the whole step builds under 160 kernels (run 6 built 236 of its 281 before its
     time ran out: docs/perf/2026-12-04-h200.md). The headline layer's ablation, with FProp's
-    input pipeline alone and the swizzled stages, comes first (the reference each run compares
-    against); every layer's kernels swizzled and not, with the settled WGrad reductions, come
-    last; what runs 6 to 8 settled is left out."""
+    input pipeline alone, the swizzled stages and FProp/DGrad's tensor copies, comes first (the
+    reference each run compares against); every layer's kernels swizzled and not, with the
+    settled WGrad reductions, come last; what runs 6 to 8 settled is left out."""
     from spio.bench.layers import layer_table
 
     calls = _gpu_check_ablate_calls()
@@ -391,6 +418,7 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     assert "$layers" in calls[-1] and args[-1].variants == ["full", "swizzled"]
     assert args[-1].passes == ["fprop", "dgrad", "wgrad"]
     assert {"swizzled", "swizzled-loads-only", "swizzled-pipeline-only"} <= set(args[0].variants)
+    assert {"tma", "tma-loads-only", "tma-pipeline-only"} <= set(args[0].variants)
     assert all("$layers" not in argv for argv in calls[:-1])
     # Settled by run 6, left out: FProp's unroll-r, WGrad's unmasked and copy-branch on every
     # layer, stagger (DRAM camping), several images per block on the small layers; by run 7: the
