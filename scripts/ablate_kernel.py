@@ -319,9 +319,15 @@ def ablate_layer(args, layer) -> int:
                     print(f"{pass_:6s} {name:14s} did not build: {error[0][:120]}")
                     status = 1
                     continue
-                seconds = autotune.time_kernel(
-                    family.name, params, kernel, arg_sets, device, repeats=args.repeats
-                )
+                try:
+                    seconds = autotune.time_kernel(
+                        family.name, params, kernel, arg_sets, device, repeats=args.repeats
+                    )
+                except Exception as error:  # e.g. a tensor map the driver refuses: the rest run
+                    text = str(error).strip().splitlines() or ["(no message)"]
+                    print(f"{pass_:6s} {name:14s} failed: {type(error).__name__}: {text[0][:120]}")
+                    status = 1
+                    continue
                 if name == "full":
                     full = seconds
                 print(row(pass_, name, seconds, nbytes, full, config.encode()))

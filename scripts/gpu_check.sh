@@ -270,15 +270,18 @@ step_ablate() {
     #    their input rows staged swizzled (pixel-major) instead of group-major, also without
     #    their mma and stores (loads-only: WGrad's 76.7 of its 85.1 us in run 7) and FProp/DGrad's
     #    pipeline alone: the fix to time if the probe step's grouped rows read slower than rows
-    #    in order; and the rows by tensor copies (tma: one thread a row, into the swizzled
-    #    buffers; the read probe's bulk copies read 3.0-3.4 TB/s in run 6).
+    #    in order.
     ablate --layer 64c_64x64_3x3 \
         --variants full no-stores no-mma no-loads skeleton loads-only pipeline-only no-sync \
-        swizzled swizzled-loads-only swizzled-pipeline-only tma tma-loads-only tma-pipeline-only
-    # The swizzled stages and tensor copies on two more FProp tile widths of the headline layer
-    # (run 7's pipeline-only configs).
+        swizzled swizzled-loads-only swizzled-pipeline-only
+    # The rows by tensor copies (tma: one thread a row, into the swizzled buffers; the read
+    # probe's bulk copies read 3.0-3.4 TB/s in run 6), in a process of their own: they have
+    # never run on a GPU, and a fault there would end the process's other timings with it.
+    ablate --layer 64c_64x64_3x3 --variants full tma tma-loads-only tma-pipeline-only
+    # The swizzled stages on two more FProp tile widths of the headline layer (run 7's
+    # pipeline-only configs).
     ablate --layer 64c_64x64_3x3 --passes fprop --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 \
-        --variants full swizzled pipeline-only swizzled-pipeline-only tma tma-pipeline-only
+        --variants full swizzled pipeline-only swizzled-pipeline-only
     # 2. The small layers, whose WGrad loses to cuDNN at both batch sizes (their FProp and DGrad
     #    beat it since run 6): where their time goes, with spio's choice (the weights' start-up
     #    is in skeleton and no-loads).

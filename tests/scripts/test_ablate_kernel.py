@@ -418,7 +418,10 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     assert "$layers" in calls[-1] and args[-1].variants == ["full", "swizzled"]
     assert args[-1].passes == ["fprop", "dgrad", "wgrad"]
     assert {"swizzled", "swizzled-loads-only", "swizzled-pipeline-only"} <= set(args[0].variants)
-    assert {"tma", "tma-loads-only", "tma-pipeline-only"} <= set(args[0].variants)
+    # Tensor copies (never run on a GPU before) in a process of their own, on the same layer.
+    assert calls[1][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[1]
+    assert set(args[1].variants) == {"full", "tma", "tma-loads-only", "tma-pipeline-only"}
+    assert not any(v.startswith("tma") for a in args[:1] + args[2:] for v in a.variants if a)
     assert all("$layers" not in argv for argv in calls[:-1])
     # Settled by run 6, left out: FProp's unroll-r, WGrad's unmasked and copy-branch on every
     # layer, stagger (DRAM camping), several images per block on the small layers; by run 7: the
@@ -645,3 +648,49 @@ def test_the_swizzled_variants_are_built_and_timed_per_pass(fake_gpu):
         assert swizzled == f"{full}__swz" and pipeline.startswith(f"{full}__variant_")
         assert swizzled_pipeline == pipeline.replace(full, swizzled)
     assert timed[9] == f"{timed[8]}__swz" and "conv2d_gw8_wgrad" in timed[8]
+
+
+def test_a_variant_that_fails_to_run_is_reported_and_the_rest_are_timed(
+    fake_gpu, monkeypatch, capsys
+):
+    """A variant whose launch fails (e.g. a tensor map the driver refuses) is reported on its
+    line with the error, the variants after it are still timed, and the exit status is 1."""
+    from spio.kernels import autotune
+
+    def time_kernel(family, params, kernel, *args, **kwargs):
+        if kernel.info_value("tma"):
+            raise RuntimeError("cuTensorMapEncodeTiled failed: CUDA_ERROR_INVALID_VALUE")
+        fake_gpu.append(kernel.name)
+        return 1e-5
+
+    monkeypatch.setattr(autotune, "time_kernel", time_kernel)
+    args = ablate.parse_args(
+        ["--layer", "64c_64x64_3x3", "--n", "2", "--passes", "fprop", "dgrad", "--heuristic",
+         "--variants", "full", "tma", "no-loads"]
+    )  # fmt: skip
+    assert ablate.ablate_layer(args, parse_layer("64c_64x64_3x3")) == 1
+    out = capsys.readouterr().out
+    assert out.count("failed: RuntimeError: cuTensorMapEncodeTiled failed") == 2, out
+    assert sum(name.endswith("__variant_loads") for name in fake_gpu[1:]) == 2  # both passes
+
+
+def test_tensor_copy_variants_are_skipped_below_sm_90(fake_gpu, monkeypatch, capsys):
+    """On a GPU before sm_90 the tma variants are left out with a line saying why; the others
+    are timed and the status stays 0."""
+    import types
+
+    import spio.cuda
+
+    ampere = types.SimpleNamespace(
+        device_attributes=lambda i: {"name": "GPU", "arch": "sm_80", "l2_cache_bytes": 0}
+    )
+    monkeypatch.setattr(spio.cuda, "driver", ampere, raising=False)
+    monkeypatch.setitem(sys.modules, "spio.cuda.driver", ampere)
+    args = ablate.parse_args(
+        ["--layer", "64c_64x64_3x3", "--n", "2", "--passes", "fprop", "--heuristic",
+         "--variants", "full", "tma", "tma-pipeline-only", "no-loads"]
+    )  # fmt: skip
+    assert ablate.ablate_layer(args, parse_layer("64c_64x64_3x3")) == 0
+    assert "tma, tma-pipeline-only: tensor copies need sm_90 or newer" in capsys.readouterr().out
+    timed = fake_gpu[1:]
+    assert len(timed) == 2 and not any("__tma" in name for name in timed)
