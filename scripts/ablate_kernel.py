@@ -128,6 +128,37 @@ TMA = {
 #: The arch tensor copies need.
 TMA_ARCH = 90
 
+#: Variants whose results must be the real kernel's: each is run once on the first input set and
+#: its output compared with `full`'s (a timing of wrong results would look like a gain).
+RIGHT_RESULTS = frozenset(
+    {"swizzled", "tma", "ldg", "l2-256", "stores-cs", "stagger", "unroll-r", "copy-branch"}
+)
+
+
+def result_of(family_name: str, params, kernel, args: list, device):
+    """The output of one call of `kernel` on launch arguments `args` as spio runs it
+    (autotune.pass_call), as a new fp32 tensor: FProp/DGrad's out, WGrad's dw."""
+    from spio.kernels import autotune
+
+    value = autotune.pass_call(family_name, params, kernel, args, device)()
+    out = value[0] if family_name.endswith("wgrad") else args[0]
+    return out.float().clone()
+
+
+def difference(reference, result, exact: bool) -> str | None:
+    """None where `result` is `reference` (bit for bit with `exact`, else to 1e-3 of its largest
+    magnitude: WGrad's atomics add in any order), else what differs."""
+    import torch
+
+    if torch.equal(reference, result):
+        return None
+    scale = reference.abs().max().item() or 1.0
+    worst = (reference - result).abs().max().item()
+    nan = bool(torch.isnan(result).any())
+    if not exact and not nan and worst <= 1e-3 * scale:
+        return None
+    return f"max |difference| {worst:.3g}, max |full| {scale:.3g}" + (", NaN" if nan else "")
+
 
 def build_variant(kernel, name: str):
     """`kernel` as variant `name` (of VARIANTS, SWIZZLED or TMA)."""
@@ -313,6 +344,7 @@ def ablate_layer(args, layer) -> int:
         arg_sets = [autotune.kernel_inputs(family.name, params, device, s) for s in range(copies)]
         for config, kernels in configs:
             full = None
+            reference = None  # full's output, for the variants that must compute the same
             for name, kernel in kernels.items():
                 if id(kernel) in failed:
                     error = str(failed[id(kernel)]).strip().splitlines() or ["(no message)"]
@@ -331,6 +363,14 @@ def ablate_layer(args, layer) -> int:
                 if name == "full":
                     full = seconds
                 print(row(pass_, name, seconds, nbytes, full, config.encode()))
+                checked = name == "full" or name in RIGHT_RESULTS
+                if arg_sets and checked and (name == "full" or reference is not None):
+                    result = result_of(family.name, params, kernel, arg_sets[0], device)
+                    if name == "full":
+                        reference = result
+                    elif wrong := difference(reference, result, exact=pass_ != "wgrad"):
+                        print(f"{pass_:6s} {name:14s} WRONG results: {wrong}")
+                        status = 1
             if pass_ == "wgrad" and full is None:  # its wrappers would run the same code
                 print(f"{pass_:6s} reductions not timed: the config's kernel did not build")
             elif pass_ == "wgrad":  # issue #6: atomics into zeroed dw, or per-warp partials + a sum

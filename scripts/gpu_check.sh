@@ -251,12 +251,17 @@ step_ablate() {
     # zeros by shared-memory stores instead of zero-filling copies (FProp/DGrad level, WGrad
     # 3-8 % slower on most configs: reverted).
     local deadline=$((SECONDS + $1 - 10)) rc=0 out_of_time=0 layers
+    # ablate ARGS...: one ablate_kernel.py process with the step's time left; with CAP=N set,
+    # at most N seconds of it.
     ablate() {
         local left=$((deadline - SECONDS)) part
         if ((left < 10)); then
             echo "ablate: ${left}s left, skipped: $*"
             out_of_time=1
             return
+        fi
+        if [[ -n ${CAP:-} ]] && ((CAP < left)); then
+            left=$CAP
         fi
         timeout -k 10 "$left" "$PYTHON" scripts/ablate_kernel.py --n 128 "$@"
         part=$?
@@ -276,8 +281,9 @@ step_ablate() {
         swizzled swizzled-loads-only swizzled-pipeline-only
     # The rows by tensor copies (tma: one thread a row, into the swizzled buffers; the read
     # probe's bulk copies read 3.0-3.4 TB/s in run 6), in a process of their own: they have
-    # never run on a GPU, and a fault there would end the process's other timings with it.
-    ablate --layer 64c_64x64_3x3 --variants full tma tma-loads-only tma-pipeline-only
+    # never run on a GPU, and a fault there would end the process's other timings with it; at
+    # most 60 s, so that a copy that never lands leaves the later parts their time.
+    CAP=60 ablate --layer 64c_64x64_3x3 --variants full tma tma-loads-only tma-pipeline-only
     # The swizzled stages on two more FProp tile widths of the headline layer (run 7's
     # pipeline-only configs).
     ablate --layer 64c_64x64_3x3 --passes fprop --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 \
@@ -396,7 +402,8 @@ step_tests() {
         return 1
     fi
     # Every test function once (shuffled parameters), then round-robin over functions; the bulk
-    # copy probes (never run on a GPU yet; a copy that never lands would wait forever) last.
+    # copy probes and the kernels fed by tensor copies (tma; never run on a GPU yet: a copy that
+    # never lands would wait forever) last.
     "$PYTHON" - "$ids" >"$order" <<'EOF'
 import random
 import sys
@@ -406,7 +413,8 @@ groups = defaultdict(list)
 last = []
 for line in open(sys.argv[1]):
     if "::" in line:
-        (last if "bulk" in line else groups[line.strip().split("[")[0]]).append(line.strip())
+        late = "bulk" in line or "tma" in line
+        (last if late else groups[line.strip().split("[")[0]]).append(line.strip())
 rng = random.Random(0)
 for members in groups.values():
     rng.shuffle(members)

@@ -91,20 +91,29 @@ class TensorMap:
     @classmethod
     def of_tensor(cls, t: Any, order: tuple[int, ...], box: tuple[int, ...], swizzle: int = 0):
         """The map of torch tensor `t` with dims `order` (t's dim indices, innermost first, the
-        first of stride 1), boxes of `box` elements."""
+        first of stride 1), boxes of `box` elements. A dim of extent 1 is only ever read at
+        index 0, so its stride, which PyTorch leaves free (a tensor contiguous in a memory
+        format may report any), is taken as the dense one: the stride below it times its
+        extent."""
         if t.numel() == 0:
             raise ValueError("a tensor map needs a non-empty tensor")
-        if t.stride(order[0]) != 1:
+        if t.stride(order[0]) != 1 and t.shape[order[0]] != 1:
             raise ValueError(
                 f"a tensor map's innermost dim must have stride 1: dim {order[0]} of a tensor "
                 f"with strides {tuple(t.stride())}"
             )
         size = t.element_size()
+        strides = []
+        below = size * t.shape[order[0]]  # the dense stride of the next dim, in bytes
+        for d in order[1:]:
+            stride = t.stride(d) * size if t.shape[d] != 1 else below
+            strides.append(stride)
+            below = stride * t.shape[d]
         return cls(
             address=t.data_ptr(),
             element_bytes=size,
             dims=tuple(t.shape[d] for d in order),
-            strides=tuple(t.stride(d) * size for d in order[1:]),
+            strides=tuple(strides),
             box=tuple(box),
             swizzle=swizzle,
         )

@@ -200,6 +200,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 
 #if SPIO_LOAD_VIA_TMA
     static_assert(!SPIO_LOAD_VIA_REGS, "SPIO_LOAD_VIA_TMA and SPIO_LOAD_VIA_REGS exclude each other");
+    // Without the barrier per row a warp could wait for a stage's next phase while thread 0
+    // refills it for the one after, or refill it while others read it.
+    static_assert(!SPIO_ABLATE_SYNC, "SPIO_LOAD_VIA_TMA needs the barrier per row");
     // Input rows by tensor copies (sm_90): thread 0 copies each row, one box of in_map (the
     // block's groups across its Block::x + S - 1 input columns), which lands swizzled as
     // SmemInput lays it out, zeros outside the input (also rows above or below the image, and
@@ -231,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             spio::mbarrier_init(&stage_full[stage], 1);
         }
         spio::fence_mbarrier_init();
+        spio::fence_proxy_async_shared();  // the initialised barriers, before the first copies
     }
     (void)in;
 #else

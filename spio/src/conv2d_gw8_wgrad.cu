@@ -150,6 +150,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     for (int i = threadIdx.x; i < SmemDy::size; i += Block::threads) {
         smem[SmemX::size + i] = make_uint4(0, 0, 0, 0);
     }
+#if SPIO_LOAD_VIA_TMA
+    // Each thread orders its zeros before the tensor copies that will land in the same slots
+    // (the copies write through the async proxy); the barrier below then orders them for thread 0.
+    spio::fence_proxy_async_shared();
+#endif
 
     constexpr int STEPS = Block::n * ROWS;
 #if !SPIO_LOAD_VIA_TMA
@@ -188,6 +193,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 
 #if SPIO_LOAD_VIA_TMA
     static_assert(!SPIO_LOAD_VIA_REGS, "SPIO_LOAD_VIA_TMA and SPIO_LOAD_VIA_REGS exclude each other");
+    // Without the barrier per step a warp could wait for a stage's next phase while thread 0
+    // refills it for the one after, or refill slots while others read them.
+    static_assert(!SPIO_ABLATE_SYNC, "SPIO_LOAD_VIA_TMA needs the barrier per step");
     // Rows by tensor copies (sm_90): thread 0 copies step t's x row (a box of x_map: the block's
     // groups across its Block::x + S - 1 columns) into x stage t % STAGES and its dy row (of
     // dy_map, Block::x columns) into dy slot t % SLOTS; both land swizzled as SmemX and SmemDy lay
@@ -226,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             spio::mbarrier_init(&stage_full[stage], 1);
         }
         spio::fence_mbarrier_init();
+        spio::fence_proxy_async_shared();  // the initialised barriers, before the first copies
     }
     (void)x;
     (void)dy;
@@ -468,7 +477,6 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     }
 #elif SPIO_LOAD_VIA_TMA
     if (issuer) {
-        spio::fence_proxy_async_shared();  // the zeroed dy slots before the copies' writes
         SPIO_UNROLL
         for (int t = 0; t < STAGES - 1; ++t) {
             if (t < STEPS) {

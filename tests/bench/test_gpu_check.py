@@ -29,6 +29,7 @@ if [[ "$1 $2" == "-m pytest" ]]; then
     if [[ " $* " == *" --collect-only "* ]]; then
         if [[ -n "${{FAKE_COLLECT_HANG:-}}" ]]; then sleep 60; fi
         [[ -n "${{FAKE_NO_BULK:-}}" ]] || printf 'tests/a.py::test_bulk_copy[1]\\n'
+        [[ -n "${{FAKE_NO_BULK:-}}" ]] || printf 'tests/c.py::test_tma_rows[1]\\n'
         printf 'tests/a.py::test_x[1]\\ntests/a.py::test_x[2]\\n'
         printf 'tests/b.py::test_y\\n\\n4 tests\\n'
         exit 0
@@ -146,11 +147,12 @@ def test_full_run_with_stand_ins_passes_and_prints_summary_last(stand_ins, tmp_p
     # The perf step samples afresh (the stand-in sampler writes nothing).
     assert "perf       PASS: 0 rows" in summary["perf"]
     order = (out_dir / "tests_order.txt").read_text().split()
-    assert sorted(order[:-1]) == sorted(["tests/a.py::test_x[1]", "tests/a.py::test_x[2]",
+    assert sorted(order[:-2]) == sorted(["tests/a.py::test_x[1]", "tests/a.py::test_x[2]",
                                          "tests/b.py::test_y"])  # fmt: skip
     assert {order[0].split("[")[0], order[1].split("[")[0]} == {"tests/a.py::test_x",
                                                                 "tests/b.py::test_y"}  # fmt: skip
-    assert order[-1] == "tests/a.py::test_bulk_copy[1]"  # never run on a GPU: it may hang
+    # Never run on a GPU (bulk and tensor copies): they may hang, so they come last.
+    assert order[-2:] == ["tests/a.py::test_bulk_copy[1]", "tests/c.py::test_tma_rows[1]"]
     assert (out_dir / "summary.txt").read_text().strip().splitlines()[-1] == tail[-1]
 
 

@@ -91,3 +91,17 @@ def test_of_tensor_refuses_a_strided_innermost_dim_and_empty_tensors():
 def test_argument_on_the_cpu_is_the_emulator_layout():
     m = make()
     assert m.argument(torch.device("cpu")) == m.emulator_bytes()
+
+
+def test_of_tensor_takes_dense_strides_for_dims_of_extent_1():
+    """PyTorch leaves a size-1 dim's stride free: a tensor contiguous in channels_last may report
+    one the driver would refuse (not a multiple of 16 bytes). Such a dim is only read at index
+    0, so the map gets the dense stride instead; the other strides are the tensor's."""
+    x = torch.empty_strided((2, 16, 1, 7), (112, 1, 3, 16), dtype=torch.half)
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    m = TensorMap.of_tensor(x, (1, 3, 2, 0), (16, 7, 1, 1))
+    assert m.dims == (16, 7, 1, 2)
+    assert m.strides == (32, 7 * 32, 7 * 32)
+    one = torch.empty_strided((1, 8, 4, 4), (5, 1, 32, 8), dtype=torch.half)
+    m = TensorMap.of_tensor(one, (1, 3, 2, 0), (8, 4, 1, 1))
+    assert m.strides == (16, 64, 256)

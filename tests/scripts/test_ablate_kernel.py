@@ -348,11 +348,11 @@ def _gpu_check_ablate_calls() -> list[list[str]]:
     text = (REPO / "scripts" / "gpu_check.sh").read_text(encoding="utf-8")
     body = text[text.index("step_ablate() {") :]
     body = body[: body.index("\n}\n")].replace("\\\n", " ")
-    return [
-        shlex.split(line.strip().removeprefix("ablate "))
-        for line in body.splitlines()
-        if line.strip().startswith("ablate --")
+    # (a call may set variables first: CAP=60 ablate --...)
+    calls = [
+        re.fullmatch(r"(?:[A-Z_]+=\S+ )*ablate (--.*)", line.strip()) for line in body.splitlines()
     ]
+    return [shlex.split(call.group(1)) for call in calls if call]
 
 
 def test_gpu_check_ablates_only_layers_passes_and_configs_that_exist():
@@ -418,7 +418,10 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     assert "$layers" in calls[-1] and args[-1].variants == ["full", "swizzled"]
     assert args[-1].passes == ["fprop", "dgrad", "wgrad"]
     assert {"swizzled", "swizzled-loads-only", "swizzled-pipeline-only"} <= set(args[0].variants)
-    # Tensor copies (never run on a GPU before) in a process of their own, on the same layer.
+    # Tensor copies (never run on a GPU before) in a process of their own, on the same layer,
+    # with a time cap of their own (a copy that never lands would hang the process).
+    text = (REPO / "scripts" / "gpu_check.sh").read_text(encoding="utf-8")
+    assert "CAP=60 ablate --layer 64c_64x64_3x3 --variants full tma " in text
     assert calls[1][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[1]
     assert set(args[1].variants) == {"full", "tma", "tma-loads-only", "tma-pipeline-only"}
     assert not any(v.startswith("tma") for a in args[:1] + args[2:] for v in a.variants if a)
@@ -484,6 +487,7 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(autotune, "time_kernel", time_kernel)
     monkeypatch.setattr(ablate, "time_wgrad_reductions", lambda *a: {})
+    monkeypatch.setattr(ablate, "result_of", lambda *a: torch.zeros(1))  # every variant agrees
     pair = [(torch.zeros(8), torch.zeros(8))]
     monkeypatch.setattr(spio.bench.run, "copy_pairs", lambda *a: pair)
     timing = types.SimpleNamespace(median_ms=0.01)
@@ -694,3 +698,70 @@ def test_tensor_copy_variants_are_skipped_below_sm_90(fake_gpu, monkeypatch, cap
     assert "tma, tma-pipeline-only: tensor copies need sm_90 or newer" in capsys.readouterr().out
     timed = fake_gpu[1:]
     assert len(timed) == 2 and not any("__tma" in name for name in timed)
+
+
+def test_variants_that_keep_the_results_are_checked_against_full(fake_gpu, monkeypatch, capsys):
+    """Each variant documented to compute the real results (swizzled, tma, ...) is run once on
+    the first input set and compared with full's output: a mismatch is a WRONG line and exit
+    status 1; ablations (which compute garbage) are not compared."""
+    import torch
+
+    from spio.kernels import autotune
+
+    monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: ["inputs"])
+    ran = []
+
+    def result_of(family_name, params, kernel, args, device):
+        ran.append(kernel.name)
+        wrong = kernel.info_value("tma") or "__variant_loads" in kernel.name
+        return torch.full((4,), 2.0 if wrong else 1.0)
+
+    monkeypatch.setattr(ablate, "result_of", result_of)
+    args = ablate.parse_args(
+        ["--layer", "64c_64x64_3x3", "--n", "2", "--passes", "fprop", "--heuristic",
+         "--variants", "full", "no-loads", "swizzled", "tma"]
+    )  # fmt: skip
+    assert ablate.ablate_layer(args, parse_layer("64c_64x64_3x3")) == 1
+    out = capsys.readouterr().out
+    assert "fprop  tma            WRONG results: max |difference| 1, max |full| 1" in out, out
+    assert out.count("WRONG") == 1  # swizzled matches; no-loads is an ablation, not compared
+    assert len(ran) == 3 and not any("__variant_loads" in name for name in ran)
+
+
+def test_difference_is_exact_but_for_wgrads_sum_order():
+    import torch
+
+    a = torch.tensor([1.0, -2.0, 4.0])
+    assert ablate.difference(a, a.clone(), exact=True) is None
+    near = a + torch.tensor([0.0, 0.0, 1e-3])
+    assert ablate.difference(a, near, exact=True).startswith("max |difference| 0.001")
+    assert ablate.difference(a, near, exact=False) is None
+    assert ablate.difference(a, a + 0.1, exact=False) == "max |difference| 0.1, max |full| 4"
+    nan = torch.tensor([1.0, float("nan"), 4.0])
+    assert ablate.difference(a, nan, exact=False).endswith(", NaN")
+
+
+@pytest.mark.parametrize("pass_", ["fprop", "dgrad", "wgrad"])
+def test_result_of_emulated_kernels_tells_right_variants_from_ablations(pass_):
+    """result_of and difference on real kernels (emulated): the swizzled and tensor-copy
+    variants give full's output (bit for bit in FProp/DGrad), an ablation without its loads
+    does not."""
+    import torch
+
+    from spio.kernels import autotune
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    family = FAMILY_OF_PASS[pass_]
+    params = Conv2dGw8Params(n=2, c=16, h=6, w=10, padding=1, has_bias=pass_ == "wgrad")
+    base = family.make_kernel(params, family.default_config(params))
+    args = autotune.kernel_inputs(family.name, params, torch.device("cpu"), 0)
+    cpu = torch.device("cpu")
+    reference = ablate.result_of(family.name, params, base, args, cpu)
+    assert torch.isfinite(reference).all() and reference.abs().max() > 0
+    for name in ("swizzled", "tma"):
+        result = ablate.result_of(family.name, params, ablate.build_variant(base, name), args, cpu)
+        assert ablate.difference(reference, result, exact=pass_ != "wgrad") is None, name
+    broken = ablate.build_variant(base, "no-loads")
+    result = ablate.result_of(family.name, params, broken, args, cpu)
+    assert ablate.difference(reference, result, exact=pass_ != "wgrad") is not None
