@@ -51,7 +51,7 @@ class _Launch(ctypes.Structure):
         ("check", ctypes.c_uint32),
         ("seed", ctypes.c_uint64),
         ("shuffle", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("dynamic_offset", ctypes.c_uint32),
         ("kernel_name", ctypes.c_char_p),
     ]
 
@@ -323,8 +323,12 @@ class EmuFunction:
         *,
         check: bool = True,
         seed: int | None = None,
+        shared_offset: int = 0,
     ) -> None:
-        """Run the kernel on CPU tensors; raises EmulatorError for a hazard (check=True)."""
+        """Run the kernel on CPU tensors; raises EmulatorError for a hazard (check=True).
+        `shared_offset`: the dynamic shared buffer starts that many bytes (a multiple of 16 below
+        1024) past a multiple of 1024, as a GPU may start it (it promises 16-byte alignment):
+        kernels that align their buffers themselves are tested with it."""
         import torch
 
         grid3 = _dims(grid, "grid", _MAX_GRID)
@@ -339,6 +343,14 @@ class EmuFunction:
             raise TypeError(f"shared_mem_bytes must be an int, got {shared_mem_bytes!r}")
         if shared_mem_bytes < 0:
             raise ValueError(f"shared_mem_bytes must be an int >= 0, got {shared_mem_bytes!r}")
+        if (
+            not isinstance(shared_offset, int)
+            or shared_offset % 16
+            or not 0 <= shared_offset < 1024
+        ):
+            raise ValueError(
+                f"shared_offset must be a multiple of 16 in 0..1008, got {shared_offset!r}"
+            )
         loaded = self.module._load(check)
         static = self.module.static_shared_bytes(check)
         if shared_mem_bytes + static > MAX_SHARED_BYTES:
@@ -366,6 +378,7 @@ class EmuFunction:
         cfg.check = int(bool(check))
         cfg.seed = 0 if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
         cfg.shuffle = 0 if seed is None else 1
+        cfg.dynamic_offset = shared_offset
         name = self.name.encode()
         cfg.kernel_name = name
         slot_array = (ctypes.c_uint64 * max(1, len(slots)))(*slots)

@@ -138,6 +138,7 @@ class Kernel:
                 args,
                 shared_mem_bytes=self.shared_mem_bytes,
                 seed=_emulator_order_seed(),
+                shared_offset=_emulator_shared_offset(),
             )
         else:
             raise ValueError(f"spio kernels run on CUDA devices or the CPU emulator, got {device}")
@@ -322,6 +323,18 @@ def _emulator_order_seed() -> int | None:
         return int(text)
     except ValueError:
         raise ValueError(f"SPIO_EMULATOR_ORDER_SEED must be an integer, got {text!r}") from None
+
+
+def _emulator_shared_offset() -> int:
+    """SPIO_EMULATOR_SHARED_OFFSET=<bytes>: emulated launches start their dynamic shared memory
+    that many bytes (a multiple of 16 below 1024) past a 1024-byte boundary, as a GPU may (it
+    promises 16-byte alignment): for testing kernels that align their buffers themselves (the
+    tensor-copy variants). Unset: at the boundary."""
+    text = os.environ.get("SPIO_EMULATOR_SHARED_OFFSET", "").strip()
+    try:
+        return int(text) if text else 0
+    except ValueError:
+        raise ValueError(f"SPIO_EMULATOR_SHARED_OFFSET must be an integer, got {text!r}") from None
 
 
 def _emulator_function(kernel: Kernel):

@@ -106,7 +106,9 @@ def _swizzled(landing, swizzle):
     return out
 
 
-def _run(tc, x, tmap, coords, *, src=None, expect=None, offset=0, bug=0, poke=-1, check=True):
+def _run(
+    tc, x, tmap, coords, *, src=None, expect=None, offset=0, bug=0, poke=-1, check=True, moved=0
+):
     """Launches box4; returns the landed words (flat) and the dynamic buffer's address mod 1024."""
     out = torch.full((tmap.box_bytes // 2,), -1, dtype=torch.int16)
     where = torch.full((1,), -1, dtype=torch.int64)
@@ -122,7 +124,9 @@ def _run(tc, x, tmap, coords, *, src=None, expect=None, offset=0, bug=0, poke=-1
         poke,
         where,
     )
-    tc.get_function("box4").launch(1, 64, args, shared_mem_bytes=SHARED_BYTES, check=check)
+    tc.get_function("box4").launch(
+        1, 64, args, shared_mem_bytes=SHARED_BYTES, check=check, shared_offset=moved
+    )
     return out, int(where[0])
 
 
@@ -149,7 +153,7 @@ def test_box_copy_lands_the_box_with_zeros_outside_and_the_swizzle(tc, shape, bo
     x = _nhwc(*shape)
     tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), box, swizzle=swizzle)
     got, aligned = _run(tc, x, tmap, coords)
-    assert aligned == 0  # the dynamic buffer starts at a multiple of 1024, as on a GPU
+    assert aligned == 0  # the dynamic buffer starts at a multiple of 1024 unless told otherwise
     want = _swizzled(_box_reference(x, box, coords).flatten(), swizzle)
     assert torch.equal(got, want)
 
@@ -395,3 +399,44 @@ def test_tensor_copy_kernels_compile_with_nvrtc_for_sm_90():
     except Exception as error:  # no NVRTC on this machine
         pytest.skip(f"NVRTC not available: {error}")
     assert compiler.compile_cubin(TENSOR_COPY, "sm_90", name="emu_tensor_copy.cu").cubin
+
+
+def test_a_swizzled_destination_off_the_patterns_repeat_is_refused(tc):
+    """The GPU swizzles by address bits: a box landing off the repeat (8 rows of the span) would
+    be permuted unlike the layout spio's buffers expect, so the emulator refuses it."""
+    x = _nhwc(1, 1, 8, 64)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (64, 8, 1, 1), swizzle=128)
+    with pytest.raises(
+        EmulatorError,
+        match=r"a 128-byte swizzle's destination must be aligned to its repeat, 1024 bytes \(8 "
+        r"rows of its span\), for the box to land in the layout spio's buffers expect; got 0x",
+    ):
+        _run(tc, x, tmap, (0, 0, 0, 0), offset=128)
+    y = _nhwc(1, 1, 8, 16)
+    small = TensorMap.of_tensor(y, (3, 2, 1, 0), (16, 8, 1, 1), swizzle=32)
+    got, _ = _run(tc, y, small, (0, 0, 0, 0), offset=256)  # 32 bytes: a repeat of 256
+    assert torch.equal(got, _swizzled(y.flatten(), 32))
+
+
+@pytest.mark.parametrize("moved", [16, 528, 1008])
+def test_the_dynamic_buffer_can_start_off_a_1024_byte_boundary(tc, moved):
+    """shared_offset starts the dynamic buffer that far past a 1024-byte boundary, as a GPU may
+    (it promises 16 bytes): a kernel that does not align its buffer then meets the alignment
+    rules (here: a tensor copy to the buffer's start is refused)."""
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    with pytest.raises(EmulatorError, match="is not 128-byte aligned"):
+        _run(tc, x, tmap, (0, 0, 0, 0), moved=moved)
+    if moved % 128 == 16:
+        got, where = _run(tc, x, tmap, (0, 0, 0, 0), moved=moved, offset=128 - moved % 128)
+        assert where == moved and torch.equal(
+            got, _box_reference(x, (8, 6, 1, 1), (0,) * 4).flatten()
+        )
+
+
+@pytest.mark.parametrize("moved", [8, 1024, -16, 16.0])
+def test_a_dynamic_buffer_offset_off_16_or_past_1008_is_refused(tc, moved):
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    with pytest.raises(ValueError, match="shared_offset must be a multiple of 16 in 0..1008, got"):
+        _run(tc, x, tmap, (0, 0, 0, 0), moved=moved)

@@ -957,6 +957,15 @@ def test_tma_stage_layout_is_where_tensor_copies_land(groups, pixels):
                 assert spec.offset(stage=stage, x=x, c8=g) * 16 == linear, (stage, x, g)
 
 
+def assert_tensor_map_read_in_place(ptx: str) -> None:
+    """The copies take the tensor map where the launch put it, in the parameter space (its
+    generic address, cvta.param): a by-value map without __grid_constant__ is copied to local
+    memory first (a __local_depot), and a tensor copy from a local address faults on a GPU."""
+    assert "cp.async.bulk.tensor.4d.shared::cluster.global.tile" in ptx
+    assert "cvta.param.u64" in ptx
+    assert "__local_depot" not in ptx
+
+
 def test_tma_kernels_need_sm_90_and_say_so():
     """A `tma` kernel builds for sm_90 without spills; for sm_80 the compile fails naming the
     arch it needs (spio/thread/bulk_copy.h)."""
@@ -972,6 +981,7 @@ def test_tma_kernels_need_sm_90_and_say_so():
         assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
         usage = result.resources[kernel.entry]
         assert not usage.spills and usage.registers * kernel.threads <= 65536, (kernel.name, usage)
+        assert_tensor_map_read_in_place(result.ptx)
     with pytest.raises(Exception, match="needs sm_90 or newer"):
         kernels[0].compile("sm_80")
 
@@ -1000,3 +1010,34 @@ def test_tma_kernel_flags_names_and_shared_memory():
     assert wide in fd.configs(big)  # 96,256 bytes group-major, 102,448 with tensor copies
     with pytest.raises(ValueError, match="needs 102448 bytes of shared memory with tma=True"):
         fd.make_kernel(big, wide, tma=True)
+
+
+@pytest.mark.parametrize("offset", [16, 528, 1008])
+def test_tma_kernels_align_their_stages_wherever_shared_memory_starts(offset, monkeypatch):
+    """A GPU promises dynamic shared memory 16-byte alignment only; the tensor-copy kernels round
+    their stages up to the swizzle's repeat within the room the factory leaves. Emulated with
+    the buffer starting `offset` bytes past a 1024-byte boundary (SPIO_EMULATOR_SHARED_OFFSET),
+    every pass still matches the reference: misaligned stages would be refused (the emulator
+    checks a swizzled copy's destination) and too little room would run past the buffer."""
+    from spio.check import run_one
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    monkeypatch.setenv("SPIO_EMULATOR_SHARED_OFFSET", str(offset))
+    for pass_, params, config in (SWIZZLED_CASES[3], SWIZZLED_CASES[1]):  # 8 and 2 groups
+        kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma=True)
+        ratio = run_one(params, pass_, config, "cpu", kernel=kernel)
+        assert ratio <= 1.0, f"{kernel.name}, offset {offset}: {ratio:.3g} times the tolerance"
+    params = Conv2dGw8Params(n=2, c=32, h=5, w=13, padding=(1, 2), r=2, s=5)
+    config = wg.Conv2dGw8WgradConfig(groups=4, block_p=4, block_q=16, warp_q8=2, stages=3)
+    kernel = wg.make_kernel(params, config, partials=True, tma=True)
+    ratio = run_one(params, "wgrad", config, "cpu", kernel=kernel)
+    assert ratio <= 1.0, f"{kernel.name}, offset {offset}: {ratio:.3g} times the tolerance"
+
+
+def test_the_emulated_shared_offset_must_be_an_integer(monkeypatch):
+    from spio.check import run_one
+
+    monkeypatch.setenv("SPIO_EMULATOR_SHARED_OFFSET", "sixteen")
+    params, config = SWIZZLED_CASES[1][1:]
+    with pytest.raises(ValueError, match="SPIO_EMULATOR_SHARED_OFFSET must be an integer"):
+        run_one(params, "dgrad", config, "cpu")

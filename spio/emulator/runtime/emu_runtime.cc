@@ -67,8 +67,10 @@ constexpr std::size_t kStackBytes = 640 * 1024;
 constexpr std::size_t kGuardBytes = kStackBytes;
 constexpr std::size_t kMaxDynamicShared = 227 * 1024;
 /// The guard zones around the dynamic shared-memory buffer, and the buffer's alignment: 1024 bytes,
-/// so that the buffer starts at a multiple of the largest swizzle repeat (8 spans of 128 bytes) as
-/// a GPU's does, and kernels that align a buffer to it get the GPU's tensor-copy swizzle pattern.
+/// the largest swizzle repeat (8 spans of 128 bytes), so that kernels that align a buffer to it get
+/// the GPU's tensor-copy swizzle pattern. A GPU promises the buffer only 16-byte alignment: a
+/// launch's dynamic_offset (a multiple of 16 below kDynGuard) starts it that far past the
+/// boundary, to test kernels that align their buffers themselves.
 constexpr std::size_t kDynGuard = 1024;
 constexpr uint16_t kMany = 0xffff;
 constexpr uint16_t kTidMask = 0x7ff;
@@ -1406,7 +1408,9 @@ void complete_copy(Fiber *f, const PendingCopy &pc) {
 // Interface used by the kernel translation unit
 // ---------------------------------------------------------------------------------------------
 
-char *dynamic_shared_base() { return g_dynamic + kDynGuard; }
+char *dynamic_shared_base() {
+    return g_dynamic + kDynGuard + (g_rt.cfg ? g_rt.cfg->dynamic_offset : 0);
+}
 
 int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
     g_rt.cfg = cfg;
@@ -1424,6 +1428,12 @@ int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
     g_rt.d_size = cfg->dynamic_shared_bytes;
     if (g_rt.s_hi < g_rt.s_lo || g_rt.d_size > kMaxDynamicShared) {
         g_rt.error = "bad shared-memory layout";
+        return -1;
+    }
+    if (cfg->dynamic_offset % 16 || cfg->dynamic_offset >= kDynGuard) {
+        g_rt.error = format("the dynamic shared buffer's offset must be a multiple of 16 below %zu, "
+                            "got %u",
+                            kDynGuard, cfg->dynamic_offset);
         return -1;
     }
     GlobalShadowLease global_lease;
@@ -1916,6 +1926,16 @@ void cp_async_bulk_tensor_g2s(void *dst, const void *map, int rank, const int *c
                             what, t.swizzle, t.swizzle, static_cast<unsigned long long>(row_bytes),
                             static_cast<unsigned long long>(t.box[0]),
                             static_cast<unsigned long long>(eb)));
+    }
+    if (t.swizzle && reinterpret_cast<uintptr_t>(dst) % (8 * t.swizzle)) {
+        // The GPU swizzles by address bits: from a destination off the pattern's repeat the box
+        // lands permuted differently from its first row on. spio's kernels align to the repeat.
+        detail::fail(f, detail::format(
+                            "%s: a %u-byte swizzle's destination must be aligned to its repeat, "
+                            "%u bytes (8 rows of its span), for the box to land in the layout "
+                            "spio's buffers expect; got %#lx",
+                            what, t.swizzle, 8 * t.swizzle,
+                            static_cast<unsigned long>(reinterpret_cast<uintptr_t>(dst))));
     }
     auto *d = static_cast<char *>(dst);
     std::vector<detail::BulkCopy> pieces;

@@ -54,7 +54,8 @@ struct spio_emu_launch {
     uint32_t check;  ///< 1: hazard checks on
     uint64_t seed;   ///< thread-order shuffle seed; used when shuffle != 0
     uint32_t shuffle;
-    uint32_t reserved;
+    uint32_t dynamic_offset;  ///< bytes the dynamic shared buffer starts past a multiple of 1024
+
     const char *kernel_name;
 };
 
