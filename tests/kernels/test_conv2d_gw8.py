@@ -915,8 +915,9 @@ def test_tma_stages_match_reference(pass_, params, config, device):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_tma_stages_with_a_ragged_batch_and_wide_channels(device):
     """Images past the batch (a ragged last block of images: the map's N extent stops the
-    copies) and a layer with more channels than a block's groups (the box's channels start at
-    the block's first group, C's stride spans the others)."""
+    copies), a layer with more channels than a block's groups (the box's channels start at
+    the block's first group, C's stride spans the others), and DGrad with a negative padding
+    of its own (the copies' columns and rows start inside dy)."""
     from spio.check import run_one
 
     _skip_without_tensor_copies(device)
@@ -925,10 +926,13 @@ def test_tma_stages_with_a_ragged_batch_and_wide_channels(device):
          fd.Conv2dGw8Config(2, 4, 16, 1, stages=2, mma_k=8, block_n=2)),
         ("dgrad", Conv2dGw8Params(n=2, c=48, h=6, w=9, padding=2, r=5, s=5),
          fd.Conv2dGw8Config(2, 8, 16, 1, stages=3, mma_k=16)),
+        # padding past R - 1: DGrad's own padding is negative, its rows start inside dy
+        ("dgrad", Conv2dGw8Params(n=1, c=16, h=9, w=11, padding=(3, 4), r=3, s=3),
+         fd.Conv2dGw8Config(2, 8, 16, 1, stages=2, mma_k=8)),
     ]  # fmt: skip
     for pass_, params, config in cases:
         kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma=True)
-        assert fd.ragged(params, config.block_n) == (pass_ == "fprop")
+        assert fd.ragged(params, config.block_n) == (pass_ == "fprop" and params.n == 3)
         ratio = run_one(params, pass_, config, device, kernel=kernel)
         assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
 
