@@ -67,6 +67,34 @@ extern "C" __global__ void triple(int *out, const Triple t) {
 
 SHARED_BYTES = 64 * 1024
 
+BARRIER_BYTES = r"""
+#include "spio/thread/bulk_copy.h"
+
+/// An mbarrier at dynamic shared memory + 128; thread 0 then touches it: `mode` 1 a plain store to
+/// one of its bytes, 2 a plain read, 3 a bulk copy of 256 bytes from `src` onto dyn[0..256),
+/// 0 nothing. Every block first stores to those bytes before the barrier exists (allowed: they
+/// are plain shared memory until mbarrier_init, in each block).
+extern "C" __global__ void barrier_bytes(int mode, const uint4 *src, unsigned char *out) {
+    extern __shared__ __align__(1024) unsigned char dyn[];
+    auto *bar = reinterpret_cast<unsigned long long *>(dyn + 128);
+    if (threadIdx.x == 0) {
+        dyn[130] = 7;
+        spio::mbarrier_init(bar, 1);
+        spio::fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (mode == 1) dyn[130] = 1;
+        if (mode == 2) out[0] = dyn[129];
+        if (mode == 3) {
+            spio::mbarrier_arrive_expect_tx(bar, 256);
+            spio::cp_async_bulk_g2s(dyn, src, 256, bar);
+            spio::mbarrier_wait_parity(bar, 0);
+        }
+    }
+}
+"""
+
 
 @pytest.fixture(scope="module", params=COMPILERS)
 def tc(request):
@@ -440,3 +468,29 @@ def test_a_dynamic_buffer_offset_off_16_or_past_1008_is_refused(tc, moved):
     tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
     with pytest.raises(ValueError, match="shared_offset must be a multiple of 16 in 0..1008, got"):
         _run(tc, x, tmap, (0, 0, 0, 0), moved=moved)
+
+
+@pytest.fixture(scope="module")
+def barrier_kernel():
+    return load(BARRIER_BYTES, "emu_test_barrier_bytes", COMPILERS[0]).get_function("barrier_bytes")
+
+
+@pytest.mark.parametrize(
+    "mode,message",
+    [
+        (1, r"thread \(0,0,0\): writes shared address 0x[0-9a-f]+, a byte of an mbarrier"),
+        (2, r"reads shared address 0x[0-9a-f]+, a byte of an mbarrier \(mbarrier_init made it "
+            r"one\): only the mbarrier operations may touch its 8 bytes"),
+        (3, r"cp_async_bulk_g2s.* shared address 0x[0-9a-f]+, a byte of an mbarrier"),
+    ],
+)  # fmt: skip
+def test_an_mbarriers_bytes_are_the_barriers_alone(barrier_kernel, mode, message):
+    """On a GPU a plain access or a copy landing on an initialised mbarrier corrupts it (a wait
+    that never ends, or one that ends early): the emulator refuses them. Before mbarrier_init,
+    and in each new block, the bytes are plain shared memory (every block stores to them first,
+    and two blocks run)."""
+    src = torch.zeros(16, 4, dtype=torch.int32)
+    out = torch.zeros(4, dtype=torch.uint8)
+    barrier_kernel.launch(2, 32, (0, src, out), shared_mem_bytes=1024)  # nothing wrong
+    with pytest.raises(EmulatorError, match=message):
+        barrier_kernel.launch(2, 32, (mode, src, out), shared_mem_bytes=1024)

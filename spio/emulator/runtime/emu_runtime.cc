@@ -73,6 +73,9 @@ constexpr std::size_t kMaxDynamicShared = 227 * 1024;
 /// boundary, to test kernels that align their buffers themselves.
 constexpr std::size_t kDynGuard = 1024;
 constexpr uint16_t kMany = 0xffff;
+/// Shadow::bulk of the bytes of an initialised mbarrier, which only the mbarrier operations may
+/// touch (on a GPU a plain store or a copy landing there corrupts the barrier's state).
+constexpr uint32_t kBarrierBytes = 0xffffffffu;
 constexpr uint16_t kTidMask = 0x7ff;
 constexpr uint16_t kGlobalMany = 0x7ff;
 constexpr uint16_t kWarpMany = 0x400;
@@ -185,7 +188,7 @@ struct Accesses {
 /// were checked to ~6%).
 struct Shadow {
     uint32_t w_epoch, w_wep;
-    uint32_t bulk;
+    uint32_t bulk;  ///< or kBarrierBytes: one of the 8 bytes of an initialised mbarrier
     uint16_t w_tid, async_tid;
     Accesses r;
 };
@@ -481,6 +484,11 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
     const auto act = [&] { return atomic ? std::string("atomically updates") : action(write, via); };
     for (std::size_t i = 0; i < n; ++i) {
         Shadow &s = g_rt.shadow[off + i];
+        if (s.bulk == kBarrierBytes) {
+            fail(f, format("%s shared address %#lx, a byte of an mbarrier (mbarrier_init made it "
+                           "one): only the mbarrier operations may touch its 8 bytes",
+                           act().c_str(), static_cast<unsigned long>(addr + i)));
+        }
         if (s.async_tid) {
             fail(f, format("%s shared address %#lx, the destination of an async copy (cp.async "
                            "or bulk) issued by %s, before a cp_async_wait_group/cp_async_wait_all "
@@ -1018,10 +1026,15 @@ void drop_pending(Fiber &f) {
     f.pending.clear();
 }
 
-/// Forgets the previous block's mbarriers and the shadow marks of bulk copies that never landed.
+/// Forgets the previous block's mbarriers, their bytes' marks and the shadow marks of bulk copies
+/// that never landed.
 void drop_mbarriers() {
     if (g_rt.check) {
         for (const auto &entry : g_rt.mbarriers) {
+            std::size_t off;
+            if (shared_region(entry.first, 8, &off) >= 0) {
+                for (int i = 0; i < 8; ++i) g_rt.shadow[off + i].bulk = 0;
+            }
             for (const BulkCopy &c : entry.second.copies) {
                 std::size_t off;
                 if (shared_region(reinterpret_cast<uintptr_t>(c.dst), c.bytes, &off) >= 0) {
@@ -1731,6 +1744,11 @@ void mbarrier_init(unsigned long long *bar, unsigned count) {
     }
     b = detail::MBarrier{};
     b.expected = b.pending = count;
+    if (g_rt.check) {  // its 8 bytes are the barrier's alone from now on (detail::kBarrierBytes)
+        std::size_t off;
+        detail::shared_region(reinterpret_cast<uintptr_t>(bar), 8, &off);
+        for (int i = 0; i < 8; ++i) g_rt.shadow[off + i].bulk = detail::kBarrierBytes;
+    }
     g_rt.mbarrier_spins = 0;
 }
 
