@@ -175,12 +175,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     extern __shared__ uint4 dynamic_smem[];
 #if SPIO_LOAD_VIA_TMA
     // Tensor copies swizzle by shared-memory address bits: the stages start at a multiple of the
-    // pattern's repeat, SPIO_TMA_ALIGN bytes (the factory leaves room to round up to it). An
-    // offset from dynamic_smem, not an address made from an integer, so that the compiler still
-    // knows every access through smem is to shared memory.
-    uint4 *const smem =
-        dynamic_smem +
-        (SPIO_TMA_ALIGN - spio::shared_address(dynamic_smem) % SPIO_TMA_ALIGN) % SPIO_TMA_ALIGN / 16;
+    // pattern's repeat, SPIO_TMA_ALIGN bytes (the factory leaves room to round up to it).
+    uint4 *const smem = spio::align_shared<SPIO_TMA_ALIGN>(dynamic_smem);
 #else
     uint4 *const smem = dynamic_smem;
 #endif
@@ -206,35 +202,23 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     // Input rows by tensor copies (sm_90): thread 0 copies each row, one box of in_map (the
     // block's groups across its Block::x + S - 1 input columns), which lands swizzled as
     // SmemInput lays it out, zeros outside the input (also rows above or below the image, and
-    // images past the batch). Stage s completes a phase of mbarrier stage_full[s] when its row
-    // has landed; its k-th row (rows s, s + STAGES, ...) is waited for with parity k % 2,
-    // which `phases` (bit s) tracks. The barriers follow the output staging buffers.
+    // images past the batch), on the stage's mbarrier (stage_full; they follow the output
+    // staging buffers).
     constexpr unsigned ROW_BYTES = InputLoadIdx::size * 16;
-    unsigned long long *const stage_full = reinterpret_cast<unsigned long long *>(
-        smem + SmemInput::size + SmemWeights::num_bytes / 16 + SmemOutput::num_bytes / 16);
+    spio::BufferBarriers<STAGES> stage_full(reinterpret_cast<unsigned long long *>(
+        smem + SmemInput::size + SmemWeights::num_bytes / 16 + SmemOutput::num_bytes / 16));
     const bool issuer = threadIdx.x == 0;
-    unsigned phases = 0;
     // Copies the stream row at `pos` into stage `stage` (thread 0 only).
     const auto load_input_row = [&](int stage, StreamRow pos) {
-        spio::mbarrier_arrive_expect_tx(&stage_full[stage], SPIO_ABLATE_LOADS ? 0 : ROW_BYTES);
+        spio::mbarrier_arrive_expect_tx(stage_full[stage], SPIO_ABLATE_LOADS ? 0 : ROW_BYTES);
         if (!SPIO_ABLATE_LOADS) {
             spio::cp_async_bulk_tensor_4d_g2s(smem_input.stage(stage).get(), &in_map, block_c8 * 8,
                                               block_x - Conv::pad_w, block_y + pos.row - Conv::pad_h,
-                                              block_n + pos.image, &stage_full[stage]);
+                                              block_n + pos.image, stage_full[stage]);
         }
-    };
-    // Waits for the stage's row to land (all threads).
-    const auto wait_input_row = [&](int stage) {
-        spio::mbarrier_wait_parity(&stage_full[stage], (phases >> stage) & 1);
-        phases ^= 1u << stage;
     };
     if (issuer) {
-        SPIO_UNROLL
-        for (int stage = 0; stage < STAGES; ++stage) {
-            spio::mbarrier_init(&stage_full[stage], 1);
-        }
-        spio::fence_mbarrier_init();
-        spio::fence_proxy_async_shared();  // the initialised barriers, before the first copies
+        stage_full.init();
     }
     (void)in;
 #else
@@ -490,7 +474,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     __syncthreads();
                 }
 #elif SPIO_LOAD_VIA_TMA
-                wait_input_row(ring(row0, u, STAGES));
+                stage_full.wait(ring(row0, u, STAGES));
                 if (!SPIO_ABLATE_SYNC) {
                     __syncthreads();
                 }

@@ -128,11 +128,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     extern __shared__ uint4 dynamic_smem[];
 #if SPIO_LOAD_VIA_TMA
     // Tensor copies swizzle by shared-memory address bits: the row buffers start at a multiple of
-    // the pattern's repeat, SPIO_TMA_ALIGN bytes (the factory leaves room to round up to it; an
-    // offset from dynamic_smem keeps the accesses known to be shared).
-    uint4 *const smem =
-        dynamic_smem +
-        (SPIO_TMA_ALIGN - spio::shared_address(dynamic_smem) % SPIO_TMA_ALIGN) % SPIO_TMA_ALIGN / 16;
+    // the pattern's repeat, SPIO_TMA_ALIGN bytes (the factory leaves room to round up to it).
+    uint4 *const smem = spio::align_shared<SPIO_TMA_ALIGN>(dynamic_smem);
 #else
     uint4 *const smem = dynamic_smem;
 #endif
@@ -201,40 +198,28 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     // dy_map, Block::x columns) into dy slot t % SLOTS; both land swizzled as SmemX and SmemDy lay
     // them out, with zeros outside x and dy (rows above and below, images past the batch). A dy
     // row that is no row of the tile (the last R - 1 steps of an image) is copied from row
-    // DOutput::Y, outside dy, so it lands as zeros too. Both count towards mbarrier
-    // stage_full[t % STAGES], whose k-th phase (steps s, s + STAGES, ...) is waited for with
-    // parity k % 2, which `phases` (bit s) tracks. The barriers follow the dy slots.
+    // DOutput::Y, outside dy, so it lands as zeros too. Both count towards the mbarrier of x
+    // stage t % STAGES (stage_full; they follow the dy slots).
     constexpr unsigned STEP_BYTES = (XLoadIdx::size + DyLoadIdx::size) * 16;
-    unsigned long long *const stage_full =
-        reinterpret_cast<unsigned long long *>(smem + SmemX::size + SmemDy::size);
+    spio::BufferBarriers<STAGES> stage_full(
+        reinterpret_cast<unsigned long long *>(smem + SmemX::size + SmemDy::size));
     const bool issuer = threadIdx.x == 0;
-    unsigned phases = 0;
     const auto load_step = [&](int t) {  // thread 0 only
         const int n = block_n + t / ROWS;
         const int i = t % ROWS;
         const int stage = t % STAGES;
-        spio::mbarrier_arrive_expect_tx(&stage_full[stage], SPIO_ABLATE_LOADS ? 0 : STEP_BYTES);
+        spio::mbarrier_arrive_expect_tx(stage_full[stage], SPIO_ABLATE_LOADS ? 0 : STEP_BYTES);
         if (!SPIO_ABLATE_LOADS) {
             spio::cp_async_bulk_tensor_4d_g2s(smem_x.stage(stage).get(), &x_map, block_c8 * 8,
                                               block_x - Conv::pad_w, block_y + i - Conv::pad_h, n,
-                                              &stage_full[stage]);
+                                              stage_full[stage]);
             const int p = i < Block::y ? block_y + i : DOutput::Y;
             spio::cp_async_bulk_tensor_4d_g2s(smem_dy.slot(t % SLOTS).get(), &dy_map,
-                                              block_c8 * 8, block_x, p, n, &stage_full[stage]);
+                                              block_c8 * 8, block_x, p, n, stage_full[stage]);
         }
-    };
-    const auto wait_step = [&](int t) {  // all threads
-        const int stage = t % STAGES;
-        spio::mbarrier_wait_parity(&stage_full[stage], (phases >> stage) & 1);
-        phases ^= 1u << stage;
     };
     if (issuer) {
-        SPIO_UNROLL
-        for (int stage = 0; stage < STAGES; ++stage) {
-            spio::mbarrier_init(&stage_full[stage], 1);
-        }
-        spio::fence_mbarrier_init();
-        spio::fence_proxy_async_shared();  // the initialised barriers, before the first copies
+        stage_full.init();
     }
     (void)x;
     (void)dy;
@@ -485,7 +470,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         }
     }
     for (int t = 0; t < STEPS; ++t) {
-        wait_step(t);
+        stage_full.wait(t % STAGES);
         if (!SPIO_ABLATE_SYNC) {
             __syncthreads();
         }

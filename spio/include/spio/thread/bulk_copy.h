@@ -125,6 +125,16 @@ SPIO_DEVICE unsigned shared_address(const void *p) {
 #endif
 }
 
+/// `p` (into shared memory, 16-byte aligned) moved up to the next multiple of ALIGN bytes of
+/// shared-memory address, e.g. to a swizzle's repeat (a GPU promises dynamic shared memory 16
+/// bytes). An offset from `p`, not an address made from an integer, so that the compiler still
+/// knows that accesses through it are to shared memory.
+template <unsigned ALIGN, class T>
+SPIO_DEVICE T *align_shared(T *p) {
+    static_assert(ALIGN % 16 == 0 && ALIGN % sizeof(T) == 0, "align_shared: ALIGN of whole T");
+    return p + (ALIGN - shared_address(p) % ALIGN) % ALIGN / sizeof(T);
+}
+
 /// A tiled tensor map (spio.cuda.tensor_map.TensorMap): the driver's opaque 128 bytes on a GPU, the
 /// emulator's own layout of the same facts on the CPU. A kernel takes it by value as
 /// `const __grid_constant__ spio::TensorMap`, so that its address is a parameter's.
@@ -159,6 +169,37 @@ SPIO_DEVICE void mbarrier_wait_parity(unsigned long long *bar, unsigned parity) 
     while (!mbarrier_try_wait_parity(bar, parity)) {
     }
 }
+
+/// COUNT mbarriers at `bars` (8-byte aligned shared memory), one per buffer that copies fill,
+/// each completing a phase when its buffer's copies have landed; and, per thread, the parity of
+/// the phase it waits for next on each (bit b). Every thread must wait for every fill of a
+/// buffer, in order: buffer b's k-th fill is then its phase of parity k % 2.
+template <int COUNT>
+class BufferBarriers {
+  public:
+    static_assert(COUNT >= 1 && COUNT <= 32, "BufferBarriers keeps one parity bit a barrier");
+    SPIO_DEVICE explicit BufferBarriers(unsigned long long *bars) : bars_(bars) {}
+    /// The barrier of buffer b (for mbarrier_arrive_expect_tx and the copies).
+    SPIO_DEVICE unsigned long long *operator[](int b) const { return bars_ + b; }
+    /// (One thread.) Initialises the barriers for one arrival a phase and orders that before the
+    /// copies this thread issues next (and, after a barrier, before the other threads' waits).
+    SPIO_DEVICE void init() const {
+        for (int b = 0; b < COUNT; ++b) {
+            mbarrier_init(bars_ + b, 1);
+        }
+        fence_mbarrier_init();
+        fence_proxy_async_shared();
+    }
+    /// Waits until buffer b's next fill has landed.
+    SPIO_DEVICE void wait(int b) {
+        mbarrier_wait_parity(bars_ + b, (phases_ >> b) & 1);
+        phases_ ^= 1u << b;
+    }
+
+  private:
+    unsigned long long *bars_;
+    unsigned phases_ = 0;
+};
 
 }  // namespace spio
 
