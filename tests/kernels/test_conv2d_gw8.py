@@ -961,32 +961,34 @@ def test_tma_stage_layout_is_where_tensor_copies_land(groups, pixels):
                 assert spec.offset(stage=stage, x=x, c8=g) * 16 == linear, (stage, x, g)
 
 
-def assert_tensor_map_read_in_place(ptx: str) -> None:
-    """The copies take the tensor map where the launch put it, in the parameter space (its
-    generic address, cvta.param): a by-value map without __grid_constant__ is copied to local
-    memory first (a __local_depot), and a tensor copy from a local address faults on a GPU."""
-    assert "cp.async.bulk.tensor.4d.shared::cluster.global.tile" in ptx
-    assert "cvta.param.u64" in ptx
-    assert "__local_depot" not in ptx
+def assert_tma_kernels_build(kernels) -> None:
+    """`kernels` (tensor-copy builds) compile for sm_90 without spills or warnings, and their
+    copies take the tensor map where the launch put it, in the parameter space (its generic
+    address, cvta.param): a by-value map without __grid_constant__ is copied to local memory
+    first (a __local_depot), and a tensor copy from a local address faults on a GPU."""
+    from spio.compiler import compile_many
+
+    results = compile_many([k.compile_job("sm_90") for k in kernels], progress=False)
+    for kernel, result in zip(kernels, results, strict=True):
+        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
+        usage = result.resources[kernel.entry]
+        assert not usage.spills and usage.registers * kernel.threads <= 65536, (kernel.name, usage)
+        assert result.warnings == [], result.warnings  # (bulk_copy.h's unused state was one)
+        assert "cp.async.bulk.tensor.4d.shared::cluster.global.tile" in result.ptx
+        assert "cvta.param.u64" in result.ptx
+        assert "__local_depot" not in result.ptx
 
 
 def test_tma_kernels_need_sm_90_and_say_so():
     """A `tma` kernel builds for sm_90 without spills; for sm_80 the compile fails naming the
     arch it needs (spio/thread/bulk_copy.h)."""
-    from spio.compiler import compile_many
 
     params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1)
     configs = {c.encode(): c for c in fd.configs(params)}
     names = ("g8_p64_q32_w1_s4_k16", "g8_p64_q64_w2_s4_k16", "g8_p64_q16_w1_s4_k16")
     kernels = [fd.make_kernel(params, configs[n], igrad=i, tma=True) for n in names
                for i in (False, True)]  # fmt: skip
-    results = compile_many([k.compile_job("sm_90") for k in kernels], progress=False)
-    for kernel, result in zip(kernels, results, strict=True):
-        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
-        usage = result.resources[kernel.entry]
-        assert not usage.spills and usage.registers * kernel.threads <= 65536, (kernel.name, usage)
-        assert_tensor_map_read_in_place(result.ptx)
-        assert result.warnings == [], result.warnings  # (bulk_copy.h's unused state was one)
+    assert_tma_kernels_build(kernels)
     with pytest.raises(Exception, match="needs sm_90 or newer"):
         kernels[0].compile("sm_80")
 

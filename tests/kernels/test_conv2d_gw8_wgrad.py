@@ -740,22 +740,16 @@ def test_tma_rows_build_for_sm_90_and_their_maps():
     memory grows by the alignment room and an mbarrier a stage."""
     import torch
 
-    from spio.compiler import compile_many
     from spio.cuda.tensor_map import TensorMap
     from spio.kernels import conv2d_gw8_factory as fd
+    from tests.kernels.test_conv2d_gw8 import assert_tma_kernels_build
 
     params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1)
     by_name = {c.encode(): c for c in wg.configs(params)}
     names = ("g2_p64_q32_n1_w4_s2_k16", "g2_p32_q64_n4_w4_s6_k8", "g1_p64_q32_n1_w4_s2_k16")
-    kernels = [wg.with_tma_stages(wg.production_kernel(params, by_name[n])) for n in names]
-    results = compile_many([k.compile_job("sm_90") for k in kernels], progress=False)
-    from tests.kernels.test_conv2d_gw8 import assert_tensor_map_read_in_place
-
-    for kernel, result in zip(kernels, results, strict=True):
-        assert not isinstance(result, BaseException), f"{kernel.name}: {result}"
-        usage = result.resources[kernel.entry]
-        assert not usage.spills and usage.registers * kernel.threads <= 65536, (kernel.name, usage)
-        assert_tensor_map_read_in_place(result.ptx)
+    assert_tma_kernels_build(
+        [wg.with_tma_stages(wg.production_kernel(params, by_name[n])) for n in names]
+    )
     small = Conv2dGw8Params(n=1, c=16, h=5, w=9, padding=1)
     config = wg.Conv2dGw8WgradConfig(groups=2, block_p=4, block_q=16, warp_q8=2, stages=3)
     kernel = wg.make_kernel(small, config, tma=True)
