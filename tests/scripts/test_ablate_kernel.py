@@ -765,3 +765,28 @@ def test_result_of_emulated_kernels_tells_right_variants_from_ablations(pass_):
     broken = ablate.build_variant(base, "no-loads")
     result = ablate.result_of(family.name, params, broken, args, cpu)
     assert ablate.difference(reference, result, exact=pass_ != "wgrad") is not None
+
+
+def test_a_variant_whose_check_fails_to_run_is_reported(fake_gpu, monkeypatch, capsys):
+    """A result check that raises (e.g. a launch error after the timing) is reported on its
+    line; the next variants are still timed and checked."""
+    import torch
+
+    from spio.kernels import autotune
+
+    monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: ["inputs"])
+
+    def result_of(family_name, params, kernel, args, device):
+        if kernel.info_value("tma"):
+            raise RuntimeError("CUDA_ERROR_ILLEGAL_INSTRUCTION")
+        return torch.ones(2)
+
+    monkeypatch.setattr(ablate, "result_of", result_of)
+    args = ablate.parse_args(
+        ["--layer", "64c_64x64_3x3", "--n", "2", "--passes", "fprop", "--heuristic",
+         "--variants", "full", "tma", "swizzled"]
+    )  # fmt: skip
+    assert ablate.ablate_layer(args, parse_layer("64c_64x64_3x3")) == 1
+    out = capsys.readouterr().out
+    assert "tma            results not checked: CUDA_ERROR_ILLEGAL_INSTRUCTION" in out, out
+    assert "WRONG" not in out and len(fake_gpu[1:]) == 3
