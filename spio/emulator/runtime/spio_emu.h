@@ -55,7 +55,6 @@ struct spio_emu_launch {
     uint64_t seed;   ///< thread-order shuffle seed; used when shuffle != 0
     uint32_t shuffle;
     uint32_t dynamic_offset;  ///< bytes the dynamic shared buffer starts past a multiple of 1024
-
     const char *kernel_name;
 };
 
