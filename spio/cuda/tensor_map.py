@@ -5,8 +5,10 @@ byte strides, innermost dim first) and the box one copy moves into shared memory
 it by value (`const __grid_constant__ spio::TensorMap`, spio/thread/bulk_copy.h) and copies a box
 at integer coordinates with one instruction; elements outside the tensor land as zeros, negative
 coordinates included. With a swizzle of S bytes (32, 64 or 128) the 16-byte chunk bits [4, 4 +
-log2(S/16)) of each landing shared-memory address are XORed with its bits [7, 7 + log2(S/16)), as
-the driver documents for CU_TENSOR_MAP_SWIZZLE_32B/64B/128B.
+log2(S/16)) of each landing shared-memory address are XORed with its bits [7, 7 + log2(S/16)):
+CU_TENSOR_MAP_SWIZZLE_32B/64B/128B as CUTLASS encodes them (Swizzle<B, 4, 3>; the driver names the
+modes, not their bits). The emulator and spio's buffer layouts assume this pattern; a GPU run of
+the tensor-copy kernels against the others checks it.
 
 On a GPU the driver encodes the map (cuTensorMapEncodeTiled, an opaque 128 bytes). The emulator
 cannot call the driver, so it gets the same facts in a layout of its own (`emulator_bytes`, read
@@ -20,7 +22,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-#: Bytes of a tensor map (CU_TENSOR_MAP_NUM_QWORDS * 8), and its alignment as a kernel parameter.
+#: Bytes of a tensor map (CU_TENSOR_MAP_NUM_QWORDS * 8); a kernel parameter of 64-byte alignment.
 TENSOR_MAP_BYTES = 128
 
 #: The swizzle spans, in bytes, and their CUtensorMapSwizzle values (cuda.h).

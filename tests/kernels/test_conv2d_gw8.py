@@ -941,9 +941,10 @@ def test_tma_stages_with_a_ragged_batch_and_wide_channels(device):
 def test_tma_stage_layout_is_where_tensor_copies_land(groups, pixels):
     """The stages a `tma` kernel is built with put each element where a tensor copy with
     tma_swizzle lands it: box element (pixel x, chunk g) at byte (x * groups + g) * 16 of the
-    stage, its chunk bits [4, 4 + log2(S / 16)) XORed with address bits [7, ...), as the driver
-    documents CU_TENSOR_MAP_SWIZZLE_32B/64B/128B; every stage starts at tma_align bytes (the
-    kernel aligns the first), so the address bits are the stage offset's."""
+    stage, its chunk bits [4, 4 + log2(S / 16)) XORed with address bits [7, ...), the pattern
+    CUTLASS encodes for CU_TENSOR_MAP_SWIZZLE_32B/64B/128B (spio.cuda.tensor_map; a GPU run
+    confirms it); every stage starts at tma_align bytes (the kernel aligns the first), so the
+    address bits are the stage offset's."""
     from spio.generators import TensorSpec
 
     dims, swizzle = fd.stage_layout("stage", 3, groups, pixels, swizzled=False, tma=True)
