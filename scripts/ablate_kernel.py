@@ -125,9 +125,6 @@ TMA = {
     "tma-pipeline-only": "pipeline-only",
 }
 
-#: The arch tensor copies need.
-TMA_ARCH = 90
-
 #: Variants whose results must be the real kernel's: each is run once on the first input set and
 #: its output compared with `full`'s (a timing of wrong results would look like a gain).
 RIGHT_RESULTS = frozenset(
@@ -161,20 +158,23 @@ def difference(reference, result, exact: bool) -> str | None:
 
 
 def build_variant(kernel, name: str):
-    """`kernel` as variant `name` (of VARIANTS, SWIZZLED or TMA)."""
+    """`kernel` as variant `name` (of VARIANTS, SWIZZLED or TMA): the SWIZZLED and TMA ones are
+    its factory's rebuild with other input buffers, plus their partner's switches."""
+    if name not in SWIZZLED and name not in TMA:
+        return kernel.with_defines(VARIANTS[name])
     from spio.kernels import conv2d_gw8_factory as fd
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
+    factory = {fd.SOURCE_FILE: fd, wg.SOURCE_FILE: wg}[kernel.source_file]
     if name in SWIZZLED:
-        from spio.kernels import conv2d_gw8_wgrad_factory as wg
+        return factory.with_swizzled_stages(kernel).with_defines(VARIANTS[SWIZZLED[name]])
+    return factory.with_tma_stages(kernel).with_defines(VARIANTS[TMA[name]])
 
-        swizzle = {fd.SOURCE_FILE: fd.with_swizzled_stages, wg.SOURCE_FILE: wg.with_swizzled_stages}
-        return swizzle[kernel.source_file](kernel).with_defines(VARIANTS[SWIZZLED[name]])
-    if name in TMA:
-        from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
-        tma = {fd.SOURCE_FILE: fd.with_tma_stages, wg.SOURCE_FILE: wg.with_tma_stages}
-        return tma[kernel.source_file](kernel).with_defines(VARIANTS[TMA[name]])
-    return kernel.with_defines(VARIANTS[name])
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message (at most 120 characters), for a line of the table."""
+    lines = str(error).strip().splitlines() or ["(no message)"]
+    return lines[0][:120]
 
 
 COLUMNS = (
@@ -280,6 +280,7 @@ def ablate_layer(args, layer) -> int:
     from spio.bench.run import copy_call, copy_pairs
     from spio.bench.timing import time_calls
     from spio.compiler import compile_many
+    from spio.compiler.arch import has_bulk_copies
     from spio.cuda import driver
     from spio.kernels import autotune
     from spio.kernels.families import FAMILY_OF_PASS
@@ -290,7 +291,7 @@ def ablate_layer(args, layer) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     attrs = driver.device_attributes(device.index)
     stats = Conv2dStats(params)
-    tensor_copies = int(attrs["arch"].removeprefix("sm_").rstrip("a")) >= TMA_ARCH
+    tensor_copies = has_bulk_copies(attrs["arch"])
     print(f"{attrs['name']} ({attrs['arch']}), layer {layer.name} N={args.n} {args.dtype}")
     # Every kernel of every pass and config first, then one parallel compile of them all: one
     # compile per config had left most workers idle (a config has a few variants).
@@ -316,7 +317,7 @@ def ablate_layer(args, layer) -> int:
                 print(f"{pass_:6s} {', '.join(skipped)}: not for {config.encode()} (see --help)")
             early = [n for n in names if n in TMA and n not in skipped and not tensor_copies]
             if early:
-                print(f"{pass_:6s} {', '.join(early)}: tensor copies need sm_{TMA_ARCH} or newer")
+                print(f"{pass_:6s} {', '.join(early)}: tensor copies need sm_90 or newer")
                 skipped += early
             kernels = {}
             for n in names:
@@ -347,8 +348,7 @@ def ablate_layer(args, layer) -> int:
             reference = None  # full's output, for the variants that must compute the same
             for name, kernel in kernels.items():
                 if id(kernel) in failed:
-                    error = str(failed[id(kernel)]).strip().splitlines() or ["(no message)"]
-                    print(f"{pass_:6s} {name:14s} did not build: {error[0][:120]}")
+                    print(f"{pass_:6s} {name:14s} did not build: {first_line(failed[id(kernel)])}")
                     status = 1
                     continue
                 try:
@@ -356,8 +356,8 @@ def ablate_layer(args, layer) -> int:
                         family.name, params, kernel, arg_sets, device, repeats=args.repeats
                     )
                 except Exception as error:  # e.g. a tensor map the driver refuses: the rest run
-                    text = str(error).strip().splitlines() or ["(no message)"]
-                    print(f"{pass_:6s} {name:14s} failed: {type(error).__name__}: {text[0][:120]}")
+                    kind = type(error).__name__
+                    print(f"{pass_:6s} {name:14s} failed: {kind}: {first_line(error)}")
                     status = 1
                     continue
                 if name == "full":
@@ -368,8 +368,7 @@ def ablate_layer(args, layer) -> int:
                     try:
                         result = result_of(family.name, params, kernel, arg_sets[0], device)
                     except Exception as error:
-                        text = str(error).strip().splitlines() or ["(no message)"]
-                        print(f"{pass_:6s} {name:14s} results not checked: {text[0][:120]}")
+                        print(f"{pass_:6s} {name:14s} results not checked: {first_line(error)}")
                         status = 1
                         continue
                     if name == "full":

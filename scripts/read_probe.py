@@ -29,6 +29,7 @@ def probes(total: int, sms: int, arch: str) -> list:
     shape (rows of 4,352 B, 272 of 512 threads copying); and on sm_90 and newer, the same rows
     by bulk copies (one thread, one instruction per row: does the copy engine read faster?)."""
     from spio.bench.probe import Probe
+    from spio.compiler.arch import has_bulk_copies
 
     image = 512 * 1024
     images = total // image
@@ -59,7 +60,7 @@ def probes(total: int, sms: int, arch: str) -> list:
     # whether the copies land in order is the one difference left between the two).
     for size, blocks in ((row, total // region), (8192, images)):
         found.append(Probe("rows", blocks, 512, 4, 64 * size, 64 * size, size, groups=8))
-    if int(arch.removeprefix("sm_")) >= 90:
+    if has_bulk_copies(arch):
         for depth in (2, 4, 8):
             found.append(Probe("bulk", images, 128, depth, image, image, row_bytes=8192))
         found.append(Probe("bulk", images, 128, 4, image, image, row_bytes=32768))

@@ -33,6 +33,12 @@ def warn_here_only() -> None:
     _warned.update(experimental_arch)
 
 
+def has_bulk_copies(arch: str) -> bool:
+    """Whether a GPU of `arch` ('sm_XY', maybe with a suffix such as 'a') has sm_90's bulk and
+    tensor copies and mbarrier transaction counts (spio/thread/bulk_copy.h)."""
+    return int(arch.removeprefix("sm_").rstrip("abf")) >= 90
+
+
 def arch_of(capability: tuple[int, int]) -> str:
     """'sm_XY' for a (major, minor) compute capability."""
     return f"sm_{capability[0]}{capability[1]}"

@@ -136,6 +136,27 @@ def tma_swizzle(groups: int) -> int:
     return 16 * groups if groups > 1 else 0
 
 
+def check_shared_mem(smem: int, what: str, tma: bool) -> int:
+    """`smem`, the shared memory a kernel (`what`: its config and layer) needs, if a block may
+    have it (configs() offers only configs that fit with group-major stages; other layouts need
+    more); else ValueError naming both."""
+    if smem > MAX_SHARED_BYTES:
+        raise ValueError(
+            f"{what} needs {smem} bytes of shared memory with tma={tma}, more than the "
+            f"{MAX_SHARED_BYTES} a block may have"
+        )
+    return smem
+
+
+def row_map(t, groups: int, pixels: int):
+    """The tensor map a `tma` kernel reads the rows of `t` (N, C, H, W, channels_last) through:
+    dims C, W, H, N, innermost first; a box is one staged row, `groups` groups across `pixels`
+    columns, swizzled as the stages are (tma_swizzle)."""
+    from ..cuda.tensor_map import TensorMap
+
+    return TensorMap.of_tensor(t, (1, 3, 2, 0), (8 * groups, pixels, 1, 1), tma_swizzle(groups))
+
+
 def shared_mem_bytes(
     params: Conv2dGw8Params, config: Conv2dGw8Config, swizzled: bool = False, tma: bool = False
 ) -> int:
@@ -464,12 +485,11 @@ def make_kernel(
     config = config or default_config(params, igrad)
     check_tensor_bytes(params)
     swizzled = swizzled or tma
-    smem = shared_mem_bytes(params, config, swizzled, tma)
-    if smem > MAX_SHARED_BYTES:
-        raise ValueError(
-            f"config {config.encode()} of layer {params.encode()} needs {smem} bytes of shared "
-            f"memory with tma={tma}, more than the {MAX_SHARED_BYTES} a block may have"
-        )
+    smem = check_shared_mem(
+        shared_mem_bytes(params, config, swizzled, tma),
+        f"config {config.encode()} of layer {params.encode()}",
+        tma,
+    )
     bias_elem = bias_elem and params.has_bias and not igrad
     variant = (
         ("__ragged" if ragged(params, config.block_n) else "")
@@ -556,16 +576,10 @@ def with_tma_stages(kernel: Kernel) -> Kernel:
 
 
 def input_map(kernel: Kernel, t):
-    """The tensor map a `tma` kernel reads its input `t` (N, C, H, W, channels_last) through: dims
-    C, W, H, N, innermost first; a box is one staged row, the block's groups across its input
-    columns (tma_swizzle)."""
-    from ..cuda.tensor_map import TensorMap
-
+    """The tensor map a `tma` kernel reads its input `t` (x or dy) through (row_map): a box is
+    one staged row, the block's groups across its input columns."""
     params, config = kernel.info_value("params"), kernel.info_value("config")
-    in_x = config.block_q + params.s - 1
-    return TensorMap.of_tensor(
-        t, (1, 3, 2, 0), (8 * config.groups, in_x, 1, 1), tma_swizzle(config.groups)
-    )
+    return row_map(t, config.groups, config.block_q + params.s - 1)
 
 
 def _launch(kernel: Kernel, out, source, weight, bias, images: int, device) -> None:

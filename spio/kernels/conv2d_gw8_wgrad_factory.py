@@ -20,14 +20,15 @@ from .conv2d_gw8_factory import (
     _check_dtype,
     _check_shapes,
     check_layer,
+    check_shared_mem,
     latency_cover,
     nhwc_operand,
     ragged,
+    row_map,
     row_pitch,
     sector_waste,
     stage_layout,
     tma_align,
-    tma_swizzle,
 )
 from .conv2d_gw8_params import MAX_TENSOR_BYTES, Conv2dGw8Params, check_tensor_bytes
 from .kernel import Kernel, KernelFactory, entry_symbol
@@ -369,12 +370,11 @@ def make_kernel(
     config = config or default_config(params)
     check_tensor_bytes(params)
     swizzled = swizzled or tma
-    smem = shared_mem_bytes(params, config, swizzled, tma)
-    if smem > MAX_SHARED_BYTES:
-        raise ValueError(
-            f"WGrad config {config.encode()} of layer {params.encode()} needs {smem} bytes of "
-            f"shared memory with tma={tma}, more than the {MAX_SHARED_BYTES} a block may have"
-        )
+    smem = check_shared_mem(
+        shared_mem_bytes(params, config, swizzled, tma),
+        f"WGrad config {config.encode()} of layer {params.encode()}",
+        tma,
+    )
     if partials and partial_bytes(params, config) > MAX_TENSOR_BYTES:
         # (Only then: the atomic kernel of such a config still builds.)
         raise ValueError(
@@ -426,19 +426,12 @@ def with_tma_stages(kernel: Kernel) -> Kernel:
 
 
 def row_maps(kernel: Kernel, x, dy) -> list:
-    """The tensor maps a `tma` WGrad kernel reads x and dy (N, C, ., ., channels_last) through:
-    dims C, W, H, N, innermost first; a box is one row of a step, the block's groups across its
-    Block::x + S - 1 columns of x or Block::x columns of dy (tma_swizzle)."""
-    from ..cuda.tensor_map import TensorMap
-
+    """The tensor maps a `tma` WGrad kernel reads x and dy through (row_map): a box is one row of
+    a step, the block's groups across its Block::x + S - 1 columns of x or Block::x of dy."""
     params, config = kernel.info_value("params"), kernel.info_value("config")
-    groups = config.groups
-    swizzle = tma_swizzle(groups)
     return [
-        TensorMap.of_tensor(
-            x, (1, 3, 2, 0), (8 * groups, config.block_q + params.s - 1, 1, 1), swizzle
-        ),
-        TensorMap.of_tensor(dy, (1, 3, 2, 0), (8 * groups, config.block_q, 1, 1), swizzle),
+        row_map(x, config.groups, config.block_q + params.s - 1),
+        row_map(dy, config.groups, config.block_q),
     ]
 
 

@@ -312,17 +312,23 @@ def _cuda_function(kernel: Kernel, ordinal: int) -> _LoadedCudaFunction:
     return loaded
 
 
-def _emulator_order_seed() -> int | None:
-    """SPIO_EMULATOR_ORDER_SEED=<int>: emulated launches run their blocks, and each block's
-    threads, in an order shuffled by that seed instead of in index order; a GPU promises no
-    order, and a kernel whose result depends on one fails under some seed. Unset: index order."""
-    text = os.environ.get("SPIO_EMULATOR_ORDER_SEED", "").strip()
+def _int_variable(name: str) -> int | None:
+    """The integer environment variable `name`, or None where it is unset or empty; a
+    ValueError naming it for anything else."""
+    text = os.environ.get(name, "").strip()
     if not text:
         return None
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"SPIO_EMULATOR_ORDER_SEED must be an integer, got {text!r}") from None
+        raise ValueError(f"{name} must be an integer, got {text!r}") from None
+
+
+def _emulator_order_seed() -> int | None:
+    """SPIO_EMULATOR_ORDER_SEED=<int>: emulated launches run their blocks, and each block's
+    threads, in an order shuffled by that seed instead of in index order; a GPU promises no
+    order, and a kernel whose result depends on one fails under some seed. Unset: index order."""
+    return _int_variable("SPIO_EMULATOR_ORDER_SEED")
 
 
 def _emulator_shared_offset() -> int:
@@ -330,11 +336,7 @@ def _emulator_shared_offset() -> int:
     that many bytes (a multiple of 16 below 1024) past a 1024-byte boundary, as a GPU may (it
     promises 16-byte alignment): for testing kernels that align their buffers themselves (the
     tensor-copy variants). Unset: at the boundary."""
-    text = os.environ.get("SPIO_EMULATOR_SHARED_OFFSET", "").strip()
-    try:
-        return int(text) if text else 0
-    except ValueError:
-        raise ValueError(f"SPIO_EMULATOR_SHARED_OFFSET must be an integer, got {text!r}") from None
+    return _int_variable("SPIO_EMULATOR_SHARED_OFFSET") or 0
 
 
 def _emulator_function(kernel: Kernel):

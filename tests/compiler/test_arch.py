@@ -53,3 +53,12 @@ def test_an_unknown_arch_error_names_every_arch_spio_builds_for():
         "unknown GPU architecture 'sm_75'; spio compiles for "
         "sm_80, sm_86, sm_89, sm_90, sm_100, sm_120"
     )
+
+
+def test_bulk_copies_from_sm_90_on():
+    """Bulk and tensor copies (spio/thread/bulk_copy.h) exist from sm_90; a suffixed arch
+    (sm_90a, sm_100f) counts by its number."""
+    from spio.compiler.arch import has_bulk_copies
+
+    assert [has_bulk_copies(a) for a in ("sm_80", "sm_86", "sm_89")] == [False] * 3
+    assert [has_bulk_copies(a) for a in ("sm_90", "sm_90a", "sm_100f", "sm_120")] == [True] * 4
