@@ -494,3 +494,368 @@ def test_an_mbarriers_bytes_are_the_barriers_alone(barrier_kernel, mode, message
     barrier_kernel.launch(2, 32, (0, src, out), shared_mem_bytes=1024)  # nothing wrong
     with pytest.raises(EmulatorError, match=message):
         barrier_kernel.launch(2, 32, (mode, src, out), shared_mem_bytes=1024)
+
+
+# Bulk tensor stores (cp_async_bulk_tensor_4d_s2g): the box goes back from shared memory, laid out
+# as a tensor copy lands it (swizzle included), to the tensor, the elements outside the tensor
+# left out. A store joins its thread's open bulk group and copies when that thread's
+# cp_async_bulk_wait_group retires the group; until then its shared box must not be written and
+# its global bytes must not be touched.
+
+TENSOR_STORE = r"""
+#include "spio/thread/bulk_copy.h"
+
+/// Thread 0 stores the box of `dst_map` (the map of `dst`) at (c0, c1, c2, c3) from dynamic shared
+/// memory + `offset`, which holds: `fill` 0, the `bytes` / 2 16-bit words of `words`, written by
+/// every thread with plain stores; `fill` 1, the box of `src_map` (the map of `src`) at the same
+/// coordinates, copied in by thread 0 with cp_async_bulk_tensor_4d_g2s; `fill` 2, what shared
+/// memory starts with (no thread writes it). Thread 0 commits the
+/// store's group and waits for it. `bug`: 0 none; 1 thread 1 overwrites the box's first word with
+/// 0x7777 after the store's issue and before thread 0's wait (a __syncthreads on either side);
+/// 2 no wait; 3 no commit (the wait has no group to wait for); 4 thread 0 reads dst[peek] into
+/// words[0] before its wait; 5 thread 1 does after thread 0's wait, with no __syncthreads between
+/// (but one between the store's issue and the wait); 6 thread 1 overwrites the box's first word
+/// so; 7 (fill 1) thread 0 stores the box before waiting for it to land; 8 (fill 1) thread 0
+/// copies the box in again before its wait.
+extern "C" __global__ void store_box(unsigned short *dst,
+                                     const __grid_constant__ spio::TensorMap dst_map,
+                                     unsigned short *words,
+                                     const __grid_constant__ spio::TensorMap src_map,
+                                     const unsigned short *src, int c0, int c1, int c2, int c3,
+                                     int fill, int bytes, int offset, int bug, int peek) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    __shared__ __align__(8) unsigned long long bar;
+    unsigned char *box = smem + offset;
+    unsigned short *box_words = reinterpret_cast<unsigned short *>(box);
+    if (fill == 0) {
+        for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) box_words[i] = words[i];
+    } else if (fill == 1 && threadIdx.x == 0) {
+        spio::mbarrier_init(&bar, 1);
+        spio::fence_mbarrier_init();
+        spio::mbarrier_arrive_expect_tx(&bar, bytes);
+        spio::cp_async_bulk_tensor_4d_g2s(box, &src_map, c0, c1, c2, c3, &bar);
+        if (bug != 7) spio::mbarrier_wait_parity(&bar, 0);
+    }
+    spio::fence_proxy_async_shared();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        spio::cp_async_bulk_tensor_4d_s2g(&dst_map, c0, c1, c2, c3, box);
+        if (bug != 3) spio::cp_async_bulk_commit_group();
+        if (bug == 4) words[0] = dst[peek];
+        if (bug == 8) {
+            spio::mbarrier_arrive_expect_tx(&bar, bytes);
+            spio::cp_async_bulk_tensor_4d_g2s(box, &src_map, c0, c1, c2, c3, &bar);
+        }
+    }
+    if (bug == 1 || bug == 5 || bug == 6) __syncthreads();
+    if (bug == 1) {
+        if (threadIdx.x == 1) box_words[0] = 0x7777;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && bug != 2) {
+        spio::cp_async_bulk_wait_group_read<0>();
+        spio::cp_async_bulk_wait_group<0>();
+    }
+    if (bug == 5 && threadIdx.x == 1) words[0] = dst[peek];
+    if (bug == 6 && threadIdx.x == 1) box_words[0] = 0x7777;
+}
+
+/// Every thread writes the `bytes` / 2 words of `words` to dynamic shared memory: box A at bytes
+/// [0, bytes / 2), box B after it (bytes / 2 a multiple of 128). Thread 0 stores A at
+/// (a0, a1, 0, 0) and commits, stores B at (b0, b1, 0, 0) and commits, commits `empties` empty
+/// groups, then waits with cp_async_bulk_wait_group<1> and copies dst (`n` words) to snap[0..n),
+/// then waits with cp_async_bulk_wait_group<0> and copies it to snap[n..2n).
+extern "C" __global__ void store_groups(unsigned short *dst,
+                                        const __grid_constant__ spio::TensorMap map,
+                                        const unsigned short *words, unsigned short *snap, int a0,
+                                        int a1, int b0, int b1, int bytes, int empties, int n) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    unsigned short *all = reinterpret_cast<unsigned short *>(smem);
+    for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) all[i] = words[i];
+    spio::fence_proxy_async_shared();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        spio::cp_async_bulk_tensor_4d_s2g(&map, a0, a1, 0, 0, smem);
+        spio::cp_async_bulk_commit_group();
+        spio::cp_async_bulk_tensor_4d_s2g(&map, b0, b1, 0, 0, smem + bytes / 2);
+        spio::cp_async_bulk_commit_group();
+        for (int e = 0; e < empties; ++e) spio::cp_async_bulk_commit_group();
+        spio::cp_async_bulk_wait_group<1>();
+        for (int i = 0; i < n; ++i) snap[i] = dst[i];
+        spio::cp_async_bulk_wait_group<0>();
+        for (int i = 0; i < n; ++i) snap[n + i] = dst[i];
+    }
+}
+"""
+
+#: The value of the destination's elements before a store (every test tensor's values are > 0).
+POISON = -7
+
+
+@pytest.fixture(scope="module", params=COMPILERS)
+def ts(request):
+    return load(TENSOR_STORE, "emu_test_tensor_store", request.param)
+
+
+def _store_reference(dst, values, coords):
+    """dst ([N][H][W][C]) with the box `values` ([box n][box h][box w][box c]) written at coords
+    (c, w, h, n), the box's elements outside dst left out."""
+    out = dst.clone()
+    box = tuple(reversed(values.shape))
+    ic, iw, ih, in_ = (torch.arange(b) + c for b, c in zip(box, coords, strict=True))
+    grid = torch.meshgrid(in_, ih, iw, ic, indexing="ij")
+    inside = torch.ones(values.shape, dtype=torch.bool)
+    for g, size in zip(grid, dst.shape, strict=True):
+        inside &= (g >= 0) & (g < size)
+    out[tuple(g[inside] for g in grid)] = values[inside]
+    return out
+
+
+def _store(
+    ts, dst, dst_map, coords, *, words=None, src=None, src_map=None, offset=0, bug=0, peek=0,
+    check=True, seed=None, fill=None,
+):  # fmt: skip
+    """Launches store_box (`fill` 0 when `words` is given, else 1 from `src` by `src_map`)."""
+    fill = fill if fill is not None else 0 if words is not None else 1
+    args = (
+        dst,
+        dst_map.emulator_bytes(),
+        torch.zeros(1, dtype=torch.int16) if words is None else words,
+        (dst_map if src_map is None else src_map).emulator_bytes(),
+        torch.zeros(8, dtype=torch.int16) if src is None else src,
+        *coords,
+        fill,
+        dst_map.box_bytes,
+        offset,
+        bug,
+        peek,
+    )
+    ts.get_function("store_box").launch(
+        1, 64, args, shared_mem_bytes=SHARED_BYTES, check=check, seed=seed
+    )
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+@pytest.mark.parametrize("shape,box,swizzle,coords", CASES)
+def test_a_box_copied_in_and_stored_back_lands_where_it_came_from(
+    ts, shape, box, swizzle, coords, seed
+):
+    """A box copied in (zeros outside the tensor) and stored back at the same coordinates writes
+    only its elements inside the tensor, with their values: the clipped ones stay poisoned."""
+    x = _nhwc(*shape)
+    y = torch.full_like(x, POISON)
+    src_map = TensorMap.of_tensor(x, (3, 2, 1, 0), box, swizzle=swizzle)
+    dst_map = TensorMap.of_tensor(y, (3, 2, 1, 0), box, swizzle=swizzle)
+    _store(ts, y, dst_map, coords, src=x, src_map=src_map, seed=seed)
+    want = _store_reference(torch.full_like(x, POISON), _box_reference(x, box, coords), coords)
+    assert torch.equal(y, want)
+
+
+@pytest.mark.parametrize("shape,box,swizzle,coords", CASES)
+def test_a_store_reads_its_box_through_the_swizzle(ts, shape, box, swizzle, coords):
+    """Threads write the box's words where the swizzle puts them (CUTLASS's formulation, not the
+    runtime's); the store takes them out of the swizzle, element by element."""
+    values = _nhwc(*reversed(box), seed=3)
+    words = _swizzled(values.flatten(), swizzle)
+    y = torch.full(shape, POISON, dtype=torch.int16)
+    dst_map = TensorMap.of_tensor(y, (3, 2, 1, 0), box, swizzle=swizzle)
+    _store(ts, y, dst_map, coords, words=words)
+    assert torch.equal(y, _store_reference(torch.full_like(y, POISON), values, coords))
+
+
+def test_an_unchecked_store_writes_the_same(ts):
+    shape, box, swizzle, coords = CASES[10]
+    values = _nhwc(*reversed(box), seed=4)
+    y = torch.full(shape, POISON, dtype=torch.int16)
+    dst_map = TensorMap.of_tensor(y, (3, 2, 1, 0), box, swizzle=swizzle)
+    _store(ts, y, dst_map, coords, words=_swizzled(values.flatten(), swizzle), check=False)
+    assert torch.equal(y, _store_reference(torch.full_like(y, POISON), values, coords))
+
+
+def _groups(ts, empties, check):
+    """store_groups on a [1][1][6][16] tensor: box A (16 x 4) at w -2, box B at w 3 (both
+    clipped); returns the words of A and B, the tensor, and the two snapshots of it."""
+    y = torch.full((1, 1, 6, 16), POISON, dtype=torch.int16)
+    tmap = TensorMap.of_tensor(y, (3, 2, 1, 0), (16, 4, 1, 1))
+    words = _nhwc(1, 1, 8, 16, seed=6)
+    snap = torch.zeros(2, y.numel(), dtype=torch.int16)
+    args = (y, tmap.emulator_bytes(), words, snap, 0, -2, 0, 3, 256, empties, y.numel())
+    ts.get_function("store_groups").launch(1, 32, args, shared_mem_bytes=1024, check=check)
+    return words[:, :, :4], words[:, :, 4:], y, snap.view(2, *y.shape)
+
+
+@pytest.mark.parametrize("empties", [0, 1])
+def test_wait_group_1_leaves_the_newest_group_pending(ts, empties):
+    """wait_group<1> copies every group but the newest committed one (an empty group counts):
+    the first snapshot has box A and, behind one empty group, box B; the second has both."""
+    a, b, y, snap = _groups(ts, empties, check=False)
+    poison = torch.full_like(y, POISON)
+    with_a = _store_reference(poison, a, (0, -2, 0, 0))
+    both = _store_reference(with_a, b, (0, 3, 0, 0))
+    assert torch.equal(snap[0], both if empties else with_a)
+    assert torch.equal(snap[1], both) and torch.equal(y, both)
+
+
+def test_reading_a_pending_stores_destination_is_a_race(ts):
+    """The snapshot after wait_group<1> reads box B's bytes, which the store may still write."""
+    with pytest.raises(
+        EmulatorError,
+        match=r"thread \(0,0,0\): global-memory race: reads address 0x[0-9a-f]+, which a bulk "
+        r"tensor store \(cp_async_bulk_tensor_4d_s2g\) from shared address 0x[0-9a-f]+ issued by "
+        r"thread \(0,0,0\) writes, before that thread's cp_async_bulk_wait_group covering the "
+        r"store \(the store may write any time until then\)",
+    ):
+        _groups(ts, 0, check=True)
+    _groups(ts, 1, check=True)  # both retired: nothing pending to read
+
+
+def _inside_store(ts, bug, check=True, swizzle=0, seed=None):
+    """store_box of a box wholly inside the tensor with `bug`: the tensor, and the box values."""
+    x = _nhwc(2, 3, 8, 64)
+    y = torch.full_like(x, POISON)
+    box, coords = (64, 8, 1, 1), (0, 0, 2, 1)
+    src_map = TensorMap.of_tensor(x, (3, 2, 1, 0), box, swizzle=swizzle)
+    dst_map = TensorMap.of_tensor(y, (3, 2, 1, 0), box, swizzle=swizzle)
+    peek = (1 * 3 + 2) * 8 * 64 + 5  # element (n 1, h 2, w 0, c 5): inside the box
+    _store(
+        ts, y, dst_map, coords, src=x, src_map=src_map, bug=bug, peek=peek, check=check, seed=seed
+    )
+    return y, _box_reference(x, box, coords)
+
+
+def test_overwriting_the_source_before_the_wait_is_reported(ts):
+    with pytest.raises(
+        EmulatorError,
+        match=r"thread \(1,0,0\): writes shared address 0x[0-9a-f]+, which a bulk tensor store "
+        r"\(cp_async_bulk_tensor_4d_s2g\) issued by thread \(0,0,0\) still reads: that thread "
+        r"must cp_async_bulk_wait_group_read for the store first \(then a __syncthreads\(\) "
+        r"before other threads write\)",
+    ):
+        _inside_store(ts, bug=1)
+
+
+@pytest.mark.parametrize("swizzle", [0, 128])
+def test_an_unchecked_store_copies_its_source_at_the_wait(ts, swizzle):
+    """The store copies when its wait retires it (the latest the hardware may read its source):
+    unchecked, the overwrite before the wait is what lands, at the box's first element (the
+    swizzle leaves the first chunk in place)."""
+    y, values = _inside_store(ts, bug=1, check=False, swizzle=swizzle)
+    values.view(-1)[0] = 0x7777
+    assert torch.equal(y, _store_reference(torch.full_like(y, POISON), values, (0, 0, 2, 1)))
+
+
+def test_overwriting_the_source_after_the_wait_needs_a_barrier(ts):
+    """The store's read of its box ends at its thread's wait: another thread's write after it
+    must be ordered after the wait by a __syncthreads."""
+    with pytest.raises(
+        EmulatorError,
+        match=r"thread \(1,0,0\): shared-memory race: writes address 0x[0-9a-f]+, which thread "
+        r"\(0,0,0\) read with no __syncthreads\(\) in between",
+    ):
+        _inside_store(ts, bug=6)
+
+
+def test_copying_onto_the_source_before_the_wait_is_reported(ts):
+    with pytest.raises(
+        EmulatorError,
+        match=r"thread \(0,0,0\): cp_async_bulk_tensor_4d_g2s writes shared address 0x[0-9a-f]+, "
+        r"which a bulk tensor store \(cp_async_bulk_tensor_4d_s2g\) issued by thread \(0,0,0\) "
+        r"still reads",
+    ):
+        _inside_store(ts, bug=8)
+
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("bug", [2, 3], ids=["no-wait", "no-commit"])
+def test_a_block_that_ends_with_a_store_not_waited_for_is_reported(ts, bug, check):
+    """A store left in flight (never waited for, or in a group never committed, which no wait
+    covers) may read shared memory after the block has gone: reported, checked or not."""
+    with pytest.raises(
+        EmulatorError,
+        match=r"block \(0,0,0\): the block ends with 1 bulk tensor store issued by thread "
+        r"\(0,0,0\) not waited for \(cp_async_bulk_wait_group\)",
+    ):
+        _inside_store(ts, bug=bug, check=check)
+
+
+@pytest.mark.parametrize(
+    "bug,message",
+    [
+        (4, r"thread \(0,0,0\): global-memory race: reads address 0x[0-9a-f]+, which a bulk "
+            r"tensor store \(cp_async_bulk_tensor_4d_s2g\) from shared address 0x[0-9a-f]+ issued "
+            r"by thread \(0,0,0\) writes, before that thread's cp_async_bulk_wait_group"),
+        (5, r"thread \(1,0,0\): global-memory race: reads address 0x[0-9a-f]+, which thread "
+            r"\(0,0,0\) wrote with no __syncthreads\(\) in between"),
+    ],
+    ids=["before-the-wait", "after-the-wait-without-a-barrier"],
+)  # fmt: skip
+def test_reading_the_destination_too_early_is_a_race(ts, bug, message):
+    with pytest.raises(EmulatorError, match=message):
+        _inside_store(ts, bug=bug)
+
+
+def test_storing_a_box_that_has_not_landed_is_a_stale_read(ts):
+    with pytest.raises(
+        EmulatorError,
+        match=r"thread \(0,0,0\): reads shared address 0x[0-9a-f]+, the destination of an async "
+        r"copy \(cp.async or bulk\) issued by thread \(0,0,0\), before a cp_async_wait_group/"
+        r"cp_async_wait_all or mbarrier wait covering it \(stale data\)",
+    ):
+        _inside_store(ts, bug=7)
+
+
+@pytest.mark.parametrize(
+    "offset,swizzle,message",
+    [
+        (64, 0, r"cp_async_bulk_tensor_4d_s2g source: shared address 0x[0-9a-f]+ is not 128-byte "
+                r"aligned"),
+        (128, 128, r"cp_async_bulk_tensor_4d_s2g: a 128-byte swizzle's source must be aligned to "
+                   r"its repeat, 1024 bytes \(8 rows of its span\), for the box to be read in the "
+                   r"layout spio's buffers expect; got 0x"),
+        (SHARED_BYTES - 512, 0, r"cp_async_bulk_tensor_4d_s2g source: address 0x[0-9a-f]+ is "
+                                r"not inside the block's shared memory"),
+    ],
+    ids=["off-128", "off-the-swizzle-repeat", "past-shared-memory"],
+)  # fmt: skip
+def test_a_misplaced_source_is_refused(ts, offset, swizzle, message):
+    x = _nhwc(1, 1, 8, 64)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (64, 8, 1, 1), swizzle=swizzle)
+    with pytest.raises(EmulatorError, match=message):
+        _store(ts, x, tmap, (0, 0, 0, 0), offset=offset, fill=2)
+
+
+def test_a_store_past_every_tensor_is_an_out_of_bounds_write(ts):
+    """The map claims 4 rows of y's 3: the store of the fourth lies past y (in its guard zone).
+    The rows, contiguous in both memories, are one run of 128 bytes, and none of it is written."""
+    y = torch.full((1, 3, 1, 16), POISON, dtype=torch.int16)
+    tmap = TensorMap(y.data_ptr(), 2, (16, 1, 4, 1), (32, 32, 128), (16, 1, 4, 1))
+    with pytest.raises(
+        EmulatorError,
+        match=r"out-of-bounds global-memory access: cp_async_bulk_tensor_4d_s2g writes 128 bytes "
+        r"at 0x[0-9a-f]+, outside every tensor passed to the kernel",
+    ):
+        _store(ts, y, tmap, (0, 0, 0, 0), words=_nhwc(1, 4, 1, 16).flatten())
+    assert (y == POISON).all()
+
+
+def test_a_store_with_a_map_of_another_rank_is_refused(ts):
+    y = torch.full((2, 3, 5, 16), POISON, dtype=torch.int16)
+    tmap = TensorMap.of_tensor(y.view(6, 5, 16), (2, 1, 0), (8, 6, 1))
+    with pytest.raises(
+        EmulatorError,
+        match="cp_async_bulk_tensor_4d_s2g: the tensor map has rank 3, but the copy gives 4",
+    ):
+        _store(ts, y, tmap, (0, 0, 0, 0), words=_nhwc(1, 1, 6, 8).flatten())
+
+
+def test_tensor_store_kernels_compile_with_nvrtc_for_sm_90():
+    """The GPU branch of the store, its commit and its waits build too."""
+    compiler = pytest.importorskip("spio.compiler")
+    try:
+        from spio.cuda.paths import find_nvrtc
+
+        find_nvrtc()
+    except Exception as error:  # no NVRTC on this machine
+        pytest.skip(f"NVRTC not available: {error}")
+    result = compiler.compile_cubin(TENSOR_STORE, "sm_90", name="emu_tensor_store.cu")
+    assert result.cubin and result.warnings == []

@@ -1,6 +1,6 @@
 /// The CPU emulator's runtime: fibers, block and warp barriers, warp collectives (mma.sync,
 /// ldmatrix, shuffles), deferred cp.async copies, mbarriers with bulk copies (1-D and tensor),
-/// and the hazard checks.
+/// bulk tensor stores completed by bulk groups, and the hazard checks.
 ///
 /// This file is compiled without instrumentation and linked first into every emulator library.
 /// In checked libraries the kernel object is compiled with -fsanitize=thread (GCC's or clang's)
@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <random>
 #include <string>
@@ -103,6 +104,27 @@ struct BulkCopy {
     const char *via;
 };
 
+/// A bulk tensor store (cp_async_bulk_tensor_s2g) waiting for a bulk wait_group of its thread:
+/// the box it reads, `bytes` at shared `src`; its pieces (global `dst`, shared `src`: the runs of
+/// the box inside the tensor, at most a 16-byte chunk each when swizzled), whose global bytes lie
+/// in [lo, hi); its bulk group (Fiber::bulk_committed when it was issued). It copies when a wait
+/// retires its group, the latest moment the hardware may read its source and write the tensor.
+struct BulkStore {
+    const char *src;
+    std::size_t bytes;
+    std::vector<BulkCopy> pieces;
+    uintptr_t lo, hi;
+    uint64_t group;
+    const char *via;
+};
+
+/// The shared box [lo, hi) that a bulk tensor store in flight, issued by thread `tid`, reads.
+struct StoreSource {
+    uintptr_t lo, hi;
+    int tid;
+    const char *via;
+};
+
 /// An mbarrier: arrivals still expected in the current phase, bytes announced and not yet
 /// landed (tx), the current phase's parity, and the phase's bulk copies. `completed` counts the
 /// phases completed since mbarrier_init; seen[tid] is how many of them thread tid has seen
@@ -141,6 +163,8 @@ struct Fiber {
     State state = State::kDone;
     uint64_t committed = 0;
     std::vector<PendingCopy> pending;
+    uint64_t bulk_committed = 0;    ///< bulk groups committed (cp_async_bulk_commit_group)
+    std::vector<BulkStore> stores;  ///< in issue order, so in group order
 };
 
 /// One warp collective in progress: the lanes it waits for (its mask), those that have arrived.
@@ -222,12 +246,14 @@ struct GShadow {
 
 /// Shadow of a merged run of registered global ranges, in chunks allocated on first touch: the
 /// GShadow records, and the atomics' records of the chunks that atomics touched. `reading`
-/// counts the async copies in flight (issued, not completed) whose source lies in it.
+/// counts the async copies in flight (issued, not completed) whose source lies in it, `writing`
+/// the pieces of bulk tensor stores in flight whose destination does.
 struct GRange {
     uintptr_t lo, hi;
     std::vector<std::vector<GShadow>> chunks;
     std::vector<std::vector<GAccesses>> atomic_chunks;
     uint32_t reading = 0;
+    uint32_t writing = 0;
 };
 
 struct Runtime {
@@ -277,6 +303,10 @@ struct Runtime {
     std::map<uintptr_t, MBarrier> mbarriers;
     uint64_t mbarrier_spins = 0;
     bool spun = false;
+    // Checked: the shared boxes of the running block's bulk tensor stores in flight. A write to
+    // them fails; shadow_access looks here only while there are some (the per-byte Shadow stays
+    // as small as it is).
+    std::vector<StoreSource> store_sources;
     // Library segments (constants, statics)
     std::vector<std::pair<uintptr_t, uintptr_t>> segments;
 };
@@ -482,6 +512,18 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
     const bool after_atomics = !atomic && g_rt.atomic_epoch == e;
     // The access, for messages (built only when one fails).
     const auto act = [&] { return atomic ? std::string("atomically updates") : action(write, via); };
+    if (write && !g_rt.store_sources.empty()) {
+        for (const StoreSource &src : g_rt.store_sources) {
+            if (src.lo < addr + n && addr < src.hi) {
+                fail(f, format("%s shared address %#lx, which a bulk tensor store (%s) issued by "
+                               "%s still reads: that thread must cp_async_bulk_wait_group_read "
+                               "for the store first (then a __syncthreads() before other threads "
+                               "write)",
+                               act().c_str(), static_cast<unsigned long>(std::max(src.lo, addr)),
+                               src.via, thread_name(src.tid).c_str()));
+            }
+        }
+    }
     for (std::size_t i = 0; i < n; ++i) {
         Shadow &s = g_rt.shadow[off + i];
         if (s.bulk == kBarrierBytes) {
@@ -691,13 +733,47 @@ void check_copy_sources(const Fiber *f, uintptr_t addr, std::size_t n, GKind kin
     }
 }
 
+/// Counts the pieces of a bulk tensor store writing `bytes` bytes at `dst` into (delta 1) or out of
+/// (delta -1) the stores in flight of its global range, in a checked launch.
+void count_dest(const char *dst, std::size_t bytes, int delta) {
+    if (!g_rt.check || bytes == 0) return;
+    if (GRange *r = grange_of(reinterpret_cast<uintptr_t>(dst))) r->writing += delta;
+}
+
+/// Fails if fiber `f` accesses `n` global bytes at `addr` that a bulk tensor store in flight
+/// writes: the store may write them any time until its thread's wait retires it (the emulator
+/// writes them then), so on the GPU the access may meet the old bytes or the new.
+void check_store_dests(const Fiber *f, uintptr_t addr, std::size_t n, GKind kind,
+                       const char *via) {
+    for (int t = 0; t < g_rt.nthreads; ++t) {
+        for (const BulkStore &s : g_rt.fibers[t].stores) {
+            if (!(s.lo < addr + n && addr < s.hi)) continue;
+            for (const BulkCopy &c : s.pieces) {
+                const auto lo = reinterpret_cast<uintptr_t>(c.dst);
+                if (!(lo < addr + n && addr < lo + c.bytes)) continue;
+                const std::string act =
+                    via                     ? format("%s %s", via, verb(kind != GKind::kLoad))
+                    : kind == GKind::kAtomic ? std::string("atomically updates")
+                                             : std::string(verb(kind == GKind::kStore));
+                fail(f, format("global-memory race: %s address %#lx, which a bulk tensor store "
+                               "(%s) from shared address %#lx issued by %s writes, before that "
+                               "thread's cp_async_bulk_wait_group covering the store (the store "
+                               "may write any time until then)",
+                               act.c_str(), static_cast<unsigned long>(std::max(lo, addr)), s.via,
+                               reinterpret_cast<unsigned long>(s.src), thread_name(t).c_str()));
+            }
+        }
+    }
+}
+
 /// Race checks for `n` bytes of global memory at `addr` (inside a registered range) accessed by
-/// fiber `f`; `via` names an async copy reading them.
+/// fiber `f`; `via` names an async copy reading them (a load) or a bulk store writing them.
 void global_access(const Fiber *f, uintptr_t addr, std::size_t n, GKind kind,
                    const char *via = nullptr) {
     GRange *r = grange_of(addr);
     if (r == nullptr) return;
     if (kind != GKind::kLoad && r->reading) check_copy_sources(f, addr, n, kind);
+    if (r->writing) check_store_dests(f, addr, n, kind, via);
     for (std::size_t i = 0; i < n; ++i) {
         GShadow &s = gshadow(*r, addr + i);
         GAccesses *atomics = gatomics(*r, addr + i, kind == GKind::kAtomic);
@@ -714,7 +790,8 @@ void global_access(const Fiber *f, uintptr_t addr, std::size_t n, GKind kind,
             did = "read";
         }
         if (clash) {
-            const std::string act = via                      ? format("%s reads", via)
+            const std::string act = via                      ? format("%s %s", via,
+                                                                      verb(kind != GKind::kLoad))
                                     : kind == GKind::kLoad   ? std::string("reads")
                                     : kind == GKind::kStore  ? std::string("writes")
                                                              : std::string("atomically updates");
@@ -1105,6 +1182,8 @@ int run_block() {
         f.state = State::kRunnable;
         f.committed = 0;
         f.pending.clear();
+        f.bulk_committed = 0;
+        f.stores.clear();
         init_fiber(f);
     }
     for (int w = 0; w < g_rt.nwarps; ++w) {
@@ -1123,6 +1202,7 @@ int run_block() {
     std::memset(g_rt.s_lo, 0xff, static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo));
     std::memset(g_rt.d_lo, 0xff, g_rt.d_size);
     drop_mbarriers();
+    g_rt.store_sources.clear();
 
     std::vector<int> order(n);
     for (int t = 0; t < n; ++t) order[t] = t;
@@ -1158,6 +1238,19 @@ int run_block() {
                          format("the block ends with %zu bulk copies on the mbarrier at %#lx that "
                                 "no thread waited for",
                                 bar.copies.size(), static_cast<unsigned long>(addr));
+            return -1;
+        }
+    }
+    for (int t = 0; t < n; ++t) {
+        // The copy engine may read a store's source after the block's shared memory has gone to
+        // another block: every thread waits for its stores before the block ends.
+        const std::size_t stores = g_rt.fibers[t].stores.size();
+        if (stores) {
+            g_rt.failed = true;
+            g_rt.error = who(nullptr) + ": " +
+                         format("the block ends with %zu bulk tensor %s issued by %s not waited "
+                                "for (cp_async_bulk_wait_group)",
+                                stores, stores == 1 ? "store" : "stores", thread_name(t).c_str());
             return -1;
         }
     }
@@ -1482,7 +1575,11 @@ int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
                             static_cast<unsigned>((b / cfg->grid[0]) % cfg->grid[1]),
                             static_cast<unsigned>(b / (uint64_t(cfg->grid[0]) * cfg->grid[1]))};
         if (run_block() != 0) {
-            for (int t = 0; t < g_rt.nthreads; ++t) drop_pending(g_rt.fibers[t]);
+            for (int t = 0; t < g_rt.nthreads; ++t) {
+                drop_pending(g_rt.fibers[t]);
+                g_rt.fibers[t].stores.clear();  // never copied; the global shadow goes with them
+            }
+            g_rt.store_sources.clear();
             return -1;
         }
     }
@@ -1889,6 +1986,166 @@ TensorMapInfo read_tensor_map(Fiber *f, const char *what, const void *map, int r
     return t;
 }
 
+/// The instruction name of a tensor copy of `rank` coordinates from `names` (indexed by rank, the
+/// rank-less name first); fails unless rank is 1..kMapRank.
+const char *tensor_copy_name(Fiber *f, const char *const (&names)[kMapRank + 1], int rank) {
+    if (rank < 1 || rank > kMapRank) {
+        fail(f, format("%s: a tensor copy has 1 to %d coordinates, got %d", names[0], kMapRank,
+                       rank));
+    }
+    return names[rank];
+}
+
+/// Reads the tensor map at `map` for tensor copy `what` of `rank` coordinates, and checks the box
+/// at shared `smem`, the copy's destination (g2s) or its source (`store`: s2g): inside shared
+/// memory, 128-byte aligned, and with a swizzle, rows of exactly the span from a multiple of the
+/// pattern's repeat. Returns the map; *box_bytes gets the box's bytes.
+TensorMapInfo check_tensor_copy(Fiber *f, const char *what, bool store, const void *map,
+                                int rank, const void *smem, uint64_t *box_bytes) {
+    const TensorMapInfo t = read_tensor_map(f, what, map, rank);
+    const char *role = store ? "source" : "destination";
+    const uint64_t eb = t.element_bytes;
+    const uint64_t row_bytes = t.box[0] * eb;
+    uint64_t rows = 1;
+    for (int d = 1; d < rank; ++d) rows *= t.box[d];
+    *box_bytes = rows * row_bytes;
+    const std::string smem_what = std::string(what) + " " + role;
+    require_shared(f, smem, *box_bytes, 128, smem_what.c_str());
+    if (t.swizzle && row_bytes != t.swizzle) {
+        fail(f, format("%s: a %u-byte swizzle needs a box inner dim of exactly %u bytes in the "
+                       "emulator, got %llu (box dim 0 of %llu elements of %llu bytes); the GPU "
+                       "accepts fewer, but then pads each row of the box in shared memory in a "
+                       "way spio does not rely on",
+                       what, t.swizzle, t.swizzle, static_cast<unsigned long long>(row_bytes),
+                       static_cast<unsigned long long>(t.box[0]),
+                       static_cast<unsigned long long>(eb)));
+    }
+    if (t.swizzle && reinterpret_cast<uintptr_t>(smem) % (8 * t.swizzle)) {
+        // The GPU swizzles by address bits: from a box off the pattern's repeat the rows are
+        // permuted differently from the first on. spio's kernels align to the repeat.
+        fail(f, format("%s: a %u-byte swizzle's %s must be aligned to its repeat, %u bytes (8 "
+                       "rows of its span), for the box to %s in the layout spio's buffers "
+                       "expect; got %#lx",
+                       what, t.swizzle, role, 8 * t.swizzle, store ? "be read" : "land",
+                       static_cast<unsigned long>(reinterpret_cast<uintptr_t>(smem))));
+    }
+    return t;
+}
+
+/// Calls run(off, from, n) for every row of the box of `t` at `coords`, in landing order: runs of
+/// `n` bytes at byte `off` of the box's unswizzled layout in shared memory, of tensor bytes from
+/// global `from`, or lying outside the tensor (`from` null). Zero-length runs come too.
+template <class Run>
+void box_runs(const TensorMapInfo &t, const int *coords, Run run) {
+    const uint64_t eb = t.element_bytes;
+    const uint64_t row_bytes = t.box[0] * eb;
+    uint64_t rows = 1;
+    for (int d = 1; d < t.rank; ++d) rows *= t.box[d];
+    // The in-bounds elements of every row: i0 in [lo0, hi0).
+    const int64_t c0 = coords[0];
+    const int64_t box0 = static_cast<int64_t>(t.box[0]);
+    const int64_t lo0 = std::min(box0, std::max<int64_t>(0, -c0));
+    const int64_t hi0 = std::max(lo0, std::min(box0, static_cast<int64_t>(t.dims[0]) - c0));
+    for (uint64_t row = 0; row < rows; ++row) {
+        // Row (i1, i2, ...), i1 fastest: inside the tensor along every outer dim, or not at all.
+        uint64_t rest = row, src = 0;
+        bool inside = hi0 > lo0;
+        for (int dim = 1; dim < t.rank; ++dim) {
+            const int64_t x = coords[dim] + static_cast<int64_t>(rest % t.box[dim]);
+            rest /= t.box[dim];
+            if (x < 0 || x >= static_cast<int64_t>(t.dims[dim])) {
+                inside = false;
+            } else {
+                src += static_cast<uint64_t>(x) * t.strides[dim];
+            }
+        }
+        const uint64_t base = row * row_bytes;
+        if (!inside) {
+            run(base, nullptr, row_bytes);
+            continue;
+        }
+        const auto *from = reinterpret_cast<const char *>(t.address + src +
+                                                          static_cast<uint64_t>(c0 + lo0) * eb);
+        run(base, nullptr, static_cast<uint64_t>(lo0) * eb);
+        run(base + static_cast<uint64_t>(lo0) * eb, from, static_cast<uint64_t>(hi0 - lo0) * eb);
+        run(base + static_cast<uint64_t>(hi0) * eb, nullptr,
+            static_cast<uint64_t>(box0 - hi0) * eb);
+    }
+}
+
+/// Calls chunk(p, from, n) for the `n` bytes at byte `off` of the unswizzled layout of the box at
+/// shared `box` (from global `from`, or null): where they lie in shared memory, at p. Swizzled,
+/// 16-byte chunk by chunk: chunk bits [4, 4 + log2(S/16)) of the shared address XOR its bits
+/// [7, ...).
+template <class Chunk>
+void swizzled_run(const TensorMapInfo &t, char *box, uint64_t off, const char *from, uint64_t n,
+                  Chunk chunk) {
+    if (!t.swizzle) {
+        if (n) chunk(box + off, from, n);
+        return;
+    }
+    const uint64_t chunk_mask = t.swizzle / 16 - 1;
+    while (n) {
+        const uint64_t take = std::min<uint64_t>(n, 16 - off % 16);
+        uintptr_t a = reinterpret_cast<uintptr_t>(box) + off;
+        a ^= ((a >> 7) & chunk_mask) << 4;
+        chunk(reinterpret_cast<char *>(a), from, take);
+        off += take;
+        n -= take;
+        if (from) from += take;
+    }
+}
+
+/// Issues bulk tensor store `s` for fiber `f`. Checked: its pieces' global bytes lie inside the
+/// kernel's tensors, and it writes them now in race terms (a race with earlier unordered
+/// accesses); its box counts as read now; then, until a wait retires it, a write to its box
+/// fails (Runtime::store_sources) and so does an access to its pieces' global bytes
+/// (GRange::writing).
+void start_store(Fiber *f, BulkStore &&s) {
+    if (g_rt.check) {
+        for (const BulkCopy &c : s.pieces) {
+            const auto d = reinterpret_cast<uintptr_t>(c.dst);
+            if (!in_global(d, c.bytes)) {
+                fail(f, format("out-of-bounds global-memory access: %s writes %u bytes at %#lx, "
+                               "outside every tensor passed to the kernel",
+                               s.via, c.bytes, static_cast<unsigned long>(d)));
+            }
+            global_access(f, d, c.bytes, GKind::kStore, s.via);
+        }
+        const auto src = reinterpret_cast<uintptr_t>(s.src);
+        std::size_t off;
+        shared_region(src, s.bytes, &off);
+        shadow_access(f, src, off, s.bytes, false);
+        g_rt.store_sources.push_back({src, src + s.bytes, f->tid, s.via});
+        for (const BulkCopy &c : s.pieces) count_dest(c.dst, c.bytes, 1);
+    }
+    f->stores.push_back(std::move(s));
+}
+
+/// Completes bulk tensor store `s` of fiber `f` (its wait retires it): copies its pieces. Checked,
+/// its box counts as read by `f` again now, in race terms, and its global bytes as written, so
+/// that other threads must order their accesses after the wait by a barrier.
+void retire_store(Fiber *f, const BulkStore &s) {
+    if (g_rt.check) {
+        const auto src = reinterpret_cast<uintptr_t>(s.src);
+        auto &sources = g_rt.store_sources;
+        for (auto it = sources.begin(); it != sources.end(); ++it) {
+            if (it->tid == f->tid && it->lo == src) {
+                sources.erase(it);
+                break;
+            }
+        }
+        for (const BulkCopy &c : s.pieces) count_dest(c.dst, c.bytes, -1);
+        std::size_t off;
+        shared_region(src, s.bytes, &off);
+        shadow_access(f, src, off, s.bytes, false);
+        for (const BulkCopy &c : s.pieces) {
+            global_access(f, reinterpret_cast<uintptr_t>(c.dst), c.bytes, GKind::kStore, s.via);
+        }
+    }
+    for (const BulkCopy &c : s.pieces) std::memcpy(c.dst, c.src, c.bytes);
+}
+
 }  // namespace detail
 
 void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long long *bar) {
@@ -1921,40 +2178,10 @@ void cp_async_bulk_tensor_g2s(void *dst, const void *map, int rank, const int *c
         "cp_async_bulk_tensor_g2s",    "cp_async_bulk_tensor_1d_g2s",
         "cp_async_bulk_tensor_2d_g2s", "cp_async_bulk_tensor_3d_g2s",
         "cp_async_bulk_tensor_4d_g2s", "cp_async_bulk_tensor_5d_g2s"};
-    const bool rank_ok = rank >= 1 && rank <= detail::kMapRank;
-    const char *what = names[rank_ok ? rank : 0];
-    if (!rank_ok) {
-        detail::fail(f, detail::format("%s: a tensor copy has 1 to %d coordinates, got %d", what,
-                                       detail::kMapRank, rank));
-    }
-    const detail::TensorMapInfo t = detail::read_tensor_map(f, what, map, rank);
-    const uint64_t eb = t.element_bytes;
-    const uint64_t row_bytes = t.box[0] * eb;
-    uint64_t rows = 1;
-    for (int d = 1; d < rank; ++d) rows *= t.box[d];
-    const uint64_t box_bytes = rows * row_bytes;
-    const std::string dst_what = std::string(what) + " destination";
-    detail::require_shared(f, dst, box_bytes, 128, dst_what.c_str());
-    if (t.swizzle && row_bytes != t.swizzle) {
-        detail::fail(f, detail::format(
-                            "%s: a %u-byte swizzle needs a box inner dim of exactly %u bytes in "
-                            "the emulator, got %llu (box dim 0 of %llu elements of %llu bytes); "
-                            "the GPU accepts fewer, but then pads each row of the box in shared "
-                            "memory in a way spio does not rely on",
-                            what, t.swizzle, t.swizzle, static_cast<unsigned long long>(row_bytes),
-                            static_cast<unsigned long long>(t.box[0]),
-                            static_cast<unsigned long long>(eb)));
-    }
-    if (t.swizzle && reinterpret_cast<uintptr_t>(dst) % (8 * t.swizzle)) {
-        // The GPU swizzles by address bits: from a destination off the pattern's repeat the box
-        // lands permuted differently from its first row on. spio's kernels align to the repeat.
-        detail::fail(f, detail::format(
-                            "%s: a %u-byte swizzle's destination must be aligned to its repeat, "
-                            "%u bytes (8 rows of its span), for the box to land in the layout "
-                            "spio's buffers expect; got %#lx",
-                            what, t.swizzle, 8 * t.swizzle,
-                            static_cast<unsigned long>(reinterpret_cast<uintptr_t>(dst))));
-    }
+    const char *what = detail::tensor_copy_name(f, names, rank);
+    uint64_t box_bytes;
+    const detail::TensorMapInfo t =
+        detail::check_tensor_copy(f, what, false, map, rank, dst, &box_bytes);
     auto *d = static_cast<char *>(dst);
     std::vector<detail::BulkCopy> pieces;
     // Appends a piece, merged into the last one when it continues it (in shared memory, and in
@@ -1971,58 +2198,76 @@ void cp_async_bulk_tensor_g2s(void *dst, const void *map, int rank, const int *c
         }
         pieces.push_back({to, from, static_cast<unsigned>(n), what});
     };
-    // Lands `n` bytes (from `from`, or zeros) at landing offset `off`, 16-byte chunk by chunk when
-    // swizzled: chunk bits [4, 4 + log2(S/16)) of the shared address XOR its bits [7, ...).
-    const uint64_t chunk_mask = t.swizzle ? t.swizzle / 16 - 1 : 0;
-    const auto place = [&](uint64_t off, const char *from, uint64_t n) {
-        if (!t.swizzle) {
-            if (n) add(d + off, from, n);
-            return;
-        }
-        while (n) {
-            const uint64_t take = std::min<uint64_t>(n, 16 - off % 16);
-            uintptr_t a = reinterpret_cast<uintptr_t>(d) + off;
-            a ^= ((a >> 7) & chunk_mask) << 4;
-            add(reinterpret_cast<char *>(a), from, take);
-            off += take;
-            n -= take;
-            if (from) from += take;
-        }
-    };
-    // The in-bounds elements of every row: i0 in [lo0, hi0).
-    const int64_t c0 = coords[0];
-    const int64_t box0 = static_cast<int64_t>(t.box[0]);
-    const int64_t lo0 = std::min(box0, std::max<int64_t>(0, -c0));
-    const int64_t hi0 = std::max(lo0, std::min(box0, static_cast<int64_t>(t.dims[0]) - c0));
-    for (uint64_t row = 0; row < rows; ++row) {
-        // Row (i1, i2, ...), i1 fastest: inside the tensor along every outer dim, or zeros.
-        uint64_t rest = row, src = 0;
-        bool inside = hi0 > lo0;
-        for (int dim = 1; dim < rank; ++dim) {
-            const int64_t x = coords[dim] + static_cast<int64_t>(rest % t.box[dim]);
-            rest /= t.box[dim];
-            if (x < 0 || x >= static_cast<int64_t>(t.dims[dim])) {
-                inside = false;
-            } else {
-                src += static_cast<uint64_t>(x) * t.strides[dim];
-            }
-        }
-        const uint64_t base = row * row_bytes;
-        if (!inside) {
-            place(base, nullptr, row_bytes);
-            continue;
-        }
-        const auto *from = reinterpret_cast<const char *>(t.address + src +
-                                                          static_cast<uint64_t>(c0 + lo0) * eb);
-        place(base, nullptr, static_cast<uint64_t>(lo0) * eb);
-        place(base + static_cast<uint64_t>(lo0) * eb, from, static_cast<uint64_t>(hi0 - lo0) * eb);
-        place(base + static_cast<uint64_t>(hi0) * eb, nullptr,
-              static_cast<uint64_t>(box0 - hi0) * eb);
-    }
+    detail::box_runs(t, coords, [&](uint64_t off, const char *from, uint64_t n) {
+        detail::swizzled_run(t, d, off, from, n, add);
+    });
     // The landing bytes are exactly [dst, dst + box_bytes): dst is 128-byte aligned and a swizzled
     // row spans the swizzle S (checked above), so the swizzle permutes chunks within each S-byte
     // row.
     detail::start_bulk(f, what, d, box_bytes, bar, pieces.data(), pieces.size());
+}
+
+// A bulk tensor store reads the box from shared memory as a tensor copy lands it (the same
+// layout and swizzle) and writes the elements inside the tensor, leaving out the rest. It is
+// issued as pieces (BulkCopy from shared src to global dst; at most a 16-byte chunk each when
+// swizzled) into the thread's open bulk group, and copies when a wait retires the group: a
+// kernel that writes its source before the wait gets what it wrote, and the checks report it.
+// Its box counts as read whole (which of a clipped box's bytes the copy engine reads is not
+// modelled).
+void cp_async_bulk_tensor_s2g(const void *map, int rank, const int *coords, const void *src) {
+    Fiber *f = g_rt.cur;
+    static const char *const names[] = {
+        "cp_async_bulk_tensor_s2g",    "cp_async_bulk_tensor_1d_s2g",
+        "cp_async_bulk_tensor_2d_s2g", "cp_async_bulk_tensor_3d_s2g",
+        "cp_async_bulk_tensor_4d_s2g", "cp_async_bulk_tensor_5d_s2g"};
+    const char *what = detail::tensor_copy_name(f, names, rank);
+    uint64_t box_bytes;
+    const detail::TensorMapInfo t =
+        detail::check_tensor_copy(f, what, true, map, rank, src, &box_bytes);
+    auto *box = const_cast<char *>(static_cast<const char *>(src));
+    detail::BulkStore store{box, box_bytes, {}, UINTPTR_MAX, 0, f->bulk_committed, what};
+    std::vector<detail::BulkCopy> &pieces = store.pieces;
+    // Appends a piece (from shared `at` to global `to`), merged into the last one when it
+    // continues it in both memories.
+    const auto add = [&](char *at, const char *to, uint64_t n) {
+        auto *dst = const_cast<char *>(to);
+        const auto lo = reinterpret_cast<uintptr_t>(dst);
+        store.lo = std::min(store.lo, lo);
+        store.hi = std::max(store.hi, lo + n);
+        if (!pieces.empty()) {
+            detail::BulkCopy &last = pieces.back();
+            if (last.dst + last.bytes == dst && last.src + last.bytes == at) {
+                last.bytes += static_cast<unsigned>(n);
+                return;
+            }
+        }
+        pieces.push_back({dst, at, static_cast<unsigned>(n), what});
+    };
+    detail::box_runs(t, coords, [&](uint64_t off, const char *to, uint64_t n) {
+        if (to) detail::swizzled_run(t, box, off, to, n, add);  // outside the tensor: left out
+    });
+    detail::start_store(f, std::move(store));
+}
+
+void cp_async_bulk_commit_group() { ++g_rt.cur->bulk_committed; }
+
+void cp_async_bulk_wait_group(int n, bool /*read*/) {
+    Fiber *f = g_rt.cur;
+    if (n < 0) {
+        detail::fail(f, detail::format("cp_async_bulk_wait_group needs n >= 0, got %d", n));
+    }
+    const auto keep = static_cast<uint64_t>(n);
+    const uint64_t limit = f->bulk_committed > keep ? f->bulk_committed - keep : 0;
+    // Stores are in issue order, so in group order: the retired ones come first. They leave the
+    // thread's list before they copy, so that their global writes are not taken for accesses to
+    // stores in flight.
+    auto first = f->stores.begin(), last = first;
+    while (last != f->stores.end() && last->group < limit) ++last;
+    if (first == last) return;
+    std::vector<detail::BulkStore> retired(std::make_move_iterator(first),
+                                           std::make_move_iterator(last));
+    f->stores.erase(first, last);
+    for (const detail::BulkStore &s : retired) detail::retire_store(f, s);
 }
 
 bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity) {

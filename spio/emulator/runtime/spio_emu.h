@@ -229,6 +229,19 @@ SPIO_EMU_API void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes,
 /// first, to shared `dst`; zeros outside the tensor, all the box's bytes on `bar`'s current phase.
 SPIO_EMU_API void cp_async_bulk_tensor_g2s(void *dst, const void *map, int rank, const int *coords,
                                            unsigned long long *bar);
+/// cp.async.bulk.tensor.<rank>d.global.shared::cta.tile.bulk_group: the box of the tensor map at
+/// `map` at coords[0..rank), innermost first, from shared `src` (laid out as
+/// cp_async_bulk_tensor_g2s lands the box, swizzle included) to the tensor, leaving out what lies
+/// outside it; joins the calling thread's open bulk group and is copied when a
+/// cp_async_bulk_wait_group of that thread retires the group.
+SPIO_EMU_API void cp_async_bulk_tensor_s2g(const void *map, int rank, const int *coords,
+                                           const void *src);
+/// cp.async.bulk.commit_group: closes the calling thread's open bulk group (empty or not).
+SPIO_EMU_API void cp_async_bulk_commit_group();
+/// cp.async.bulk.wait_group[.read] n: at most n of the calling thread's newest committed bulk
+/// groups stay pending; the older ones are copied now (`read` or not: the emulator completes a
+/// group's reads and writes together).
+SPIO_EMU_API void cp_async_bulk_wait_group(int n, bool read);
 SPIO_EMU_API bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity);
 
 /// cp.async.wait_group N: at most N of the calling thread's newest committed groups stay pending.

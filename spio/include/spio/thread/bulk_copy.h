@@ -1,7 +1,8 @@
 #ifndef SPIO_THREAD_BULK_COPY_H_
 #define SPIO_THREAD_BULK_COPY_H_
 
-/// Bulk asynchronous copies from global to shared memory, completed through an mbarrier (sm_90).
+/// Bulk asynchronous copies between global and shared memory (sm_90): into shared memory completed
+/// through an mbarrier, out of it through bulk groups.
 ///
 /// One thread copies a whole contiguous block of bytes with one instruction (cp.async.bulk, the
 /// copy engine Hopper's TMA uses), instead of every thread copying 16 bytes. Completion is tracked
@@ -18,6 +19,12 @@
 ///
 /// Tensor copies (cp_async_bulk_tensor_4d_g2s) move a box of a tensor described by a TensorMap,
 /// zero-filling what lies outside the tensor and optionally swizzling the 16-byte chunks.
+/// cp_async_bulk_tensor_4d_s2g copies such a box back out, leaving out what lies outside the
+/// tensor; it completes by bulk groups, per issuing thread, as cp.async's groups do:
+///   all:      write src; fence_proxy_async_shared(); __syncthreads()
+///   thread 0: cp_async_bulk_tensor_4d_s2g(map, ..., src); cp_async_bulk_commit_group()
+///   thread 0: cp_async_bulk_wait_group_read<0>() before a barrier after which src is rewritten;
+///             cp_async_bulk_wait_group<0>() before the block ends.
 ///
 /// GPU code needs sm_90 or newer (PTX ISA 8.0); the emulator runs it anywhere.
 
@@ -50,8 +57,9 @@ SPIO_DEVICE void fence_mbarrier_init() {
 #endif
 }
 
-/// Orders this thread's earlier shared-memory accesses (and those it synchronised with) before its
-/// later bulk copies: issue it before refilling a buffer that threads have read.
+/// Orders this thread's earlier shared-memory accesses (and those it synchronised with) before
+/// later bulk copies, its own and, after a barrier, other threads': issue it before refilling a
+/// buffer that threads have read, and after writing a buffer that a bulk copy will read.
 SPIO_DEVICE void fence_proxy_async_shared() {
 #if defined(__CUDA_ARCH__)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -161,6 +169,63 @@ SPIO_DEVICE void cp_async_bulk_tensor_4d_g2s(void *dst, const TensorMap *map, in
 #else
     const int coords[4] = {c0, c1, c2, c3};
     ::spio::emu::cp_async_bulk_tensor_g2s(dst, map, 4, coords, bar);
+#endif
+}
+
+/// Starts copying the box of `map` at element coordinates (c0, c1, c2, c3), innermost first, from
+/// shared `src` (laid out, aligned and swizzled as cp_async_bulk_tensor_4d_g2s lands a box) to
+/// the tensor: elements outside the tensor are not written. The copy joins this thread's open bulk
+/// group (cp_async_bulk_commit_group closes it). The threads that wrote `src` must each have
+/// ordered their writes before it with fence_proxy_async_shared() and a barrier; `src` must not be
+/// written again before cp_async_bulk_wait_group_read has waited for the copy's group.
+SPIO_DEVICE void cp_async_bulk_tensor_4d_s2g(const TensorMap *map, int c0, int c1, int c2, int c3,
+                                             const void *src) {
+#if defined(__CUDA_ARCH__)
+    const unsigned src_addr = static_cast<unsigned>(__cvta_generic_to_shared(src));
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+        " [%0, {%1, %2, %3, %4}], [%5];\n"
+        :
+        : "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+          "r"(src_addr)
+        : "memory");
+#else
+    const int coords[4] = {c0, c1, c2, c3};
+    ::spio::emu::cp_async_bulk_tensor_s2g(map, 4, coords, src);
+#endif
+}
+
+/// Closes this thread's open bulk group: the bulk copies to global memory it issued since the
+/// last commit (an empty group if none).
+SPIO_DEVICE void cp_async_bulk_commit_group() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#else
+    ::spio::emu::cp_async_bulk_commit_group();
+#endif
+}
+
+/// Waits until at most N of this thread's newest committed bulk groups still read their shared
+/// memory: the older groups' sources may be written again (after a barrier, by other threads).
+template <int N>
+SPIO_DEVICE void cp_async_bulk_wait_group_read() {
+    static_assert(N >= 0, "cp_async_bulk_wait_group_read needs N >= 0");
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#else
+    ::spio::emu::cp_async_bulk_wait_group(N, true);
+#endif
+}
+
+/// Waits until at most N of this thread's newest committed bulk groups are incomplete: the older
+/// groups have also written global memory.
+template <int N>
+SPIO_DEVICE void cp_async_bulk_wait_group() {
+    static_assert(N >= 0, "cp_async_bulk_wait_group needs N >= 0");
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#else
+    ::spio::emu::cp_async_bulk_wait_group(N, false);
 #endif
 }
 
