@@ -182,10 +182,10 @@ def pass_call(
 
         x, dy = args[2], args[3]
         return lambda: wgrad(x, dy, params, kernel=kernel)
-    if kernel.info_value("tma"):  # its input's tensor map, encoded once for every call
-        from .conv2d_gw8_factory import input_map
+    if kernel.info_value("tma"):  # its tensor maps, encoded once for every call
+        from .conv2d_gw8_factory import map_arguments
 
-        args = [*args, input_map(kernel, args[1]).argument(device)]
+        args = [*args, *map_arguments(kernel, args[0], args[1], device)]
     return lambda: kernel.launch(args, device)
 
 

@@ -158,18 +158,40 @@ def row_map(t, groups: int, pixels: int):
 
 
 def shared_mem_bytes(
-    params: Conv2dGw8Params, config: Conv2dGw8Config, swizzled: bool = False, tma: bool = False
+    params: Conv2dGw8Params,
+    config: Conv2dGw8Config,
+    swizzled: bool = False,
+    tma: bool = False,
+    tma_stores: bool = False,
 ) -> int:
     """Dynamic shared memory of one block: the input-row stages (row_pitch), the weights and the
-    two output staging rows; with `tma`, also room to align the stages (tma_align; dynamic shared
-    memory starts 16-byte aligned) and one mbarrier a stage."""
+    two output staging rows (output_pitch); with `tma`, also room to align the stages (tma_align;
+    dynamic shared memory starts 16-byte aligned) and one mbarrier a stage."""
     in_x = config.block_q + params.s - 1
-    extra = tma_align(config.groups) - 16 + 8 * config.stages if tma else 0
+    extra = tma_align(config.groups) - 16 + 8 * config.stages if tma or tma_stores else 0
     return (
-        config.stages * config.groups * row_pitch(in_x, swizzled, tma) * 16
+        config.stages * config.groups * row_pitch(in_x, swizzled, tma or tma_stores) * 16
         + config.groups * params.r * params.s * 64 * 2
-        + 2 * config.block_q * (config.groups + 1) * 16
+        + 2 * config.block_q * output_pitch(config.groups, tma_stores) * 16
         + extra
+    )
+
+
+def output_pitch(groups: int, tma_stores: bool) -> int:
+    """The 16-byte chunks a staged output pixel spans (output_staging): its groups, padded by one
+    against bank conflicts, or unpadded (and swizzled) where tensor copies store the rows."""
+    return groups if tma_stores else groups + 1
+
+
+def output_staging(pair: str, pixels: int, groups: int, tma_stores: bool) -> TensorSpec:
+    """SmemOutput, the two staging rows of output pixels, pixel-major (output_pitch): a pixel's
+    groups of output pairs padded by one 16-byte chunk against bank conflicts; for tensor copies
+    (`tma_stores`), 16-byte chunks swizzled as the input stages are (stage_layout), the layout a
+    tensor copy with tma_swizzle stores from."""
+    if tma_stores:
+        return TensorSpec("SmemOutput", "uint4", {"buf": 2, "x": pixels, "k8": groups}, True)
+    return TensorSpec(
+        "SmemOutput", pair, {"buf": 2, "x": pixels, "k8": (groups, groups + 1), "k2": 4}
     )
 
 
@@ -394,13 +416,18 @@ def generate_header(
     entry: str,
     swizzled: bool = False,
     tma: bool = False,
+    tma_stores: bool = False,
 ) -> str:
     """The C++ header that specialises conv2d_gw8.cu for one layer and config. `weights_cl`: the
     weights are read in channels_last memory ([K, R, S, 8]) instead of contiguous ([K, 8, R, S]);
     `bias_elem`: the bias is read in the activations' dtype instead of fp32; `entry`: the
     kernel's symbol (SPIO_KERNEL_ENTRY, the name of the kernel function in conv2d_gw8.cu);
     `swizzled`: the input-row stages' layout (stage_layout); `tma`: input rows arrive by tensor
-    copies (sm_90; swizzled stages, aligned; the kernel then takes the input's tensor map)."""
+    copies (sm_90; swizzled stages, aligned; the kernel then takes the input's tensor map);
+    `tma_stores` (with `tma`): output rows leave by tensor copies (staged unpadded and swizzled,
+    aligned as the stages are; the kernel then also takes the output's tensor map)."""
+    if tma_stores and not tma:
+        raise ValueError("tma_stores needs tma (the staging rows' alignment comes with it)")
     geo = _Geometry.of(params, igrad)
     element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups
@@ -420,6 +447,7 @@ def generate_header(
                 "SPIO_CONV_HAS_BIAS": int(params.has_bias and not igrad),
                 "SPIO_KERNEL_ENTRY": entry,
                 "SPIO_LOAD_VIA_TMA": int(tma),
+                "SPIO_STORE_VIA_TMA": int(tma_stores),
                 "SPIO_TMA_ALIGN": tma_align(config.groups),
             }
         ),
@@ -450,12 +478,7 @@ def generate_header(
         ),
         # The block's groups of the weights, in their global layout (copied as they are).
         TensorSpec("SmemWeights", element, {"c8": config.groups, **weight_dims(8)}),
-        # Output staging rows; a pixel's groups padded by one 16-byte chunk against bank conflicts.
-        TensorSpec(
-            "SmemOutput",
-            pair,
-            {"buf": 2, "x": config.block_q, "k8": (config.groups, config.groups + 1), "k2": 4},
-        ),
+        output_staging(pair, config.block_q, config.groups, tma_stores),
         IndexSpec("BlockIdx", {**tiles, "n": None}),  # (n stays outermost)
         IndexSpec(
             "WarpIdx", {"c8": config.groups, "x16": config.block_q // (16 * config.warp_q16)}
@@ -475,18 +498,20 @@ def make_kernel(
     bias_elem: bool = False,
     swizzled: bool = False,
     tma: bool = False,
+    tma_stores: bool = False,
 ) -> Kernel:
     """The FProp (or, with igrad, DGrad) kernel for `params` with tile `config`; `weights_cl`
     reads channels_last weights, `bias_elem` (FProp with a bias) a bias in the activations'
     dtype, `swizzled` stages input rows pixel-major (see generate_header; spio runs the
     group-major kernels, scripts/ablate_kernel.py times the other), `tma` fills those stages by
-    tensor copies (sm_90 and newer only; implies `swizzled`). The tile loop is the same in
-    every variant."""
+    tensor copies (sm_90 and newer only; implies `swizzled`), `tma_stores` also stores the output
+    rows by tensor copies (implies `tma`). The tile loop is the same in every variant."""
     config = config or default_config(params, igrad)
     check_tensor_bytes(params)
+    tma = tma or tma_stores
     swizzled = swizzled or tma
     smem = check_shared_mem(
-        shared_mem_bytes(params, config, swizzled, tma),
+        shared_mem_bytes(params, config, swizzled, tma, tma_stores),
         f"config {config.encode()} of layer {params.encode()}",
         tma,
     )
@@ -495,7 +520,7 @@ def make_kernel(
         ("__ragged" if ragged(params, config.block_n) else "")
         + ("__wcl" if weights_cl else "")
         + ("__belem" if bias_elem else "")
-        + ("__tma" if tma else "__swz" if swizzled else "")
+        + ("__tmaio" if tma_stores else "__tma" if tma else "__swz" if swizzled else "")
     )
     blocks = math.prod(_tiles(params, config, igrad).values())
     kind = "dgrad" if igrad else "fprop"
@@ -510,7 +535,9 @@ def make_kernel(
         headers=(
             (
                 HEADER_NAME,
-                generate_header(params, config, igrad, weights_cl, bias_elem, entry, swizzled, tma),
+                generate_header(
+                    params, config, igrad, weights_cl, bias_elem, entry, swizzled, tma, tma_stores
+                ),
             ),
         ),
         grid=(blocks, 1, 1),
@@ -522,6 +549,7 @@ def make_kernel(
             ("igrad", igrad),
             ("weights_cl", weights_cl),
             ("bias_elem", bias_elem),
+            ("tma_stores", tma_stores),
             ("tma", tma),
             ("swizzled", swizzled),
         ),
@@ -547,8 +575,8 @@ def variant(kernel: Kernel, weights_cl: bool, bias_elem: bool) -> Kernel:
         return kernel
     params, igrad = kernel.info_value("params"), kernel.info_value("igrad")
     config, swizzled = kernel.info_value("config"), bool(kernel.info_value("swizzled"))
-    tma = bool(kernel.info_value("tma"))
-    return make_kernel(params, config, igrad, weights_cl, bias_elem, swizzled, tma)
+    tma, tma_stores = bool(kernel.info_value("tma")), bool(kernel.info_value("tma_stores"))
+    return make_kernel(params, config, igrad, weights_cl, bias_elem, swizzled, tma, tma_stores)
 
 
 def with_swizzled_stages(kernel: Kernel) -> Kernel:
@@ -560,10 +588,10 @@ def with_swizzled_stages(kernel: Kernel) -> Kernel:
     )
 
 
-def with_tma_stages(kernel: Kernel) -> Kernel:
+def with_tma_stages(kernel: Kernel, stores: bool = False) -> Kernel:
     """`kernel` (same params, config, operand layouts) with its input rows brought in by tensor
-    copies into swizzled stages (sm_90 and newer): the loader scripts/ablate_kernel.py times
-    against cp.async."""
+    copies into swizzled stages (sm_90 and newer), and with `stores` its output rows stored by
+    tensor copies too: what scripts/ablate_kernel.py times against cp.async and plain stores."""
     info = dict(kernel.info)
     return make_kernel(
         info["params"],
@@ -572,6 +600,7 @@ def with_tma_stages(kernel: Kernel) -> Kernel:
         info["weights_cl"],
         info["bias_elem"],
         tma=True,
+        tma_stores=stores,
     )
 
 
@@ -582,12 +611,27 @@ def input_map(kernel: Kernel, t):
     return row_map(t, config.groups, config.block_q + params.s - 1)
 
 
-def _launch(kernel: Kernel, out, source, weight, bias, images: int, device) -> None:
-    """Launches an FProp/DGrad kernel on `source` (x or dy, NHWC), adding the tensor map a `tma`
-    kernel takes."""
-    args = [out, source, weight, bias, images]
+def output_map(kernel: Kernel, t):
+    """The tensor map a `tma_stores` kernel writes its output `t` (y or dx) through (row_map): a
+    box is one staged output row, the block's groups across its output columns."""
+    return row_map(t, kernel.info_value("config").groups, kernel.info_value("config").block_q)
+
+
+def map_arguments(kernel: Kernel, out, source, device) -> list:
+    """The tensor maps a `tma` (and `tma_stores`) kernel takes after its other arguments, for
+    output `out` and input `source` (NHWC): none for the others."""
+    maps = []
     if kernel.info_value("tma"):
-        args.append(input_map(kernel, source).argument(device))
+        maps.append(input_map(kernel, source).argument(device))
+    if kernel.info_value("tma_stores"):
+        maps.append(output_map(kernel, out).argument(device))
+    return maps
+
+
+def _launch(kernel: Kernel, out, source, weight, bias, images: int, device) -> None:
+    """Launches an FProp/DGrad kernel on `source` (x or dy, NHWC) into `out`, with the tensor maps
+    it takes (map_arguments)."""
+    args = [out, source, weight, bias, images, *map_arguments(kernel, out, source, device)]
     kernel.launch(args, device)
 
 

@@ -50,7 +50,12 @@
 /// it, with swizzled stages) brings each input row in by one tensor copy that thread 0 issues,
 /// waited for on an mbarrier a stage instead of cp.async.wait_group; the barrier per row stays,
 /// and so does its role: the stage thread 0 then refills is one no warp reads any more. Such a
-/// kernel takes one more argument, the input's tensor map (conv2d_gw8_factory.input_map).
+/// kernel takes one more argument, the input's tensor map (conv2d_gw8_factory.input_map). One
+/// built with SPIO_STORE_VIA_TMA too also stores each staged output row by one tensor copy that
+/// thread 0 issues after the barrier that publishes it (the staging threads fence their writes
+/// for the copy first), and waits, before the next step's barrier, until the copy has read the
+/// buffer, which that step stages into; it takes the output's tensor map after the input's
+/// (conv2d_gw8_factory.output_map).
 ///
 /// Launch contract: grid = ceil(images / Block::n) * (the blocks of one image's tiles: BlockIdx
 /// without its n) blocks, Block::threads threads (one warp per group and run of
@@ -164,6 +169,10 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                       ,
                       const __grid_constant__ spio::TensorMap in_map
 #endif
+#if SPIO_STORE_VIA_TMA
+                      ,
+                      const __grid_constant__ spio::TensorMap out_map
+#endif
     ) {
     constexpr int R = Conv::r;
     constexpr int S = Conv::s;
@@ -183,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const SmemInput smem_input(smem);
     const SmemWeights smem_weights(reinterpret_cast<Elem *>(smem + SmemInput::size));
     static_assert(SmemWeights::num_bytes % 16 == 0, "output staging must be 16-byte aligned");
-    const SmemOutput smem_output(reinterpret_cast<Output::data_type *>(
+    const SmemOutput smem_output(reinterpret_cast<SmemOutput::data_type *>(
         smem + SmemInput::size + SmemWeights::num_bytes / 16));
 
     const BlockIdx block(blockIdx.x);
@@ -199,6 +208,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     // Without the barrier per row a warp could wait for a stage's next phase while thread 0
     // refills it for the one after, or refill it while others read it.
     static_assert(!SPIO_ABLATE_SYNC, "SPIO_LOAD_VIA_TMA needs the barrier per row");
+    static_assert(!SPIO_STORE_VIA_TMA || !SPIO_STORE_STREAMING,
+                  "tensor copies store the output: no st.global.cs to choose");
     // Input rows by tensor copies (sm_90): thread 0 copies each row, one box of in_map (the
     // block's groups across its Block::x + S - 1 input columns), which lands swizzled as
     // SmemInput lays it out, zeros outside the input (also rows above or below the image, and
@@ -384,10 +395,18 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     // Output rows leave through shared memory so that global stores are whole 16-byte chunks,
     // consecutive threads writing consecutive chunks (all the block's groups of a pixel, then the
     // next pixel), instead of each lane writing 4 bytes into every pixel's 16-byte group slice.
+    // A staged row is pixel-major, a pixel's groups side by side, padded by one chunk against
+    // bank conflicts; where a tensor copy stores it (SPIO_STORE_VIA_TMA), unpadded and swizzled
+    // as the input stages are: SmemOutput's elements are then the 16-byte chunks the swizzle
+    // moves, and lane l writes output pair l % 4 of its group's chunk of each of its pixels.
     // Biases (in fp32), rounds and writes an output row from accumulator slot `rows` into staging
     // buffer `buf` (stream output row i goes to buffer i % 2).
     const auto stage_output_row = [&](int buf, float (&rows)[Block::warp_x16][4]) {
+#if SPIO_STORE_VIA_TMA
+        const SmemOutput staged = smem_output.buf(buf).k8(warp.c8());
+#else
         const SmemOutput staged = smem_output.buf(buf).k8(warp.c8()).k2(lane % 4);
+#endif
         SPIO_UNROLL
         for (int run = 0; run < Block::warp_x16; ++run) {
             SPIO_UNROLL
@@ -399,10 +418,39 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 v0 += bias_pair.x;  // (x + 0.0f is not x for x = -0.0: without a bias, no add)
                 v1 += bias_pair.y;
 #endif
+#if SPIO_STORE_VIA_TMA
+                reinterpret_cast<Output::data_type *>(staged.x(x).get())[lane % 4] =
+                    spio::pack_pair<Elem>(v0, v1);
+#else
                 *staged.x(x) = spio::pack_pair<Elem>(v0, v1);
+#endif
             }
         }
+#if SPIO_STORE_VIA_TMA
+        spio::fence_proxy_async_shared();  // the row's writes before thread 0's tensor copy of it
+#endif
     };
+#if SPIO_STORE_VIA_TMA
+    // Output rows by tensor copies (sm_90): thread 0 copies each staged row out, one box of
+    // out_map (the block's groups across its Block::x columns; the copy leaves out what lies
+    // outside the output: columns and groups past its edges, images past the batch), in a bulk
+    // group of its own. Before each step's barrier it waits until the previous step's copy has
+    // read its buffer, which the step after the barrier stages into again; before the block
+    // ends, until every copy is complete.
+    static_assert(SPIO_LOAD_VIA_TMA, "SPIO_STORE_VIA_TMA comes with SPIO_LOAD_VIA_TMA's alignment");
+    const auto store_output_row = [&](int buf, StreamRow pos) {
+        const int y = block_y + pos.row;
+        const bool one_image = Block::n == 1 || pos.row < Block::y;
+        if (issuer && one_image && y < Output::Y) {
+            if (!SPIO_ABLATE_STORES) {
+                spio::cp_async_bulk_tensor_4d_s2g(&out_map, block_c8 * 8, block_x, y,
+                                                  block_n + pos.image, smem_output.buf(buf).get());
+            }
+            spio::cp_async_bulk_commit_group();
+        }
+    };
+    (void)out;
+#else
     // Output copies: thread t copies chunks t + j * Block::threads of every staged row. As for the
     // input, the row-independent part of each address is worked out once: the chunk's offset in
     // a staging buffer and in an output row (plan_row_16; an output offset of -1, for no chunk j
@@ -446,6 +494,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             spio::store_output_16(out_row + store_dst[j], chunk);
         }
     };
+#endif  // SPIO_STORE_VIA_TMA
 
     // Positions of the rows each step handles: the one it loads ahead, the output row it
     // finishes, and the one the previous step finished (staged there, copied out here). With
@@ -475,6 +524,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 }
 #elif SPIO_LOAD_VIA_TMA
                 stage_full.wait(ring(row0, u, STAGES));
+#if SPIO_STORE_VIA_TMA
+                if (issuer) {  // the output row stored last step is read: its buffer is free
+                    spio::cp_async_bulk_wait_group_read<0>();
+                }
+#endif
                 if (!SPIO_ABLATE_SYNC) {
                     __syncthreads();
                 }
@@ -565,4 +619,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     if (COMPUTE) {
         store_output_row((STREAM - R) % 2, StreamRow::at(STREAM - R));
     }
+#if SPIO_STORE_VIA_TMA
+    if (issuer) {  // the staging buffers live as long as the block: its copies end first
+        spio::cp_async_bulk_wait_group<0>();
+    }
+#endif
 }

@@ -607,8 +607,9 @@ def test_kernel_inputs_follow_each_pass_where_the_output_is_smaller_than_the_inp
 
 
 def test_pass_call_gives_a_tma_kernel_its_inputs_tensor_map():
-    """An FProp/DGrad kernel fed by tensor copies takes its input's map as one more argument:
-    pass_call encodes it once per input set (not per call) and appends it."""
+    """An FProp/DGrad kernel fed by tensor copies takes its input's map as one more argument
+    (and one storing by them its output's after it): pass_call encodes them once per input set
+    (not per call) and appends them."""
     import torch
 
     from spio.cuda.tensor_map import TensorMap
@@ -643,6 +644,19 @@ def test_pass_call_gives_a_tma_kernel_its_inputs_tensor_map():
 
     autotune.pass_call("conv2d_gw8_fprop", params, Plain(), ["out", x], torch.device("cpu"))()
     assert launched == [["out", x]]
+    # Output rows stored by tensor copies too: the output's map follows the input's.
+    stores = fd.make_kernel(params, tma_stores=True)
+    y = torch.zeros(params.output_shape, dtype=torch.half).to(memory_format=torch.channels_last)
+    launched.clear()
+
+    class Stores(Recording):
+        def info_value(self, key, default=None):
+            return stores.info_value(key, default)
+
+    autotune.pass_call("conv2d_gw8_fprop", params, Stores(), [y, x], torch.device("cpu"))()
+    assert launched == [[y, x, fd.input_map(stores, x).emulator_bytes(),
+                         fd.output_map(stores, y).emulator_bytes()]]  # fmt: skip
+    assert fd.output_map(stores, y) == TensorMap.of_tensor(y, (1, 3, 2, 0), (16, 16, 1, 1), 32)
 
 
 def test_time_kernel_rotates_through_the_input_sets_and_gives_seconds(monkeypatch):

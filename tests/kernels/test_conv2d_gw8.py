@@ -893,21 +893,25 @@ def _skip_without_tensor_copies(device):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("stores", [False, True], ids=["tma", "tma-stores"])
 @pytest.mark.parametrize(
     "pass_,params,config", SWIZZLED_CASES, ids=[f"{c[0]}-{c[2].encode()}" for c in SWIZZLED_CASES]
 )
-def test_tma_stages_match_reference(pass_, params, config, device):
+def test_tma_stages_match_reference(pass_, params, config, stores, device):
     """Input rows brought in by tensor copies (scripts/ablate_kernel.py's `tma`: one thread a
     row, landing swizzled, zeros outside the input, an mbarrier a stage) must compute the same
     results, on every group count, halo and padding (negative coordinates, rows above and below
-    the image), several images a block and a ragged last block of images."""
+    the image), several images a block and a ragged last block of images; and so must output
+    rows stored by tensor copies too (`tma-stores`), which leave out columns, rows, groups and
+    images past the output's edges (SWIZZLED_CASES has each)."""
     from spio.check import run_one
 
     _skip_without_tensor_copies(device)
-    kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma=True)
-    assert kernel.name.endswith("__tma") and kernel.info_value("tma")
+    kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma=True, tma_stores=stores)
+    assert kernel.name.endswith("__tmaio" if stores else "__tma") and kernel.info_value("tma")
     assert kernel.info_value("swizzled") and "swizzle_key" in kernel.headers[0][1]
     assert "#define SPIO_LOAD_VIA_TMA 1" in kernel.headers[0][1]
+    assert f"#define SPIO_STORE_VIA_TMA {int(stores)}" in kernel.headers[0][1]
     ratio = run_one(params, pass_, config, device, kernel=kernel)
     assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
 
@@ -917,7 +921,8 @@ def test_tma_stages_with_a_ragged_batch_and_wide_channels(device):
     """Images past the batch (a ragged last block of images: the map's N extent stops the
     copies), a layer with more channels than a block's groups (the box's channels start at
     the block's first group, C's stride spans the others), and DGrad with a negative padding
-    of its own (the copies' columns and rows start inside dy)."""
+    of its own (the copies' columns and rows start inside dy), and several images a block on
+    part of each image; with the output rows stored by tensor copies too."""
     from spio.check import run_one
 
     _skip_without_tensor_copies(device)
@@ -929,10 +934,14 @@ def test_tma_stages_with_a_ragged_batch_and_wide_channels(device):
         # padding past R - 1: DGrad's own padding is negative, its rows start inside dy
         ("dgrad", Conv2dGw8Params(n=1, c=16, h=9, w=11, padding=(3, 4), r=3, s=3),
          fd.Conv2dGw8Config(2, 8, 16, 1, stages=2, mma_k=8)),
+        # two images a block on tiles of part of an image (configs() offers none such): the
+        # rows that mix two images fall inside the output, and must be neither stored nor kept
+        ("fprop", Conv2dGw8Params(n=2, c=16, h=12, w=6, padding=1),
+         fd.Conv2dGw8Config(2, 4, 16, 1, stages=3, mma_k=8, block_n=2)),
     ]  # fmt: skip
-    for pass_, params, config in cases:
-        kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma=True)
-        assert fd.ragged(params, config.block_n) == (pass_ == "fprop" and params.n == 3)
+    for (pass_, params, config), stores in itertools.product(cases, (False, True)):
+        kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma=True, tma_stores=stores)
+        assert fd.ragged(params, config.block_n) == (params.n == 3)
         ratio = run_one(params, pass_, config, device, kernel=kernel)
         assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
 
@@ -1020,10 +1029,90 @@ def test_tma_kernel_flags_names_and_shared_memory():
         fd.make_kernel(big, wide, tma=True)
 
 
+def test_tma_store_kernels_build_for_sm_90():
+    """Kernels that also store their output rows by tensor copies build for sm_90 without spills
+    or warnings, with the store, its commit, the wait before each barrier (read) and the one
+    before the block ends (complete) in their PTX."""
+    params = Conv2dGw8Params(n=128, c=64, h=64, w=64, padding=1, has_bias=True)
+    configs = {c.encode(): c for c in fd.configs(params)}
+    names = ("g8_p64_q32_w1_s4_k16", "g8_p64_q64_w2_s4_k16", "g8_p64_q16_w1_s4_k16")
+    kernels = [fd.make_kernel(params, configs[n], igrad=i, tma_stores=True) for n in names
+               for i in (False, True)]  # fmt: skip
+    assert_tma_kernels_build(kernels)
+    ptx = kernels[0].compile("sm_90").ptx
+    for instruction in (
+        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group",
+        "cp.async.bulk.commit_group",
+        "cp.async.bulk.wait_group.read 0",
+        "cp.async.bulk.wait_group 0",
+        "fence.proxy.async.shared::cta",
+    ):
+        assert instruction in ptx, instruction
+
+
+def test_tma_store_kernel_flags_names_and_shared_memory():
+    """tma_stores implies tma; the operand variants keep it; its output staging is unpadded
+    (two rows of one 16-byte chunk a pixel less than the padded one); without tma's alignment
+    the header refuses it."""
+    params = Conv2dGw8Params(n=1, c=64, h=8, w=40, padding=1, has_bias=True)
+    config = fd.Conv2dGw8Config(8, 8, 32, 1, stages=4, mma_k=16)
+    kernel = fd.make_kernel(params, config, tma_stores=True)
+    loads_only = fd.make_kernel(params, config, tma=True)
+    assert kernel.info_value("tma_stores") and kernel.info_value("tma")
+    assert not loads_only.info_value("tma_stores")
+    assert kernel.name == loads_only.name.replace("__tma", "__tmaio")
+    assert loads_only.shared_mem_bytes - kernel.shared_mem_bytes == 2 * 32 * 16
+    other = fd.variant(kernel, weights_cl=True, bias_elem=True)
+    assert other.info_value("tma_stores") and other.name.endswith("__wcl__belem__tmaio")
+    assert fd.with_tma_stages(fd.make_kernel(params, config), stores=True).name == kernel.name
+    with pytest.raises(ValueError, match="tma_stores needs tma"):
+        fd.generate_header(params, config, False, False, False, "e", tma_stores=True)
+
+
+@pytest.mark.parametrize("groups,pixels", [(8, 32), (4, 16), (2, 64), (1, 48)])
+def test_tma_output_staging_is_where_tensor_copies_read(groups, pixels):
+    """The output staging a `tma_stores` kernel is built with (output_staging) holds each
+    chunk where a tensor copy with tma_swizzle reads box element (pixel x, chunk g), as the
+    input stages do (test_tma_stage_layout_is_where_tensor_copies_land); both its rows, and the
+    staging itself after the stages and weights, start at multiples of tma_align. A warp's
+    staging writes (lane l: pixel x0 + l / 4, its group's chunk, pair l % 4) fall in 32
+    different banks, as in the padded layout that plain stores read (but for one group a block,
+    whose padded pixels span 32 bytes: two lanes a bank there)."""
+    from spio.generators import TensorSpec
+
+    spec = fd.output_staging("__half2", pixels, groups, tma_stores=True)
+    span, align = fd.tma_swizzle(groups), fd.tma_align(groups)
+    pitch = pixels * groups * 16
+    assert pitch % align == 0
+    for buf in range(2):
+        for x in range(pixels):
+            for g in range(groups):
+                linear = buf * pitch + (x * groups + g) * 16
+                if span:
+                    linear ^= ((linear >> 7) & (span // 16 - 1)) << 4
+                assert spec.offset(buf=buf, x=x, k8=g) * 16 == linear, (buf, x, g)
+    padded = fd.output_staging("__half2", pixels, groups, tma_stores=False)
+    for g, x0 in itertools.product(range(groups), range(0, pixels, 8)):
+        banks = {(spec.offset(buf=1, x=x0 + lane // 4 % 8, k8=g) * 4 + lane % 4) % 32
+                 for lane in range(32)}  # fmt: skip
+        assert len(banks) == 32, (g, x0, sorted(banks))
+        banks = {padded.offset(buf=1, x=x0 + lane // 4 % 8, k8=g, k2=lane % 4) % 32
+                 for lane in range(32)}  # fmt: skip
+        assert len(banks) == (16 if groups == 1 else 32), ("padded", g, x0, sorted(banks))
+    layer = Conv2dGw8Params(n=1, c=8 * groups, h=16, w=pixels, padding=2, r=5, s=3)
+    for config in fd.configs(layer):
+        in_x = config.block_q + layer.s - 1
+        stages = TensorSpec("S", "uint4", *fd.stage_layout("stage", 3, config.groups, in_x, True,
+                                                          tma=True))  # fmt: skip
+        weights = config.groups * layer.r * layer.s * 64 * 2  # SmemWeights::num_bytes
+        assert (stages.size * 16 + weights) % fd.tma_align(config.groups) == 0, config
+
+
 @pytest.mark.parametrize("offset", [16, 528, 1008])
 def test_tma_kernels_align_their_stages_wherever_shared_memory_starts(offset, monkeypatch):
     """A GPU promises dynamic shared memory 16-byte alignment only; the tensor-copy kernels round
-    their stages up to the swizzle's repeat within the room the factory leaves. Emulated with
+    their stages (and, storing output rows by tensor copies, their output staging after them) up
+    to the swizzle's repeat within the room the factory leaves. Emulated with
     the buffer starting `offset` bytes past a 1024-byte boundary (SPIO_EMULATOR_SHARED_OFFSET),
     every pass still matches the reference: misaligned stages would be refused (the emulator
     checks a swizzled copy's destination) and too little room would run past the buffer."""
@@ -1032,7 +1121,7 @@ def test_tma_kernels_align_their_stages_wherever_shared_memory_starts(offset, mo
 
     monkeypatch.setenv("SPIO_EMULATOR_SHARED_OFFSET", str(offset))
     for pass_, params, config in (SWIZZLED_CASES[3], SWIZZLED_CASES[1]):  # 8 and 2 groups
-        kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma=True)
+        kernel = fd.make_kernel(params, config, igrad=pass_ == "dgrad", tma_stores=True)
         ratio = run_one(params, pass_, config, "cpu", kernel=kernel)
         assert ratio <= 1.0, f"{kernel.name}, offset {offset}: {ratio:.3g} times the tolerance"
     params = Conv2dGw8Params(n=2, c=32, h=5, w=13, padding=(1, 2), r=2, s=5)
