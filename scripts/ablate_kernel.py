@@ -47,6 +47,10 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
                  (right results): the bulk copy engine read 3.0-3.4 TB/s in the read probe (run
                  6), cp.async rows 2.8-3.0
     tma-loads-only, tma-pipeline-only  loads-only and pipeline-only, by tensor copies
+    tma-no-stores  no-stores, by tensor copies: what plain stores cost behind those loads
+    tma-stores   FProp/DGrad, tma with its output rows stored by tensor copies too (one thread a
+                 staged row, from swizzled staging; right results): the stores add ~12 µs over
+                 no-stores (runs 6-7) where a copy moves as many bytes both ways in 38
 
 --config also takes a family's trial configs (WGrad's with 8 column runs a warp): correct in the
 emulator, outside the space spio picks from until a GPU has timed them.
@@ -123,12 +127,26 @@ TMA = {
     "tma": "full",
     "tma-loads-only": "loads-only",
     "tma-pipeline-only": "pipeline-only",
+    "tma-no-stores": "no-stores",
+    "tma-stores": "full",
 }
+#: The TMA variants whose output rows leave by tensor copies too (`tma_stores`; FProp and DGrad).
+TMA_STORES = frozenset({"tma-stores"})
 
 #: Variants whose results must be the real kernel's: each is run once on the first input set and
 #: its output compared with `full`'s (a timing of wrong results would look like a gain).
 RIGHT_RESULTS = frozenset(
-    {"swizzled", "tma", "ldg", "l2-256", "stores-cs", "stagger", "unroll-r", "copy-branch"}
+    {
+        "swizzled",
+        "tma",
+        "tma-stores",
+        "ldg",
+        "l2-256",
+        "stores-cs",
+        "stagger",
+        "unroll-r",
+        "copy-branch",
+    }
 )
 
 
@@ -168,6 +186,8 @@ def build_variant(kernel, name: str):
     factory = {fd.SOURCE_FILE: fd, wg.SOURCE_FILE: wg}[kernel.source_file]
     if name in SWIZZLED:
         return factory.with_swizzled_stages(kernel).with_defines(VARIANTS[SWIZZLED[name]])
+    if name in TMA_STORES:  # FProp/DGrad's alone (variant_applies)
+        return fd.with_tma_stages(kernel, stores=True).with_defines(VARIANTS[TMA[name]])
     return factory.with_tma_stages(kernel).with_defines(VARIANTS[TMA[name]])
 
 
@@ -194,9 +214,10 @@ def row(pass_: str, name: str, seconds: float, nbytes: int, full: float | None, 
 def variant_applies(name: str, pass_: str, params, config) -> bool:
     """Whether variant `name` can build for this pass and config: FProp and DGrad's `ldg` index
     their register slots by the R-step unroll, so it needs stages - 1 to divide R; `unmasked` and
-    `copy-branch` are WGrad's alone, `unroll-r`, `stores-cs` and the `pipeline-only` ones FProp and
-    DGrad's."""
-    if (name.endswith("pipeline-only") or name == "stores-cs") and pass_ not in ("fprop", "dgrad"):
+    `copy-branch` are WGrad's alone, `unroll-r`, `stores-cs`, `tma-stores` and the
+    `pipeline-only` ones FProp and DGrad's."""
+    fprop_dgrad = name.endswith("pipeline-only") or name in ("stores-cs", *TMA_STORES)
+    if fprop_dgrad and pass_ not in ("fprop", "dgrad"):
         return False
     if name.startswith("ldg") and pass_ in ("fprop", "dgrad"):
         return params.r % (config.stages - 1) == 0

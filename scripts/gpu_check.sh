@@ -280,19 +280,22 @@ step_ablate() {
         --variants full no-stores no-mma no-loads skeleton loads-only pipeline-only no-sync \
         swizzled swizzled-loads-only swizzled-pipeline-only
     # The rows by tensor copies (tma: one thread a row, into the swizzled buffers; the read
-    # probe's bulk copies read 3.0-3.4 TB/s in run 6), in a process of their own: they have
-    # never run on a GPU, and a fault there would end the process's other timings with it; at
-    # most 60 s, so that a copy that never lands leaves the later parts their time.
-    CAP=60 ablate --layer 64c_64x64_3x3 --variants full tma tma-loads-only tma-pipeline-only
+    # probe's bulk copies read 3.0-3.4 TB/s in run 6), and FProp/DGrad's output rows stored by
+    # them too (tma-stores; tma-no-stores: what plain stores cost behind such loads), in a
+    # process of their own: they have never run on a GPU, and a fault there would end the
+    # process's other timings with it; at most 75 s, so that a copy that never lands leaves the
+    # later parts their time.
+    CAP=75 ablate --layer 64c_64x64_3x3 --variants full tma tma-stores tma-no-stores \
+        tma-loads-only tma-pipeline-only
     # The swizzled stages on two more FProp tile widths of the headline layer (run 7's
-    # pipeline-only configs).
+    # pipeline-only configs: their group-major pipeline-only times are run 7's, 37.9 and 40.1 us).
     ablate --layer 64c_64x64_3x3 --passes fprop --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 \
-        --variants full swizzled pipeline-only swizzled-pipeline-only
+        --variants full swizzled swizzled-pipeline-only
     # 2. The small layers, whose WGrad loses to cuDNN at both batch sizes (their FProp and DGrad
     #    beat it since run 6): where their time goes, with spio's choice (the weights' start-up
-    #    is in skeleton and no-loads).
+    #    is in skeleton; no-loads, within 4 us of full in runs 6 and 7, left out).
     ablate --layer 512c_8x8_3x3 368c_7x7_3x3 --passes fprop wgrad --repeats 30 \
-        --variants full no-loads skeleton loads-only
+        --variants full skeleton loads-only
     # The 1x3 layer (4-row tiles, so no lockstep blocks): the figures run 5 recorded for it.
     ablate --layer 128c_32x32_1x3 --passes fprop --repeats 30 --config g8_p4_q16_w1_s2_k8 \
         --variants full no-stores skeleton loads-only

@@ -52,6 +52,11 @@ def test_variants_compile_without_spills_and_remove_work(base_kernels):
     assert ("wgrad", "swizzled") in by_key and ("wgrad", "swizzled-loads-only") in by_key
     assert ("wgrad", "tma") in by_key and ("wgrad", "tma-loads-only") in by_key
     assert ("wgrad", "tma-pipeline-only") not in by_key
+    assert ("wgrad", "tma-stores") not in by_key and ("fprop", "tma-stores") in by_key
+    store = "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+    assert (
+        store in by_key[("dgrad", "tma-stores")].ptx and store not in by_key[("dgrad", "tma")].ptx
+    )
     # WGrad's `unmasked` need not shrink the code: with one kind of step left ptxas may unroll
     # the loop further (it did once the last steps stopped branching around their copies: 792
     # against 776 instructions, NVRTC 12.9). That it leaves out the careful steps is tested by
@@ -96,8 +101,9 @@ def test_swizzled_variants_are_the_swizzled_kernel_with_their_partners_switches(
 
 
 def test_tma_variants_are_the_tma_kernel_with_their_partners_switches(base_kernels):
-    """Each tma variant is make_kernel(tma=True) with the switches of the variant it names,
-    under a name of its own; WGrad's keep its reduction and have no pipeline-only."""
+    """Each tma variant is make_kernel(tma=True) (tma-stores: with tma_stores too) with the
+    switches of the variant it names, under a name of its own; WGrad's keep its reduction and
+    have no pipeline-only, nor tensor-copy stores (its output is the weight gradient)."""
     from spio.kernels import conv2d_gw8_factory as fd
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
@@ -106,14 +112,23 @@ def test_tma_variants_are_the_tma_kernel_with_their_partners_switches(base_kerne
         names = set()
         for name, partner in ablate.TMA.items():
             applies = ablate.variant_applies(name, pass_, *_params_and_config(kernel))
-            assert applies == (pass_ != "wgrad" or name != "tma-pipeline-only")
+            fprop_dgrad = name in ("tma-pipeline-only", "tma-stores")
+            assert applies == (pass_ != "wgrad" or not fprop_dgrad)
             if applies:
                 built = ablate.build_variant(kernel, name)
-                expected = factory.with_tma_stages(kernel).with_defines(ablate.VARIANTS[partner])
+                stores = name == "tma-stores"
+                rebuilt = (
+                    fd.with_tma_stages(kernel, stores)
+                    if stores
+                    else factory.with_tma_stages(kernel)
+                )
+                expected = rebuilt.with_defines(ablate.VARIANTS[partner])
                 assert built.headers == expected.headers and built.info_value("tma")
+                assert bool(built.info_value("tma_stores")) == stores
                 assert built.info[:2] == kernel.info[:2]  # params, config
                 names.add(built.name)
-        assert len(names) == (2 if pass_ == "wgrad" else 3) and kernel.name not in names
+        assert len(names) == (3 if pass_ == "wgrad" else 5) and kernel.name not in names
+    assert ablate.TMA_STORES <= ablate.RIGHT_RESULTS
 
 
 @pytest.mark.parametrize("variant", ["pipeline-only", "ldg-pipeline-only"])
@@ -400,9 +415,10 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     """The step has 200 s for a few processes: no line times every variant (a compile each, a
     config), and the whole step builds under 160 kernels (run 6 built 236 of its 281 before its
     time ran out: docs/perf/2026-12-04-h200.md). The headline layer's ablation, with FProp's
-    input pipeline alone, the swizzled stages and FProp/DGrad's tensor copies, comes first (the
-    reference each run compares against); every layer's kernels swizzled and not, with the
-    settled WGrad reductions, come last; what runs 6 to 8 settled is left out."""
+    input pipeline alone, the swizzled stages and the tensor copies (FProp/DGrad's stores by
+    them too), comes first (the reference each run compares against); every layer's kernels
+    swizzled and not, with the settled WGrad reductions, come last; what runs 6 to 8 settled is
+    left out."""
     from spio.bench.layers import layer_table
 
     calls = _gpu_check_ablate_calls()
@@ -421,9 +437,9 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     # Tensor copies (never run on a GPU before) in a process of their own, on the same layer,
     # with a time cap of their own (a copy that never lands would hang the process).
     text = (REPO / "scripts" / "gpu_check.sh").read_text(encoding="utf-8")
-    assert "CAP=60 ablate --layer 64c_64x64_3x3 --variants full tma " in text
+    assert "CAP=75 ablate --layer 64c_64x64_3x3 --variants full tma " in text
     assert calls[1][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[1]
-    assert set(args[1].variants) == {"full", "tma", "tma-loads-only", "tma-pipeline-only"}
+    assert set(args[1].variants) == {"full", *ablate.TMA}
     assert not any(v.startswith("tma") for a in args[:1] + args[2:] for v in a.variants if a)
     assert all("$layers" not in argv for argv in calls[:-1])
     # Settled by run 6, left out: FProp's unroll-r, WGrad's unmasked and copy-branch on every
