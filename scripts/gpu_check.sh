@@ -391,6 +391,7 @@ step_bench() {
 
 step_tests() {
     local deadline=$((SECONDS + $1)) ids="$OUT_DIR/tests_collected.txt" order="$OUT_DIR/tests_order.txt"
+    local late="$OUT_DIR/tests_tensor_copies.txt"
     timeout -k 5 "$(($1 / 3 + 1))" "$PYTHON" -m pytest -m "cuda and not slow" --collect-only -q \
         -p no:cacheprovider | grep '::' >"$ids"
     local collected=${PIPESTATUS[0]} total
@@ -404,49 +405,82 @@ step_tests() {
         NOTE="no cuda tests collected"
         return 1
     fi
-    # Every test function once (shuffled parameters), then round-robin over functions; the bulk
-    # copy probes and the kernels fed by tensor copies (tma; never run on a GPU yet: a copy that
-    # never lands would wait forever) last.
-    "$PYTHON" - "$ids" >"$order" <<'EOF'
+    # Every test function once (shuffled parameters), then round-robin over functions. The bulk
+    # copy probes and the kernels fed by tensor copies (tma; never run on a GPU yet) go in a list
+    # of their own, run first in a process capped at a third of the step (a copy that never
+    # lands would wait forever: the cap leaves the other tests their time; run 7's sampled run
+    # stopped after 78 of 798, so "last" would have been "never").
+    "$PYTHON" - "$ids" "$order" "$late" <<'EOF'
 import random
 import sys
 from collections import defaultdict
 
 groups = defaultdict(list)
-last = []
+late = defaultdict(list)
 for line in open(sys.argv[1]):
     if "::" in line:
-        late = "bulk" in line or "tma" in line
-        (last if late else groups[line.strip().split("[")[0]]).append(line.strip())
+        test = line.strip()
+        (late if "bulk" in test or "tma" in test else groups)[test.split("[")[0]].append(test)
 rng = random.Random(0)
-for members in groups.values():
-    rng.shuffle(members)
-while any(groups.values()):
-    for members in groups.values():
-        if members:
-            print(members.pop())
-if last:  # (an empty line would be an empty argument: pytest would collect everything)
-    print(*last, sep="\n")
+for path, functions in zip(sys.argv[2:], (groups, late), strict=True):
+    for members in functions.values():
+        rng.shuffle(members)
+    with open(path, "w") as out:
+        while any(functions.values()):
+            for members in functions.values():
+                if members:
+                    print(members.pop(), file=out)
 EOF
-    local ordered=()
+    local ordered=() copies=()
     mapfile -t ordered <"$order"
-    local limit=$((deadline - SECONDS - 10))  # pytest gets 10 s after SIGINT to report
+    mapfile -t copies <"$late"
+    local limit=$((deadline - SECONDS - 10)) late_rc=0 late_note=""
+    if ((${#copies[@]} > 0 && limit / 3 >= 2)); then
+        echo "running ${#copies[@]} tensor-copy cuda tests first, for at most $((limit / 3))s"
+        run_tests "$late" "$((limit / 3))" "$OUT_DIR/tests_tensor_copies.log"
+        late_rc=$?
+        late_note="copies $SUMMARY/${#copies[@]}; "
+        limit=$((deadline - SECONDS - 10))
+    fi
     if ((limit < 2)); then  # (timeout 0 would mean no limit)
-        NOTE="no time left after collecting"
+        NOTE="${late_note}no time left after collecting"
         return 124
     fi
     echo "running up to ${#ordered[@]} cuda tests for at most ${limit}s"
-    # SPIO_TEST_ORDER keeps this order (tests/conftest.py): pytest would otherwise group tests by
-    # their parametrized fixtures' set-ups (run 7 ran 41 cases of one function first).
-    SPIO_TEST_ORDER="$order" timeout -s INT -k 10 "$limit" "$PYTHON" -m pytest -q \
-        -p no:cacheprovider -m "cuda and not slow" "${ordered[@]}"
+    run_tests "$order" "$limit" "$OUT_DIR/tests_others.log"
     local rc=$?
-    local summary
-    summary=$(grep -E '[0-9]+ (passed|failed|error|skipped)' "$OUT_DIR/tests.log" | tail -1)
-    NOTE="${summary:-no summary} (of $total)"
-    if [[ $rc -eq 124 ]] && ! grep -qE '[0-9]+ (failed|error)' <<<"$summary"; then
-        NOTE="time limit: $NOTE"
-        return 201  # stopped by the time limit without a failure: a sample, not a failure
+    NOTE="$late_note$SUMMARY/${#ordered[@]}"
+    if ((rc != 0 && rc != 201)); then
+        return "$rc"
+    fi
+    if ((late_rc != 0 && late_rc != 201)); then
+        return "$late_rc"
+    fi
+    ((rc == 201 || late_rc == 201)) && return 201
+    return 0
+}
+
+# Runs the cuda tests listed in file $1 (ids, kept in their order: tests/conftest.py's
+# SPIO_TEST_ORDER; pytest would otherwise group them by their parametrized fixtures' set-ups) for
+# at most $2 s (pytest gets 10 s more after SIGINT to report), its output in log $3, then copied
+# to the step's (not through a pipe: a process left behind by a killed pytest, e.g. a compile
+# worker, would hold it open). SUMMARY: pytest's last count line. Status 201: stopped by the time
+# limit without a failure (a sample, not a failure).
+run_tests() {
+    local list=$1 limit=$2 log=$3 rc tests=()
+    mapfile -t tests <"$list"
+    SPIO_TEST_ORDER="$list" timeout -s INT -k 10 "$limit" "$PYTHON" -m pytest -q \
+        -p no:cacheprovider -m "cuda and not slow" "${tests[@]}" >"$log" 2>&1
+    rc=$?
+    cat "$log"
+    # (Its counts alone, e.g. "78 passed, 1 warning": the summary table keeps 64 characters.)
+    SUMMARY=$(grep -E '[0-9]+ (passed|failed|error|skipped)' "$log" | tail -1 |
+        grep -oE '[0-9]+ (passed|failed|errors?|skipped|warnings?|xfailed|xpassed)' | paste -sd, |
+        sed 's/,/, /g')
+    SUMMARY=${SUMMARY:-no summary}
+    if [[ $rc -eq 124 ]] && ! grep -qE '[0-9]+ (failed|error)' <<<"$SUMMARY"; then
+        SUMMARY="time limit: $SUMMARY"
+        return 201
     fi
     return "$rc"
 }

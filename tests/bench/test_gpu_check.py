@@ -34,6 +34,11 @@ if [[ "$1 $2" == "-m pytest" ]]; then
         printf 'tests/b.py::test_y\\n\\n4 tests\\n'
         exit 0
     fi
+    if [[ -n "${{FAKE_COPIES_HANG:-}}" && " $* " == *"test_tma_rows"* ]]; then
+        trap 'echo "KeyboardInterrupt"; echo "1 passed in 2.00s"; exit 2' INT
+        sleep 60 &
+        wait
+    fi
     if [[ -n "${{FAKE_PYTEST_HANG:-}}" ]]; then  # like pytest on SIGINT: summary, exit 2
         trap 'echo "KeyboardInterrupt"; echo "${{FAKE_PYTEST_HANG}} in 2.00s"; exit 2' INT
         sleep 60 &
@@ -147,12 +152,17 @@ def test_full_run_with_stand_ins_passes_and_prints_summary_last(stand_ins, tmp_p
     # The perf step samples afresh (the stand-in sampler writes nothing).
     assert "perf       PASS: 0 rows" in summary["perf"]
     order = (out_dir / "tests_order.txt").read_text().split()
-    assert sorted(order[:-2]) == sorted(["tests/a.py::test_x[1]", "tests/a.py::test_x[2]",
-                                         "tests/b.py::test_y"])  # fmt: skip
+    assert sorted(order) == sorted(["tests/a.py::test_x[1]", "tests/a.py::test_x[2]",
+                                    "tests/b.py::test_y"])  # fmt: skip
     assert {order[0].split("[")[0], order[1].split("[")[0]} == {"tests/a.py::test_x",
                                                                 "tests/b.py::test_y"}  # fmt: skip
-    # Never run on a GPU (bulk and tensor copies): they may hang, so they come last.
-    assert order[-2:] == ["tests/a.py::test_bulk_copy[1]", "tests/c.py::test_tma_rows[1]"]
+    # Never run on a GPU (bulk and tensor copies): they may hang, so they run first, in a
+    # process of their own with a time cap (tests_tensor_copies.txt), then the others.
+    copies = (out_dir / "tests_tensor_copies.txt").read_text().split()
+    assert copies == ["tests/a.py::test_bulk_copy[1]", "tests/c.py::test_tma_rows[1]"]
+    runs = [line for line in (out_dir / "tests.log").read_text().splitlines() if "ran:" in line]
+    assert len(runs) == 2 and "test_tma_rows" in runs[0] and "test_x" in runs[1], runs
+    assert "PASS: copies 3 passed/2; 3 passed/3 " in summary["tests"]  # (stand-in counts)
     assert (out_dir / "summary.txt").read_text().strip().splitlines()[-1] == tail[-1]
 
 
@@ -235,18 +245,39 @@ def test_collecting_the_tests_cut_off_is_a_timeout_and_no_bulk_test_no_empty_arg
     _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="tests", FAKE_NO_BULK="1")
     order = (tmp_path / "out" / "tests_order.txt").read_text()
     assert "" not in order.splitlines() and len(order.splitlines()) == 3, repr(order)
+    assert (tmp_path / "out" / "tests_tensor_copies.txt").read_text() == ""
+    log = (tmp_path / "out" / "tests.log").read_text()
+    assert log.count("ran:") == 1 and "tensor-copy" not in log
 
 
 @pytest.mark.parametrize(
     "summary,status",
-    [("2 passed", "PASS (sampled): time limit: 2 passed"), ("1 failed, 1 passed", "TIMEOUT")],
+    [
+        ("2 passed", "PASS (sampled): copies time limit: 2 passed/2; time limit: 2 passed/3"),
+        ("1 failed, 1 passed", "TIMEOUT"),
+    ],
 )
 def test_tests_step_stops_at_its_time_limit(stand_ins, tmp_path, summary, status):
-    # 13 s: a third for collecting, 10 s for pytest to report after SIGINT, the rest to run.
-    out = _run(stand_ins, tmp_path / "out", FAKE_PYTEST_HANG=summary, GPU_CHECK_TEST_SECONDS="13")
+    # 30 s: 10 s for pytest to report after SIGINT, a third of the other 20 for the tensor-copy
+    # tests (they hang too, and are stopped first), the rest for the others.
+    out = _run(stand_ins, tmp_path / "out", FAKE_PYTEST_HANG=summary, GPU_CHECK_TEST_SECONDS="30")
     tests = [line for line in out.stdout.splitlines() if line.startswith("tests ")][-1]
-    assert status in tests
+    assert status[:64] in tests  # the summary table's width; the log line has it whole
+    assert f"tests: {status}" in out.stdout
     assert out.returncode == (0 if status.startswith("PASS") else 1)
+
+
+def test_tensor_copy_tests_that_hang_are_cut_off_and_the_others_still_run(stand_ins, tmp_path):
+    """The tensor-copy tests run first, capped at a third of the step: hung there, they are
+    stopped (a sample, not a failure) and the other tests get the rest of the step."""
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="tests", GPU_CHECK_TEST_SECONDS="30",
+               FAKE_COPIES_HANG="1")  # fmt: skip
+    tests = next(line for line in out.stdout.splitlines() if line.startswith("tests "))
+    assert "PASS (sampled): copies time limit: 1 passed/2; 3 passed/3 " in tests
+    log = (tmp_path / "out" / "tests.log").read_text()
+    assert "tensor-copy cuda tests first, for at most 6s" in log
+    assert "ran: " in log and "test_x" in log.split("KeyboardInterrupt")[1]
+    assert out.returncode == 0
 
 
 def test_a_broken_install_skips_the_steps_after_it(stand_ins, tmp_path):
@@ -485,4 +516,4 @@ def test_the_tests_step_order_is_kept_where_pytest_would_group_fixture_set_ups(t
 
     assert collected() == [ids[0], ids[1], ids[3], ids[2]]  # grouped by the fixture's parameter
     assert collected(SPIO_TEST_ORDER=str(order)) == ids
-    assert 'SPIO_TEST_ORDER="$order"' in (REPO / "scripts" / "gpu_check.sh").read_text()
+    assert 'SPIO_TEST_ORDER="$list"' in (REPO / "scripts" / "gpu_check.sh").read_text()
