@@ -516,7 +516,8 @@ TENSOR_STORE = r"""
 /// words[0] before its wait; 5 thread 1 does after thread 0's wait, with no __syncthreads between
 /// (but one between the store's issue and the wait); 6 thread 1 overwrites the box's first word
 /// so; 7 (fill 1) thread 0 stores the box before waiting for it to land; 8 (fill 1) thread 0
-/// copies the box in again before its wait.
+/// copies the box in again before its wait; 9 no __syncthreads between the threads' writes of
+/// the box (fill 0) and thread 0's store of it (but one between the store's issue and the wait).
 extern "C" __global__ void store_box(unsigned short *dst,
                                      const __grid_constant__ spio::TensorMap dst_map,
                                      unsigned short *words,
@@ -537,7 +538,7 @@ extern "C" __global__ void store_box(unsigned short *dst,
         if (bug != 7) spio::mbarrier_wait_parity(&bar, 0);
     }
     spio::fence_proxy_async_shared();
-    __syncthreads();
+    if (bug != 9) __syncthreads();
     if (threadIdx.x == 0) {
         spio::cp_async_bulk_tensor_4d_s2g(&dst_map, c0, c1, c2, c3, box);
         if (bug != 3) spio::cp_async_bulk_commit_group();
@@ -547,7 +548,7 @@ extern "C" __global__ void store_box(unsigned short *dst,
             spio::cp_async_bulk_tensor_4d_g2s(box, &src_map, c0, c1, c2, c3, &bar);
         }
     }
-    if (bug == 1 || bug == 5 || bug == 6) __syncthreads();
+    if (bug == 1 || bug == 5 || bug == 6 || bug == 9) __syncthreads();
     if (bug == 1) {
         if (threadIdx.x == 1) box_words[0] = 0x7777;
         __syncthreads();
@@ -661,6 +662,26 @@ def test_a_store_reads_its_box_through_the_swizzle(ts, shape, box, swizzle, coor
     dst_map = TensorMap.of_tensor(y, (3, 2, 1, 0), box, swizzle=swizzle)
     _store(ts, y, dst_map, coords, words=words)
     assert torch.equal(y, _store_reference(torch.full_like(y, POISON), values, coords))
+
+
+@pytest.mark.parametrize("seed", [None, 5, 9])
+def test_a_store_of_a_box_other_threads_wrote_needs_a_barrier(ts, seed):
+    """Thread 0 stores a box that the other threads wrote with no __syncthreads in between: the
+    store's read races with their writes, whichever runs first (the issue reads the box; a write
+    after it meets a store still reading; the wait, after a barrier, reads it in order)."""
+    shape, box, swizzle, coords = CASES[10]
+    y = torch.full(shape, POISON, dtype=torch.int16)
+    dst_map = TensorMap.of_tensor(y, (3, 2, 1, 0), box, swizzle=swizzle)
+    words = _swizzled(_nhwc(*reversed(box), seed=4).flatten(), swizzle)
+    with pytest.raises(
+        EmulatorError,
+        match=r"thread \((0,0,0\): shared-memory race: reads address 0x[0-9a-f]+, which thread "
+        r"\([1-9][0-9]*,0,0\) wrote|[1-9][0-9]*,0,0\): (shared-memory race: writes address "
+        r"0x[0-9a-f]+, which thread \(0,0,0\) read|writes shared address 0x[0-9a-f]+, which a "
+        r"bulk tensor store \(cp_async_bulk_tensor_4d_s2g\) issued by thread \(0,0,0\) still "
+        r"reads))",
+    ):
+        _store(ts, y, dst_map, coords, words=words, bug=9, seed=seed)
 
 
 def test_an_unchecked_store_writes_the_same(ts):
