@@ -25,6 +25,11 @@
 #              pass swizzled against group-major and
 #              WGrad's atomics against its partial sums (settled in run 6). Its time limit:
 #              GPU_CHECK_ABLATE_SECONDS (default 200)
+#   copies     only when GPU_CHECK_ONLY names it (n/a otherwise): scripts/ablate_kernel.py on every
+#              bench layer, spio's picks as they are against tensor copies (tma; FProp/DGrad also
+#              tma-stores), each checked against the plain kernel's results: what making tensor
+#              copies spio's default on sm_90 would do on every layer (the ablate step times them
+#              on the headline layer alone)
 #   probe      scripts/read_probe.py: this GPU's read rate through plain loads, cp.async and the
 #              kernels' row-by-row structure, next to torch's sum and copy
 #   memcheck   compute-sanitizer --tool memcheck on one launch of each pass (spio.bench.sanitize)
@@ -61,6 +66,7 @@ STEPS=(
     "bench:200"
     "overhead:90"
     "ablate:${GPU_CHECK_ABLATE_SECONDS:-200}"
+    "copies:180"
     "probe:60"
     "memcheck:120"
     "racecheck:120"
@@ -68,6 +74,9 @@ STEPS=(
     "timm:120"
     "perf:${GPU_CHECK_PERF_SECONDS:-300}"
 )
+
+# Steps that run only when GPU_CHECK_ONLY names them (a second call's work).
+OPT_IN_STEPS="copies"
 
 if [[ "${1:-}" == "--list" ]]; then
     printf '%s\n' "${STEPS[@]}"
@@ -301,8 +310,8 @@ step_ablate() {
         --variants full no-stores skeleton loads-only
     # 3. On every bench layer with spio's configs, each pass's kernel swizzled against
     #    group-major, and WGrad's reductions (the wrapper times both on each config). (Tensor
-    #    copies on every layer would take the step past its kernel budget: the headline layer's
-    #    lines above decide whether they are worth it.)
+    #    copies on every layer would take the step past its kernel budget: the opt-in `copies`
+    #    step times them, in a call of their own.)
     if ((deadline - SECONDS >= 10)); then
         layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
             "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
@@ -321,6 +330,24 @@ step_ablate() {
         return 124
     fi
     return "$rc"
+}
+
+step_copies() {
+    local deadline=$((SECONDS + $1 - 10)) layers
+    layers=$(timeout -k 5 30 "$PYTHON" -c \
+        "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
+    if [[ -z $layers ]]; then
+        NOTE="listing the bench layers failed"
+        return 1
+    fi
+    if ((deadline - SECONDS < 20)); then
+        NOTE="$((deadline - SECONDS))s left after listing the layers"
+        return 124
+    fi
+    # 80 kernels (FProp and DGrad three each, WGrad two, on 10 layers) and WGrad's reductions.
+    # shellcheck disable=SC2086  # one word per layer
+    timeout -k 10 "$((deadline - SECONDS))" "$PYTHON" scripts/ablate_kernel.py --n 128 \
+        --repeats 30 --variants full tma tma-stores --layer $layers
 }
 
 step_probe() {
@@ -493,6 +520,11 @@ run_step() {
     if [[ -n "${GPU_CHECK_ONLY:-}" && " $GPU_CHECK_ONLY " != *" $name "* ]]; then
         add_summary "$(printf '%-10s %-64s %5d' "$name" "not selected (GPU_CHECK_ONLY)" 0)"
         log "$name: not selected"
+        return
+    fi
+    if [[ " $OPT_IN_STEPS " == *" $name "* && " ${GPU_CHECK_ONLY:-} " != *" $name "* ]]; then
+        add_summary "$(printf '%-10s %-64s %5d' "$name" "n/a (opt-in: GPU_CHECK_ONLY must name it)" 0)"
+        log "$name: opt-in, not named in GPU_CHECK_ONLY"
         return
     fi
     if [[ -n "$BROKEN" ]]; then

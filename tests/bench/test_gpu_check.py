@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 
@@ -117,8 +117,8 @@ def test_step_list_is_sane():
     limits = {name: int(limit) for name, limit in steps}
     # Correctness and the benchmark first: a short budget still gets them.
     assert names == [
-        "wheels", "build", "info", "check", "bench", "overhead", "ablate", "probe", "memcheck",
-        "racecheck", "tests", "timm", "perf",
+        "wheels", "build", "info", "check", "bench", "overhead", "ablate", "copies", "probe",
+        "memcheck", "racecheck", "tests", "timm", "perf",
     ]  # fmt: skip
     assert len(set(names)) == len(names)
     assert names.index("build") < min(names.index(n) for n in names if n not in ("wheels", "build"))
@@ -280,6 +280,34 @@ def test_tensor_copy_tests_that_hang_are_cut_off_and_the_others_still_run(stand_
     assert out.returncode == 0
 
 
+def test_the_copies_step_runs_only_when_named(stand_ins, tmp_path):
+    """The tensor copies on every bench layer are a second call's work: n/a in a full run (no
+    ablate_kernel.py call of its own), and with GPU_CHECK_ONLY naming it, one call over every
+    layer of the table with the plain kernels and both tensor-copy variants."""
+    from spio.bench.layers import layer_table
+
+    out = _run(stand_ins, tmp_path / "full")
+    copies = next(line for line in out.stdout.splitlines() if line.startswith("copies "))
+    assert "n/a (opt-in: GPU_CHECK_ONLY must name it)" in copies
+    assert not (tmp_path / "full" / "copies.log").exists()
+    out = _run(stand_ins, tmp_path / "named", GPU_CHECK_ONLY="copies")
+    copies = next(line for line in out.stdout.splitlines() if line.startswith("copies "))
+    assert " PASS" in copies, copies
+    log = (tmp_path / "named" / "copies.log").read_text()
+    call = next(line for line in log.splitlines() if "ablate_kernel.py" in line)
+    argv = call.split("ablate_kernel.py ")[1].split()
+    assert argv[:6] == ["--n", "128", "--repeats", "30", "--variants", "full"]
+    assert argv[6:9] == ["tma", "tma-stores", "--layer"] and argv[9:]  # (the stand-in's list)
+    text = (REPO / "scripts" / "gpu_check.sh").read_text()
+    body = text[text.index("step_copies() {") :]
+    listing = re.search(r'"(from spio\.bench\.layers import layer_table[^"]*)"', body)
+    assert listing, "step_copies lists the bench layers"
+    names = subprocess.run([sys.executable, "-c", listing[1]], capture_output=True, text=True)
+    assert names.stdout.split() == [layer.name for layer in layer_table()]
+    args = load_script("ablate_kernel").parse_args([*argv[:9], *names.stdout.split()])
+    assert args.variants == ["full", "tma", "tma-stores"] and len(args.layer) == len(layer_table())
+
+
 def test_a_broken_install_skips_the_steps_after_it(stand_ins, tmp_path):
     """When `spio info` fails (e.g. the driver extension does not import), nothing after it can
     work: those steps are skipped instead of spending GPU time."""
@@ -375,7 +403,7 @@ def test_only_the_selected_steps_run(stand_ins, tmp_path):
     summary = out.stdout[out.stdout.index("gpu_check summary") :]
     status = {line.split()[0]: line.split()[1] for line in summary.splitlines()[2:] if line}
     assert all(status[step].startswith("PASS") for step in ("build", "info", "perf")), summary
-    assert summary.count("not selected (GPU_CHECK_ONLY)") == 10
+    assert summary.count("not selected (GPU_CHECK_ONLY)") == 11  # the opt-in copies step among them
     assert not (tmp_path / "out" / "bench.log").exists()
 
 
