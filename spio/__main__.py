@@ -618,6 +618,7 @@ def _setting_problems() -> list[str]:
     from . import emulator
     from .compiler.pool import default_workers
     from .emulator.build import use_ucontext
+    from .functional._kernels import tensor_copies
     from .kernels.autotune import autotune_enabled, top_k
     from .kernels.kernel import _emulator_order_seed
     from .kernels.perf_model import check_models_setting
@@ -631,6 +632,7 @@ def _setting_problems() -> list[str]:
         autotune_enabled,
         emulator.is_enabled,
         use_ucontext,
+        tensor_copies,
     ):
         try:
             parse()

@@ -1,5 +1,5 @@
 """Reading spio's environment settings: one parser for the on/off flags, so that all accept the
-same words and reject the rest."""
+same words and reject the rest, and one for settings that name one of a few choices."""
 
 import os
 
@@ -17,3 +17,15 @@ def flag(name: str) -> bool:
     if value in _OFF:
         return False
     raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, got {text!r}")
+
+
+def choice(name: str, choices: tuple[str, ...]) -> str:
+    """The setting `name`, one of `choices` (any case, spaces ignored; empty or unset: the
+    first); any other value raises ValueError naming the setting, the choices and the value."""
+    text = os.environ.get(name, "")
+    value = text.strip().lower()
+    if not value:
+        return choices[0]
+    if value in choices:
+        return value
+    raise ValueError(f"{name} must be {', '.join(choices[:-1])} or {choices[-1]}, got {text!r}")

@@ -1,5 +1,6 @@
 """spio.env.flag: the one reading of the on/off settings (SPIO_EMULATE, SPIO_AUTOTUNE,
-SPIO_EMU_UCONTEXT); a value that is neither on nor off raises instead of reading as off."""
+SPIO_EMU_UCONTEXT); a value that is neither on nor off raises instead of reading as off. And
+spio.env.choice (SPIO_TMA): a value outside its choices raises, naming them."""
 
 import pytest
 
@@ -28,3 +29,16 @@ def test_other_values_raise_naming_setting_value_and_words(monkeypatch, value):
     assert str(info.value) == (
         f"SPIO_TEST_FLAG must be 1/true/yes/on or 0/false/no/off, got {value!r}"
     )
+
+
+def test_a_choice_is_one_of_its_values(monkeypatch):
+    from spio.env import choice
+
+    monkeypatch.delenv("SPIO_TEST_CHOICE", raising=False)
+    assert choice("SPIO_TEST_CHOICE", ("off", "a", "b+c")) == "off"
+    for text, value in (("", "off"), (" A ", "a"), ("B+C", "b+c")):
+        monkeypatch.setenv("SPIO_TEST_CHOICE", text)
+        assert choice("SPIO_TEST_CHOICE", ("off", "a", "b+c")) == value
+    monkeypatch.setenv("SPIO_TEST_CHOICE", "d")
+    with pytest.raises(ValueError, match=r"^SPIO_TEST_CHOICE must be off, a or b\+c, got 'd'$"):
+        choice("SPIO_TEST_CHOICE", ("off", "a", "b+c"))

@@ -454,6 +454,7 @@ def test_info_names_a_missing_or_changed_model_file(damage, tmp_path, monkeypatc
         (["check", "--quick"], "SPIO_EMULATE", "maybe"),
         (["check", "--quick"], "SPIO_AUTOTUNE", "maybe"),
         (["check", "--quick"], "SPIO_EMU_UCONTEXT", "maybe"),
+        (["check", "--quick"], "SPIO_TMA", "stores"),
         (["compile", "--arch", "sm_90", "--sample", "1"], "SPIO_PERF_MODELS", "/nonexistent"),
     ],
 )

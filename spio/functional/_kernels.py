@@ -29,6 +29,7 @@ from collections.abc import Hashable, Iterable
 import torch
 from torch import Tensor
 
+from spio.env import choice
 from spio.kernels import autotune, conv2d_gw8_factory, conv2d_gw8_params
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
 from spio.kernels.conv2d_gw8_params import (
@@ -125,17 +126,51 @@ def torch_grads(
     return dx, dw
 
 
-# Kernel choice per (factory, layer, device, options): config selection and header generation run
-# once per layer, not on every call, with the settings (SPIO_PERF_MODELS, SPIO_AUTOTUNE) of that
-# first call. None: no partial-sums kernel (its buffer would be too big).
+# Kernel choice per (factory, layer, device, options, SPIO_TMA): config selection and header
+# generation run once per layer, not on every call, with the settings (SPIO_PERF_MODELS,
+# SPIO_AUTOTUNE) of that first call. None: no partial-sums kernel (its buffer would be too big).
 _chosen: dict[tuple, Kernel | None] = {}
+
+#: SPIO_TMA's values, and what each moves by tensor copies (sm_90's TMA): (the input rows of
+#: every pass, FProp/DGrad's output rows). Off by default: the H200 has not timed them yet
+#: (docs/perf/2026-12-04-predictions-2.md).
+TENSOR_COPIES = {"off": (False, False), "loads": (True, False), "loads+stores": (True, True)}
+
+
+def tensor_copies() -> tuple[bool, bool]:
+    """(input rows, FProp/DGrad output rows) by tensor copies, as SPIO_TMA says (unset: off);
+    ValueError for a value that is none of TENSOR_COPIES'."""
+    return TENSOR_COPIES[choice("SPIO_TMA", tuple(TENSOR_COPIES))]
+
+
+def _with_tensor_copies(kernel: Kernel | None, device: torch.device) -> Kernel | None:
+    """`kernel` as SPIO_TMA asks: with its rows moved by tensor copies where `device` has them
+    (an sm_90 or newer GPU, or the CPU emulator), else as it is; also as it is where its config
+    would need more shared memory that way (logged)."""
+    from spio.compiler.arch import has_bulk_copies
+    from spio.kernels.perf_model import device_identity
+
+    loads, stores = tensor_copies()
+    if kernel is None or not loads:
+        return kernel
+    identity = device_identity(device)
+    if device.type == "cuda" and (identity is None or not has_bulk_copies(identity.arch)):
+        return kernel
+    try:
+        if kernel.source_file == wf.SOURCE_FILE:
+            return wf.with_tma_stages(kernel)
+        return conv2d_gw8_factory.with_tma_stages(kernel, stores)
+    except ValueError as error:  # the stages, aligned for the copies, past a block's limit
+        logger.info("conv2d_gw8: SPIO_TMA left out for %s: %s", kernel.name, error)
+        return kernel
 
 
 def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.device, **options):
-    key = (factory.name, params, device, tuple(sorted(options.items())))
+    key = (factory.name, params, device, tuple(sorted(options.items())), tensor_copies())
     kernel = _chosen.get(key)
     if kernel is None:
-        kernel = _keep(_chosen, key, factory.get_kernel(params, device, **options), device)
+        chosen = _with_tensor_copies(factory.get_kernel(params, device, **options), device)
+        kernel = _keep(_chosen, key, chosen, device)
     return kernel
 
 
@@ -180,7 +215,8 @@ def wgrad_kernel(
     if key not in _chosen:
         config = atomic.info_value("config")
         if wf.uses_partial_sums(params, config, deterministic):
-            _chosen[key] = wf.make_kernel(params, config, partials=True)
+            partials = wf.make_kernel(params, config, partials=True)
+            _chosen[key] = _with_tensor_copies(partials, device)
         elif not deterministic:
             _chosen[key] = atomic
         else:
@@ -221,7 +257,7 @@ def _deterministic_wgrad(params: Conv2dGw8Params, device: torch.device, pick) ->
         pick.encode(),
         needed,
     )
-    return wf.make_kernel(params, fits, partials=True)
+    return _with_tensor_copies(wf.make_kernel(params, fits, partials=True), device)
 
 
 class Layer:

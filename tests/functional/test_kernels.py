@@ -8,6 +8,7 @@ import torch
 
 from spio.functional import _kernels
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
+from spio.kernels.kernel import Kernel
 
 
 @pytest.mark.parametrize(("has_bias", "with_bias"), [(True, True), (True, False), (False, False)])
@@ -130,3 +131,73 @@ def test_a_1x1_channels_last_weights_gradient_has_its_strides_on_both_paths(monk
     _, op_dw, _ = conv2d_gw8_backward(dy, x, w, 0, 0, [False, True, False])
     assert eager_dw.stride() == op_dw.stride() == w.stride()
     assert torch.equal(eager_dw, op_dw.to(eager_dw.dtype))
+
+
+@pytest.mark.parametrize("setting", ["loads", "loads+stores"])
+def test_spio_tma_runs_every_pass_with_tensor_copies(monkeypatch, setting):
+    """SPIO_TMA=loads (and loads+stores) picks the tensor-copy kernels for a layer's three passes
+    (emulated: the emulator has sm_90's copies), whose forward and gradients are the plain
+    kernels' (FProp and DGrad bit for bit; WGrad's partial sums too, summed in one order)."""
+    from spio.functional.eager import conv2d_gw8_eager
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 16, 7, 9, generator=gen).half().to(memory_format=torch.channels_last)
+    w = torch.randn(16, 8, 3, 3, generator=gen).half()
+    b = torch.randn(16, generator=gen)
+    dy = torch.randn(3, 16, 7, 9, generator=gen).half().to(memory_format=torch.channels_last)
+    launched = []
+    real_launch = Kernel.launch
+
+    def spy(kernel, args, device):
+        launched.append(kernel.name)
+        return real_launch(kernel, args, device)
+
+    monkeypatch.setattr(Kernel, "launch", spy)
+    results = {}
+    for value in ("off", setting):
+        monkeypatch.setenv("SPIO_TMA", value)
+        monkeypatch.setattr(_kernels, "_layers", {})
+        monkeypatch.setattr(_kernels, "_chosen", {})
+        launched.clear()
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        y = conv2d_gw8_eager(*leaves, 1, 1)
+        y.backward(dy)
+        results[value] = (y, *(leaf.grad for leaf in leaves))
+        names = [n for n in launched if not n.startswith("sum_slots")]
+        assert {n.split("__")[0] for n in names} == {
+            "conv2d_gw8_fprop", "conv2d_gw8_dgrad", "conv2d_gw8_wgrad"}, launched  # fmt: skip
+        if value == "off":
+            assert not any("__tma" in n for n in names), names
+        else:
+            stores = setting == "loads+stores"
+            for name in names:
+                suffix = "__tmaio" if stores and "wgrad" not in name else "__tma"
+                assert name.endswith(suffix), name
+    for plain, copied in zip(results["off"], results[setting], strict=True):
+        assert torch.equal(plain, copied)
+
+
+def test_spio_tma_is_one_of_its_values_and_needs_sm_90(monkeypatch):
+    """A value SPIO_TMA does not have is an error naming it; on a GPU without tensor copies (or
+    where a config's stages, aligned for them, would pass a block's shared memory) the kernel
+    stays as it is."""
+    from spio.kernels import conv2d_gw8_factory as fd
+    from spio.kernels import perf_model
+
+    monkeypatch.setenv("SPIO_TMA", "yes")
+    with pytest.raises(
+        ValueError, match=r"SPIO_TMA must be off, loads or loads\+stores, got 'yes'"
+    ):
+        _kernels.tensor_copies()
+    monkeypatch.setenv("SPIO_TMA", " Loads ")
+    assert _kernels.tensor_copies() == (True, False)
+    params = fd.Conv2dGw8Params(n=1, c=64, h=64, w=64, padding=1)
+    plain = fd.make_kernel(params, fd.Conv2dGw8Config(8, 8, 32, 1, stages=4, mma_k=16))
+    cuda = torch.device("cuda", 0)
+    for arch, tma in (("sm_86", False), ("sm_90", True), ("sm_90a", True)):
+        identity = perf_model.DeviceIdentity(arch, "GPU", "580")
+        monkeypatch.setattr(perf_model, "device_identity", lambda device, i=identity: i)
+        assert bool(_kernels._with_tensor_copies(plain, cuda).info_value("tma")) == tma, arch
+    wide = fd.make_kernel(params, fd.Conv2dGw8Config(8, 8, 64, 2, stages=8, mma_k=8))
+    assert _kernels._with_tensor_copies(wide, cuda) is wide  # 102,448 bytes with tensor copies
