@@ -25,6 +25,7 @@ from .conv2d_gw8_factory import (
     nhwc_operand,
     ragged,
     row_map,
+    row_map_argument,
     row_pitch,
     sector_waste,
     stage_layout,
@@ -440,7 +441,11 @@ def _launch(kernel: Kernel, dw, dbias, x, dy, images: int, device) -> None:
     `tma` kernel takes."""
     args = [dw, dbias, x, dy, images]
     if kernel.info_value("tma"):
-        args += [m.argument(device) for m in row_maps(kernel, x, dy)]
+        params, config = kernel.info_value("params"), kernel.info_value("config")
+        args += [
+            row_map_argument(x, config.groups, config.block_q + params.s - 1, device),
+            row_map_argument(dy, config.groups, config.block_q, device),
+        ]
     kernel.launch(args, device)
 
 

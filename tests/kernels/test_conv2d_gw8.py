@@ -1073,6 +1073,28 @@ def test_tma_store_kernel_flags_names_and_shared_memory():
         fd.generate_header(params, config, False, False, False, "e", tma_stores=True)
 
 
+def test_row_map_arguments_are_encoded_once_per_tensor(monkeypatch):
+    """A row map's launch argument is encoded once for a tensor's address, shape, strides and
+    dtype (and box): the same tensor, or another at the same address and of the same shape,
+    gets the kept one; another address, shape or box, a new one; the oldest beyond
+    MAP_ARGUMENTS_KEPT are dropped. What is kept is what encoding gives."""
+    monkeypatch.setattr(fd, "_MAP_ARGUMENTS", type(fd._MAP_ARGUMENTS)())
+    monkeypatch.setattr(fd, "MAP_ARGUMENTS_KEPT", 3)
+    cpu = torch.device("cpu")
+    x = torch.zeros(2, 16, 4, 8, dtype=torch.half).to(memory_format=torch.channels_last)
+    first = fd.row_map_argument(x, 2, 16, cpu)
+    assert first == fd.row_map(x, 2, 16).emulator_bytes()
+    assert fd.row_map_argument(x, 2, 16, cpu) is first
+    assert fd.row_map_argument(x.view(x.shape), 2, 16, cpu) is first  # same address and layout
+    assert fd.row_map_argument(x, 2, 24, cpu) is not first  # another box
+    y = x.clone(memory_format=torch.channels_last)
+    assert fd.row_map_argument(y, 2, 16, cpu) == fd.row_map(y, 2, 16).emulator_bytes() != first
+    assert fd.row_map_argument(x, 2, 16, cpu) is first and len(fd._MAP_ARGUMENTS) == 3
+    fd.row_map_argument(x[:1], 2, 16, cpu)  # another shape: the least recently used (x, 24) goes
+    assert len(fd._MAP_ARGUMENTS) == 3 and fd.row_map_argument(x, 2, 16, cpu) is first
+    assert all(key[-1] == 16 for key in fd._MAP_ARGUMENTS)
+
+
 @pytest.mark.parametrize("groups,pixels", [(8, 32), (4, 16), (2, 64), (1, 48)])
 def test_tma_output_staging_is_where_tensor_copies_read(groups, pixels):
     """The output staging a `tma_stores` kernel is built with (output_staging) holds each
