@@ -25,8 +25,10 @@
 #              pass swizzled against group-major and
 #              WGrad's atomics against its partial sums (settled in run 6). Its time limit:
 #              GPU_CHECK_ABLATE_SECONDS (default 200)
-#   copies     only when GPU_CHECK_ONLY names it (n/a otherwise): scripts/ablate_kernel.py on every
-#              bench layer, spio's picks as they are against tensor copies (tma; FProp/DGrad also
+#   copies     only when GPU_CHECK_ONLY names it (n/a otherwise): spio bench --quick with
+#              SPIO_TMA=loads+stores (spio as it would run with tensor copies, against cuDNN in
+#              the same run; OUT_DIR/bench_tma), then scripts/ablate_kernel.py on every bench
+#              layer, spio's picks as they are against tensor copies (tma; FProp/DGrad also
 #              tma-stores), each checked against the plain kernel's results: what making tensor
 #              copies spio's default on sm_90 would do on every layer (the ablate step times them
 #              on the headline layer alone)
@@ -66,7 +68,7 @@ STEPS=(
     "bench:200"
     "overhead:90"
     "ablate:${GPU_CHECK_ABLATE_SECONDS:-200}"
-    "copies:180"
+    "copies:240"
     "probe:60"
     "memcheck:120"
     "racecheck:120"
@@ -340,14 +342,22 @@ step_copies() {
         NOTE="listing the bench layers failed"
         return 1
     fi
+    # The product's numbers first (bench took 50 s in run 7), then each kernel's.
+    SPIO_TMA=loads+stores timeout -k 10 "$((deadline - SECONDS < 120 ? deadline - SECONDS : 120))" \
+        "$PYTHON" -m spio bench --quick --out "$OUT_DIR/bench_tma"
+    local bench=$?
     if ((deadline - SECONDS < 20)); then
-        NOTE="$((deadline - SECONDS))s left after listing the layers"
+        NOTE="bench exit $bench; $((deadline - SECONDS))s left for the kernels"
         return 124
     fi
     # 80 kernels (FProp and DGrad three each, WGrad two, on 10 layers) and WGrad's reductions.
     # shellcheck disable=SC2086  # one word per layer
     timeout -k 10 "$((deadline - SECONDS))" "$PYTHON" scripts/ablate_kernel.py --n 128 \
         --repeats 30 --variants full tma tma-stores --layer $layers
+    local kernels=$?
+    NOTE="bench exit $bench, kernels exit $kernels"
+    ((bench != 0)) && return "$bench"
+    return "$kernels"
 }
 
 step_probe() {

@@ -48,7 +48,9 @@ if [[ "$1 $2" == "-m pytest" ]]; then
     echo "3 passed in 0.01s"
     exit 0
 fi
-if [[ "$*" == *"spio bench"* ]]; then echo "bench stand-in"; exit ${{FAKE_BENCH_RC:-0}}; fi
+if [[ "$*" == *"spio bench"* ]]; then
+    echo "bench stand-in (SPIO_TMA=${{SPIO_TMA:-unset}}): $*"; exit ${{FAKE_BENCH_RC:-0}}
+fi
 if [[ "$*" == *"torch.cuda.is_available"* ]]; then exit ${{FAKE_NO_CUDA:-0}}; fi
 if [[ "$*" == *"ablate_kernel.py"* && -n "${{FAKE_ABLATE_HANG:-}}" ]]; then sleep 60; fi
 if [[ "$*" == *"layer_table"* && -n "${{FAKE_NO_LAYERS:-}}" ]]; then exit 1; fi
@@ -281,19 +283,24 @@ def test_tensor_copy_tests_that_hang_are_cut_off_and_the_others_still_run(stand_
 
 
 def test_the_copies_step_runs_only_when_named(stand_ins, tmp_path):
-    """The tensor copies on every bench layer are a second call's work: n/a in a full run (no
-    ablate_kernel.py call of its own), and with GPU_CHECK_ONLY naming it, one call over every
-    layer of the table with the plain kernels and both tensor-copy variants."""
+    """The tensor copies on every bench layer are a second call's work: n/a in a full run (whose
+    bench runs without them), and with GPU_CHECK_ONLY naming it, the bench with SPIO_TMA into a
+    folder of its own, then one ablate call over every layer of the table with the plain
+    kernels and both tensor-copy variants."""
     from spio.bench.layers import layer_table
 
     out = _run(stand_ins, tmp_path / "full")
     copies = next(line for line in out.stdout.splitlines() if line.startswith("copies "))
     assert "n/a (opt-in: GPU_CHECK_ONLY must name it)" in copies
     assert not (tmp_path / "full" / "copies.log").exists()
+    assert "bench stand-in (SPIO_TMA=unset)" in (tmp_path / "full" / "bench.log").read_text()
     out = _run(stand_ins, tmp_path / "named", GPU_CHECK_ONLY="copies")
     copies = next(line for line in out.stdout.splitlines() if line.startswith("copies "))
     assert " PASS" in copies, copies
     log = (tmp_path / "named" / "copies.log").read_text()
+    bench = f"bench stand-in (SPIO_TMA=loads+stores): -m spio bench --quick --out {tmp_path}"
+    assert f"{bench}/named/bench_tma" in log
+    assert log.index("bench stand-in") < log.index("ablate_kernel.py")
     call = next(line for line in log.splitlines() if "ablate_kernel.py" in line)
     argv = call.split("ablate_kernel.py ")[1].split()
     assert argv[:6] == ["--n", "128", "--repeats", "30", "--variants", "full"]
