@@ -20,8 +20,9 @@ def flag(name: str) -> bool:
 
 
 def choice(name: str, choices: tuple[str, ...]) -> str:
-    """The setting `name`, one of `choices` (any case, spaces ignored; empty or unset: the
-    first); any other value raises ValueError naming the setting, the choices and the value."""
+    """The setting `name`, one of `choices` (any case, surrounding spaces ignored; empty or
+    unset: the first); any other value raises ValueError naming the setting, the choices and
+    the value."""
     text = os.environ.get(name, "")
     value = text.strip().lower()
     if not value:

@@ -153,9 +153,10 @@ def _with_tensor_copies(kernel: Kernel | None, device: torch.device) -> Kernel |
     loads, stores = tensor_copies()
     if kernel is None or not loads:
         return kernel
-    identity = device_identity(device)
-    if device.type == "cuda" and (identity is None or not has_bulk_copies(identity.arch)):
-        return kernel
+    if getattr(device, "type", None) != "cpu":  # a GPU, or None (no device: the plain kernel)
+        identity = device_identity(device)
+        if identity is None or not has_bulk_copies(identity.arch):
+            return kernel
     try:
         if kernel.source_file == wf.SOURCE_FILE:
             return wf.with_tma_stages(kernel)
@@ -211,7 +212,7 @@ def wgrad_kernel(
         params = dataclasses.replace(params, has_bias=with_bias)
     atomic = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
     # (params too: a kernel's name leaves out the batch size, its grid and slots do not.)
-    key = ("wgrad", params, atomic.name, device, deterministic)
+    key = ("wgrad", params, atomic.name, device, deterministic, tensor_copies())
     if key not in _chosen:
         config = atomic.info_value("config")
         if wf.uses_partial_sums(params, config, deterministic):

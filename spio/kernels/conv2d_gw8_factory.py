@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,8 +160,10 @@ def row_map(t, groups: int, pixels: int):
     return TensorMap.of_tensor(t, (1, 3, 2, 0), (8 * groups, pixels, 1, 1), tma_swizzle(groups))
 
 
-#: Launch arguments of recent row maps (row_map_argument), newest last.
+#: Launch arguments of recent row maps (row_map_argument), newest last, and the lock of its
+#: updates (autograd's per-device threads may launch at once).
 _MAP_ARGUMENTS: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+_MAP_ARGUMENTS_LOCK = threading.Lock()
 MAP_ARGUMENTS_KEPT = 256
 
 
@@ -171,14 +174,16 @@ def row_map_argument(t, groups: int, pixels: int, device):
     caching allocator), and encoding a call's two maps took ~29 µs of host time (CPU, emulator
     layout), against ~4 µs kept."""
     key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, device, groups, pixels)
-    argument = _MAP_ARGUMENTS.get(key)
-    if argument is None:
-        argument = row_map(t, groups, pixels).argument(device)
+    with _MAP_ARGUMENTS_LOCK:
+        argument = _MAP_ARGUMENTS.get(key)
+        if argument is not None:
+            _MAP_ARGUMENTS.move_to_end(key)
+            return argument
+    argument = row_map(t, groups, pixels).argument(device)  # (outside the lock: it may raise)
+    with _MAP_ARGUMENTS_LOCK:
         _MAP_ARGUMENTS[key] = argument
         if len(_MAP_ARGUMENTS) > MAP_ARGUMENTS_KEPT:
             _MAP_ARGUMENTS.popitem(last=False)
-    else:
-        _MAP_ARGUMENTS.move_to_end(key)
     return argument
 
 

@@ -426,14 +426,17 @@ def with_tma_stages(kernel: Kernel) -> Kernel:
     return make_kernel(info["params"], info["config"], info["partials"], tma=True)
 
 
-def row_maps(kernel: Kernel, x, dy) -> list:
-    """The tensor maps a `tma` WGrad kernel reads x and dy through (row_map): a box is one row of
-    a step, the block's groups across its Block::x + S - 1 columns of x or Block::x of dy."""
+def row_boxes(kernel: Kernel) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(groups, pixels) of a `tma` WGrad kernel's x and dy row boxes (row_map): a box is one row
+    of a step, the block's groups across its Block::x + S - 1 columns of x or Block::x of dy."""
     params, config = kernel.info_value("params"), kernel.info_value("config")
-    return [
-        row_map(x, config.groups, config.block_q + params.s - 1),
-        row_map(dy, config.groups, config.block_q),
-    ]
+    return (config.groups, config.block_q + params.s - 1), (config.groups, config.block_q)
+
+
+def row_maps(kernel: Kernel, x, dy) -> list:
+    """The tensor maps a `tma` WGrad kernel reads x and dy through (row_boxes)."""
+    x_box, dy_box = row_boxes(kernel)
+    return [row_map(x, *x_box), row_map(dy, *dy_box)]
 
 
 def _launch(kernel: Kernel, dw, dbias, x, dy, images: int, device) -> None:
@@ -441,11 +444,8 @@ def _launch(kernel: Kernel, dw, dbias, x, dy, images: int, device) -> None:
     `tma` kernel takes."""
     args = [dw, dbias, x, dy, images]
     if kernel.info_value("tma"):
-        params, config = kernel.info_value("params"), kernel.info_value("config")
-        args += [
-            row_map_argument(x, config.groups, config.block_q + params.s - 1, device),
-            row_map_argument(dy, config.groups, config.block_q, device),
-        ]
+        x_box, dy_box = row_boxes(kernel)
+        args += [row_map_argument(x, *x_box, device), row_map_argument(dy, *dy_box, device)]
     kernel.launch(args, device)
 
 

@@ -417,8 +417,8 @@ def test_the_signature_names_struct_kinds(tc):
     assert tc.get_function("box4")._signature(loaded)[:3] == ["p", "s128", "p"]
 
 
-def test_tensor_copy_kernels_compile_with_nvrtc_for_sm_90():
-    """The GPU branch of the tensor copy and the __grid_constant__ map parameter build too."""
+def _compile_for_sm_90(source: str, name: str):
+    """`source` compiled by NVRTC for sm_90 (the test skipped where NVRTC is missing)."""
     compiler = pytest.importorskip("spio.compiler")
     try:
         from spio.cuda.paths import find_nvrtc
@@ -426,7 +426,12 @@ def test_tensor_copy_kernels_compile_with_nvrtc_for_sm_90():
         find_nvrtc()
     except Exception as error:  # no NVRTC on this machine
         pytest.skip(f"NVRTC not available: {error}")
-    assert compiler.compile_cubin(TENSOR_COPY, "sm_90", name="emu_tensor_copy.cu").cubin
+    return compiler.compile_cubin(source, "sm_90", name=name)
+
+
+def test_tensor_copy_kernels_compile_with_nvrtc_for_sm_90():
+    """The GPU branch of the tensor copy and the __grid_constant__ map parameter build too."""
+    assert _compile_for_sm_90(TENSOR_COPY, "emu_tensor_copy.cu").cubin
 
 
 def test_a_swizzled_destination_off_the_patterns_repeat_is_refused(tc):
@@ -871,12 +876,5 @@ def test_a_store_with_a_map_of_another_rank_is_refused(ts):
 
 def test_tensor_store_kernels_compile_with_nvrtc_for_sm_90():
     """The GPU branch of the store, its commit and its waits build too."""
-    compiler = pytest.importorskip("spio.compiler")
-    try:
-        from spio.cuda.paths import find_nvrtc
-
-        find_nvrtc()
-    except Exception as error:  # no NVRTC on this machine
-        pytest.skip(f"NVRTC not available: {error}")
-    result = compiler.compile_cubin(TENSOR_STORE, "sm_90", name="emu_tensor_store.cu")
+    result = _compile_for_sm_90(TENSOR_STORE, "emu_tensor_store.cu")
     assert result.cubin and result.warnings == []

@@ -8,6 +8,7 @@ import torch
 
 from spio.functional import _kernels
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 from spio.kernels.kernel import Kernel
 
 
@@ -201,3 +202,38 @@ def test_spio_tma_is_one_of_its_values_and_needs_sm_90(monkeypatch):
         assert bool(_kernels._with_tensor_copies(plain, cuda).info_value("tma")) == tma, arch
     wide = fd.make_kernel(params, fd.Conv2dGw8Config(8, 8, 64, 2, stages=8, mma_k=8))
     assert _kernels._with_tensor_copies(wide, cuda) is wide  # 102,448 bytes with tensor copies
+
+
+def test_spio_tma_is_read_at_each_layers_first_call(monkeypatch):
+    """Kernels chosen under one SPIO_TMA value are not handed to a layer whose first call has
+    another (the choice cache keys on it): the same params get the plain kernels, then the
+    tensor-copy ones, every pass; deterministic WGrad too, where the pick's partial sums do not
+    fit and another config's do. With no device known (bench's spio_kernel default) or a GPU
+    without tensor copies, the plain kernels."""
+    from spio.bench.run import spio_kernel
+    from spio.kernels import perf_model as pm
+
+    monkeypatch.setattr(_kernels, "_chosen", {})
+    cpu = torch.device("cpu")
+    params = Conv2dGw8Params(n=2, c=16, h=6, w=7, padding=1)
+    passes = (
+        lambda: _kernels.fprop_kernel(params, cpu),
+        lambda: _kernels.dgrad_kernel(params, cpu),
+        lambda: _kernels.wgrad_kernel(params, cpu, with_bias=False),
+    )
+    for value, tma in (("off", False), ("loads", True), ("off", False)):
+        monkeypatch.setenv("SPIO_TMA", value)
+        assert [bool(kernel().info_value("tma")) for kernel in passes] == [tma] * 3, value
+    family = pm.FAMILIES["conv2d_gw8_wgrad"]
+    ranked = pm.heuristic_ranking(family, params, family.configs(params))
+    pick = passes[2]().info_value("config")
+    sizes = {c: wf.partial_bytes(params, c) for c in ranked}
+    monkeypatch.setattr(wf, "MAX_PARTIAL_BYTES", sizes[pick] - 1)
+    for value in ("off", "loads"):
+        monkeypatch.setenv("SPIO_TMA", value)
+        kernel = _kernels.wgrad_kernel(params, cpu, with_bias=False, deterministic=True)
+        assert kernel.info_value("config") != pick and kernel.info_value("partials")
+        assert bool(kernel.info_value("tma")) == (value == "loads")
+    assert not spio_kernel(params, "fprop").info_value("tma")  # device None
+    monkeypatch.setattr(pm, "device_identity", lambda device: pm.DeviceIdentity("sm_89", "", ""))
+    assert not _kernels.fprop_kernel(params, torch.device("cuda", 0)).info_value("tma")

@@ -1093,6 +1093,14 @@ def test_row_map_arguments_are_encoded_once_per_tensor(monkeypatch):
     fd.row_map_argument(x[:1], 2, 16, cpu)  # another shape: the least recently used (x, 24) goes
     assert len(fd._MAP_ARGUMENTS) == 3 and fd.row_map_argument(x, 2, 16, cpu) is first
     assert all(key[-1] == 16 for key in fd._MAP_ARGUMENTS)
+    # Two tensors at one address, of one shape and dtype, with other strides: two maps.
+    storage = torch.zeros(2 * 4 * 16 * 16, dtype=torch.half)
+    dense = storage[: 2 * 4 * 8 * 16].view(2, 4, 8, 16).permute(0, 3, 1, 2)
+    wide = storage.view(2, 4, 16, 16).permute(0, 3, 1, 2)[:, :, :, :8]
+    assert dense.data_ptr() == wide.data_ptr() and dense.shape == wide.shape
+    for t in (dense, wide):
+        assert fd.row_map_argument(t, 2, 16, cpu) == fd.row_map(t, 2, 16).emulator_bytes()
+    assert fd.row_map_argument(dense, 2, 16, cpu) != fd.row_map_argument(wide, 2, 16, cpu)
 
 
 @pytest.mark.parametrize("groups,pixels", [(8, 32), (4, 16), (2, 64), (1, 48)])
