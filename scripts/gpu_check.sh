@@ -444,7 +444,7 @@ step_tests() {
     fi
     # Every test function once (shuffled parameters), then round-robin over functions. The bulk
     # copy probes and the kernels fed by tensor copies (tma; never run on a GPU yet) go in a list
-    # of their own, run first in a process capped at a third of the step (a copy that never
+    # of their own, run first in a process capped at half the step (a copy that never
     # lands would wait forever: the cap leaves the other tests their time; run 7's sampled run
     # stopped after 78 of 798, so "last" would have been "never").
     "$PYTHON" - "$ids" "$order" "$late" <<'EOF'
@@ -472,9 +472,9 @@ EOF
     mapfile -t ordered <"$order"
     mapfile -t copies <"$late"
     local limit=$((deadline - SECONDS - 10)) late_rc=0 late_note=""
-    if ((${#copies[@]} > 0 && limit / 3 >= 2)); then
-        echo "running ${#copies[@]} tensor-copy cuda tests first, for at most $((limit / 3))s"
-        run_tests "$late" "$((limit / 3))" "$OUT_DIR/tests_tensor_copies.log"
+    if ((${#copies[@]} > 0 && limit / 2 >= 2)); then
+        echo "running ${#copies[@]} tensor-copy cuda tests first, for at most $((limit / 2))s"
+        run_tests "$late" "$((limit / 2))" "$OUT_DIR/tests_tensor_copies.log"
         late_rc=$?
         late_note="copies $SUMMARY/${#copies[@]}; "
         limit=$((deadline - SECONDS - 10))
