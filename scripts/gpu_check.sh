@@ -315,8 +315,7 @@ step_ablate() {
     #    copies on every layer would take the step past its kernel budget: the opt-in `copies`
     #    step times them, in a call of their own.)
     if ((deadline - SECONDS >= 10)); then
-        layers=$(timeout -k 5 "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))" \
-            "$PYTHON" -c "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
+        layers=$(bench_layers "$(((deadline - SECONDS) < 30 ? deadline - SECONDS : 30))")
         if [[ -z $layers ]]; then
             # The every-layer lines need the list: the step fails rather than skip them quietly.
             echo "ablate: listing the bench layers failed; skipped: the every-layer lines"
@@ -334,10 +333,15 @@ step_ablate() {
     return "$rc"
 }
 
+# The bench table's layer names on one line, listed in at most $1 s (empty if that fails).
+bench_layers() {
+    timeout -k 5 "$1" "$PYTHON" -c \
+        "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))"
+}
+
 step_copies() {
     local layers bench kernels
-    layers=$(timeout -k 5 "$(cap 30)" "$PYTHON" -c \
-        "from spio.bench.layers import layer_table as t; print(*(l.name for l in t()))")
+    layers=$(bench_layers "$(cap 30)")
     if [[ -z $layers ]]; then
         NOTE="listing the bench layers failed"
         return 1

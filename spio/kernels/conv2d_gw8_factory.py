@@ -218,11 +218,10 @@ def output_staging(pair: str, pixels: int, groups: int, tma_stores: bool) -> Ten
     groups of output pairs padded by one 16-byte chunk against bank conflicts; for tensor copies
     (`tma_stores`), 16-byte chunks swizzled as the input stages are (stage_layout), the layout a
     tensor copy with tma_swizzle stores from."""
+    k8 = (groups, output_pitch(groups, tma_stores))
     if tma_stores:
-        return TensorSpec("SmemOutput", "uint4", {"buf": 2, "x": pixels, "k8": groups}, True)
-    return TensorSpec(
-        "SmemOutput", pair, {"buf": 2, "x": pixels, "k8": (groups, groups + 1), "k2": 4}
-    )
+        return TensorSpec("SmemOutput", "uint4", {"buf": 2, "x": pixels, "k8": k8}, True)
+    return TensorSpec("SmemOutput", pair, {"buf": 2, "x": pixels, "k8": k8, "k2": 4})
 
 
 #: Input-row buffers per block. On the H200 the input pipeline alone (ablated kernel, no mma, no
@@ -635,27 +634,17 @@ def with_tma_stages(kernel: Kernel, stores: bool = False) -> Kernel:
 
 
 def input_box(kernel: Kernel) -> tuple[int, int]:
-    """(groups, pixels) of a `tma` kernel's input row box (row_map): the block's groups across
-    its input columns."""
+    """(groups, pixels) of the box of the row map (row_map) a `tma` kernel reads its input (x or
+    dy) through: the block's groups across its input columns."""
     params, config = kernel.info_value("params"), kernel.info_value("config")
     return config.groups, config.block_q + params.s - 1
 
 
 def output_box(kernel: Kernel) -> tuple[int, int]:
-    """(groups, pixels) of a `tma_stores` kernel's output row box: the block's groups across its
-    output columns."""
+    """(groups, pixels) of the box of the row map a `tma_stores` kernel writes its output (y or
+    dx) through: the block's groups across its output columns."""
     config = kernel.info_value("config")
     return config.groups, config.block_q
-
-
-def input_map(kernel: Kernel, t):
-    """The tensor map a `tma` kernel reads its input `t` (x or dy) through (row_map)."""
-    return row_map(t, *input_box(kernel))
-
-
-def output_map(kernel: Kernel, t):
-    """The tensor map a `tma_stores` kernel writes its output `t` (y or dx) through (row_map)."""
-    return row_map(t, *output_box(kernel))
 
 
 def map_arguments(kernel: Kernel, out, source, device) -> list:

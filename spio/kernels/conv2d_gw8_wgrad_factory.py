@@ -24,7 +24,6 @@ from .conv2d_gw8_factory import (
     latency_cover,
     nhwc_operand,
     ragged,
-    row_map,
     row_map_argument,
     row_pitch,
     sector_waste,
@@ -431,12 +430,6 @@ def row_boxes(kernel: Kernel) -> tuple[tuple[int, int], tuple[int, int]]:
     of a step, the block's groups across its Block::x + S - 1 columns of x or Block::x of dy."""
     params, config = kernel.info_value("params"), kernel.info_value("config")
     return (config.groups, config.block_q + params.s - 1), (config.groups, config.block_q)
-
-
-def row_maps(kernel: Kernel, x, dy) -> list:
-    """The tensor maps a `tma` WGrad kernel reads x and dy through (row_boxes)."""
-    x_box, dy_box = row_boxes(kernel)
-    return [row_map(x, *x_box), row_map(dy, *dy_box)]
 
 
 def _launch(kernel: Kernel, dw, dbias, x, dy, images: int, device) -> None:

@@ -50,12 +50,12 @@
 /// it, with swizzled stages) brings each input row in by one tensor copy that thread 0 issues,
 /// waited for on an mbarrier a stage instead of cp.async.wait_group; the barrier per row stays,
 /// and so does its role: the stage thread 0 then refills is one no warp reads any more. Such a
-/// kernel takes one more argument, the input's tensor map (conv2d_gw8_factory.input_map). One
+/// kernel takes one more argument, the input's tensor map (conv2d_gw8_factory.input_box). One
 /// built with SPIO_STORE_VIA_TMA too also stores each staged output row by one tensor copy that
 /// thread 0 issues after the barrier that publishes it (the staging threads fence their writes
 /// for the copy first), and waits, before the next step's barrier, until the copy has read the
 /// buffer, which that step stages into; it takes the output's tensor map after the input's
-/// (conv2d_gw8_factory.output_map).
+/// (conv2d_gw8_factory.output_box; map_arguments passes both).
 ///
 /// Launch contract: grid = ceil(images / Block::n) * (the blocks of one image's tiles: BlockIdx
 /// without its n) blocks, Block::threads threads (one warp per group and run of

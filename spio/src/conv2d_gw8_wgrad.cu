@@ -46,7 +46,7 @@
 /// with SPIO_LOAD_VIA_TMA (sm_90; the generated header sets it, with swizzled rows) brings each
 /// step's x row and dy row in by two tensor copies that thread 0 issues, waited for on an mbarrier
 /// a stage instead of cp.async.wait_group; the barrier per step keeps its role. Such a kernel
-/// takes two more arguments, x's and dy's tensor maps (conv2d_gw8_wgrad_factory.row_maps).
+/// takes two more arguments, x's and dy's tensor maps (conv2d_gw8_wgrad_factory.row_boxes).
 ///
 /// Launch contract: grid = ceil(images / Block::n) * (the blocks of one image's tiles: BlockIdx
 /// without its n) blocks, Block::threads threads (one warp per group and run of

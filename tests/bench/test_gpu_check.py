@@ -307,8 +307,10 @@ def test_the_copies_step_runs_only_when_named(stand_ins, tmp_path):
     assert argv[6:9] == ["tma", "tma-stores", "--layer"] and argv[9:]  # (the stand-in's list)
     text = (REPO / "scripts" / "gpu_check.sh").read_text()
     body = text[text.index("step_copies() {") :]
-    listing = re.search(r'"(from spio\.bench\.layers import layer_table[^"]*)"', body)
-    assert listing, "step_copies lists the bench layers"
+    assert "layers=$(bench_layers " in body[: body.index("\n}\n")]
+    helper = text[text.index("bench_layers() {") :]
+    listing = re.search(r'"(from spio\.bench\.layers import layer_table[^"]*)"', helper)
+    assert listing, "bench_layers lists the bench layers"
     names = subprocess.run([sys.executable, "-c", listing[1]], capture_output=True, text=True)
     assert names.stdout.split() == [layer.name for layer in layer_table()]
     args = load_script("ablate_kernel").parse_args([*argv[:9], *names.stdout.split()])

@@ -633,8 +633,10 @@ def test_pass_call_gives_a_tma_kernel_its_inputs_tensor_map():
     call()
     call()
     assert launched[0] is launched[1] and launched[0][:5] == ["out", x, "w", None, 1]
-    assert launched[0][5] == fd.input_map(kernel, x).emulator_bytes()
-    assert fd.input_map(kernel, x) == TensorMap.of_tensor(x, (1, 3, 2, 0), (16, 18, 1, 1), 32)
+    assert launched[0][5] == fd.row_map(x, *fd.input_box(kernel)).emulator_bytes()
+    assert fd.row_map(x, *fd.input_box(kernel)) == TensorMap.of_tensor(
+        x, (1, 3, 2, 0), (16, 18, 1, 1), 32
+    )
     plain = fd.make_kernel(params)
     launched.clear()
 
@@ -654,9 +656,11 @@ def test_pass_call_gives_a_tma_kernel_its_inputs_tensor_map():
             return stores.info_value(key, default)
 
     autotune.pass_call("conv2d_gw8_fprop", params, Stores(), [y, x], torch.device("cpu"))()
-    assert launched == [[y, x, fd.input_map(stores, x).emulator_bytes(),
-                         fd.output_map(stores, y).emulator_bytes()]]  # fmt: skip
-    assert fd.output_map(stores, y) == TensorMap.of_tensor(y, (1, 3, 2, 0), (16, 16, 1, 1), 32)
+    assert launched == [[y, x, fd.row_map(x, *fd.input_box(stores)).emulator_bytes(),
+                         fd.row_map(y, *fd.output_box(stores)).emulator_bytes()]]  # fmt: skip
+    assert fd.row_map(y, *fd.output_box(stores)) == TensorMap.of_tensor(
+        y, (1, 3, 2, 0), (16, 16, 1, 1), 32
+    )
 
 
 def test_time_kernel_rotates_through_the_input_sets_and_gives_seconds(monkeypatch):

@@ -1986,14 +1986,22 @@ TensorMapInfo read_tensor_map(Fiber *f, const char *what, const void *map, int r
     return t;
 }
 
-/// The instruction name of a tensor copy of `rank` coordinates from `names` (indexed by rank, the
-/// rank-less name first); fails unless rank is 1..kMapRank.
-const char *tensor_copy_name(Fiber *f, const char *const (&names)[kMapRank + 1], int rank) {
+/// The instruction name of a tensor copy in (g2s) or, with `store`, out (s2g) of `rank`
+/// coordinates (a string that lives as long as the program: pieces keep it); fails unless rank
+/// is 1..kMapRank.
+const char *tensor_copy_name(Fiber *f, bool store, int rank) {
+    static const char *const names[2][kMapRank + 1] = {
+        {"cp_async_bulk_tensor_g2s", "cp_async_bulk_tensor_1d_g2s", "cp_async_bulk_tensor_2d_g2s",
+         "cp_async_bulk_tensor_3d_g2s", "cp_async_bulk_tensor_4d_g2s",
+         "cp_async_bulk_tensor_5d_g2s"},
+        {"cp_async_bulk_tensor_s2g", "cp_async_bulk_tensor_1d_s2g", "cp_async_bulk_tensor_2d_s2g",
+         "cp_async_bulk_tensor_3d_s2g", "cp_async_bulk_tensor_4d_s2g",
+         "cp_async_bulk_tensor_5d_s2g"}};
     if (rank < 1 || rank > kMapRank) {
-        fail(f, format("%s: a tensor copy has 1 to %d coordinates, got %d", names[0], kMapRank,
-                       rank));
+        fail(f, format("%s: a tensor copy has 1 to %d coordinates, got %d", names[store][0],
+                       kMapRank, rank));
     }
-    return names[rank];
+    return names[store][rank];
 }
 
 /// Reads the tensor map at `map` for tensor copy `what` of `rank` coordinates, and checks the box
@@ -2174,11 +2182,7 @@ void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long
 void cp_async_bulk_tensor_g2s(void *dst, const void *map, int rank, const int *coords,
                               unsigned long long *bar) {
     Fiber *f = g_rt.cur;
-    static const char *const names[] = {
-        "cp_async_bulk_tensor_g2s",    "cp_async_bulk_tensor_1d_g2s",
-        "cp_async_bulk_tensor_2d_g2s", "cp_async_bulk_tensor_3d_g2s",
-        "cp_async_bulk_tensor_4d_g2s", "cp_async_bulk_tensor_5d_g2s"};
-    const char *what = detail::tensor_copy_name(f, names, rank);
+    const char *what = detail::tensor_copy_name(f, false, rank);
     uint64_t box_bytes;
     const detail::TensorMapInfo t =
         detail::check_tensor_copy(f, what, false, map, rank, dst, &box_bytes);
@@ -2216,11 +2220,7 @@ void cp_async_bulk_tensor_g2s(void *dst, const void *map, int rank, const int *c
 // modelled).
 void cp_async_bulk_tensor_s2g(const void *map, int rank, const int *coords, const void *src) {
     Fiber *f = g_rt.cur;
-    static const char *const names[] = {
-        "cp_async_bulk_tensor_s2g",    "cp_async_bulk_tensor_1d_s2g",
-        "cp_async_bulk_tensor_2d_s2g", "cp_async_bulk_tensor_3d_s2g",
-        "cp_async_bulk_tensor_4d_s2g", "cp_async_bulk_tensor_5d_s2g"};
-    const char *what = detail::tensor_copy_name(f, names, rank);
+    const char *what = detail::tensor_copy_name(f, true, rank);
     uint64_t box_bytes;
     const detail::TensorMapInfo t =
         detail::check_tensor_copy(f, what, true, map, rank, src, &box_bytes);
