@@ -13,6 +13,12 @@ is only used for batch sizes from half the smallest to twice the largest measure
 
     python scripts/train_perf_model.py perf_samples.csv [--out DIR] [--per-device] [--holdout F]
 
+With --fill OLDER.csv ..., rows of layer shapes that the CSVs lack (per family and arch) are taken
+from older samples too, whatever kernel variant they timed, and always trained on, never held out:
+where the CSVs cover few shapes (a GPU run's sampling cut short), they keep the model from meeting
+a filter size or layer it never saw, at the cost of timings of older kernels on those shapes. The
+JSON counts them (`fill_rows`, `fill_layers`, `fill_sources`).
+
 Models trained on synthetic data are never written into spio/perf_models/ (pass --out).
 """
 
@@ -200,12 +206,26 @@ def split_layers(samples: Sequence[Sample], fraction: float, seed: int):
     return train, test
 
 
+def shapes_lacking(samples: Sequence[Sample], fill: Sequence[Sample]) -> list[Sample]:
+    """The `fill` samples of layer shapes (Sample.layer_key) that `samples` have none of."""
+    covered = {s.layer_key for s in samples}
+    return [s for s in fill if s.layer_key not in covered]
+
+
 def train_group(
-    samples: Sequence[Sample], *, holdout: float, seed: int, hyper: dict, threads: int
+    samples: Sequence[Sample],
+    *,
+    holdout: float,
+    seed: int,
+    hyper: dict,
+    threads: int,
+    fill: Sequence[Sample] = (),
 ) -> tuple[object, dict]:
-    """(booster trained on all samples, metrics). With holdout > 0 the metrics score a model
-    trained without the held-out layers on those layers; with 0 (or one layer) there are none."""
+    """(booster trained on all samples and `fill`, metrics). With holdout > 0 the metrics score a
+    model trained without the held-out layers on those layers; with 0 (or one layer) there are
+    none. `fill` (rows of other layer shapes, --fill) is always trained on, never held out."""
     train, test = split_layers(samples, holdout, seed)
+    train = [*train, *fill]
     held = sorted({s.layer_key for s in test})
     metrics: dict = {"heldout_layers": len(held)}
     if test:
@@ -214,13 +234,15 @@ def train_group(
         metrics["metrics_from"] = (
             f"held-out split of {len(held)} of {len({s.layer_key for s in samples})} layer shapes "
             f"(each at every batch size and dtype measured; {len(test)} rows), scored by a model "
-            f"trained on the other {len(train)} rows; "
+            f"trained on the other {len(train)} rows"
+            + (f" ({len(fill)} of them --fill rows)" if fill else "")
+            + "; "
             "the model written was retrained on all rows"
         )
     else:
         why = "--holdout 0" if holdout <= 0 else "one layer shape: none to hold out"
         metrics["metrics_from"] = f"no held-out evaluation ({why}); trained on all rows"
-    return fit(samples, hyper, seed, threads), metrics
+    return fit([*samples, *fill], hyper, seed, threads), metrics
 
 
 def training_domain(samples: Sequence[Sample]) -> dict:
@@ -281,6 +303,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0.2,
         help="fraction of layer shapes held out to score a model first (0: no evaluation)",
     )
+    parser.add_argument(
+        "--fill",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="CSV",
+        help="older sample CSVs: their rows of layer shapes the CSVs lack are trained on too",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=positive_int, default=1, help="XGBoost threads")
     # Values XGBoost would refuse with a traceback, or take and train a constant model with.
@@ -302,24 +332,32 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    samples, comments = [], []
-    for path in args.csv:
-        try:
-            got, notes = read_samples(path)
-        except (OSError, ValueError) as error:
-            print(f"train_perf_model: cannot read {path}: {error}", file=sys.stderr)
-            return 2
-        samples += got
-        comments += notes
-    if args.families:
-        samples = [s for s in samples if s.family in args.families]
-    if args.arch:
-        samples = [s for s in samples if s.arch in args.arch]
-    samples = runs_as_sampled(samples)
+    samples, comments, fill = [], [], []
+    for paths, into in ((args.csv, samples), (args.fill, fill)):
+        for path in paths:
+            try:
+                got, notes = read_samples(path)
+            except (OSError, ValueError) as error:
+                print(f"train_perf_model: cannot read {path}: {error}", file=sys.stderr)
+                return 2
+            into += got
+            comments += notes
+
+    def chosen(read: list[Sample]) -> list[Sample]:
+        """The samples of the --families and --arch asked for."""
+        return [
+            s
+            for s in read
+            if (not args.families or s.family in args.families)
+            and (not args.arch or s.arch in args.arch)
+        ]
+
+    samples = runs_as_sampled(chosen(samples))
+    fill = chosen(fill)  # any variant: they stand in for shapes the samples lack
     if not samples:
         print("train_perf_model: no samples to train on", file=sys.stderr)
         return 2
-    synthetic = is_synthetic(samples, comments)
+    synthetic = is_synthetic([*samples, *fill], comments)
     if synthetic and _inside(args.out, PACKAGED_MODELS_DIR):
         print(
             "train_perf_model: refusing to write models trained on SYNTHETIC data into "
@@ -340,10 +378,23 @@ def main(argv: list[str] | None = None) -> int:
 
     import spio
 
-    for (family, arch, device), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        booster, metrics = train_group(
-            group, holdout=args.holdout, seed=args.seed, hyper=hyper, threads=args.threads
+    fills: dict[tuple, list[Sample]] = defaultdict(list)
+    for sample in dedupe(fill):
+        fills[(sample.family, sample.arch, sample.device if args.per_device else None)].append(
+            sample
         )
+
+    for (family, arch, device), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        filled = shapes_lacking(group, fills[(family, arch, device)])
+        booster, metrics = train_group(
+            group,
+            holdout=args.holdout,
+            seed=args.seed,
+            hyper=hyper,
+            threads=args.threads,
+            fill=filled,
+        )
+        trained = [*group, *filled]
         path = model_path(args.out, family, arch, device)
         path.parent.mkdir(parents=True, exist_ok=True)
         # Each file replaced whole: a stop mid-write must not leave a cut-off model where the
@@ -355,16 +406,25 @@ def main(argv: list[str] | None = None) -> int:
             "arch": arch,
             "device": device,
             "device_slug": device_slug(device) if device else None,
-            "measured_on": sorted({s.device for s in group}),
-            "drivers": sorted({s.driver for s in group}),
-            "spio_versions": sorted({s.spio_version for s in group}),
+            "measured_on": sorted({s.device for s in trained}),
+            "drivers": sorted({s.driver for s in trained}),
+            "spio_versions": sorted({s.spio_version for s in trained}),
             "synthetic": synthetic,
-            "rows": len(group),
-            "layers": len({s.params.encode() for s in group}),
-            "configs": len({s.config for s in group}),
-            **training_domain(group),
+            "rows": len(trained),
+            "layers": len({s.params.encode() for s in trained}),
+            "configs": len({s.config for s in trained}),
+            **training_domain(trained),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "sources": [source_name(p) for p in args.csv],
+            **(
+                {
+                    "fill_sources": [source_name(p) for p in args.fill],
+                    "fill_rows": len(filled),
+                    "fill_layers": sorted({s.params.encode() for s in filled}),
+                }
+                if args.fill
+                else {}
+            ),
             "feature_version": FEATURE_VERSION,
             "features": list(feature_names(get_family(family))),
             "target": TARGET,
@@ -380,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         write_atomically(path.with_suffix(".json"), (json.dumps(meta, indent=2) + "\n").encode())
         regret = describe_metrics(metrics)
-        print(f"{family} {arch}{' ' + device if device else ''}: {len(group)} rows; {regret}")
+        counted = f"{len(group)} rows" + (f" and {len(filled)} --fill rows" if args.fill else "")
+        print(f"{family} {arch}{' ' + device if device else ''}: {counted}; {regret}")
         print(f"  wrote {path}")
     return 0
 
