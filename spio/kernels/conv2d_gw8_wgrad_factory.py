@@ -126,10 +126,13 @@ STAGES = (2, 3, 4, 6)
 BLOCK_N = (1, 4, 16)
 SMALL_IMAGE = 256
 
-#: Images per block that no GPU has run yet (the H200 run of 2026-11-29 had 1 and 4): the
-#: analytic heuristic ranks their configs last, as FProp/DGrad's keeps one image per block, so
-#: that a GPU without a model never runs one untimed; a model ranks them last too (they are not
-#: among its `config_values`), and autotuning times them as the pick's unjudged variants.
+#: Images per block the analytic heuristic cannot judge (named when no GPU had run them; the H200
+#: run of 2026-11-29 had 1 and 4): it ranks their configs last, as FProp/DGrad's keeps one image
+#: per block, so that a GPU without a model never runs one untimed, and autotuning times them as
+#: the pick's unjudged variants. A model that has not measured them ranks them last too (they are
+#: not among its `config_values`). H200 run 7 (2026-12-04) timed them on 256c 16x16 and 512c 8x8:
+#: never the fastest sampled config (1.13-1.60x the best); the sm_90 model trained on it ranks
+#: them by what it learned.
 UNTIMED_BLOCK_N = (16,)
 
 
@@ -210,8 +213,8 @@ def estimated_cost(
 def heuristic_key(
     params: Conv2dGw8Params, config: Conv2dGw8WgradConfig, machine: Machine = H200_CLASS
 ) -> tuple:
-    """How the analytic heuristic orders configs for `machine`: images per block that no GPU has
-    run last (UNTIMED_BLOCK_N), then by estimated_cost, then config order."""
+    """How the analytic heuristic orders configs for `machine`: images per block it cannot judge
+    last (UNTIMED_BLOCK_N), then by estimated_cost, then config order."""
     untimed = config.block_n in UNTIMED_BLOCK_N
     return (untimed, estimated_cost(params, config, machine), config)
 

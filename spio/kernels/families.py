@@ -35,8 +35,9 @@ class Family:
     shared_mem_bytes: Callable[[Conv2dGw8Params, Any], int]  # dynamic, per block
     # Config fields the heuristic's cost cannot weigh; autotuning tries the pick's variants in them.
     heuristic_ignores: tuple[str, ...] = ()
-    # (config field, its values no GPU has run) pairs: heuristic_key ranks them last; without a
-    # model, autotuning tries the pick's variants with them too. (Pairs: a Family is hashed.)
+    # (config field, values the heuristic cannot judge: no GPU had run them when they came) pairs:
+    # heuristic_key ranks them last; without a model, autotuning tries the pick's variants with
+    # them too. (Pairs: a Family is hashed.)
     heuristic_untimed: tuple[tuple[str, tuple[int, ...]], ...] = ()
     reads_bias: bool = True  # DGrad does not
     # Defines (Kernel.with_defines) that leave in the main loop only the code of a full row step,

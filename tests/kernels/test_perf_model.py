@@ -313,6 +313,61 @@ def test_holdout_scores_first_and_the_model_written_is_trained_on_all_rows(tmp_p
     assert not (tmp_path / "bad").exists()
 
 
+def test_fill_rows_stand_in_for_the_shapes_the_samples_lack(tmp_path, capsys):
+    """--fill: older samples of layer shapes the CSVs lack are trained on whatever kernel variant
+    they timed, and never held out; their rows of shapes the CSVs have are not used."""
+    import json
+
+    script = load_script("train_perf_model")
+    family = pm.FAMILIES["conv2d_gw8_wgrad"]
+    measured = [  # as measured on a GPU, each row timing what spio runs for its config
+        dataclasses.replace(
+            s, synthetic=False, variant=ps.kernel_variant(family, s.params, s.config)
+        )
+        for s in ps.read_samples(syn.CSV_PATH)[0]
+        if s.family == family.name
+    ]
+    keys = sorted({s.layer_key for s in measured})
+    new_keys = set(keys[: len(keys) // 2])
+    new = [s for s in measured if s.layer_key in new_keys]
+    older = [  # the other shapes, timed as the atomic kernel alone; and a new shape, 10x slower
+        dataclasses.replace(s, variant="atomic-kernel-only")
+        for s in measured
+        if s.layer_key not in new_keys
+    ]
+    stale = [dataclasses.replace(s, seconds=10 * s.seconds) for s in new[:20]]
+    ps.append_samples(tmp_path / "new.csv", new)
+    ps.append_samples(tmp_path / "older.csv", older + stale)
+
+    def train(out: str, *args: str) -> dict:
+        csv = "older.csv" if out == "older" else "new.csv"
+        argv = [str(tmp_path / csv), "--out", str(tmp_path / out), "--trees", "20"]
+        assert script.main([*argv, "--seed", "1", *args]) == 0
+        return json.loads(
+            pm.model_path(tmp_path / out, family.name, "sm_90").with_suffix(".json").read_text()
+        )
+
+    capsys.readouterr()
+    filled = train("filled", "--holdout", "0.4", "--fill", str(tmp_path / "older.csv"))
+    assert f"{len(new)} rows and {len(older)} --fill rows" in capsys.readouterr().out
+    assert filled["rows"] == len(new) + len(older) and filled["fill_rows"] == len(older)
+    assert filled["fill_layers"] == sorted({s.params.encode() for s in older})
+    assert filled["fill_sources"] == ["older.csv"]
+    assert filled["layers"] == len({s.params.encode() for s in measured})
+    assert filled["heldout_layers"] > 0 and set(filled["heldout_layer_keys"]) <= new_keys
+    assert f"({len(older)} of them --fill rows)" in filled["metrics_from"]
+    plain = train("plain", "--holdout", "0.4")
+    assert plain["rows"] == len(new) and "fill_rows" not in plain
+    assert plain["heldout_layer_keys"] == filled["heldout_layer_keys"]  # drawn from new shapes
+    models = [pm.model_path(tmp_path / d, family.name, "sm_90") for d in ("filled", "plain")]
+    assert models[0].read_bytes() != models[1].read_bytes()
+    # Given as samples, not --fill, the older rows are left out (they timed another variant) but
+    # for the stale ones.
+    capsys.readouterr()
+    assert train("older", "--holdout", "0")["rows"] == len(stale)
+    assert "timed 'atomic-kernel-only'" in capsys.readouterr().out
+
+
 def test_trees_and_seed_reach_xgboost(tmp_path):
     import xgboost
 
@@ -396,14 +451,17 @@ def test_shipped_models_were_measured_on_a_real_gpu_and_load():
 
 
 def test_a_model_ranks_configs_it_never_measured_last(models):
-    """Multi-image FProp/DGrad blocks (block_n > 1) came after the shipped models' samples: a
-    model ranks them after every config like those it was trained on, so neither its pick nor
-    autotuning's top-k is a config whose time the trees cannot tell."""
+    """Multi-image FProp/DGrad blocks (block_n > 1) came after the shipped FProp model's samples
+    (and the synthetic ones): a model ranks them after every config like those it was trained
+    on, so neither its pick nor autotuning's top-k is a config whose time the trees cannot tell."""
     import json
 
-    for name in ("conv2d_gw8_fprop", "conv2d_gw8_dgrad"):
+    for name, folders in (
+        ("conv2d_gw8_fprop", (models, pm.PACKAGED_MODELS_DIR)),
+        ("conv2d_gw8_dgrad", (models,)),  # the shipped one has measured every block_n
+    ):
         family = pm.FAMILIES[name]
-        for folder in (models, pm.PACKAGED_MODELS_DIR):
+        for folder in folders:
             model = pm.PerfModel.load(pm.model_path(folder, name, "sm_90"))
             assert model.meta["config_values"]["block_n"] == [1]
             params = P(64, 256, 8, 8, padding=1)
@@ -413,14 +471,18 @@ def test_a_model_ranks_configs_it_never_measured_last(models):
             assert multi and sorted(ranked, key=configs.index) == configs
             assert ranked[-len(multi) :] == multi
             assert all(c.block_n == 1 for c in ranked[: -len(multi)])
-    # WGrad configs gained 16 images per block after its model was trained (on 1 and 4).
+    # The WGrad model shipped before 2026-12-05 was trained on 1 and 4 images per block, not 16.
     family = pm.FAMILIES["conv2d_gw8_wgrad"]
-    wgrad = pm.PerfModel.load(pm.model_path(pm.PACKAGED_MODELS_DIR, family.name, "sm_90"))
-    assert wgrad.meta["config_values"]["block_n"] == [1, 4]
+    shipped = pm.PerfModel.load(pm.model_path(pm.PACKAGED_MODELS_DIR, family.name, "sm_90"))
+    assert shipped.meta["config_values"]["block_n"] == [1, 4, 16]
+    values = {**shipped.meta["config_values"], "block_n": [1, 4]}
+    meta = {**shipped.meta, "config_values": values}
+    wgrad = pm.PerfModel(family, shipped.path, meta, shipped.booster)
     params = P(128, 1024, 7, 7, padding=1)
     configs = family.configs(params)
     unseen = [c for c in configs if c.block_n == 16]
     assert unseen and set(wgrad.rank(params, configs)[-len(unseen) :]) == set(unseen)
+    assert set(shipped.rank(params, configs)[-len(unseen) :]) != set(unseen)
     # A model whose metadata predates config_values takes every config as measured.
     path = pm.model_path(models, "conv2d_gw8_fprop", "sm_90")
     meta = json.loads(path.with_suffix(".json").read_text())
