@@ -31,7 +31,10 @@ SEEDS = range(5)
 old_dir = Path(sys.argv[1])
 run7 = t.dedupe(t.runs_as_sampled(read_samples(RUN7)[0]))
 run5 = t.dedupe(read_samples(RUN5)[0])
-print("family  layer (held out)                              run 7 alone  + --fill  earlier model")
+print(
+    "family  layer (held out)                              run 7 alone  + --fill  run 5 alone"
+    "  earlier model"
+)
 for family in sorted({s.family for s in run7}):
     new = [s for s in run7 if s.family == family]
     fill = t.shapes_lacking(new, [s for s in run5 if s.family == family])
@@ -44,16 +47,24 @@ for family in sorted({s.family for s in run7}):
             t.score(t.fit(rest + fill, t.DEFAULTS, seed, 2), held)["regret_median"]
             for seed in SEEDS
         ]
+        older = [s for s in run5 if s.family == family and s.layer_key != held[0].layer_key]
+        run5_style = [
+            t.score(t.fit(older, t.DEFAULTS, seed, 2), held)["regret_median"] for seed in SEEDS
+        ]
         row = (
             statistics.mean(alone),
             statistics.mean(filled),
+            statistics.mean(run5_style),
             t.score(earlier, held)["regret_median"],
         )
         table.append(row)
-        print(f"{family[11:]:6s}  {key[:44]:44s}  {row[0]:11.3f}  {row[1]:8.3f}  {row[2]:13.3f}")
+        print(
+            f"{family[11:]:6s}  {key[:44]:44s}  {row[0]:11.3f}  {row[1]:8.3f}  {row[2]:11.3f}"
+            f"  {row[3]:13.3f}"
+        )
     v = np.array(table)
     for name, f in (("median", np.median), ("mean", np.mean), ("max", np.max)):
         print(
             f"{family[11:]:6s}  {name:44s}  "
-            + "  ".join(f"{x:{w}.3f}" for x, w in zip(f(v, 0), (11, 8, 13), strict=True))
+            + "  ".join(f"{x:{w}.3f}" for x, w in zip(f(v, 0), (11, 8, 11, 13), strict=True))
         )
