@@ -85,8 +85,8 @@ def configs_to_sample(family, params, rng, max_configs: int = 0, identity=None) 
     always the configs that differ from a pick only in fields its ranking cannot weigh
     (`unjudged_variants` of the heuristic's pick for `identity`'s machine, and of the model's where
     one applies to `identity`), so that a model trained on the samples learns those fields next to
-    the configs that matter (for now: 2, 4 and 8 images per FProp/DGrad block, 16 per WGrad
-    block)."""
+    the configs that matter (for now: the heuristic's pick's 2, 4 and 8 images per FProp/DGrad
+    block and 16 per WGrad block; the shipped models' picks', FProp's several images a block)."""
     from spio.kernels import perf_model as pm
 
     configs = family.configs(params)

@@ -13,11 +13,13 @@ is only used for batch sizes from half the smallest to twice the largest measure
 
     python scripts/train_perf_model.py perf_samples.csv [--out DIR] [--per-device] [--holdout F]
 
-With --fill OLDER.csv ..., rows of layer shapes that the CSVs lack (per family and arch) are taken
-from older samples too, whatever kernel variant they timed, and always trained on, never held out:
+With --fill OLDER.csv ..., rows of layer shapes that the CSVs lack (per family and arch, and with
+--per-device per device; a shape at any batch size or dtype counts as covered) are taken from
+older samples too, whatever kernel variant they timed, and always trained on, never held out:
 where the CSVs cover few shapes (a GPU run's sampling cut short), they keep the model from meeting
 a filter size or layer it never saw, at the cost of timings of older kernels on those shapes. The
-JSON counts them (`fill_rows`, `fill_layers`, `fill_sources`).
+JSON counts them (`fill_rows`, `fill_layers`, `fill_sources`), and its devices, batch sizes and
+config values are those of every row trained on, theirs included.
 
 Models trained on synthetic data are never written into spio/perf_models/ (pass --out).
 """

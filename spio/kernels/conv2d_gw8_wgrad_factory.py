@@ -131,8 +131,8 @@ SMALL_IMAGE = 256
 #: per block, so that a GPU without a model never runs one untimed, and autotuning times them as
 #: the pick's unjudged variants. A model that has not measured them ranks them last too (they are
 #: not among its `config_values`). H200 run 7 (2026-12-04) timed them on 256c 16x16 and 512c 8x8:
-#: never the fastest sampled config (1.13-1.60x the best); the sm_90 model trained on it ranks
-#: them by what it learned.
+#: never the fastest sampled config (the best of them 1.13-1.60x the layer's best); the sm_90
+#: model trained on it ranks them by what it learned.
 UNTIMED_BLOCK_N = (16,)
 
 

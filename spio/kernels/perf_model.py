@@ -724,7 +724,7 @@ def _note_other_device(model: PerfModel, identity: DeviceIdentity) -> None:
 def unjudged_variants(family: Family, model: PerfModel | None, pick, configs: Sequence) -> list:
     """The configs that differ from `pick` only in what its ranking could not weigh: for a
     model, fields with values it was never trained on (`PerfModel.measured`); for the analytic
-    heuristic, the fields `family.heuristic_ignores` and the values no GPU has run
+    heuristic, the fields `family.heuristic_ignores` and the values it cannot judge
     (`family.heuristic_untimed`). Autotuning times them besides the top-k, so that a config
     dimension no model has measured yet is still tried where it is timed. They are the pick's
     twins: several images a block, say, are tried where the pick's tile covers the whole image

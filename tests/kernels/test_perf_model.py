@@ -335,9 +335,16 @@ def test_fill_rows_stand_in_for_the_shapes_the_samples_lack(tmp_path, capsys):
         for s in measured
         if s.layer_key not in new_keys
     ]
+    # Not used: rows of the new shapes, 10x slower, at their batch size and at twice it; the
+    # older shapes as another arch measured them.
     stale = [dataclasses.replace(s, seconds=10 * s.seconds) for s in new[:20]]
+    stale += [
+        dataclasses.replace(s, params=dataclasses.replace(s.params, n=2 * s.params.n))
+        for s in stale
+    ]
+    elsewhere = [dataclasses.replace(s, arch="sm_80", device="An sm_80 GPU") for s in older]
     ps.append_samples(tmp_path / "new.csv", new)
-    ps.append_samples(tmp_path / "older.csv", older + stale)
+    ps.append_samples(tmp_path / "older.csv", older + stale + elsewhere)
 
     def train(out: str, *args: str) -> dict:
         csv = "older.csv" if out == "older" else "new.csv"
@@ -347,8 +354,14 @@ def test_fill_rows_stand_in_for_the_shapes_the_samples_lack(tmp_path, capsys):
             pm.model_path(tmp_path / out, family.name, "sm_90").with_suffix(".json").read_text()
         )
 
+    fitted = []  # the layer shapes of each model fit: the held-out split's, then the one written
+    fit = script.fit
+    script.fit = lambda rows, *args: fitted.append({s.layer_key for s in rows}) or fit(rows, *args)
     capsys.readouterr()
     filled = train("filled", "--holdout", "0.4", "--fill", str(tmp_path / "older.csv"))
+    script.fit = fit
+    older_keys = {s.layer_key for s in older}
+    assert len(fitted) == 2 and older_keys <= fitted[0] and fitted[1] == set(keys)
     assert f"{len(new)} rows and {len(older)} --fill rows" in capsys.readouterr().out
     assert filled["rows"] == len(new) + len(older) and filled["fill_rows"] == len(older)
     assert filled["fill_layers"] == sorted({s.params.encode() for s in older})
@@ -361,11 +374,24 @@ def test_fill_rows_stand_in_for_the_shapes_the_samples_lack(tmp_path, capsys):
     assert plain["heldout_layer_keys"] == filled["heldout_layer_keys"]  # drawn from new shapes
     models = [pm.model_path(tmp_path / d, family.name, "sm_90") for d in ("filled", "plain")]
     assert models[0].read_bytes() != models[1].read_bytes()
+    # One model per device: another device's rows fill none of this one's shapes.
+    other = [dataclasses.replace(s, device="Another GPU") for s in older]
+    ps.append_samples(tmp_path / "other.csv", other)
+    argv = ["--per-device", "--holdout", "0", "--fill", str(tmp_path / "other.csv")]
+    assert script.main([str(tmp_path / "new.csv"), "--out", str(tmp_path / "dev"), *argv]) == 0
+    path = pm.model_path(tmp_path / "dev", family.name, "sm_90", syn.DEVICE).with_suffix(".json")
+    assert json.loads(path.read_text())["fill_rows"] == 0
     # Given as samples, not --fill, the older rows are left out (they timed another variant) but
-    # for the stale ones.
+    # for the stale ones (of this arch).
     capsys.readouterr()
     assert train("older", "--holdout", "0")["rows"] == len(stale)
     assert "timed 'atomic-kernel-only'" in capsys.readouterr().out
+    # Synthetic fill rows never ship (a stand-in for spio/perf_models, so nothing lands there).
+    ps.append_samples(tmp_path / "synthetic.csv", [dataclasses.replace(older[0], synthetic=True)])
+    script.PACKAGED_MODELS_DIR = tmp_path / "perf_models"
+    argv = ["--out", str(tmp_path / "perf_models"), "--fill", str(tmp_path / "synthetic.csv")]
+    assert script.main([str(tmp_path / "new.csv"), *argv]) == 2
+    assert "SYNTHETIC" in capsys.readouterr().err and not (tmp_path / "perf_models").exists()
 
 
 def test_trees_and_seed_reach_xgboost(tmp_path):
@@ -443,7 +469,8 @@ def test_shipped_models_were_measured_on_a_real_gpu_and_load():
         assert meta["rows"] > 0 and meta["layers"] > 0
         assert meta["batch_sizes"] and meta["dtypes"] and model.batch_range is not None
         assert meta["heldout_layers_scored"] > 0 and meta["regret_median"] >= 1.0
-        for source in meta["sources"]:  # the measured data ships in the repository too
+        # the measured data ships in the repository too, --fill's included
+        for source in [*meta["sources"], *meta.get("fill_sources", [])]:
             samples, comments = ps.read_samples(REPO / source)
             assert not any(s.synthetic for s in samples) and not any(
                 "SYNTHETIC" in c.upper() for c in comments
@@ -458,7 +485,7 @@ def test_a_model_ranks_configs_it_never_measured_last(models):
 
     for name, folders in (
         ("conv2d_gw8_fprop", (models, pm.PACKAGED_MODELS_DIR)),
-        ("conv2d_gw8_dgrad", (models,)),  # the shipped one has measured every block_n
+        ("conv2d_gw8_dgrad", (models,)),  # the shipped one has measured every block_n:
     ):
         family = pm.FAMILIES[name]
         for folder in folders:
@@ -471,6 +498,8 @@ def test_a_model_ranks_configs_it_never_measured_last(models):
             assert multi and sorted(ranked, key=configs.index) == configs
             assert ranked[-len(multi) :] == multi
             assert all(c.block_n == 1 for c in ranked[: -len(multi)])
+    dgrad = pm.PerfModel.load(pm.model_path(pm.PACKAGED_MODELS_DIR, "conv2d_gw8_dgrad", "sm_90"))
+    assert dgrad.meta["config_values"]["block_n"] == [1, 2, 4, 8]
     # The WGrad model shipped before 2026-12-05 was trained on 1 and 4 images per block, not 16.
     family = pm.FAMILIES["conv2d_gw8_wgrad"]
     shipped = pm.PerfModel.load(pm.model_path(pm.PACKAGED_MODELS_DIR, family.name, "sm_90"))
