@@ -42,8 +42,10 @@
 #   timm       scripts/timm_benchmark.py: regnetx_002 training samples/s, PyTorch and spio; not
 #              started with under GPU_CHECK_TIMM_MIN_SECONDS (default 80) left, which it needs
 #   perf       scripts/perf_sample.py into OUT_DIR/perf_samples.csv with the time left (data for
-#              the performance model; a partial sweep is still useful); GPU_CHECK_PERF_SEED=CSV
-#              continues from earlier samples (a CSV an older spio wrote too)
+#              the performance model; a partial sweep is still useful: it takes 25 configs of each
+#              layer and pass in turn, the picks first, so that every shape gets some);
+#              GPU_CHECK_PERF_SEED=CSV continues from earlier samples (a CSV an older spio wrote
+#              too)
 # GPU_CHECK_ARCHIVE=FILE.tgz also packs OUT_DIR into that one file at the end (for transports
 # that bring back only a few files). GPU_CHECK_ONLY="wheels build info perf" runs only the steps
 # named (e.g. a second call that spends what device time is left on perf samples).
@@ -399,7 +401,9 @@ step_perf() {
     # samples instead (perf_sample skips what this GPU model already has), which is right only
     # while the kernels they timed are unchanged (and the CSV has the same columns). Layer by
     # layer, WGrad first in each (its samples now time the whole pass as spio runs it, and the
-    # WGrad model cannot be retrained without them), N = 128 first.
+    # WGrad model cannot be retrained without them), N = 128 first; in rounds of 25 configs of
+    # each (each layer's picks first): run 7 sampled 5 of the 12 shapes fully in its 98 s, and
+    # the models' held-out scores depend most on how many shapes they have seen.
     local csv="$OUT_DIR/perf_samples.csv" before=0 after=0
     if [[ -n "${GPU_CHECK_PERF_SEED:-}" && ! -f "$csv" ]]; then
         # Copied sample by sample: a CSV an older spio wrote has other columns, which
@@ -417,7 +421,7 @@ EOF
     fi
     [[ -s "$csv" ]] && before=$(($(wc -l <"$csv") - 1))  # data rows, past the header
     timeout -k 10 "$1" "$PYTHON" scripts/perf_sample.py --csv "$csv" \
-        --budget-s "$budget" --batches 128 32 --dtypes fp16 --max-configs 100 \
+        --budget-s "$budget" --batches 128 32 --dtypes fp16 --max-configs 100 --round 25 \
         --families conv2d_gw8_wgrad conv2d_gw8_fprop conv2d_gw8_dgrad
     local rc=$?
     [[ -s "$csv" ]] && after=$(($(wc -l <"$csv") - 1))

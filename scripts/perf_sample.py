@@ -10,7 +10,10 @@ stops after --budget-s seconds (at most 450, so a chunk stays under 8 minutes); 
 complete a sweep. The next layer's kernels compile in parallel (spio.compiler.compile_many, cached
 on disk) while the current one is timed, when that compile should end within the budget. The run
 overruns the budget only if a compile takes longer than 1.25 times the slowest before it (or
-the first one, which always starts).
+the first one, which always starts). Each layer's picks (the heuristic's, the model's) come
+first; with --round K the sweep takes at most K configs of each layer in turn, round after round
+(each round's set drawn as without it, so resuming works the same), so that a run cut short has
+sampled every layer a little rather than a few layers fully.
 
     python scripts/perf_sample.py --csv perf_samples.csv [--budget-s 360] [--families ...]
 
@@ -82,7 +85,8 @@ def sweep_layers(batches=(32, 64, 128, 256), dtypes=("fp16", "bf16"), extra: int
 
 def configs_to_sample(family, params, rng, max_configs: int = 0, identity=None) -> list:
     """The configs of one layer to time: every one, or `max_configs` drawn with `rng`; and
-    always the configs that differ from a pick only in fields its ranking cannot weigh
+    always, first, the picks and the configs that differ from a pick only in fields its ranking
+    cannot weigh
     (`unjudged_variants` of the heuristic's pick for `identity`'s machine, and of the model's where
     one applies to `identity`), so that a model trained on the samples learns those fields next to
     the configs that matter (for now: the heuristic's pick's 2, 4 and 8 images per FProp/DGrad
@@ -99,11 +103,27 @@ def configs_to_sample(family, params, rng, max_configs: int = 0, identity=None) 
         ranked, model = pm.rank_configs(family, params, identity)
         if model is not None:
             rankings.append((ranked, model))
+    first: list = []
     for ranked, model in rankings:
         for config in [ranked[0], *pm.unjudged_variants(family, model, ranked[0], configs)]:
-            if config not in chosen:
-                chosen.append(config)
-    return chosen
+            if config not in first:
+                first.append(config)
+    return first + [c for c in chosen if c not in first]
+
+
+def in_rounds(work: list, size: int) -> list:
+    """`work` ((family, params, configs) per layer, in sweep order) as rounds of at most `size`
+    configs of each layer in turn: a budget cut short then leaves a shallower sample of every
+    layer instead of a full one of the first few. 0: as it is."""
+    if size <= 0:
+        return list(work)
+    rounds = max((len(todo) + size - 1) // size for _, _, todo in work) if work else 0
+    return [
+        (family, params, todo[r * size : (r + 1) * size])
+        for r in range(rounds)
+        for family, params, todo in work
+        if todo[r * size : (r + 1) * size]
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         type=non_negative_int,
         default=0,
         help="sample this many per layer (0: every config)",
+    )
+    parser.add_argument(
+        "--round",
+        type=non_negative_int,
+        default=0,
+        help="time at most this many configs of each layer in turn, round after round "
+        "(0: layer by layer)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", type=non_negative_int, default=0, help="CUDA device ordinal")
@@ -202,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if todo:
                 work.append((family, params, todo))
+    work = in_rounds(work, args.round)
     total = sum(len(todo) for _, _, todo in work)
     print(f"perf_sample: {name} ({arch}, driver {drv}): {total} configs to time", flush=True)
 

@@ -392,6 +392,25 @@ def test_perf_note_counts_the_rows_this_run_sampled(stand_ins, tmp_path, seeded)
     assert re.search(r"PASS: 3 rows( \(\+\d+ seeded\))? +\d+$", perf), perf
 
 
+def test_the_perf_steps_arguments_are_perf_samples(stand_ins, tmp_path, monkeypatch, capsys):
+    """The arguments the step gives perf_sample.py (printed by the stand-in) parse: run with them
+    on a machine without a GPU, perf_sample gets past its argument checks to its no-GPU exit."""
+    import shlex
+
+    import torch
+
+    from tests.conftest import load_script
+
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="perf")
+    log = (tmp_path / "out" / "perf.log").read_text()
+    line = next(line for line in log.splitlines() if "perf_sample.py" in line)
+    argv = shlex.split(line.split("perf_sample.py", 1)[1])
+    assert "--round" in argv and out.returncode == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert load_script("perf_sample").main(argv) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_archive_packs_the_output_folder(stand_ins, tmp_path):
     import tarfile
 

@@ -1313,8 +1313,10 @@ def test_perf_sample_always_times_the_picks_and_their_unweighed_variants(monkeyp
     anchors = [pick] + [dataclasses.replace(pick, block_n=n) for n in (2, 4, 8)]
     assert all(c in chosen for c in anchors) and 5 < len(chosen) <= 5 + len(anchors)
     assert len(set(chosen)) == len(chosen)
+    assert chosen[: len(anchors)] == anchors  # the picks first
     every = script.configs_to_sample(family, small, random.Random(0))
-    assert every == family.configs(small)  # all of them already, each once
+    assert sorted(every) == sorted(family.configs(small))  # all of them already, each once
+    assert every[: len(anchors)] == anchors
     # With a model for the device, its pick and the pick's variants too.
     model_pick = pm.rank_configs(family, small, H200, pm.PACKAGED_MODELS_DIR)[0][0]
     monkeypatch.setenv("SPIO_PERF_MODELS", str(pm.PACKAGED_MODELS_DIR))
