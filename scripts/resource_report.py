@@ -6,8 +6,10 @@ SM count, `spio.kernels.conv2d_gw8_factory.TYPICAL_GPU`) is compiled with NVRTC 
 ptxas' report gives registers, spills and static shared memory, and the theoretical occupancy
 follows from the arch's per-SM limits (CUDA programming guide, compute capability table). Where
 nvdisasm is installed, each kernel's main loop is read from its SASS too (spio.compiler.sass):
-instructions a warp issues per row step. No GPU is needed. Commit the output under docs/perf/ so
-that register, shared-memory or instruction-count regressions show in review:
+instructions a warp issues per row step. Where a shipped performance model covers the layer on
+an H200 (sm_90), its pick, which is what spio runs there, follows as a row of its own ("sm_90,
+model"). No GPU is needed. Commit the output under docs/perf/ so that register, shared-memory or
+instruction-count regressions show in review:
 
     python scripts/resource_report.py --out docs/perf/resources.md
 """
@@ -28,6 +30,10 @@ from spio.compiler.occupancy import LIMITS, blocks_per_sm
 from spio.compiler.sass import find_nvdisasm, loop_report
 from spio.kernels.conv2d_gw8_factory import TYPICAL_GPU, typical_machine
 from spio.kernels.families import FAMILIES
+from spio.kernels.perf_model import PACKAGED_MODELS_DIR, DeviceIdentity, rank_configs
+
+#: The GPU whose shipped models' picks the report adds (what spio runs on it).
+H200 = DeviceIdentity(arch="sm_90", name="NVIDIA H200", driver="13.0", sms=132)
 
 
 def _steps(full_step, nvdisasm: str | None) -> str:
@@ -61,18 +67,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None and (problem := _out_problem(args.out)):
         parser.error(problem)
 
-    jobs = []  # ((layer name, family, config, kernel), arch)
+    jobs = []  # ((layer name, family, config, kernel), arch, picked by a model)
     for layer in layer_table():
         params = layer.params(args.n, args.dtype)
         for family in FAMILIES.values():
             for arch in spio.supported_arch:
                 config = family.default_config(params, machine=typical_machine(arch))
                 row = (layer.name, family, config, family.make_kernel(params, config))
-                jobs.append((row, arch))
-    results = compile_many([row[3].compile_job(arch) for row, arch in jobs], desc="compiling")
+                jobs.append((row, arch, False))
+            ranked, model = rank_configs(family, params, H200, PACKAGED_MODELS_DIR)
+            if model is not None:
+                row = (layer.name, family, ranked[0], family.make_kernel(params, ranked[0]))
+                jobs.append((row, "sm_90", True))
+    results = compile_many([row[3].compile_job(arch) for row, arch, _ in jobs], desc="compiling")
     # The instructions per step are counted on a build with only a full step's code in the loop:
     # a second build only for the families that have one (WGrad).
-    second = [i for i, ((_, family, _, _), _) in enumerate(jobs) if family.full_step_defines]
+    second = [i for i, ((_, family, _, _), _, _) in enumerate(jobs) if family.full_step_defines]
     counted = list(results)
     seconds = compile_many(
         [jobs[i][0][3].with_defines(jobs[i][0][1].full_step_defines).compile_job(jobs[i][1])
@@ -98,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         f" --n {args.n} --dtype {args.dtype}` (NVRTC, no GPU): each family's default config "
         "per layer of the benchmark table, the analytic heuristic's pick for a GPU of the arch ("
         + ", ".join(f"{arch}: {gpu}'s {sms} SMs" for arch, (gpu, sms) in TYPICAL_GPU.items())
-        + "; where a performance model applies, spio runs its pick instead). Occupancy is "
+        + "; where a performance model applies, spio runs its pick instead: for an H200, the "
+        'rows marked "sm_90, model", the shipped sm_90 models\' picks). Occupancy is '
         "theoretical: "
         "resident warps per SM from ptxas' registers and the block's shared memory under the "
         f"arch's limits, as a share of the SM's maximum. {steps_note}",
@@ -108,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     failures = 0
-    for ((name, family, config, kernel), arch), result, full_step in zip(
+    for ((name, family, config, kernel), arch, by_model), result, full_step in zip(
         jobs, results, counted, strict=True
     ):
+        shown = f"{arch}, model" if by_model else arch
         if not isinstance(result, CompileResult):
             failures += 1
             lines.append(
-                f"| {name} | {family.name} | {config.encode()} | {arch} | FAILED: {result} |"
+                f"| {name} | {family.name} | {config.encode()} | {shown} | FAILED: {result} |"
             )
             continue
         usage = result.resources[kernel.entry]
@@ -125,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         spills = usage.spill_stores + usage.spill_loads
         failures += spills > 0
         lines.append(
-            f"| {name} | {family.name.removeprefix('conv2d_gw8_')} | {config.encode()} | {arch} | "
+            f"| {name} | {family.name.removeprefix('conv2d_gw8_')} | {config.encode()} | {shown} | "
             f"{usage.registers} | {spills} | {smem} | {kernel.threads} | {blocks} | "
             f"{occupancy:.0%} | {_steps(full_step, nvdisasm)} |"
         )

@@ -34,3 +34,27 @@ def test_a_batch_size_that_is_not_positive_is_a_usage_error(monkeypatch, capsys)
         resource_report.main(["--n", "0"])
     assert exit_.value.code == 2
     assert "needs a positive integer, got '0'" in capsys.readouterr().err
+
+
+def test_the_report_adds_what_the_shipped_models_pick_on_an_h200(monkeypatch, capsys):
+    """The heuristic's picks per arch, then, where a shipped model covers the layer, the sm_90
+    model's pick: what spio runs on an H200."""
+    from spio.bench.layers import layer_table
+    from spio.kernels import perf_model as pm
+    from spio.kernels.families import FAMILIES
+
+    layer = layer_table()[0]  # 64c 64x64 3x3
+    monkeypatch.setattr(resource_report, "layer_table", lambda: [layer])
+    monkeypatch.setattr(resource_report.spio, "supported_arch", ("sm_90",))
+    assert resource_report.main(["--n", "128"]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()]
+    picked = {row[1]: row[2] for row in rows if len(row) > 3 and row[3] == "sm_90, model"}
+    params = layer.params(128)
+    expected = {
+        name.removeprefix("conv2d_gw8_"): pm.rank_configs(
+            family, params, resource_report.H200, pm.PACKAGED_MODELS_DIR
+        )[0][0].encode()
+        for name, family in FAMILIES.items()
+    }
+    assert picked == expected
+    assert picked["wgrad"] != FAMILIES["conv2d_gw8_wgrad"].default_config(params).encode()
