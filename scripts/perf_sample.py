@@ -117,12 +117,12 @@ def in_rounds(work: list, size: int) -> list:
     layer instead of a full one of the first few. 0: as it is."""
     if size <= 0:
         return list(work)
-    rounds = max((len(todo) + size - 1) // size for _, _, todo in work) if work else 0
+    longest = max((len(todo) for _, _, todo in work), default=0)
     return [
-        (family, params, todo[r * size : (r + 1) * size])
-        for r in range(rounds)
+        (family, params, todo[start : start + size])
+        for start in range(0, longest, size)
         for family, params, todo in work
-        if todo[r * size : (r + 1) * size]
+        if start < len(todo)
     ]
 
 

@@ -313,7 +313,7 @@ def test_holdout_scores_first_and_the_model_written_is_trained_on_all_rows(tmp_p
     assert not (tmp_path / "bad").exists()
 
 
-def test_fill_rows_stand_in_for_the_shapes_the_samples_lack(tmp_path, capsys):
+def test_fill_rows_stand_in_for_the_shapes_the_samples_lack(tmp_path, capsys, monkeypatch):
     """--fill: older samples of layer shapes the CSVs lack are trained on whatever kernel variant
     they timed, and never held out; their rows of shapes the CSVs have are not used."""
     import json
@@ -356,10 +356,15 @@ def test_fill_rows_stand_in_for_the_shapes_the_samples_lack(tmp_path, capsys):
 
     fitted = []  # the layer shapes of each model fit: the held-out split's, then the one written
     fit = script.fit
-    script.fit = lambda rows, *args: fitted.append({s.layer_key for s in rows}) or fit(rows, *args)
+
+    def record(rows, *args):
+        fitted.append({s.layer_key for s in rows})
+        return fit(rows, *args)
+
     capsys.readouterr()
-    filled = train("filled", "--holdout", "0.4", "--fill", str(tmp_path / "older.csv"))
-    script.fit = fit
+    with monkeypatch.context() as patch:
+        patch.setattr(script, "fit", record)
+        filled = train("filled", "--holdout", "0.4", "--fill", str(tmp_path / "older.csv"))
     older_keys = {s.layer_key for s in older}
     assert len(fitted) == 2 and older_keys <= fitted[0] and fitted[1] == set(keys)
     assert f"{len(new)} rows and {len(older)} --fill rows" in capsys.readouterr().out
@@ -485,7 +490,7 @@ def test_a_model_ranks_configs_it_never_measured_last(models):
 
     for name, folders in (
         ("conv2d_gw8_fprop", (models, pm.PACKAGED_MODELS_DIR)),
-        ("conv2d_gw8_dgrad", (models,)),  # the shipped one has measured every block_n:
+        ("conv2d_gw8_dgrad", (models,)),  # the shipped one has measured every block_n (below)
     ):
         family = pm.FAMILIES[name]
         for folder in folders:
