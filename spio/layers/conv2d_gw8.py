@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
+from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
 
 from spio.functional import _kernels
@@ -146,6 +147,17 @@ def ineligibility(
 
 def module_ineligibility(module: nn.Module) -> str | None:
     """Why `module` cannot be replaced by a Conv2dGw8, or None if it can."""
+    reason = fixed_ineligibility(module)
+    if reason is not None:
+        return reason
+    assert isinstance(module, nn.Conv2d)  # exactly one (or a parametrized one): asked above
+    return mendable_problem(module)
+
+
+def fixed_ineligibility(module: nn.Module) -> str | None:
+    """Why `module` cannot be replaced by a Conv2dGw8 for a reason its user cannot mend (its
+    class, its arguments, a forward set on the instance), or None. Asked first: a module's weight
+    is read only where these allow (an uninitialised LazyConv2d's has no shape)."""
     if parametrize.type_before_parametrizations(module) is not nn.Conv2d:
         return f"is a {type(module).__name__}, not exactly nn.Conv2d"
     assert isinstance(module, nn.Conv2d)  # a parametrized one's class derives from nn.Conv2d
@@ -163,7 +175,7 @@ def module_ineligibility(module: nn.Module) -> str | None:
         return reason
     if "forward" in vars(module):
         return "has a forward of its own (set on the instance)"
-    return mendable_problem(module)  # None: eligible (hooks travel: _share_hooks)
+    return None  # (hooks travel: _share_hooks)
 
 
 def mendable_problem(conv: nn.Conv2d) -> str | None:
@@ -233,8 +245,8 @@ def weight_shard(conv: nn.Conv2d, undo: bool = False) -> str | None:
     object: a module put in its place would keep the shard (a 1-D view, or a DTensor) and fail.
     `undo`: the mend named is for untransform's replacement."""
     weight = conv._parameters.get("weight")
-    if weight is None or parametrize.is_parametrized(conv, "weight"):
-        return None
+    if weight is None or parametrize.is_parametrized(conv, "weight") or is_lazy(weight):
+        return None  # (an uninitialised weight has no shape yet)
     dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor before it is loaded
     if dtensor is not None and isinstance(weight, dtensor.DTensor):
         return (

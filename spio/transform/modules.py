@@ -23,8 +23,8 @@ from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
     compiled_in_place,
+    fixed_ineligibility,
     mendable_problem,
-    module_ineligibility,
     receive_hooks,
     resolve_padding,
     restore_problem,
@@ -139,12 +139,13 @@ def transform(
 def _keep(conv: nn.Conv2d, skipped: dict[int, str], mendable: Counter[str]) -> bool:
     """Whether transform keeps `conv` as it is; if so, records why (counting it as mendable
     where the user can change that)."""
-    reason = module_ineligibility(conv)
+    reason = fixed_ineligibility(conv)
     if reason is None:
-        return False
-    skipped[id(conv)] = reason
-    if mendable_problem(conv) is not None:
+        reason = mendable_problem(conv)
+        if reason is None:
+            return False
         mendable[reason] += 1
+    skipped[id(conv)] = reason
     return True
 
 

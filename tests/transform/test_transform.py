@@ -599,6 +599,47 @@ def test_the_debug_log_counts_the_convs_kept_for_each_reason(caplog):
     ]
 
 
+def test_convs_kept_for_a_reason_they_cannot_mend_are_no_warning_even_when_pruned(caplog):
+    """Only a conv kept for something its user can mend (pruned, compiled in place, a shard) is
+    a warning, and under that reason. A pruned conv that transform could never take (a strided
+    one, a subclass) was warned of under its other reason ("needs stride 1" as a warning)."""
+    from torch.nn.utils import prune
+
+    class MyConv(nn.Conv2d):
+        pass
+
+    strided = nn.Conv2d(16, 16, 3, stride=2, padding=1)
+    mine = MyConv(16, 16, 3, padding=1, groups=2)
+    pruned = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    for conv in (strided, mine, pruned):
+        prune.l1_unstructured(conv, "weight", amount=0.3)
+    with caplog.at_level(logging.DEBUG, logger="spio"):
+        transform(nn.Sequential(strided, mine, pruned, nn.Conv2d(16, 16, 3, padding=1, groups=2)))
+    kept = {r.getMessage(): r.levelname for r in caplog.records if "kept" in r.getMessage()}
+    assert kept == {
+        "spio.transform kept 1 nn.Conv2d: needs group width 8, got in_channels=16, groups=1": (
+            "DEBUG"
+        ),
+        "spio.transform kept 1 nn.Conv2d: is a MyConv, not exactly nn.Conv2d": "DEBUG",
+        "spio.transform kept 1 nn.Conv2d: is pruned (torch.nn.utils.prune), its weight not a "
+        "Parameter: transform before pruning": "WARNING",
+    }, kept
+
+
+def test_an_uninitialised_lazy_conv_is_kept_and_the_rest_transformed():
+    """A LazyConv2d (a subclass) is kept as it is; transform had read its uninitialised
+    weight's shape (for a shard) and raised PyTorch's error for the whole model."""
+    model = nn.Sequential(
+        nn.LazyConv2d(16, 3, stride=2, padding=1), nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    )
+    transform(model)
+    assert type(model[0]) is nn.LazyConv2d and type(model[1]) is Conv2dGw8
+    model(torch.randn(1, 3, 8, 8))  # the lazy conv initialises, and is an nn.Conv2d now
+    assert type(model[0]) is nn.Conv2d
+    transform(model)  # stride 2: kept still
+    assert type(model[0]) is nn.Conv2d and type(model[1]) is Conv2dGw8
+
+
 def test_arguments_of_the_wrong_kind_are_type_errors_naming_the_function():
     """A string for the model, or True for include, failed inside with AttributeError or
     "'bool' object is not callable"; a kwargs of the model's call that is not a dict too."""
