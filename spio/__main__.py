@@ -620,7 +620,7 @@ def _setting_problems() -> list[str]:
     from .emulator.build import use_ucontext
     from .functional._kernels import tensor_copies
     from .kernels.autotune import autotune_enabled, top_k
-    from .kernels.kernel import _emulator_order_seed
+    from .kernels.kernel import _emulator_order_seed, _emulator_shared_offset
     from .kernels.perf_model import check_models_setting
 
     problems = []
@@ -628,6 +628,7 @@ def _setting_problems() -> list[str]:
         check_models_setting,
         default_workers,
         _emulator_order_seed,
+        _emulator_shared_offset,
         top_k,
         autotune_enabled,
         emulator.is_enabled,

@@ -1,7 +1,10 @@
 """Reading spio's environment settings: one parser for the on/off flags, so that all accept the
-same words and reject the rest, and one for settings that name one of a few choices."""
+same words and reject the rest, one for settings that name one of a few choices, and one for
+integers."""
 
 import os
+import re
+from collections.abc import Callable
 
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
@@ -30,3 +33,23 @@ def choice(name: str, choices: tuple[str, ...]) -> str:
     if value in choices:
         return value
     raise ValueError(f"{name} must be {', '.join(choices[:-1])} or {choices[-1]}, got {text!r}")
+
+
+#: An integer setting's text: decimal digits, after a minus sign for a negative one (int() also
+#: takes "1_0" and "+1").
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def integer(
+    name: str, need: str = "an integer", allowed: Callable[[int], bool] = lambda value: True
+) -> int | None:
+    """The integer setting `name` (decimal digits, negative after a minus sign, surrounding spaces
+    ignored), or None where it is empty or unset; any other value, or one `allowed` refuses,
+    raises ValueError naming the setting, what it needs (`need`) and the value."""
+    text = os.environ.get(name, "")
+    value = text.strip()
+    if not value:
+        return None
+    if _INTEGER.fullmatch(value) and allowed(int(value)):
+        return int(value)
+    raise ValueError(f"{name} must be {need}, got {text!r}")

@@ -478,8 +478,48 @@ def test_every_bad_setting_is_named_once(monkeypatch, capsys):
     assert cli.main(["compile"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "spio: error: SPIO_WORKERS must be a positive integer, got '0'",
-        "spio: error: SPIO_AUTOTUNE_TOPK needs a positive integer, got 'many'",
+        "spio: error: SPIO_AUTOTUNE_TOPK must be a positive integer, got 'many'",
     ]
+
+
+@pytest.mark.parametrize(
+    "name, value, need",
+    [
+        ("SPIO_EMULATOR_SHARED_OFFSET", "7", "a multiple of 16 in 0..1008"),
+        ("SPIO_EMULATOR_SHARED_OFFSET", "1024", "a multiple of 16 in 0..1008"),
+        ("SPIO_EMULATOR_SHARED_OFFSET", "abc", "a multiple of 16 in 0..1008"),
+        ("SPIO_EMULATOR_ORDER_SEED", "1_0", "an integer"),
+        ("SPIO_AUTOTUNE_TOPK", "1_0", "a positive integer"),
+        ("SPIO_WORKERS", "4_0", "a positive integer"),
+    ],
+)
+def test_every_integer_setting_is_checked_before_any_work(monkeypatch, capsys, name, value, need):
+    """SPIO_EMULATOR_SHARED_OFFSET had no parser among the settings checked first: a bad one
+    failed each emulated launch of `spio check` (six FAILs, some not naming it), and `info`
+    passed. The integer settings take decimal digits alone, as SPIO_WORKERS did (int() also
+    takes "1_0")."""
+    from spio import __main__ as cli
+
+    monkeypatch.setenv("SPIO_AUTOTUNE", "1")  # (SPIO_AUTOTUNE_TOPK is read where it is on)
+    monkeypatch.setenv(name, value)
+    monkeypatch.setitem(cli.COMMANDS, "check", (lambda args: pytest.fail("ran"), ""))
+    assert cli.main(["check"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"spio: error: {name} must be {need}, got {value!r}"
+    ]
+    assert cli.main(["info"]) == 1
+    assert f"{name} must be {need}, got {value!r}" in capsys.readouterr().out
+
+
+def test_integer_settings_take_a_minus_sign_and_spaces(monkeypatch):
+    from spio.kernels.kernel import _emulator_order_seed, _emulator_shared_offset
+
+    for text, seed in ((" -3 ", -3), ("5", 5), ("", None), ("  ", None)):
+        monkeypatch.setenv("SPIO_EMULATOR_ORDER_SEED", text)
+        assert _emulator_order_seed() == seed
+    for text, offset in (("16", 16), ("1008", 1008), ("", 0), ("0", 0)):
+        monkeypatch.setenv("SPIO_EMULATOR_SHARED_OFFSET", text)
+        assert _emulator_shared_offset() == offset
 
 
 def test_info_reports_the_settings_and_a_bad_one_among_its_rows(monkeypatch, capsys):

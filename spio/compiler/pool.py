@@ -32,7 +32,6 @@ import atexit
 import contextlib
 import multiprocessing
 import os
-import re
 import signal
 import sys
 import threading
@@ -45,6 +44,7 @@ from dataclasses import dataclass, field
 from queue import SimpleQueue
 from typing import cast
 
+from ..env import integer
 from ..log import logger
 from .arch import builds_for, check_arch, warn_here_only
 from .cache import cache_root
@@ -70,11 +70,9 @@ class CompileJob:
 def default_workers() -> int:
     """SPIO_WORKERS (digits; blank counts as unset), else the number of CPU cores this process
     may use."""
-    env = os.environ.get("SPIO_WORKERS", "")
-    if env.strip():
-        if not re.fullmatch(r"[0-9]+", env.strip()) or int(env) < 1:  # int() takes "4_0"
-            raise ValueError(f"SPIO_WORKERS must be a positive integer, got {env!r}")
-        return int(env)
+    workers = integer("SPIO_WORKERS", "a positive integer", lambda value: value >= 1)
+    if workers is not None:
+        return workers
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:

@@ -20,12 +20,11 @@ import contextlib
 import contextvars
 import json
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..env import flag
+from ..env import flag, integer
 from ..log import logger
 from .conv2d_gw8_params import Conv2dGw8Params
 from .kernel import Kernel, cuda_ordinal
@@ -109,16 +108,8 @@ def want(
 def top_k() -> int:
     """How many configs to time: SPIO_AUTOTUNE_TOPK (a positive int), default 5; ValueError
     naming the setting for any other value."""
-    text = os.environ.get("SPIO_AUTOTUNE_TOPK", "").strip()
-    if not text:
-        return DEFAULT_TOP_K
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"SPIO_AUTOTUNE_TOPK needs a positive integer, got {text!r}")
-    return value
+    value = integer("SPIO_AUTOTUNE_TOPK", "a positive integer", lambda value: value >= 1)
+    return DEFAULT_TOP_K if value is None else value
 
 
 # --------------------------------------------------------------------------------------------

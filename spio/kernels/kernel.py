@@ -9,7 +9,6 @@ in memory).
 from __future__ import annotations
 
 import functools
-import os
 import re
 import threading
 from collections.abc import Callable, Iterable
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..env import integer
 from ..locks import KeyedLocks
 from ..log import logger
 
@@ -312,23 +312,11 @@ def _cuda_function(kernel: Kernel, ordinal: int) -> _LoadedCudaFunction:
     return loaded
 
 
-def _int_variable(name: str) -> int | None:
-    """The integer environment variable `name`, or None where it is unset or empty; a
-    ValueError naming it for anything else."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {text!r}") from None
-
-
 def _emulator_order_seed() -> int | None:
     """SPIO_EMULATOR_ORDER_SEED=<int>: emulated launches run their blocks, and each block's
     threads, in an order shuffled by that seed instead of in index order; a GPU promises no
     order, and a kernel whose result depends on one fails under some seed. Unset: index order."""
-    return _int_variable("SPIO_EMULATOR_ORDER_SEED")
+    return integer("SPIO_EMULATOR_ORDER_SEED")
 
 
 def _emulator_shared_offset() -> int:
@@ -336,7 +324,12 @@ def _emulator_shared_offset() -> int:
     that many bytes (a multiple of 16 below 1024) past a 1024-byte boundary, as a GPU may (it
     promises 16-byte alignment): for testing kernels that align their buffers themselves (the
     tensor-copy variants). Unset: at the boundary."""
-    return _int_variable("SPIO_EMULATOR_SHARED_OFFSET") or 0
+    offset = integer(
+        "SPIO_EMULATOR_SHARED_OFFSET",
+        "a multiple of 16 in 0..1008",
+        lambda value: value % 16 == 0 and 0 <= value < 1024,
+    )
+    return offset or 0
 
 
 def _emulator_function(kernel: Kernel):

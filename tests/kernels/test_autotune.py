@@ -328,7 +328,9 @@ def test_autotune_is_off_unless_asked(monkeypatch, models):
     monkeypatch.setenv("SPIO_AUTOTUNE", "0")
     assert not autotune.autotune_enabled()
     monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "zero")
-    with pytest.raises(ValueError, match="SPIO_AUTOTUNE_TOPK needs a positive integer, got 'zero'"):
+    with pytest.raises(
+        ValueError, match="SPIO_AUTOTUNE_TOPK must be a positive integer, got 'zero'"
+    ):
         autotune.top_k()
     monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "3")
     assert autotune.top_k() == 3
@@ -355,7 +357,7 @@ def test_autotune_flag_words_and_bad_values(monkeypatch):
         assert not autotune.autotune_enabled()  # unused while autotuning is off
         monkeypatch.setenv("SPIO_AUTOTUNE", "1")
         with pytest.raises(
-            ValueError, match=rf"^SPIO_AUTOTUNE_TOPK needs a positive integer, got '{bad}'$"
+            ValueError, match=rf"^SPIO_AUTOTUNE_TOPK must be a positive integer, got '{bad}'$"
         ):
             autotune.autotune_enabled()
 
