@@ -127,19 +127,41 @@ def _stand_in_main():
 
 def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
     """Start all of the pool's processes now: the executor spawns one per submit while no worker
-    is idle, and a process takes far longer to start than these submits take."""
-    for future in [pool.submit(os.getpid) for _ in range(workers)]:
+    is idle, and a process takes far longer to start than these submits take. They are spawned
+    with SIGINT blocked (_sigint_blocked), which _start_worker ignores and unblocks."""
+    with _sigint_blocked():
+        futures = [pool.submit(os.getpid) for _ in range(workers)]
+    for future in futures:
         future.result()
 
 
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread, so that the processes it spawns start with it blocked (a
+    child inherits its spawning thread's signal mask) and a Ctrl-C in a terminal, which reaches
+    the whole process group, stays pending in a worker still starting, until _start_worker
+    discards it, instead of a KeyboardInterrupt and a traceback from its imports. This process
+    still receives it: in another thread, or here once the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _start_worker() -> None:
-    """Runs first in each worker. It ignores SIGINT: Ctrl-C in a terminal reaches the whole
-    process group, and would kill idle workers (breaking the pool) and print a traceback per
-    worker; the parent handles it, cancelling the jobs not started. And it ends the worker when
-    the parent ends without stopping the pool (SIGKILL, the OOM killer, SIGTERM): the worker
-    would otherwise wait for jobs forever, and keep the parent's stdout open (`| tee` never
-    ended)."""
+    """Runs first in each worker. It ignores SIGINT (then unblocks it: a pending one is
+    discarded): Ctrl-C in a terminal reaches the whole process group, and would kill idle
+    workers (breaking the pool) and print a traceback per worker; the parent handles it,
+    cancelling the jobs not started. And it ends the worker when the parent ends without
+    stopping the pool (SIGKILL, the OOM killer, SIGTERM): the worker would otherwise wait for
+    jobs forever, and keep the parent's stdout open (`| tee` never ended)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     warn_here_only()  # compile_many warned of an experimental arch in the parent, once
     parent = multiprocessing.parent_process()
     if parent is not None:

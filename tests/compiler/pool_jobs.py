@@ -55,3 +55,12 @@ class KillWorkerWhenReadyJob(CompileJob):
                 break
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class SigintStateJob(CompileJob):
+    """Returns how the worker running it treats SIGINT: (ignored, blocked)."""
+
+    def run(self):
+        blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        return signal.getsignal(signal.SIGINT) is signal.SIG_IGN, blocked

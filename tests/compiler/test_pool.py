@@ -433,6 +433,33 @@ def test_ctrl_c_cancels_the_jobs_not_started(pool_jobs, tmp_path, monkeypatch):
     assert len(ran) <= 3, sorted(ran)  # the first job back, and the 2 workers' running jobs
 
 
+def test_workers_are_spawned_with_sigint_blocked_and_then_ignore_it(pool_jobs, monkeypatch):
+    """Ctrl-C in a terminal reaches the whole process group: a worker still importing (before
+    its initializer ignored SIGINT) died with a KeyboardInterrupt traceback. The pool spawns its
+    workers with SIGINT blocked (a child inherits its spawning thread's mask); each then
+    ignores it, and unblocks it, a pending one discarded. The spawning thread's mask is
+    restored."""
+    from concurrent.futures import Future
+
+    from spio.compiler import pool
+
+    masks = []
+
+    class RecordingPool:
+        def submit(self, fn):
+            masks.append(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+            future = Future()
+            future.set_result(fn())
+            return future
+
+    pool._start_workers(RecordingPool(), 3)
+    assert masks == [True] * 3
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    pool.shutdown_pool()  # a pool of its own, started here
+    job = pool_jobs.SigintStateJob("", "sm_80")
+    assert compile_many([job, job], workers=2, progress=False) == [(True, False)] * 2
+
+
 def test_a_daemonic_process_compiles_its_jobs_itself(cache_dir, monkeypatch):
     """A daemonic process (a multiprocessing.Pool's worker, a DataLoader's) may start no
     processes: its sweep raised AssertionError ("daemonic processes are not allowed to have
