@@ -128,6 +128,9 @@ def run_one(
 
     t = random_inputs(params, seed)
     dev = {k: None if v is None else v.to(device) for k, v in t.items()}
+    if pass_ not in PASSES:
+        raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
+    kernel = kernel or kernel_as_run(params, pass_, config, device)
     if pass_ == "fprop":
         out = _poisoned(params.output_shape, t["x"], device)
         out = fd.fprop(dev["x"], dev["w"], dev["bias"], params, config, out=out, kernel=kernel)
@@ -140,10 +143,6 @@ def run_one(
         expected = conv2d_gw8_dgrad_ref(t["dy"], t["w"], params.padding, (params.h, params.w))
         tol = conv2d_gw8_tolerance(params, "dgrad", t["dy"], t["w"])
         return error_ratio(out, expected, tol.atol, tol.rtol)
-    if pass_ != "wgrad":
-        raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
-    # As spio runs it: per-warp partial sums and sum_slots while they fit, else atomics.
-    kernel = kernel or wg.production_kernel(params, config)
     dw, dbias = wg.wgrad(dev["x"], dev["dy"], params, kernel=kernel, poison=True)
     expected = conv2d_gw8_wgrad_ref(t["x"], t["dy"], params.padding, params.r, params.s)
     tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"])
@@ -155,6 +154,19 @@ def run_one(
         expected_bias = conv2d_gw8_bias_grad_ref(t["dy"])
         worst = max(worst, error_ratio(dbias, expected_bias, bias_tol.atol, bias_tol.rtol))
     return worst
+
+
+def kernel_as_run(params: Conv2dGw8Params, pass_: str, config, device: str):
+    """The kernel spio runs for this pass, layer and config on `device`: its family's (for
+    WGrad, per-warp partial sums and sum_slots while they fit, else atomics), with its rows
+    moved by tensor copies where SPIO_TMA asks for them and the device has them."""
+    import torch
+
+    from .functional._kernels import _with_tensor_copies
+    from .kernels.families import FAMILY_OF_PASS
+
+    kernel = FAMILY_OF_PASS[pass_].make_kernel(params, config)
+    return _with_tensor_copies(kernel, torch.device(device))
 
 
 def configs_to_run(
@@ -259,13 +271,12 @@ def precompile(
     import torch
 
     from .kernels.conv2d_gw8_wgrad_factory import sum_kernel
-    from .kernels.families import FAMILY_OF_PASS
     from .kernels.kernel import build_kernels
 
     kernels = {}
     for (pass_, _), runs in jobs.items():
         for params, config in runs:
-            kernel = FAMILY_OF_PASS[pass_].make_kernel(params, config)
+            kernel = kernel_as_run(params, pass_, config, device)
             kernels[kernel.name] = kernel
             if kernel.info_value("partials"):  # and the sum over its partial sums
                 summing = sum_kernel(params)
@@ -351,6 +362,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _tensor_copies_note() -> str:
+    """What SPIO_TMA has the check run, where it is set: the kernels spio runs under it."""
+    from .functional._kernels import tensor_copies
+
+    loads, stores = tensor_copies()
+    if not loads:
+        return ""
+    moved = "input and output rows" if stores else "input rows"
+    return f"; SPIO_TMA: {moved} by tensor copies (sm_90 and newer GPUs, and the emulator)"
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Run the self-test; exit status 0 when every pass and dtype passed, 1 otherwise, 2 when
     it cannot run (no GPU for --device cuda, no kernel could be built)."""
@@ -369,7 +391,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     where = "GPU (real kernels)" if device == "cuda" else "CPU emulator"
     print(
         f"spio check on the {where}: {len(layers)} layers, the config spio picks and {extra} "
-        "sampled per layer, pass and dtype"
+        f"sampled per layer, pass and dtype{_tensor_copies_note()}"
     )
     started = time.perf_counter()
     try:

@@ -179,6 +179,40 @@ def test_check_builds_its_kernels_before_running_them(monkeypatch):
     assert launched and set(launched) <= built
 
 
+@pytest.mark.parametrize("setting", ["loads", "loads+stores"])
+def test_check_runs_the_tensor_copy_kernels_spio_runs_under_spio_tma(monkeypatch, setting):
+    """With SPIO_TMA set, spio runs every pass's tensor-copy kernel (in the emulator too): the
+    check builds and launches those, and says so. It had checked the plain kernels alone."""
+    from spio.kernels import kernel as kernel_module
+
+    monkeypatch.setenv("SPIO_TMA", setting)
+    built, launched = set(), []
+    build, launch = kernel_module.build_kernels, kernel_module.Kernel.launch
+
+    def recording_build(kernels, device, progress=True):
+        kernels = list(kernels)
+        built.update(k.name for k in kernels)
+        return build(kernels, device, progress)
+
+    def recording_launch(self, args, device):
+        launched.append(self)
+        return launch(self, args, device)
+
+    monkeypatch.setattr(kernel_module, "build_kernels", recording_build)
+    monkeypatch.setattr(kernel_module.Kernel, "launch", recording_launch)
+    results, _ = _run(dtypes=("fp16",))
+    assert all(r.passed and r.runs == 1 for r in results)
+    convs = [k for k in launched if k.info_value("config") is not None]
+    assert len(convs) == 3 and all(k.info_value("tma") for k in convs), [k.name for k in convs]
+    stores = [bool(k.info_value("tma_stores")) for k in convs if "wgrad" not in k.name]
+    assert stores == [setting == "loads+stores"] * 2
+    assert {k.name for k in launched} <= built
+    notes = check._tensor_copies_note()
+    assert "SPIO_TMA" in notes and ("output" in notes) == (setting == "loads+stores")
+    monkeypatch.setenv("SPIO_TMA", "off")
+    assert check._tensor_copies_note() == ""
+
+
 def test_error_ratio_flags_nan_and_scales_by_tolerance():
     expected = torch.tensor([1.0, -2.0], dtype=torch.float64)
     assert check.error_ratio(torch.tensor([1.0, float("nan")]), expected, 0.1, 0.0) == float("inf")
