@@ -685,7 +685,10 @@ def run() -> None:
     """The `spio` program (`python -m spio`, the console script): main(), then the exit. Ctrl-C
     while Python exits (its atexit callbacks, torch's and the compile pool's, take up to a
     second) ends the process at once, as during the command: one line and exit 130, not a
-    traceback and the command's own status."""
+    traceback and the command's own status. Warnings clear the progress bars around them."""
+    from .log import show_warnings
+
+    show_warnings()
     args = build_parser().parse_args()
     status = _run_command(args)
 

@@ -10,7 +10,22 @@ logger = logging.getLogger("spio")
 
 class _StderrHandler(logging.StreamHandler):
     """stderr, clearing tqdm's progress bars there around each line (tqdm.external_write_mode),
-    so that a log line never lands on a bar's line; plain writes while tqdm is not imported."""
+    so that a log line never lands on a bar's line; plain writes while tqdm is not imported.
+    Its stream: `stream`, or else sys.stderr as it is at each line (a test's capture, a
+    redirect)."""
+
+    def __init__(self, stream=None) -> None:
+        self._given = stream
+        super().__init__(stream)
+        self.setFormatter(logging.Formatter("spio %(levelname)s: %(message)s"))
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr if self._given is None else self._given
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass  # (StreamHandler.__init__ sets it)
 
     def emit(self, record: logging.LogRecord) -> None:
         tqdm = sys.modules.get("tqdm")  # no bars can exist before tqdm is imported
@@ -37,8 +52,16 @@ def _configure_from_env() -> None:
         return
     logger.setLevel(level)
     if not logger.handlers:
+        logger.addHandler(_StderrHandler())
+
+
+def show_warnings() -> None:
+    """Warnings on stderr through the handler that clears progress bars, where SPIO_LOGGER has
+    set none: for the command line, whose bars a warning would otherwise share a line with
+    (Python's last-resort handler writes the bare message). A library adds no handler."""
+    if not logger.handlers:
         handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("spio %(levelname)s: %(message)s"))
+        handler.setLevel(logging.WARNING)
         logger.addHandler(handler)
 
 

@@ -82,5 +82,38 @@ def test_a_line_logged_during_a_progress_bar_starts_on_a_line_of_its_own():
     with tqdm(total=10, file=stream, mininterval=0, ascii=True) as bar:
         bar.update(1)
         handler.emit(record)
-        before, after = stream.getvalue().split("hello\n")
+        before, after = stream.getvalue().split("spio WARNING: hello\n")
     assert before.endswith("\r") and "1/10" in after  # the bar cleared, then drawn again
+
+
+def test_the_command_line_shows_warnings_off_the_progress_bars(tmp_path):
+    """Where SPIO_LOGGER sets no handler, the `spio` program's warnings went through Python's
+    last-resort handler, onto a progress bar's line ("...4.28kernel/s]spio cannot write its
+    cache folder"). The program shows them through spio's handler, which clears the bars."""
+    afile = tmp_path / "afile"
+    afile.touch()
+    out = subprocess.run(
+        [sys.executable, "-m", "spio", "compile", "--arch", "sm_90", "--sample", "2"],
+        capture_output=True,
+        encoding="utf-8",
+        timeout=300,
+        env=dict(os.environ, SPIO_CACHE_DIR=str(afile), SPIO_LOGGER=""),
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.replace("\r", "\n").splitlines()
+    (warning,) = [line for line in lines if "cannot write its cache folder" in line]
+    assert warning.startswith("spio WARNING: spio cannot write its cache folder"), warning
+
+
+def test_a_library_adds_no_handler_for_warnings(monkeypatch, spio_logger):
+    """Only the program shows warnings through a handler of spio's: imported, spio leaves
+    that to the application (a library's handlers would print what its own logging config
+    routes elsewhere)."""
+    monkeypatch.setenv("SPIO_LOGGER", "")
+    spio_logger.handlers.clear()
+    log._configure_from_env()
+    assert spio_logger.handlers == []
+    log.show_warnings()
+    log.show_warnings()
+    (handler,) = spio_logger.handlers
+    assert handler.level == logging.WARNING
