@@ -201,7 +201,8 @@ cdef int _open(str path, Api* api) except -1:
         reason = (<bytes>err).decode("utf-8", "replace") if err != NULL else "unknown reason"
         raise CudaDriverError(
             f"No NVIDIA driver found: cannot load {path} ({reason}). spio's GPU kernels need an "
-            "NVIDIA GPU and its driver; on CPU tensors spio runs the PyTorch reference instead."
+            "NVIDIA GPU and its driver; on CPU tensors spio runs the PyTorch reference instead "
+            "(the kernels in its CPU emulator with SPIO_EMULATE=1)."
         )
     api.p_cuInit = <fn_u>_symbol(lib, b"cuInit", path)
     api.p_cuDriverGetVersion = <fn_pi>_symbol(lib, b"cuDriverGetVersion", path)
