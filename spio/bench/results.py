@@ -16,6 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
+from spio.kernels.conv2d_gw8_params import DTYPES
+from spio.kernels.stats import PASSES
+
 #: Implementations timed per pass: spio's kernel, PyTorch (cuDNN), and a device copy of the
 #: same number of bytes (the bandwidth a memory-bound kernel could at best reach).
 IMPLS = ("spio", "torch", "copy")
@@ -130,6 +133,10 @@ def write_csv(rows: Iterable[BenchRow], path: Path) -> Path:
     return write_rows(rows, path, BenchRow, _DERIVED)
 
 
+#: The values a benchmark CSV's categorical columns take (the table and plots know no others).
+_CHOICES = {"impl": IMPLS, "pass_": PASSES, "dtype": DTYPES}
+
+
 def read_csv(path: Path) -> list[BenchRow]:
     """Rows of a CSV written by write_csv (derived columns are recomputed, not read)."""
     path = Path(path)
@@ -179,6 +186,15 @@ def read_csv(path: Path) -> list[BenchRow]:
                 if not values[positive] > 0:
                     raise ValueError(
                         f"{path}:{line_no}: {positive} must be > 0, got {values[positive]}"
+                    )
+            for count in ("bytes", "flops"):
+                if values[count] < 0:
+                    raise ValueError(f"{path}:{line_no}: {count} must be >= 0, got {values[count]}")
+            for name, allowed in _CHOICES.items():
+                if values[name] not in allowed:
+                    raise ValueError(
+                        f"{path}:{line_no}: {_column(name)} must be one of {', '.join(allowed)}, "
+                        f"got {values[name]!r}"
                     )
             rows.append(BenchRow(**values))
     return rows

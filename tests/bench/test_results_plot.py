@@ -3,6 +3,9 @@
 The rows here are synthetic fixtures labelled as such, only to exercise formatting and plotting.
 """
 
+import csv
+import re
+
 import pytest
 
 from spio.bench.layers import layer_table
@@ -142,6 +145,28 @@ def test_a_row_with_extra_fields_is_named(tmp_path):
     with path.open("w", newline="") as handle:
         csv.writer(handle).writerows([header, first + second[:3], second])
     with pytest.raises(ValueError, match=rf"long.csv:2: the row has {len(header) + 3} columns"):
+        read_csv(path)
+
+
+@pytest.mark.parametrize(
+    "column, value, said",
+    [
+        ("impl", "xyz", "impl must be one of spio, torch, copy, got 'xyz'"),
+        ("pass", "xyz", "pass must be one of fprop, dgrad, wgrad, got 'xyz'"),
+        ("dtype", "fp32", "dtype must be one of fp16, bf16, got 'fp32'"),
+        ("bytes", "-1", "bytes must be >= 0, got -1"),
+        ("flops", "-5", "flops must be >= 0, got -5"),
+    ],
+)
+def test_read_csv_names_a_value_the_table_and_plots_know_nothing_of(tmp_path, column, value, said):
+    """An unknown impl had made a table row of dashes, an unknown pass a plot of its own
+    (bandwidth_xyz_fp16.png), and negative bytes a bandwidth of -0 GB/s, with exit 0."""
+    path = write_csv(_rows()[:2], tmp_path / "edited.csv")
+    header, first, second = list(csv.reader(path.open()))
+    second[header.index(column)] = value
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows([header, first, second])
+    with pytest.raises(ValueError, match=rf"edited.csv:3: {re.escape(said)}$"):
         read_csv(path)
 
 
