@@ -145,16 +145,21 @@ def _out_dir_error(out_dir: Path) -> str | None:
     return None
 
 
+def _error(message: object) -> None:
+    """One line on stderr, as the other commands' errors: `spio bench: <message>`."""
+    print(f"spio bench: {message}", file=sys.stderr)
+
+
 def _plot(rows, out_dir: Path) -> int:
     from .plot import plot_rows
 
     try:
         paths = plot_rows(rows, out_dir)
     except RuntimeError as error:  # matplotlib missing
-        print(error, file=sys.stderr)
+        _error(error)
         return 1
     except OSError as error:  # the folder went away or filled up since _out_dir_error
-        print(f"cannot write the plots to {out_dir}: {error}", file=sys.stderr)
+        _error(f"cannot write the plots to {out_dir}: {error}")
         return 2
     for path in paths:
         print(f"wrote {path}")
@@ -183,33 +188,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot_only is not None:
         if ignored := _unused_with_plot_only(args):
             verb = "does" if len(ignored) == 1 else "do"
-            print(
-                f"--plot-only renders the CSV as it is: {', '.join(ignored)} {verb} not apply "
-                "to it",
-                file=sys.stderr,
+            _error(
+                f"--plot-only renders the CSV as it is: {', '.join(ignored)} {verb} not apply to it"
             )
             return 2
         try:
             rows = read_csv(args.plot_only)
         except (OSError, ValueError) as error:
-            print(f"cannot read {args.plot_only}: {error}", file=sys.stderr)
+            _error(f"cannot read {args.plot_only}: {error}")
             return 2
         if not rows:  # a header alone: a CSV that cannot be plotted, as the errors above
-            print(f"{args.plot_only} has no rows", file=sys.stderr)
+            _error(f"{args.plot_only} has no rows")
             return 2
         found = runs(rows)
         if len(found) > 1:
             listed = "\n".join(f"  {gpu}, {date}: {command}" for gpu, date, command in found)
-            print(
+            _error(
                 f"{args.plot_only} holds rows of {len(found)} benchmark runs; the table and plots "
                 f"compare one run's implementations, so split it by run (its date column):\n"
-                + listed,
-                file=sys.stderr,
+                + listed
             )
             return 2
         out_dir = args.out or args.plot_only.parent
         if message := _out_dir_error(out_dir):
-            print(message, file=sys.stderr)
+            _error(message)
             return 2
         print(format_table(rows))
         return _plot(rows, out_dir)
@@ -217,7 +219,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:  # before the GPU check, as argparse's checks: a typo is reported on any machine
         layers = chosen_layers(args)
     except ValueError as error:
-        print(error, file=sys.stderr)
+        _error(error)
         return 2
 
     import torch
@@ -227,10 +229,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     out_dir = args.out or Path(DEFAULT_OUT)
     if problem := _gpu_problem():
-        print(f"spio bench: spio's kernels do not run on {problem}", file=sys.stderr)
+        _error(f"spio's kernels do not run on {problem}")
         return 2
     if message := _out_dir_error(out_dir):
-        print(message, file=sys.stderr)
+        _error(message)
         return 2
     batch_sizes = args.batch_sizes or (QUICK_BATCH_SIZES if args.quick else BATCH_SIZES)
     if args.in_situ:
@@ -254,7 +256,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     status = _plot(rows, out_dir) if rows else 1
     if len(rows) < expected:
-        print(f"{expected - len(rows)} of {expected} timings failed (see the log)", file=sys.stderr)
+        _error(f"{expected - len(rows)} of {expected} timings failed (see the log)")
         return 1
     return status
 

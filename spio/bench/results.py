@@ -140,6 +140,8 @@ _CHOICES = {"impl": IMPLS, "pass_": PASSES, "dtype": DTYPES}
 def read_csv(path: Path) -> list[BenchRow]:
     """Rows of a CSV written by write_csv (derived columns are recomputed, not read)."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not a benchmark CSV")
     if not path.is_file():
         raise FileNotFoundError(f"benchmark CSV not found: {path}")
     types = {f.name: f.type for f in fields(BenchRow)}

@@ -84,7 +84,7 @@ def test_bench_names_every_layers_name_that_matches_nothing(monkeypatch, capsys)
     assert "no benchmark layer matches ['368c_7x7_3x33', 'nope']; layers: " in str(error.value)
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err == f"{error.value}\n"
+    assert err == f"spio bench: {error.value}\n"
     assert all(layer.name in err for layer in layer_table())
     args = build_parser().parse_args(["bench", "--layers", "64c_64x64", "--layers", "368c_7x7"])
     assert [layer.name for layer in cli.chosen_layers(args)] == ["64c_64x64_3x3", "368c_7x7_3x3"]
@@ -116,7 +116,9 @@ def test_plot_only_names_an_output_folder_that_is_a_file(tmp_path):
     a_file.write_bytes(b"")
     out = run_spio("bench", "--plot-only", PLOTTED_CSV, "--out", str(a_file))
     assert out.returncode == 2, out.stderr
-    assert out.stderr.startswith(f"cannot write to the output folder {a_file}: [Errno 17]")
+    assert out.stderr.startswith(
+        f"spio bench: cannot write to the output folder {a_file}: [Errno 17]"
+    )
     assert "Traceback" not in out.stderr and out.stdout == ""
 
 
@@ -223,7 +225,7 @@ def test_plot_only_refuses_a_csv_without_rows_or_of_two_runs(tmp_path, capsys):
 
     empty = _csv_of_runs(tmp_path / "a", [])
     assert main(["bench", "--plot-only", str(empty)]) == 2
-    assert capsys.readouterr().err == f"{empty} has no rows\n"
+    assert capsys.readouterr().err == f"spio bench: {empty} has no rows\n"
     two = _csv_of_runs(tmp_path / "b", ["2026-11-29 21:27 UTC", "2026-11-30 08:00 UTC"])
     assert main(["bench", "--plot-only", str(two)]) == 2
     out = capsys.readouterr()
@@ -241,7 +243,8 @@ def test_plot_only_refuses_the_options_that_choose_what_to_time(capsys):
     assert main(argv) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err == (
-        "--plot-only renders the CSV as it is: --passes, --dtype, --layers, --batch-sizes do "
+        "spio bench: --plot-only renders the CSV as it is: --passes, --dtype, --layers, "
+        "--batch-sizes do "
         "not apply to it\n"
     )
     assert main(["bench", "--plot-only", PLOTTED_CSV, "--quick"]) == 2
@@ -275,7 +278,8 @@ def test_plots_that_cannot_be_made_or_written_fail_with_a_message(
     assert cli._plot([], "somewhere") == status
     err = capsys.readouterr().err
     assert err.startswith(
-        "needs matplotlib" if status == 1 else "cannot write the plots to somewhere"
+        "spio bench: "
+        + ("needs matplotlib" if status == 1 else "cannot write the plots to somewhere")
     )
 
 
@@ -332,7 +336,7 @@ def test_bench_fails_when_any_timing_is_missing(fake_bench, tmp_path, capsys):
     assert capsys.readouterr().out == f"TABLE\nwrote {tmp_path / 'bench_fp16.csv'}\n"
     fake_bench.rows = 11
     assert cli.cmd_bench(args) == 1
-    assert capsys.readouterr().err == "1 of 12 timings failed (see the log)\n"
+    assert capsys.readouterr().err == "spio bench: 1 of 12 timings failed (see the log)\n"
 
 
 def test_in_situ_runs_at_n_64_or_the_first_batch_size_and_quick_on_three_layers(

@@ -177,6 +177,8 @@ def test_read_csv_rejects_other_files(tmp_path):
         read_csv(other)
     with pytest.raises(FileNotFoundError):
         read_csv(tmp_path / "missing.csv")
+    with pytest.raises(IsADirectoryError, match="is a folder, not a benchmark CSV"):
+        read_csv(tmp_path)  # (had been "not found")
 
 
 def test_table_reports_bandwidth_copy_fraction_and_speedup():
