@@ -539,7 +539,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "compile": (
         cmd_compile,
         "compile every config of every kernel for the built-in layer set, listing compiler "
-        "warnings; exit 1 on any failure or spill, 2 when --kernel matches no family",
+        "warnings; exit 1 on any failure or spill, 2 when --kernel matches no family or "
+        "NVRTC or the CUDA headers are not found",
     ),
     "check": (
         cmd_check,
