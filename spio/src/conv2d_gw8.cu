@@ -60,7 +60,9 @@
 /// Launch contract: grid = ceil(images / Block::n) * (the blocks of one image's tiles: BlockIdx
 /// without its n) blocks, Block::threads threads (one warp per group and run of
 /// Block::warp_x16 * 16 columns: WarpIdx), SmemInput::num_bytes + SmemWeights::num_bytes +
-/// SmemOutput::num_bytes bytes of dynamic shared memory.
+/// SmemOutput::num_bytes bytes of dynamic shared memory; a SPIO_LOAD_VIA_TMA build
+/// SPIO_TMA_ALIGN - 16 bytes more, to align its buffers, and 8 * Block::stages for its mbarriers
+/// after them (conv2d_gw8_factory.shared_mem_bytes).
 /// Arguments: (Output::data_type *out, const uint4 *in, const Elem *weights,
 /// Bias::data_type *bias or null, int images); out and in are NHWC. The batch size `images` is
 /// the one extent given at launch: the generated tensors and BlockIdx leave their n extents open,

@@ -51,7 +51,9 @@
 /// Launch contract: grid = ceil(images / Block::n) * (the blocks of one image's tiles: BlockIdx
 /// without its n) blocks, Block::threads threads (one warp per group and run of
 /// Block::warp_x8 * 8 columns: WarpIdx), SmemX::num_bytes + SmemDy::num_bytes bytes of dynamic
-/// shared memory (SmemDy: the R + STAGES - 1 ring slots and the zero row).
+/// shared memory (SmemDy: the R + STAGES - 1 ring slots and the zero row); a SPIO_LOAD_VIA_TMA
+/// build SPIO_TMA_ALIGN - 16 bytes more, to align its buffers, and 8 * Block::stages for its
+/// mbarriers after them (conv2d_gw8_wgrad_factory.shared_mem_bytes).
 /// Arguments: (float *dw, float *dbias or null, const uint4 *x, const uint4 *dy, int images), x
 /// and dy NHWC; dw and dbias zeroed by the caller (with SPIO_WGRAD_PARTIALS: the DWPart and
 /// DBiasPart buffers, one slot per warp of the grid's dy tiles, unzeroed). The batch size `images`

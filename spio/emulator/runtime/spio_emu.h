@@ -5,8 +5,8 @@
 ///
 /// It includes cuda_fp16.h and cuda_bf16.h first (they compile on the host with the shims in
 /// runtime/shim), then defines the CUDA keywords and built-ins for the host compiler and declares
-/// namespace spio::emu: the PTX primitives of docs/primitives.md with the same names and
-/// signatures. One CUDA thread runs as one user-level fiber; warp collectives meet at a warp
+/// namespace spio::emu: the PTX primitives of docs/primitives.md, most with the same names and
+/// signatures (the tensor copies and bulk waits as docs/primitives.md lists them). One CUDA thread runs as one user-level fiber; warp collectives meet at a warp
 /// barrier; __syncthreads is a block barrier; static __shared__ variables are thread_local, so
 /// they all live in this library's TLS block, which the runtime treats as the block's
 /// shared-memory arena. That arena holds every kernel's static __shared__ variables together:
@@ -200,7 +200,8 @@ struct Entry<void (*)(P...), kernel> {
 
 }  // namespace detail
 
-/// PTX primitives (docs/primitives.md): same names and signatures as namespace spio.
+/// PTX primitives (docs/primitives.md): same names and signatures as namespace spio, but for the
+/// tensor copies and the bulk-group waits (rank and coordinates, a read flag: see there).
 SPIO_EMU_API void mma_m16n8k8_f16(float (&d)[4], const unsigned (&a)[2], unsigned b,
                                   const float (&c)[4]);
 SPIO_EMU_API void mma_m16n8k8_bf16(float (&d)[4], const unsigned (&a)[2], unsigned b,
