@@ -280,6 +280,10 @@ def _setup_backward_context(ctx, inputs, output) -> None:
     ctx.padding = (padding_y, padding_x)
     ctx.mask = [bool(m) for m in output_mask]
     ctx.passes = passes
+    # A gradient of an output nothing used arrives as None, not as zeros: _double_backward then
+    # runs no convolution on it (two full passes that added zeros, with kernels that
+    # spio.precompile(double_backward=True) had no reason to build).
+    ctx.set_materialize_grads(False)
 
 
 def _double_backward(ctx, grad_dx, grad_dw, grad_db):

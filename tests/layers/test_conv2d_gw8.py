@@ -1406,6 +1406,33 @@ def test_a_gradient_penalty_on_the_eager_path_gives_the_ops_bits(monkeypatch, fr
         assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b))
 
 
+def test_a_gradient_penalty_runs_no_convolution_on_a_gradient_nothing_used(monkeypatch):
+    """The penalty of a gradient of the input alone: its backward passes a gradient to the
+    backward op's dx alone. Its dw's came as zeros (autograd materialised them), and the
+    double backward ran FProp(x, 0) and DGrad(dy, 0), whole passes adding zeros; now None, and
+    no such pass. What runs: FProp(g, w) and WGrad(dy, g) for the penalty's dx, then the
+    layer's own DGrad and WGrad for the gradient that reaches its output."""
+    from tests.conftest import spy_on_launches
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=False).half()
+    x = torch.randn(1, 16, 5, 5).half().to(memory_format=torch.channels_last).requires_grad_()
+    (g,) = torch.autograd.grad(layer(x).float().square().sum(), x, create_graph=True)
+    launched = spy_on_launches(monkeypatch)
+    g.float().square().sum().backward()
+    passes = [name.removeprefix("conv2d_gw8_") for name in launched if "sum" not in name]
+    assert sorted(passes) == ["dgrad", "fprop", "wgrad", "wgrad"], launched
+    # The same gradients from float64 autograd through PyTorch's convolution.
+    ref = nn.Conv2d(16, 16, 3, padding=1, groups=2, bias=False).double()
+    ref.weight.data = layer.weight.detach().double()
+    x64 = x.detach().double().requires_grad_()
+    (g64,) = torch.autograd.grad(ref(x64).square().sum(), x64, create_graph=True)
+    g64.square().sum().backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(layer.weight.grad.double(), ref.weight.grad, rtol=2e-2, atol=2e-2)
+
+
 def test_the_eager_path_leaves_tensor_subclasses_to_the_op():
     """A tensor subclass in any operand, the bias too, takes the custom op: its eager path
     would launch kernels on tensors whose behaviour it does not know."""

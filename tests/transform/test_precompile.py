@@ -295,10 +295,13 @@ def test_training_follows_the_model_and_keyword_calls_count(emulated, caplog):
     assert "has no Conv2dGw8 layers" in caplog.text
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_double_backward_kernels_are_built_when_asked(emulated, monkeypatch, bias):
+def test_double_backward_kernels_are_built_when_asked(emulated, monkeypatch, bias, layout):
     """A gradient penalty (a backward through the backward) runs the passes again on gradients:
-    with double_backward=True their kernels are built too, and the penalty's step builds none."""
+    with double_backward=True their kernels are built too, and the penalty's step builds none.
+    (A channels_last model's penalty had launched contiguous-weight kernels precompile did not
+    build: FProp and DGrad on the zeros autograd made of dw's unused gradient.)"""
 
     class Penalised(nn.Module):
         def __init__(self):
@@ -308,7 +311,8 @@ def test_double_backward_kernels_are_built_when_asked(emulated, monkeypatch, bia
         def forward(self, x):
             return self.conv(x)
 
-    model = transform(Penalised())
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    model = transform(Penalised()).to(memory_format=fmt)
     x = _input(h=5, w=6)[:, :16].requires_grad_()
     single = {k.name for k in precompile(model, x, progress=False)}
     kernels = precompile(model, x, double_backward=True, progress=False)
