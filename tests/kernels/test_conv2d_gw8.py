@@ -1166,10 +1166,14 @@ def test_tma_kernels_align_their_stages_wherever_shared_memory_starts(offset, mo
     assert ratio <= 1.0, f"{kernel.name}, offset {offset}: {ratio:.3g} times the tolerance"
 
 
-def test_the_emulated_shared_offset_must_be_an_integer(monkeypatch):
+@pytest.mark.parametrize("value", ["sixteen", "8", "1024"])
+def test_the_emulated_shared_offset_must_be_a_multiple_of_16_below_1024(monkeypatch, value):
+    """Refused naming the setting at the launch too (spio's commands check it before any work)."""
     from spio.check import run_one
 
-    monkeypatch.setenv("SPIO_EMULATOR_SHARED_OFFSET", "sixteen")
+    monkeypatch.setenv("SPIO_EMULATOR_SHARED_OFFSET", value)
     params, config = SWIZZLED_CASES[1][1:]
-    with pytest.raises(ValueError, match="SPIO_EMULATOR_SHARED_OFFSET must be an integer"):
+    with pytest.raises(
+        ValueError, match="SPIO_EMULATOR_SHARED_OFFSET must be a multiple of 16 in 0..1008"
+    ):
         run_one(params, "dgrad", config, "cpu")
