@@ -113,6 +113,28 @@ def has_forward_tangent(*tensors: Tensor | None) -> bool:
     )
 
 
+def gradients_wanted(ctx: Any) -> list[bool]:
+    """Which of (input, weight, bias) a backward computes gradients for: those that need one
+    (ctx.needs_input_grad, the forward's first three arguments) and that the running backward
+    uses. torch.autograd.grad(loss, x) runs only the nodes on the way to x, so a weight's
+    gradient is then not wanted (PyTorch's convolution leaves it out of its output_mask too): a
+    saliency map, an adversarial step, a gradient penalty's first gradient run no WGrad. The
+    engine is asked through its private _will_engine_execute_node; it raises for a leaf that
+    autograd.grad captures (wanted), and outside the engine (traced: wanted)."""
+    needs = [bool(m) for m in (*ctx.needs_input_grad, False, False)[:3]]
+    will_execute = getattr(torch._C, "_will_engine_execute_node", None)
+    if will_execute is None:
+        return needs
+    # One edge per tensor argument, in order: input and weight first, then a bias if given.
+    for i, (node, _) in enumerate(ctx.next_functions[:3]):
+        if needs[i] and node is not None:
+            try:
+                needs[i] = bool(will_execute(node))
+            except RuntimeError:
+                pass
+    return needs
+
+
 def uses_kernels(device: torch.device) -> bool:
     """True when tensors on `device` run spio's kernels rather than PyTorch's convolution."""
     return device.type == "cuda" or (device.type == "cpu" and emulate_enabled())

@@ -33,6 +33,7 @@ from .checks import (
     conv_format,
     derivative_transform,
     emulate_enabled,
+    gradients_wanted,
     memory_format,
     uses_kernels,
 )
@@ -254,9 +255,9 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
-    # needs_input_grad lacks the trailing arguments the dispatcher left out for equalling their
-    # defaults (a call without bias and with no padding has (input, weight) only).
-    mask = [bool(m) for m in (*ctx.needs_input_grad, False, False)[:3]]
+    # (needs_input_grad lacks the trailing arguments the dispatcher left out for equalling their
+    # defaults: a call without bias and with no padding has (input, weight) only.)
+    mask = gradients_wanted(ctx)
     if not any(mask):
         return (None,) * 9
     if input is None:

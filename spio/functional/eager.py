@@ -36,6 +36,7 @@ from .checks import (
     check_tensors,
     conv_format,
     functorch_transform_active,
+    gradients_wanted,
     has_forward_tangent,
     uses_kernels,
 )
@@ -65,7 +66,7 @@ class _Conv2dGw8(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         input, weight = ctx.saved_tensors
-        mask = tuple(ctx.needs_input_grad[:3])
+        mask = tuple(gradients_wanted(ctx))
         # create_graph: gradients that are differentiable in turn. Batched gradients
         # (autograd.grad(is_grads_batched=True), a vectorized jacobian, torch.vmap over a
         # backward): a batched grad_output, which only the op's batching rules take.

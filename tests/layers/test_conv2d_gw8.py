@@ -1418,8 +1418,10 @@ def test_a_gradient_penalty_runs_no_convolution_on_a_gradient_nothing_used(monke
     torch.manual_seed(0)
     layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=False).half()
     x = torch.randn(1, 16, 5, 5).half().to(memory_format=torch.channels_last).requires_grad_()
-    (g,) = torch.autograd.grad(layer(x).float().square().sum(), x, create_graph=True)
     launched = spy_on_launches(monkeypatch)
+    (g,) = torch.autograd.grad(layer(x).float().square().sum(), x, create_graph=True)
+    assert launched == ["conv2d_gw8_fprop", "conv2d_gw8_dgrad"]  # the weight's not asked for
+    launched.clear()
     g.float().square().sum().backward()
     passes = [name.removeprefix("conv2d_gw8_") for name in launched if "sum" not in name]
     assert sorted(passes) == ["dgrad", "fprop", "wgrad", "wgrad"], launched
@@ -1431,6 +1433,42 @@ def test_a_gradient_penalty_runs_no_convolution_on_a_gradient_nothing_used(monke
     g64.square().sum().backward()
     torch.testing.assert_close(x.grad.double(), x64.grad, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(layer.weight.grad.double(), ref.weight.grad, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("path", ["eager", "op", "autocast"])
+def test_a_backward_runs_the_passes_of_the_gradients_it_is_asked_for(monkeypatch, path):
+    """torch.autograd.grad(loss, x) wants no weight gradient, and PyTorch's convolution computes
+    none (its output_mask); spio had run WGrad (and its sum) whenever the weight required grad.
+    Whatever path the call takes: the eager one, the custom op, autocast's cast weight."""
+    import spio.layers.conv2d_gw8 as layer_module
+    from tests.conftest import spy_on_launches
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    if path == "op":
+        monkeypatch.setattr(layer_module, "eager_path_applies", lambda *args: False)
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2)
+    if path != "autocast":
+        layer.half()
+    x = torch.randn(2, 16, 5, 6).half().to(memory_format=torch.channels_last)
+    x = x.requires_grad_()
+
+    def passes(step) -> list[str]:
+        launched = spy_on_launches(monkeypatch)
+        with torch.autocast("cpu", dtype=torch.float16, enabled=path == "autocast"):
+            y = layer(x)
+        launched.clear()
+        step(y.float().square().sum())
+        return sorted(n.removeprefix("conv2d_gw8_") for n in launched if "sum" not in n)
+
+    assert passes(lambda loss: torch.autograd.grad(loss, x)) == ["dgrad"]
+    assert passes(lambda loss: torch.autograd.grad(loss, layer.weight)) == ["wgrad"]
+    # (A bias gradient alone is the sum of dy, which no WGrad computes.)
+    assert passes(lambda loss: torch.autograd.grad(loss, [x, layer.bias])) == ["dgrad"]
+    assert passes(lambda loss: loss.backward(inputs=[layer.weight])) == ["wgrad"]
+    x.grad = layer.weight.grad = layer.bias.grad = None
+    assert passes(lambda loss: loss.backward()) == ["dgrad", "wgrad"]
+    assert x.grad is not None and layer.weight.grad is not None and layer.bias.grad is not None
 
 
 def test_the_eager_path_leaves_tensor_subclasses_to_the_op():
