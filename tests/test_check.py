@@ -156,36 +156,10 @@ def test_check_stops_at_a_sticky_error_raised_by_pytorch(monkeypatch):
     assert check.run_jobs("cpu", "fprop", "fp16", jobs).runs == len(jobs)
 
 
-def test_check_builds_its_kernels_before_running_them(monkeypatch):
-    """In parallel, up front: every kernel the check launches was among those built."""
+def _record_builds_and_launches(monkeypatch):
+    """(names of the kernels built, kernels launched), recorded from now on; both still run."""
     from spio.kernels import kernel as kernel_module
 
-    built, launched = set(), []
-    build, launch = kernel_module.build_kernels, kernel_module.Kernel.launch
-
-    def recording_build(kernels, device, progress=True):
-        kernels = list(kernels)
-        built.update(k.name for k in kernels)
-        return build(kernels, device, progress)
-
-    def recording_launch(self, args, device):
-        launched.append(self.name)
-        return launch(self, args, device)
-
-    monkeypatch.setattr(kernel_module, "build_kernels", recording_build)
-    monkeypatch.setattr(kernel_module.Kernel, "launch", recording_launch)
-    results, _ = _run(dtypes=("bf16",))
-    assert all(r.passed for r in results)
-    assert launched and set(launched) <= built
-
-
-@pytest.mark.parametrize("setting", ["loads", "loads+stores"])
-def test_check_runs_the_tensor_copy_kernels_spio_runs_under_spio_tma(monkeypatch, setting):
-    """With SPIO_TMA set, spio runs every pass's tensor-copy kernel (in the emulator too): the
-    check builds and launches those, and says so. It had checked the plain kernels alone."""
-    from spio.kernels import kernel as kernel_module
-
-    monkeypatch.setenv("SPIO_TMA", setting)
     built, launched = set(), []
     build, launch = kernel_module.build_kernels, kernel_module.Kernel.launch
 
@@ -200,6 +174,23 @@ def test_check_runs_the_tensor_copy_kernels_spio_runs_under_spio_tma(monkeypatch
 
     monkeypatch.setattr(kernel_module, "build_kernels", recording_build)
     monkeypatch.setattr(kernel_module.Kernel, "launch", recording_launch)
+    return built, launched
+
+
+def test_check_builds_its_kernels_before_running_them(monkeypatch):
+    """In parallel, up front: every kernel the check launches was among those built."""
+    built, launched = _record_builds_and_launches(monkeypatch)
+    results, _ = _run(dtypes=("bf16",))
+    assert all(r.passed for r in results)
+    assert launched and {k.name for k in launched} <= built
+
+
+@pytest.mark.parametrize("setting", ["loads", "loads+stores"])
+def test_check_runs_the_tensor_copy_kernels_spio_runs_under_spio_tma(monkeypatch, setting):
+    """With SPIO_TMA set, spio runs every pass's tensor-copy kernel (in the emulator too): the
+    check builds and launches those, and says so. It had checked the plain kernels alone."""
+    monkeypatch.setenv("SPIO_TMA", setting)
+    built, launched = _record_builds_and_launches(monkeypatch)
     results, _ = _run(dtypes=("fp16",))
     assert all(r.passed and r.runs == 1 for r in results)
     convs = [k for k in launched if k.info_value("config") is not None]
