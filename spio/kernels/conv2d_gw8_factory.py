@@ -17,7 +17,7 @@ from typing import Any
 
 from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits, limits_of
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
-from .conv2d_gw8_params import Conv2dGw8Params, check_tensor_bytes, torch_dtype
+from .conv2d_gw8_params import Conv2dGw8Params, check_params, check_tensor_bytes, torch_dtype
 from .kernel import Kernel, KernelFactory, entry_symbol
 
 SOURCE_FILE = "conv2d_gw8.cu"
@@ -240,6 +240,9 @@ BLOCK_NS = (1, 2, 4, 8)
 def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Config]:
     """Every tile config worth trying for this layer, in a fixed order: FProp's, or with
     `igrad` DGrad's (whose convolution maps dy to dx)."""
+    check_params(params, "conv2d_gw8 configs")
+    if type(igrad) is not bool:
+        raise TypeError(f"conv2d_gw8 configs needs igrad True or False, got {igrad!r}")
     geo = _Geometry.of(params, igrad)
     max_groups = 1 << math.ceil(math.log2(params.groups))  # no more than the layer has, rounded
     max_q = max(16, 16 * math.ceil(geo.out_w / 16))
@@ -535,6 +538,8 @@ def make_kernel(
     group-major kernels, scripts/ablate_kernel.py times the other), `tma` fills those stages by
     tensor copies (sm_90 and newer only; implies `swizzled`), `tma_stores` also stores the output
     rows by tensor copies (implies `tma`). The tile loop is the same in every variant."""
+    if type(igrad) is not bool:  # (its header would define SPIO_CONV_IGRAD as int(igrad))
+        raise TypeError(f"conv2d_gw8 make_kernel needs igrad True or False, got {igrad!r}")
     config = config or default_config(params, igrad)
     check_tensor_bytes(params)
     tma = tma or tma_stores
@@ -873,4 +878,5 @@ conv2d_gw8_kernel_factory = KernelFactory(
     configs=configs,
     make_kernel=make_kernel,
     default_config=default_config,
+    options=("igrad",),
 )

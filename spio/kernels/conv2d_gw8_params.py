@@ -51,6 +51,29 @@ def as_integer(value: Any) -> int | None:
         return None
 
 
+def _as_bool(value: Any) -> bool | None:
+    """value as a bool where it is one: a bool, numpy's, a 0-d bool tensor, or the int 0 or 1
+    (as has_bias has always taken them); else None."""
+    if type(value) is bool:
+        return value
+    if (
+        str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+        and getattr(value, "ndim", 1) == 0
+    ):
+        return bool(value)
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    return None
+
+
+def check_params(params: Any, where: str) -> None:
+    """TypeError naming `where` for a params argument that is not a Conv2dGw8Params (a tuple,
+    an encoded name: decode one first)."""
+    if not isinstance(params, Conv2dGw8Params):
+        hint = " (Conv2dGw8Params.decode reads an encoded name)" if isinstance(params, str) else ""
+        raise TypeError(f"{where} needs a Conv2dGw8Params, got {params!r}{hint}")
+
+
 def _as_int(name: str, value: Any) -> int:
     """Return value as an int (as_integer); TypeError naming the argument for bools, floats
     (even whole ones) and other non-integers."""
@@ -130,10 +153,12 @@ class Conv2dGw8Params:
         for name in ("n", "c", "h", "w", "r", "s"):
             object.__setattr__(self, name, _as_int(name, getattr(self, name)))
         object.__setattr__(self, "padding", _as_padding(self.padding))
-        if type(self.has_bias) not in (bool, int) or self.has_bias not in (0, 1):
-            error = ValueError if type(self.has_bias) is int else TypeError  # 2, or "yes"
+        has_bias = _as_bool(self.has_bias)
+        if has_bias is None:
+            integer = as_integer(self.has_bias)
+            error = ValueError if integer is not None else TypeError  # 2, or "yes"
             raise error(f"Conv2dGw8Params needs has_bias True or False, got {self.has_bias!r}")
-        object.__setattr__(self, "has_bias", bool(self.has_bias))
+        object.__setattr__(self, "has_bias", has_bias)
         try:
             object.__setattr__(self, "dtype", dtype_name(self.dtype))
         except ValueError:
@@ -228,6 +253,8 @@ class Conv2dGw8Params:
     @classmethod
     def decode(cls, text: str) -> Conv2dGw8Params:
         """Inverse of `encode`."""
+        if not isinstance(text, str):
+            raise TypeError(f"Conv2dGw8Params.decode needs a str, got {text!r}")
         match = _ENCODED.fullmatch(text.strip())
         if match is None:
             raise ValueError(f"not an encoded Conv2dGw8Params: {text!r}")
@@ -278,6 +305,8 @@ class Conv2dGw8Params:
             )
         if bias is not None and tuple(bias.shape) != (k,):
             raise ValueError(f"conv2d_gw8 needs a bias of shape ({k},), got {tuple(bias.shape)}")
+        if bias is not None and not bias.is_floating_point():
+            raise ValueError(f"conv2d_gw8 needs a floating-point bias, got {bias.dtype}")
         return cls(n, c, h, w, padding=padding, r=r, s=s, has_bias=bias is not None, dtype=dtype)
 
 

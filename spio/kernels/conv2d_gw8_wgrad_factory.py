@@ -30,7 +30,12 @@ from .conv2d_gw8_factory import (
     stage_layout,
     tma_align,
 )
-from .conv2d_gw8_params import MAX_TENSOR_BYTES, Conv2dGw8Params, check_tensor_bytes
+from .conv2d_gw8_params import (
+    MAX_TENSOR_BYTES,
+    Conv2dGw8Params,
+    check_params,
+    check_tensor_bytes,
+)
 from .kernel import Kernel, KernelFactory, entry_symbol
 
 SOURCE_FILE = "conv2d_gw8_wgrad.cu"
@@ -149,6 +154,7 @@ TRIAL_WARP_Q8 = (8,)
 
 def configs(params: Conv2dGw8Params) -> list[Conv2dGw8WgradConfig]:
     """Every tile config worth trying for this layer, in a fixed order."""
+    check_params(params, "conv2d_gw8_wgrad configs")
     return _space(params, WARP_Q8)
 
 

@@ -162,6 +162,8 @@ class KernelFactory:
     configs: Callable[..., list]
     make_kernel: Callable[..., Kernel]
     default_config: Callable[..., Any]
+    #: The keyword options get_kernel takes, each a bool (FProp/DGrad: igrad).
+    options: tuple[str, ...] = ()
 
     def get_kernel(self, params: Any, device: Any = None, **options: Any) -> Kernel:
         """The kernel to run `params` on `device` (a torch.device, a string torch.device takes,
@@ -175,11 +177,27 @@ class KernelFactory:
         The WGrad factory's kernel adds into dw and dbias atomically (they must be zeroed first;
         conv2d_gw8_wgrad_factory.wgrad does that).
         """
+        import torch
+
+        from .conv2d_gw8_params import check_params
         from .perf_model import select_config
 
+        where = f"{self.name}_kernel_factory.get_kernel"
+        check_params(params, where)
+        for option, value in options.items():
+            if option not in self.options:
+                takes = ", ".join(self.options) or "none"
+                raise TypeError(f"{where} takes no option {option!r} (its options: {takes})")
+            if type(value) is not bool:
+                raise TypeError(f"{where} needs {option} True or False, got {value!r}")
+        # (A torch.device, or what is one by its `type`, as the tests' stand-ins for GPUs.)
+        if not (device is None or isinstance(device, str) or type(device) is int) and not hasattr(
+            device, "type"
+        ):
+            raise TypeError(
+                f"{where} needs a device: a torch.device, a string or a GPU ordinal, got {device!r}"
+            )
         if isinstance(device, (str, int)):  # as a string "cuda" had the heuristic's config
-            import torch
-
             device = (
                 torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params
+from .conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params, check_params
 
 #: The three passes of training, by name.
 PASSES = ("fprop", "dgrad", "wgrad")
@@ -24,6 +24,9 @@ class Conv2dStats:
     """Bytes moved and FLOPs of FProp, DGrad and WGrad for one `Conv2dGw8Params`."""
 
     params: Conv2dGw8Params
+
+    def __post_init__(self) -> None:
+        check_params(self.params, "Conv2dStats")
 
     @property
     def input_bytes(self) -> int:

@@ -262,3 +262,63 @@ class TestFromTensors:
         w = torch.randn(8, 8, 3, 3, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="weight dtype equal to input dtype"):
             Conv2dGw8Params.from_tensors(x, w)
+
+
+def test_the_kernel_apis_name_an_argument_of_the_wrong_kind():
+    """Each had failed with an AttributeError or int()'s message naming nothing, or taken the
+    value: a tuple or an encoded name for params, None for decode, igrad "no" (DGrad's configs)
+    or 2 (a header defining SPIO_CONV_IGRAD 2), an option WGrad does not take, a float device."""
+    from spio.kernels import conv2d_gw8_factory as fd
+    from spio.kernels import conv2d_gw8_kernel_factory as F
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+    from spio.kernels import conv2d_gw8_wgrad_kernel_factory as W
+    from spio.kernels.stats import Conv2dStats
+
+    p = Conv2dGw8Params(1, 8, 4, 4)
+    get = "conv2d_gw8_kernel_factory.get_kernel"
+    calls = {
+        "conv2d_gw8 configs needs a Conv2dGw8Params, got (1, 8, 4, 4)": lambda: F.configs(
+            (1, 8, 4, 4)
+        ),
+        "conv2d_gw8_wgrad configs needs a Conv2dGw8Params, got (1, 8, 4, 4)": lambda: wg.configs(
+            (1, 8, 4, 4)
+        ),
+        f"{get} needs a Conv2dGw8Params, got 'n1_c8_h4_w4_pad1x1_r3_s3_bias0_fp16' "
+        "(Conv2dGw8Params.decode reads an encoded name)": lambda: F.get_kernel(p.encode(), "cpu"),
+        "Conv2dStats needs a Conv2dGw8Params, got (1, 8, 4, 4)": lambda: Conv2dStats((1, 8, 4, 4)),
+        "Conv2dGw8Params.decode needs a str, got None": lambda: Conv2dGw8Params.decode(None),
+        "conv2d_gw8 configs needs igrad True or False, got 'no'": lambda: F.configs(p, igrad="no"),
+        f"{get} needs igrad True or False, got 2": lambda: F.get_kernel(p, "cpu", igrad=2),
+        f"{get} needs igrad True or False, got None": lambda: F.get_kernel(p, "cpu", igrad=None),
+        "conv2d_gw8 make_kernel needs igrad True or False, got 2": lambda: fd.make_kernel(
+            p, igrad=2
+        ),
+        "conv2d_gw8_wgrad_kernel_factory.get_kernel takes no option 'igrad' (its options: none)": (
+            lambda: W.get_kernel(p, "cpu", igrad=True)
+        ),
+        f"{get} needs a device: a torch.device, a string or a GPU ordinal, got 1.5": lambda: (
+            F.get_kernel(p, 1.5)
+        ),
+    }
+    for said, call in calls.items():
+        with pytest.raises(TypeError) as error:
+            call()
+        assert str(error.value) == said
+    assert F.get_kernel(p, "cpu", igrad=True).name.startswith("conv2d_gw8_dgrad")
+
+
+def test_has_bias_takes_numpys_and_torchs_bools_and_a_bias_must_be_floating_point():
+    """np.True_ was refused as "needs has_bias True or False, got np.True_" (while numpy's ints
+    are taken for n, c, h, w); an int or complex bias passed from_tensors, then cast."""
+    import numpy as np
+
+    for true in (True, 1, np.True_, torch.tensor(True)):
+        assert Conv2dGw8Params(1, 8, 4, 4, has_bias=true).has_bias is True
+    for bad, error in ((2, ValueError), ("yes", TypeError), (torch.tensor([True]), TypeError)):
+        with pytest.raises(error, match="needs has_bias True or False"):
+            Conv2dGw8Params(1, 8, 4, 4, has_bias=bad)
+    x, w = torch.zeros(1, 8, 4, 4, dtype=torch.half), torch.zeros(8, 8, 3, 3, dtype=torch.half)
+    for dtype in (torch.int64, torch.bool, torch.complex64):
+        with pytest.raises(ValueError, match=f"needs a floating-point bias, got {dtype}"):
+            Conv2dGw8Params.from_tensors(x, w, torch.zeros(8, dtype=dtype))
+    assert Conv2dGw8Params.from_tensors(x, w, torch.zeros(8)).has_bias
