@@ -11,6 +11,33 @@ from .spec import SECTION_MACROS, Dependency, Spec
 _RESERVED = frozenset({"SPIO_GEN_FN"})
 
 
+#: What a macro cannot replace: comments and string literals (dropped before collecting names).
+_NOT_CODE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\])*"', re.DOTALL)
+
+
+def _check_macro_names(macros: list[Spec], rest: list[tuple[str, str]]) -> None:
+    """ValueError where a macro's name is an identifier of the code after it ((what, text)
+    pairs: the dependencies' and the other specs'): the preprocessor would replace it there,
+    and the header would fail to compile (a macro N against a tensor's extent N)."""
+    names = {name: spec for spec in macros for name in spec.defined_names()}
+    if not names:
+        return
+    for what, text in rest:
+        used = set(re.findall(r"\b[A-Za-z_]\w*\b", _NOT_CODE.sub(" ", text))) & names.keys()
+        if used:
+            name = sorted(used)[0]
+            raise ValueError(
+                f"generate: macro {name!r} of {names[name]!r} would replace the identifier "
+                f"{name!r} in the code of {what}"
+            )
+
+
+def _included(dependency: Dependency) -> str:
+    """A dependency as an error message names it: its #include line."""
+    lines = dependency.text.splitlines()
+    return repr(next((line for line in lines if "#include" in line), dependency.text))
+
+
 def _guard(header_name: str | None, body: str) -> str:
     if header_name is None:
         return f"SPIO_GEN_{hashlib.sha1(body.encode()).hexdigest()[:16].upper()}_H_"
@@ -46,9 +73,11 @@ def generate(specs: Iterable[Spec], header_name: str | None = None) -> str:
     dependencies: set[Dependency] = set()
     for spec in specs:
         dependencies.update(spec.dependencies())
-    blocks = [spec.generate() for spec in specs if spec.section == SECTION_MACROS]
-    blocks += [dep.text for dep in sorted(dependencies)]
-    blocks += [spec.generate() for spec in specs if spec.section != SECTION_MACROS]
+    macros = [spec for spec in specs if spec.section == SECTION_MACROS]
+    rest = [(_included(dep), dep.text) for dep in sorted(dependencies)]
+    rest += [(repr(spec), spec.generate()) for spec in specs if spec.section != SECTION_MACROS]
+    _check_macro_names(macros, rest)
+    blocks = [spec.generate() for spec in macros] + [text for _, text in rest]
     body = "\n\n".join(blocks)
     guard = _guard(header_name, body)
     return (

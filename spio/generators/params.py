@@ -126,6 +126,8 @@ class MacroSpec:
         if isinstance(value, bool):
             return "1" if value else "0"
         if isinstance(value, int):
+            if not -(2**63) <= value < 2**63:  # the preprocessor's intmax_t
+                raise ValueError(f"{label}: macro {key!r} must fit in 64 bits, got {value}")
             return f"({value})" if value < 0 else str(value)
         if isinstance(value, float):
             text = _float_literal(label, key, value)

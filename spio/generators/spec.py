@@ -94,15 +94,40 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DIM_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 
+#: CUDA's vector types and half-precision typedefs (vector_types.h, cuda_fp16.h, cuda_bf16.h,
+#: which every kernel includes): a generated name equal to one redefines it or changes its meaning.
+CUDA_TYPE_NAMES = frozenset(
+    f"{base}{lanes}"
+    for base in (
+        "char",
+        "uchar",
+        "short",
+        "ushort",
+        "int",
+        "uint",
+        "long",
+        "ulong",
+        "longlong",
+        "ulonglong",
+        "float",
+        "double",
+    )  # fmt: skip
+    for lanes in (1, 2, 3, 4)
+) | {"dim3", "half", "half2", "nv_bfloat16", "nv_bfloat162"}
+
+
 def check_identifier(spec: str, what: str, name: object) -> str:
     """Return `name` if it is a usable C++ identifier, else raise ValueError naming spec and value.
 
-    Rejects empty and non-ASCII names, C++ keywords and reserved names (`__x`, `_X`).
+    Rejects empty and non-ASCII names, C++ keywords, CUDA's type names and reserved names
+    (`__x`, `_X`).
     """
     if not isinstance(name, str) or not _IDENTIFIER.match(name):
         raise ValueError(f"{spec}: {what} must be a C++ identifier, got {name!r}")
     if name in CXX_KEYWORDS:
         raise ValueError(f"{spec}: {what} {name!r} is a C++ keyword")
+    if name in CUDA_TYPE_NAMES:
+        raise ValueError(f"{spec}: {what} {name!r} is the name of a CUDA type")
     if name.startswith("__") or re.match(r"_[A-Z]", name):
         raise ValueError(f"{spec}: {what} {name!r} is reserved for the C++ implementation")
     return name

@@ -84,6 +84,59 @@ def test_duplicate_names_in_one_header(first, second):
         generate([first, second])
 
 
+@pytest.mark.parametrize(
+    "macro, other, where",
+    [
+        ("N", TensorSpec("Input", "float", {"n": 4, "c": 8}), "TensorSpec"),  # its extent N
+        ("size", IndexSpec("T", {"x": 4}), "IndexSpec"),  # a member
+        ("i", IndexSpec("T", {"x": 4}), "IndexSpec"),  # a constructor's parameter
+        ("defined", None, None),  # a keyword: refused by MacroSpec itself
+        ("include", TensorSpec("T", "__half", {"n": 2}), "'#include <cuda_fp16.h>'"),
+    ],
+)
+def test_a_macro_naming_an_identifier_of_the_header_is_refused(macro, other, where):
+    """The preprocessor replaces a macro's name in all the code after it: a MacroSpec N beside
+    a tensor whose extent constant is N gave a header that failed to compile (`static constexpr
+    int 128`), where the clash is a ValueError naming the macro and where it is used."""
+    if other is None:
+        with pytest.raises(ValueError, match="keyword"):
+            MacroSpec({macro: 1})
+        return
+    with pytest.raises(ValueError) as error:
+        generate([MacroSpec({macro: 128}), other])
+    message = str(error.value)
+    assert f"macro {macro!r} of MacroSpec" in message and where in message, message
+
+
+def test_macros_may_share_words_with_comments_and_each_other():
+    """Comments and string literals are not code: a macro named like a word in them is fine,
+    and SPIO_-prefixed macros never meet generated names."""
+    header = generate(
+        [
+            MacroSpec({"index": 1, "SPIO_A": 2, "SPIO_B": "SPIO_A"}),
+            TensorSpec("T", "float", {"x": 4}),
+        ]
+    )
+    assert "#define index 1" in header
+
+
+@pytest.mark.parametrize("name", ["float4", "uint4", "half2", "dim3", "nv_bfloat16"])
+def test_cuda_type_names_are_refused(name):
+    """A TensorSpec named float4 redefined CUDA's type (a compile error where both are seen),
+    and a dim named uint4 beside a uint4 dtype changed its meaning."""
+    with pytest.raises(ValueError, match=f"'{name}' is the name of a CUDA type"):
+        TensorSpec(name, "float", {"n": 2})
+    with pytest.raises(ValueError, match=f"'{name}' is the name of a CUDA type"):
+        TensorSpec("T", "uint4", {name: 4})
+
+
+def test_macro_ints_must_fit_the_preprocessors_64_bits():
+    assert "#define A (-9223372036854775808)" in generate([MacroSpec({"A": -(2**63)})])
+    for value in (2**63, 2**70, -(2**63) - 1):
+        with pytest.raises(ValueError, match=f"macro 'A' must fit in 64 bits, got {value}"):
+            MacroSpec({"A": value})
+
+
 def test_reserved_macro_and_non_specs():
     with pytest.raises(ValueError, match="SPIO_GEN_FN"):
         generate([MacroSpec({"SPIO_GEN_FN": 1})])
