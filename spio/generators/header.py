@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 from .spec import SECTION_MACROS, Dependency, Spec
 
@@ -13,17 +15,40 @@ _RESERVED = frozenset({"SPIO_GEN_FN"})
 
 #: What a macro cannot replace: comments and string literals (dropped before collecting names).
 _NOT_CODE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\])*"', re.DOTALL)
+#: An #include line; its header name is no code either.
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"\n]+)[>"]', re.MULTILINE)
+#: Where spio's own headers (`#include <spio/...>`) are.
+_SPIO_INCLUDE = Path(__file__).resolve().parent.parent / "include"
+
+
+def _code_names(text: str) -> set[str]:
+    """The identifiers of C++ `text`, and of the spio headers it includes, followed through
+    theirs (CUDA's own headers are not read)."""
+    names = set(re.findall(r"\b[A-Za-z_]\w*\b", _NOT_CODE.sub(" ", _INCLUDE.sub(" ", text))))
+    for included in _INCLUDE.findall(text):
+        if included.startswith("spio/"):
+            names |= _spio_header_names(included)
+    return names
+
+
+@functools.cache
+def _spio_header_names(path: str) -> frozenset[str]:
+    """_code_names of spio's header `path` (e.g. "spio/warp/fragments.h"); none where it is not
+    one of the package's."""
+    file = _SPIO_INCLUDE / path
+    return frozenset(_code_names(file.read_text())) if file.is_file() else frozenset()
 
 
 def _check_macro_names(macros: list[Spec], rest: list[tuple[str, str]]) -> None:
     """ValueError where a macro's name is an identifier of the code after it ((what, text)
-    pairs: the dependencies' and the other specs'): the preprocessor would replace it there,
-    and the header would fail to compile (a macro N against a tensor's extent N)."""
+    pairs: the dependencies' and the other specs', with the spio headers they include): the
+    preprocessor would replace it there, and the header would fail to compile (a macro N
+    against a tensor's extent N)."""
     names = {name: spec for spec in macros for name in spec.defined_names()}
     if not names:
         return
     for what, text in rest:
-        used = set(re.findall(r"\b[A-Za-z_]\w*\b", _NOT_CODE.sub(" ", text))) & names.keys()
+        used = _code_names(text) & names.keys()
         if used:
             name = sorted(used)[0]
             raise ValueError(

@@ -91,7 +91,8 @@ def test_duplicate_names_in_one_header(first, second):
         ("size", IndexSpec("T", {"x": 4}), "IndexSpec"),  # a member
         ("i", IndexSpec("T", {"x": 4}), "IndexSpec"),  # a constructor's parameter
         ("defined", None, None),  # a keyword: refused by MacroSpec itself
-        ("include", TensorSpec("T", "__half", {"n": 2}), "'#include <cuda_fp16.h>'"),
+        ("reg", FragmentSpec("Acc", "FragC_m16n8_f32", row="q", col="k"), "fragments.h"),
+        ("spio", FragmentSpec("Acc", "FragC_m16n8_f32", row="q", col="k"), "fragments.h"),
     ],
 )
 def test_a_macro_naming_an_identifier_of_the_header_is_refused(macro, other, where):
@@ -106,6 +107,12 @@ def test_a_macro_naming_an_identifier_of_the_header_is_refused(macro, other, whe
         generate([MacroSpec({macro: 128}), other])
     message = str(error.value)
     assert f"macro {macro!r} of MacroSpec" in message and where in message, message
+
+
+def test_a_macro_may_share_a_word_with_an_include_lines_header_name():
+    """No macro replaces inside #include's header name: a macro named like a part of one
+    (cuda_fp16.h's "h") is no clash."""
+    assert "#define h 1" in generate([MacroSpec({"h": 1}), TensorSpec("T", "__half", {"n": 2})])
 
 
 def test_macros_may_share_words_with_comments_and_each_other():
