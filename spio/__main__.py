@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .args import positive_int
+from .env import SETTINGS
 
 _BROKEN = "BROKEN INSTALL"
 _BAD_SETTING = "BAD SETTING"
@@ -227,6 +228,13 @@ def _settings_summary() -> str:
         f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("SPIO_")
     ]
     text = ", ".join(set_) if set_ else "no SPIO_* variable set"
+    unknown = [
+        name
+        for name in sorted(os.environ)
+        if name.startswith("SPIO_") and name not in SETTINGS and not name.startswith("SPIO_TEST_")
+    ]
+    if unknown:  # a typo (SPIO_EMULTE=1) reads as nothing set: say so, as a note (exit 0)
+        text += f"; not spio settings (a typo?): {', '.join(unknown)}"
     problems = _setting_problems() + _info_only_problems()
     if problems:
         text += "; " + "; ".join(f"{_BAD_SETTING}: {problem}" for problem in problems)

@@ -6,6 +6,25 @@ import os
 import re
 from collections.abc import Callable
 
+#: The environment variables spio reads (the README's table; SPIO_TEST_* are its test suite's).
+SETTINGS = (
+    "SPIO_CACHE_DIR",
+    "SPIO_WORKERS",
+    "SPIO_LOGGER",
+    "SPIO_EMULATE",
+    "SPIO_AUTOTUNE",
+    "SPIO_AUTOTUNE_TOPK",
+    "SPIO_EMULATOR_ORDER_SEED",
+    "SPIO_EMULATOR_SHARED_OFFSET",
+    "SPIO_TMA",
+    "SPIO_PERF_MODELS",
+    "SPIO_NVRTC",
+    "SPIO_CUDA_INCLUDE",
+    "SPIO_NVDISASM",
+    "SPIO_LIBCUDA",
+    "SPIO_EMU_UCONTEXT",
+)
+
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
 

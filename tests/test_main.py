@@ -3,6 +3,7 @@
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 
@@ -541,6 +542,37 @@ def test_info_reports_the_settings_and_a_bad_one_among_its_rows(monkeypatch, cap
         "settings        SPIO_EMULATE=maybe, SPIO_LOGGER=0; BAD SETTING: SPIO_EMULATE must be "
         "1/true/yes/on or 0/false/no/off, got 'maybe'"
     ]
+
+
+def test_info_names_a_spio_variable_spio_does_not_read(monkeypatch, capsys):
+    """A misspelt setting (SPIO_EMULTE=1) had read as nothing set, with nothing said; info now
+    names it, as a note (exit 0). The test suite's own SPIO_TEST_* are not named."""
+    from spio import __main__ as cli
+
+    for name in [n for n in os.environ if n.startswith("SPIO_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SPIO_EMULTE", "1")
+    monkeypatch.setenv("SPIO_TEST_ORDER", "ids.txt")
+    monkeypatch.setenv("SPIO_WORKERS", "2")
+    assert cli.main(["info"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("settings")]
+    assert rows == [
+        "settings        SPIO_EMULTE=1, SPIO_TEST_ORDER=ids.txt, SPIO_WORKERS=2; not spio "
+        "settings (a typo?): SPIO_EMULTE"
+    ]
+
+
+def test_the_readme_lists_every_setting_spio_reads():
+    """spio.env.SETTINGS (what info knows) is the README's table of variables, and each is
+    read somewhere in the package."""
+    from spio.env import SETTINGS
+
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    assert tuple(re.findall(r"^\| `(SPIO_[A-Z0-9_]+)` \|", table, re.MULTILINE)) == SETTINGS
+    source = "".join(p.read_text() for p in (REPO / "spio").rglob("*.py"))
+    source += (REPO / "spio" / "cuda" / "driver.pyx").read_text()
+    assert [name for name in SETTINGS if f'"{name}"' not in source] == []
 
 
 def test_clear_cache_runs_whatever_the_settings_it_does_not_read(tmp_path, monkeypatch, capsys):
