@@ -126,11 +126,11 @@ def run_one(
         conv2d_gw8_wgrad_ref,
     )
 
-    t = random_inputs(params, seed)
-    dev = {k: None if v is None else v.to(device) for k, v in t.items()}
     if pass_ not in PASSES:
         raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
     kernel = kernel or kernel_as_run(params, pass_, config, device)
+    t = random_inputs(params, seed)
+    dev = {k: None if v is None else v.to(device) for k, v in t.items()}
     if pass_ == "fprop":
         out = _poisoned(params.output_shape, t["x"], device)
         out = fd.fprop(dev["x"], dev["w"], dev["bias"], params, config, out=out, kernel=kernel)
@@ -162,11 +162,11 @@ def kernel_as_run(params: Conv2dGw8Params, pass_: str, config, device: str):
     moved by tensor copies where SPIO_TMA asks for them and the device has them."""
     import torch
 
-    from .functional._kernels import _with_tensor_copies
+    from .functional._kernels import with_tensor_copies
     from .kernels.families import FAMILY_OF_PASS
 
     kernel = FAMILY_OF_PASS[pass_].make_kernel(params, config)
-    return _with_tensor_copies(kernel, torch.device(device))
+    return with_tensor_copies(kernel, torch.device(device))
 
 
 def configs_to_run(

@@ -51,17 +51,21 @@ def _configure_from_env() -> None:
     if level is None:
         return
     logger.setLevel(level)
-    if not logger.handlers:
-        logger.addHandler(_StderrHandler())
+    _add_handler(logging.NOTSET)
 
 
 def show_warnings() -> None:
     """Warnings on stderr through the handler that clears progress bars, where SPIO_LOGGER has
     set none: for the command line, whose bars a warning would otherwise share a line with
     (Python's last-resort handler writes the bare message). A library adds no handler."""
+    _add_handler(logging.WARNING)
+
+
+def _add_handler(level: int) -> None:
+    """spio's stderr handler at `level`, unless the logger has a handler already."""
     if not logger.handlers:
         handler = _StderrHandler()
-        handler.setLevel(logging.WARNING)
+        handler.setLevel(level)
         logger.addHandler(handler)
 
 

@@ -143,7 +143,7 @@ def tensor_copies() -> tuple[bool, bool]:
     return TENSOR_COPIES[choice("SPIO_TMA", tuple(TENSOR_COPIES))]
 
 
-def _with_tensor_copies(kernel: Kernel | None, device: torch.device) -> Kernel | None:
+def with_tensor_copies(kernel: Kernel | None, device: torch.device) -> Kernel | None:
     """`kernel` as SPIO_TMA asks: with its rows moved by tensor copies where `device` has them
     (an sm_90 or newer GPU, or the CPU emulator), else as it is; also as it is where its config
     would need more shared memory that way (logged)."""
@@ -170,7 +170,7 @@ def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.devic
     key = (factory.name, params, device, tuple(sorted(options.items())), tensor_copies())
     kernel = _chosen.get(key)
     if kernel is None:
-        chosen = _with_tensor_copies(factory.get_kernel(params, device, **options), device)
+        chosen = with_tensor_copies(factory.get_kernel(params, device, **options), device)
         kernel = _keep(_chosen, key, chosen, device)
     return kernel
 
@@ -217,7 +217,7 @@ def wgrad_kernel(
         config = atomic.info_value("config")
         if wf.uses_partial_sums(params, config, deterministic):
             partials = wf.make_kernel(params, config, partials=True)
-            _chosen[key] = _with_tensor_copies(partials, device)
+            _chosen[key] = with_tensor_copies(partials, device)
         elif not deterministic:
             _chosen[key] = atomic
         else:
@@ -258,7 +258,7 @@ def _deterministic_wgrad(params: Conv2dGw8Params, device: torch.device, pick) ->
         pick.encode(),
         needed,
     )
-    return _with_tensor_copies(wf.make_kernel(params, fits, partials=True), device)
+    return with_tensor_copies(wf.make_kernel(params, fits, partials=True), device)
 
 
 class Layer:

@@ -59,8 +59,8 @@ def _check_macro_names(macros: list[Spec], rest: list[tuple[str, str]]) -> None:
 
 def _included(dependency: Dependency) -> str:
     """A dependency as an error message names it: its #include line."""
-    lines = dependency.text.splitlines()
-    return repr(next((line for line in lines if "#include" in line), dependency.text))
+    match = _INCLUDE.search(dependency.text)
+    return repr(match.group(0).strip() if match else dependency.text)
 
 
 def _guard(header_name: str | None, body: str) -> str:

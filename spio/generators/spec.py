@@ -96,23 +96,9 @@ _DIM_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 #: CUDA's vector types and half-precision typedefs (vector_types.h, cuda_fp16.h, cuda_bf16.h,
 #: which every kernel includes): a generated name equal to one redefines it or changes its meaning.
+_VECTOR_BASES = "char uchar short ushort int uint long ulong longlong ulonglong float double"
 CUDA_TYPE_NAMES = frozenset(
-    f"{base}{lanes}"
-    for base in (
-        "char",
-        "uchar",
-        "short",
-        "ushort",
-        "int",
-        "uint",
-        "long",
-        "ulong",
-        "longlong",
-        "ulonglong",
-        "float",
-        "double",
-    )  # fmt: skip
-    for lanes in (1, 2, 3, 4)
+    f"{base}{lanes}" for base in _VECTOR_BASES.split() for lanes in (1, 2, 3, 4)
 ) | {"dim3", "half", "half2", "nv_bfloat16", "nv_bfloat162"}
 
 

@@ -41,7 +41,7 @@ def as_integer(value: Any) -> int | None:
     argument: another value is a TypeError naming it."""
     if type(value) is int:
         return value
-    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+    if isinstance(value, bool) or _bool_typed(value):
         return None  # (a bool tensor's __index__ answers 0 or 1)
     if getattr(value, "ndim", 0) != 0:
         return None  # (a one-element tensor's __index__ answers its element)
@@ -51,15 +51,17 @@ def as_integer(value: Any) -> int | None:
         return None
 
 
+def _bool_typed(value: Any) -> bool:
+    """Whether value is a numpy or torch bool (a scalar or an array of them)."""
+    return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+
 def _as_bool(value: Any) -> bool | None:
     """value as a bool where it is one: a bool, numpy's, a 0-d bool tensor, or the int 0 or 1
     (as has_bias has always taken them); else None."""
     if type(value) is bool:
         return value
-    if (
-        str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
-        and getattr(value, "ndim", 1) == 0
-    ):
+    if _bool_typed(value) and getattr(value, "ndim", 1) == 0:
         return bool(value)
     if type(value) is int and value in (0, 1):
         return bool(value)

@@ -191,8 +191,11 @@ class KernelFactory:
             if type(value) is not bool:
                 raise TypeError(f"{where} needs {option} True or False, got {value!r}")
         # (A torch.device, or what is one by its `type`, as the tests' stand-ins for GPUs.)
-        if not (device is None or isinstance(device, str) or type(device) is int) and not hasattr(
-            device, "type"
+        if not (
+            device is None
+            or isinstance(device, str)
+            or type(device) is int
+            or hasattr(device, "type")
         ):
             raise TypeError(
                 f"{where} needs a device: a torch.device, a string or a GPU ordinal, got {device!r}"

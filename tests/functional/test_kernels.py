@@ -199,9 +199,9 @@ def test_spio_tma_is_one_of_its_values_and_needs_sm_90(monkeypatch):
     for arch, tma in (("sm_86", False), ("sm_90", True), ("sm_90a", True)):
         identity = perf_model.DeviceIdentity(arch, "GPU", "580")
         monkeypatch.setattr(perf_model, "device_identity", lambda device, i=identity: i)
-        assert bool(_kernels._with_tensor_copies(plain, cuda).info_value("tma")) == tma, arch
+        assert bool(_kernels.with_tensor_copies(plain, cuda).info_value("tma")) == tma, arch
     wide = fd.make_kernel(params, fd.Conv2dGw8Config(8, 8, 64, 2, stages=8, mma_k=8))
-    assert _kernels._with_tensor_copies(wide, cuda) is wide  # 102,448 bytes with tensor copies
+    assert _kernels.with_tensor_copies(wide, cuda) is wide  # 102,448 bytes with tensor copies
 
 
 def test_spio_tma_is_read_at_each_layers_first_call(monkeypatch):
