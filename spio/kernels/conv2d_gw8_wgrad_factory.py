@@ -124,8 +124,9 @@ STAGES = (2, 3, 4, 6)
 #: Images per block. 16 only for images of at most SMALL_IMAGE output pixels: there a block's work
 #: per image is small, and each block writes one slot of partial sums for all its images, so more
 #: images per block write (and sum) fewer slots. The 512c 8x8 and 368c 7x7 layers' WGrad at
-#: N = 128, with the 4 images per block the H200 run picked (g4_p8_q8_n4_w1_s3_k8), writes partial
-#: sums of 28 % and 37 % of the bytes of x and dy, then reads them again to sum them. Not with 2
+#: N = 128, with the 4 images per block of the 2026-11-29 H200 runs' pick (g4_p8_q8_n4_w1_s3_k8;
+#: docs/perf/2026-11-29-h200-2/bench_fp16.csv), writes partial sums of 28 % and 37 % of the bytes
+#: of x and dy (counted from the shapes), then reads them again to sum them. Not with 2
 #: stages: ptxas then unrolls the whole loop over the block's rows (even with #pragma unroll 1)
 #: and spills at 16 images.
 BLOCK_N = (1, 4, 16)
