@@ -129,7 +129,11 @@ def torch_grads(
 # Kernel choice per (factory, layer, device, options, SPIO_TMA): config selection and header
 # generation run once per layer, not on every call, with the settings (SPIO_PERF_MODELS,
 # SPIO_AUTOTUNE) of that first call. None: no partial-sums kernel (its buffer would be too big).
+# A layer met at a new batch size is a new layer here. Past MAX_CHOICES entries it starts over
+# (as _layers does), so that batch sizes changing on every call do not each keep their choices:
+# the layers then choose again (the same kernels, unless the settings changed meanwhile).
 _chosen: dict[tuple, Kernel | None] = {}
+MAX_CHOICES = 16384
 
 #: SPIO_TMA's values, and what each moves by tensor copies (sm_90's TMA): (the input rows of
 #: every pass, FProp/DGrad's output rows). Off by default: the H200 has not timed them yet
@@ -181,8 +185,15 @@ def _keep(store: dict, key: Hashable, kernel: Kernel | None, device: torch.devic
     collects what to tune. That choice serves this call only (see
     spio.kernels.perf_model.select_config), so that a later call tunes."""
     if not autotune.deferred(device):
-        store[key] = kernel
+        _remember(store, key, kernel)
     return kernel
+
+
+def _remember(store: dict, key: Hashable, kernel: Kernel | None) -> None:
+    """store[key] = kernel, emptying `store` first where it holds MAX_CHOICES entries."""
+    if key not in store and len(store) >= MAX_CHOICES:
+        store.clear()
+    store[key] = kernel
 
 
 def fprop_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
@@ -213,16 +224,17 @@ def wgrad_kernel(
     atomic = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
     # (params too: a kernel's name leaves out the batch size, its grid and slots do not.)
     key = ("wgrad", params, atomic.name, device, deterministic, tensor_copies())
-    if key not in _chosen:
-        config = atomic.info_value("config")
-        if wf.uses_partial_sums(params, config, deterministic):
-            partials = wf.make_kernel(params, config, partials=True)
-            _chosen[key] = with_tensor_copies(partials, device)
-        elif not deterministic:
-            _chosen[key] = atomic
-        else:
-            _chosen[key] = _deterministic_wgrad(params, device, config)
-    return _chosen[key]
+    if key in _chosen:
+        return _chosen[key]
+    config = atomic.info_value("config")
+    if wf.uses_partial_sums(params, config, deterministic):
+        kernel = with_tensor_copies(wf.make_kernel(params, config, partials=True), device)
+    elif not deterministic:
+        kernel = atomic
+    else:
+        kernel = _deterministic_wgrad(params, device, config)
+    _remember(_chosen, key, kernel)
+    return kernel
 
 
 def _deterministic_wgrad(params: Conv2dGw8Params, device: torch.device, pick) -> Kernel | None:

@@ -545,8 +545,10 @@ def wgrad(
 
 #: (partials kernel name, batch size, dw dtype, dbias dtype) -> (slots, dw and dbias values per
 #: slot, the sum_slots kernel): worked out once, as wgrad runs on every backward pass. (The name
-#: leaves out the batch size, on which the slots depend.)
+#: leaves out the batch size, on which the slots depend.) Past MAX_PLANS entries it starts over,
+#: so that batch sizes changing on every call do not each keep a plan.
 _partials_plans: dict[tuple, tuple[int, int, int, Kernel]] = {}
+MAX_PLANS = 4096
 
 
 def _partials_plan(kernel: Kernel, params: Conv2dGw8Params, dw_dtype, dbias_dtype):
@@ -558,6 +560,8 @@ def _partials_plan(kernel: Kernel, params: Conv2dGw8Params, dw_dtype, dbias_dtyp
         summing = sum_kernel(
             params, gradient_dtype_name(dw_dtype), gradient_dtype_name(dbias_dtype)
         )
+        if len(_partials_plans) >= MAX_PLANS:
+            _partials_plans.clear()
         plan = _partials_plans[key] = (slots, w_size, c, summing)
     return plan
 

@@ -43,6 +43,12 @@ def entry_symbol(name: str) -> str:
 #: The #define lines of each variant name with_defines has made in this process.
 _variant_defines: dict[str, str] = {}
 
+#: One copy of the generated headers per kernel name: a layer's kernel is made again for each
+#: batch size it meets (its grid differs), with headers of tens of KB equal to the last ones.
+#: Past MAX_SHARED_HEADERS names it starts over (sharing lost, nothing else).
+_headers_by_name: dict[str, tuple[tuple[str, str], ...]] = {}
+MAX_SHARED_HEADERS = 4096
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -62,6 +68,15 @@ class Kernel:
     shared_mem_bytes: int
     # Extra values describing the instance (params, config), for logs and perf models.
     info: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        shared = _headers_by_name.get(self.name)
+        if shared is None:
+            if len(_headers_by_name) >= MAX_SHARED_HEADERS:
+                _headers_by_name.clear()
+            _headers_by_name[self.name] = self.headers
+        elif shared is not self.headers and shared == self.headers:
+            object.__setattr__(self, "headers", shared)  # (frozen: the one way to set it)
 
     def __hash__(self) -> int:
         # The name stands for the code, and hashing it is cheap; the generated dataclass hash

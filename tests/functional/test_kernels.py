@@ -237,3 +237,29 @@ def test_spio_tma_is_read_at_each_layers_first_call(monkeypatch):
     assert not spio_kernel(params, "fprop").info_value("tma")  # device None
     monkeypatch.setattr(pm, "device_identity", lambda device: pm.DeviceIdentity("sm_89", "", ""))
     assert not _kernels.fprop_kernel(params, torch.device("cuda", 0)).info_value("tma")
+
+
+def test_a_layer_met_at_many_batch_sizes_keeps_bounded_choices_sharing_headers(monkeypatch):
+    """A layer met at a new batch size is a new choice (the config may differ, the grid does):
+    detection or a short last batch meet many. Each choice of one kernel name shares that
+    kernel's generated headers (about 22 KB of FProp's had been copied per batch size), and the
+    choices and WGrad's partial-sums plans start over at their limits, as the layer cache does,
+    rather than grow with every batch size."""
+    monkeypatch.setattr(_kernels, "_chosen", {})
+    monkeypatch.setattr(_kernels, "MAX_CHOICES", 7)
+    monkeypatch.setattr(wf, "_partials_plans", {})
+    monkeypatch.setattr(wf, "MAX_PLANS", 3)
+    cpu = torch.device("cpu")
+    by_name = {}
+    for n in range(1, 13):
+        params = Conv2dGw8Params(n, 16, 6, 6, has_bias=True)
+        kernels = [_kernels.fprop_kernel(params, cpu), _kernels.dgrad_kernel(params, cpu)]
+        kernels.append(_kernels.wgrad_kernel(params, cpu, with_bias=True))
+        for kernel in kernels:
+            assert by_name.setdefault(kernel.name, kernel.headers) is kernel.headers
+        assert len(_kernels._chosen) <= 7
+        if kernels[2].info_value("partials"):
+            wf._partials_plan(kernels[2], params, torch.float32, torch.float32)
+            assert 1 <= len(wf._partials_plans) <= 3
+    assert len(by_name) < 12 * 3  # kernels of one name met at several batch sizes
+    assert wf._partials_plans, "no partial-sums WGrad chosen: the plans went unchecked"

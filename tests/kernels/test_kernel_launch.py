@@ -170,6 +170,31 @@ def test_kernel_hashes_by_its_name():
     assert a != make((("h.h", "y"),)) and len({a, b, make((), "k2")}) == 2
 
 
+def test_kernels_of_one_name_hold_one_copy_of_their_headers(monkeypatch):
+    """A layer's kernel is made again for every batch size it meets (the grid differs), its
+    generated headers (tens of KB) equal to the last ones: each Kernel of that name then holds
+    the first one's headers, not a copy of its own. Headers that differ are kept as they are;
+    the table of shared headers starts over at MAX_SHARED_HEADERS names."""
+    from spio.kernels import kernel as K
+
+    monkeypatch.setattr(K, "_headers_by_name", {})
+
+    def make(text, name="shared_k"):
+        return K.Kernel(name=name, source_file="conv2d_gw8.cu", entry="e",
+                        headers=(("h.h", "".join(["x", text])),), grid=(1, 1, 1),
+                        block=(32, 1, 1), shared_mem_bytes=0)  # fmt: skip
+
+    first, again = make("x" * 10_000), make("x" * 10_000)
+    assert again.headers is first.headers and again == first
+    other = make("y")
+    assert other.headers == (("h.h", "xy"),) and other.headers is not first.headers
+    assert make("x" * 10_000).headers is first.headers
+    monkeypatch.setattr(K, "MAX_SHARED_HEADERS", 3)
+    for i in range(5):
+        make("z", name=f"named_{i}")
+        assert 1 <= len(K._headers_by_name) <= 3
+
+
 def test_a_kernels_repr_leaves_out_its_headers():
     """A list of kernels (spio.precompile's result) printed in a notebook had been tens of KB
     of generated C++ per kernel."""
