@@ -603,11 +603,14 @@ def where_faster(
     without one, ValueError unless the tensors among inputs and kwargs are on exactly one GPU.
     """
     _check_model(model, "transform.where_faster", kwargs)
+    # The GPU first: inputs elsewhere are refused before the forward pass (whose fallback
+    # warnings on CPU tensors would come first, and use up the once-only one).
+    device = None if timer is not None else _cuda_device((*inputs, *(kwargs or {}).values()))
     met = _layers_met(model, inputs, kwargs)
     layers = list(dict.fromkeys(params for _, params, _ in met))
     timed = PASSES if training else ("fprop",)
     if timer is None:
-        device = _cuda_device((*inputs, *(kwargs or {}).values()))
+        assert device is not None  # (found above)
         timer = _gpu_layer_timer(device)
         _compile_for_timing([(params, p) for params in layers for p in timed], device)
     not_nhwc = sum(not nhwc for _, _, nhwc in met)

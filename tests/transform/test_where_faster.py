@@ -96,6 +96,18 @@ def test_needs_a_gpu_unless_given_a_timer():
         where_faster(model, torch.randn(1, 16, 8, 8).half())
 
 
+def test_inputs_off_the_gpu_are_refused_before_the_forward_pass(caplog):
+    """A CPU input (fp32, as a user may first try) had run the whole forward first, whose
+    fallback warnings came before the error and used up the once-only one."""
+    calls = []
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2))
+    model.register_forward_hook(lambda *args: calls.append(1))
+    with caplog.at_level("WARNING", logger="spio"):
+        with pytest.raises(ValueError, match="one GPU the inputs are on; got inputs on cpu"):
+            where_faster(model, torch.randn(3, 16, 7, 9))
+    assert calls == [] and caplog.records == []
+
+
 @pytest.mark.cuda
 def test_where_faster_times_on_the_gpu(caplog):
     """On a GPU: real, positive times for both implementations, and a decision that follows them."""
