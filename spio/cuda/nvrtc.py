@@ -5,6 +5,7 @@ The library is found by spio.cuda.paths and loaded on first use, never at import
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -109,6 +110,8 @@ def _load(path: Path) -> ctypes.CDLL:
         "nvrtcGetCUBIN": [ctypes.c_void_p, ctypes.c_char_p],
         "nvrtcGetPTXSize": [ctypes.c_void_p, size_p],
         "nvrtcGetPTX": [ctypes.c_void_p, ctypes.c_char_p],
+        "nvrtcGetNumSupportedArchs": [ctypes.POINTER(ctypes.c_int)],
+        "nvrtcGetSupportedArchs": [ctypes.POINTER(ctypes.c_int)],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -133,6 +136,17 @@ def version() -> tuple[int, int]:
     return major.value, minor.value
 
 
+@functools.cache
+def supported_archs() -> tuple[str, ...]:
+    """The archs this NVRTC compiles for, as 'sm_XY', oldest first."""
+    lib = _lib()
+    count = ctypes.c_int()
+    _check(lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)), "nvrtcGetNumSupportedArchs")
+    archs = (ctypes.c_int * count.value)()
+    _check(lib.nvrtcGetSupportedArchs(archs), "nvrtcGetSupportedArchs")
+    return tuple(f"sm_{arch}" for arch in archs)
+
+
 def _c_strings(items: list[bytes]):
     return (ctypes.c_char_p * len(items))(*items) if items else None
 
@@ -146,13 +160,48 @@ def _read(prog: ctypes.c_void_p, size_fn: str, get_fn: str) -> bytes:
     return buf.raw[: size.value]
 
 
+@functools.cache
+def _uselocale():
+    """The C library's uselocale, or None where it has none."""
+    try:
+        function = ctypes.CDLL(None).uselocale
+    except (AttributeError, OSError):
+        return None
+    function.restype = ctypes.c_void_p
+    function.argtypes = [ctypes.c_void_p]
+    return function
+
+
+@contextlib.contextmanager
+def thread_locale_kept():
+    """Restores the calling thread's locale on leaving. NVRTC 12.4 (torch 2.6's) switches the
+    thread that compiles to the C locale and leaves it there: Python's default text encoding in
+    that thread then became ASCII after spio's first compile, and a user's open() of a UTF-8
+    file failed."""
+    uselocale = _uselocale()
+    before = uselocale(None) if uselocale is not None else None
+    try:
+        yield
+    finally:
+        if uselocale is not None and uselocale(None) != before:
+            uselocale(before)
+
+
 def compile_program(
     source: str, name: str, options: list[str], headers: dict[str, str] | None = None
 ) -> NvrtcOutput:
     """Compile one translation unit; in-memory `headers` map include names to their text.
 
-    Raises CompileError (with the NVRTC log) when the program does not compile.
+    Raises CompileError (with the NVRTC log) when the program does not compile. The calling
+    thread's locale is as it was (thread_locale_kept).
     """
+    with thread_locale_kept():
+        return _compile_program(source, name, options, headers)
+
+
+def _compile_program(
+    source: str, name: str, options: list[str], headers: dict[str, str] | None
+) -> NvrtcOutput:
     lib = _lib()
     headers = headers or {}
     prog = ctypes.c_void_p()

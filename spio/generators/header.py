@@ -36,7 +36,9 @@ def _spio_header_names(path: str) -> frozenset[str]:
     """_code_names of spio's header `path` (e.g. "spio/warp/fragments.h"); none where it is not
     one of the package's."""
     file = _SPIO_INCLUDE / path
-    return frozenset(_code_names(file.read_text())) if file.is_file() else frozenset()
+    if not file.is_file():
+        return frozenset()
+    return frozenset(_code_names(file.read_text(encoding="utf-8")))
 
 
 def _check_macro_names(macros: list[Spec], rest: list[tuple[str, str]]) -> None:

@@ -478,3 +478,43 @@ def test_quoted_includes_are_not_searched_in_the_current_directory(
     monkeypatch.chdir(tmp_path)
     stored = [line for line in compile_cubin(source, "sm_90").ptx.splitlines() if "mov" in line]
     assert any(line.rstrip().endswith(", 5;") for line in stored), stored
+
+
+def test_a_compile_leaves_the_threads_locale_as_it_was(monkeypatch, tmp_path):
+    """NVRTC 12.4 (torch 2.6's) switched the compiling thread to the C locale and left it so:
+    Python's default text encoding in that thread became ASCII after spio's first compile, and
+    a user's open() of a UTF-8 file failed. Here NVRTC is made to do that (on any NVRTC); the
+    thread's locale, and the encoding Python reads from it, are restored."""
+    import ctypes
+    import io
+
+    if nvrtc._uselocale() is None:
+        pytest.skip("the C library has no uselocale")
+    libc = ctypes.CDLL(None)
+    libc.newlocale.restype = ctypes.c_void_p
+    libc.newlocale.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p]
+    c_locale = libc.newlocale(0x1FBF, b"C", None)  # LC_ALL_MASK (glibc)
+    assert c_locale
+    lib = nvrtc._lib()
+    real = lib.nvrtcCompileProgram
+
+    def compile_and_switch(*args):
+        result = real(*args)
+        nvrtc._uselocale()(c_locale)  # what NVRTC 12.4 leaves behind
+        return result
+
+    def encoding():
+        return io.TextIOWrapper(io.BytesIO()).encoding
+
+    monkeypatch.setattr(lib, "nvrtcCompileProgram", compile_and_switch)
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    before, before_encoding = nvrtc._uselocale()(None), encoding()
+    try:
+        compile_cubin('extern "C" __global__ void k(float *x) { x[0] = 1.0f; }', "sm_80")
+        assert nvrtc._uselocale()(None) == before and encoding() == before_encoding
+        with nvrtc.thread_locale_kept():  # the fake does switch it: the check above can fail
+            nvrtc._uselocale()(c_locale)
+            assert nvrtc._uselocale()(None) == c_locale
+        assert nvrtc._uselocale()(None) == before
+    finally:  # (for the tests after a failure here)
+        nvrtc._uselocale()(before)
