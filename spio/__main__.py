@@ -465,6 +465,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    problem = _archs_nvrtc_lacks(archs)
+    if problem is not None:
+        print(f"spio compile: nothing was compiled: {problem}", file=sys.stderr)
+        return 2
     # (layer, config) pairs by their family, layer and config, the parts of their kernel's name
     # (a variant only adds a suffix), so that --sample picks as it would among the kernels,
     # generating only the ones it picks.
@@ -569,6 +573,23 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
         "file cannot be removed",
     ),
 }
+
+
+def _archs_nvrtc_lacks(archs: list[str]) -> str | None:
+    """What is wrong where the NVRTC found cannot compile for some of `archs` (NVRTC 12.4, torch
+    2.6's, stops at sm_90; sm_100 and sm_120 came with CUDA 12.8), or None."""
+    from .cuda import nvrtc
+
+    known = nvrtc.supported_archs()
+    lacking = [arch for arch in archs if arch not in known]
+    if not lacking:
+        return None
+    major, minor = nvrtc.version()
+    return (
+        f"NVRTC {major}.{minor} cannot compile for {', '.join(lacking)} (it compiles for "
+        f"{known[0]} to {known[-1]}); a newer NVRTC can (`python -m spio info` shows which "
+        "one spio found)"
+    )
 
 
 def _arch(text: str) -> str:

@@ -1311,6 +1311,10 @@ def test_memory_format_reads_strides_as_pytorch_does():
     suggest = pytest.importorskip("torch._prims_common").suggest_memory_format
     rng = random.Random(0)
     storage = torch.empty(40000)
+    # torch 2.6's Python copy weighed a dimension's size only where its stride passed 1, unlike
+    # the C++ rule (F.conv2d's output is contiguous for this view there too) and later copies.
+    if suggest(storage.as_strided([1, 3, 2, 1], [16, 1, 8, 1])) != torch.contiguous_format:
+        pytest.skip(f"torch {torch.__version__}'s Python copy of the rule differs from its C++")
     weight = torch.empty(8, 8, 3, 3)
     for _ in range(20000):
         shape = [rng.choice([1, 1, 2, 3, 8]) for _ in range(4)]
