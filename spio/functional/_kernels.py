@@ -224,8 +224,10 @@ def wgrad_kernel(
     atomic = _kernel(wf.conv2d_gw8_wgrad_kernel_factory, params, device)
     # (params too: a kernel's name leaves out the batch size, its grid and slots do not.)
     key = ("wgrad", params, atomic.name, device, deterministic, tensor_copies())
-    if key in _chosen:
+    try:  # (one read: another thread may empty _chosen between a test and a read)
         return _chosen[key]
+    except KeyError:
+        pass
     config = atomic.info_value("config")
     if wf.uses_partial_sums(params, config, deterministic):
         kernel = with_tensor_copies(wf.make_kernel(params, config, partials=True), device)

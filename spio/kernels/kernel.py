@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,11 +44,10 @@ def entry_symbol(name: str) -> str:
 #: The #define lines of each variant name with_defines has made in this process.
 _variant_defines: dict[str, str] = {}
 
-#: One copy of the generated headers per kernel name: a layer's kernel is made again for each
-#: batch size it meets (its grid differs), with headers of tens of KB equal to the last ones.
-#: Past MAX_SHARED_HEADERS names it starts over (sharing lost, nothing else).
-_headers_by_name: dict[str, tuple[tuple[str, str], ...]] = {}
-MAX_SHARED_HEADERS = 4096
+#: A live Kernel of each name, whose generated headers a new Kernel of that name shares: a
+#: layer's kernel is made again for each batch size it meets (its grid differs), with headers of
+#: tens of KB equal to the last ones. Weak: the headers go with the last kernel holding them.
+_live_by_name: weakref.WeakValueDictionary[str, Kernel] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
@@ -70,13 +70,11 @@ class Kernel:
     info: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        shared = _headers_by_name.get(self.name)
-        if shared is None:
-            if len(_headers_by_name) >= MAX_SHARED_HEADERS:
-                _headers_by_name.clear()
-            _headers_by_name[self.name] = self.headers
-        elif shared is not self.headers and shared == self.headers:
-            object.__setattr__(self, "headers", shared)  # (frozen: the one way to set it)
+        live = _live_by_name.get(self.name)
+        if live is None:
+            _live_by_name[self.name] = self
+        elif live.headers is not self.headers and live.headers == self.headers:
+            object.__setattr__(self, "headers", live.headers)  # (frozen: the one way to set it)
 
     def __hash__(self) -> int:
         # The name stands for the code, and hashing it is cheap; the generated dataclass hash

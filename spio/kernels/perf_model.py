@@ -587,6 +587,10 @@ def _check_config_values(path: Path, meta: dict, family: Family) -> None:
 _models: dict[tuple, PerfModel | PerfModelError] = {}
 _warned: set[Any] = set()
 _selected: dict[tuple, tuple[Any, str]] = {}  # select_config's key -> (config, how chosen)
+#: Past this many selections _selected starts over (a layer met at a new batch or image size is
+#: a new selection), so that sizes changing on every call do not each keep one; a tuned layer
+#: then reads its choice from the autotune cache again.
+MAX_SELECTED = 16384
 _lock = threading.Lock()
 
 
@@ -820,6 +824,8 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
         config = untuned
         how = "heuristic" if model is None else f"model {model.path.parent.name}/{model.path.name}"
     with _lock:
+        if len(_selected) >= MAX_SELECTED:
+            _selected.clear()
         _selected[key] = (config, how)
     return config
 

@@ -241,10 +241,10 @@ def test_spio_tma_is_read_at_each_layers_first_call(monkeypatch):
 
 def test_a_layer_met_at_many_batch_sizes_keeps_bounded_choices_sharing_headers(monkeypatch):
     """A layer met at a new batch size is a new choice (the config may differ, the grid does):
-    detection or a short last batch meet many. Each choice of one kernel name shares that
+    detection or a short last batch meet many. Each choice of one kernel name shares a live
     kernel's generated headers (about 22 KB of FProp's had been copied per batch size), and the
-    choices and WGrad's partial-sums plans start over at their limits, as the layer cache does,
-    rather than grow with every batch size."""
+    choices, WGrad's partial-sums plans and (on a GPU) the perf model's selections start over at
+    their limits, as the layer cache does, rather than grow with every batch size."""
     monkeypatch.setattr(_kernels, "_chosen", {})
     monkeypatch.setattr(_kernels, "MAX_CHOICES", 7)
     monkeypatch.setattr(wf, "_partials_plans", {})
@@ -256,10 +256,21 @@ def test_a_layer_met_at_many_batch_sizes_keeps_bounded_choices_sharing_headers(m
         kernels = [_kernels.fprop_kernel(params, cpu), _kernels.dgrad_kernel(params, cpu)]
         kernels.append(_kernels.wgrad_kernel(params, cpu, with_bias=True))
         for kernel in kernels:
-            assert by_name.setdefault(kernel.name, kernel.headers) is kernel.headers
+            # (the first kernel of each name kept alive, as the layers keep theirs)
+            assert by_name.setdefault(kernel.name, kernel).headers is kernel.headers
         assert len(_kernels._chosen) <= 7
         if kernels[2].info_value("partials"):
             wf._partials_plan(kernels[2], params, torch.float32, torch.float32)
             assert 1 <= len(wf._partials_plans) <= 3
     assert len(by_name) < 12 * 3  # kernels of one name met at several batch sizes
     assert wf._partials_plans, "no partial-sums WGrad chosen: the plans went unchecked"
+    # On a GPU the perf model's selections are remembered too (the CPU takes the heuristic's
+    # default without them): bounded as well.
+    from spio.kernels import perf_model as pm
+
+    monkeypatch.setattr(pm, "_selected", {})
+    monkeypatch.setattr(pm, "MAX_SELECTED", 5)
+    monkeypatch.setattr(pm, "device_identity", lambda device: pm.DeviceIdentity("sm_90", "", ""))
+    for n in range(1, 9):
+        _kernels.fprop_kernel(Conv2dGw8Params(n, 16, 6, 6), torch.device("cuda", 0))
+        assert 1 <= len(pm._selected) <= 5

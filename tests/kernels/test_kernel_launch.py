@@ -173,11 +173,15 @@ def test_kernel_hashes_by_its_name():
 def test_kernels_of_one_name_hold_one_copy_of_their_headers(monkeypatch):
     """A layer's kernel is made again for every batch size it meets (the grid differs), its
     generated headers (tens of KB) equal to the last ones: each Kernel of that name then holds
-    the first one's headers, not a copy of its own. Headers that differ are kept as they are;
-    the table of shared headers starts over at MAX_SHARED_HEADERS names."""
+    a live one's headers, not a copy of its own. Headers that differ are kept as they are; and
+    nothing keeps the headers once no kernel of the name is left (autotuning makes and drops
+    many candidates)."""
+    import gc
+    import weakref
+
     from spio.kernels import kernel as K
 
-    monkeypatch.setattr(K, "_headers_by_name", {})
+    monkeypatch.setattr(K, "_live_by_name", weakref.WeakValueDictionary())
 
     def make(text, name="shared_k"):
         return K.Kernel(name=name, source_file="conv2d_gw8.cu", entry="e",
@@ -189,10 +193,11 @@ def test_kernels_of_one_name_hold_one_copy_of_their_headers(monkeypatch):
     other = make("y")
     assert other.headers == (("h.h", "xy"),) and other.headers is not first.headers
     assert make("x" * 10_000).headers is first.headers
-    monkeypatch.setattr(K, "MAX_SHARED_HEADERS", 3)
-    for i in range(5):
-        make("z", name=f"named_{i}")
-        assert 1 <= len(K._headers_by_name) <= 3
+    dropped = [make("z", name=f"dropped_{i}") for i in range(3)]
+    assert len(K._live_by_name) == 4
+    del dropped
+    gc.collect()
+    assert set(K._live_by_name) == {"shared_k"}
 
 
 def test_a_kernels_repr_leaves_out_its_headers():
