@@ -479,6 +479,13 @@ class Conv2dGw8(nn.Conv2d):
         new.spio_passes = passes
         return new
 
+    def __getstate__(self) -> dict:
+        """A copy's or pickle's state: this layer's, where a hook that receives the module and is
+        shared with the nn.Conv2d the layer was made from (receiving that conv while it lives:
+        _share_hooks) receives this layer, so that the copy's hook receives the copy. (It had
+        received a copy of the conv that nothing held: "the hook of a dead Module".)"""
+        return _hooks_received_by(self, super().__getstate__())
+
     def to_torch_module(self) -> nn.Conv2d:
         """A plain nn.Conv2d computing the same function, sharing this module's Parameters,
         buffers, submodules (parametrizations included) and hooks (the inverse of
@@ -724,6 +731,25 @@ def _share_hooks(new: nn.Module, module: nn.Module) -> None:
     for hook in _module_hooks(module):
         if hook.module() is module:
             hook.module = _FirstAlive(module, new)
+
+
+def _hooks_received_by(module: nn.Module, state: dict) -> dict:
+    """`state` (module's __dict__, to copy or pickle) with each hook dict that holds a shared
+    module-receiving hook (a _FirstAlive one) replaced by a dict whose such hooks receive
+    `module` alone."""
+    from torch.nn.modules.module import _WrappedHook
+
+    def shared(hook: Any) -> bool:
+        return getattr(hook, "with_module", False) and isinstance(hook.module, _FirstAlive)
+
+    state = dict(state)
+    for name, hooks in state.items():
+        if "hook" in name and isinstance(hooks, dict) and any(map(shared, hooks.values())):
+            state[name] = type(hooks)(
+                (key, _WrappedHook(hook.hook, module) if shared(hook) else hook)
+                for key, hook in hooks.items()
+            )
+    return state
 
 
 def _module_hooks(module: nn.Module) -> list:

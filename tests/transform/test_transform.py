@@ -239,6 +239,35 @@ def test_a_converted_copy_leaves_the_layers_hooks_with_the_layer():
     assert seen[-1] == "Conv2d"
 
 
+_SEEN_BY_PICKLED_HOOK: list = []
+
+
+def _pickled_hook(module, *args):
+    _SEEN_BY_PICKLED_HOOK.append(type(module).__name__)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_of_a_layer_made_from_a_live_conv_gives_its_hooks_the_copy(how):
+    """A layer made by from_torch_module while its conv lives shares the conv's hooks, which
+    receive the conv while it lives; a copy of the layer (deepcopy, pickle, torch.save) had
+    copied them with a copy of the conv that nothing held, and the copy's load_state_dict
+    failed ("hook of a dead Module"). The copy's hooks receive the copy; the original's are
+    as they were."""
+    import pickle
+
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    seen = _SEEN_BY_PICKLED_HOOK
+    seen.clear()
+    conv.register_load_state_dict_pre_hook(_pickled_hook)  # (a lambda does not pickle)
+    layer = Conv2dGw8.from_torch_module(conv)
+    clone = copy.deepcopy(layer) if how == "deepcopy" else pickle.loads(pickle.dumps(layer))
+    clone.load_state_dict(clone.state_dict())
+    assert seen == ["Conv2dGw8"]
+    layer.load_state_dict(layer.state_dict())
+    assert seen == ["Conv2dGw8", "Conv2d"]  # the conv, alive (as before)
+    assert torch.equal(clone.weight, layer.weight) and clone.weight is not layer.weight
+
+
 def test_a_transform_refused_by_include_leaves_the_hooks_as_they_were():
     """An include answer checked after earlier convs were converted had left their hooks
     pointing at the dropped conversions: load_state_dict then failed ("hook of a dead
