@@ -675,6 +675,35 @@ def test_exported_model_keeps_the_spio_op_and_round_trips(tmp_path):
     torch.testing.assert_close(x.grad, x_ref.grad)
 
 
+def test_saved_programs_load_in_a_new_process_that_imports_spio_functional(tmp_path):
+    """A program saved by torch.export.save, or a scripted model by torch.jit.save, loads in a
+    new process once spio.functional is imported (which registers torch.ops.spio; `import spio`
+    alone imports no torch, as README says), and computes what it computed here."""
+    import subprocess
+    import sys
+
+    import spio
+
+    torch.manual_seed(0)
+    model = spio.transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2))).eval()
+    x = torch.randn(2, 16, 5, 6)
+    torch.export.save(torch.export.export(model, (x,)), tmp_path / "model.pt2")
+    torch.jit.save(torch.jit.script(model), tmp_path / "model.pt")
+    torch.save((x, model(x).detach()), tmp_path / "io.pt")
+    check = (
+        "import sys, torch, spio.functional\n"
+        f"x, y = torch.load({str(tmp_path / 'io.pt')!r})\n"
+        f"exported = torch.export.load({str(tmp_path / 'model.pt2')!r}).module()\n"
+        f"scripted = torch.jit.load({str(tmp_path / 'model.pt')!r})\n"
+        "for loaded in (exported, scripted):\n"
+        "    torch.testing.assert_close(loaded(x), y)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_model_autocasting_inside_exports_and_runs_spio_kernels(monkeypatch, tmp_path, strict):
     """torch.export of an fp32 model whose forward enters torch.autocast: strict export traces
