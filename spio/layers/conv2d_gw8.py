@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeGuard, TypeVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.module import _WrappedHook
 from torch.nn.modules.utils import _pair
 from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
@@ -479,13 +480,6 @@ class Conv2dGw8(nn.Conv2d):
         new.spio_passes = passes
         return new
 
-    def __getstate__(self) -> dict:
-        """A copy's or pickle's state: this layer's, where a hook that receives the module and is
-        shared with the nn.Conv2d the layer was made from (receiving that conv while it lives:
-        _share_hooks) receives this layer, so that the copy's hook receives the copy. (It had
-        received a copy of the conv that nothing held: "the hook of a dead Module".)"""
-        return _hooks_received_by(self, super().__getstate__())
-
     def to_torch_module(self) -> nn.Conv2d:
         """A plain nn.Conv2d computing the same function, sharing this module's Parameters,
         buffers, submodules (parametrizations included) and hooks (the inverse of
@@ -706,15 +700,33 @@ class _FirstAlive:
     """What a module-receiving hook holds for its module (weakref.ref(module) in torch's
     _WrappedHook) when two modules share it: the first while it lives, then the second."""
 
-    def __init__(self, first: nn.Module, second: nn.Module) -> None:
-        self._refs = (weakref.ref(first), weakref.ref(second))
+    def __init__(self, first: nn.Module | None, second: nn.Module | None) -> None:
+        self._refs = tuple(None if m is None else weakref.ref(m) for m in (first, second))
+
+    def modules(self) -> tuple[nn.Module | None, nn.Module | None]:
+        """Both modules, None for one that is gone."""
+        first, second = (None if ref is None else ref() for ref in self._refs)
+        return first, second
 
     def __call__(self) -> nn.Module | None:
-        for ref in self._refs:
-            module = ref()
-            if module is not None:
-                return module
-        return None
+        first, second = self.modules()
+        return first if first is not None else second
+
+
+class _SharedModuleHook(_WrappedHook):
+    """A module-receiving hook two modules share (_share_hooks), receiving _FirstAlive's module.
+    A copy or pickle keeps both modules, so that it resolves to the copies of those copied with
+    it: torch's hook kept the first alone, and a copy of the second (the layer, copied while the
+    conv it was made from lives) got a copy of the first that nothing held, "a dead Module"."""
+
+    def __getstate__(self) -> dict:
+        shared: Any = self.module  # (a _FirstAlive, where torch's class keeps a weakref)
+        return {"hook": self.hook, "with_module": True, "modules": shared.modules()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.hook = state["hook"]
+        self.with_module = True
+        self.module = _FirstAlive(*state["modules"])  # type: ignore[assignment]
 
 
 def _share_hooks(new: nn.Module, module: nn.Module) -> None:
@@ -731,25 +743,7 @@ def _share_hooks(new: nn.Module, module: nn.Module) -> None:
     for hook in _module_hooks(module):
         if hook.module() is module:
             hook.module = _FirstAlive(module, new)
-
-
-def _hooks_received_by(module: nn.Module, state: dict) -> dict:
-    """`state` (module's __dict__, to copy or pickle) with each hook dict that holds a shared
-    module-receiving hook (a _FirstAlive one) replaced by a dict whose such hooks receive
-    `module` alone."""
-    from torch.nn.modules.module import _WrappedHook
-
-    def shared(hook: Any) -> bool:
-        return getattr(hook, "with_module", False) and isinstance(hook.module, _FirstAlive)
-
-    state = dict(state)
-    for name, hooks in state.items():
-        if "hook" in name and isinstance(hooks, dict) and any(map(shared, hooks.values())):
-            state[name] = type(hooks)(
-                (key, _WrappedHook(hook.hook, module) if shared(hook) else hook)
-                for key, hook in hooks.items()
-            )
-    return state
+            hook.__class__ = _SharedModuleHook  # (in place: the dicts' entries stay the same)
 
 
 def _module_hooks(module: nn.Module) -> list:
@@ -770,6 +764,8 @@ def receive_hooks(new: nn.Module, old: nn.Module) -> None:
     for hook in _module_hooks(new):
         if hook.module() in (old, new):
             hook.module = weakref.ref(new)
+            if isinstance(hook, _SharedModuleHook):
+                hook.__class__ = _WrappedHook  # type: ignore[assignment]
 
 
 def make_conv2d(*args: Any, **kwargs: Any) -> nn.Conv2d:

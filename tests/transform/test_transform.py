@@ -266,6 +266,35 @@ def test_a_copy_of_a_layer_made_from_a_live_conv_gives_its_hooks_the_copy(how):
     layer.load_state_dict(layer.state_dict())
     assert seen == ["Conv2dGw8", "Conv2d"]  # the conv, alive (as before)
     assert torch.equal(clone.weight, layer.weight) and clone.weight is not layer.weight
+    # The conv copied alone keeps receiving its copy; both copied together, the conv's copy
+    # (alive with the layer's) receives them, as the originals do.
+    seen.clear()
+    for copied in (copy.deepcopy(conv), *copy.deepcopy((layer, conv))):
+        copied.load_state_dict(copied.state_dict())
+    assert seen == ["Conv2d", "Conv2d", "Conv2d"]
+
+
+def test_copies_of_shared_hooks_keep_what_plain_copies_keep():
+    """A shallow copy shares the hook dicts, and a handle copied with the layer removes the
+    hook from the layer's copy, as for an nn.Conv2d; a weight_norm layer (whose parametrized
+    class has a __deepcopy__ of its own) gives its copy's hooks the copy too."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    seen = _SEEN_BY_PICKLED_HOOK
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    handle = conv.register_load_state_dict_pre_hook(_pickled_hook)
+    layer = Conv2dGw8.from_torch_module(conv)
+    assert copy.copy(layer)._load_state_dict_pre_hooks is layer._load_state_dict_pre_hooks
+    clone, clone_handle = copy.deepcopy((layer, handle))
+    clone_handle.remove()
+    assert len(clone._load_state_dict_pre_hooks) == 0 and len(layer._load_state_dict_pre_hooks)
+    normed = weight_norm(nn.Conv2d(16, 16, 3, padding=1, groups=2))
+    normed.register_load_state_dict_pre_hook(_pickled_hook)
+    layer = Conv2dGw8.from_torch_module(normed)
+    seen.clear()
+    clone = copy.deepcopy(layer)
+    clone.load_state_dict(clone.state_dict())
+    assert seen == ["ParametrizedConv2dGw8"]
 
 
 def test_a_transform_refused_by_include_leaves_the_hooks_as_they_were():
