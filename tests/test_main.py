@@ -530,21 +530,27 @@ def test_integer_settings_take_a_minus_sign_and_spaces(monkeypatch):
         assert _emulator_shared_offset() == offset
 
 
-def test_info_reports_the_settings_and_a_bad_one_among_its_rows(monkeypatch, capsys):
-    """info is what users run to see what is wrong: a bad SPIO_* setting is one of its rows
-    (exit 1, as for its other problems), not an error that hides the rest; the settings row
-    lists every SPIO_* variable set, for bug reports."""
+def _info_settings(monkeypatch, capsys, **settings: str) -> tuple[int, list[str]]:
+    """`spio info` with exactly these SPIO_* variables set: its exit status and settings rows."""
     from spio import __main__ as cli
 
     for name in [n for n in os.environ if n.startswith("SPIO_")]:
         monkeypatch.delenv(name)
-    assert cli.main(["info"]) == 0
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    status = cli.main(["info"])
     out = capsys.readouterr().out
-    assert "settings" in out and "no SPIO_* variable set" in out
-    monkeypatch.setenv("SPIO_EMULATE", "maybe")
-    monkeypatch.setenv("SPIO_LOGGER", "0")
-    assert cli.main(["info"]) == 1
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("settings")]
+    return status, [line for line in out.splitlines() if line.startswith("settings")]
+
+
+def test_info_reports_the_settings_and_a_bad_one_among_its_rows(monkeypatch, capsys):
+    """info is what users run to see what is wrong: a bad SPIO_* setting is one of its rows
+    (exit 1, as for its other problems), not an error that hides the rest; the settings row
+    lists every SPIO_* variable set, for bug reports."""
+    status, rows = _info_settings(monkeypatch, capsys)
+    assert status == 0 and "no SPIO_* variable set" in "".join(rows)
+    status, rows = _info_settings(monkeypatch, capsys, SPIO_EMULATE="maybe", SPIO_LOGGER="0")
+    assert status == 1
     assert rows == [
         "settings        SPIO_EMULATE=maybe, SPIO_LOGGER=0; BAD SETTING: SPIO_EMULATE must be "
         "1/true/yes/on or 0/false/no/off, got 'maybe'"
@@ -554,15 +560,10 @@ def test_info_reports_the_settings_and_a_bad_one_among_its_rows(monkeypatch, cap
 def test_info_names_a_spio_variable_spio_does_not_read(monkeypatch, capsys):
     """A misspelt setting (SPIO_EMULTE=1) had read as nothing set, with nothing said; info now
     names it, as a note (exit 0). The test suite's own SPIO_TEST_* are not named."""
-    from spio import __main__ as cli
-
-    for name in [n for n in os.environ if n.startswith("SPIO_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("SPIO_EMULTE", "1")
-    monkeypatch.setenv("SPIO_TEST_ORDER", "ids.txt")
-    monkeypatch.setenv("SPIO_WORKERS", "2")
-    assert cli.main(["info"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("settings")]
+    status, rows = _info_settings(
+        monkeypatch, capsys, SPIO_EMULTE="1", SPIO_TEST_ORDER="ids.txt", SPIO_WORKERS="2"
+    )
+    assert status == 0
     assert rows == [
         "settings        SPIO_EMULTE=1, SPIO_TEST_ORDER=ids.txt, SPIO_WORKERS=2; not spio "
         "settings (a typo?): SPIO_EMULTE"

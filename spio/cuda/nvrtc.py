@@ -179,11 +179,14 @@ def thread_locale_kept():
     that thread then became ASCII after spio's first compile, and a user's open() of a UTF-8
     file failed."""
     uselocale = _uselocale()
-    before = uselocale(None) if uselocale is not None else None
+    if uselocale is None:
+        yield
+        return
+    before = uselocale(None)
     try:
         yield
     finally:
-        if uselocale is not None and uselocale(None) != before:
+        if uselocale(None) != before:
             uselocale(before)
 
 

@@ -42,6 +42,7 @@ from spio.kernels.conv2d_gw8_params import (
 from spio.kernels.families import FAMILY_OF_PASS
 from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
+from spio.memo import remember
 
 from .checks import check_args, device_problem, memory_format, weight_grad_channels_last
 
@@ -185,15 +186,8 @@ def _keep(store: dict, key: Hashable, kernel: Kernel | None, device: torch.devic
     collects what to tune. That choice serves this call only (see
     spio.kernels.perf_model.select_config), so that a later call tunes."""
     if not autotune.deferred(device):
-        _remember(store, key, kernel)
+        remember(store, key, kernel, MAX_CHOICES)
     return kernel
-
-
-def _remember(store: dict, key: Hashable, kernel: Kernel | None) -> None:
-    """store[key] = kernel, emptying `store` first where it holds MAX_CHOICES entries."""
-    if key not in store and len(store) >= MAX_CHOICES:
-        store.clear()
-    store[key] = kernel
 
 
 def fprop_kernel(params: Conv2dGw8Params, device: torch.device) -> Kernel:
@@ -235,8 +229,7 @@ def wgrad_kernel(
         kernel = atomic
     else:
         kernel = _deterministic_wgrad(params, device, config)
-    _remember(_chosen, key, kernel)
-    return kernel
+    return remember(_chosen, key, kernel, MAX_CHOICES)
 
 
 def _deterministic_wgrad(params: Conv2dGw8Params, device: torch.device, pick) -> Kernel | None:
@@ -610,9 +603,9 @@ class _ChunkedLayer(Layer):
 
 
 #: At most this many call signatures are remembered; a model has a few dozen. Past it the cache
-#: starts over, so that shapes changing on every call do not each keep a Layer. The kernel
-#: chosen for each layer shape (_chosen) and the loaded kernels are kept: they are what a
-#: shape seen again would need.
+#: starts over, so that shapes changing on every call do not each keep a Layer. The kernels
+#: chosen (_chosen, bounded by MAX_CHOICES) and the loaded kernels are kept apart: they are what
+#: a shape seen again would need.
 MAX_SIGNATURES = 4096
 
 _layers: dict[tuple, Layer] = {}
@@ -650,9 +643,9 @@ def layer(
         problem = device_problem(input.device)
         if problem is not None:
             raise ValueError(f"conv2d_gw8 needs a GPU spio's kernels run on: {problem}")
-        if len(_layers) >= MAX_SIGNATURES:
-            _layers.clear()
-        found = _layers[key] = _new_layer(input, weight, bias, (pad_y, pad_x))
+        found = remember(
+            _layers, key, _new_layer(input, weight, bias, (pad_y, pad_x)), MAX_SIGNATURES
+        )
     return found
 
 

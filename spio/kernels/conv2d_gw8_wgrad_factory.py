@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
+from ..memo import remember
 from .conv2d_gw8_factory import (
     ELEMENT_TYPES,
     H200_CLASS,
@@ -560,9 +561,7 @@ def _partials_plan(kernel: Kernel, params: Conv2dGw8Params, dw_dtype, dbias_dtyp
         summing = sum_kernel(
             params, gradient_dtype_name(dw_dtype), gradient_dtype_name(dbias_dtype)
         )
-        if len(_partials_plans) >= MAX_PLANS:
-            _partials_plans.clear()
-        plan = _partials_plans[key] = (slots, w_size, c, summing)
+        plan = remember(_partials_plans, key, (slots, w_size, c, summing), MAX_PLANS)
     return plan
 
 

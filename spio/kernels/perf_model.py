@@ -31,6 +31,7 @@ import numpy as np
 
 from ..compiler.occupancy import SmLimits, limits_of
 from ..log import logger
+from ..memo import remember
 from .conv2d_gw8_factory import H200_CLASS, Machine, machine_of
 from .conv2d_gw8_params import Conv2dGw8Params
 from .families import FAMILIES, Family, family_of
@@ -824,9 +825,7 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
         config = untuned
         how = "heuristic" if model is None else f"model {model.path.parent.name}/{model.path.name}"
     with _lock:
-        if len(_selected) >= MAX_SELECTED:
-            _selected.clear()
-        _selected[key] = (config, how)
+        remember(_selected, key, (config, how), MAX_SELECTED)
     return config
 
 

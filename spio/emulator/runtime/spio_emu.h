@@ -7,12 +7,13 @@
 /// runtime/shim), then defines the CUDA keywords and built-ins for the host compiler and declares
 /// namespace spio::emu: the PTX primitives of docs/primitives.md, most with the same names and
 /// signatures (the tensor copies and bulk waits as docs/primitives.md lists them). One CUDA
-/// thread runs as one user-level fiber; warp collectives meet at a warp barrier; __syncthreads is a block barrier; static __shared__ variables are thread_local, so
-/// they all live in this library's TLS block, which the runtime treats as the block's
-/// shared-memory arena. That arena holds every kernel's static __shared__ variables together:
-/// a kernel's launch counts them all against the shared-memory limit, and an index past one
-/// kernel's array that lands in another's is not reported. `extern __shared__` arrays are
-/// rewritten by the Python build step into references to the dynamic shared-memory buffer.
+/// thread runs as one user-level fiber; warp collectives meet at a warp barrier; __syncthreads
+/// is a block barrier; static __shared__ variables are thread_local, so they all live in this
+/// library's TLS block, which the runtime treats as the block's shared-memory arena. That arena
+/// holds every kernel's static __shared__ variables together: a kernel's launch counts them all
+/// against the shared-memory limit, and an index past one kernel's array that lands in
+/// another's is not reported. `extern __shared__` arrays are rewritten by the Python build step
+/// into references to the dynamic shared-memory buffer.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
