@@ -500,7 +500,8 @@ class Conv2dGw8(nn.Conv2d):
             )
         reason = self._ineligibility_now()
         if reason is not None:  # nn.Conv2d's forward, which reads them
-            y = super().forward(input)
+            bias = _fallback_bias(input, self.weight, self.bias)
+            y = self._conv_forward(input, self.weight, bias)
             _log_fallback_once(f"the layer {reason}")
             return y
         return conv2d_gw8_layer(
@@ -576,6 +577,22 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
     return None
 
 
+def _fallback_bias(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    """The bias for F.conv2d where a layer falls back to it: an fp32 bias beside a half input
+    and weight (which spio's kernels add in fp32, and a layer takes outside autocast) cast to
+    the input's dtype, as F.conv2d refuses it; any other bias as it is (autocast casts it
+    itself; a mismatch is F.conv2d's to refuse, as nn.Conv2d's)."""
+    if (
+        bias is not None
+        and bias.dtype == torch.float32
+        and input.dtype in _HALF
+        and weight.dtype == input.dtype
+        and autocast_dtype(input.device.type) is None
+    ):
+        return bias.to(input.dtype)
+    return bias
+
+
 def _route(input: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[bool, str | None]:
     """(whether input's device runs spio's kernels, why the call falls back to F.conv2d or
     None): where a Conv2dGw8 call goes, for conv2d_gw8_layer and spio_kernels alike. An input
@@ -603,7 +620,7 @@ def conv2d_gw8_layer(
     """
     kernels, reason = _route(input, weight, bias)
     if reason is not None:
-        y = F.conv2d(input, weight, bias, 1, padding, 1, groups)
+        y = F.conv2d(input, weight, _fallback_bias(input, weight, bias), 1, padding, 1, groups)
         _log_fallback_once(reason)  # after: an input F.conv2d rejects too gets its error alone
         return y
     unbatched = input.dim() == 3

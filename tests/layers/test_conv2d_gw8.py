@@ -850,6 +850,43 @@ def test_functional_and_forward_mode_differentiation_fall_back(monkeypatch, emul
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
+def test_fallbacks_take_a_half_layers_fp32_bias(monkeypatch, emulate):
+    """A half layer may hold an fp32 bias (spio's kernels add it in fp32), which F.conv2d
+    refuses beside half operands: where the layer falls back to it (torch.func.grad, jvp,
+    forward-mode AD, a stride set after construction) it failed with PyTorch's "Input type
+    (c10::Half) and bias type (float) should be the same". The fallback casts that bias to the
+    input's dtype, and its gradient reaches the fp32 bias."""
+    import torch.autograd.forward_ad as fwAD
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    torch.manual_seed(0)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    layer.bias = nn.Parameter(torch.randn(16))
+    x, t = torch.randn(2, 16, 6, 5).half(), torch.randn(2, 16, 6, 5).half()
+    w64, b64 = layer.weight.double(), layer.bias.double()
+
+    def want(x, stride=1):
+        return F.conv2d(x.double(), w64, b64, stride, 1, 1, 2)
+
+    def close(got, expected):
+        torch.testing.assert_close(got.double(), expected, atol=2e-2, rtol=2e-2)
+
+    def loss(params):
+        return torch.func.functional_call(layer, params, (x,)).float().sum()
+
+    grads = torch.func.grad(loss)(dict(layer.named_parameters()))
+    close(grads["bias"], torch.full((16,), 60.0, dtype=torch.float64))  # N * P * Q
+    assert grads["bias"].dtype == torch.float32
+    y, tangent = torch.func.jvp(layer, (x,), (t,))
+    close(y, want(x))
+    close(tangent, F.conv2d(t.double(), w64, None, 1, 1, 1, 2))
+    with fwAD.dual_level():
+        close(fwAD.unpack_dual(layer(fwAD.make_dual(x, t))).primal, want(x))
+    layer.stride = (2, 2)  # nn.Conv2d's forward runs it
+    close(layer(x), want(x, 2))
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
 def test_fx_symbolic_trace_records_one_node_per_layer(monkeypatch, emulate):
     """torch.fx.symbolic_trace (FX-based tools: feature extraction, model surgery) failed on a
     transformed model, tracing into checks that branch on tensor properties. A layer is now one
