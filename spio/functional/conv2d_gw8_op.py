@@ -242,6 +242,45 @@ def _conv2d_gw8_vmap(info, in_dims, input, weight, bias=None, stride=1, padding_
     return torch.stack(slices), 0
 
 
+@conv2d_gw8_backward.register_vmap
+def _conv2d_gw8_backward_vmap(info, in_dims, grad_output, input, weight, padding_y, padding_x,
+                              output_mask, passes=ALL_PASSES):  # fmt: skip
+    """torch.vmap over the backward (autograd.grad(is_grads_batched=True), a vectorized
+    jacobian, torch.vmap over autograd.grad): grad_input alone of a batched grad_output over one
+    weight is one call, the vmapped dimension folded into the images (the input is read for its
+    shape alone then); other calls, one per slice (weight and bias gradients sum over the images,
+    so the slices cannot be folded). PyTorch's fallback would make one call per slice in every
+    case, and ask the user to report spio's missing rule to PyTorch."""
+    dy_dim, x_dim, w_dim = in_dims[:3]
+    mask = [bool(m) for m in output_mask]
+    rest = (padding_y, padding_x, output_mask, passes)
+    if mask == [True, False, False] and w_dim is None:
+        x = input if x_dim is None else input.select(x_dim, 0)
+        if dy_dim is None:  # a batched input, read for its shape alone: one answer for all
+            return conv2d_gw8_backward(grad_output, x, weight, *rest), (None, None, None)
+        dy = grad_output.movedim(dy_dim, 0)
+        images = dy.shape[0] * dy.shape[1]
+        stand_in = torch.empty((images, *x.shape[1:]), dtype=x.dtype, device=x.device,
+                               memory_format=conv_format(x, weight))  # fmt: skip
+        dx, dw, db = conv2d_gw8_backward(dy.flatten(0, 1), stand_in, weight, *rest)
+        return (dx.unflatten(0, dy.shape[:2]), dw, db), (0, None, None)
+
+    def pick(t: Tensor, dim: int | None, i: int) -> Tensor:
+        return t if dim is None else t.select(dim, i)
+
+    slices = [
+        conv2d_gw8_backward(
+            pick(grad_output, dy_dim, i), pick(input, x_dim, i), pick(weight, w_dim, i), *rest
+        )
+        for i in range(info.batch_size)
+    ]
+    outputs = tuple(
+        torch.stack(parts) if wanted else parts[0]  # an unrequested one: an empty placeholder
+        for parts, wanted in zip(zip(*slices, strict=True), mask, strict=True)
+    )
+    return outputs, tuple(0 if wanted else None for wanted in mask)
+
+
 def _setup_context(ctx, inputs, output) -> None:
     input, weight, bias, _stride, padding_y, padding_x, _dilation, _groups, passes = inputs
     need_weight = ctx.needs_input_grad[1]

@@ -146,6 +146,54 @@ def test_vmap_has_a_batching_rule(monkeypatch, emulate):
         torch.testing.assert_close(y, want)
 
 
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_vmap_over_the_backward_has_a_batching_rule(monkeypatch, emulate, recwarn):
+    """torch.vmap over conv2d_gw8_backward (autograd.grad(is_grads_batched=True), a vectorized
+    jacobian): grad_input alone of batched grad_outputs is one call; weight and bias gradients,
+    or a batched weight, one call per slice. Without a rule PyTorch's fallback made one call per
+    slice and warned of "a performance drop because we have not yet implemented the batching
+    rule for spio::conv2d_gw8_backward", asking the user to file an issue with PyTorch."""
+    from spio.functional import conv2d_gw8_op
+
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    calls = []
+    check_passes = conv2d_gw8_op.check_passes
+
+    def counting(passes):  # the op's implementation checks its passes first
+        calls.append(passes)
+        return check_passes(passes)
+
+    monkeypatch.setattr(conv2d_gw8_op, "check_passes", counting)
+    gen = torch.Generator().manual_seed(0)
+    dys = torch.randn(3, 2, 16, 5, 4, generator=gen).half()
+    xs = torch.randn(3, 2, 16, 5, 4, generator=gen).half()
+    ws = torch.randn(3, 16, 8, 3, 3, generator=gen).half()
+    dx_only, all_three = [True, False, False], [True, True, True]
+    cases = [  # in_dims of (dy, x, w), the operands, the mask, the calls expected
+        ((0, None, None), (dys, xs[0], ws[0]), dx_only, 1),
+        ((1, 0, None), (dys.transpose(0, 1), xs, ws[0]), dx_only, 1),
+        ((None, 0, None), (dys[0], xs, ws[0]), dx_only, 1),
+        ((0, None, None), (dys, xs[0], ws[0]), all_three, 3),
+        ((0, 0, None), (dys, xs, ws[0]), [False, True, False], 3),
+        ((0, None, 0), (dys, xs[0], ws), dx_only, 3),
+    ]
+    for in_dims, args, mask, expected_calls in cases:
+        calls.clear()
+        got = torch.vmap(
+            lambda dy, x, w, mask=mask: conv2d_gw8_backward(dy, x, w, 1, 1, mask), in_dims=in_dims
+        )(*args)
+        assert len(calls) == expected_calls, in_dims
+        for i in range(3):
+            one = [t if d is None else t.select(d, i) for t, d in zip(args, in_dims, strict=True)]
+            want = conv2d_gw8_backward(*one, 1, 1, mask)
+            for g, w, wanted in zip(got, want, mask, strict=True):
+                if wanted:
+                    torch.testing.assert_close(g[i], w)
+                else:
+                    assert g.numel() == 0
+    assert not [w for w in recwarn if "batching rule" in str(w.message)]
+
+
 @pytest.mark.parametrize(
     "shape, bias, requires_grad, channels_last",
     [
