@@ -8,10 +8,10 @@ cd "$(dirname "$0")/.."
 version=${1:-3.12}
 mkdir -p .whl
 # Only this download's wheels: two versions of one package there make gpu_check's one pip call
-# fail (ResolutionImpossible), which would leave the run without xgboost.
+# fail (ResolutionImpossible), which would leave the run without them.
 rm -f .whl/*.whl
-# xgboost-cpu: the same xgboost module without the multi-GB CUDA build; platformdirs: cache folder.
+# platformdirs: the cache folder. (spio reads its performance models without xgboost.)
 python3 -m pip download --quiet --only-binary=:all: --no-deps --dest .whl \
     --python-version "$version" --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
-    xgboost-cpu platformdirs
+    platformdirs
 ls -l .whl

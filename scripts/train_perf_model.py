@@ -154,6 +154,24 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def evaluation_problem(model: bytes, booster, samples: Sequence[Sample]) -> str | None:
+    """Why spio's own evaluation of the trained model (spio.kernels.trees, which reads the file
+    spio ships) does not predict exactly what xgboost does on the training rows, or None: a
+    model an xgboost of another format would write is refused here, not misread by users."""
+    from spio.kernels.trees import TreeEnsemble, read_ubjson
+
+    x, _ = design(samples)
+    try:
+        ours = TreeEnsemble.from_model(read_ubjson(model)).predict(x)
+    except ValueError as error:
+        return f"spio cannot read the model xgboost wrote ({error})"
+    theirs = booster.inplace_predict(np.asarray(x, dtype=np.float32), validate_features=False)
+    if not np.array_equal(ours, theirs):
+        worst = float(np.max(np.abs(ours.astype(np.float64) - theirs)))
+        return f"spio's evaluation of the model differs from xgboost's (by up to {worst:.3g})"
+    return None
+
+
 def score(booster, samples: Sequence[Sample]) -> dict:
     """Per-layer Spearman and regret of `booster` on samples (held-out layers) of one family."""
     import xgboost
@@ -333,6 +351,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        import xgboost  # noqa: F401  (training needs it; spio reads the models without it)
+    except Exception as error:  # ImportError, or xgboost's own where its library is missing
+        print(
+            f"train_perf_model: needs xgboost, which does not import ({error}); "
+            "pip install 'spio[train]' (or xgboost)",
+            file=sys.stderr,
+        )
+        return 2
 
     samples, comments, fill = [], [], []
     for paths, into in ((args.csv, samples), (args.fill, fill)):
@@ -402,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         # Each file replaced whole: a stop mid-write must not leave a cut-off model where the
         # package (the default --out) loads its models from.
         model = bytes(booster.save_raw("ubj"))
+        if problem := evaluation_problem(model, booster, [*group, *filled]):
+            print(f"train_perf_model: {family} {arch}: {problem}; nothing written", file=sys.stderr)
+            return 1
         write_atomically(path, model)
         meta = {
             "family": family,

@@ -17,7 +17,6 @@ from .env import SETTINGS
 _BROKEN = "BROKEN INSTALL"
 _BAD_SETTING = "BAD SETTING"
 _NOT_WRITABLE = "NOT A WRITABLE FOLDER"
-_NOT_IMPORTABLE = "NOT IMPORTABLE"
 _NOT_FOUND = "NOT FOUND"
 _TOO_OLD = "TOO OLD"
 
@@ -201,7 +200,6 @@ def cmd_info(args: argparse.Namespace) -> int:
             rows.append(("driver", f"version unknown ({error})"))
     rows.append(("supported arch", ", ".join(supported_arch)))
     rows.append(("emulator", _emulator_compiler_summary()))
-    rows.append(("xgboost", _xgboost_summary()))
     rows.extend(_perf_model_rows([gpu["arch"] for gpu in gpus]))
     root = cache_root()  # spio's folders there only: SPIO_CACHE_DIR may hold other things too
     sizes = [own_size(root / namespace) for namespace in NAMESPACES]
@@ -216,8 +214,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"{key:<{width}}  {value}")
     # No GPU is fine (the emulator and the PyTorch reference still work); a missing part, or a
     # setting that names something unusable, is not. A cache spio cannot write is reported but
-    # is not a failure: kernels are then kept in memory, and everything still runs. So is an
-    # xgboost that does not import: the heuristic then picks the tile configs.
+    # is not a failure: kernels are then kept in memory, and everything still runs.
     problems = (_BROKEN, _BAD_SETTING)
     return 1 if any(p in value for _, value in rows for p in problems) else 0
 
@@ -328,23 +325,6 @@ def _emulator_compiler_summary() -> str:
     except EmulatorBuildError:
         return f"{cxx}: {version}; {_TOO_OLD}: the emulator needs clang {MIN_CLANG}+ or g++"
     return f"{cxx}: {version}"
-
-
-def _xgboost_summary() -> str:
-    """xgboost's version, or why it does not import: without it no performance model loads and
-    every tile config comes from the analytic heuristic (which a layer's first call logs).
-    Reported, not a failure of `info`: every kernel still runs."""
-    from .kernels.perf_model import first_line
-
-    try:
-        import xgboost
-    except Exception as error:  # ImportError, or xgboost's own error where its library is missing
-        return (
-            f"{_NOT_IMPORTABLE} ({first_line(error)}); the performance models "
-            "below cannot be used, so the analytic heuristic picks every tile config: "
-            "pip install xgboost"
-        )
-    return xgboost.__version__
 
 
 def _nvrtc_problem(library, error: Exception) -> str:

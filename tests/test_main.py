@@ -59,9 +59,7 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
     lines = dict(line.split(None, 1) for line in out.stdout.splitlines() if line.strip())
     assert lines["spio"].strip()
     assert lines["python"].startswith(f"{platform.python_version()} at ")
-    import xgboost  # a dependency: its version, or why it does not import, is a row of info
-
-    assert lines["xgboost"].strip() == xgboost.__version__
+    assert "xgboost" not in lines  # spio reads its models without it: no dependency to report
     from spio.emulator import build
 
     assert (
@@ -124,23 +122,32 @@ def test_info_fails_on_a_broken_install(broken, tmp_path, monkeypatch, capsys):
     assert "supported arch" in out and str(tmp_path) in out
 
 
-def test_info_reports_an_xgboost_that_does_not_import_and_passes(tmp_path, monkeypatch, capsys):
-    """Where its library is missing, xgboost raises its own error, no ImportError. spio still
-    runs every kernel (the analytic heuristic picks the configs), so `info` says so and passes:
-    scripts/gpu_check.sh stops a GPU run when `info` fails."""
+def test_info_and_the_models_need_no_xgboost(tmp_path, monkeypatch, capsys):
+    """spio reads and evaluates its performance models itself (spio.kernels.trees): where
+    xgboost does not import (here: raising its own error, as where its library is missing),
+    `info` passes and reports every shipped model usable, and each model loads and ranks."""
     from spio import __main__ as cli
+    from spio.kernels import perf_model as pm
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPIO_PERF_MODELS", raising=False)
+    monkeypatch.delitem(sys.modules, "xgboost", raising=False)
     _refuse_import(
         monkeypatch,
-        lambda name, fromlist, level: level == 0 and name == "xgboost",
+        lambda name, fromlist, level: level == 0 and name.split(".")[0] == "xgboost",
         RuntimeError("Cannot find XGBoost Library in the candidate path.\n- a/b"),
     )
     assert cli.cmd_info(None) == 0
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("xgboost"))
-    assert "NOT IMPORTABLE (Cannot find XGBoost Library in the candidate path.)" in row
-    assert "analytic heuristic picks every tile config" in row
+    row = next(line for line in out.splitlines() if line.startswith("perf models"))
+    assert "sm_90" in row and "xgboost" not in out.lower()
+    params = Conv2dGw8Params(32, 64, 28, 28)
+    for name, family in pm.FAMILIES.items():
+        model = pm.PerfModel.load(pm.model_path(pm.PACKAGED_MODELS_DIR, name, "sm_90"))
+        configs = family.configs(params)
+        assert sorted(map(repr, model.rank(params, configs))) == sorted(map(repr, configs))
+    assert "xgboost" not in sys.modules
 
 
 def test_info_gives_the_headers_cuda_version(tmp_path):

@@ -11,7 +11,9 @@ applies are timed on first use and the winner is kept in a disk cache (`spio.ker
 Models live in `spio/perf_models/<arch>/<family>.ubj` (or a device-specific
 `<arch>/<device-slug>/<family>.ubj`, preferred when present) with a JSON of metadata beside each;
 SPIO_PERF_MODELS points the loader at another folder. Nothing is downloaded. The models are
-trained from measured samples (`spio.kernels.perf_samples`).
+trained by XGBoost from measured samples (`spio.kernels.perf_samples`,
+scripts/train_perf_model.py); spio reads and evaluates their trees itself (`spio.kernels.trees`),
+so using them needs no xgboost.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .conv2d_gw8_params import Conv2dGw8Params
 from .families import FAMILIES, Family, family_of
 from .kernel import cuda_ordinal
 from .stats import Conv2dStats
+from .trees import TreeEnsemble, read_ubjson
 
 #: Folder of the models shipped in the package.
 PACKAGED_MODELS_DIR = Path(__file__).resolve().parent.parent / "perf_models"
@@ -302,7 +305,7 @@ def model_candidates(folder: Path, family: str, identity: DeviceIdentity) -> lis
 
 
 def read_meta(meta_path: str | os.PathLike) -> dict:
-    """A model's JSON metadata (without loading the model, or xgboost); PerfModelError if it is
+    """A model's JSON metadata (without loading the model); PerfModelError if it is
     unreadable or not a JSON object."""
     import json
 
@@ -316,7 +319,7 @@ def read_meta(meta_path: str | os.PathLike) -> dict:
 
 
 def first_line(error: BaseException) -> str:
-    """The first line of an error's message (xgboost's run to a dozen), or its type's name."""
+    """The first line of an error's message, or its type's name."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
@@ -328,7 +331,7 @@ class PerfModel:
     family: Family
     path: Path
     meta: dict = field(compare=False, repr=False)
-    booster: Any = field(compare=False, repr=False)
+    trees: TreeEnsemble = field(compare=False, repr=False)
 
     @classmethod
     def load(
@@ -343,34 +346,21 @@ class PerfModel:
         path = Path(path)
         meta = read_meta(path.with_suffix(".json"))
         model_family = _check_meta(path, meta, family, identity)
-        vouched = _check_digest(path, meta)
-        try:
-            import xgboost
-        except Exception as error:  # no kernel selection may fail for it: an ImportError (e.g.
-            # no scipy), or xgboost's own error where its library does not load (without
-            # libxgboost.so, xgboost 3 raises XGBoostLibraryNotFound, which is no ImportError)
-            raise PerfModelError(
-                f"perf model {path} needs xgboost, which does not import "
-                f"({first_line(error)}); install it (pip install xgboost) to use the model"
-            ) from None
-        try:
-            booster = xgboost.Booster(model_file=str(path))
-        except (xgboost.core.XGBoostError, OSError, ValueError) as error:
+        data = _read_model_file(path, meta)
+        try:  # checked as it is read: a damaged file is an error, never a crash or a wrong tree
+            trees = TreeEnsemble.from_model(read_ubjson(data))
+        except ValueError as error:
             raise PerfModelError(
                 f"perf model {path} is unreadable or corrupted: {first_line(error)}"
             ) from None
-        if booster.num_features() != len(feature_names(model_family)):
+        if trees.n_features != len(feature_names(model_family)):
             raise PerfModelError(
-                f"perf model {path} takes {booster.num_features()} features, "
+                f"perf model {path} takes {trees.n_features} features, "
                 f"expected {len(feature_names(model_family))}"
             )
-        problem = None if vouched else tree_problem(booster)  # a file as it was trained: no need
-        if problem is not None:
-            raise PerfModelError(f"perf model {path} is unreadable or corrupted: {problem}")
         _check_batch_sizes(path, meta)
         _check_config_values(path, meta, model_family)
-        booster.set_param({"nthread": 1})  # one layer's configs: threads only add overhead
-        return cls(family=model_family, path=path, meta=meta, booster=booster)
+        return cls(family=model_family, path=path, meta=meta, trees=trees)
 
     @property
     def batch_range(self) -> tuple[float, float] | None:
@@ -399,8 +389,8 @@ class PerfModel:
     def predict_log_seconds(self, params: Conv2dGw8Params, configs: Sequence) -> np.ndarray:
         """Predicted log run time (seconds) of each config, in one batched call."""
         matrix = features(self.family, params, configs)
-        prediction = self.booster.inplace_predict(matrix, validate_features=False)
-        return np.asarray(prediction, dtype=np.float64) + target_offset(self.family, params)
+        prediction = self.trees.predict(matrix)
+        return prediction.astype(np.float64) + target_offset(self.family, params)
 
     def measured(self, config) -> bool:
         """Whether every field of `config` has a value the model was trained on (its metadata's
@@ -467,88 +457,38 @@ def _check_meta(
     return family
 
 
-def tree_problem(booster: Any) -> str | None:
-    """What makes a loaded booster unsafe to predict with, or None. XGBoost loads a model file
-    with damaged trees (a child index past the tree's end or pointing back at its parent, as a
-    flipped byte in the .ubj makes) and then crashes the process in its prediction (SIGSEGV):
-    each tree's nodes must link parent to later children within the tree, split on a feature
-    the model takes, numerically (spio's features are numbers), and each tree must belong to
-    the one output. Reads the model's JSON form (~0.1 s for a shipped model)."""
-    import json
-
-    try:
-        learner = json.loads(bytes(booster.save_raw("json")))["learner"]
-        n_features = int(learner["learner_model_param"]["num_feature"])
-        gbtree = learner["gradient_booster"]
-        if gbtree.get("name") != "gbtree":
-            return f"booster {gbtree.get('name')!r}, not gbtree"
-        model = gbtree["model"]
-        trees = model["trees"]
-        if int(model["gbtree_model_param"]["num_trees"]) != len(trees):
-            return "its tree count disagrees with its trees"
-        if len(model["tree_info"]) != len(trees) or any(g != 0 for g in model["tree_info"]):
-            return "a tree of an output other than the one"
-        bounds = np.asarray(model.get("iteration_indptr", [0, len(trees)]), dtype=np.int64)
-        if bounds[0] != 0 or bounds[-1] != len(trees) or np.any(np.diff(bounds) < 0):
-            return "its iterations do not span its trees"
-        for number, tree in enumerate(trees):
-            size = int(tree["tree_param"]["num_nodes"])
-            columns = ("left_children", "right_children", "parents", "split_indices")
-            left, right, parents, split = (np.asarray(tree[c], dtype=np.int64) for c in columns)
-            lengths = [len(tree[c]) for c in (*columns, "split_conditions", "split_type")]
-            if size < 1 or any(n != size for n in lengths):
-                return f"tree {number} has arrays of other lengths than its {size} nodes"
-            leaf = (left == -1) & (right == -1)
-            nodes = np.arange(size)[~leaf]
-            kids_l, kids_r = left[~leaf], right[~leaf]
-            if not (
-                np.all((kids_l > nodes) & (kids_l < size) & (kids_r > nodes) & (kids_r < size))
-                and np.all(parents[kids_l] == nodes)
-                and np.all(parents[kids_r] == nodes)
-                and np.all((split[~leaf] >= 0) & (split[~leaf] < n_features))
-                and not np.any(np.asarray(tree["split_type"])[~leaf])
-            ):
-                return f"tree {number} has a node that links or splits out of the tree"
-    except Exception as error:  # a missing or mistyped field, or xgboost's own error
-        return f"its trees do not read ({type(error).__name__}: {first_line(error)})"
-    return None
-
-
-def _check_digest(path: Path, meta: dict) -> bool:
-    """PerfModelError unless the model file's bytes have the `model_sha256` its metadata
-    records, where it records one: XGBoost loads some damaged files only to crash the process
-    (SIGSEGV), while loading or later predicting, so a damaged file must not reach it. Whether
-    the file was vouched for so (else its trees are checked, tree_problem)."""
+def _read_model_file(path: Path, meta: dict) -> bytes:
+    """The model file's bytes; PerfModelError where it cannot be read or lacks the
+    `model_sha256` its metadata records (where it records one): a damaged or replaced file."""
     import hashlib
 
     expected = meta.get("model_sha256")
-    if expected is None:
-        return False
-    if not isinstance(expected, str):
+    if expected is not None and not isinstance(expected, str):
         raise PerfModelError(
             f"perf model metadata {path.with_suffix('.json')} has model_sha256 {expected!r}; "
             "expected a hex string"
         )
     try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        data = path.read_bytes()
     except OSError as error:
         raise PerfModelError(f"perf model {path} is unreadable: {error}") from None
-    if digest != expected.lower():
+    digest = hashlib.sha256(data).hexdigest()
+    if expected is not None and digest != expected.lower():
         raise PerfModelError(
             f"perf model {path} is corrupted or replaced: its SHA-256 is {digest}, its metadata "
             f"records {expected}"
         )
-    return True
+    return data
 
 
 def check_model_file(meta_path: Path, meta: dict) -> None:
     """PerfModelError unless the model file beside metadata `meta_path` exists and, where its
     metadata records a SHA-256, has those bytes: what `spio info` can check of a model without
-    loading it (XGBoost's load and its tree checks come at first use)."""
+    loading it (its trees are read and checked at first use)."""
     path = meta_path.with_suffix(".ubj")
     if not path.is_file():
         raise PerfModelError(f"perf model {path} is missing (its metadata {meta_path} is there)")
-    _check_digest(path, meta)
+    _read_model_file(path, meta)
 
 
 def _check_batch_sizes(path: Path, meta: dict) -> None:

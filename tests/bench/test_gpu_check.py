@@ -469,7 +469,7 @@ def test_a_run_cut_off_still_leaves_the_summary_of_the_steps_it_finished(stand_i
 
 @pytest.mark.parametrize(
     "hang,step",
-    [("import xgboost", "info"), ("import timm", "timm"), ("--help", "memcheck")],
+    [("import platformdirs", "info"), ("import timm", "timm"), ("--help", "memcheck")],
 )
 def test_a_steps_extra_calls_keep_within_its_limit(stand_ins, tmp_path, hang, step):
     """info's import checks, timm's `import timm` and the sanitizer's --help had their own 30-60 s
@@ -534,7 +534,7 @@ def test_the_steps_after_wheels_import_from_where_it_installed(stand_ins, tmp_pa
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(SCRIPT, repo / "scripts" / "gpu_check.sh")
     (repo / ".whl").mkdir()
-    (repo / ".whl" / "xgboost_cpu-0-py3-none-any.whl").write_text("")
+    (repo / ".whl" / "platformdirs-0-py3-none-any.whl").write_text("")
     out = subprocess.run(
         ["bash", str(repo / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
         capture_output=True,

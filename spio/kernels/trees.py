@@ -1,0 +1,272 @@
+"""Predictions of a trained XGBoost regression-tree ensemble, computed with numpy alone.
+
+spio's performance models are trained by XGBoost (scripts/train_perf_model.py) and shipped as
+XGBoost's UBJSON model files. Using one needs only its trees: `read_ubjson` decodes the file,
+`TreeEnsemble.from_model` checks the trees and lays them out as flat arrays, and `predict`
+walks every tree for every row at once. So a user installs no xgboost (with its GPU build,
+several hundred MB), and a damaged file is an error here where XGBoost loaded some only to crash
+the process in its prediction.
+
+`predict` computes what XGBoost's CPU predictor does, in its arithmetic: features and split
+values as float32, a row goes to the left child where its feature is below the split value (a
+NaN feature where the node says, `default_left`), and the leaf values are added to the
+intercept one tree after another, in float32. tests/kernels/test_trees.py compares it with
+xgboost's own predictions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: UBJSON's numeric type markers and their big-endian layouts.
+_NUMBERS: dict[int, np.dtype] = {
+    ord("i"): np.dtype(">i1"),
+    ord("U"): np.dtype(">u1"),
+    ord("I"): np.dtype(">i2"),
+    ord("l"): np.dtype(">i4"),
+    ord("L"): np.dtype(">i8"),
+    ord("d"): np.dtype(">f4"),
+    ord("D"): np.dtype(">f8"),
+}
+_MAX_NESTING = 64
+
+
+class _Reader:
+    """A cursor over UBJSON bytes (https://ubjson.org, as XGBoost writes its models)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytes(data)
+        self.pos = 0
+
+    def take(self, count: int) -> bytes:
+        end = self.pos + count
+        if count < 0 or end > len(self.data):
+            raise ValueError(f"UBJSON ends early: {count} bytes wanted at offset {self.pos}")
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def marker(self) -> int:
+        while True:
+            byte = self.take(1)[0]
+            if byte != ord("N"):  # no-op
+                return byte
+
+    def number(self, marker: int) -> int | float:
+        dtype = _NUMBERS[marker]
+        return np.frombuffer(self.take(dtype.itemsize), dtype=dtype)[0].item()
+
+    def length(self) -> int:
+        marker = self.marker()
+        if marker not in _NUMBERS or _NUMBERS[marker].kind not in "iu":
+            raise ValueError(f"UBJSON length of type {chr(marker)!r} at offset {self.pos - 1}")
+        count = int(self.number(marker))
+        if count < 0 or count > len(self.data) - self.pos:  # each element takes a byte at least
+            raise ValueError(f"UBJSON length {count} past the data's end at offset {self.pos}")
+        return count
+
+    def value(self, marker: int, depth: int = 0) -> Any:
+        if marker in _NUMBERS:
+            return self.number(marker)
+        if marker == ord("S") or marker == ord("H"):  # string; high-precision number as text
+            text = self.take(self.length()).decode("utf-8")
+            return text if marker == ord("S") else float(text)
+        if marker == ord("C"):
+            return self.take(1).decode("ascii")
+        if marker in (ord("T"), ord("F")):
+            return marker == ord("T")
+        if marker == ord("Z"):
+            return None
+        if marker in (ord("["), ord("{")):
+            if depth >= _MAX_NESTING:
+                raise ValueError(f"UBJSON nested deeper than {_MAX_NESTING} at offset {self.pos}")
+            return self.container(marker == ord("{"), depth + 1)
+        raise ValueError(f"UBJSON marker {marker:#04x} unknown at offset {self.pos - 1}")
+
+    def container(self, is_object: bool, depth: int) -> Any:
+        typed = count = None
+        if self.data[self.pos : self.pos + 1] == b"$":
+            self.pos += 1
+            typed = self.marker()
+            if self.take(1) != b"#":
+                raise ValueError(f"UBJSON typed container without a count at offset {self.pos}")
+            count = self.length()
+        elif self.data[self.pos : self.pos + 1] == b"#":
+            self.pos += 1
+            count = self.length()
+        if not is_object and typed in _NUMBERS:  # a packed array: one read
+            dtype = _NUMBERS[typed]
+            assert count is not None
+            raw = self.take(count * dtype.itemsize)
+            return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="))
+        items: Any = {} if is_object else []
+        index = 0
+        while count is None or index < count:
+            if count is None:
+                end = self.marker()
+                if end == ord("}" if is_object else "]"):
+                    return items
+                self.pos -= 1  # not the end: the marker belongs to the next item
+            if is_object:
+                key = self.take(self.length()).decode("utf-8")
+            element = self.value(self.marker() if typed is None else typed, depth)
+            if is_object:
+                items[key] = element
+            else:
+                items.append(element)
+            index += 1
+        return items
+
+
+def read_ubjson(data: bytes) -> Any:
+    """The value UBJSON `data` holds (dicts, lists, numpy arrays for packed numeric arrays,
+    numbers, strings); ValueError where the bytes are not one well-formed value."""
+    reader = _Reader(data)
+    try:
+        value = reader.value(reader.marker())
+    except ValueError as error:  # (UnicodeDecodeError among them)
+        raise ValueError(f"not a UBJSON model: {error}") from None
+    if reader.pos != len(reader.data):
+        raise ValueError(f"not a UBJSON model: {len(reader.data) - reader.pos} bytes after it")
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class TreeEnsemble:
+    """An XGBoost gbtree regression model's trees as flat arrays over all their nodes.
+
+    A leaf's children are itself, so that walking `depth` steps from the roots ends at each
+    tree's leaf however deep it lies."""
+
+    n_features: int
+    intercept: np.float32
+    roots: np.ndarray  # (trees,) node index of each tree's root
+    children: np.ndarray  # (2 * nodes,) the next node: [2i] where a row goes left, [2i + 1] right
+    feature: np.ndarray  # (nodes,) the feature a node splits on (0 at leaves)
+    threshold: np.ndarray  # (nodes,) float32 split value
+    default_left: np.ndarray  # (nodes,) where a NaN feature goes
+    leaf_value: np.ndarray  # (nodes,) float32 value of a leaf (0 elsewhere)
+    depth: int  # the most splits from a root to a leaf
+
+    @classmethod
+    def from_model(cls, model: Mapping) -> TreeEnsemble:
+        """The ensemble of an XGBoost model as read from its UBJSON or JSON file; ValueError
+        naming what is missing or unsafe: another booster or objective than a single-output
+        squared-error gbtree, categorical splits, or a node whose children are not later
+        nodes of its tree or that splits on a feature the model does not take."""
+        try:
+            learner = model["learner"]
+            params = learner["learner_model_param"]
+            n_features = int(params["num_feature"])
+            intercept = _intercept(params["base_score"])
+            if int(params.get("num_target", 1)) != 1 or int(params.get("num_class", 0)) != 0:
+                raise ValueError("a model of more than one output")
+            objective = learner["objective"]["name"]
+            if objective != "reg:squarederror":
+                raise ValueError(f"objective {objective!r}, not reg:squarederror")
+            booster = learner["gradient_booster"]
+            if booster.get("name") != "gbtree":
+                raise ValueError(f"booster {booster.get('name')!r}, not gbtree")
+            trees = booster["model"]["trees"]
+            if int(booster["model"]["gbtree_model_param"]["num_trees"]) != len(trees):
+                raise ValueError("its tree count disagrees with its trees")
+            if len(booster["model"]["tree_info"]) != len(trees) or np.any(
+                np.asarray(booster["model"]["tree_info"]) != 0
+            ):
+                raise ValueError("a tree of an output other than the one")
+            return cls._of_trees(trees, n_features, intercept)
+        except (KeyError, TypeError, IndexError) as error:
+            raise ValueError(f"its trees do not read ({type(error).__name__}: {error})") from None
+
+    @classmethod
+    def _of_trees(cls, trees: list, n_features: int, intercept: np.float32) -> TreeEnsemble:
+        if not trees:
+            raise ValueError("a model without trees")
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("l", "r", "f", "t", "d", "v")}
+        roots, offset, depth = [], 0, 0
+        for number, tree in enumerate(trees):
+            size = int(tree["tree_param"]["num_nodes"])
+            columns = ("left_children", "right_children", "split_indices", "split_conditions",
+                       "default_left", "split_type")  # fmt: skip
+            arrays = [np.asarray(tree[c]) for c in columns]
+            if size < 1 or any(a.shape != (size,) for a in arrays):
+                raise ValueError(f"tree {number} has arrays of other lengths than its {size} nodes")
+            left, right, split = (a.astype(np.int64) for a in arrays[:3])
+            condition = arrays[3].astype(np.float32)
+            nodes = np.arange(size)
+            leaf = left == -1
+            inner = ~leaf
+            if not (
+                np.all(right[leaf] == -1)
+                and np.all((left[inner] > nodes[inner]) & (left[inner] < size))
+                and np.all((right[inner] > nodes[inner]) & (right[inner] < size))
+                and np.all((split[inner] >= 0) & (split[inner] < n_features))
+                and not np.any(arrays[5][inner])  # numerical splits only
+            ):
+                raise ValueError(f"tree {number} has a node that links or splits out of the tree")
+            children = np.concatenate([left[inner], right[inner]])
+            if np.any(np.bincount(children, minlength=size) != (nodes > 0)):
+                raise ValueError(f"tree {number} has a node with no parent or with two")
+            # Each node is its one parent's child, and comes after it: a node's level is known
+            # when its parent's turn comes.
+            level = np.zeros(size, dtype=np.int64)
+            for node in nodes[inner]:
+                level[left[node]] = level[right[node]] = level[node] + 1
+            depth = max(depth, int(level.max()))
+            roots.append(offset)
+            parts["l"].append(np.where(leaf, nodes, left) + offset)
+            parts["r"].append(np.where(leaf, nodes, right) + offset)
+            parts["f"].append(np.where(leaf, 0, split))
+            parts["t"].append(condition)
+            parts["d"].append(arrays[4].astype(bool))
+            parts["v"].append(np.where(leaf, condition, np.float32(0)).astype(np.float32))
+            offset += size
+        joined = {k: np.concatenate(v) for k, v in parts.items()}
+        return cls(
+            n_features=n_features,
+            intercept=intercept,
+            roots=np.asarray(roots, dtype=np.int64),
+            children=np.stack([joined["l"], joined["r"]], axis=1).ravel(),
+            feature=joined["f"],
+            threshold=joined["t"],
+            default_left=joined["d"],
+            leaf_value=joined["v"],
+            depth=depth,
+        )
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        """float32 predictions of each row of `rows` (rows × n_features)."""
+        x = np.asarray(rows, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.n_features:
+            raise ValueError(f"rows of {self.n_features} features wanted, got shape {x.shape}")
+        flat = x.ravel()
+        base = (np.arange(len(x)) * self.n_features)[:, None]
+        node = np.broadcast_to(self.roots, (len(x), len(self.roots)))
+        nan = bool(np.isnan(flat).any())
+        for _ in range(self.depth):
+            value = flat.take(base + self.feature.take(node))
+            go_right = ~(value < self.threshold.take(node))
+            if nan:
+                go_right &= ~(np.isnan(value) & self.default_left.take(node))
+            node = self.children.take(2 * node + go_right)
+        terms = np.empty((len(x), len(self.roots) + 1), dtype=np.float32)
+        terms[:, 0] = self.intercept
+        terms[:, 1:] = self.leaf_value[node]
+        # One tree after another, in float32, as XGBoost adds them (cumsum adds in order).
+        return np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
+
+
+def _intercept(base_score: Any) -> np.float32:
+    """The model's intercept from its `base_score`: '5E-1' as older XGBoost writes it, or
+    '[-2.7516245E1]', a one-element list, as XGBoost 3 does."""
+    text = str(base_score).strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    values = [float(v) for v in text.split(",")]
+    if len(values) != 1:
+        raise ValueError(f"an intercept of {len(values)} values")
+    return np.float32(values[0])

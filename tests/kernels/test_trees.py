@@ -1,0 +1,204 @@
+"""spio.kernels.trees: spio's own reading and evaluation of XGBoost models, against xgboost."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from spio.kernels import perf_model as pm
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+from spio.kernels.trees import TreeEnsemble, read_ubjson
+
+xgboost = pytest.importorskip("xgboost")  # a test dependency: spio itself does not need it
+
+SHIPPED = sorted(pm.PACKAGED_MODELS_DIR.glob("sm_*/**/*.ubj"))
+
+
+def _booster(path_or_bytes) -> "xgboost.Booster":
+    source = path_or_bytes if isinstance(path_or_bytes, str) else bytearray(path_or_bytes)
+    booster = xgboost.Booster(model_file=source)
+    booster.set_param({"nthread": 1})
+    return booster
+
+
+def _ensemble(raw: bytes) -> TreeEnsemble:
+    return TreeEnsemble.from_model(read_ubjson(raw))
+
+
+def _layer_rows(family: str) -> np.ndarray:
+    """The feature rows spio ranks: every config of a spread of layers and batch sizes."""
+    fam = pm.FAMILIES[family]
+    rows = []
+    layers = [(1, 8, 7, 1, 0), (16, 64, 56, 3, 1), (128, 64, 64, 3, 1), (32, 256, 16, 5, 2),
+              (7, 96, 19, 2, 3), (256, 1024, 7, 3, 1)]  # fmt: skip
+    for n, c, hw, rs, pad in layers:
+        params = Conv2dGw8Params(n, c, hw, hw + 1, padding=pad, r=rs, s=rs)
+        rows.append(pm.features(fam, params, fam.configs(params)))
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_shipped_models_predict_exactly_what_xgboost_does(path):
+    """Bit for bit, on the rows spio ranks and on random rows with missing values (NaN)."""
+    ours = _ensemble(path.read_bytes())
+    theirs = _booster(str(path))
+    rows = _layer_rows(pm.read_meta(path.with_suffix(".json"))["family"])
+    rng = np.random.default_rng(0)
+    noise = rng.choice(ours.threshold, size=(3000, ours.n_features)).astype(np.float32)
+    noise[rng.random(noise.shape) < 0.05] = np.nan
+    for x in (rows, noise):
+        got = ours.predict(x)
+        want = theirs.inplace_predict(x, validate_features=False)
+        assert got.dtype == np.float32 and np.array_equal(got, want)
+    # The pick of a layer: the same config first as xgboost's prediction ranks.
+    assert np.argmin(ours.predict(rows[:50])) == np.argmin(theirs.inplace_predict(rows[:50]))
+
+
+def test_a_model_trained_with_missing_values_and_an_old_intercept():
+    """Missing values send rows to each node's default side, which xgboost learns from data with
+    NaNs (both sides occur); a model whose base_score is a plain number (xgboost before 3) reads
+    as one."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(400, 5)).astype(np.float32)
+    x[rng.random(x.shape) < 0.2] = np.nan
+    y = np.nan_to_num(x[:, 0], nan=-1.0) * 2 + np.where(np.isnan(x[:, 1]), 3.0, x[:, 1])
+    booster = xgboost.train(
+        {"objective": "reg:squarederror", "max_depth": 5, "eta": 0.3, "nthread": 1},
+        xgboost.DMatrix(x, label=y),
+        num_boost_round=20,
+    )
+    raw = bytes(booster.save_raw("ubj"))
+    ours = _ensemble(raw)
+    assert ours.default_left.any() and not ours.default_left.all()
+    probe = rng.normal(size=(2000, 5)).astype(np.float32)
+    probe[rng.random(probe.shape) < 0.3] = np.nan
+    assert np.array_equal(ours.predict(probe), booster.inplace_predict(probe))
+
+    model = json.loads(bytes(booster.save_raw("json")))
+    model["learner"]["learner_model_param"]["base_score"] = "5E-1"
+    old = TreeEnsemble.from_model(model)  # (JSON reads too: the same structure)
+    assert old.intercept == np.float32(0.5)
+    shifted = old.predict(probe) - ours.predict(probe)
+    assert np.allclose(shifted, 0.5 - ours.intercept, atol=1e-5)
+
+
+def _model_json(path) -> dict:
+    return json.loads(bytes(_booster(str(path)).save_raw("json")))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("child past the end", "links or splits out of the tree"),
+        ("own child", "links or splits out of the tree"),
+        ("child before its parent", "links or splits out of the tree"),
+        ("two parents", "no parent or with two"),
+        ("feature out of range", "links or splits out of the tree"),
+        ("categorical split", "links or splits out of the tree"),
+        ("short array", "arrays of other lengths"),
+        ("tree count", "tree count disagrees"),
+        ("two outputs", "more than one output"),
+        ("objective", "not reg:squarederror"),
+        ("booster", "not gbtree"),
+        ("no trees", "without trees"),
+        ("missing field", "do not read"),
+        ("intercept", "intercept of 2 values"),
+    ],
+)
+def test_unsafe_or_foreign_models_are_refused_by_name(damage, message):
+    """Each a ValueError naming the problem, never a crash or a silently wrong prediction:
+    XGBoost loaded trees whose children point outside them and crashed predicting (SIGSEGV)."""
+    model = _model_json(SHIPPED[0])
+    learner = model["learner"]
+    trees = learner["gradient_booster"]["model"]["trees"]
+    tree = trees[0]
+    inner = tree["left_children"].index(next(c for c in tree["left_children"] if c > 1))
+    if damage == "child past the end":
+        tree["left_children"][0] = 10**6
+    elif damage == "own child":
+        tree["right_children"][0] = 0
+    elif damage == "child before its parent":
+        tree["left_children"][inner] = 1
+    elif damage == "two parents":
+        tree["right_children"][0] = tree["left_children"][0]
+    elif damage == "feature out of range":
+        tree["split_indices"][0] = 10**3
+    elif damage == "categorical split":
+        tree["split_type"][0] = 1
+    elif damage == "short array":
+        tree["split_conditions"].pop()
+    elif damage == "tree count":
+        learner["gradient_booster"]["model"]["gbtree_model_param"]["num_trees"] = "7"
+    elif damage == "two outputs":
+        learner["learner_model_param"]["num_target"] = "2"
+    elif damage == "objective":
+        learner["objective"]["name"] = "binary:logistic"
+    elif damage == "booster":
+        learner["gradient_booster"]["name"] = "gblinear"
+    elif damage == "no trees":
+        trees.clear()
+        learner["gradient_booster"]["model"]["gbtree_model_param"]["num_trees"] = "0"
+        learner["gradient_booster"]["model"]["tree_info"] = []
+    elif damage == "missing field":
+        del tree["default_left"]
+    else:
+        learner["learner_model_param"]["base_score"] = "[1E0,2E0]"
+    with pytest.raises(ValueError, match=message):
+        TreeEnsemble.from_model(model)
+
+
+def test_ubjson_values_and_malformed_bytes():
+    """The value types and container forms of UBJSON (typed and counted, counted, open); bytes
+    that are not one well-formed value are a ValueError."""
+    doc = (
+        b"{#U\x04"  # an object of 4 entries
+        b"U\x01a" b"[$d#U\x02" b"\x3f\x80\x00\x00\xc0\x00\x00\x00"  # a: packed float32s
+        b"U\x01b" b"[iUNU\x80I\x01\x00TFZSU\x02hi]"  # b: an open array of mixed values
+        b"U\x01c" b"{U\x01xL\x00\x00\x00\x00\x00\x00\x00\x07}"  # c: an open object
+        b"U\x01d" b"HU\x04-2.5"  # d: a high-precision number
+    )  # fmt: skip
+    value = read_ubjson(doc)
+    assert value["a"].dtype == np.float32 and value["a"].tolist() == [1.0, -2.0]
+    assert value["b"] == [85, 128, 256, True, False, None, "hi"]
+    assert value["c"] == {"x": 7} and value["d"] == -2.5
+    for bad, says in [
+        (doc[:-3], "length 4 past the data's end"),
+        (b"L\x00\x00", "ends early"),
+        (doc + b"Z", "bytes after it"),
+        (b"Q", "unknown"),
+        (b"[#L\x7f\xff\xff\xff\xff\xff\xff\xff", "past the data's end"),
+        (b"[$d#U\x02\x00\x00", "ends early"),
+        (b"[" * 100 + b"]" * 100, "nested deeper"),
+        (b"SU\x02\xff\xfe", "utf-8"),
+        (b"Sd\x00\x00\x00\x00", "length of type"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            read_ubjson(bad)
+
+
+def test_a_damaged_model_file_is_a_value_error_or_a_model_never_a_crash():
+    """Random byte changes to a shipped model: each either still reads (a changed number) and
+    then predicts, or is a ValueError; no other exception (an IndexError, a MemoryError, ...)."""
+    raw = SHIPPED[0].read_bytes()
+    rows = _layer_rows("conv2d_gw8_fprop")[:20]
+    rng = random.Random(0)
+    outcomes = {"read": 0, "refused": 0}
+    for _ in range(300):
+        damaged = bytearray(raw)
+        for _ in range(rng.choice((1, 3))):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        try:
+            ensemble = _ensemble(bytes(damaged))
+        except ValueError:
+            outcomes["refused"] += 1
+            continue
+        assert ensemble.predict(rows).shape == (20,)
+        outcomes["read"] += 1
+    assert outcomes["read"] and outcomes["refused"], outcomes
+
+
+def test_predict_checks_the_rows_shape():
+    ours = _ensemble(SHIPPED[0].read_bytes())
+    with pytest.raises(ValueError, match=f"rows of {ours.n_features} features"):
+        ours.predict(np.zeros((3, ours.n_features + 1)))
