@@ -26,6 +26,14 @@ def _gpus() -> tuple[list[dict], str | None]:
     try:
         from .cuda import driver
     except ImportError as error:
+        shadowed = _shadowing_source_tree()
+        if shadowed is not None:
+            return [], (
+                f"unknown: {_BROKEN}, the spio.cuda.driver extension does not load: spio was "
+                f"imported from {shadowed}, a source tree without the built extension, not from "
+                "the installed spio (the current folder comes first on sys.path); run from "
+                "another folder, or build it there: python setup.py build_ext --inplace"
+            )
         return [], f"unknown: {_BROKEN}, the spio.cuda.driver extension does not load ({error})"
     try:
         count = driver.device_count()
@@ -34,6 +42,28 @@ def _gpus() -> tuple[list[dict], str | None]:
     if count == 0:
         return [], "no GPU (the driver reports 0 devices)"
     return [driver.device_attributes(ordinal) for ordinal in range(count)], None
+
+
+def _shadowing_source_tree() -> Path | None:
+    """The folder spio was imported from where it is a source tree without the compiled driver
+    extension while an installed spio (a wheel, another folder) has one: a checkout's `spio/`
+    under the current folder shadows the installed package. None otherwise."""
+    import importlib.machinery
+    import importlib.metadata
+
+    package = Path(__file__).resolve().parent
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    if any((package / "cuda" / f"driver{suffix}").exists() for suffix in suffixes):
+        return None
+    try:
+        installed = Path(str(importlib.metadata.distribution("spio").locate_file("spio")))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if not installed.is_dir() or installed.resolve() == package:
+        return None
+    if not any((installed / "cuda" / f"driver{suffix}").exists() for suffix in suffixes):
+        return None
+    return package
 
 
 def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:

@@ -6,6 +6,7 @@ import platform
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -92,6 +93,11 @@ def _refuse_import(monkeypatch, refused, error: Exception) -> None:
     monkeypatch.setattr(builtins, "__import__", fake_import)
 
 
+def _driver_import(name, fromlist, level) -> bool:
+    """Whether an import is spio's `from .cuda import driver` (for _refuse_import)."""
+    return level == 1 and name == "cuda" and "driver" in (fromlist or ())
+
+
 @pytest.mark.parametrize("broken", ["driver", "nvrtc"])
 def test_info_fails_on_a_broken_install(broken, tmp_path, monkeypatch, capsys):
     """A driver extension that does not load (e.g. a Cython bug) or a missing NVRTC is a broken
@@ -101,13 +107,9 @@ def test_info_fails_on_a_broken_install(broken, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
     if broken == "driver":
-
-        def driver_import(name, fromlist, level):  # spio's `from .cuda import driver`
-            return level == 1 and name == "cuda" and "driver" in (fromlist or ())
-
         _refuse_import(
             monkeypatch,
-            driver_import,
+            _driver_import,
             ImportError("undefined symbol: __pyx_tp_new_vectorcall_x"),
         )
     else:
@@ -120,6 +122,34 @@ def test_info_fails_on_a_broken_install(broken, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "BROKEN INSTALL" in out
     assert "supported arch" in out and str(tmp_path) in out
+
+
+def test_info_names_a_source_tree_that_shadows_the_installed_spio(tmp_path, monkeypatch, capsys):
+    """Run from a checkout's root, `python -m spio` imports the checkout's spio, whose driver
+    extension is not built, rather than the installed wheel: info called the install broken.
+    It now names the folder spio came from and what to do."""
+    import importlib.machinery
+    import importlib.metadata
+
+    from spio import __main__ as cli
+
+    source = tmp_path / "checkout" / "spio"
+    (source / "cuda").mkdir(parents=True)
+    installed = tmp_path / "site-packages" / "spio"
+    (installed / "cuda").mkdir(parents=True)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (installed / "cuda" / f"driver{suffix}").write_bytes(b"")
+    wheel = types.SimpleNamespace(locate_file=lambda name: tmp_path / "site-packages" / name)
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: wheel)
+    monkeypatch.setattr(cli, "__file__", str(source / "__main__.py"))
+    _refuse_import(
+        monkeypatch, _driver_import, ImportError("cannot import name 'driver' from 'spio.cuda'")
+    )
+    gpus, why = cli._gpus()
+    assert not gpus and f"spio was imported from {source}, a source tree" in why
+    assert "run from another folder" in why
+    (source / "cuda" / f"driver{suffix}").write_bytes(b"")  # built there: another problem
+    assert "cannot import name 'driver'" in cli._gpus()[1]
 
 
 def test_info_and_the_models_need_no_xgboost(tmp_path, monkeypatch, capsys):
