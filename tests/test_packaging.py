@@ -105,3 +105,16 @@ def test_sdist_holds_the_tracked_package_files_and_nothing_else(tmp_path):
     assert not missing, f"files left out of the sdist: {missing}"
     stray = sorted(f for f in shipped if f.startswith("spio/") and f not in tracked)
     assert not stray, f"untracked files in the sdist: {stray}"
+
+
+def test_the_version_is_written_once():
+    """spio.__version__ is the distribution's version: pyproject.toml reads it from there
+    (dynamic), where it had its own copy that a bump could miss (the autotuning cache's key
+    holds spio.__version__)."""
+    import spio
+
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")  # (tomllib: Python 3.11+)
+    assert re.search(r'^dynamic = \["version"\]', text, re.MULTILINE)
+    assert not re.search(r'^version = "', text, re.MULTILINE)  # no literal version
+    assert 'version = {attr = "spio.__version__"}' in text
+    assert importlib.metadata.version("spio") == spio.__version__
