@@ -26,6 +26,8 @@ extensions = [
         ["spio/cuda/driver.pyx"],
         include_dirs=[str(cuda_include)],
         libraries=["dl"],
+        # No debug information: it made the extension 2.6 MB where it is 0.4 MB without.
+        extra_compile_args=["-g0"],
     )
 ]
 
