@@ -83,6 +83,25 @@ def test_a_model_trained_with_missing_values_and_an_old_intercept():
     assert np.allclose(shifted, 0.5 - ours.intercept, atol=1e-5)
 
 
+def test_a_pruned_model_keeps_its_deleted_nodes_unread():
+    """xgboost's exact method with a minimum split gain prunes nodes and keeps them in the file
+    (`num_deleted`), parentless: they are never reached, and the predictions are xgboost's."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 6)).astype(np.float32)
+    y = x[:, 0] * 3 + np.sin(x[:, 1]) + rng.normal(size=600) * 0.1
+    booster = xgboost.train(
+        {"nthread": 1, "tree_method": "exact", "max_depth": 8, "gamma": 5.0},
+        xgboost.DMatrix(x, label=y),
+        30,
+    )
+    model = json.loads(bytes(booster.save_raw("json")))
+    trees = model["learner"]["gradient_booster"]["model"]["trees"]
+    assert any(int(t["tree_param"]["num_deleted"]) for t in trees)
+    probe = rng.normal(size=(2000, 6)).astype(np.float32)
+    ours = _ensemble(bytes(booster.save_raw("ubj"))).predict(probe)
+    assert np.array_equal(ours, booster.inplace_predict(probe))
+
+
 def _model_json(path) -> dict:
     return json.loads(bytes(_booster(str(path)).save_raw("json")))
 
@@ -93,7 +112,7 @@ def _model_json(path) -> dict:
         ("child past the end", "links or splits out of the tree"),
         ("own child", "links or splits out of the tree"),
         ("child before its parent", "links or splits out of the tree"),
-        ("two parents", "no parent or with two"),
+        ("two parents", "a node with two parents"),
         ("feature out of range", "links or splits out of the tree"),
         ("categorical split", "links or splits out of the tree"),
         ("short array", "arrays of other lengths"),
@@ -103,6 +122,8 @@ def _model_json(path) -> dict:
         ("booster", "not gbtree"),
         ("no trees", "without trees"),
         ("missing field", "do not read"),
+        ("booster not an object", "do not read"),
+        ("infinite node count", "do not read"),
         ("intercept", "intercept of 2 values"),
     ],
 )
@@ -142,6 +163,10 @@ def test_unsafe_or_foreign_models_are_refused_by_name(damage, message):
         learner["gradient_booster"]["model"]["tree_info"] = []
     elif damage == "missing field":
         del tree["default_left"]
+    elif damage == "booster not an object":
+        learner["gradient_booster"] = "gbtree"
+    elif damage == "infinite node count":
+        tree["tree_param"]["num_nodes"] = float("inf")  # (a UBJSON float where an int belongs)
     else:
         learner["learner_model_param"]["base_score"] = "[1E0,2E0]"
     with pytest.raises(ValueError, match=message):
