@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import sys
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeGuard, TypeVar
 
 import torch
@@ -500,8 +500,7 @@ class Conv2dGw8(nn.Conv2d):
             )
         reason = self._ineligibility_now()
         if reason is not None:  # nn.Conv2d's forward, which reads them
-            bias = _fallback_bias(input, self.weight, self.bias)
-            y = self._conv_forward(input, self.weight, bias)
+            y = _with_fp32_bias(self._conv_forward, input, self.weight, self.bias)
             _log_fallback_once(f"the layer {reason}")
             return y
         return conv2d_gw8_layer(
@@ -577,20 +576,28 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
     return None
 
 
-def _fallback_bias(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor | None:
-    """The bias for F.conv2d where a layer falls back to it: an fp32 bias beside a half input
-    and weight (which spio's kernels add in fp32, and a layer takes outside autocast) cast to
-    the input's dtype, as F.conv2d refuses it; any other bias as it is (autocast casts it
-    itself; a mismatch is F.conv2d's to refuse, as nn.Conv2d's)."""
+def _with_fp32_bias(
+    conv: Callable[[Tensor, Tensor, Tensor | None], Tensor],
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+) -> Tensor:
+    """conv(input, weight, bias) where a layer falls back to PyTorch's convolution. A half layer
+    may hold an fp32 bias, which spio's kernels add in fp32 and F.conv2d refuses beside half
+    operands: there the bias is added in fp32 to the convolution without it, so that it is not
+    rounded to half first and its gradient is summed in fp32 (as by spio's WGrad; a half sum
+    overflowed). Any other bias goes to conv as it is (autocast casts it itself; a mismatch is
+    conv's to refuse, as nn.Conv2d's)."""
     if (
-        bias is not None
-        and bias.dtype == torch.float32
-        and input.dtype in _HALF
-        and weight.dtype == input.dtype
-        and autocast_dtype(input.device.type) is None
+        bias is None
+        or bias.dtype != torch.float32
+        or input.dtype not in _HALF
+        or weight.dtype != input.dtype
+        or autocast_dtype(input.device.type) is not None
     ):
-        return bias.to(input.dtype)
-    return bias
+        return conv(input, weight, bias)
+    y = conv(input, weight, None)
+    return (y.float() + bias.view(-1, 1, 1)).to(input.dtype)  # (C, H, W) last, batched or not
 
 
 def _route(input: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[bool, str | None]:
@@ -620,7 +627,9 @@ def conv2d_gw8_layer(
     """
     kernels, reason = _route(input, weight, bias)
     if reason is not None:
-        y = F.conv2d(input, weight, _fallback_bias(input, weight, bias), 1, padding, 1, groups)
+        y = _with_fp32_bias(
+            lambda x, w, b: F.conv2d(x, w, b, 1, padding, 1, groups), input, weight, bias
+        )
         _log_fallback_once(reason)  # after: an input F.conv2d rejects too gets its error alone
         return y
     unbatched = input.dim() == 3

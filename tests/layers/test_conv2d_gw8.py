@@ -854,8 +854,8 @@ def test_fallbacks_take_a_half_layers_fp32_bias(monkeypatch, emulate):
     """A half layer may hold an fp32 bias (spio's kernels add it in fp32), which F.conv2d
     refuses beside half operands: where the layer falls back to it (torch.func.grad, jvp,
     forward-mode AD, a stride set after construction) it failed with PyTorch's "Input type
-    (c10::Half) and bias type (float) should be the same". The fallback casts that bias to the
-    input's dtype, and its gradient reaches the fp32 bias."""
+    (c10::Half) and bias type (float) should be the same". The fallback adds that bias as the
+    kernels do: in fp32, not rounded to half first, its gradient summed in fp32."""
     import torch.autograd.forward_ad as fwAD
 
     monkeypatch.setenv("SPIO_EMULATE", emulate)
@@ -863,20 +863,25 @@ def test_fallbacks_take_a_half_layers_fp32_bias(monkeypatch, emulate):
     layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
     layer.bias = nn.Parameter(torch.randn(16))
     x, t = torch.randn(2, 16, 6, 5).half(), torch.randn(2, 16, 6, 5).half()
-    w64, b64 = layer.weight.double(), layer.bias.double()
+    w64 = layer.weight.double()
 
     def want(x, stride=1):
-        return F.conv2d(x.double(), w64, b64, stride, 1, 1, 2)
+        return F.conv2d(x.double(), w64, layer.bias.double(), stride, 1, 1, 2)
 
     def close(got, expected):
         torch.testing.assert_close(got.double(), expected, atol=2e-2, rtol=2e-2)
 
-    def loss(params):
-        return torch.func.functional_call(layer, params, (x,)).float().sum()
+    def bias_grad(x):
+        def loss(params):
+            return torch.func.functional_call(layer, params, (x,)).float().sum()
 
-    grads = torch.func.grad(loss)(dict(layer.named_parameters()))
-    close(grads["bias"], torch.full((16,), 60.0, dtype=torch.float64))  # N * P * Q
-    assert grads["bias"].dtype == torch.float32
+        grad = torch.func.grad(loss)(dict(layer.named_parameters()))["bias"]
+        assert grad.dtype == torch.float32
+        return grad
+
+    assert torch.equal(bias_grad(x), torch.full((16,), 60.0))  # N * P * Q ones
+    # 65,536 ones a channel: a sum in fp16 overflowed to inf.
+    assert torch.equal(bias_grad(torch.randn(16, 16, 64, 64).half()), torch.full((16,), 65536.0))
     y, tangent = torch.func.jvp(layer, (x,), (t,))
     close(y, want(x))
     close(tangent, F.conv2d(t.double(), w64, None, 1, 1, 1, 2))
@@ -884,6 +889,14 @@ def test_fallbacks_take_a_half_layers_fp32_bias(monkeypatch, emulate):
         close(fwAD.unpack_dual(layer(fwAD.make_dual(x, t))).primal, want(x))
     layer.stride = (2, 2)  # nn.Conv2d's forward runs it
     close(layer(x), want(x, 2))
+    # Rounded once: a bias of 1000.3 rounded to half first is 1000.5, and the sum's rounding
+    # (half-spacing 0.25 there) comes on top.
+    with torch.no_grad():
+        layer.bias.fill_(1000.3)
+    for stride in (1, 2):
+        layer.stride = (stride, stride)
+        y = torch.func.jvp(layer, (x,), (t,))[0] if stride == 1 else layer(x)
+        assert (y.double() - want(x, stride)).abs().max() <= 0.25 + 0.01
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
