@@ -214,6 +214,13 @@ def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, 
     )
 
 
+def _slice_shape(t: Tensor, dim: int | None) -> tuple[int, ...]:
+    """The shape of one slice of t under torch.vmap: without its vmapped dimension `dim`."""
+    if dim is None:
+        return tuple(t.shape)
+    return tuple(size for i, size in enumerate(t.shape) if i != dim % t.dim())
+
+
 @conv2d_gw8.register_vmap
 def _conv2d_gw8_vmap(info, in_dims, input, weight, bias=None, stride=1, padding_y=0, padding_x=0,
                      dilation=1, groups=1, passes=ALL_PASSES):  # fmt: skip
@@ -228,6 +235,12 @@ def _conv2d_gw8_vmap(info, in_dims, input, weight, bias=None, stride=1, padding_
         x = input.movedim(x_dim, 0)
         y = conv2d_gw8(x.flatten(0, 1), weight, bias, *rest)
         return y.unflatten(0, x.shape[:2]), 0
+
+    if info.batch_size == 0:  # no slice to compute: the outputs of none
+        n, _, h, w = _slice_shape(input, x_dim)
+        k, _, r, s = _slice_shape(weight, w_dim)
+        shape = (0, n, k, h + 2 * padding_y - r + 1, w + 2 * padding_x - s + 1)
+        return input.new_empty(shape), 0
 
     def pick(t: Tensor | None, dim: int | None, i: int) -> Tensor | None:
         if dim is None:
@@ -254,6 +267,14 @@ def _conv2d_gw8_backward_vmap(info, in_dims, grad_output, input, weight, padding
     dy_dim, x_dim, w_dim = in_dims[:3]
     mask = [bool(m) for m in output_mask]
     rest = (padding_y, padding_x, output_mask, passes)
+    if info.batch_size == 0:  # no slice to compute: the gradients of none
+        x_shape, w_shape = _slice_shape(input, x_dim), _slice_shape(weight, w_dim)
+        grad = _grad_dtype(grad_output)
+        shapes = ((x_shape, input.dtype), (w_shape, grad), ((w_shape[0],), grad))
+        return tuple(
+            input.new_empty((0, *shape) if wanted else (0,), dtype=dtype)
+            for (shape, dtype), wanted in zip(shapes, mask, strict=True)
+        ), tuple(0 if wanted else None for wanted in mask)
     if mask == [True, False, False] and w_dim is None:
         x = input if x_dim is None else input.select(x_dim, 0)
         if dy_dim is None:  # a batched input, read for its shape alone: one answer for all
