@@ -188,7 +188,7 @@ step_info() {
     # Without platformdirs (a dependency the machine lacks unless carried) spio caches under
     # $XDG_CACHE_HOME or ~/.cache: nothing is lost, but say so in the summary.
     if ! timeout -k 5 "$(cap 60)" "$PYTHON" -c "import platformdirs"; then
-        NOTE="platformdirs missing: cache in ~/.cache/spio"
+        NOTE="platformdirs missing: cache in \$XDG_CACHE_HOME or ~/.cache"
     fi
 }
 
