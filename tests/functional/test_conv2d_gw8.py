@@ -109,22 +109,29 @@ def test_gradcheck(check, shape, seed, bias, requires_grad):
     assert check(lambda x, w, b: conv2d_gw8(x, w, b, padding_y=1, padding_x=0), (x, w, b))
 
 
+def _count_op_calls(monkeypatch) -> list:
+    """A list that gets an entry for each call of either op's implementation (each checks its
+    passes first)."""
+    from spio.functional import conv2d_gw8_op
+
+    calls = []
+    check_passes = conv2d_gw8_op.check_passes
+
+    def counting(passes):
+        calls.append(passes)
+        return check_passes(passes)
+
+    monkeypatch.setattr(conv2d_gw8_op, "check_passes", counting)
+    return calls
+
+
 @pytest.mark.parametrize("emulate", ["0", "1"])
 def test_vmap_has_a_batching_rule(monkeypatch, emulate):
     """torch.vmap over inputs is one call, the vmapped dim folded into the images; over weights (a
     vmapped ensemble) or both, one call per slice. PyTorch's fallback would make one call per
     slice in every case (and warn)."""
-    from spio.functional import conv2d_gw8_op
-
     monkeypatch.setenv("SPIO_EMULATE", emulate)
-    calls = []
-    check_passes = conv2d_gw8_op.check_passes
-
-    def counting(passes):  # the op's implementation checks its passes first
-        calls.append(passes)
-        return check_passes(passes)
-
-    monkeypatch.setattr(conv2d_gw8_op, "check_passes", counting)
+    calls = _count_op_calls(monkeypatch)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(3, 2, 16, 5, 4, generator=gen).half()
     ws = torch.randn(3, 16, 8, 3, 3, generator=gen).half()
@@ -153,17 +160,8 @@ def test_vmap_over_the_backward_has_a_batching_rule(monkeypatch, emulate, capfd)
     or a batched weight, one call per slice. Without a rule PyTorch's fallback made one call per
     slice and warned of "a performance drop because we have not yet implemented the batching
     rule for spio::conv2d_gw8_backward", asking the user to file an issue with PyTorch."""
-    from spio.functional import conv2d_gw8_op
-
     monkeypatch.setenv("SPIO_EMULATE", emulate)
-    calls = []
-    check_passes = conv2d_gw8_op.check_passes
-
-    def counting(passes):  # the op's implementation checks its passes first
-        calls.append(passes)
-        return check_passes(passes)
-
-    monkeypatch.setattr(conv2d_gw8_op, "check_passes", counting)
+    calls = _count_op_calls(monkeypatch)
     gen = torch.Generator().manual_seed(0)
     dys = torch.randn(3, 2, 16, 5, 4, generator=gen).half()
     xs = torch.randn(3, 2, 16, 5, 4, generator=gen).half()
