@@ -47,23 +47,28 @@ def _gpus() -> tuple[list[dict], str | None]:
 def _shadowing_source_tree() -> Path | None:
     """The folder spio was imported from where it is a source tree without the compiled driver
     extension while an installed spio (a wheel, another folder) has one: a checkout's `spio/`
-    under the current folder shadows the installed package. None otherwise."""
+    under the current folder shadows the installed package. None otherwise. (Every spio
+    distribution is asked: a checkout built with `pip install .` holds its own spio.egg-info,
+    found first, which locates the checkout itself.)"""
     import importlib.machinery
     import importlib.metadata
 
     package = Path(__file__).resolve().parent
     suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    if any((package / "cuda" / f"driver{suffix}").exists() for suffix in suffixes):
+
+    def has_driver(folder: Path) -> bool:
+        return any((folder / "cuda" / f"driver{suffix}").exists() for suffix in suffixes)
+
+    if has_driver(package):
         return None
-    try:
-        installed = Path(str(importlib.metadata.distribution("spio").locate_file("spio")))
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    if not installed.is_dir() or installed.resolve() == package:
-        return None
-    if not any((installed / "cuda" / f"driver{suffix}").exists() for suffix in suffixes):
-        return None
-    return package
+    for distribution in importlib.metadata.distributions(name="spio"):
+        try:
+            installed = Path(str(distribution.locate_file("spio"))).resolve()
+        except Exception:  # (a distribution type that cannot locate its files)
+            continue
+        if installed != package and installed.is_dir() and has_driver(installed):
+            return package
+    return None
 
 
 def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:

@@ -140,7 +140,13 @@ def test_info_names_a_source_tree_that_shadows_the_installed_spio(tmp_path, monk
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     (installed / "cuda" / f"driver{suffix}").write_bytes(b"")
     wheel = types.SimpleNamespace(locate_file=lambda name: tmp_path / "site-packages" / name)
-    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: wheel)
+    # Found first: the checkout's own spio.egg-info (`pip install .` leaves one there), which
+    # locates the checkout; and a distribution that cannot locate its files.
+    checkout = types.SimpleNamespace(locate_file=lambda name: source.parent / name)
+    unlocatable = types.SimpleNamespace(locate_file=lambda name: 1 / 0)
+    monkeypatch.setattr(
+        importlib.metadata, "distributions", lambda name: iter([checkout, unlocatable, wheel])
+    )
     monkeypatch.setattr(cli, "__file__", str(source / "__main__.py"))
     _refuse_import(
         monkeypatch, _driver_import, ImportError("cannot import name 'driver' from 'spio.cuda'")
