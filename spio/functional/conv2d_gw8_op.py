@@ -214,11 +214,21 @@ def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, 
     )
 
 
-def _slice_shape(t: Tensor, dim: int | None) -> tuple[int, ...]:
-    """The shape of one slice of t under torch.vmap: without its vmapped dimension `dim`."""
-    if dim is None:
-        return tuple(t.shape)
-    return tuple(size for i, size in enumerate(t.shape) if i != dim % t.dim())
+def _meta_slice(t: Tensor | None, dim: int | None) -> Tensor | None:
+    """A meta tensor laid out as one slice of t under torch.vmap (t without its vmapped
+    dimension `dim`): for the fake implementations' checks and layouts where vmap has no slice."""
+    if t is None or dim is None:
+        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                          device="meta")  # fmt: skip
+    keep = [i for i in range(t.dim()) if i != dim % t.dim()]
+    return torch.empty_strided([t.shape[i] for i in keep], [t.stride(i) for i in keep],
+                               dtype=t.dtype, device="meta")  # fmt: skip
+
+
+def _none_of(one: Tensor, device: torch.device) -> Tensor:
+    """The stack of no slice like `one` on `device`: shape (0, *one's), one's layout within."""
+    return torch.empty_strided((0, *one.shape), (max(one.numel(), 1), *one.stride()),
+                               dtype=one.dtype, device=device)  # fmt: skip
 
 
 @conv2d_gw8.register_vmap
@@ -236,11 +246,10 @@ def _conv2d_gw8_vmap(info, in_dims, input, weight, bias=None, stride=1, padding_
         y = conv2d_gw8(x.flatten(0, 1), weight, bias, *rest)
         return y.unflatten(0, x.shape[:2]), 0
 
-    if info.batch_size == 0:  # no slice to compute: the outputs of none
-        n, _, h, w = _slice_shape(input, x_dim)
-        k, _, r, s = _slice_shape(weight, w_dim)
-        shape = (0, n, k, h + 2 * padding_y - r + 1, w + 2 * padding_x - s + 1)
-        return input.new_empty(shape), 0
+    if info.batch_size == 0:  # no slice to compute: one slice's checks and layout, none of it
+        one = _conv2d_gw8_fake(_meta_slice(input, x_dim), _meta_slice(weight, w_dim),
+                               _meta_slice(bias, b_dim), *rest)  # fmt: skip
+        return _none_of(one, input.device), 0
 
     def pick(t: Tensor | None, dim: int | None, i: int) -> Tensor | None:
         if dim is None:
@@ -267,13 +276,13 @@ def _conv2d_gw8_backward_vmap(info, in_dims, grad_output, input, weight, padding
     dy_dim, x_dim, w_dim = in_dims[:3]
     mask = [bool(m) for m in output_mask]
     rest = (padding_y, padding_x, output_mask, passes)
-    if info.batch_size == 0:  # no slice to compute: the gradients of none
-        x_shape, w_shape = _slice_shape(input, x_dim), _slice_shape(weight, w_dim)
-        grad = _grad_dtype(grad_output)
-        shapes = ((x_shape, input.dtype), (w_shape, grad), ((w_shape[0],), grad))
+    if info.batch_size == 0:  # no slice to compute: one slice's checks and layouts, none of it
+        one = _conv2d_gw8_backward_fake(_meta_slice(grad_output, dy_dim),
+                                        _meta_slice(input, x_dim), _meta_slice(weight, w_dim),
+                                        *rest)  # fmt: skip
         return tuple(
-            input.new_empty((0, *shape) if wanted else (0,), dtype=dtype)
-            for (shape, dtype), wanted in zip(shapes, mask, strict=True)
+            _none_of(t, input.device) if wanted else torch.empty_like(t, device=input.device)
+            for t, wanted in zip(one, mask, strict=True)
         ), tuple(0 if wanted else None for wanted in mask)
     if mask == [True, False, False] and w_dim is None:
         x = input if x_dim is None else input.select(x_dim, 0)

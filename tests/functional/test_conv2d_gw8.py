@@ -151,6 +151,13 @@ def test_vmap_has_a_batching_rule(monkeypatch, emulate):
         want = torch.stack([f(*(p(t, i) for p, t in zip(pick, args, strict=True)))
                             for i in range(3)])  # fmt: skip
         torch.testing.assert_close(y, want)
+        # Over a dimension of size 0: no slice, with one slice's shape and layout.
+        none, one = (torch.vmap(f, in_dims=in_dims)(*(t if d is None else t.narrow(d, 0, size)
+                                                      for t, d in zip(args, in_dims, strict=True)))
+                     for size in (0, 1))  # fmt: skip
+        assert (none.shape[1:], none.stride()[1:]) == (one.shape[1:], one.stride()[1:])
+    with pytest.raises(ValueError, match="as many output as input channels"):
+        torch.vmap(f, in_dims=(None, 0, None))(x[0], torch.randn(0, 24, 8, 3, 3).half(), b)
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
@@ -190,15 +197,27 @@ def test_vmap_over_the_backward_has_a_batching_rule(monkeypatch, emulate, capfd)
                 else:
                     assert g.numel() == 0
     assert "batching rule" not in capfd.readouterr().err  # (PyTorch's C++ warning: stderr)
-    # A vmapped dimension of size 0: the gradients of no slice, in their shapes and dtypes.
+    # A vmapped dimension of size 0: the gradients of no slice, in the shapes, dtypes and
+    # layouts of one (channels_last slices too), and one slice's argument checks.
+    dys_cl, xs_cl = (
+        t.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3) for t in (dys, xs)
+    )
+    cases += [((0, 0, None), (dys_cl, xs_cl, ws[0]), m, 0) for m in (dx_only, all_three)]
     for in_dims, args, mask, _ in cases:
-        empty = [t if d is None else t.narrow(d, 0, 0) for t, d in zip(args, in_dims, strict=True)]
-        got = torch.vmap(
-            lambda dy, x, w, mask=mask: conv2d_gw8_backward(dy, x, w, 1, 1, mask), in_dims=in_dims
-        )(*empty)
-        one = [t if d is None else t.select(d, 0) for t, d in zip(args, in_dims, strict=True)]
-        for g, w, wanted in zip(got, conv2d_gw8_backward(*one, 1, 1, mask), mask, strict=True):
-            assert g.shape == ((0, *w.shape) if wanted else (0, 0)) and g.dtype == w.dtype
+
+        def f(dy, x, w, mask=mask):
+            return conv2d_gw8_backward(dy, x, w, 1, 1, mask)
+
+        def first(size, args=args, in_dims=in_dims):
+            pairs = zip(args, in_dims, strict=True)
+            return [t if d is None else t.narrow(d, 0, size) for t, d in pairs]
+
+        none, one = (torch.vmap(f, in_dims=in_dims)(*first(size)) for size in (0, 1))
+        for g, w in zip(none, one, strict=True):
+            assert g.shape[0] == 0 and g.dtype == w.dtype
+            assert (g.shape[1:], g.stride()[1:]) == (w.shape[1:], w.stride()[1:])
+    with pytest.raises(ValueError, match="needs grad_output of shape"):
+        torch.vmap(lambda dy: conv2d_gw8_backward(dy, xs[0], ws[0], 2, 2, dx_only))(dys[:0])
 
 
 @pytest.mark.parametrize(
