@@ -586,11 +586,14 @@ def _with_fp32_bias(
     may hold an fp32 bias, which spio's kernels add in fp32 and F.conv2d refuses beside half
     operands: there the bias is added in fp32 to the convolution without it, so that it is not
     rounded to half first and its gradient is summed in fp32 (as by spio's WGrad; a half sum
-    overflowed). Any other bias goes to conv as it is (autocast casts it itself; a mismatch is
-    conv's to refuse, as nn.Conv2d's)."""
+    overflowed); the sum is rounded to half once more than by the kernels, whose convolution is
+    not rounded before the bias is added. Any other bias (or one of another shape than the
+    output channels') goes to conv as it is: autocast casts it itself, and a mismatch is conv's
+    to refuse, as nn.Conv2d's."""
     if (
         bias is None
         or bias.dtype != torch.float32
+        or tuple(bias.shape) != (weight.shape[0],)
         or input.dtype not in _HALF
         or weight.dtype != input.dtype
         or autocast_dtype(input.device.type) is not None

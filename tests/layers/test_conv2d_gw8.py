@@ -897,6 +897,10 @@ def test_fallbacks_take_a_half_layers_fp32_bias(monkeypatch, emulate):
         layer.stride = (stride, stride)
         y = torch.func.jvp(layer, (x,), (t,))[0] if stride == 1 else layer(x)
         assert (y.double() - want(x, stride)).abs().max() <= 0.25 + 0.01
+    # A bias of another shape is refused, as by F.conv2d and the kernels (not broadcast).
+    layer.bias = nn.Parameter(torch.randn(1))
+    with pytest.raises(RuntimeError, match="bias"):
+        layer(x)
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
