@@ -17,7 +17,7 @@ xgboost's own predictions.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -152,27 +152,6 @@ class TreeEnsemble:
     leaf_value: np.ndarray  # (nodes,) float32 value of a leaf (0 elsewhere)
     depth: int  # the most splits from a root to a leaf
 
-    # What `predict` walks: node i as the slots 2i (left) and 2i + 1 (right), so that a step is
-    # one lookup at slot + went_right (indices of numpy's own intp, which take reads fastest).
-    _roots2: np.ndarray = field(init=False, repr=False)
-    _children2: np.ndarray = field(init=False, repr=False)
-    _feature2: np.ndarray = field(init=False, repr=False)
-    _threshold2: np.ndarray = field(init=False, repr=False)
-    _default_left2: np.ndarray = field(init=False, repr=False)
-    _leaf_value2: np.ndarray = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        slots = {
-            "_roots2": (2 * self.roots).astype(np.intp),
-            "_children2": (2 * self.children).astype(np.intp),
-            "_feature2": np.repeat(self.feature, 2).astype(np.intp),
-            "_threshold2": np.repeat(self.threshold, 2),
-            "_default_left2": np.repeat(self.default_left, 2),
-            "_leaf_value2": np.repeat(self.leaf_value, 2),
-        }
-        for name, value in slots.items():
-            object.__setattr__(self, name, value)  # (frozen)
-
     @classmethod
     def from_model(cls, model: Mapping) -> TreeEnsemble:
         """The ensemble of an XGBoost model as read from its UBJSON or JSON file; ValueError
@@ -268,18 +247,18 @@ class TreeEnsemble:
         if x.ndim != 2 or x.shape[1] != self.n_features:
             raise ValueError(f"rows of {self.n_features} features wanted, got shape {x.shape}")
         flat = x.ravel()
-        base = (np.arange(len(x), dtype=np.intp) * self.n_features)[:, None]
-        slot = np.broadcast_to(self._roots2, (len(x), len(self.roots)))
+        base = (np.arange(len(x)) * self.n_features)[:, None]
+        node = np.broadcast_to(self.roots, (len(x), len(self.roots)))
         nan = bool(np.isnan(flat).any())
         for _ in range(self.depth):
-            value = flat.take(base + self._feature2.take(slot))
-            go_right = ~(value < self._threshold2.take(slot))
+            value = flat.take(base + self.feature.take(node))
+            go_right = ~(value < self.threshold.take(node))
             if nan:
-                go_right &= ~(np.isnan(value) & self._default_left2.take(slot))
-            slot = self._children2.take(slot + go_right)
+                go_right &= ~(np.isnan(value) & self.default_left.take(node))
+            node = self.children.take(2 * node + go_right)
         terms = np.empty((len(x), len(self.roots) + 1), dtype=np.float32)
         terms[:, 0] = self.intercept
-        terms[:, 1:] = self._leaf_value2.take(slot)
+        terms[:, 1:] = self.leaf_value.take(node)
         # One tree after another, in float32, as XGBoost adds them (cumsum adds in order).
         return np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
 
