@@ -284,6 +284,62 @@ def use_ucontext() -> bool:
     return asked or platform.machine() not in ("x86_64", "AMD64")
 
 
+#: A build's temporary folder: `spio-emu-<pid>-...` (`spio-emu-rt-<pid>-...` for a runtime
+#: object), named for its process, so that a later build can remove the folders of processes that
+#: died without removing them (SIGTERM from `timeout` or a scheduler, SIGKILL: ~230 KB each).
+_BUILD_FOLDER_RE = re.compile(r"spio-emu-(?:rt-)?(\d+)-")
+#: A dead process's folder is removed only once untouched this long: a process of another PID
+#: namespace sharing the temporary folder may look dead here, but no build takes an hour.
+STALE_BUILD_SECONDS = 3600
+_swept = False
+
+
+def _build_folder(kind: str = "") -> tempfile.TemporaryDirectory[str]:
+    """A temporary folder for one build (`kind` "rt-" for a runtime object), named for this
+    process; the first in a process removes those of dead processes (`sweep_build_folders`)."""
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep_build_folders()
+    return tempfile.TemporaryDirectory(prefix=f"spio-emu-{kind}{os.getpid()}-")
+
+
+def sweep_build_folders(root: Path | None = None) -> list[Path]:
+    """Remove the build folders in `root` (the temporary folder) that this user's processes left
+    when they died mid-build, untouched for STALE_BUILD_SECONDS; returns those removed."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        found = _BUILD_FOLDER_RE.match(entry.name)
+        try:
+            if found is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            status = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if status.st_uid != os.getuid() or time.time() - status.st_mtime < STALE_BUILD_SECONDS:
+            continue
+        if _process_alive(int(found.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's (or not a PID at all: kept)
+        return True
+    return True
+
+
 def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
     """The runtime, context-switch and closing-guard objects, compiled once and cached."""
     arch = platform.machine()
@@ -306,7 +362,7 @@ def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
         )
 
         def build(src: str = src) -> tuple[bytes, dict]:
-            with tempfile.TemporaryDirectory(prefix="spio-emu-rt-") as tmp:
+            with _build_folder("rt-") as tmp:
                 obj = Path(tmp) / (src + ".o")
                 _run(
                     [*command_words(cxx), *flags, "-c", str(RUNTIME_DIR / src), "-o", str(obj)],
@@ -483,7 +539,7 @@ def build_library(
 
     def build() -> tuple[bytes, dict]:
         start = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="spio-emu-") as tmp:
+        with _build_folder() as tmp:
             work = Path(tmp)
             inc = work / "include"
             for hname, text in headers.items():

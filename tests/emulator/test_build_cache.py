@@ -392,3 +392,43 @@ def test_every_cuda_header_is_part_of_the_key(cuda_include):
     os.utime(cuda_include / "vector_functions.h", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     build._cuda_identity.cache_clear()
     assert build._cuda_identity() != before
+
+
+def test_build_folders_of_dead_processes_are_swept(monkeypatch, tmp_path):
+    """A build killed by SIGTERM or SIGKILL leaves its temporary folder (~230 KB); the folders
+    are named for their process, and the first build in a process removes those of this user's
+    dead processes untouched for an hour. Others stay: a live process's, a young one's (a process
+    of another PID namespace sharing the folder may look dead), other names, files."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    dead, alive = done.pid, os.getpid()
+    hour_ago = time.time() - build.STALE_BUILD_SECONDS - 60
+    names = {
+        f"spio-emu-{dead}-abc": True,
+        f"spio-emu-rt-{dead}-abc": True,
+        f"spio-emu-{alive}-abc": False,
+        f"spio-emu-{dead}-young": False,
+        f"spio-emu-lib-{dead}-abc": False,  # a process's private library folder: not a build's
+        "spio-emu-k2j4h_x9": False,  # the names before (no PID)
+        f"spio-emu-{dead}-file": False,
+    }
+    for name in names:
+        path = tmp_path / name
+        if name.endswith("file"):
+            path.write_text("")
+        else:
+            (path / "include").mkdir(parents=True)
+        if not name.endswith("young"):
+            os.utime(path, (hour_ago, hour_ago))
+    removed = build.sweep_build_folders(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(n for n, gone in names.items() if gone)
+    kept = sorted(n for n, gone in names.items() if not gone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept
+    # A process's first build sweeps, and names its own folders for itself.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(build, "_swept", False)
+    (tmp_path / f"spio-emu-{dead}-again").mkdir()
+    os.utime(tmp_path / f"spio-emu-{dead}-again", (hour_ago, hour_ago))
+    with build._build_folder("rt-") as folder:
+        assert os.path.basename(folder).startswith(f"spio-emu-rt-{alive}-")
+    assert not (tmp_path / f"spio-emu-{dead}-again").exists()
