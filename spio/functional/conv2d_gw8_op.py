@@ -217,10 +217,9 @@ def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, 
 def _meta_slice(t: Tensor | None, dim: int | None) -> Tensor | None:
     """A meta tensor laid out as one slice of t under torch.vmap (t without its vmapped
     dimension `dim`): for the fake implementations' checks and layouts where vmap has no slice."""
-    if t is None or dim is None:
-        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                                                          device="meta")  # fmt: skip
-    keep = [i for i in range(t.dim()) if i != dim % t.dim()]
+    if t is None:
+        return None
+    keep = [i for i in range(t.dim()) if dim is None or i != dim % t.dim()]
     return torch.empty_strided([t.shape[i] for i in keep], [t.stride(i) for i in keep],
                                dtype=t.dtype, device="meta")  # fmt: skip
 
