@@ -277,7 +277,10 @@ def test_tensor_copy_tests_that_hang_are_cut_off_and_the_others_still_run(stand_
     tests = next(line for line in out.stdout.splitlines() if line.startswith("tests "))
     assert "PASS (sampled): copies time limit: 1 passed/2; 3 passed/3 " in tests
     log = (tmp_path / "out" / "tests.log").read_text()
-    assert "tensor-copy cuda tests first, for at most 10s" in log
+    # Half of what the step has left once its tests are listed (30 s less its 10 s reserve):
+    # 10 s, or a second or so less where listing them was slow (CI ran it at 9).
+    capped = re.search(r"tensor-copy cuda tests first, for at most (\d+)s", log)
+    assert capped and 5 <= int(capped.group(1)) <= 10, log
     assert "ran: " in log and "test_x" in log.split("KeyboardInterrupt")[1]
     assert out.returncode == 0
 
