@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        import xgboost  # noqa: F401  (training needs it; spio reads the models without it)
+        import xgboost  # training needs it (spio reads the models without it)
     except Exception as error:  # ImportError, or xgboost's own where its library is missing
         print(
             f"train_perf_model: needs xgboost, which does not import ({error}); "
@@ -402,8 +402,6 @@ def main(argv: list[str] | None = None) -> int:
     for sample in dedupe(samples):
         device = sample.device if args.per_device else None
         groups[(sample.family, sample.arch, device)].append(sample)
-
-    import xgboost
 
     import spio
 

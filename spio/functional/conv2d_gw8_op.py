@@ -224,6 +224,13 @@ def _meta_slice(t: Tensor | None, dim: int | None) -> Tensor | None:
                                dtype=t.dtype, device="meta")  # fmt: skip
 
 
+def _slice(t: Tensor | None, dim: int | None, i: int) -> Tensor | None:
+    """Slice i of t under torch.vmap (t itself where it is not batched, dim None)."""
+    if t is None or dim is None:
+        return t
+    return t.select(dim, i)
+
+
 def _none_of(one: Tensor, device: torch.device) -> Tensor:
     """The stack of no slice like `one` on `device`: shape (0, *one's), one's layout within."""
     return torch.empty_strided((0, *one.shape), (max(one.numel(), 1), *one.stride()),
@@ -250,14 +257,8 @@ def _conv2d_gw8_vmap(info, in_dims, input, weight, bias=None, stride=1, padding_
                                _meta_slice(bias, b_dim), *rest)  # fmt: skip
         return _none_of(one, input.device), 0
 
-    def pick(t: Tensor | None, dim: int | None, i: int) -> Tensor | None:
-        if dim is None:
-            return t
-        assert t is not None, "vmap gives only tensors a batch dimension"
-        return t.select(dim, i)
-
     slices = [
-        conv2d_gw8(pick(input, x_dim, i), pick(weight, w_dim, i), pick(bias, b_dim, i), *rest)
+        conv2d_gw8(_slice(input, x_dim, i), _slice(weight, w_dim, i), _slice(bias, b_dim, i), *rest)
         for i in range(info.batch_size)
     ]
     return torch.stack(slices), 0
@@ -294,12 +295,9 @@ def _conv2d_gw8_backward_vmap(info, in_dims, grad_output, input, weight, padding
         dx, dw, db = conv2d_gw8_backward(dy.flatten(0, 1), stand_in, weight, *rest)
         return (dx.unflatten(0, dy.shape[:2]), dw, db), (0, None, None)
 
-    def pick(t: Tensor, dim: int | None, i: int) -> Tensor:
-        return t if dim is None else t.select(dim, i)
-
     slices = [
         conv2d_gw8_backward(
-            pick(grad_output, dy_dim, i), pick(input, x_dim, i), pick(weight, w_dim, i), *rest
+            _slice(grad_output, dy_dim, i), _slice(input, x_dim, i), _slice(weight, w_dim, i), *rest
         )
         for i in range(info.batch_size)
     ]
