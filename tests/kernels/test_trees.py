@@ -173,6 +173,30 @@ def test_unsafe_or_foreign_models_are_refused_by_name(damage, message):
         TreeEnsemble.from_model(model)
 
 
+@pytest.mark.parametrize("damage", ["own child", "two parents", "short array", "leaf child"])
+def test_a_damaged_later_tree_is_named(damage):
+    """All trees' nodes are checked together: the error names the damaged tree, here the 8th,
+    not the first nor one beside it, and a tree before the damage is read as it is."""
+    model = _model_json(SHIPPED[0])
+    trees = model["learner"]["gradient_booster"]["model"]["trees"]
+    tree = trees[7]
+    if damage == "own child":
+        tree["left_children"][0] = 0
+    elif damage == "two parents":
+        tree["right_children"][0] = tree["left_children"][0]
+    elif damage == "short array":
+        tree["default_left"].pop()
+    else:
+        leaf = tree["left_children"].index(-1)
+        tree["right_children"][leaf] = leaf + 1
+    with pytest.raises(ValueError, match=r"^tree 7 has "):
+        TreeEnsemble.from_model(model)
+    del trees[7:]
+    model["learner"]["gradient_booster"]["model"]["gbtree_model_param"]["num_trees"] = "7"
+    del model["learner"]["gradient_booster"]["model"]["tree_info"][7:]
+    assert len(TreeEnsemble.from_model(model).roots) == 7
+
+
 def test_ubjson_values_and_malformed_bytes():
     """The value types and container forms of UBJSON (typed and counted, counted, open); bytes
     that are not one well-formed value are a ValueError."""
