@@ -159,8 +159,10 @@ class TreeEnsemble:
             params = learner["learner_model_param"]
             n_features = int(params["num_feature"])
             intercept = _intercept(params["base_score"])
-            if int(params.get("num_target", 1)) != 1 or int(params.get("num_class", 0)) != 0:
-                raise ValueError("a model of more than one output")
+            targets, classes = int(params.get("num_target", 1)), int(params.get("num_class", 0))
+            if targets != 1 or classes != 0:
+                raise ValueError(f"a model of more than one output ({targets} targets, "
+                                 f"{classes} classes)")  # fmt: skip
             objective = learner["objective"]["name"]
             if objective != "reg:squarederror":
                 raise ValueError(f"objective {objective!r}, not reg:squarederror")
@@ -168,12 +170,15 @@ class TreeEnsemble:
             if booster.get("name") != "gbtree":
                 raise ValueError(f"booster {booster.get('name')!r}, not gbtree")
             trees = booster["model"]["trees"]
-            if int(booster["model"]["gbtree_model_param"]["num_trees"]) != len(trees):
-                raise ValueError("its tree count disagrees with its trees")
-            if len(booster["model"]["tree_info"]) != len(trees) or np.any(
-                np.asarray(booster["model"]["tree_info"]) != 0
-            ):
-                raise ValueError("a tree of an output other than the one")
+            count = int(booster["model"]["gbtree_model_param"]["num_trees"])
+            if count != len(trees):
+                raise ValueError(f"its tree count {count} disagrees with its {len(trees)} trees")
+            outputs = np.asarray(booster["model"]["tree_info"])
+            if outputs.shape != (len(trees),):
+                raise ValueError(f"{outputs.size} trees' outputs named for its {len(trees)} trees")
+            if np.any(outputs != 0):
+                number = int(np.argmax(outputs != 0))
+                raise ValueError(f"tree {number} of output {outputs[number]}, not of the one (0)")
             return cls._of_trees(trees, n_features, intercept)
         except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as error:
             # (a field missing or of another type: a list where a dict belongs, an infinite count)
@@ -223,9 +228,12 @@ class TreeEnsemble:
         shared = np.bincount(child, minlength=len(nodes)) > 1
         first_shared = int(tree_of[np.argmax(shared)]) if shared.any() else len(sizes)
         if first_shared < first_out:
-            raise ValueError(f"tree {first_shared} has a node with two parents")
+            node = int(local[np.argmax(shared)])
+            raise ValueError(f"tree {first_shared} has a node with two parents (node {node})")
         if first_out < len(sizes):
-            raise ValueError(f"tree {first_out} has a node that links or splits out of the tree")
+            node = int(local[np.argmax(out)])
+            raise ValueError(f"tree {first_out} has a node that links or splits out of the tree "
+                             f"(node {node})")  # fmt: skip
 
         # Each node's level, from its parent's: as deep as the deepest tree, a step a level.
         level = np.zeros(len(nodes), dtype=np.int64)

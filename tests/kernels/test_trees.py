@@ -116,8 +116,10 @@ def _model_json(path) -> dict:
         ("feature out of range", "links or splits out of the tree"),
         ("categorical split", "links or splits out of the tree"),
         ("short array", "arrays of other lengths"),
-        ("tree count", "tree count disagrees"),
-        ("two outputs", "more than one output"),
+        ("tree count", r"tree count 7 disagrees with its \d+ trees"),
+        ("two outputs", r"more than one output \(2 targets, 0 classes\)"),
+        ("tree of another output", r"tree 3 of output 1, not of the one"),
+        ("outputs short", r"\d+ trees' outputs named for its \d+ trees"),
         ("objective", "not reg:squarederror"),
         ("booster", "not gbtree"),
         ("no trees", "without trees"),
@@ -153,6 +155,10 @@ def test_unsafe_or_foreign_models_are_refused_by_name(damage, message):
         learner["gradient_booster"]["model"]["gbtree_model_param"]["num_trees"] = "7"
     elif damage == "two outputs":
         learner["learner_model_param"]["num_target"] = "2"
+    elif damage == "tree of another output":
+        learner["gradient_booster"]["model"]["tree_info"][3] = 1
+    elif damage == "outputs short":
+        learner["gradient_booster"]["model"]["tree_info"].pop()
     elif damage == "objective":
         learner["objective"]["name"] = "binary:logistic"
     elif damage == "booster":
@@ -176,21 +182,24 @@ def test_unsafe_or_foreign_models_are_refused_by_name(damage, message):
 @pytest.mark.parametrize("damage", ["own child", "two parents", "short array", "leaf child"])
 def test_a_damaged_later_tree_is_named(damage):
     """All trees' nodes are checked together: the error names the damaged tree, here the 8th,
-    not the first nor one beside it, and a tree before the damage is read as it is."""
+    not the first nor one beside it, and the node at fault by its number in that tree; the
+    trees before the damage read as they are."""
     model = _model_json(SHIPPED[0])
     trees = model["learner"]["gradient_booster"]["model"]["trees"]
     tree = trees[7]
+    node = None  # the node the message names (a short array has none)
     if damage == "own child":
-        tree["left_children"][0] = 0
+        tree["left_children"][0] = node = 0
     elif damage == "two parents":
-        tree["right_children"][0] = tree["left_children"][0]
+        tree["right_children"][0] = node = tree["left_children"][0]
     elif damage == "short array":
         tree["default_left"].pop()
     else:
-        leaf = tree["left_children"].index(-1)
-        tree["right_children"][leaf] = leaf + 1
-    with pytest.raises(ValueError, match=r"^tree 7 has "):
+        node = tree["left_children"].index(-1)
+        tree["right_children"][node] = node + 1
+    with pytest.raises(ValueError, match=r"^tree 7 has ") as raised:
         TreeEnsemble.from_model(model)
+    assert node is None or str(raised.value).endswith(f"(node {node})")
     del trees[7:]
     model["learner"]["gradient_booster"]["model"]["gbtree_model_param"]["num_trees"] = "7"
     del model["learner"]["gradient_booster"]["model"]["tree_info"][7:]
