@@ -1,7 +1,14 @@
-"""The table of kernel families: adding a kernel family means adding one entry here.
+"""The table of kernel families: the kernels of the grouped convolution's passes, by tile config.
 
-A family is one kernel source specialised by tile configs; the compile sweep, the performance
-model, autotuning and the sampling scripts all reach the kernels through this table.
+A family is one kernel source specialised by tile configs. The compile sweep reaches the kernels
+through this table alone; the other users branch on the family's name or pass too, so a new
+family needs more than its entry: its launch arguments and call in `autotune.kernel_inputs` and
+`pass_call`, its features in `perf_model.features` (by pass) and a model file per arch in
+`spio/perf_models`, its bytes in `stats` (by pass), and where spio runs it, its calls in
+`functional._kernels`, `check.run_one` and `spio.bench.run`'s `spio_call`; one whose parameters
+are not Conv2dGw8Params (on which the `Family` fields are typed) needs its factory in
+`spio.kernels.__init__` and, where one factory serves two families (as conv2d_gw8's serves
+FProp and DGrad), `family_of` below.
 """
 
 from __future__ import annotations
