@@ -130,7 +130,7 @@ def run_one(
         raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
     kernel = kernel or kernel_as_run(params, pass_, config, device)
     t = random_inputs(params, seed)
-    dev = {k: None if v is None else v.to(device) for k, v in t.items()}
+    dev: dict[str, Any] = {k: None if v is None else v.to(device) for k, v in t.items()}
     if pass_ == "fprop":
         out = _poisoned(params.output_shape, t["x"], device)
         out = fd.fprop(dev["x"], dev["w"], dev["bias"], params, config, out=out, kernel=kernel)

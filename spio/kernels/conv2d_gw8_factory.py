@@ -13,12 +13,15 @@ import itertools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits, limits_of
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
 from .conv2d_gw8_params import Conv2dGw8Params, check_params, check_tensor_bytes, torch_dtype
 from .kernel import Kernel, KernelFactory, entry_symbol
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 SOURCE_FILE = "conv2d_gw8.cu"
 HEADER_NAME = "conv2d_gw8_gen.h"
@@ -812,15 +815,15 @@ def _check_shapes(params: Conv2dGw8Params, **tensors) -> None:
 
 
 def fprop(
-    x,
-    weight,
-    bias,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
     params: Conv2dGw8Params,
     config: Conv2dGw8Config | None = None,
-    out=None,
+    out: Tensor | None = None,
     kernel: Kernel | None = None,
     validated: bool = False,
-):
+) -> Tensor:
     """y = conv2d_gw8(x, weight) + bias with the FProp kernel; x (N, C, H, W) and weight
     (C, 8, R, S) in any layout, bias (C,) or None. Whatever `kernel` does not read as given (see
     operand_layout and variant) is copied into what it reads. Returns y in channels_last memory.
@@ -845,14 +848,14 @@ def fprop(
 
 
 def dgrad(
-    dy,
-    weight,
+    dy: Tensor,
+    weight: Tensor,
     params: Conv2dGw8Params,
     config: Conv2dGw8Config | None = None,
-    out=None,
+    out: Tensor | None = None,
     kernel: Kernel | None = None,
     validated: bool = False,
-):
+) -> Tensor:
     """dx = the input gradient of conv2d_gw8 for output gradient dy, with the DGrad kernel.
     Returns dx (N, C, H, W) in channels_last memory. `validated` as for fprop."""
     import torch

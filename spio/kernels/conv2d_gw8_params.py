@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
 
 #: Channels per group: the k-depth of the m16n8k8 tensor-core instruction.
 GROUP_WIDTH = 8
@@ -274,7 +275,9 @@ class Conv2dGw8Params:
         )
 
     @classmethod
-    def from_tensors(cls, input, weight, bias=None, padding: Any = 1) -> Conv2dGw8Params:
+    def from_tensors(
+        cls, input: Tensor, weight: Tensor, bias: Tensor | None = None, padding: Any = 1
+    ) -> Conv2dGw8Params:
         """Return the params of conv2d_gw8(input, weight, bias, padding), checking the tensors.
 
         input is (n, c, h, w), weight (c, 8, r, s) in the same fp16/bf16 dtype; bias, if any,

@@ -9,6 +9,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
 from ..memo import remember
@@ -38,6 +39,10 @@ from .conv2d_gw8_params import (
     check_tensor_bytes,
 )
 from .kernel import Kernel, KernelFactory, entry_symbol
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 SOURCE_FILE = "conv2d_gw8_wgrad.cu"
 HEADER_NAME = "conv2d_gw8_wgrad_gen.h"
@@ -487,16 +492,16 @@ def sum_kernel(
 
 
 def wgrad(
-    x,
-    dy,
+    x: Tensor,
+    dy: Tensor,
     params: Conv2dGw8Params,
     config: Conv2dGw8WgradConfig | None = None,
     kernel: Kernel | None = None,
-    dtypes: tuple | None = None,
+    dtypes: tuple[torch.dtype, torch.dtype] | None = None,
     poison: bool = False,
     validated: bool = False,
     channels_last: bool = False,
-):
+) -> tuple[Tensor, Tensor | None]:
     """(dw, dbias) of conv2d_gw8 with the WGrad kernel: dw (C, 8, R, S); dbias (C,) when
     params.has_bias, else None; both fp32 or, with `dtypes` = (dw dtype, dbias dtype) as torch
     dtypes, rounded once to those. x and dy (N, C, ., .) in any memory layout. dw is contiguous,

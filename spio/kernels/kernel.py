@@ -15,11 +15,14 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..env import integer
 from ..locks import KeyedLocks
 from ..log import logger
+
+if TYPE_CHECKING:
+    from ..compiler import CompileResult
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "src"
 
@@ -97,7 +100,7 @@ class Kernel:
     def threads(self) -> int:
         return self.block[0] * self.block[1] * self.block[2]
 
-    def compile(self, arch: str):
+    def compile(self, arch: str) -> CompileResult:
         """Compile for `arch` (cached on disk); returns a spio.compiler.CompileResult."""
         from ..compiler import compile_cubin
 

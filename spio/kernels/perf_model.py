@@ -716,7 +716,7 @@ def heuristic_ranking(
     return sorted(configs, key=key)
 
 
-def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **options: Any):
+def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **options: Any) -> Any:
     """The tile config `factory.get_kernel` builds for `params` on `device`.
 
     CUDA device: the perf model's best config (SPIO_AUTOTUNE=1: the fastest of its top-k and of the
