@@ -414,14 +414,21 @@ def test_compile_sample_needs_a_positive_count(value):
 
 @pytest.mark.parametrize("level,shown", [("1", True), ("", False)])
 def test_spio_logger_env_shows_info_messages(level, shown, tmp_path):
+    """One line a kernel module, compiled or cached, with its time (the second call finds the
+    first's cubin on disk)."""
     code = (
         "from spio.compiler import compile_cubin\n"
-        "compile_cubin('extern \"C\" __global__ void k() {}', 'sm_80')\n"
+        "for _ in range(2):\n"
+        "    compile_cubin('extern \"C\" __global__ void k() {}', 'sm_80')\n"
     )
     env = dict(os.environ, SPIO_LOGGER=level, SPIO_CACHE_DIR=str(tmp_path))
     out = run_python(code, env)
     assert out.returncode == 0, out.stderr
-    assert ("compiled kernel.cu for sm_80" in out.stderr) == shown
+    lines = out.stderr.splitlines()
+    compiled = [line for line in lines if "compiled kernel.cu for sm_80 in" in line]
+    cached = [line for line in lines if "cached kernel.cu for sm_80 in" in line]
+    assert (len(compiled), len(cached)) == ((1, 1) if shown else (0, 0)), out.stderr
+    assert all(line.endswith(" s") for line in compiled + cached)
 
 
 def test_info_says_which_gpus_no_perf_model_covers(tmp_path, monkeypatch):
@@ -719,19 +726,29 @@ def test_compile_keeps_its_columns_with_a_wider_arch(compiled_jobs, capsys):
     assert {row.index("FAILED") for row in rows} == {header.index("regs")}
 
 
-def test_compile_for_an_arch_nvrtc_lacks_is_one_error(compiled_jobs, monkeypatch, capsys):
+def test_compile_for_an_arch_nvrtc_lacks_is_one_error(compiled_jobs, monkeypatch, capsys, caplog):
     """NVRTC 12.4 (torch 2.6's) stops at sm_90: `spio compile --arch sm_100` had made every
     kernel a FAILED line with NVRTC's "invalid value for --gpu-architecture"; now one line
-    naming the NVRTC and the arch, exit 2, nothing compiled."""
+    naming the NVRTC and the arch, exit 2, nothing compiled, and no warning first that sm_100
+    is experimental (it is not compiled for); where NVRTC has it, the warning comes."""
     from spio.__main__ import main
+    from spio.compiler import arch
     from spio.cuda import nvrtc
 
+    monkeypatch.setattr(arch, "_warned", set())
     monkeypatch.setattr(nvrtc, "supported_archs", lambda: ("sm_50", "sm_80", "sm_86", "sm_90"))
     monkeypatch.setattr(nvrtc, "version", lambda: (12, 4))
-    assert main(["compile", "--arch", "sm_90", "--arch", "sm_100", "--sample", "1"]) == 2
+    with caplog.at_level("WARNING", logger="spio"):
+        assert main(["compile", "--arch", "sm_90", "--arch", "sm_100", "--sample", "1"]) == 2
     err = capsys.readouterr().err
     assert "spio compile: nothing was compiled: NVRTC 12.4 cannot compile for sm_100 (it " in err
     assert "sm_50 to sm_90" in err and compiled_jobs == []
+    assert not [r for r in caplog.records if "experimental" in r.getMessage()]
+
+    monkeypatch.setattr(nvrtc, "supported_archs", lambda: ("sm_90", "sm_100"))
+    with caplog.at_level("WARNING", logger="spio"):
+        main(["compile", "--arch", "sm_100", "--sample", "1"])
+    assert [r for r in caplog.records if "sm_100 is experimental" in r.getMessage()]
 
 
 def test_compile_merges_a_repeated_arch(compiled_jobs, capsys):

@@ -12,12 +12,13 @@ def builds_for(arch: str) -> bool:
     return arch in supported_arch or arch in experimental_arch
 
 
-def check_arch(arch: str) -> str:
-    """Return `arch` if spio can compile for it; raise ValueError naming it otherwise."""
+def check_arch(arch: str, warn: bool = True) -> str:
+    """Return `arch` if spio can compile for it; raise ValueError naming it otherwise. An
+    experimental arch is warned of once a process (`warn`: now, or by a later call)."""
     if arch in supported_arch:
         return arch
     if arch in experimental_arch:
-        if arch not in _warned:
+        if warn and arch not in _warned:
             _warned.add(arch)
             from ..log import logger
 

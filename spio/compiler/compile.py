@@ -263,9 +263,10 @@ def compile_cubin(
         cached = False
     else:
         key = cubin_key(source, arch, headers, opts, name)
+        start = time.perf_counter()
         cubin, meta, cached = _cubin_cache.get_or_build(key, build)
-        if cached:
-            logger.debug("cached cubin for %s (%s)", name, arch)
+        if cached:  # (a build logged itself)
+            logger.info("cached %s for %s in %.2f s", name, arch, time.perf_counter() - start)
     return CompileResult(
         cubin=cubin,
         arch=arch,
