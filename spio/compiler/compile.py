@@ -254,7 +254,8 @@ def compile_cubin(
         start = time.perf_counter()
         out = nvrtc.compile_program(source, name, opts, headers)
         seconds = time.perf_counter() - start
-        logger.info("compiled %s for %s in %.2f s", name, arch, seconds)
+        if _lines_here:
+            logger.info("compiled %s for %s in %.2f s", name, arch, seconds)
         return out.cubin, _meta(out.log, out.ptx, seconds)
 
     key = ""
@@ -265,7 +266,7 @@ def compile_cubin(
         key = cubin_key(source, arch, headers, opts, name)
         start = time.perf_counter()
         cubin, meta, cached = _cubin_cache.get_or_build(key, build)
-        if cached:  # (a build logged itself)
+        if cached and _lines_here:  # (a build logged itself)
             logger.info("cached %s for %s in %.2f s", name, arch, time.perf_counter() - start)
     return CompileResult(
         cubin=cubin,
@@ -291,6 +292,18 @@ def keep_in_memory(result: CompileResult) -> None:
     then saying once that its folder cannot be written."""
     if result.key and not _cubin_cache.on_disk(result.key):
         _cubin_cache.keep(result.key, result.cubin, _meta(result.log, result.ptx, result.seconds))
+
+
+#: Whether compile_cubin logs its "compiled"/"cached" line in this process: not in a compile
+#: worker, whose lines would reach only the logging SPIO_LOGGER set up there (none where the
+#: parent configured logging in code); its parent logs them (pool.report).
+_lines_here = True
+
+
+def lines_to_parent() -> None:
+    """In a compile worker: compile_cubin's "compiled"/"cached" lines are the parent's to log."""
+    global _lines_here
+    _lines_here = False
 
 
 def quiet_unwritable_cache() -> None:

@@ -48,7 +48,13 @@ from ..env import integer
 from ..log import logger
 from .arch import builds_for, check_arch, warn_here_only
 from .cache import cache_root
-from .compile import CompileResult, compile_cubin, keep_in_memory, quiet_unwritable_cache
+from .compile import (
+    CompileResult,
+    compile_cubin,
+    keep_in_memory,
+    lines_to_parent,
+    quiet_unwritable_cache,
+)
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,7 @@ def _start_worker() -> None:
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     warn_here_only()  # compile_many warned of an experimental arch in the parent, once
+    lines_to_parent()  # each job's "compiled" line: see report
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
@@ -209,6 +216,19 @@ def _shared_pool(workers: int, most: int) -> ProcessPoolExecutor:
                 raise
             _pool, _pool_workers = pool, workers
         return _pool
+
+
+def report(job: CompileJob, result: CompileResult | BaseException) -> CompileResult | BaseException:
+    """Logs a worker's result here, as compile_cubin logs one in this process: the worker does
+    not (lines_to_parent), where it could reach only the logging SPIO_LOGGER sets up, not a
+    level or handler set in code. Returns `result`."""
+    if isinstance(result, CompileResult):
+        if result.cached:
+            logger.info("cached %s for %s (in a compile worker)", job.name, job.arch)
+        else:
+            logger.info("compiled %s for %s in %.2f s (in a compile worker)", job.name, job.arch,
+                        result.seconds)  # fmt: skip
+    return result
 
 
 def _discard_pool(pool: ProcessPoolExecutor, kill: bool = False) -> None:
@@ -324,7 +344,7 @@ class _Sweep:
                 future = finished.get()
                 index = running.pop(future)
                 try:
-                    self.results[index] = future.result()
+                    self.results[index] = report(self.jobs[index], future.result())
                 except BrokenProcessPool as error:
                     lost.append(index)
                     self.breakage = error

@@ -544,3 +544,45 @@ def test_a_writable_cache_keeps_no_worker_result_in_memory_and_warns_nothing(
     assert not compile_module._cubin_cache.warned
     assert "cannot write its cache folder" not in caplog.text
     assert not any(r.key in compile_module._cubin_cache._memory for r in results)
+
+
+_LOGGING_SCRIPT = """\
+import logging
+import sys
+import uuid
+
+from spio.compiler import CompileJob, compile_many
+
+if sys.argv[1] == "code":  # the level and handler set in code, as an application does
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+source = 'extern "C" __global__ void k(int *x) {{ x[threadIdx.x] = {}; }}'
+tag = uuid.uuid4().hex
+jobs = [CompileJob(f"// {tag}\\n" + source.format(i), "sm_80") for i in range(3)]
+for sweep in range(2):  # the second finds every cubin in the cache
+    compile_many(jobs, workers=2, progress=False)
+"""
+
+
+@pytest.mark.parametrize("setting", ["code", "SPIO_LOGGER"])
+def test_each_job_of_a_sweep_is_one_log_line_in_the_parent(setting, tmp_path):
+    """A job compiled in a worker is one "compiled ... in N s" line, and one found in the cache
+    one "cached" line, logged by the parent: with logging set up in code (the workers, which
+    do not share it, had logged nothing that reached it) and with SPIO_LOGGER=1 (each line
+    once: the workers no longer log them too)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(_LOGGING_SCRIPT)
+    env = dict(os.environ, SPIO_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("SPIO_LOGGER", None)
+    if setting == "SPIO_LOGGER":
+        env["SPIO_LOGGER"] = "1"
+    out = subprocess.run([sys.executable, str(script), setting], capture_output=True,
+                         encoding="utf-8", timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    compiled = [line for line in lines if "compiled kernel.cu for sm_80 in " in line]
+    cached = [line for line in lines if "cached kernel.cu for sm_80" in line]
+    assert len(compiled) == 3 and len(cached) == 3, out.stderr
+    assert all(line.endswith(" s (in a compile worker)") for line in compiled), out.stderr
