@@ -522,7 +522,9 @@ TENSOR_STORE = r"""
 /// (but one between the store's issue and the wait); 6 thread 1 overwrites the box's first word
 /// so; 7 (fill 1) thread 0 stores the box before waiting for it to land; 8 (fill 1) thread 0
 /// copies the box in again before its wait; 9 no __syncthreads between the threads' writes of
-/// the box (fill 0) and thread 0's store of it (but one between the store's issue and the wait).
+/// the box (fill 0) and thread 0's store of it (but one between the store's issue and the wait);
+/// 10 no fence_proxy_async_shared() after the threads' writes of the box; 11 thread 1 fences
+/// before its writes of the box, not after.
 extern "C" __global__ void store_box(unsigned short *dst,
                                      const __grid_constant__ spio::TensorMap dst_map,
                                      unsigned short *words,
@@ -533,6 +535,7 @@ extern "C" __global__ void store_box(unsigned short *dst,
     __shared__ __align__(8) unsigned long long bar;
     unsigned char *box = smem + offset;
     unsigned short *box_words = reinterpret_cast<unsigned short *>(box);
+    if (bug == 11 && threadIdx.x == 1) spio::fence_proxy_async_shared();
     if (fill == 0) {
         for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) box_words[i] = words[i];
     } else if (fill == 1 && threadIdx.x == 0) {
@@ -542,7 +545,7 @@ extern "C" __global__ void store_box(unsigned short *dst,
         spio::cp_async_bulk_tensor_4d_g2s(box, &src_map, c0, c1, c2, c3, &bar);
         if (bug != 7) spio::mbarrier_wait_parity(&bar, 0);
     }
-    spio::fence_proxy_async_shared();
+    if (bug != 10 && !(bug == 11 && threadIdx.x == 1)) spio::fence_proxy_async_shared();
     if (bug != 9) __syncthreads();
     if (threadIdx.x == 0) {
         spio::cp_async_bulk_tensor_4d_s2g(&dst_map, c0, c1, c2, c3, box);
@@ -687,6 +690,35 @@ def test_a_store_of_a_box_other_threads_wrote_needs_a_barrier(ts, seed):
         r"reads))",
     ):
         _store(ts, y, dst_map, coords, words=words, bug=9, seed=seed)
+
+
+@pytest.mark.parametrize("bug, writer", [(10, r"[0-9]+"), (11, "1")])
+@pytest.mark.parametrize("seed", [None, 5])
+def test_a_store_of_a_box_written_without_a_proxy_fence_is_refused(ts, bug, writer, seed):
+    """The store reads its box through the async proxy, which sees the threads' plain writes
+    only where each writer called fence_proxy_async_shared() after them (and a barrier orders
+    that before the store): with no fence, or thread 1's fence before its writes, a GPU may
+    store stale bytes; the emulator, which sees them at once, says so. Where the box came in by
+    a tensor copy (the async proxy itself), no fence is needed (fill 1, bug 10)."""
+    shape, box, swizzle, coords = CASES[10]
+    y = torch.full(shape, POISON, dtype=torch.int16)
+    dst_map = TensorMap.of_tensor(y, (3, 2, 1, 0), box, swizzle=swizzle)
+    values = _nhwc(*reversed(box), seed=4)
+    with pytest.raises(
+        EmulatorError,
+        match=rf"thread \(0,0,0\): cp_async_bulk_tensor_4d_s2g issued by thread \(0,0,0\) reads "
+        rf"shared address 0x[0-9a-f]+, which thread \({writer},0,0\) wrote with no "
+        r"fence_proxy_async_shared\(\) after",
+    ):
+        _store(ts, y, dst_map, coords, words=_swizzled(values.flatten(), swizzle), bug=bug,
+               seed=seed)  # fmt: skip
+    x = _nhwc(*shape)
+    y = torch.full_like(x, POISON)
+    src_map = TensorMap.of_tensor(x, (3, 2, 1, 0), box, swizzle=swizzle)
+    dst_map = TensorMap.of_tensor(y, (3, 2, 1, 0), box, swizzle=swizzle)
+    _store(ts, y, dst_map, coords, src=x, src_map=src_map, bug=10, seed=seed)
+    want = _store_reference(torch.full_like(x, POISON), _box_reference(x, box, coords), coords)
+    assert torch.equal(y, want)
 
 
 def test_an_unchecked_store_writes_the_same(ts):

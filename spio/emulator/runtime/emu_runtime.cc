@@ -165,6 +165,7 @@ struct Fiber {
     std::vector<PendingCopy> pending;
     uint64_t bulk_committed = 0;    ///< bulk groups committed (cp_async_bulk_commit_group)
     std::vector<BulkStore> stores;  ///< in issue order, so in group order
+    uint32_t proxy_fences = 0;      ///< fence_proxy_async_shared calls in this block (checked)
 };
 
 /// One warp collective in progress: the lanes it waits for (its mask), those that have arrived.
@@ -204,16 +205,17 @@ struct Accesses {
 };
 
 /// Race-detection state of one shared-memory byte: the last write (epoch, thread, its warp's
-/// sync generation) and the reads. `bulk` is 1 + an index into Runtime::landings when the last
-/// write is a bulk copy landing, async_tid 1 + the thread whose async copy to the byte is still
-/// in flight. The atomics' records live apart (Runtime::atomics): every checked access reads and
-/// writes this record, and few kernels make shared-memory atomics (32 bytes, not 48; with the
-/// global records' split, checked launches of FProp went from ~12% slower than before atomics
-/// were checked to ~6%).
+/// sync generation, and the writer's count of async-proxy fences then) and the reads. `bulk` is
+/// 1 + an index into Runtime::landings when the last write is a bulk copy landing, async_tid 1 +
+/// the thread whose async copy to the byte is still in flight. The atomics' records live apart
+/// (Runtime::atomics): every checked access reads and writes this record, and few kernels make
+/// shared-memory atomics (36 bytes, not 52; with the global records' split, checked launches of
+/// FProp went from ~12% slower than before atomics were checked to ~6%).
 struct Shadow {
     uint32_t w_epoch, w_wep;
     uint32_t bulk;  ///< or kBarrierBytes: one of the 8 bytes of an initialised mbarrier
     uint16_t w_tid, async_tid;
+    uint16_t w_fences;  ///< the writer's Fiber::proxy_fences at the write (its low 16 bits)
     Accesses r;
 };
 
@@ -575,6 +577,7 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
             s.w_epoch = e;
             s.w_tid = tid;
             s.w_wep = gen;
+            s.w_fences = static_cast<uint16_t>(f->proxy_fences);
             s.bulk = 0;
         } else {
             add_access(s.r, f, e, gen);
@@ -1184,6 +1187,7 @@ int run_block() {
         f.pending.clear();
         f.bulk_committed = 0;
         f.stores.clear();
+        f.proxy_fences = 0;
         init_fiber(f);
     }
     for (int w = 0; w < g_rt.nwarps; ++w) {
@@ -1851,7 +1855,9 @@ void mbarrier_init(unsigned long long *bar, unsigned count) {
 
 void fence_mbarrier_init() {}  // the emulator's barriers are visible at once
 
-void fence_proxy_async_shared() {}
+void fence_proxy_async_shared() {
+    if (g_rt.check) ++g_rt.cur->proxy_fences;  // (for the bulk stores' check_fenced)
+}
 
 void mbarrier_arrive_expect_tx(unsigned long long *bar, unsigned bytes) {
     Fiber *f = g_rt.cur;
@@ -2104,6 +2110,26 @@ void swizzled_run(const TensorMapInfo &t, char *box, uint64_t off, const char *f
     }
 }
 
+/// Fails where a byte of the `n` shared bytes at arena offset `off` that a bulk store issued by
+/// `f` reads was last written by a thread of this block (a plain store, or its cp.async landing:
+/// the generic proxy) that has not called fence_proxy_async_shared() since: the copy reads
+/// through the async proxy, which may not see that write.
+void check_fenced(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n,
+                  const char *via) {
+    for (std::size_t i = 0; i < n; ++i) {
+        const Shadow &s = g_rt.shadow[off + i];
+        if (s.w_epoch < g_rt.block_epoch0 || s.bulk) continue;  // not this block's, or a landing
+        if (s.w_fences == static_cast<uint16_t>(g_rt.fibers[s.w_tid].proxy_fences)) {
+            fail(f, format("%s issued by %s reads shared address %#lx, which %s wrote with no "
+                           "fence_proxy_async_shared() after: the copy reads through the async "
+                           "proxy, which may not see the write (each writer fences its writes, "
+                           "then a __syncthreads() before the copy)",
+                           via, thread_name(f->tid).c_str(), static_cast<unsigned long>(addr + i),
+                           thread_name(s.w_tid).c_str()));
+        }
+    }
+}
+
 /// Issues bulk tensor store `s` for fiber `f`. Checked: its pieces' global bytes lie inside the
 /// kernel's tensors, and it writes them now in race terms (a race with earlier unordered
 /// accesses); its box counts as read now; then, until a wait retires it, a write to its box
@@ -2123,7 +2149,8 @@ void start_store(Fiber *f, BulkStore &&s) {
         const auto src = reinterpret_cast<uintptr_t>(s.src);
         std::size_t off;
         shared_region(src, s.bytes, &off);
-        shadow_access(f, src, off, s.bytes, false);
+        shadow_access(f, src, off, s.bytes, false);  // (an unordered write: a race, named first)
+        check_fenced(f, src, off, s.bytes, s.via);
         g_rt.store_sources.push_back({src, src + s.bytes, f->tid, s.via});
         for (const BulkCopy &c : s.pieces) count_dest(c.dst, c.bytes, 1);
     }
