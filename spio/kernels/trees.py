@@ -29,6 +29,9 @@ _LAYOUTS = {"i": ">b", "U": ">B", "I": ">h", "l": ">i", "L": ">q", "d": ">f", "D
 _NUMBERS: dict[int, np.dtype] = {ord(m): np.dtype(f) for m, f in _LAYOUTS.items()}
 _SCALARS: dict[int, struct.Struct] = {ord(m): struct.Struct(f) for m, f in _LAYOUTS.items()}
 _MAX_NESTING = 64
+#: Errors of a model's fields missing or of another type (a list where a dict belongs, an
+#: infinite count): its trees do not read.
+_UNREADABLE = (KeyError, TypeError, IndexError, AttributeError, OverflowError)
 
 
 class _Reader:
@@ -173,42 +176,57 @@ class TreeEnsemble:
             count = int(booster["model"]["gbtree_model_param"]["num_trees"])
             if count != len(trees):
                 raise ValueError(f"its tree count {count} disagrees with its {len(trees)} trees")
-            outputs = np.asarray(booster["model"]["tree_info"])
-            if outputs.shape != (len(trees),):
-                raise ValueError(f"{outputs.size} trees' outputs named for its {len(trees)} trees")
-            if np.any(outputs != 0):
-                number = int(np.argmax(outputs != 0))
-                raise ValueError(f"tree {number} of output {outputs[number]}, not of the one (0)")
+            outputs = booster["model"]["tree_info"]
+            if not isinstance(outputs, (list, np.ndarray)):
+                raise TypeError(f"tree_info is a {type(outputs).__name__}, not a list")
+            if len(outputs) != len(trees):
+                raise ValueError(f"{len(outputs)} trees' outputs named for its {len(trees)} trees")
+            others = [i for i, output in enumerate(outputs) if np.any(np.asarray(output) != 0)]
+            if others:
+                number = others[0]
+                raise ValueError(f"tree {number} of output {outputs[number]!r}, not of the one (0)")
             return cls._of_trees(trees, n_features, intercept)
-        except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as error:
-            # (a field missing or of another type: a list where a dict belongs, an infinite count)
+        except _UNREADABLE as error:
             raise ValueError(f"its trees do not read ({type(error).__name__}: {error})") from None
 
     @classmethod
     def _of_trees(cls, trees: list, n_features: int, intercept: np.float32) -> TreeEnsemble:
         if not trees:
             raise ValueError("a model without trees")
-        columns = ("left_children", "right_children", "split_indices", "split_conditions",
-                   "default_left", "split_type")  # fmt: skip
-        parts: dict[str, list[np.ndarray]] = {c: [] for c in columns}
-        sizes = []
+        # The trees' columns, read tree by tree (so that one tree's odd values change no other
+        # tree's), up to the first that does not read; its error comes after those of the trees
+        # before it, so that the first tree at fault is the one named.
+        read: list[tuple[np.ndarray, ...]] = []
+        unread: Exception | None = None
         for number, tree in enumerate(trees):
-            size = int(tree["tree_param"]["num_nodes"])
-            arrays = [np.asarray(tree[c]) for c in columns]
-            if size < 1 or any(a.shape != (size,) for a in arrays):
-                raise ValueError(f"tree {number} has arrays of other lengths than its {size} nodes")
-            sizes.append(size)
-            for column, array in zip(columns, arrays, strict=True):
-                parts[column].append(array)
+            try:
+                read.append(_tree_columns(number, tree))
+            except (ValueError, *_UNREADABLE) as error:
+                unread = error
+                break
+        if unread is not None and not read:
+            raise unread
+        ensemble = cls._checked(read, n_features, intercept)
+        if unread is not None:
+            raise unread
+        return ensemble
+
+    @classmethod
+    def _checked(
+        cls, trees: list[tuple[np.ndarray, ...]], n_features: int, intercept: np.float32
+    ) -> TreeEnsemble:
+        """The ensemble of trees' columns (_tree_columns), checked all at once; ValueError naming
+        the first tree with a node that links or splits out of its tree or has two parents."""
         # Every tree's nodes in one array (a tree's node i at its root's index + i), and for
         # each node: its tree, its tree's root and its tree's size.
-        joined = {c: np.concatenate(parts[c]) for c in columns}
+        left, right, split, condition, default_left, categorical = (
+            np.concatenate(column) for column in zip(*trees, strict=True)
+        )
+        sizes = [len(columns[0]) for columns in trees]
         tree_of = np.repeat(np.arange(len(sizes)), sizes)
         root_of = (np.cumsum(sizes) - sizes)[tree_of]
         size_of = np.asarray(sizes)[tree_of]
         nodes = np.arange(len(tree_of))
-        left, right, split = (joined[c].astype(np.int64) for c in columns[:3])
-        condition = joined["split_conditions"].astype(np.float32)
         leaf = left == -1
         inner = ~leaf
 
@@ -217,7 +235,7 @@ class TreeEnsemble:
         local = nodes - root_of
         out = leaf & (right != -1)
         out |= inner & ~((left > local) & (left < size_of) & (right > local) & (right < size_of))
-        out |= inner & ((split < 0) | (split >= n_features) | (joined["split_type"] != 0))
+        out |= inner & ((split < 0) | (split >= n_features) | categorical)
         first_out = int(tree_of[np.argmax(out)]) if out.any() else len(sizes)
         # Each node is the child of one node before it (so not the root), or of none: the root,
         # and nodes a pruning left behind (xgboost's `num_deleted`), which no walk from the root
@@ -235,14 +253,16 @@ class TreeEnsemble:
             raise ValueError(f"tree {first_out} has a node that links or splits out of the tree "
                              f"(node {node})")  # fmt: skip
 
-        # Each node's level, from its parent's: as deep as the deepest tree, a step a level.
-        level = np.zeros(len(nodes), dtype=np.int64)
-        while True:
-            deeper = level.copy()
-            deeper[child] = level[parent] + 1
-            if np.array_equal(deeper, level):
-                break
-            level = deeper
+        # Each node's level (its count of ancestors) by pointer jumping: `up` is an ancestor of
+        # the node (-1: none left) `hops` levels up; each round doubles the hops, so that
+        # log2(depth) rounds find every level, however deep a tree.
+        up = np.full(len(nodes), -1)
+        up[child] = parent
+        hops = (up >= 0).astype(np.int64)
+        while (going := np.flatnonzero(up >= 0)).size:
+            ancestor = up[going]
+            hops[going] += hops[ancestor]
+            up[going] = up[ancestor]
         return cls(
             n_features=n_features,
             intercept=intercept,
@@ -253,9 +273,9 @@ class TreeEnsemble:
             ).ravel(),
             feature=np.where(leaf, 0, split),
             threshold=condition,
-            default_left=joined["default_left"].astype(bool),
+            default_left=default_left,
             leaf_value=np.where(leaf, condition, np.float32(0)).astype(np.float32),
-            depth=int(level.max()),
+            depth=int(hops.max()),
         )
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
@@ -278,6 +298,22 @@ class TreeEnsemble:
         terms[:, 1:] = self.leaf_value.take(node)
         # One tree after another, in float32, as XGBoost adds them (cumsum adds in order).
         return np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
+
+
+_COLUMNS = ("left_children", "right_children", "split_indices", "split_conditions",
+            "default_left", "split_type")  # fmt: skip
+
+
+def _tree_columns(number: int, tree: Mapping) -> tuple[np.ndarray, ...]:
+    """Tree `number`'s left and right children and split features (int64), split values
+    (float32), default sides and categorical flags (bool), one value a node; ValueError where
+    its arrays are not its node count long."""
+    size = int(tree["tree_param"]["num_nodes"])
+    arrays = [np.asarray(tree[c]) for c in _COLUMNS]
+    if size < 1 or any(a.shape != (size,) for a in arrays):
+        raise ValueError(f"tree {number} has arrays of other lengths than its {size} nodes")
+    left, right, split = (a.astype(np.int64) for a in arrays[:3])
+    return left, right, split, arrays[3].astype(np.float32), *(a.astype(bool) for a in arrays[4:])
 
 
 def _intercept(base_score: Any) -> np.float32:
