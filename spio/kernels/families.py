@@ -3,11 +3,13 @@
 A family is one kernel source specialised by tile configs. The compile sweep reaches the kernels
 through this table alone; the other users branch on the family's name or pass too, so a new
 family needs more than its entry: its launch arguments and call in `autotune.kernel_inputs` and
-`pass_call`, its features in `perf_model.features` (by pass) and a model file per arch in
-`spio/perf_models`, its bytes in `stats` (by pass), and where spio runs it, its calls in
-`functional._kernels`, `check.run_one` and `spio.bench.run`'s `spio_call`; one whose parameters
+`pass_call`; its features in `perf_model.features` (by pass) and a model file per arch in
+`spio/perf_models`; its bytes in `stats` and its tolerance in `spio.reference.tolerance` (by
+pass); its timed variant in `perf_samples` (WGrad's); its multi-image configs in
+`spio.bench.sanitize`; and where spio runs it, its calls in `functional._kernels`,
+`check.run_one`, `spio.bench.run`'s `spio_call` and `spio.bench.insitu`. One whose parameters
 are not Conv2dGw8Params (on which the `Family` fields are typed) needs its factory in
-`spio.kernels.__init__` and, where one factory serves two families (as conv2d_gw8's serves
+`spio.kernels.__init__` too and, where one factory serves two families (as conv2d_gw8's serves
 FProp and DGrad), `family_of` below.
 """
 

@@ -574,7 +574,8 @@ def test_each_job_of_a_sweep_is_one_log_line_in_the_parent(setting, tmp_path):
 
     script = tmp_path / "script.py"
     script.write_text(_LOGGING_SCRIPT)
-    env = dict(os.environ, SPIO_CACHE_DIR=str(tmp_path / "cache"))
+    # (PYTHONPATH: the script imports this checkout's spio, wherever the installed one is)
+    env = dict(os.environ, SPIO_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
     env.pop("SPIO_LOGGER", None)
     if setting == "SPIO_LOGGER":
         env["SPIO_LOGGER"] = "1"
