@@ -24,7 +24,11 @@ TENSOR_COPY = r"""
 /// `src` is the tensor the map describes (an argument, as on a GPU, so that the emulator knows
 /// its bounds); the map comes before it, as a kernel may take them. `bug`: 0 none, 1 thread 0
 /// reads dst before its wait, 2 the map pointer is 8 bytes off, 3 thread 0 issues the copy
-/// twice before the wait, 4 thread 0 overwrites src[poke] while the copy is in flight.
+/// twice before the wait, 4 thread 0 overwrites src[poke] while the copy is in flight; 5 to 8:
+/// after every thread has read dst, a __syncthreads(), then thread 0 copies the box into dst
+/// again, and out gets it once more: 5 with no fence_proxy_async_shared() before the copy; 6
+/// with thread 0's fence before the barrier; 7 with no fence and the threads writing dst before
+/// the barrier; 8 as spio/thread/bulk_copy.h has it (thread 0 fences after the barrier).
 extern "C" __global__ void box4(unsigned short *out, const __grid_constant__ spio::TensorMap map,
                                 unsigned short *src, int c0, int c1, int c2, int c3, int bytes,
                                 int expect, int offset, int bug, int poke,
@@ -50,8 +54,22 @@ extern "C" __global__ void box4(unsigned short *out, const __grid_constant__ spi
         if (bug == 4) src[poke] = 0;
     }
     spio::mbarrier_wait_parity(&bar, 0);
-    const unsigned short *words = reinterpret_cast<const unsigned short *>(dst);
+    unsigned short *words = reinterpret_cast<unsigned short *>(dst);
     for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) out[i] = words[i];
+    if (bug >= 5) {
+        if (bug == 7) {
+            for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) words[i] = 0;
+        }
+        if (bug == 6 && threadIdx.x == 0) spio::fence_proxy_async_shared();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (bug == 8) spio::fence_proxy_async_shared();
+            spio::mbarrier_arrive_expect_tx(&bar, expect);
+            spio::cp_async_bulk_tensor_4d_g2s(dst, &map, c0, c1, c2, c3, &bar);
+        }
+        spio::mbarrier_wait_parity(&bar, 1);
+        for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) out[i] = words[i];
+    }
 }
 
 /// A struct parameter of 12 bytes, returned field by field: out = {a, b, c}.
@@ -135,8 +153,9 @@ def _swizzled(landing, swizzle):
 
 
 def _run(
-    tc, x, tmap, coords, *, src=None, expect=None, offset=0, bug=0, poke=-1, check=True, moved=0
-):
+    tc, x, tmap, coords, *, src=None, expect=None, offset=0, bug=0, poke=-1, check=True, moved=0,
+    seed=None,
+):  # fmt: skip
     """Launches box4; returns the landed words (flat) and the dynamic buffer's address mod 1024."""
     out = torch.full((tmap.box_bytes // 2,), -1, dtype=torch.int16)
     where = torch.full((1,), -1, dtype=torch.int64)
@@ -153,7 +172,7 @@ def _run(
         where,
     )
     tc.get_function("box4").launch(
-        1, 64, args, shared_mem_bytes=SHARED_BYTES, check=check, shared_offset=moved
+        1, 64, args, shared_mem_bytes=SHARED_BYTES, check=check, shared_offset=moved, seed=seed
     )
     return out, int(where[0])
 
@@ -373,6 +392,33 @@ def test_overwriting_bytes_the_copy_does_not_read_is_no_race(tc):
     want = _box_reference(x.clone(), (8, 6, 1, 1), (2, 1, 2, 1)).flatten()
     got, _ = _run(tc, x, tmap, (2, 1, 2, 1), bug=4, poke=poke)
     assert torch.equal(got, want) and x.view(-1)[poke] == 0
+
+
+@pytest.mark.parametrize(
+    "bug, accessed",
+    [
+        (5, r"thread \([0-9]+,0,0\) read"),
+        (6, r"thread \([1-9][0-9]*,0,0\) read"),
+        (7, r"thread \([0-9]+,0,0\) wrote"),
+    ],
+)
+@pytest.mark.parametrize("seed", [None, 3])
+def test_a_refill_after_plain_accesses_needs_a_proxy_fence(tc, bug, accessed, seed):
+    """A tensor copy into a buffer the threads have read (or written) writes through the async
+    proxy, which their plain accesses are not ordered with unless a fence_proxy_async_shared()
+    comes after them: the issuing thread's, after the barrier that follows the reads, or each
+    writer's own (spio/thread/bulk_copy.h). Without it, or with the fence before the barrier, the
+    emulator refuses the copy; with it, the box lands again."""
+    x = _nhwc(2, 3, 5, 16)
+    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    with pytest.raises(
+        EmulatorError,
+        match=r"thread \(0,0,0\): cp_async_bulk_tensor_4d_g2s issued by thread \(0,0,0\) writes "
+        rf"shared address 0x[0-9a-f]+, which {accessed} with no fence_proxy_async_shared\(\) after",
+    ):
+        _run(tc, x, tmap, (2, 1, 2, 1), bug=bug, seed=seed)
+    got, _ = _run(tc, x, tmap, (2, 1, 2, 1), bug=8, seed=seed)
+    assert torch.equal(got, _box_reference(x.clone(), (8, 6, 1, 1), (2, 1, 2, 1)).flatten())
 
 
 # Structs passed by value: a kernel's `const T` parameter of a trivially copyable class takes its

@@ -166,6 +166,7 @@ struct Fiber {
     uint64_t bulk_committed = 0;    ///< bulk groups committed (cp_async_bulk_commit_group)
     std::vector<BulkStore> stores;  ///< in issue order, so in group order
     uint32_t proxy_fences = 0;      ///< fence_proxy_async_shared calls in this block (checked)
+    uint32_t fence_epoch = 0;       ///< the epoch of its last one (0: none in this block)
 };
 
 /// One warp collective in progress: the lanes it waits for (its mask), those that have arrived.
@@ -581,6 +582,57 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
             s.bulk = 0;
         } else {
             add_access(s.r, f, e, gen);
+        }
+    }
+}
+
+/// Fails where a byte of the `n` shared bytes at arena offset `off` that a bulk store issued by
+/// `f` reads was last written by a thread of this block (a plain store, or its cp.async landing:
+/// the generic proxy) that has not called fence_proxy_async_shared() since: the copy reads
+/// through the async proxy, which may not see that write.
+void check_fenced(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n,
+                  const char *via) {
+    for (std::size_t i = 0; i < n; ++i) {
+        const Shadow &s = g_rt.shadow[off + i];
+        if (s.w_epoch < g_rt.block_epoch0 || s.bulk) continue;  // not this block's, or a landing
+        if (s.w_fences == static_cast<uint16_t>(g_rt.fibers[s.w_tid].proxy_fences)) {
+            fail(f, format("%s issued by %s reads shared address %#lx, which %s wrote with no "
+                           "fence_proxy_async_shared() after: the copy reads through the async "
+                           "proxy, which may not see the write (each writer fences its writes, "
+                           "then a __syncthreads() before the copy)",
+                           via, thread_name(f->tid).c_str(), static_cast<unsigned long>(addr + i),
+                           thread_name(s.w_tid).c_str()));
+        }
+    }
+}
+
+/// Fails where a byte of the `n` shared bytes at arena offset `off` that an async copy issued
+/// by `f` will write (`via`) was last accessed by this block's threads through the generic proxy
+/// with no fence_proxy_async_shared() after, as spio/thread/bulk_copy.h has it: a plain write
+/// whose writer has not fenced since, unless `f` fenced in a later epoch; plain reads, unless
+/// `f` fenced in a later epoch (after the barrier that ends theirs) or, the only reader, in
+/// theirs. The copy writes through the async proxy, which such accesses are not ordered with.
+void check_refill_fenced(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n,
+                         const char *via) {
+    const uint32_t first = g_rt.block_epoch0, fenced = f->fence_epoch;
+    for (std::size_t i = 0; i < n; ++i) {
+        const Shadow &s = g_rt.shadow[off + i];
+        const char *what = nullptr;
+        int tid = 0;
+        if (s.w_epoch >= first && !s.bulk && fenced <= s.w_epoch &&
+            s.w_fences == static_cast<uint16_t>(g_rt.fibers[s.w_tid].proxy_fences)) {
+            what = "wrote", tid = s.w_tid;
+        } else if (s.r.epoch >= first && fenced <= s.r.epoch &&
+                   !(fenced == s.r.epoch && s.r.tid == f->tid)) {
+            what = "read", tid = s.r.tid;
+        }
+        if (what) {
+            fail(f, format("%s issued by %s writes shared address %#lx, which %s %s with no "
+                           "fence_proxy_async_shared() after: the copy writes through the async "
+                           "proxy, unordered with that access (the issuing thread fences after the "
+                           "barrier that follows the reads; a writer may fence its own writes)",
+                           via, thread_name(f->tid).c_str(), static_cast<unsigned long>(addr + i),
+                           tid == kMany ? "threads" : thread_name(tid).c_str(), what));
         }
     }
 }
@@ -1188,6 +1240,7 @@ int run_block() {
         f.bulk_committed = 0;
         f.stores.clear();
         f.proxy_fences = 0;
+        f.fence_epoch = 0;
         init_fiber(f);
     }
     for (int w = 0; w < g_rt.nwarps; ++w) {
@@ -1856,7 +1909,10 @@ void mbarrier_init(unsigned long long *bar, unsigned count) {
 void fence_mbarrier_init() {}  // the emulator's barriers are visible at once
 
 void fence_proxy_async_shared() {
-    if (g_rt.check) ++g_rt.cur->proxy_fences;  // (for the bulk stores' check_fenced)
+    if (g_rt.check) {  // (for check_fenced and check_refill_fenced)
+        ++g_rt.cur->proxy_fences;
+        g_rt.cur->fence_epoch = g_rt.epoch;
+    }
 }
 
 void mbarrier_arrive_expect_tx(unsigned long long *bar, unsigned bytes) {
@@ -1906,6 +1962,7 @@ void start_bulk(Fiber *f, const char *what, char *dst, std::size_t bytes, unsign
             }
         }
         shadow_access(f, reinterpret_cast<uintptr_t>(dst), off, bytes, true, what);
+        check_refill_fenced(f, reinterpret_cast<uintptr_t>(dst), off, bytes, what);
         for (std::size_t i = 0; i < bytes; ++i) {
             g_rt.shadow[off + i].async_tid = static_cast<uint16_t>(f->tid + 1);
         }
@@ -2107,26 +2164,6 @@ void swizzled_run(const TensorMapInfo &t, char *box, uint64_t off, const char *f
         off += take;
         n -= take;
         if (from) from += take;
-    }
-}
-
-/// Fails where a byte of the `n` shared bytes at arena offset `off` that a bulk store issued by
-/// `f` reads was last written by a thread of this block (a plain store, or its cp.async landing:
-/// the generic proxy) that has not called fence_proxy_async_shared() since: the copy reads
-/// through the async proxy, which may not see that write.
-void check_fenced(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n,
-                  const char *via) {
-    for (std::size_t i = 0; i < n; ++i) {
-        const Shadow &s = g_rt.shadow[off + i];
-        if (s.w_epoch < g_rt.block_epoch0 || s.bulk) continue;  // not this block's, or a landing
-        if (s.w_fences == static_cast<uint16_t>(g_rt.fibers[s.w_tid].proxy_fences)) {
-            fail(f, format("%s issued by %s reads shared address %#lx, which %s wrote with no "
-                           "fence_proxy_async_shared() after: the copy reads through the async "
-                           "proxy, which may not see the write (each writer fences its writes, "
-                           "then a __syncthreads() before the copy)",
-                           via, thread_name(f->tid).c_str(), static_cast<unsigned long>(addr + i),
-                           thread_name(s.w_tid).c_str()));
-        }
     }
 }
 
