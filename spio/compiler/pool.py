@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 from collections import deque
 from collections.abc import Sequence
@@ -218,13 +219,18 @@ def _shared_pool(workers: int, most: int) -> ProcessPoolExecutor:
         return _pool
 
 
-def report(job: CompileJob, result: CompileResult | BaseException) -> CompileResult | BaseException:
+def report(
+    job: CompileJob, result: CompileResult | BaseException, waited: float
+) -> CompileResult | BaseException:
     """Logs a worker's result here, as compile_cubin logs one in this process: the worker does
     not (lines_to_parent), where it could reach only the logging SPIO_LOGGER sets up, not a
-    level or handler set in code. Returns `result`."""
+    level or handler set in code. A compiled cubin's time is NVRTC's; a cached one's, `waited`,
+    from the job's hand-over to its result (no job waits in the pool's queue: see _round).
+    Returns `result`."""
     if isinstance(result, CompileResult):
         if result.cached:
-            logger.info("cached %s for %s (in a compile worker)", job.name, job.arch)
+            logger.info("cached %s for %s in %.2f s (in a compile worker)", job.name, job.arch,
+                        waited)  # fmt: skip
         else:
             logger.info("compiled %s for %s in %.2f s (in a compile worker)", job.name, job.arch,
                         result.seconds)  # fmt: skip
@@ -325,12 +331,14 @@ class _Sweep:
             return []
         finished: SimpleQueue[Future] = SimpleQueue()
         running: dict[Future, int] = {}
+        submitted: dict[int, float] = {}  # job index: when it was handed to the pool
         lost: list[int] = []
         broken = False
         try:
             while True:
                 while todo and not broken and len(running) < limit:
                     index = todo.popleft()
+                    submitted[index] = time.perf_counter()
                     try:
                         future = pool.submit(_run, self.jobs[index], self.root)
                     except (BrokenProcessPool, RuntimeError):  # broken, or shut down (e.g. at
@@ -344,7 +352,8 @@ class _Sweep:
                 future = finished.get()
                 index = running.pop(future)
                 try:
-                    self.results[index] = report(self.jobs[index], future.result())
+                    waited = time.perf_counter() - submitted[index]
+                    self.results[index] = report(self.jobs[index], future.result(), waited)
                 except BrokenProcessPool as error:
                     lost.append(index)
                     self.breakage = error
