@@ -76,7 +76,7 @@ constexpr std::size_t kDynGuard = 1024;
 constexpr uint16_t kMany = 0xffff;
 /// Shadow::bulk of the bytes of an initialised mbarrier, which only the mbarrier operations may
 /// touch (on a GPU a plain store or a copy landing there corrupts the barrier's state).
-constexpr uint32_t kBarrierBytes = 0xffffffffu;
+constexpr uint16_t kBarrierBytes = 0xffff;
 constexpr uint16_t kTidMask = 0x7ff;
 constexpr uint16_t kGlobalMany = 0x7ff;
 constexpr uint16_t kWarpMany = 0x400;
@@ -207,16 +207,17 @@ struct Accesses {
 
 /// Race-detection state of one shared-memory byte: the last write (epoch, thread, its warp's
 /// sync generation, and the writer's count of async-proxy fences then) and the reads. `bulk` is
-/// 1 + an index into Runtime::landings when the last write is a bulk copy landing, async_tid 1 +
-/// the thread whose async copy to the byte is still in flight. The atomics' records live apart
-/// (Runtime::atomics): every checked access reads and writes this record, and few kernels make
-/// shared-memory atomics (36 bytes, not 52; with the global records' split, checked launches of
-/// FProp went from ~12% slower than before atomics were checked to ~6%).
+/// 1 + an index into Runtime::landings when the last write is a bulk copy landing (of this
+/// epoch: earlier ones are not looked up), async_tid 1 + the thread whose async copy to the byte
+/// is still in flight. The atomics' records live apart (Runtime::atomics): every checked access
+/// reads and writes this record, and few kernels make shared-memory atomics (32 bytes, not 48;
+/// with the global records' split, checked launches of FProp went from ~12% slower than before
+/// atomics were checked to ~6%).
 struct Shadow {
     uint32_t w_epoch, w_wep;
-    uint32_t bulk;  ///< or kBarrierBytes: one of the 8 bytes of an initialised mbarrier
-    uint16_t w_tid, async_tid;
+    uint16_t bulk;      ///< or kBarrierBytes: one of the 8 bytes of an initialised mbarrier
     uint16_t w_fences;  ///< the writer's Fiber::proxy_fences at the write (its low 16 bits)
+    uint16_t w_tid, async_tid;
     Accesses r;
 };
 
@@ -1123,6 +1124,7 @@ void release_block_barrier() {
     }
     g_rt.block_arrived = 0;
     ++g_rt.epoch;
+    g_rt.landings.clear();  // (a landing is looked up only in its epoch: check_landed)
 }
 
 const char *op_name(Op op) {
@@ -1859,6 +1861,11 @@ MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what) {
 /// become this epoch's last write, visible to the threads that see the phase complete.
 void land(MBarrier &b, uintptr_t addr) {
     if (g_rt.check && !b.copies.empty()) {
+        if (g_rt.landings.size() + 1 >= kBarrierBytes) {
+            fail(g_rt.cur, format("more than %u bulk-copy phases complete between two "
+                                  "__syncthreads(): more than the emulator's checks count",
+                                  kBarrierBytes - 2u));
+        }
         g_rt.landings.push_back({&b, addr, b.completed});
     }
     for (const BulkCopy &c : b.copies) {
@@ -1870,7 +1877,7 @@ void land(MBarrier &b, uintptr_t addr) {
                 s.async_tid = 0;
                 s.w_epoch = g_rt.epoch;
                 s.w_tid = kMany;
-                s.bulk = static_cast<uint32_t>(g_rt.landings.size());
+                s.bulk = static_cast<uint16_t>(g_rt.landings.size());
             }
             count_source(c.src, c.bytes, -1);
         }
