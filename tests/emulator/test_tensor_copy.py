@@ -152,6 +152,12 @@ def _swizzled(landing, swizzle):
     return out
 
 
+def _small_map(box: tuple[int, ...], swizzle: int = 0):
+    """The 2x3x5x16 tensor most tests copy from (_nhwc), and the map of its `box` (c, w, h, n)."""
+    x = _nhwc(2, 3, 5, 16)
+    return x, TensorMap.of_tensor(x, (3, 2, 1, 0), box, swizzle=swizzle)
+
+
 def _run(
     tc, x, tmap, coords, *, src=None, expect=None, offset=0, bug=0, poke=-1, check=True, moved=0,
     seed=None,
@@ -235,8 +241,7 @@ def test_a_map_of_a_view_inside_a_tensor_argument_reads_its_guarded_copy(tc):
 
 
 def test_a_map_into_no_tensor_argument_is_an_out_of_bounds_read(tc):
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     other = _nhwc(2, 3, 5, 16, seed=1)
     with pytest.raises(
         EmulatorError,
@@ -256,8 +261,7 @@ def test_a_box_past_the_tensor_is_reported_when_the_map_overstates_it(tc):
 def test_zeros_count_as_transaction_bytes(tc):
     """A box wholly outside the tensor lands only zeros, and they complete the phase that
     announced the box's bytes (shared memory starts poisoned: 0xff bytes)."""
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (16, 4, 2, 1), swizzle=32)
+    x, tmap = _small_map((16, 4, 2, 1), swizzle=32)
     got, _ = _run(tc, x, tmap, (0, 0, 0, 5))
     assert torch.equal(got, torch.zeros_like(got))
 
@@ -271,8 +275,7 @@ def test_zeros_count_as_transaction_bytes(tc):
     ids=["announced-too-many", "announced-too-few"],
 )
 def test_a_wrong_transaction_count_is_reported(tc, extra, message):
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     with pytest.raises(EmulatorError, match=message):
         _run(tc, x, tmap, (-3, -2, 1, 0), expect=tmap.box_bytes + extra)
 
@@ -298,8 +301,7 @@ def test_a_map_of_another_rank_is_refused(tc):
 
 
 def test_a_misaligned_map_is_refused(tc):
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     with pytest.raises(
         EmulatorError, match=r"the tensor map at 0x[0-9a-f]+ is not 16-byte aligned"
     ):
@@ -307,8 +309,7 @@ def test_a_misaligned_map_is_refused(tc):
 
 
 def test_a_destination_off_128_bytes_is_refused(tc):
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     with pytest.raises(
         EmulatorError,
         match=r"cp_async_bulk_tensor_4d_g2s destination: shared address 0x[0-9a-f]+ is not "
@@ -318,8 +319,7 @@ def test_a_destination_off_128_bytes_is_refused(tc):
 
 
 def test_a_box_running_past_shared_memory_is_refused(tc):
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 2, 1))  # 192 bytes, 128 of them left
+    x, tmap = _small_map((8, 6, 2, 1))  # 192 bytes, 128 of them left
     with pytest.raises(
         EmulatorError,
         match=r"cp_async_bulk_tensor_4d_g2s destination: address 0x[0-9a-f]+ is not inside the "
@@ -330,8 +330,7 @@ def test_a_box_running_past_shared_memory_is_refused(tc):
 
 def test_a_destination_16_bytes_off_128_is_refused_too(tc):
     """A 1-D bulk copy needs 16-byte alignment; a tensor copy needs 128."""
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     with pytest.raises(EmulatorError, match="is not 128-byte aligned"):
         _run(tc, x, tmap, (0, 0, 0, 0), offset=16)
 
@@ -339,8 +338,7 @@ def test_a_destination_16_bytes_off_128_is_refused_too(tc):
 def test_a_swizzled_row_narrower_than_the_span_is_refused(tc):
     """The GPU takes a box inner dim below the swizzle span (the driver's rule), but pads its rows
     in a way spio does not rely on: the emulator refuses it and says so."""
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (16, 4, 1, 1), swizzle=64)
+    x, tmap = _small_map((16, 4, 1, 1), swizzle=64)
     with pytest.raises(
         EmulatorError,
         match=r"a 64-byte swizzle needs a box inner dim of exactly 64 bytes in the emulator, got "
@@ -350,8 +348,7 @@ def test_a_swizzled_row_narrower_than_the_span_is_refused(tc):
 
 
 def test_reading_the_destination_before_the_wait_is_a_stale_read(tc):
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1), swizzle=0)
+    x, tmap = _small_map((8, 6, 1, 1), swizzle=0)
     with pytest.raises(
         EmulatorError,
         match=r"reads shared address 0x[0-9a-f]+, the destination of an async copy \(cp.async or "
@@ -362,8 +359,7 @@ def test_reading_the_destination_before_the_wait_is_a_stale_read(tc):
 
 
 def test_a_copy_onto_one_in_flight_is_refused(tc):
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     with pytest.raises(
         EmulatorError,
         match=r"cp_async_bulk_tensor_4d_g2s to 0x[0-9a-f]+ overlaps an async copy that has not "
@@ -373,8 +369,7 @@ def test_a_copy_onto_one_in_flight_is_refused(tc):
 
 
 def test_overwriting_the_source_of_a_copy_in_flight_is_a_race(tc):
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     poke = (1 * 3 + 2) * 5 * 16 + 3 * 16 + 5  # element (n 1, h 2, w 3, c 5): inside the box
     with pytest.raises(
         EmulatorError,
@@ -386,8 +381,7 @@ def test_overwriting_the_source_of_a_copy_in_flight_is_a_race(tc):
 
 def test_overwriting_bytes_the_copy_does_not_read_is_no_race(tc):
     """The zeros of a box read nothing: a store next to the box's in-bounds part is fine."""
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     poke = (1 * 3 + 2) * 5 * 16 + 3 * 16 + 1  # element (n 1, h 2, w 3, c 1): left of the box
     want = _box_reference(x.clone(), (8, 6, 1, 1), (2, 1, 2, 1)).flatten()
     got, _ = _run(tc, x, tmap, (2, 1, 2, 1), bug=4, poke=poke)
@@ -409,8 +403,7 @@ def test_a_refill_after_plain_accesses_needs_a_proxy_fence(tc, bug, accessed, se
     comes after them: the issuing thread's, after the barrier that follows the reads, or each
     writer's own (spio/thread/bulk_copy.h). Without it, or with the fence before the barrier, the
     emulator refuses the copy; with it, the box lands again."""
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     with pytest.raises(
         EmulatorError,
         match=r"thread \(0,0,0\): cp_async_bulk_tensor_4d_g2s issued by thread \(0,0,0\) writes "
@@ -502,8 +495,7 @@ def test_the_dynamic_buffer_can_start_off_a_1024_byte_boundary(tc, moved):
     """shared_offset starts the dynamic buffer that far past a 1024-byte boundary, as a GPU may
     (it promises 16 bytes): a kernel that does not align its buffer then meets the alignment
     rules (here: a tensor copy to the buffer's start is refused)."""
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     with pytest.raises(EmulatorError, match="is not 128-byte aligned"):
         _run(tc, x, tmap, (0, 0, 0, 0), moved=moved)
     if moved % 128 == 16:
@@ -515,8 +507,7 @@ def test_the_dynamic_buffer_can_start_off_a_1024_byte_boundary(tc, moved):
 
 @pytest.mark.parametrize("moved", [8, 1024, -16, 16.0])
 def test_a_dynamic_buffer_offset_off_16_or_past_1008_is_refused(tc, moved):
-    x = _nhwc(2, 3, 5, 16)
-    tmap = TensorMap.of_tensor(x, (3, 2, 1, 0), (8, 6, 1, 1))
+    x, tmap = _small_map((8, 6, 1, 1))
     with pytest.raises(ValueError, match="shared_offset must be a multiple of 16 in 0..1008, got"):
         _run(tc, x, tmap, (0, 0, 0, 0), moved=moved)
 
