@@ -180,6 +180,32 @@ def test_unsafe_or_foreign_models_are_refused_by_name(damage, message):
         TreeEnsemble.from_model(model)
 
 
+def _damage(tree: dict, damage: str) -> int | None:
+    """Damages `tree` (a model's JSON) as `damage` says; returns the node the refusal names (None
+    for a short array or a missing field)."""
+    if damage == "own child":
+        tree["left_children"][0] = 0
+        return 0
+    if damage == "two parents":
+        tree["right_children"][0] = tree["left_children"][0]
+        return tree["left_children"][0]
+    if damage == "short array":
+        tree["split_type"].pop()
+        return None
+    if damage == "missing field":
+        del tree["default_left"]
+        return None
+    if damage == "leaf child":
+        leaf = tree["left_children"].index(-1)
+        tree["right_children"][leaf] = leaf + 1
+        return leaf
+    if damage == "child far past the end":  # (counted as a parent: a 10^12-entry count)
+        tree["left_children"][0] = 10**12
+    else:  # a negative child
+        tree["right_children"][0] = -5
+    return 0
+
+
 @pytest.mark.parametrize("damage", ["own child", "two parents", "short array", "leaf child"])
 def test_a_damaged_later_tree_is_named(damage):
     """All trees' nodes are checked together: the error names the damaged tree, here the 8th,
@@ -187,17 +213,7 @@ def test_a_damaged_later_tree_is_named(damage):
     trees before the damage read as they are."""
     model = _model_json(SHIPPED[0])
     trees = model["learner"]["gradient_booster"]["model"]["trees"]
-    tree = trees[7]
-    node = None  # the node the message names (a short array has none)
-    if damage == "own child":
-        tree["left_children"][0] = node = 0
-    elif damage == "two parents":
-        tree["right_children"][0] = node = tree["left_children"][0]
-    elif damage == "short array":
-        tree["default_left"].pop()
-    else:
-        node = tree["left_children"].index(-1)
-        tree["right_children"][node] = node + 1
+    node = _damage(trees[7], damage)
     with pytest.raises(ValueError, match=r"^tree 7 has ") as raised:
         TreeEnsemble.from_model(model)
     assert node is None or str(raised.value).endswith(f"(node {node})")
@@ -205,21 +221,6 @@ def test_a_damaged_later_tree_is_named(damage):
     model["learner"]["gradient_booster"]["model"]["gbtree_model_param"]["num_trees"] = "7"
     del model["learner"]["gradient_booster"]["model"]["tree_info"][7:]
     assert len(TreeEnsemble.from_model(model).roots) == 7
-
-
-def _damage(tree: dict, damage: str) -> None:
-    if damage == "own child":
-        tree["left_children"][0] = 0
-    elif damage == "two parents":
-        tree["right_children"][0] = tree["left_children"][0]
-    elif damage == "short array":
-        tree["split_type"].pop()
-    elif damage == "missing field":
-        del tree["default_left"]
-    elif damage == "child far past the end":  # (counted as a parent: a 10^12-entry count)
-        tree["left_children"][0] = 10**12
-    else:  # a negative child
-        tree["right_children"][0] = -5
 
 
 @pytest.mark.parametrize(
@@ -251,7 +252,7 @@ def test_a_tree_of_odd_values_changes_no_other_tree():
     assert np.array_equal(np.delete(got.default_left, in_tree_3), np.delete(want, in_tree_3))
 
 
-def test_a_deep_tree_loads_in_few_rounds():
+def test_a_deep_tree_loads_quickly_and_predicts_by_its_deepest_leaf():
     """A chain of 20,000 splits (each a leaf and a deeper split; no limit on depth in the format)
     has depth 20,000 and predicts by its deepest leaf. Its levels are found by pointer jumping
     (15 rounds); a round a level, as first written, took 6.3 s on a reviewer's run: the bound
