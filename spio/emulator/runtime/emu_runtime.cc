@@ -587,16 +587,22 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
     }
 }
 
+/// Whether shared byte record `s` holds a write by a thread of this block through the generic
+/// proxy (a plain store, or its cp.async landing; not a bulk landing) that its writer has not
+/// called fence_proxy_async_shared() since.
+bool unfenced_write(const Shadow &s) {
+    return s.w_epoch >= g_rt.block_epoch0 && !s.bulk &&
+           s.w_fences == static_cast<uint16_t>(g_rt.fibers[s.w_tid].proxy_fences);
+}
+
 /// Fails where a byte of the `n` shared bytes at arena offset `off` that a bulk store issued by
-/// `f` reads was last written by a thread of this block (a plain store, or its cp.async landing:
-/// the generic proxy) that has not called fence_proxy_async_shared() since: the copy reads
-/// through the async proxy, which may not see that write.
+/// `f` reads holds an unfenced_write: the copy reads through the async proxy, which may not see
+/// that write.
 void check_fenced(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n,
                   const char *via) {
     for (std::size_t i = 0; i < n; ++i) {
         const Shadow &s = g_rt.shadow[off + i];
-        if (s.w_epoch < g_rt.block_epoch0 || s.bulk) continue;  // not this block's, or a landing
-        if (s.w_fences == static_cast<uint16_t>(g_rt.fibers[s.w_tid].proxy_fences)) {
+        if (unfenced_write(s)) {
             fail(f, format("%s issued by %s reads shared address %#lx, which %s wrote with no "
                            "fence_proxy_async_shared() after: the copy reads through the async "
                            "proxy, which may not see the write (each writer fences its writes, "
@@ -620,8 +626,7 @@ void check_refill_fenced(const Fiber *f, uintptr_t addr, std::size_t off, std::s
         const Shadow &s = g_rt.shadow[off + i];
         const char *what = nullptr;
         int tid = 0;
-        if (s.w_epoch >= first && !s.bulk && fenced <= s.w_epoch &&
-            s.w_fences == static_cast<uint16_t>(g_rt.fibers[s.w_tid].proxy_fences)) {
+        if (unfenced_write(s) && fenced <= s.w_epoch) {
             what = "wrote", tid = s.w_tid;
         } else if (s.r.epoch >= first && fenced <= s.r.epoch &&
                    !(fenced == s.r.epoch && s.r.tid == f->tid)) {
