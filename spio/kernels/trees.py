@@ -181,9 +181,8 @@ class TreeEnsemble:
                 raise TypeError(f"tree_info is a {type(outputs).__name__}, not a list")
             if len(outputs) != len(trees):
                 raise ValueError(f"{len(outputs)} trees' outputs named for its {len(trees)} trees")
-            others = [i for i, output in enumerate(outputs) if np.any(np.asarray(output) != 0)]
-            if others:
-                number = others[0]
+            number = next((i for i, o in enumerate(outputs) if np.any(np.asarray(o) != 0)), None)
+            if number is not None:
                 raise ValueError(f"tree {number} of output {outputs[number]!r}, not of the one (0)")
             return cls._of_trees(trees, n_features, intercept)
         except _UNREADABLE as error:
@@ -223,8 +222,9 @@ class TreeEnsemble:
             np.concatenate(column) for column in zip(*trees, strict=True)
         )
         sizes = [len(columns[0]) for columns in trees]
+        roots = np.cumsum(sizes, dtype=np.intp) - sizes
         tree_of = np.repeat(np.arange(len(sizes)), sizes)
-        root_of = (np.cumsum(sizes) - sizes)[tree_of]
+        root_of = roots[tree_of]
         size_of = np.asarray(sizes)[tree_of]
         nodes = np.arange(len(tree_of))
         leaf = left == -1
@@ -266,7 +266,7 @@ class TreeEnsemble:
         return cls(
             n_features=n_features,
             intercept=intercept,
-            roots=np.cumsum(sizes, dtype=np.intp) - sizes,
+            roots=roots,
             children=np.stack(
                 [np.where(leaf, nodes, left + root_of), np.where(leaf, nodes, right + root_of)],
                 axis=1,
