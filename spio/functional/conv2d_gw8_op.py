@@ -285,7 +285,7 @@ def _conv2d_gw8_backward_vmap(info, in_dims, grad_output, input, weight, padding
             for t, wanted in zip(one, mask, strict=True)
         ), tuple(0 if wanted else None for wanted in mask)
     if mask == [True, False, False] and w_dim is None:
-        x = input if x_dim is None else input.select(x_dim, 0)
+        x = _slice(input, x_dim, 0)
         if dy_dim is None:  # a batched input, read for its shape alone: one answer for all
             return conv2d_gw8_backward(grad_output, x, weight, *rest), (None, None, None)
         dy = grad_output.movedim(dy_dim, 0)
