@@ -300,15 +300,12 @@ def keep_in_memory(result: CompileResult) -> None:
 _lines_here = True
 
 
-def lines_to_parent() -> None:
-    """In a compile worker: compile_cubin's "compiled"/"cached" lines are the parent's to log."""
+def as_compile_worker() -> None:
+    """In a compile worker: what compile_cubin would say is its parent's to say. Each job's
+    "compiled"/"cached" line (pool.report), and that the cubin cache folder cannot be written
+    (once, when it keeps the worker's results)."""
     global _lines_here
     _lines_here = False
-
-
-def quiet_unwritable_cache() -> None:
-    """Do not warn in this process that the cubin cache folder cannot be written (a compile
-    worker: its parent warns, once, when it keeps the worker's results)."""
     _cubin_cache.quiet()
 
 

@@ -49,13 +49,7 @@ from ..env import integer
 from ..log import logger
 from .arch import builds_for, check_arch, warn_here_only
 from .cache import cache_root
-from .compile import (
-    CompileResult,
-    compile_cubin,
-    keep_in_memory,
-    lines_to_parent,
-    quiet_unwritable_cache,
-)
+from .compile import CompileResult, as_compile_worker, compile_cubin, keep_in_memory
 
 
 @dataclass(frozen=True)
@@ -170,7 +164,7 @@ def _start_worker() -> None:
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     warn_here_only()  # compile_many warned of an experimental arch in the parent, once
-    lines_to_parent()  # each job's "compiled" line: see report
+    as_compile_worker()  # the parent logs each job's line (report) and an unwritable cache
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
@@ -223,7 +217,7 @@ def report(
     job: CompileJob, result: CompileResult | BaseException, waited: float
 ) -> CompileResult | BaseException:
     """Logs a worker's result here, as compile_cubin logs one in this process: the worker does
-    not (lines_to_parent), where it could reach only the logging SPIO_LOGGER sets up, not a
+    not (as_compile_worker), where it could reach only the logging SPIO_LOGGER sets up, not a
     level or handler set in code. A compiled cubin's time is NVRTC's; a cached one's, `waited`,
     from the job's hand-over to its result (no job waits in the pool's queue: see _round).
     Returns `result`."""
@@ -268,7 +262,6 @@ def _run(job: CompileJob, cache_dir: str | None = None) -> CompileResult | BaseE
     outlives changes to SPIO_CACHE_DIR in the parent, which its workers would not see)."""
     if cache_dir is not None:
         os.environ["SPIO_CACHE_DIR"] = cache_dir
-        quiet_unwritable_cache()
     try:
         return job.run()
     except Exception as error:  # returned, not raised: one bad kernel must not stop a sweep
