@@ -12,7 +12,7 @@ from ..cuda import nvrtc, paths
 from ..cuda.nvrtc import CompileError
 from ..log import logger
 from . import digest
-from .arch import check_arch
+from .arch import check_arch, warn_here_only
 from .cache import DiskCache, hash_key
 
 _cubin_cache = DiskCache("cubin")
@@ -302,11 +302,12 @@ _lines_here = True
 
 def as_compile_worker() -> None:
     """In a compile worker: what compile_cubin would say is its parent's to say. Each job's
-    "compiled"/"cached" line (pool.report), and that the cubin cache folder cannot be written
-    (once, when it keeps the worker's results)."""
+    "compiled"/"cached" line (pool.report), that the cubin cache folder cannot be written (once,
+    when it keeps the worker's results), and that an arch is experimental (compile_many, once)."""
     global _lines_here
     _lines_here = False
     _cubin_cache.quiet()
+    warn_here_only()
 
 
 __all__ = [

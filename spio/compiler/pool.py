@@ -47,7 +47,7 @@ from typing import cast
 
 from ..env import integer
 from ..log import logger
-from .arch import builds_for, check_arch, warn_here_only
+from .arch import builds_for, check_arch
 from .cache import cache_root
 from .compile import CompileResult, as_compile_worker, compile_cubin, keep_in_memory
 
@@ -163,8 +163,7 @@ def _start_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    warn_here_only()  # compile_many warned of an experimental arch in the parent, once
-    as_compile_worker()  # the parent logs each job's line (report) and an unwritable cache
+    as_compile_worker()  # its parent says what compile_cubin would: see report, compile_many
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
