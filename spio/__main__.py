@@ -484,8 +484,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"spio compile: nothing was compiled: {problem}", file=sys.stderr)
         return 2
-    for arch in archs:  # an experimental one warned of now it will be compiled for
-        check_arch(arch)
     # (layer, config) pairs by their family, layer and config, the parts of their kernel's name
     # (a variant only adds a suffix), so that --sample picks as it would among the kernels,
     # generating only the ones it picks.
@@ -611,7 +609,7 @@ def _archs_nvrtc_lacks(archs: list[str]) -> str | None:
 
 def _arch(text: str) -> str:
     """An --arch value spio compiles for; a usage error (exit 2) names the known ones otherwise.
-    (Not warned of as experimental yet: cmd_compile may still refuse it.)"""
+    (Not warned of as experimental here: cmd_compile may still refuse it; compile_many warns.)"""
     from .compiler.arch import check_arch
 
     try:

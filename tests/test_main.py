@@ -731,6 +731,7 @@ def test_compile_for_an_arch_nvrtc_lacks_is_one_error(compiled_jobs, monkeypatch
     kernel a FAILED line with NVRTC's "invalid value for --gpu-architecture"; now one line
     naming the NVRTC and the arch, exit 2, nothing compiled, and no warning first that sm_100
     is experimental (it is not compiled for); where NVRTC has it, the warning comes."""
+    import spio.compiler
     from spio.__main__ import main
     from spio.compiler import arch
     from spio.cuda import nvrtc
@@ -746,6 +747,7 @@ def test_compile_for_an_arch_nvrtc_lacks_is_one_error(compiled_jobs, monkeypatch
     assert not [r for r in caplog.records if "experimental" in r.getMessage()]
 
     monkeypatch.setattr(nvrtc, "supported_archs", lambda: ("sm_90", "sm_100"))
+    monkeypatch.setattr(spio.compiler, "compile_many", spio.compiler.pool.compile_many)
     with caplog.at_level("WARNING", logger="spio"):
         main(["compile", "--arch", "sm_100", "--sample", "1"])
     assert [r for r in caplog.records if "sm_100 is experimental" in r.getMessage()]
