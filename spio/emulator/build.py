@@ -331,12 +331,14 @@ def sweep_build_folders(root: Path | None = None) -> list[Path]:
 
 
 def _process_alive(pid: int) -> bool:
+    """False only where no process `pid` exists (another user's, or a number no PID can be,
+    counts as alive: its folder is kept)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OverflowError):  # another user's (or not a PID at all: kept)
-        return True
+    except (PermissionError, OverflowError):
+        pass
     return True
 
 
