@@ -664,8 +664,8 @@ def _setting_problems() -> list[str]:
     from . import emulator
     from .compiler.pool import default_workers
     from .emulator.build import use_ucontext
-    from .functional._kernels import tensor_copies
     from .kernels.autotune import autotune_enabled, top_k
+    from .kernels.conv2d_gw8_factory import tensor_copies
     from .kernels.kernel import _emulator_order_seed, _emulator_shared_offset
     from .kernels.perf_model import check_models_setting
 

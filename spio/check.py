@@ -364,7 +364,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _tensor_copies_note() -> str:
     """What SPIO_TMA has the check run, where it is set: the kernels spio runs under it."""
-    from .functional._kernels import tensor_copies
+    from .kernels.conv2d_gw8_factory import tensor_copies
 
     loads, stores = tensor_copies()
     if not loads:

@@ -1259,3 +1259,19 @@ def test_version_prints_spios_version():
 
     out = run_spio("--version")
     assert out.returncode == 0 and out.stdout == f"spio {spio.__version__}\n", out
+
+
+def test_settings_are_checked_without_importing_torch():
+    """`spio compile` needs no torch, yet checking the settings before it imported torch (two to
+    three seconds) for SPIO_TMA's parser alone."""
+    code = (
+        "import sys; from spio.__main__ import _setting_problems; "
+        "print(_setting_problems()); print('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, encoding="utf-8", timeout=120,
+        cwd=REPO, env={**os.environ, "SPIO_TMA": "stores"},
+    )  # fmt: skip
+    problems, torch_imported = out.stdout.splitlines()
+    assert "SPIO_TMA" in problems and "'stores'" in problems, out.stdout + out.stderr
+    assert torch_imported == "False"

@@ -29,9 +29,9 @@ from collections.abc import Hashable, Iterable
 import torch
 from torch import Tensor
 
-from spio.env import choice
 from spio.kernels import autotune, conv2d_gw8_factory, conv2d_gw8_params
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
+from spio.kernels.conv2d_gw8_factory import tensor_copies
 from spio.kernels.conv2d_gw8_params import (
     GROUP_WIDTH,
     Conv2dGw8Params,
@@ -135,17 +135,6 @@ def torch_grads(
 # the layers then choose again (the same kernels, unless the settings changed meanwhile).
 _chosen: dict[tuple, Kernel | None] = {}
 MAX_CHOICES = 16384
-
-#: SPIO_TMA's values, and what each moves by tensor copies (sm_90's TMA): (the input rows of
-#: every pass, FProp/DGrad's output rows). Off by default: the H200 has not timed them yet
-#: (docs/perf/2026-12-04-predictions-2.md).
-TENSOR_COPIES = {"off": (False, False), "loads": (True, False), "loads+stores": (True, True)}
-
-
-def tensor_copies() -> tuple[bool, bool]:
-    """(input rows, FProp/DGrad output rows) by tensor copies, as SPIO_TMA says (unset: off);
-    ValueError for a value that is none of TENSOR_COPIES'."""
-    return TENSOR_COPIES[choice("SPIO_TMA", tuple(TENSOR_COPIES))]
 
 
 def with_tensor_copies(kernel: Kernel | None, device: torch.device) -> Kernel | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits, limits_of
+from ..env import choice
 from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
 from .conv2d_gw8_params import Conv2dGw8Params, check_params, check_tensor_bytes, torch_dtype
 from .kernel import Kernel, KernelFactory, entry_symbol
@@ -623,6 +624,19 @@ def with_swizzled_stages(kernel: Kernel) -> Kernel:
     return make_kernel(
         info["params"], info["config"], info["igrad"], info["weights_cl"], info["bias_elem"], True
     )
+
+
+#: SPIO_TMA's values, and what each moves by tensor copies (sm_90's TMA): (the input rows of
+#: every pass, FProp/DGrad's output rows). Off by default: the H200 has not timed them yet
+#: (docs/perf/2026-12-04-predictions-2.md). Read here, where torch is not imported, so that
+#: `spio compile` checking its settings first does not take the seconds torch takes to import.
+TENSOR_COPIES = {"off": (False, False), "loads": (True, False), "loads+stores": (True, True)}
+
+
+def tensor_copies() -> tuple[bool, bool]:
+    """(input rows, FProp/DGrad output rows) by tensor copies, as SPIO_TMA says (unset: off);
+    ValueError for a value that is none of TENSOR_COPIES'."""
+    return TENSOR_COPIES[choice("SPIO_TMA", tuple(TENSOR_COPIES))]
 
 
 def with_tma_stages(kernel: Kernel, stores: bool = False) -> Kernel:
