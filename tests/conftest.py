@@ -51,18 +51,12 @@ os.environ.setdefault("SPIO_EMULATOR_ORDER_SEED", "1")
 MAX_TEST_WORKERS = 8
 
 
-def _cores() -> int:
-    """The CPU cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: a worker per core, at most MAX_TEST_WORKERS."""
-    return min(_cores(), MAX_TEST_WORKERS)
+    from spio.compiler.pool import usable_cores
+
+    return min(usable_cores(), MAX_TEST_WORKERS)
 
 
 def pytest_configure(config):
@@ -76,7 +70,9 @@ def pytest_configure(config):
         import torch
     except ImportError:
         return
-    torch.set_num_threads(max(1, _cores() // int(workers)))
+    from spio.compiler.pool import usable_cores
+
+    torch.set_num_threads(max(1, usable_cores() // int(workers)))
 
 
 @functools.cache

@@ -68,16 +68,18 @@ class CompileJob:
         )
 
 
-def default_workers() -> int:
-    """SPIO_WORKERS (digits; blank counts as unset), else the number of CPU cores this process
-    may use."""
-    workers = integer("SPIO_WORKERS", "a positive integer", lambda value: value >= 1)
-    if workers is not None:
-        return workers
+def usable_cores() -> int:
+    """The number of CPU cores this process may use."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """SPIO_WORKERS (digits; blank counts as unset), else usable_cores()."""
+    workers = integer("SPIO_WORKERS", "a positive integer", lambda value: value >= 1)
+    return usable_cores() if workers is None else workers
 
 
 class WorkerDiedError(RuntimeError):
