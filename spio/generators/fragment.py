@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .spec import (
@@ -53,19 +55,55 @@ _BASE_MEMBERS = [
 ]
 
 
+#: A fragment's row or column dims: one name for the whole axis, or names and extents outermost
+#: first whose product is the axis's length (the matrix index splits as a flat index does).
+AxisDims = str | Mapping[str, int]
+
+
+def _axis_dims(label: str, axis: str, dims: object, length: int) -> tuple[tuple[str, int], ...]:
+    """Checked (name, extent) pairs, outermost first, of a row or column `dims` of `length`."""
+    if isinstance(dims, str):
+        return ((check_dim_name(label, dims), length),)
+    if not isinstance(dims, Mapping) or not dims:
+        raise ValueError(
+            f"{label}: {axis} must be a dim name or a non-empty mapping of names to extents, "
+            f"got {dims!r}"
+        )
+    pairs = []
+    for name, extent in dims.items():
+        check_dim_name(label, name)
+        if isinstance(extent, bool) or not isinstance(extent, int) or extent < 1:
+            raise ValueError(
+                f"{label}: {axis} dim {name!r} needs a positive extent, got {extent!r}"
+            )
+        pairs.append((name, extent))
+    if math.prod(extent for _, extent in pairs) != length:
+        raise ValueError(
+            f"{label}: the {axis} dims' extents {dict(pairs)} must multiply to the fragment's "
+            f"{length} {axis}s"
+        )
+    return tuple(pairs)
+
+
 @dataclass(frozen=True)
 class FragmentSpec:
     """A class `name` deriving from `spio::<fragment_type>` whose row and column dims are named.
 
     C++: `FragmentSpec("Acc", "FragC_m16n8_f32", row="q", col="k")` gives `Acc::q(lane, idx)` and
     `Acc::k(lane, idx)` (the row and column of the lane's element idx) and extents `Acc::Q`,
-    `Acc::K` (the matrix's rows and columns).
+    `Acc::K` (the matrix's rows and columns). A row or column given as a mapping of dims,
+    outermost first, splits it as a flat index: `row={"h": 2, "k": 8}` on a 16-row fragment
+    gives `Acc::h(lane, idx)` (row / 8) and `Acc::k(lane, idx)` (row % 8), with `Acc::H == 2`
+    and `Acc::K == 8`.
     """
 
     name: str
     fragment_type: str
-    row: str
-    col: str
+    row: AxisDims = field(compare=False)
+    col: AxisDims = field(compare=False)
+    # Checked copies of row and col; equality and hashing use them.
+    _rows: tuple[tuple[str, int], ...] = field(init=False, repr=False)
+    _cols: tuple[tuple[str, int], ...] = field(init=False, repr=False)
 
     section: ClassVar[int] = SECTION_DEFINITIONS
 
@@ -77,9 +115,11 @@ class FragmentSpec:
                 f"{label}: unknown fragment type {self.fragment_type!r}; known: "
                 + ", ".join(FRAGMENT_TYPES)
             )
-        check_dim_name(label, self.row)
-        check_dim_name(label, self.col)
-        members = _BASE_MEMBERS + [self.row, self.col, self.row.upper(), self.col.upper()]
+        rows, cols = FRAGMENT_TYPES[self.fragment_type]
+        object.__setattr__(self, "_rows", _axis_dims(label, "row", self.row, rows))
+        object.__setattr__(self, "_cols", _axis_dims(label, "column", self.col, cols))
+        names = [name for name, _ in self._rows + self._cols]
+        members = _BASE_MEMBERS + names + [name.upper() for name in names]
         check_unique_members(label, self.name, members)
 
     @property
@@ -103,25 +143,39 @@ class FragmentSpec:
     def generate(self) -> str:
         """The C++ class."""
         base = f"spio::{self.fragment_type}"
-        rows, cols = self.shape
-        fn = "static SPIO_GEN_FN constexpr int"
-        return "\n".join(
-            [
-                f"/// {base} with rows named {self.row} ({rows}) and columns named {self.col} "
-                f"({cols}).",
-                f"class {self.name} : public {base} {{",
-                "  public:",
-                f"    using fragment_type = {base};",
-                f"    static constexpr int {self.row.upper()} = {rows};",
-                f"    static constexpr int {self.col.upper()} = {cols};",
-                f"    /// Row ({self.row}) of this lane's element idx.",
-                f"    {fn} {self.row}(int lane, int idx) {{",
-                "        return fragment_type::row(lane, idx);",
-                "    }",
-                f"    /// Column ({self.col}) of this lane's element idx.",
-                f"    {fn} {self.col}(int lane, int idx) {{",
-                "        return fragment_type::col(lane, idx);",
-                "    }",
-                "};",
-            ]
-        )
+        lines = [
+            f"/// {base}, rows {_describe(self._rows)}, columns {_describe(self._cols)}.",
+            f"class {self.name} : public {base} {{",
+            "  public:",
+            f"    using fragment_type = {base};",
+        ]
+        lines += [
+            f"    static constexpr int {name.upper()} = {extent};"
+            for name, extent in self._rows + self._cols
+        ]
+        for axis, dims in (("row", self._rows), ("col", self._cols)):
+            stride = math.prod(extent for _, extent in dims)
+            for position, (name, extent) in enumerate(dims):
+                stride //= extent
+                expr = f"fragment_type::{axis}(lane, idx)"
+                if stride > 1:
+                    expr = f"{expr} / {stride}"
+                if position > 0:
+                    expr = f"({expr}) % {extent}" if stride > 1 else f"{expr} % {extent}"
+                what = "Row" if axis == "row" else "Column"
+                whole = f" ({what.lower()}s {_describe(dims)})" if len(dims) > 1 else ""
+                lines += [
+                    f"    /// {what} {name} of this lane's element idx{whole}.",
+                    f"    static SPIO_GEN_FN constexpr int {name}(int lane, int idx) {{",
+                    f"        return {expr};",
+                    "    }",
+                ]
+        lines.append("};")
+        return "\n".join(lines)
+
+
+def _describe(dims: tuple[tuple[str, int], ...]) -> str:
+    """`q (16)` or `h x k (2 x 8)`."""
+    names = " x ".join(name for name, _ in dims)
+    extents = " x ".join(str(extent) for _, extent in dims)
+    return f"{names} ({extents})"

@@ -229,6 +229,34 @@ def test_bad_fragment_dims(row, col):
 
 
 @pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"h": 2, "k": 4}, "must multiply to the fragment's 16 rows"),
+        ({"h": 2, "k": 16}, "must multiply to the fragment's 16 rows"),
+        ({"h": 0, "k": 8}, "row dim 'h' needs a positive extent, got 0"),
+        ({"h": True, "k": 16}, "row dim 'h' needs a positive extent, got True"),
+        ({"h": 2.0, "k": 8}, "row dim 'h' needs a positive extent, got 2.0"),
+        ({"h": 2, "c": 8}, "'c'"),  # the column's name too
+        ({"H": 2, "k": 8}, "lower case"),
+        ({}, "row must be a dim name or a non-empty mapping"),
+        (["h", "k"], "row must be a dim name or a non-empty mapping"),
+        (None, "row must be a dim name or a non-empty mapping"),
+    ],
+)
+def test_bad_split_fragment_dims(row, message):
+    with pytest.raises(ValueError, match=f"FragmentSpec 'F'.*{re.escape(message)}"):
+        FragmentSpec("F", "FragC_m16n8_f32", row=row, col="c")
+
+
+def test_split_fragment_dims_compare_by_value():
+    one = FragmentSpec("F", "FragC_m16n8_f32", row={"h": 2, "k": 8}, col="c")
+    assert one == FragmentSpec("F", "FragC_m16n8_f32", row={"h": 2, "k": 8}, col="c")
+    assert hash(one) == hash(FragmentSpec("F", "FragC_m16n8_f32", row={"h": 2, "k": 8}, col="c"))
+    assert one != FragmentSpec("F", "FragC_m16n8_f32", row={"k": 8, "h": 2}, col="c")
+    assert one != FragmentSpec("F", "FragC_m16n8_f32", row="hk", col="c")
+
+
+@pytest.mark.parametrize(
     "value", ["8", None, 2**31, -(2**31) - 1, float("inf"), float("nan"), [1], 1e300, -1e39, 1e-60]
 )
 def test_bad_param_values(value):

@@ -85,6 +85,51 @@ def test_named_accessors_follow_the_fragment_layout(cxx, seed):
     assert got == expected
 
 
+@pytest.mark.parametrize(
+    "fragment_type, row, col",
+    [
+        ("FragC_m16n8_f32", {"h": 2, "k": 8}, "c"),
+        ("FragC_m16n8_f32", "x", {"k2": 4, "e": 2}),
+        ("FragA_m16n8k16_f16", {"a": 2, "b": 2, "g": 4}, {"t": 2, "u": 8}),
+        ("FragB_m16n8k8_bf16", {"p": 8}, {"k": 1, "c": 8}),
+    ],
+)
+def test_split_dims_decompose_the_row_and_column(cxx, fragment_type, row, col):
+    """Dims given as a mapping are the row's (column's) index split outermost first, as a flat
+    index: their extent constants and accessors for every lane and element."""
+    rows, cols = FRAGMENT_TYPES[fragment_type]
+    spec = FragmentSpec("F", fragment_type, row=row, col=col)
+    row_dims = row if isinstance(row, dict) else {row: rows}
+    col_dims = col if isinstance(col, dict) else {col: cols}
+    names = [*row_dims, *col_dims]
+    body = [f'  static_assert(F::{name.upper()} == {extent}, "{name}");'
+            for name, extent in {**row_dims, **col_dims}.items()]  # fmt: skip
+    calls = ", ".join(f"F::{name}(lane, i)" for name in names)
+    body += [
+        "  for (int lane = 0; lane < 32; ++lane)",
+        f"    for (int i = 0; i < {num_elements(fragment_type)}; ++i)",
+        f'      std::printf("%d %d{" %d" * len(names)}\\n", lane, i, {calls});',
+    ]
+    program = "\n".join(['#include "f.h"', "#include <cstdio>", "int main() {", *body, "}"])
+
+    def split(index: int, dims: dict[str, int]) -> list[int]:
+        parts = []
+        for extent in reversed(dims.values()):
+            parts.append(index % extent)
+            index //= extent
+        assert index == 0
+        return parts[::-1]
+
+    got = cxx.run(program, {"f.h": generate([spec])}).splitlines()
+    want = []
+    for lane in range(32):
+        for idx in range(num_elements(fragment_type)):
+            r, c = reference_layout(fragment_type, lane, idx)
+            values = [lane, idx, *split(r, row_dims), *split(c, col_dims)]
+            want.append(" ".join(map(str, values)))
+    assert got == want
+
+
 def test_every_fragment_type_of_the_spio_header_is_known():
     declared = re.findall(r"^(?:using|struct) (Frag\w+)", FRAGMENTS_H.read_text(), re.MULTILINE)
     assert sorted(FRAGMENT_TYPES) == sorted(declared)
