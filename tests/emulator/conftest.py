@@ -71,7 +71,8 @@ __device__ void ldm_test(unsigned *out, const unsigned short *m) {
         smem[j][(r * 3) % 8][8 * (j % 2) + c] = m[i];
     }
     __syncthreads();
-    const int j = lane / 8, r = lane % 8;
+    // (Lanes 8N and above give no address; theirs wrap around to the N matrices.)
+    const int j = spio::ldmatrix_matrix<N>(lane), r = spio::ldmatrix_row<1>(lane);
     const void *row = &smem[j][(r * 3) % 8][8 * (j % 2)];
     unsigned d[4] = {0, 0, 0, 0};
     if (N == 1 && !TRANS) spio::ldmatrix_x1(reinterpret_cast<unsigned (&)[1]>(d), row);
@@ -103,9 +104,9 @@ extern "C" __global__ void ldm_mma_k16(float *d, const unsigned short *a, const 
     for (int i = lane; i < 128; i += 32) bs[i / 8][i % 8] = b[i];
     __syncthreads();
     unsigned ar[4], br[2];
-    const int j = lane / 8, r = lane % 8;
-    spio::ldmatrix_x4(ar, &as[r + 8 * (j % 2)][8 * (j / 2)]);
-    spio::ldmatrix_x2_trans(br, &bs[lane % 16][0]);
+    // A's matrices: rows 0-7 and 8-15 of columns 0-7, then of columns 8-15.
+    spio::ldmatrix_x4(ar, &as[spio::ldmatrix_row<2>(lane)][8 * (spio::ldmatrix_matrix<4>(lane) / 2)]);
+    spio::ldmatrix_x2_trans(br, &bs[spio::ldmatrix_row<2>(lane)][0]);
     float c[4] = {0.f, 0.f, 0.f, 0.f}, dr[4];
     spio::mma_m16n8k16_f16(dr, ar, br, c);
     const int g = lane >> 2, t = lane & 3;

@@ -15,6 +15,24 @@
 
 namespace spio {
 
+/// The matrix, 0..N-1, whose row address lane `lane` gives to an ldmatrix of N matrices (.xN):
+/// (lane / 8) % N. Lanes 8N and above give no address; theirs wrap around to a matrix of the N.
+template <int N>
+SPIO_HOST_DEVICE constexpr int ldmatrix_matrix(int lane) {
+    static_assert(N == 1 || N == 2 || N == 4, "ldmatrix reads 1, 2 or 4 matrices");
+    return (lane / 8) % N;
+}
+
+/// The row whose address lane `lane` gives to an ldmatrix of N matrices (.xN), counting the
+/// matrices' rows in order (matrix j's rows 0..7 being rows 8j..8j+7): lane % (8 N). So
+/// ldmatrix_row<1> is the row within the lane's own matrix, whatever the N of the load, and
+/// ldmatrix_row<2> the row of a 16-row operand (the A of an m16n8k8) that an .x2 reads.
+template <int N>
+SPIO_HOST_DEVICE constexpr int ldmatrix_row(int lane) {
+    static_assert(N == 1 || N == 2 || N == 4, "ldmatrix reads 1, 2 or 4 matrices");
+    return lane % (8 * N);
+}
+
 /// Loads one 8x8 matrix from shared memory (ldmatrix.sync.aligned.m8n8.x1.shared.b16).
 ///
 /// Parameters:
