@@ -84,6 +84,9 @@
 namespace spio {
 
 /// Delays the start of block `block` by (block % 16) * SPIO_STAGGER_NS ns; nothing by default.
+///
+/// Parameters:
+///   block: the calling block's index, e.g. blockIdx.x.
 SPIO_DEVICE void stagger_start(unsigned block) {
 #if SPIO_STAGGER_NS
     __nanosleep((block % 16) * SPIO_STAGGER_NS);
@@ -92,8 +95,16 @@ SPIO_DEVICE void stagger_start(unsigned block) {
 #endif
 }
 
-/// Stores the 16 bytes `v` at `dst` in global memory: with SPIO_STORE_STREAMING as st.global.cs
-/// (cache streaming, likely read once: evicted first), by default a plain store.
+/// Stores the 16 bytes `v` at `dst` in global memory.
+///
+/// With SPIO_STORE_STREAMING the store is st.global.cs (cache streaming, likely read once:
+/// evicted first), by default a plain store.
+///
+/// Parameters:
+///   dst: the destination, in global memory.
+///   v: the 16 bytes to store.
+/// Assumes:
+///   dst is 16-byte aligned.
 SPIO_DEVICE void store_output_16(void *dst, uint4 v) {
 #if SPIO_STORE_STREAMING && defined(__CUDA_ARCH__)
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"

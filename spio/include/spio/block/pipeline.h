@@ -37,6 +37,9 @@ struct CpAsyncGroups {
     SPIO_DEVICE static void commit() { cp_async_commit_group(); }
 
     /// Waits until at most N of the newest groups are pending.
+    ///
+    /// Parameters:
+    ///   N: the number of newest groups that may remain pending.
     template <int N>
     SPIO_DEVICE static void wait() {
         cp_async_wait_group<N>();
@@ -75,14 +78,20 @@ public:
 
     /// Waits until this thread's copies into read_stage() have landed.
     ///
-    /// Assumes: the loop of the file comment, so that the prologue's commits and one commit per
-    /// step put the group of read_stage() exactly NumStages - 1 groups behind the newest one.
+    /// Assumes:
+    ///   the loop of the file comment, so that the prologue's commits and one commit per step put
+    ///   the group of read_stage() exactly NumStages - 1 groups behind the newest one.
     SPIO_DEVICE void wait_prior() { Groups::template wait<NumStages - 1>(); }
 
     /// Moves read_stage() to the next buffer, after the compute step that read it.
     SPIO_HOST_DEVICE void advance() { read_stage_ = next_stage(read_stage_); }
 
-    /// The buffer after `stage`, cyclically.
+    /// Returns the buffer after `stage`, cyclically.
+    ///
+    /// Parameters:
+    ///   stage: a buffer index, 0 <= stage < NumStages.
+    /// Returns:
+    ///   stage + 1, or 0 after the last buffer.
     SPIO_HOST_DEVICE static constexpr int next_stage(int stage) {
         return stage + 1 == NumStages ? 0 : stage + 1;
     }

@@ -25,7 +25,9 @@ namespace spio {
 ///   gmem_src: generic pointer to the 16-byte aligned source in global memory.
 ///   src_bytes: bytes to read from gmem_src, 0..16; the remaining 16 - src_bytes destination
 ///     bytes are set to zero (0 reads nothing: use it for padding outside the tensor).
-/// Assumes: the data are not read before a cp_async_wait_* covering this copy's group.
+/// Assumes:
+///   the data are not read before a cp_async_wait_* covering this copy's group (and, by other
+///   threads, before a __syncthreads() after that wait).
 template <int L2_PREFETCH = 0>
 SPIO_DEVICE void cp_async_16_if(bool enable, void *smem_dst, const void *gmem_src, int src_bytes) {
     static_assert(L2_PREFETCH == 0 || L2_PREFETCH == 128 || L2_PREFETCH == 256,
@@ -56,7 +58,18 @@ SPIO_DEVICE void cp_async_16_if(bool enable, void *smem_dst, const void *gmem_sr
 #endif
 }
 
-/// cp_async_16_if, always copying.
+/// Starts an asynchronous 16-byte copy from global to shared memory, zero-filling past src_bytes.
+///
+/// This is cp_async_16_if, always copying.
+///
+/// Parameters:
+///   L2_PREFETCH: 0, 128 or 256, the L2 prefetch hint, as for cp_async_16_if.
+///   smem_dst: generic pointer to the 16-byte aligned destination in shared memory.
+///   gmem_src: generic pointer to the 16-byte aligned source in global memory.
+///   src_bytes: bytes to read from gmem_src, 0..16; the rest of the 16 bytes are set to zero.
+/// Assumes:
+///   the data are not read before a cp_async_wait_* covering this copy's group (and, by other
+///   threads, before a __syncthreads() after that wait).
 template <int L2_PREFETCH = 0>
 SPIO_DEVICE void cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes) {
     cp_async_16_if<L2_PREFETCH>(true, smem_dst, gmem_src, src_bytes);
@@ -95,11 +108,23 @@ SPIO_DEVICE void cp_async_wait_all() {
 }
 
 /// Works out, once per block, the part of a thread's row-copy addresses that does not depend on
-/// the row. Thread `thread` (threadIdx.x) handles elements thread + j * THREADS (j < N) of a row
-/// of Idx::size 16-byte elements; for each of them `locate(idx, slot, col)` sets its offset in a
-/// shared-memory slot and its offset in a global row (leaving col at -1 when the element lies
-/// outside the tensor). An element past Idx::size keeps slot = col = -1: the thread has no
-/// element j.
+/// the row.
+///
+/// Thread `thread` handles elements thread + j * THREADS (j < N) of a row of Idx::size 16-byte
+/// elements; for each of them `locate(idx, slot, col)` sets its offset in a shared-memory slot and
+/// its offset in a global row.
+///
+/// Parameters:
+///   Idx: the index type of a row's elements: Idx::size elements, Idx(i) the i-th.
+///   THREADS: the stride between the elements of one thread.
+///   N: the number of elements j a thread handles.
+///   slot: slot[j] receives element j's offset in a shared-memory slot; -1 if the element lies
+///     past Idx::size (the thread has no element j).
+///   col: col[j] receives element j's offset in a global row; -1 if the element lies outside the
+///     tensor (locate leaves it at -1), or past Idx::size.
+///   thread: the calling thread's index (threadIdx.x).
+///   locate: locate(idx, slot, col) sets the offsets of element idx, leaving col at -1 when the
+///     element lies outside the tensor.
 template <typename Idx, int THREADS, int N, typename Locate>
 SPIO_DEVICE void plan_row_16(int (&slot)[N], int (&col)[N], int thread, Locate locate) {
     SPIO_UNROLL
@@ -114,16 +139,33 @@ SPIO_DEVICE void plan_row_16(int (&slot)[N], int (&col)[N], int thread, Locate l
 }
 
 /// Copies one row of 16-byte elements into shared memory with cp_async_16, following a per-thread
-/// plan worked out once (plan_row_16): this thread's element j goes to slot + dst[j] (dst[j] < 0:
-/// the thread has no element j) from base + row_offset + col[j] (col[j] < 0, or !row_inside:
-/// zero-filled, reading nothing; `fallback` is then the in-bounds address the instruction is
-/// given). No commit. L2_PREFETCH as for cp_async_16.
-/// PREDICATED: a missing element j skips its copy through the instruction's predicate
-/// (cp_async_16_if) rather than a branch around it. The branch keeps a loop from reusing the
+/// plan worked out once (plan_row_16).
+///
+/// This thread's element j goes to slot + dst[j] from base + row_offset + col[j]. No commit: the
+/// copies join the thread's next cp_async_commit_group.
+///
+/// A branch around a missing element's copy (PREDICATED false) keeps a loop from reusing the
 /// copy's shared-memory address work across steps (ptxas redoes it under the branch each time);
-/// the predicate lets it, for a few more registers. Which is faster depends on the kernel: the
-/// WGrad kernel takes the predicate (150 -> 132 instructions a step on its 64c 64x64 config, NVRTC
-/// 12.9, sm_90); FProp's loop came out longer on some configs.
+/// the predicate (PREDICATED true) lets it, for a few more registers. Which is faster depends on
+/// the kernel: the WGrad kernel takes the predicate (150 -> 132 instructions a step on its 64c
+/// 64x64 config, NVRTC 12.9, sm_90); FProp's loop came out longer on some configs.
+///
+/// Parameters:
+///   L2_PREFETCH: as for cp_async_16.
+///   PREDICATED: a missing element j skips its copy through the instruction's predicate
+///     (cp_async_16_if) rather than a branch around it.
+///   N: the number of elements j a thread handles, as in plan_row_16.
+///   T: the type of a row's 16-byte elements.
+///   slot: the shared-memory slot the row goes to.
+///   dst: the plan's offsets in the slot (plan_row_16's slot); dst[j] < 0: the thread has no
+///     element j.
+///   col: the plan's offsets in the global row; col[j] < 0: element j is zero-filled, reading
+///     nothing.
+///   base: the global memory that rows are offset from.
+///   row_offset: the row's offset from base.
+///   row_inside: false when the row lies outside the tensor: every element is then zero-filled,
+///     reading nothing.
+///   fallback: the in-bounds address the instruction is given for a zero-filled element.
 template <int L2_PREFETCH = 0, bool PREDICATED = false, int N, typename T>
 SPIO_DEVICE void cp_async_row_16(T *slot, const int (&dst)[N], const int (&col)[N],
                                  const T *base, int row_offset, bool row_inside,
@@ -143,10 +185,23 @@ SPIO_DEVICE void cp_async_row_16(T *slot, const int (&dst)[N], const int (&col)[
     }
 }
 
-/// The same planned row, through registers instead of cp.async (plain loads and stores, no PTX):
-/// load_row_16 loads this thread's elements of a row into `held` (zero where col[j] < 0 or
-/// !row_inside, and for elements the thread does not have), store_row_16 stores them into a slot.
-/// Issuing the loads several steps before the stores keeps rows in flight as cp.async groups do.
+/// Loads this thread's elements of a planned row (plan_row_16) into registers.
+///
+/// The same planned row as cp_async_row_16, through registers instead of cp.async (plain loads
+/// and stores, no PTX): load_row_16 loads this thread's elements of a row into `held`,
+/// store_row_16 stores them into a slot. Issuing the loads several steps before the stores keeps
+/// rows in flight as cp.async groups do.
+///
+/// Parameters:
+///   N: the number of elements j a thread handles, as in plan_row_16.
+///   T: the type of a row's 16-byte elements.
+///   held: held[j] receives element j: zero where col[j] < 0 or !row_inside, and for elements the
+///     thread does not have (dst[j] < 0).
+///   dst: the plan's offsets in the slot; dst[j] < 0: the thread has no element j.
+///   col: the plan's offsets in the global row; col[j] < 0: element j lies outside the tensor.
+///   base: the global memory that rows are offset from.
+///   row_offset: the row's offset from base.
+///   row_inside: false when the row lies outside the tensor (every element is then zero).
 template <int N, typename T>
 SPIO_DEVICE void load_row_16(T (&held)[N], const int (&dst)[N], const int (&col)[N], const T *base,
                              int row_offset, bool row_inside) {
@@ -159,6 +214,14 @@ SPIO_DEVICE void load_row_16(T (&held)[N], const int (&dst)[N], const int (&col)
     }
 }
 
+/// Stores the elements that load_row_16 loaded into a slot in shared memory (plain stores).
+///
+/// Parameters:
+///   N: the number of elements j a thread handles, as in plan_row_16.
+///   T: the type of a row's 16-byte elements.
+///   slot: the shared-memory slot the row goes to; element j goes to slot + dst[j].
+///   dst: the plan's offsets in the slot; dst[j] < 0: the thread has no element j, and stores none.
+///   held: the elements that load_row_16 loaded.
 template <int N, typename T>
 SPIO_DEVICE void store_row_16(T *slot, const int (&dst)[N], const T (&held)[N]) {
     SPIO_UNROLL

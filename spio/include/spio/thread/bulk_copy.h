@@ -36,9 +36,14 @@ namespace spio {
 #error "spio/thread/bulk_copy.h needs sm_90 or newer (cp.async.bulk and mbarrier tx-counts)"
 #endif
 
-/// Initialises the mbarrier at `bar` (8-byte aligned shared memory) for `count` arrivals per phase;
-/// its first phase has parity 0. Make it visible with fence_mbarrier_init() and a barrier before
-/// other threads use it.
+/// Initialises the mbarrier at `bar` for `count` arrivals per phase; its first phase has parity 0.
+///
+/// Parameters:
+///   bar: the mbarrier, in shared memory.
+///   count: the arrivals that complete each phase.
+/// Assumes:
+///   bar is 8-byte aligned. Make it visible with fence_mbarrier_init() and a barrier before other
+///   threads use it.
 SPIO_DEVICE void mbarrier_init(unsigned long long *bar, unsigned count) {
 #if defined(__CUDA_ARCH__)
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
@@ -58,8 +63,10 @@ SPIO_DEVICE void fence_mbarrier_init() {
 }
 
 /// Orders this thread's earlier shared-memory accesses (and those it synchronised with) before
-/// later bulk copies, its own and, after a barrier, other threads': issue it before refilling a
-/// buffer that threads have read, and after writing a buffer that a bulk copy will read.
+/// later bulk copies, its own and, after a barrier, other threads'.
+///
+/// Issue it before refilling a buffer that threads have read, and after writing a buffer that a
+/// bulk copy will read.
 SPIO_DEVICE void fence_proxy_async_shared() {
 #if defined(__CUDA_ARCH__)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -69,6 +76,10 @@ SPIO_DEVICE void fence_proxy_async_shared() {
 }
 
 /// Arrives on `bar` once and announces `bytes` more bytes of bulk copies for its current phase.
+///
+/// Parameters:
+///   bar: the mbarrier, in shared memory.
+///   bytes: how many more bytes of bulk copies the current phase waits for.
 SPIO_DEVICE void mbarrier_arrive_expect_tx(unsigned long long *bar, unsigned bytes) {
 #if defined(__CUDA_ARCH__)
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
@@ -83,8 +94,16 @@ SPIO_DEVICE void mbarrier_arrive_expect_tx(unsigned long long *bar, unsigned byt
 #endif
 }
 
-/// Starts copying `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte
-/// aligned) in one bulk copy; the bytes count towards the current phase of `bar`.
+/// Starts copying `bytes` from global `src` to shared `dst` in one bulk copy.
+///
+/// Parameters:
+///   dst: the destination, in shared memory.
+///   src: the source, in global memory.
+///   bytes: the number of bytes, a multiple of 16; they count towards the current phase of `bar`.
+///   bar: the mbarrier, in shared memory, that tracks the copy's completion.
+/// Assumes:
+///   dst and src are both 16-byte aligned. dst holds stale data until a wait on the copy's phase
+///   returns.
 SPIO_DEVICE void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes,
                                    unsigned long long *bar) {
 #if defined(__CUDA_ARCH__)
@@ -102,8 +121,14 @@ SPIO_DEVICE void cp_async_bulk_g2s(void *dst, const void *src, unsigned bytes,
 #endif
 }
 
-/// True once the phase of `bar` with parity `parity` has completed (its copies' data are then
-/// visible to the calling thread); false if it has not yet, after waiting a little.
+/// Tests whether the phase of `bar` with parity `parity` has completed, waiting a little if not.
+///
+/// Parameters:
+///   bar: the mbarrier, in shared memory.
+///   parity: the parity of the phase (0 for the barrier's first phase, then 1, 0, ...).
+/// Returns:
+///   true once the phase has completed (its copies' data are then visible to the calling thread);
+///   false if it has not yet, after waiting a little.
 SPIO_DEVICE bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned parity) {
 #if defined(__CUDA_ARCH__)
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(bar));
@@ -123,8 +148,13 @@ SPIO_DEVICE bool mbarrier_try_wait_parity(unsigned long long *bar, unsigned pari
 #endif
 }
 
-/// The shared-memory address of `p` (a pointer into shared memory): the address tensor copies
-/// swizzle by. (The emulator's shared memory is host memory: its low bits stand for it.)
+/// Returns the shared-memory address of `p`: the address tensor copies swizzle by.
+///
+/// Parameters:
+///   p: a pointer into shared memory.
+/// Returns:
+///   the shared-memory address of p. (The emulator's shared memory is host memory: its low bits
+///   stand for it.)
 SPIO_DEVICE unsigned shared_address(const void *p) {
 #if defined(__CUDA_ARCH__)
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -133,10 +163,20 @@ SPIO_DEVICE unsigned shared_address(const void *p) {
 #endif
 }
 
-/// `p` (into shared memory, 16-byte aligned) moved up to the next multiple of ALIGN bytes of
-/// shared-memory address, e.g. to a swizzle's repeat (a GPU promises dynamic shared memory 16
-/// bytes). An offset from `p`, not an address made from an integer, so that the compiler still
-/// knows that accesses through it are to shared memory.
+/// Returns `p` moved up to the next multiple of ALIGN bytes of shared-memory address.
+///
+/// E.g. to a swizzle's repeat (a GPU promises dynamic shared memory 16 bytes).
+///
+/// Parameters:
+///   ALIGN: the alignment in bytes, a multiple of 16 and of sizeof(T).
+///   T: the element type of p.
+///   p: a pointer into shared memory.
+/// Returns:
+///   p plus (ALIGN - shared_address(p) % ALIGN) % ALIGN bytes (p itself when already aligned).
+///   An offset from `p`, not an address made from an integer, so that the compiler still knows
+///   that accesses through it are to shared memory.
+/// Assumes:
+///   p is 16-byte aligned.
 template <unsigned ALIGN, class T>
 SPIO_DEVICE T *align_shared(T *p) {
     static_assert(ALIGN % 16 == 0 && ALIGN % sizeof(T) == 0, "align_shared: ALIGN of whole T");
@@ -150,10 +190,18 @@ struct alignas(64) TensorMap {
     unsigned long long words[16];
 };
 
-/// Starts copying the box of `map` at element coordinates (c0, c1, c2, c3), innermost first, to
-/// shared `dst` (128-byte aligned; with a swizzled map, aligned to the swizzle's 8-span repeat so
-/// that the pattern starts at dst): elements outside the tensor land as zeros, negative coordinates
-/// included, and all the box's bytes count towards the current phase of `bar`.
+/// Starts copying the box of `map` at element coordinates (c0, c1, c2, c3) to shared `dst`.
+///
+/// Elements outside the tensor land as zeros, negative coordinates included.
+///
+/// Parameters:
+///   dst: the destination, in shared memory.
+///   map: the tensor map (see TensorMap).
+///   c0, c1, c2, c3: the box's element coordinates, innermost first.
+///   bar: the mbarrier, in shared memory; all the box's bytes count towards its current phase.
+/// Assumes:
+///   dst is 128-byte aligned; with a swizzled map, aligned to the swizzle's 8-span repeat so that
+///   the pattern starts at dst.
 SPIO_DEVICE void cp_async_bulk_tensor_4d_g2s(void *dst, const TensorMap *map, int c0, int c1,
                                              int c2, int c3, unsigned long long *bar) {
 #if defined(__CUDA_ARCH__)
@@ -172,12 +220,21 @@ SPIO_DEVICE void cp_async_bulk_tensor_4d_g2s(void *dst, const TensorMap *map, in
 #endif
 }
 
-/// Starts copying the box of `map` at element coordinates (c0, c1, c2, c3), innermost first, from
-/// shared `src` (laid out, aligned and swizzled as cp_async_bulk_tensor_4d_g2s lands a box) to
-/// the tensor: elements outside the tensor are not written. The copy joins this thread's open bulk
-/// group (cp_async_bulk_commit_group closes it). The threads that wrote `src` must each have
-/// ordered their writes before it with fence_proxy_async_shared() and a barrier; `src` must not be
-/// written again before cp_async_bulk_wait_group_read has waited for the copy's group.
+/// Starts copying the box of `map` at element coordinates (c0, c1, c2, c3) from shared `src` to
+/// the tensor.
+///
+/// Elements outside the tensor are not written. The copy joins this thread's open bulk group
+/// (cp_async_bulk_commit_group closes it).
+///
+/// Parameters:
+///   map: the tensor map (see TensorMap).
+///   c0, c1, c2, c3: the box's element coordinates, innermost first.
+///   src: the box in shared memory, laid out, aligned and swizzled as cp_async_bulk_tensor_4d_g2s
+///     lands a box.
+/// Assumes:
+///   the threads that wrote `src` have each ordered their writes before it with
+///   fence_proxy_async_shared() and a barrier; `src` is not written again before
+///   cp_async_bulk_wait_group_read has waited for the copy's group.
 SPIO_DEVICE void cp_async_bulk_tensor_4d_s2g(const TensorMap *map, int c0, int c1, int c2, int c3,
                                              const void *src) {
 #if defined(__CUDA_ARCH__)
@@ -206,7 +263,12 @@ SPIO_DEVICE void cp_async_bulk_commit_group() {
 }
 
 /// Waits until at most N of this thread's newest committed bulk groups still read their shared
-/// memory: the older groups' sources may be written again (after a barrier, by other threads).
+/// memory.
+///
+/// The older groups' sources may then be written again (after a barrier, by other threads).
+///
+/// Parameters:
+///   N: the number of newest groups that may still be reading, N >= 0.
 template <int N>
 SPIO_DEVICE void cp_async_bulk_wait_group_read() {
     static_assert(N >= 0, "cp_async_bulk_wait_group_read needs N >= 0");
@@ -217,8 +279,12 @@ SPIO_DEVICE void cp_async_bulk_wait_group_read() {
 #endif
 }
 
-/// Waits until at most N of this thread's newest committed bulk groups are incomplete: the older
-/// groups have also written global memory.
+/// Waits until at most N of this thread's newest committed bulk groups are incomplete.
+///
+/// The older groups have then also written global memory.
+///
+/// Parameters:
+///   N: the number of newest groups that may still be incomplete, N >= 0.
 template <int N>
 SPIO_DEVICE void cp_async_bulk_wait_group() {
     static_assert(N >= 0, "cp_async_bulk_wait_group needs N >= 0");
@@ -230,24 +296,41 @@ SPIO_DEVICE void cp_async_bulk_wait_group() {
 }
 
 /// Waits until the phase of `bar` with parity `parity` has completed.
+///
+/// Parameters:
+///   bar: the mbarrier, in shared memory.
+///   parity: the parity of the phase, as for mbarrier_try_wait_parity.
 SPIO_DEVICE void mbarrier_wait_parity(unsigned long long *bar, unsigned parity) {
     while (!mbarrier_try_wait_parity(bar, parity)) {
     }
 }
 
-/// COUNT mbarriers at `bars` (8-byte aligned shared memory), one per buffer that copies fill,
-/// each completing a phase when its buffer's copies have landed; and, per thread, the parity of
-/// the phase it waits for next on each (bit b). Every thread must wait for every fill of a
-/// buffer, in order: buffer b's k-th fill is then its phase of parity k % 2.
+/// COUNT mbarriers at `bars`, one per buffer that copies fill, with each thread's next parities.
+///
+/// Each barrier completes a phase when its buffer's copies have landed; per thread, bit b holds
+/// the parity of the phase it waits for next on barrier b.
+///
+/// Parameters:
+///   COUNT: the number of buffers, 1 to 32.
+/// Assumes:
+///   the barriers are 8-byte aligned shared memory. Every thread waits for every fill of a
+///   buffer, in order: buffer b's k-th fill is then its phase of parity k % 2.
 template <int COUNT>
 class BufferBarriers {
   public:
     static_assert(COUNT >= 1 && COUNT <= 32, "BufferBarriers keeps one parity bit a barrier");
+    /// Uses the COUNT mbarriers at `bars`; the thread waits first for each one's phase of parity 0.
+    ///
+    /// Parameters:
+    ///   bars: the first of COUNT consecutive mbarriers, 8-byte aligned in shared memory.
     SPIO_DEVICE explicit BufferBarriers(unsigned long long *bars) : bars_(bars) {}
     /// The barrier of buffer b (for mbarrier_arrive_expect_tx and the copies).
     SPIO_DEVICE unsigned long long *operator[](int b) const { return bars_ + b; }
-    /// (One thread.) Initialises the barriers for one arrival a phase and orders that before the
-    /// copies this thread issues next (and, after a barrier, before the other threads' waits).
+    /// Initialises the barriers for one arrival a phase and orders that before the copies this
+    /// thread issues next (and, after a barrier, before the other threads' waits).
+    ///
+    /// Assumes:
+    ///   one thread calls it.
     SPIO_DEVICE void init() const {
         for (int b = 0; b < COUNT; ++b) {
             mbarrier_init(bars_ + b, 1);
@@ -256,6 +339,9 @@ class BufferBarriers {
         fence_proxy_async_shared();
     }
     /// Waits until buffer b's next fill has landed.
+    ///
+    /// Parameters:
+    ///   b: the buffer, 0 <= b < COUNT.
     SPIO_DEVICE void wait(int b) {
         mbarrier_wait_parity(bars_ + b, (phases_ >> b) & 1);
         phases_ ^= 1u << b;

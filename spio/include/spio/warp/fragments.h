@@ -140,6 +140,9 @@ struct OperandFragment {
     SPIO_HOST_DEVICE static constexpr int col(int lane, int idx) { return Layout::col(lane, idx); }
 
     /// Sets every element of the fragment to `value`.
+    ///
+    /// Parameters:
+    ///   value: the element stored in every position.
     SPIO_HOST_DEVICE void fill(element_type value) {
         const unsigned bits = bits_of(value);
         for (int i = 0; i < num_regs; ++i) {
@@ -147,15 +150,29 @@ struct OperandFragment {
         }
     }
 
-    /// Sets register i from two elements: lo becomes element 2i, hi element 2i + 1.
+    /// Sets register i from two elements.
+    ///
+    /// Parameters:
+    ///   i: the register, 0 <= i < num_regs.
+    ///   lo: becomes element 2i (the low half of reg[i]).
+    ///   hi: becomes element 2i + 1 (the high half).
     SPIO_HOST_DEVICE void set_reg(int i, element_type lo, element_type hi) {
         reg[i] = bits_of(lo) | (bits_of(hi) << 16);
     }
 
-    /// Sets register i from a pair: pair.x becomes element 2i, pair.y element 2i + 1.
+    /// Sets register i from a pair.
+    ///
+    /// Parameters:
+    ///   i: the register, 0 <= i < num_regs.
+    ///   pair: pair.x becomes element 2i, pair.y element 2i + 1.
     SPIO_HOST_DEVICE void set_reg(int i, pair_type pair) { set_reg(i, pair.x, pair.y); }
 
-    /// Returns register i as a pair (.x is element 2i, .y element 2i + 1).
+    /// Returns register i as a pair.
+    ///
+    /// Parameters:
+    ///   i: the register, 0 <= i < num_regs.
+    /// Returns:
+    ///   the pair: .x is element 2i, .y element 2i + 1.
     SPIO_HOST_DEVICE pair_type get_reg(int i) const {
         pair_type pair;
         pair.x = from_bits<element_type>(reg[i]);
@@ -163,7 +180,12 @@ struct OperandFragment {
         return pair;
     }
 
-    /// Returns element idx (0 <= idx < num_elements) of the lane's fragment.
+    /// Returns element idx of the lane's fragment.
+    ///
+    /// Parameters:
+    ///   idx: the element, 0 <= idx < num_elements.
+    /// Returns:
+    ///   element idx (the low half of reg[idx / 2] for even idx, the high half for odd).
     SPIO_HOST_DEVICE element_type get(int idx) const {
         return from_bits<element_type>(reg[idx >> 1] >> ((idx & 1) * 16));
     }
@@ -171,7 +193,14 @@ struct OperandFragment {
 
 }  // namespace detail
 
-/// Two floats rounded to nearest and packed in a pair of Element (.x = lo, .y = hi).
+/// Packs two floats, rounded to nearest, in a pair of Element.
+///
+/// Parameters:
+///   Element: __half or __nv_bfloat16.
+///   lo: the value of .x.
+///   hi: the value of .y.
+/// Returns:
+///   the pair (__half2 or __nv_bfloat162): .x = lo, .y = hi, each rounded to nearest.
 template <typename Element>
 SPIO_HOST_DEVICE typename detail::PairOf<Element>::type pack_pair(float lo, float hi);
 
@@ -185,7 +214,12 @@ SPIO_HOST_DEVICE __nv_bfloat162 pack_pair<__nv_bfloat16>(float lo, float hi) {
     return __floats2bfloat162_rn(lo, hi);
 }
 
-/// A pair of fp16, bf16 or fp32 values as two floats (.x, .y), exactly.
+/// Converts a pair of fp16, bf16 or fp32 values to two floats, exactly.
+///
+/// Parameters:
+///   pair: a __half2, __nv_bfloat162 or float2 (one overload each).
+/// Returns:
+///   the two values as floats (.x, .y), exactly.
 SPIO_HOST_DEVICE float2 unpack_pair(__half2 pair) { return __half22float2(pair); }
 SPIO_HOST_DEVICE float2 unpack_pair(__nv_bfloat162 pair) { return __bfloat1622float2(pair); }
 SPIO_HOST_DEVICE float2 unpack_pair(float2 pair) { return pair; }
@@ -227,6 +261,9 @@ struct FragC_m16n8_f32 {
     }
 
     /// Sets every element to `value`.
+    ///
+    /// Parameters:
+    ///   value: the value stored in every element.
     SPIO_HOST_DEVICE void fill(float value) {
         for (int i = 0; i < num_regs; ++i) {
             reg[i] = value;
@@ -236,7 +273,7 @@ struct FragC_m16n8_f32 {
     /// Sets every element to 0 (before the first mma).
     SPIO_HOST_DEVICE void zero() { fill(0.0f); }
 
-    /// Elements 2i and 2i + 1 (row row(lane, 2i), columns 2t and 2t + 1) rounded to a __half2.
+    /// Returns elements 2i and 2i + 1 (row row(lane, 2i), columns 2t and 2t + 1) as a __half2.
     ///
     /// Parameters:
     ///   i: pair index, 0 (row g) or 1 (row g + 8).
@@ -246,7 +283,12 @@ struct FragC_m16n8_f32 {
         return __floats2half2_rn(reg[2 * i], reg[2 * i + 1]);
     }
 
-    /// Elements 2i and 2i + 1 rounded to a __nv_bfloat162 (.x = element 2i), as to_half2.
+    /// Returns elements 2i and 2i + 1 rounded to a __nv_bfloat162, as to_half2.
+    ///
+    /// Parameters:
+    ///   i: pair index, 0 (row g) or 1 (row g + 8).
+    /// Returns:
+    ///   .x = element 2i, .y = element 2i + 1, rounded to nearest even.
     SPIO_HOST_DEVICE __nv_bfloat162 to_bfloat162(int i) const {
         return __floats2bfloat162_rn(reg[2 * i], reg[2 * i + 1]);
     }

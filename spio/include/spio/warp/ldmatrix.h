@@ -15,18 +15,31 @@
 
 namespace spio {
 
-/// The matrix, 0..N-1, whose row address lane `lane` gives to an ldmatrix of N matrices (.xN):
-/// (lane / 8) % N. Lanes 8N and above give no address; theirs wrap around to a matrix of the N.
+/// Returns the matrix whose row address lane `lane` gives to an ldmatrix of N matrices (.xN).
+///
+/// Parameters:
+///   N: the number of matrices of the load, 1, 2 or 4.
+///   lane: the lane's index in the warp.
+/// Returns:
+///   the matrix, 0..N-1: (lane / 8) % N. Lanes 8N and above give no address; theirs wrap around
+///   to a matrix of the N.
 template <int N>
 SPIO_HOST_DEVICE constexpr int ldmatrix_matrix(int lane) {
     static_assert(N == 1 || N == 2 || N == 4, "ldmatrix reads 1, 2 or 4 matrices");
     return (lane / 8) % N;
 }
 
-/// The row whose address lane `lane` gives to an ldmatrix of N matrices (.xN), counting the
-/// matrices' rows in order (matrix j's rows 0..7 being rows 8j..8j+7): lane % (8 N). So
+/// Returns the row whose address lane `lane` gives to an ldmatrix of N matrices (.xN).
+///
+/// The matrices' rows are counted in order (matrix j's rows 0..7 being rows 8j..8j+7). So
 /// ldmatrix_row<1> is the row within the lane's own matrix, whatever the N of the load, and
 /// ldmatrix_row<2> the row of a 16-row operand (the A of an m16n8k8) that an .x2 reads.
+///
+/// Parameters:
+///   N: the number of matrices whose rows are counted, 1, 2 or 4.
+///   lane: the lane's index in the warp.
+/// Returns:
+///   the row, counted over the N matrices: lane % (8 N).
 template <int N>
 SPIO_HOST_DEVICE constexpr int ldmatrix_row(int lane) {
     static_assert(N == 1 || N == 2 || N == 4, "ldmatrix reads 1, 2 or 4 matrices");
@@ -38,6 +51,8 @@ SPIO_HOST_DEVICE constexpr int ldmatrix_row(int lane) {
 /// Parameters:
 ///   d: d[j] receives the lane's two elements of matrix j.
 ///   row_ptr: this lane's row address in shared memory (see the file comment).
+/// Assumes:
+///   every lane of the warp calls it together; each row is 16-byte aligned in shared memory.
 SPIO_DEVICE void ldmatrix_x1(unsigned (&d)[1], const void *row_ptr) {
 #if defined(__CUDA_ARCH__)
     const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
@@ -54,6 +69,8 @@ SPIO_DEVICE void ldmatrix_x1(unsigned (&d)[1], const void *row_ptr) {
 /// Parameters:
 ///   d: d[j] receives the lane's two elements of matrix j.
 ///   row_ptr: this lane's row address in shared memory (see the file comment).
+/// Assumes:
+///   every lane of the warp calls it together; each row is 16-byte aligned in shared memory.
 SPIO_DEVICE void ldmatrix_x2(unsigned (&d)[2], const void *row_ptr) {
 #if defined(__CUDA_ARCH__)
     const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
@@ -70,6 +87,8 @@ SPIO_DEVICE void ldmatrix_x2(unsigned (&d)[2], const void *row_ptr) {
 /// Parameters:
 ///   d: d[j] receives the lane's two elements of matrix j.
 ///   row_ptr: this lane's row address in shared memory (see the file comment).
+/// Assumes:
+///   every lane of the warp calls it together; each row is 16-byte aligned in shared memory.
 SPIO_DEVICE void ldmatrix_x4(unsigned (&d)[4], const void *row_ptr) {
 #if defined(__CUDA_ARCH__)
     const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
@@ -87,6 +106,8 @@ SPIO_DEVICE void ldmatrix_x4(unsigned (&d)[4], const void *row_ptr) {
 /// Parameters:
 ///   d: d[j] receives the lane's two elements of matrix j transposed.
 ///   row_ptr: this lane's row address in shared memory (see the file comment).
+/// Assumes:
+///   every lane of the warp calls it together; each row is 16-byte aligned in shared memory.
 SPIO_DEVICE void ldmatrix_x1_trans(unsigned (&d)[1], const void *row_ptr) {
 #if defined(__CUDA_ARCH__)
     const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
@@ -104,6 +125,8 @@ SPIO_DEVICE void ldmatrix_x1_trans(unsigned (&d)[1], const void *row_ptr) {
 /// Parameters:
 ///   d: d[j] receives the lane's two elements of matrix j transposed.
 ///   row_ptr: this lane's row address in shared memory (see the file comment).
+/// Assumes:
+///   every lane of the warp calls it together; each row is 16-byte aligned in shared memory.
 SPIO_DEVICE void ldmatrix_x2_trans(unsigned (&d)[2], const void *row_ptr) {
 #if defined(__CUDA_ARCH__)
     const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));
@@ -121,6 +144,8 @@ SPIO_DEVICE void ldmatrix_x2_trans(unsigned (&d)[2], const void *row_ptr) {
 /// Parameters:
 ///   d: d[j] receives the lane's two elements of matrix j transposed.
 ///   row_ptr: this lane's row address in shared memory (see the file comment).
+/// Assumes:
+///   every lane of the warp calls it together; each row is 16-byte aligned in shared memory.
 SPIO_DEVICE void ldmatrix_x4_trans(unsigned (&d)[4], const void *row_ptr) {
 #if defined(__CUDA_ARCH__)
     const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_ptr));

@@ -11,13 +11,15 @@
 
 namespace spio {
 
-/// D (16x8 f32) = A (16x8 f16, row major) * B (8x8 f16, column major) + C (16x8 f32).
+/// Computes D (16x8 f32) = A (16x8 f16, row major) * B (8x8 f16, column major) + C (16x8 f32).
 ///
 /// Parameters:
-///   d: the lane's 4 accumulator elements of the result.
+///   d: the lane's 4 accumulator elements of the result (may be the same array as c).
 ///   a: the lane's 2 registers of A (4 halves).
 ///   b: the lane's register of B (2 halves).
 ///   c: the lane's 4 accumulator elements of the addend.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 SPIO_DEVICE void mma_m16n8k8_f16(float (&d)[4], const unsigned (&a)[2], unsigned b,
                                  const float (&c)[4]) {
 #if defined(__CUDA_ARCH__)
@@ -31,9 +33,17 @@ SPIO_DEVICE void mma_m16n8k8_f16(float (&d)[4], const unsigned (&a)[2], unsigned
 #endif
 }
 
-/// D (16x8 f32) = A (16x8 bf16, row major) * B (8x8 bf16, column major) + C (16x8 f32).
+/// Computes D (16x8 f32) = A (16x8 bf16, row major) * B (8x8 bf16, column major) + C (16x8 f32).
 ///
-/// Parameters are those of mma_m16n8k8_f16, with bfloat16 elements in a and b.
+/// The parameters are those of mma_m16n8k8_f16, with bfloat16 elements in a and b.
+///
+/// Parameters:
+///   d: the lane's 4 accumulator elements of the result (may be the same array as c).
+///   a: the lane's 2 registers of A (4 bfloat16 elements).
+///   b: the lane's register of B (2 bfloat16 elements).
+///   c: the lane's 4 accumulator elements of the addend.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 SPIO_DEVICE void mma_m16n8k8_bf16(float (&d)[4], const unsigned (&a)[2], unsigned b,
                                   const float (&c)[4]) {
 #if defined(__CUDA_ARCH__)
@@ -47,13 +57,15 @@ SPIO_DEVICE void mma_m16n8k8_bf16(float (&d)[4], const unsigned (&a)[2], unsigne
 #endif
 }
 
-/// D (16x8 f32) = A (16x16 f16, row major) * B (16x8 f16, column major) + C (16x8 f32).
+/// Computes D (16x8 f32) = A (16x16 f16, row major) * B (16x8 f16, column major) + C (16x8 f32).
 ///
 /// Parameters:
-///   d: the lane's 4 accumulator elements of the result.
+///   d: the lane's 4 accumulator elements of the result (may be the same array as c).
 ///   a: the lane's 4 registers of A (8 halves).
 ///   b: the lane's 2 registers of B (4 halves).
 ///   c: the lane's 4 accumulator elements of the addend.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 SPIO_DEVICE void mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
                                   const float (&c)[4]) {
 #if defined(__CUDA_ARCH__)
@@ -68,9 +80,17 @@ SPIO_DEVICE void mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], const u
 #endif
 }
 
-/// D (16x8 f32) = A (16x16 bf16, row major) * B (16x8 bf16, column major) + C (16x8 f32).
+/// Computes D (16x8 f32) = A (16x16 bf16, row major) * B (16x8 bf16, column major) + C (16x8 f32).
 ///
-/// Parameters are those of mma_m16n8k16_f16, with bfloat16 elements in a and b.
+/// The parameters are those of mma_m16n8k16_f16, with bfloat16 elements in a and b.
+///
+/// Parameters:
+///   d: the lane's 4 accumulator elements of the result (may be the same array as c).
+///   a: the lane's 4 registers of A (8 bfloat16 elements).
+///   b: the lane's 2 registers of B (4 bfloat16 elements).
+///   c: the lane's 4 accumulator elements of the addend.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 SPIO_DEVICE void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
                                    const float (&c)[4]) {
 #if defined(__CUDA_ARCH__)
@@ -85,10 +105,15 @@ SPIO_DEVICE void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], const 
 #endif
 }
 
-/// mma_m16n8k8_f16 or mma_m16n8k8_bf16, chosen by the operand element type.
+/// Runs mma_m16n8k8_f16 or mma_m16n8k8_bf16, chosen by the operand element type.
 ///
-/// Parameters are those of mma_m16n8k8_f16. Element is __half or __nv_bfloat16; kernels written
-/// for both name their element type once instead of branching at every mma.
+/// Kernels written for both element types name theirs once instead of branching at every mma.
+///
+/// Parameters:
+///   Element: the element type of a and b, __half or __nv_bfloat16.
+///   d, a, b, c: those of mma_m16n8k8_f16, with elements of type Element in a and b.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 template <typename Element>
 SPIO_DEVICE void mma_m16n8k8(float (&d)[4], const unsigned (&a)[2], unsigned b,
                              const float (&c)[4]);
@@ -105,7 +130,13 @@ SPIO_DEVICE void mma_m16n8k8<__nv_bfloat16>(float (&d)[4], const unsigned (&a)[2
     mma_m16n8k8_bf16(d, a, b, c);
 }
 
-/// mma_m16n8k16_f16 or mma_m16n8k16_bf16, chosen by the operand element type.
+/// Runs mma_m16n8k16_f16 or mma_m16n8k16_bf16, chosen by the operand element type.
+///
+/// Parameters:
+///   Element: the element type of a and b, __half or __nv_bfloat16.
+///   d, a, b, c: those of mma_m16n8k16_f16, with elements of type Element in a and b.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 template <typename Element>
 SPIO_DEVICE void mma_m16n8k16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2],
                               const float (&c)[4]);
@@ -122,25 +153,57 @@ SPIO_DEVICE void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const unsigned (&a)[
     mma_m16n8k16_bf16(d, a, b, c);
 }
 
-/// d = a * b + c on fragments, m16n8k8 f16 (d may be c).
+/// Computes d = a * b + c on m16n8k8 f16 fragments, with mma_m16n8k8_f16.
+///
+/// Parameters:
+///   d: the accumulator fragment of the result (may be c).
+///   a: the A operand fragment.
+///   b: the B operand fragment.
+///   c: the accumulator fragment of the addend.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 SPIO_DEVICE void mma(FragC_m16n8_f32 &d, const FragA_m16n8k8_f16 &a, const FragB_m16n8k8_f16 &b,
                      const FragC_m16n8_f32 &c) {
     mma_m16n8k8_f16(d.reg, a.reg, b.reg[0], c.reg);
 }
 
-/// d = a * b + c on fragments, m16n8k8 bf16 (d may be c).
+/// Computes d = a * b + c on m16n8k8 bf16 fragments, with mma_m16n8k8_bf16.
+///
+/// Parameters:
+///   d: the accumulator fragment of the result (may be c).
+///   a: the A operand fragment.
+///   b: the B operand fragment.
+///   c: the accumulator fragment of the addend.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 SPIO_DEVICE void mma(FragC_m16n8_f32 &d, const FragA_m16n8k8_bf16 &a,
                      const FragB_m16n8k8_bf16 &b, const FragC_m16n8_f32 &c) {
     mma_m16n8k8_bf16(d.reg, a.reg, b.reg[0], c.reg);
 }
 
-/// d = a * b + c on fragments, m16n8k16 f16 (d may be c).
+/// Computes d = a * b + c on m16n8k16 f16 fragments, with mma_m16n8k16_f16.
+///
+/// Parameters:
+///   d: the accumulator fragment of the result (may be c).
+///   a: the A operand fragment.
+///   b: the B operand fragment.
+///   c: the accumulator fragment of the addend.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 SPIO_DEVICE void mma(FragC_m16n8_f32 &d, const FragA_m16n8k16_f16 &a,
                      const FragB_m16n8k16_f16 &b, const FragC_m16n8_f32 &c) {
     mma_m16n8k16_f16(d.reg, a.reg, b.reg, c.reg);
 }
 
-/// d = a * b + c on fragments, m16n8k16 bf16 (d may be c).
+/// Computes d = a * b + c on m16n8k16 bf16 fragments, with mma_m16n8k16_bf16.
+///
+/// Parameters:
+///   d: the accumulator fragment of the result (may be c).
+///   a: the A operand fragment.
+///   b: the B operand fragment.
+///   c: the accumulator fragment of the addend.
+/// Assumes:
+///   every lane of the warp calls it together, with converged control flow.
 SPIO_DEVICE void mma(FragC_m16n8_f32 &d, const FragA_m16n8k16_bf16 &a,
                      const FragB_m16n8k16_bf16 &b, const FragC_m16n8_f32 &c) {
     mma_m16n8k16_bf16(d.reg, a.reg, b.reg, c.reg);
