@@ -105,7 +105,8 @@ extern "C" __global__ void ldm_mma_k16(float *d, const unsigned short *a, const 
     __syncthreads();
     unsigned ar[4], br[2];
     // A's matrices: rows 0-7 and 8-15 of columns 0-7, then of columns 8-15.
-    spio::ldmatrix_x4(ar, &as[spio::ldmatrix_row<2>(lane)][8 * (spio::ldmatrix_matrix<4>(lane) / 2)]);
+    const int a_col = 8 * (spio::ldmatrix_matrix<4>(lane) / 2);
+    spio::ldmatrix_x4(ar, &as[spio::ldmatrix_row<2>(lane)][a_col]);
     spio::ldmatrix_x2_trans(br, &bs[spio::ldmatrix_row<2>(lane)][0]);
     float c[4] = {0.f, 0.f, 0.f, 0.f}, dr[4];
     spio::mma_m16n8k16_f16(dr, ar, br, c);
