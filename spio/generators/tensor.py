@@ -50,8 +50,21 @@ def _inner_stored(dim: Dim) -> int:
 
 def _index_members(dims: tuple[tuple[str, Dim], ...], with_offset: bool) -> list[str]:
     names = [name for name, _ in dims]
-    extra = ["size", "flat", "i_"] + (["offset"] if with_offset else [])
+    extra = ["size", "flat", "of", "i_"] + (["offset"] if with_offset else [])
     return [name.upper() for name in names] + names + extra
+
+
+def _compose(dims: tuple[tuple[str, Dim], ...]) -> str:
+    """C++ of the flat index of the dims' indices, named as the dims, outermost first (Horner's
+    form: ((a * B + b) * C + c), so the innermost varies fastest)."""
+    expr = dims[0][0]
+    for name, dim in dims[1:]:
+        expr = (
+            f"({expr}) * {dim.extent} + {name}"
+            if "+" in expr
+            else f"{expr} * {dim.extent} + {name}"
+        )
+    return expr
 
 
 def _index_class(
@@ -92,6 +105,11 @@ def _index_class(
         f"    {_FN} explicit {class_name}(int i) : i_(i) {{}}",
         "    /// The flat index this object decomposes.",
         f"    {_FN} int flat() const {{ return i_; }}",
+        "    /// The index whose dims' indices are these (outermost first; each but the outermost",
+        "    /// below its extent): the flat index, composed as the accessors decompose it.",
+        f"    static {_FN} {class_name} of({', '.join(f'int {name}' for name, _ in dims)}) {{",
+        f"        return {class_name}({_compose(unpadded)});",
+        "    }",
     ]
     for pos, (name, dim) in enumerate(dims):
         inner = math.prod(_inner_stored(d) for _, d in unpadded[pos + 1 :])

@@ -181,7 +181,7 @@ def test_index_dims_cannot_be_padded():
 
 
 @pytest.mark.parametrize(
-    "dim", ["size", "get", "stride_n", "ptr_", "data_type", "flat", "offset", "i_"]
+    "dim", ["size", "get", "stride_n", "ptr_", "data_type", "flat", "of", "offset", "i_"]
 )
 def test_dim_names_that_clash_with_members(dim):
     with pytest.raises(ValueError, match=f"TensorSpec 'T'.*'{dim}'"):

@@ -140,7 +140,8 @@ def test_tensor_cursor_offsets_strides_and_index(cxx, data):
 @settings(max_examples=5, deadline=None, phases=NO_SHRINK)
 @given(st.lists(dims_dicts(allow_padding=False), min_size=2, max_size=8), st.data())
 def test_index_decomposition(cxx, all_dims, data):
-    """IndexSpec digits match mixed-radix arithmetic; the outermost digit does not wrap."""
+    """IndexSpec digits match mixed-radix arithmetic; the outermost digit does not wrap; of()
+    composes the flat index again."""
     specs, body, expected = [], [], {}
     for t, dims in enumerate(all_dims):
         cls = f"I{t}"
@@ -158,6 +159,11 @@ def test_index_decomposition(cxx, all_dims, data):
             for name, _ in logical:
                 body.append(f'  P("{cls}.{j}.{name}", {cls}({flat}).{name}());')
                 expected[f"{cls}.{j}.{name}"] = digits[name]
+            # of() composes the flat index from the digits (the outermost past its extent too).
+            args = ", ".join(str(digits[name]) for name, _ in logical)
+            body.append(f'  P("{cls}.{j}.of", {cls}::of({args}).flat());')
+            expected[f"{cls}.{j}.of"] = flat
+            body.append(f'  static_assert({cls}::of({args}).flat() == {flat}, "constexpr");')
     assert cxx.printed({"idx.h": generate(specs)}, body) == expected
 
 
