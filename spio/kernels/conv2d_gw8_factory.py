@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits, limits_of
 from ..env import choice
-from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
+from ..generators import (
+    FragmentSpec,
+    IndexSpec,
+    MacroSpec,
+    ParamsSpec,
+    Spec,
+    TensorSpec,
+    generate,
+)
 from .conv2d_gw8_params import Conv2dGw8Params, check_params, check_tensor_bytes, torch_dtype
 from .kernel import Kernel, KernelFactory, entry_symbol
 
@@ -33,6 +41,8 @@ MAX_SHARED_BYTES = 99 * 1024
 
 #: C++ element and pair types of each dtype.
 ELEMENT_TYPES = {"fp16": ("__half", "__half2"), "bf16": ("__nv_bfloat16", "__nv_bfloat162")}
+#: The suffix of each dtype's operand fragment types (spio/warp/fragments.h: FragB_m16n8k8_f16).
+FRAGMENT_ELEMENTS = {"fp16": "f16", "bf16": "bf16"}
 
 
 @dataclass(frozen=True, order=True)
@@ -522,6 +532,12 @@ def generate_header(
         IndexSpec("InputLoadIdx", {"x": in_x, "c8": config.groups}),
         IndexSpec("OutputStoreIdx", {"x": config.block_q, "c8": config.groups}),
         IndexSpec("WeightChunkIdx", {"c8": config.groups, "chunk": 8 * params.r * params.s}),
+        # The mma's operands and accumulator, their rows and columns named: A is 16 input pixels
+        # by 8 channels, B a tap's weights, 8 input channels c by 8 output channels k (DGrad: of
+        # dx by of dy), and the accumulator 16 output pixels x by those k, in the pairs (k2)
+        # Output stores them in (k1: the channel in its pair).
+        FragmentSpec("TapFrag", f"FragB_m16n8k8_{FRAGMENT_ELEMENTS[params.dtype]}", "c", "k"),
+        FragmentSpec("AccFrag", "FragC_m16n8_f32", "x", {"k2": 4, "k1": 2}),
     ]
     return generate(specs)
 

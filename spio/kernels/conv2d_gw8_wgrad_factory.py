@@ -11,10 +11,19 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..generators import IndexSpec, MacroSpec, ParamsSpec, Spec, TensorSpec, generate
+from ..generators import (
+    FragmentSpec,
+    IndexSpec,
+    MacroSpec,
+    ParamsSpec,
+    Spec,
+    TensorSpec,
+    generate,
+)
 from ..memo import remember
 from .conv2d_gw8_factory import (
     ELEMENT_TYPES,
+    FRAGMENT_ELEMENTS,
     H200_CLASS,
     MAX_SHARED_BYTES,
     MAX_THREADS,
@@ -251,7 +260,12 @@ def partial_slots(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
     """Slots of the partial-sum buffers with `partials`: one per warp of a dy tile (all groups of
     a warp's column runs share a slot, each writing its own channels)."""
     tiles = _tiles(params, config)
-    return tiles["n"] * tiles["y"] * tiles["x"] * (config.block_q // (8 * config.warp_q8))
+    return tiles["n"] * tiles["y"] * tiles["x"] * _warps_x8(config)
+
+
+def _warps_x8(config: Conv2dGw8WgradConfig) -> int:
+    """Warps across a tile's columns, each with its config.warp_q8 runs of 8 (WarpIdx::X8)."""
+    return config.block_q // (8 * config.warp_q8)
 
 
 def _slot_columns(params: Conv2dGw8Params) -> tuple[int, int]:
@@ -305,6 +319,7 @@ def generate_header(
     c8 = params.groups
     in_x = config.block_q + params.s - 1
     tiles = _tiles(params, config)
+    warps_x8 = _warps_x8(config)
     specs: list[Spec] = [
         MacroSpec(
             {
@@ -338,8 +353,8 @@ def generate_header(
         # The batch size (n) is given at launch: one build serves every batch size (see ragged).
         TensorSpec("Input", "const uint4", {"n": None, "y": params.h, "x": params.w, "c8": c8}),
         TensorSpec("DOutput", "const uint4", {"n": None, "y": params.p, "x": params.q, "k8": c8}),
-        TensorSpec("DW", "float", {"k": params.c, "c": 8, "r": params.r, "s": params.s}),
-        TensorSpec("DBias", "float", {"k": params.c}),
+        TensorSpec("DW", "float", {"k8": c8, "k": 8, "c": 8, "r": params.r, "s": params.s}),
+        TensorSpec("DBias", "float", {"k8": c8, "k": 8}),
         TensorSpec(
             "SmemX",
             "uint4",
@@ -353,16 +368,27 @@ def generate_header(
             ),
         ),
         IndexSpec("BlockIdx", {**tiles, "n": None}),  # (n stays outermost)
-        IndexSpec("WarpIdx", {"c8": config.groups, "x8": config.block_q // (8 * config.warp_q8)}),
+        IndexSpec("WarpIdx", {"c8": config.groups, "x8": warps_x8}),
         IndexSpec("XLoadIdx", {"x": in_x, "c8": config.groups}),
         IndexSpec("DyLoadIdx", {"x": config.block_q, "c8": config.groups}),
+        # The mma's operands and accumulator, their rows and columns named: A is dy, 16 rows
+        # (rp: the tap pair's row, r0 or r1; k: the channel) by 8 pixels, B is x, 8 pixels by 8
+        # channels c, and the accumulator holds dw's taps of the pair, (rp, k) by c.
+        FragmentSpec("XFrag", f"FragB_m16n8k8_{FRAGMENT_ELEMENTS[params.dtype]}", "x", "c"),
+        FragmentSpec("DwFrag", "FragC_m16n8_f32", {"rp": 2, "k": 8}, "c"),
     ]
-    if partials:  # slots (t): one per warp of the grid's dy tiles, so as many as the batch asks
+    if partials:
+        # A slot (t) per warp of the grid's dy tiles (partial_slots): PartSlot, the images' blocks
+        # (n, as many as the batch asks), rows and columns of dy tiles and runs of columns in a
+        # tile; each of the tile's warps writes its own groups of the slot.
         specs += [
+            IndexSpec("PartSlot", {"n": None, "y": tiles["y"], "x": tiles["x"], "x8": warps_x8}),
             TensorSpec(
-                "DWPart", "float", {"t": None, "k": params.c, "c": 8, "r": params.r, "s": params.s}
+                "DWPart",
+                "float",
+                {"t": None, "k8": c8, "k": 8, "c": 8, "r": params.r, "s": params.s},
             ),
-            TensorSpec("DBiasPart", "float", {"t": None, "k": params.c}),
+            TensorSpec("DBiasPart", "float", {"t": None, "k8": c8, "k": 8}),
         ]
     return generate(specs)
 

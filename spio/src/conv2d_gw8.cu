@@ -36,6 +36,9 @@
 /// dropped, neither staged nor stored; every other output row sees only its own image's rows.
 /// Weights are read once per block into shared memory, copied as they are held (the block's groups
 /// are one contiguous run), and from there into registers, one register per tap per lane.
+/// Which elements of the mma's matrices a lane holds comes from the generated fragment classes
+/// (TapFrag: a tap's B; AccFrag: the accumulators), which rows' addresses it gives to ldmatrix
+/// from spio::ldmatrix_row: the kernel works out no lane's role itself.
 ///
 /// Synchronisation: one __syncthreads per input row, and one before the taps are read. Every row
 /// index commits exactly one cp.async group (empty past the last row); row 0's also holds the
@@ -350,24 +353,25 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const WarpIdx warp(threadIdx.x / 32);
     const int warp_x = warp.x16() * (Block::warp_x16 * 16);  // first column of this warp in the tile
 
-    // B operands: one register per tap, lane l holding B[j][i] and B[j + 1][i] (i = l / 4,
-    // j = 2 (l % 4); the mma's B is [c][k]). FProp: B[c][k] = w[8g + k, c, r, s]. DGrad:
+    // B operands: one register per tap, holding the lane's two elements of the mma's B[c][k]
+    // (TapFrag: rows c0 and c1 of column k). FProp: B[c][k] = w[8g + k, c, r, s]. DGrad:
     // B[c][k] = w[8g + c, k, R-1-r, S-1-s]. Read element by element from the weights as held.
     unsigned taps[R][S];
     {
         const SmemWeights group = smem_weights.c8(warp.c8());
-        const int i = lane / 4;
-        const int j = 2 * (lane % 4);
+        const int k = TapFrag::k(lane, 0);
+        const int c0 = TapFrag::c(lane, 0);
+        const int c1 = TapFrag::c(lane, 1);
         SPIO_UNROLL
         for (int r = 0; r < R; ++r) {
             SPIO_UNROLL
             for (int s = 0; s < S; ++s) {
 #if SPIO_CONV_IGRAD
                 const SmemWeights tap = group.r(R - 1 - r).s(S - 1 - s);
-                taps[r][s] = pack_elements(*tap.k(j).c(i), *tap.k(j + 1).c(i));
+                taps[r][s] = pack_elements(*tap.k(c0).c(k), *tap.k(c1).c(k));
 #else
                 const SmemWeights tap = group.r(r).s(s);
-                taps[r][s] = pack_elements(*tap.k(i).c(j), *tap.k(i).c(j + 1));
+                taps[r][s] = pack_elements(*tap.k(k).c(c0), *tap.k(k).c(c1));
 #endif
             }
         }
@@ -377,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     const int c8 = block_c8 + warp.c8();  // this warp's group
     float2 bias_pair = make_float2(0.0f, 0.0f);
     if (c8 < Output::K8) {
-        bias_pair = spio::unpack_pair(*Bias(bias).k8(c8).k2(lane % 4));
+        bias_pair = spio::unpack_pair(*Bias(bias).k8(c8).k2(AccFrag::k2(lane, 0)));
     }
 #endif
 
@@ -400,20 +404,21 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     // A staged row is pixel-major, a pixel's groups side by side, padded by one chunk against
     // bank conflicts; where a tensor copy stores it (SPIO_STORE_VIA_TMA), unpadded and swizzled
     // as the input stages are: SmemOutput's elements are then the 16-byte chunks the swizzle
-    // moves, and lane l writes output pair l % 4 of its group's chunk of each of its pixels.
+    // moves, and a lane writes its output pair (AccFrag::k2) of its group's chunk of each of its
+    // pixels.
     // Biases (in fp32), rounds and writes an output row from accumulator slot `rows` into staging
     // buffer `buf` (stream output row i goes to buffer i % 2).
     const auto stage_output_row = [&](int buf, float (&rows)[Block::warp_x16][4]) {
 #if SPIO_STORE_VIA_TMA
         const SmemOutput staged = smem_output.buf(buf).k8(warp.c8());
 #else
-        const SmemOutput staged = smem_output.buf(buf).k8(warp.c8()).k2(lane % 4);
+        const SmemOutput staged = smem_output.buf(buf).k8(warp.c8()).k2(AccFrag::k2(lane, 0));
 #endif
         SPIO_UNROLL
         for (int run = 0; run < Block::warp_x16; ++run) {
             SPIO_UNROLL
-            for (int half = 0; half < 2; ++half) {  // fragment rows g and g + 8
-                const int x = warp_x + run * 16 + lane / 4 + half * 8;
+            for (int half = 0; half < 2; ++half) {  // elements 2 half and 2 half + 1: one pair
+                const int x = warp_x + run * 16 + AccFrag::x(lane, 2 * half);
                 float v0 = rows[run][2 * half];
                 float v1 = rows[run][2 * half + 1];
 #if SPIO_CONV_HAS_BIAS
@@ -421,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                 v1 += bias_pair.y;
 #endif
 #if SPIO_STORE_VIA_TMA
-                reinterpret_cast<Output::data_type *>(staged.x(x).get())[lane % 4] =
+                reinterpret_cast<Output::data_type *>(staged.x(x).get())[AccFrag::k2(lane, 0)] =
                     spio::pack_pair<Elem>(v0, v1);
 #else
                 *staged.x(x) = spio::pack_pair<Elem>(v0, v1);
@@ -568,9 +573,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     SPIO_UNROLL
                     for (int run = 0; run < Block::warp_x16; ++run) {
                         unsigned a[2][2];
-                        spio::ldmatrix_x2(a[0], stage.x(warp_x + run * 16 + s + lane % 16).get());
+                        // A: 16 pixels (this lane's row address: ldmatrix_row) by 8 channels.
+                        const int pixel = warp_x + run * 16 + spio::ldmatrix_row<2>(lane);
+                        spio::ldmatrix_x2(a[0], stage.x(pixel + s).get());
                         if (two_taps) {
-                            spio::ldmatrix_x2(a[1], stage.x(warp_x + run * 16 + s1 + lane % 16).get());
+                            spio::ldmatrix_x2(a[1], stage.x(pixel + s1).get());
                         }
                         SPIO_UNROLL
                         for (int r = 0; r < R; ++r) {

@@ -33,7 +33,9 @@
 /// mma.sync.m16n8k16 takes two consecutive runs (16 pixels) at once. An odd R pairs its last row
 /// with an all-zero row. The bias gradient is one more mma of the dy rows i
 /// with an all-ones B. At the end each warp adds its accumulators to dw (and dbias) atomically, or
-/// with SPIO_WGRAD_PARTIALS stores them to its slot.
+/// with SPIO_WGRAD_PARTIALS stores them to its slot. Which elements of the mma's matrices a lane
+/// holds comes from the generated fragment classes (XFrag: x's B; DwFrag: the accumulators),
+/// which rows' addresses it gives to ldmatrix from spio::ldmatrix_row and ldmatrix_matrix.
 ///
 /// Synchronisation: one __syncthreads after the dy slots are zeroed (before the first copies land
 /// in them), then one per step; every step index commits exactly one cp.async group (past the
@@ -286,15 +288,16 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     //   this lane's x pixels paired with dy columns past the output are masked to zero, in every
     //   step (a third copy of the runs, full but for the masks, serves that tile's steps that
     //   are not careful). cols_left counts the output columns from this lane's first pixel of
-    //   run 0 on (its B registers hold pixels 2 * (lane % 4) and + 1 of each run, in their low
-    //   and high halves).
+    //   run 0 on (a run's B register holds its pixels XFrag::x(lane, 0) and XFrag::x(lane, 1),
+    //   in its low and high halves; `next`, the second's distance from the first, is 1).
     const int rows_in = DOutput::Y % Block::y == 0 || block_y + Block::y <= DOutput::Y
                             ? Block::y
                             : DOutput::Y - block_y;
     constexpr bool kPartialColumns = DOutput::X % Block::x != 0;
     const bool mask_columns =
         !SPIO_WGRAD_UNMASKED && kPartialColumns && block_x + Block::x > DOutput::X;
-    const int cols_left = DOutput::X - (block_x + warp_x + 2 * (lane % 4));
+    const int cols_left = DOutput::X - (block_x + warp_x + XFrag::x(lane, 0));
+    const int next = XFrag::x(lane, 1) - XFrag::x(lane, 0);
 
     // One step's work, once its x row and dy row are in shared memory.
     const auto compute_step = [&](int t) {
@@ -307,8 +310,11 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         const auto row_in = [&](int r) {
             return static_cast<unsigned>(i - r) < static_cast<unsigned>(rows_in);
         };
-        const SmemX x_lane = smem_x.stage(t % STAGES).c8(warp.c8()).x(warp_x + lane % 8);
-        SmemDy dy_lane[PAIRS];  // lanes 0-7: dy row i - r0's pixels, lanes 8-15: row i - r1's
+        // This lane's row addresses (ldmatrix_row, ldmatrix_matrix): of B, a pixel of x; of A,
+        // a pixel of dy row i - r0 (matrix 0) or i - r1 (matrix 1).
+        const int pixel = warp_x + spio::ldmatrix_row<1>(lane);
+        const SmemX x_lane = smem_x.stage(t % STAGES).c8(warp.c8()).x(pixel);
+        SmemDy dy_lane[PAIRS];
         SPIO_UNROLL
         for (int pair = 0; pair < PAIRS; ++pair) {
             const int r0 = 2 * pair;
@@ -317,8 +323,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
             const int slot0 = static_cast<unsigned>(t + SLOTS - r0) % SLOTS;
             const int slot1 = r1 < R ? static_cast<int>(static_cast<unsigned>(t + SLOTS - r1) % SLOTS)
                                      : ZERO_SLOT;
-            const int lane_slot = (lane / 8) % 2 == 0 ? slot0 : slot1;
-            dy_lane[pair] = smem_dy.slot(lane_slot).c8(warp.c8()).x(warp_x + lane % 8);
+            const int lane_slot = spio::ldmatrix_matrix<2>(lane) == 0 ? slot0 : slot1;
+            dy_lane[pair] = smem_dy.slot(lane_slot).c8(warp.c8()).x(pixel);
         }
         // careful_runs: the rows' checks (and the columns' masks where kPartialColumns: they
         // keep every column on a tile that is not the last); masked_runs: the columns' masks.
@@ -335,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
                     keep_cols[sub] = !(kPartialColumns && (careful_runs || masked_runs))
                                          ? 0xFFFFFFFFu
                                          : (first < cols_left ? 0x0000FFFFu : 0u) |
-                                               (first + 1 < cols_left ? 0xFFFF0000u : 0u);
+                                               (first + next < cols_left ? 0xFFFF0000u : 0u);
                 }
                 unsigned b[S][RUNS_PER_MMA];
                 SPIO_UNROLL
@@ -510,17 +516,15 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     spio::cp_async_wait_all();  // those zeros too: no copy is in flight when the block exits
 #endif
 
-    // Accumulator element e of tap pair `pair`: row g (+8 for e >= 2) is channel k = g of filter
-    // row r0 (r1), column 2t + (e & 1) is channel c.
+    // Accumulator element e of tap pair `pair` is dw's tap (2 pair + rp, s) of channel k of the
+    // group by its channel c (DwFrag::rp, k and c of the element).
     const int c8 = block_c8 + warp.c8();
-    if (c8 >= DW::K / 8) {
+    if (c8 >= DW::K8) {
         return;
     }
-    const int k = c8 * 8 + lane / 4;
 #if SPIO_WGRAD_PARTIALS
-    // This warp's slot: its dy tile (images, rows, columns) and its runs of columns in the tile.
-    const int part = ((block.n() * BlockIdx::Y + block.y()) * BlockIdx::X + block.x()) * WarpIdx::X8
-                     + warp.x8();
+    // This warp's slot: its dy tile (images, rows, columns) and its run of columns in the tile.
+    const int part = PartSlot::of(block.n(), block.y(), block.x(), warp.x8()).flat();
 #endif
     SPIO_UNROLL
     for (int pair = 0; pair < PAIRS; ++pair) {
@@ -528,7 +532,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         for (int s = 0; s < S; ++s) {
             SPIO_UNROLL
             for (int e = 0; e < 4; ++e) {
-                const int r = 2 * pair + e / 2;
+                const int r = 2 * pair + DwFrag::rp(lane, e);
+                const int k = DwFrag::k(lane, e);
+                const int c = DwFrag::c(lane, e);
 #if SPIO_ABLATE_STORES
                 if (__float_as_uint(acc[pair][s][e]) != 0x7fc0beefu) {
                     continue;
@@ -536,9 +542,9 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
 #endif
                 if (r < R) {
 #if SPIO_WGRAD_PARTIALS
-                    *DWPart(dw).t(part).k(k).c(2 * (lane % 4) + e % 2).r(r).s(s).get() = acc[pair][s][e];
+                    *DWPart(dw).t(part).k8(c8).k(k).c(c).r(r).s(s) = acc[pair][s][e];
 #else
-                    atomicAdd(DW(dw).k(k).c(2 * (lane % 4) + e % 2).r(r).s(s).get(), acc[pair][s][e]);
+                    atomicAdd(DW(dw).k8(c8).k(k).c(c).r(r).s(s).get(), acc[pair][s][e]);
 #endif
                 }
             }
@@ -550,11 +556,13 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
         return;
     }
 #endif
-    if (lane % 4 == 0) {
+    // Every column of bias_acc holds the row sums (B is all ones): the lanes of column 0 write.
+    if (DwFrag::c(lane, 0) == 0) {
+        const int k = DwFrag::k(lane, 0);
 #if SPIO_WGRAD_PARTIALS
-        *DBiasPart(dbias).t(part).k(k).get() = bias_acc[0];
+        *DBiasPart(dbias).t(part).k8(c8).k(k) = bias_acc[0];
 #else
-        atomicAdd(DBias(dbias).k(k).get(), bias_acc[0]);
+        atomicAdd(DBias(dbias).k8(c8).k(k).get(), bias_acc[0]);
 #endif
     }
 #endif
