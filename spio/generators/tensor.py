@@ -139,7 +139,8 @@ class IndexSpec:
 
     `dims` maps lower-case names to positive extents, outermost first; the innermost varies fastest.
     The outermost extent may be None, given at run time: then there is no `Name::N` for it and
-    no `Name::size`. C++: `Name idx(threadIdx.x); idx.n(); Name::N; Name::size`.
+    no `Name::size`. C++: `Name idx(threadIdx.x); idx.n(); idx.flat(); Name::N; Name::size`;
+    `Name::of(n, ...)` composes the index from the dims' indices, outermost first.
     """
 
     name: str
