@@ -12,10 +12,12 @@ from .spec import (
     HOST_DEVICE,
     SECTION_DEFINITIONS,
     Dependency,
+    Dim,
     check_dim_name,
     check_identifier,
     check_unique_members,
 )
+from .tensor import describe_dims, index_digits
 
 #: Fragment types of spio/warp/fragments.h (namespace spio) -> (rows, columns) of their matrix.
 #: A is M x K (row-major operand), B is K x N, C/D is M x N; see docs/primitives.md.
@@ -154,14 +156,8 @@ class FragmentSpec:
             for name, extent in self._rows + self._cols
         ]
         for axis, dims in (("row", self._rows), ("col", self._cols)):
-            stride = math.prod(extent for _, extent in dims)
-            for position, (name, extent) in enumerate(dims):
-                stride //= extent
-                expr = f"fragment_type::{axis}(lane, idx)"
-                if stride > 1:
-                    expr = f"{expr} / {stride}"
-                if position > 0:
-                    expr = f"({expr}) % {extent}" if stride > 1 else f"{expr} % {extent}"
+            digits = index_digits(f"fragment_type::{axis}(lane, idx)", [e for _, e in dims])
+            for (name, _), expr in zip(dims, digits, strict=True):
                 what = "Row" if axis == "row" else "Column"
                 whole = f" ({what.lower()}s {_describe(dims)})" if len(dims) > 1 else ""
                 lines += [
@@ -175,7 +171,5 @@ class FragmentSpec:
 
 
 def _describe(dims: tuple[tuple[str, int], ...]) -> str:
-    """`q (16)` or `h x k (2 x 8)`."""
-    names = " x ".join(name for name, _ in dims)
-    extents = " x ".join(str(extent) for _, extent in dims)
-    return f"{names} ({extents})"
+    """`q(16)` or `h(2) > k(8)`, as TensorSpec's dims are described."""
+    return describe_dims(tuple((name, Dim(extent)) for name, extent in dims))

@@ -23,7 +23,8 @@ from .spec import (
 _FN = "SPIO_GEN_FN constexpr"
 
 
-def _describe(dims: tuple[tuple[str, Dim], ...]) -> str:
+def describe_dims(dims: tuple[tuple[str, Dim], ...]) -> str:
+    """`n(4) > k8(8, padded to 9)`: the dims outermost first, for comments and errors."""
     parts = []
     for name, dim in dims:
         padded = f", padded to {dim.stored}" if dim.stored != dim.extent else ""
@@ -52,6 +53,17 @@ def _index_members(dims: tuple[tuple[str, Dim], ...], with_offset: bool) -> list
     names = [name for name, _ in dims]
     extra = ["size", "flat", "of", "i_"] + (["offset"] if with_offset else [])
     return [name.upper() for name in names] + names + extra
+
+
+def index_digits(flat: str, extents: list[int | None]) -> list[str]:
+    """C++ expressions of the digits of the flat index `flat` (an expression) over `extents`,
+    outermost first, the innermost fastest; the outermost does not wrap (its extent may be None)."""
+    digits = []
+    for pos, extent in enumerate(extents):
+        inner = math.prod(e for e in extents[pos + 1 :] if e is not None)
+        digit = flat if inner == 1 else f"{flat} / {inner}"
+        digits.append(f"{digit} % {extent}" if pos > 0 else digit)
+    return digits
 
 
 def _compose(dims: tuple[tuple[str, Dim], ...]) -> str:
@@ -83,7 +95,7 @@ def _index_class(
     unpadded = tuple((name, Dim(dim.extent)) for name, dim in dims)
     size = _known_size(unpadded)
     lines = [
-        f"/// Decomposes a flat index i >= 0 into {_describe(unpadded)}, the last fastest.",
+        f"/// Decomposes a flat index i >= 0 into {describe_dims(unpadded)}, the last fastest.",
         "/// The outermost dim does not wrap: i >= size gives an outermost index >= its extent."
         if size is not None
         else "/// The outermost dim does not wrap (its extent is given at run time).",
@@ -111,11 +123,8 @@ def _index_class(
         f"        return {class_name}({_compose(unpadded)});",
         "    }",
     ]
-    for pos, (name, dim) in enumerate(dims):
-        inner = math.prod(_inner_stored(d) for _, d in unpadded[pos + 1 :])
-        expr = "i_" if inner == 1 else f"i_ / {inner}"
-        if pos > 0:
-            expr = f"{expr} % {dim.extent}"
+    digits = index_digits("i_", [dim.extent for _, dim in unpadded])
+    for (name, _), expr in zip(dims, digits, strict=True):
         lines.append(f"    {_FN} int {name}() const {{ return {expr}; }}")
     if strides is not None:
         terms = [
@@ -251,7 +260,7 @@ class TensorSpec:
         if dim.extent not in (1, 2, 4, 8) or dim.stored != dim.extent:
             raise ValueError(
                 f"{label}: swizzle needs the innermost dim {inner!r} unpadded with 1, 2, 4 or 8 "
-                f"indices, got {_describe(self._dims[-1:])}"
+                f"indices, got {describe_dims(self._dims[-1:])}"
             )
         if outer_dim.extent is None:
             raise ValueError(f"{label}: swizzle needs dim {outer!r} (the key's) of a known extent")
@@ -304,7 +313,8 @@ class TensorSpec:
         cls, ctype = self.name, self._dtype[0]
         strides = self.strides
         lines = [
-            f"/// Cursor over {ctype} elements with dims {_describe(self._dims)}, innermost last"
+            f"/// Cursor over {ctype} elements with dims {describe_dims(self._dims)}, "
+            "innermost last"
             + (f", {self._dims[-1][0]} swizzled by {self._dims[-2][0]}." if self.swizzle else "."),
             "/// Moves return a new cursor; offsets are in elements and are not bounds-checked.",
             f"class {cls} {{",
