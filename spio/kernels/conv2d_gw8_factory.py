@@ -147,6 +147,12 @@ def tma_align(groups: int) -> int:
     return 128 * groups
 
 
+def tma_room(groups: int, stages: int) -> int:
+    """The shared memory a tensor-copy build needs beyond its buffers: room to round them up to
+    tma_align (dynamic shared memory starts 16-byte aligned) and one 8-byte mbarrier a stage."""
+    return tma_align(groups) - 16 + 8 * stages
+
+
 def tma_swizzle(groups: int) -> int:
     """The swizzle span, in bytes, of the tensor map that fills such stages: a pixel's groups
     (TensorSpec's swizzle keys the same chunks by the same bits: stage_layout)."""
@@ -212,7 +218,7 @@ def shared_mem_bytes(
     two output staging rows (output_pitch); with `tma`, also room to align the stages (tma_align;
     dynamic shared memory starts 16-byte aligned) and one mbarrier a stage."""
     in_x = config.block_q + params.s - 1
-    extra = tma_align(config.groups) - 16 + 8 * config.stages if tma or tma_stores else 0
+    extra = tma_room(config.groups, config.stages) if tma or tma_stores else 0
     return (
         config.stages * config.groups * row_pitch(in_x, swizzled, tma or tma_stores) * 16
         + config.groups * params.r * params.s * 64 * 2

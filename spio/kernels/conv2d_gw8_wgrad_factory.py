@@ -40,6 +40,7 @@ from .conv2d_gw8_factory import (
     sector_waste,
     stage_layout,
     tma_align,
+    tma_room,
 )
 from .conv2d_gw8_params import (
     MAX_TENSOR_BYTES,
@@ -127,7 +128,7 @@ def shared_mem_bytes(
     mbarrier a stage."""
     x_row = config.groups * row_pitch(config.block_q + params.s - 1, swizzled, tma) * 16
     dy_row = config.groups * row_pitch(config.block_q, swizzled, tma) * 16
-    extra = tma_align(config.groups) - 16 + 8 * config.stages if tma else 0
+    extra = tma_room(config.groups, config.stages) if tma else 0
     return config.stages * x_row + (params.r + config.stages) * dy_row + extra
 
 
