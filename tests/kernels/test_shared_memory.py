@@ -44,6 +44,25 @@ def barriers(groups: int, stages: int) -> int:
     return fd.tma_align(groups) - 16 + 8 * stages
 
 
+def check_carving(make_kernel, configs: list, buffers: tuple[str, ...], tma: bool) -> None:
+    """For each config, `make_kernel(config)`'s shared_mem_bytes is its generated `buffers`'
+    num_bytes (plus, with `tma`, the alignment room and mbarriers); at least 5 configs build."""
+    checked = 0
+    for config in configs:
+        try:
+            kernel = make_kernel(config)
+        except ValueError:  # too much shared memory with the tensor copies' alignment
+            assert tma
+            continue
+        header = header_of(kernel)
+        carved = sum(generated_bytes(header, buffer) for buffer in buffers)
+        if tma:
+            carved += barriers(config.groups, config.stages)
+        assert kernel.shared_mem_bytes == carved, config.encode()
+        checked += 1
+    assert checked >= 5
+
+
 @pytest.mark.parametrize("params", LAYERS, ids=lambda p: p.encode())
 @pytest.mark.parametrize(
     "variant",
@@ -51,20 +70,12 @@ def barriers(groups: int, stages: int) -> int:
     ids=["fprop", "dgrad", "swizzled", "tma", "tma-stores"],
 )
 def test_fprop_dgrad_shared_memory_is_their_buffers(params, variant):
-    checked = 0
-    for config in sampled(fd.configs(params, igrad=variant.get("igrad", False)), seed=1):
-        try:
-            kernel = fd.make_kernel(params, config, **variant)
-        except ValueError:  # too much shared memory with the tensor copies' alignment
-            assert variant.get("tma")
-            continue
-        header = header_of(kernel)
-        carved = sum(generated_bytes(header, c) for c in ("SmemInput", "SmemWeights", "SmemOutput"))
-        if variant.get("tma"):
-            carved += barriers(config.groups, config.stages)
-        assert kernel.shared_mem_bytes == carved, config.encode()
-        checked += 1
-    assert checked >= 5
+    check_carving(
+        lambda config: fd.make_kernel(params, config, **variant),
+        sampled(fd.configs(params, igrad=variant.get("igrad", False)), seed=1),
+        ("SmemInput", "SmemWeights", "SmemOutput"),
+        variant.get("tma", False),
+    )
 
 
 @pytest.mark.parametrize("params", LAYERS, ids=lambda p: p.encode())
@@ -74,17 +85,9 @@ def test_fprop_dgrad_shared_memory_is_their_buffers(params, variant):
     ids=["atomic", "partials", "swizzled", "tma"],
 )
 def test_wgrad_shared_memory_is_its_buffers(params, variant):
-    checked = 0
-    for config in sampled(wg.configs(params), seed=2):
-        try:
-            kernel = wg.make_kernel(params, config, **variant)
-        except ValueError:  # too much shared memory with the tensor copies' alignment
-            assert variant.get("tma")
-            continue
-        header = header_of(kernel)
-        carved = generated_bytes(header, "SmemX") + generated_bytes(header, "SmemDy")
-        if variant.get("tma"):
-            carved += barriers(config.groups, config.stages)
-        assert kernel.shared_mem_bytes == carved, config.encode()
-        checked += 1
-    assert checked >= 5
+    check_carving(
+        lambda config: wg.make_kernel(params, config, **variant),
+        sampled(wg.configs(params), seed=2),
+        ("SmemX", "SmemDy"),
+        variant.get("tma", False),
+    )
