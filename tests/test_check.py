@@ -487,7 +487,7 @@ def test_check_reports_a_broken_toolchain_as_one_setup_error(setting, said, tmp_
     env = {"SPIO_CACHE_DIR": str(tmp_path), setting: "/nonexistent"}
     out = run_spio("check", "--device", "cpu", "--quick", env=env, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "spio check: setup error: none of the 13 kernels could be built" in out.stderr
+    assert "spio check: setup error: none of the 14 kernels could be built" in out.stderr
     assert said in out.stderr and " FAIL " not in out.stdout
 
 

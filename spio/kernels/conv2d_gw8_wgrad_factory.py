@@ -269,6 +269,27 @@ def _warps_x8(config: Conv2dGw8WgradConfig) -> int:
     return config.block_q // (8 * config.warp_q8)
 
 
+def dw_dims(params: Conv2dGw8Params) -> dict[str, int]:
+    """dw's dims in PyTorch's contiguous order [K, 8, R, S], its output channel split into the
+    group (k8) and the channel within it (k): what the WGrad kernel and sum_slots index."""
+    return {"k8": params.groups, "k": 8, "c": 8, "r": params.r, "s": params.s}
+
+
+def dbias_dims(params: Conv2dGw8Params) -> dict[str, int]:
+    """dbias's dims, its channel split as dw's output channel (dw_dims)."""
+    return {"k8": params.groups, "k": 8}
+
+
+def part_specs(params: Conv2dGw8Params, element: str) -> list[Spec]:
+    """The partial-sum buffers of a partials WGrad: slot t outermost (partial_slots of them,
+    given at launch), each slot a dw (dw_dims) and a dbias (dbias_dims). `element`: "float"
+    for the WGrad kernel, which writes them, "const float" for sum_slots, which reads them."""
+    return [
+        TensorSpec("DWPart", element, {"t": None, **dw_dims(params)}),
+        TensorSpec("DBiasPart", element, {"t": None, **dbias_dims(params)}),
+    ]
+
+
 def _slot_columns(params: Conv2dGw8Params) -> tuple[int, int]:
     """fp32 values per partial-sum slot: (dw's, dbias's; 0 without has_bias)."""
     return math.prod(params.weight_shape), params.c if params.has_bias else 0
@@ -354,8 +375,8 @@ def generate_header(
         # The batch size (n) is given at launch: one build serves every batch size (see ragged).
         TensorSpec("Input", "const uint4", {"n": None, "y": params.h, "x": params.w, "c8": c8}),
         TensorSpec("DOutput", "const uint4", {"n": None, "y": params.p, "x": params.q, "k8": c8}),
-        TensorSpec("DW", "float", {"k8": c8, "k": 8, "c": 8, "r": params.r, "s": params.s}),
-        TensorSpec("DBias", "float", {"k8": c8, "k": 8}),
+        TensorSpec("DW", "float", dw_dims(params)),
+        TensorSpec("DBias", "float", dbias_dims(params)),
         TensorSpec(
             "SmemX",
             "uint4",
@@ -384,12 +405,7 @@ def generate_header(
         # tile; each of the tile's warps writes its own groups of the slot.
         specs += [
             IndexSpec("PartSlot", {"n": None, "y": tiles["y"], "x": tiles["x"], "x8": warps_x8}),
-            TensorSpec(
-                "DWPart",
-                "float",
-                {"t": None, "k8": c8, "k": 8, "c": 8, "r": params.r, "s": params.s},
-            ),
-            TensorSpec("DBiasPart", "float", {"t": None, "k8": c8, "k": 8}),
+            *part_specs(params, "float"),
         ]
     return generate(specs)
 
@@ -490,24 +506,31 @@ def sum_kernel(
     params: Conv2dGw8Params, dw_dtype: str = "fp32", dbias_dtype: str = "fp32"
 ) -> Kernel:
     """The kernel that sums a partials WGrad's slots into dw (and dbias, with params.has_bias)
-    of dtypes `dw_dtype` and `dbias_dtype` ("fp32", "fp16" or "bf16"), rounding once. Sizes are
-    launch arguments, so there is one cubin per pair of dtypes; the grid covers this layer."""
+    of dtypes `dw_dtype` and `dbias_dtype` ("fp32", "fp16" or "bf16"), rounding once. Its code
+    depends on the layer's channels, taps and bias and on the two dtypes, and so does its name:
+    layers that share them share a build (the slots and dw's layout are launch arguments)."""
     for dtype in (dw_dtype, dbias_dtype):
         if dtype not in SUM_TYPES:
             raise ValueError(f"sum_kernel needs dtypes among {sorted(SUM_TYPES)}, got {dtype!r}")
+    dw_type, dbias_type = SUM_TYPES[dw_dtype], SUM_TYPES[dbias_dtype]
+    dw = dw_dims(params)
+    channels_last = {"k8": dw["k8"], "k": 8, "r": params.r, "s": params.s, "c": 8}  # [K, R, S, 8]
     header = generate(
         [
-            MacroSpec(
-                {
-                    "SPIO_SUM_DW_TYPE": SUM_TYPES[dw_dtype],
-                    "SPIO_SUM_DBIAS_TYPE": SUM_TYPES[dbias_dtype],
-                }
-            )
+            ParamsSpec("Sum", {"has_bias": params.has_bias}),
+            *part_specs(params, "const float"),
+            TensorSpec("DW", dw_type, dw),
+            TensorSpec("DWChannelsLast", dw_type, channels_last),
+            TensorSpec("DBias", dbias_type, dbias_dims(params)),
+            # The output elements, one a thread: dw's in its contiguous order, then dbias's.
+            IndexSpec("DwIdx", dw),
+            IndexSpec("DBiasIdx", dbias_dims(params)),
         ]
     )
     columns = sum(_slot_columns(params))
+    bias = "_bias" if params.has_bias else ""
     return Kernel(
-        name=f"sum_slots__{dw_dtype}_{dbias_dtype}",
+        name=f"sum_slots__c{params.c}_r{params.r}_s{params.s}{bias}__{dw_dtype}_{dbias_dtype}",
         source_file=SUM_SOURCE_FILE,
         entry=SUM_ENTRY,
         headers=((SUM_HEADER_NAME, header),),
@@ -561,8 +584,7 @@ def wgrad(
                 if buffer is not None:
                     buffer.fill_(math.nan)
         _launch(kernel, dw_part, dbias_part, nhwc_operand(x), nhwc_operand(dy), params.n, device)
-        taps_cl = params.r * params.s if channels_last else 0
-        summing.launch([dw, dbias, dw_part, dbias_part, slots, w_size, c, taps_cl], device)
+        summing.launch([dw, dbias, dw_part, dbias_part, slots, int(channels_last)], device)
         return dw, dbias
     dw = torch.zeros(params.weight_shape, dtype=torch.float32, device=device)
     dbias = torch.zeros(params.c, dtype=torch.float32, device=device) if params.has_bias else None

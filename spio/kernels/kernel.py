@@ -59,8 +59,8 @@ class Kernel:
 
     # Names the code: the kernel family, layer parameters (but the batch size, which the
     # kernels take at launch), tile config and variant. Kernels of one name compile to the same
-    # cubin and share its loaded module; their grids may differ (a layer's at two batch sizes,
-    # sum_slots' of two layers): the grid and block are read from the Kernel at each launch.
+    # cubin and share its loaded module; their grids may differ (a layer's at two batch
+    # sizes): the grid and block are read from the Kernel at each launch.
     name: str
     source_file: str  # in spio/src
     entry: str  # the extern "C" function in the module

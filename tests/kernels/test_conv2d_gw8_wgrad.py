@@ -386,8 +386,8 @@ def _in_order_sum(parts):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype, channels_last):
     """sum_slots: every dw and dbias element is the in-order fp32 sum of its slots, rounded once
-    to the gradient's dtype; dw's columns and dbias's come from their own buffers. With taps_cl
-    = R * S it writes dw in channels_last order, each element where channels_last puts it."""
+    to the gradient's dtype; dw's columns and dbias's come from their own buffers. With
+    channels_last it writes dw in that order, each element where channels_last puts it."""
     import torch
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -402,8 +402,7 @@ def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype, 
     db = torch.full((40,), float("nan"), dtype=dtypes[dbias_dtype], device=device)
     kernel = wg.sum_kernel(params, dw_dtype, dbias_dtype)
     assert kernel.grid[0] * kernel.block[0] >= w_size + 40
-    taps_cl = 3 * 2 if channels_last else 0
-    kernel.launch([dw, db, dw_parts, db_parts, slots, w_size, 40, taps_cl], torch.device(device))
+    kernel.launch([dw, db, dw_parts, db_parts, slots, int(channels_last)], torch.device(device))
     want_dw = _in_order_sum(dw_parts).to(dtypes[dw_dtype]).reshape(dw.shape)
     assert dw.is_contiguous(memory_format=layout)
     assert torch.equal(dw, want_dw)
@@ -411,6 +410,28 @@ def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype, 
     assert wg.sum_kernel(params, dw_dtype, dbias_dtype) is kernel  # built once
     with pytest.raises(ValueError, match="fp32, fp16 or bf16|among"):
         wg.sum_kernel(params, "fp64")
+
+
+def test_sum_slots_name_stands_for_its_code():
+    """sum_slots' code depends on the layer's channels, taps and bias and on the two dtypes:
+    layers alike in those share its name, header and grid; a change in any gives another name
+    and header."""
+    import dataclasses
+
+    base = Conv2dGw8Params(n=2, c=16, h=9, w=7, padding=1, r=3, s=2, has_bias=True)
+    kernel = wg.sum_kernel(base, "fp16", "fp32")
+    alike = dataclasses.replace(base, n=5, h=20, w=4, padding=0, dtype="bf16")
+    twin = wg.sum_kernel(alike, "fp16", "fp32")
+    assert (twin.name, twin.headers, twin.grid) == (kernel.name, kernel.headers, kernel.grid)
+    others = [
+        wg.sum_kernel(dataclasses.replace(base, c=24), "fp16", "fp32"),
+        wg.sum_kernel(dataclasses.replace(base, r=2, s=3), "fp16", "fp32"),
+        wg.sum_kernel(dataclasses.replace(base, has_bias=False), "fp16", "fp32"),
+        wg.sum_kernel(base, "bf16", "fp32"),
+        wg.sum_kernel(base, "fp16", "fp16"),
+    ]
+    assert len({k.name for k in [kernel, *others]}) == 6
+    assert len({k.headers for k in [kernel, *others]}) == 6
 
 
 def test_one_partials_kernel_sums_into_each_pair_of_gradient_dtypes():

@@ -137,7 +137,7 @@ assert g("launches") == 0
 
 
 def test_kernels_of_one_name_share_their_module_and_launch_their_own_grid(fake_libcuda):  # noqa: F811
-    """The name stands for the code (sum_slots has one name per dtype pair and a grid per layer):
+    """The name stands for the code (a layer's kernel has one name and a grid per batch size):
     one module per name and device, each launch with its own kernel's grid."""
     run_with(
         fake_libcuda["new"],
