@@ -231,9 +231,17 @@ class _DefaultTimer:
         return time_kernel(family, params, kernel, self._inputs[1], device)
 
     def prepare(self, kernels: Sequence[Kernel], arch: str) -> None:
+        """Compiles `kernels` in parallel, with the sum that a partials WGrad's `pass_call` runs
+        after it (one for all the layer's candidates)."""
         from ..compiler import compile_many
+        from .conv2d_gw8_wgrad_factory import sum_kernel
 
-        compile_many([k.compile_job(arch) for k in kernels], progress=False)
+        jobs = {k.name: k for k in kernels}
+        for kernel in kernels:
+            if kernel.info_value("partials"):
+                summing = sum_kernel(kernel.info_value("params"))
+                jobs[summing.name] = summing
+        compile_many([k.compile_job(arch) for k in jobs.values()], progress=False)
 
     def release(self) -> None:
         self._inputs = None

@@ -537,6 +537,29 @@ def test_default_timer_makes_a_layers_inputs_once_for_all_its_candidates(monkeyp
     assert len(made) == 9
 
 
+def test_default_timer_prepares_the_sum_a_partials_wgrad_runs(monkeypatch):
+    """prepare compiles the candidates and, once, the sum_slots kernel that pass_call runs after
+    a partials WGrad (left to its first timing, it would build there, serially, by itself)."""
+    import spio.compiler
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    compiled = []
+    monkeypatch.setattr(spio.compiler, "compile_many", lambda jobs, progress: compiled.append(jobs))
+    layer = P(n=2, c=16, h=8, w=8, has_bias=True)
+    configs = wg.configs(layer)[:2]
+    partials = [wg.make_kernel(layer, c, partials=True) for c in configs]
+    atomic = wg.make_kernel(layer, configs[0])
+    autotune._DefaultTimer().prepare([*partials, atomic], "sm_90")
+    names = [job.name for job in compiled[0]]
+    assert names == [f"{k.name}.cu" for k in [*partials, atomic]] + [
+        f"{wg.sum_kernel(layer).name}.cu"
+    ]
+    assert {job.arch for job in compiled[0]} == {"sm_90"}
+    compiled.clear()
+    autotune._DefaultTimer().prepare([atomic], "sm_80")  # no partials: no sum
+    assert [job.name for job in compiled[0]] == [f"{atomic.name}.cu"]
+
+
 def test_cache_key_changes_with_spios_version(monkeypatch):
     """A release may change what a config compiles to in ways the code digest does not see."""
     import spio
