@@ -270,18 +270,15 @@ def precompile(
     error)."""
     import torch
 
-    from .kernels.conv2d_gw8_wgrad_factory import sum_kernel
+    from .kernels.conv2d_gw8_wgrad_factory import with_sums
     from .kernels.kernel import build_kernels
 
-    kernels = {}
-    for (pass_, _), runs in jobs.items():
-        for params, config in runs:
-            kernel = kernel_as_run(params, pass_, config, device)
-            kernels[kernel.name] = kernel
-            if kernel.info_value("partials"):  # and the sum over its partial sums
-                summing = sum_kernel(params)
-                kernels[summing.name] = summing
-    failures = build_kernels(kernels.values(), torch.device(device))
+    kernels = with_sums(
+        kernel_as_run(params, pass_, config, device)
+        for (pass_, _), runs in jobs.items()
+        for params, config in runs
+    )
+    failures = build_kernels(kernels, torch.device(device))
     if kernels and len(failures) == len(kernels):
         where = "the GPU" if device == "cuda" else "the CPU emulator"
         first = next(iter(failures.values()))

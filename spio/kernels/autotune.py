@@ -234,14 +234,9 @@ class _DefaultTimer:
         """Compiles `kernels` in parallel, with the sum that a partials WGrad's `pass_call` runs
         after it (one for all the layer's candidates)."""
         from ..compiler import compile_many
-        from .conv2d_gw8_wgrad_factory import sum_kernel
+        from .conv2d_gw8_wgrad_factory import with_sums
 
-        jobs = {k.name: k for k in kernels}
-        for kernel in kernels:
-            if kernel.info_value("partials"):
-                summing = sum_kernel(kernel.info_value("params"))
-                jobs[summing.name] = summing
-        compile_many([k.compile_job(arch) for k in jobs.values()], progress=False)
+        compile_many([k.compile_job(arch) for k in with_sums(kernels)], progress=False)
 
     def release(self) -> None:
         self._inputs = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -539,6 +540,18 @@ def sum_kernel(
         shared_mem_bytes=0,
         info=(("dtypes", (dw_dtype, dbias_dtype)),),
     )
+
+
+def with_sums(kernels: Iterable[Kernel]) -> list[Kernel]:
+    """`kernels`, each partials WGrad kernel followed by the sum_slots kernel that `wgrad` runs
+    after it into fp32 gradients; each name once. What to build before timing or checking."""
+    found = {}
+    for kernel in kernels:
+        found[kernel.name] = kernel
+        if kernel.info_value("partials"):
+            summing = sum_kernel(kernel.info_value("params"))
+            found[summing.name] = summing
+    return list(found.values())
 
 
 def wgrad(
