@@ -456,6 +456,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from . import supported_arch
     from .compiler import CompileResult, check_arch, compile_many
     from .compiler.compile import toolchain_identity
+    from .kernels.conv2d_gw8_wgrad_factory import with_sums
     from .kernels.families import FAMILIES
     from .kernels.layer_sets import compile_layer_set
 
@@ -507,14 +508,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
         unit="kernel",
         leave=False,
     )
-    chosen = sorted(
-        (FAMILIES[family].make_kernel(params, config) for family, params, config in picked),
-        key=lambda k: k.name,
-    )
+    made = [FAMILIES[family].make_kernel(params, config) for family, params, config in picked]
+    # With the sum over the partial sums that a partials WGrad kernel runs after it.
+    chosen = sorted(with_sums(made), key=lambda k: k.name)
+    sums = len(chosen) - len(made)
     jobs = [(kernel, arch) for kernel in chosen for arch in archs]
     print(
-        f"compiling {_count(len(chosen), 'kernel')} for {', '.join(archs)}: "
-        f"{_count(len(jobs), 'compile')}"
+        f"compiling {_count(len(chosen), 'kernel')}"
+        + (f" ({sums} sum_slots, run after partials WGrad kernels)" if sums else "")
+        + f" for {', '.join(archs)}: {_count(len(jobs), 'compile')}"
     )
     results = compile_many([k.compile_job(a) for k, a in jobs], desc="compiling kernels")
     failures = spills = warned = 0
@@ -565,7 +567,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     ),
     "compile": (
         cmd_compile,
-        "compile every config of every kernel for the built-in layer set, listing compiler "
+        "compile every config of every kernel for the built-in layer set (with the sum_slots "
+        "kernels that partials WGrad kernels run after them), listing compiler "
         "warnings; exit 1 on any failure or spill, 2 when --kernel matches no family or "
         "NVRTC or the CUDA headers are not found",
     ),
@@ -645,7 +648,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeatable: those of any NAME)",
     )
     compile_parser.add_argument(
-        "--sample", type=positive_int, metavar="N", help="compile a random sample of N kernels"
+        "--sample",
+        type=positive_int,
+        metavar="N",
+        help="compile a random sample of N kernels (and the sum_slots kernels they need)",
     )
     compile_parser.add_argument(
         "--seed", type=int, default=0, metavar="S", help="seed for --sample (default 0)"

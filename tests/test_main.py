@@ -765,14 +765,20 @@ def test_compile_shows_progress_while_it_generates_the_kernels(compiled_jobs, ca
     """Generating the source of every kernel of the layer set takes about a minute before the
     first compile: a progress bar says so, instead of a silent wait."""
     from spio.__main__ import main
+    from spio.kernels.conv2d_gw8_wgrad_factory import sum_kernel
     from spio.kernels.families import FAMILIES
     from spio.kernels.layer_sets import compile_layer_set
 
     total = sum(len(f.configs(p)) for p in compile_layer_set() for f in FAMILIES.values())
     main(["compile", "--arch", "sm_90"])
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "generating kernels:" in err and f"| 0/{total} [" in err
-    assert len(compiled_jobs) == total
+    # And the sum_slots kernel of each layer (fp32 gradients), which its partials WGrad kernels
+    # run after them.
+    sums = {sum_kernel(p).name for p in compile_layer_set()}
+    assert len(compiled_jobs) == total + len(sums)
+    assert sums <= {name for name, _ in compiled_jobs}
+    assert f"({len(sums)} sum_slots, run after partials WGrad kernels)" in out
 
 
 @pytest.mark.parametrize("seed", [0, 7])
@@ -784,15 +790,19 @@ def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monke
 
     from spio.__main__ import main
     from spio.kernels import families
+    from spio.kernels.conv2d_gw8_wgrad_factory import with_sums
     from spio.kernels.layer_sets import compile_layer_set
 
-    everything = sorted(
-        family.make_kernel(params, config).name
+    everything = {
+        kernel.name: kernel
         for params in compile_layer_set()
         for family in families.FAMILIES.values()
         for config in family.configs(params)
-    )
-    picked = sorted(random.Random(seed).sample(everything, 5))
+        for kernel in [family.make_kernel(params, config)]
+    }
+    chosen = random.Random(seed).sample(sorted(everything), 5)
+    # (With the sum_slots kernel of a partials WGrad picked.)
+    picked = sorted(k.name for k in with_sums(everything[name] for name in chosen))
     made = []
 
     def counted(make):
@@ -1038,6 +1048,7 @@ def test_compile_kernel_picks_the_families_whose_name_contains_it(compiled_jobs,
     assert {name.split("__")[0] for name, _ in compiled_jobs} == {
         "conv2d_gw8_dgrad",
         "conv2d_gw8_wgrad",
+        "sum_slots",  # after the partials WGrad kernels
     }
     compiled_jobs.clear()
     capsys.readouterr()
@@ -1051,6 +1062,7 @@ def test_compile_kernel_picks_the_families_whose_name_contains_it(compiled_jobs,
     assert {name.split("__")[0] for name, _ in compiled_jobs} == {
         "conv2d_gw8_fprop",
         "conv2d_gw8_wgrad",
+        "sum_slots",
     }
     compiled_jobs.clear()
     capsys.readouterr()
@@ -1068,7 +1080,9 @@ def test_compile_says_when_its_sample_is_every_kernel(compiled_jobs, capsys, mon
     one = layer_sets.compile_layer_set()[:1]
     monkeypatch.setattr(layer_sets, "compile_layer_set", lambda: one)
     main(["compile", "--arch", "sm_90", "--kernel", "wgrad", "--sample", "100000"])
-    total = len(compiled_jobs)
+    # (The layer's sum_slots kernel comes with its partials WGrad kernels, beside the sample.)
+    total = len([name for name, _ in compiled_jobs if not name.startswith("sum_slots")])
+    assert total < len(compiled_jobs)
     assert f"--sample 100000 is at least the {total} kernels there are: all of them" in (
         capsys.readouterr().out
     )
