@@ -317,6 +317,7 @@ def run_insitu(
     precompile(
         [(layer.params(n, dtype), pass_) for layer in layers for pass_ in PASSES],
         torch.device("cuda", 0),
+        (dtype, dtype),  # the weight's dtype, as _SpioConv's wgrad asks
     )
     torch.backends.cudnn.benchmark = True
     tensor_dtype = torch_dtype(dtype)

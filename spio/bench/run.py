@@ -120,13 +120,20 @@ def selected_by(kernel, pass_: str, device) -> str:
     return pm.selection_source(FAMILY_OF_PASS[pass_], kernel.info_value("params"), device)
 
 
-def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], device) -> dict[str, str]:
+def precompile(
+    cases: Sequence[tuple[Conv2dGw8Params, str]],
+    device,
+    gradient_dtypes: tuple[str, str] = ("fp32", "fp32"),
+) -> dict[str, str]:
     """Compile every spio kernel of `cases` (as chosen for `device`, a CUDA torch.device) in
-    parallel into the disk cache, so timing loops only load cubins; returns the kernels that
-    failed: name -> error."""
+    parallel into the disk cache, so timing loops only load cubins: with a partials WGrad
+    kernel the sum_slots kernel into gradients of `gradient_dtypes` (dw's, dbias's; the bench's
+    wgrad calls take fp32). Returns the kernels that failed: name -> error."""
+    from ..kernels.conv2d_gw8_wgrad_factory import with_sums
     from ..kernels.kernel import build_kernels
 
-    return build_kernels([spio_kernel(params, pass_, device) for params, pass_ in cases], device)
+    kernels = [spio_kernel(params, pass_, device) for params, pass_ in cases]
+    return build_kernels(with_sums(kernels, gradient_dtypes), device)
 
 
 class PassCase:

@@ -542,14 +542,17 @@ def sum_kernel(
     )
 
 
-def with_sums(kernels: Iterable[Kernel]) -> list[Kernel]:
+def with_sums(
+    kernels: Iterable[Kernel], dtypes: tuple[str, str] = ("fp32", "fp32")
+) -> list[Kernel]:
     """`kernels`, each partials WGrad kernel followed by the sum_slots kernel that `wgrad` runs
-    after it into fp32 gradients; each name once. What to build before timing or checking."""
+    after it into gradients of `dtypes` (dw's, dbias's: sum_kernel's); each name once. What to
+    build before timing or checking."""
     found = {}
     for kernel in kernels:
         found[kernel.name] = kernel
         if kernel.info_value("partials"):
-            summing = sum_kernel(kernel.info_value("params"))
+            summing = sum_kernel(kernel.info_value("params"), *dtypes)
             found[summing.name] = summing
     return list(found.values())
 

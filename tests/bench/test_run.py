@@ -358,3 +358,24 @@ def test_copy_rotates_over_as_many_pairs_as_its_bytes_need():
     pairs = copy_pairs(3072, torch.float16, "cpu", l2_bytes=100_000)
     assert len(pairs) == 99
     assert all(src.numel() == dst.numel() == 768 for src, dst in pairs)
+
+
+def test_precompile_builds_the_sum_a_partials_wgrad_runs(monkeypatch):
+    """The bench's precompile builds each case's kernel and, after a partials WGrad kernel, the
+    sum_slots kernel its wgrad call runs (fp32 gradients, or the dtypes asked for), so that no
+    build waits for the first timed call."""
+    import spio.kernels.kernel
+    from spio.bench import run
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    layer = P(n=2, c=16, h=8, w=8, has_bias=True)
+    partials = wg.make_kernel(layer, wg.configs(layer)[0], partials=True)
+    built = []
+    monkeypatch.setattr(run, "spio_kernel", lambda params, pass_, device: partials)
+    monkeypatch.setattr(
+        spio.kernels.kernel, "build_kernels", lambda kernels, device: built.append(kernels) or {}
+    )
+    assert run.precompile([(layer, "wgrad")], "cuda") == {}
+    assert built == [[partials, wg.sum_kernel(layer, "fp32", "fp32")]]
+    run.precompile([(layer, "wgrad")], "cuda", ("bf16", "fp16"))
+    assert built[1] == [partials, wg.sum_kernel(layer, "bf16", "fp16")]
