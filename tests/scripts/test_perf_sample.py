@@ -44,12 +44,10 @@ def test_rounds_take_a_few_configs_of_each_layer_in_turn():
     assert perf_sample.in_rounds([], 3) == []
 
 
-@pytest.mark.parametrize("round_size,calls", [("0", [4]), ("3", [3, 1])])
-def test_a_sweep_whose_kernels_fail_to_build_exits_1(
-    round_size, calls, monkeypatch, tmp_path, capsys
-):
-    """Every compile failing measured nothing, yet exited 0: gpu_check's perf step looked
-    successful. (The layer's kernels compile in one call, or with --round in one a round.)"""
+@pytest.fixture
+def failing_builds(monkeypatch):
+    """perf_sample on a stand-in GPU (no CUDA tensors, no timing) whose every compile fails:
+    the names of each compile_many call's jobs, a list a call."""
     import torch
 
     import spio.compiler
@@ -64,19 +62,47 @@ def test_a_sweep_whose_kernels_fail_to_build_exits_1(
     )
     monkeypatch.setattr(spio.cuda, "driver", fake_driver, raising=False)
     monkeypatch.setitem(sys.modules, "spio.cuda.driver", fake_driver)
-    compiled = []  # jobs a call
+    compiled: list[list[str]] = []
 
     def compile_many(jobs, **k):
-        compiled.append(len(jobs))
+        compiled.append([job.name.removesuffix(".cu") for job in jobs])
         return [RuntimeError("no build")] * len(jobs)
 
     monkeypatch.setattr(spio.compiler, "compile_many", compile_many)
     monkeypatch.setattr(autotune, "input_copies", lambda *a: 1)
     monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: [])  # no CUDA tensors here
-    argv = ["--csv", str(tmp_path / "samples.csv"), "--layers", "1", "--batches", "32",
-            "--dtypes", "fp16", "--families", "conv2d_gw8_fprop", "--max-configs", "2",
+    return compiled
+
+
+def sweep_args(tmp_path, family: str, round_size: str = "0") -> list[str]:
+    return ["--csv", str(tmp_path / "samples.csv"), "--layers", "1", "--batches", "32",
+            "--dtypes", "fp16", "--families", family, "--max-configs", "2",
             "--round", round_size]  # fmt: skip
-    assert perf_sample.main(argv) == 1
-    assert compiled == calls  # 2 drawn, the heuristic's pick and the model's
+
+
+@pytest.mark.parametrize("round_size,calls", [("0", [4]), ("3", [3, 1])])
+def test_a_sweep_whose_kernels_fail_to_build_exits_1(
+    round_size, calls, failing_builds, tmp_path, capsys
+):
+    """Every compile failing measured nothing, yet exited 0: gpu_check's perf step looked
+    successful. (The layer's kernels compile in one call, or with --round in one a round.)"""
+    assert perf_sample.main(sweep_args(tmp_path, "conv2d_gw8_fprop", round_size)) == 1
+    # 2 drawn, the heuristic's pick and the model's
+    assert [len(names) for names in failing_builds] == calls
     out = capsys.readouterr()
     assert "perf_sample: measured 0, failed " in out.out and "did not compile: no build" in out.err
+
+
+def test_a_wgrad_sweep_builds_each_partials_kernels_sum_with_it(failing_builds, tmp_path):
+    """The sum_slots kernel that a partials WGrad's timed call runs is built in the same
+    compile_many call as the layer's kernels, not at the first timing."""
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+    from spio.kernels.conv2d_gw8_wgrad_factory import sum_kernel
+
+    assert perf_sample.main(sweep_args(tmp_path, "conv2d_gw8_wgrad")) == 1
+    (names,) = failing_builds
+    partials = [n for n in names if n.endswith("__partials")]
+    assert partials, names  # (the first bench layer's picks use partial sums)
+    sums = [n for n in names if n.startswith("sum_slots")]
+    layer = Conv2dGw8Params.decode("n1_" + partials[0].split("__")[1])  # (its name's layer)
+    assert sums == [sum_kernel(layer).name]
