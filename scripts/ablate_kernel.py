@@ -460,7 +460,8 @@ def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, 
 
     atomic = wg.make_kernel(params, config, partials=False)
     partials = wg.make_kernel(params, config, partials=True)
-    compile_many([atomic.compile_job(arch), partials.compile_job(arch)], progress=False)
+    # (With the sum partials' calls run after it.)
+    compile_many([k.compile_job(arch) for k in wg.with_sums([atomic, partials])], progress=False)
     results = {}
     for name, kernel in (("atomic+zero", atomic), ("partials+sum", partials)):
 

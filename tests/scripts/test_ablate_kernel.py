@@ -214,7 +214,10 @@ def test_wgrad_reductions_time_both_wrappers_on_their_inputs(monkeypatch):
     monkeypatch.setattr(
         wg, "wgrad", lambda *a, **k: ran.append(k["kernel"].name) or real_wgrad(*a, **k)
     )
-    monkeypatch.setattr(spio.compiler, "compile_many", lambda jobs, **k: None)
+    built = []
+    monkeypatch.setattr(
+        spio.compiler, "compile_many", lambda jobs, **k: built.extend(j.name for j in jobs)
+    )
     fake_timing = types.SimpleNamespace(median_ms=0.5)
     monkeypatch.setattr(
         spio.bench.timing, "time_calls", lambda call, warmup, reps: call(0) or fake_timing
@@ -226,6 +229,7 @@ def test_wgrad_reductions_time_both_wrappers_on_their_inputs(monkeypatch):
     times = ablate.time_wgrad_reductions(params, config, arg_sets, "sm_90", 5)
     assert times == {"atomic+zero": 0.5e-3, "partials+sum": 0.5e-3}
     assert len(ran) == 2 and not ran[0].endswith("__partials") and ran[1].endswith("__partials")
+    assert built == [f"{name}.cu" for name in ran] + [f"{wg.sum_kernel(params).name}.cu"]
 
 
 @pytest.mark.parametrize(
