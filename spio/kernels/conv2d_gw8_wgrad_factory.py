@@ -62,7 +62,11 @@ HEADER_NAME = "conv2d_gw8_wgrad_gen.h"
 SUM_SOURCE_FILE = "sum_slots.cu"
 SUM_HEADER_NAME = "sum_slots_gen.h"
 SUM_ENTRY = "spio_sum_slots"
-SUM_THREADS = 256
+#: A sum_slots block: SUM_COLUMNS output elements, one a lane; SUM_GROUPS warps, each summing
+#: every SUM_GROUPS-th slot of them, SUM_BATCH loads in flight at a time.
+SUM_COLUMNS = 32
+SUM_GROUPS = 8
+SUM_BATCH = 16
 #: C++ types of the gradients sum_slots writes, by dtype name.
 SUM_TYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 
@@ -516,28 +520,36 @@ def sum_kernel(
     dw_type, dbias_type = SUM_TYPES[dw_dtype], SUM_TYPES[dbias_dtype]
     dw = dw_dims(params)
     channels_last = {"k8": dw["k8"], "k": 8, "r": params.r, "s": params.s, "c": 8}  # [K, R, S, 8]
+    sums = TensorSpec("SmemSums", "float", {"g": SUM_GROUPS, "e": SUM_COLUMNS})
     header = generate(
         [
-            ParamsSpec("Sum", {"has_bias": params.has_bias}),
+            ParamsSpec("Sum", {"has_bias": params.has_bias, "batch": SUM_BATCH}),
             *part_specs(params, "const float"),
             TensorSpec("DW", dw_type, dw),
             TensorSpec("DWChannelsLast", dw_type, channels_last),
             TensorSpec("DBias", dbias_type, dbias_dims(params)),
-            # The output elements, one a thread: dw's in its contiguous order, then dbias's.
+            # The output elements: dw's in its contiguous order, then dbias's; SumElement::E of
+            # them a block, one a lane of each warp (g: its group of slots).
             IndexSpec("DwIdx", dw),
             IndexSpec("DBiasIdx", dbias_dims(params)),
+            IndexSpec("SumThread", {"g": SUM_GROUPS, "e": SUM_COLUMNS}),
+            IndexSpec("SumElement", {"block": None, "e": SUM_COLUMNS}),
+            # Slot t of group g at load j of a step: the groups' slots interleave.
+            IndexSpec("SlotIdx", {"step": None, "j": SUM_BATCH, "g": SUM_GROUPS}),
+            sums,
         ]
     )
     columns = sum(_slot_columns(params))
     bias = "_bias" if params.has_bias else ""
+    assert sums.num_bytes is not None  # (its extents are all known)
     return Kernel(
         name=f"sum_slots__c{params.c}_r{params.r}_s{params.s}{bias}__{dw_dtype}_{dbias_dtype}",
         source_file=SUM_SOURCE_FILE,
         entry=SUM_ENTRY,
         headers=((SUM_HEADER_NAME, header),),
-        grid=(math.ceil(columns / SUM_THREADS), 1, 1),
-        block=(SUM_THREADS, 1, 1),
-        shared_mem_bytes=0,
+        grid=(math.ceil(columns / SUM_COLUMNS), 1, 1),
+        block=(SUM_GROUPS * SUM_COLUMNS, 1, 1),
+        shared_mem_bytes=sums.num_bytes,
         info=(("dtypes", (dw_dtype, dbias_dtype)),),
     )
 

@@ -315,14 +315,14 @@ def test_partial_sums_cover_every_slot_and_match_reference(params, config, devic
         tol = conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1))
         tol.assert_close(db_parts.sum(0).cpu(), conv2d_gw8_bias_grad_ref(dy.double()))
     x, dy = x.to(device), dy.to(device)
-    # The wrapper gives the same sums (sum_slots adds the slots in order), and the same bits on
-    # every run.
+    # The wrapper gives the same sums (sum_slots adds the slots in its fixed order), and the
+    # same bits on every run.
     dw, db = wg.wgrad(x, dy, params, kernel=kernel)
-    assert torch.equal(dw, _in_order_sum(dw_parts)) and torch.equal(
+    assert torch.equal(dw, _slot_order_sum(dw_parts)) and torch.equal(
         dw, wg.wgrad(x, dy, params, kernel=kernel)[0]
     )
     if params.has_bias:
-        assert torch.equal(db, _in_order_sum(db_parts))
+        assert torch.equal(db, _slot_order_sum(db_parts))
     assert wg.partial_bytes(params, config) == 4 * slots * (
         params.c * 8 * params.r * params.s + (params.c if params.has_bias else 0)
     )
@@ -372,8 +372,23 @@ def test_emulated_wgrad_deep_pipelines(params, config):
     check(params, "wgrad", config, "cpu")
 
 
+def _slot_order_sum(parts):
+    """The sum over t of parts[t] in fp32, in sum_slots' order: slot t in group t mod
+    SUM_GROUPS, each group's slots added in increasing t to 0.0, then the group sums, group 0
+    first, added to 0.0."""
+    import torch
+
+    total = torch.zeros_like(parts[0])
+    for g in range(wg.SUM_GROUPS):
+        group = torch.zeros_like(parts[0])
+        for t in range(g, len(parts), wg.SUM_GROUPS):
+            group += parts[t]
+        total += group
+    return total
+
+
 def _in_order_sum(parts):
-    """parts[0] + parts[1] + ... in fp32, in that order (what sum_slots computes)."""
+    """parts[0] + parts[1] + ... in fp32, in that order."""
     total = parts[0].clone()
     for part in parts[1:]:
         total += part
@@ -384,15 +399,19 @@ def _in_order_sum(parts):
 @pytest.mark.parametrize("dw_dtype,dbias_dtype", [("fp32", "fp32"), ("fp16", "fp32"),
                                                   ("bf16", "bf16")])  # fmt: skip
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype, channels_last):
-    """sum_slots: every dw and dbias element is the in-order fp32 sum of its slots, rounded once
-    to the gradient's dtype; dw's columns and dbias's come from their own buffers. With
-    channels_last it writes dw in that order, each element where channels_last puts it."""
+@pytest.mark.parametrize("slots", [7, 2 * wg.SUM_GROUPS * wg.SUM_BATCH + 5])
+def test_sum_slots_adds_in_its_order_and_rounds_once(
+    device, dw_dtype, dbias_dtype, channels_last, slots
+):
+    """sum_slots: every dw and dbias element is the fp32 sum of its slots in sum_slots' fixed
+    order (_slot_order_sum; with more slots than a step's loads, the last step part-filled),
+    rounded once to the gradient's dtype; dw's columns and dbias's come from their own buffers.
+    With channels_last it writes dw in that order, each element where channels_last puts it."""
     import torch
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     params = Conv2dGw8Params(n=1, c=40, h=4, w=4, padding=1, r=3, s=2, has_bias=True)
-    slots, w_size = 7, 40 * 8 * 3 * 2
+    w_size = 40 * 8 * 3 * 2
     gen = torch.Generator().manual_seed(0)
     dw_parts = torch.randn(slots, w_size, generator=gen).to(device)
     db_parts = (torch.randn(slots, 40, generator=gen) * 100).to(device)
@@ -401,12 +420,14 @@ def test_sum_slots_adds_in_order_and_rounds_once(device, dw_dtype, dbias_dtype, 
     dw = dw.contiguous(memory_format=layout)
     db = torch.full((40,), float("nan"), dtype=dtypes[dbias_dtype], device=device)
     kernel = wg.sum_kernel(params, dw_dtype, dbias_dtype)
-    assert kernel.grid[0] * kernel.block[0] >= w_size + 40
+    assert kernel.grid[0] * wg.SUM_COLUMNS >= w_size + 40
     kernel.launch([dw, db, dw_parts, db_parts, slots, int(channels_last)], torch.device(device))
-    want_dw = _in_order_sum(dw_parts).to(dtypes[dw_dtype]).reshape(dw.shape)
+    want_dw = _slot_order_sum(dw_parts).to(dtypes[dw_dtype]).reshape(dw.shape)
     assert dw.is_contiguous(memory_format=layout)
     assert torch.equal(dw, want_dw)
-    assert torch.equal(db, _in_order_sum(db_parts).to(dtypes[dbias_dtype]))
+    assert torch.equal(db, _slot_order_sum(db_parts).to(dtypes[dbias_dtype]))
+    if slots > wg.SUM_GROUPS and dw_dtype == "fp32":  # the order shows in the bits
+        assert not torch.equal(_slot_order_sum(dw_parts), _in_order_sum(dw_parts))
     assert wg.sum_kernel(params, dw_dtype, dbias_dtype) is kernel  # built once
     with pytest.raises(ValueError, match="fp32, fp16 or bf16|among"):
         wg.sum_kernel(params, "fp64")
