@@ -75,6 +75,7 @@ about half those bytes; the read line says what it read at its end).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from spio.args import positive_int
@@ -408,16 +409,9 @@ def ablate_layer(args, layer) -> int:
                 for name, seconds in time_wgrad_reductions(
                     params, config, arg_sets, attrs["arch"], args.repeats
                 ).items():
-                    print(
-                        row(
-                            pass_,
-                            name,
-                            seconds,
-                            nbytes,
-                            full,
-                            "whole wrapper, as autograd calls it",
-                        )
-                    )
+                    # The sum alone moves its own bytes: the slots read, dw (and dbias) written.
+                    moved = nbytes if name != "sum alone" else sum_bytes(params, config)
+                    print(row(pass_, name, seconds, moved, full, REDUCTION_NOTES[name]))
         # The copy's pairs rotate as the kernels' inputs do, so neither finds its data in L2.
         pairs = copy_pairs(nbytes, torch.float16, device, attrs["l2_cache_bytes"])
         moved = 2 * pairs[0][0].nbytes
@@ -456,9 +450,28 @@ def named_configs(family, params, names: list[str]) -> list | None:
     return configs
 
 
+#: What each of time_wgrad_reductions' timings covers.
+REDUCTION_NOTES = {
+    "atomic+zero": "whole wrapper, as autograd calls it",
+    "partials+sum": "whole wrapper, as autograd calls it",
+    "sum alone": "sum_slots over the config's slots (zeros), as the wrapper launches it",
+}
+
+
+def sum_bytes(params, config) -> int:
+    """Bytes sum_slots moves for a partials WGrad of `config`: every slot read, one written."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    slots = wg.partial_slots(params, config)
+    return wg.partial_bytes(params, config) * (slots + 1) // slots
+
+
 def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, float]:
     """Seconds per call of the WGrad wrapper with atomics (dw zeroed first) and with per-warp
-    partial sums (then summed), on the inputs of arg_sets (rotated)."""
+    partial sums (then summed), on the inputs of arg_sets (rotated); and of the sum alone, on
+    partial-sum buffers of the config's slots (REDUCTION_NOTES)."""
+    import torch
+
     from spio.bench.timing import time_calls
     from spio.compiler import compile_many
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
@@ -475,6 +488,20 @@ def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, 
             wg.wgrad(x, dy, params, kernel=kernel)
 
         results[name] = time_calls(call, warmup=3, reps=repeats).median_ms * 1e-3
+    device = arg_sets[0][2].device
+    slots = wg.partial_slots(params, config)
+    dw_size, c = math.prod(params.weight_shape), params.c if params.has_bias else 0
+    summing = wg.sum_kernel(params)
+    args = [
+        torch.empty(params.weight_shape, device=device),
+        torch.empty(c, device=device) if c else None,
+        torch.zeros(slots * dw_size, device=device),
+        torch.zeros(slots * c, device=device) if c else None,
+        slots,
+        0,
+    ]
+    timing = time_calls(lambda i: summing.launch(args, device), warmup=3, reps=repeats)
+    results["sum alone"] = timing.median_ms * 1e-3
     return results
 
 

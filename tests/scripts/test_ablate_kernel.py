@@ -227,7 +227,10 @@ def test_wgrad_reductions_time_both_wrappers_on_their_inputs(monkeypatch):
     cpu = torch.device("cpu")
     arg_sets = [autotune.kernel_inputs("conv2d_gw8_wgrad", params, cpu, seed) for seed in (0, 1)]
     times = ablate.time_wgrad_reductions(params, config, arg_sets, "sm_90", 5)
-    assert times == {"atomic+zero": 0.5e-3, "partials+sum": 0.5e-3}
+    assert times == {"atomic+zero": 0.5e-3, "partials+sum": 0.5e-3, "sum alone": 0.5e-3}
+    assert set(times) == set(ablate.REDUCTION_NOTES)
+    slots = wg.partial_slots(params, config)  # read, and dw (16 x 8 x 3 x 3 floats) written
+    assert ablate.sum_bytes(params, config) == 4 * (slots + 1) * 16 * 8 * 9
     assert len(ran) == 2 and not ran[0].endswith("__partials") and ran[1].endswith("__partials")
     assert built == [f"{name}.cu" for name in ran] + [f"{wg.sum_kernel(params).name}.cu"]
 
