@@ -285,12 +285,20 @@ def dbias_dims(params: Conv2dGw8Params) -> dict[str, int]:
     return {"k8": params.groups, "k": 8}
 
 
+def slot_dims(params: Conv2dGw8Params) -> dict[str, int]:
+    """A partial-sum slot's dw: dw_dims' dims with each tap's 8 x 8 (k by c) innermost, so that
+    a WGrad warp's store of one accumulator element across its lanes (k and c vary, the tap is
+    fixed) lands in 8 whole 32-byte sectors between them, not in 32 (where c's stride was R * S
+    floats). sum_slots reads the slots in this order and writes dw in its own."""
+    return {"k8": params.groups, "r": params.r, "s": params.s, "k": 8, "c": 8}
+
+
 def part_specs(params: Conv2dGw8Params, element: str) -> list[Spec]:
     """The partial-sum buffers of a partials WGrad: slot t outermost (partial_slots of them,
-    given at launch), each slot a dw (dw_dims) and a dbias (dbias_dims). `element`: "float"
+    given at launch), each slot a dw (slot_dims) and a dbias (dbias_dims). `element`: "float"
     for the WGrad kernel, which writes them, "const float" for sum_slots, which reads them."""
     return [
-        TensorSpec("DWPart", element, {"t": None, **dw_dims(params)}),
+        TensorSpec("DWPart", element, {"t": None, **slot_dims(params)}),
         TensorSpec("DBiasPart", element, {"t": None, **dbias_dims(params)}),
     ]
 
@@ -528,9 +536,9 @@ def sum_kernel(
             TensorSpec("DW", dw_type, dw),
             TensorSpec("DWChannelsLast", dw_type, channels_last),
             TensorSpec("DBias", dbias_type, dbias_dims(params)),
-            # The output elements: dw's in its contiguous order, then dbias's; SumElement::E of
-            # them a block, one a lane of each warp (g: its group of slots).
-            IndexSpec("DwIdx", dw),
+            # The output elements: dw's in a slot's order (reads coalesced), then dbias's;
+            # SumElement::E of them a block, one a lane of each warp (g: its group of slots).
+            IndexSpec("DwIdx", slot_dims(params)),
             IndexSpec("DBiasIdx", dbias_dims(params)),
             IndexSpec("SumThread", {"g": SUM_GROUPS, "e": SUM_COLUMNS}),
             IndexSpec("SumElement", {"block": None, "e": SUM_COLUMNS}),

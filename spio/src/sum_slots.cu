@@ -2,7 +2,7 @@
 /// the slots of the partial-sum buffers into dw (and dbias), rounded once to the gradients' dtypes.
 ///
 /// What it computes, with T = slots (given at launch) and G = SumThread::G:
-///   dw[k8, k, c, r, s] = sum over t < T of DWPart[t, k8, k, c, r, s]
+///   dw[k8, k, c, r, s] = sum over t < T of DWPart[t, k8, r, s, k, c]
 ///   dbias[k8, k]       = sum over t < T of DBiasPart[t, k8, k]   (with Sum::has_bias)
 /// in fp32 and in a fixed order, so that the result is the same on every run: slot t goes to
 /// group t mod G; each group adds its slots in increasing t from 0.0f, and the element's sum adds
@@ -11,8 +11,8 @@
 /// with `channels_last` != 0, as DWChannelsLast ([K, R, S, 8]: a channels_last model's weight
 /// layout, so that autograd takes the gradient as it is, without a copy into the weight's layout).
 ///
-/// Tiling: a block sums SumThread::E consecutive output elements (SumElement: dw's in its
-/// contiguous order, then dbias's), one a lane, so that a warp reads whole lines of a slot. Its
+/// Tiling: a block sums SumThread::E consecutive output elements (SumElement: dw's in a slot's
+/// order, DwIdx, then dbias's), one a lane, so that a warp reads whole lines of a slot. Its
 /// G warps split the slots: warp g sums group g, issuing Sum::batch loads (slots g, g + G, ...
 /// of a SlotIdx step) before adding them, so that many loads are in flight even where a layer
 /// has few elements and many slots. The group sums meet in shared memory (SmemSums); after one

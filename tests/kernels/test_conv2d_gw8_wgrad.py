@@ -303,11 +303,13 @@ def test_partial_sums_cover_every_slot_and_match_reference(params, config, devic
     assert kernel.name.endswith("__partials")
     slots = wg.partial_slots(params, config)
     nan = float("nan")
-    dw_parts = torch.full((slots, *params.weight_shape), nan, device=device)
+    part_size = params.c * 8 * params.r * params.s
+    dw_slots = torch.full((slots, part_size), nan, device=device)
     db_parts = torch.full((slots, params.c), nan, device=device) if params.has_bias else None
     kernel.launch(
-        [dw_parts, db_parts, nhwc_operand(x), nhwc_operand(dy), params.n], torch.device(device)
+        [dw_slots, db_parts, nhwc_operand(x), nhwc_operand(dy), params.n], torch.device(device)
     )
+    dw_parts = _slots_as_weights(dw_slots, params)
     x, dy = x.cpu(), dy.cpu()
     want = conv2d_gw8_wgrad_ref(x.double(), dy.double(), params.padding, params.r, params.s)
     conv2d_gw8_tolerance(params, "wgrad", x, dy).assert_close(dw_parts.sum(0).cpu(), want)
@@ -372,6 +374,15 @@ def test_emulated_wgrad_deep_pipelines(params, config):
     check(params, "wgrad", config, "cpu")
 
 
+def _slots_as_weights(parts, params):
+    """Partial-sum slots (slots, dw elements) in a slot's layout (wg.slot_dims), as (slots,
+    *params.weight_shape) in PyTorch's weight layout."""
+    dims = wg.slot_dims(params)
+    shaped = parts.reshape(parts.shape[0], *dims.values())
+    order = [0, *(1 + list(dims).index(d) for d in ("k8", "k", "c", "r", "s"))]
+    return shaped.permute(order).reshape(parts.shape[0], *params.weight_shape)
+
+
 def _slot_order_sum(parts):
     """The sum over t of parts[t] in fp32, in sum_slots' order: slot t in group t mod
     SUM_GROUPS, each group's slots added in increasing t to 0.0, then the group sums, group 0
@@ -422,7 +433,7 @@ def test_sum_slots_adds_in_its_order_and_rounds_once(
     kernel = wg.sum_kernel(params, dw_dtype, dbias_dtype)
     assert kernel.grid[0] * wg.SUM_COLUMNS >= w_size + 40
     kernel.launch([dw, db, dw_parts, db_parts, slots, int(channels_last)], torch.device(device))
-    want_dw = _slot_order_sum(dw_parts).to(dtypes[dw_dtype]).reshape(dw.shape)
+    want_dw = _slot_order_sum(_slots_as_weights(dw_parts, params)).to(dtypes[dw_dtype])
     assert dw.is_contiguous(memory_format=layout)
     assert torch.equal(dw, want_dw)
     assert torch.equal(db, _slot_order_sum(db_parts).to(dtypes[dbias_dtype]))
@@ -453,6 +464,24 @@ def test_sum_slots_name_stands_for_its_code():
     ]
     assert len({k.name for k in [kernel, *others]}) == 6
     assert len({k.headers for k in [kernel, *others]}) == 6
+
+
+def test_the_slots_are_laid_out_for_the_stores_and_read_in_their_order():
+    """Speed, which the results cannot show: a slot holds each tap's 8 x 8 (k by c) innermost,
+    so that a WGrad warp's store of one accumulator element fills whole sectors across its lanes,
+    and sum_slots enumerates dw in that same order, so that its warps' reads are coalesced."""
+    from spio.generators import IndexSpec, TensorSpec
+
+    params = Conv2dGw8Params(n=2, c=24, h=9, w=7, padding=1, r=3, s=2, has_bias=True)
+    dims = wg.slot_dims(params)
+    assert list(dims)[-2:] == ["k", "c"] and dims["k"] == dims["c"] == 8
+    assert sorted(dims) == sorted(wg.dw_dims(params))
+    part = TensorSpec("DWPart", "float", {"t": None, **dims}).generate()
+    config = wg.configs(params)[0]
+    assert part in dict(wg.make_kernel(params, config, partials=True).headers)[wg.HEADER_NAME]
+    summing = dict(wg.sum_kernel(params).headers)[wg.SUM_HEADER_NAME]
+    assert TensorSpec("DWPart", "const float", {"t": None, **dims}).generate() in summing
+    assert IndexSpec("DwIdx", dims).generate() in summing
 
 
 def test_one_partials_kernel_sums_into_each_pair_of_gradient_dtypes():
