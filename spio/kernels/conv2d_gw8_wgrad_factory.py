@@ -288,8 +288,9 @@ def dbias_dims(params: Conv2dGw8Params) -> dict[str, int]:
 def slot_dims(params: Conv2dGw8Params) -> dict[str, int]:
     """A partial-sum slot's dw: dw_dims' dims with each tap's 8 x 8 (k by c) innermost, so that
     a WGrad warp's store of one accumulator element across its lanes (k and c vary, the tap is
-    fixed) lands in 8 whole 32-byte sectors between them, not in 32 (where c's stride was R * S
-    floats). sum_slots reads the slots in this order and writes dw in its own."""
+    fixed) touches 8 32-byte sectors, not 32 (c's stride had been R * S floats), which its store
+    of the next element (the next c) fills. sum_slots reads the slots in this order and writes
+    dw in its own."""
     return {"k8": params.groups, "r": params.r, "s": params.s, "k": 8, "c": 8}
 
 
