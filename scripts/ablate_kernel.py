@@ -354,8 +354,7 @@ def ablate_layer(args, layer) -> int:
             plan[pass_].append((config, kernels))
     every = [k for configs in plan.values() for _, kernels in configs for k in kernels.values()]
     # With the sums that partials WGrad variants' timed calls run (built, not reported).
-    names = {k.name for k in every}
-    sums = [k for k in wg.with_sums(every) if k.name not in names]
+    sums = wg.sum_kernels(every)
     jobs = [k.compile_job(attrs["arch"]) for k in [*every, *sums]]
     results = compile_many(jobs, progress=False)[: len(every)]
     # A variant that does not build is reported on its line; the others are still timed.

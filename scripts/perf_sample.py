@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from spio.compiler import compile_many
     from spio.cuda import driver
     from spio.kernels import autotune
-    from spio.kernels.conv2d_gw8_wgrad_factory import with_sums
+    from spio.kernels.conv2d_gw8_wgrad_factory import sum_kernels
     from spio.kernels.families import FAMILIES, get_family
     from spio.kernels.perf_model import identity_of
     from spio.kernels.perf_samples import (
@@ -244,8 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         family, params, todo = work[index]
         kernels = [family.make_kernel(params, c) for c in todo]
         # And the sum a partials WGrad's timed call runs (its build failing fails those calls).
-        names = {k.name for k in kernels}
-        sums = [k for k in with_sums(kernels) if k.name not in names]
+        sums = sum_kernels(kernels)
         jobs = [k.compile_job(arch) for k in [*kernels, *sums]]
         results = compile_many(jobs, workers=args.workers or None, progress=False)
         return kernels, results[: len(kernels)], time.monotonic() - began

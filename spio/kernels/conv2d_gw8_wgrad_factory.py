@@ -578,6 +578,16 @@ def with_sums(
     return list(found.values())
 
 
+def sum_kernels(
+    kernels: Iterable[Kernel], dtypes: tuple[str, str] = ("fp32", "fp32")
+) -> list[Kernel]:
+    """with_sums' sum_slots kernels alone: those the partials WGrad kernels among `kernels` run
+    after them, each once. For callers that keep `kernels` in their own order."""
+    kernels = list(kernels)
+    names = {kernel.name for kernel in kernels}
+    return [kernel for kernel in with_sums(kernels, dtypes) if kernel.name not in names]
+
+
 def wgrad(
     x: Tensor,
     dy: Tensor,
