@@ -288,9 +288,10 @@ def dbias_dims(params: Conv2dGw8Params) -> dict[str, int]:
 def slot_dims(params: Conv2dGw8Params) -> dict[str, int]:
     """A partial-sum slot's dw: dw_dims' dims with each tap's 8 x 8 (k by c) innermost, so that
     a WGrad warp's store of one accumulator element across its lanes (k and c vary, the tap is
-    fixed) touches 8 32-byte sectors, not 32 (c's stride had been R * S floats), which its store
-    of the next element (the next c) fills. sum_slots reads the slots in this order and writes
-    dw in its own."""
+    fixed) touches 8 32-byte sectors, half of each, which its store of the next element (the
+    next c) fills. In PyTorch's order (c's stride R * S floats) it touched 32 where R * S >= 4
+    (24, 16 and 8 where R * S is 3, 2 and 1). sum_slots reads the slots in this order and
+    writes dw in its own."""
     return {"k8": params.groups, "r": params.r, "s": params.s, "k": 8, "c": 8}
 
 

@@ -12,9 +12,10 @@
 /// launch to launch, so results may differ in the last bits of fp32 rounding, never more. With
 /// SPIO_WGRAD_PARTIALS each warp instead stores its sums to its part of a slot of DWPart /
 /// DBiasPart (a slot per dy tile and run of Block::warp_x8 * 8 columns, each warp of it writing its
-/// group's channels; no atomics, nothing to zero; a slot's taps outermost, so that each store
-/// instruction's lanes fill whole sectors) and the caller sums the slots (sum_slots.cu): a second
-/// pass, with a result that does not depend on launch order.
+/// group's channels; no atomics, nothing to zero; each tap's 8 x 8 (k by c) innermost in a slot,
+/// so that a store instruction's lanes touch 8 sectors, half of each, which the next element's
+/// store fills) and the caller sums the slots (sum_slots.cu): a second pass, with a result that
+/// does not depend on launch order.
 ///
 /// Tiling: a block owns Block::c8 groups, Block::y rows and Block::x columns of dy, for Block::n
 /// images in turn. Per image it streams the Block::y + R - 1 rows of x that the tile touches, one

@@ -18,9 +18,9 @@
 /// has few elements and many slots. The group sums meet in shared memory (SmemSums); after one
 /// __syncthreads() warp 0 adds them and writes the element.
 ///
-/// Launch contract: SumThread::size threads a block, ceil((DwIdx::size + DBiasIdx::size) /
-/// SumThread::E) blocks (DBiasIdx's elements are skipped without Sum::has_bias),
-/// SmemSums::num_bytes of dynamic shared memory.
+/// Launch contract: SumThread::size threads a block, ceil(DwIdx::size / SumThread::E) blocks, or
+/// with Sum::has_bias ceil((DwIdx::size + DBiasIdx::size) / SumThread::E) (DBiasIdx is generated
+/// either way), SmemSums::num_bytes of dynamic shared memory.
 /// Arguments: (DW::data_type *dw, DBias::data_type *dbias or null, const float *dw_part,
 ///             const float *dbias_part or null, int slots, int channels_last).
 /// The generated header (sum_slots_gen.h) sets the layer's sizes and the gradients' types (float,

@@ -468,7 +468,7 @@ def test_sum_slots_name_stands_for_its_code():
 
 def test_the_slots_are_laid_out_for_the_stores_and_read_in_their_order():
     """Speed, which the results cannot show: a slot holds each tap's 8 x 8 (k by c) innermost,
-    so that a WGrad warp's store of one accumulator element fills whole sectors across its lanes,
+    so that a WGrad warp's store of one accumulator element touches 8 sectors across its lanes,
     and sum_slots enumerates dw in that same order, so that its warps' reads are coalesced."""
     from spio.generators import IndexSpec, TensorSpec
 
@@ -486,8 +486,9 @@ def test_the_slots_are_laid_out_for_the_stores_and_read_in_their_order():
 
 def test_one_partials_kernel_sums_into_each_pair_of_gradient_dtypes():
     """wgrad remembers each partials kernel's sum plan per pair of gradient dtypes: the same
-    kernel summed into fp16 and bf16 gradients, then into fp32 ones, gives each the in-order fp32
-    sums rounded once to its dtype (a plan reused across dtypes would write the wrong type)."""
+    kernel summed into fp16 and bf16 gradients, then into fp32 ones, gives each the same fp32
+    sums (sum_slots' fixed order) rounded once to its dtype (a plan reused across dtypes would
+    write the wrong type)."""
     import torch
 
     params = Conv2dGw8Params(n=2, c=16, h=7, w=5, padding=1, r=3, s=3, has_bias=True)
