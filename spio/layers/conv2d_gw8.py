@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeGuard, TypeVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.fx import Proxy
 from torch.nn.modules.module import _WrappedHook
 from torch.nn.modules.utils import _pair
 from torch.nn.parameter import is_lazy
@@ -308,8 +309,9 @@ class Conv2dGw8(nn.Conv2d):
     autocast, and float64; anywhere: float64 under autocast, integer tensors), inputs on a GPU
     spio builds no kernels for (e.g. a T4, sm_75), and calls under torch.func.grad or jvp or
     with forward-mode AD tangents fall back to F.conv2d, logging the reason once; so does a
-    layer whose stride, dilation, groups or padding_mode were set after construction to values
-    spio cannot run (nn.Conv2d's forward reads them at each call). On the CPU without
+    layer whose stride, dilation, groups or padding_mode, or whose weight's filter size, were set
+    after construction to values spio cannot run (nn.Conv2d's forward reads them at each call;
+    "same" pads by the weight's filter size, as F.conv2d does). On the CPU without
     SPIO_EMULATE, fp32 and float64 inputs outside autocast run PyTorch's convolution, as the op
     does there, without a message.
 
@@ -319,6 +321,8 @@ class Conv2dGw8(nn.Conv2d):
     """
 
     __jit_unused_properties__ = ["spio_passes"]  # TorchScript: not part of a scripted layer
+    # Nor are these (the eager path's; a class annotation TorchScript cannot read).
+    __jit_ignored_attributes__ = ["_spio_padding_size", "_spio_eligible_shape"]
 
     def __init__(  # nn.Conv2d's arguments, spelled out: skip_init and help() read them
         self,
@@ -356,47 +360,69 @@ class Conv2dGw8(nn.Conv2d):
         )
         self._pass_bits = ALL_PASSES
         self._spio_padding_of: Any = None
-        self._spio_padding = self._padding_ints()
+        self._spio_padding = self._padding_ints(self.weight)
+        self._spio_eligible_shape = tuple(self.weight.shape)
 
-    def _padding_ints(self) -> tuple[int, int]:
-        """The (pad_h, pad_w) the kernels take. `padding` stays as given ("same", "valid" or
-        ints), as nn.Conv2d keeps it, so that repr and untransform give it back; these ints are
-        resolved from it again whenever it was set anew, as nn.Conv2d's forward reads it."""
-        if self.padding is not self._spio_padding_of:
-            pad = resolve_padding(self.padding, self.kernel_size, self.dilation)
+    # The filter size "same" was last resolved for (_padding_ints), and the weight's shape last
+    # found eligible (_ineligibility_now); here too for layers pickled before they were kept.
+    _spio_padding_size: tuple[int, ...] = ()
+    _spio_eligible_shape: tuple[int, ...] = ()
+
+    def _padding_ints(self, weight: Tensor) -> tuple[int, int]:
+        """The (pad_h, pad_w) the kernels take for `weight` (the layer's, as its call reads it).
+        `padding` stays as given ("same", "valid" or ints), as nn.Conv2d keeps it, so that repr
+        and untransform give it back; these ints are resolved from it again whenever it was set
+        anew, and "same" whenever the weight's filter size changed (F.conv2d pads by it: a
+        weight of another size set after construction leaves kernel_size as it was)."""
+        if self.padding is not self._spio_padding_of or (
+            isinstance(self.padding, str) and self._filter_size(weight) != self._spio_padding_size
+        ):
+            size = self._filter_size(weight)
+            pad = resolve_padding(self.padding, size, self.dilation)
             if pad is None:  # set after construction: the constructor's error
                 wrong_type = not isinstance(self.padding, str) and _integers(self.padding) is None
                 raise (TypeError if wrong_type else ValueError)(
-                    f"Conv2dGw8 needs {PADDING_TAKEN}, got {self.padding!r} for kernel size "
-                    f"{self.kernel_size}"
+                    f"Conv2dGw8 needs {PADDING_TAKEN}, got {self.padding!r} for kernel size {size}"
                 )
             if torch.compiler.is_compiling():  # Dynamo's `is` holds for no tuple: no store
                 return pad  # to replay after every call (strict torch.export warns of one)
             self._spio_padding, self._spio_padding_of = pad, self.padding
+            self._spio_padding_size = size
         return self._spio_padding
 
     def __prepare_scriptable__(self) -> Conv2dGw8:
         """torch.jit.script calls this first: the scripted branch of forward reads
         _spio_padding as it stands then, and runs the op, which takes stride 1 and dilation 1
         whatever the layer's attributes say (ValueError where they were set to others)."""
-        reason = self._ineligibility_now()
+        weight = self.weight
+        reason = self._ineligibility_now(weight)
         if reason is not None:
             raise ValueError(
                 f"Conv2dGw8 {reason}: a scripted layer runs spio's op, which cannot; script "
                 "its .to_torch_module() instead"
             )
-        self._padding_ints()
+        self._padding_ints(weight)
         return self
 
-    def _ineligibility_now(self) -> str | None:
-        """Why the layer's stride, dilation, groups, padding or padding_mode, set after
-        construction (as nn.Conv2d allows: its forward reads them at each call), are ones spio's
-        kernels cannot run, or None. Cheap while they are as constructed. A padding counts only
-        where nn.Conv2d runs it ("same" on an even filter); one neither can take (negative,
-        floats, three values) is the kernels' to refuse (_padding_ints, the op's checks), with a
-        clearer error than nn.Conv2d's."""
+    def _filter_size(self, weight: Tensor) -> tuple[int, ...]:
+        """The filter size of `weight` (R, S), as F.conv2d reads it; kernel_size where
+        torch.fx.symbolic_trace gives a Proxy for the weight, whose shape it cannot branch on."""
+        if isinstance(weight, Proxy):
+            return self.kernel_size
+        return tuple(weight.shape[-2:])
+
+    def _ineligibility_now(self, weight: Tensor | None = None) -> str | None:
+        """Why the layer's stride, dilation, groups, padding or padding_mode, or its weight's
+        filter size (`weight`: the layer's, as its call reads it), set after construction (as
+        nn.Conv2d allows: its forward reads them at each call), are ones spio's kernels cannot
+        run, or None. Cheap while they are as constructed. A padding counts only where
+        nn.Conv2d runs it ("same" on an even filter); one neither can take (negative, floats,
+        three values) is the kernels' to refuse (_padding_ints, the op's checks), with a clearer
+        error than nn.Conv2d's."""
+        weight = self.weight if weight is None else weight
         if (
             self.padding is self._spio_padding_of
+            and (isinstance(weight, Proxy) or weight.shape == self._spio_eligible_shape)
             and self.stride == (1, 1)
             and self.dilation == (1, 1)
             and self.padding_mode == "zeros"
@@ -407,14 +433,18 @@ class Conv2dGw8(nn.Conv2d):
         reason = ineligibility(
             self.in_channels,
             self.out_channels,
-            self.kernel_size,
+            self._filter_size(weight),
             self.stride,
             padding,
             self.dilation,
             self.groups,
             self.padding_mode,
         )
-        return None if reason is None else f"{reason} (set after construction)"
+        if reason is not None:
+            return f"{reason} (set after construction)"
+        if not isinstance(weight, Proxy) and not torch.compiler.is_compiling():
+            self._spio_eligible_shape = tuple(weight.shape)  # (no store for Dynamo to replay)
+        return None
 
     @property
     def spio_passes(self) -> tuple[str, ...]:
@@ -498,13 +528,14 @@ class Conv2dGw8(nn.Conv2d):
             return torch.ops.spio.conv2d_gw8(
                 input, self.weight, self.bias, 1, pad_h, pad_w, 1, self.groups, self._pass_bits
             )
-        reason = self._ineligibility_now()
+        weight = self.weight  # (once: a parametrized layer computes it at each read)
+        reason = self._ineligibility_now(weight)
         if reason is not None:  # nn.Conv2d's forward, which reads them
-            y = _with_fp32_bias(self._conv_forward, input, self.weight, self.bias)
+            y = _with_fp32_bias(self._conv_forward, input, weight, self.bias)
             _log_fallback_once(f"the layer {reason}")
             return y
         return conv2d_gw8_layer(
-            input, self.weight, self.bias, self._padding_ints(), self.groups, self._pass_bits
+            input, weight, self.bias, self._padding_ints(weight), self.groups, self._pass_bits
         )
 
     def spio_kernels(
@@ -520,19 +551,20 @@ class Conv2dGw8(nn.Conv2d):
         the parameters that require grad. `double_backward`: with a backward, also the kernels
         of a backward through it (create_graph=True, e.g. a gradient penalty). Raises the call's
         ValueError for bad arguments."""
-        kernels, reason = _route(input, self.weight, self.bias)
-        if not kernels or reason is not None or self._ineligibility_now() is not None:
+        own_weight = self.weight
+        kernels, reason = _route(input, own_weight, self.bias)
+        if not kernels or reason is not None or self._ineligibility_now(own_weight) is not None:
             return []
         x = input.unsqueeze(0) if input.dim() == 3 else input
-        x, weight, bias = autocast_operands(x, self.weight, self.bias)
-        padding = self._padding_ints()
+        x, weight, bias = autocast_operands(x, own_weight, self.bias)
+        padding = self._padding_ints(own_weight)
         layer = _kernels.layer(x, weight, bias, *padding)
         grad = torch.is_grad_enabled() if backward is None else backward
         # Gradients autograd cannot show now (a bool: `needs` holds bools).
         assumed = bool(backward) and not torch.is_grad_enabled()
         needs = (  # the operands as given: an autocast cast without autograd requires none
             grad and (input.requires_grad or assumed),
-            grad and self.weight.requires_grad,
+            grad and own_weight.requires_grad,
             grad and self.bias is not None and self.bias.requires_grad,
         )
         deterministic = torch.are_deterministic_algorithms_enabled()
@@ -711,6 +743,7 @@ def _sharing(cls: type[_Conv], module: nn.Conv2d) -> _Conv:
             "_pass_bits",
             "_spio_padding",
             "_spio_padding_of",
+            "_spio_padding_size",
             "_compiled_call_impl",
         ):
             setattr(new, name, value)

@@ -1186,6 +1186,34 @@ def test_padding_set_after_construction_is_used_as_nn_conv2d_uses_it(monkeypatch
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])
+def test_a_weight_of_another_filter_size_is_padded_and_run_as_nn_conv2d_does(
+    monkeypatch, caplog, emulate
+):
+    """A weight of another filter size set after construction (kernel_size stays as it was):
+    F.conv2d pads "same" by the weight's size, and so must the layer; it padded by kernel_size,
+    a 5x5 weight's output 2 pixels short on each side, silently. A size the kernels cannot run
+    (7x7, or "same" on an even filter) falls back to F.conv2d, saying why."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    launched = spy_on_launches(monkeypatch)
+    x = torch.randn(2, 16, 6, 7).half()
+    for padding, size, runs in (("same", 5, True), ("same", 1, True), (1, 5, True),
+                                ("same", 4, False), (1, 7, False)):  # fmt: skip
+        layer = Conv2dGw8(16, 16, 3, padding=padding, groups=2, bias=False).half()
+        layer.weight = nn.Parameter(torch.randn(16, 8, size, size).half())
+        launched.clear()
+        with caplog.at_level(logging.WARNING, logger="spio"), torch.no_grad():
+            got = layer(x)
+        want = F.conv2d(x.double(), layer.weight.double(), None, 1, padding, 1, 2)
+        assert got.shape == want.shape, (padding, size)
+        torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=2e-2)
+        assert bool(launched) == (runs and emulate == "1"), (padding, size)
+        assert layer.kernel_size == (3, 3)
+    assert "got 'same' for kernel size (4, 4) (set after construction)" in caplog.text
+    assert "needs a kernel size in 1..5, got (7, 7) (set after construction)" in caplog.text
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
 @pytest.mark.parametrize(
     "attribute, value, said",
     [
