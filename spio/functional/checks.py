@@ -276,10 +276,19 @@ def check_args(
             f"conv2d_gw8 needs weight dtype equal to input dtype {input.dtype}, got {weight.dtype}"
         )
     if kernel_dtype and uses_kernels(input.device) and input.dtype not in _KERNEL_DTYPES:
-        raise ValueError(
-            f"conv2d_gw8 on {input.device.type} needs fp16 or bf16 tensors (or torch.autocast), "
-            f"got {input.dtype}"
-        )
+        device = input.device.type
+        raise kernel_dtype_error(device, input.dtype, torch.is_autocast_enabled(device))
+
+
+def kernel_dtype_error(device_type: str, dtype: torch.dtype, in_autocast: bool) -> ValueError:
+    """The error for operands of `dtype` (neither fp16 nor bf16) where the kernels run. Autocast
+    casts fp32 operands, never float64 ones: in an autocast region (`in_autocast`), it says so."""
+    hint = (
+        "torch.autocast leaves float64 tensors as they are" if in_autocast else "or torch.autocast"
+    )
+    return ValueError(
+        f"conv2d_gw8 on {device_type} needs fp16 or bf16 tensors ({hint}), got {dtype}"
+    )
 
 
 def memory_format(t: Tensor) -> torch.memory_format:

@@ -34,6 +34,7 @@ from .checks import (
     derivative_transform,
     emulate_enabled,
     gradients_wanted,
+    kernel_dtype_error,
     memory_format,
     uses_kernels,
 )
@@ -426,9 +427,13 @@ def _register_autocast(device_type: str) -> None:
     def kernel(_keyset, input, weight, bias=None, stride=1, padding_y=0, padding_x=0,
                dilation=1, groups=1, passes=ALL_PASSES):  # fmt: skip
         dtype = torch.get_autocast_dtype(device_type)
+        operands = cast_for_autocast(input, weight, bias, dtype)
+        # (Here: inside the op, PyTorch runs its kernel with autocast off.)
+        if operands[0].dtype == torch.float64 and uses_kernels(input.device):
+            raise kernel_dtype_error(input.device.type, torch.float64, in_autocast=True)
         with torch._C._ExcludeDispatchKeyGuard(excluded):
             return conv2d_gw8._opoverload(
-                *cast_for_autocast(input, weight, bias, dtype),
+                *operands,
                 stride,
                 padding_y,
                 padding_x,

@@ -658,8 +658,20 @@ class TestEmulateSeam:
     def test_fp32_is_rejected_when_emulating(self, monkeypatch):
         monkeypatch.setenv("SPIO_EMULATE", "1")
         x, w, _ = _tensors(SHAPES[0], dtype=torch.float32, bias=False)
-        with pytest.raises(ValueError, match="needs fp16 or bf16 tensors .* got torch.float32"):
+        with pytest.raises(
+            ValueError, match=r"bf16 tensors \(or torch.autocast\), got torch.float32"
+        ):
             conv2d_gw8(x, w, None, padding_y=1, padding_x=1)
+
+    def test_float64_under_autocast_is_rejected_saying_autocast_leaves_it(self, monkeypatch):
+        """Autocast is on already, and leaves float64 as it is: the error had suggested
+        torch.autocast."""
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        x, w, _ = _tensors(SHAPES[0], dtype=torch.float64, bias=False)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for call in (conv2d_gw8, public_conv2d_gw8):  # the op, and the eager path
+                with pytest.raises(ValueError, match="autocast leaves float64 tensors as they are"):
+                    call(x, w, None, padding_y=1, padding_x=1)
 
 
 def _bad_calls():
