@@ -493,6 +493,29 @@ def check_model_file(meta_path: Path, meta: dict) -> None:
     _read_model_file(path, meta)
 
 
+def check_model_slot(folder: Path, meta_path: Path, meta: dict) -> None:
+    """PerfModelError unless the model whose metadata `meta` lies at `meta_path` in `folder` is
+    one spio would use from that place (model_path): of the family its file is named for, what
+    this spio computes (_check_meta), trained for the arch of its folder and, one folder down,
+    measured on that folder's device. What `spio info` checks of a model besides its file."""
+    path = meta_path.with_suffix(".ubj")
+    _check_meta(path, meta, path.stem, None)
+    parts = meta_path.relative_to(folder).parts  # arch, [device slug,] file
+    if len(parts) > 3:
+        raise PerfModelError(f"perf model {path} is not where spio looks for one")
+    if meta.get("arch") != parts[0]:
+        raise PerfModelError(
+            f"perf model {path} was trained for {meta.get('arch')!r}, not for the {parts[0]} "
+            "of its folder"
+        )
+    slug = meta.get("device_slug")
+    if len(parts) == 3 and slug is not None and slug != parts[1]:
+        raise PerfModelError(
+            f"perf model {path} was measured on {meta.get('device')!r}, not on the device of "
+            f"its folder ({parts[1]})"
+        )
+
+
 def _check_batch_sizes(path: Path, meta: dict) -> None:
     """PerfModelError unless `batch_sizes`, where present, is a list of positive integers."""
     sizes = meta.get("batch_sizes")
@@ -576,12 +599,24 @@ def loadable_models(
     model, then the arch's). Unusable files are logged once and skipped."""
     folder = models_dir() if folder is None else Path(folder)
     for path in model_candidates(folder, family.name, identity):
-        if not path.is_file():
-            continue
         try:
+            if not path.is_file():
+                absent_model_file(path)  # (none there, for this device or arch: no model)
+                continue
             yield load_model_cached(path, family.name, identity)
-        except (PerfModelError, OSError) as error:
+        except (PerfModelError, OSError) as error:  # OSError: also a folder it cannot enter
             _warn_once(("bad", str(path)), "ignoring perf model: %s", error)
+
+
+def absent_model_file(path: Path) -> None:
+    """PerfModelError where model file `path`, not a file, is something else (a folder, a
+    dangling link) or missing beside its metadata (a partial copy of a models folder): a
+    model that was meant to apply. Nothing there at all is no error."""
+    meta_path = path.with_suffix(".json")
+    if path.is_symlink() or path.exists():
+        raise PerfModelError(f"perf model {path} is not a file")
+    if meta_path.exists():
+        raise PerfModelError(f"perf model {path} is missing (its metadata {meta_path} is there)")
 
 
 def clear_caches(models: bool = True) -> None:

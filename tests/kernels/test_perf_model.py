@@ -968,6 +968,53 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
     assert str(dst.parent) in warnings[0].getMessage()
 
 
+@pytest.mark.parametrize(
+    "damage",
+    ["model file missing beside its metadata", "a folder", "a dangling link", "no entry"],
+)
+def test_a_model_file_that_is_not_there_as_meant_is_warned_of_and_skipped(
+    fake_device, models, tmp_path, monkeypatch, caplog, damage
+):
+    """A models folder copied in part (metadata without its model), or with a folder or a
+    dangling link where the model file belongs: the model was meant to apply, so the heuristic
+    stands in with a warning (it had been skipped with an info line alone); and a folder the
+    process cannot enter (Path.is_file re-raises EACCES: here faked) had ended the call in a
+    PermissionError instead of falling back."""
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    dst = _place(models, tmp_path, family.name, "sm_90")
+    if damage == "model file missing beside its metadata":
+        dst.unlink()
+    elif damage == "a folder":
+        dst.unlink()
+        dst.mkdir()
+    elif damage == "a dangling link":
+        dst.unlink()
+        dst.symlink_to(tmp_path / "gone.ubj")
+    else:
+        is_file = Path.is_file
+
+        def no_entry(path):
+            if path.parent == dst.parent:
+                raise PermissionError(13, "Permission denied", str(path))
+            return is_file(path)
+
+        monkeypatch.setattr(Path, "is_file", no_entry)
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))
+    params = unseen_layers(1)[0]
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        kernel = conv2d_gw8_kernel_factory.get_kernel(params, fake_device)
+    assert dict(kernel.info)["config"] == conv2d_gw8_kernel_factory.default_config(params)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    said = {
+        "model file missing beside its metadata": "is missing (its metadata",
+        "a folder": "is not a file",
+        "a dangling link": "is not a file",
+        "no entry": "Permission denied",
+    }[damage]
+    assert len(warnings) == 1 and "ignoring perf model" in warnings[0], warnings
+    assert said in warnings[0] and str(dst.parent) in warnings[0]
+
+
 def _damaged_tree(path: Path, own_child: bool) -> bytes:
     """The model at `path` as .ubj bytes with its first tree's root linking to a child past the
     tree's end (or to itself): XGBoost loads such a file, and its prediction then crashes."""
