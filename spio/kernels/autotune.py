@@ -297,14 +297,15 @@ def make_kernels(
 def code_digest(kernels: Sequence[Any]) -> str:
     """A digest of what the candidates' binaries are made of besides their configs, in any
     order: each kernel's source, generated headers and launch shape (None for one that cannot
-    be made), and the compiler (spio.compiler.toolchain_identity)."""
+    be made), the sum_slots kernel a partials WGrad's timing runs after it (with_sums), and the
+    compiler (spio.compiler.toolchain_identity)."""
     from ..compiler import hash_key
     from ..compiler.compile import toolchain_identity
+    from .conv2d_gw8_wgrad_factory import with_sums
 
     made = sorted(
         (k.name, k.source, list(k.headers), k.grid, k.block, k.shared_mem_bytes)
-        for k in kernels
-        if k is not None
+        for k in with_sums(k for k in kernels if k is not None)
     )
     unmade = sum(k is None for k in kernels)
     return hash_key("autotune-code", made, unmade, toolchain_identity())
@@ -435,7 +436,7 @@ def _entry_config(family: Any, params: Conv2dGw8Params, payload: bytes) -> tuple
         if not isinstance(fields, dict):
             raise TypeError(f"its config is {fields!r}, not an object of fields")
         config = family.config_from_fields(fields)
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, OverflowError) as error:  # (an inf, int() refuses)
         return None, f"unusable cache entry ({type(error).__name__}: {error})"
     if config not in family.configs(params):
         return None, f"cached config {config.encode()} is no longer a config of {family.name}"

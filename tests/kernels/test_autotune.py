@@ -173,6 +173,25 @@ def test_the_code_digest_changes_with_a_kernels_source_headers_or_the_compiler(m
     assert autotune.code_digest(kernels) != digest
 
 
+def test_the_code_digest_changes_with_the_sum_a_wgrad_timing_runs(monkeypatch):
+    """A partials WGrad's time includes sum_slots, which runs after it: an edit to the sum's
+    source must make its winner stale too (the digest had read the candidates' own kernels)."""
+    from spio.kernels import kernel as kernel_module
+    from spio.kernels.conv2d_gw8_wgrad_factory import SUM_SOURCE_FILE
+
+    family = pm.FAMILIES["conv2d_gw8_wgrad"]
+    kernels = [family.make_kernel(LAYER, c) for c in family.configs(LAYER)[:3]]
+    assert all(k.info_value("partials") for k in kernels)
+    digest = autotune.code_digest(kernels)
+    source = kernel_module.kernel_source
+    monkeypatch.setattr(
+        kernel_module,
+        "kernel_source",
+        lambda name: source(name) + ("// edited\n" if name == SUM_SOURCE_FILE else ""),
+    )
+    assert autotune.code_digest(kernels) != digest
+
+
 def test_a_larger_top_k_tunes_again(tuned, monkeypatch):
     """The cached winner of the top 4 does not answer for the top 6, which may hold a faster
     config; the top 4 again is answered from the cache."""
@@ -220,11 +239,13 @@ def test_cache_entry_records_what_was_timed(tuned, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "damage", ["not json", "no config", "no longer a config", "config null", "config a name"]
+    "damage",
+    ["not json", "no config", "no longer a config", "config null", "config a name", "an inf"],
 )
 def test_an_unusable_cache_entry_is_timed_again_and_replaced(damage, tuned, monkeypatch, caplog):
     """A damaged entry (not JSON, or without a config, or with a config that is no object of
-    fields: that had been an AttributeError out of every selection of the layer), or one naming
+    fields: that had been an AttributeError out of every selection of the layer; an infinite
+    field, an OverflowError), or one naming
     a config the family no longer has, is a miss: it had given every later process the untuned
     pick, with the same warning, for good."""
     import logging
@@ -245,6 +266,8 @@ def test_an_unusable_cache_entry_is_timed_again_and_replaced(damage, tuned, monk
     elif damage == "config a name":
         entry["config"] = tuned.configs[-1].encode()
     bad = b"{not json" if damage == "not json" else json.dumps(entry).encode()
+    if damage == "an inf":  # (JSON's 1e400 reads as inf, which int() refuses with OverflowError)
+        bad = bad.replace(b'"groups": 3', b'"groups": 1e400')
     cache.discard(key)
     cache.get_or_build(key, lambda: (bad, {"family": family.name}))
     for attempt in range(2):
