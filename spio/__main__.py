@@ -120,13 +120,15 @@ def _driver_summary(driver_cuda: tuple[int, int], nvrtc_version: tuple) -> str:
 def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
     """What the shipped (or SPIO_PERF_MODELS) performance models cover, and which of the GPUs
     present (their archs, by ordinal) none covers: their tile configs come from the analytic
-    heuristic. A model whose metadata does not parse, whose model file is missing or whose bytes
-    are not those its metadata records is reported, not counted."""
+    heuristic. A model whose metadata does not parse or does not fit its place (check_model_slot),
+    whose model file is missing or whose bytes are not those its metadata records is reported,
+    not counted."""
     from .kernels.families import FAMILIES
     from .kernels.perf_model import (
         PACKAGED_MODELS_DIR,
         PerfModelError,
         check_model_file,
+        check_model_slot,
         models_dir,
         models_setting_problem,
         read_meta,
@@ -142,6 +144,7 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
     for meta_path in sorted(folder.glob("sm_*/**/*.json")):
         try:
             meta = read_meta(meta_path)
+            check_model_slot(folder, meta_path, meta)
             check_model_file(meta_path, meta)
         except PerfModelError as error:  # its layers get the heuristic's configs, with a warning
             damaged.append(str(error))

@@ -503,6 +503,43 @@ def test_info_names_a_missing_or_changed_model_file(damage, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize(
+    "field,value,said",
+    [
+        ("arch", "sm_80", "was trained for 'sm_80', not for the sm_90 of its folder"),
+        ("feature_version", -1, "feature set version -1"),
+        ("family", "conv2d_gw8_fprop", "is a model of conv2d_gw8_fprop, not of conv2d_gw8_dgrad"),
+        ("target", "seconds", "predicts 'seconds'"),
+        ("device_slug", "nvidia-a100", "was measured on"),
+    ],
+)
+def test_info_names_a_model_spio_would_not_use_from_its_place(
+    field, value, said, tmp_path, monkeypatch
+):
+    """A model whose metadata names another arch, feature set, family or target than its place
+    and this spio (or, one folder down, another device): spio ignores it at first use, so info
+    must not count it as covering the pass (it had, by its file alone)."""
+    import json
+    import shutil as sh
+
+    from spio import __main__ as cli
+    from spio.kernels import perf_model
+
+    models = tmp_path / "models"
+    folder = models / "sm_90" / ("nvidia-h200" if field == "device_slug" else "")
+    sh.copytree(perf_model.PACKAGED_MODELS_DIR / "sm_90", folder)
+    meta_path = folder / "conv2d_gw8_dgrad.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta[field] = value
+    meta_path.write_text(json.dumps(meta), encoding="utf-8")
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
+    rows = [value for _, value in cli._perf_model_rows([])]
+    assert rows[0].startswith("sm_90: fprop, wgrad (measured on"), rows
+    model = meta_path.with_suffix(".ubj")
+    assert rows[1].startswith(f"BAD SETTING: SPIO_PERF_MODELS={models}: perf model {model} "), rows
+    assert said in rows[1] and len(rows) == 2, rows
+
+
+@pytest.mark.parametrize(
     "command,setting,value",
     [
         (["check", "--quick"], "SPIO_WORKERS", "abc"),
@@ -1225,13 +1262,21 @@ def test_info_reports_perf_model_metadata_of_other_types_without_crashing(
     """A model JSON with null (or other non-list) batch_sizes or measured_on: `info` had raised
     TypeError iterating them (PerfModel.load takes a null batch_sizes as "not recorded")."""
     from spio import __main__ as cli
+    from spio.kernels import perf_model
 
     (tmp_path / "sm_90").mkdir()
-    meta = {"family": "conv2d_gw8_fprop", **fields}
+    shipped = perf_model.PACKAGED_MODELS_DIR / "sm_90" / "conv2d_gw8_fprop.json"
+    meta = json.loads(shipped.read_text(encoding="utf-8")) | fields  # a model of its place
+    del meta["model_sha256"]
     (tmp_path / "sm_90" / "conv2d_gw8_fprop.json").write_text(json.dumps(meta))
     (tmp_path / "sm_90" / "conv2d_gw8_fprop.ubj").write_bytes(b"model")  # no digest to match
     monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))
-    ((key, row),) = cli._perf_model_rows(["sm_90"])
+    rows = cli._perf_model_rows(["sm_90"])
+    if "family" in fields:  # a family of another type: not a model spio would use, named
+        assert rows[0] == ("perf models", f"none in {tmp_path}"), rows
+        assert "is for family ['fprop']" in rows[1][1], rows
+        return
+    ((key, row),) = rows
     assert key == "perf models" and row.startswith("sm_90: "), row
     assert "(measured on " in row and "; N " in row, row
 
