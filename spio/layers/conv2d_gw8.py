@@ -744,6 +744,7 @@ def _sharing(cls: type[_Conv], module: nn.Conv2d) -> _Conv:
             "_spio_padding",
             "_spio_padding_of",
             "_spio_padding_size",
+            "_spio_eligible_shape",
             "_compiled_call_impl",
         ):
             setattr(new, name, value)

@@ -1185,6 +1185,17 @@ def test_padding_set_after_construction_is_used_as_nn_conv2d_uses_it(monkeypatch
         m(x)
 
 
+def test_to_torch_module_leaves_no_spio_attribute_behind():
+    """The nn.Conv2d a layer gives back carries none of the layer's own bookkeeping (the
+    attributes a user or library set are carried over; spio's are not)."""
+    layer = Conv2dGw8(16, 16, 3, padding="same", groups=2)
+    layer.tag = "kept"
+    layer(torch.randn(1, 16, 5, 5))  # (a call: the bookkeeping as a call leaves it)
+    plain = layer.to_torch_module()
+    assert type(plain) is nn.Conv2d and plain.tag == "kept"
+    assert [name for name in vars(plain) if "spio" in name] == []
+
+
 @pytest.mark.parametrize("emulate", ["0", "1"])
 def test_a_weight_of_another_filter_size_is_padded_and_run_as_nn_conv2d_does(
     monkeypatch, caplog, emulate
