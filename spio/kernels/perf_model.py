@@ -601,14 +601,14 @@ def loadable_models(
     for path in model_candidates(folder, family.name, identity):
         try:
             if not path.is_file():
-                absent_model_file(path)  # (none there, for this device or arch: no model)
+                _absent_model_file(path)  # (none there, for this device or arch: no model)
                 continue
             yield load_model_cached(path, family.name, identity)
         except (PerfModelError, OSError) as error:  # OSError: also a folder it cannot enter
             _warn_once(("bad", str(path)), "ignoring perf model: %s", error)
 
 
-def absent_model_file(path: Path) -> None:
+def _absent_model_file(path: Path) -> None:
     """PerfModelError where model file `path`, not a file, is something else (a folder, a
     dangling link) or missing beside its metadata (a partial copy of a models folder): a
     model that was meant to apply. Nothing there at all is no error."""
