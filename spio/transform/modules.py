@@ -6,10 +6,11 @@ Both walk the module tree instead of tracing, so they work on models FX cannot t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -18,7 +19,13 @@ from tqdm import tqdm
 from spio.functional._kernels import PASSES, pass_mask
 from spio.functional.checks import autocast_dtype
 from spio.kernels import autotune
-from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
+from spio.kernels.conv2d_gw8_params import (
+    MAX_TENSOR_BYTES,
+    Conv2dGw8Params,
+    dtype_name,
+    image_bytes,
+    weight_grad_bytes,
+)
 from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
@@ -342,21 +349,21 @@ def _layers_met(
     return met
 
 
-def _unwrapped(model: nn.Module) -> nn.Module:
+def _unwrapped(model: nn.Module, caller: str = "spio.precompile") -> nn.Module:
     """The module that a DistributedDataParallel wrapper, or a DataParallel one over one GPU,
     runs (through any nesting of them); model itself if it is neither. A DataParallel over
-    several GPUs splits the batch, so its layers run other batch sizes than the inputs':
-    ValueError."""
+    several GPUs splits the batch, so its layers run other batch sizes than the inputs' (and
+    its replicas are other modules): ValueError naming `caller`."""
     while True:
         if isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
         elif isinstance(model, nn.DataParallel):
             if len(model.device_ids) > 1:
                 raise ValueError(
-                    f"spio.precompile: DataParallel splits each batch over its "
+                    f"{caller}: DataParallel splits each batch over its "
                     f"{len(model.device_ids)} GPUs, and spio picks each layer's kernels per "
-                    "batch size; call spio.precompile(model.module, x_part) with one GPU's part of "
-                    "the batch (the kernels it builds serve every GPU of that architecture)"
+                    f"batch size; call {caller}(model.module, x_part) with one GPU's part of "
+                    "the batch (what it finds serves every GPU of that architecture)"
                 )
             model = model.module
         else:
@@ -599,20 +606,28 @@ def where_faster(
     per layer (info level). Use:
     spio.transform(model, include=spio.transform.where_faster(model, x)).
     Both implementations are timed in channels_last, the layout spio's kernels read; a warning
-    says so when the convolutions met other layouts. `timer` replaces the GPU timing (tests);
-    without one, ValueError unless the tensors among inputs and kwargs are on exactly one GPU.
+    says so when the convolutions met other layouts. A batch too large for one launch is timed
+    on a chunk of it, as spio runs it; a layer spio's kernels never run (one image too large)
+    gets no pass. The random-number state is left as it was. `timer` replaces the GPU timing
+    (tests); without one, ValueError unless the tensors among inputs and kwargs (in lists,
+    tuples and dicts too) are on exactly one GPU. A DataParallel over several GPUs is refused
+    (its replicas are other modules): time its `.module` on one GPU's part of the batch.
     """
     _check_model(model, "transform.where_faster", kwargs)
+    # Its replicas over several GPUs would be the modules met, not those transform replaces.
+    model = _unwrapped(model, "spio.transform.where_faster")
     # The GPU first: inputs elsewhere are refused before the forward pass (whose fallback
     # warnings on CPU tensors would come first, and use up the once-only one).
-    device = None if timer is not None else _cuda_device((*inputs, *(kwargs or {}).values()))
+    device = None if timer is not None else _cuda_device((inputs, kwargs))
     met = _layers_met(model, inputs, kwargs)
     layers = list(dict.fromkeys(params for _, params, _ in met))
     timed = PASSES if training else ("fprop",)
-    if timer is None:
-        assert device is not None  # (found above)
-        timer = _gpu_layer_timer(device)
-        _compile_for_timing([(params, p) for params in layers for p in timed], device)
+    cases = {params: _timed_layer(params) for params in layers}
+    # Timing draws random inputs: the caller's random-number state is left as it was.
+    gpus = [device.index] if device is not None and torch.cuda.is_available() else []
+    rng = torch.random.fork_rng(devices=gpus)
+    with rng:
+        faster = _time_layers(cases, timed, training, timer, device)
     not_nhwc = sum(not nhwc for _, _, nhwc in met)
     if not_nhwc:
         logger.warning(
@@ -623,20 +638,6 @@ def where_faster(
             "model and its inputs first: .to(memory_format=torch.channels_last).",
             not_nhwc,
             len(met),
-        )
-    faster: dict[Conv2dGw8Params, tuple[str, ...]] = {}
-    for params in layers:
-        times = {p: (timer(params, p, "spio"), timer(params, p, "torch")) for p in timed}
-        won = tuple(p for p, (spio_s, torch_s) in times.items() if spio_s <= torch_s)
-        faster[params] = won if training else (PASSES if won else ())
-        logger.info(
-            "where_faster: %s: %s; spio runs %s",
-            params.encode(),
-            ", ".join(
-                f"{p} spio {s * 1e6:.1f} us / PyTorch {t * 1e6:.1f} us"
-                for p, (s, t) in times.items()
-            ),
-            "+".join(faster[params]) or "nothing (PyTorch's layer)",
         )
     chosen: dict[int, tuple[str, ...]] = {}
     for module, params, _ in met:  # a module called on several layers: the passes faster on all
@@ -649,8 +650,73 @@ def where_faster(
     return include
 
 
-def _cuda_device(inputs: tuple) -> torch.device:
-    devices = {t.device for t in inputs if isinstance(t, torch.Tensor)}
+def _timed_layer(params: Conv2dGw8Params) -> Conv2dGw8Params | None:
+    """The layer where_faster times for `params`: itself, or, where its batch passes what one
+    launch takes, a chunk of it (spio runs such a batch in chunks of that many images, and
+    both implementations are timed on one); None where spio's kernels never run it (one
+    image's activations, or its weight gradient, pass what a launch takes: PyTorch runs it)."""
+    if max(image_bytes(params), weight_grad_bytes(params)) > MAX_TENSOR_BYTES:
+        return None
+    chunk = MAX_TENSOR_BYTES // image_bytes(params)
+    return params if params.n <= chunk else dataclasses.replace(params, n=chunk)
+
+
+def _time_layers(
+    cases: dict[Conv2dGw8Params, Conv2dGw8Params | None],
+    timed: tuple[str, ...],
+    training: bool,
+    timer: LayerTimer | None,
+    device: torch.device | None,
+) -> dict[Conv2dGw8Params, tuple[str, ...]]:
+    """where_faster's timing: for each layer (and the layer timed for it, _timed_layer), the
+    passes spio runs, logged a line a layer."""
+    if timer is None:
+        assert device is not None  # (where_faster found it)
+        timer = _gpu_layer_timer(device)
+        _compile_for_timing(
+            [(case, p) for case in dict.fromkeys(cases.values()) if case for p in timed], device
+        )
+    faster: dict[Conv2dGw8Params, tuple[str, ...]] = {}
+    for params, case in cases.items():
+        if case is None:
+            faster[params] = ()
+            logger.info(
+                "where_faster: %s: too large for spio's kernels (PyTorch runs it); spio runs "
+                "nothing (PyTorch's layer)",
+                params.encode(),
+            )
+            continue
+        times = {p: (timer(case, p, "spio"), timer(case, p, "torch")) for p in timed}
+        won = tuple(p for p, (spio_s, torch_s) in times.items() if spio_s <= torch_s)
+        faster[params] = won if training else (PASSES if won else ())
+        logger.info(
+            "where_faster: %s: %s%s; spio runs %s",
+            params.encode(),
+            ", ".join(
+                f"{p} spio {s * 1e6:.1f} us / PyTorch {t * 1e6:.1f} us"
+                for p, (s, t) in times.items()
+            ),
+            "" if case == params else f" (timed on a chunk of {case.n} images, as spio runs it)",
+            "+".join(faster[params]) or "nothing (PyTorch's layer)",
+        )
+    return faster
+
+
+def _tensors_in(value: object) -> Iterator[torch.Tensor]:
+    """The tensors in `value`, and in the lists, tuples and dicts in it, at any depth."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item)
+
+
+def _cuda_device(inputs: object) -> torch.device:
+    """The one GPU the tensors in `inputs` (nested in lists, tuples and dicts too) are on."""
+    devices = {t.device for t in _tensors_in(inputs)}
     cuda = [d for d in devices if d.type == "cuda"]
     if len(cuda) != 1:  # none, or several: which one's times would decide is not for spio to pick
         raise ValueError(

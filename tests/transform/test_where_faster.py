@@ -337,3 +337,77 @@ def test_inputs_on_two_gpus_are_refused_naming_them():
     assert _cuda_device((on(1), torch.empty(1))) == torch.device("cuda", 1)
     with pytest.raises(ValueError, match="are on; got inputs on cuda:0, cuda:1$"):
         _cuda_device((on(1), on(0)))
+
+
+def test_inputs_nested_in_lists_tuples_and_dicts_are_looked_at():
+    """A model called on a list of images or a dict of them (torchvision's detection models):
+    the GPU had been looked for among the top-level inputs only ("got inputs on no tensor")."""
+    from spio.transform.modules import _cuda_device
+
+    class OnGpu(torch.Tensor):
+        @property
+        def device(self):
+            return torch.device("cuda", 0)
+
+    x = torch.empty(1).as_subclass(OnGpu)
+    for inputs in (([x],), ({"image": x},), (([1, (x,)],), {"mask": None})):
+        assert _cuda_device(inputs) == torch.device("cuda", 0), inputs
+
+
+def test_a_batch_too_large_for_one_launch_is_timed_on_a_chunk_and_a_too_large_image_not():
+    """spio runs a batch whose activations pass what one launch takes in chunks of images, and a
+    layer of which one image passes it in PyTorch's convolution: where_faster had built the
+    whole batch's kernel, a ValueError out of the call. It now times both implementations on a
+    chunk, and leaves the other layer to PyTorch without timing it. (The limit is lowered here
+    to small layers' sizes.)"""
+    from spio.kernels.conv2d_gw8_params import image_bytes
+    from spio.transform import modules
+
+    small = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    large = nn.Conv2d(64, 64, 3, padding=1, groups=8)
+    model = nn.Sequential(small, nn.Conv2d(16, 64, 1), large).half()
+    x = torch.randn(5, 16, 24, 24).half()
+    one_small = image_bytes(modules.Conv2dGw8Params(n=1, c=16, h=24, w=24, padding=1))
+    limit = 2 * one_small + 1  # two images of the small layer; not one of the large one
+    old = modules.MAX_TENSOR_BYTES
+    try:
+        modules.MAX_TENSOR_BYTES = limit
+        timer = FakeTimer()
+        include = where_faster(model, x, timer=timer)
+    finally:
+        modules.MAX_TENSOR_BYTES = old
+    assert {call[0].split("_")[0] for call in timer.calls} == {"n2"}  # the small layer's chunk
+    assert {call[0].split("_")[1] for call in timer.calls} == {"c16"}
+    assert include("0", small) == ("fprop", "dgrad", "wgrad")  # 3x3: spio faster (FakeTimer)
+    assert include("2", large) == ()
+
+
+def test_timing_leaves_the_random_number_state_as_it_was():
+    """The timing draws random inputs (spio.bench.run.PassCase): a run seeded before it had
+    drawn other dropout masks after it than without it."""
+
+    def drawing_timer(params, pass_, impl):
+        torch.randn(100)
+        return 1.0
+
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)).half()
+    x = torch.randn(2, 16, 8, 8).half()
+    torch.manual_seed(3)
+    where_faster(model, x, timer=drawing_timer)
+    after = torch.rand(1)
+    torch.manual_seed(3)
+    assert torch.equal(torch.rand(1), after)
+
+
+def test_data_parallel_over_several_gpus_is_refused_and_one_gpu_unwrapped():
+    """DataParallel's replicas are other modules than those transform replaces: over several
+    GPUs every answer had been "nothing", silently; over one GPU (or DDP) the module it runs
+    is timed and answered for."""
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)).half()
+    x = torch.randn(2, 16, 8, 8).half()
+    wrapped = nn.DataParallel(model)
+    include = where_faster(wrapped, x, timer=FakeTimer())
+    assert include("module.0", model[0]) == ("fprop", "dgrad", "wgrad")
+    wrapped.device_ids = [0, 1]  # as on a two-GPU machine
+    with pytest.raises(ValueError, match="where_faster: DataParallel splits each batch over its 2"):
+        where_faster(wrapped, x, timer=FakeTimer())
