@@ -75,7 +75,6 @@ about half those bytes; the read line says what it read at its end).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from spio.args import positive_int
@@ -489,7 +488,7 @@ def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, 
         results[name] = time_calls(call, warmup=3, reps=repeats).median_ms * 1e-3
     device = arg_sets[0][2].device
     slots = wg.partial_slots(params, config)
-    dw_size, c = math.prod(params.weight_shape), params.c if params.has_bias else 0
+    dw_size, c = wg.slot_columns(params)
     summing = wg.sum_kernel(params)
     args = [
         torch.empty(params.weight_shape, device=device),

@@ -644,14 +644,7 @@ def _new_layer(input: Tensor, weight: Tensor, bias: Tensor | None, padding) -> L
     # Params of one image first: a shape-only stand-in, so that N = 0 is checked like N = 1.
     one = torch.empty((1, *input.shape[1:]), dtype=input.dtype, device="meta")
     params = Conv2dGw8Params.from_tensors(one, weight, bias, padding=padding)
-    limit = MAX_TENSOR_BYTES // image_bytes(params)
-    # (The weight gradient's limit is the kernels' own: tests lower this module's for chunks.)
-    too_large = [
-        ("one image's activations take", image_bytes(params), MAX_TENSOR_BYTES),
-        ("its fp32 weight gradient takes", weight_grad_bytes(params),
-         conv2d_gw8_params.MAX_TENSOR_BYTES),
-    ]  # fmt: skip
-    too_large = [(what, size, most) for what, size, most in too_large if size > most]
+    too_large = too_large_to_launch(params)
     if n == 0 or too_large:
         for what, size, most in too_large:
             logger.info(
@@ -663,9 +656,29 @@ def _new_layer(input: Tensor, weight: Tensor, bias: Tensor | None, padding) -> L
             )
         return _TorchLayer(params, input.device)
     params = dataclasses.replace(params, n=n)
+    limit = images_per_launch(params)
     if n > limit:
         return _ChunkedLayer(params, input.device, limit)
     return Layer(params, input.device)
+
+
+def too_large_to_launch(params: Conv2dGw8Params) -> list[tuple[str, int, int]]:
+    """What of the layer passes what one launch of its kernels takes even at one image, as
+    (what, bytes, the most a launch takes): [] where its kernels run it (a batch of more than
+    images_per_launch in chunks), else PyTorch runs it. (The weight gradient's limit is the
+    kernels' own: tests lower this module's MAX_TENSOR_BYTES for chunks.)"""
+    parts = [
+        ("one image's activations take", image_bytes(params), MAX_TENSOR_BYTES),
+        ("its fp32 weight gradient takes", weight_grad_bytes(params),
+         conv2d_gw8_params.MAX_TENSOR_BYTES),
+    ]  # fmt: skip
+    return [(what, size, most) for what, size, most in parts if size > most]
+
+
+def images_per_launch(params: Conv2dGw8Params) -> int:
+    """The most images of the layer one launch takes: a larger batch runs in chunks of this
+    many (where too_large_to_launch finds nothing)."""
+    return MAX_TENSOR_BYTES // image_bytes(params)
 
 
 #: Whether deterministic mode's choice of the partial sums has been logged.

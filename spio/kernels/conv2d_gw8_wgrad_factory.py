@@ -305,14 +305,14 @@ def part_specs(params: Conv2dGw8Params, element: str) -> list[Spec]:
     ]
 
 
-def _slot_columns(params: Conv2dGw8Params) -> tuple[int, int]:
+def slot_columns(params: Conv2dGw8Params) -> tuple[int, int]:
     """fp32 values per partial-sum slot: (dw's, dbias's; 0 without has_bias)."""
     return math.prod(params.weight_shape), params.c if params.has_bias else 0
 
 
 def partial_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
     """Bytes of the partial-sum buffers (dw and, with has_bias, dbias) of a `partials` kernel."""
-    return 4 * partial_slots(params, config) * sum(_slot_columns(params))
+    return 4 * partial_slots(params, config) * sum(slot_columns(params))
 
 
 #: The largest partial-sum buffer a deterministic WGrad allocates; beyond it PyTorch computes dw.
@@ -549,7 +549,7 @@ def sum_kernel(
             sums,
         ]
     )
-    columns = sum(_slot_columns(params))
+    columns = sum(slot_columns(params))
     bias = "_bias" if params.has_bias else ""
     assert sums.num_bytes is not None  # (its extents are all known)
     return Kernel(
@@ -659,7 +659,7 @@ def _partials_plan(kernel: Kernel, params: Conv2dGw8Params, dw_dtype, dbias_dtyp
     plan = _partials_plans.get(key)
     if plan is None:
         slots = partial_slots(params, kernel.info_value("config"))
-        w_size, c = _slot_columns(params)
+        w_size, c = slot_columns(params)
         summing = sum_kernel(
             params, gradient_dtype_name(dw_dtype), gradient_dtype_name(dbias_dtype)
         )

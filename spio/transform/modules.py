@@ -16,16 +16,15 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from spio.functional._kernels import PASSES, pass_mask
+from spio.functional._kernels import (
+    PASSES,
+    images_per_launch,
+    pass_mask,
+    too_large_to_launch,
+)
 from spio.functional.checks import autocast_dtype
 from spio.kernels import autotune
-from spio.kernels.conv2d_gw8_params import (
-    MAX_TENSOR_BYTES,
-    Conv2dGw8Params,
-    dtype_name,
-    image_bytes,
-    weight_grad_bytes,
-)
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
 from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
@@ -655,9 +654,9 @@ def _timed_layer(params: Conv2dGw8Params) -> Conv2dGw8Params | None:
     launch takes, a chunk of it (spio runs such a batch in chunks of that many images, and
     both implementations are timed on one); None where spio's kernels never run it (one
     image's activations, or its weight gradient, pass what a launch takes: PyTorch runs it)."""
-    if max(image_bytes(params), weight_grad_bytes(params)) > MAX_TENSOR_BYTES:
+    if too_large_to_launch(params):
         return None
-    chunk = MAX_TENSOR_BYTES // image_bytes(params)
+    chunk = images_per_launch(params)
     return params if params.n <= chunk else dataclasses.replace(params, n=chunk)
 
 

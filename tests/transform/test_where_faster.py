@@ -360,6 +360,7 @@ def test_a_batch_too_large_for_one_launch_is_timed_on_a_chunk_and_a_too_large_im
     whole batch's kernel, a ValueError out of the call. It now times both implementations on a
     chunk, and leaves the other layer to PyTorch without timing it. (The limit is lowered here
     to small layers' sizes.)"""
+    from spio.functional import _kernels
     from spio.kernels.conv2d_gw8_params import image_bytes
     from spio.transform import modules
 
@@ -369,13 +370,13 @@ def test_a_batch_too_large_for_one_launch_is_timed_on_a_chunk_and_a_too_large_im
     x = torch.randn(5, 16, 24, 24).half()
     one_small = image_bytes(modules.Conv2dGw8Params(n=1, c=16, h=24, w=24, padding=1))
     limit = 2 * one_small + 1  # two images of the small layer; not one of the large one
-    old = modules.MAX_TENSOR_BYTES
+    old = _kernels.MAX_TENSOR_BYTES
     try:
-        modules.MAX_TENSOR_BYTES = limit
+        _kernels.MAX_TENSOR_BYTES = limit
         timer = FakeTimer()
         include = where_faster(model, x, timer=timer)
     finally:
-        modules.MAX_TENSOR_BYTES = old
+        _kernels.MAX_TENSOR_BYTES = old
     assert {call[0].split("_")[0] for call in timer.calls} == {"n2"}  # the small layer's chunk
     assert {call[0].split("_")[1] for call in timer.calls} == {"c16"}
     assert include("0", small) == ("fprop", "dgrad", "wgrad")  # 3x3: spio faster (FakeTimer)
