@@ -66,22 +66,31 @@ def _included(dependency: Dependency) -> str:
 
 
 def _guard(header_name: str | None, body: str) -> str:
+    """The include guard: SPIO_GEN_ and a hash of the content, or of the header's name (its
+    letters and digits kept, so that the guard reads as the name). Never the guard of one of
+    spio's own headers (SPIO_<NAME>_H_), and two names that differ only in punctuation
+    ("tile-params.h", "tile_params.h") get two guards."""
     if header_name is None:
-        return f"SPIO_GEN_{hashlib.sha1(body.encode()).hexdigest()[:16].upper()}_H_"
+        return f"SPIO_GEN_{_digest(body, 16)}_H_"
     stem = re.sub(r"[^A-Za-z0-9]+", "_", header_name).strip("_").upper()
     if not stem:
         raise ValueError(
             f"generate: header_name must contain letters or digits, got {header_name!r}"
         )
     stem = re.sub(r"_H$", "", stem)
-    return f"SPIO_{stem}_H_"
+    return f"SPIO_GEN_{stem}_{_digest(header_name, 8)}_H_"
+
+
+def _digest(text: str, digits: int) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:digits].upper()
 
 
 def generate(specs: Iterable[Spec], header_name: str | None = None) -> str:
     """Return one C++ header defining every spec, for host compilers, nvcc and NVRTC.
 
     Order: macros, dependencies (each once, in a fixed order), then definitions in the given
-    order. The guard is `SPIO_<HEADER_NAME>_H_`, or derived from the content when no name is given.
+    order. The guard is `SPIO_GEN_<HEADER_NAME>_<hash of the name>_H_`, or derived from the
+    content when no name is given.
     Raises ValueError when two specs define the same name.
     """
     specs = list(specs)

@@ -128,6 +128,8 @@ class MacroSpec:
         if isinstance(value, int):
             if not -(2**63) <= value < 2**63:  # the preprocessor's intmax_t
                 raise ValueError(f"{label}: macro {key!r} must fit in 64 bits, got {value}")
+            if value == -(2**63):  # 9223372036854775808 alone is unsigned to the preprocessor
+                return f"({value + 1} - 1)"
             return f"({value})" if value < 0 else str(value)
         if isinstance(value, float):
             text = _float_literal(label, key, value)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
+import spio
 from spio.generators import (
     Dim,
     FragmentSpec,
@@ -60,8 +63,11 @@ def test_sections_in_fixed_order_whatever_the_spec_order():
         random.Random(seed).shuffle(specs)
         header = generate(specs, "conv.h")
         lines = header.splitlines()
-        assert lines[1:3] == ["#ifndef SPIO_CONV_H_", "#define SPIO_CONV_H_"]
-        assert lines[-1] == "#endif  // SPIO_CONV_H_"
+        assert lines[1:3] == [
+            "#ifndef SPIO_GEN_CONV_C819E8E7_H_",
+            "#define SPIO_GEN_CONV_C819E8E7_H_",
+        ]
+        assert lines[-1] == "#endif  // SPIO_GEN_CONV_C819E8E7_H_"
         pos = [
             header.index(text)
             for text in (
@@ -94,9 +100,45 @@ def test_guard_is_deterministic_and_content_based():
     guard = a.splitlines()[1].split()[1]
     other = generate([ParamsSpec("P", {"a": 2})]).splitlines()[1].split()[1]
     assert guard.startswith("SPIO_GEN_") and guard.endswith("_H_") and guard != other
-    assert generate([ParamsSpec("P", {"a": 1})], "my-params.h").splitlines()[1] == (
-        "#ifndef SPIO_MY_PARAMS_H_"
+    assert re.fullmatch(
+        r"#ifndef SPIO_GEN_MY_PARAMS_[0-9A-F]{8}_H_",
+        generate([ParamsSpec("P", {"a": 1})], "my-params.h").splitlines()[1],
     )
+
+
+def _guard_of(header: str) -> str:
+    return header.splitlines()[1].split()[1]
+
+
+def test_named_guards_are_never_spios_own_nor_each_others():
+    """A header named macros.h had spio/macros.h's guard (SPIO_MACROS_H_) and was skipped,
+    silently, after spio's headers; tile-params.h and tile_params.h shared one guard."""
+    include = Path(spio.__file__).parent / "include"
+    runtime = Path(spio.__file__).parent / "emulator" / "runtime"  # force-included there
+    own = set()
+    for path in [*include.rglob("*.h"), *runtime.rglob("*.h")]:
+        own.update(re.findall(r"^#ifndef (SPIO_\w+_H_)", path.read_text(), re.M))
+    assert {"SPIO_MACROS_H_", "SPIO_SPIO_EMU_H_"} <= own
+    names = [str(p.relative_to(include)) for p in include.rglob("*.h")]
+    names += [p.name for p in include.rglob("*.h")]
+    names += [p.name for p in runtime.rglob("*.h")]
+    names += ["tile-params.h", "tile_params.h", "tile_params"]
+    guards = {name: _guard_of(generate([ParamsSpec("P", {"a": 1})], name)) for name in names}
+    assert not set(guards.values()) & own
+    distinct = {"tile-params.h", "tile_params.h", "tile_params"}
+    assert len({guards[name] for name in distinct}) == 3
+
+
+def test_the_named_guard_does_not_hide_the_header_behind_spios_own(cxx):
+    macros = generate([MacroSpec({"SPIO_TEST_ON": 1})], "macros.h")
+    program = """
+#include <spio/macros.h>
+#include "macros.h"
+#include <cstdio>
+int main() { std::printf("on %d\\n", SPIO_TEST_ON); }
+"""
+    own = (Path(spio.__file__).parent / "include/spio/macros.h").read_text()
+    assert cxx.values(program, {"spio/macros.h": own, "macros.h": macros}) == {"on": 1}
 
 
 def test_two_headers_included_twice_in_one_program(cxx):

@@ -98,3 +98,19 @@ int main() { std::printf("ok %d\\n", 2 * SPIO_N); }
 #endif
 """
     assert cxx.values(program, {"m.h": generate([spec])}) == {"ok": -6}
+
+
+def test_the_lowest_int64_macro_is_negative_in_if_and_in_code(cxx):
+    """-2**63 was written (-9223372036854775808): the literal alone is unsigned to the
+    preprocessor, so `#if` saw it as positive (and g++ warned)."""
+    spec = MacroSpec({"SPIO_LOW": -(2**63), "SPIO_HIGH": 2**63 - 1})
+    program = """
+#include "m.h"
+#include <cstdio>
+#include <type_traits>
+#if SPIO_LOW < 0 && SPIO_HIGH > 0 && SPIO_LOW + SPIO_HIGH == -1
+static_assert(std::is_same<decltype(SPIO_LOW), long>::value, "a 64-bit signed int");
+int main() { std::printf("ok %d\\n", SPIO_LOW < 0); }
+#endif
+"""
+    assert cxx.values(program, {"m.h": generate([spec])}) == {"ok": 1}
