@@ -299,7 +299,7 @@ def ablate_layer(args, layer) -> int:
     import torch
 
     from spio.bench.run import copy_call, copy_pairs
-    from spio.bench.timing import time_calls
+    from spio.bench.timing import Rotation, time_calls
     from spio.compiler import compile_many
     from spio.compiler.arch import has_bulk_copies
     from spio.cuda import driver
@@ -367,7 +367,11 @@ def ablate_layer(args, layer) -> int:
         family = FAMILY_OF_PASS[pass_]
         nbytes = stats.bytes(pass_)
         copies = autotune.input_copies(family.name, params, attrs["l2_cache_bytes"])
-        arg_sets = [autotune.kernel_inputs(family.name, params, device, s) for s in range(copies)]
+        # One round of the input sets for every variant timed (Rotation): none starts on sets
+        # the one before it has just read.
+        arg_sets = Rotation(
+            autotune.kernel_inputs(family.name, params, device, s) for s in range(copies)
+        )
         for config, kernels in configs:
             full = None
             reference = None  # full's output, for the variants that must compute the same
@@ -419,7 +423,7 @@ def ablate_layer(args, layer) -> int:
         # A read-only pass over the copy's sources (a sum): the ceiling for the input pipeline
         # alone (loads-only reads the pass's inputs, about half its bytes).
         timing = time_calls(
-            lambda i, p=pairs: p[i % len(p)][0].sum(dtype=torch.float32),
+            lambda i, p=pairs: p.take()[0].sum(dtype=torch.float32),
             warmup=3,
             reps=args.repeats,
         )
@@ -466,11 +470,12 @@ def sum_bytes(params, config) -> int:
 
 def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, float]:
     """Seconds per call of the WGrad wrapper with atomics (dw zeroed first) and with per-warp
-    partial sums (then summed), on the inputs of arg_sets (rotated); and of the sum alone, on
-    partial-sum buffers of the config's slots (REDUCTION_NOTES)."""
+    partial sums (then summed), on the inputs of arg_sets (rotated, continuing a Rotation's
+    round); and of the sum alone, on partial-sum buffers of the config's slots
+    (REDUCTION_NOTES)."""
     import torch
 
-    from spio.bench.timing import time_calls
+    from spio.bench.timing import Rotation, time_calls
     from spio.compiler import compile_many
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
@@ -478,11 +483,12 @@ def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, 
     partials = wg.make_kernel(params, config, partials=True)
     # (With the sum partials' calls run after it.)
     compile_many([k.compile_job(arch) for k in wg.with_sums([atomic, partials])], progress=False)
+    rotation = arg_sets if isinstance(arg_sets, Rotation) else Rotation(arg_sets)
     results = {}
     for name, kernel in (("atomic+zero", atomic), ("partials+sum", partials)):
 
         def call(i: int, kernel=kernel) -> None:
-            x, dy = arg_sets[i % len(arg_sets)][2:4]
+            x, dy = rotation.take()[2:4]
             wg.wgrad(x, dy, params, kernel=kernel)
 
         results[name] = time_calls(call, warmup=3, reps=repeats).median_ms * 1e-3

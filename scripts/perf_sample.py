@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     import spio
+    from spio.bench.timing import Rotation
     from spio.compiler import compile_many
     from spio.cuda import driver
     from spio.kernels import autotune
@@ -269,9 +270,9 @@ def main(argv: list[str] | None = None) -> int:
             if index + 1 < len(work) and seconds_left() > 1.25 * slowest:
                 pending = ahead.submit(compile_layer, index + 1)
             copies = autotune.input_copies(family.name, params, attrs["l2_cache_bytes"])
-            arg_sets = [
+            arg_sets = Rotation(  # one round for all the configs timed on them
                 autotune.kernel_inputs(family.name, params, device, seed) for seed in range(copies)
-            ]
+            )
             rows = []
             for config, kernel, result in zip(todo, kernels, results, strict=True):
                 if seconds_left() <= 0:

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print("read_probe: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
         return 1
 
-    from spio.bench.timing import l2_cache_bytes, rotation_sets, time_calls
+    from spio.bench.timing import Rotation, l2_cache_bytes, rotation_sets, time_calls
     from spio.compiler import compile_many
     from spio.cuda import driver
 
@@ -102,19 +102,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:70s} {ms * 1e3:8.1f} {nbytes / ms / 1e6:7.0f}")
 
     # torch's kernels first, then the probes in order (the bulk ones, the newest code, last).
+    # One round of the copies for every probe (Rotation): none starts on those just read.
+    turn = Rotation(range(sets))
     halves = [d[:total].view(torch.float16) for d in data]
     report(
         "torch: sum of fp16 (reads only)",
         total,
-        lambda i: halves[i % sets].sum(dtype=torch.float32),
+        lambda i: halves[turn.take()].sum(dtype=torch.float32),
     )
     dst = torch.empty_like(halves[0])
     report(
-        "torch: copy (reads, and writes as much)", 2 * total, lambda i: dst.copy_(halves[i % sets])
+        "torch: copy (reads, and writes as much)",
+        2 * total,
+        lambda i: dst.copy_(halves[turn.take()]),
     )
     for probe in found:
         out = torch.empty(probe.blocks * probe.threads, dtype=torch.int32, device=device)
-        report(probe.label(), probe.read_bytes, lambda i, p=probe, o=out: p.run(data[i % sets], o))
+        report(
+            probe.label(), probe.read_bytes, lambda i, p=probe, o=out: p.run(data[turn.take()], o)
+        )
     return 0
 
 

@@ -24,7 +24,7 @@ from ..kernels.stats import PASSES, Conv2dStats
 from ..log import logger
 from .layers import BenchLayer
 from .results import NOT_PREFILLED, BenchRow, RunInfo, write_csv
-from .timing import Timing, l2_cache_bytes, rotation_sets, time_calls
+from .timing import Rotation, Timing, l2_cache_bytes, rotation_sets, time_calls
 
 TIMING_METHOD = "cuda-events, stream pre-filled behind a spin kernel; median per call"
 
@@ -162,7 +162,7 @@ class PassCase:
         def randn(shape, scale=1.0):
             return (torch.randn(shape, device=device) * scale).to(dtype)
 
-        self.data = []
+        sets = []
         for _ in range(self.sets):
             item = {"w": randn(params.weight_shape, 1 / 3)}
             item["w_cl"] = item["w"].contiguous(memory_format=cl)
@@ -185,19 +185,21 @@ class PassCase:
                 item["out"] = torch.empty(
                     params.input_shape, dtype=dtype, device=device, memory_format=cl
                 )
-            self.data.append(item)
+            sets.append(item)
+        # One round for spio's and PyTorch's calls: each takes up where the other stopped.
+        self.data = Rotation(sets)
         self.copy_data = copy_pairs(self.bytes, dtype, device, l2_bytes)
         self.copy_bytes = 2 * self.copy_data[0][0].nbytes
 
     def spio_call(self) -> Callable[[int], object]:
-        """spio's kernel for this pass on rotation set i."""
+        """spio's kernel for this pass on the next rotation set."""
         from ..kernels import conv2d_gw8_factory as fd
         from ..kernels import conv2d_gw8_wgrad_factory as wg
 
         params, kernel, data, pass_ = self.params, self.kernel, self.data, self.pass_
 
         def call(i: int):
-            item = data[i % len(data)]
+            item = data.take()
             if pass_ == "fprop":
                 return fd.fprop(
                     item["x"],
@@ -223,7 +225,7 @@ class PassCase:
         mask = [pass_ == "dgrad", pass_ == "wgrad", pass_ == "wgrad" and p.has_bias]
 
         def call(i: int):
-            item = data[i % len(data)]
+            item = data.take()
             item["torch_out"] = None  # freed first: its block may serve this call's output
             if pass_ == "fprop":
                 bias = item.get("bias_torch")
@@ -243,7 +245,7 @@ class PassCase:
         return copy_call(self.copy_data)
 
 
-def copy_pairs(nbytes: int, dtype: Any, device: Any, l2_bytes: int) -> list[tuple[Any, Any]]:
+def copy_pairs(nbytes: int, dtype: Any, device: Any, l2_bytes: int) -> Rotation[tuple[Any, Any]]:
     """(source, destination) pairs of a copy moving about `nbytes` (half read, half written),
     as many as rotation_sets says, so that no copy finds its data in L2."""
     import torch
@@ -251,20 +253,20 @@ def copy_pairs(nbytes: int, dtype: Any, device: Any, l2_bytes: int) -> list[tupl
     size = torch.empty((), dtype=dtype).element_size()
     elements = nbytes // (2 * size)
     sets = rotation_sets(2 * elements * size, l2_bytes)
-    return [
+    return Rotation(
         (
             torch.randn(elements, device=device).to(dtype),
             torch.empty(elements, dtype=dtype, device=device),
         )
         for _ in range(sets)
-    ]
+    )
 
 
-def copy_call(pairs: list[tuple[Any, Any]]) -> Callable[[int], object]:
-    """Call i copies pair i (modulo their count)."""
+def copy_call(pairs: Rotation[tuple[Any, Any]]) -> Callable[[int], object]:
+    """Each call copies the next pair of the round."""
 
     def call(i: int):
-        src, dst = pairs[i % len(pairs)]
+        src, dst = pairs.take()
         return dst.copy_(src)
 
     return call

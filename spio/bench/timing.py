@@ -8,7 +8,9 @@ brackets only that call's GPU work. A batch counts only if the spin was still ru
 last call was queued; otherwise it is retried with a longer spin.
 
 Inputs are rotated over enough copies that the data of one call has left the L2 cache (the
-H200 has 60 MB) by the time it is used again, so small layers are not timed from cache.
+H200 has 60 MB) by the time it is used again, so small layers are not timed from cache. Every
+timing of one set of copies takes them in one round (`Rotation`): the second implementation
+timed on them starts where the first stopped, not on copies the first has just read.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar, overload
 
 from ..log import logger
 
@@ -65,6 +68,45 @@ def rotation_sets(bytes_per_set: int, l2_bytes: int) -> int:
     return min(MAX_SETS, math.ceil(L2_FLUSH_FACTOR * l2_bytes / bytes_per_set) + 1)
 
 
+T = TypeVar("T")
+
+
+class Rotation(Sequence[T]):
+    """Rotation sets (`rotation_sets` of them) taken in one round by every call that shares
+    them: `take()` gives the set after the one last taken, whichever timing took it. A sequence
+    of the sets besides (`rotation[0]`, `len(rotation)`).
+
+    Each timing restarting at set 0 had reused, in the second implementation timed, sets the
+    first had read a few calls before: where there are more sets than calls, cuDNN's timed calls
+    in `spio bench` found spio's inputs of ~1 x L2 earlier, where spio's own found none."""
+
+    def __init__(self, sets: Iterable[T]) -> None:
+        self._sets = list(sets)
+        if not self._sets:
+            raise ValueError("Rotation needs at least one set, got none")
+        self._taken = 0
+
+    def next_index(self) -> int:
+        """The index of the next set in the round (and moves past it)."""
+        index = self._taken % len(self._sets)
+        self._taken += 1
+        return index
+
+    def take(self) -> T:
+        """The next set in the round."""
+        return self._sets[self.next_index()]
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        return self._sets[index]
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+
 def l2_cache_bytes(device_index: int = 0) -> int:
     """The GPU's L2 size in bytes (torch's device properties; 0 if torch does not report it)."""
     import torch
@@ -97,7 +139,8 @@ class SpinCalibration:
 def time_calls(
     call: Callable[[int], object], warmup: int = 5, reps: int = 100, max_retries: int = 3
 ) -> Timing:
-    """GPU time of call(i) (i counts calls; use it to pick a rotation set), median of reps calls.
+    """GPU time of call(i) (i counts this timing's calls), median of reps calls. A call
+    reading rotated inputs takes them from a `Rotation` shared by every timing of them.
 
     Runs `warmup` untimed calls first. Times are per call: everything the call enqueues on the
     current stream between its start and end events.

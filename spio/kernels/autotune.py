@@ -191,21 +191,23 @@ def time_kernel(
     repeats: int = 25,
 ) -> float:
     """Median seconds per call (`pass_call`) of `kernel` on a CUDA `device`, rotating through
-    `arg_sets`.
+    `arg_sets` (a `spio.bench.timing.Rotation` shared by the kernels timed on them continues
+    its round from one kernel to the next).
 
     Uses the benchmark's timing (spio.bench.timing.time_calls): calls queued behind a spin
     kernel, so each event pair brackets one call's GPU work and not the host's launch cost.
     """
     import torch
 
-    from ..bench.timing import time_calls
+    from ..bench.timing import Rotation, time_calls
 
     if not arg_sets:
         raise ValueError("time_kernel needs at least one set of kernel arguments, got none")
+    rotation = arg_sets if isinstance(arg_sets, Rotation) else Rotation(arg_sets)
     calls = [pass_call(family, params, kernel, args, device) for args in arg_sets]
     with torch.cuda.device(device):
         timing = time_calls(
-            lambda i: calls[i % len(calls)](),
+            lambda i: calls[rotation.next_index()](),
             warmup=max(1, warmup),
             reps=max(1, repeats),
         )
@@ -217,7 +219,7 @@ class _DefaultTimer:
     `release` frees the inputs the candidates of one layer share."""
 
     def __init__(self) -> None:
-        self._inputs: tuple[tuple, list] | None = None  # (family, params, device), arg sets
+        self._inputs: tuple[tuple, Sequence] | None = None  # (family, params, device), arg sets
 
     def __call__(self, family: str, params: Conv2dGw8Params, kernel: Kernel, device: Any) -> float:
         """Seconds per call (`pass_call`) of `kernel`, with inputs rotated when they fit in the
@@ -225,9 +227,11 @@ class _DefaultTimer:
         key = (family, params, str(device))
         if self._inputs is None or self._inputs[0] != key:
             self._inputs = None  # free the last layer's first
+            from ..bench.timing import Rotation
+
             copies = input_copies(family, params, _l2_bytes(device))
-            sets = [kernel_inputs(family, params, device, seed) for seed in range(copies)]
-            self._inputs = (key, sets)
+            sets = Rotation(kernel_inputs(family, params, device, seed) for seed in range(copies))
+            self._inputs = (key, sets)  # one round for all the layer's candidates
         return time_kernel(family, params, kernel, self._inputs[1], device)
 
     def prepare(self, kernels: Sequence[Kernel], arch: str) -> None:

@@ -379,3 +379,47 @@ def test_precompile_builds_the_sum_a_partials_wgrad_runs(monkeypatch):
     assert built == [[partials, wg.sum_kernel(layer, "fp32", "fp32")]]
     run.precompile([(layer, "wgrad")], "cuda", ("bf16", "fp16"))
     assert built[1] == [partials, wg.sum_kernel(layer, "bf16", "fp16")]
+
+
+@pytest.mark.parametrize("pass_", ["fprop", "dgrad", "wgrad"])
+def test_spio_and_pytorch_take_the_sets_in_one_round(monkeypatch, pass_):
+    """PyTorch's calls start on the set after spio's last (the copy has its own round): each
+    timing had restarted at set 0, so where there are more sets than calls, cuDNN's timed calls
+    read sets spio had read ~1 x L2 before (368c 7x7 at N = 32), and spio's read none twice."""
+    from spio.kernels import conv2d_gw8_factory as fd
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    case = PassCase(TINY.params(1), pass_, l2_bytes=10**6, device="cpu")
+    assert case.sets > 7
+    given = []
+    module, name = (wg, "wgrad") if pass_ == "wgrad" else (fd, pass_)
+    monkeypatch.setattr(module, name, lambda first, *a, **k: given.append(first))
+    read = "dy" if pass_ == "dgrad" else "x"
+    set_of = {id(item[read]): i for i, item in enumerate(case.data)}
+    spio_call, torch_call = case.spio_call(), case.torch_call()
+    for i in range(3):  # each timing numbers its calls from 0
+        spio_call(i)
+    for i in range(4):
+        torch_call(i)
+    assert [set_of[id(t)] for t in given] == [0, 1, 2]
+    kept = [i for i, item in enumerate(case.data) if item.get("torch_out") is not None]
+    assert kept == [3, 4, 5, 6]
+    copy = case.copy_call()
+    copy(0)
+    copy(1)
+    assert case.copy_data.next_index() == 2
+
+
+def test_a_rotation_takes_its_sets_in_turn_across_its_users():
+    from spio.bench.timing import Rotation
+
+    turn = Rotation("abc")
+    assert [turn.take() for _ in range(4)] == ["a", "b", "c", "a"]
+    assert (
+        turn.next_index() == 1
+        and len(turn) == 3
+        and turn[2] == "c"
+        and list(turn) == ["a", "b", "c"]
+    )
+    with pytest.raises(ValueError, match="at least one set"):
+        Rotation([])

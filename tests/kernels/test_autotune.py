@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from spio.bench.timing import MAX_SETS
+from spio.bench.timing import MAX_SETS, Rotation
 from spio.kernels import autotune
 from spio.kernels import perf_model as pm
 from spio.kernels.conv2d_gw8_factory import conv2d_gw8_kernel_factory
@@ -544,14 +544,19 @@ def test_default_timer_makes_a_layers_inputs_once_for_all_its_candidates(monkeyp
     monkeypatch.setattr(autotune, "_l2_bytes", lambda device: 60 * 2**20)
     monkeypatch.setattr(autotune, "input_copies", lambda family, params, l2: 3)
     monkeypatch.setattr(autotune, "kernel_inputs", lambda *a: made.append(a) or [object()])
+    given = []
     monkeypatch.setattr(
-        autotune, "time_kernel", lambda f, p, kernel, sets, d: timed.append(len(sets)) or 1e-5
+        autotune,
+        "time_kernel",
+        lambda f, p, kernel, sets, d: timed.append(len(sets)) or given.append(sets) or 1e-5,
     )
     timer = autotune._DefaultTimer()
     layer, other = P(n=2, c=16, h=8, w=8), P(n=4, c=16, h=8, w=8)
     for kernel in ("a", "b", "c"):
         timer("conv2d_gw8_fprop", layer, kernel, "cuda:0")
     assert len(made) == 3 and timed == [3, 3, 3]
+    # One Rotation for the candidates: each kernel's timing goes on with the round.
+    assert given[0] is given[1] is given[2] and isinstance(given[0], Rotation)
     timer("conv2d_gw8_fprop", other, "a", "cuda:0")  # another layer: its own inputs
     assert len(made) == 6
     timer.release()
@@ -742,6 +747,14 @@ def test_time_kernel_rotates_through_the_input_sets_and_gives_seconds(monkeypatc
     )
     assert seconds == pytest.approx(2.5e-3)
     assert launched == ["a", "b", "c", "a", "b", "c"]
+    # Sets shared in a Rotation: the next kernel takes up the round where this one stopped
+    # (the default timer's, one a layer for all its candidates), not on sets just read.
+    shared = spio.bench.timing.Rotation(sets)
+    for _ in range(2):
+        autotune.time_kernel(
+            "conv2d_gw8_fprop", LAYER, Recording(), shared, "cuda:0", warmup=1, repeats=1
+        )
+    assert launched[6:] == ["a", "b", "c", "a"]
     with pytest.raises(ValueError, match="at least one set of kernel arguments"):
         autotune.time_kernel("conv2d_gw8_fprop", LAYER, Recording(), [], "cuda:0")
 
