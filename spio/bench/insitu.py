@@ -314,10 +314,9 @@ def run_insitu(
 
     from .run import precompile
 
-    precompile(
+    precompile(  # WGrad's sums into the weight's dtype, as _SpioConv's wgrad asks
         [(layer.params(n, dtype), pass_) for layer in layers for pass_ in PASSES],
         torch.device("cuda", 0),
-        (dtype, dtype),  # the weight's dtype, as _SpioConv's wgrad asks
     )
     torch.backends.cudnn.benchmark = True
     tensor_dtype = torch_dtype(dtype)

@@ -6,7 +6,8 @@ ops would use on this GPU (`spio_kernel`: the performance model's pick, or the h
 PyTorch runs `F.conv2d` and, for the gradients, `aten.convolution_backward` (what autograd
 calls) with only dx or only dw requested, so each pass is timed alone. Tensors are channels_last,
 in the same dtype, filled with random values (never zeros), and rotated through enough copies to
-defeat the L2 cache. cudnn.benchmark is on, so cuDNN picks its fastest algorithm during warm-up.
+defeat the L2 cache. cudnn.benchmark is on with no limit on the algorithms it tries, so cuDNN
+picks its fastest algorithm during warm-up.
 """
 
 from __future__ import annotations
@@ -120,20 +121,20 @@ def selected_by(kernel, pass_: str, device) -> str:
     return pm.selection_source(FAMILY_OF_PASS[pass_], kernel.info_value("params"), device)
 
 
-def precompile(
-    cases: Sequence[tuple[Conv2dGw8Params, str]],
-    device,
-    gradient_dtypes: tuple[str, str] = ("fp32", "fp32"),
-) -> dict[str, str]:
+def precompile(cases: Sequence[tuple[Conv2dGw8Params, str]], device) -> dict[str, str]:
     """Compile every spio kernel of `cases` (as chosen for `device`, a CUDA torch.device) in
     parallel into the disk cache, so timing loops only load cubins: with a partials WGrad
-    kernel the sum_slots kernel into gradients of `gradient_dtypes` (dw's, dbias's; the bench's
-    wgrad calls take fp32). Returns the kernels that failed: name -> error."""
+    kernel the sum_slots kernel into gradients of the layer's dtype (as the op sums a half
+    weight's, and as the timed calls ask). Returns the kernels that failed: name -> error."""
     from ..kernels.conv2d_gw8_wgrad_factory import with_sums
     from ..kernels.kernel import build_kernels
 
-    kernels = [spio_kernel(params, pass_, device) for params, pass_ in cases]
-    return build_kernels(with_sums(kernels, gradient_dtypes), device)
+    kernels = {}
+    for params, pass_ in cases:
+        kernel = spio_kernel(params, pass_, device)
+        for built in with_sums([kernel], (params.dtype, params.dtype)):
+            kernels[built.name] = built
+    return build_kernels(list(kernels.values()), device)
 
 
 class PassCase:
@@ -211,7 +212,16 @@ class PassCase:
                 )
             if pass_ == "dgrad":
                 return fd.dgrad(item["dy"], item["w_cl"], params, kernel=kernel, out=item["out"])
-            return wg.wgrad(item["x"], item["dy"], params, kernel=kernel)
+            # dw (and dbias) in the weight's dtype and layout, as the op gives a half,
+            # channels_last weight's (and as PyTorch's convolution_backward writes them).
+            return wg.wgrad(
+                item["x"],
+                item["dy"],
+                params,
+                kernel=kernel,
+                dtypes=(item["w"].dtype, item["w"].dtype),
+                channels_last=True,
+            )
 
         return call
 
@@ -321,7 +331,9 @@ def run_bench(
     for name, error in failed.items():
         logger.error("compile failed: %s: %s", name, error)
     torch.backends.cudnn.benchmark = True
-    info = run_info(command + " (cudnn.benchmark=True)")
+    # Every algorithm cuDNN has tried, not its first 10 (the default limit of its v8 API).
+    torch.backends.cudnn.benchmark_limit = 0
+    info = run_info(command + " (cudnn.benchmark=True, benchmark_limit=0)")
     l2 = l2_cache_bytes()
     rows: list[BenchRow] = []
 

@@ -28,6 +28,10 @@ def test_spio_and_torch_calls_compute_the_same_pass(pass_, has_bias):
     else:
         got, want = spio_out[0], torch_out[1]
         assert torch_out[0] is None
+        # dw as the op gives a half, channels_last weight's, and as PyTorch writes it (the
+        # bench had timed an fp32, contiguous dw).
+        assert got.dtype == want.dtype == case.data[0]["w"].dtype
+        assert got.stride() == want.stride() == case.data[0]["w_cl"].stride()
         assert (spio_out[1] is None) == (torch_out[2] is None) == (not has_bias)
         if has_bias:
             torch.testing.assert_close(
@@ -159,6 +163,26 @@ def _sweep_without_gpu(monkeypatch, case, timer=None, timing="t"):
     monkeypatch.setattr(run, "precompile", lambda cases, device: {})
     monkeypatch.setattr(run, "l2_cache_bytes", lambda: 0)
     monkeypatch.setattr(run, "run_info", lambda command: info)
+    for flag in ("benchmark", "benchmark_limit"):  # run_bench sets them: undone after
+        monkeypatch.setattr(torch.backends.cudnn, flag, getattr(torch.backends.cudnn, flag))
+
+
+def test_cudnn_tries_every_algorithm_and_the_rows_say_so(monkeypatch):
+    """cudnn.benchmark's default limit tries only 10 algorithms (its v8 API): the baseline was
+    then not cuDNN's fastest, as the bench says it is."""
+    from spio.bench import run
+
+    commands = []
+    _sweep_without_gpu(monkeypatch, _StandInCase)
+    real_info = run.run_info
+    monkeypatch.setattr(
+        run, "run_info", lambda command: commands.append(command) or real_info(command)
+    )
+    monkeypatch.setattr(run, "_bench_case", lambda *a: ([], True))
+    run.run_bench(BenchSettings(layers=(TINY,), batch_sizes=(1,), passes=("fprop",)), "spio bench")
+    assert torch.backends.cudnn.benchmark is True
+    assert torch.backends.cudnn.benchmark_limit == 0
+    assert commands == ["spio bench (cudnn.benchmark=True, benchmark_limit=0)"]
 
 
 def test_the_sweep_writes_its_csv_after_every_case(monkeypatch, tmp_path):
@@ -362,8 +386,8 @@ def test_copy_rotates_over_as_many_pairs_as_its_bytes_need():
 
 def test_precompile_builds_the_sum_a_partials_wgrad_runs(monkeypatch):
     """The bench's precompile builds each case's kernel and, after a partials WGrad kernel, the
-    sum_slots kernel its wgrad call runs (fp32 gradients, or the dtypes asked for), so that no
-    build waits for the first timed call."""
+    sum_slots kernel its wgrad call runs (gradients in the layer's dtype, as the op sums a
+    half weight's), so that no build waits for the first timed call."""
     import spio.kernels.kernel
     from spio.bench import run
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
@@ -376,9 +400,14 @@ def test_precompile_builds_the_sum_a_partials_wgrad_runs(monkeypatch):
         spio.kernels.kernel, "build_kernels", lambda kernels, device: built.append(kernels) or {}
     )
     assert run.precompile([(layer, "wgrad")], "cuda") == {}
-    assert built == [[partials, wg.sum_kernel(layer, "fp32", "fp32")]]
-    run.precompile([(layer, "wgrad")], "cuda", ("bf16", "fp16"))
-    assert built[1] == [partials, wg.sum_kernel(layer, "bf16", "fp16")]
+    assert built == [[partials, wg.sum_kernel(layer, "fp16", "fp16")]]
+    bf16 = P(n=2, c=16, h=8, w=8, has_bias=True, dtype="bf16")
+    run.precompile([(layer, "wgrad"), (bf16, "wgrad")], "cuda")
+    assert built[1] == [
+        partials,
+        wg.sum_kernel(layer, "fp16", "fp16"),
+        wg.sum_kernel(bf16, "bf16", "bf16"),
+    ]
 
 
 @pytest.mark.parametrize("pass_", ["fprop", "dgrad", "wgrad"])
