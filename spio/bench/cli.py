@@ -145,6 +145,23 @@ def _out_dir_error(out_dir: Path) -> str | None:
     return None
 
 
+def _keep_earlier(out_dir: Path, names: list[str]) -> None:
+    """Move an earlier run's files of `names` (globs) in `out_dir` into
+    `out_dir/earlier/<the CSV's time>/`, saying so: a rerun into the same folder had replaced
+    its CSV after the first case, and left its plots beside the new CSV."""
+    import datetime
+
+    found = [path for name in names for path in sorted(out_dir.glob(name)) if path.is_file()]
+    if not found:
+        return
+    when = datetime.datetime.fromtimestamp(found[0].stat().st_mtime)
+    keep = out_dir / "earlier" / when.strftime("%Y-%m-%d_%H%M%S")
+    keep.mkdir(parents=True, exist_ok=True)
+    for path in found:
+        path.replace(keep / path.name)
+    print(f"moved the earlier run's {', '.join(p.name for p in found)} to {keep}")
+
+
 def _error(message: object) -> None:
     """One line on stderr, as the other commands' errors: `spio bench: <message>`."""
     print(f"spio bench: {message}", file=sys.stderr)
@@ -236,7 +253,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     batch_sizes = args.batch_sizes or (QUICK_BATCH_SIZES if args.quick else BATCH_SIZES)
     if args.in_situ:
+        _keep_earlier(out_dir, [f"insitu_{args.dtype}.csv"])
         return _in_situ(args, layers, batch_sizes, out_dir)
+    _keep_earlier(out_dir, [f"bench_{args.dtype}.csv", f"bandwidth_*_{args.dtype}.png"])
 
     from .run import BenchSettings, run_bench
 
@@ -279,4 +298,8 @@ def _in_situ(args: argparse.Namespace, layers, batch_sizes, out_dir: Path) -> in
     path = write_insitu_csv(rows, out_dir / f"insitu_{args.dtype}.csv")
     print(format_insitu_table(rows))
     print(f"wrote {path}")
+    unseen = sum(1 for row in rows if not row.calls)
+    if unseen:  # as the isolated bench's missing timings: the run did not measure it all
+        _error(f"{unseen} of {len(rows)} in-situ passes saw no call of their layer")
+        return 1
     return 0

@@ -374,8 +374,57 @@ def test_in_situ_runs_at_n_64_or_the_first_batch_size_and_quick_on_three_layers(
     assert profiled("--quick", "--layer", "8,4,4") == (["8c_4x4_3x3"], 64)
 
 
+def test_in_situ_fails_where_a_pass_saw_no_call(monkeypatch, tmp_path, capsys):
+    """A pass with no call of its layer measured nothing: exit 1, as the isolated bench's
+    missing timings (it had exited 0 whatever it measured)."""
+    import dataclasses
+
+    import torch
+
+    from spio.bench import cli, insitu, run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "_gpu_problem", lambda: None)
+    monkeypatch.setattr(run, "run_info", lambda command: None)
+    names = [f.name for f in dataclasses.fields(insitu.InSituRow)]
+    row = insitu.InSituRow(**{name: "x" for name in names} | {"calls": 3, "us_per_call": 1.0})
+    made = [row, dataclasses.replace(row, calls=0)]
+    monkeypatch.setattr(insitu, "run_insitu", lambda layers, n, **kwargs: made)
+    monkeypatch.setattr(insitu, "format_insitu_table", lambda rows: "TABLE")
+    args = build_parser().parse_args(["bench", "--in-situ", "--out", str(tmp_path), "--quick"])
+    assert cli.cmd_bench(args) == 1
+    assert (
+        capsys.readouterr().err == "spio bench: 1 of 2 in-situ passes saw no call of their layer\n"
+    )
+    made.pop()
+    assert cli.cmd_bench(args) == 0
+
+
 def test_command_line_quotes_arguments_as_a_shell_would_need(monkeypatch):
     from spio.bench import cli
 
     monkeypatch.setattr(cli.sys, "argv", ["/x/spio/__main__.py", "bench", "--layers", "a b"])
     assert cli.command_line() == "python -m spio bench --layers 'a b'"
+
+
+def test_a_rerun_into_the_same_folder_keeps_the_earlier_runs_files(fake_bench, tmp_path, capsys):
+    """The CSV was rewritten after the new run's first case (the earlier run's rows gone) and
+    the earlier plots stayed beside it: they move to earlier/<the CSV's time>/, said."""
+    import os
+
+    from spio.bench import cli
+
+    (tmp_path / "bench_fp16.csv").write_text("earlier rows\n")
+    (tmp_path / "bandwidth_fprop_fp16.png").write_bytes(b"png")
+    (tmp_path / "bandwidth_fprop_bf16.png").write_bytes(b"other dtype's")
+    os.utime(tmp_path / "bench_fp16.csv", (1.8e9, 1.8e9))
+    args = build_parser().parse_args(["bench", "--out", str(tmp_path), "--layer", "8,4,4"])
+    assert cli.cmd_bench(args) == 0
+    (kept,) = (tmp_path / "earlier").iterdir()
+    assert sorted(p.name for p in kept.iterdir()) == ["bandwidth_fprop_fp16.png", "bench_fp16.csv"]
+    assert (kept / "bench_fp16.csv").read_text() == "earlier rows\n"
+    assert (tmp_path / "bandwidth_fprop_bf16.png").exists()  # another dtype's run: left
+    assert not (tmp_path / "bench_fp16.csv").exists()  # the fake run wrote none
+    assert f"to {kept}" in capsys.readouterr().out
+    assert cli.cmd_bench(args) == 0  # nothing of the dtype left: nothing moved
+    assert len(list((tmp_path / "earlier").iterdir())) == 1
