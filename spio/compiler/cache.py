@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..locks import KeyedLocks
 from ..log import logger
+from ..memo import remember
 
 #: Bump when the entry format or anything that decides cache keys changes.
 SCHEMA_VERSION = 1
@@ -99,6 +100,13 @@ def _decode(blob: bytes) -> tuple[bytes, dict] | None:
     except ValueError:
         return None
     return body[meta_len:], meta
+
+
+#: Entries a DiskCache keeps in memory (cubin, PTX and log: ~70 KiB each), before it starts
+#: over: a compile worker, or `spio compile` over every kernel, had kept every entry it met
+#: for the life of the process (~5 MB a worker per 120 kernels). One dropped is read from
+#: disk again, or, where the folder cannot be written, built again.
+MEMORY_ENTRIES = 256
 
 
 class DiskCache:
@@ -189,6 +197,7 @@ class DiskCache:
         path = self.path(key)
         import filelock
 
+        lock: filelock.FileLock | None = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             lock = filelock.FileLock(str(path) + ".lock")
@@ -198,6 +207,11 @@ class DiskCache:
             payload, meta = build()
             self._remember(path, (payload, meta))
             return payload, meta, False
+        except NotImplementedError as error:  # filelock 3 where the file system has no flock
+            # (Lustre mounted noflock, some FUSE mounts): build unlocked; the entry is still
+            # written whole (write_atomically), at worst by two processes at once.
+            logger.debug("cache lock unavailable for %s: %s", path, error)
+            lock = None
         try:
             entry = self._load(path, rebuilding=True)  # another process may have built it
             if entry is not None:
@@ -209,7 +223,8 @@ class DiskCache:
             except OSError as error:
                 self._warn_once(error)
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
         self._remember(path, (payload, meta))
         return payload, meta, False
 
@@ -251,7 +266,7 @@ class DiskCache:
 
     def _remember(self, path: Path, entry: tuple[bytes, dict]) -> None:
         with self._memory_lock:
-            self._memory[path] = entry
+            remember(self._memory, path, entry, MEMORY_ENTRIES)
 
     def clear_memory(self) -> None:
         """Forget in-memory entries (the disk is untouched); used by tests."""

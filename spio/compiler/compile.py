@@ -72,8 +72,12 @@ def compiler_warnings(log: str) -> list[str]:
 
 
 def parse_resource_report(log: str) -> dict[str, ResourceUsage]:
-    """Parse `-Xptxas -v` output into a ResourceUsage per entry function."""
+    """Parse `-Xptxas -v` output into a ResourceUsage per entry function. The spills of a
+    device function ptxas did not inline (its own "Function properties") count as spills of
+    every entry function of the module, which may call it: they had been dropped, so a kernel
+    spilling in a callee passed for one without spills."""
     usage: dict[str, dict[str, int]] = {}
+    properties: dict[str, tuple[int, int, int]] = {}  # function: stack, spill stores, loads
     entry = props_of = None
     for line in log.splitlines():
         if m := _ENTRY.search(line):
@@ -81,18 +85,22 @@ def parse_resource_report(log: str) -> dict[str, ResourceUsage]:
             usage.setdefault(entry, {})
         elif m := _PROPS.search(line):
             props_of = m.group(1)
-        elif (m := _STACK.search(line)) and props_of in usage:
-            usage[props_of].update(
-                stack_bytes=int(m.group(1)),
-                spill_stores=int(m.group(2)),
-                spill_loads=int(m.group(3)),
-            )
+        elif (m := _STACK.search(line)) and props_of is not None:
+            properties[props_of] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
         elif (m := _USED.search(line)) and entry is not None:
             usage[entry]["registers"] = int(m.group(1))
             if s := _SMEM.search(line):
                 usage[entry]["shared_bytes"] = int(s.group(1))
             if b := _BARRIERS.search(line):
                 usage[entry]["barriers"] = int(b.group(1))
+    callees = [values for name, values in properties.items() if name not in usage]
+    for name, values in usage.items():
+        stack, stores, loads = properties.get(name, (0, 0, 0))
+        values.update(
+            stack_bytes=stack,
+            spill_stores=stores + sum(callee[1] for callee in callees),
+            spill_loads=loads + sum(callee[2] for callee in callees),
+        )
     return {name: ResourceUsage(**values) for name, values in usage.items()}
 
 

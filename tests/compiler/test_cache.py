@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from spio.compiler import cache
 from spio.compiler.cache import DiskCache, cache_root
 
 
@@ -133,6 +134,33 @@ def test_an_entry_read_from_disk_is_then_served_from_memory(tmp_path):
         {"m": 1},
         True,
     )
+
+
+def test_memory_keeps_a_bounded_number_of_entries(tmp_path, monkeypatch):
+    """Every entry met had stayed in memory for the life of the process (a compile worker's,
+    `spio compile` over every kernel's); past the bound it starts over, and an entry dropped is
+    read from disk again."""
+    monkeypatch.setattr(cache, "MEMORY_ENTRIES", 4)
+    store = DiskCache("things", root=tmp_path)
+    for i in range(10):
+        store.get_or_build(f"k{i}", lambda i=i: (b"%d" % i, {}))
+        assert len(store._memory) <= 4
+    assert store.get("k0") == (b"0", {})
+
+
+def test_a_file_system_without_locks_still_builds_and_stores(tmp_path, monkeypatch):
+    """filelock 3 raises NotImplementedError where the file system has no flock (Lustre
+    mounted noflock, some FUSE mounts): every compile had ended in it."""
+    import filelock
+
+    class NoFlock(filelock.FileLock):
+        def acquire(self, *args, **kwargs):
+            raise NotImplementedError("FileSystem does not appear to support flock")
+
+    monkeypatch.setattr(filelock, "FileLock", NoFlock)
+    store = DiskCache("things", root=tmp_path)
+    assert store.get_or_build("k", lambda: (b"built", {"m": 1})) == (b"built", {"m": 1}, False)
+    assert DiskCache("things", root=tmp_path).get("k") == (b"built", {"m": 1})  # on disk
 
 
 def test_an_entry_built_before_spio_cache_dir_changed_is_stored_in_the_new_folder(

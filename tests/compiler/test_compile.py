@@ -246,6 +246,43 @@ def test_parse_resource_report_reads_each_entry():
     assert (second.registers, second.shared_bytes) == (32, 0)
 
 
+def test_a_callees_spills_count_as_the_kernels():
+    """ptxas reports a device function it did not inline under its own "Function properties"
+    (here work(), called by k): its spills had been dropped, and k passed for spill-free."""
+    log = textwrap.dedent(
+        """\
+        ptxas info    : Compiling entry function 'k' for 'sm_80'
+        ptxas info    : Function properties for k
+        ptxas         .     544 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+        ptxas info    : Used 24 registers, used 0 barriers, 544 bytes cumulative stack size
+        ptxas info    : Function properties for _Z4workPKfi
+        ptxas         .     0 bytes stack frame, 656 bytes spill stores, 716 bytes spill loads
+        """
+    )
+    (k,) = parse_resource_report(log).values()
+    assert (k.spill_stores, k.spill_loads, k.stack_bytes, k.registers) == (656, 716, 544, 24)
+    assert k.spills
+
+
+def test_a_spill_in_a_function_not_inlined_is_reported_by_the_compiler():
+    source = """
+    __device__ __noinline__ float work(const float *x, int n) {
+        float a[64];
+        #pragma unroll
+        for (int i = 0; i < 64; ++i) a[i] = x[i * n];
+        float s = 0;
+        #pragma unroll
+        for (int i = 0; i < 64; ++i) s += a[i] * a[(i * 7) % 64];
+        return s;
+    }
+    extern "C" __global__ void k(const float *x, float *y, int n) {
+        y[threadIdx.x] = work(x + threadIdx.x, n);
+    }
+    """
+    result = compile_cubin(source, "sm_80", options=("--maxrregcount=24",), use_cache=False)
+    assert result.resources["k"].spills
+
+
 def test_compiler_warnings_are_the_front_ends_and_ptxas_warning_lines():
     """Warnings only: not ptxas' info lines, nor an entry or file whose name holds the word."""
     log = textwrap.dedent(
