@@ -260,7 +260,10 @@ def compile_cubin(
 
     def build() -> tuple[bytes, dict]:
         start = time.perf_counter()
-        out = nvrtc.compile_program(source, name, opts, headers)
+        try:
+            out = nvrtc.compile_program(source, name, opts, headers)
+        except CompileError as error:  # which of a kernel's archs failed: said
+            raise CompileError(error.name, error.log, error.result, arch) from None
         seconds = time.perf_counter() - start
         if _lines_here:
             logger.info("compiled %s for %s in %.2f s", name, arch, seconds)

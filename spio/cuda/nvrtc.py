@@ -22,17 +22,22 @@ class NvrtcError(RuntimeError):
 
 
 class CompileError(RuntimeError):
-    """NVRTC rejected a program; `.log` holds the compiler's full log."""
+    """NVRTC rejected a program; `.log` holds the compiler's full log, `.arch` the target
+    (where the caller said it: spio.compiler's compile_cubin does)."""
 
-    def __init__(self, name: str, log: str, result: str = ""):
+    def __init__(self, name: str, log: str, result: str = "", arch: str = ""):
         said = f" ({result})" if result else ""
-        super().__init__(f"NVRTC failed to compile {name}{said}:\n{log.strip() or '(no log)'}")
+        target = f" for {arch}" if arch else ""
+        super().__init__(
+            f"NVRTC failed to compile {name}{target}{said}:\n{log.strip() or '(no log)'}"
+        )
         self.name = name
         self.log = log
         self.result = result
+        self.arch = arch
 
     def __reduce__(self):  # picklable, so compile pool workers can return it
-        return (CompileError, (self.name, self.log, self.result))
+        return (CompileError, (self.name, self.log, self.result, self.arch))
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,9 @@ def test_broken_kernel_raises_with_nvrtc_log(cache_dir):
         compile_cubin(source, "sm_80", name="broken.cu")
     assert "undeclared_name" in info.value.log
     assert "undeclared_name" in str(info.value) and "broken.cu" in str(info.value)
+    # Which arch: a kernel built for several had its failures named alike.
+    assert str(info.value).startswith("NVRTC failed to compile broken.cu for sm_80 (")
+    assert info.value.arch == "sm_80"
 
 
 def test_missing_header_error_names_it(cache_dir):

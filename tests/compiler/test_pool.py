@@ -31,6 +31,7 @@ def test_compile_many_keeps_order_and_returns_errors(cache_dir):
     results = compile_many(jobs, workers=2, progress=False)
     assert results[0].arch == "sm_80" and "k" in results[0].resources
     assert isinstance(results[1], CompileError) and "nope" in results[1].log
+    assert results[1].arch == "sm_80" and "bad.cu for sm_80" in str(results[1])  # pickled back
     assert results[2].arch == "sm_90"
     # The workers filled the shared disk cache: the parent now gets hits.
     again = jobs[2].run()
