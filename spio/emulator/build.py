@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import os
 import platform
 import re
@@ -38,8 +39,17 @@ from ..cuda import paths
 from ..env import flag
 from ..log import logger
 
-#: Bump when the build recipe or the entry ABI changes.
-BUILD_VERSION = 1
+
+@functools.cache
+def recipe_digest() -> str:
+    """Hash of this module and the loader (module.py): the build recipe (entry code, rewrites,
+    link order) and the entry ABI are Python here, so any edit to them is a new key. It had
+    been a version number to bump by hand, which 25 commits of the recipe never did."""
+    here = Path(__file__).resolve().parent
+    return hashlib.sha256(
+        b"".join((here / f).read_bytes() for f in ("build.py", "module.py"))
+    ).hexdigest()
+
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 
@@ -285,22 +295,30 @@ def use_ucontext() -> bool:
 
 
 #: A build's temporary folder: `spio-emu-<pid>-...` (`spio-emu-rt-<pid>-...` for a runtime
-#: object), named for its process, so that a later build can remove the folders of processes that
-#: died without removing them (SIGTERM from `timeout` or a scheduler, SIGKILL: ~230 KB each).
-_BUILD_FOLDER_RE = re.compile(r"spio-emu-(?:rt-)?(\d+)-")
+#: object, `spio-emu-lib-<pid>-...` for the libraries of a process whose cache folder cannot
+#: hold them), named for its process, so that a later process can remove the folders of
+#: processes that died without removing them (SIGTERM from `timeout` or a scheduler, SIGKILL:
+#: ~230 KB a build folder, ~110 KB a library).
+_BUILD_FOLDER_RE = re.compile(r"spio-emu-(?:rt-|lib-)?(\d+)-")
 #: A dead process's folder is removed only once untouched this long: a process of another PID
 #: namespace sharing the temporary folder may look dead here, but no build takes an hour.
 STALE_BUILD_SECONDS = 3600
 _swept = False
 
 
-def _build_folder(kind: str = "") -> tempfile.TemporaryDirectory[str]:
-    """A temporary folder for one build (`kind` "rt-" for a runtime object), named for this
-    process; the first in a process removes those of dead processes (`sweep_build_folders`)."""
+def _sweep_once() -> None:
+    """The first temporary folder a process makes removes those of dead processes first
+    (`sweep_build_folders`)."""
     global _swept
     if not _swept:
         _swept = True
         sweep_build_folders()
+
+
+def _build_folder(kind: str = "") -> tempfile.TemporaryDirectory[str]:
+    """A temporary folder for one build (`kind` "rt-" for a runtime object), named for this
+    process."""
+    _sweep_once()
     return tempfile.TemporaryDirectory(prefix=f"spio-emu-{kind}{os.getpid()}-")
 
 
@@ -352,7 +370,7 @@ def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
     for src in sources:
         key = hash_key(
             "emu-runtime",
-            BUILD_VERSION,
+            recipe_digest(),
             src,
             runtime_digest(),
             command_words(cxx),  # the command, flags and wrappers included
@@ -456,10 +474,12 @@ def _remove_private(folder: Path, pid: int) -> None:
 
 
 def _private_folder() -> Path:
-    """This process's own temporary folder for libraries, made once and removed at exit."""
+    """This process's own temporary folder for libraries, made once and removed at exit (or,
+    where the process is killed, by a later process's sweep: named for it)."""
     global _private
     if _private is None:
-        _private = Path(tempfile.mkdtemp(prefix="spio-emu-lib-"))
+        _sweep_once()
+        _private = Path(tempfile.mkdtemp(prefix=f"spio-emu-lib-{os.getpid()}-"))
         atexit.register(_remove_private, _private, os.getpid())
     return _private
 
@@ -524,7 +544,7 @@ def build_library(
     flags = [*_BASE_FLAGS, *(check_flags(cxx) if checked else ())]
     key = hash_key(
         "emu-lib",
-        BUILD_VERSION,
+        recipe_digest(),
         source,
         sorted(headers.items()),
         command_words(cxx),

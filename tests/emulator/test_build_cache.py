@@ -305,7 +305,8 @@ def _library_key(monkeypatch, checked=False):
 
 
 @pytest.mark.parametrize(
-    "name", ["runtime_digest", "_cuda_identity", "use_ucontext", "compiler_version"]
+    "name",
+    ["runtime_digest", "_cuda_identity", "use_ucontext", "compiler_version", "recipe_digest"],
 )
 def test_each_input_of_a_library_is_part_of_its_key(monkeypatch, name):
     """A library built against another runtime, other CUDA headers, the other fiber switch or
@@ -316,6 +317,7 @@ def test_each_input_of_a_library_is_part_of_its_key(monkeypatch, name):
         "_cuda_identity": lambda: "other CUDA headers",
         "use_ucontext": lambda: flipped,
         "compiler_version": lambda cxx: "g++ (another build) 99.0",
+        "recipe_digest": lambda: "build.py or module.py edited",
     }[name]
     key = _library_key(monkeypatch)
     monkeypatch.setattr(build, name, other)
@@ -408,8 +410,10 @@ def test_build_folders_of_dead_processes_are_swept(monkeypatch, tmp_path):
         f"spio-emu-rt-{dead}-abc": True,
         f"spio-emu-{alive}-abc": False,
         f"spio-emu-{dead}-young": False,
-        f"spio-emu-lib-{dead}-abc": False,  # a process's private library folder: not a build's
+        f"spio-emu-lib-{dead}-abc": True,  # a killed process's private library folder
+        f"spio-emu-lib-{alive}-abc": False,
         "spio-emu-k2j4h_x9": False,  # the names before (no PID)
+        "spio-emu-lib-k2j4h_x9": False,
         f"spio-emu-{dead}-file": False,
     }
     for name in names:
@@ -432,3 +436,12 @@ def test_build_folders_of_dead_processes_are_swept(monkeypatch, tmp_path):
     with build._build_folder("rt-") as folder:
         assert os.path.basename(folder).startswith(f"spio-emu-rt-{alive}-")
     assert not (tmp_path / f"spio-emu-{dead}-again").exists()
+    # So does a process that only loads libraries, into a private folder named for it (where
+    # the cache folder cannot hold them): a killed one's had been left for good.
+    monkeypatch.setattr(build, "_swept", False)
+    monkeypatch.setattr(build, "_private", None)
+    monkeypatch.setattr(build.atexit, "register", lambda *a: None)
+    (tmp_path / f"spio-emu-lib-{dead}-again").mkdir()
+    os.utime(tmp_path / f"spio-emu-lib-{dead}-again", (hour_ago, hour_ago))
+    assert build._private_folder().name.startswith(f"spio-emu-lib-{alive}-")
+    assert not (tmp_path / f"spio-emu-lib-{dead}-again").exists()
