@@ -109,6 +109,31 @@ def _decode(blob: bytes) -> tuple[bytes, dict] | None:
 MEMORY_ENTRIES = 256
 
 
+#: Seconds between the lines saying that a process waits for another's build of an entry.
+LOCK_NOTICE_SECONDS = 30.0
+
+
+def _acquire_saying_so(lock) -> None:
+    """Acquire a cache entry's file lock, saying every LOCK_NOTICE_SECONDS that this process
+    still waits (another holds it: building the entry, or stopped in a debugger or by Ctrl-Z),
+    where it had waited in silence, however long."""
+    import filelock
+
+    waited = 0.0
+    while True:
+        try:
+            lock.acquire(timeout=LOCK_NOTICE_SECONDS)
+            return
+        except filelock.Timeout:
+            waited += LOCK_NOTICE_SECONDS
+            logger.warning(
+                "waited %.0f s for %s: another process holds it (building that entry, or "
+                "stopped); still waiting",
+                waited,
+                lock.lock_file,
+            )
+
+
 class DiskCache:
     """Entries of one kind (e.g. "cubin") under `<cache_root>/<namespace>/`."""
 
@@ -201,7 +226,7 @@ class DiskCache:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             lock = filelock.FileLock(str(path) + ".lock")
-            lock.acquire()
+            _acquire_saying_so(lock)
         except OSError as error:  # read-only or full cache folder: build, keep in memory
             self._warn_once(error)
             payload, meta = build()

@@ -148,6 +148,41 @@ def test_memory_keeps_a_bounded_number_of_entries(tmp_path, monkeypatch):
     assert store.get("k0") == (b"0", {})
 
 
+def test_a_wait_for_another_process_is_said(tmp_path, monkeypatch, caplog):
+    """A process waiting for another's lock on an entry (building it, or stopped in a debugger)
+    had waited in silence, however long."""
+    import subprocess
+    import textwrap
+
+    monkeypatch.setattr(cache, "LOCK_NOTICE_SECONDS", 0.3)
+    store = DiskCache("things", root=tmp_path)
+    store.folder.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sys, time, filelock
+                with filelock.FileLock({str(store.path("k")) + ".lock"!r}):
+                    print("held", flush=True)
+                    time.sleep(1.5)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with caplog.at_level(logging.WARNING, logger="spio"):
+            assert store.get_or_build("k", lambda: (b"x", {}))[:2] == (b"x", {})
+    finally:
+        holder.wait(timeout=30)
+    waits = [r.getMessage() for r in caplog.records if "another process holds it" in r.getMessage()]
+    assert waits and waits[0].startswith("waited 0 s for ") and "k.bin.lock" in waits[0]
+
+
 def test_a_file_system_without_locks_still_builds_and_stores(tmp_path, monkeypatch):
     """filelock 3 raises NotImplementedError where the file system has no flock (Lustre
     mounted noflock, some FUSE mounts): every compile had ended in it."""
