@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import multiprocessing
 import os
 import signal
@@ -42,6 +43,7 @@ from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from pathlib import Path
 from queue import SimpleQueue
 from typing import cast
 
@@ -69,11 +71,37 @@ class CompileJob:
 
 
 def usable_cores() -> int:
-    """The number of CPU cores this process may use."""
+    """The number of CPU cores this process may use: those it may run on, or fewer where its
+    cgroup's CPU quota allows fewer (a container limited to 4 CPUs on a 128-core host had
+    started 128 compile workers of ~95 MB each)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+#: Where cgroup v2 (cpu.max: "<quota> <period>" or "max <period>") and v1 (cpu.cfs_quota_us,
+#: -1 for none, and cpu.cfs_period_us) put a container's CPU limit.
+_CGROUP = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_quota(root: Path | None = None) -> float | None:
+    """The CPUs this process's cgroup may use (quota / period), None where it sets no limit
+    or none can be read (not Linux, another layout)."""
+    root = _CGROUP if root is None else root
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def default_workers() -> int:

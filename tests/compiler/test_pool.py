@@ -1,5 +1,6 @@
 """The compile pool runs jobs in worker processes and returns results and errors in order."""
 
+import math
 import os
 import signal
 import time
@@ -588,3 +589,29 @@ def test_each_job_of_a_sweep_is_one_log_line_in_the_parent(setting, tmp_path):
     cached = [line for line in lines if "cached kernel.cu for sm_80" in line]
     assert len(compiled) == 3 and len(cached) == 3, out.stderr
     assert all(line.endswith(" s (in a compile worker)") for line in compiled + cached), out.stderr
+
+
+@pytest.mark.parametrize(
+    "files,quota",
+    [
+        ({"cpu.max": "400000 100000\n"}, 4.0),
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.0),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu.max": "garbage"}, None),
+        ({}, None),
+    ],
+)
+def test_a_containers_cpu_quota_bounds_the_usable_cores(tmp_path, monkeypatch, files, quota):
+    """A container limited to a few CPUs on a large host had started a compile worker per host
+    core (~95 MB each): cgroup v2's cpu.max and v1's cfs quota bound the count."""
+    from spio.compiler import pool
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert pool.cgroup_cpu_quota(tmp_path) == quota
+    monkeypatch.setattr(pool, "_CGROUP", tmp_path)
+    monkeypatch.setattr(pool.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert pool.usable_cores() == (64 if quota is None else max(1, math.ceil(quota)))
