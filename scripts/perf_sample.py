@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         check_sample_columns,
         kernel_variant,
         read_samples,
+        sample_key,
     )
 
     unknown = sorted(set(args.families or ()) - set(FAMILIES))
@@ -227,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
             params = family.layer_as_run(layer)  # DGrad of a biased layer: the bias-free kernel
             configs = configs_to_sample(family, params, rng, args.max_configs, identity)
             todo = [
-                c for c in configs if (family.name, name, params.encode(), c.encode()) not in done
+                c
+                for c in configs
+                if sample_key(family.name, name, params, c, kernel_variant(family, params, c))
+                not in done
             ]
             if todo:
                 work.append((family, params, todo))

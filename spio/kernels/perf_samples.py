@@ -39,15 +39,21 @@ SAMPLE_COLUMNS = (
 LEGACY_WGRAD_VARIANT = "atomic-kernel-only"
 
 
+#: WGrad's partial sums as spio runs them since 2026-12-06 (each tap's 8 x 8 innermost in a
+#: slot, and the reworked sum_slots). Samples named "partials" timed the path before: they are
+#: neither trained on nor taken for samples of it when a sweep resumes (`Sample.key`).
+WGRAD_PARTIALS_VARIANT = "partials-2"
+
+
 def kernel_variant(family: Family, params: Conv2dGw8Params, config: Any) -> str:
     """What a sample of this family and config times, as spio runs it: "" for FProp and DGrad
-    (one launch); for WGrad "partials" (partial sums, then sum_slots) or "atomic" (dw zeroed,
-    then the atomic kernel), whichever `uses_partial_sums` picks."""
+    (one launch); for WGrad WGRAD_PARTIALS_VARIANT (partial sums, then sum_slots) or "atomic"
+    (dw zeroed, then the atomic kernel), whichever `uses_partial_sums` picks."""
     if family.pass_ != "wgrad":
         return ""
     from .conv2d_gw8_wgrad_factory import uses_partial_sums
 
-    return "partials" if uses_partial_sums(params, config) else "atomic"
+    return WGRAD_PARTIALS_VARIANT if uses_partial_sums(params, config) else "atomic"
 
 
 @dataclass(frozen=True)
@@ -72,9 +78,17 @@ class Sample:
         a shape's samples at every batch size and dtype are held out together."""
         return self.params.encode().split("_", 1)[1].rsplit("_", 1)[0]
 
-    def key(self) -> tuple[str, str, str, str]:
-        """What identifies a sample when resuming a sweep."""
-        return (self.family, self.device, self.params.encode(), self.config.encode())
+    def key(self) -> tuple[str, ...]:
+        """What identifies a sample when resuming a sweep (`sample_key`)."""
+        return sample_key(self.family, self.device, self.params, self.config, self.variant)
+
+
+def sample_key(
+    family: str, device: str, params: Conv2dGw8Params, config: Any, variant: str
+) -> tuple[str, ...]:
+    """What identifies a sample when resuming a sweep: a sample of another variant (the kernel
+    path as it was) is no sample of what spio runs now."""
+    return (family, device, params.encode(), config.encode(), variant)
 
 
 def sample_row(sample: Sample) -> dict[str, str]:

@@ -102,7 +102,7 @@ def test_samples_name_the_wgrad_reduction_spio_runs(monkeypatch, tmp_path, capsy
     wgrad, fprop = pm.FAMILIES["conv2d_gw8_wgrad"], pm.FAMILIES["conv2d_gw8_fprop"]
     config = wgrad.configs(params)[0]
     assert ps.kernel_variant(fprop, params, fprop.configs(params)[0]) == ""
-    assert ps.kernel_variant(wgrad, params, config) == "partials"
+    assert ps.kernel_variant(wgrad, params, config) == ps.WGRAD_PARTIALS_VARIANT == "partials-2"
     assert wgrad.make_kernel(params, config).name.endswith("__partials")
     monkeypatch.setattr(wg, "PARTIAL_BYTES", 16)  # no partial-sum buffer fits: atomics
     assert ps.kernel_variant(wgrad, params, config) == "atomic"
@@ -114,13 +114,17 @@ def test_samples_name_the_wgrad_reduction_spio_runs(monkeypatch, tmp_path, capsy
             wgrad.name, "sm_90", "GPU", "13.0", "0", synthetic, params, config, 1e-5, "", variant
         )
 
-    samples = [sample("partials"), sample("atomic"), sample(ps.LEGACY_WGRAD_VARIANT),
-               sample("", synthetic=True)]  # fmt: skip
+    samples = [sample("partials-2"), sample("atomic"), sample(ps.LEGACY_WGRAD_VARIANT),
+               sample("", synthetic=True), sample("partials")]  # fmt: skip
     kept = train.runs_as_sampled(samples)
     assert kept == [samples[0], samples[3]]
     out = capsys.readouterr().out
     assert "leaving out 1 conv2d_gw8_wgrad samples that timed 'atomic' where spio runs" in out
     assert f"timed {ps.LEGACY_WGRAD_VARIANT!r}" in out
+    # Timed before the slot layout and sum of 2026-12-06: not what spio runs now.
+    assert "samples that timed 'partials' where spio runs 'partials-2'" in out
+    # Nor a sample of it when a sweep resumes: the key tells the two apart.
+    assert samples[0].key() != samples[4].key()
 
 
 def test_features_agree_with_the_kernels():
@@ -1249,6 +1253,14 @@ def test_perf_sample_resumes_and_respects_its_budget_with_fakes(tmp_path, monkey
     timed.clear()
     assert script.main(args) == 0  # resumed: nothing left to time
     assert timed == [] and len(ps.read_samples(csv_path)[0]) == len(samples)
+    # Rows of WGrad's partial sums as timed before 2026-12-06 ("partials", run 7's seed) are no
+    # samples of what spio runs now: a resumed sweep times those configs again, only those.
+    rows = csv_path.read_text().replace(",partials-2\n", ",partials\n")
+    stale = rows.count(",partials\n")
+    csv_path.write_text(rows)
+    assert stale and script.main(args) == 0
+    assert len(timed) == stale and all(name.endswith("__partials") for name in timed)
+    timed.clear()
     more = ["--csv", str(tmp_path / "b.csv"), "--batches", "8", "--budget-s", "0.001"]
     assert script.main(more) == 0  # the budget ends the run early
     assert len(timed) < 5
