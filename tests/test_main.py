@@ -539,6 +539,22 @@ def test_info_names_a_model_spio_would_not_use_from_its_place(
     assert said in rows[1] and len(rows) == 2, rows
 
 
+def test_info_does_not_count_a_model_two_folders_down(tmp_path, monkeypatch):
+    """spio looks for models in arch/ and arch/device/ (model_candidates), never deeper: a
+    model two folders down covers nothing, and info names it out of place."""
+    import shutil as sh
+
+    from spio import __main__ as cli
+    from spio.kernels import perf_model
+
+    models = tmp_path / "models"
+    sh.copytree(perf_model.PACKAGED_MODELS_DIR / "sm_90", models / "sm_90" / "nvidia-h200" / "old")
+    monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
+    rows = [value for _, value in cli._perf_model_rows([])]
+    assert any("is not where spio looks for one" in row for row in rows), rows
+    assert not any(row.startswith("sm_90:") for row in rows), rows
+
+
 @pytest.mark.parametrize(
     "command,setting,value",
     [

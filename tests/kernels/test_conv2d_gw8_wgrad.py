@@ -837,3 +837,15 @@ def test_tma_rows_build_for_sm_90_and_their_maps():
     dy_pad = fd.row_pitch(16, True, tma=True) - 16
     rows = (3 * x_pad + (3 + 3) * dy_pad) * 2 * 16
     assert kernel.shared_mem_bytes - swizzled.shared_mem_bytes == rows + fd.tma_align(2) - 16 + 24
+
+
+def test_sum_kernels_follow_the_dtypes_asked_for():
+    """sum_kernels gives the sum_slots kernels of the gradient dtypes asked for, as with_sums
+    does, not fp32's whatever the dtypes; none for an atomic kernel."""
+    layer = Conv2dGw8Params(n=2, c=16, h=8, w=8, has_bias=True)
+    partials = wg.make_kernel(layer, wg.configs(layer)[0], partials=True)
+    atomic = wg.make_kernel(layer, wg.configs(layer)[0], partials=False)
+    assert wg.sum_kernels([partials, atomic], ("bf16", "fp16")) == [
+        wg.sum_kernel(layer, "bf16", "fp16")
+    ]
+    assert wg.sum_kernels([atomic]) == []

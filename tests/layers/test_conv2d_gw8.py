@@ -1607,3 +1607,35 @@ def test_the_eager_path_leaves_tensor_subclasses_to_the_op():
         args = [x, w, b]
         args[i] = args[i].as_subclass(Tagged)
         assert not eager_path_applies(*args), i
+
+
+def test_an_ineligible_weight_falls_back_on_every_call(monkeypatch):
+    """A weight the kernels cannot run, set after construction, falls back on every call, not
+    the first alone: the layer's memo of the shape it checked must not record an unrunnable one
+    (a second call would take the fast path into the kernels)."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    x = torch.randn(1, 16, 6, 7).half()
+    for padding, size in (("same", 4), (1, 7)):
+        layer = Conv2dGw8(16, 16, 3, padding=padding, groups=2, bias=False).half()
+        layer.weight = nn.Parameter(torch.randn(16, 8, size, size).half())
+        want = F.conv2d(x.double(), layer.weight.double(), None, 1, padding, 1, 2)
+        with torch.no_grad():
+            for call in range(2):
+                got = layer(x)
+                assert got.shape == want.shape, (padding, size, call)
+                torch.testing.assert_close(got.double(), want, atol=3e-2, rtol=2e-2)
+
+
+def test_spio_kernels_of_a_swapped_weight_are_those_its_call_launches(monkeypatch):
+    """After a weight of another filter size is set on a "same" layer, spio_kernels (what
+    spio.precompile builds) lists the kernels the call launches, padded by the weight's size."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    layer = Conv2dGw8(16, 16, 3, padding="same", groups=2, bias=False).half()
+    layer.weight = nn.Parameter(torch.randn(16, 8, 5, 5).half())
+    x = torch.randn(1, 16, 6, 7).half()
+    with torch.no_grad():
+        listed = [k.name for k in layer.spio_kernels(x)]
+        launched = spy_on_launches(monkeypatch, names=True)
+        layer(x)
+    assert listed and listed == launched

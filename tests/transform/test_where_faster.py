@@ -412,3 +412,28 @@ def test_data_parallel_over_several_gpus_is_refused_and_one_gpu_unwrapped():
     wrapped.device_ids = [0, 1]  # as on a two-GPU machine
     with pytest.raises(ValueError, match="where_faster: DataParallel splits each batch over its 2"):
         where_faster(wrapped, x, timer=FakeTimer())
+
+
+def test_timing_forks_the_timing_gpus_random_number_state(monkeypatch):
+    """where_faster forks the random-number state of the GPU it times on (PassCase draws its
+    inputs there), not only the CPU's. The GPU parts are stand-ins."""
+    from spio.transform import modules
+
+    forked = []
+    real = torch.random.fork_rng
+
+    def spy(devices=None, **kwargs):
+        forked.append(None if devices is None else list(devices))
+        return real(devices=[], **kwargs)
+
+    monkeypatch.setattr(torch.random, "fork_rng", spy)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(modules, "_cuda_device", lambda inputs: torch.device("cuda", 1))
+    monkeypatch.setattr(
+        modules,
+        "_time_layers",
+        lambda cases, timed, training, timer, device: {p: () for p in cases},
+    )
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)).half()
+    where_faster(model, torch.randn(2, 16, 8, 8).half())
+    assert forked[-1] == [1]
