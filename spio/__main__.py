@@ -453,13 +453,17 @@ def cmd_clear_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Configs `spio compile` makes, compiles and reports at a time (see cmd_compile).
+COMPILE_CHUNK = 32
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     import random
 
     from . import supported_arch
     from .compiler import CompileResult, check_arch, compile_many
     from .compiler.compile import toolchain_identity
-    from .kernels.conv2d_gw8_wgrad_factory import with_sums
+    from .kernels.conv2d_gw8_wgrad_factory import SUM_ENTRY, with_sums
     from .kernels.families import FAMILIES
     from .kernels.layer_sets import compile_layer_set
 
@@ -500,53 +504,63 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.sample and args.sample < len(keys):
         keys = random.Random(args.seed).sample(keys, args.sample)
     elif args.sample:
-        print(f"--sample {args.sample} is at least the {len(keys)} kernels there are: all of them")
+        print(f"--sample {args.sample} is at least the {len(keys)} configs there are: all of them")
     from tqdm import tqdm
 
-    # Generating every kernel's source takes about a minute on its own: a bar, not silence.
-    picked = tqdm(
-        (pairs[key] for key in keys),
-        total=len(keys),
-        desc="generating kernels",
-        unit="kernel",
-        leave=False,
-    )
-    made = [FAMILIES[family].make_kernel(params, config) for family, params, config in picked]
-    # With the sum over the partial sums that a partials WGrad kernel runs after it.
-    chosen = sorted(with_sums(made), key=lambda k: k.name)
-    sums = len(chosen) - len(made)
-    jobs = [(kernel, arch) for kernel in chosen for arch in archs]
     print(
-        f"compiling {_count(len(chosen), 'kernel')}"
-        + (f" ({sums} sum_slots, run after partials WGrad kernels)" if sums else "")
-        + f" for {', '.join(archs)}: {_count(len(jobs), 'compile')}"
+        f"compiling the kernels spio runs for {_count(len(keys), 'config')} (each operand "
+        f"layout of FProp and DGrad, and the sum_slots kernel after partials WGrad kernels) "
+        f"for {', '.join(archs)}"
     )
-    results = compile_many([k.compile_job(a) for k, a in jobs], desc="compiling kernels")
-    failures = spills = warned = 0
-    name_width = max(len(k.name) for k, _ in jobs)
+    # A kernel's name is its key less the batch size, and a variant's suffix at most this long.
+    name_width = max(len(key) for key in keys) + len("__wcl__belem")
     arch_width = max(len(arch) for arch in archs)  # sm_100 and sm_120 are wider than sm_90
     print(f"{'kernel':<{name_width}}  {'arch':<{arch_width}}  regs  spill(B)  smem(B)")
-    for (kernel, arch), result in zip(jobs, results, strict=True):
-        head = f"{kernel.name:<{name_width}}  {arch:<{arch_width}}"
-        if not isinstance(result, CompileResult):
-            failures += 1
-            print(f"{head}  FAILED: {result}")
-            continue
-        usage = result.resources.get(kernel.entry)
-        if usage is None:
-            failures += 1
-            print(f"{head}  FAILED: no entry {kernel.entry}")
-            continue
-        spilled = usage.spill_stores + usage.spill_loads
-        spills += spilled > 0
-        warnings = result.warnings  # read from the log on each access
-        warned += bool(warnings)
-        smem = usage.shared_bytes + kernel.shared_mem_bytes
-        flags = ("  SPILLS" if spilled else "") + ("  WARNINGS" if warnings else "")
-        print(f"{head}  {usage.registers:4d}  {spilled:8d}  {smem:7d}{flags}")
-        for line in warnings:
-            print(f"    {line}")
-    print(f"{len(jobs)} compiles: {failures} failed, {spills} spilled, {warned} with warnings")
+    # In chunks of configs, each made, compiled and reported before the next is made: the whole
+    # layer set at once had held every kernel's source and every compile's cubin and PTX in
+    # memory (~15 GB for the full sweep).
+    bar = tqdm(total=len(keys), desc="compiling kernels", unit="config")
+    seen: set[str] = set()
+    compiles = kernels = sums = failures = spills = warned = 0
+    for start in range(0, len(keys), COMPILE_CHUNK):
+        made = []
+        for key in keys[start : start + COMPILE_CHUNK]:
+            family, params, config = pairs[key]
+            made += FAMILIES[family].runnable_kernels(params, config)
+        # With the sum over the partial sums that a partials WGrad kernel runs after it.
+        chosen = sorted((k for k in with_sums(made) if k.name not in seen), key=lambda k: k.name)
+        seen.update(k.name for k in chosen)
+        kernels += len(chosen)
+        sums += sum(1 for k in chosen if k.entry == SUM_ENTRY)
+        jobs = [(kernel, arch) for kernel in chosen for arch in archs]
+        compiles += len(jobs)
+        results = compile_many([k.compile_job(a) for k, a in jobs], progress=False)
+        for (kernel, arch), result in zip(jobs, results, strict=True):
+            head = f"{kernel.name:<{name_width}}  {arch:<{arch_width}}"
+            if not isinstance(result, CompileResult):
+                failures += 1
+                bar.write(f"{head}  FAILED: {result}")
+                continue
+            usage = result.resources.get(kernel.entry)
+            if usage is None:
+                failures += 1
+                bar.write(f"{head}  FAILED: no entry {kernel.entry}")
+                continue
+            spilled = usage.spill_stores + usage.spill_loads
+            spills += spilled > 0
+            warnings = result.warnings  # read from the log on each access
+            warned += bool(warnings)
+            smem = usage.shared_bytes + kernel.shared_mem_bytes
+            flags = ("  SPILLS" if spilled else "") + ("  WARNINGS" if warnings else "")
+            bar.write(f"{head}  {usage.registers:4d}  {spilled:8d}  {smem:7d}{flags}")
+            for line in warnings:
+                bar.write(f"    {line}")
+        bar.update(len(keys[start : start + COMPILE_CHUNK]))
+    bar.close()
+    print(
+        f"{_count(kernels, 'kernel')}, {sums} of them sum_slots (run after partials WGrad kernels)"
+    )
+    print(f"{compiles} compiles: {failures} failed, {spills} spilled, {warned} with warnings")
     return 1 if failures or spills else 0
 
 

@@ -775,7 +775,7 @@ def test_compile_keeps_its_columns_with_a_wider_arch(compiled_jobs, capsys):
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("kernel"))
     rows = [line for line in lines if "FAILED" in line]
-    assert len(rows) == 2
+    assert len(rows) == len(compiled_jobs) >= 2
     assert {row.index("FAILED") for row in rows} == {header.index("regs")}
 
 
@@ -810,13 +810,21 @@ def test_compile_merges_a_repeated_arch(compiled_jobs, capsys):
     from spio.__main__ import main
 
     main(["compile", "--arch", "sm_90", "--arch", "sm_86", "--arch", "sm_90", "--sample", "2"])
-    assert [arch for _, arch in compiled_jobs] == ["sm_90", "sm_86"] * 2
-    assert "for sm_90, sm_86: 4 compiles" in capsys.readouterr().out
+    kernels = len(compiled_jobs) // 2
+    assert [arch for _, arch in compiled_jobs] == ["sm_90", "sm_86"] * kernels
+    out = capsys.readouterr().out
+    assert "for 2 configs (" in out and out.splitlines()[0].endswith(" for sm_90, sm_86")
+    assert f"{2 * kernels} compiles: " in out
 
 
-def test_compile_shows_progress_while_it_generates_the_kernels(compiled_jobs, capsys):
-    """Generating the source of every kernel of the layer set takes about a minute before the
-    first compile: a progress bar says so, instead of a silent wait."""
+def test_compile_builds_every_kernel_spio_runs_with_progress(compiled_jobs, capsys):
+    """Every config's kernels as spio may run them: FProp and DGrad in each operand layout
+    (contiguous or channels_last weights: `__wcl`; FProp's bias fp32 or the input's dtype:
+    `__belem`), DGrad of the bias-free layer (a biased layer's DGrad is that kernel), WGrad as
+    spio runs the config, and each layer's sum_slots kernel after its partials WGrad kernels.
+    The sweep had built only the contiguous-weights FProp/DGrad kernels (a channels_last
+    model's run the `__wcl` ones: 101 registers where the other had 103, so a spill there went
+    unseen) and DGrad kernels of biased layers that never run. A bar counts the configs."""
     from spio.__main__ import main
     from spio.kernels.conv2d_gw8_wgrad_factory import sum_kernel
     from spio.kernels.families import FAMILIES
@@ -825,13 +833,47 @@ def test_compile_shows_progress_while_it_generates_the_kernels(compiled_jobs, ca
     total = sum(len(f.configs(p)) for p in compile_layer_set() for f in FAMILIES.values())
     main(["compile", "--arch", "sm_90"])
     out, err = capsys.readouterr()
-    assert "generating kernels:" in err and f"| 0/{total} [" in err
-    # And the sum_slots kernel of each layer (fp32 gradients), which its partials WGrad kernels
-    # run after them.
-    sums = {sum_kernel(p).name for p in compile_layer_set()}
-    assert len(compiled_jobs) == total + len(sums)
-    assert sums <= {name for name, _ in compiled_jobs}
-    assert f"({len(sums)} sum_slots, run after partials WGrad kernels)" in out
+    assert "compiling kernels:" in err and f"| 0/{total} [" in err
+    names = [name for name, _ in compiled_jobs]
+    assert len(names) == len(set(names))
+    wanted = set()
+    for params in compile_layer_set():
+        for family in FAMILIES.values():
+            for config in family.configs(params):
+                wanted.update(k.name for k in family.runnable_kernels(params, config))
+        wanted.add(sum_kernel(params).name)
+    assert set(names) == wanted
+    assert any(name.endswith("__wcl") for name in names if "_fprop__" in name)
+    assert any(name.endswith("__wcl") for name in names if "_dgrad__" in name)
+    assert not any("bias1" in name for name in names if "_dgrad__" in name)
+    sums = sum(1 for name in names if name.startswith("sum_slots"))
+    assert f"{len(names)} kernels, {sums} of them sum_slots (run after partials" in out
+
+
+def test_compile_makes_compiles_and_reports_a_chunk_of_configs_at_a_time(
+    compiled_jobs, monkeypatch, capsys
+):
+    """The whole layer set's kernels were made first and every compile's cubin and PTX held to
+    the end (~15 GB over the full sweep): now COMPILE_CHUNK configs are made, compiled and
+    reported before the next are made."""
+    import spio.__main__
+    import spio.compiler
+    from spio.kernels.families import Family
+
+    events = []
+    real_make = Family.runnable_kernels
+    monkeypatch.setattr(
+        Family, "runnable_kernels", lambda *a: events.append("make") or real_make(*a)
+    )
+    record = spio.compiler.compile_many
+    monkeypatch.setattr(
+        spio.compiler, "compile_many", lambda batch, **k: events.append("compile") or record(batch)
+    )
+    monkeypatch.setattr(spio.__main__, "COMPILE_CHUNK", 2)
+    spio.__main__.main(["compile", "--arch", "sm_90", "--sample", "5"])
+    assert events == ["make", "make", "compile"] * 2 + ["make", "compile"]
+    rows = [line for line in capsys.readouterr().out.splitlines() if "FAILED" in line]
+    assert len(rows) == len(compiled_jobs)
 
 
 @pytest.mark.parametrize("seed", [0, 7])
@@ -847,15 +889,17 @@ def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monke
     from spio.kernels.layer_sets import compile_layer_set
 
     everything = {
-        kernel.name: kernel
+        f"{name}__{params.encode()}__{config.encode()}": (family, params, config)
         for params in compile_layer_set()
-        for family in families.FAMILIES.values()
+        for name, family in families.FAMILIES.items()
         for config in family.configs(params)
-        for kernel in [family.make_kernel(params, config)]
     }
     chosen = random.Random(seed).sample(sorted(everything), 5)
-    # (With the sum_slots kernel of a partials WGrad picked.)
-    picked = sorted(k.name for k in with_sums(everything[name] for name in chosen))
+    # Each pick's kernels as spio runs them, with the sum_slots kernel of a partials WGrad.
+    runnable = [
+        k for key in chosen for k in everything[key][0].runnable_kernels(*everything[key][1:])
+    ]
+    picked = sorted(k.name for k in with_sums(runnable))
     made = []
 
     def counted(make):
@@ -1136,7 +1180,7 @@ def test_compile_says_when_its_sample_is_every_kernel(compiled_jobs, capsys, mon
     # (The layer's sum_slots kernel comes with its partials WGrad kernels, beside the sample.)
     total = len([name for name, _ in compiled_jobs if not name.startswith("sum_slots")])
     assert total < len(compiled_jobs)
-    assert f"--sample 100000 is at least the {total} kernels there are: all of them" in (
+    assert f"--sample 100000 is at least the {total} configs there are: all of them" in (
         capsys.readouterr().out
     )
 
@@ -1154,10 +1198,11 @@ def compile_outcomes(compiled_jobs, monkeypatch):
 
     outcomes = []
     made_kernels = (
-        family.make_kernel(params, config)
+        kernel
         for params in compile_layer_set()
         for family in families.FAMILIES.values()
         for config in family.configs(params)
+        for kernel in family.runnable_kernels(params, config)
     )
     kernels = {kernel.name: kernel for kernel in made_kernels}
 
@@ -1184,7 +1229,8 @@ def test_compile_table_shows_each_compiles_resources_and_exits_1_on_a_failure_or
     from spio.compiler.compile import ResourceUsage
 
     outcomes, kernels = compile_outcomes
-    argv = ["compile", "--arch", "sm_90", "--arch", "sm_80", "--sample", "2"]
+    # One DGrad config: its kernel reading contiguous weights, then channels_last ones.
+    argv = ["compile", "--arch", "sm_90", "--arch", "sm_80", "--kernel", "dgrad", "--sample", "1"]
     clean = ResourceUsage(registers=40, shared_bytes=16)
     spilling = ResourceUsage(registers=255, spill_stores=8, spill_loads=4, shared_bytes=16)
     outcomes[:] = [RuntimeError("ptxas says no"), None, spilling, clean]
@@ -1224,7 +1270,7 @@ def test_compile_lists_a_kernels_compiler_warnings_under_it_without_failing(
     ptxas = "ptxas warning : Value of threads per SM for entry k is out of range"
     log = f"{front}\nptxas info    : Used 40 registers\n{ptxas}\n"
     outcomes[:] = [ResourceUsage(registers=40), (ResourceUsage(registers=40), log)]
-    assert main(["compile", "--arch", "sm_90", "--sample", "2"]) == 0
+    assert main(["compile", "--arch", "sm_90", "--kernel", "dgrad", "--sample", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert not lines[2].endswith("WARNINGS")
     assert lines[3].split()[-1] == "WARNINGS"

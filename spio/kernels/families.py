@@ -64,6 +64,19 @@ class Family:
             return params
         return replace(params, has_bias=False)
 
+    def runnable_kernels(self, params: Conv2dGw8Params, config: Any) -> list[Kernel]:
+        """Every kernel spio may run for this family's pass of `params` with `config` (what
+        `spio compile` builds): of the layer as run (layer_as_run); FProp and DGrad reading the
+        weights as held (contiguous, or channels_last: `__wcl`) and FProp's bias as given (fp32,
+        or the input's dtype: `__belem`); WGrad as make_kernel makes it (partial sums or
+        atomics, as spio runs the config)."""
+        params = self.layer_as_run(params)
+        kernel = self.make_kernel(params, config)
+        if self.pass_ == "wgrad":
+            return [kernel]
+        elems = (False, True) if self.reads_bias and params.has_bias else (False,)
+        return [fd.variant(kernel, cl, elem) for cl in (False, True) for elem in elems]
+
     @property
     def config_fields(self) -> tuple[str, ...]:
         return tuple(f.name for f in fields(self.config_type))
