@@ -58,14 +58,15 @@ def _bool_typed(value: Any) -> bool:
 
 
 def _as_bool(value: Any) -> bool | None:
-    """value as a bool where it is one: a bool, numpy's, a 0-d bool tensor, or the int 0 or 1
-    (as has_bias has always taken them); else None."""
+    """value as a bool where it is one: a bool, numpy's, a 0-d bool tensor, or an integer 0 or
+    1 (as has_bias has always taken them; numpy's and a 0-d tensor's too, as every int field
+    takes them: as_integer); else None."""
     if type(value) is bool:
         return value
     if _bool_typed(value) and getattr(value, "ndim", 1) == 0:
         return bool(value)
-    if type(value) is int and value in (0, 1):
-        return bool(value)
+    if as_integer(value) in (0, 1):
+        return bool(as_integer(value))
     return None
 
 

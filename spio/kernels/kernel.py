@@ -167,7 +167,13 @@ def cuda_ordinal(device: Any) -> int:
         return device.index
     import torch
 
-    return torch.cuda.current_device()
+    try:
+        return torch.cuda.current_device()
+    except (AssertionError, RuntimeError) as error:  # a CPU build's bare "Torch not compiled..."
+        from ..cuda import driver
+
+        driver.device_count()  # CudaDriverError, saying why there is no CUDA device
+        raise RuntimeError(f"no CUDA device for {device}: torch has none ({error})") from None
 
 
 @dataclass(frozen=True)

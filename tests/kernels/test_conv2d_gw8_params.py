@@ -322,3 +322,14 @@ def test_has_bias_takes_numpys_and_torchs_bools_and_a_bias_must_be_floating_poin
         with pytest.raises(ValueError, match=f"needs a floating-point bias, got {dtype}"):
             Conv2dGw8Params.from_tensors(x, w, torch.zeros(8, dtype=dtype))
     assert Conv2dGw8Params.from_tensors(x, w, torch.zeros(8)).has_bias
+
+
+def test_has_bias_takes_integers_of_other_types_as_every_int_field_does():
+    """numpy's 1 and a 0-d tensor's 0 were refused for has_bias (a ValueError), where the int 1
+    and every other field's numpy integers were taken."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    assert Conv2dGw8Params(1, 16, 3, 3, has_bias=np.int64(1)).has_bias is True
+    assert Conv2dGw8Params(1, 16, 3, 3, has_bias=torch.tensor(0)).has_bias is False
+    with pytest.raises(ValueError, match="has_bias True or False, got np.int64"):
+        Conv2dGw8Params(1, 16, 3, 3, has_bias=np.int64(2))

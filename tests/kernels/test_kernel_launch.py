@@ -296,3 +296,28 @@ assert older.startswith("cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE"), ol
 assert g("launches") == 0
 """,
     )
+
+
+def test_a_bare_cuda_device_without_cuda_says_why(monkeypatch):
+    """get_kernel(params, "cuda") on a build of torch without CUDA raised torch's bare
+    AssertionError ("Torch not compiled with CUDA enabled"); now spio's own error, as for a
+    numbered device: the driver's where it cannot be loaded."""
+    import torch
+
+    from spio.cuda import driver
+    from spio.kernels import kernel as K
+
+    def fails():
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    monkeypatch.setattr(torch.cuda, "current_device", fails)
+
+    def no_driver():
+        raise driver.CudaDriverError("No NVIDIA driver found")
+
+    monkeypatch.setattr(driver, "device_count", no_driver)
+    with pytest.raises(driver.CudaDriverError, match="No NVIDIA driver found"):
+        K.cuda_ordinal(torch.device("cuda"))
+    monkeypatch.setattr(driver, "device_count", lambda: 1)
+    with pytest.raises(RuntimeError, match="no CUDA device for cuda: torch has none \\(Torch not"):
+        K.cuda_ordinal(torch.device("cuda"))
