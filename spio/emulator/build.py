@@ -173,9 +173,32 @@ def compiler_family(cxx: str) -> str:
 MIN_CLANG = 16
 
 
+#: Locals the code never set read as a pattern (floats as -1.7e38 or NaN), not as the zeros of
+#: a fresh fiber stack: an accumulator left unzeroed, or an mma operand never loaded, had given
+#: exactly the right result in the emulator. GCC 12 and clang 16 take it; an older GCC builds
+#: checked kernels without it.
+_UNSET_LOCALS_FLAG = "-ftrivial-auto-var-init=pattern"
+
+
+@functools.cache
+def _takes_flag(cxx: str, flag: str) -> bool:
+    """Whether `cxx` accepts `flag` (a syntax-only compile of an empty program)."""
+    try:
+        done = subprocess.run(
+            [*command_words(cxx), flag, "-x", "c++", "-fsyntax-only", "-"],
+            input="",
+            capture_output=True,
+            **_TOOL_TEXT,
+        )
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
 def check_flags(cxx: str) -> tuple[str, ...]:
-    """The flags of a checked kernel object built by `cxx`; raises EmulatorBuildError for a
-    clang older than MIN_CLANG."""
+    """The flags of a checked kernel object built by `cxx` (ThreadSanitizer's, and unset locals
+    as a pattern where `cxx` takes it); raises EmulatorBuildError for a clang older than
+    MIN_CLANG."""
     family = compiler_family(cxx)
     if family == "clang":
         version = compiler_version(cxx)
@@ -187,7 +210,8 @@ def check_flags(cxx: str) -> tuple[str, ...]:
                 "unchecked (a 16-byte copy past a tensor would go unreported). Set CXX to g++ "
                 f"or to clang++ {MIN_CLANG}+"
             )
-    return _CHECK_FLAGS[family]
+    unset = (_UNSET_LOCALS_FLAG,) if _takes_flag(cxx, _UNSET_LOCALS_FLAG) else ()
+    return _CHECK_FLAGS[family] + unset
 
 
 #: Environment variables that change what the host compiler includes or runs (GCC's, also read

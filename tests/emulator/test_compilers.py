@@ -41,8 +41,12 @@ def test_a_checked_build_spells_the_sanitizer_settings_for_its_compiler(
     monkeypatch, version, family
 ):
     monkeypatch.setattr(build, "compiler_version", lambda cxx: version)
+    monkeypatch.setattr(build, "_takes_flag", lambda cxx, flag: True)
     assert build.compiler_family("c++") == family
-    flags = build.check_flags("c++")
+    *flags, unset = build.check_flags("c++")
+    assert unset == "-ftrivial-auto-var-init=pattern"  # unset locals read as a pattern
+    monkeypatch.setattr(build, "_takes_flag", lambda cxx, flag: False)  # GCC 11: without it
+    assert build.check_flags("c++") == tuple(flags)
     assert flags[0] == "-fsanitize=thread"
     prefix = "-mllvm" if family == "clang" else "--param"
     assert all(flag == prefix for flag in flags[1::2])

@@ -671,3 +671,70 @@ def test_an_mbarrier_waiter_outlasts_a_busy_producer(bulk, steps):
 def test_an_mbarrier_no_thread_arrives_at_is_a_deadlock_after_the_others_finish(bulk):
     with pytest.raises(EmulatorError, match="mbarrier wait never ends: phase parity 0"):
         bulk.get_function("late_producer").launch(1, 64, (torch.zeros(64), torch.randn(4), 400, 0))
+
+
+UNSET_ACCUMULATOR = r"""
+#include <spio/warp/mma.h>
+// All-ones 16x8 A and 8x8 B: every element of D is 8 plus C's. `zeroed` 0 leaves C unset.
+extern "C" __global__ void ones_mma(float *out, int zeroed) {
+    const unsigned ones = 0x3c003c00u;  // two fp16 ones
+    const unsigned a[2] = {ones, ones};
+    float c[4], d[4];
+    if (zeroed) {
+        for (int k = 0; k < 4; ++k) c[k] = 0.f;
+    }
+    spio::mma_m16n8k8_f16(d, a, ones, c);
+    for (int k = 0; k < 4; ++k) out[4 * threadIdx.x + k] = d[k];
+}
+"""
+
+
+def test_an_unset_accumulator_does_not_read_as_zeros():
+    """An accumulator the kernel never zeroed read the zeros of a fresh fiber stack and gave
+    exactly the right answer; checked builds now fill unset locals with a pattern
+    (-ftrivial-auto-var-init=pattern, GCC 12 and clang 16), so the result is wrong and a
+    comparison with a reference fails."""
+    from spio.emulator import build
+    from tests.emulator.conftest import load
+
+    cxx = build.compiler()
+    if not build._takes_flag(cxx, build._UNSET_LOCALS_FLAG):
+        pytest.skip(f"{cxx} does not take {build._UNSET_LOCALS_FLAG} (GCC 12 or newer does)")
+    module = load(UNSET_ACCUMULATOR, "emu_test_unset_accumulator")
+    out = torch.full((128,), float("nan"))
+    module.get_function("ones_mma").launch(1, 32, (out, 1))
+    assert torch.equal(out, torch.full((128,), 8.0))
+    module.get_function("ones_mma").launch(1, 32, (out, 0))
+    assert not torch.isclose(out, torch.tensor(8.0)).any(), out[:4]
+
+
+UNSET_SHARED = r"""
+// Each thread reads its own element of a (dynamic) shared buffer, filled first unless `fill` is
+// 0; the max() with 0 turns the 0xff poison (a NaN) into a plausible 0.
+extern "C" __global__ void unset_shared(float *out, int fill) {
+    extern __shared__ float buf[];
+    if (fill) buf[threadIdx.x] = float(threadIdx.x);
+    __syncthreads();
+    const float v = buf[threadIdx.x];
+    out[threadIdx.x] = v > 0.f ? v : 0.f;
+}
+"""
+
+
+def test_a_read_of_shared_memory_never_written_is_reported():
+    """A byte of dynamic shared memory (all spio's kernels use) that no thread of the block wrote
+    read its 0xff poison: where the kernel's arithmetic hid it (a max, an integer use), nothing
+    was reported, and results looked right."""
+    from tests.emulator.conftest import load
+
+    module = load(UNSET_SHARED, "emu_test_unset_shared")
+    out = torch.full((64,), -1.0)
+    module.get_function("unset_shared").launch(1, 64, (out, 1), shared_mem_bytes=256)
+    assert torch.equal(out, torch.arange(64.0))
+    with pytest.raises(
+        EmulatorError,
+        match=r"reads shared address .* \(offset \d+ of the block's "
+        r"shared memory\), which no thread of this block has written",
+    ) as info:
+        module.get_function("unset_shared").launch(1, 64, (out, 0), shared_mem_bytes=256)
+    assert "unset_shared" in str(info.value) and "uninitialised shared memory" in str(info.value)

@@ -500,9 +500,13 @@ void check_landed(const Fiber *f, const Shadow &s, uintptr_t addr, bool write, c
 /// fiber `f`. `via` names an async copy being issued: its write is checked against the epoch's
 /// accesses by other threads now, and entered in the shadow when the copy completes. `atomic`:
 /// an atomic read-modify-write (write is true), which needs no order with other atomics but
-/// races with unordered plain accesses, as in global memory.
+/// races with unordered plain accesses, as in global memory. A read of a byte of dynamic shared
+/// memory no thread of the block has written (nor a copy landed in) fails, unless `unset_ok` (a
+/// bulk store's box, whose bytes past the tensor's edge the copy leaves out). Not of the static
+/// arena: it is the library's TLS block, which also holds the compiler's guard bytes of
+/// thread_local variables with constructors (an `__half` array's), read and never written here.
 void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t n, bool write,
-                   const char *via = nullptr, bool atomic = false) {
+                   const char *via = nullptr, bool atomic = false, bool unset_ok = false) {
     const uint16_t tid = static_cast<uint16_t>(f->tid);
     const uint16_t warp = static_cast<uint16_t>(f->warp);
     const Warp &w = g_rt.warps[f->warp];
@@ -514,6 +518,8 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
     }
     // Whether this epoch made shared atomics, which a plain access must be ordered after.
     const bool after_atomics = !atomic && g_rt.atomic_epoch == e;
+    // Arena offsets from here on are dynamic shared memory's (shared_region).
+    const std::size_t static_bytes = static_cast<std::size_t>(g_rt.s_hi - g_rt.s_lo);
     // The access, for messages (built only when one fails).
     const auto act = [&] { return atomic ? std::string("atomically updates") : action(write, via); };
     if (write && !g_rt.store_sources.empty()) {
@@ -582,6 +588,17 @@ void shadow_access(const Fiber *f, uintptr_t addr, std::size_t off, std::size_t 
             s.w_fences = static_cast<uint16_t>(f->proxy_fences);
             s.bulk = 0;
         } else {
+            // Shared memory starts each block as 0xff bytes: a read of one never written (a
+            // halo not zero-filled, a buffer read before its first fill) reads that poison, which
+            // a max() or an integer use can hide from a comparison of the results.
+            if (!unset_ok && s.w_epoch < g_rt.block_epoch0 && s.bulk != kBarrierBytes &&
+                off + i >= static_bytes) {
+                fail(f, format("%s shared address %#lx (offset %zu of the block's shared memory), "
+                               "which no thread of this block has written nor a copy filled "
+                               "(uninitialised shared memory; or a write still to come, with no "
+                               "__syncthreads() before this read)",
+                               act().c_str(), static_cast<unsigned long>(addr + i), off + i));
+            }
             add_access(s.r, f, e, gen);
         }
     }
@@ -2198,7 +2215,7 @@ void start_store(Fiber *f, BulkStore &&s) {
         const auto src = reinterpret_cast<uintptr_t>(s.src);
         std::size_t off;
         shared_region(src, s.bytes, &off);
-        shadow_access(f, src, off, s.bytes, false);  // (an unordered write: a race, named first)
+        shadow_access(f, src, off, s.bytes, false, nullptr, false, true);  // (a race first)
         check_fenced(f, src, off, s.bytes, s.via);
         g_rt.store_sources.push_back({src, src + s.bytes, f->tid, s.via});
         for (const BulkCopy &c : s.pieces) count_dest(c.dst, c.bytes, 1);
@@ -2222,7 +2239,7 @@ void retire_store(Fiber *f, const BulkStore &s) {
         for (const BulkCopy &c : s.pieces) count_dest(c.dst, c.bytes, -1);
         std::size_t off;
         shared_region(src, s.bytes, &off);
-        shadow_access(f, src, off, s.bytes, false);
+        shadow_access(f, src, off, s.bytes, false, nullptr, false, true);
         for (const BulkCopy &c : s.pieces) {
             global_access(f, reinterpret_cast<uintptr_t>(c.dst), c.bytes, GKind::kStore, s.via);
         }
