@@ -463,7 +463,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from . import supported_arch
     from .compiler import CompileResult, check_arch, compile_many
     from .compiler.compile import toolchain_identity
-    from .kernels.conv2d_gw8_wgrad_factory import SUM_ENTRY, with_sums
+    from .kernels.conv2d_gw8_wgrad_factory import SUM_ENTRY
     from .kernels.families import FAMILIES
     from .kernels.layer_sets import compile_layer_set
 
@@ -509,8 +509,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     print(
         f"compiling the kernels spio runs for {_count(len(keys), 'config')} (each operand "
-        f"layout of FProp and DGrad, and the sum_slots kernel after partials WGrad kernels) "
-        f"for {', '.join(archs)}"
+        f"layout of FProp and DGrad, and the sum_slots kernels after partials WGrad kernels, "
+        f"into each gradient dtype) for {', '.join(archs)}"
     )
     # A kernel's name is its key less the batch size, and a variant's suffix at most this long.
     name_width = max(len(key) for key in keys) + len("__wcl__belem")
@@ -527,8 +527,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         for key in keys[start : start + COMPILE_CHUNK]:
             family, params, config = pairs[key]
             made += FAMILIES[family].runnable_kernels(params, config)
-        # With the sum over the partial sums that a partials WGrad kernel runs after it.
-        chosen = sorted((k for k in with_sums(made) if k.name not in seen), key=lambda k: k.name)
+        # Each once (a layer's sum_slots kernels follow each of its partials WGrad kernels).
+        chosen = sorted(
+            {k.name: k for k in made if k.name not in seen}.values(), key=lambda k: k.name
+        )
         seen.update(k.name for k in chosen)
         kernels += len(chosen)
         sums += sum(1 for k in chosen if k.entry == SUM_ENTRY)
@@ -668,7 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample",
         type=positive_int,
         metavar="N",
-        help="compile a random sample of N kernels (and the sum_slots kernels they need)",
+        help="compile the kernels of a random sample of N configs (and the sum_slots kernels "
+        "they need)",
     )
     compile_parser.add_argument(
         "--seed", type=int, default=0, metavar="S", help="seed for --sample (default 0)"

@@ -821,7 +821,8 @@ def test_compile_builds_every_kernel_spio_runs_with_progress(compiled_jobs, caps
     """Every config's kernels as spio may run them: FProp and DGrad in each operand layout
     (contiguous or channels_last weights: `__wcl`; FProp's bias fp32 or the input's dtype:
     `__belem`), DGrad of the bias-free layer (a biased layer's DGrad is that kernel), WGrad as
-    spio runs the config, and each layer's sum_slots kernel after its partials WGrad kernels.
+    spio runs the config, and each layer's sum_slots kernels, into every gradient dtype pair,
+    after its partials WGrad kernels.
     The sweep had built only the contiguous-weights FProp/DGrad kernels (a channels_last
     model's run the `__wcl` ones: 101 registers where the other had 103, so a spill there went
     unseen) and DGrad kernels of biased layers that never run. A bar counts the configs."""
@@ -846,6 +847,13 @@ def test_compile_builds_every_kernel_spio_runs_with_progress(compiled_jobs, caps
     assert any(name.endswith("__wcl") for name in names if "_fprop__" in name)
     assert any(name.endswith("__wcl") for name in names if "_dgrad__" in name)
     assert not any("bias1" in name for name in names if "_dgrad__" in name)
+    # The sums into a half model's gradients too, as the op runs them (only fp32's had been built).
+    for params in compile_layer_set():
+        assert sum_kernel(params, params.dtype, "fp32").name in names
+        assert (
+            sum_kernel(params, params.dtype, params.dtype if params.has_bias else "fp32").name
+            in names
+        )
     sums = sum(1 for name in names if name.startswith("sum_slots"))
     assert f"{len(names)} kernels, {sums} of them sum_slots (run after partials" in out
 

@@ -579,6 +579,16 @@ def with_sums(
     return list(found.values())
 
 
+def sum_dtype_pairs(params: Conv2dGw8Params) -> list[tuple[str, str]]:
+    """Every (dw, dbias) dtype pair spio may sum a partials WGrad of `params` into: dw in the
+    weight's dtype, the layer's (a half model) or fp32 (autocast's fp32 master weights, and the
+    op's own fp32 gradients); dbias in the bias's, either of those where the layer has one (the
+    op's fp32 otherwise)."""
+    dtypes = [params.dtype, "fp32"]
+    biases = dtypes if params.has_bias else ["fp32"]
+    return [(dw, dbias) for dw in dtypes for dbias in biases]
+
+
 def sum_kernels(
     kernels: Iterable[Kernel], dtypes: tuple[str, str] = ("fp32", "fp32")
 ) -> list[Kernel]:

@@ -69,11 +69,14 @@ class Family:
         `spio compile` builds): of the layer as run (layer_as_run); FProp and DGrad reading the
         weights as held (contiguous, or channels_last: `__wcl`) and FProp's bias as given (fp32,
         or the input's dtype: `__belem`); WGrad as make_kernel makes it (partial sums or
-        atomics, as spio runs the config)."""
+        atomics, as spio runs the config), a partials kernel followed by the sum_slots kernels
+        into each gradient dtype pair spio may ask for (sum_dtype_pairs)."""
         params = self.layer_as_run(params)
         kernel = self.make_kernel(params, config)
         if self.pass_ == "wgrad":
-            return [kernel]
+            if not kernel.info_value("partials"):
+                return [kernel]
+            return [kernel, *(wg.sum_kernel(params, *pair) for pair in wg.sum_dtype_pairs(params))]
         elems = (False, True) if self.reads_bias and params.has_bias else (False,)
         return [fd.variant(kernel, cl, elem) for cl in (False, True) for elem in elems]
 
