@@ -145,21 +145,26 @@ def _out_dir_error(out_dir: Path) -> str | None:
     return None
 
 
-def _keep_earlier(out_dir: Path, names: list[str]) -> None:
+def _keep_earlier(out_dir: Path, names: list[str]) -> str | None:
     """Move an earlier run's files of `names` (globs) in `out_dir` into
     `out_dir/earlier/<the CSV's time>/`, saying so: a rerun into the same folder had replaced
-    its CSV after the first case, and left its plots beside the new CSV."""
+    its CSV after the first case, and left its plots beside the new CSV. Returns what went
+    wrong where they cannot be moved (nothing is timed then), else None."""
     import datetime
 
     found = [path for name in names for path in sorted(out_dir.glob(name)) if path.is_file()]
     if not found:
-        return
+        return None
     when = datetime.datetime.fromtimestamp(found[0].stat().st_mtime)
     keep = out_dir / "earlier" / when.strftime("%Y-%m-%d_%H%M%S")
-    keep.mkdir(parents=True, exist_ok=True)
-    for path in found:
-        path.replace(keep / path.name)
+    try:
+        keep.mkdir(parents=True, exist_ok=True)
+        for path in found:
+            path.replace(keep / path.name)
+    except OSError as error:  # e.g. an `earlier` that is a file, or not this user's to write
+        return f"cannot move the earlier run's files in {out_dir} aside to {keep}: {error}"
     print(f"moved the earlier run's {', '.join(p.name for p in found)} to {keep}")
+    return None
 
 
 def _error(message: object) -> None:
@@ -253,9 +258,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     batch_sizes = args.batch_sizes or (QUICK_BATCH_SIZES if args.quick else BATCH_SIZES)
     if args.in_situ:
-        _keep_earlier(out_dir, [f"insitu_{args.dtype}.csv"])
+        earlier = [f"insitu_{args.dtype}.csv"]
+    else:
+        earlier = [f"bench_{args.dtype}.csv", f"bandwidth_*_{args.dtype}.png"]
+    if message := _keep_earlier(out_dir, earlier):
+        _error(message)
+        return 2
+    if args.in_situ:
         return _in_situ(args, layers, batch_sizes, out_dir)
-    _keep_earlier(out_dir, [f"bench_{args.dtype}.csv", f"bandwidth_*_{args.dtype}.png"])
 
     from .run import BenchSettings, run_bench
 
@@ -282,9 +292,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _in_situ(args: argparse.Namespace, layers, batch_sizes, out_dir: Path) -> int:
     from .insitu import format_insitu_table, run_insitu, write_insitu_csv
-    from .run import run_info
+    from .run import cudnn_at_its_best, run_info
 
-    info = run_info(command_line())
+    info = run_info(command_line() + cudnn_at_its_best())
     n = batch_sizes[0] if args.batch_sizes else 64
     rows = run_insitu(
         list(layers[:3] if args.quick and not (args.layers or args.layer) else layers),

@@ -312,13 +312,13 @@ def run_insitu(
     """Profile every layer in both stack styles with both implementations; needs a CUDA GPU."""
     from tqdm import tqdm
 
-    from .run import precompile
+    from .run import cudnn_at_its_best, precompile
 
     precompile(  # WGrad's sums into the weight's dtype, as _SpioConv's wgrad asks
         [(layer.params(n, dtype), pass_) for layer in layers for pass_ in PASSES],
         torch.device("cuda", 0),
     )
-    torch.backends.cudnn.benchmark = True
+    cudnn_at_its_best()  # (the command the rows carry says so: cli's run_info)
     tensor_dtype = torch_dtype(dtype)
     rows = []
     cases = [(layer, style, impl) for layer in layers for style in STYLES for impl in IMPLS]

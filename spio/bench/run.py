@@ -77,6 +77,17 @@ def driver_version() -> str:
         return "unknown"
 
 
+def cudnn_at_its_best() -> str:
+    """Sets cuDNN to pick its fastest algorithm for each shape (benchmark mode, every algorithm
+    tried: the default limit of its v8 API is the first 10), for the baselines of `spio bench`
+    and its --in-situ; returns what to add to the rows' command, which says so."""
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark_limit = 0
+    return " (cudnn.benchmark=True, benchmark_limit=0)"
+
+
 def run_info(command: str, device_index: int = 0) -> RunInfo:
     """The GPU, driver, versions, date and command of this run."""
     import torch
@@ -330,10 +341,7 @@ def run_bench(
     failed = precompile([(params, pass_) for _, params, pass_ in cases], torch.device("cuda", 0))
     for name, error in failed.items():
         logger.error("compile failed: %s: %s", name, error)
-    torch.backends.cudnn.benchmark = True
-    # Every algorithm cuDNN has tried, not its first 10 (the default limit of its v8 API).
-    torch.backends.cudnn.benchmark_limit = 0
-    info = run_info(command + " (cudnn.benchmark=True, benchmark_limit=0)")
+    info = run_info(command + cudnn_at_its_best())
     l2 = l2_cache_bytes()
     rows: list[BenchRow] = []
 

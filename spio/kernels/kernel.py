@@ -170,6 +170,8 @@ def cuda_ordinal(device: Any) -> int:
     try:
         return torch.cuda.current_device()
     except (AssertionError, RuntimeError) as error:  # a CPU build's bare "Torch not compiled..."
+        if torch.cuda.is_available():  # another trouble of CUDA's: torch's own error says it
+            raise
         from ..cuda import driver
 
         driver.device_count()  # CudaDriverError, saying why there is no CUDA device

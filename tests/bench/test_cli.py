@@ -351,6 +351,7 @@ def test_in_situ_runs_at_n_64_or_the_first_batch_size_and_quick_on_three_layers(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cli, "_gpu_problem", lambda: None)
     monkeypatch.setattr(run, "run_info", lambda command: None)
+    monkeypatch.setattr(run, "cudnn_at_its_best", lambda: "")  # (torch's flags left alone)
     calls = []
 
     def run_insitu(layers, n, **kwargs):
@@ -386,6 +387,7 @@ def test_in_situ_fails_where_a_pass_saw_no_call(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cli, "_gpu_problem", lambda: None)
     monkeypatch.setattr(run, "run_info", lambda command: None)
+    monkeypatch.setattr(run, "cudnn_at_its_best", lambda: "")  # (torch's flags left alone)
     names = [f.name for f in dataclasses.fields(insitu.InSituRow)]
     row = insitu.InSituRow(**{name: "x" for name in names} | {"calls": 3, "us_per_call": 1.0})
     made = [row, dataclasses.replace(row, calls=0)]
@@ -428,3 +430,17 @@ def test_a_rerun_into_the_same_folder_keeps_the_earlier_runs_files(fake_bench, t
     assert f"to {kept}" in capsys.readouterr().out
     assert cli.cmd_bench(args) == 0  # nothing of the dtype left: nothing moved
     assert len(list((tmp_path / "earlier").iterdir())) == 1
+
+
+def test_earlier_files_that_cannot_be_moved_aside_are_one_error(fake_bench, tmp_path, capsys):
+    """An `earlier` that is a file (or not this user's to write) had ended the command in a
+    traceback: one `spio bench:` line, exit 2, nothing timed and the earlier CSV left."""
+    from spio.bench import cli
+
+    (tmp_path / "bench_fp16.csv").write_text("earlier rows\n")
+    (tmp_path / "earlier").write_text("a file")
+    args = build_parser().parse_args(["bench", "--out", str(tmp_path), "--layer", "8,4,4"])
+    assert cli.cmd_bench(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spio bench: cannot move the earlier run's files in {tmp_path} aside")
+    assert fake_bench.settings == [] and (tmp_path / "bench_fp16.csv").exists()

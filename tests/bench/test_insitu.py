@@ -274,7 +274,8 @@ def test_run_insitu_rows_give_per_call_times_and_name_unattributed_kernels(monke
 
     precompiled = []
     monkeypatch.setattr(run, "precompile", lambda cases, device: precompiled.extend(cases))
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)  # undone
+    for flag in ("benchmark", "benchmark_limit"):  # set by run_insitu: undone after
+        monkeypatch.setattr(torch.backends.cudnn, flag, getattr(torch.backends.cudnn, flag))
     zeros = torch.zeros
     monkeypatch.setattr(torch, "randn", lambda shape, device, dtype: zeros(shape, dtype=dtype))
 
@@ -300,6 +301,8 @@ def test_run_insitu_rows_give_per_call_times_and_name_unattributed_kernels(monke
     info = RunInfo("GPU", "drv", "t", "c", "s", "today", "cmd", "timing")
     rows = insitu.run_insitu([TINY], 2, "bf16", info, passes=("wgrad", "fprop", "dgrad"), steps=10)
     assert precompiled == [(TINY.params(2, "bf16"), p) for p in ("fprop", "dgrad", "wgrad")]
+    # cuDNN's baseline at its best, as in the isolated bench: every algorithm tried.
+    assert torch.backends.cudnn.benchmark is True and torch.backends.cudnn.benchmark_limit == 0
     assert [(r.style, r.impl, r.pass_) for r in rows] == [
         (style, impl, pass_)
         for style in ("convfirst", "mbconv")

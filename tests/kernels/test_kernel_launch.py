@@ -321,3 +321,7 @@ def test_a_bare_cuda_device_without_cuda_says_why(monkeypatch):
     monkeypatch.setattr(driver, "device_count", lambda: 1)
     with pytest.raises(RuntimeError, match="no CUDA device for cuda: torch has none \\(Torch not"):
         K.cuda_ordinal(torch.device("cuda"))
+    # Where torch has CUDA, its own error of another trouble is left as it is.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(AssertionError, match="Torch not compiled"):
+        K.cuda_ordinal(torch.device("cuda"))
