@@ -501,7 +501,9 @@ def _private_folder() -> Path:
     """This process's own temporary folder for libraries, made once and removed at exit (or,
     where the process is killed, by a later process's sweep: named for it)."""
     global _private
-    if _private is None:
+    # (Made again where it has gone: a process of another PID namespace sharing the temporary
+    # folder, to which this one looks dead, sweeps it after an hour untouched.)
+    if _private is None or not _private.is_dir():
         _sweep_once()
         _private = Path(tempfile.mkdtemp(prefix=f"spio-emu-lib-{os.getpid()}-"))
         atexit.register(_remove_private, _private, os.getpid())

@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -443,5 +444,11 @@ def test_build_folders_of_dead_processes_are_swept(monkeypatch, tmp_path):
     monkeypatch.setattr(build.atexit, "register", lambda *a: None)
     (tmp_path / f"spio-emu-lib-{dead}-again").mkdir()
     os.utime(tmp_path / f"spio-emu-lib-{dead}-again", (hour_ago, hour_ago))
-    assert build._private_folder().name.startswith(f"spio-emu-lib-{alive}-")
+    private = build._private_folder()
+    assert private.name.startswith(f"spio-emu-lib-{alive}-")
     assert not (tmp_path / f"spio-emu-lib-{dead}-again").exists()
+    # Swept while this process lives (by one of another PID namespace, to which it looks dead):
+    # made again, where the next library's write had failed for good.
+    shutil.rmtree(private)
+    again = build._private_folder()
+    assert again.is_dir() and again != private
