@@ -83,22 +83,60 @@ def usable_cores() -> int:
 
 
 #: Where cgroup v2 (cpu.max: "<quota> <period>" or "max <period>") and v1 (cpu.cfs_quota_us,
-#: -1 for none, and cpu.cfs_period_us) put a container's CPU limit.
+#: -1 for none, and cpu.cfs_period_us) put CPU limits; /proc/self/cgroup names this process's.
 _CGROUP = Path("/sys/fs/cgroup")
+_OWN_CGROUP = Path("/proc/self/cgroup")
 
 
-def cgroup_cpu_quota(root: Path | None = None) -> float | None:
-    """The CPUs this process's cgroup may use (quota / period), None where it sets no limit
-    or none can be read (not Linux, another layout)."""
+def cgroup_cpu_quota(root: Path | None = None, own: str | None = None) -> float | None:
+    """The CPUs this process's cgroup may use (quota / period: the least of its cgroup's and
+    every parent's), None where none sets a limit or none can be read (not Linux, another
+    layout). `own`: /proc/self/cgroup's text (read when None)."""
     root = _CGROUP if root is None else root
+    if own is None:
+        try:
+            own = _OWN_CGROUP.read_text()
+        except OSError:
+            own = ""
+    quotas = []
+    for folder in _cgroup_folders(root, own):
+        quotas.append(_cpu_quota_in(folder))
+    found = [quota for quota in quotas if quota is not None]
+    return min(found) if found else None
+
+
+def _cgroup_folders(root: Path, own: str) -> list[Path]:
+    """The folders that may limit this process's CPUs: its cgroup's (v2's `0::` line; v1's
+    `cpu` controller's, below root/cpu) and each parent's, and the roots (a container's own
+    cgroup namespace shows its cgroup as the root)."""
+    folders = [root, root / "cpu"]
+    for line in own.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        if parts[1] == "":  # cgroup v2's one hierarchy
+            base = root
+        elif "cpu" in parts[1].split(","):
+            base = root / "cpu"
+        else:
+            continue
+        here = base / parts[2].lstrip("/")
+        while here != base:
+            folders.append(here)
+            here = here.parent
+    return folders
+
+
+def _cpu_quota_in(folder: Path) -> float | None:
+    """The CPU quota one cgroup folder sets (v2's cpu.max, else v1's cfs files), or None."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        quota, period = (folder / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" or int(period) <= 0 else int(quota) / int(period)
     except (OSError, ValueError):
         pass
     try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+        period_us = int((folder / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None

@@ -615,3 +615,38 @@ def test_a_containers_cpu_quota_bounds_the_usable_cores(tmp_path, monkeypatch, f
     monkeypatch.setattr(pool, "_CGROUP", tmp_path)
     monkeypatch.setattr(pool.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert pool.usable_cores() == (64 if quota is None else max(1, math.ceil(quota)))
+
+
+@pytest.mark.parametrize(
+    "own,files,quota",
+    [
+        (  # cgroup v2 without a namespace of its own (systemd's CPUQuota, a Slurm job): the
+            # process's cgroup is below the root, and the least limit up the tree counts
+            "0::/user.slice/job.scope\n",
+            {
+                "user.slice/cpu.max": "200000 100000\n",
+                "user.slice/job.scope/cpu.max": "max 100000\n",
+            },
+            2.0,
+        ),
+        (
+            "12:cpu,cpuacct:/slurm/job1\n0::/\n",
+            {
+                "cpu/slurm/job1/cpu.cfs_quota_us": "300000\n",
+                "cpu/slurm/job1/cpu.cfs_period_us": "100000\n",
+            },
+            3.0,
+        ),
+        ("0::/a/b\n", {"a/cpu.max": "400000 100000\n", "a/b/cpu.max": "100000 100000\n"}, 1.0),
+        ("4:memory:/x\n", {"x/cpu.max": "100000 100000\n"}, None),  # not the cpu controller's
+    ],
+)
+def test_the_quota_of_the_processs_own_cgroup_counts(tmp_path, own, files, quota):
+    """The root's cpu.max alone had been read: a process in a cgroup below it (no cgroup
+    namespace of its own) had its limit missed."""
+    from spio.compiler import pool
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert pool.cgroup_cpu_quota(tmp_path, own) == quota
