@@ -347,6 +347,7 @@ def _emulator_compiler_summary() -> str:
     it."""
     from .emulator.build import (
         MIN_CLANG,
+        UNSET_LOCALS_FLAG,
         EmulatorBuildError,
         check_flags,
         compiler,
@@ -359,9 +360,14 @@ def _emulator_compiler_summary() -> str:
     except EmulatorBuildError as error:
         return f"{_NOT_FOUND} ({error})"
     try:
-        check_flags(cxx)
+        flags = check_flags(cxx)
     except EmulatorBuildError:
         return f"{cxx}: {version}; {_TOO_OLD}: the emulator needs clang {MIN_CLANG}+ or g++"
+    if UNSET_LOCALS_FLAG not in flags:  # (GCC 11): the checks miss a local never set
+        return (
+            f"{cxx}: {version}; checked kernels' locals start as zeros, not a pattern "
+            f"({UNSET_LOCALS_FLAG} needs GCC 12 or clang 16): a local never set goes unseen"
+        )
     return f"{cxx}: {version}"
 
 

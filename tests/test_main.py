@@ -231,6 +231,17 @@ def test_info_reports_a_missing_or_too_old_emulator_compiler_and_passes(
     assert row.endswith(
         "clang++: Ubuntu clang version 14.0.0; TOO OLD: the emulator needs clang 16+ or g++"
     )
+    # A compiler without the unset-locals pattern (GCC 11) builds checked kernels that miss a
+    # local never set: said, still exit 0.
+    monkeypatch.setenv("CXX", "g++")
+    monkeypatch.setattr(build, "compiler_version", lambda cxx: "g++ (Ubuntu 11.4.0) 11.4.0")
+    monkeypatch.setattr(build, "_takes_flag", lambda cxx, flag: False)
+    assert cli.cmd_info(None) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("emulator"))
+    assert row.endswith(
+        "g++: g++ (Ubuntu 11.4.0) 11.4.0; checked kernels' locals start as zeros, not a pattern "
+        "(-ftrivial-auto-var-init=pattern needs GCC 12 or clang 16): a local never set goes unseen"
+    )
 
 
 def test_info_tries_writing_the_cache_folder_instead_of_asking_permission(

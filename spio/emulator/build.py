@@ -177,7 +177,7 @@ MIN_CLANG = 16
 #: a fresh fiber stack: an accumulator left unzeroed, or an mma operand never loaded, had given
 #: exactly the right result in the emulator. GCC 12 and clang 16 take it; an older GCC builds
 #: checked kernels without it.
-_UNSET_LOCALS_FLAG = "-ftrivial-auto-var-init=pattern"
+UNSET_LOCALS_FLAG = "-ftrivial-auto-var-init=pattern"
 
 
 @functools.cache
@@ -210,7 +210,7 @@ def check_flags(cxx: str) -> tuple[str, ...]:
                 "unchecked (a 16-byte copy past a tensor would go unreported). Set CXX to g++ "
                 f"or to clang++ {MIN_CLANG}+"
             )
-    unset = (_UNSET_LOCALS_FLAG,) if _takes_flag(cxx, _UNSET_LOCALS_FLAG) else ()
+    unset = (UNSET_LOCALS_FLAG,) if _takes_flag(cxx, UNSET_LOCALS_FLAG) else ()
     return _CHECK_FLAGS[family] + unset
 
 

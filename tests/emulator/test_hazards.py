@@ -698,8 +698,8 @@ def test_an_unset_accumulator_does_not_read_as_zeros():
     from tests.emulator.conftest import load
 
     cxx = build.compiler()
-    if not build._takes_flag(cxx, build._UNSET_LOCALS_FLAG):
-        pytest.skip(f"{cxx} does not take {build._UNSET_LOCALS_FLAG} (GCC 12 or newer does)")
+    if not build._takes_flag(cxx, build.UNSET_LOCALS_FLAG):
+        pytest.skip(f"{cxx} does not take {build.UNSET_LOCALS_FLAG} (GCC 12 or newer does)")
     module = load(UNSET_ACCUMULATOR, "emu_test_unset_accumulator")
     out = torch.full((128,), float("nan"))
     module.get_function("ones_mma").launch(1, 32, (out, 1))
