@@ -483,7 +483,7 @@ def time_wgrad_reductions(params, config, arg_sets, arch, repeats) -> dict[str, 
     partials = wg.make_kernel(params, config, partials=True)
     # (With the sum partials' calls run after it.)
     compile_many([k.compile_job(arch) for k in wg.with_sums([atomic, partials])], progress=False)
-    rotation = arg_sets if isinstance(arg_sets, Rotation) else Rotation(arg_sets)
+    rotation = Rotation.of(arg_sets)
     results = {}
     for name, kernel in (("atomic+zero", atomic), ("partials+sum", partials)):
 

@@ -529,8 +529,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     seen: set[str] = set()
     compiles = kernels = sums = failures = spills = warned = 0
     for start in range(0, len(keys), COMPILE_CHUNK):
+        chunk = keys[start : start + COMPILE_CHUNK]
         made = []
-        for key in keys[start : start + COMPILE_CHUNK]:
+        for key in chunk:
             family, params, config = pairs[key]
             made += FAMILIES[family].runnable_kernels(params, config)
         # Each once (a layer's sum_slots kernels follow each of its partials WGrad kernels).
@@ -563,7 +564,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             bar.write(f"{head}  {usage.registers:4d}  {spilled:8d}  {smem:7d}{flags}")
             for line in warnings:
                 bar.write(f"    {line}")
-        bar.update(len(keys[start : start + COMPILE_CHUNK]))
+        bar.update(len(chunk))
     bar.close()
     print(
         f"{_count(kernels, 'kernel')}, {sums} of them sum_slots (run after partials WGrad kernels)"

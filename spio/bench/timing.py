@@ -86,6 +86,11 @@ class Rotation(Sequence[T]):
             raise ValueError("Rotation needs at least one set, got none")
         self._taken = 0
 
+    @classmethod
+    def of(cls, sets: Sequence[T]) -> Rotation[T]:
+        """`sets` if a Rotation already (its round goes on), else a new one over them."""
+        return sets if isinstance(sets, Rotation) else cls(sets)
+
     def next_index(self) -> int:
         """The index of the next set in the round (and moves past it)."""
         index = self._taken % len(self._sets)

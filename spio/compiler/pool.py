@@ -98,11 +98,8 @@ def cgroup_cpu_quota(root: Path | None = None, own: str | None = None) -> float 
             own = _OWN_CGROUP.read_text()
         except OSError:
             own = ""
-    quotas = []
-    for folder in _cgroup_folders(root, own):
-        quotas.append(_cpu_quota_in(folder))
-    found = [quota for quota in quotas if quota is not None]
-    return min(found) if found else None
+    quotas = [_cpu_quota_in(folder) for folder in _cgroup_folders(root, own)]
+    return min((quota for quota in quotas if quota is not None), default=None)
 
 
 def _cgroup_folders(root: Path, own: str) -> list[Path]:

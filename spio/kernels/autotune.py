@@ -203,7 +203,7 @@ def time_kernel(
 
     if not arg_sets:
         raise ValueError("time_kernel needs at least one set of kernel arguments, got none")
-    rotation = arg_sets if isinstance(arg_sets, Rotation) else Rotation(arg_sets)
+    rotation = Rotation.of(arg_sets)
     calls = [pass_call(family, params, kernel, args, device) for args in arg_sets]
     with torch.cuda.device(device):
         timing = time_calls(
