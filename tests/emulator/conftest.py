@@ -510,15 +510,16 @@ extern "C" __global__ void vector_copy(float *out, const float *x, int offset) {
 }
 
 /// Each half of the warp works on its own mask: a __syncwarp, a shuffle and a ballot. `bad` 1:
-/// the upper half names the whole warp in its __syncwarp, which the lower half never joins.
+/// the upper half names the whole warp in its __syncwarp, which the lower half never joins;
+/// `bad` 2: the shuffle reads the lane 16 away, in the other half, outside its mask.
 extern "C" __global__ void warp_halves(unsigned *out, int bad) {
     __shared__ unsigned s[32];
     const int lane = threadIdx.x;
     const unsigned mask = lane < 16 ? 0x0000ffffu : 0xffff0000u;
     s[lane] = lane;
-    __syncwarp(bad && lane >= 16 ? 0xffffffffu : mask);
+    __syncwarp(bad == 1 && lane >= 16 ? 0xffffffffu : mask);
     out[3 * lane] = s[lane ^ 1];
-    out[3 * lane + 1] = __shfl_xor_sync(mask, lane, 2);
+    out[3 * lane + 1] = __shfl_xor_sync(mask, lane, bad == 2 ? 16 : 2);
     out[3 * lane + 2] = __ballot_sync(mask, lane & 1);
 }
 

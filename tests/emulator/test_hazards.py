@@ -432,6 +432,14 @@ def test_collectives_on_overlapping_masks_are_divergent(hazards):
         hazards.get_function("warp_halves").launch(1, 32, (out, 1))
 
 
+def test_a_shuffle_from_a_lane_outside_its_mask_fails(hazards):
+    """PTX leaves the value undefined; the emulator had given the reading lane its own."""
+    out = torch.zeros(32, 3, dtype=torch.int32)
+    outside = r"mask 0xffff(0000)? reads lane (16|0), outside the mask"
+    with pytest.raises(EmulatorError, match=outside):
+        hazards.get_function("warp_halves").launch(1, 32, (out, 2))
+
+
 # Global memory: blocks run one after another in the emulator, so a kernel whose blocks share
 # bytes gives the right answer there and a race on a GPU. Checked launches report a block storing
 # to bytes another block stored to or loaded in the same launch, a block loading bytes another

@@ -1498,7 +1498,7 @@ void complete_ldmatrix(Warp &w, const Group &g, int warp_index) {
     }
 }
 
-void complete_shfl(Warp &w, const Group &g) {
+void complete_shfl(Warp &w, const Group &g, int warp_index) {
     const int mode = g.sub;
     for (uint32_t m = g.expected; m; m &= m - 1) {
         const int lane = __builtin_ctz(m);
@@ -1518,9 +1518,14 @@ void complete_shfl(Warp &w, const Group &g) {
         default: j = min_lane | (b & ~seg & 31); ok = j <= max_lane; break;
         }
         if (!ok || j < 0 || j > 31) j = lane;
-        // A source lane outside the mask gives an undefined value; the emulator returns its own.
-        const uint64_t v = (g.expected >> j) & 1u ? w.val[j] : w.val[lane];
-        std::memcpy(&w.out[lane][0], &v, 8);
+        // PTX: a source lane outside membermask (or inactive) gives an undefined value.
+        if (!((g.expected >> j) & 1u)) {
+            fail(&g_rt.fibers[warp_index * 32 + lane],
+                 format("__shfl_*_sync with mask %#x reads lane %d, outside the mask: its value "
+                        "is undefined (PTX shfl.sync)",
+                        g.expected, j));
+        }
+        std::memcpy(&w.out[lane][0], &w.val[j], 8);
     }
 }
 
@@ -1530,7 +1535,7 @@ void complete(Warp &w, const Group &g, int warp_index) {
     switch (g.op) {
     case Op::kMma: complete_mma(w, g); break;
     case Op::kLdmatrix: complete_ldmatrix(w, g, warp_index); break;
-    case Op::kShfl: complete_shfl(w, g); break;
+    case Op::kShfl: complete_shfl(w, g, warp_index); break;
     case Op::kBallot: {
         uint32_t ballot = 0;
         for (uint32_t m = g.expected; m; m &= m - 1) {
