@@ -283,19 +283,23 @@ def _info_only_problems() -> list[str]:
     warn of, at import)."""
     import shutil
 
+    from .env import path_or_name
     from .log import logger_setting_problem
 
     problems = []
-    libcuda = os.environ.get("SPIO_LIBCUDA", "")
+    libcuda = path_or_name("SPIO_LIBCUDA")
     if libcuda:
         problem = _libcuda_problem(libcuda)
         if problem:
             problems.append(
-                f"SPIO_LIBCUDA must name the CUDA driver library, got {libcuda!r}, {problem}"
+                f"SPIO_LIBCUDA must name the CUDA driver library, got "
+                f"{os.environ['SPIO_LIBCUDA']!r}, {problem}"
             )
-    nvdisasm = os.environ.get("SPIO_NVDISASM", "")
+    nvdisasm = path_or_name("SPIO_NVDISASM")
     if nvdisasm and shutil.which(nvdisasm) is None:
-        problems.append(f"SPIO_NVDISASM must name nvdisasm, got {nvdisasm!r}, no program")
+        problems.append(
+            f"SPIO_NVDISASM must name nvdisasm, got {os.environ['SPIO_NVDISASM']!r}, no program"
+        )
     logger = logger_setting_problem()
     if logger:
         problems.append(logger)
@@ -469,6 +473,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from . import supported_arch
     from .compiler import CompileResult, check_arch, compile_many
     from .compiler.compile import toolchain_identity
+    from .cuda import nvrtc
     from .kernels.conv2d_gw8_wgrad_factory import SUM_ENTRY
     from .kernels.families import FAMILIES
     from .kernels.layer_sets import compile_layer_set
@@ -494,7 +499,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    problem = _archs_nvrtc_lacks(archs)
+    problem = nvrtc.archs_lacking(archs)
     if problem is not None:
         print(f"spio compile: nothing was compiled: {problem}", file=sys.stderr)
         return 2
@@ -617,23 +622,6 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
         "file cannot be removed",
     ),
 }
-
-
-def _archs_nvrtc_lacks(archs: list[str]) -> str | None:
-    """What is wrong where the NVRTC found cannot compile for some of `archs` (NVRTC 12.4, torch
-    2.6's, stops at sm_90; sm_100 and sm_120 came with CUDA 12.8), or None."""
-    from .cuda import nvrtc
-
-    known = nvrtc.supported_archs()
-    lacking = [arch for arch in archs if arch not in known]
-    if not lacking:
-        return None
-    major, minor = nvrtc.version()
-    return (
-        f"NVRTC {major}.{minor} cannot compile for {', '.join(lacking)} (it compiles for "
-        f"{known[0]} to {known[-1]}); a newer NVRTC can (`python -m spio info` shows which "
-        "one spio found)"
-    )
 
 
 def _arch(text: str) -> str:

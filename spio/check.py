@@ -239,12 +239,13 @@ class ContextLost(RuntimeError):
 
 def _sticky(error: BaseException, device: str) -> bool:
     """Whether `error` left the GPU context unusable: a sticky CUDA error from spio's driver,
-    or any error after which the context no longer synchronises (PyTorch reports the same
-    errors as its own exceptions: "an illegal memory access was encountered", ...)."""
+    or any other error (a code not in that list, or PyTorch's own exceptions for the same
+    errors: "an illegal memory access was encountered", ...) after which the context no longer
+    synchronises."""
     from .cuda import driver
 
-    if isinstance(error, driver.CudaError):
-        return error.code in driver._STICKY_ERRORS
+    if isinstance(error, driver.CudaError) and error.code in driver._STICKY_ERRORS:
+        return True
     if not device.startswith("cuda"):
         return False
     import torch

@@ -1,10 +1,11 @@
 """Reading spio's environment settings: one parser for the on/off flags, so that all accept the
-same words and reject the rest, one for settings that name one of a few choices, and one for
-integers."""
+same words and reject the rest, one for settings that name one of a few choices, one for
+integers, and two for paths (of folders and files; of libraries and programs)."""
 
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 #: The environment variables spio reads (the README's table; SPIO_TEST_* are its test suite's).
 SETTINGS = (
@@ -69,6 +70,41 @@ def integer(
     value = text.strip()
     if not value:
         return None
-    if _INTEGER.fullmatch(value) and allowed(int(value)):
-        return int(value)
+    if _INTEGER.fullmatch(value):
+        try:
+            number = int(value)
+        except ValueError:  # past Python's limit on digits (4300): no setting means that
+            pass
+        else:
+            if allowed(number):
+                return number
     raise ValueError(f"{name} must be {need}, got {text!r}")
+
+
+def path(name: str) -> Path | None:
+    """The path setting `name` as an absolute path (`~` expanded, a relative path taken from the
+    current folder, surrounding spaces ignored), or None where it is empty or unset. Absolute,
+    so that what is checked is what is opened: a bare file name given to the dynamic loader is
+    searched for on its path, not in the current folder."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    return Path(os.path.abspath(os.path.expanduser(value)))
+
+
+def path_shown(name: str) -> str:
+    """The path setting `name` for a message: NAME='value', and the absolute path path() makes
+    of it where that differs."""
+    text = os.environ.get(name, "")
+    made = path(name)
+    return f"{name}={text!r}" + (f" ({made})" if made is not None and str(made) != text else "")
+
+
+def path_or_name(name: str) -> str | None:
+    """The setting `name` naming a library or program: a bare name (no "/" after `~` is
+    expanded) as it is, for the dynamic loader or PATH to find; a path as path() gives it;
+    None where it is empty or unset."""
+    value = os.path.expanduser(os.environ.get(name, "").strip())
+    if not value:
+        return None
+    return value if "/" not in value else str(path(name))

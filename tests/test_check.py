@@ -148,6 +148,20 @@ def test_check_stops_at_a_sticky_error_raised_by_pytorch(monkeypatch):
     assert len(calls) == 1 and lost.value.result.runs == 1
     assert "illegal memory access" in lost.value.result.failures[0]
 
+    # A CUDA error of a code spio does not list as sticky: asked the same way.
+    from spio.cuda import driver
+
+    def unlisted(*args, **kwargs):
+        calls.append(args)
+        raise driver.CudaError(999, "CUDA_ERROR_UNKNOWN", "cuLaunchKernel")
+
+    calls.clear()
+    monkeypatch.setattr(check, "run_one", unlisted)
+    with pytest.raises(check.ContextLost):
+        check.run_jobs("cuda", "fprop", "fp16", jobs)
+    assert len(calls) == 1
+
+    monkeypatch.setattr(check, "run_one", illegal_access)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     result = check.run_jobs("cuda", "fprop", "fp16", jobs)
     assert result.runs == len(jobs) > 1 and len(result.failures) == len(jobs)

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import env
 from ..locks import KeyedLocks
 from ..log import logger
 from ..memo import remember
@@ -37,9 +38,9 @@ def cache_root() -> Path:
     """The cache folder, as an absolute path: SPIO_CACHE_DIR (`~` expanded; a relative path is
     taken from the current folder, and the absolute path is what compile workers are given, so
     that workers started elsewhere agree), else platformdirs' user cache dir for spio."""
-    env = os.environ.get("SPIO_CACHE_DIR", "")
-    if env.strip():  # blank counts as unset, as for the other settings (not a folder named " ")
-        return Path(os.path.abspath(os.path.expanduser(env)))
+    folder = env.path("SPIO_CACHE_DIR")  # blank counts as unset (not a folder named " ")
+    if folder is not None:
+        return folder
     try:
         import platformdirs
     except ImportError:  # a declared dependency, but offline GPU machines may lack it

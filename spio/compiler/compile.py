@@ -263,7 +263,9 @@ def compile_cubin(
         try:
             out = nvrtc.compile_program(source, name, opts, headers)
         except CompileError as error:  # which of a kernel's archs failed: said
-            raise CompileError(error.name, error.log, error.result, arch) from None
+            lacking = nvrtc.archs_lacking([arch])  # and why, where NVRTC has no such arch
+            log = f"{lacking}\n{error.log}" if lacking else error.log
+            raise CompileError(error.name, log, error.result, arch) from None
         seconds = time.perf_counter() - start
         if _lines_here:
             logger.info("compiled %s for %s in %.2f s", name, arch, seconds)

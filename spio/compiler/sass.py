@@ -10,7 +10,6 @@ explicitly.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,8 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from .. import env
 
 _INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
@@ -77,7 +78,7 @@ def main_loop(sass: str) -> LoopReport | None:
 
 def find_nvdisasm() -> str | None:
     """nvdisasm from SPIO_NVDISASM, PATH, or NVIDIA's nvdisasm wheel; None if there is none."""
-    explicit = os.environ.get("SPIO_NVDISASM")
+    explicit = env.path_or_name("SPIO_NVDISASM")
     if explicit:
         return explicit
     found = shutil.which("nvdisasm")

@@ -28,6 +28,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, strlen
 
+from spio.env import path_or_name
 from spio.log import logger
 
 
@@ -242,8 +243,9 @@ def _probe_library(path: str) -> None:
 
 
 def library_path() -> str:
-    """The driver library spio opens: $SPIO_LIBCUDA, else libcuda.so.1."""
-    return os.environ.get("SPIO_LIBCUDA") or _DEFAULT_LIBRARY
+    """The driver library spio opens: $SPIO_LIBCUDA (a path, made absolute, or a bare name for
+    the loader to find), else libcuda.so.1."""
+    return path_or_name("SPIO_LIBCUDA") or _DEFAULT_LIBRARY
 
 
 cdef inline int _load() except -1:
@@ -294,9 +296,10 @@ cdef object _make_error(CUresult r, str call, str detail=""):
 
 
 #: Errors that leave the context unusable (sticky), which a launch may report for an earlier
-#: asynchronous one: an illegal or misaligned address, a launch timeout, a hardware stack error,
-#: an illegal instruction, an invalid address space or program counter, a failed launch.
-_STICKY_ERRORS = frozenset({700, 702, 714, 715, 716, 717, 718, 719})
+#: asynchronous one: an illegal or misaligned address, a launch timeout, a device-side assert
+#: (another library's kernel's, say PyTorch's index checks), a hardware stack error, an illegal
+#: instruction, an invalid address space or program counter, a failed launch.
+_STICKY_ERRORS = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
 
 
 def _sticky_note(code: int) -> str:
@@ -572,7 +575,9 @@ cdef class PrimaryContext:
 def retain_primary_context(ordinal=0) -> PrimaryContext:
     """The primary context of device `ordinal`, retained once per process and shared.
 
-    Retaining keeps the context alive even if PyTorch resets its device; release() undoes it.
+    Retaining keeps the context from being destroyed when its other users release it; a reset
+    (cuDevicePrimaryCtxReset, cudaDeviceReset) still destroys every resource in it, kernels
+    loaded by spio included, and the process cannot launch them again. release() undoes it.
     """
     ordinal = _checked_ordinal(ordinal)
     existing = _primary_contexts.get(ordinal)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import env
 from . import paths
 
 
@@ -70,7 +70,7 @@ def builtins_beside(nvrtc: Path) -> list[Path]:
 def how_to_mend_loading() -> str:
     """What to do about a libnvrtc that was found but does not load: reinstall it, or, where
     SPIO_NVRTC chose it, choose another."""
-    if os.environ.get("SPIO_NVRTC"):
+    if env.path("SPIO_NVRTC") is not None:
         return "set SPIO_NVRTC to a working libnvrtc.so.12 or .13, or unset it"
     return "reinstall it (`pip install nvidia-cuda-nvrtc-cu12`), or set SPIO_NVRTC to another"
 
@@ -150,6 +150,21 @@ def supported_archs() -> tuple[str, ...]:
     archs = (ctypes.c_int * count.value)()
     _check(lib.nvrtcGetSupportedArchs(archs), "nvrtcGetSupportedArchs")
     return tuple(f"sm_{arch}" for arch in archs)
+
+
+def archs_lacking(archs: list[str]) -> str | None:
+    """What is wrong where this NVRTC cannot compile for some of `archs` (NVRTC 12.4, torch
+    2.6's, stops at sm_90; sm_100 and sm_120 came with CUDA 12.8), or None."""
+    known = supported_archs()
+    lacking = [arch for arch in archs if arch not in known]
+    if not lacking:
+        return None
+    major, minor = version()
+    return (
+        f"NVRTC {major}.{minor} cannot compile for {', '.join(lacking)} (it compiles for "
+        f"{known[0]} to {known[-1]}); a newer NVRTC can (`python -m spio info` shows which "
+        "one spio found)"
+    )
 
 
 def _c_strings(items: list[bytes]):

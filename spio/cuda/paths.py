@@ -28,6 +28,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+try:
+    from .. import env
+except ImportError:  # loaded by file, as setup.py does (not to import spio): env.py by file too
+    import importlib.util as _util
+
+    _spec = _util.spec_from_file_location("_spio_env", Path(__file__).parent.parent / "env.py")
+    assert _spec is not None and _spec.loader is not None
+    env = _util.module_from_spec(_spec)
+    _spec.loader.exec_module(env)
+
 
 class CudaNotFoundError(FileNotFoundError):
     """Raised when NVRTC or the CUDA headers cannot be found; the message lists where we looked."""
@@ -249,13 +259,13 @@ def _ask_loader(looked: list[str]) -> Path | None:
 def find_nvrtc() -> Path:
     """Path of libnvrtc to load; raises CudaNotFoundError listing every place searched."""
     looked: list[str] = []
-    env = os.environ.get("SPIO_NVRTC")
-    if env:
-        if Path(env).is_file():
-            return Path(env)
+    chosen = env.path("SPIO_NVRTC")
+    if chosen is not None:
+        if chosen.is_file():
+            return chosen
         raise CudaNotFoundError(  # an override that does not apply must not pass unnoticed
-            f"SPIO_NVRTC={env} is not a file. Set it to the path of libnvrtc.so.12 or .13, or "
-            "unset it to let spio search its usual places"
+            f"{env.path_shown('SPIO_NVRTC')} is not a file. Set it to the path of "
+            "libnvrtc.so.12 or .13, or unset it to let spio search its usual places"
         )
     for cand in _candidates():
         lib = _nvrtc_in(cand.lib)
@@ -280,14 +290,15 @@ def _find_include(
         return all((folder / header).is_file() for header in headers)
 
     required = " and ".join(headers)
-    env = os.environ.get("SPIO_CUDA_INCLUDE")
-    if env:
-        if has_all(Path(env)):
-            return Path(env)
-        missing = ", ".join(h for h in headers if not (Path(env) / h).is_file())
+    chosen = env.path("SPIO_CUDA_INCLUDE")
+    if chosen is not None:
+        if has_all(chosen):
+            return chosen
+        missing = ", ".join(h for h in headers if not (chosen / h).is_file())
         raise CudaNotFoundError(
-            f"SPIO_CUDA_INCLUDE={env} holds no {missing}. Set it to the CUDA include folder "
-            f"that holds {required}, or unset it to let spio search its usual places"
+            f"{env.path_shown('SPIO_CUDA_INCLUDE')} holds no {missing}. Set it to the CUDA "
+            f"include folder that holds {required}, or unset it to let spio search its usual "
+            "places"
         )
     looked: list[str] = []
     places: list[tuple[Path, str]] = []

@@ -51,6 +51,13 @@ class TensorMap:
     swizzle: int = 0
 
     def __post_init__(self) -> None:
+        numbers = {"address": self.address, "element_bytes": self.element_bytes}
+        numbers["swizzle"] = self.swizzle
+        for field in ("dims", "strides", "box"):
+            numbers.update({f"{field}[{i}]": v for i, v in enumerate(getattr(self, field))})
+        for what, value in numbers.items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"a tensor map's {what} must be an int, got {value!r}")
         rank = len(self.dims)
         if not 1 <= rank <= MAX_RANK:
             raise ValueError(f"a tensor map has 1 to {MAX_RANK} dims, got {rank}")
@@ -99,6 +106,11 @@ class TensorMap:
         extent."""
         if t.numel() == 0:
             raise ValueError("a tensor map needs a non-empty tensor")
+        if sorted(order) != list(range(t.dim())):
+            raise ValueError(
+                f"a tensor map's order must name each of the tensor's {t.dim()} dims once, "
+                f"got {order}"
+            )
         if t.stride(order[0]) != 1 and t.shape[order[0]] != 1:
             raise ValueError(
                 f"a tensor map's innermost dim must have stride 1: dim {order[0]} of a tensor "

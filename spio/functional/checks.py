@@ -147,7 +147,8 @@ _gpu_problems: dict[int, str | None] = {}
 def device_problem(device: torch.device) -> str | None:
     """Why spio's kernels cannot run on `device`, or None: a GPU whose architecture spio does
     not build for (e.g. a Turing or Volta GPU, sm_75 or sm_70: the kernels need sm_80's
-    cp.async). Asked on every Conv2dGw8 call: an answer is kept per device."""
+    cp.async), or one the NVRTC found cannot compile for (an sm_100 or sm_120 GPU, NVRTC before
+    12.8). Asked on every Conv2dGw8 call: an answer is kept per device."""
     if device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -156,14 +157,28 @@ def device_problem(device: torch.device) -> str | None:
         from spio.compiler.arch import arch_of, builds_for
 
         arch = arch_of(torch.cuda.get_device_capability(index))
-        problem = None
+        problem: str | None
         if not builds_for(arch):
             problem = (
                 f"cuda:{index} ({torch.cuda.get_device_name(index)}) is {arch}, not one of "
                 f"{', '.join(supported_arch)} (or the untested {', '.join(experimental_arch)})"
             )
+        else:
+            problem = _nvrtc_lacks(arch, index)
         _gpu_problems[index] = problem
     return _gpu_problems[index]
+
+
+def _nvrtc_lacks(arch: str, index: int) -> str | None:
+    """Why the NVRTC found cannot build for cuda:`index`, of `arch`, or None (also where no
+    NVRTC loads: the first compile says so, with where spio looked)."""
+    from spio.cuda import nvrtc
+
+    try:
+        problem = nvrtc.archs_lacking([arch])
+    except (OSError, RuntimeError):  # CudaNotFoundError, NvrtcError
+        return None
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)}): {problem}" if problem else None
 
 
 # Under torch.compile Dynamo calls it while tracing and keeps the answer, as for

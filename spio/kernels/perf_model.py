@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import env
 from ..compiler.occupancy import SmLimits, limits_of
 from ..log import logger
 from ..memo import remember
@@ -265,19 +266,19 @@ def device_identity(device: Any) -> DeviceIdentity | None:
 
 def models_dir() -> Path:
     """Where models are looked up: SPIO_PERF_MODELS, else the package's spio/perf_models."""
-    env = os.environ.get("SPIO_PERF_MODELS", "").strip()
-    return Path(env) if env else PACKAGED_MODELS_DIR
+    folder = env.path("SPIO_PERF_MODELS")
+    return folder if folder is not None else PACKAGED_MODELS_DIR
 
 
 def models_setting_problem() -> str | None:
     """What is wrong with SPIO_PERF_MODELS, or None: set to something that is not a folder (a
     typo must not pass for "no models": the heuristic would pick every config unannounced)."""
-    env = os.environ.get("SPIO_PERF_MODELS", "").strip()
-    if not env or Path(env).is_dir():
+    folder = env.path("SPIO_PERF_MODELS")
+    if folder is None or folder.is_dir():
         return None
     return (
-        f"SPIO_PERF_MODELS must name a folder of models (sm_XX/<family>.ubj), got {env!r}, "
-        "not a folder; unset it for the shipped models"
+        f"SPIO_PERF_MODELS must name a folder of models (sm_XX/<family>.ubj), got "
+        f"{os.environ['SPIO_PERF_MODELS']!r}, not a folder; unset it for the shipped models"
     )
 
 

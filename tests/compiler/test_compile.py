@@ -68,6 +68,23 @@ def test_broken_kernel_raises_with_nvrtc_log(cache_dir):
     assert info.value.arch == "sm_80"
 
 
+def test_a_failure_for_an_arch_nvrtc_lacks_says_so(cache_dir, monkeypatch):
+    """Where the NVRTC found has no such arch (sm_100 before NVRTC 12.8), its own log said only
+    "invalid value for --gpu-architecture"; the error now says which NVRTC and what to do.
+    (This NVRTC is made to lack sm_90: its compile for it fails, as an older one's would.)"""
+    source = 'extern "C" __global__ void k() {}'
+    known = nvrtc.supported_archs()
+    monkeypatch.setattr(nvrtc, "supported_archs", lambda: tuple(a for a in known if a != "sm_90"))
+    monkeypatch.setattr(nvrtc, "version", lambda: (12, 4))
+    with pytest.raises(CompileError) as info:
+        compile_cubin(source, "sm_90", name="k.cu", options=["--no-such-option"])
+    assert info.value.log.startswith("NVRTC 12.4 cannot compile for sm_90 (it compiles for ")
+    assert "no-such-option" in info.value.log and info.value.arch == "sm_90"
+    with pytest.raises(CompileError) as info:  # an arch it has: its log alone
+        compile_cubin(source, "sm_80", name="k.cu", options=["--no-such-option"])
+    assert "cannot compile for" not in info.value.log
+
+
 def test_missing_header_error_names_it(cache_dir):
     source = '#include "no_such_header.h"\nextern "C" __global__ void k() {}'
     with pytest.raises(CompileError, match="no_such_header.h"):

@@ -526,7 +526,22 @@ def test_launch_errors_that_may_be_an_earlier_launchs_say_so():
     note = driver._sticky_note(700)  # CUDA_ERROR_ILLEGAL_ADDRESS
     assert "earlier asynchronous launch's" in note and "CUDA_LAUNCH_BLOCKING=1" in note
     assert driver._sticky_note(719) == note  # CUDA_ERROR_LAUNCH_FAILED
+    assert driver._sticky_note(710) == note  # CUDA_ERROR_ASSERT: e.g. PyTorch's index checks
     assert driver._sticky_note(701) == ""  # out of resources: this launch's own
+
+
+def test_the_driver_library_setting(monkeypatch, tmp_path):
+    """A relative SPIO_LIBCUDA is opened by its absolute path (dlopen takes a name without "/"
+    as a soname to search for); a bare name is the loader's to find; blank is the default."""
+    monkeypatch.chdir(tmp_path)
+    for text, want in (
+        ("", "libcuda.so.1"),
+        ("  ", "libcuda.so.1"),
+        ("libcuda.so", "libcuda.so"),
+        ("./fake/libcuda.so", str(tmp_path / "fake/libcuda.so")),
+    ):
+        monkeypatch.setenv("SPIO_LIBCUDA", text)
+        assert driver.library_path() == want
 
 
 def test_wrappers_cannot_be_built_directly():

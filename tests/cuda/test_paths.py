@@ -121,6 +121,28 @@ def test_environment_overrides_win(isolated, monkeypatch):
     assert paths.find_cuda_include() == custom
 
 
+def test_a_relative_or_blank_override(isolated, monkeypatch):
+    """A relative SPIO_NVRTC is the file in the current folder, by its absolute path (given
+    bare, the dynamic loader had searched its own path and could load another NVRTC); a blank
+    one is unset, as for every other setting."""
+    nvidia = make_wheels(isolated, [12])
+    monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
+    custom = isolated / "custom"
+    custom.mkdir()
+    (custom / "libnvrtc.so.12").write_bytes(b"")
+    (custom / "cuda_fp16.h").write_text("")
+    (custom / "cuda_bf16.h").write_text("")
+    monkeypatch.chdir(custom)
+    monkeypatch.setenv("SPIO_NVRTC", "./libnvrtc.so.12")
+    monkeypatch.setenv("SPIO_CUDA_INCLUDE", ".")
+    assert paths.find_nvrtc() == custom / "libnvrtc.so.12"
+    assert paths.find_cuda_include() == custom
+    monkeypatch.setenv("SPIO_NVRTC", " ")
+    monkeypatch.setenv("SPIO_CUDA_INCLUDE", "")
+    assert paths.find_nvrtc() == nvidia / "cuda_nvrtc/lib/libnvrtc.so.12"
+    assert paths.find_cuda_include().parent == nvidia / "cuda_runtime"
+
+
 def test_an_override_that_does_not_apply_is_an_error(isolated, monkeypatch):
     """Not a silent fall-back to the wheels the override was meant to replace."""
     nvidia = make_wheels(isolated, [12])
@@ -132,7 +154,7 @@ def test_an_override_that_does_not_apply_is_an_error(isolated, monkeypatch):
     with pytest.raises(paths.CudaNotFoundError, match="is not a file"):
         paths.find_nvrtc()
     monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(isolated / "nowhere"))
-    with pytest.raises(paths.CudaNotFoundError, match=r"nowhere holds no cuda_fp16.h"):
+    with pytest.raises(paths.CudaNotFoundError, match=r"nowhere' holds no cuda_fp16.h"):
         paths.find_cuda_include()
 
 
@@ -443,7 +465,7 @@ def test_an_include_override_without_the_header_is_an_error(isolated, monkeypatc
     empty = isolated / "empty"
     empty.mkdir()
     monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(empty))
-    with pytest.raises(paths.CudaNotFoundError, match=r"empty holds no cuda_fp16.h"):
+    with pytest.raises(paths.CudaNotFoundError, match=r"empty' holds no cuda_fp16.h"):
         paths.find_cuda_include()
 
 
@@ -459,7 +481,7 @@ def test_headers_without_cuda_bf16_are_no_kernel_headers(isolated, monkeypatch):
     monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(half))
     with pytest.raises(
         paths.CudaNotFoundError,
-        match=r"half holds no cuda_bf16.h\. Set it to the CUDA include folder that holds "
+        match=r"half' holds no cuda_bf16.h\. Set it to the CUDA include folder that holds "
         r"cuda_fp16.h and cuda_bf16.h",
     ):
         paths.find_cuda_include()

@@ -49,6 +49,22 @@ def test_each_driver_rule_is_checked_and_named(changes, message):
         make(**changes)
 
 
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(address=16.0), "address must be an int, got 16.0"),
+        (dict(element_bytes=True), "element_bytes must be an int, got True"),
+        (dict(dims=(64, 66, 64.0, 128)), r"dims\[2\] must be an int, got 64.0"),
+        (dict(box=(64, "34", 1, 1)), r"box\[1\] must be an int, got '34'"),
+        (dict(swizzle=None), "swizzle must be an int, got None"),
+    ],
+)
+def test_fields_of_another_type_are_refused_by_name(changes, message):
+    """They had passed, to fail later in struct or the driver."""
+    with pytest.raises(TypeError, match=message):
+        make(**changes)
+
+
 def test_a_valid_map_and_its_box_bytes():
     m = make()
     assert m.box_bytes == 64 * 34 * 2
@@ -86,6 +102,14 @@ def test_of_tensor_refuses_a_strided_innermost_dim_and_empty_tensors():
         TensorMap.of_tensor(x, (1, 3, 2, 0), (16, 9, 1, 1))
     with pytest.raises(ValueError, match="non-empty"):
         TensorMap.of_tensor(torch.zeros(0, 8, dtype=torch.half), (1, 0), (8, 1))
+
+
+@pytest.mark.parametrize("order", [(1, 3, 2), (1, 3, 2, 2), (1, 3, 2, 4)])
+def test_of_tensor_needs_each_dim_once(order):
+    """A dim left out had given a map of image 0 alone; one named twice, a map of nonsense."""
+    x = torch.zeros(2, 16, 4, 4, dtype=torch.half).to(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match=r"must name each of the tensor's 4 dims once, got \("):
+        TensorMap.of_tensor(x, order, (16,) + (1,) * (len(order) - 1))
 
 
 def test_argument_on_the_cpu_is_the_emulator_layout():

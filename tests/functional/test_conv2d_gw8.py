@@ -946,11 +946,13 @@ def test_a_gpu_of_another_architecture_is_named(monkeypatch):
     """device_problem: a Turing GPU (sm_75, no cp.async) is named with its arch and the archs
     spio runs on; an sm_90 or an experimental sm_100 one is fine; answers are kept per device.
     (torch.cuda's queries faked: no GPU here.)"""
+    from spio.cuda import nvrtc
     from spio.functional import checks
 
     capability = {0: (7, 5), 1: (9, 0), 2: (10, 0)}
     asked = []
     monkeypatch.setattr(checks, "_gpu_problems", {})
+    monkeypatch.setattr(nvrtc, "supported_archs", lambda: ("sm_80", "sm_90", "sm_100"))
     monkeypatch.setattr(
         torch.cuda, "get_device_capability", lambda i: asked.append(i) or capability[i]
     )
@@ -964,6 +966,32 @@ def test_a_gpu_of_another_architecture_is_named(monkeypatch):
     assert checks.device_problem(cuda[0]).startswith("cuda:0 (GPU 0) is sm_75")
     assert asked == [0, 1, 2]  # asked once per device
     assert checks.device_problem(torch.device("cpu")) is None
+
+
+def test_a_gpu_the_nvrtc_found_cannot_compile_for_is_named(monkeypatch):
+    """An sm_100 GPU with an NVRTC before 12.8 (torch 2.6's is 12.4): named with the NVRTC and
+    what to do, where it had failed at the first launch with NVRTC's "invalid value for
+    --gpu-architecture". An NVRTC that does not load is left to the compile to report."""
+    from spio.cuda import nvrtc
+    from spio.functional import checks
+
+    monkeypatch.setattr(checks, "_gpu_problems", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (10, 0) if i else (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"GPU {i}")
+    monkeypatch.setattr(nvrtc, "supported_archs", lambda: ("sm_50", "sm_80", "sm_90"))
+    monkeypatch.setattr(nvrtc, "version", lambda: (12, 4))
+    assert checks.device_problem(torch.device("cuda", 0)) is None
+    assert checks.device_problem(torch.device("cuda", 1)) == (
+        "cuda:1 (GPU 1): NVRTC 12.4 cannot compile for sm_100 (it compiles for sm_50 to sm_90); "
+        "a newer NVRTC can (`python -m spio info` shows which one spio found)"
+    )
+
+    def missing():
+        raise nvrtc.NvrtcError("libnvrtc not found")
+
+    monkeypatch.setattr(checks, "_gpu_problems", {})
+    monkeypatch.setattr(nvrtc, "supported_archs", missing)
+    assert checks.device_problem(torch.device("cuda", 1)) is None
 
 
 def test_the_op_refuses_a_gpu_its_kernels_do_not_run_on(monkeypatch):

@@ -80,6 +80,24 @@ def unseen_layers(count: int) -> list[P]:
 # --- data -------------------------------------------------------------------------------------
 
 
+def test_the_models_folder_setting_is_a_path_as_the_others(monkeypatch, tmp_path):
+    """`~` was not expanded (a folder that exists read as "not a folder"), and a relative one
+    moved with the current folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    for text in ("models", "~/models", " ./models "):
+        monkeypatch.setenv("SPIO_PERF_MODELS", text)
+        assert pm.models_dir() == tmp_path / "models" and pm.models_setting_problem() is None
+    monkeypatch.setenv("SPIO_PERF_MODELS", "~/nowhere")
+    assert pm.models_setting_problem() == (
+        "SPIO_PERF_MODELS must name a folder of models (sm_XX/<family>.ubj), got '~/nowhere', "
+        "not a folder; unset it for the shipped models"
+    )
+    monkeypatch.setenv("SPIO_PERF_MODELS", " ")
+    assert pm.models_dir() == pm.PACKAGED_MODELS_DIR and pm.models_setting_problem() is None
+
+
 def test_synthetic_dataset_is_marked_and_follows_its_formula():
     samples, comments = ps.read_samples(syn.CSV_PATH)
     assert any("SYNTHETIC" in c for c in comments)
