@@ -3,6 +3,7 @@
 #
 #   scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: ./gpu_check_out)
 #   scripts/gpu_check.sh --list           (print the steps and their time limits)
+#   scripts/gpu_check.sh --help           (print this text)
 #
 # The GPU machine has no network: first run scripts/fetch_gpu_wheels.sh on a connected machine,
 # which puts the wheel it lacks (platformdirs) into .whl/, and carry .whl/ along.
@@ -58,6 +59,22 @@
 # budget is spent before them, or leaves them too little time).
 
 set -u -o pipefail
+
+# A malformed setting ends the run before any step, in one line: device time is too dear to
+# spend on a run whose budget arithmetic failed (a budget of "10s" had skipped every step and
+# passed) or whose GPU_CHECK_ONLY names a step that does not exist (it would run the others).
+usage_error() {
+    echo "gpu_check: $*" >&2
+    exit 2
+}
+for setting in GPU_CHECK_BUDGET GPU_CHECK_ABLATE_SECONDS GPU_CHECK_TEST_SECONDS \
+    GPU_CHECK_PERF_SECONDS GPU_CHECK_TIMM_MIN_SECONDS; do
+    value=${!setting:-}
+    if [[ -n "$value" && ! "$value" =~ ^(0|[1-9][0-9]*)$ ]]; then
+        usage_error "$setting must be a whole number of seconds (digits, no leading 0)," \
+            "got '$value'"
+    fi
+done
 # Python buffers output written to a log file, and a step killed by its time limit loses what it
 # had printed (the probes before one that hangs, the ablate parts before the deadline).
 export PYTHONUNBUFFERED=1
@@ -82,14 +99,33 @@ STEPS=(
 # Steps that run only when GPU_CHECK_ONLY names them (a second call's work).
 OPT_IN_STEPS="copies"
 
-if [[ "${1:-}" == "--list" ]]; then
+for name in ${GPU_CHECK_ONLY:-}; do
+    if [[ ! " ${STEPS[*]%%:*} " == *" $name "* ]]; then
+        usage_error "GPU_CHECK_ONLY names no step '$name'; the steps: ${STEPS[*]%%:*}"
+    fi
+done
+
+case "${1:-}" in
+--list)
     printf '%s\n' "${STEPS[@]}"
     exit 0
+    ;;
+-h | --help)
+    sed -n '2,/^$/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+    exit 0
+    ;;
+-*) usage_error "unknown option '$1' (usage: scripts/gpu_check.sh [OUT_DIR] | --list | --help)" ;;
+esac
+if (($# > 1)); then
+    usage_error "one OUT_DIR at most, got $# arguments (usage: scripts/gpu_check.sh [OUT_DIR])"
 fi
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT_DIR=${1:-./gpu_check_out}
-mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
+if ! mkdir -p -- "$OUT_DIR" 2>/dev/null || [[ ! -w "$OUT_DIR" ]]; then
+    usage_error "cannot write OUT_DIR '$OUT_DIR'"
+fi
+OUT_DIR=$(cd -- "$OUT_DIR" && pwd)
 cd "$REPO" || exit 1
 PYTHON=${PYTHON:-python}
 BUDGET=${GPU_CHECK_BUDGET:-470}

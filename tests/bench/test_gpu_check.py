@@ -448,6 +448,52 @@ def test_only_the_selected_steps_run(stand_ins, tmp_path):
     assert not (tmp_path / "out" / "bench.log").exists()
 
 
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("GPU_CHECK_BUDGET", "10s", "GPU_CHECK_BUDGET must be a whole number of seconds"),
+        ("GPU_CHECK_BUDGET", "-5", "got '-5'"),
+        ("GPU_CHECK_BUDGET", "abc", "got 'abc'"),
+        ("GPU_CHECK_TEST_SECONDS", "2m", "GPU_CHECK_TEST_SECONDS must be"),
+        ("GPU_CHECK_ABLATE_SECONDS", "08", "(digits, no leading 0), got '08'"),
+        ("GPU_CHECK_PERF_SECONDS", " 9", "GPU_CHECK_PERF_SECONDS must be"),
+        ("GPU_CHECK_TIMM_MIN_SECONDS", "1.5", "GPU_CHECK_TIMM_MIN_SECONDS must be"),
+        ("GPU_CHECK_ONLY", "wheels build pref", "GPU_CHECK_ONLY names no step 'pref'; the steps"),
+    ],
+)
+def test_a_malformed_setting_ends_the_run_before_any_step(
+    stand_ins, tmp_path, setting, value, message
+):
+    """A budget of "10s" had failed bash's arithmetic, skipped every step and passed (exit 0);
+    a step misspelt in GPU_CHECK_ONLY had left the run to the other steps named."""
+    out = _run(stand_ins, tmp_path / "out", **{setting: value})
+    assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+    assert out.stderr.startswith("gpu_check: ") and message in out.stderr
+    assert out.stderr.count("\n") == 1
+
+
+def test_help_and_bad_arguments(tmp_path):
+    """--help had been taken for OUT_DIR (a folder named "--help", then every step's errors);
+    an OUT_DIR that cannot be written, likewise."""
+
+    def run(*args):
+        return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True)
+
+    for flag in ("--help", "-h"):
+        out = run(flag)
+        assert out.returncode == 0 and "scripts/gpu_check.sh [OUT_DIR]" in out.stdout
+        assert "GPU_CHECK_BUDGET" in out.stdout and not out.stdout.startswith("#")
+    assert not (REPO / "--help").exists()
+    for args, message in (
+        (["--nope"], "unknown option '--nope'"),
+        ([str(tmp_path / "a"), str(tmp_path / "b")], "one OUT_DIR at most, got 2 arguments"),
+        (["/proc/spio-gpu-check"], "cannot write OUT_DIR '/proc/spio-gpu-check'"),
+    ):
+        out = run(*args)
+        assert out.returncode == 2 and out.stderr.startswith("gpu_check: ")
+        assert message in out.stderr and out.stdout == ""
+
+
 def test_a_run_cut_off_still_leaves_the_summary_of_the_steps_it_finished(stand_ins, tmp_path):
     """The device run wraps the script in `timeout`: summary.txt gets each step's line as the
     step ends, not only at the end."""
@@ -596,3 +642,42 @@ def test_the_tests_step_order_is_kept_where_pytest_would_group_fixture_set_ups(t
     assert collected() == [ids[0], ids[1], ids[3], ids[2]]  # grouped by the fixture's parameter
     assert collected(SPIO_TEST_ORDER=str(order)) == ids
     assert 'SPIO_TEST_ORDER="$list"' in (REPO / "scripts" / "gpu_check.sh").read_text()
+
+
+def test_fetching_wheels_keeps_the_earlier_ones_unless_it_gets_new(tmp_path):
+    """`fetch_gpu_wheels.sh --help` had deleted .whl/'s wheels, then failed in pip; so had any
+    download that failed. Now a bad argument stops first, and .whl/ changes only on success."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "fetch_gpu_wheels.sh"
+    shutil.copy(REPO / "scripts" / "fetch_gpu_wheels.sh", script)
+    (tmp_path / ".whl").mkdir()
+    earlier = tmp_path / ".whl" / "earlier-1.0-py3-none-any.whl"
+    earlier.write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # A stand-in pip: `download ... --dest D` writes one wheel into D, or fails (FAKE_PIP_FAIL).
+    _executable(
+        bin_dir / "python3",
+        '#!/usr/bin/env bash\n[[ -n "${FAKE_PIP_FAIL:-}" ]] && exit 1\n'
+        'while (($#)); do [[ $1 == --dest ]] && touch "$2/new-2.0-py3-none-any.whl"; shift; done\n',
+    )
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+    def run(*args, **extra):
+        return subprocess.run(
+            ["bash", str(script), *args], capture_output=True, text=True, env=dict(env, **extra)
+        )
+
+    out = run("--help")
+    assert out.returncode == 0 and "fetch_gpu_wheels.sh [PYTHON_VERSION]" in out.stdout
+    for args in (["3.x"], ["3.12", "3.11"], ["--nope"]):
+        out = run(*args)
+        assert (
+            out.returncode == 2 and "PYTHON_VERSION must be one version such as 3.12" in out.stderr
+        )
+    assert run("3.12", FAKE_PIP_FAIL="1").returncode != 0
+    assert [p.name for p in (tmp_path / ".whl").iterdir()] == [earlier.name]
+    out = run()
+    assert out.returncode == 0, out.stderr
+    assert [p.name for p in (tmp_path / ".whl").iterdir()] == ["new-2.0-py3-none-any.whl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".whl", "bin", "scripts"]
