@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.out is not None and (problem := _out_problem(args.out)):
         parser.error(problem)
+    try:  # before the minutes of compiles
+        nvdisasm = find_nvdisasm()
+    except ValueError as error:  # SPIO_NVDISASM naming no program
+        parser.error(str(error))
 
     jobs = []  # ((layer name, family, config, kernel), arch, picked by a model)
     for layer in layer_table():
@@ -92,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     for i, result in zip(second, seconds, strict=True):
         counted[i] = result
 
-    nvdisasm = find_nvdisasm()
     steps_note = (
         "Instr/step: SASS instructions a warp issues per full row step of the main loop (per "
         "barrier; `spio.compiler.sass`), of which mma.sync and ldmatrix; WGrad's are counted "

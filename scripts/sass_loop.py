@@ -129,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"sass_loop: --layer {args.layer!r}: {error}")
     else:
         layers = [layer.params(args.batch, "fp16") for layer in layer_table()]
-    nvdisasm = find_nvdisasm()
+    try:
+        nvdisasm = find_nvdisasm()
+    except ValueError as error:  # SPIO_NVDISASM naming no program
+        sys.exit(f"sass_loop: {error}")
     if nvdisasm is None:
         sys.exit("sass_loop: no nvdisasm; `pip install nvidia-cuda-nvdisasm` or set SPIO_NVDISASM")
     _, build_variant, variant_applies = _variants()

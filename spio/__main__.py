@@ -281,8 +281,7 @@ def _info_only_problems() -> list[str]:
     the first GPU call, where an unusable one reads as "no GPU"), SPIO_NVDISASM naming no
     program (used only by scripts/), and SPIO_LOGGER malformed (which the other commands only
     warn of, at import)."""
-    import shutil
-
+    from .compiler.sass import find_nvdisasm
     from .env import path_or_name
     from .log import logger_setting_problem
 
@@ -295,11 +294,10 @@ def _info_only_problems() -> list[str]:
                 f"SPIO_LIBCUDA must name the CUDA driver library, got "
                 f"{os.environ['SPIO_LIBCUDA']!r}, {problem}"
             )
-    nvdisasm = path_or_name("SPIO_NVDISASM")
-    if nvdisasm and shutil.which(nvdisasm) is None:
-        problems.append(
-            f"SPIO_NVDISASM must name nvdisasm, got {os.environ['SPIO_NVDISASM']!r}, no program"
-        )
+    try:
+        find_nvdisasm()
+    except ValueError as error:  # SPIO_NVDISASM naming no program
+        problems.append(str(error))
     logger = logger_setting_problem()
     if logger:
         problems.append(logger)

@@ -87,12 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--passes",
         type=_passes,
-        default=PASSES,
         help="comma-separated passes to time (default fprop,dgrad,wgrad)",
     )
-    parser.add_argument(
-        "--dtype", choices=("fp16", "bf16"), default=DEFAULT_DTYPE, help=f"default {DEFAULT_DTYPE}"
-    )
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), help=f"default {DEFAULT_DTYPE}")
     parser.add_argument(
         "--in-situ",
         action="store_true",
@@ -189,12 +186,12 @@ def _plot(rows, out_dir: Path) -> int:
 
 
 def _unused_with_plot_only(args: argparse.Namespace) -> list[str]:
-    """The options given (set off their defaults) that choose what to time, which a CSV already
-    timed fixes: --plot-only would ignore them."""
+    """The options given that choose what to time, which a CSV already timed fixes: --plot-only
+    would ignore them (also where given their default values: `--dtype fp16` with a bf16 CSV)."""
     given = {
         "--quick": args.quick,
-        "--passes": tuple(args.passes) != tuple(PASSES),
-        "--dtype": args.dtype != DEFAULT_DTYPE,
+        "--passes": args.passes is not None,
+        "--dtype": args.dtype is not None,
         "--in-situ": args.in_situ,
         "--layers": args.layers,
         "--layer": args.layer,
@@ -238,6 +235,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(format_table(rows))
         return _plot(rows, out_dir)
 
+    args.passes = args.passes or PASSES
+    args.dtype = args.dtype or DEFAULT_DTYPE
     try:  # before the GPU check, as argparse's checks: a typo is reported on any machine
         layers = chosen_layers(args)
     except ValueError as error:

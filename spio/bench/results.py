@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -185,9 +186,10 @@ def read_csv(path: Path) -> list[BenchRow]:
                 except ValueError:
                     raise ValueError(f"{path}:{line_no}: bad {_column(name)} {text!r}") from None
             for positive in ("n", "median_ms"):  # n: the plots' log-scaled batch-size axis
-                if not values[positive] > 0:
+                if not 0 < values[positive] < math.inf:
                     raise ValueError(
-                        f"{path}:{line_no}: {positive} must be > 0, got {values[positive]}"
+                        f"{path}:{line_no}: {positive} must be finite and > 0, got "
+                        f"{values[positive]}"
                     )
             for count in ("bytes", "flops"):
                 if values[count] < 0:

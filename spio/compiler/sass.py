@@ -10,6 +10,7 @@ explicitly.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -77,9 +78,14 @@ def main_loop(sass: str) -> LoopReport | None:
 
 
 def find_nvdisasm() -> str | None:
-    """nvdisasm from SPIO_NVDISASM, PATH, or NVIDIA's nvdisasm wheel; None if there is none."""
+    """nvdisasm from SPIO_NVDISASM, PATH, or NVIDIA's nvdisasm wheel; None if there is none.
+    ValueError where SPIO_NVDISASM names no program (not a silent search elsewhere)."""
     explicit = env.path_or_name("SPIO_NVDISASM")
     if explicit:
+        if shutil.which(explicit) is None:
+            raise ValueError(
+                f"SPIO_NVDISASM must name nvdisasm, got {os.environ['SPIO_NVDISASM']!r}, no program"
+            )
         return explicit
     found = shutil.which("nvdisasm")
     if found:

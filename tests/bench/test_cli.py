@@ -33,7 +33,10 @@ def test_bench_arguments_parse():
     )
     assert args.quick and args.in_situ and args.passes == ("wgrad", "fprop")
     assert args.dtype == "bf16"
-    assert build_parser().parse_args(["bench"]).passes == ("fprop", "dgrad", "wgrad")
+    # Unset until cmd_bench takes the defaults (every pass, fp16), so that --plot-only can tell
+    # an option given at its default value from one not given.
+    args = build_parser().parse_args(["bench"])
+    assert args.passes is None and args.dtype is None
 
 
 @pytest.mark.parametrize(
@@ -249,6 +252,10 @@ def test_plot_only_refuses_the_options_that_choose_what_to_time(capsys):
     )
     assert main(["bench", "--plot-only", PLOTTED_CSV, "--quick"]) == 2
     assert capsys.readouterr().err.endswith(": --quick does not apply to it\n")
+    # Also at their default values (had passed: `--dtype fp16` with a bf16 CSV, say).
+    argv = ["bench", "--plot-only", PLOTTED_CSV, "--dtype", "fp16", "--passes", "fprop,dgrad,wgrad"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.endswith(": --passes, --dtype do not apply to it\n")
 
 
 def test_plot_only_plots_next_to_the_csv_unless_out_is_given(tmp_path, monkeypatch, capsys):
@@ -323,6 +330,7 @@ def test_bench_quick_times_fewer_batch_sizes_and_repetitions(fake_bench, tmp_pat
         assert cli.cmd_bench(args) == 0
         settings = fake_bench.settings.pop()
         assert (settings.batch_sizes, settings.warmup, settings.reps) == (sizes, warmup, reps)
+        assert settings.passes == ("fprop", "dgrad", "wgrad") and settings.dtype == "fp16"
 
 
 def test_bench_fails_when_any_timing_is_missing(fake_bench, tmp_path, capsys):

@@ -90,7 +90,13 @@ def test_a_time_that_is_not_positive_is_named(tmp_path):
     row[header.index("median_ms")] = "0"
     with path.open("w", newline="") as handle:
         csv.writer(handle).writerows([header, row])
-    with pytest.raises(ValueError, match=r"zero.csv:2: median_ms must be > 0, got 0"):
+    with pytest.raises(ValueError, match=r"zero.csv:2: median_ms must be finite and > 0, got 0"):
+        read_csv(path)
+    # Nor an infinite one (its row had shown inf µs at 0 GB/s, exit 0).
+    row[header.index("median_ms")] = "inf"
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows([header, row])
+    with pytest.raises(ValueError, match=r"zero.csv:2: median_ms must be finite and > 0, got inf"):
         read_csv(path)
 
 
@@ -105,11 +111,11 @@ def test_a_batch_size_that_is_not_positive_is_named(tmp_path, n):
     second[header.index("n")] = n
     with path.open("w", newline="") as handle:
         csv.writer(handle).writerows([header, first, second])
-    with pytest.raises(ValueError, match=rf"zero_n.csv:3: n must be > 0, got {n}$"):
+    with pytest.raises(ValueError, match=rf"zero_n.csv:3: n must be finite and > 0, got {n}$"):
         read_csv(path)
     out = _plot_only(path)
     assert out.returncode == 2, out.stderr
-    assert "zero_n.csv:3: n must be > 0" in out.stderr and "Traceback" not in out.stderr
+    assert "zero_n.csv:3: n must be finite and > 0" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_csv_saved_with_a_byte_order_mark_reads(bench_csv, tmp_path):

@@ -1,9 +1,15 @@
 """spio.compiler.sass: finding the main loop in nvdisasm output, and, where nvdisasm is installed
 (the test extra installs it), the WGrad kernel's loop in a real cubin."""
 
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 
 from spio.compiler import sass
+from tests.conftest import REPO
 
 # nvdisasm's layout: labels at column 0, instructions as /*offset*/ text ; with a trailing
 # encoding comment. An inner loop without a barrier (.L_x_2) inside the main loop (.L_x_1).
@@ -71,15 +77,38 @@ def test_opcode_drops_predicate_and_modifiers():
 
 
 def test_nvdisasm_named_by_the_environment(monkeypatch, tmp_path):
-    """SPIO_NVDISASM wins over an nvdisasm on PATH."""
+    """SPIO_NVDISASM wins over an nvdisasm on PATH; one that names no program is an error
+    (scripts/sass_loop.py and resource_report.py had ended in a FileNotFoundError traceback,
+    the latter after minutes of compiles)."""
     on_path = tmp_path / "nvdisasm"
     on_path.write_text("#!/bin/sh\n")
     on_path.chmod(0o755)
+    elsewhere = tmp_path / "somewhere" / "nvdisasm"
+    elsewhere.parent.mkdir()
+    shutil.copy(on_path, elsewhere)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setenv("SPIO_NVDISASM", "/opt/somewhere/nvdisasm")
-    assert sass.find_nvdisasm() == "/opt/somewhere/nvdisasm"
+    monkeypatch.setenv("SPIO_NVDISASM", str(elsewhere))
+    assert sass.find_nvdisasm() == str(elsewhere)
+    monkeypatch.setenv("SPIO_NVDISASM", "nvdisasm")  # a bare name: found on PATH
+    assert sass.find_nvdisasm() == "nvdisasm"
+    monkeypatch.setenv("SPIO_NVDISASM", "/nonexistent/nvdisasm")
+    with pytest.raises(ValueError, match="^SPIO_NVDISASM must name nvdisasm, got '/nonexist"):
+        sass.find_nvdisasm()
     monkeypatch.delenv("SPIO_NVDISASM")
     assert sass.find_nvdisasm() == str(on_path)
+
+
+@pytest.mark.parametrize("script", ["sass_loop.py", "resource_report.py"])
+def test_scripts_name_a_bad_nvdisasm_setting_before_compiling(script):
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / script)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, SPIO_NVDISASM="/nonexistent/nvdisasm"),
+        timeout=120,
+    )
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "SPIO_NVDISASM must name nvdisasm, got '/nonexistent/nvdisasm'" in out.stderr
 
 
 def test_nvdisasm_from_the_wheel_on_sys_path(monkeypatch, tmp_path):
