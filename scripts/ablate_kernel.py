@@ -77,7 +77,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spio.args import positive_int
+from spio.args import positive_int, run_script
 
 VARIANTS = {
     "full": (),
@@ -521,4 +521,4 @@ def _options(family) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-from spio.args import positive_int
+from spio.args import positive_int, run_script
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,4 +77,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

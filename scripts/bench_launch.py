@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spio.args import positive_int
+from spio.args import positive_int, run_script
 
 SOURCE = r"""
 extern "C" __global__ void empty_kernel() {}
@@ -86,4 +86,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

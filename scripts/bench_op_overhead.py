@@ -22,7 +22,7 @@ import argparse
 import sys
 from statistics import median
 
-from spio.args import positive_int
+from spio.args import positive_int, run_script
 
 TARGET_US = 10.0
 
@@ -167,4 +167,4 @@ def profile_host(title: str, call, calls: int, sync, rows: int = 12) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

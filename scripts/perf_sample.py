@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from spio.args import non_negative_int, positive_int
+from spio.args import non_negative_int, positive_int, run_script
 
 #: Chunks stay under 8 minutes: the budget is checked before each config is timed.
 MAX_BUDGET_S = 450
@@ -328,4 +328,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from spio.args import run_script
+
 
 def probes(total: int, sms: int, arch: str) -> list:
     """The probes for `total` bytes of reads (a multiple of 512 KiB): plain loads and cp.async over
@@ -125,4 +127,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

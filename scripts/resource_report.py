@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import sys
 from pathlib import Path
 
 import spio
-from spio.args import folder_write_error, positive_int
+from spio.args import folder_write_error, positive_int, run_script
 from spio.bench.layers import layer_table
 from spio.compiler import CompileResult, compile_many
 from spio.compiler.cache import write_atomically
@@ -154,4 +153,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -29,7 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from spio.args import positive_int
+from spio.args import positive_int, run_script
 
 
 def _variants():
@@ -222,4 +222,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-from spio.args import positive_int
+from spio.args import positive_int, run_script
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -442,4 +442,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -40,7 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from spio.args import folder_write_error, non_negative_float, positive_int, unit_fraction
+from spio.args import (
+    folder_write_error,
+    non_negative_float,
+    positive_int,
+    run_script,
+    unit_fraction,
+)
 from spio.compiler.cache import write_atomically
 from spio.kernels.families import FAMILIES, get_family
 from spio.kernels.perf_model import (
@@ -477,4 +483,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -1,12 +1,15 @@
 """Value types for argparse options, shared by `python -m spio` and the scripts: a bad value is a
-usage error (exit 2) that names it. And the check of an output folder, made before the work."""
+usage error (exit 2) that names it. The check of an output folder, made before the work; and the
+scripts' way out (run_script)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 
 def _checked(text: str, parse: Callable[[str], float], ok: Callable[[float], bool], needs: str):
@@ -52,3 +55,15 @@ def folder_write_error(folder: Path, create: bool = True) -> OSError | None:
     except OSError as error:
         return error
     return None
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """A script's `if __name__ == "__main__"`: exit with main()'s status; Ctrl-C is one line,
+    `<script>: interrupted`, and exit 130 as a shell reports SIGINT (as `spio`'s commands do),
+    not a traceback."""
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        print(f"\n{Path(sys.argv[0]).stem}: interrupted", file=sys.stderr)
+        status = 130
+    sys.exit(status)

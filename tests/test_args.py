@@ -1,10 +1,12 @@
 """spio.args: option values a usage error names, for `python -m spio` and the scripts."""
 
 import argparse
+import sys
 
 import pytest
 
 from spio.args import non_negative_float, positive_int, unit_fraction
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize(
@@ -34,3 +36,31 @@ def test_a_script_option_refuses_a_value_that_would_train_a_constant_model(capsy
             script.main(["unused.csv", *option])
         assert stop.value.code == 2
         assert f"argument {option[0]}: needs" in capsys.readouterr().err
+
+
+def test_run_script_exits_with_mains_status_and_ctrl_c_is_one_line(monkeypatch, capsys):
+    """The scripts ended a Ctrl-C in a KeyboardInterrupt traceback; now one line and exit 130,
+    as `spio`'s commands."""
+    from spio.args import run_script
+
+    monkeypatch.setattr(sys, "argv", ["scripts/perf_sample.py", "--budget-s", "60"])
+    for status in (0, 2, None):
+        with pytest.raises(SystemExit) as exited:
+            run_script(lambda status=status: status)
+        assert exited.value.code == status
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exited:
+        run_script(interrupted)
+    assert exited.value.code == 130
+    assert capsys.readouterr().err == "\nperf_sample: interrupted\n"
+
+
+def test_every_script_exits_through_run_script():
+    scripts = sorted((REPO / "scripts").glob("*.py"))
+    assert len(scripts) >= 10
+    for script in scripts:
+        text = script.read_text()
+        assert 'if __name__ == "__main__":\n    run_script(main)\n' in text, script.name
