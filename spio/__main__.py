@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .args import positive_int
+from .args import non_empty, positive_int
 from .env import SETTINGS
 
 _BROKEN = "BROKEN INSTALL"
@@ -488,6 +488,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.seed is not None and not args.sample:
+        print("spio compile: --seed picks --sample's configs; give --sample too", file=sys.stderr)
+        return 2
     try:  # what every compile needs: one line now, not a FAILED line for each kernel
         toolchain_identity()
     except (OSError, RuntimeError) as error:  # CudaNotFoundError, NvrtcError
@@ -511,7 +514,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 pairs[f"{family}__{params.encode()}__{config.encode()}"] = (family, params, config)
     keys = sorted(pairs)
     if args.sample and args.sample < len(keys):
-        keys = random.Random(args.seed).sample(keys, args.sample)
+        keys = random.Random(args.seed or 0).sample(keys, args.sample)
     elif args.sample:
         print(f"--sample {args.sample} is at least the {len(keys)} configs there are: all of them")
     from tqdm import tqdm
@@ -638,7 +641,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     # As it was called: the `spio` console script, or python -m spio.
     prog = "spio" if Path(sys.argv[0]).name == "spio" else "python -m spio"
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__,
+        epilog="Every command: exit 2 on bad arguments or a malformed SPIO_* setting, 130 when "
+        "interrupted (Ctrl-C), 141 when its output's reader went away (`| head`).",
+    )
     parser.add_argument("--version", action="version", version=f"spio {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parsers = {}
@@ -655,6 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_parser.add_argument(
         "--kernel",
         action="append",
+        type=non_empty,
         metavar="NAME",
         help="only kernel families (conv2d_gw8_fprop, _dgrad, _wgrad) whose name contains NAME "
         "(repeatable: those of any NAME)",
@@ -667,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
         "they need)",
     )
     compile_parser.add_argument(
-        "--seed", type=int, default=0, metavar="S", help="seed for --sample (default 0)"
+        "--seed", type=int, metavar="S", help="seed for --sample (default 0; only with --sample)"
     )
     from .bench.cli import add_arguments as add_bench_arguments
     from .check import add_arguments as add_check_arguments

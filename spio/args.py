@@ -23,6 +23,13 @@ def _checked(text: str, parse: Callable[[str], float], ok: Callable[[float], boo
     return value
 
 
+def non_empty(text: str) -> str:
+    """A text with something besides spaces (an empty name would match every name)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"needs a non-empty text, got {text!r}")
+    return text
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1."""
     return _checked(text, int, lambda v: v >= 1, "a positive integer")

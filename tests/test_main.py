@@ -817,6 +817,20 @@ def test_compile_for_an_arch_nvrtc_lacks_is_one_error(compiled_jobs, monkeypatch
     assert [r for r in caplog.records if "sm_100 is experimental" in r.getMessage()]
 
 
+def test_compile_refuses_a_seed_without_a_sample_and_an_empty_kernel_name(compiled_jobs, capsys):
+    """`--seed 3` alone was ignored (every config compiled); `--kernel ''` matched every family."""
+    from spio.__main__ import main
+
+    assert main(["compile", "--seed", "3"]) == 2 and compiled_jobs == []
+    assert capsys.readouterr().err == (
+        "spio compile: --seed picks --sample's configs; give --sample too\n"
+    )
+    with pytest.raises(SystemExit) as exited:
+        main(["compile", "--kernel", " "])
+    assert exited.value.code == 2
+    assert "argument --kernel: needs a non-empty text, got ' '" in capsys.readouterr().err
+
+
 def test_compile_merges_a_repeated_arch(compiled_jobs, capsys):
     from spio.__main__ import main
 

@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..args import non_empty
 from ..kernels.stats import PASSES
 from .layers import (
     BATCH_SIZES,
@@ -36,7 +37,7 @@ def _gpu_problem() -> str | None:
 
 
 def _passes(text: str) -> tuple[str, ...]:
-    passes = tuple(p.strip() for p in text.split(",") if p.strip())
+    passes = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))  # once each
     bad = [p for p in passes if p not in PASSES]
     if bad or not passes:
         raise argparse.ArgumentTypeError(
@@ -47,7 +48,7 @@ def _passes(text: str) -> tuple[str, ...]:
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
     try:
-        sizes = tuple(int(v) for v in text.split(",") if v.strip())
+        sizes = tuple(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))  # once each
     except ValueError:
         raise argparse.ArgumentTypeError(f"batch sizes must be integers, got {text!r}") from None
     if not sizes or min(sizes) < 1:
@@ -106,6 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--layers",
         action="append",
+        type=non_empty,
         help="only layers whose name contains this (repeatable), e.g. 64c_64x64",
     )
     parser.add_argument(

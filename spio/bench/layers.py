@@ -67,7 +67,7 @@ def parse_layer(text: str) -> BenchLayer:
     if text in table:
         return table[text]
     parts = [part.strip() for part in text.split(",")]
-    if len(parts) not in (3, 5, 7) or not all(part.isdigit() for part in parts):
+    if len(parts) not in (3, 5, 7) or not all(part.isascii() and part.isdigit() for part in parts):
         raise ValueError(
             f"a layer is a bench-table name ({', '.join(table)}) or C,H,W[,R,S[,PAD_H,PAD_W]] "
             f"in non-negative integers, got {text!r}"

@@ -281,7 +281,8 @@ def format_table(rows: Iterable[BenchRow]) -> str:
     if speedups:
         lines.append(
             f"speedup over PyTorch: median {statistics.median(speedups):.2f}x, "
-            f"min {min(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} cases"
+            f"min {min(speedups):.2f}x, max {max(speedups):.2f}x over {len(speedups)} "
+            + ("case" if len(speedups) == 1 else "cases")
         )
     if any(_host_bound(c) for c in comparisons):
         lines.append(

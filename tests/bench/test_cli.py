@@ -39,8 +39,29 @@ def test_bench_arguments_parse():
     assert args.passes is None and args.dtype is None
 
 
+def test_a_layer_shape_of_other_digits_is_named_as_other_bad_shapes():
+    """A superscript 2 passed isdigit(), then failed in int() with its own message."""
+    from spio.bench.layers import parse_layer
+
+    with pytest.raises(ValueError, match=r"C,H,W\[,R,S\[,PAD_H,PAD_W\]\] in non-negative integers"):
+        parse_layer("8,8,\u00b2")
+
+
+def test_repeated_passes_and_batch_sizes_are_timed_once():
+    args = build_parser().parse_args(
+        ["bench", "--passes", "fprop,wgrad,fprop", "--batch-sizes", "32,8,32"]
+    )
+    assert args.passes == ("fprop", "wgrad") and args.batch_sizes == (32, 8)
+
+
 @pytest.mark.parametrize(
-    "bad", [["--passes", "fprop,bprop"], ["--dtype", "fp32"], ["--batch-sizes", "0"]]
+    "bad",
+    [
+        ["--passes", "fprop,bprop"],
+        ["--dtype", "fp32"],
+        ["--batch-sizes", "0"],
+        ["--layers", ""],  # had matched every layer
+    ],
 )
 def test_bench_rejects_bad_arguments(bad):
     out = run_spio("bench", *bad)

@@ -305,6 +305,8 @@ def test_speedup_summary_is_the_median_min_and_max_of_the_cases():
     assert [c.speedup for c in compare(rows)] == pytest.approx([1.0, 2.0, 6.0])
     summary = format_table(rows).splitlines()[-1]
     assert summary == "speedup over PyTorch: median 2.00x, min 1.00x, max 6.00x over 3 cases"
+    summary = format_table(rows[:3]).splitlines()[-1]  # one case: not "over 1 cases"
+    assert summary == "speedup over PyTorch: median 1.00x, min 1.00x, max 1.00x over 1 case"
 
 
 def test_csv_derived_columns_are_gb_per_second_and_tflop_per_second(tmp_path):
