@@ -34,6 +34,11 @@ EMULATOR_LAYERS = (
     P(n=1, c=24, h=7, w=19, padding=4, r=3, s=3),
     P(n=1, c=40, h=11, w=10, padding=(2, 1), r=5, s=2, has_bias=True),
     P(n=3, c=8, h=4, w=4, padding=0, r=4, s=1),
+    # A batch of small images: the only layer here whose WGrad has configs with several images
+    # a block (and FProp/DGrad ragged ones: 9 images in blocks of 2, 4 or 8). Without it every
+    # emulated WGrad run was one image a block, and a kernel that read only a block's first
+    # image passed the check (mutation testing, 2026-12-06).
+    P(n=9, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),
 )
 
 #: Extra layers on a GPU: table-sized shapes (several tiles, many groups, larger batches).
@@ -110,10 +115,19 @@ def _poisoned(shape, like, device: str):
 
 
 def run_one(
-    params: Conv2dGw8Params, pass_: str, config, device: str, seed: int = 0, kernel=None
+    params: Conv2dGw8Params,
+    pass_: str,
+    config,
+    device: str,
+    seed: int = 0,
+    kernel=None,
+    as_held: bool = False,
 ) -> float:
     """Worst error / tolerance of one kernel run (bias gradient included for WGrad). `kernel`:
-    a kernel to run instead of the one spio makes for `config` (e.g. a timing variant)."""
+    a kernel to run instead of the one spio makes for `config` (e.g. a timing variant).
+    `as_held` (FProp and DGrad): the operands as a half-precision model holds them, channels_last
+    weights and (FProp) a bias in the activations' dtype, run by the kernel variant that reads
+    them so (kernel_as_run's), where the others read an fp32 bias and contiguous weights."""
     import torch
 
     from .kernels import conv2d_gw8_factory as fd
@@ -128,8 +142,14 @@ def run_one(
 
     if pass_ not in PASSES:
         raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
-    kernel = kernel or kernel_as_run(params, pass_, config, device)
+    as_held = as_held and pass_ in HELD_PASSES
+    kernel = kernel or kernel_as_run(params, pass_, config, device, as_held)
     t = random_inputs(params, seed)
+    if as_held:
+        t["w"] = t["w"].contiguous(memory_format=torch.channels_last)
+        if t["bias"] is not None and pass_ == "fprop":
+            t["bias"] = t["bias"].to(t["x"].dtype)  # the reference adds this rounded bias too
+        kernel = fd.variant(kernel, *_held_layout(params, pass_))  # (a kernel given, too)
     dev: dict[str, Any] = {k: None if v is None else v.to(device) for k, v in t.items()}
     if pass_ == "fprop":
         out = _poisoned(params.output_shape, t["x"], device)
@@ -156,16 +176,38 @@ def run_one(
     return worst
 
 
-def kernel_as_run(params: Conv2dGw8Params, pass_: str, config, device: str):
+#: The passes whose kernels read the weights (and FProp's the bias) in the layout a model
+#: holds them in, with a variant for each (conv2d_gw8_factory.variant).
+HELD_PASSES = ("fprop", "dgrad")
+
+
+def held(index: int, pass_: str) -> bool:
+    """Whether a pass's run `index` (of one dtype) reads its operands as a half-precision model
+    holds them: every other one, the odd ones, of FProp and DGrad. (All had read an fp32 bias
+    and contiguous weights, so a kernel reading a bf16 bias as fp16 passed the check.)"""
+    return pass_ in HELD_PASSES and index % 2 == 1
+
+
+def _held_layout(params: Conv2dGw8Params, pass_: str) -> tuple[bool, bool]:
+    """(weights_cl, bias_elem) of the operands as held: channels_last weights, and for FProp
+    a bias in the activations' dtype (DGrad reads none)."""
+    return True, pass_ == "fprop" and params.has_bias
+
+
+def kernel_as_run(params: Conv2dGw8Params, pass_: str, config, device: str, as_held: bool = False):
     """The kernel spio runs for this pass, layer and config on `device`: its family's (for
-    WGrad, per-warp partial sums and sum_slots while they fit, else atomics), with its rows
-    moved by tensor copies where SPIO_TMA asks for them and the device has them."""
+    WGrad, per-warp partial sums and sum_slots while they fit, else atomics), reading the
+    operands as held where `as_held` (FProp and DGrad), with its rows moved by tensor copies
+    where SPIO_TMA asks for them and the device has them."""
     import torch
 
     from .functional._kernels import with_tensor_copies
+    from .kernels import conv2d_gw8_factory as fd
     from .kernels.families import FAMILY_OF_PASS
 
     kernel = FAMILY_OF_PASS[pass_].make_kernel(params, config)
+    if as_held and pass_ in HELD_PASSES:
+        kernel = fd.variant(kernel, *_held_layout(params, pass_))
     return with_tensor_copies(kernel, torch.device(device))
 
 
@@ -196,10 +238,13 @@ def check_jobs(
     """The (layer, config) runs of one pass in one dtype: layers re-typed to dtype, each with
     the config spio picks and extra_configs sampled ones (configs_to_run)."""
     typed = [replace(p, dtype=dtype) for p in layers]
+    # The seed depends on the dtype too, so that fp16 and bf16 draw different configs: with one
+    # seed a layer, both drew the same, and no emulated WGrad run had mma_k 16.
+    salt = 100 * DTYPES.index(dtype)
     return [
         (params, config)
         for index, params in enumerate(typed)
-        for config in configs_to_run(params, pass_, extra_configs, seed=index, device=device)
+        for config in configs_to_run(params, pass_, extra_configs, seed=index + salt, device=device)
     ]
 
 
@@ -210,11 +255,14 @@ def run_jobs(
     from tqdm import tqdm
 
     result = PassResult(pass_, dtype)
-    for params, config in tqdm(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run"):
-        case = f"{params.encode()} {config.encode()}"
+    for index, (params, config) in enumerate(
+        tqdm(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run")
+    ):
+        as_held = held(index, pass_)
+        case = f"{params.encode()} {config.encode()}" + (" (as held)" if as_held else "")
         lost = False
         try:
-            ratio = run_one(params, pass_, config, device)
+            ratio = run_one(params, pass_, config, device, as_held=as_held)
         except Exception as error:  # a launch or build error is a failure, not a crash
             ratio, case = math.inf, f"{case}: {type(error).__name__}: {error}"
             lost = _sticky(error, device)
@@ -275,9 +323,9 @@ def precompile(
     from .kernels.kernel import build_kernels
 
     kernels = with_sums(
-        kernel_as_run(params, pass_, config, device)
+        kernel_as_run(params, pass_, config, device, held(index, pass_))
         for (pass_, _), runs in jobs.items()
-        for params, config in runs
+        for index, (params, config) in enumerate(runs)
     )
     failures = build_kernels(kernels, torch.device(device))
     if kernels and len(failures) == len(kernels):

@@ -192,11 +192,13 @@ def _record_builds_and_launches(monkeypatch):
 
 
 def test_check_builds_its_kernels_before_running_them(monkeypatch):
-    """In parallel, up front: every kernel the check launches was among those built."""
+    """In parallel, up front: every kernel the check launches was among those built, the
+    variants reading operands as held too (they had been built at their first launch)."""
     built, launched = _record_builds_and_launches(monkeypatch)
-    results, _ = _run(dtypes=("bf16",))
-    assert all(r.passed for r in results)
+    results = check.run_check("cpu", TINY, extra_configs=1, dtypes=("bf16",), report=print)
+    assert all(r.passed and r.runs == 2 for r in results)
     assert launched and {k.name for k in launched} <= built
+    assert [k.info_value("weights_cl") for k in launched if "dgrad" in k.name] == [False, True]
 
 
 @pytest.mark.parametrize("setting", ["loads", "loads+stores"])
@@ -364,7 +366,7 @@ def _recorded_runs(monkeypatch, tmp_path, ratios=None):
     runs = []
     ratios = iter(ratios or ())
 
-    def run_one(params, pass_, config, device, seed=0, kernel=None):
+    def run_one(params, pass_, config, device, seed=0, kernel=None, as_held=False):
         runs.append((params, pass_, config, device))
         return next(ratios, 0.5)
 
@@ -560,3 +562,41 @@ def test_the_check_runs_the_config_spio_picks_on_the_gpu(monkeypatch, tmp_path):
         assert model is not None and ranked[0] != family.default_config(layer)
         assert check.configs_to_run(layer, pass_, 0, 0, "cuda") == [ranked[0]]
     pm.clear_caches()
+
+
+def test_the_emulator_check_runs_multi_image_and_sixteen_wide_mma_configs_of_every_pass():
+    """Mutation testing (2026-12-06): a WGrad kernel that read only a block's first image, and
+    one that gave m16n8k16 its A registers in the wrong order, passed `spio check` in the
+    emulator, whose WGrad runs had all been one image a block with mma_k 8 (fp16 and bf16 drew
+    the same configs). Every pass must run a config with several images a block, one of them
+    ragged (the batch not a multiple of its images a block), and one with mma_k 16."""
+    from spio.kernels.conv2d_gw8_params import DTYPES
+
+    for pass_ in PASSES:
+        jobs = [
+            job
+            for dtype in DTYPES
+            for job in check.check_jobs("cpu", check.EMULATOR_LAYERS, pass_, dtype, 1)
+        ]
+        assert any(c.block_n > 1 for _, c in jobs), pass_
+        assert any(p.n % c.block_n for p, c in jobs), pass_
+        assert any(c.mma_k == 16 for _, c in jobs), pass_
+
+
+def test_the_check_runs_the_variants_a_half_precision_model_runs(monkeypatch):
+    """Every other run reads channels_last weights and (FProp) a half bias as held: a kernel
+    that read a bf16 bias as fp16 passed `spio check` (mutation testing, 2026-12-06), as its
+    runs all had an fp32 bias and contiguous weights."""
+    launched = []
+    real = fd.fprop
+
+    def spy(x, w, bias, params, config=None, out=None, kernel=None, **kwargs):
+        launched.append((kernel.info_value("weights_cl"), kernel.info_value("bias_elem")))
+        assert bias is None or bias.dtype == x.dtype or not kernel.info_value("bias_elem")
+        return real(x, w, bias, params, config, out=out, kernel=kernel, **kwargs)
+
+    monkeypatch.setattr(fd, "fprop", spy)
+    jobs = check.check_jobs("cpu", TINY, "fprop", "bf16", 1)
+    result = check.run_jobs("cpu", "fprop", "bf16", jobs)
+    assert result.passed and result.runs == 2, result
+    assert launched == [(False, False), (True, True)]
