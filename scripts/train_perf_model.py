@@ -6,7 +6,9 @@ the target is log seconds per byte moved (log time less a per-layer constant). L
 are held out: with --holdout F > 0 a model is first trained without a fraction F of the layer shapes
 and scored on them (Spearman rank correlation of predicted vs measured times within each layer, and
 regret = measured time of the predicted-best config / measured-best time, median and p95); the
-model written is then trained on all rows. --holdout 0 skips the evaluation. Output per family:
+model written is then trained on all rows; the analytic heuristic's regret on the same configs is
+scored beside it, and a model whose median regret is worse is not written (--keep-worse writes it;
+exit 1 where one was held back). --holdout 0 skips the evaluation. Output per family:
 `<out>/<arch>[/<device-slug>]/<family>.ubj` and a JSON beside it (data size, GPU, date, the batch
 sizes and dtypes measured, held-out scores, whether the data was synthetic). At run time a model
 is only used for batch sizes from half the smallest to twice the largest measured one.
@@ -48,6 +50,7 @@ from spio.args import (
     unit_fraction,
 )
 from spio.compiler.cache import write_atomically
+from spio.kernels.conv2d_gw8_factory import typical_machine
 from spio.kernels.families import FAMILIES, get_family
 from spio.kernels.perf_model import (
     FEATURE_VERSION,
@@ -55,6 +58,7 @@ from spio.kernels.perf_model import (
     TARGET,
     device_slug,
     feature_names,
+    heuristic_ranking,
     model_path,
     target_offset,
 )
@@ -70,7 +74,11 @@ def dedupe(samples: Sequence[Sample]) -> list[Sample]:
     for sample in samples:
         groups[sample.key()].append(sample)
     out = []
-    for group in groups.values():
+    # In a fixed order (layer, then config), not the rows': the same samples in another order
+    # had trained another model.
+    for group in sorted(
+        groups.values(), key=lambda g: (g[0].params.encode(), g[0].config.encode())
+    ):
         seconds = statistics.median(s.seconds for s in group)
         first = group[0]
         out.append(
@@ -179,20 +187,26 @@ def evaluation_problem(model: bytes, booster, samples: Sequence[Sample]) -> str 
 
 
 def score(booster, samples: Sequence[Sample]) -> dict:
-    """Per-layer Spearman and regret of `booster` on samples (held-out layers) of one family."""
+    """Per-layer Spearman and regret of `booster` on samples (held-out layers) of one family,
+    beside the regret of the analytic heuristic (for a typical GPU of the samples' arch: what
+    ranks where no model is) choosing among the same measured configs."""
     import xgboost
 
     family = get_family(samples[0].family)
-    regrets, correlations = [], []
+    machine = typical_machine(samples[0].arch)
+    regrets, correlations, heuristic_regrets = [], [], []
     for group in by_layer(samples).values():
         if len(group) < 2:
             continue
         params = group[0].params
-        features = perf_model_features(family, params, [s.config for s in group])
+        configs = [s.config for s in group]
+        features = perf_model_features(family, params, configs)
         names = list(feature_names(family))
         predicted = booster.predict(xgboost.DMatrix(features, feature_names=names))
         measured = np.array([s.seconds for s in group])
         regrets.append(float(measured[int(np.argmin(predicted))] / measured.min()))
+        heuristic_pick = heuristic_ranking(family, params, configs, machine)[0]
+        heuristic_regrets.append(float(measured[configs.index(heuristic_pick)] / measured.min()))
         rho = spearman(predicted, measured)
         if not math.isnan(rho):
             correlations.append(rho)
@@ -205,7 +219,17 @@ def score(booster, samples: Sequence[Sample]) -> dict:
         "regret_max": float(max(regrets)),
         "spearman_median": float(np.median(correlations)) if correlations else None,
         "spearman_min": float(min(correlations)) if correlations else None,
+        "heuristic_regret_median": float(np.median(heuristic_regrets)),
+        "heuristic_regret_p95": float(np.percentile(heuristic_regrets, 95)),
     }
+
+
+def worse_than_the_heuristic(metrics: dict) -> bool:
+    """Whether the held-out scores put the model's median regret above the heuristic's on the
+    same configs: the heuristic then ranks better than the model would, and ranks where no
+    model is."""
+    ours, theirs = metrics.get("regret_median"), metrics.get("heuristic_regret_median")
+    return ours is not None and theirs is not None and ours > theirs
 
 
 def describe_metrics(metrics: dict) -> str:
@@ -213,9 +237,11 @@ def describe_metrics(metrics: dict) -> str:
     if metrics.get("regret_median") is None:
         return "no held-out layers scored"
     rho = metrics.get("spearman_median")
+    heuristic = metrics.get("heuristic_regret_median")
     return (
         f"regret median {metrics['regret_median']:.3f} p95 {metrics['regret_p95']:.3f}, "
         f"spearman median {'n/a' if rho is None else f'{rho:.3f}'}"
+        + ("" if heuristic is None else f" (the heuristic's regret median {heuristic:.3f})")
     )
 
 
@@ -337,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="CSV",
         help="older sample CSVs: their rows of layer shapes the CSVs lack are trained on too",
     )
+    parser.add_argument(
+        "--keep-worse",
+        action="store_true",
+        help="write a model even where its held-out regret is worse than the heuristic's",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=positive_int, default=1, help="XGBoost threads")
     # Values XGBoost would refuse with a traceback, or take and train a constant model with.
@@ -417,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             sample
         )
 
+    held_back = 0
     for (family, arch, device), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         filled = shapes_lacking(group, fills[(family, arch, device)])
         booster, metrics = train_group(
@@ -428,6 +460,15 @@ def main(argv: list[str] | None = None) -> int:
             fill=filled,
         )
         trained = [*group, *filled]
+        if worse_than_the_heuristic(metrics) and not args.keep_worse:
+            print(
+                f"train_perf_model: {family} {arch}{' ' + device if device else ''}: held back, "
+                f"not written: {describe_metrics(metrics)}, so the heuristic ranks better on the "
+                "held-out layers (and ranks where no model is); --keep-worse writes it anyway",
+                file=sys.stderr,
+            )
+            held_back += 1
+            continue
         path = model_path(args.out, family, arch, device)
         path.parent.mkdir(parents=True, exist_ok=True)
         # Each file replaced whole: a stop mid-write must not leave a cut-off model where the
@@ -479,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         counted = f"{len(group)} rows" + (f" and {len(filled)} --fill rows" if args.fill else "")
         print(f"{family} {arch}{' ' + device if device else ''}: {counted}; {regret}")
         print(f"  wrote {path}")
-    return 0
+    return 1 if held_back else 0
 
 
 if __name__ == "__main__":

@@ -428,6 +428,20 @@ def autotune(
     return config
 
 
+def cached_winner(
+    family: Any, params: Conv2dGw8Params, identity: Any, candidates: Sequence
+) -> Any | None:
+    """The config autotune found fastest for `params` over `candidates` earlier (its disk cache
+    entry, as autotune keys it), or None where it has none usable. Reads no GPU: for a CUDA
+    graph capture, which cannot time, to run the tuned config as eager calls do."""
+    kernels, _ = make_kernels(family, params, candidates)
+    entry = _cache().get(cache_key(family.name, params, identity, candidates, code_digest(kernels)))
+    if not _usable(entry, family, params):
+        return None
+    assert entry is not None
+    return _entry_config(family, params, entry[0])[0]
+
+
 def _usable(entry: tuple[bytes, dict] | None, family: Any, params: Conv2dGw8Params) -> bool:
     """Whether a cache entry (payload, meta), or None for a miss, names a config to use."""
     return entry is not None and _entry_config(family, params, entry[0])[1] is None

@@ -787,6 +787,11 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
         if autotune.want(family, params, device, identity, candidates):
             return untuned  # spio.precompile builds the candidates first; not memoised
     if autotune.deferred(device):
+        winner = autotune.cached_winner(family, params, identity, candidates) if tune else None
+        if winner is not None:  # tuned before (this process or another): what eager calls run
+            with _lock:
+                remember(_selected, key, (winner, "autotune"), MAX_SELECTED)
+            return winner
         _warn_once(
             ("capture", family.name, params),
             "autotune: %s %s is first used inside a CUDA graph capture, where nothing can be "

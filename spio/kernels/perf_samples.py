@@ -35,7 +35,8 @@ SAMPLE_COLUMNS = (
 )
 
 #: The variant of WGrad samples measured before samples named theirs: the atomic kernel alone,
-#: without zeroing dw; no longer what spio runs for any config, so never trained on.
+#: without zeroing dw; no longer what spio runs for any config, so never trained on as samples
+#: (train_perf_model.py's --fill rows, of shapes the samples lack, may be of any variant).
 LEGACY_WGRAD_VARIANT = "atomic-kernel-only"
 
 

@@ -852,6 +852,25 @@ def test_top_k_defaults_to_five(monkeypatch):
     assert autotune.top_k() == 5
 
 
+def test_a_graph_capture_runs_the_winner_tuned_before(tuned, monkeypatch):
+    """A capture cannot time, but it can read the autotune cache: a layer tuned before (here in
+    an earlier process) had still been captured with the untuned pick, so the graph ran another
+    config than eager calls did."""
+    model = next(pm.loadable_models(pm.FAMILIES["conv2d_gw8_fprop"], H200))
+    top = model.rank(LAYER, pm.FAMILIES["conv2d_gw8_fprop"].configs(LAYER))[:4]
+    assert dict(conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda()).info)["config"] == top[-1]
+    new_process(monkeypatch)
+    tuned.calls.clear()
+    monkeypatch.setattr(autotune, "capturing", lambda d: True)
+    kernel = conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert dict(kernel.info)["config"] == top[-1] and tuned.calls == []
+    # Not tuned before (DGrad): the untuned pick, as before.
+    dgrad = pm.FAMILIES["conv2d_gw8_dgrad"]
+    pick = next(pm.loadable_models(dgrad, H200)).rank(LAYER, dgrad.configs(LAYER))[0]
+    kernel = conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda(), igrad=True)
+    assert dict(kernel.info)["config"] == pick and tuned.calls == []
+
+
 def test_only_a_cuda_device_defers_tuning_for_a_graph_capture(monkeypatch):
     """Outside spio.precompile's collection, tuning waits only for a CUDA device's capture: a
     CPU device has no stream to capture."""

@@ -196,6 +196,61 @@ def test_derived_features_keep_the_definitions_the_shipped_models_learnt():
         assert row["log_bytes_in_flight"] == pytest.approx(math.log(in_flight)), case
 
 
+def test_a_model_worse_than_the_heuristic_is_held_back(tmp_path, capsys):
+    """Nothing had compared a model with the heuristic it replaces: one whose held-out median
+    regret is worse is not written (exit 1, saying so) unless --keep-worse."""
+    import json
+
+    script = load_script("train_perf_model")
+    metrics = {"regret_median": 1.2, "regret_p95": 1.3, "spearman_median": 0.1}
+    assert script.worse_than_the_heuristic({**metrics, "heuristic_regret_median": 1.1})
+    assert not script.worse_than_the_heuristic({**metrics, "heuristic_regret_median": 1.2})
+    assert not script.worse_than_the_heuristic(metrics)  # nothing held out: nothing to compare
+    line = script.describe_metrics({**metrics, "heuristic_regret_median": 1.1})
+    assert line.endswith("(the heuristic's regret median 1.100)")
+
+    samples = [s for s in ps.read_samples(syn.CSV_PATH)[0] if s.family == "conv2d_gw8_dgrad"]
+    # Times that reverse the heuristic's own order within each layer: the model learns them,
+    # and the heuristic's pick is each held-out layer's slowest.
+    machine = fd.typical_machine(samples[0].arch)
+    family = pm.FAMILIES["conv2d_gw8_dgrad"]
+    reversed_times = []
+    for group in script.by_layer(samples).values():
+        ranked = pm.heuristic_ranking(family, group[0].params, [s.config for s in group], machine)
+        slowest_first = {c: 1e-5 * (len(ranked) - i) for i, c in enumerate(ranked)}
+        reversed_times += [dataclasses.replace(s, seconds=slowest_first[s.config]) for s in group]
+    ps.append_samples(tmp_path / "s.csv", reversed_times)
+    argv = [str(tmp_path / "s.csv"), "--out", str(tmp_path / "m"), "--trees", "20"]
+    assert script.main([*argv, "--holdout", "0.3"]) == 0  # the model beats it: written
+    meta = json.loads(
+        pm.model_path(tmp_path / "m", family.name, "sm_90").with_suffix(".json").read_text()
+    )
+    assert meta["heuristic_regret_median"] > meta["regret_median"]
+    # The heuristic's order kept, and a model too small to learn it: held back.
+    in_order = [dataclasses.replace(s, seconds=2e-5 / s.seconds * 1e-5) for s in reversed_times]
+    ps.append_samples(tmp_path / "t.csv", in_order)
+    capsys.readouterr()
+    argv = [str(tmp_path / "t.csv"), "--out", str(tmp_path / "n"), "--trees", "2", "--depth", "1"]
+    assert script.main([*argv, "--holdout", "0.3"]) == 1  # (a two-stump model: constant)
+    err = capsys.readouterr().err
+    assert "held back, not written" in err and "--keep-worse" in err
+    assert not pm.model_path(tmp_path / "n", family.name, "sm_90").exists()
+    assert script.main([*argv, "--holdout", "0.3", "--keep-worse"]) == 0
+    assert pm.model_path(tmp_path / "n", family.name, "sm_90").exists()
+
+
+def test_training_does_not_depend_on_the_rows_order(tmp_path):
+    """The same rows reversed had trained another model (different picks on 28 of 60 layers)."""
+    script = load_script("train_perf_model")
+    samples = [s for s in ps.read_samples(syn.CSV_PATH)[0] if s.family == "conv2d_gw8_fprop"]
+    for name, rows in (("a", samples), ("b", samples[::-1])):
+        ps.append_samples(tmp_path / f"{name}.csv", rows)
+        argv = [str(tmp_path / f"{name}.csv"), "--out", str(tmp_path / name), "--trees", "10"]
+        assert script.main([*argv, "--holdout", "0"]) == 0
+    a, b = (pm.model_path(tmp_path / d, "conv2d_gw8_fprop", "sm_90") for d in "ab")
+    assert a.read_bytes() == b.read_bytes()
+
+
 def test_metrics_line_survives_constant_predictions():
     """A model too small to rank (constant predictions) has no Spearman: the summary line says
     n/a instead of crashing, as it did on the H200 on 2026-11-29."""
@@ -272,7 +327,18 @@ def test_held_out_scores_are_per_layer_regret_and_spearman():
     ]
     predictions = iter(np.array(predicted, float) for _, predicted in cases)
     booster = types.SimpleNamespace(predict=lambda data: next(predictions))
-    assert train_script.score(booster, samples) == {
+    scores = train_script.score(booster, samples)
+    # The heuristic's pick among the same measured configs, scored the same way.
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    machine = fd.typical_machine(samples[0].arch)
+    heuristic = []
+    for group, (measured, _) in zip(groups[:3], cases, strict=True):
+        configs = [s.config for s in group]
+        pick = pm.heuristic_ranking(family, group[0].params, configs, machine)[0]
+        heuristic.append(measured[configs.index(pick)] / min(measured))
+    assert scores.pop("heuristic_regret_median") == pytest.approx(float(np.median(heuristic)))
+    assert scores.pop("heuristic_regret_p95") == pytest.approx(np.percentile(heuristic, 95))
+    assert scores == {
         "heldout_layers_scored": 3,
         "regret_median": 1.5,
         "regret_p95": pytest.approx(1.95),  # 1.5 + 0.9 * (2 - 1.5)
