@@ -94,11 +94,21 @@ def check_passes(passes: int) -> None:
 
 
 def torch_fprop(input: Tensor, weight: Tensor, bias: Tensor | None, padding: tuple[int, int]):
-    """conv2d_gw8 by PyTorch's convolution, in the input's dtype (the bias cast to it)."""
+    """conv2d_gw8 by PyTorch's convolution, in the input's dtype. An fp32 bias beside fp16 or
+    bf16 operands (a mix F.conv2d refuses; the op's autocast keeps the bias fp32) is added in
+    fp32, as the kernels add it, to the convolution without it, and the sum rounded to the
+    input's dtype (once more than by the kernels, whose convolution is not rounded first): it
+    had been rounded to half before it was added, as nn.Conv2d's is under autocast. Any other
+    bias is cast to the input's dtype."""
+    groups = weight.shape[0] // GROUP_WIDTH
+    if bias is not None and bias.dtype == torch.float32 and input.dtype in _HALF_DTYPES:
+        y = torch.nn.functional.conv2d(input, weight, None, padding=padding, groups=groups)
+        return (y.float() + bias.view(-1, 1, 1)).to(input.dtype)  # (C, H, W) last, batched or not
     b = None if bias is None else bias.to(input.dtype)
-    return torch.nn.functional.conv2d(
-        input, weight, b, padding=padding, groups=weight.shape[0] // GROUP_WIDTH
-    )
+    return torch.nn.functional.conv2d(input, weight, b, padding=padding, groups=groups)
+
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def torch_grads(

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.overrides import handle_torch_function, has_torch_function
 
 from spio.kernels.conv2d_gw8_params import as_integer
 
@@ -170,8 +171,10 @@ def conv2d_gw8(
     without SPIO_EMULATE) it calls the op.
 
     `bias`: (C,), fp32 or the input's dtype, or None. `padding_y`, `padding_x`: rows and columns
-    of zeros padded on both sides. `stride` and `dilation` must be 1, and `groups` C // 8, or 1
-    to mean "implied by the weight": they are accepted for F.conv2d compatibility. Input and
+    of zeros padded on both sides (each its own argument, padding_x 0 unless given: where
+    F.conv2d's fifth argument pads both, this one's pads the rows alone, so name them).
+    `stride` and `dilation` must be 1, and `groups` C // 8, or 1 to mean "implied by the
+    weight": they are accepted for F.conv2d compatibility. An fp32 bias is added in fp32. Input and
     weight share one floating dtype, which must be fp16 or bf16 where spio's kernels run, unless
     torch.autocast casts them (and the bias to fp32). The output keeps the input's memory format
     (channels_last stays channels_last). `passes`: which passes run spio's kernels, as bits
@@ -204,6 +207,12 @@ def conv2d_gw8(
         return conv2d_gw8_eager(
             input, weight, bias, padding_y, padding_x, passes, stride, dilation, groups
         )
+    operands = (input, weight) if bias is None else (input, weight, bias)
+    if has_torch_function(operands):  # an fx Proxy, a tensor subclass or mode that overrides it
+        return handle_torch_function(
+            conv2d_gw8, operands, input, weight, bias, stride, padding_y, padding_x, dilation,
+            groups, passes,
+        )  # fmt: skip
     _check_types(input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes)
     return op_or_export(input, weight, bias, stride, padding_y, padding_x, dilation, groups, passes)
 

@@ -77,7 +77,49 @@ def test_fp32_bias_with_half_input():
     b = torch.randn(16)
     y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
     assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y, F.conv2d(x, w, b.to(torch.bfloat16), padding=1, groups=2))
+    conv = F.conv2d(x.double(), w.double(), None, padding=1, groups=2)
+    expected = conv + b.double().view(-1, 1, 1)
+    # Rounded twice (the convolution, then the sum), each by half a bf16 ulp at most.
+    half_ulp = 2.0**-8
+    atol = half_ulp * conv.abs().max().item()
+    torch.testing.assert_close(y.double(), expected, rtol=half_ulp, atol=atol)
+
+
+@pytest.mark.parametrize("op", [conv2d_gw8, public_conv2d_gw8])
+def test_an_fp32_bias_beside_half_operands_is_added_in_fp32_without_the_kernels(op, monkeypatch):
+    """Where PyTorch's convolution runs the op (CPU tensors without SPIO_EMULATE; passes
+    without FPROP), an fp32 bias had been rounded to half before it was added: 1000.2 became
+    1000.0, and 1000.2 + 0.1 gave 1000.0 where the kernels (and float64) give 1000.5."""
+    monkeypatch.delenv("SPIO_EMULATE", raising=False)
+    x = torch.ones(1, 8, 3, 3, dtype=torch.float16)
+    w = torch.zeros(8, 8, 3, 3, dtype=torch.float16)
+    w[:, 0, 1, 1] = 0.1  # each output: 0.1 (as a half) from the centre tap
+    b = torch.full((8,), 1000.2)
+    y = op(x, w, b, padding_y=1, padding_x=1)
+    expected = F.conv2d(x.double(), w.double(), b.double(), padding=1).half()
+    assert y.dtype == torch.float16 and torch.equal(y, expected), (y.unique(), expected.unique())
+    assert expected.unique().tolist() == [1000.5]
+
+
+def test_fx_symbolic_trace_records_the_function_as_one_call():
+    """FX tools (feature extraction, quantize_fx) on a model calling conv2d_gw8: its Proxy had
+    reached the type checks ("needs input to be a tensor, got Proxy"); now one call_function
+    node, as F.conv2d gets, and the traced module computes what the model does."""
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(16, 8, 3, 3, dtype=torch.float64))
+
+        def forward(self, x):
+            return public_conv2d_gw8(x, self.w, None, padding_y=1, padding_x=1)
+
+    model = Model()
+    traced = torch.fx.symbolic_trace(model)
+    calls = [n.target for n in traced.graph.nodes if n.op == "call_function"]
+    assert calls == [public_conv2d_gw8]
+    x = torch.randn(2, 16, 5, 4, dtype=torch.float64)
+    torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("groups", [1, 3])
@@ -357,8 +399,16 @@ def test_autocast_cpu_bf16_keeps_fp32_params_and_bias():
         y = conv2d_gw8(x, w, b, padding_y=1, padding_x=1)
     assert y.dtype == torch.bfloat16
     xh, wh = x.to(torch.bfloat16), w.detach().to(torch.bfloat16)
-    expected = F.conv2d(xh, wh, b.detach().to(torch.bfloat16), padding=1, groups=2)
-    torch.testing.assert_close(y, expected)
+    # The bias stays fp32, added in fp32: against float64 on the bf16 operands, within the
+    # convolution's rounding and the sum's.
+    unbiased = F.conv2d(xh.double(), wh.double(), None, padding=1, groups=2)
+    half_ulp = 2.0**-8
+    torch.testing.assert_close(
+        y.double(),
+        unbiased + b.detach().double().view(-1, 1, 1),
+        rtol=half_ulp,
+        atol=half_ulp * unbiased.abs().max().item(),
+    )
     y.float().sum().backward()
     assert w.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
     ones = torch.ones(y.shape, dtype=torch.float64)

@@ -309,7 +309,15 @@ def test_cpu_autocast_matches_nn_conv2d():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, expected = spio_conv(x), conv(x)
     assert y.dtype == expected.dtype == torch.bfloat16
-    torch.testing.assert_close(y, expected)
+    # Both against float64 on the bf16 operands: nn.Conv2d rounds its bias to bf16 first, spio
+    # (the op's autocast keeps it fp32) adds it in fp32; each within its roundings.
+    xh, wh = x.to(torch.bfloat16).double(), conv.weight.to(torch.bfloat16).double()
+    unbiased = F.conv2d(xh, wh, None, padding=1, groups=2)
+    exact = unbiased + conv.bias.double().view(-1, 1, 1)
+    half_ulp = 2.0**-8
+    atol = half_ulp * (unbiased.abs().max().item() + conv.bias.abs().max().item())
+    for got in (y, expected):
+        torch.testing.assert_close(got.double(), exact, rtol=half_ulp, atol=atol)
 
 
 def test_fallback_logs_once(monkeypatch, caplog):
