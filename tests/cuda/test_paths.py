@@ -107,14 +107,21 @@ def test_only_cuda13_wheels(isolated, monkeypatch):
     assert paths.find_driver_header_dir() == nvidia / "cu13/include"
 
 
-def test_environment_overrides_win(isolated, monkeypatch):
+def _wheels_and_a_custom_folder(isolated, monkeypatch, nvrtc: str):
+    """(the CUDA 12 wheels' nvidia folder, found by the search; a folder `custom` beside it
+    holding a stand-in libnvrtc named `nvrtc` and the two headers)."""
     nvidia = make_wheels(isolated, [12])
     monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
     custom = isolated / "custom"
     custom.mkdir()
-    (custom / "libnvrtc.so.99").write_bytes(b"")
+    (custom / nvrtc).write_bytes(b"")
     (custom / "cuda_fp16.h").write_text("")
     (custom / "cuda_bf16.h").write_text("")
+    return nvidia, custom
+
+
+def test_environment_overrides_win(isolated, monkeypatch):
+    _, custom = _wheels_and_a_custom_folder(isolated, monkeypatch, "libnvrtc.so.99")
     monkeypatch.setenv("SPIO_NVRTC", str(custom / "libnvrtc.so.99"))
     monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(custom))
     assert paths.find_nvrtc() == custom / "libnvrtc.so.99"
@@ -125,13 +132,7 @@ def test_a_relative_or_blank_override(isolated, monkeypatch):
     """A relative SPIO_NVRTC is the file in the current folder, by its absolute path (given
     bare, the dynamic loader had searched its own path and could load another NVRTC); a blank
     one is unset, as for every other setting."""
-    nvidia = make_wheels(isolated, [12])
-    monkeypatch.setattr(paths, "_nvidia_dirs", lambda: [nvidia])
-    custom = isolated / "custom"
-    custom.mkdir()
-    (custom / "libnvrtc.so.12").write_bytes(b"")
-    (custom / "cuda_fp16.h").write_text("")
-    (custom / "cuda_bf16.h").write_text("")
+    nvidia, custom = _wheels_and_a_custom_folder(isolated, monkeypatch, "libnvrtc.so.12")
     monkeypatch.chdir(custom)
     monkeypatch.setenv("SPIO_NVRTC", "./libnvrtc.so.12")
     monkeypatch.setenv("SPIO_CUDA_INCLUDE", ".")
