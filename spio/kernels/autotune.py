@@ -98,8 +98,7 @@ def want(
     wanted = _wanted.get()
     if wanted is None:
         return False
-    kernels, unmade = make_kernels(family, params, candidates)
-    key = cache_key(family.name, params, identity, candidates, code_digest(kernels))
+    key, kernels, unmade = _tuning(family, params, identity, candidates)
     if key not in wanted and not _usable(_cache().get(key), family, params):
         wanted[key] = (family, device, [k for k in kernels if k is not None], unmade)
     return True
@@ -356,8 +355,7 @@ def autotune(
     if not candidates:
         raise ValueError(f"autotune of {family.name} needs at least one candidate config")
     cache = _cache() if cache is None else cache
-    kernels, unmade = make_kernels(family, params, candidates)
-    key = cache_key(family.name, params, identity, candidates, code_digest(kernels))
+    key, kernels, unmade = _tuning(family, params, identity, candidates)
 
     def build() -> tuple[bytes, dict]:
         run = timer or default_timer
@@ -434,12 +432,25 @@ def cached_winner(
     """The config autotune found fastest for `params` over `candidates` earlier (its disk cache
     entry, as autotune keys it), or None where it has none usable. Reads no GPU: for a CUDA
     graph capture, which cannot time, to run the tuned config as eager calls do."""
-    kernels, _ = make_kernels(family, params, candidates)
-    entry = _cache().get(cache_key(family.name, params, identity, candidates, code_digest(kernels)))
+    entry = _cache().get(_tuning(family, params, identity, candidates)[0])
     if not _usable(entry, family, params):
         return None
     assert entry is not None
     return _entry_config(family, params, entry[0])[0]
+
+
+def _tuning(
+    family: Any, params: Conv2dGw8Params, identity: Any, candidates: Sequence
+) -> tuple[str, list, dict]:
+    """(the autotune cache key of `params` over `candidates`, their kernels (None where one
+    could not be made), {config: why its kernel could not be made}): the key covers the kernels'
+    code, so a changed kernel is timed again."""
+    kernels, unmade = make_kernels(family, params, candidates)
+    return (
+        cache_key(family.name, params, identity, candidates, code_digest(kernels)),
+        kernels,
+        unmade,
+    )
 
 
 def _usable(entry: tuple[bytes, dict] | None, family: Any, params: Conv2dGw8Params) -> bool:
