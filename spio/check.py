@@ -143,13 +143,15 @@ def run_one(
     if pass_ not in PASSES:
         raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
     as_held = as_held and pass_ in HELD_PASSES
-    kernel = kernel or kernel_as_run(params, pass_, config, device, as_held)
+    if kernel is None:
+        kernel = kernel_as_run(params, pass_, config, device, as_held)
+    elif as_held:  # a kernel given (a timing variant, say), as it reads operands held so
+        kernel = fd.variant(kernel, *_held_layout(params, pass_))
     t = random_inputs(params, seed)
     if as_held:
         t["w"] = t["w"].contiguous(memory_format=torch.channels_last)
         if t["bias"] is not None and pass_ == "fprop":
             t["bias"] = t["bias"].to(t["x"].dtype)  # the reference adds this rounded bias too
-        kernel = fd.variant(kernel, *_held_layout(params, pass_))  # (a kernel given, too)
     dev: dict[str, Any] = {k: None if v is None else v.to(device) for k, v in t.items()}
     if pass_ == "fprop":
         out = _poisoned(params.output_shape, t["x"], device)

@@ -70,14 +70,12 @@ def integer(
     value = text.strip()
     if not value:
         return None
-    if _INTEGER.fullmatch(value):
-        try:
-            number = int(value)
-        except ValueError:  # past Python's limit on digits (4300): no setting means that
-            pass
-        else:
-            if allowed(number):
-                return number
+    try:
+        number = int(value) if _INTEGER.fullmatch(value) else None
+    except ValueError:  # past Python's limit on digits (4300): no setting means that
+        number = None
+    if number is not None and allowed(number):
+        return number
     raise ValueError(f"{name} must be {need}, got {text!r}")
 
 
@@ -107,4 +105,4 @@ def path_or_name(name: str) -> str | None:
     value = os.path.expanduser(os.environ.get(name, "").strip())
     if not value:
         return None
-    return value if "/" not in value else str(path(name))
+    return value if "/" not in value else os.path.abspath(value)

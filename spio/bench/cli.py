@@ -293,9 +293,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _in_situ(args: argparse.Namespace, layers, batch_sizes, out_dir: Path) -> int:
     from .insitu import format_insitu_table, run_insitu, write_insitu_csv
-    from .run import cudnn_at_its_best, run_info
+    from .run import CUDNN_AT_ITS_BEST, run_info
 
-    info = run_info(command_line() + cudnn_at_its_best())
+    info = run_info(command_line() + CUDNN_AT_ITS_BEST)  # (run_insitu sets cuDNN so)
     n = batch_sizes[0] if args.batch_sizes else 64
     rows = run_insitu(
         list(layers[:3] if args.quick and not (args.layers or args.layer) else layers),

@@ -77,6 +77,10 @@ def driver_version() -> str:
         return "unknown"
 
 
+#: What a bench's rows add to their command: its cuDNN baseline as cudnn_at_its_best sets it.
+CUDNN_AT_ITS_BEST = " (cudnn.benchmark=True, benchmark_limit=0)"
+
+
 def cudnn_at_its_best() -> str:
     """Sets cuDNN to pick its fastest algorithm for each shape (benchmark mode, every algorithm
     tried: the default limit of its v8 API is the first 10), for the baselines of `spio bench`
@@ -85,7 +89,7 @@ def cudnn_at_its_best() -> str:
 
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.benchmark_limit = 0
-    return " (cudnn.benchmark=True, benchmark_limit=0)"
+    return CUDNN_AT_ITS_BEST
 
 
 def run_info(command: str, device_index: int = 0) -> RunInfo:

@@ -51,10 +51,13 @@ class TensorMap:
     swizzle: int = 0
 
     def __post_init__(self) -> None:
-        numbers = {"address": self.address, "element_bytes": self.element_bytes}
-        numbers["swizzle"] = self.swizzle
+        numbers = {
+            "address": self.address,
+            "element_bytes": self.element_bytes,
+            "swizzle": self.swizzle,
+        }
         for field in ("dims", "strides", "box"):
-            numbers.update({f"{field}[{i}]": v for i, v in enumerate(getattr(self, field))})
+            numbers |= {f"{field}[{i}]": v for i, v in enumerate(getattr(self, field))}
         for what, value in numbers.items():
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"a tensor map's {what} must be an int, got {value!r}")
