@@ -275,7 +275,7 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         print("ablate_kernel: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
-        return 1
+        return 2
 
     from spio.bench.layers import parse_layer
 

@@ -2,7 +2,7 @@
 
 Compiles an empty kernel with NVRTC, launches it many times from Python and reports microseconds
 per launch, next to a one-element torch fill (a kernel launch through PyTorch) for scale. The
-target is under 5 µs per launch. Needs a CUDA GPU; without one it exits with a message.
+target is under 5 µs per launch. Needs a CUDA GPU; without one it exits with status 2 and a message.
 
     python scripts/bench_launch.py [--launches 10000] [--repeats 5] [--device 0]
 """
@@ -34,9 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
     except ImportError:
-        sys.exit("bench_launch: needs PyTorch with CUDA; torch is not installed")
+        print("bench_launch: needs PyTorch with CUDA; torch is not installed", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
-        sys.exit("bench_launch: needs a CUDA GPU; none is available on this machine")
+        print("bench_launch: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
+        return 2
 
     from spio.bench.timing import host_us_per_call
     from spio.compiler import compile_cubin
@@ -45,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         driver.init()
     except (driver.CudaDriverError, driver.CudaError) as e:
-        sys.exit(f"bench_launch: the CUDA driver is not usable: {e}")
+        print(f"bench_launch: the CUDA driver is not usable: {e}", file=sys.stderr)
+        return 2
 
     torch.cuda.set_device(args.device)
     attrs = driver.device_attributes(args.device)

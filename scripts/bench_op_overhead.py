@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
 
     if not torch.cuda.is_available():
-        sys.exit("bench_op_overhead: needs a CUDA GPU; none is available on this machine")
+        print(
+            "bench_op_overhead: needs a CUDA GPU; none is available on this machine",
+            file=sys.stderr,
+        )
+        return 2
 
     from spio.bench.timing import host_us_interleaved, paired_gap
     from spio.functional import conv2d_gw8  # (also registers torch.ops.spio)

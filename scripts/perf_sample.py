@@ -17,7 +17,7 @@ sampled every layer a little rather than a few layers fully.
 
     python scripts/perf_sample.py --csv perf_samples.csv [--budget-s 360] [--families ...]
 
-Needs a CUDA GPU; without one it exits with status 1 and a message.
+Needs a CUDA GPU; without one it exits with status 2 and a message.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not torch.cuda.is_available():
         print("perf_sample: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
-        return 1
+        return 2
 
     import spio
     from spio.bench.timing import Rotation

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         print("read_probe: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
-        return 1
+        return 2
 
     from spio.bench.timing import Rotation, l2_cache_bytes, rotation_sets, time_calls
     from spio.compiler import compile_many

@@ -420,7 +420,7 @@ def test_the_perf_steps_arguments_are_perf_samples(stand_ins, tmp_path, monkeypa
     argv = shlex.split(line.split("perf_sample.py", 1)[1])
     assert "--round" in argv and out.returncode == 0
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert load_script("perf_sample").main(argv) == 1
+    assert load_script("perf_sample").main(argv) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 

@@ -98,7 +98,7 @@ def test_script_without_a_gpu_says_so(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     script = load_script("read_probe")
-    assert script.main([]) == 1
+    assert script.main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
