@@ -601,8 +601,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
         cmd_compile,
         "compile every config of every kernel for the built-in layer set (with the sum_slots "
         "kernels that partials WGrad kernels run after them), listing compiler "
-        "warnings; exit 1 on any failure or spill, 2 when --kernel matches no family or "
-        "NVRTC or the CUDA headers are not found",
+        "warnings; exit 1 on any failure or spill, 2 when --kernel matches no family, "
+        "NVRTC or the CUDA headers are not found, or NVRTC cannot compile for an --arch",
     ),
     "check": (
         cmd_check,

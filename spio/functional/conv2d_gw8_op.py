@@ -168,6 +168,19 @@ def conv2d_gw8_backward(
     return dx, dw, db
 
 
+def _documented(op) -> None:
+    """Show the op function's docstring and signature on its CustomOpDef, whose own are
+    torch's generic ones: help(spio.functional.conv2d_gw8_backward) and IDEs then read them."""
+    import inspect
+
+    op.__doc__ = op._init_fn.__doc__
+    op.__signature__ = inspect.signature(op._init_fn)
+
+
+_documented(conv2d_gw8)
+_documented(conv2d_gw8_backward)
+
+
 def _check_backward_args(
     grad_output, input, weight, padding_y, padding_x, output_mask, layer=None
 ) -> None:

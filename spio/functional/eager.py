@@ -176,8 +176,8 @@ def conv2d_gw8(
     `stride` and `dilation` must be 1, and `groups` C // 8, or 1 to mean "implied by the
     weight": they are accepted for F.conv2d compatibility. An fp32 bias is added in fp32. Input and
     weight share one floating dtype, which must be fp16 or bf16 where spio's kernels run, unless
-    torch.autocast casts them (and the bias to fp32). The output keeps the input's memory format
-    (channels_last stays channels_last). `passes`: which passes run spio's kernels, as bits
+    torch.autocast casts them (and the bias to fp32). The output is channels_last where the
+    input or the weight is (as F.conv2d's), else contiguous. `passes`: which passes run spio's kernels, as bits
     (fprop 1, dgrad 2, wgrad 4); the others run PyTorch's convolution. Only where spio's kernels
     run at all (CUDA; CPU with SPIO_EMULATE).
 

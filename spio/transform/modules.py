@@ -423,9 +423,9 @@ def precompile(
     """Build, in parallel and ahead of time, every spio kernel that model(*inputs, **kwargs)
     launches, and in training its backward pass too, so that their first calls only load them.
 
-    Otherwise each layer builds its kernels one at a time at its first call: about a second
-    each with NVRTC, and a layer in training launches three or four, so a model's first step
-    can stall for minutes. This runs the model once with PyTorch's convolution standing in
+    Otherwise each layer builds its kernels one at a time at its first call: 0.14-0.29 s each
+    with NVRTC (README's figures, one core of an AMD EPYC), and a layer in training
+    launches three or four, so a model's first step can stall for a minute or more. This runs the model once with PyTorch's convolution standing in
     for spio's (with autograd on in training, to learn which gradients each layer will be asked
     for), picks each Conv2dGw8 call's kernels as that call will pick them, and builds them all
     at once (SPIO_WORKERS processes, or threads for emulator libraries, with a progress bar

@@ -245,3 +245,25 @@ def test_compiled_module_passes_its_spio_passes_to_the_op(spied):
     compiled(xg).backward(dy)
     assert sorted(spied) == ["dgrad", "fprop"]
     assert module.weight.grad is not None and xg.grad is not None
+
+
+def test_the_public_backward_op_shows_its_own_docstring_and_signature():
+    """help() and IDEs read spio.functional.conv2d_gw8_backward's docstring and parameters, not
+    torch's generic CustomOpDef text and (*args, **kwargs)."""
+    import inspect
+    import pydoc
+
+    import spio.functional
+
+    op = spio.functional.conv2d_gw8_backward
+    assert list(inspect.signature(op).parameters)[:6] == [
+        "grad_output",
+        "input",
+        "weight",
+        "padding_y",
+        "padding_x",
+        "output_mask",
+    ]
+    text = pydoc.render_doc(op, renderer=pydoc.plaintext)
+    assert "computing only where output_mask is True" in text
+    assert "CustomOpDef is a wrapper" not in text
