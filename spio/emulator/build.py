@@ -232,10 +232,35 @@ def compiler_environment() -> list[tuple[str, str]]:
 
 
 def kernel_names(text: str) -> list[str]:
-    """Names of the `extern "C" __global__` kernels declared in `text`, in order."""
-    names = [m.group(1) for m in _KERNEL_RE.finditer(text)]
-    names += [m.group(1) for m in _KERNEL_RE_2.finditer(text)]
-    return list(dict.fromkeys(names))
+    """Names of the `extern "C" __global__` kernels defined in `text`, in order (a kernel only
+    declared there has no body to run: its entry would name a symbol the library lacks)."""
+    matches = [*_KERNEL_RE.finditer(text), *_KERNEL_RE_2.finditer(text)]
+    return list(dict.fromkeys(m.group(1) for m in matches if _has_body(text, m.end())))
+
+
+def _has_body(text: str, start: int) -> bool:
+    """Whether the parameter list opened just before `start` is followed by a function body
+    (`{`, after any attributes or qualifiers) rather than `;`."""
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                rest = re.match(r"[^;{]*", text[i + 1 :])
+                end = i + 1 + (rest.end() if rest else 0)
+                return text[end : end + 1] == "{"
+    return False
+
+
+def clipped(text: str, head: int = 16000, tail: int = 4000) -> str:
+    """`text`, its middle left out (and counted) where it is longer than head + tail characters:
+    a compiler's first error, usually the cause, and its last lines both stay."""
+    if len(text) <= head + tail:
+        return text
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n... ({cut} characters left out) ...\n{text[-tail:]}"
 
 
 def rewrite_extern_shared(text: str) -> str:
@@ -245,7 +270,8 @@ def rewrite_extern_shared(text: str) -> str:
         ctype = m.group(2).strip()
         if not ctype:
             return m.group(0)
-        return f"SPIO_EMU_EXTERN_SHARED({ctype}, {m.group(3)});"
+        # (as many lines as the declaration took, so that later lines keep their numbers)
+        return f"SPIO_EMU_EXTERN_SHARED({ctype}, {m.group(3)});" + "\n" * m.group(0).count("\n")
 
     return _EXTERN_SHARED_RE.sub(repl, text)
 
@@ -253,6 +279,11 @@ def rewrite_extern_shared(text: str) -> str:
 def runtime_digest() -> str:
     """Hash of the runtime's own sources (runtime/ and its shims)."""
     return digest.tree_digest(RUNTIME_DIR)
+
+
+def bundled_digest() -> str:
+    """Hash of spio's bundled headers (spio/include), which kernels include."""
+    return digest.tree_digest(paths.bundled_include_dir())
 
 
 #: The oldest CUDA headers whose cuda_fp16.h and cuda_bf16.h declare, for host code, the
@@ -304,7 +335,7 @@ def _run(cmd: list[str], what: str) -> None:
     proc = subprocess.run(cmd, capture_output=True, **_TOOL_TEXT)
     if proc.returncode != 0:
         raise EmulatorBuildError(
-            f"{what} failed (exit {proc.returncode}):\n{' '.join(cmd)}\n{proc.stderr[-20000:]}"
+            f"{what} failed (exit {proc.returncode}):\n{' '.join(cmd)}\n{clipped(proc.stderr)}"
         )
 
 
@@ -458,7 +489,7 @@ def _scan_kernels(cxx: str, cu: Path, include: list[str], name: str) -> list[str
     )
     if proc.returncode != 0:
         raise EmulatorBuildError(
-            f"preprocessing {name} for the CPU emulator failed:\n{proc.stderr[-20000:]}"
+            f"preprocessing {name} for the CPU emulator failed:\n{clipped(proc.stderr)}"
         )
     kernels = kernel_names(proc.stdout)
     if not kernels:
@@ -555,6 +586,14 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
         return path
 
 
+def file_stem(name: str) -> str:
+    """`name` (a label, free text) made a safe file name for its source, which compiler messages
+    show: characters other than letters, digits, `_`, `-`, `+` and `.` become `_`, no leading dot
+    (`../x` stays in the build folder), at most 100 characters."""
+    stem = re.sub(r"[^A-Za-z0-9_+.-]", "_", name).lstrip(".")[:100]
+    return stem or "kernel"
+
+
 def build_library(
     source: str,
     headers: dict[str, str] | None = None,
@@ -579,7 +618,7 @@ def build_library(
         flags,
         checked,
         runtime_digest(),
-        digest.tree_digest(paths.bundled_include_dir()),
+        bundled_digest(),
         _cuda_identity(),
         platform.machine(),
         use_ucontext(),
@@ -604,7 +643,7 @@ def build_library(
                         rewritten = rewrite_extern_shared(path.read_text(encoding="utf-8"))
                         dest.write_text(rewritten, encoding="utf-8")
                 bundled = copy
-            cu = work / f"{name}.cu"
+            cu = work / f"{file_stem(name)}.cu"
             cu.write_text(rewrite_extern_shared(source), encoding="utf-8")
             include = _include_flags([inc, bundled, work])
             kernels = _scan_kernels(cxx, cu, include, name)
@@ -632,6 +671,7 @@ def build_library(
                 [
                     *command_words(cxx),
                     "-shared",
+                    "-Wl,-z,defs",  # a symbol left undefined fails here, not at every load
                     "-o",
                     str(lib),
                     *[str(o) for o in objs[:-1]],

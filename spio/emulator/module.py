@@ -30,8 +30,18 @@ MAX_SHARED_BYTES = 227 * 1024
 MAX_THREADS_PER_BLOCK = 1024
 _MAX_BLOCK = (1024, 1024, 64)
 _MAX_GRID = (2**31 - 1, 65535, 65535)
-#: Unregistered bytes placed around tensors copied for a checked launch.
-_REDZONE = 256
+#: Unregistered bytes placed on either side of a tensor copied for a checked launch: as many as
+#: the tensor has, within these bounds (untouched, they cost only address space), so that an
+#: index a whole tensor's length past one lands in its guard, not in the next tensor's copy.
+_REDZONE_MIN = 256
+_REDZONE_MAX = 16 << 20
+
+
+def _redzone(nbytes: int) -> int:
+    """The guard zone's bytes for a tensor of `nbytes` (a multiple of 64)."""
+    return -(-min(max(nbytes, _REDZONE_MIN), _REDZONE_MAX) // 64) * 64
+
+
 #: The first 8 bytes of a tensor map in the emulator's layout (spio.cuda.tensor_map); its next 8
 #: bytes are the tensor's global address.
 _MAP_MAGIC = EMULATOR_MAGIC.to_bytes(8, "little")
@@ -93,7 +103,10 @@ def _dlopen(path: Path) -> ctypes.CDLL:
     noexec, so that a cache on such a file system still serves. Loading a file twice gives one
     handle, as dlopen does."""
     if not noexec(path.parent):
-        return ctypes.CDLL(str(path))
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError as error:
+            raise EmulatorBuildError(f"cannot load the emulator library {path}: {error}") from error
     with _from_memory_lock:
         hit = _from_memory.get(path)
         if hit is not None:
@@ -185,8 +198,9 @@ def _guarded_copy(t: Any, lo: int, hi: int) -> tuple[Any, Any, Any]:
     import torch
 
     nbytes = hi - lo
-    buf = torch.empty(nbytes + 2 * _REDZONE + 128, dtype=torch.uint8)
-    start = (-buf.data_ptr()) % 64 + _REDZONE + lo % 64
+    guard = _redzone(nbytes)
+    buf = torch.empty(nbytes + 2 * guard + 128, dtype=torch.uint8)
+    start = (-buf.data_ptr()) % 64 + guard + lo % 64
     original = _byte_view(t, lo, nbytes)
     span = buf[start : start + nbytes]
     span.copy_(original)
@@ -376,7 +390,9 @@ class EmuFunction:
         cfg.ranges = flat
         cfg.num_ranges = len(ranges)
         cfg.check = int(bool(check))
-        cfg.seed = 0 if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        cfg.seed = 0 if seed is None else seed & 0xFFFFFFFFFFFFFFFF
         cfg.shuffle = 0 if seed is None else 1
         cfg.dynamic_offset = shared_offset
         name = self.name.encode()
@@ -391,10 +407,11 @@ class EmuFunction:
             message = loaded.handle.spio_emu_last_error
             message.restype = ctypes.c_char_p
             error = message().decode(errors="replace") if rc != 0 else ""
-        for original, copy, original_bytes, copy_bytes in copies:
-            # Copying back read-only inputs would bump their autograd version counters.
-            if not torch.equal(original_bytes, copy_bytes):
-                original.copy_(copy)
+        with torch.no_grad():  # (an output that requires grad is written as an unchecked run does)
+            for original, copy, original_bytes, copy_bytes in copies:
+                # Copying back read-only inputs would bump their autograd version counters.
+                if not torch.equal(original_bytes, copy_bytes):
+                    original.copy_(copy)
         if rc != 0:
             raise EmulatorError(error or f"emulated launch of {self.name} failed (code {rc})")
 

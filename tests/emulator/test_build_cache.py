@@ -307,14 +307,22 @@ def _library_key(monkeypatch, checked=False):
 
 @pytest.mark.parametrize(
     "name",
-    ["runtime_digest", "_cuda_identity", "use_ucontext", "compiler_version", "recipe_digest"],
+    [
+        "runtime_digest",
+        "bundled_digest",
+        "_cuda_identity",
+        "use_ucontext",
+        "compiler_version",
+        "recipe_digest",
+    ],
 )
 def test_each_input_of_a_library_is_part_of_its_key(monkeypatch, name):
-    """A library built against another runtime, other CUDA headers, the other fiber switch or
-    another compiler version is not taken from the cache."""
+    """A library built against another runtime, other bundled headers (spio/include), other CUDA
+    headers, the other fiber switch or another compiler version is not taken from the cache."""
     flipped = not build.use_ucontext()
     other = {
         "runtime_digest": lambda: "another runtime",
+        "bundled_digest": lambda: "spio/include edited",
         "_cuda_identity": lambda: "other CUDA headers",
         "use_ucontext": lambda: flipped,
         "compiler_version": lambda cxx: "g++ (another build) 99.0",

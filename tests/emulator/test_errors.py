@@ -507,3 +507,135 @@ def test_a_checked_copy_keeps_the_tensors_address_modulo_64(scalars):
     out = torch.full((1,), -1, dtype=torch.int64)
     fn.launch(1, 1, (out, view))
     assert out.item() == view.data_ptr() % 64 != 0
+
+
+# ---- accesses far out of bounds, and sources the build must not take as given ----------------
+
+_DYNAMIC_INDEX = r"""
+extern "C" __global__ void dynamic_at(float *out, long index) {
+    extern __shared__ float buf[];
+    if (threadIdx.x == 0) { buf[index] = 2.0f; out[0] = buf[index]; }
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "shared_bytes,offset,index,message",
+    [
+        (4096, 0, -512, "out-of-bounds shared-memory access"),  # 2 KiB below the buffer
+        (4096, 0, -4000, "out-of-bounds shared-memory access"),  # 16 KiB below
+        (4096, 0, 100_000, "inside the emulator's own"),  # past the guard, into its state
+        (232_448, 0, -20_000, "inside the emulator's own"),
+        (232_448, 1008, 58_116, "out-of-bounds shared-memory access"),  # 16 bytes past the top
+    ],
+)
+def test_a_shared_index_far_out_of_bounds_is_reported(shared_bytes, offset, index, message):
+    """Each was unreported (the runtime's own memory counted as the library's data), the last
+    one ending the process with SIGSEGV: run in a child process, so that a crash fails here."""
+    script = (
+        "import torch, spio.emulator as e\n"
+        f"fn = e.load_module({_DYNAMIC_INDEX!r}, name='dynamic_at').get_function('dynamic_at')\n"
+        "try:\n"
+        f"    fn.launch(1, 1, (torch.zeros(1), {index}), {shared_bytes}, shared_offset={offset})\n"
+        "except e.EmulatorError as error:\n"
+        "    print(error)\n"
+        "else:\n"
+        "    print('no error')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert message in run.stdout
+
+
+def test_a_read_a_little_past_a_large_tensor_does_not_reach_the_next_one():
+    """Guard zones grow with the tensor: a read 1,000 bytes past a 4 MiB tensor had landed in
+    the next argument's copy and read its values, unreported."""
+    src = r"""extern "C" __global__ void read_at(float *out, const float *a, const float *b,
+                                            long k) {
+        if (threadIdx.x == 0) out[0] = a[k] + b[0]; }"""
+    fn = emulator.load_module(src, name="read_at").get_function("read_at")
+    n = 1 << 20
+    a, b = torch.zeros(n), torch.full((n,), 7.0)
+    for past in (64, 1000, 10_000, n - 64):
+        with pytest.raises(emulator.EmulatorError, match="out-of-bounds global"):
+            fn.launch(1, 1, (torch.zeros(1), a, b, n + past))
+    out = torch.zeros(1)
+    fn.launch(1, 1, (out, a, b, n - 1))
+    assert out.item() == 7.0
+
+
+def test_a_kernel_only_declared_is_not_an_entry():
+    """A declaration without a body is valid CUDA; the library had been built and cached with an
+    entry naming the missing symbol, and every load failed with a bare OSError."""
+    src = """extern "C" __global__ void declared_only(float *out);
+extern "C" __global__ void defined(float *out) { out[threadIdx.x] = 1; }"""
+    assert kernel_names(src) == ["defined"]
+    module = emulator.load_module(src, name="declared_only")
+    assert module.kernels == ("defined",)
+    out = torch.zeros(4)
+    module.get_function("defined").launch(1, 4, (out,))
+    assert out.tolist() == [1.0] * 4
+
+
+def test_an_undefined_symbol_fails_the_build_naming_it():
+    """A __device__ function declared and called but defined nowhere fails at the link (it had
+    linked, been cached, and failed at every load with a bare OSError)."""
+    src = """__device__ float missing_helper(float x);
+extern "C" __global__ void calls(float *out) { out[0] = missing_helper(out[0]); }"""
+    with pytest.raises(EmulatorBuildError, match="missing_helper"):
+        emulator.load_module(src, name="calls_missing")
+
+
+def test_a_long_compiler_error_keeps_its_first_error():
+    """The cause of an error cascade comes first: only the output's last 20,000 characters had
+    been kept."""
+    body = "\n".join(f"    undefined_thing_{i}(out);" for i in range(400))
+    src = 'extern "C" __global__ void cascade(float *out) {\n    int x = ;\n' + body + "\n}\n"
+    with pytest.raises(EmulatorBuildError) as info:
+        emulator.load_module(src, name="cascade")
+    text = str(info.value)
+    assert "cascade.cu:2:" in text and "characters left out" in text
+    assert "undefined_thing_399" in text
+
+
+def test_errors_after_a_multiline_extern_shared_keep_their_line_numbers():
+    src = (
+        'extern "C" __global__ void late_error(float *out) {\n'
+        "    extern __shared__\n"
+        "        float buf[];\n"
+        "    buf[0] = 1;\n"
+        "    int x = ;\n"
+        "}\n"
+    )
+    assert rewrite_extern_shared(src).count("\n") == src.count("\n")
+    with pytest.raises(EmulatorBuildError, match=r"late_error\.cu:5:"):
+        emulator.load_module(src, name="late_error")
+
+
+def test_a_module_name_is_only_a_label(tmp_path):
+    """A name with `/` had failed with FileNotFoundError, and one with `../` wrote its source
+    outside the build folder."""
+    src = 'extern "C" __global__ void labelled(float *out) { out[0] = 3; }'
+    for name in ("../../spio-escape/x y", "a/b", "x" * 300):
+        module = emulator.load_module(src, name=name)
+        out = torch.zeros(1)
+        module.get_function("labelled").launch(1, 1, (out,))
+        assert out.item() == 3.0
+    assert not (REPO.parent / "spio-escape").exists()
+
+
+def test_a_checked_launch_writes_an_output_that_requires_grad(add_fn):
+    """As an unchecked launch and a GPU do; the checked copy-back had raised autograd's leaf
+    error after the kernel ran."""
+    for check in (True, False):
+        out = torch.zeros(4, requires_grad=True)
+        add_fn.launch(1, 4, (out, torch.arange(4.0), 4, 0), check=check)
+        assert out.detach().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("seed", [1.5, "7", True])
+def test_a_seed_must_be_an_int(add_fn, seed):
+    with pytest.raises(TypeError, match="seed must be an int"):
+        add_fn.launch(1, 4, (torch.zeros(4), torch.zeros(4), 4, 0), seed=seed)

@@ -67,12 +67,15 @@ constexpr int kMaxThreads = 1024;
 constexpr std::size_t kStackBytes = 640 * 1024;
 constexpr std::size_t kGuardBytes = kStackBytes;
 constexpr std::size_t kMaxDynamicShared = 227 * 1024;
-/// The guard zones around the dynamic shared-memory buffer, and the buffer's alignment: 1024 bytes,
-/// the largest swizzle repeat (8 spans of 128 bytes), so that kernels that align a buffer to it get
-/// the GPU's tensor-copy swizzle pattern. A GPU promises the buffer only 16-byte alignment: a
-/// launch's dynamic_offset (a multiple of 16 below kDynGuard) starts it that far past the
-/// boundary, to test kernels that align their buffers themselves.
-constexpr std::size_t kDynGuard = 1024;
+/// The dynamic shared-memory buffer's alignment: 1024 bytes, the largest swizzle repeat (8 spans
+/// of 128 bytes), so that kernels that align a buffer to it get the GPU's tensor-copy swizzle
+/// pattern. A GPU promises the buffer only 16-byte alignment: a launch's dynamic_offset (a
+/// multiple of 16 below kDynAlign) starts it that far past the boundary, to test kernels that
+/// align their buffers themselves.
+constexpr std::size_t kDynAlign = 1024;
+/// The guard zones on either side of the dynamic buffer, whatever its offset: an access into
+/// them is reported as out of bounds of shared memory (they cost only address space).
+constexpr std::size_t kDynGuard = 64 * 1024;
 constexpr uint16_t kMany = 0xffff;
 /// Shadow::bulk of the bytes of an initialised mbarrier, which only the mbarrier operations may
 /// touch (on a GPU a plain store or a copy landing there corrupts the barrier's state).
@@ -316,7 +319,12 @@ struct Runtime {
 };
 
 Runtime g_rt;
-alignas(kDynGuard) char g_dynamic[kDynGuard + kMaxDynamicShared + kDynGuard];
+alignas(kDynAlign) char g_dynamic[kDynGuard + kDynAlign + kMaxDynamicShared + kDynGuard];
+/// The alternate signal stack of on_segv: a fiber that overflows its stack has none left to run
+/// a handler on. (Launches are serialised, so one per library will do.)
+alignas(16) char g_signal_stack[64 * 1024];
+/// The SIGSEGV action the running launch found (and puts back at its end); never on_segv itself.
+struct sigaction g_old_segv;
 
 std::string format(const char *fmt, ...) {
     char buf[1024];
@@ -418,6 +426,29 @@ bool in_global(uintptr_t a, std::size_t n) {
         if (a >= cfg->ranges[2 * i] && a + n <= cfg->ranges[2 * i + 1]) return true;
     }
     return false;
+}
+
+/// The name of the runtime's own object that [a, a + n) touches, or null. Those lie in the
+/// library's segments beside the kernel's constants and __device__ variables, which kernels may
+/// touch: a kernel's access landing in one is an index far out of bounds (it would corrupt the
+/// runtime: a write into g_rt had ended the process with SIGSEGV).
+const char *runtime_object(uintptr_t a, std::size_t n) {
+    struct Object {
+        const void *p;
+        std::size_t size;
+        const char *name;
+    };
+    const Object objects[] = {
+        {&g_rt, sizeof g_rt, "state"},
+        {g_dynamic, sizeof g_dynamic, "dynamic shared-memory buffer"},
+        {g_signal_stack, sizeof g_signal_stack, "signal stack"},
+        {&g_old_segv, sizeof g_old_segv, "signal handler record"},
+    };  // (not g_thread_idx and its kin: kernels read them as threadIdx, blockIdx, ...)
+    for (const Object &o : objects) {
+        auto lo = reinterpret_cast<uintptr_t>(o.p);
+        if (a + n > lo && a < lo + o.size) return o.name;
+    }
+    return nullptr;
 }
 
 bool in_library(uintptr_t a, std::size_t n) {
@@ -925,6 +956,12 @@ void check_access(const Fiber *f, uintptr_t a, std::size_t n, bool write) {
         global_access(f, a, n, write ? GKind::kStore : GKind::kLoad);
         return;
     }
+    if (const char *object = runtime_object(a, n)) {
+        fail(f, format("out-of-bounds access: %s %zu bytes at %#lx, inside the emulator's own %s, "
+                       "outside every tensor and the block's shared memory (an index far past "
+                       "a buffer's bounds)",
+                       verb(write), n, static_cast<unsigned long>(a), object));
+    }
     // The library's own data: constants, and __device__ variables, which are neither race- nor
     // bounds-checked (an index past one lands in whatever the linker put next).
     if (in_library(a, n)) return;
@@ -1003,12 +1040,6 @@ void release_stacks() {
 struct StackLease {
     ~StackLease() { release_stacks(); }
 };
-
-/// The alternate signal stack of on_segv: a fiber that overflows its stack has none left to run
-/// a handler on. (Launches are serialised, so one per library will do.)
-alignas(16) char g_signal_stack[64 * 1024];
-/// The SIGSEGV action the running launch found (and puts back at its end); never on_segv itself.
-struct sigaction g_old_segv;
 
 /// SIGSEGV handler of a launch. A fault in the running fiber's guard is its stack overflowing:
 /// the fiber is abandoned, as fail() abandons it, and run_block reports the overflow (nothing
@@ -1622,10 +1653,10 @@ int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
         g_rt.error = "bad shared-memory layout";
         return -1;
     }
-    if (cfg->dynamic_offset % 16 || cfg->dynamic_offset >= kDynGuard) {
+    if (cfg->dynamic_offset % 16 || cfg->dynamic_offset >= kDynAlign) {
         g_rt.error = format("the dynamic shared buffer's offset must be a multiple of 16 below %zu, "
                             "got %u",
-                            kDynGuard, cfg->dynamic_offset);
+                            kDynAlign, cfg->dynamic_offset);
         return -1;
     }
     GlobalShadowLease global_lease;
