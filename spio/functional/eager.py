@@ -177,9 +177,9 @@ def conv2d_gw8(
     weight": they are accepted for F.conv2d compatibility. An fp32 bias is added in fp32. Input and
     weight share one floating dtype, which must be fp16 or bf16 where spio's kernels run, unless
     torch.autocast casts them (and the bias to fp32). The output is channels_last where the
-    input or the weight is (as F.conv2d's), else contiguous. `passes`: which passes run spio's kernels, as bits
-    (fprop 1, dgrad 2, wgrad 4); the others run PyTorch's convolution. Only where spio's kernels
-    run at all (CUDA; CPU with SPIO_EMULATE).
+    input or the weight is (as F.conv2d's), else contiguous. `passes`: which passes run spio's
+    kernels, as bits (fprop 1, dgrad 2, wgrad 4); the others run PyTorch's convolution. Only
+    where spio's kernels run at all (CUDA; CPU with SPIO_EMULATE).
 
     Autograd: gradients as conv2d_gw8_backward computes them, differentiable in turn (double
     backward).

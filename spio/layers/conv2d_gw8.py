@@ -255,19 +255,25 @@ def weight_shard(conv: nn.Conv2d, undo: bool = False) -> str | None:
             "has a DTensor weight, a shard (a model already wrapped in FSDP's fully_shard?): "
             + _before_wrapping(undo)
         )
-    expected = (conv.out_channels, conv.in_channels // conv.groups, *conv.kernel_size)
-    if tuple(weight.shape) != expected:
+    if weight.dim() != 4:  # FSDP1's shards are 1-D views of its flat parameter
+        expected = (conv.out_channels, conv.in_channels // conv.groups, *conv.kernel_size)
         return (
             f"has a weight of shape {tuple(weight.shape)}, not {expected}, a shard (a model "
             f"already wrapped in FullyShardedDataParallel?): {_before_wrapping(undo)}"
         )
-    return None
+    return None  # (a whole weight of another shape is the layer's to run, as nn.Conv2d runs it)
 
 
 def restore_problem(conv: nn.Conv2d) -> str | None:
-    """Why conv (a Conv2dGw8) cannot be given back as a plain nn.Conv2d, or None: a forward set
-    on the instance (it calls this module: the nn.Conv2d would still run spio), or its weight
-    (weight_problem)."""
+    """Why conv (a Conv2dGw8) cannot be given back as a plain nn.Conv2d, or None: a subclass (its
+    own forward or attributes would be lost), a forward set on the instance (it calls this
+    module: the nn.Conv2d would still run spio), or its weight (weight_problem)."""
+    kind = parametrize.type_before_parametrizations(conv)
+    if kind is not Conv2dGw8:
+        return (
+            f"is a {kind.__name__}, a subclass of Conv2dGw8: an nn.Conv2d in its place would "
+            "lose what the subclass adds"
+        )
     if "forward" in vars(conv):
         return (
             "has a forward of its own (set on the instance, e.g. by accelerate's hooks), which "
@@ -430,9 +436,11 @@ class Conv2dGw8(nn.Conv2d):
         ):
             return None
         padding = "same" if isinstance(self.padding, str) and self.padding == "same" else 0
+        channels = (self.in_channels, self.out_channels)
+        if not isinstance(weight, Proxy):  # (the channels F.conv2d reads from the weight)
+            channels = (weight.shape[1] * self.groups, weight.shape[0])
         reason = ineligibility(
-            self.in_channels,
-            self.out_channels,
+            *channels,
             self._filter_size(weight),
             self.stride,
             padding,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 from tqdm import tqdm
 
 from spio.functional._kernels import (
@@ -151,6 +152,13 @@ def _keep(conv: nn.Conv2d, skipped: dict[int, str], mendable: Counter[str]) -> b
         if reason is None:
             return False
         mendable[reason] += 1
+    elif isinstance(conv, LazyModuleMixin) and conv.has_uninitialized_params():
+        # Once initialised (its first call), it is an nn.Conv2d that may well be eligible.
+        reason = (
+            f"is an uninitialised {type(conv).__name__}, whose channels are not known yet: run "
+            "one forward pass before transform"
+        )
+        mendable[reason] += 1
     skipped[id(conv)] = reason
     return True
 
@@ -163,8 +171,8 @@ def untransform(model: nn.Module) -> nn.Module:
     ValueError, leaving model as it was, naming the layers that cannot be given back and why
     (`restore_problem`): a weight that is a shard or not a Parameter (FSDP's wrappers swap the
     full weights in on the modules they wrapped: untransform before wrapping; torch.nn.utils.prune
-    and the deprecated torch.nn.utils.weight_norm: remove them first), or a forward set on the
-    instance. A Conv2dGw8 compiled in place gives an nn.Conv2d that is not (with a warning)."""
+    and the deprecated torch.nn.utils.weight_norm: remove them first), a forward set on the
+    instance, or a subclass of Conv2dGw8. A Conv2dGw8 compiled in place gives an nn.Conv2d that is not (with a warning)."""
     _check_model(model, "untransform")
     stuck: dict[str, list[str]] = {}  # why: the layers' names
     for name, module in model.named_modules():
@@ -259,13 +267,17 @@ def _activation_dtype(x: torch.Tensor) -> str | None:
 
 
 def _layer_params(module: nn.Conv2d, x: torch.Tensor, dtype: str) -> Conv2dGw8Params | None:
+    """The layer of this call, with the filter size of the weight it runs (which may differ from
+    kernel_size, as F.conv2d allows), padded as its padding says for that size."""
     if x.dim() == 3:
         x = x.unsqueeze(0)
-    padding = resolve_padding(module.padding, module.kernel_size, module.dilation)
+    weight = module.weight
+    size = tuple(weight.shape[-2:]) if weight.dim() == 4 else module.kernel_size
+    padding = resolve_padding(module.padding, size, module.dilation)
     if x.dim() != 4 or padding is None:
         return None
     n, c, h, w = x.shape
-    r, s = module.kernel_size
+    r, s = size
     try:
         return Conv2dGw8Params(n, c, h, w, padding, r, s, module.bias is not None, dtype)
     except ValueError as error:
@@ -287,7 +299,8 @@ def scan_modules(
     nothing runs, they are listed as fp16), and Conv2dGw8 layers whose stride, dilation, groups
     or padding_mode were changed after construction. The pass runs without autograd, and every
     buffer (e.g. BatchNorm running statistics) and the random-number state are restored
-    afterwards, so the model is left unchanged.
+    afterwards, so the model is left unchanged, but for lazy modules (nn.LazyConv2d, ...), which
+    the pass initialises as any first call does.
     """
     _check_model(model, "scan_modules", kwargs)
     return list(dict.fromkeys(params for _, params, _ in _layers_met(model, inputs, kwargs)))
@@ -424,13 +437,13 @@ def precompile(
     launches, and in training its backward pass too, so that their first calls only load them.
 
     Otherwise each layer builds its kernels one at a time at its first call: 0.14-0.29 s each
-    with NVRTC (README's figures, one core of an AMD EPYC), and a layer in training
-    launches three or four, so a model's first step can stall for a minute or more. This runs the model once with PyTorch's convolution standing in
-    for spio's (with autograd on in training, to learn which gradients each layer will be asked
-    for), picks each Conv2dGw8 call's kernels as that call will pick them, and builds them all
-    at once (SPIO_WORKERS processes, or threads for emulator libraries, with a progress bar
-    unless `progress` is False) into the disk cache: cubins for the inputs' GPU, emulator
-    libraries for CPU tensors with SPIO_EMULATE=1.
+    with NVRTC (README's figures, one core of an AMD EPYC), and a layer in training launches
+    three or four, so a model's first step can stall for a minute or more. This runs the model
+    once with PyTorch's convolution standing in for spio's (with autograd on in training, to
+    learn which gradients each layer will be asked for), picks each Conv2dGw8 call's kernels as
+    that call will pick them, and builds them all at once (SPIO_WORKERS processes, or threads
+    for emulator libraries, with a progress bar unless `progress` is False) into the disk cache:
+    cubins for the inputs' GPU, emulator libraries for CPU tensors with SPIO_EMULATE=1.
 
     `kwargs`: keyword arguments of the model's call. `training`: whether to build the
     backward's kernels too (default: model.training). A layer that runs without autograd in

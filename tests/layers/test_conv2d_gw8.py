@@ -1647,3 +1647,21 @@ def test_spio_kernels_of_a_swapped_weight_are_those_its_call_launches(monkeypatc
         launched = spy_on_launches(monkeypatch, names=True)
         layer(x)
     assert listed and listed == launched
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_a_weight_of_other_channels_runs_as_nn_conv2d_does(monkeypatch, caplog, emulate):
+    """A weight of K != C set after construction: nn.Conv2d runs it (F.conv2d reads the
+    channels from the weight), and so does the layer, by F.conv2d, saying why; it had raised
+    the op's C == K error even on CPU fp32."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    x = torch.randn(1, 16, 5, 5)
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2, bias=False)
+    layer.weight = nn.Parameter(torch.randn(32, 8, 3, 3))
+    with caplog.at_level(logging.INFO, logger="spio"):
+        got = layer(x)
+    want = F.conv2d(x, layer.weight, None, 1, 1, 1, 2)
+    assert got.shape == (1, 32, 5, 5)
+    torch.testing.assert_close(got, want)
+    assert "(set after construction)" in caplog.text

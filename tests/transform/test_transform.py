@@ -884,3 +884,63 @@ def test_pruned_convs_are_named_as_such(caplog):
         spio_transform.untransform(model)
     prune.remove(model[0], "weight")
     assert type(spio_transform.untransform(model)[0]) is nn.Conv2d
+
+
+def test_untransform_refuses_a_subclass_of_conv2dgw8():
+    """An nn.Conv2d in its place loses what the subclass adds: a forward of its own was dropped
+    silently (the model then computed something else)."""
+
+    class Twice(Conv2dGw8):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = nn.Sequential(Twice(16, 16, 3, padding=1, groups=2))
+    with pytest.raises(ValueError, match="'0' is a Twice, a subclass of Conv2dGw8"):
+        spio_transform.untransform(model)
+    assert type(model[0]) is Twice
+
+
+def test_a_whole_weight_of_another_filter_size_is_no_shard():
+    """Conv2dGw8 runs a weight of another filter size (as nn.Conv2d does); untransform had
+    refused it as an FSDP shard, and transform had kept such an nn.Conv2d with that warning."""
+    x = torch.randn(1, 16, 6, 6)
+    layer = Conv2dGw8(16, 16, 3, padding="same", groups=2)
+    layer.weight = nn.Parameter(torch.randn(16, 8, 5, 5))
+    model = nn.Sequential(layer)
+    want = model(x)
+    spio_transform.untransform(model)
+    assert type(model[0]) is nn.Conv2d
+    torch.testing.assert_close(model(x), want)
+    conv = nn.Conv2d(16, 16, 3, padding="same", groups=2)
+    conv.weight = nn.Parameter(torch.randn(16, 8, 5, 5))
+    model = nn.Sequential(conv)
+    want = model(x)
+    transform(model)
+    assert type(model[0]) is Conv2dGw8
+    torch.testing.assert_close(model(x), want)
+
+
+def test_scan_modules_lists_the_filter_size_the_weight_has():
+    """The layer runs its weight's 5x5 filter, padded 2 for "same"; scan_modules had listed
+    kernel_size's 3x3 padded 1, and where_faster would have timed that layer."""
+    layer = Conv2dGw8(16, 16, 3, padding="same", groups=2).half()
+    layer.weight = nn.Parameter(torch.randn(16, 8, 5, 5).half())
+    conv = nn.Conv2d(16, 16, 3, padding="same", groups=2).half()
+    conv.weight = nn.Parameter(torch.randn(16, 8, 5, 5).half())
+    for module in (layer, conv):
+        (params,) = scan_modules(module, torch.randn(2, 16, 8, 8).half())
+        assert (params.r, params.s, params.padding) == (5, 5, (2, 2))
+
+
+def test_an_uninitialised_lazy_conv_is_a_warning_saying_to_run_it_first(caplog):
+    """Kept silently (at debug) before, though one forward pass first lets transform take it."""
+    model = nn.Sequential(nn.LazyConv2d(16, 3, padding=1, groups=2))
+    with caplog.at_level(logging.DEBUG, logger="spio"):
+        transform(model)
+    kept = [r for r in caplog.records if "kept" in r.getMessage()]
+    assert [r.levelname for r in kept] == ["WARNING"]
+    assert "uninitialised LazyConv2d" in kept[0].getMessage()
+    assert "run one forward pass before transform" in kept[0].getMessage()
+    model(torch.randn(1, 16, 5, 5))
+    transform(model)
+    assert type(model[0]) is Conv2dGw8
