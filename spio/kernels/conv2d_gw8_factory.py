@@ -566,6 +566,10 @@ def make_kernel(
     rows by tensor copies (implies `tma`). The tile loop is the same in every variant."""
     if type(igrad) is not bool:  # (its header would define SPIO_CONV_IGRAD as int(igrad))
         raise TypeError(f"conv2d_gw8 make_kernel needs igrad True or False, got {igrad!r}")
+    if config is not None and not isinstance(config, Conv2dGw8Config):
+        raise TypeError(
+            f"conv2d_gw8 make_kernel needs a Conv2dGw8Config, got {type(config).__name__}"
+        )
     config = config or default_config(params, igrad)
     check_tensor_bytes(params)
     tma = tma or tma_stores
@@ -749,11 +753,25 @@ def _bias_as(kernel: Kernel, bias, dtype):
     return bias if bias.data_ptr() % align == 0 else bias.clone()
 
 
-def check_layer(kernel: Kernel, params: Conv2dGw8Params) -> None:
-    """A kernel computes the layer it was made for, on its batch size's grid: the caller's layer
-    must be that one (kernels of one name serve several batch sizes, so one is easily taken for
-    another). DGrad, which reads no bias, serves a layer with or without one. ValueError naming
-    both layers."""
+#: The source of each pass's kernels (FProp's and DGrad's told apart by their "igrad" info).
+PASS_SOURCES = {"fprop": SOURCE_FILE, "dgrad": SOURCE_FILE, "wgrad": "conv2d_gw8_wgrad.cu"}
+
+
+def check_layer(kernel: Kernel, params: Conv2dGw8Params, pass_: str) -> None:
+    """A kernel computes the pass and the layer it was made for, on its batch size's grid: the
+    caller's pass (`pass_`: "fprop", "dgrad" or "wgrad") and layer must be those (kernels of one
+    name serve several batch sizes, so one is easily taken for another; a kernel of another pass
+    would read its arguments as other tensors). DGrad, which reads no bias, serves a layer with
+    or without one. ValueError naming what differs."""
+    igrad = kernel.info_value("igrad")
+    wrong_igrad = pass_ != "wgrad" and igrad != (pass_ == "dgrad")
+    if kernel.source_file != PASS_SOURCES[pass_] or wrong_igrad:
+        computes = {SOURCE_FILE: "dgrad" if igrad else "fprop", PASS_SOURCES["wgrad"]: "wgrad"}
+        raise ValueError(
+            f"conv2d_gw8 kernel {kernel.name} computes "
+            f"{computes.get(kernel.source_file, 'no conv2d_gw8 pass')}, not {pass_}: make it "
+            f"with {pass_}'s factory"
+        )
     made_for = kernel.info_value("params")
     if made_for is None or made_for is params:
         return
@@ -871,7 +889,7 @@ def fprop(
         _check_dtype(params, x, weight)
         _check_shapes(params, x=x, weight=weight, bias=bias)
     kernel = kernel or make_kernel(params, config)
-    check_layer(kernel, params)
+    check_layer(kernel, params, "fprop")
     if out is None:
         out = torch.empty(
             params.output_shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
@@ -900,7 +918,7 @@ def dgrad(
         _check_dtype(params, dy, weight)
         _check_shapes(params, dy=dy, weight=weight)
     kernel = kernel or make_kernel(params, config, igrad=True)
-    check_layer(kernel, params)
+    check_layer(kernel, params, "dgrad")
     if out is None:
         out = torch.empty(
             params.input_shape, dtype=dy.dtype, device=dy.device, memory_format=torch.channels_last

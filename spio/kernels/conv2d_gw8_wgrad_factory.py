@@ -28,6 +28,7 @@ from .conv2d_gw8_factory import (
     H200_CLASS,
     MAX_SHARED_BYTES,
     MAX_THREADS,
+    PASS_SOURCES,
     Machine,
     _check_dtype,
     _check_shapes,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-SOURCE_FILE = "conv2d_gw8_wgrad.cu"
+SOURCE_FILE = PASS_SOURCES["wgrad"]
 HEADER_NAME = "conv2d_gw8_wgrad_gen.h"
 
 #: The second pass of the partial-sums variant (spio/src/sum_slots.cu).
@@ -441,6 +442,11 @@ def make_kernel(
     spio runs the group-major kernels, scripts/ablate_kernel.py times the other). `tma`: those
     rows brought in by tensor copies (sm_90 and newer only; implies `swizzled`).
     """
+    if config is not None and not isinstance(config, Conv2dGw8WgradConfig):
+        raise TypeError(
+            f"conv2d_gw8_wgrad make_kernel needs a Conv2dGw8WgradConfig, got "
+            f"{type(config).__name__}"
+        )
     config = config or default_config(params)
     check_tensor_bytes(params)
     swizzled = swizzled or tma
@@ -627,7 +633,7 @@ def wgrad(
         _check_dtype(params, x, dy)
         _check_shapes(params, x=x, dy=dy)
     kernel = kernel or make_kernel(params, config)
-    check_layer(kernel, params)
+    check_layer(kernel, params, "wgrad")
     device = x.device
     dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)
     if kernel.info_value("partials"):

@@ -172,7 +172,8 @@ def untransform(model: nn.Module) -> nn.Module:
     (`restore_problem`): a weight that is a shard or not a Parameter (FSDP's wrappers swap the
     full weights in on the modules they wrapped: untransform before wrapping; torch.nn.utils.prune
     and the deprecated torch.nn.utils.weight_norm: remove them first), a forward set on the
-    instance, or a subclass of Conv2dGw8. A Conv2dGw8 compiled in place gives an nn.Conv2d that is not (with a warning)."""
+    instance, or a subclass of Conv2dGw8. A Conv2dGw8 compiled in place gives an nn.Conv2d that
+    is not (with a warning)."""
     _check_model(model, "untransform")
     stuck: dict[str, list[str]] = {}  # why: the layers' names
     for name, module in model.named_modules():

@@ -1498,10 +1498,10 @@ def test_dgrad_of_a_layer_with_bias_is_given_the_layer_its_kernel_was_made_for(m
     monkeypatch.setenv("SPIO_EMULATE", "1")
     real, given = conv2d_gw8_factory.check_layer, []
 
-    def recording(kernel, params):
+    def recording(kernel, params, pass_):
         if kernel.info_value("igrad"):
             given.append((kernel.info_value("params"), params))
-        return real(kernel, params)
+        return real(kernel, params, pass_)
 
     monkeypatch.setattr(conv2d_gw8_factory, "check_layer", recording)
     gen = torch.Generator().manual_seed(0)

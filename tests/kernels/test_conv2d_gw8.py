@@ -179,7 +179,7 @@ def test_a_kernel_of_another_layer_is_refused():
             with pytest.raises(ValueError, match=re.escape(match)):
                 fd.dgrad(t["dy"], t["w"], layer, kernel=fd.make_kernel(other, igrad=True))
     no_bias = fd.make_kernel(dataclasses.replace(layer, has_bias=False), igrad=True)
-    fd.check_layer(no_bias, layer)  # no error
+    fd.check_layer(no_bias, layer, "dgrad")  # no error
 
 
 def test_layers_too_large_for_a_kernel_are_refused():
@@ -1177,3 +1177,36 @@ def test_the_emulated_shared_offset_must_be_a_multiple_of_16_below_1024(monkeypa
         ValueError, match="SPIO_EMULATOR_SHARED_OFFSET must be a multiple of 16 in 0..1008"
     ):
         run_one(params, "dgrad", config, "cpu")
+
+
+def test_a_kernel_of_another_pass_is_refused():
+    """FProp ran a DGrad kernel (wrong numbers, no error), and a WGrad kernel read FProp's
+    arguments as its own (out of bounds); each pass now refuses another's kernel."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    layer = Conv2dGw8Params(n=1, c=8, h=6, w=6, padding=1)
+    t = random_inputs(layer, 0)
+    fprop_k, dgrad_k = fd.make_kernel(layer), fd.make_kernel(layer, igrad=True)
+    wgrad_k = wg.make_kernel(layer)
+    calls = {
+        "fprop": lambda k: fd.fprop(t["x"], t["w"], None, layer, kernel=k),
+        "dgrad": lambda k: fd.dgrad(t["dy"], t["w"], layer, kernel=k),
+        "wgrad": lambda k: wg.wgrad(t["x"], t["dy"], layer, kernel=k),
+    }
+    kernels = {"fprop": fprop_k, "dgrad": dgrad_k, "wgrad": wgrad_k}
+    for pass_, call in calls.items():
+        for other, kernel in kernels.items():
+            if other != pass_:
+                match = f"computes {other}, not {pass_}"
+                with pytest.raises(ValueError, match=match):
+                    call(kernel)
+
+
+def test_a_config_of_the_other_family_is_a_type_error():
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    layer = Conv2dGw8Params(n=1, c=8, h=4, w=4)
+    with pytest.raises(TypeError, match="needs a Conv2dGw8Config, got Conv2dGw8WgradConfig"):
+        fd.make_kernel(layer, wg.Conv2dGw8WgradConfig())
+    with pytest.raises(TypeError, match="needs a Conv2dGw8WgradConfig, got Conv2dGw8Config"):
+        wg.make_kernel(layer, fd.Conv2dGw8Config())
