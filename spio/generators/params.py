@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,9 @@ from .spec import (
     check_unique_members,
 )
 
+#: Macro names: upper case, as C++ code names its macros and no other identifier.
+_MACRO_NAME = re.compile(r"[A-Z][A-Z0-9_]*\Z")
+
 
 def _float_literal(spec: str, key: str, value: float, single: bool = False) -> str:
     """The C++ literal of `value` (digits only; `single`: checked to be a float32 value that
@@ -31,6 +35,7 @@ def _float_literal(spec: str, key: str, value: float, single: bool = False) -> s
             rounded = math.inf
         if not math.isfinite(rounded) or (rounded == 0.0 and value != 0.0):
             raise ValueError(f"{spec}: value {key!r} does not fit a 32-bit float, got {value!r}")
+        value = rounded  # (the decimal of the float32 value: read as float, no second rounding)
     text = repr(float(value))
     return text if ("e" in text or "." in text) else text + ".0"
 
@@ -117,6 +122,12 @@ class MacroSpec:
         defines = []
         for key, value in _check_mapping("MacroSpec", self.values).items():
             check_identifier("MacroSpec", "macro name", key)
+            if not _MACRO_NAME.match(key):
+                raise ValueError(
+                    f"MacroSpec: macro name must be upper case ([A-Z][A-Z0-9_]*), so that it "
+                    f"replaces no identifier of the headers after it (cuda_fp16.h names a "
+                    f"parameter h), got {key!r}"
+                )
             defines.append((key, self._replacement(key, value)))
         object.__setattr__(self, "_defines", tuple(defines))
 
@@ -135,10 +146,17 @@ class MacroSpec:
             text = _float_literal(label, key, value)
             return f"({text})" if value < 0 else text
         if isinstance(value, str):
-            if any(c in value for c in "\n\r\\") or not value.strip():
+            if (
+                any(c in value for c in "\n\r\\")
+                or not value.strip()
+                or "/*" in value
+                or "*/" in value
+                or value.count('"') % 2
+                or value.count("'") % 2
+            ):
                 raise ValueError(
                     f"{label}: macro {key!r} text must be non-empty, on one line, without "
-                    f"backslashes, got {value!r}"
+                    f"backslashes, block comments or unpaired quotes, got {value!r}"
                 )
             return value.strip()
         raise ValueError(

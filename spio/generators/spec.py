@@ -100,13 +100,16 @@ _VECTOR_BASES = "char uchar short ushort int uint long ulong longlong ulonglong 
 CUDA_TYPE_NAMES = frozenset(
     f"{base}{lanes}" for base in _VECTOR_BASES.split() for lanes in (1, 2, 3, 4)
 ) | {"dim3", "half", "half2", "nv_bfloat16", "nv_bfloat162"}
+#: CUDA's built-in variables.
+CUDA_BUILTINS = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize"})
 
 
 def check_identifier(spec: str, what: str, name: object) -> str:
     """Return `name` if it is a usable C++ identifier, else raise ValueError naming spec and value.
 
-    Rejects empty and non-ASCII names, C++ keywords, CUDA's type names and reserved names
-    (`__x`, `_X`).
+    Rejects empty and non-ASCII names, C++ keywords, CUDA's type names and built-in variables,
+    `spio` (the namespace of spio's headers), reserved names (`__x`, `_X`) and, but for macro
+    names, `SPIO_` names (spio's headers and the CPU emulator define macros of that prefix).
     """
     if not isinstance(name, str) or not _IDENTIFIER.match(name):
         raise ValueError(f"{spec}: {what} must be a C++ identifier, got {name!r}")
@@ -114,6 +117,15 @@ def check_identifier(spec: str, what: str, name: object) -> str:
         raise ValueError(f"{spec}: {what} {name!r} is a C++ keyword")
     if name in CUDA_TYPE_NAMES:
         raise ValueError(f"{spec}: {what} {name!r} is the name of a CUDA type")
+    if name in CUDA_BUILTINS:  # (macros in the CPU emulator: a kernel using one would not build)
+        raise ValueError(f"{spec}: {what} {name!r} is a CUDA built-in variable")
+    if name == "spio":
+        raise ValueError(f"{spec}: {what} 'spio' is the namespace of spio's headers")
+    if name.startswith("SPIO_") and what != "macro name":
+        raise ValueError(
+            f"{spec}: {what} {name!r} starts with SPIO_, the prefix of the macros of spio's "
+            "headers and of the CPU emulator"
+        )
     if name.startswith("__") or re.match(r"_[A-Z]", name):
         raise ValueError(f"{spec}: {what} {name!r} is reserved for the C++ implementation")
     return name

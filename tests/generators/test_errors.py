@@ -74,7 +74,7 @@ def test_keywords_rejected_everywhere(keyword):
     [
         (TensorSpec("Out", "float", {"n": 2}), IndexSpec("Out", {"n": 2})),
         (ParamsSpec("Block", {"p": 1}), ParamsSpec("Block", {"q": 1})),
-        (MacroSpec({"Acc": 1}), FragmentSpec("Acc", "FragC_m16n8_f32", row="q", col="k")),
+        (MacroSpec({"ACC": 1}), FragmentSpec("ACC", "FragC_m16n8_f32", row="q", col="k")),
         (MacroSpec({"SPIO_X": 1}), MacroSpec({"SPIO_X": 2})),
     ],
 )
@@ -88,11 +88,13 @@ def test_duplicate_names_in_one_header(first, second):
     "macro, other, where",
     [
         ("N", TensorSpec("Input", "float", {"n": 4, "c": 8}), "TensorSpec"),  # its extent N
-        ("size", IndexSpec("T", {"x": 4}), "IndexSpec"),  # a member
-        ("i", IndexSpec("T", {"x": 4}), "IndexSpec"),  # a constructor's parameter
+        ("X", IndexSpec("T", {"x": 4}), "IndexSpec"),  # an extent constant
         ("defined", None, None),  # a keyword: refused by MacroSpec itself
-        ("reg", FragmentSpec("Acc", "FragC_m16n8_f32", row="q", col="k"), "fragments.h"),
-        ("spio", FragmentSpec("Acc", "FragC_m16n8_f32", row="q", col="k"), "fragments.h"),
+        (
+            "SPIO_HOST_DEVICE",
+            FragmentSpec("Acc", "FragC_m16n8_f32", row="q", col="k"),
+            "fragments.h",
+        ),
     ],
 )
 def test_a_macro_naming_an_identifier_of_the_header_is_refused(macro, other, where):
@@ -109,22 +111,34 @@ def test_a_macro_naming_an_identifier_of_the_header_is_refused(macro, other, whe
     assert f"macro {macro!r} of MacroSpec" in message and where in message, message
 
 
-def test_a_macro_may_share_a_word_with_an_include_lines_header_name():
-    """No macro replaces inside #include's header name: a macro named like a part of one
-    (cuda_fp16.h's "h") is no clash."""
-    assert "#define h 1" in generate([MacroSpec({"h": 1}), TensorSpec("T", "__half", {"n": 2})])
+@pytest.mark.parametrize("name", ["h", "x", "Tile", "tile_m"])
+def test_a_macro_name_must_be_upper_case(name):
+    """The CUDA headers after the macros are not read for clashes: #define h 1 broke
+    cuda_fp16.h (a parameter h) and #define x 1 vector_types.h, where the header had passed."""
+    with pytest.raises(ValueError, match=f"must be upper case .*got {name!r}"):
+        MacroSpec({name: 1})
 
 
-def test_macros_may_share_words_with_comments_and_each_other():
-    """Comments and string literals are not code: a macro named like a word in them is fine,
-    and SPIO_-prefixed macros never meet generated names."""
+def test_include_lines_comments_and_strings_are_not_code():
+    """No macro replaces inside an #include's header name, a comment or a string literal."""
+    from spio.generators.header import _code_names
+
+    text = (
+        '#include <spio/X_FILE.h>\n// NOTE: COMMENT\n/* BLOCK */ const char *s = "STRING"; int y;'
+    )
+    assert _code_names(text) == {"const", "char", "s", "int", "y"}
+
+
+def test_macros_may_name_each_other():
+    """A macro's text may name another macro; SPIO_-prefixed macros never meet generated
+    names."""
     header = generate(
         [
-            MacroSpec({"index": 1, "SPIO_A": 2, "SPIO_B": "SPIO_A"}),
+            MacroSpec({"SPIO_A": 2, "SPIO_B": "SPIO_A"}),
             TensorSpec("T", "float", {"x": 4}),
         ]
     )
-    assert "#define index 1" in header
+    assert "#define SPIO_B SPIO_A" in header
 
 
 @pytest.mark.parametrize("name", ["float4", "uint4", "half2", "dim3", "nv_bfloat16"])
@@ -306,7 +320,20 @@ def test_tensor_bytes_must_fit_an_int():
 def test_param_floats_at_the_edges_of_float32():
     """1e300 read back as inf and 1e-60 as 0 (g++ only warned); the float32 range itself is fine."""
     text = ParamsSpec("Block", {"big": 3.0e38, "small": 1.5e-45, "zero": 0.0}).generate()
-    assert "big = 3e+38f" in text and "small = 1.5e-45f" in text and "zero = 0.0f" in text
+    # (each the decimal of its float32 value: 1.5e-45 is the smallest subnormal, 2**-149)
+    assert "big = 3.0000000054977558e+38f" in text and "zero = 0.0f" in text
+    assert "small = 1.401298464324817e-45f" in text
+
+
+def test_a_param_float_halfway_between_two_float32s_reads_as_python_rounds_it():
+    """The literal was the double's decimal, which C++ rounds straight to float: for a double
+    halfway between two float32 values that gave the other neighbour than float32(value)."""
+    import struct
+
+    value = 1 + 3 * 2**-24  # halfway between 1 + 2**-23 and 1 + 2**-22
+    want = struct.unpack("f", struct.pack("f", value))[0]
+    text = ParamsSpec("P", {"f": value}).generate()
+    assert f"f = {want!r}f;" in text and want == 1 + 2**-22
 
 
 @pytest.mark.parametrize("values", [{}, None, {"p": 1, "Block": 2}])
@@ -324,3 +351,27 @@ def test_bad_macro_values(value):
 def test_bad_header_name():
     with pytest.raises(ValueError, match="header_name"):
         generate([ParamsSpec("P", {"p": 1})], header_name="...")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (lambda: ParamsSpec("P", {"warpSize": 32}), "CUDA built-in variable"),
+        (lambda: TensorSpec("threadIdx", "float", {"n": 2}), "CUDA built-in variable"),
+        (lambda: IndexSpec("I", {"blockDim": 2}), "CUDA built-in variable"),
+        (lambda: ParamsSpec("P", {"SPIO_GEN_FN": 1}), "starts with SPIO_"),
+        (lambda: TensorSpec("SPIO_DEVICE", "float", {"n": 2}), "starts with SPIO_"),
+        (lambda: FragmentSpec("spio", "FragC_m16n8_f32", row="q", col="k"), "namespace"),
+    ],
+)
+def test_names_that_are_macros_or_namespaces_elsewhere_are_refused(spec, message):
+    """Each was accepted and gave a header that failed to compile, some only in the CPU
+    emulator (which defines warpSize, threadIdx, ... as macros)."""
+    with pytest.raises(ValueError, match=message):
+        spec()
+
+
+@pytest.mark.parametrize("text", ["1 /* tile", "2 */", '"abc', "'a"])
+def test_macro_text_that_would_break_the_header_is_refused(text):
+    with pytest.raises(ValueError, match="block comments or unpaired quotes"):
+        MacroSpec({"SPIO_A": text})

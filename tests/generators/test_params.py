@@ -12,7 +12,9 @@ from spio.generators import MacroSpec, ParamsSpec, generate
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True).filter(
-    lambda s: s not in {"int", "do", "if", "for", "new", "and", "or", "not", "xor", "asm", "try"}
+    lambda s: (
+        s not in {"int", "do", "if", "for", "new", "and", "or", "not", "xor", "asm", "try", "spio"}
+    )
 )
 VALUES = st.one_of(
     st.integers(-(2**31), 2**31 - 1),
@@ -59,6 +61,17 @@ def test_params_values_read_back(cxx, structs):
         ]
     )
     assert _parse(cxx.run(program, {"p.h": generate(specs)})) == expected
+
+
+def test_a_float_halfway_between_two_float32s_reads_back_as_float32_rounds_it(cxx):
+    """A double halfway between two float32 values: its own decimal, which C++ rounds straight
+    to float, read back as the other neighbour (1 + 2**-23) than float32(value) (1 + 2**-22)."""
+    value = 1 + 3 * 2**-24
+    program = "\n".join(
+        ['#include "p.h"', "#include <cstdio>", "int main() {", _printer("f", 0.0, "P::f"), "}"]
+    )
+    got = _parse(cxx.run(program, {"p.h": generate([ParamsSpec("P", {"f": value})])}))
+    assert got == {"f": 1 + 2**-22}
 
 
 @settings(max_examples=4, deadline=None, phases=NO_SHRINK)
