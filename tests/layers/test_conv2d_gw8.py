@@ -318,6 +318,8 @@ def test_cpu_autocast_matches_nn_conv2d():
     atol = half_ulp * (unbiased.abs().max().item() + conv.bias.abs().max().item())
     for got in (y, expected):
         torch.testing.assert_close(got.double(), exact, rtol=half_ulp, atol=atol)
+    # And so each other, within both roundings.
+    torch.testing.assert_close(y.double(), expected.double(), rtol=2 * half_ulp, atol=2 * atol)
 
 
 def test_fallback_logs_once(monkeypatch, caplog):
