@@ -81,7 +81,11 @@ def accumulation_tolerance(
 
 
 def _rms(t: torch.Tensor) -> float:
-    return math.sqrt(t.to(torch.float64).square().mean().item())
+    """The root mean square of t's finite elements (0 where none is): an inf or NaN placed in
+    an input must not make the tolerance infinite, which would pass any finite error."""
+    finite = t.to(torch.float64)
+    finite = finite[finite.isfinite()]
+    return math.sqrt(finite.square().mean().item()) if finite.numel() else 0.0
 
 
 def conv2d_gw8_depth(params: Conv2dGw8Params, pass_: str) -> int:

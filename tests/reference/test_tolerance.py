@@ -122,6 +122,18 @@ def test_pass_tolerance_from_depth_output_dtype_and_operand_rms():
     assert wgrad.atol == pytest.approx(2.0 * 2.0**-24 * 216 * 6)
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_operand_leaves_the_tolerance_finite(bad):
+    """The operands' scale is that of their finite elements: one inf had made atol infinite
+    (any finite error passed) and one NaN raised."""
+    params = Conv2dGw8Params(2, 16, 6, 5, padding=(1, 0), r=3, s=3, dtype="bf16")
+    a = torch.full((2, 16, 6, 5), -2.0, dtype=torch.bfloat16)
+    b = torch.full((16, 8, 3, 3), 3.0, dtype=torch.bfloat16)
+    want = conv2d_gw8_tolerance(params, "fprop", a, b)
+    a[0, 0, 0, 0] = bad
+    assert conv2d_gw8_tolerance(params, "fprop", a, b) == want
+
+
 def test_depth():
     params = Conv2dGw8Params(4, 32, 10, 12, padding=(0, 1), r=3, s=5)
     assert conv2d_gw8_depth(params, "fprop") == 8 * 15
