@@ -232,10 +232,17 @@ def compiler_environment() -> list[tuple[str, str]]:
 
 
 def kernel_names(text: str) -> list[str]:
-    """Names of the `extern "C" __global__` kernels defined in `text`, in order (a kernel only
-    declared there has no body to run: its entry would name a symbol the library lacks)."""
+    """Names of the `extern "C" __global__` kernels defined in `text`, in order: a name only
+    declared has no body to run (its entry would name a symbol the library lacks), unless a
+    definition follows, which the declaration's `extern "C"` gives C linkage."""
     matches = [*_KERNEL_RE.finditer(text), *_KERNEL_RE_2.finditer(text)]
-    return list(dict.fromkeys(m.group(1) for m in matches if _has_body(text, m.end())))
+    names = dict.fromkeys(m.group(1) for m in matches)
+    return [name for name in names if _defined(text, name)]
+
+
+def _defined(text: str, name: str) -> bool:
+    """Whether `text` defines the function `name` (a parameter list followed by a body)."""
+    return any(_has_body(text, m.end()) for m in re.finditer(rf"\b{name}\s*\(", text))
 
 
 def _has_body(text: str, start: int) -> bool:
@@ -270,8 +277,10 @@ def rewrite_extern_shared(text: str) -> str:
         ctype = m.group(2).strip()
         if not ctype:
             return m.group(0)
-        # (as many lines as the declaration took, so that later lines keep their numbers)
-        return f"SPIO_EMU_EXTERN_SHARED({ctype}, {m.group(3)});" + "\n" * m.group(0).count("\n")
+        # (the line breaks the declaration's spaces held, so that later lines keep their
+        # numbers; one inside the type, a macro's continuation, stays where it is)
+        dropped = m.group(0).count("\n") - ctype.count("\n")
+        return f"SPIO_EMU_EXTERN_SHARED({ctype}, {m.group(3)});" + "\n" * dropped
 
     return _EXTERN_SHARED_RE.sub(repl, text)
 

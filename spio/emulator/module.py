@@ -18,6 +18,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -390,8 +391,9 @@ class EmuFunction:
         cfg.ranges = flat
         cfg.num_ranges = len(ranges)
         cfg.check = int(bool(check))
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
             raise TypeError(f"seed must be an int or None, got {seed!r}")
+        seed = None if seed is None else int(seed)
         cfg.seed = 0 if seed is None else seed & 0xFFFFFFFFFFFFFFFF
         cfg.shuffle = 0 if seed is None else 1
         cfg.dynamic_offset = shared_offset

@@ -296,11 +296,15 @@ def check_args(
 
 
 def kernel_dtype_error(device_type: str, dtype: torch.dtype, in_autocast: bool) -> ValueError:
-    """The error for operands of `dtype` (neither fp16 nor bf16) where the kernels run. Autocast
-    casts fp32 operands, never float64 ones: in an autocast region (`in_autocast`), it says so."""
-    hint = (
-        "torch.autocast leaves float64 tensors as they are" if in_autocast else "or torch.autocast"
-    )
+    """The error for operands of `dtype` (neither fp16 nor bf16) where the kernels run, with a
+    hint that fits: autocast casts fp32 operands of the forward, never float64 ones, and none of
+    the backward op's (fp32 in an autocast region, `in_autocast`, reached an op it leaves)."""
+    if dtype == torch.float64:
+        hint = "torch.autocast leaves float64 tensors as they are: cast them"
+    elif in_autocast:
+        hint = "torch.autocast does not cast this op's operands: cast them"
+    else:
+        hint = "or torch.autocast"
     return ValueError(
         f"conv2d_gw8 on {device_type} needs fp16 or bf16 tensors ({hint}), got {dtype}"
     )

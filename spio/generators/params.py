@@ -152,11 +152,10 @@ class MacroSpec:
                 or "/*" in value
                 or "*/" in value
                 or value.count('"') % 2
-                or value.count("'") % 2
             ):
                 raise ValueError(
                     f"{label}: macro {key!r} text must be non-empty, on one line, without "
-                    f"backslashes, block comments or unpaired quotes, got {value!r}"
+                    f"backslashes, block comments or an unpaired double quote, got {value!r}"
                 )
             return value.strip()
         raise ValueError(

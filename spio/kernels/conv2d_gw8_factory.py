@@ -763,9 +763,10 @@ def check_layer(kernel: Kernel, params: Conv2dGw8Params, pass_: str) -> None:
     name serve several batch sizes, so one is easily taken for another; a kernel of another pass
     would read its arguments as other tensors). DGrad, which reads no bias, serves a layer with
     or without one. ValueError naming what differs."""
-    igrad = kernel.info_value("igrad")
-    wrong_igrad = pass_ != "wgrad" and igrad != (pass_ == "dgrad")
-    if kernel.source_file != PASS_SOURCES[pass_] or wrong_igrad:
+    if kernel.source_file != PASS_SOURCES[pass_] or (
+        pass_ != "wgrad" and kernel.info_value("igrad") != (pass_ == "dgrad")
+    ):
+        igrad = kernel.info_value("igrad")
         computes = {SOURCE_FILE: "dgrad" if igrad else "fprop", PASS_SOURCES["wgrad"]: "wgrad"}
         raise ValueError(
             f"conv2d_gw8 kernel {kernel.name} computes "

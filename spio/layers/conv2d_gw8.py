@@ -268,18 +268,21 @@ def restore_problem(conv: nn.Conv2d) -> str | None:
     """Why conv (a Conv2dGw8) cannot be given back as a plain nn.Conv2d, or None: a subclass (its
     own forward or attributes would be lost), a forward set on the instance (it calls this
     module: the nn.Conv2d would still run spio), or its weight (weight_problem)."""
-    kind = parametrize.type_before_parametrizations(conv)
-    if kind is not Conv2dGw8:
-        return (
-            f"is a {kind.__name__}, a subclass of Conv2dGw8: an nn.Conv2d in its place would "
-            "lose what the subclass adds"
-        )
     if "forward" in vars(conv):
         return (
             "has a forward of its own (set on the instance, e.g. by accelerate's hooks), which "
             "calls this layer: remove it first"
         )
-    return weight_problem(conv, undo=True)
+    # (The weight first: FSDP2's fully_shard on the layer itself makes it a subclass, and its
+    # DTensor weight says what to do.)
+    problem = weight_problem(conv, undo=True)
+    kind = parametrize.type_before_parametrizations(conv)
+    if problem is None and kind is not Conv2dGw8:
+        return (
+            f"is a {kind.__name__}, a subclass of Conv2dGw8: an nn.Conv2d in its place would "
+            "lose what the subclass adds"
+        )
+    return problem
 
 
 def _bind_conv2d_args(args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -438,6 +441,8 @@ class Conv2dGw8(nn.Conv2d):
         padding = "same" if isinstance(self.padding, str) and self.padding == "same" else 0
         channels = (self.in_channels, self.out_channels)
         if not isinstance(weight, Proxy):  # (the channels F.conv2d reads from the weight)
+            if weight.dim() != 4:  # (F.conv2d then says what is wrong, as nn.Conv2d's does)
+                return f"has a weight of {weight.dim()} dims, not 4"
             channels = (weight.shape[1] * self.groups, weight.shape[0])
         reason = ineligibility(
             *channels,

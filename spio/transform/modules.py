@@ -31,6 +31,7 @@ from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
     compiled_in_place,
     fixed_ineligibility,
+    ineligibility,
     mendable_problem,
     receive_hooks,
     resolve_padding,
@@ -152,8 +153,7 @@ def _keep(conv: nn.Conv2d, skipped: dict[int, str], mendable: Counter[str]) -> b
         if reason is None:
             return False
         mendable[reason] += 1
-    elif isinstance(conv, LazyModuleMixin) and conv.has_uninitialized_params():
-        # Once initialised (its first call), it is an nn.Conv2d that may well be eligible.
+    elif _may_become_eligible(conv):
         reason = (
             f"is an uninitialised {type(conv).__name__}, whose channels are not known yet: run "
             "one forward pass before transform"
@@ -161,6 +161,27 @@ def _keep(conv: nn.Conv2d, skipped: dict[int, str], mendable: Counter[str]) -> b
         mendable[reason] += 1
     skipped[id(conv)] = reason
     return True
+
+
+def _may_become_eligible(conv: nn.Conv2d) -> bool:
+    """Whether `conv` is an uninitialised lazy conv (nn.LazyConv2d) that its first call, which
+    sets its in_channels, could make an eligible nn.Conv2d: all else is known before it."""
+    if not (isinstance(conv, LazyModuleMixin) and conv.has_uninitialized_params()):
+        return False
+    channels = conv.out_channels  # (eligible only with as many input channels)
+    return (
+        ineligibility(
+            channels,
+            channels,
+            conv.kernel_size,
+            conv.stride,
+            conv.padding,
+            conv.dilation,
+            conv.groups,
+            conv.padding_mode,
+        )
+        is None
+    )
 
 
 def untransform(model: nn.Module) -> nn.Module:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import spio.emulator as emulator
-from spio.emulator.build import EmulatorBuildError, kernel_names, rewrite_extern_shared
+from spio.emulator.build import EmulatorBuildError, clipped, kernel_names, rewrite_extern_shared
 from spio.functional.checks import uses_kernels
 from tests.conftest import REPO
 
@@ -524,8 +524,9 @@ extern "C" __global__ void dynamic_at(float *out, long index) {
     [
         (4096, 0, -512, "out-of-bounds shared-memory access"),  # 2 KiB below the buffer
         (4096, 0, -4000, "out-of-bounds shared-memory access"),  # 16 KiB below
-        (4096, 0, 100_000, "inside the emulator's own"),  # past the guard, into its state
-        (232_448, 0, -20_000, "inside the emulator's own"),
+        (4096, 0, 100_000, "out-of-bounds"),  # past the guard (where depends on the linker)
+        (232_448, 0, -20_000, "out-of-bounds"),
+        (4096, 0, -16_400, "out-of-bounds"),  # just past the low guard
         (232_448, 1008, 58_116, "out-of-bounds shared-memory access"),  # 16 bytes past the top
     ],
 )
@@ -584,20 +585,50 @@ def test_an_undefined_symbol_fails_the_build_naming_it():
     linked, been cached, and failed at every load with a bare OSError)."""
     src = """__device__ float missing_helper(float x);
 extern "C" __global__ void calls(float *out) { out[0] = missing_helper(out[0]); }"""
-    with pytest.raises(EmulatorBuildError, match="missing_helper"):
+    with pytest.raises(EmulatorBuildError, match="(?s)linking calls_missing.*missing_helper"):
         emulator.load_module(src, name="calls_missing")
+
+
+def test_a_kernel_declared_extern_c_and_defined_after_is_an_entry():
+    """The declaration's extern "C" gives the later definition C linkage (NVRTC builds it)."""
+    src = """extern "C" __global__ void fill(float *out);
+__global__ void fill(float *out) { out[threadIdx.x] = 5; }"""
+    assert kernel_names(src) == ["fill"]
+    out = torch.zeros(4)
+    emulator.load_module(src, name="declared_first").get_function("fill").launch(1, 4, (out,))
+    assert out.tolist() == [5.0] * 4
 
 
 def test_a_long_compiler_error_keeps_its_first_error():
     """The cause of an error cascade comes first: only the output's last 20,000 characters had
-    been kept."""
+    been kept. (g++ reports all 401 errors; clang stops after 20.)"""
     body = "\n".join(f"    undefined_thing_{i}(out);" for i in range(400))
     src = 'extern "C" __global__ void cascade(float *out) {\n    int x = ;\n' + body + "\n}\n"
     with pytest.raises(EmulatorBuildError) as info:
         emulator.load_module(src, name="cascade")
-    text = str(info.value)
-    assert "cascade.cu:2:" in text and "characters left out" in text
-    assert "undefined_thing_399" in text
+    assert "cascade.cu:2:" in str(info.value)
+    text = "".join(f"line {i}\n" for i in range(10_000))
+    short = clipped(text)
+    assert short.startswith("line 0\n") and short.endswith("line 9999\n")
+    assert f"({len(text) - 20_000} characters left out)" in short
+    assert clipped("short") == "short"
+
+
+def test_a_multiline_extern_shared_in_a_macro_still_builds():
+    """A line break inside the declaration's type (a macro's continuation) stays where it is:
+    one added after it had ended the macro early."""
+    src = r"""#define DYNAMIC_BUF(T, name) \
+    extern __shared__ \
+    T name[]; \
+    name[threadIdx.x] = 0
+extern "C" __global__ void in_macro(float *out) {
+    DYNAMIC_BUF(float, buf); buf[threadIdx.x] = 2.0f; __syncthreads();
+    out[threadIdx.x] = buf[threadIdx.x];
+}"""
+    out = torch.zeros(4)
+    module = emulator.load_module(src, name="in_macro")
+    module.get_function("in_macro").launch(1, 4, (out,), shared_mem_bytes=16)
+    assert out.tolist() == [2.0] * 4
 
 
 def test_errors_after_a_multiline_extern_shared_keep_their_line_numbers():
@@ -617,13 +648,18 @@ def test_errors_after_a_multiline_extern_shared_keep_their_line_numbers():
 def test_a_module_name_is_only_a_label(tmp_path):
     """A name with `/` had failed with FileNotFoundError, and one with `../` wrote its source
     outside the build folder."""
+    import tempfile
+    from pathlib import Path
+
     src = 'extern "C" __global__ void labelled(float *out) { out[0] = 3; }'
-    for name in ("../../spio-escape/x y", "a/b", "x" * 300):
+    escaped = Path(tempfile.gettempdir()) / "spio-escape-label.cu"  # where ../ had written
+    escaped.unlink(missing_ok=True)
+    for name in ("../spio-escape-label", "../../spio-escape/x y", "a/b", "x" * 300):
         module = emulator.load_module(src, name=name)
         out = torch.zeros(1)
         module.get_function("labelled").launch(1, 1, (out,))
         assert out.item() == 3.0
-    assert not (REPO.parent / "spio-escape").exists()
+    assert not escaped.exists()
 
 
 def test_a_checked_launch_writes_an_output_that_requires_grad(add_fn):
@@ -633,6 +669,17 @@ def test_a_checked_launch_writes_an_output_that_requires_grad(add_fn):
         out = torch.zeros(4, requires_grad=True)
         add_fn.launch(1, 4, (out, torch.arange(4.0), 4, 0), check=check)
         assert out.detach().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_numpy_integer_seed_is_an_int():
+    import numpy as np
+
+    fn = emulator.load_module(
+        'extern "C" __global__ void seeded(float *out) { out[threadIdx.x] = 1; }', name="seeded"
+    ).get_function("seeded")
+    out = torch.zeros(4)
+    fn.launch(1, 4, (out,), seed=np.int64(3))
+    assert out.tolist() == [1.0] * 4
 
 
 @pytest.mark.parametrize("seed", [1.5, "7", True])

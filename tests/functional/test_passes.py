@@ -267,3 +267,17 @@ def test_the_public_backward_op_shows_its_own_docstring_and_signature():
     text = pydoc.render_doc(op, renderer=pydoc.plaintext)
     assert "computing only where output_mask is True" in text
     assert "CustomOpDef is a wrapper" not in text
+
+
+def test_the_dtype_errors_hint_fits_the_dtype_and_the_region(monkeypatch):
+    """float64 outside autocast was told to try torch.autocast (which leaves it as it is), and
+    fp32 reaching the backward op (which autocast does not cast) was told of float64."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    x, w, dy = torch.randn(2, 16, 5, 6), torch.randn(16, 8, 3, 3), torch.randn(2, 16, 5, 6)
+    with pytest.raises(ValueError, match="autocast leaves float64 tensors as they are"):
+        conv2d_gw8(x.double(), w.double(), None, 1, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(ValueError, match="autocast does not cast this op's operands.*float32"):
+            conv2d_gw8_backward(dy, x, w, 1, 1, [True, True, False])
+    with pytest.raises(ValueError, match=r"\(or torch.autocast\), got torch.float32"):
+        conv2d_gw8(x, w, None, 1, 1)

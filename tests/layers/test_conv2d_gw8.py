@@ -1667,3 +1667,15 @@ def test_a_weight_of_other_channels_runs_as_nn_conv2d_does(monkeypatch, caplog, 
     assert got.shape == (1, 32, 5, 5)
     torch.testing.assert_close(got, want)
     assert "(set after construction)" in caplog.text
+
+
+def test_a_weight_not_4_d_fails_as_in_nn_conv2d(monkeypatch):
+    """A 1-D weight (an FSDP1 shard held between calls) reaches F.conv2d's own error, as in
+    nn.Conv2d; reading channels from the weight had raised a bare IndexError."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).bfloat16()
+    layer.weight = nn.Parameter(layer.weight.detach().flatten().clone())
+    x = torch.randn(1, 16, 5, 5).bfloat16()
+    with pytest.raises(RuntimeError, match="weight should have at least three dimensions"):
+        layer(x)
+    assert layer.spio_kernels(x) == []

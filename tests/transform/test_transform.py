@@ -944,3 +944,28 @@ def test_an_uninitialised_lazy_conv_is_a_warning_saying_to_run_it_first(caplog):
     model(torch.randn(1, 16, 5, 5))
     transform(model)
     assert type(model[0]) is Conv2dGw8
+
+
+def test_a_lazy_conv_that_can_never_be_eligible_is_no_warning(caplog):
+    """A strided or 7x7 LazyConv2d stays an nn.Conv2d that transform keeps after its first call
+    too: no warning to run it first (its stride and filter size are known before)."""
+    model = nn.Sequential(
+        nn.LazyConv2d(64, 7, stride=2, padding=3), nn.LazyConv2d(64, 3, padding=1)
+    )
+    with caplog.at_level(logging.DEBUG, logger="spio"):
+        transform(model)
+    kept = [r for r in caplog.records if "kept" in r.getMessage()]
+    assert kept and all(r.levelname == "DEBUG" for r in kept)
+
+
+def test_untransform_names_a_shard_before_a_subclass():
+    """FSDP2's fully_shard on the layer itself makes it a subclass (FSDPConv2dGw8) with a
+    sharded weight: the shard, whose mend untransform names, is the reason given."""
+
+    class Sharded(Conv2dGw8):
+        pass
+
+    layer = Sharded(16, 16, 3, padding=1, groups=2)
+    layer.weight = nn.Parameter(layer.weight.detach().flatten().clone())
+    with pytest.raises(ValueError, match="a shard .*untransform the model before wrapping it"):
+        spio_transform.untransform(nn.Sequential(layer))

@@ -319,7 +319,12 @@ struct Runtime {
 };
 
 Runtime g_rt;
-alignas(kDynAlign) char g_dynamic[kDynGuard + kDynAlign + kMaxDynamicShared + kDynGuard];
+/// The dynamic shared-memory buffer between its guard zones: a mapping of its own, made at the
+/// first launch (page-aligned, so kDynAlign-aligned), outside the library's segments, so that an
+/// access past its guards is not taken for one of the library's data (a static array beside the
+/// runtime's objects left their alignment padding unreported).
+constexpr std::size_t kDynBytes = kDynGuard + kDynAlign + kMaxDynamicShared + kDynGuard;
+char *g_dynamic = nullptr;
 /// The alternate signal stack of on_segv: a fiber that overflows its stack has none left to run
 /// a handler on. (Launches are serialised, so one per library will do.)
 alignas(16) char g_signal_stack[64 * 1024];
@@ -416,7 +421,7 @@ int shared_region(uintptr_t a, std::size_t n, std::size_t *offset) {
     auto ghi = reinterpret_cast<uintptr_t>(g_rt.s_guard_hi);
     if (a + n > glo && a < ghi) return -1;
     auto dg = reinterpret_cast<uintptr_t>(g_dynamic);
-    if (a + n > dg && a < dg + sizeof g_dynamic) return -1;
+    if (a + n > dg && a < dg + kDynBytes) return -1;
     return -2;
 }
 
@@ -440,7 +445,6 @@ const char *runtime_object(uintptr_t a, std::size_t n) {
     };
     const Object objects[] = {
         {&g_rt, sizeof g_rt, "state"},
-        {g_dynamic, sizeof g_dynamic, "dynamic shared-memory buffer"},
         {g_signal_stack, sizeof g_signal_stack, "signal stack"},
         {&g_old_segv, sizeof g_old_segv, "signal handler record"},
     };  // (not g_thread_idx and its kin: kernels read them as threadIdx, blockIdx, ...)
@@ -1647,6 +1651,15 @@ int run_launch(const spio_emu_launch *cfg, void (*thunk)()) {
     g_rt.s_lo = g_tls_arena_begin + sizeof g_tls_arena_begin;
     g_rt.s_hi = g_tls_arena_end;
     g_rt.s_guard_hi = g_tls_arena_end + sizeof g_tls_arena_end;
+    if (!g_dynamic) {  // (launches are serialised: no other thread is here)
+        void *mem = mmap(nullptr, kDynBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                         -1, 0);
+        if (mem == MAP_FAILED) {
+            g_rt.error = "cannot map the dynamic shared-memory buffer";
+            return -1;
+        }
+        g_dynamic = static_cast<char *>(mem);
+    }
     g_rt.d_lo = dynamic_shared_base();
     g_rt.d_size = cfg->dynamic_shared_bytes;
     if (g_rt.s_hi < g_rt.s_lo || g_rt.d_size > kMaxDynamicShared) {
