@@ -18,6 +18,7 @@ from spio.reference import (
     conv2d_gw8_tolerance,
     conv2d_gw8_wgrad_ref,
 )
+from tests.conftest import spy_on_launches
 
 # (n, c, h, w, r, s, pad_y, pad_x)
 SHAPES = [
@@ -305,6 +306,7 @@ def test_opcheck_on_the_kernels(monkeypatch, dtype, weights_cl):
     they do is tests/functional/test_kernels.py's), and the forward op once more under autocast
     (which casts the fp32 operands in their layouts)."""
     monkeypatch.setenv("SPIO_EMULATE", "1")
+    launched = spy_on_launches(monkeypatch)
     shape = SHAPES[1]
     x, w, b = _tensors(shape, dtype=dtype, bias=True, channels_last=True)
     if weights_cl:
@@ -319,6 +321,7 @@ def test_opcheck_on_the_kernels(monkeypatch, dtype, weights_cl):
     torch.library.opcheck(conv2d_gw8_backward, (dy, x, w, shape[6], shape[7], mask))
     _, dw, _ = conv2d_gw8_backward(dy.detach(), x.detach(), w.detach(), *pads.values(), mask)
     assert dw.stride() == w.stride()
+    assert {"conv2d_gw8_fprop", "conv2d_gw8_dgrad", "conv2d_gw8_wgrad"} <= set(launched)
     if dtype == torch.bfloat16:  # (CPU autocast's dtype)
         x32, w32, b32 = (t.detach().float().requires_grad_(True) for t in (x, w, b))
         with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -1016,9 +1016,11 @@ def test_cuda_nchw_input_runs_the_kernels_and_warns_once(monkeypatch, caplog):
     layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).cuda().half()
     other = Conv2dGw8(16, 16, 3, padding=1, groups=2).cuda().half()
     x = torch.randn(2, 16, 9, 7, device="cuda", dtype=torch.float16)
+    launched = spy_on_launches(monkeypatch)
     with caplog.at_level("WARNING", logger="spio"):
         y = layer(x)
         other(x[:1])
+    assert launched == ["conv2d_gw8_fprop"] * 2
     warned = [r for r in caplog.records if "not a contiguous channels_last" in r.getMessage()]
     assert len(warned) == 1
     assert y.is_contiguous()

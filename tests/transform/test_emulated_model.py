@@ -33,8 +33,10 @@ _MIXED = {0: ("fprop", "wgrad"), 2: ("dgrad",), 4: ("fprop", "dgrad", "wgrad")}
     ids=["fp16", "bf16", "fp16-mixed-passes"],
 )
 def test_transformed_model_matches_float64_pytorch(monkeypatch, dtype, passes):
-    """The mixed case has each layer run some passes in spio and the others in PyTorch."""
+    """The mixed case has each layer run some passes in spio and the others in PyTorch: the
+    kernels launched are each layer's passes that spio runs, no more, no fewer."""
     monkeypatch.setenv("SPIO_EMULATE", "1")
+    launched = spy_on_launches(monkeypatch, names=True)
     reference = _model().double()
     include = None if passes is None else (lambda name, conv: passes[int(name)])
     model = transform(copy.deepcopy(reference).to(dtype), include=include)
@@ -61,6 +63,23 @@ def test_transformed_model_matches_float64_pytorch(monkeypatch, dtype, passes):
         torch.testing.assert_close(
             p.grad.double(), p_ref.grad, atol=32 * eps * g_scale, rtol=16 * eps, msg=name
         )
+    # (layer, pass) of each conv kernel launched, the layer told by its filter size; the first
+    # layer's DGrad is never asked for (x needs no gradient).
+    filters = {"r3_s3": 0, "r5_s3": 2, "r1_s1": 4}
+    ran = {
+        (filters[f"{part}"], name.split("__")[0].removeprefix("conv2d_gw8_"))
+        for name in launched
+        if not name.startswith("sum_slots")
+        for part in filters
+        if f"_{part}_" in name
+    }
+    wanted = {
+        (i, pass_)
+        for i in (0, 2, 4)
+        for pass_ in (passes or {}).get(i, ("fprop", "dgrad", "wgrad"))
+        if (i, pass_) != (0, "dgrad")
+    }
+    assert ran == wanted, launched
 
 
 @pytest.mark.parametrize("wrt", ["input", "weight"])

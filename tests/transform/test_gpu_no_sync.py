@@ -14,7 +14,7 @@ from torch import nn
 
 from spio.layers import Conv2dGw8
 from spio.transform import precompile, transform
-from tests.conftest import load_script
+from tests.conftest import load_script, spy_on_launches
 
 pytestmark = pytest.mark.cuda
 
@@ -36,7 +36,7 @@ def _block(c: int) -> nn.Module:
 
 @pytest.mark.parametrize("channels_last", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_autocast_training_step_never_waits_for_the_gpu(dtype, channels_last):
+def test_gpu_autocast_training_step_never_waits_for_the_gpu(monkeypatch, dtype, channels_last):
     torch.manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     model = transform(_block(32)).cuda().to(memory_format=fmt)
@@ -51,12 +51,14 @@ def test_gpu_autocast_training_step_never_waits_for_the_gpu(dtype, channels_last
         precompile(model, x, progress=False)
     step()  # kernels chosen and loaded, PyTorch's own first-call work done
     torch.cuda.synchronize()
+    launched = spy_on_launches(monkeypatch)  # (a step of PyTorch's convolutions proves nothing)
     torch.cuda.set_sync_debug_mode("error")
     try:
         step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+    assert {"conv2d_gw8_fprop", "conv2d_gw8_dgrad", "conv2d_gw8_wgrad"} <= set(launched)
 
 
 def test_sync_debug_mode_catches_a_wait():

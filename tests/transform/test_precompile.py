@@ -56,6 +56,10 @@ def _input(dtype=torch.float16, n=2, h=11, w=5):
     return x.to(memory_format=torch.channels_last)
 
 
+#: The kernel families of a training step's passes.
+CONV_FAMILIES = {"conv2d_gw8_fprop", "conv2d_gw8_dgrad", "conv2d_gw8_wgrad"}
+
+
 def _launched(monkeypatch) -> list[str]:
     """Records the name of every kernel launched from now on."""
     return spy_on_launches(monkeypatch, names=True)
@@ -525,6 +529,7 @@ def test_gpu_step_compiles_nothing_after_precompile(monkeypatch, tmp_path):
     model(x).float().backward()
     torch.cuda.synchronize()
     assert set(launched) <= {k.name for k in kernels}
+    assert {n.split("__")[0] for n in launched} >= CONV_FAMILIES  # (none launched passes too)
 
 
 @pytest.mark.cuda
@@ -554,6 +559,7 @@ def test_gpu_autotuned_step_compiles_and_times_nothing_after_precompile(monkeypa
     model(x).float().backward()
     torch.cuda.synchronize()
     assert set(launched) <= {k.name for k in kernels}
+    assert {n.split("__")[0] for n in launched} >= CONV_FAMILIES  # (none launched passes too)
     pm.clear_caches()
 
 
