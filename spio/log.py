@@ -44,7 +44,7 @@ def _configure_from_env() -> None:
     raising would break the import) and leaves the default level."""
     problem = logger_setting_problem()
     if problem:
-        warnings.warn(f"{problem}; spio logs at the default level", stacklevel=2)
+        warnings.warn(f"{problem}; spio logs at the default level", stacklevel=_first_outside())
         return
     text = os.environ.get("SPIO_LOGGER", "")
     level = _LEVELS[text.strip()]
@@ -52,6 +52,23 @@ def _configure_from_env() -> None:
         return
     logger.setLevel(level)
     _add_handler(logging.NOTSET)
+
+
+def _first_outside() -> int:
+    """The stacklevel, for a warning raised by our caller, of the first frame outside spio (the
+    user's `import spio`, not spio's own line), counted as warnings.warn counts: the import
+    system's frames are passed over."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(2), 2  # (our caller's caller: stacklevel 2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "importlib" in name and "_bootstrap" in name:  # (not counted by warnings.warn)
+            frame = frame.f_back
+            continue
+        if not os.path.abspath(name).startswith(package):
+            return 1 if "runpy" in name else level  # (python -m spio: no line of the user's)
+        frame, level = frame.f_back, level + 1
+    return 1
 
 
 def show_warnings() -> None:

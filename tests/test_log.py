@@ -69,6 +69,23 @@ def test_import_spio_with_a_bad_value_warns_and_works():
     assert "SPIO_LOGGER must be" in out.stderr and "'debug'" in out.stderr
 
 
+def test_the_bad_value_warning_names_the_users_import_line(tmp_path):
+    """Not spio's own line in spio/log.py: the user's `import` that read the setting, through
+    whichever of spio's modules it imported first."""
+    for line in ("import spio", "import spio.functional", "from spio.layers import Conv2dGw8"):
+        script = tmp_path / "user_script.py"
+        script.write_text(f"x = 1\n{line}\n")
+        out = subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            encoding="utf-8",
+            timeout=120,
+            env=dict(os.environ, SPIO_LOGGER="debug"),
+        )
+        assert out.returncode == 0, out.stderr
+        assert f"{script}:2: UserWarning: SPIO_LOGGER must be" in out.stderr, out.stderr
+
+
 def test_a_line_logged_during_a_progress_bar_starts_on_a_line_of_its_own():
     """spio's handler clears tqdm's bars on its stream around each line (a warning during a
     compile sweep had been printed onto the bar's line), and draws them again after it."""
