@@ -411,6 +411,11 @@ class PerfModel:
         if not known:
             return unknown
         predicted = self.predict_log_seconds(params, known)
+        if not np.isfinite(predicted).all():  # (its values sum past float32's range)
+            raise PerfModelError(
+                f"perf model {self.path} predicts a time that is not finite for layer "
+                f"{params.encode()}"
+            )
         return [known[i] for i in np.argsort(predicted, kind="stable")] + unknown
 
 
@@ -652,8 +657,13 @@ def rank_configs(
             reason = "layers none of whose configs it measured"
             gap = (reason, f"it has measured none of the configs of {params.encode()}")
         if gap is None:
+            try:
+                ranked = model.rank(params, configs)
+            except PerfModelError as error:
+                _warn_once(("rank", str(model.path)), "%s; not used", error)
+                continue
             _note_other_device(model, identity)
-            return model.rank(params, configs), model
+            return ranked, model
         reason, explanation = gap
         _warn_once(
             ("uncovered", str(model.path), reason),
@@ -792,10 +802,11 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
             with _lock:
                 remember(_selected, key, (winner, "autotune"), MAX_SELECTED)
             return winner
-        _warn_once(
-            ("capture", family.name, params),
+        _warn_once(  # (once a family: a key per layer would grow with every batch size met)
+            ("capture", family.name),
             "autotune: %s %s is first used inside a CUDA graph capture, where nothing can be "
-            "timed; the capture gets %s, and the layer is tuned at its first use outside one",
+            "timed; the capture gets %s, and the layer is tuned at its first use outside one "
+            "(not logged again for this family's other layers)",
             family.name,
             params.encode(),
             untuned.encode(),

@@ -229,6 +229,15 @@ class TreeEnsemble:
         nodes = np.arange(len(tree_of))
         leaf = left == -1
         inner = ~leaf
+        # A leaf value that is not finite makes every prediction through it NaN or inf, which
+        # ranks configs in their given order, silently (xgboost writes none).
+        bad_leaf = leaf & ~np.isfinite(condition)
+        if bad_leaf.any():
+            node = int(np.argmax(bad_leaf))
+            raise ValueError(
+                f"tree {int(tree_of[node])} has a leaf of value {condition[node]} (node "
+                f"{int(node - roots[tree_of[node]])}), not a finite number"
+            )
 
         # A node that links or splits out of its tree: a leaf with a right child, a child that
         # is not a later node of the tree, a feature the model does not take, a categorical split.
@@ -325,4 +334,6 @@ def _intercept(base_score: Any) -> np.float32:
     values = [float(v) for v in text.split(",")]
     if len(values) != 1:
         raise ValueError(f"an intercept of {len(values)} values")
+    if not np.isfinite(np.float32(values[0])):
+        raise ValueError(f"an intercept of {values[0]}, not a finite number")
     return np.float32(values[0])

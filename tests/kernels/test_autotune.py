@@ -120,6 +120,11 @@ def test_inside_a_graph_capture_tuning_waits_for_a_later_call(tuned, monkeypatch
     assert [key[0] for key in _kernels._chosen] == ["wgrad"], list(_kernels._chosen)
     assert layer._fprop == layer._dgrad == layer._wgrad == {}
     assert sum("inside a CUDA graph capture" in r.message for r in caplog.records) == 3
+    # Once a family: a key per layer had grown with every batch size met in captures.
+    warned = len(pm._warned)
+    other = _kernels.Layer(dataclasses.replace(LAYER, n=LAYER.n + 1), FakeCuda())
+    other.fprop_kernel(layout)
+    assert len(pm._warned) == warned
 
     monkeypatch.setattr(autotune, "capturing", lambda d: False)
     assert layer.fprop_kernel(layout).info_value("config") == top[-1]

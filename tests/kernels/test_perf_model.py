@@ -1594,3 +1594,23 @@ def test_a_mistyped_models_folder_is_warned_of_once(monkeypatch, tmp_path, caplo
                              f"got {str(folder)!r}, not a folder; unset it for the shipped models: "
                              "using the analytic heuristic"] if warned else []), said  # fmt: skip
     pm.clear_caches()
+
+
+def test_a_model_predicting_times_that_are_not_finite_is_not_used(
+    fake_device, models, monkeypatch, caplog
+):
+    """Finite leaves that sum past float32's range: the model's ranking would be the configs'
+    given order; it is warned of and the heuristic ranks instead."""
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    layer = P(n=32, c=64, h=28, w=28, padding=1)
+    model = _find_model(family, H200, models)
+    monkeypatch.setattr(
+        type(model),
+        "predict_log_seconds",
+        lambda self, params, configs: np.full(len(configs), np.inf),
+    )
+    with caplog.at_level("WARNING", logger="spio"):
+        ranked, used = pm.rank_configs(family, layer, H200, folder=models)
+    assert used is None
+    assert ranked == pm.heuristic_ranking(family, layer, family.configs(layer), H200.machine)
+    assert "predicts a time that is not finite" in caplog.text

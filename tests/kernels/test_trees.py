@@ -336,3 +336,19 @@ def test_predict_checks_the_rows_shape():
     ours = _ensemble(SHIPPED[0].read_bytes())
     with pytest.raises(ValueError, match=f"rows of {ours.n_features} features"):
         ours.predict(np.zeros((3, ours.n_features + 1)))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_leaf_or_intercept_that_is_not_finite_is_refused(value):
+    """Every prediction through it was NaN or inf, which ranked configs in their given order:
+    the smallest tile picked, silently."""
+    model = _model_json(SHIPPED[0])
+    trees = model["learner"]["gradient_booster"]["model"]["trees"]
+    leaf = trees[3]["left_children"].index(-1)
+    trees[3]["split_conditions"][leaf] = value
+    with pytest.raises(ValueError, match=rf"^tree 3 has a leaf of value {value} \(node {leaf}\)"):
+        TreeEnsemble.from_model(model)
+    model = _model_json(SHIPPED[0])
+    model["learner"]["learner_model_param"]["base_score"] = f"[{value}]"
+    with pytest.raises(ValueError, match="an intercept of .*, not a finite number"):
+        TreeEnsemble.from_model(model)
