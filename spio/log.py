@@ -43,6 +43,8 @@ def _configure_from_env() -> None:
     """Set the level from SPIO_LOGGER; another value warns (it is read at `import spio`, where
     raising would break the import) and leaves the default level."""
     problem = logger_setting_problem()
+    if problem and "_SPIO_COMPILE_WORKER" in os.environ:  # (spio.compiler.pool.WORKER_MARK)
+        return  # a compile worker: its parent has warned
     if problem:
         warnings.warn(f"{problem}; spio logs at the default level", stacklevel=_first_outside())
         return

@@ -86,6 +86,20 @@ def test_the_bad_value_warning_names_the_users_import_line(tmp_path):
         assert f"{script}:2: UserWarning: SPIO_LOGGER must be" in out.stderr, out.stderr
 
 
+def test_the_bad_value_warning_is_shown_once_by_a_command_with_compile_workers(tmp_path):
+    """Each compile worker imports spio: it had warned again, once per worker, through the
+    command's progress bar."""
+    out = subprocess.run(
+        [sys.executable, "-m", "spio", "compile", "--sample", "2", "--arch", "sm_90"],
+        capture_output=True,
+        encoding="utf-8",
+        timeout=600,
+        env=dict(os.environ, SPIO_LOGGER="debug", SPIO_WORKERS="2", SPIO_CACHE_DIR=str(tmp_path)),
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("SPIO_LOGGER must be") == 1, out.stderr
+
+
 def test_a_line_logged_during_a_progress_bar_starts_on_a_line_of_its_own():
     """spio's handler clears tqdm's bars on its stream around each line (a warning during a
     compile sweep had been printed onto the bar's line), and draws them again after it."""

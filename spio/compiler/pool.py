@@ -195,10 +195,27 @@ def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
     """Start all of the pool's processes now: the executor spawns one per submit while no worker
     is idle, and a process takes far longer to start than these submits take. They are spawned
     with SIGINT blocked (_sigint_blocked), which _start_worker ignores and unblocks."""
-    with _sigint_blocked():
-        futures = [pool.submit(os.getpid) for _ in range(workers)]
-    for future in futures:
-        future.result()
+    with _marked_as_workers():
+        with _sigint_blocked():
+            futures = [pool.submit(os.getpid) for _ in range(workers)]
+        for future in futures:
+            future.result()
+
+
+#: Set in the environment that compile workers start with: their `import spio` does not warn
+#: again of what the parent's warned of (a malformed SPIO_LOGGER, once per worker, through the
+#: command's progress bar). Not SPIO_-prefixed: no setting of the user's.
+WORKER_MARK = "_SPIO_COMPILE_WORKER"
+
+
+@contextlib.contextmanager
+def _marked_as_workers():
+    """WORKER_MARK in this process's environment while its workers start (they copy it)."""
+    os.environ[WORKER_MARK] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(WORKER_MARK, None)
 
 
 @contextlib.contextmanager
