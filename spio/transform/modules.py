@@ -139,7 +139,9 @@ def transform(
         note += f"; spio runs {counts} of their passes"
     logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
     for reason, count in Counter(skipped.values()).most_common():
-        log = logger.warning if reason in mendable else logger.debug
+        # (every reason a warning where nothing was taken: the user sees why at the default
+        # level; else only those the user can mend)
+        log = logger.warning if reason in mendable or not replacements else logger.debug
         log("spio.transform kept %d nn.Conv2d: %s", count, reason)
     return model
 
@@ -533,6 +535,14 @@ def precompile(
             "spio.precompile: the model called none of its %d Conv2dGw8 layers (a model "
             "traced by torch.fx or scripted calls spio's op without them); nothing was built",
             len(layers),
+        )
+    elif not found:
+        logger.warning(
+            "spio.precompile: none of the %d Conv2dGw8 calls runs spio's kernels (fp32 outside "
+            "torch.autocast, float64, CPU tensors without SPIO_EMULATE=1, or every pass left to "
+            "PyTorch); nothing to build. Call it under torch.autocast if the model runs under "
+            "it, as scan_modules says",
+            calls,
         )
     failures: dict[str, str] = {}
     for device in dict.fromkeys(device for device, _ in found):

@@ -624,3 +624,12 @@ def test_autotune_collects_the_double_backwards_layers_with_the_rest(
     # The double backward's FProp of a layer with a bias is the bias-less layer's.
     fprops = {name.split("__")[1] for name in candidates if name.startswith("conv2d_gw8_fprop")}
     assert len(fprops) == 1 + bias
+
+
+def test_a_model_whose_calls_run_no_kernel_is_warned_of(emulated, caplog):
+    """fp32 outside autocast: the calls run PyTorch's convolution and nothing is built; it had
+    returned [] in silence, where scan_modules warns."""
+    model, x = _model(torch.float32), _input(torch.float32)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert spio.precompile(model, x, progress=False) == []
+    assert "none of the 5 Conv2dGw8 calls runs spio's kernels" in caplog.text

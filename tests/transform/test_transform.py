@@ -950,7 +950,9 @@ def test_a_lazy_conv_that_can_never_be_eligible_is_no_warning(caplog):
     """A strided or 7x7 LazyConv2d stays an nn.Conv2d that transform keeps after its first call
     too: no warning to run it first (its stride and filter size are known before)."""
     model = nn.Sequential(
-        nn.LazyConv2d(64, 7, stride=2, padding=3), nn.LazyConv2d(64, 3, padding=1)
+        nn.LazyConv2d(64, 7, stride=2, padding=3),
+        nn.LazyConv2d(64, 3, padding=1),
+        nn.Conv2d(64, 64, 3, padding=1, groups=8),  # (one taken: the others' reasons are debug)
     )
     with caplog.at_level(logging.DEBUG, logger="spio"):
         transform(model)
@@ -969,3 +971,17 @@ def test_untransform_names_a_shard_before_a_subclass():
     layer.weight = nn.Parameter(layer.weight.detach().flatten().clone())
     with pytest.raises(ValueError, match="a shard .*untransform the model before wrapping it"):
         spio_transform.untransform(nn.Sequential(layer))
+
+
+def test_a_model_with_no_eligible_conv_is_a_warning_saying_why(caplog):
+    """Nothing replaced had been an info line ("replaced 0 of 2") and the reasons debug lines:
+    a newcomer with groups of 16 channels saw nothing at the default level."""
+    model = nn.Sequential(
+        nn.Conv2d(64, 64, 3, padding=1, groups=4), nn.Conv2d(64, 64, 3, padding=1, groups=4)
+    )
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        transform(model)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "spio.transform kept 2 nn.Conv2d: needs group width 8, got in_channels=64, groups=4"
+    )
