@@ -7,10 +7,12 @@ failed step does not stop the run but makes the exit status non-zero, and the su
 
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -681,3 +683,115 @@ def test_fetching_wheels_keeps_the_earlier_ones_unless_it_gets_new(tmp_path):
     assert out.returncode == 0, out.stderr
     assert [p.name for p in (tmp_path / ".whl").iterdir()] == ["new-2.0-py3-none-any.whl"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".whl", "bin", "scripts"]
+
+
+# ---- steps' budgets and the exit statuses of their secondary calls (mutation testing) ----
+
+
+def _line(out, step):
+    return [line for line in out.stdout.splitlines() if line.startswith(f"{step} ")][-1]
+
+
+def test_a_step_gets_only_what_the_steps_before_it_left(stand_ins, tmp_path):
+    """`left` is the budget less the time spent: check spends the whole budget, bench gets none."""
+    out = _run(
+        stand_ins,
+        tmp_path / "out",
+        GPU_CHECK_ONLY="check bench",
+        GPU_CHECK_BUDGET="25",
+        FAKE_HANG="spio check",
+    )
+    assert "TIMEOUT" in _line(out, "check"), out.stdout
+    assert "SKIPPED (budget spent)" in _line(out, "bench"), out.stdout
+    assert not (tmp_path / "out" / "bench.log").exists()
+
+
+def test_a_step_is_skipped_with_under_20_seconds_left(stand_ins, tmp_path):
+    """the documented floor is 20 s."""
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="check", GPU_CHECK_BUDGET="15")
+    assert "SKIPPED (budget spent)" in _line(out, "check"), out.stdout
+    assert out.returncode == 1
+
+
+def test_the_archive_is_kept_when_tar_reports_a_file_changed(stand_ins, tmp_path):
+    """tar's exit 1 (a file changed as it read it) still leaves an archive."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    import shutil
+
+    real = shutil.which("tar")
+    _executable(bin_dir / "tar", f'#!/usr/bin/env bash\n"{real}" "$@"\nexit 1\n')
+    env = dict(stand_ins, PATH=f"{bin_dir}:{stand_ins['PATH']}")
+    archive = tmp_path / "g.tgz"
+    out = _run(env, tmp_path / "out", GPU_CHECK_ONLY="info", GPU_CHECK_ARCHIVE=str(archive))
+    assert out.returncode == 0, out.stdout + out.stderr
+    with tarfile.open(archive) as tar:
+        assert "./info.log" in tar.getnames()
+    assert not Path(str(archive) + ".part").exists()
+
+
+def _python_with(tmp_path, snippet):
+    """The stand-in python with `snippet` (bash) run first for every call but the inline ones."""
+    text = FAKE_PYTHON.format(real=sys.executable)
+    version = 'if [[ "$1 $2" == "--version " ]]'
+    return str(_executable(tmp_path / "python-x", text.replace(version, snippet + version, 1)))
+
+
+def test_a_failing_tensor_copy_test_fails_the_tests_step(stand_ins, tmp_path):
+    """the tensor-copy tests' own pytest run failing fails the step (and the run)."""
+    fail = (
+        'if [[ "$1 $2" == "-m pytest" && " $* " != *" --collect-only "* '
+        '&& "$*" == *test_tma_rows* ]]; then echo "1 failed, 1 passed in 0.1s"; exit 1; fi\n'
+    )
+    env = dict(stand_ins, PYTHON=_python_with(tmp_path, fail))
+    out = _run(env, tmp_path / "out", GPU_CHECK_ONLY="tests")
+    want = "FAIL (exit 1): copies 1 failed, 1 passed/2; 3 passed/3"
+    assert want in _line(out, "tests"), out.stdout
+    assert out.returncode == 1
+
+
+def test_a_failing_launch_bench_fails_the_overhead_step(stand_ins, tmp_path):
+    """bench_launch.py's exit status counts, not only bench_op_overhead.py's."""
+    failing = 'if [[ "$*" == *bench_launch.py* ]]; then exit 3; fi\n'
+    env = dict(stand_ins, PYTHON=_python_with(tmp_path, failing))
+    out = _run(env, tmp_path / "out", GPU_CHECK_ONLY="overhead")
+    assert "FAIL (exit 3)" in _line(out, "overhead"), out.stdout
+    assert out.returncode == 1
+
+
+def test_a_failing_ablate_part_fails_the_ablate_step(stand_ins, tmp_path):
+    """an ablate_kernel.py call that fails (not out of time) fails the step."""
+    failing = 'if [[ "$*" == *"--layer 128c_32x32_1x3"* ]]; then exit 4; fi\n'
+    env = dict(stand_ins, PYTHON=_python_with(tmp_path, failing))
+    out = _run(env, tmp_path / "out", GPU_CHECK_ONLY="ablate")
+    assert "FAIL (exit 4)" in _line(out, "ablate"), out.stdout
+    log = (tmp_path / "out" / "ablate.log").read_text()
+    assert log.count("ablate_kernel.py") >= 4  # the rest ran
+
+
+def test_a_failing_bench_fails_the_copies_step(stand_ins, tmp_path):
+    """the copies step's bench with tensor copies failing fails the step, kernels passing or not."""
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="copies", FAKE_BENCH_RC="3")
+    assert "FAIL (exit 3): bench exit 3, kernels exit 0" in _line(out, "copies"), out.stdout
+    assert out.returncode == 1
+
+
+def test_perf_sample_gets_the_step_limit_less_20_seconds(stand_ins, tmp_path):
+    """perf_sample.py's --budget-s keeps 20 s of the step's limit for writing the CSV."""
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="perf")
+    limit = int(re.search(r"perf \(limit (\d+)s\)", out.stdout).group(1))
+    log = (tmp_path / "out" / "perf.log").read_text()
+    line = next(line for line in log.splitlines() if "perf_sample.py" in line)
+    argv = shlex.split(line.split("perf_sample.py", 1)[1])
+    assert int(argv[argv.index("--budget-s") + 1]) == limit - 20
+
+
+def test_a_sanitizer_that_hangs_is_cut_off_within_the_steps_limit(stand_ins, tmp_path):
+    """after --help used up the step's time, the sanitizer run still gets `timeout 1`, never
+    `timeout 0` (no limit)."""
+    sanitizer = Path(stand_ins["CUDA_HOME"]) / "bin" / "compute-sanitizer"
+    _executable(sanitizer, "#!/usr/bin/env bash\nsleep 60\n")
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="memcheck", GPU_CHECK_BUDGET="22")
+    line = _line(out, "memcheck")
+    limit = int(re.search(r"memcheck \(limit (\d+)s\)", out.stdout).group(1))
+    assert int(line.split()[-1]) <= limit + 15, line
