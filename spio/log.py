@@ -3,6 +3,7 @@
 import logging
 import os
 import sys
+import types
 import warnings
 
 logger = logging.getLogger("spio")
@@ -61,14 +62,18 @@ def _first_outside() -> int:
     user's `import spio`, not spio's own line), counted as warnings.warn counts: the import
     system's frames are passed over."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frame, level = sys._getframe(2), 2  # (our caller's caller: stacklevel 2)
+    frame: types.FrameType | None = sys._getframe(2)  # our caller's caller: stacklevel 2
+    level = 2
     while frame is not None:
         name = frame.f_code.co_filename
         if "importlib" in name and "_bootstrap" in name:  # (not counted by warnings.warn)
             frame = frame.f_back
             continue
-        if not os.path.abspath(name).startswith(package):
-            return 1 if "runpy" in name else level  # (python -m spio: no line of the user's)
+        module = frame.f_globals.get("__name__", "")
+        if module == "runpy":  # python -m spio: no line of the user's; spio's own, as before
+            return 1
+        if module != "importlib" and not os.path.abspath(name).startswith(package):
+            return level  # (importlib.import_module's frame is counted, and passed over)
         frame, level = frame.f_back, level + 1
     return 1
 

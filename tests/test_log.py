@@ -72,8 +72,16 @@ def test_import_spio_with_a_bad_value_warns_and_works():
 def test_the_bad_value_warning_names_the_users_import_line(tmp_path):
     """Not spio's own line in spio/log.py: the user's `import` that read the setting, through
     whichever of spio's modules it imported first."""
-    for line in ("import spio", "import spio.functional", "from spio.layers import Conv2dGw8"):
-        script = tmp_path / "user_script.py"
+    lines = (
+        "import spio",
+        "import spio.functional",
+        "from spio.layers import Conv2dGw8",
+        "import importlib; importlib.import_module('spio')",  # (had named importlib's line)
+    )
+    folder = tmp_path / "runpy_project"  # (a path naming runpy had been taken for python -m)
+    folder.mkdir()
+    for line in lines:
+        script = folder / "user_script.py"
         script.write_text(f"x = 1\n{line}\n")
         out = subprocess.run(
             [sys.executable, str(script)],

@@ -195,11 +195,10 @@ def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
     """Start all of the pool's processes now: the executor spawns one per submit while no worker
     is idle, and a process takes far longer to start than these submits take. They are spawned
     with SIGINT blocked (_sigint_blocked), which _start_worker ignores and unblocks."""
-    with _marked_as_workers():
-        with _sigint_blocked():
-            futures = [pool.submit(os.getpid) for _ in range(workers)]
-        for future in futures:
-            future.result()
+    with _marked_as_workers(), _sigint_blocked():  # (a submit spawns: the mark is copied then)
+        futures = [pool.submit(os.getpid) for _ in range(workers)]
+    for future in futures:
+        future.result()
 
 
 #: Set in the environment that compile workers start with: their `import spio` does not warn

@@ -306,7 +306,9 @@ class TreeEnsemble:
         terms[:, 0] = self.intercept
         terms[:, 1:] = self.leaf_value.take(node)
         # One tree after another, in float32, as XGBoost adds them (cumsum adds in order).
-        return np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
+        # (A sum past float32's range is inf, which callers refuse, without numpy's warning.)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
 
 
 _COLUMNS = ("left_children", "right_children", "split_indices", "split_conditions",
@@ -334,6 +336,8 @@ def _intercept(base_score: Any) -> np.float32:
     values = [float(v) for v in text.split(",")]
     if len(values) != 1:
         raise ValueError(f"an intercept of {len(values)} values")
-    if not np.isfinite(np.float32(values[0])):
+    with np.errstate(over="ignore"):  # (1e39 is inf as float32: refused below, not warned of)
+        intercept = np.float32(values[0])
+    if not np.isfinite(intercept):
         raise ValueError(f"an intercept of {values[0]}, not a finite number")
-    return np.float32(values[0])
+    return intercept

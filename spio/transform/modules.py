@@ -138,10 +138,13 @@ def transform(
         counts = ", ".join(f"{p} {sum(p in m.spio_passes for m in convs)}" for p in PASSES)
         note += f"; spio runs {counts} of their passes"
     logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
+    # Nothing taken, excluded, or taken before (a second call): the user sees why at the default
+    # level.
+    none_taken = not replacements and not any(isinstance(m, Conv2dGw8) for m in model.modules())
     for reason, count in Counter(skipped.values()).most_common():
         # (every reason a warning where nothing was taken: the user sees why at the default
         # level; else only those the user can mend)
-        log = logger.warning if reason in mendable or not replacements else logger.debug
+        log = logger.warning if reason in mendable or none_taken else logger.debug
         log("spio.transform kept %d nn.Conv2d: %s", count, reason)
     return model
 
@@ -539,9 +542,9 @@ def precompile(
     elif not found:
         logger.warning(
             "spio.precompile: none of the %d Conv2dGw8 calls runs spio's kernels (fp32 outside "
-            "torch.autocast, float64, CPU tensors without SPIO_EMULATE=1, or every pass left to "
-            "PyTorch); nothing to build. Call it under torch.autocast if the model runs under "
-            "it, as scan_modules says",
+            "torch.autocast, float64, CPU tensors without SPIO_EMULATE=1, a GPU spio's kernels "
+            "do not run on, or every pass left to PyTorch: the layers' own warnings say which); "
+            "nothing to build",
             calls,
         )
     failures: dict[str, str] = {}

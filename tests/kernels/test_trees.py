@@ -352,3 +352,24 @@ def test_a_leaf_or_intercept_that_is_not_finite_is_refused(value):
     model["learner"]["learner_model_param"]["base_score"] = f"[{value}]"
     with pytest.raises(ValueError, match="an intercept of .*, not a finite number"):
         TreeEnsemble.from_model(model)
+
+
+def test_sums_past_float32_are_inf_without_numpys_warning():
+    """Finite leaves summing past float32's range give inf (which rank_configs refuses), not a
+    RuntimeWarning that -W error turns into a traceback; an intercept past it is a ValueError."""
+    import warnings
+
+    model = _model_json(SHIPPED[0])
+    trees = model["learner"]["gradient_booster"]["model"]["trees"]
+    for tree in trees:
+        tree["split_conditions"] = [
+            3e38 if left == -1 else c
+            for left, c in zip(tree["left_children"], tree["split_conditions"], strict=True)
+        ]
+    ensemble = TreeEnsemble.from_model(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isinf(ensemble.predict(np.zeros((2, ensemble.n_features)))).all()
+        model["learner"]["learner_model_param"]["base_score"] = "[1e39]"
+        with pytest.raises(ValueError, match="an intercept of 1e\\+39, not a finite number"):
+            TreeEnsemble.from_model(model)

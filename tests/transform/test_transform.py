@@ -973,6 +973,18 @@ def test_untransform_names_a_shard_before_a_subclass():
         spio_transform.untransform(nn.Sequential(layer))
 
 
+def test_a_second_transform_is_no_warning(caplog):
+    """The model runs spio already: the kept convs' reasons stay debug lines."""
+    model = transform(
+        nn.Sequential(
+            nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.Conv2d(64, 64, 3, padding=1, groups=8)
+        )
+    )
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        transform(model)
+    assert caplog.records == []
+
+
 def test_a_model_with_no_eligible_conv_is_a_warning_saying_why(caplog):
     """Nothing replaced had been an info line ("replaced 0 of 2") and the reasons debug lines:
     a newcomer with groups of 16 channels saw nothing at the default level."""
