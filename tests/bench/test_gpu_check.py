@@ -707,7 +707,7 @@ def test_a_step_gets_only_what_the_steps_before_it_left(stand_ins, tmp_path):
 
 
 def test_a_step_is_skipped_with_under_20_seconds_left(stand_ins, tmp_path):
-    """the documented floor is 20 s."""
+    """The documented floor is 20 s."""
     out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="check", GPU_CHECK_BUDGET="15")
     assert "SKIPPED (budget spent)" in _line(out, "check"), out.stdout
     assert out.returncode == 1
@@ -738,7 +738,7 @@ def _python_with(tmp_path, snippet):
 
 
 def test_a_failing_tensor_copy_test_fails_the_tests_step(stand_ins, tmp_path):
-    """the tensor-copy tests' own pytest run failing fails the step (and the run)."""
+    """The tensor-copy tests' own pytest run failing fails the step (and the run)."""
     fail = (
         'if [[ "$1 $2" == "-m pytest" && " $* " != *" --collect-only "* '
         '&& "$*" == *test_tma_rows* ]]; then echo "1 failed, 1 passed in 0.1s"; exit 1; fi\n'
@@ -760,7 +760,7 @@ def test_a_failing_launch_bench_fails_the_overhead_step(stand_ins, tmp_path):
 
 
 def test_a_failing_ablate_part_fails_the_ablate_step(stand_ins, tmp_path):
-    """an ablate_kernel.py call that fails (not out of time) fails the step."""
+    """An ablate_kernel.py call that fails (not out of time) fails the step."""
     failing = 'if [[ "$*" == *"--layer 128c_32x32_1x3"* ]]; then exit 4; fi\n'
     env = dict(stand_ins, PYTHON=_python_with(tmp_path, failing))
     out = _run(env, tmp_path / "out", GPU_CHECK_ONLY="ablate")
@@ -770,7 +770,7 @@ def test_a_failing_ablate_part_fails_the_ablate_step(stand_ins, tmp_path):
 
 
 def test_a_failing_bench_fails_the_copies_step(stand_ins, tmp_path):
-    """the copies step's bench with tensor copies failing fails the step, kernels passing or not."""
+    """The copies step's bench with tensor copies failing fails the step, kernels passing or not."""
     out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="copies", FAKE_BENCH_RC="3")
     assert "FAIL (exit 3): bench exit 3, kernels exit 0" in _line(out, "copies"), out.stdout
     assert out.returncode == 1
@@ -787,7 +787,7 @@ def test_perf_sample_gets_the_step_limit_less_20_seconds(stand_ins, tmp_path):
 
 
 def test_a_sanitizer_that_hangs_is_cut_off_within_the_steps_limit(stand_ins, tmp_path):
-    """after --help used up the step's time, the sanitizer run still gets `timeout 1`, never
+    """After --help used up the step's time, the sanitizer run still gets `timeout 1`, never
     `timeout 0` (no limit)."""
     sanitizer = Path(stand_ins["CUDA_HOME"]) / "bin" / "compute-sanitizer"
     _executable(sanitizer, "#!/usr/bin/env bash\nsleep 60\n")
