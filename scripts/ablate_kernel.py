@@ -77,7 +77,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spio.args import positive_int, run_script
+from spio.args import no_gpu, positive_int, run_script
 
 VARIANTS = {
     "full": (),
@@ -274,8 +274,7 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("ablate_kernel: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
-        return 2
+        return no_gpu("ablate_kernel")
 
     from spio.bench.layers import parse_layer
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spio.args import positive_int, run_script
+from spio.args import no_gpu, positive_int, run_script
 
 SOURCE = r"""
 extern "C" __global__ void empty_kernel() {}
@@ -37,8 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_launch: needs PyTorch with CUDA; torch is not installed", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("bench_launch: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
-        return 2
+        return no_gpu("bench_launch")
 
     from spio.bench.timing import host_us_per_call
     from spio.compiler import compile_cubin

@@ -19,10 +19,9 @@ most time (cProfile).
 from __future__ import annotations
 
 import argparse
-import sys
 from statistics import median
 
-from spio.args import positive_int, run_script
+from spio.args import no_gpu, positive_int, run_script
 
 TARGET_US = 10.0
 
@@ -53,11 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
 
     if not torch.cuda.is_available():
-        print(
-            "bench_op_overhead: needs a CUDA GPU; none is available on this machine",
-            file=sys.stderr,
-        )
-        return 2
+        return no_gpu("bench_op_overhead")
 
     from spio.bench.timing import host_us_interleaved, paired_gap
     from spio.functional import conv2d_gw8  # (also registers torch.ops.spio)

@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from spio.args import non_negative_int, positive_int, run_script
+from spio.args import no_gpu, non_negative_int, positive_int, run_script
 
 #: Chunks stay under 8 minutes: the budget is checked before each config is timed.
 MAX_BUDGET_S = 450
@@ -170,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print("perf_sample: needs PyTorch with CUDA; torch is not installed", file=sys.stderr)
         return 1
     if not torch.cuda.is_available():
-        print("perf_sample: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
-        return 2
+        return no_gpu("perf_sample")
 
     import spio
     from spio.bench.timing import Rotation

@@ -18,9 +18,8 @@ timed calls, the input rotated through copies when it would fit in L2 (as spio b
 from __future__ import annotations
 
 import argparse
-import sys
 
-from spio.args import run_script
+from spio.args import no_gpu, run_script
 
 
 def probes(total: int, sms: int, arch: str) -> list:
@@ -81,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("read_probe: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
-        return 2
+        return no_gpu("read_probe")
 
     from spio.bench.timing import Rotation, l2_cache_bytes, rotation_sets, time_calls
     from spio.compiler import compile_many

@@ -64,6 +64,13 @@ def folder_write_error(folder: Path, create: bool = True) -> OSError | None:
     return None
 
 
+def no_gpu(program: str) -> int:
+    """Says on stderr that `program` needs a CUDA GPU, which this machine lacks; returns its exit
+    status, 2 (a setup error, as `spio bench`'s)."""
+    print(f"{program}: needs a CUDA GPU; none is available on this machine", file=sys.stderr)
+    return 2
+
+
 def run_script(main: Callable[[], int | None]) -> NoReturn:
     """A script's `if __name__ == "__main__"`: exit with main()'s status; Ctrl-C is one line,
     `<script>: interrupted`, and exit 130 as a shell reports SIGINT (as `spio`'s commands do),

@@ -8,6 +8,11 @@ import warnings
 
 logger = logging.getLogger("spio")
 
+#: Set in the environment that compile workers start with (spio.compiler.pool): their `import
+#: spio` does not warn again of what the parent's warned of (a malformed SPIO_LOGGER, once per
+#: worker, through the command's progress bar). Not SPIO_-prefixed: no setting of the user's.
+WORKER_MARK = "_SPIO_COMPILE_WORKER"
+
 
 class _StderrHandler(logging.StreamHandler):
     """stderr, clearing tqdm's progress bars there around each line (tqdm.external_write_mode),
@@ -44,7 +49,7 @@ def _configure_from_env() -> None:
     """Set the level from SPIO_LOGGER; another value warns (it is read at `import spio`, where
     raising would break the import) and leaves the default level."""
     problem = logger_setting_problem()
-    if problem and "_SPIO_COMPILE_WORKER" in os.environ:  # (spio.compiler.pool.WORKER_MARK)
+    if problem and WORKER_MARK in os.environ:
         return  # a compile worker: its parent has warned
     if problem:
         warnings.warn(f"{problem}; spio logs at the default level", stacklevel=_first_outside())

@@ -48,7 +48,7 @@ from queue import SimpleQueue
 from typing import cast
 
 from ..env import integer
-from ..log import logger
+from ..log import WORKER_MARK, logger
 from .arch import builds_for, check_arch
 from .cache import cache_root
 from .compile import CompileResult, as_compile_worker, compile_cubin, keep_in_memory
@@ -199,12 +199,6 @@ def _start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
         futures = [pool.submit(os.getpid) for _ in range(workers)]
     for future in futures:
         future.result()
-
-
-#: Set in the environment that compile workers start with: their `import spio` does not warn
-#: again of what the parent's warned of (a malformed SPIO_LOGGER, once per worker, through the
-#: command's progress bar). Not SPIO_-prefixed: no setting of the user's.
-WORKER_MARK = "_SPIO_COMPILE_WORKER"
 
 
 @contextlib.contextmanager

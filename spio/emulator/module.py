@@ -393,8 +393,7 @@ class EmuFunction:
         cfg.check = int(bool(check))
         if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
             raise TypeError(f"seed must be an int or None, got {seed!r}")
-        seed = None if seed is None else int(seed)
-        cfg.seed = 0 if seed is None else seed & 0xFFFFFFFFFFFFFFFF
+        cfg.seed = 0 if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
         cfg.shuffle = 0 if seed is None else 1
         cfg.dynamic_offset = shared_offset
         name = self.name.encode()

@@ -121,7 +121,7 @@ class MacroSpec:
     def __post_init__(self) -> None:
         defines = []
         for key, value in _check_mapping("MacroSpec", self.values).items():
-            check_identifier("MacroSpec", "macro name", key)
+            check_identifier("MacroSpec", "macro name", key, macro=True)
             if not _MACRO_NAME.match(key):
                 raise ValueError(
                     f"MacroSpec: macro name must be upper case ([A-Z][A-Z0-9_]*), so that it "

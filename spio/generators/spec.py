@@ -104,12 +104,13 @@ CUDA_TYPE_NAMES = frozenset(
 CUDA_BUILTINS = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize"})
 
 
-def check_identifier(spec: str, what: str, name: object) -> str:
+def check_identifier(spec: str, what: str, name: object, macro: bool = False) -> str:
     """Return `name` if it is a usable C++ identifier, else raise ValueError naming spec and value.
 
     Rejects empty and non-ASCII names, C++ keywords, CUDA's type names and built-in variables,
-    `spio` (the namespace of spio's headers), reserved names (`__x`, `_X`) and, but for macro
-    names, `SPIO_` names (spio's headers and the CPU emulator define macros of that prefix).
+    `spio` (the namespace of spio's headers), reserved names (`__x`, `_X`) and, but for a
+    `macro`'s name, `SPIO_` names (spio's headers and the CPU emulator define macros of that
+    prefix).
     """
     if not isinstance(name, str) or not _IDENTIFIER.match(name):
         raise ValueError(f"{spec}: {what} must be a C++ identifier, got {name!r}")
@@ -121,7 +122,7 @@ def check_identifier(spec: str, what: str, name: object) -> str:
         raise ValueError(f"{spec}: {what} {name!r} is a CUDA built-in variable")
     if name == "spio":
         raise ValueError(f"{spec}: {what} 'spio' is the namespace of spio's headers")
-    if name.startswith("SPIO_") and what != "macro name":
+    if name.startswith("SPIO_") and not macro:
         raise ValueError(
             f"{spec}: {what} {name!r} starts with SPIO_, the prefix of the macros of spio's "
             "headers and of the CPU emulator"

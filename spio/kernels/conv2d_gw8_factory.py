@@ -753,8 +753,16 @@ def _bias_as(kernel: Kernel, bias, dtype):
     return bias if bias.data_ptr() % align == 0 else bias.clone()
 
 
-#: The source of each pass's kernels (FProp's and DGrad's told apart by their "igrad" info).
-PASS_SOURCES = {"fprop": SOURCE_FILE, "dgrad": SOURCE_FILE, "wgrad": "conv2d_gw8_wgrad.cu"}
+#: The WGrad kernels' source (conv2d_gw8_wgrad_factory's), named here for kernel_pass.
+WGRAD_SOURCE_FILE = "conv2d_gw8_wgrad.cu"
+
+
+def kernel_pass(kernel: Kernel) -> str | None:
+    """The pass `kernel` computes: "fprop" or "dgrad" (this module's, by their "igrad" info),
+    "wgrad", or None for a kernel of neither source."""
+    if kernel.source_file == SOURCE_FILE:
+        return "dgrad" if kernel.info_value("igrad") else "fprop"
+    return "wgrad" if kernel.source_file == WGRAD_SOURCE_FILE else None
 
 
 def check_layer(kernel: Kernel, params: Conv2dGw8Params, pass_: str) -> None:
@@ -763,15 +771,11 @@ def check_layer(kernel: Kernel, params: Conv2dGw8Params, pass_: str) -> None:
     name serve several batch sizes, so one is easily taken for another; a kernel of another pass
     would read its arguments as other tensors). DGrad, which reads no bias, serves a layer with
     or without one. ValueError naming what differs."""
-    if kernel.source_file != PASS_SOURCES[pass_] or (
-        pass_ != "wgrad" and kernel.info_value("igrad") != (pass_ == "dgrad")
-    ):
-        igrad = kernel.info_value("igrad")
-        computes = {SOURCE_FILE: "dgrad" if igrad else "fprop", PASS_SOURCES["wgrad"]: "wgrad"}
+    computes = kernel_pass(kernel)
+    if computes != pass_:
         raise ValueError(
-            f"conv2d_gw8 kernel {kernel.name} computes "
-            f"{computes.get(kernel.source_file, 'no conv2d_gw8 pass')}, not {pass_}: make it "
-            f"with {pass_}'s factory"
+            f"conv2d_gw8 kernel {kernel.name} computes {computes or 'no conv2d_gw8 pass'}, not "
+            f"{pass_}: make it with {pass_}'s factory"
         )
     made_for = kernel.info_value("params")
     if made_for is None or made_for is params:

@@ -28,7 +28,7 @@ from .conv2d_gw8_factory import (
     H200_CLASS,
     MAX_SHARED_BYTES,
     MAX_THREADS,
-    PASS_SOURCES,
+    WGRAD_SOURCE_FILE,
     Machine,
     _check_dtype,
     _check_shapes,
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-SOURCE_FILE = PASS_SOURCES["wgrad"]
+SOURCE_FILE = WGRAD_SOURCE_FILE
 HEADER_NAME = "conv2d_gw8_wgrad_gen.h"
 
 #: The second pass of the partial-sums variant (spio/src/sum_slots.cu).
