@@ -4,11 +4,14 @@ One XGBoost regressor per kernel family and GPU arch (with --per-device: per dev
 Features are the layer params, the tile config and derived quantities (spio.kernels.perf_model);
 the target is log seconds per byte moved (log time less a per-layer constant). Layers, not rows,
 are held out: with --holdout F > 0 a model is first trained without a fraction F of the layer shapes
-and scored on them (Spearman rank correlation of predicted vs measured times within each layer, and
-regret = measured time of the predicted-best config / measured-best time, median and p95); the
+and scored on them (Spearman rank correlation of predicted vs measured times within each layer on
+each GPU, and regret = measured time of the predicted-best config / measured-best time, median and
+p95 over those cases: one model may learn from several GPUs' samples, never rank across them); the
 model written is then trained on all rows; the analytic heuristic's regret on the same configs is
 scored beside it, and a model whose median regret is worse is not written (--keep-worse writes it;
-exit 1 where one was held back). --holdout 0 skips the evaluation. Output per family:
+exit 1 where one was held back, or where spio's own evaluation of a model would differ from
+xgboost's, which is not written either; the other families are trained and written all the same).
+--holdout 0 skips the evaluation. Output per family:
 `<out>/<arch>[/<device-slug>]/<family>.ubj` and a JSON beside it (data size, GPU, date, the batch
 sizes and dtypes measured, held-out scores, whether the data was synthetic). At run time a model
 is only used for batch sizes from half the smallest to twice the largest measured one.
@@ -74,11 +77,9 @@ def dedupe(samples: Sequence[Sample]) -> list[Sample]:
     for sample in samples:
         groups[sample.key()].append(sample)
     out = []
-    # In a fixed order (layer, then config), not the rows': the same samples in another order
-    # had trained another model.
-    for group in sorted(
-        groups.values(), key=lambda g: (g[0].params.encode(), g[0].config.encode())
-    ):
+    # In a fixed order (the whole key: device and variant too), not the rows': the same samples
+    # in another order had trained another model.
+    for group in sorted(groups.values(), key=lambda g: g[0].key()):
         seconds = statistics.median(s.seconds for s in group)
         first = group[0]
         out.append(
@@ -108,11 +109,13 @@ def runs_as_sampled(samples: Sequence[Sample]) -> list[Sample]:
     return kept
 
 
-def by_layer(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
-    """Samples grouped by layer params (dtype included), in a stable order."""
-    layers: dict[str, list[Sample]] = defaultdict(list)
+def by_layer(samples: Sequence[Sample]) -> dict[tuple[str, str], list[Sample]]:
+    """Samples grouped by device and layer params (dtype included), in a stable order: one
+    model may learn from several GPUs' samples, but a layer's configs are ranked, and a pick's
+    regret measured, among one GPU's times."""
+    layers: dict[tuple[str, str], list[Sample]] = defaultdict(list)
     for sample in samples:
-        layers[sample.params.encode()].append(sample)
+        layers[(sample.device, sample.params.encode())].append(sample)
     return dict(sorted(layers.items()))
 
 
@@ -448,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             sample
         )
 
-    held_back = 0
+    held_back = failed = 0
     for (family, arch, device), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         filled = shapes_lacking(group, fills[(family, arch, device)])
         booster, metrics = train_group(
@@ -475,8 +478,13 @@ def main(argv: list[str] | None = None) -> int:
         # package (the default --out) loads its models from.
         model = bytes(booster.save_raw("ubj"))
         if problem := evaluation_problem(model, booster, [*group, *filled]):
-            print(f"train_perf_model: {family} {arch}: {problem}; nothing written", file=sys.stderr)
-            return 1
+            print(
+                f"train_perf_model: {family} {arch}{' ' + device if device else ''}: {problem}; "
+                "this model not written",
+                file=sys.stderr,
+            )
+            failed += 1
+            continue
         write_atomically(path, model)
         meta = {
             "family": family,
@@ -520,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         counted = f"{len(group)} rows" + (f" and {len(filled)} --fill rows" if args.fill else "")
         print(f"{family} {arch}{' ' + device if device else ''}: {counted}; {regret}")
         print(f"  wrote {path}")
-    return 1 if held_back else 0
+    return 1 if held_back or failed else 0
 
 
 if __name__ == "__main__":

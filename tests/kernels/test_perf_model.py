@@ -240,9 +240,13 @@ def test_a_model_worse_than_the_heuristic_is_held_back(tmp_path, capsys):
 
 
 def test_training_does_not_depend_on_the_rows_order(tmp_path):
-    """The same rows reversed had trained another model (different picks on 28 of 60 layers)."""
+    """The same rows reversed had trained another model (different picks on 28 of 60 layers);
+    so had two GPUs' rows of the same configs given in the other order (rows that tied in the
+    sort kept the CSVs' order)."""
     script = load_script("train_perf_model")
-    samples = [s for s in ps.read_samples(syn.CSV_PATH)[0] if s.family == "conv2d_gw8_fprop"]
+    one_gpu = [s for s in ps.read_samples(syn.CSV_PATH)[0] if s.family == "conv2d_gw8_fprop"]
+    other_gpu = [dataclasses.replace(s, device="GPU B", seconds=s.seconds / 2) for s in one_gpu]
+    samples = one_gpu + other_gpu
     for name, rows in (("a", samples), ("b", samples[::-1])):
         ps.append_samples(tmp_path / f"{name}.csv", rows)
         argv = [str(tmp_path / f"{name}.csv"), "--out", str(tmp_path / name), "--trees", "10"]
@@ -348,6 +352,30 @@ def test_held_out_scores_are_per_layer_regret_and_spearman():
     }
     # Ties take their average rank: ranks 1, 2.5, 2.5, 4 against 1, 2, 3, 4 give sqrt(0.9).
     assert train_script.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9**0.5)
+
+
+def test_held_out_regret_ranks_each_gpus_times_apart():
+    """Samples of two GPUs train one model of their arch: a layer's configs are ranked among one
+    GPU's times. Both GPUs' rows had been one layer: tied predictions picked the first GPU's
+    time and divided it by the other's best, a regret of 2.0 where each GPU alone scores 1.0."""
+    script = load_script("train_perf_model")
+    one_gpu = [s for s in ps.read_samples(syn.CSV_PATH)[0] if s.family == "conv2d_gw8_fprop"]
+    other_gpu = [dataclasses.replace(s, device="GPU B", seconds=s.seconds / 2) for s in one_gpu]
+    hyper = dict(script.DEFAULTS, trees=30)
+
+    def scores(samples):
+        _, metrics = script.train_group(
+            script.dedupe(samples), holdout=0.2, seed=0, hyper=hyper, threads=1
+        )
+        keys = ("regret_median", "heuristic_regret_median", "regret_p95")
+        return [metrics[key] for key in keys], metrics["heldout_layers_scored"]
+
+    (alone, layers), (both, cases) = scores(one_gpu), scores(one_gpu + other_gpu)
+    assert cases == 2 * layers  # each GPU's layer scored on its own
+    # B ranks every config as A does: the medians agree (the p95 moves with the model, trained
+    # on twice the rows), and no case comes near the 2.0 of the GPUs mixed.
+    assert both[:2] == pytest.approx(alone[:2], rel=0.02)
+    assert both[2] < 1.5
 
 
 # --- training ---------------------------------------------------------------------------------
@@ -516,6 +544,20 @@ def test_training_refuses_a_model_spio_would_evaluate_otherwise(tmp_path, monkey
     assert "spio cannot read the model xgboost wrote" in capsys.readouterr().err
     monkeypatch.undo()
     assert syn.train_models(tmp_path / "exact", *args) == 0
+    # One family's model refused: the others are still trained and written, and the message
+    # says which was not (it had said "nothing written" after writing one, and stopped).
+    calls = []
+
+    def off_once(self, x):
+        calls.append(1)
+        return exact(self, x) * (1.0001 if len(calls) == 1 else 1.0)
+
+    monkeypatch.setattr(trees.TreeEnsemble, "predict", off_once)
+    assert syn.train_models(tmp_path / "one", "--trees", "3", "--holdout", "0") == 1
+    err = capsys.readouterr().err
+    assert "conv2d_gw8_dgrad sm_90: spio's evaluation" in err and "this model not written" in err
+    written = sorted(p.stem for p in (tmp_path / "one").rglob("*.ubj"))
+    assert written == ["conv2d_gw8_fprop", "conv2d_gw8_wgrad"]
 
 
 def test_model_ranks_unseen_layers_like_the_formula(models):
