@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=Path("perf_samples.csv"), help="CSV to extend")
     parser.add_argument("--budget-s", type=float, default=360.0, help="stop after this long")
-    parser.add_argument("--families", nargs="*", help="kernel families (default: all)")
-    parser.add_argument("--dtypes", nargs="*", choices=("fp16", "bf16"), default=["fp16", "bf16"])
-    parser.add_argument("--batches", nargs="*", type=positive_int, default=[32, 64, 128, 256])
+    parser.add_argument("--families", nargs="+", help="kernel families (default: all)")
+    parser.add_argument("--dtypes", nargs="+", choices=("fp16", "bf16"), default=["fp16", "bf16"])
+    parser.add_argument("--batches", nargs="+", type=positive_int, default=[32, 64, 128, 256])
     parser.add_argument(
         "--extra-layers", type=non_negative_int, default=0, help="random layers to add"
     )

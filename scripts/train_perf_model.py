@@ -348,9 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("csv", nargs="+", type=Path, help="sample CSVs from perf_sample.py")
     parser.add_argument("--out", type=Path, default=PACKAGED_MODELS_DIR, help="models folder")
     parser.add_argument(
-        "--families", nargs="*", choices=list(FAMILIES), help="only these kernel families"
+        "--families", nargs="+", choices=list(FAMILIES), help="only these kernel families"
     )
-    parser.add_argument("--arch", nargs="*", help="only these archs, e.g. sm_90")
+    parser.add_argument("--arch", nargs="+", help="only these archs, e.g. sm_90")
     parser.add_argument("--per-device", action="store_true", help="one model per device name")
     parser.add_argument(
         "--holdout",

@@ -143,6 +143,12 @@ def parse_sample(row: dict[str, str]) -> Sample:
     """The Sample of a CSV row; ValueError naming the bad column otherwise. A config column
     missing or empty takes the field's default (a CSV from before the field existed)."""
     family = get_family(row.get("family") or "")
+    if None in row:  # csv.DictReader's key for fields past the header's
+        extra = len(row[None])  # type: ignore[index]
+        raise ValueError(
+            f"the row has {extra} fields more than the header's columns (two rows run together: "
+            "a row cut off mid-write, then one appended?)"
+        )
     needed = _BASE_COLUMNS + PARAM_COLUMNS
     missing = [c for c in needed + ("time_us", "date") if row.get(c) is None]
     if missing:
@@ -210,15 +216,23 @@ def read_samples(path: str | os.PathLike) -> tuple[list[Sample], list[str]]:
 
 
 def check_sample_columns(path: str | os.PathLike) -> None:
-    """Raise ValueError unless the CSV at `path` is missing, empty or has SAMPLE_COLUMNS, so
-    that samples are appended only where every row will have the same columns."""
+    """Raise ValueError unless the CSV at `path` is missing, empty or has SAMPLE_COLUMNS and
+    ends its last line, so that samples are appended only where every row will have the same
+    columns and the first of them starts a line of its own."""
     path = Path(path)
     if not path.exists() or path.stat().st_size == 0:
         return
     with open(path, newline="", encoding="utf-8") as f:
         header = next((line for line in f if not line.startswith("#")), "").strip()
     if header.split(",") == list(SAMPLE_COLUMNS):
-        return
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return
+        raise ValueError(
+            f"{path}'s last line does not end (a run stopped while it wrote that row?): a row "
+            "added now would run on from it; end the line if its row is whole, or remove it"
+        )
     missing = [c for c in SAMPLE_COLUMNS if c not in header.split(",")]
     older = f" (no {', '.join(missing)} column: an older spio wrote it)" if missing else ""
     raise ValueError(

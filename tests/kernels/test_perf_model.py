@@ -1495,12 +1495,47 @@ def test_perf_sample_names_a_row_it_cannot_read_before_timing(tmp_path, monkeypa
     monkeypatch.setattr(spio.compiler, "compile_many", lambda *a, **k: pytest.fail("compiled"))
     cut = tmp_path / "cut.csv"
     ps.append_samples(cut, ps.read_samples(syn.CSV_PATH)[0][:3])
-    cut.write_text(cut.read_text()[:-60])
+    cut.write_text(cut.read_text()[:-60] + "\n")  # cut, then its line ended (below: not)
     script = load_script("perf_sample")
     assert script.main(["--csv", str(cut)]) == 2
     error = capsys.readouterr().err
     assert f"perf_sample: cannot read {cut}: {cut}: data row 3: " in error
     assert "mend or remove that row" in error
+    # Cut in its last column, or only its line's end: the row still reads, but the next row
+    # appended had run on from it (a garbled row, the next run's resume short of configs).
+    for cut_bytes in (2, 4):
+        cut.unlink()
+        ps.append_samples(cut, ps.read_samples(syn.CSV_PATH)[0][:3])
+        cut.write_bytes(cut.read_bytes()[:-cut_bytes])
+        assert len(ps.read_samples(cut)[0]) == 3
+        assert script.main(["--csv", str(cut)]) == 2
+        error = capsys.readouterr().err
+        assert f"perf_sample: {cut}'s last line does not end" in error
+        with pytest.raises(ValueError, match="last line does not end"):
+            ps.append_samples(cut, ps.read_samples(syn.CSV_PATH)[0][3:4])
+    # Two rows run together are refused where they are read, not parsed as one.
+    glued = tmp_path / "glued.csv"
+    ps.append_samples(glued, ps.read_samples(syn.CSV_PATH)[0][:2])
+    lines = glued.read_text().splitlines(keepends=True)
+    glued.write_text(lines[0] + lines[1].rstrip("\r\n")[:-3] + lines[2])
+    with pytest.raises(ValueError, match="data row 1: the row has 26 fields more than the header"):
+        ps.read_samples(glued)
+
+
+def test_perf_sample_lists_take_at_least_one_value(capsys):
+    """`--dtypes` with no value had made a traceback (with --extra-layers) or timed nothing and
+    exited 0; an empty --families had meant every family."""
+    for script, argv in (
+        ("perf_sample", ["--dtypes", "--extra-layers", "2"]),
+        ("perf_sample", ["--batches"]),
+        ("perf_sample", ["--families"]),
+        ("train_perf_model", [str(syn.CSV_PATH), "--families"]),
+        ("train_perf_model", [str(syn.CSV_PATH), "--arch"]),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            load_script(script).main(argv)
+        assert exit_.value.code == 2
+        assert "expected at least one argument" in capsys.readouterr().err
 
 
 def test_perf_sample_always_times_the_picks_and_their_unweighed_variants(monkeypatch):
