@@ -496,7 +496,7 @@ def test_check_passes_on_the_gpu():
 
 @pytest.mark.parametrize(
     "setting,said",
-    [("CXX", "needs a host C++ compiler"), ("SPIO_CUDA_INCLUDE", "holds no cuda_fp16.h")],
+    [("CXX", "needs a host C++ compiler"), ("SPIO_CUDA_INCLUDE", "is not a folder")],
 )
 def test_check_reports_a_broken_toolchain_as_one_setup_error(setting, said, tmp_path):
     """When no kernel builds, one setup error (exit 2), not six "inf of tolerance" FAIL lines."""

@@ -141,15 +141,18 @@ def _candidates() -> list[_Candidate]:
                 f"CUDA 13 wheels in {nvidia}",
             )
         )
+    # Each place by its absolute path, as the SPIO_* paths are: a relative one had been passed
+    # on relative (the library, NVRTC's -I), so that a change of the current folder made NVRTC
+    # read other headers than those the cubin cache's key had identified.
     homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), *_SYSTEM_TOOLKITS]
     for home in dict.fromkeys(h for h in homes if h):
-        root = Path(home)
+        root = _absolute(home)
         for sub in ("lib64", "lib"):
             cands.append(_Candidate(None, root / sub, (root / "include",), f"toolkit at {root}"))
     conda = os.environ.get("CONDA_PREFIX")
-    lib_folders = [(Path(conda) / "lib", "conda's CONDA_PREFIX")] if conda else []
+    lib_folders = [(_absolute(conda) / "lib", "conda's CONDA_PREFIX")] if conda else []
     lib_folders += [
-        (Path(entry), "LD_LIBRARY_PATH")
+        (_absolute(entry), "LD_LIBRARY_PATH")
         for entry in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
         if entry
     ]
@@ -160,6 +163,11 @@ def _candidates() -> list[_Candidate]:
         # Stable sort: torch's CUDA major first, everything else keeps its order.
         cands.sort(key=lambda c: 0 if c.major == preferred else 1)
     return cands
+
+
+def _absolute(path: str | os.PathLike) -> Path:
+    """`path` made absolute against the current folder (`..` resolved, symlinks kept)."""
+    return Path(os.path.abspath(path))
 
 
 def _nvrtc_in(folder: Path) -> Path | None:
@@ -226,7 +234,7 @@ def _dlopen_path(name: str) -> Path | None:
     except OSError:
         return None
     path = _path_of_handle(handle, name)
-    return path if path is not None and path.is_file() else None
+    return _absolute(path) if path is not None and path.is_file() else None
 
 
 def _find_library() -> str | None:
@@ -294,6 +302,12 @@ def _find_include(
     if chosen is not None:
         if has_all(chosen):
             return chosen
+        if not chosen.is_dir():
+            raise CudaNotFoundError(
+                f"{env.path_shown('SPIO_CUDA_INCLUDE')} is not a folder. Set it to the CUDA "
+                f"include folder that holds {required}, or unset it to let spio search its "
+                "usual places"
+            )
         missing = ", ".join(h for h in headers if not (chosen / h).is_file())
         raise CudaNotFoundError(
             f"{env.path_shown('SPIO_CUDA_INCLUDE')} holds no {missing}. Set it to the CUDA "

@@ -155,7 +155,7 @@ def test_an_override_that_does_not_apply_is_an_error(isolated, monkeypatch):
     with pytest.raises(paths.CudaNotFoundError, match="is not a file"):
         paths.find_nvrtc()
     monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(isolated / "nowhere"))
-    with pytest.raises(paths.CudaNotFoundError, match=r"nowhere' holds no cuda_fp16.h"):
+    with pytest.raises(paths.CudaNotFoundError, match=r"nowhere' is not a folder"):
         paths.find_cuda_include()
 
 
@@ -456,6 +456,36 @@ def test_nvrtc_compiles_with_its_builtins_preloaded():
     source = 'extern "C" __global__ void k(float *x) { x[0] = sinf(x[0]) + __expf(x[1]); }'
     result = compile_cubin(source, "sm_80")
     assert result.cubin[:4] == b"\x7fELF"
+
+
+def test_relative_places_are_used_by_their_absolute_paths(no_toolkit, monkeypatch):
+    """A relative CUDA_HOME (or CUDA_PATH, CONDA_PREFIX, LD_LIBRARY_PATH entry) had been passed
+    on relative: after the process changed folder NVRTC read that folder's headers (its -I was
+    relative) under the cache key of the first folder's, and the library's builtins were looked
+    for there."""
+    install(no_toolkit, "cuda/lib64", "cuda/include")
+    install(no_toolkit, "conda/lib", "conda/include", name="libnvrtc.so.13")
+    monkeypatch.chdir(no_toolkit)
+    for var, value, lib in (
+        ("CUDA_HOME", "cuda", "cuda/lib64/libnvrtc.so.12"),
+        ("CUDA_PATH", "./cuda/../cuda", "cuda/lib64/libnvrtc.so.12"),
+        ("CONDA_PREFIX", "conda", "conda/lib/libnvrtc.so.13"),
+        ("LD_LIBRARY_PATH", "conda/lib", "conda/lib/libnvrtc.so.13"),
+    ):
+        monkeypatch.setenv(var, value)
+        found = paths.find_nvrtc()
+        assert found == no_toolkit / lib and found.is_absolute()
+        include = paths.find_cuda_include()
+        assert include == no_toolkit / lib.split("/")[0] / "include" and include.is_absolute()
+        monkeypatch.delenv(var)
+
+
+def test_an_include_override_that_is_a_file_says_so(isolated, monkeypatch):
+    header = isolated / "cuda_fp16.h"
+    header.write_text("")
+    monkeypatch.setenv("SPIO_CUDA_INCLUDE", str(header))
+    with pytest.raises(paths.CudaNotFoundError, match=r"cuda_fp16.h' is not a folder"):
+        paths.find_cuda_include()
 
 
 def test_an_include_override_without_the_header_is_an_error(isolated, monkeypatch):
