@@ -225,6 +225,8 @@ def checked_headers(headers: dict[str, str] | None, who: str) -> dict[str, str]:
                 f"{who} needs headers as {{name: text}} of strings, got {header!r}: "
                 f"{type(text).__name__}"
             )
+        if "\0" in header or "\0" in text:  # NVRTC reads C strings: the rest went unread
+            raise ValueError(f"{who} needs headers without NUL characters, got one in {header!r}")
         parts = PurePosixPath(header).parts
         if not parts or header.startswith("/") or ".." in parts or "\\" in header:
             raise ValueError(
@@ -256,6 +258,15 @@ def compile_cubin(
     headers = checked_headers(headers, "compile_cubin")
     if isinstance(options, str) or not all(isinstance(o, str) for o in options):
         raise TypeError(f"compile_cubin needs options as a sequence of strings, got {options!r}")
+    # NVRTC takes C strings: what followed a NUL was dropped unread (the source's rest, an
+    # option's), while the cache key counted it.
+    for what, text in (
+        ("a source", source),
+        ("a name", name),
+        *(("an option", o) for o in options),
+    ):
+        if "\0" in text:
+            raise ValueError(f"compile_cubin needs {what} without NUL characters, got {text!r}")
     opts = nvrtc_options(arch, line_info=line_info, debug=debug) + list(options)
 
     def build() -> tuple[bytes, dict]:

@@ -23,18 +23,23 @@ class SmLimits:
     registers: int = 65536
 
 
-#: Per-SM limits by arch; each block also reserves 1 KiB of shared memory on these archs.
+#: Per-SM limits by arch; each block also reserves 1 KiB of shared memory on these archs. The
+#: experimental sm_100 and sm_120 (spio's kernels are untested there) as the Programming Guide
+#: gives compute capabilities 10.0 and 12.0 (12.0's threads and shared memory also as its GPUs
+#: report them); on a GPU, the limits it reports come first (spio.kernels.perf_model).
 LIMITS = {
     "sm_80": SmLimits(threads=2048, blocks=32, shared_bytes=164 * 1024),
     "sm_86": SmLimits(threads=1536, blocks=16, shared_bytes=100 * 1024),
     "sm_89": SmLimits(threads=1536, blocks=24, shared_bytes=100 * 1024),
     "sm_90": SmLimits(threads=2048, blocks=32, shared_bytes=228 * 1024),
+    "sm_100": SmLimits(threads=2048, blocks=32, shared_bytes=228 * 1024),
+    "sm_120": SmLimits(threads=1536, blocks=24, shared_bytes=100 * 1024),
 }
 RESERVED_SHARED_PER_BLOCK = 1024
 
 
 def limits_of(arch: str) -> SmLimits:
-    """The per-SM limits of `arch`; sm_90's for an arch without an entry (sm_100, sm_120)."""
+    """The per-SM limits of `arch`; sm_90's for an arch without an entry (a newer one)."""
     return LIMITS.get(arch, LIMITS["sm_90"])
 
 
@@ -44,7 +49,10 @@ SUB_PARTITIONS = 4  # each holds a quarter of the register file; a warp's regist
 
 
 def blocks_per_sm(limits: SmLimits, threads: int, registers: int, shared_bytes: int) -> int:
-    """Resident blocks per SM allowed by threads, registers and shared memory."""
+    """Resident blocks per SM allowed by threads, registers and shared memory (0 where one
+    block needs more than an SM has)."""
+    if threads < 1:
+        raise ValueError(f"blocks_per_sm needs a block of at least 1 thread, got {threads}")
     warps = math.ceil(threads / 32)
     per_warp = (
         math.ceil(max(registers, 1) * 32 / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT

@@ -495,7 +495,7 @@ def compile_many(
 
     if workers is None:
         workers = default_workers()
-    elif workers < 1:
+    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(
             f"compile_many needs workers >= 1 (None for SPIO_WORKERS or the CPU count), "
             f"got {workers!r}"

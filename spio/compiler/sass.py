@@ -104,17 +104,21 @@ def _cuda_major(nvdisasm: Path) -> int:
 
 
 def disassemble(cubin: bytes, nvdisasm: str) -> str:
-    """nvdisasm's listing of a cubin."""
+    """nvdisasm's listing of a cubin; RuntimeError with nvdisasm's own message where it fails
+    (e.g. an older nvdisasm first on PATH that cannot read a newer arch's cubin)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernel.cubin"
         path.write_bytes(cubin)
-        return subprocess.run(
+        done = subprocess.run(
             [nvdisasm, "-c", str(path)],
-            check=True,
             capture_output=True,
             encoding="utf-8",
             errors="replace",
-        ).stdout
+        )
+    if done.returncode != 0:
+        said = done.stderr.strip() or done.stdout.strip() or "no message"
+        raise RuntimeError(f"{nvdisasm} failed (exit {done.returncode}): {said}")
+    return done.stdout
 
 
 def loop_report(cubin: bytes, nvdisasm: str) -> LoopReport | None:

@@ -69,6 +69,7 @@ cdef extern from "cuda.h" nogil:
         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
         CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR
         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR
     enum:
         CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
         CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
@@ -200,10 +201,16 @@ cdef int _open(str path, Api* api) except -1:
     if lib == NULL:
         err = dlerror()
         reason = (<bytes>err).decode("utf-8", "replace") if err != NULL else "unknown reason"
+        setting = os.environ.get("SPIO_LIBCUDA", "").strip()
+        chosen = (
+            f" That is the library SPIO_LIBCUDA={setting!r} names: set it to the CUDA driver "
+            "library (libcuda.so.1 where the driver is installed), or unset it."
+            if setting else ""
+        )
         raise CudaDriverError(
-            f"No NVIDIA driver found: cannot load {path} ({reason}). spio's GPU kernels need an "
-            "NVIDIA GPU and its driver; on CPU tensors spio runs the PyTorch reference instead "
-            "(the kernels in its CPU emulator with SPIO_EMULATE=1)."
+            f"No NVIDIA driver found: cannot load {path} ({reason}).{chosen} spio's GPU kernels "
+            "need an NVIDIA GPU and its driver; on CPU tensors spio runs the PyTorch reference "
+            "instead (the kernels in its CPU emulator with SPIO_EMULATE=1)."
         )
     api.p_cuInit = <fn_u>_symbol(lib, b"cuInit", path)
     api.p_cuDriverGetVersion = <fn_pi>_symbol(lib, b"cuDriverGetVersion", path)
@@ -484,6 +491,8 @@ def device_attributes(ordinal=0) -> dict:
             dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, False),
         "max_registers_per_sm": _device_attr(
             dev, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, False),
+        "max_blocks_per_sm": _device_attr(
+            dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, True),
         "warp_size": _device_attr(dev, CU_DEVICE_ATTRIBUTE_WARP_SIZE, False),
         "total_memory_bytes": total,
         # Informational; newer drivers may stop reporting clocks, hence None instead of an error.

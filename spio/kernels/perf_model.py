@@ -239,10 +239,9 @@ def identity_of(attrs: dict, driver_version: tuple[int, int]) -> DeviceIdentity:
 
 
 def reported_limits(attrs: dict) -> SmLimits:
-    """A GPU's per-SM limits from its driver attributes (threads, registers, shared memory); the
-    driver does not report resident blocks, which come from the arch's entry in
-    spio.compiler.occupancy.LIMITS (sm_90's for an arch without one), as does a value it
-    reports as 0 or not at all."""
+    """A GPU's per-SM limits from its driver attributes (threads, resident blocks, registers,
+    shared memory); a value it reports as 0 or not at all comes from the arch's entry in
+    spio.compiler.occupancy.LIMITS (sm_90's for an arch without one)."""
     known = limits_of(attrs["arch"])
 
     def reported(key: str, default: int) -> int:
@@ -251,7 +250,7 @@ def reported_limits(attrs: dict) -> SmLimits:
 
     return SmLimits(
         threads=reported("max_threads_per_sm", known.threads),
-        blocks=known.blocks,
+        blocks=reported("max_blocks_per_sm", known.blocks),
         shared_bytes=reported("max_shared_memory_per_sm", known.shared_bytes),
         registers=reported("max_registers_per_sm", known.registers),
     )

@@ -101,6 +101,26 @@ def test_headers_and_options_of_the_wrong_types_are_named(cache_dir):
         compile_cubin(source, "sm_80", options="-lineinfo")
 
 
+def test_a_nul_character_is_refused_where_nvrtc_would_stop_reading(cache_dir):
+    """NVRTC takes C strings: text after a NUL in the source, a header, an option or the name
+    was dropped unread (a source with junk after one compiled), while the cache key kept it."""
+    from spio.emulator.build import build_library
+
+    source = 'extern "C" __global__ void k(int *p) { *p = 1; }\n'
+    for call, what in (
+        (lambda: compile_cubin(source + "\0 not C++", "sm_80"), "a source"),
+        (lambda: compile_cubin(source, "sm_80", name="a\0b"), "a name"),
+        (lambda: compile_cubin(source, "sm_80", options=["-DX=1\0junk"]), "an option"),
+    ):
+        with pytest.raises(ValueError, match=f"compile_cubin needs {what} without NUL characters"):
+            call()
+    message = "needs headers without NUL characters, got one in 'h.h'"
+    with pytest.raises(ValueError, match=f"compile_cubin {message}"):
+        compile_cubin(source, "sm_80", headers={"h.h": "#define X 1\0 junk"})
+    with pytest.raises(ValueError, match=f"the emulator {message}"):
+        build_library(source, headers={"h.h": "#define X 1\0 junk"})
+
+
 @pytest.mark.parametrize("name", ["/tmp/spio-escape.h", "../../spio-escape.h", "a\\b.h", ""])
 def test_header_names_outside_the_include_folder_are_refused(cache_dir, name):
     """The emulator writes in-memory headers to files in its include folder: an absolute name or

@@ -61,3 +61,9 @@ def test_blocks_per_sm(arch, threads, registers, smem, expected):
     """Each limit of the CUDA occupancy rules (threads, warps' registers, shared memory with its
     per-block reserve, blocks per SM) binds in some case, on every arch."""
     assert blocks_per_sm(LIMITS[arch], threads, registers, smem) == expected
+
+
+def test_a_block_of_no_threads_is_refused():
+    """It had been a ZeroDivisionError."""
+    with pytest.raises(ValueError, match="a block of at least 1 thread, got 0"):
+        blocks_per_sm(LIMITS["sm_90"], 0, 32, 0)

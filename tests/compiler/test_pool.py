@@ -481,9 +481,11 @@ def test_a_daemonic_process_compiles_its_jobs_itself(cache_dir, monkeypatch):
     assert pool._pool is None
 
 
-def test_zero_workers_is_rejected():
-    with pytest.raises(ValueError, match="workers >= 1.*got 0"):
-        compile_many([], workers=0)
+@pytest.mark.parametrize("workers", [0, 2.5, "2", True])
+def test_workers_that_are_no_positive_integer_are_rejected(workers):
+    """2.5 and "2" had failed deep inside the pool with a TypeError of their own."""
+    with pytest.raises(ValueError, match=f"workers >= 1.*got {workers!r}"):
+        compile_many([], workers=workers)
 
 
 def test_the_exit_hook_is_registered_once(pool_jobs, tmp_path, monkeypatch):

@@ -111,6 +111,17 @@ def test_scripts_name_a_bad_nvdisasm_setting_before_compiling(script):
     assert "SPIO_NVDISASM must name nvdisasm, got '/nonexistent/nvdisasm'" in out.stderr
 
 
+def test_a_failing_nvdisasm_says_why(tmp_path):
+    """nvdisasm's own message had been lost (a CalledProcessError saying only its exit status)."""
+    tool = tmp_path / "nvdisasm"
+    tool.write_text(
+        "#!/bin/sh\necho 'nvdisasm fatal   : Object file appears truncated' >&2\nexit 1\n"
+    )
+    tool.chmod(0o755)
+    with pytest.raises(RuntimeError, match="failed \\(exit 1\\): nvdisasm fatal   : Object file"):
+        sass.disassemble(b"not a cubin", str(tool))
+
+
 def test_nvdisasm_from_the_wheel_on_sys_path(monkeypatch, tmp_path):
     """Without SPIO_NVDISASM or PATH, the wheel's nvidia/cu*/bin/nvdisasm under a sys.path
     entry is found (the test extra installs it there; the real-cubin tests skip without it)."""

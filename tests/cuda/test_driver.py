@@ -108,6 +108,7 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     case 81: *v = 233472; return 0;
     case 82: *v = 65536; return 0;
     case 97: *v = 232448; return 0;    /* opt-in shared memory per block */
+    case 106: *v = 24; return 0;       /* resident blocks per SM */
     default: return 1;                 /* e.g. 36, the memory clock: "not reported" */
     }
 }
@@ -313,11 +314,20 @@ def test_error_types_and_message():
     assert str(back) == str(err) and back.code == 200
 
 
-def test_missing_library_is_a_clear_driver_error(tmp_path):
+def test_missing_library_is_a_clear_driver_error(tmp_path, monkeypatch):
     missing = tmp_path / "libcuda.so.1"
+    monkeypatch.delenv("SPIO_LIBCUDA", raising=False)
     with pytest.raises(driver.CudaDriverError, match="No NVIDIA driver found") as info:
         driver._probe_library(str(missing))
-    assert str(missing) in str(info.value)
+    assert str(missing) in str(info.value) and "SPIO_LIBCUDA" not in str(info.value)
+    # Where SPIO_LIBCUDA chose the library, the message names the setting (it had blamed the
+    # GPU or driver alone).
+    monkeypatch.setenv("SPIO_LIBCUDA", "~")
+    with pytest.raises(driver.CudaDriverError) as info:
+        driver._probe_library(driver.library_path())
+    assert "That is the library SPIO_LIBCUDA='~' names: set it to the CUDA driver" in str(
+        info.value
+    )
 
 
 def test_library_without_the_entry_points_is_rejected():
@@ -996,7 +1006,7 @@ def test_fake_driver_each_device_attribute_reads_its_own_attribute(fake_libcuda)
         "max_threads_per_block": 1, "max_shared_memory_per_block": 8, "warp_size": 10,
         "clock_khz": 13, "sm_count": 16, "memory_bus_width_bits": 37, "l2_cache_bytes": 38,
         "max_threads_per_sm": 39, "max_shared_memory_per_sm": 81, "max_registers_per_sm": 82,
-        "max_shared_memory_per_block_optin": 97,
+        "max_shared_memory_per_block_optin": 97, "max_blocks_per_sm": 106,
     }
     for ordinal in (0, 1):
         attrs = d.device_attributes(ordinal)

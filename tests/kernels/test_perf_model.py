@@ -1572,7 +1572,7 @@ def test_the_heuristic_counts_residency_under_the_gpus_own_limits():
     h200, rtx3090 = fd.machine_of("sm_90", 132), fd.machine_of("sm_86", 82)
     assert h200 == fd.H200_CLASS and fd.machine_of("sm_90") == fd.H200_CLASS
     assert rtx3090.sms == 82 and rtx3090.limits == occupancy.LIMITS["sm_86"]
-    assert fd.machine_of("sm_120", 0) == fd.H200_CLASS  # no limits of its own: sm_90's
+    assert fd.machine_of("sm_130", 0) == fd.H200_CLASS  # no limits of its own: sm_90's
     # 128 threads, 72 registers, 31.5 KiB: 7 blocks resident by registers on either SM, but 3 by
     # shared memory on sm_86. Enough blocks for every SM; the bytes in flight scale with them.
     args = (100_000, 128, 72, 31_584, 2_048)
@@ -1609,15 +1609,17 @@ def test_without_a_model_a_gpu_gets_the_heuristics_pick_for_its_own_limits(
 
 
 def test_a_gpu_of_an_arch_without_known_limits_is_ranked_for_the_limits_it_reports(monkeypatch):
-    """The driver reports each GPU's threads, registers and shared memory per SM: a GPU of an arch
-    spio keeps no limits for (sm_120 here, a fake) is ranked for those, not for sm_90's."""
+    """The driver reports each GPU's threads, resident blocks, registers and shared memory per
+    SM: a GPU of an arch spio keeps no limits for (sm_130 here, a fake) is ranked for those, not
+    for sm_90's. Resident blocks had always come from the arch's table entry."""
     from spio.cuda import driver
 
     attrs = {
-        "arch": "sm_120",
-        "name": "Fake sm_120 GPU",
+        "arch": "sm_130",
+        "name": "Fake sm_130 GPU",
         "sm_count": 84,
         "max_threads_per_sm": 1536,
+        "max_blocks_per_sm": 24,
         "max_shared_memory_per_sm": 102400,
         "max_registers_per_sm": 65536,
     }
@@ -1628,21 +1630,26 @@ def test_a_gpu_of_an_arch_without_known_limits_is_ranked_for_the_limits_it_repor
         identity = pm._cuda_identity(0)
     finally:
         pm._cuda_identity.cache_clear()
-    limits = occupancy.SmLimits(threads=1536, blocks=32, shared_bytes=102400, registers=65536)
+    limits = occupancy.SmLimits(threads=1536, blocks=24, shared_bytes=102400, registers=65536)
     assert identity.sms == 84 and identity.limits == limits
-    assert identity.machine == fd.Machine(sms=84, limits=limits) != fd.machine_of("sm_120", 84)
+    assert identity.machine == fd.Machine(sms=84, limits=limits) != fd.machine_of("sm_130", 84)
     # Known archs report what spio.compiler.occupancy keeps for them.
     h200 = dict(attrs, arch="sm_90", max_threads_per_sm=2048, max_shared_memory_per_sm=233472)
-    assert pm.reported_limits(h200) == occupancy.LIMITS["sm_90"]
-    unreported = {"arch": "sm_86", "max_threads_per_sm": 0}  # 0 or missing: the arch's
-    assert pm.reported_limits(unreported) == occupancy.LIMITS["sm_86"]
+    assert pm.reported_limits(dict(h200, max_blocks_per_sm=32)) == occupancy.LIMITS["sm_90"]
+    unreported = {"arch": "sm_86", "max_threads_per_sm": 0, "max_blocks_per_sm": None}
+    assert pm.reported_limits(unreported) == occupancy.LIMITS["sm_86"]  # 0 or None: the arch's
+    # Resident blocks alone bind for small blocks: 32 single-warp blocks on sm_90, 24 here.
+    assert occupancy.blocks_per_sm(identity.limits, 32, 32, 0) == 24
+    assert occupancy.blocks_per_sm(occupancy.LIMITS["sm_90"], 32, 32, 0) == 32
     # On 96c 56x56 5x5 at N = 128 its FProp pick differs from the one for sm_90's limits.
     layer = P(128, 96, 56, 56, padding=2, r=5, s=5)
     fprop = pm.FAMILIES["conv2d_gw8_fprop"]
     assert fprop.default_config(layer, machine=identity.machine).encode() == "g2_p64_q64_w2_s8_k16"
-    assert fprop.default_config(layer, machine=fd.machine_of("sm_120", 84)).encode() == (
+    assert fprop.default_config(layer, machine=fd.machine_of("sm_130", 84)).encode() == (
         "g2_p64_q64_w2_s6_k16"
     )
+    # sm_120 (experimental) has limits of its own now, where it had taken sm_90's.
+    assert occupancy.limits_of("sm_120") == limits
 
 
 def test_a_mistyped_models_folder_is_warned_of_once(monkeypatch, tmp_path, caplog):
