@@ -268,6 +268,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.in_situ:
         return _in_situ(args, layers, batch_sizes, out_dir)
 
+    from .results import write_csv
     from .run import BenchSettings, run_bench
 
     settings = BenchSettings(
@@ -283,7 +284,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     expected = len(layers) * len(batch_sizes) * len(args.passes) * 3
     if rows:
         print(format_table(rows))
-        print(f"wrote {path}")
+        if not _written(write_csv, rows, path):
+            return 2
     status = _plot(rows, out_dir) if rows else 1
     if len(rows) < expected:
         _error(f"{expected - len(rows)} of {expected} timings failed (see the log)")
@@ -291,24 +293,44 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
+def _written(write, rows: list, path: Path) -> bool:
+    """write(rows, path), saying so; False, with one error line, where the file cannot be
+    written (the table above still shows the rows)."""
+    try:
+        write(rows, path)
+    except OSError as error:
+        _error(f"cannot write {path}: {error}")
+        return False
+    print(f"wrote {path}")
+    return True
+
+
 def _in_situ(args: argparse.Namespace, layers, batch_sizes, out_dir: Path) -> int:
-    from .insitu import format_insitu_table, run_insitu, write_insitu_csv
+    from .insitu import IMPLS, STYLES, format_insitu_table, run_insitu, write_insitu_csv
     from .run import CUDNN_AT_ITS_BEST, run_info
 
     info = run_info(command_line() + CUDNN_AT_ITS_BEST)  # (run_insitu sets cuDNN so)
     n = batch_sizes[0] if args.batch_sizes else 64
+    profiled = list(layers[:3] if args.quick and not (args.layers or args.layer) else layers)
+    path = out_dir / f"insitu_{args.dtype}.csv"
     rows = run_insitu(
-        list(layers[:3] if args.quick and not (args.layers or args.layer) else layers),
+        profiled,
         n=n,
         dtype=args.dtype,
         info=info,
         passes=args.passes,
         warmup=3 if args.quick else 5,
         steps=10 if args.quick else 20,
+        csv_path=path,  # written after every stack
     )
-    path = write_insitu_csv(rows, out_dir / f"insitu_{args.dtype}.csv")
-    print(format_insitu_table(rows))
-    print(f"wrote {path}")
+    if rows:
+        print(format_insitu_table(rows))
+        if not _written(write_insitu_csv, rows, path):
+            return 2
+    expected = len(profiled) * len(STYLES) * len(IMPLS) * len(args.passes)
+    if len(rows) < expected:  # stacks that failed (see the log)
+        _error(f"{expected - len(rows)} of {expected} in-situ passes failed (see the log)")
+        return 1
     unseen = sum(1 for row in rows if not row.calls)
     if unseen:  # as the isolated bench's missing timings: the run did not measure it all
         _error(f"{unseen} of {len(rows)} in-situ passes saw no call of their layer")

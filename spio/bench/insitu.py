@@ -308,23 +308,57 @@ def run_insitu(
     depth: int = 4,
     warmup: int = 5,
     steps: int = 20,
+    csv_path: Path | None = None,
 ) -> list[InSituRow]:
-    """Profile every layer in both stack styles with both implementations; needs a CUDA GPU."""
+    """Profile every layer in both stack styles with both implementations; needs a CUDA GPU.
+    A stack that fails (e.g. out of memory) is reported and left out, and the others go on
+    (not where the CUDA context broke). With `csv_path`, the rows so far are written there
+    after each stack, so that a run stopped early keeps what it measured."""
     from tqdm import tqdm
 
-    from .run import cudnn_at_its_best, precompile
+    from .run import cudnn_at_its_best, precompile, write_rows_so_far
 
     precompile(  # WGrad's sums into the weight's dtype, as _SpioConv's wgrad asks
         [(layer.params(n, dtype), pass_) for layer in layers for pass_ in PASSES],
         torch.device("cuda", 0),
     )
     cudnn_at_its_best()  # (the command the rows carry says so: cli's run_info)
-    tensor_dtype = torch_dtype(dtype)
-    rows = []
+    rows: list[InSituRow] = []
     cases = [(layer, style, impl) for layer in layers for style in STYLES for impl in IMPLS]
+    writable = True
     for layer, style, impl in tqdm(cases, desc="in-situ", unit="stack"):
+        stack_rows, go_on = _profile_stack(layer, style, impl, n, dtype, info, passes, depth,
+                                           warmup, steps)  # fmt: skip
+        rows += stack_rows
+        if csv_path is not None and rows and writable:
+            writable = write_rows_so_far(write_insitu_csv, rows, csv_path)
+        if not go_on:
+            break
+    return rows
+
+
+def _profile_stack(
+    layer: BenchLayer,
+    style: str,
+    impl: str,
+    n: int,
+    dtype: str,
+    info: RunInfo,
+    passes: tuple[str, ...],
+    depth: int,
+    warmup: int,
+    steps: int,
+) -> tuple[list[InSituRow], bool]:
+    """The rows of one stack (none where it fails, reported), and whether the run may go on
+    (not where the CUDA context broke). A function of its own so that the stack's tensors are
+    freed when it returns, before the next stack allocates its own."""
+    from .run import usable_after
+
+    failure = None
+    try:
         torch.manual_seed(0)
         stack = make_stack(style, layer, impl, depth)
+        tensor_dtype = torch_dtype(dtype)
         # nn.Module.to takes memory_format (torch documents it), but torch's overloads omit it.
         stack = stack.to(device="cuda", dtype=tensor_dtype, memory_format=torch.channels_last)  # type: ignore[call-overload]
         shape = (n, stack_input_channels(style, layer), layer.h, layer.w)
@@ -334,41 +368,46 @@ def run_insitu(
             training_step(stack, x)
         step_ms = step_time_ms(stack, x, steps)
         measured = profile_passes(stack, x, steps)
-        for pass_ in passes:
-            entry = measured.get((impl, pass_), {"calls": 0, "kernels": {}, "event_us": math.nan})
-            calls = max(entry["calls"], 1)
-            per_kernel = {k: us / calls for k, us in entry["kernels"].items()}
-            us_per_call = sum(per_kernel.values())
-            kernels = ";".join(f"{k}:{us:.1f}" for k, us in sorted(per_kernel.items()))
-            if entry["calls"] and not per_kernel:  # launches not linked to the range
-                seen = measured.get(("spio", "all"), {"kernels": {}})["kernels"]
-                us_per_call = float("nan")
-                kernels = "not attributed; per step: " + ";".join(
-                    f"{k}:{us / steps:.1f}" for k, us in sorted(seen.items())
-                )
-            rows.append(
-                InSituRow(
-                    layer=layer.name,
-                    style=style,
-                    n=n,
-                    dtype=dtype,
-                    impl=impl,
-                    pass_=pass_,
-                    calls=entry["calls"],
-                    us_per_call=us_per_call,
-                    kernels=kernels,
-                    event_us_per_call=entry["event_us"],
-                    step_ms=step_ms,
-                    gpu=info.gpu,
-                    driver=info.driver,
-                    torch=info.torch,
-                    spio=info.spio,
-                    date=info.date,
-                    command=info.command,
-                )  # fmt: skip
+    except Exception as error:  # without its traceback, whose frames hold what was allocated
+        failure = error.with_traceback(None)
+    if failure is not None:
+        torch.cuda.empty_cache()  # what the stack allocated before it failed, now freed
+        return [], usable_after(failure, f"in-situ {style} stack of {layer.name} ({impl})")
+    rows = []
+    for pass_ in passes:
+        entry = measured.get((impl, pass_), {"calls": 0, "kernels": {}, "event_us": math.nan})
+        calls = max(entry["calls"], 1)
+        per_kernel = {k: us / calls for k, us in entry["kernels"].items()}
+        us_per_call = sum(per_kernel.values())
+        kernels = ";".join(f"{k}:{us:.1f}" for k, us in sorted(per_kernel.items()))
+        if entry["calls"] and not per_kernel:  # launches not linked to the range
+            seen = measured.get(("spio", "all"), {"kernels": {}})["kernels"]
+            us_per_call = float("nan")
+            kernels = "not attributed; per step: " + ";".join(
+                f"{k}:{us / steps:.1f}" for k, us in sorted(seen.items())
             )
-        del stack, x
-    return rows
+        rows.append(
+            InSituRow(
+                layer=layer.name,
+                style=style,
+                n=n,
+                dtype=dtype,
+                impl=impl,
+                pass_=pass_,
+                calls=entry["calls"],
+                us_per_call=us_per_call,
+                kernels=kernels,
+                event_us_per_call=entry["event_us"],
+                step_ms=step_ms,
+                gpu=info.gpu,
+                driver=info.driver,
+                torch=info.torch,
+                spio=info.spio,
+                date=info.date,
+                command=info.command,
+            )  # fmt: skip
+        )
+    return rows, True
 
 
 def write_insitu_csv(rows: list[InSituRow], path: Path) -> Path:

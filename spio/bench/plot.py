@@ -11,6 +11,7 @@ import io
 import math
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from ..compiler.cache import write_atomically
 from ..kernels.stats import PASSES
@@ -68,7 +69,14 @@ def plot_rows(rows: Iterable[BenchRow], out_dir: Path) -> list[Path]:
             ax.grid(True, alpha=0.3)
         for index in range(len(layers), grid_rows * cols):
             axes[index // cols][index % cols].set_visible(False)
-        handles, labels = axes[0][0].get_legend_handles_labels()
+        # Every panel's lines, one a label: the first panel may lack one (a failed timing).
+        legend: dict[str, Any] = {}
+        for ax in (ax for row in axes for ax in row):
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                legend.setdefault(label, handle)
+        order = [style["label"] for style in _STYLE.values()]
+        labels = sorted(legend, key=order.index)
+        handles = [legend[label] for label in labels]
         try:
             fig.legend(handles, labels, loc="outside lower center", ncols=len(labels))
         except ValueError:  # matplotlib < 3.7 has no "outside" legend placement

@@ -125,7 +125,9 @@ def write_rows(
     for row in rows:
         values = asdict(row)
         writer.writerow([values[n] for n in names] + [fn(row) for fn in derived.values()])
-    write_atomically(path, text.getvalue().encode())
+    # A command line of a path that is not UTF-8 holds lone surrogates (Python's reading of
+    # the bytes): kept readable, as backslash escapes, not a UnicodeEncodeError mid-sweep.
+    write_atomically(path, text.getvalue().encode("utf-8", "backslashreplace"))
     return path
 
 

@@ -314,7 +314,7 @@ def _row(
     )  # fmt: skip
 
 
-def _usable_after(error: Exception, case: str) -> bool:
+def usable_after(error: Exception, case: str) -> bool:
     """Reports a failed case; whether the sweep may go on (not where the CUDA context broke)."""
     import torch
 
@@ -349,14 +349,28 @@ def run_bench(
     l2 = l2_cache_bytes()
     rows: list[BenchRow] = []
 
+    writable = True
     for layer, params, pass_ in tqdm(cases, desc="benchmark", unit="case"):
         case_rows, go_on = _bench_case(layer, params, pass_, settings, info, l2)
         rows += case_rows
-        if csv_path is not None and rows:
-            write_csv(rows, csv_path)
+        if csv_path is not None and rows and writable:
+            writable = write_rows_so_far(write_csv, rows, csv_path)
         if not go_on:
             break
     return rows
+
+
+def write_rows_so_far(write: Callable[[list, Path], Path], rows: list, path: Path) -> bool:
+    """write(rows, path) during a sweep; whether it wrote. A failure (a disk filled since the
+    sweep began) is logged and the sweep goes on: its caller writes the rows once more at the
+    end, and says there whether they reached the file."""
+    try:
+        write(rows, path)
+    except OSError as error:
+        logger.error("cannot write %s (%s); timing goes on, the rows are written at the end", path,
+                     error)  # fmt: skip
+        return False
+    return True
 
 
 def _bench_case(
@@ -386,14 +400,14 @@ def _bench_case(
         failure = error.with_traceback(None)
     if failure is not None:
         torch.cuda.empty_cache()  # what the case allocated before it failed, now freed
-        return [], _usable_after(failure, f"setting up {pass_} {params.encode()}")
+        return [], usable_after(failure, f"setting up {pass_} {params.encode()}")
     rows: list[BenchRow] = []
     for impl, (call, impl_flops, sets, config) in timed.items():
         nbytes = case.copy_bytes if impl == "copy" else case.bytes
         try:
             timing = time_calls(call, warmup=settings.warmup, reps=settings.reps)
         except Exception as error:  # report the case, keep the sweep going
-            if not _usable_after(error, f"{impl} {pass_} {params.encode()}"):
+            if not usable_after(error, f"{impl} {pass_} {params.encode()}"):
                 return rows, False
             continue
         how, kernel = (case.selected_by, case.kernel.name) if impl == "spio" else ("", "")

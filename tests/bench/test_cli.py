@@ -325,6 +325,7 @@ def fake_bench(monkeypatch):
     monkeypatch.setattr(cli, "_gpu_problem", lambda: None)
     monkeypatch.setattr(cli, "_plot", lambda rows, out_dir: 0)
     monkeypatch.setattr(results, "format_table", lambda rows: "TABLE")
+    monkeypatch.setattr(results, "write_csv", lambda rows, path: path)
     state = types.SimpleNamespace(settings=[], rows=None)
 
     def run_bench(settings, command, csv_path):
@@ -368,6 +369,33 @@ def test_bench_fails_when_any_timing_is_missing(fake_bench, tmp_path, capsys):
     assert capsys.readouterr().err == "spio bench: 1 of 12 timings failed (see the log)\n"
 
 
+def test_bench_rows_it_cannot_write_are_one_error(fake_bench, tmp_path, capsys, monkeypatch):
+    """A disk that fills during the sweep: the table is still printed, then one line naming the
+    file, exit 2 (an OSError's traceback had ended the sweep at the case it met it)."""
+    from spio.bench import cli, results
+
+    def full(rows, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(results, "write_csv", full)
+    argv = ["bench", "--out", str(tmp_path), "--layer", "8,4,4", "--batch-sizes", "2"]
+    assert cli.cmd_bench(build_parser().parse_args(argv)) == 2
+    out, err = capsys.readouterr()
+    assert out == "TABLE\n"
+    assert err.startswith(f"spio bench: cannot write {tmp_path / 'bench_fp16.csv'}: [Errno 28]")
+
+
+def test_a_sweep_goes_on_after_a_write_of_its_rows_fails(tmp_path, caplog):
+    from spio.bench.run import write_rows_so_far
+
+    def full(rows, path):
+        raise OSError(28, "No space left on device")
+
+    assert write_rows_so_far(full, ["row"], tmp_path / "a.csv") is False
+    assert "cannot write" in caplog.text and "the rows are written at the end" in caplog.text
+    assert write_rows_so_far(lambda rows, path: path, ["row"], tmp_path / "a.csv") is True
+
+
 def test_in_situ_runs_at_n_64_or_the_first_batch_size_and_quick_on_three_layers(
     monkeypatch, tmp_path
 ):
@@ -385,13 +413,13 @@ def test_in_situ_runs_at_n_64_or_the_first_batch_size_and_quick_on_three_layers(
 
     def run_insitu(layers, n, **kwargs):
         calls.append(([layer.name for layer in layers], n))
-        return []
+        return []  # (an empty run: the cases it was asked for are counted as failed)
 
     monkeypatch.setattr(insitu, "run_insitu", run_insitu)
 
     def profiled(*argv):
         args = build_parser().parse_args(["bench", "--in-situ", "--out", str(tmp_path), *argv])
-        assert cli.cmd_bench(args) == 0
+        assert cli.cmd_bench(args) == 1
         return calls.pop()
 
     table = [layer.name for layer in layer_table()]
@@ -419,16 +447,25 @@ def test_in_situ_fails_where_a_pass_saw_no_call(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(run, "cudnn_at_its_best", lambda: "")  # (torch's flags left alone)
     names = [f.name for f in dataclasses.fields(insitu.InSituRow)]
     row = insitu.InSituRow(**{name: "x" for name in names} | {"calls": 3, "us_per_call": 1.0})
-    made = [row, dataclasses.replace(row, calls=0)]
-    monkeypatch.setattr(insitu, "run_insitu", lambda layers, n, **kwargs: made)
+    # One layer, 2 styles x 2 implementations x 3 passes: 12 rows.
+    made = [row] * 11 + [dataclasses.replace(row, calls=0)]
+    monkeypatch.setattr(insitu, "run_insitu", lambda layers, n, **kwargs: list(made))
     monkeypatch.setattr(insitu, "format_insitu_table", lambda rows: "TABLE")
-    args = build_parser().parse_args(["bench", "--in-situ", "--out", str(tmp_path), "--quick"])
+    written = []
+    monkeypatch.setattr(insitu, "write_insitu_csv", lambda rows, path: written.append(len(rows)))
+    argv = ["bench", "--in-situ", "--out", str(tmp_path), "--layer", "8,4,4"]
+    args = build_parser().parse_args(argv)
     assert cli.cmd_bench(args) == 1
     assert (
-        capsys.readouterr().err == "spio bench: 1 of 2 in-situ passes saw no call of their layer\n"
+        capsys.readouterr().err == "spio bench: 1 of 12 in-situ passes saw no call of their layer\n"
     )
-    made.pop()
+    made[-1] = row
     assert cli.cmd_bench(args) == 0
+    # A stack that failed (out of memory, say) has no rows: counted, the others still written.
+    del made[-3:]
+    assert cli.cmd_bench(args) == 1
+    assert capsys.readouterr().err == "spio bench: 3 of 12 in-situ passes failed (see the log)\n"
+    assert written == [12, 12, 9]
 
 
 def test_command_line_quotes_arguments_as_a_shell_would_need(monkeypatch):

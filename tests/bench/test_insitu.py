@@ -323,6 +323,69 @@ def test_run_insitu_rows_give_per_call_times_and_name_unattributed_kernels(monke
     }
 
 
+def test_a_stack_that_fails_is_left_out_and_the_rows_so_far_are_written(monkeypatch, tmp_path):
+    """One stack out of memory had ended the run with a traceback and no CSV (the earlier run's
+    moved aside already): the others are profiled, the rows written after every stack."""
+    import csv
+
+    from spio.bench import insitu, run
+    from spio.bench.results import RunInfo
+
+    monkeypatch.setattr(run, "precompile", lambda cases, device: None)
+    monkeypatch.setattr(run, "cudnn_at_its_best", lambda: "")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # the context still works
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "randn", lambda shape, device, dtype: zeros(shape, dtype=dtype))
+
+    class Stack:
+        def __init__(self, impl):
+            self.impl = impl
+
+        def to(self, **kwargs):
+            return self
+
+    made = []
+
+    def make_stack(style, layer, impl, depth):
+        made.append((style, impl))
+        if len(made) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20 GiB")
+        return Stack(impl)
+
+    seen = {"calls": 2, "kernels": {"k": 4.0}, "event_us": 3.0}
+    monkeypatch.setattr(insitu, "make_stack", make_stack)
+    monkeypatch.setattr(insitu, "training_step", lambda stack, x: None)
+    monkeypatch.setattr(insitu, "step_time_ms", lambda stack, x, steps: 2.5)
+    monkeypatch.setattr(
+        insitu, "profile_passes", lambda stack, x, steps: {(stack.impl, "fprop"): seen}
+    )
+    info = RunInfo("GPU", "drv", "t", "c", "s", "today", "cmd", "timing")
+    sizes = []
+    write = insitu.write_insitu_csv
+
+    def counted(rows, path):
+        sizes.append(len(rows))
+        return write(rows, path)
+
+    monkeypatch.setattr(insitu, "write_insitu_csv", counted)
+    path = tmp_path / "insitu_bf16.csv"
+    rows = insitu.run_insitu([TINY], 2, "bf16", info, passes=("fprop",), csv_path=path)
+    assert len(made) == 4  # every stack tried
+    assert [(r.style, r.impl) for r in rows] == [
+        ("convfirst", "spio"), ("convfirst", "torch"), ("mbconv", "torch")
+    ]  # fmt: skip
+    assert sizes == [1, 2, 2, 3]  # after every stack, once there are rows
+    with open(path, newline="") as f:
+        written = [(r["style"], r["impl"], float(r["us_per_call"])) for r in csv.DictReader(f)]
+    assert written == [(r.style, r.impl, 2.0) for r in rows]
+    # A broken CUDA context stops the run at the stack that met it.
+    made.clear()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: (_ for _ in ()).throw(RuntimeError()))
+    rows = insitu.run_insitu([TINY], 2, "bf16", info, passes=("fprop",))
+    assert len(made) == 3 and len(rows) == 2
+
+
 def test_insitu_table_takes_a_zero_event_time_for_no_measurement():
     """Events recorded back to back measure 0 µs: that is no time to show or divide by."""
     rows = [

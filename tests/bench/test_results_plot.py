@@ -328,6 +328,50 @@ def test_csv_derived_columns_are_gb_per_second_and_tflop_per_second(tmp_path):
     ]
 
 
+def test_a_command_line_that_is_not_utf8_is_written(tmp_path):
+    """An --out of a non-UTF-8 byte is a lone surrogate in the command Python read: the CSV had
+    failed to encode it (UnicodeEncodeError, after the first case was timed)."""
+    import dataclasses
+    import os
+
+    command = "python -m spio bench --out " + os.fsdecode(b"/tmp/out\xff")
+    rows = [dataclasses.replace(row, command=command) for row in _rows()]
+    path = write_csv(rows, tmp_path / "bench.csv")
+    assert [row.command for row in read_csv(path)] == [
+        "python -m spio bench --out /tmp/out\\udcff"
+    ] * len(rows)
+
+
+def test_the_legend_has_every_panels_lines(monkeypatch, tmp_path):
+    """The first panel's lines alone had made the legend: a layer whose copy timing failed left
+    the copy out of it, though the other panels draw it."""
+    pytest.importorskip("matplotlib")
+    import dataclasses
+
+    from matplotlib.figure import Figure
+
+    from spio.bench.plot import plot_rows
+
+    template = _rows()[0]
+    rows = [
+        dataclasses.replace(template, layer=layer, n=n, pass_="fprop", impl=impl)
+        for layer in ("A", "B")
+        for n in (8, 16)
+        for impl in ("spio", "torch", "copy")
+        if (layer, impl) != ("A", "copy")
+    ]
+    legends = []
+    save = Figure.savefig
+
+    def record(fig, target, **kwargs):
+        legends.append([text.get_text() for legend in fig.legends for text in legend.get_texts()])
+        return save(fig, target, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    plot_rows(rows, tmp_path)
+    assert legends == [["spio", "PyTorch (cuDNN)", "device copy"]]
+
+
 def test_each_panel_plots_its_layers_rows_of_its_pass_and_dtype(monkeypatch, tmp_path):
     """Five FProp layers in fp16 and bf16, rows given out of order: the fp16 figure has the
     five layers' panels in row-major order on a 2 x 4 grid (the other three hidden), and each
