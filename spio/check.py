@@ -5,7 +5,9 @@ layers and tile configs on a CUDA GPU, or in the CPU emulator without one, and c
 result with the float64 reference under the tolerance derived from accumulation depth
 (`spio.reference.conv2d_gw8_tolerance`). Inputs are random and the buffers the kernels write are
 poisoned with NaN first (WGrad's atomic kernel adds into zeros instead), so a kernel that skips
-an element fails. One line per pass and dtype reports the worst
+an element fails. Every other run of each pass holds its operands as a half-precision model does
+(`held`), and some WGrad runs use the atomic kernel (`atomic`), so that each way spio runs a
+pass is checked. One line per pass and dtype reports the worst
 error as a fraction of the tolerance (<= 1 passes); any failure gives a non-zero exit status.
 """
 
@@ -40,6 +42,10 @@ EMULATOR_LAYERS = (
     # image passed the check (mutation testing, 2026-12-06).
     P(n=9, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),
 )
+
+#: `spio check --quick`'s layers in the emulator: runs 0 (plain), 1 (held: the biased layer) and
+#: 2 (WGrad's atomic kernel) of each pass, as `held` and `atomic` pick them.
+QUICK_EMULATOR_LAYERS = (EMULATOR_LAYERS[1], EMULATOR_LAYERS[0], EMULATOR_LAYERS[4])
 
 #: Extra layers on a GPU: table-sized shapes (several tiles, many groups, larger batches).
 GPU_LAYERS = EMULATOR_LAYERS + (
@@ -125,9 +131,11 @@ def run_one(
 ) -> float:
     """Worst error / tolerance of one kernel run (bias gradient included for WGrad). `kernel`:
     a kernel to run instead of the one spio makes for `config` (e.g. a timing variant).
-    `as_held` (FProp and DGrad): the operands as a half-precision model holds them, channels_last
-    weights and (FProp) a bias in the activations' dtype, run by the kernel variant that reads
-    them so (kernel_as_run's), where the others read an fp32 bias and contiguous weights."""
+    `as_held`: the operands as a half-precision model holds them: for FProp and DGrad,
+    channels_last weights and (FProp) a bias in the activations' dtype, run by the kernel
+    variant that reads them so (kernel_as_run's), where the others read an fp32 bias and
+    contiguous weights; for WGrad, dw (channels_last) and dbias in the activations' dtype, as
+    the gradients of such weights, where the others are fp32 and contiguous."""
     import torch
 
     from .kernels import conv2d_gw8_factory as fd
@@ -142,11 +150,10 @@ def run_one(
 
     if pass_ not in PASSES:
         raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
-    as_held = as_held and pass_ in HELD_PASSES
     if kernel is None:
         kernel = kernel_as_run(params, pass_, config, device, as_held)
-    elif as_held:  # a kernel given (a timing variant, say), as it reads operands held so
-        kernel = fd.variant(kernel, *_held_layout(params, pass_))
+    elif as_held and pass_ in HELD_PASSES:  # a kernel given (a timing variant, say), as it
+        kernel = fd.variant(kernel, *_held_layout(params, pass_))  # reads operands held so
     t = random_inputs(params, seed)
     if as_held:
         t["w"] = t["w"].contiguous(memory_format=torch.channels_last)
@@ -165,14 +172,22 @@ def run_one(
         expected = conv2d_gw8_dgrad_ref(t["dy"], t["w"], params.padding, (params.h, params.w))
         tol = conv2d_gw8_tolerance(params, "dgrad", t["dy"], t["w"])
         return error_ratio(out, expected, tol.atol, tol.rtol)
-    dw, dbias = wg.wgrad(dev["x"], dev["dy"], params, kernel=kernel, poison=True)
+    # As held: the gradients of half weights and bias, which sum_slots (or the atomic path's
+    # copy) rounds once and lays out as the weights are.
+    grad_dtype = t["x"].dtype if as_held else torch.float32
+    dw, dbias = wg.wgrad(dev["x"], dev["dy"], params, kernel=kernel, poison=True,
+                         dtypes=(grad_dtype, grad_dtype), channels_last=as_held)  # fmt: skip
+    if as_held and not dw.is_contiguous(memory_format=torch.channels_last):
+        return math.inf  # autograd would lay it out again, where the op promises not to
     expected = conv2d_gw8_wgrad_ref(t["x"], t["dy"], params.padding, params.r, params.s)
-    tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"])
+    tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"], out_dtype=grad_dtype)
     worst = error_ratio(dw, expected, tol.atol, tol.rtol)
     if params.has_bias:
         if dbias is None:
             return math.inf
-        bias_tol = conv2d_gw8_tolerance(params, "wgrad", t["dy"], torch.ones(1))
+        bias_tol = conv2d_gw8_tolerance(
+            params, "wgrad", t["dy"], torch.ones(1), out_dtype=grad_dtype
+        )
         expected_bias = conv2d_gw8_bias_grad_ref(t["dy"])
         worst = max(worst, error_ratio(dbias, expected_bias, bias_tol.atol, bias_tol.rtol))
     return worst
@@ -184,10 +199,24 @@ HELD_PASSES = ("fprop", "dgrad")
 
 
 def held(index: int, pass_: str) -> bool:
-    """Whether a pass's run `index` (of one dtype) reads its operands as a half-precision model
-    holds them: every other one, the odd ones, of FProp and DGrad. (All had read an fp32 bias
-    and contiguous weights, so a kernel reading a bf16 bias as fp16 passed the check.)"""
-    return pass_ in HELD_PASSES and index % 2 == 1
+    """Whether a pass's run `index` (of one dtype) has its operands as a half-precision model
+    holds them (run_one's `as_held`): every other one, the odd ones. (All had read an fp32 bias
+    and contiguous weights, so a kernel reading a bf16 bias as fp16 passed the check; and all
+    WGrad runs had summed into fp32 contiguous gradients, so a sum_slots that wrote a
+    channels_last dw in the contiguous layout passed it: mutation testing, 2026-12-06.)"""
+    return index % 2 == 1
+
+
+def atomic(index: int, pass_: str) -> bool:
+    """Whether a pass's run `index` (of one dtype) runs WGrad's atomic kernel, which spio runs
+    where a layer's partial sums would pass their limit (the check's layers are too small for
+    that, so no run had checked it): one in four of WGrad's, none held."""
+    return pass_ == "wgrad" and index % 4 == 2
+
+
+def run_kind(index: int, pass_: str) -> str:
+    """How run `index` of a pass runs, for its failure line: "" or " (as held)" or " (atomic)"."""
+    return " (as held)" if held(index, pass_) else " (atomic)" if atomic(index, pass_) else ""
 
 
 def _held_layout(params: Conv2dGw8Params, pass_: str) -> tuple[bool, bool]:
@@ -196,18 +225,29 @@ def _held_layout(params: Conv2dGw8Params, pass_: str) -> tuple[bool, bool]:
     return True, pass_ == "fprop" and params.has_bias
 
 
-def kernel_as_run(params: Conv2dGw8Params, pass_: str, config, device: str, as_held: bool = False):
+def kernel_as_run(
+    params: Conv2dGw8Params,
+    pass_: str,
+    config,
+    device: str,
+    as_held: bool = False,
+    atomic: bool = False,
+):
     """The kernel spio runs for this pass, layer and config on `device`: its family's (for
-    WGrad, per-warp partial sums and sum_slots while they fit, else atomics), reading the
-    operands as held where `as_held` (FProp and DGrad), with its rows moved by tensor copies
-    where SPIO_TMA asks for them and the device has them."""
+    WGrad, per-warp partial sums and sum_slots while they fit, else atomics; with `atomic`,
+    atomics), reading the operands as held where `as_held` (FProp and DGrad), with its rows
+    moved by tensor copies where SPIO_TMA asks for them and the device has them."""
     import torch
 
     from .functional._kernels import with_tensor_copies
     from .kernels import conv2d_gw8_factory as fd
+    from .kernels import conv2d_gw8_wgrad_factory as wg
     from .kernels.families import FAMILY_OF_PASS
 
-    kernel = FAMILY_OF_PASS[pass_].make_kernel(params, config)
+    if atomic and pass_ == "wgrad":
+        kernel = wg.make_kernel(params, config, partials=False)
+    else:
+        kernel = FAMILY_OF_PASS[pass_].make_kernel(params, config)
     if as_held and pass_ in HELD_PASSES:
         kernel = fd.variant(kernel, *_held_layout(params, pass_))
     return with_tensor_copies(kernel, torch.device(device))
@@ -243,11 +283,13 @@ def check_jobs(
     # The seed depends on the dtype too, so that fp16 and bf16 draw different configs: with one
     # seed a layer, both drew the same, and no emulated WGrad run had mma_k 16.
     salt = 100 * DTYPES.index(dtype)
-    return [
-        (params, config)
-        for index, params in enumerate(typed)
-        for config in configs_to_run(params, pass_, extra_configs, seed=index + salt, device=device)
-    ]
+    jobs = []
+    for index, params in enumerate(typed):
+        configs = configs_to_run(params, pass_, extra_configs, seed=index + salt, device=device)
+        # Every other layer's pick last: with one sampled config a layer, the picks had all
+        # been even runs, so none was ever run as held.
+        jobs += [(params, config) for config in (configs[::-1] if index % 2 else configs)]
+    return jobs
 
 
 def run_jobs(
@@ -260,11 +302,15 @@ def run_jobs(
     for index, (params, config) in enumerate(
         tqdm(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run")
     ):
-        as_held = held(index, pass_)
-        case = f"{params.encode()} {config.encode()}" + (" (as held)" if as_held else "")
+        case = f"{params.encode()} {config.encode()}{run_kind(index, pass_)}"
         lost = False
         try:
-            ratio = run_one(params, pass_, config, device, as_held=as_held)
+            kernel = None
+            if atomic(index, pass_):
+                kernel = kernel_as_run(params, pass_, config, device, atomic=True)
+            ratio = run_one(
+                params, pass_, config, device, kernel=kernel, as_held=held(index, pass_)
+            )
         except Exception as error:  # a launch or build error is a failure, not a crash
             ratio, case = math.inf, f"{case}: {type(error).__name__}: {error}"
             lost = _sticky(error, device)
@@ -312,25 +358,65 @@ class SetupError(RuntimeError):
     CUDA headers) is missing or broken, which no kernel's result can say anything about."""
 
 
+#: A kernel of no spio code that includes the CUDA headers spio's kernels include: where it
+#: builds and spio's kernels do not, their code is at fault, not the toolchain.
+PROBE_SOURCE = """#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+extern "C" __global__ void spio_check_probe(int *out) { *out = 1; }
+"""
+
+
+def toolchain_problem(device: str) -> str | None:
+    """Why a kernel of no spio code cannot be built for `device` (the emulator's host compiler,
+    or NVRTC for the GPU's arch, with the CUDA headers), or None where it builds."""
+    try:
+        if device == "cpu":
+            from .emulator.build import build_library
+
+            build_library(PROBE_SOURCE, name="spio_check_probe")
+        else:
+            import torch
+
+            from .compiler import compile_cubin
+            from .cuda import driver
+            from .kernels.kernel import cuda_ordinal
+
+            ordinal = cuda_ordinal(torch.device(device))
+            compile_cubin(PROBE_SOURCE, driver.device_attributes(ordinal)["arch"])
+    except Exception as error:  # whatever stops a build: a missing compiler, headers, NVRTC
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
 def precompile(
     jobs: Mapping[tuple[str, str], Sequence[tuple[Conv2dGw8Params, Any]]], device: str
 ) -> None:
     """Build every kernel of the check's runs (check_jobs, by pass and dtype), in parallel,
     into the disk cache: cubins for the GPU, emulator libraries for the CPU. A kernel that
-    fails to build fails its run; when none builds, SetupError says why (the first kernel's
-    error)."""
+    fails to build fails its run; when none builds and neither does a kernel of no spio code
+    (toolchain_problem), SetupError says why (the first kernel's error). Where that probe
+    builds, spio's own code is at fault: its runs fail (exit 1, not a setup error's 2)."""
     import torch
 
     from .kernels.conv2d_gw8_wgrad_factory import with_sums
     from .kernels.kernel import build_kernels
 
-    kernels = with_sums(
-        kernel_as_run(params, pass_, config, device, held(index, pass_))
-        for (pass_, _), runs in jobs.items()
+    kernels = [
+        kernel
+        for (pass_, dtype), runs in jobs.items()
         for index, (params, config) in enumerate(runs)
-    )
+        for kernel in with_sums(  # the sum_slots kernel into the gradients' dtypes too
+            [
+                kernel_as_run(
+                    params, pass_, config, device, held(index, pass_), atomic(index, pass_)
+                )
+            ],
+            (dtype, dtype) if held(index, pass_) else ("fp32", "fp32"),
+        )
+    ]
+    kernels = list({kernel.name: kernel for kernel in kernels}.values())
     failures = build_kernels(kernels, torch.device(device))
-    if kernels and len(failures) == len(kernels):
+    if kernels and len(failures) == len(kernels) and toolchain_problem(device) is not None:
         where = "the GPU" if device == "cuda" else "the CPU emulator"
         first = next(iter(failures.values()))
         raise SetupError(
@@ -434,7 +520,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         layers = GPU_LAYERS[:4] + GPU_LAYERS[-3:] if args.quick else GPU_LAYERS
         extra = 0 if args.quick else 2
     else:
-        layers = EMULATOR_LAYERS[:2] if args.quick else EMULATOR_LAYERS
+        # Quick: a plain run, the biased layer as held (FProp's half bias, WGrad's half
+        # gradients) and an atomic WGrad run.
+        layers = QUICK_EMULATOR_LAYERS if args.quick else EMULATOR_LAYERS
         extra = 0 if args.quick else 1
     where = "GPU (real kernels)" if device == "cuda" else "CPU emulator"
     print(

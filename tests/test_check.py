@@ -261,14 +261,17 @@ def _fake_kernels(monkeypatch, target):
             dx = _planted(dx, conv2d_gw8_tolerance(params, "dgrad", dy, w))
         return out.copy_(dx)
 
-    def wgrad(x, dy, params, kernel=None, poison=False):
+    def wgrad(x, dy, params, kernel=None, poison=False, dtypes=None, channels_last=False):
+        out = (dtypes or (torch.float32,))[0]
         dw = conv2d_gw8_wgrad_ref(x, dy, params.padding, params.r, params.s)
         dbias = conv2d_gw8_bias_grad_ref(dy)
         if target == "dw":
-            dw = _planted(dw, conv2d_gw8_tolerance(params, "wgrad", x, dy))
+            dw = _planted(dw, conv2d_gw8_tolerance(params, "wgrad", x, dy, out_dtype=out))
         if target == "dbias":
-            dbias = _planted(dbias, conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1)))
-        return dw.float(), dbias.float()
+            tolerance = conv2d_gw8_tolerance(params, "wgrad", dy, torch.ones(1), out_dtype=out)
+            dbias = _planted(dbias, tolerance)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        return dw.to(out, memory_format=layout), dbias.to(out)
 
     monkeypatch.setattr(fd, "fprop", fprop)
     monkeypatch.setattr(fd, "dgrad", dgrad)
@@ -386,9 +389,10 @@ def test_check_runs_every_layer_in_the_dtype_with_the_default_and_sampled_config
     family = FAMILY_OF_PASS["dgrad"]
     typed = [replace(p, dtype="bf16") for p in LAYERS]
     assert [params for params, _, _, _ in runs] == [typed[0]] * 3 + [typed[1]] * 3
-    for params in typed:
+    for index, params in enumerate(typed):
         configs = [config for p, _, config, _ in runs if p == params]
-        assert configs[0] == family.default_config(params)
+        # The pick first, then every other layer's last (so that some picks run as held).
+        assert configs[-index] == family.default_config(params)
         assert len(set(configs)) == 3 and set(configs) <= set(family.configs(params))
     assert {(pass_, device) for _, pass_, _, device in runs} == {("dgrad", "cuda")}
     assert result.passed and result.runs == 6 and result.worst == 0.5
@@ -503,7 +507,7 @@ def test_check_reports_a_broken_toolchain_as_one_setup_error(setting, said, tmp_
     env = {"SPIO_CACHE_DIR": str(tmp_path), setting: "/nonexistent"}
     out = run_spio("check", "--device", "cpu", "--quick", env=env, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "spio check: setup error: none of the 14 kernels could be built" in out.stderr
+    assert "spio check: setup error: none of the 21 kernels could be built" in out.stderr
     assert said in out.stderr and " FAIL " not in out.stdout
 
 
@@ -600,3 +604,70 @@ def test_the_check_runs_the_variants_a_half_precision_model_runs(monkeypatch):
     result = check.run_jobs("cpu", "fprop", "bf16", jobs)
     assert result.passed and result.runs == 2, result
     assert launched == [(False, False), (True, True)]
+
+
+def test_the_check_runs_wgrad_each_way_spio_runs_it(monkeypatch):
+    """WGrad's runs had all summed into fp32, contiguous gradients with the partial-sums kernel:
+    a sum_slots that wrote a channels_last dw in the contiguous layout (what a channels_last
+    model's autocast or half weights get), and an atomic kernel that added half its sums, both
+    passed `spio check` (mutation testing, 2026-12-06). Quick emulator runs: the plain
+    partial-sums kernel, the biased layer's gradients in its dtype and layout as held, and the
+    atomic kernel."""
+    launched = []
+    real = wg.wgrad
+
+    def spy(x, dy, params, kernel=None, dtypes=None, channels_last=False, **kwargs):
+        launched.append((kernel.info_value("partials"), dtypes, channels_last, params.has_bias))
+        return real(x, dy, params, kernel=kernel, dtypes=dtypes, channels_last=channels_last,
+                    **kwargs)  # fmt: skip
+
+    monkeypatch.setattr(wg, "wgrad", spy)
+    jobs = check.check_jobs("cpu", check.QUICK_EMULATOR_LAYERS, "wgrad", "bf16", 0)
+    result = check.run_jobs("cpu", "wgrad", "bf16", jobs)
+    assert result.passed and result.runs == 3, result
+    fp32, bf16 = (torch.float32,) * 2, (torch.bfloat16,) * 2
+    assert launched == [
+        (True, fp32, False, False),
+        (True, bf16, True, True),
+        (False, fp32, False, False),
+    ]
+
+
+def test_the_quick_checks_run_every_variant_of_every_pass():
+    """The quick emulator check had run no FProp with a bias in the input's dtype (its held run
+    was of the bias-free layer) and no atomic WGrad; the quick GPU check, its 7 layers."""
+    for layers in (check.QUICK_EMULATOR_LAYERS, check.GPU_LAYERS[:4] + check.GPU_LAYERS[-3:]):
+        indices = range(len(layers))
+        assert any(check.held(i, "fprop") and layers[i].has_bias for i in indices)
+        assert any(check.held(i, "wgrad") and layers[i].has_bias for i in indices)
+        assert any(check.atomic(i, "wgrad") for i in indices)
+        assert not any(check.atomic(i, "fprop") or check.atomic(i, "dgrad") for i in indices)
+        assert not any(check.atomic(i, "wgrad") and check.held(i, "wgrad") for i in indices)
+
+
+def test_the_full_emulator_check_runs_some_picks_as_held():
+    """With one sampled config a layer the picks had all been even runs: spio's own choice was
+    never run with the operands as a half-precision model holds them."""
+    for pass_ in PASSES:
+        jobs = check.check_jobs("cpu", check.EMULATOR_LAYERS, pass_, "fp16", 1)
+        picks = {params: check.configs_to_run(params, pass_, 0, 0)[0] for params, _ in jobs}
+        held_picks = [i for i, (p, c) in enumerate(jobs) if check.held(i, pass_) and c == picks[p]]
+        assert len(held_picks) == len(check.EMULATOR_LAYERS) // 2, pass_
+
+
+def test_a_kernel_that_does_not_compile_is_a_failure_not_a_setup_error(monkeypatch):
+    """When none of the check's kernels builds but a kernel of no spio code does, spio's own
+    code is at fault: its runs fail (exit 1), where a setup error (exit 2) had named the
+    toolchain, so that a CI treating 2 as "no toolchain" hid a kernel that did not compile."""
+    real = check.kernel_as_run
+
+    def broken(*args, **kwargs):
+        return real(*args, **kwargs).with_defines(("SPIO_UNROLL=this is not C++",))
+
+    monkeypatch.setattr(check, "kernel_as_run", broken)
+    layers = (check.EMULATOR_LAYERS[1],)
+    results = check.run_check("cpu", layers, 0, ("fprop",), ("fp16",), report=lambda line: None)
+    assert not results[0].passed and "error: invalid use of" in results[0].failures[0]
+    monkeypatch.setattr(check, "toolchain_problem", lambda device: "no compiler")
+    with pytest.raises(check.SetupError, match="none of the 1 kernels could be built"):
+        check.run_check("cpu", layers, 0, ("fprop",), ("fp16",), report=lambda line: None)

@@ -103,13 +103,16 @@ def conv2d_gw8_tolerance(
     a: torch.Tensor,
     b: torch.Tensor,
     safety: float = 2.0,
+    out_dtype: torch.dtype | None = None,
 ) -> Tolerance:
     """Tolerance for one kernel pass whose product operands are a and b.
 
     FProp: a = x, b = w; DGrad: a = dy, b = w; WGrad: a = x, b = dy. Outputs are in the
-    activation dtype, except WGrad, whose dw is fp32. Assumes zero-mean random inputs.
+    activation dtype, except WGrad, whose dw is fp32 unless `out_dtype` says otherwise (a half
+    model's gradients, rounded once). Assumes zero-mean random inputs.
     """
     depth = conv2d_gw8_depth(params, pass_)
-    out_dtype = torch.float32 if pass_ == "wgrad" else torch_dtype(params.dtype)
+    if out_dtype is None:
+        out_dtype = torch.float32 if pass_ == "wgrad" else torch_dtype(params.dtype)
     scale = max(_rms(a) * _rms(b), torch.finfo(torch.float32).tiny)
     return accumulation_tolerance(out_dtype, depth, scale, safety=safety)
