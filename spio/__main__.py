@@ -75,8 +75,12 @@ def _gpu_summary(gpus: list[dict], why_none: str | None) -> str:
     """One line for the GPUs of _gpus()."""
     if not gpus:
         why = why_none or "no GPU"
-        if why.startswith("no GPU"):  # the driver's message says CPU tensors run PyTorch
-            why += "; " + _emulation_hint()
+        hint = _emulation_hint()
+        # The driver's message names SPIO_EMULATE=1 already: the hint once (where it is off).
+        if why.startswith("no GPU") and not (
+            hint.startswith("SPIO_EMULATE=1") and "SPIO_EMULATE=1" in why
+        ):
+            why += "; " + hint
         return why
     from .compiler.arch import builds_for
 
@@ -225,7 +229,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         headers = paths.find_cuda_include(prefer_major=major, nvrtc=library)  # as compiles use
         rows.append(("CUDA headers", _cuda_headers_summary(headers, major, minor)))
     except Exception as error:
-        rows.append(("CUDA headers", f"{_BROKEN}, not found: {error}"))
+        rows.append(("CUDA headers", f"{_label('SPIO_CUDA_INCLUDE')}, not found: {error}"))
     rows.append(("spio headers", str(paths.bundled_include_dir())))
     gpus, why_none = _gpus()
     rows.append(("GPU", _gpu_summary(gpus, why_none)))
@@ -306,9 +310,9 @@ def _info_only_problems() -> list[str]:
 
 def _libcuda_problem(path: str) -> str | None:
     """Why `path` (SPIO_LIBCUDA) is no CUDA driver library: no file there, or a file that does
-    not load, or a library without cuInit; None where it loads, and for a bare name the loader
-    does not find (e.g. the default, libcuda.so.1, on a machine without a driver: the GPU row
-    says so, and no GPU is no failure of info)."""
+    not load, or a library without cuInit, or a bare name the dynamic loader does not find;
+    None where it loads, and for the default's name, libcuda.so.1, on a machine without a
+    driver (the GPU row says so, and no GPU is no failure of info)."""
     import ctypes
 
     if "/" in path and not os.path.isfile(path):  # a bare name is the loader's to find
@@ -316,7 +320,9 @@ def _libcuda_problem(path: str) -> str | None:
     try:
         library = ctypes.CDLL(path)
     except OSError as error:
-        return f"which does not load ({error})" if "/" in path else None
+        if "/" in path:
+            return f"which does not load ({error})"
+        return None if path == "libcuda.so.1" else "which the dynamic loader does not find"
     if not hasattr(library, "cuInit"):
         return "which has no entry point cuInit"
     return None
@@ -373,16 +379,22 @@ def _emulator_compiler_summary() -> str:
     return f"{cxx}: {version}"
 
 
+def _label(setting: str) -> str:
+    """A row's problem label: a BAD SETTING where `setting` chose what failed, else a BROKEN
+    INSTALL (what spio found by itself)."""
+    return _BAD_SETTING if os.environ.get(setting, "").strip() else _BROKEN
+
+
 def _nvrtc_problem(library, error: Exception) -> str:
     """The NVRTC row when libnvrtc was not found (library None) or was found but does not load
     (nvrtc's NvrtcError, whose cause is the loader's own error)."""
     from .cuda import nvrtc
 
     if library is None:
-        return f"{_BROKEN}, not found: {error}"
+        return f"{_label('SPIO_NVRTC')}, not found: {error}"
     cause = error.__cause__ or error
     return (
-        f"{_BROKEN}, {library} was found but cannot be loaded ({cause}); "
+        f"{_label('SPIO_NVRTC')}, {library} was found but cannot be loaded ({cause}); "
         f"{nvrtc.how_to_mend_loading()}"
     )
 
@@ -644,8 +656,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description=__doc__,
-        epilog="Every command: exit 2 on bad arguments or a malformed SPIO_* setting, 130 when "
-        "interrupted (Ctrl-C), 141 when its output's reader went away (`| head`).",
+        epilog="Every command: exit 2 on bad arguments, 130 when interrupted (Ctrl-C), 141 when "
+        "its output's reader went away (`| head`); check, compile and bench also exit 2 on a "
+        "malformed SPIO_* setting (info reports it, exit 1; clear-cache reads only "
+        "SPIO_CACHE_DIR).",
     )
     parser.add_argument("--version", action="version", version=f"spio {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -750,9 +764,27 @@ def _run_command(args: argparse.Namespace) -> int:
             raise
         print(f"spio: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # output to a full disk (`spio info > /dev/full`): one line
+        if not _output_fails():
+            raise
+        print(f"spio {args.command}: cannot write its output: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 as a shell reports SIGINT
         print(f"\nspio {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _output_fails() -> bool:
+    """Whether stdout cannot be written (tried with a line end, as a failed write leaves
+    nothing buffered to flush); if so, stdout is pointed at devnull (Python flushes it again at
+    exit, which must not fail too)."""
+    try:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return True
+    return False
 
 
 def run() -> None:
@@ -760,9 +792,11 @@ def run() -> None:
     while Python exits (its atexit callbacks, torch's and the compile pool's, take up to a
     second) ends the process at once, as during the command: one line and exit 130, not a
     traceback and the command's own status. Warnings clear the progress bars around them."""
-    from .log import show_warnings
+    from . import log
 
-    show_warnings()
+    log.show_warnings()
+    if log.command_warning:  # a malformed SPIO_LOGGER, met at `import spio`
+        log.logger.warning(log.command_warning)
     args = build_parser().parse_args()
     status = _run_command(args)
 

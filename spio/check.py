@@ -469,8 +469,14 @@ def resolve_device(requested: str | None) -> str:
     if requested == "cpu":
         return requested
     if not torch.cuda.is_available():
+        why = _gpu_torch_cannot_use()
         if requested == "cuda":
-            raise RuntimeError("spio check --device cuda needs a CUDA GPU; none is available")
+            raise RuntimeError(
+                "spio check --device cuda needs a CUDA GPU; none is available"
+                + (f" ({why})" if why else "")
+            )
+        if why:
+            print(f"{why}: checking in the CPU emulator")
         return "cpu"
     problem = device_problem(torch.device("cuda"))  # the current device
     if problem is None:
@@ -479,6 +485,27 @@ def resolve_device(requested: str | None) -> str:
         raise RuntimeError(f"spio check --device cuda: spio's kernels do not run on {problem}")
     print(f"spio's kernels do not run on {problem}: checking in the CPU emulator")
     return "cpu"
+
+
+def _gpu_torch_cannot_use() -> str | None:
+    """Where spio's driver sees a GPU that torch, a CPU build, cannot use: saying so (the
+    check had gone to the emulator in silence); else None."""
+    import torch
+
+    if torch.version.cuda is not None:
+        return None
+    from .cuda import driver
+
+    try:
+        count = driver.device_count()
+    except Exception:  # no driver: no GPU to speak of
+        return None
+    if count < 1:
+        return None
+    return (
+        f"torch {torch.__version__} is a CPU build, so no GPU is available to it (spio's "
+        f"driver sees {count}); install a CUDA build of torch to check the real kernels"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -48,11 +48,17 @@ _LEVELS = {"": None, "0": None, "1": logging.INFO, "2": logging.DEBUG}
 def _configure_from_env() -> None:
     """Set the level from SPIO_LOGGER; another value warns (it is read at `import spio`, where
     raising would break the import) and leaves the default level."""
+    global command_warning
     problem = logger_setting_problem()
     if problem and WORKER_MARK in os.environ:
         return  # a compile worker: its parent has warned
     if problem:
-        warnings.warn(f"{problem}; spio logs at the default level", stacklevel=_first_outside())
+        message = f"{problem}; spio logs at the default level"
+        stacklevel = _first_outside()
+        if stacklevel == 0:  # the spio command: it warns as its other warnings, `spio WARNING:`
+            command_warning = message
+        else:
+            warnings.warn(message, stacklevel=stacklevel)
         return
     text = os.environ.get("SPIO_LOGGER", "")
     level = _LEVELS[text.strip()]
@@ -62,10 +68,16 @@ def _configure_from_env() -> None:
     _add_handler(logging.NOTSET)
 
 
+#: The bad-setting warning the `spio` command shows once it has set its handler (spio.__main__),
+#: where `import spio` came from the command itself; None otherwise.
+command_warning: str | None = None
+
+
 def _first_outside() -> int:
     """The stacklevel, for a warning raised by our caller, of the first frame outside spio (the
     user's `import spio`, not spio's own line), counted as warnings.warn counts: the import
-    system's frames are passed over."""
+    system's frames are passed over. 0 where the import is the `spio` command's own (`python
+    -m spio`, or the console script named spio), which has no line of the user's."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frame: types.FrameType | None = sys._getframe(2)  # our caller's caller: stacklevel 2
     level = 2
@@ -75,8 +87,10 @@ def _first_outside() -> int:
             frame = frame.f_back
             continue
         module = frame.f_globals.get("__name__", "")
-        if module == "runpy":  # python -m spio: no line of the user's; spio's own, as before
-            return 1
+        if module == "runpy":  # python -m spio
+            return 0
+        if module == "__main__" and os.path.basename(name) == "spio":  # the console script
+            return 0
         if module != "importlib" and not os.path.abspath(name).startswith(package):
             return level  # (importlib.import_module's frame is counted, and passed over)
         frame, level = frame.f_back, level + 1

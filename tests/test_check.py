@@ -533,6 +533,18 @@ def test_check_runs_where_the_kernels_run(monkeypatch, capsys):
     assert check.resolve_device(None) == "cpu"
     with pytest.raises(RuntimeError, match="needs a CUDA GPU; none is available"):
         check.resolve_device("cuda")
+    # A CPU build of torch on a machine with a GPU: said, where the check had gone to the
+    # emulator in silence.
+    from spio.cuda import driver
+
+    capsys.readouterr()
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(driver, "device_count", lambda: 1)
+    assert check.resolve_device(None) == "cpu"
+    said = "is a CPU build, so no GPU is available to it (spio's driver sees 1)"
+    assert said in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match=r"none is available \(torch .* is a CPU build"):
+        check.resolve_device("cuda")
 
 
 def test_the_check_runs_the_config_spio_picks_on_the_gpu(monkeypatch, tmp_path):

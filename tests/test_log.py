@@ -156,3 +156,26 @@ def test_a_library_adds_no_handler_for_warnings(monkeypatch, spio_logger):
     log.show_warnings()
     (handler,) = spio_logger.handlers
     assert handler.level == logging.WARNING
+
+
+def test_the_spio_command_shows_the_bad_value_as_its_other_warnings():
+    """Under `python -m spio` (and the console script) the warning had been Python's, naming
+    spio's own line in spio/log.py; the command's warnings are `spio WARNING:` lines."""
+    for command in (
+        [sys.executable, "-m", "spio"],
+        [os.path.join(os.path.dirname(sys.executable), "spio")],
+    ):
+        if not os.path.exists(command[0]):
+            continue
+        out = subprocess.run(
+            [*command, "--version"],
+            capture_output=True,
+            encoding="utf-8",
+            timeout=120,
+            env=dict(os.environ, SPIO_LOGGER="debug"),
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stderr == (
+            "spio WARNING: SPIO_LOGGER must be 0 or empty (off), 1 (info) or 2 (debug), got "
+            "'debug'; spio logs at the default level\n"
+        ), (command, out.stderr)

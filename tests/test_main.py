@@ -75,7 +75,7 @@ def test_info_reports_versions_paths_gpu_and_cache(tmp_path):
         assert "sm_" in gpu_line
     else:
         assert "no GPU" in gpu_line
-        assert "SPIO_EMULATE=1 runs the real kernels on CPU tensors in the CPU emulator" in gpu_line
+        assert gpu_line.count("SPIO_EMULATE=1") == 1, gpu_line  # the hint once (it was twice)
 
 
 def _refuse_import(monkeypatch, refused, error: Exception) -> None:
@@ -372,6 +372,20 @@ def test_clear_cache_empties_a_namespace_folder_that_is_a_link(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "removed 1 file (2 B)" in out.stdout
     assert (root / "cubin").is_symlink() and list(elsewhere.iterdir()) == []
+
+
+def test_clear_cache_does_not_follow_a_lib_folder_that_is_a_link(tmp_path):
+    """spio makes each namespace's lib/ folder itself: one that is a link names a folder of
+    someone else's, whose files of spio's names clear-cache had removed."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / _entry()).write_bytes(b"keep")
+    root = tmp_path / "root"
+    (root / "emulator").mkdir(parents=True)
+    (root / "emulator" / "lib").symlink_to(theirs)
+    out = run_spio("clear-cache", env={"SPIO_CACHE_DIR": str(root)})
+    assert out.returncode == 0, out.stderr
+    assert [p.read_bytes() for p in theirs.iterdir()] == [b"keep"]
 
 
 def test_clear_cache_says_in_one_line_what_it_could_not_remove(tmp_path, monkeypatch, capsys):
@@ -953,8 +967,8 @@ def test_compile_sample_generates_only_the_kernels_it_picks(compiled_jobs, monke
 @pytest.mark.parametrize(
     "setting,row,said",
     [
-        ("SPIO_CUDA_INCLUDE", "CUDA headers", "BROKEN INSTALL, not found: SPIO_CUDA_INCLUDE="),
-        ("SPIO_NVRTC", "NVRTC", "was found but cannot be loaded"),
+        ("SPIO_CUDA_INCLUDE", "CUDA headers", "BAD SETTING, not found: SPIO_CUDA_INCLUDE="),
+        ("SPIO_NVRTC", "NVRTC", "BAD SETTING, "),
         ("SPIO_PERF_MODELS", "perf models", "must name a folder of models"),
         ("SPIO_CACHE_DIR", "cache", "NOT A WRITABLE FOLDER"),
         ("SPIO_LIBCUDA", "settings", "must name the CUDA driver library, got '/nonexistent'"),
@@ -1097,6 +1111,9 @@ def test_info_suggests_the_emulator_only_where_there_is_no_gpu(monkeypatch):
     )
     broken = "unknown: BROKEN INSTALL, the spio.cuda.driver extension does not load (x)"
     assert cli._gpu_summary([], broken) == broken
+    # The driver's own message names the setting already: not said twice.
+    said = "no GPU (No NVIDIA driver found: ... (its CPU emulator with SPIO_EMULATE=1).)"
+    assert cli._gpu_summary([], said) == said
 
 
 def test_info_says_cpu_tensors_run_the_emulator_where_spio_emulate_is_on(monkeypatch):
@@ -1121,9 +1138,9 @@ def test_info_names_a_spio_libcuda_that_is_no_driver_library(tmp_path):
     assert cli._libcuda_problem(str(tmp_path / "none.so")) == "no file"
     assert cli._libcuda_problem(str(empty)).startswith("which does not load (")
     assert cli._libcuda_problem("libc.so.6") == "which has no entry point cuInit"
-    # A bare name the loader does not find is no driver here, which the GPU row says: the
-    # default, named explicitly on a machine without a GPU, must not fail info.
-    assert cli._libcuda_problem("libnotthere.so.7") is None
+    # A bare name the loader does not find is a bad setting (it had passed as "no GPU"), but
+    # the default's name, set explicitly on a machine without a GPU, must not fail info.
+    assert cli._libcuda_problem("libnotthere.so.7") == "which the dynamic loader does not find"
     if not gpu_available():
         default = run_spio("info", env={"SPIO_LIBCUDA": "libcuda.so.1"})
         assert default.returncode == 0 and "SPIO_LIBCUDA must" not in default.stdout
@@ -1429,3 +1446,20 @@ def test_settings_are_checked_without_importing_torch():
     problems, torch_imported = out.stdout.splitlines()
     assert "SPIO_TMA" in problems and "'stores'" in problems, out.stdout + out.stderr
     assert torch_imported == "False"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_to_a_full_disk_is_one_line(tmp_path):
+    """`spio info > /dev/full` had ended in an OSError's traceback."""
+    with open("/dev/full", "w") as full:
+        out = subprocess.run(
+            [sys.executable, "-m", "spio", "info"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "SPIO_CACHE_DIR": str(tmp_path)},
+            cwd=REPO,
+            timeout=120,
+        )
+    assert out.returncode == 1
+    assert out.stderr == "spio info: cannot write its output: [Errno 28] No space left on device\n"

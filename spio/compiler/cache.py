@@ -312,9 +312,13 @@ _OWN_SUBFOLDER = "lib"
 
 def own_files(folder: Path) -> list[Path]:
     """The files spio made in namespace folder `folder` and its lib/ subfolder (see _OWN_FILE);
-    [] when it does not exist. Links are not taken for files."""
+    [] when it does not exist. Links are not taken for files; a namespace folder may be one
+    (a user's move of it to a larger disk), but not the lib/ subfolder, which spio makes
+    itself: a link there, to a folder of the user's, had had its files removed."""
     found: list[Path] = []
     for where in (folder, folder / _OWN_SUBFOLDER):
+        if where.name == _OWN_SUBFOLDER and where.is_symlink():
+            continue
         try:
             entries = list(os.scandir(where))
         except OSError:  # missing, or not a folder
