@@ -6,7 +6,7 @@
 ///   FProp: In = x, Out = y, Tap(g, r, s)[k][c] = w[8g + k, c, r, s], PAD = padding.
 ///   DGrad: In = dy, Out = dx, Tap(g, r, s)[k][c] = w[8g + c, k, R-1-r, S-1-s], PAD = R-1-padding (may
 ///          be negative); the same kernel with the taps flipped and each 8x8 tap transposed, which
-///          ldmatrix .trans does for free.
+///          the tap gather does by reading the weights' k and c the other way (no extra pass).
 /// Inputs whose indices fall outside In are zero (cp.async zero-fill); w is read as the caller holds
 /// it, PyTorch's [K, 8, R, S] or its channels_last [K, R, S, 8] (see the launch contract).
 ///
@@ -514,7 +514,8 @@ extern "C" __global__ void __launch_bounds__(Block::threads, 1)
     StreamRow finishing = StreamRow::at(-(R - 1));
     StreamRow staged = StreamRow::at(-R);
     // The loop is unrolled by UNROLL steps (unroll_steps). ring(row0, k, n): the slot of stream
-    // row row0 + k in a ring of n (row0 + k >= 0 where used), a constant where n divides UNROLL.
+    // row row0 + k in a ring of n (row0 + k >= 0 where used), a constant where n divides UNROLL
+    // (row0, a multiple of UNROLL, is then a multiple of n and drops out).
     constexpr int UNROLL = unroll_steps(R, STAGES);
     constexpr bool COMPUTE = !SPIO_ABLATE_COMPUTE;  // (the input pipeline alone without it)
     const auto ring = [](int row0, int k, int n) {
