@@ -314,27 +314,23 @@ def run_insitu(
     A stack that fails (e.g. out of memory) is reported and left out, and the others go on
     (not where the CUDA context broke). With `csv_path`, the rows so far are written there
     after each stack, so that a run stopped early keeps what it measured."""
-    from tqdm import tqdm
-
-    from .run import cudnn_at_its_best, precompile, write_rows_so_far
+    from .run import cudnn_at_its_best, precompile, sweep
 
     precompile(  # WGrad's sums into the weight's dtype, as _SpioConv's wgrad asks
         [(layer.params(n, dtype), pass_) for layer in layers for pass_ in PASSES],
         torch.device("cuda", 0),
     )
     cudnn_at_its_best()  # (the command the rows carry says so: cli's run_info)
-    rows: list[InSituRow] = []
     cases = [(layer, style, impl) for layer in layers for style in STYLES for impl in IMPLS]
-    writable = True
-    for layer, style, impl in tqdm(cases, desc="in-situ", unit="stack"):
-        stack_rows, go_on = _profile_stack(layer, style, impl, n, dtype, info, passes, depth,
-                                           warmup, steps)  # fmt: skip
-        rows += stack_rows
-        if csv_path is not None and rows and writable:
-            writable = write_rows_so_far(write_insitu_csv, rows, csv_path)
-        if not go_on:
-            break
-    return rows
+
+    def measure(layer: BenchLayer, style: str, impl: str):
+        return _profile_stack(layer, style, impl, n, dtype, info, passes, depth, warmup, steps)
+
+    # (write_insitu_csv looked up at each write: a test may stand in for it)
+    def write(rows: list, path: Path) -> Path:
+        return write_insitu_csv(rows, path)
+
+    return sweep(cases, measure, write, csv_path, desc="in-situ", unit="stack")
 
 
 def _profile_stack(

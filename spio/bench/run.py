@@ -334,7 +334,6 @@ def run_bench(
     the rows so far are written there after each case, so that a sweep stopped by a time limit
     keeps what it measured."""
     import torch
-    from tqdm import tqdm
 
     cases = [
         (layer, layer.params(n, settings.dtype), pass_)
@@ -347,14 +346,33 @@ def run_bench(
         logger.error("compile failed: %s: %s", name, error)
     info = run_info(command + cudnn_at_its_best())
     l2 = l2_cache_bytes()
-    rows: list[BenchRow] = []
 
+    def measure(layer: BenchLayer, params: Conv2dGw8Params, pass_: str):
+        return _bench_case(layer, params, pass_, settings, info, l2)
+
+    return sweep(cases, measure, write_csv, csv_path, desc="benchmark", unit="case")
+
+
+def sweep(
+    cases: Sequence[tuple],
+    measure: Callable[..., tuple[list, bool]],
+    write: Callable[[list, Path], Path],
+    csv_path: Path | None,
+    desc: str,
+    unit: str,
+) -> list:
+    """The rows of every case, measure(*case) -> (its rows, whether the sweep may go on), under
+    a progress bar; with `csv_path`, the rows so far written there after each case
+    (write_rows_so_far). Stops at a case after which the CUDA context is unusable."""
+    from tqdm import tqdm
+
+    rows: list = []
     writable = True
-    for layer, params, pass_ in tqdm(cases, desc="benchmark", unit="case"):
-        case_rows, go_on = _bench_case(layer, params, pass_, settings, info, l2)
+    for case in tqdm(cases, desc=desc, unit=unit):
+        case_rows, go_on = measure(*case)
         rows += case_rows
         if csv_path is not None and rows and writable:
-            writable = write_rows_so_far(write_csv, rows, csv_path)
+            writable = write_rows_so_far(write, rows, csv_path)
         if not go_on:
             break
     return rows
