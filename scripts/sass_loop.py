@@ -44,12 +44,13 @@ def _variants():
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from spio.compiler.occupancy import LIMITS
+    import spio
 
     variants, _, _ = _variants()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # The archs whose per-SM limits are known: blocks per SM are worked out for each kernel.
-    parser.add_argument("--arch", default="sm_90", choices=list(LIMITS))
+    # spio's archs: each has per-SM limits (blocks per SM are worked out for each kernel) and a
+    # typical GPU whose heuristic pick is counted.
+    parser.add_argument("--arch", default="sm_90", choices=list(spio.supported_arch))
     parser.add_argument("--family", help="a kernel family, e.g. conv2d_gw8_wgrad (default: all)")
     parser.add_argument("--layer", help="Conv2dGw8Params.encode() text (default: bench layers)")
     parser.add_argument(
