@@ -132,6 +132,8 @@ struct StoreSource {
 /// landed (tx), the current phase's parity, and the phase's bulk copies. `completed` counts the
 /// phases completed since mbarrier_init; seen[tid] is how many of them thread tid has seen
 /// complete (a wait that returned true), which decides whether it may touch their data.
+/// init_tid: the thread whose mbarrier_init made it; fenced: whether that thread has since run
+/// fence_mbarrier_init, which makes the init visible to other threads and the copy engine.
 struct MBarrier {
     unsigned expected = 0;
     unsigned pending = 0;
@@ -140,6 +142,8 @@ struct MBarrier {
     std::vector<BulkCopy> copies;
     uint32_t completed = 0;
     std::vector<uint32_t> seen;
+    int init_tid = -1;
+    bool fenced = false;
 };
 
 /// Bulk copies that landed in the running block: the mbarrier, and how many of its phases had
@@ -1918,12 +1922,23 @@ void cp_async_commit_group() { ++g_rt.cur->committed; }
 
 namespace detail {
 
-MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what) {
+/// The mbarrier at `bar` for `what`; fails unless mbarrier_init made it and, where `what` is
+/// another thread's use or the copy engine's (`by_copy`), fence_mbarrier_init made the init
+/// visible: without the fence the GPU may run them on a barrier not yet initialised for them.
+MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what,
+                      bool by_copy = false) {
     require_shared(f, bar, 8, 8, what);
     auto it = g_rt.mbarriers.find(reinterpret_cast<uintptr_t>(bar));
     if (it == g_rt.mbarriers.end()) {
         fail(f, format("%s on the mbarrier at %#lx, which mbarrier_init has not initialised", what,
                        reinterpret_cast<unsigned long>(bar)));
+    }
+    const MBarrier &b = it->second;
+    if (!b.fenced && (by_copy || f->tid != b.init_tid)) {
+        fail(f, format("%s on the mbarrier at %#lx, whose mbarrier_init (by thread %d) no "
+                       "fence_mbarrier_init has made visible to %s",
+                       what, reinterpret_cast<unsigned long>(bar), b.init_tid,
+                       by_copy ? "the copy engine" : "other threads"));
     }
     return it->second;
 }
@@ -1976,6 +1991,7 @@ void mbarrier_init(unsigned long long *bar, unsigned count) {
     }
     b = detail::MBarrier{};
     b.expected = b.pending = count;
+    b.init_tid = f->tid;
     if (g_rt.check) {  // its 8 bytes are the barrier's alone from now on (detail::kBarrierBytes)
         std::size_t off;
         detail::shared_region(reinterpret_cast<uintptr_t>(bar), 8, &off);
@@ -1984,7 +2000,11 @@ void mbarrier_init(unsigned long long *bar, unsigned count) {
     g_rt.mbarrier_spins = 0;
 }
 
-void fence_mbarrier_init() {}  // the emulator's barriers are visible at once
+void fence_mbarrier_init() {  // (the emulator's barriers are visible at once: it only marks them)
+    for (auto &entry : g_rt.mbarriers) {
+        if (entry.second.init_tid == g_rt.cur->tid) entry.second.fenced = true;
+    }
+}
 
 void fence_proxy_async_shared() {
     if (g_rt.check) {  // (for check_fenced and check_refill_fenced)
@@ -2029,7 +2049,7 @@ void start_bulk(Fiber *f, const char *what, char *dst, std::size_t bytes, unsign
             global_access(f, s, c.bytes, GKind::kLoad, what);
         }
     }
-    MBarrier &b = mbarrier_at(f, bar, what);
+    MBarrier &b = mbarrier_at(f, bar, what, true);
     if (g_rt.check) {
         std::size_t off;
         shared_region(reinterpret_cast<uintptr_t>(dst), bytes, &off);
