@@ -285,17 +285,28 @@ def test_gpu_kernel_matches_reference(pass_, params, config, gpu_kernels_compile
     check(params, pass_, config, "cuda")
 
 
+@pytest.mark.parametrize("shape", ["default", "k16_ragged"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("pass_", ["fprop", "dgrad"])
-def test_emulated_output_is_rounded_to_nearest(pass_, dtype):
+def test_emulated_output_is_rounded_to_nearest(pass_, dtype, shape):
     """The tolerance allows an ulp, so it cannot tell rounding modes apart. With operands on a
     grid of 1/64 the fp32 sums are exact, so each output must be the float64 reference rounded
-    to nearest, bit for bit (rounding toward zero got about a third of them wrong)."""
+    to nearest, bit for bit (rounding toward zero got about a third of them wrong). Also with
+    two filter columns an mma (k16), blocks of 2 of 3 images and of 2 of 3 groups: the one
+    default-config layer had been the only guard of each dtype's rounding (mutation testing,
+    2026-12-06)."""
     from spio.reference import conv2d_gw8_dgrad_ref, conv2d_gw8_fprop_ref
 
+    n, c, h, w = (1, 16, 6, 7) if shape == "default" else (3, 24, 5, 9)
     params = Conv2dGw8Params(
-        n=1, c=16, h=6, w=7, padding=1, r=3, s=3, dtype=dtype, has_bias=pass_ == "fprop"
+        n=n, c=c, h=h, w=w, padding=1, r=3, s=3, dtype=dtype, has_bias=pass_ == "fprop"
     )
+    config = None
+    if shape != "default":
+        family = FAMILY_OF_PASS[pass_]
+        config = next(
+            c for c in family.configs(params) if (c.mma_k, c.block_n, c.groups) == (16, 2, 2)
+        )
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     gen = torch.Generator().manual_seed(0)
 
@@ -307,11 +318,11 @@ def test_emulated_output_is_rounded_to_nearest(pass_, dtype):
     if pass_ == "fprop":
         x = on_grid(params.input_shape).to(half).contiguous(memory_format=nhwc)
         bias = on_grid((params.c,)).float() if params.has_bias else None
-        got = fd.fprop(x, w, bias, params)
+        got = fd.fprop(x, w, bias, params, config)
         want = conv2d_gw8_fprop_ref(x, w, bias, params.padding)
     else:
         dy = on_grid(params.output_shape).to(half).contiguous(memory_format=nhwc)
-        got = fd.dgrad(dy, w, params)
+        got = fd.dgrad(dy, w, params, config)
         want = conv2d_gw8_dgrad_ref(dy, w, params.padding, (params.h, params.w))
     wrong = (got.double() != want.to(half).double()).sum().item()
     assert wrong == 0, f"{wrong} of {got.numel()} outputs not rounded to nearest"

@@ -116,6 +116,23 @@ def test_emulated_atomic_wgrad_adds_every_warps_sums(params):
     _check_atomic(params, _most_column_warps(params))
 
 
+def test_emulated_atomic_bias_gradient_adds_every_warps_and_blocks_sums():
+    """Mutation testing (2026-12-06): an atomic dbias added by the first column warp alone had
+    one test alone to catch it. Here a biased layer with several column warps and blocks of 4
+    of its 5 images (the last block ragged), the bias gradient compared on its own."""
+    import torch
+
+    from spio.check import random_inputs
+    from spio.reference import conv2d_gw8_bias_grad_ref, conv2d_gw8_tolerance
+
+    params = Conv2dGw8Params(n=5, c=8, h=3, w=40, padding=1, r=3, s=3, has_bias=True)
+    config = next(c for c in wg.configs(params) if _column_warps(c) > 1 and c.block_n == 4)
+    t = random_inputs(params, seed=3)
+    _, dbias = wg.wgrad(t["x"], t["dy"], params, kernel=wg.make_kernel(params, config))
+    tolerance = conv2d_gw8_tolerance(params, "wgrad", t["dy"], torch.ones(1))
+    tolerance.assert_close(dbias, conv2d_gw8_bias_grad_ref(t["dy"]), config.encode())
+
+
 def _check_atomic(params, config):
     kernel = wg.make_kernel(params, config, partials=False)
     assert not kernel.info_value("partials")
