@@ -658,8 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         epilog="Every command: exit 2 on bad arguments, 130 when interrupted (Ctrl-C), 141 when "
         "its output's reader went away (`| head`); check, compile and bench also exit 2 on a "
-        "malformed SPIO_* setting (info reports it, exit 1; clear-cache reads only "
-        "SPIO_CACHE_DIR).",
+        "malformed SPIO_* setting (SPIO_LOGGER's is a warning; info reports each, exit 1; "
+        "clear-cache reads only SPIO_CACHE_DIR).",
     )
     parser.add_argument("--version", action="version", version=f"spio {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -765,26 +765,28 @@ def _run_command(args: argparse.Namespace) -> int:
         print(f"spio: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # output to a full disk (`spio info > /dev/full`): one line
-        if not _output_fails():
+        # (An error of a named file is another's; so is one where stdout still takes writes.)
+        failure = None if error.filename is not None else _output_failure()
+        if failure is None:
             raise
-        print(f"spio {args.command}: cannot write its output: {error}", file=sys.stderr)
+        print(f"spio {args.command}: cannot write its output: {failure}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 as a shell reports SIGINT
         print(f"\nspio {args.command}: interrupted", file=sys.stderr)
         return 130
 
 
-def _output_fails() -> bool:
-    """Whether stdout cannot be written (tried with a line end, as a failed write leaves
-    nothing buffered to flush); if so, stdout is pointed at devnull (Python flushes it again at
-    exit, which must not fail too)."""
+def _output_failure() -> OSError | None:
+    """The error writing stdout gives (tried with a line end, as a failed write leaves nothing
+    buffered to flush), or None where it takes writes; on an error stdout is pointed at devnull
+    (Python flushes it again at exit, which must not fail too)."""
     try:
         sys.stdout.write("\n")
         sys.stdout.flush()
-    except OSError:
+    except OSError as error:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return True
-    return False
+        return error
+    return None
 
 
 def run() -> None:

@@ -373,7 +373,8 @@ def toolchain_problem(device: str) -> str | None:
         if device == "cpu":
             from .emulator.build import build_library
 
-            build_library(PROBE_SOURCE, name="spio_check_probe")
+            # Built anew: a cached probe said nothing of a compiler broken since it was built.
+            build_library(PROBE_SOURCE, name="spio_check_probe", use_cache=False)
         else:
             import torch
 
@@ -382,7 +383,8 @@ def toolchain_problem(device: str) -> str | None:
             from .kernels.kernel import cuda_ordinal
 
             ordinal = cuda_ordinal(torch.device(device))
-            compile_cubin(PROBE_SOURCE, driver.device_attributes(ordinal)["arch"])
+            arch = driver.device_attributes(ordinal)["arch"]
+            compile_cubin(PROBE_SOURCE, arch, use_cache=False)
     except Exception as error:  # whatever stops a build: a missing compiler, headers, NVRTC
         return f"{type(error).__name__}: {error}"
     return None

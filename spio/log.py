@@ -77,7 +77,8 @@ def _first_outside() -> int:
     """The stacklevel, for a warning raised by our caller, of the first frame outside spio (the
     user's `import spio`, not spio's own line), counted as warnings.warn counts: the import
     system's frames are passed over. 0 where the import is the `spio` command's own (`python
-    -m spio`, or the console script named spio), which has no line of the user's."""
+    -m spio`, or the console script named spio), which has no line of the user's and shows the
+    warning itself; 1 (spio's own line) under `python -m` of another of spio's modules."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frame: types.FrameType | None = sys._getframe(2)  # our caller's caller: stacklevel 2
     level = 2
@@ -87,8 +88,8 @@ def _first_outside() -> int:
             frame = frame.f_back
             continue
         module = frame.f_globals.get("__name__", "")
-        if module == "runpy":  # python -m spio
-            return 0
+        if module == "runpy":  # python -m: the spio command's (its __main__), or another's
+            return 0 if frame.f_locals.get("mod_name") == "spio.__main__" else 1
         if module == "__main__" and os.path.basename(name) == "spio":  # the console script
             return 0
         if module != "importlib" and not os.path.abspath(name).startswith(package):

@@ -683,3 +683,17 @@ def test_a_kernel_that_does_not_compile_is_a_failure_not_a_setup_error(monkeypat
     monkeypatch.setattr(check, "toolchain_problem", lambda device: "no compiler")
     with pytest.raises(check.SetupError, match="none of the 1 kernels could be built"):
         check.run_check("cpu", layers, 0, ("fprop",), ("fp16",), report=lambda line: None)
+
+
+def test_the_toolchain_probe_is_built_anew(monkeypatch):
+    """A probe served from the disk cache said nothing of a compiler broken since: every kernel
+    failing then read as spio's own fault (exit 1) where it is the toolchain's (exit 2)."""
+    from spio.emulator import build
+
+    assert check.toolchain_problem("cpu") is None  # (built, and cached, once)
+
+    def broken(*args, **kwargs):
+        raise build.EmulatorBuildError("g++: fatal error: cannot execute 'cc1plus'")
+
+    monkeypatch.setattr(build, "_run", broken)
+    assert "cannot execute 'cc1plus'" in check.toolchain_problem("cpu")

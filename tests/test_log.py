@@ -179,3 +179,13 @@ def test_the_spio_command_shows_the_bad_value_as_its_other_warnings():
             "spio WARNING: SPIO_LOGGER must be 0 or empty (off), 1 (info) or 2 (debug), got "
             "'debug'; spio logs at the default level\n"
         ), (command, out.stderr)
+    # `python -m` of another of spio's modules has no command to show it: Python's warning
+    # (the command's deferral had lost it there).
+    out = subprocess.run(
+        [sys.executable, "-m", "spio.bench.sanitize"],
+        capture_output=True,
+        encoding="utf-8",
+        timeout=120,
+        env=dict(os.environ, SPIO_LOGGER="debug"),
+    )
+    assert "UserWarning: SPIO_LOGGER must be" in out.stderr, out.stderr

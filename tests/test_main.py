@@ -1463,3 +1463,20 @@ def test_output_to_a_full_disk_is_one_line(tmp_path):
         )
     assert out.returncode == 1
     assert out.stderr == "spio info: cannot write its output: [Errno 28] No space left on device\n"
+
+
+def test_another_files_error_is_not_taken_for_the_output_s(monkeypatch, capsys):
+    """The full-disk catch had written a line end to stdout before any OSError's traceback, and
+    named an error of another file as the output's where stdout failed too."""
+    import argparse
+
+    from spio import __main__ as cli
+
+    def fails(args):
+        print("partial output")
+        raise PermissionError(13, "Permission denied", "/some/other/file")
+
+    monkeypatch.setitem(cli.COMMANDS, "info", (fails, "info"))
+    with pytest.raises(PermissionError):
+        cli._run_command(argparse.Namespace(command="info"))
+    assert capsys.readouterr().out == "partial output\n"

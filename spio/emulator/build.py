@@ -609,8 +609,10 @@ def build_library(
     *,
     name: str = "kernel",
     checked: bool = True,
+    use_cache: bool = True,
 ) -> Library:
-    """Compile `source` (and in-memory `headers`) into an emulator library; cached on disk."""
+    """Compile `source` (and in-memory `headers`) into an emulator library; cached on disk
+    (`use_cache` False: built anew, as a check that the compiler works now must be)."""
     if not isinstance(source, str) or not source.strip():
         raise ValueError(f"the emulator needs non-empty CUDA source for {name!r}, got {source!r}")
     headers = checked_headers(headers, "the emulator")
@@ -693,7 +695,10 @@ def build_library(
             return lib.read_bytes(), {"kernels": kernels, "seconds": seconds}
 
     start = time.perf_counter()
-    payload, meta, cached = _cache.get_or_build(key, build)
+    if use_cache:
+        payload, meta, cached = _cache.get_or_build(key, build)
+    else:
+        (payload, meta), cached = build(), False
     path = _library_file(key, payload, name)
     seconds = time.perf_counter() - start
     logger.info(

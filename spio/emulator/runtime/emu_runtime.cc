@@ -133,7 +133,8 @@ struct StoreSource {
 /// phases completed since mbarrier_init; seen[tid] is how many of them thread tid has seen
 /// complete (a wait that returned true), which decides whether it may touch their data.
 /// init_tid: the thread whose mbarrier_init made it; fenced: whether that thread has since run
-/// fence_mbarrier_init, which makes the init visible to other threads and the copy engine.
+/// a fence that makes the init visible to the copy engine (the async proxy): fence_mbarrier_init
+/// or fence_proxy_async_shared (the CUDA Programming Guide's TMA examples use the latter).
 struct MBarrier {
     unsigned expected = 0;
     unsigned pending = 0;
@@ -1922,9 +1923,11 @@ void cp_async_commit_group() { ++g_rt.cur->committed; }
 
 namespace detail {
 
-/// The mbarrier at `bar` for `what`; fails unless mbarrier_init made it and, where `what` is
-/// another thread's use or the copy engine's (`by_copy`), fence_mbarrier_init made the init
-/// visible: without the fence the GPU may run them on a barrier not yet initialised for them.
+/// The mbarrier at `bar` for `what`; fails unless mbarrier_init made it and, where `what` is the
+/// copy engine's use (`by_copy`: a bulk copy completing on it), the initialising thread has run
+/// a proxy fence since: without one the copy engine may meet a barrier not yet initialised for
+/// it. (Other threads' uses need only the block barrier after the init, which the code's own
+/// ordering gives; the emulator does not check it.)
 MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what,
                       bool by_copy = false) {
     require_shared(f, bar, 8, 8, what);
@@ -1934,13 +1937,20 @@ MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what,
                        reinterpret_cast<unsigned long>(bar)));
     }
     const MBarrier &b = it->second;
-    if (!b.fenced && (by_copy || f->tid != b.init_tid)) {
+    if (by_copy && !b.fenced) {
         fail(f, format("%s on the mbarrier at %#lx, whose mbarrier_init (by thread %d) no "
-                       "fence_mbarrier_init has made visible to %s",
-                       what, reinterpret_cast<unsigned long>(bar), b.init_tid,
-                       by_copy ? "the copy engine" : "other threads"));
+                       "fence_mbarrier_init or fence_proxy_async_shared of that thread has made "
+                       "visible to the copy engine",
+                       what, reinterpret_cast<unsigned long>(bar), b.init_tid));
     }
     return it->second;
+}
+
+/// Marks the mbarriers fiber `f` initialised as visible to the copy engine (a proxy fence).
+void fence_own_mbarriers(Fiber *f) {
+    for (auto &entry : g_rt.mbarriers) {
+        if (entry.second.init_tid == f->tid) entry.second.fenced = true;
+    }
 }
 
 /// Lands the bulk copies of barrier `b` (at `addr`) in its current phase. Checked, the landed bytes
@@ -2001,12 +2011,11 @@ void mbarrier_init(unsigned long long *bar, unsigned count) {
 }
 
 void fence_mbarrier_init() {  // (the emulator's barriers are visible at once: it only marks them)
-    for (auto &entry : g_rt.mbarriers) {
-        if (entry.second.init_tid == g_rt.cur->tid) entry.second.fenced = true;
-    }
+    detail::fence_own_mbarriers(g_rt.cur);
 }
 
 void fence_proxy_async_shared() {
+    detail::fence_own_mbarriers(g_rt.cur);
     if (g_rt.check) {  // (for check_fenced and check_refill_fenced)
         ++g_rt.cur->proxy_fences;
         g_rt.cur->fence_epoch = g_rt.epoch;
