@@ -494,8 +494,8 @@ def _gpu_torch_cannot_use() -> str | None:
     check had gone to the emulator in silence); else None."""
     import torch
 
-    if torch.version.cuda is not None:
-        return None
+    if torch.version.cuda is not None or getattr(torch.version, "hip", None):
+        return None  # (a ROCm build has no CUDA either, but is no CPU build)
     from .cuda import driver
 
     try:
