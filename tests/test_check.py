@@ -638,9 +638,11 @@ def test_the_check_runs_wgrad_each_way_spio_runs_it(monkeypatch):
     result = check.run_jobs("cpu", "wgrad", "bf16", jobs)
     assert result.passed and result.runs == 3, result
     fp32, bf16 = (torch.float32,) * 2, (torch.bfloat16,) * 2
+    # (the held run's second launch: the fp32 gradients its half ones must round from)
     assert launched == [
         (True, fp32, False, False),
         (True, bf16, True, True),
+        (True, None, False, True),
         (False, fp32, False, False),
     ]
 
@@ -697,3 +699,31 @@ def test_the_toolchain_probe_is_built_anew(monkeypatch):
 
     monkeypatch.setattr(build, "_run", broken)
     assert "cannot execute 'cc1plus'" in check.toolchain_problem("cpu")
+
+
+def test_held_wgrad_gradients_must_be_the_fp32_ones_rounded_to_nearest(monkeypatch):
+    """A sum_slots rounding toward zero stayed within the half gradients' tolerance (0.94-0.98
+    of it): the held run compares them bit for bit with the same kernel's fp32 gradients
+    rounded to nearest, which its fixed summing order makes exact."""
+    real = wg.wgrad
+
+    def toward_zero(x, dy, params, kernel=None, dtypes=None, **kwargs):
+        dw, dbias = real(x, dy, params, kernel=kernel, dtypes=None, **kwargs)
+        half = (dtypes or (torch.float32,))[0]
+        if half == torch.float32:
+            return dw, dbias
+
+        def truncated(f):
+            h = f.to(half)
+            bits = h.view(torch.int16).clone()
+            bits[(h.float().abs() > f.abs()) & (f != 0)] -= 1  # one ulp toward zero
+            return bits.view(half)
+
+        layout = torch.channels_last if kwargs.get("channels_last") else torch.contiguous_format
+        return truncated(dw).contiguous(memory_format=layout), truncated(dbias)
+
+    layer = check.QUICK_EMULATOR_LAYERS[1]  # biased: dbias too
+    config = check.configs_to_run(layer, "wgrad", 0, 0)[0]
+    assert check.run_one(layer, "wgrad", config, "cpu", as_held=True) <= 1.0
+    monkeypatch.setattr(wg, "wgrad", toward_zero)
+    assert check.run_one(layer, "wgrad", config, "cpu", as_held=True) == float("inf")
