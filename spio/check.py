@@ -183,8 +183,12 @@ def run_one(
         # sum_slots adds in a fixed order and rounds once: the held gradients are the fp32
         # ones rounded to nearest, bit for bit (a rounding toward zero is within the tolerance)
         dw32, dbias32 = wg.wgrad(dev["x"], dev["dy"], params, kernel=kernel, poison=True)
-        pairs = [(dw, dw32)] + ([(dbias, dbias32)] if params.has_bias else [])
-        if not all(torch.equal(h.cpu(), f.cpu().to(grad_dtype)) for h, f in pairs):
+        pairs = [(dw, dw32), (dbias, dbias32)]
+        if not all(
+            (h is None and f is None)
+            or (h is not None and f is not None and torch.equal(h.cpu(), f.cpu().to(grad_dtype)))
+            for h, f in pairs
+        ):
             return math.inf
     expected = conv2d_gw8_wgrad_ref(t["x"], t["dy"], params.padding, params.r, params.s)
     tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"], out_dtype=grad_dtype)
