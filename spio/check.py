@@ -183,12 +183,10 @@ def run_one(
         # sum_slots adds in a fixed order and rounds once: the held gradients are the fp32
         # ones rounded to nearest, bit for bit (a rounding toward zero is within the tolerance)
         dw32, dbias32 = wg.wgrad(dev["x"], dev["dy"], params, kernel=kernel, poison=True)
-        pairs = [(dw, dw32), (dbias, dbias32)]
-        if not all(
-            (h is None and f is None)
-            or (h is not None and f is not None and torch.equal(h.cpu(), f.cpu().to(grad_dtype)))
-            for h, f in pairs
-        ):
+        same = torch.equal(dw.cpu(), dw32.cpu().to(grad_dtype))
+        if dbias is not None and dbias32 is not None:
+            same = same and torch.equal(dbias.cpu(), dbias32.cpu().to(grad_dtype))
+        if not same:
             return math.inf
     expected = conv2d_gw8_wgrad_ref(t["x"], t["dy"], params.padding, params.r, params.s)
     tol = conv2d_gw8_tolerance(params, "wgrad", t["x"], t["dy"], out_dtype=grad_dtype)
@@ -414,21 +412,18 @@ def precompile(
     from .kernels.conv2d_gw8_wgrad_factory import with_sums
     from .kernels.kernel import build_kernels
 
-    kernels = [
-        kernel
-        for (pass_, dtype), runs in jobs.items()
-        for index, (params, config) in enumerate(runs)
-        for kernel in with_sums(  # the sum_slots kernel into the gradients' dtypes too
-            [
-                kernel_as_run(
-                    params, pass_, config, device, held(index, pass_), atomic(index, pass_)
-                )
-            ],
-            (dtype, dtype) if held(index, pass_) else ("fp32", "fp32"),
-        )
-    ]
-    kernels = list({kernel.name: kernel for kernel in kernels}.values())
-    failures = build_kernels(kernels, torch.device(device))
+    kernels: dict[str, Any] = {}
+    for (pass_, dtype), runs in jobs.items():
+        for index, (params, config) in enumerate(runs):
+            kernel = kernel_as_run(
+                params, pass_, config, device, held(index, pass_), atomic(index, pass_)
+            )
+            # The sum_slots kernels into the gradients' dtypes: fp32, and for a held run its
+            # half gradients too (run_one compares them with the fp32 ones).
+            sums = [("fp32", "fp32")] + ([(dtype, dtype)] if held(index, pass_) else [])
+            for pair in sums:
+                kernels.update((k.name, k) for k in with_sums([kernel], pair))
+    failures = build_kernels(kernels.values(), torch.device(device))
     if kernels and len(failures) == len(kernels) and toolchain_problem(device) is not None:
         where = "the GPU" if device == "cuda" else "the CPU emulator"
         first = next(iter(failures.values()))

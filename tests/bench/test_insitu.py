@@ -265,6 +265,29 @@ def test_profile_passes_keeps_every_spio_kernel_seen_for_unattributed_launches(m
     assert found[("spio", "fprop")]["event_us"] == pytest.approx(500.0)
 
 
+class _Stack:
+    """A stand-in stack of one implementation: `.to()` keeps it as it is."""
+
+    def __init__(self, impl):
+        self.impl = impl
+
+    def to(self, **kwargs):
+        return self
+
+
+def _stand_in_stacks(monkeypatch, measured):
+    """run_insitu's GPU work stood in for: zeros for its inputs, _Stack stacks, 2.5 ms steps,
+    and measured(stack) for what the profiler saw."""
+    from spio.bench import insitu
+
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "randn", lambda shape, device, dtype: zeros(shape, dtype=dtype))
+    monkeypatch.setattr(insitu, "make_stack", lambda style, layer, impl, depth: _Stack(impl))
+    monkeypatch.setattr(insitu, "training_step", lambda stack, x: None)
+    monkeypatch.setattr(insitu, "step_time_ms", lambda stack, x, steps: 2.5)
+    monkeypatch.setattr(insitu, "profile_passes", lambda stack, x, steps: measured(stack))
+
+
 def test_run_insitu_rows_give_per_call_times_and_name_unattributed_kernels(monkeypatch):
     """run_insitu's rows from stand-in measurements (no GPU): kernel time per call, the kernels
     behind it, spio's kernels per step where the profiler linked none to the range, and a pass
@@ -276,16 +299,6 @@ def test_run_insitu_rows_give_per_call_times_and_name_unattributed_kernels(monke
     monkeypatch.setattr(run, "precompile", lambda cases, device: precompiled.extend(cases))
     for flag in ("benchmark", "benchmark_limit"):  # set by run_insitu: undone after
         monkeypatch.setattr(torch.backends.cudnn, flag, getattr(torch.backends.cudnn, flag))
-    zeros = torch.zeros
-    monkeypatch.setattr(torch, "randn", lambda shape, device, dtype: zeros(shape, dtype=dtype))
-
-    class Stack:
-        def __init__(self, impl):
-            self.impl = impl
-
-        def to(self, **kwargs):
-            return self
-
     measured = {
         "spio": {
             ("spio", "fprop"): {"calls": 4, "kernels": {"b": 8.0, "a": 4.0}, "event_us": 3.5},
@@ -294,10 +307,7 @@ def test_run_insitu_rows_give_per_call_times_and_name_unattributed_kernels(monke
         },
         "torch": {("torch", "fprop"): {"calls": 2, "kernels": {"c": 20.0}, "event_us": 11.0}},
     }
-    monkeypatch.setattr(insitu, "make_stack", lambda style, layer, impl, depth: Stack(impl))
-    monkeypatch.setattr(insitu, "training_step", lambda stack, x: None)
-    monkeypatch.setattr(insitu, "step_time_ms", lambda stack, x, steps: 2.5)
-    monkeypatch.setattr(insitu, "profile_passes", lambda stack, x, steps: measured[stack.impl])
+    _stand_in_stacks(monkeypatch, lambda stack: measured[stack.impl])
     info = RunInfo("GPU", "drv", "t", "c", "s", "today", "cmd", "timing")
     rows = insitu.run_insitu([TINY], 2, "bf16", info, passes=("wgrad", "fprop", "dgrad"), steps=10)
     assert precompiled == [(TINY.params(2, "bf16"), p) for p in ("fprop", "dgrad", "wgrad")]
@@ -335,31 +345,17 @@ def test_a_stack_that_fails_is_left_out_and_the_rows_so_far_are_written(monkeypa
     monkeypatch.setattr(run, "cudnn_at_its_best", lambda: "")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # the context still works
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    zeros = torch.zeros
-    monkeypatch.setattr(torch, "randn", lambda shape, device, dtype: zeros(shape, dtype=dtype))
-
-    class Stack:
-        def __init__(self, impl):
-            self.impl = impl
-
-        def to(self, **kwargs):
-            return self
-
+    seen = {"calls": 2, "kernels": {"k": 4.0}, "event_us": 3.0}
+    _stand_in_stacks(monkeypatch, lambda stack: {(stack.impl, "fprop"): seen})
     made = []
 
     def make_stack(style, layer, impl, depth):
         made.append((style, impl))
         if len(made) == 3:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20 GiB")
-        return Stack(impl)
+        return _Stack(impl)
 
-    seen = {"calls": 2, "kernels": {"k": 4.0}, "event_us": 3.0}
     monkeypatch.setattr(insitu, "make_stack", make_stack)
-    monkeypatch.setattr(insitu, "training_step", lambda stack, x: None)
-    monkeypatch.setattr(insitu, "step_time_ms", lambda stack, x, steps: 2.5)
-    monkeypatch.setattr(
-        insitu, "profile_passes", lambda stack, x, steps: {(stack.impl, "fprop"): seen}
-    )
     info = RunInfo("GPU", "drv", "t", "c", "s", "today", "cmd", "timing")
     sizes = []
     write = insitu.write_insitu_csv
