@@ -21,6 +21,8 @@ from .spec import (
 
 #: Macro names: upper case, as C++ code names its macros and no other identifier.
 _MACRO_NAME = re.compile(r"[A-Z][A-Z0-9_]*\Z")
+#: Prefixes of the CUDA headers' own macros (cuda_fp16.h tests NV_IS_DEVICE, of nv/target).
+CUDA_MACRO_PREFIXES = ("NV_", "CUDA_", "CUDART_")
 
 
 def _float_literal(spec: str, key: str, value: float, single: bool = False) -> str:
@@ -128,6 +130,11 @@ class MacroSpec:
                     f"replaces no identifier of the headers after it (cuda_fp16.h names a "
                     f"parameter h), got {key!r}"
                 )
+            if key.startswith(CUDA_MACRO_PREFIXES):
+                raise ValueError(
+                    f"MacroSpec: macro name {key!r} has a prefix of the CUDA headers' own "
+                    f"macros ({', '.join(CUDA_MACRO_PREFIXES)})"
+                )
             defines.append((key, self._replacement(key, value)))
         object.__setattr__(self, "_defines", tuple(defines))
 
@@ -152,10 +159,11 @@ class MacroSpec:
                 or "/*" in value
                 or "*/" in value
                 or value.count('"') % 2
+                or value.count("'") % 2
             ):
                 raise ValueError(
                     f"{label}: macro {key!r} text must be non-empty, on one line, without "
-                    f"backslashes, block comments or an unpaired double quote, got {value!r}"
+                    f"backslashes, block comments or an unpaired quote, got {value!r}"
                 )
             return value.strip()
         raise ValueError(

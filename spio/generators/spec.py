@@ -102,15 +102,22 @@ CUDA_TYPE_NAMES = frozenset(
 ) | {"dim3", "half", "half2", "nv_bfloat16", "nv_bfloat162"}
 #: CUDA's built-in variables.
 CUDA_BUILTINS = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize"})
+#: Macros of the C and C++ standard headers that CUDA's headers (or the CPU emulator's host
+#: compiler) bring in: a generated name equal to one is replaced by the preprocessor.
+STANDARD_MACROS = frozenset(
+    "NULL assert offsetof errno EOF INFINITY NAN CHAR_BIT INT_MAX INT_MIN UINT_MAX".split()
+)
+#: Namespaces a generated class of the name would clash with.
+NAMESPACES = frozenset({"spio", "std"})
 
 
 def check_identifier(spec: str, what: str, name: object, macro: bool = False) -> str:
     """Return `name` if it is a usable C++ identifier, else raise ValueError naming spec and value.
 
     Rejects empty and non-ASCII names, C++ keywords, CUDA's type names and built-in variables,
-    `spio` (the namespace of spio's headers), reserved names (`__x`, `_X`) and, but for a
-    `macro`'s name, `SPIO_` names (spio's headers and the CPU emulator define macros of that
-    prefix).
+    the standard headers' macros (`NULL`, `assert`, ...), the namespaces `spio` (spio's
+    headers') and `std`, reserved names (`__x`, `_X`) and, but for a `macro`'s name, `SPIO_`
+    names (spio's headers and the CPU emulator define macros of that prefix).
     """
     if not isinstance(name, str) or not _IDENTIFIER.match(name):
         raise ValueError(f"{spec}: {what} must be a C++ identifier, got {name!r}")
@@ -120,8 +127,10 @@ def check_identifier(spec: str, what: str, name: object, macro: bool = False) ->
         raise ValueError(f"{spec}: {what} {name!r} is the name of a CUDA type")
     if name in CUDA_BUILTINS:  # (macros in the CPU emulator: a kernel using one would not build)
         raise ValueError(f"{spec}: {what} {name!r} is a CUDA built-in variable")
-    if name == "spio":
-        raise ValueError(f"{spec}: {what} 'spio' is the namespace of spio's headers")
+    if name in STANDARD_MACROS:
+        raise ValueError(f"{spec}: {what} {name!r} is a macro of the standard headers")
+    if name in NAMESPACES:
+        raise ValueError(f"{spec}: {what} {name!r} is the name of a namespace")
     if name.startswith("SPIO_") and not macro:
         raise ValueError(
             f"{spec}: {what} {name!r} starts with SPIO_, the prefix of the macros of spio's "
@@ -133,7 +142,8 @@ def check_identifier(spec: str, what: str, name: object, macro: bool = False) ->
 
 
 def check_dim_name(spec: str, name: object) -> str:
-    """Dimension names are lower-case identifiers, so their upper-case extent constants differ."""
+    """Dimension names are lower-case identifiers, so their upper-case extent constants differ;
+    the constant must be a usable name too (`null` would define `NULL`)."""
     check_identifier(spec, "dimension name", name)
     assert isinstance(name, str)
     if not _DIM_NAME.match(name):
@@ -141,6 +151,7 @@ def check_dim_name(spec: str, name: object) -> str:
             f"{spec}: dimension name must be lower case ([a-z][a-z0-9_]*) so that its extent "
             f"constant {name.upper()!r} differs from it, got {name!r}"
         )
+    check_identifier(spec, f"dimension {name!r}'s extent constant", name.upper())
     return name
 
 

@@ -362,16 +362,24 @@ def test_bad_header_name():
         (lambda: ParamsSpec("P", {"SPIO_GEN_FN": 1}), "starts with SPIO_"),
         (lambda: TensorSpec("SPIO_DEVICE", "float", {"n": 2}), "starts with SPIO_"),
         (lambda: FragmentSpec("spio", "FragC_m16n8_f32", row="q", col="k"), "namespace"),
+        (lambda: TensorSpec("std", "__half", {"n": 2}), "'std' is the name of a namespace"),
+        (lambda: TensorSpec("T", "float", {"spio_device": 4}), "constant 'SPIO_DEVICE'"),
+        (lambda: TensorSpec("T", "float", {"spio_gen_fn": 4}), "starts with SPIO_"),
+        (lambda: TensorSpec("T", "float", {"null": 4}), "'NULL' is a macro of the standard"),
+        (lambda: IndexSpec("I", {"assert": 4}), "'assert' is a macro of the standard"),
+        (lambda: MacroSpec({"NV_IS_DEVICE": 1}), "prefix of the CUDA headers' own macros"),
     ],
 )
 def test_names_that_are_macros_or_namespaces_elsewhere_are_refused(spec, message):
     """Each was accepted and gave a header that failed to compile, some only in the CPU
-    emulator (which defines warpSize, threadIdx, ... as macros)."""
+    emulator (which defines warpSize, threadIdx, ... as macros); a dim's upper-case extent
+    constant is checked as a name too (spio_device, null), and a macro named NV_IS_DEVICE broke
+    cuda_fp16.h."""
     with pytest.raises(ValueError, match=message):
         spec()
 
 
-@pytest.mark.parametrize("text", ["1 /* tile", "2 */", '"abc'])
+@pytest.mark.parametrize("text", ["1 /* tile", "2 */", '"abc', "it's"])
 def test_macro_text_that_would_break_the_header_is_refused(text):
-    with pytest.raises(ValueError, match="block comments or an unpaired double quote"):
+    with pytest.raises(ValueError, match="block comments or an unpaired quote"):
         MacroSpec({"SPIO_A": text})
