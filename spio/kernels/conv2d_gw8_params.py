@@ -57,14 +57,21 @@ def _bool_typed(value: Any) -> bool:
     return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
 
 
-def _as_bool(value: Any) -> bool | None:
-    """value as a bool where it is one: a bool, numpy's, a 0-d bool tensor, or an integer 0 or
-    1 (as has_bias has always taken them; numpy's and a 0-d tensor's too, as every int field
-    takes them: as_integer); else None."""
+def as_bool(value: Any) -> bool | None:
+    """value as a bool where it is one: a bool, numpy's, or a 0-d bool tensor; else None."""
     if type(value) is bool:
         return value
     if _bool_typed(value) and getattr(value, "ndim", 1) == 0:
         return bool(value)
+    return None
+
+
+def _as_bool(value: Any) -> bool | None:
+    """value as a bool where it is one (as_bool), or an integer 0 or 1 (as has_bias has always
+    taken them; numpy's and a 0-d tensor's too, as every int field takes them: as_integer);
+    else None."""
+    if as_bool(value) is not None:
+        return as_bool(value)
     if as_integer(value) in (0, 1):
         return bool(as_integer(value))
     return None

@@ -30,7 +30,13 @@ from spio.functional.checks import (
 )
 from spio.functional.conv2d_gw8_op import uses_kernels
 from spio.functional.eager import conv2d_gw8_eager, eager_path_applies, op_or_export
-from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER, as_integer
+from spio.kernels.conv2d_gw8_params import (
+    GROUP_WIDTH,
+    MAX_FILTER,
+    MIN_FILTER,
+    as_bool,
+    as_integer,
+)
 from spio.kernels.kernel import Kernel
 from spio.log import logger
 
@@ -463,13 +469,15 @@ class Conv2dGw8(nn.Conv2d):
     def spio_passes(self) -> tuple[str, ...]:
         """The passes that run spio's kernels ("fprop", "dgrad", "wgrad"); the others PyTorch's.
         Set it to True (every pass) or False (none), as transform's `include` answers, to pass
-        names (one or several), or to the op's bits (FProp 1, DGrad 2, WGrad 4)."""
+        names (one or several), or to the op's bits (FProp 1, DGrad 2, WGrad 4). numpy's bool
+        and a 0-d bool tensor count as bools."""
         return pass_names(self._pass_bits)
 
     @spio_passes.setter
     def spio_passes(self, passes: bool | int | Iterable[str]) -> None:
-        if isinstance(passes, bool):
-            self._pass_bits = ALL_PASSES if passes else 0
+        flag = as_bool(passes)
+        if flag is not None:
+            self._pass_bits = ALL_PASSES if flag else 0
             return
         try:
             self._pass_bits = pass_mask(passes)

@@ -25,7 +25,7 @@ from spio.functional._kernels import (
 )
 from spio.functional.checks import autocast_dtype
 from spio.kernels import autotune
-from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, as_bool, dtype_name
 from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
@@ -72,7 +72,10 @@ def transform(
     model.named_modules()) and keeps those it returns False for as they are: for instance a
     network's last stages, whose 7x7 and 8x8 layers still run faster in cuDNN (docs/perf/). It
     may instead return the passes spio should run, e.g. ("fprop", "dgrad"), leaving the others
-    to PyTorch (Conv2dGw8.spio_passes). A module reachable by several paths is decided once, by
+    to PyTorch (Conv2dGw8.spio_passes). A Conv2dGw8 already in model (transformed before) is
+    asked too where include is given, and its spio_passes set to the answer (False: none, so
+    PyTorch runs it), so that `transform(model, include=where_faster(model, x))` applies to a
+    transformed model as to a fresh one. A module reachable by several paths is decided once, by
     its first name, and stays shared. Returns model (or its replacement if model itself is an
     eligible convolution). Raises TypeError when model is not an nn.Module or include is not
     callable; when include answers anything but True, False or pass names, it raises, leaving
@@ -85,6 +88,10 @@ def transform(
             "spio.transform: include must be a function of (name, conv) or None, got "
             f"{type(include).__name__}"
         )
+    if isinstance(model, Conv2dGw8) and include is not None:
+        model.spio_passes = _passes(include, "", model)
+        logger.info("spio.transform set the passes of 1 Conv2dGw8: %s", model.spio_passes)
+        return model
     if Conv2dGw8.match(model):
         passes = _passes(include, "", model)
         if not passes:
@@ -103,6 +110,7 @@ def transform(
     originals: dict[int, nn.Conv2d] = {}
     skipped: dict[int, str] = {}  # distinct ineligible modules, and why
     places: list[tuple[nn.Module, str, int]] = []
+    respecified: dict[int, tuple[Conv2dGw8, tuple[str, ...]]] = {}  # Conv2dGw8s include set
     excluded = 0
     mendable: Counter[str] = Counter()  # kept for their weights or compiles: a user can mend these
     if isinstance(model, nn.Conv2d) and not isinstance(model, Conv2dGw8):  # match said no: why
@@ -110,6 +118,11 @@ def transform(
     for parent in list(model.modules()):
         prefix = names.get(id(parent), "")
         for name, child in list(parent._modules.items()):
+            if isinstance(child, Conv2dGw8) and include is not None:
+                if id(child) not in respecified:
+                    child_name = f"{prefix}.{name}" if prefix else name
+                    respecified[id(child)] = (child, _passes(include, child_name, child))
+                continue
             if not isinstance(child, nn.Conv2d) or isinstance(child, Conv2dGw8):
                 continue
             if id(child) not in replacements and id(child) not in skipped:
@@ -130,6 +143,8 @@ def transform(
         _set_child(replacements.get(id(parent), parent), name, replacements[key])
     for key, original in originals.items():
         receive_hooks(replacements[key], original)
+    for layer, passes in respecified.values():
+        layer.spio_passes = passes
     replaced = len(replacements) - excluded
     total = len(replacements) + len(skipped)
     note = f" ({excluded} excluded)" if excluded else ""
@@ -138,6 +153,15 @@ def transform(
         counts = ", ".join(f"{p} {sum(p in m.spio_passes for m in convs)}" for p in PASSES)
         note += f"; spio runs {counts} of their passes"
     logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
+    if respecified:  # a second transform, with include: what it made of the layers it found
+        layers = [layer for layer, _ in respecified.values()]
+        counts = ", ".join(f"{p} {sum(p in m.spio_passes for m in layers)}" for p in PASSES)
+        logger.info(
+            "spio.transform set the passes of %d Conv2dGw8 layers by include: spio runs %s "
+            "of their passes",
+            len(layers),
+            counts,
+        )
     # Nothing taken, excluded, or taken before (a second call): the user sees why at the default
     # level.
     none_taken = not replacements and not any(isinstance(m, Conv2dGw8) for m in model.modules())
@@ -265,8 +289,9 @@ def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, 
     Conv2dGw8.spio_passes gives for the same value: TypeError for an answer of another type
     (1.0, None, a number), ValueError for unknown pass names."""
     answer = True if include is None else include(name, conv)
-    if isinstance(answer, bool):
-        return PASSES if answer else ()
+    flag = as_bool(answer)  # (numpy's bool too: np.prod(conv.kernel_size) < 49)
+    if flag is not None:
+        return PASSES if flag else ()
     try:
         if not isinstance(answer, (str, Iterable)):  # bits are spio_passes', not include's
             raise TypeError

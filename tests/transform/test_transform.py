@@ -590,10 +590,23 @@ def test_include_answers_are_checked_before_the_model_changes():
         assert [type(m) for m in model] == [nn.Conv2d] * 3
 
 
+@pytest.mark.parametrize("flag", [np.True_, np.False_, torch.tensor(True), torch.tensor(False)])
+def test_an_include_answer_and_spio_passes_take_numpy_and_tensor_bools(flag):
+    """A predicate such as np.prod(conv.kernel_size) < 49 answers numpy's bool: it had been a
+    TypeError ("must return True, False or pass names ..., got np.True_")."""
+    expected = ("fprop", "dgrad", "wgrad") if flag else ()
+    model = transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)),
+                      include=lambda name, conv: flag)  # fmt: skip
+    assert getattr(model[0], "spio_passes", ()) == expected
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2)
+    layer.spio_passes = flag
+    assert layer.spio_passes == expected
+
+
 @pytest.mark.parametrize(
     "bad, error",
-    [(1.0, TypeError), (None, TypeError), (np.True_, TypeError), (["fprop", 1], TypeError),
-     ("bprop", ValueError), (["fprop", "bprop"], ValueError)],
+    [(1.0, TypeError), (None, TypeError), (np.array([True]), TypeError),
+     (["fprop", 1], TypeError), ("bprop", ValueError), (["fprop", "bprop"], ValueError)],
     ids=repr,
 )  # fmt: skip
 def test_an_include_answer_and_spio_passes_refuse_a_value_alike(bad, error):

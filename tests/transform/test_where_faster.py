@@ -65,6 +65,39 @@ def test_runs_spio_for_the_passes_it_won(caplog):
     assert "replaced 1 of 1 nn.Conv2d modules; spio runs fprop 1, dgrad 1, wgrad 0" in caplog.text
 
 
+def test_applies_to_a_model_transformed_before(caplog):
+    """The README's quick start transforms first; `transform(model, include=where_faster(...))`
+    then had left every layer's three spio passes (include was never asked about a Conv2dGw8),
+    while where_faster's log said PyTorch's layer would run. Now a transformed model ends with
+    the passes a fresh one gets: here spio's FProp and DGrad on 3x3 layers, none elsewhere."""
+    torch.manual_seed(0)
+    fresh, twice = convnet.MixedConvNet().half(), convnet.MixedConvNet().half()
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float16)
+
+    def timer(params, pass_, impl):
+        if impl == "torch":
+            return 2.0
+        return 3.0 if pass_ == "wgrad" or (params.r, params.s) != (3, 3) else 1.0
+
+    spio.transform(fresh, include=where_faster(fresh, x, timer=timer))
+    spio.transform(twice)
+    with caplog.at_level(logging.INFO, logger="spio"):
+        spio.transform(twice, include=where_faster(twice, x, timer=timer))
+
+    def passes(model):
+        return {
+            name: getattr(m, "spio_passes", ())
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Conv2d)
+        }
+
+    assert passes(twice) == passes(fresh)
+    assert passes(fresh)["blocks.0"] == ("fprop", "dgrad") and passes(fresh)["blocks.3"] == ()
+    assert "set the passes of 4 Conv2dGw8 layers by include: spio runs fprop 2, dgrad 2" in (
+        caplog.text
+    )
+
+
 def test_inference_times_fprop_only_and_unreached_convs_stay():
     class TwoPaths(nn.Module):
         def __init__(self):
