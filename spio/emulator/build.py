@@ -60,7 +60,9 @@ _BASE_FLAGS = ("-O2", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-w")
 #: and exit are not instrumented, and volatile accesses call the same callbacks as the others: GCC
 #: takes those settings as --param, clang as LLVM options. clang also needs telling to check a
 #: load followed by a store to the same address (by default it checks only the store, so a stale
-#: read, say of a cp.async not waited for, would go unreported).
+#: read, say of a cp.async not waited for, would go unreported). GCC's scalar replacement of
+#: aggregates is off: it split a uint4 load into four 4-byte loads before the instrumentation saw
+#: them, so a 16-byte load at an 8-byte aligned address (a GPU's "misaligned address") passed.
 _CHECK_FLAGS = {
     "gcc": (
         "-fsanitize=thread",
@@ -68,6 +70,7 @@ _CHECK_FLAGS = {
         "tsan-instrument-func-entry-exit=0",
         "--param",
         "tsan-distinguish-volatile=0",
+        "-fno-tree-sra",
     ),
     "clang": (
         "-fsanitize=thread",

@@ -509,6 +509,22 @@ extern "C" __global__ void vector_copy(float *out, const float *x, int offset) {
     *reinterpret_cast<float4 *>(out) = *reinterpret_cast<const float4 *>(x + offset);
 }
 
+/// out[0..3] = the 16 bytes at `offset` bytes into 64 bytes of shared memory, read as one uint4
+/// (`store`: written there as one uint4, then read back as words).
+extern "C" __global__ void shared_vector(unsigned *out, int offset, int store) {
+    __shared__ uint4 s[4];
+    unsigned *words = reinterpret_cast<unsigned *>(s);
+    for (int i = 0; i < 16; ++i) words[i] = i;
+    uint4 *at = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(s) + offset);
+    if (store) {
+        *at = make_uint4(100, 101, 102, 103);
+        for (int i = 0; i < 4; ++i) out[i] = words[offset / 4 + i];
+    } else {
+        const uint4 v = *at;
+        out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+    }
+}
+
 /// Each half of the warp works on its own mask: a __syncwarp, a shuffle and a ballot. `bad` 1:
 /// the upper half names the whole warp in its __syncwarp, which the lower half never joins;
 /// `bad` 2: the shuffle reads the lane 16 away, in the other half, outside its mask.

@@ -214,6 +214,29 @@ def test_a_vector_load_running_past_a_tensor_is_out_of_bounds(hazards):
     assert torch.equal(out, x[4:])
 
 
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_a_misaligned_vector_load_faults_as_on_a_gpu(hazards, offset):
+    """A 16-byte load from an address only 4- or 8-byte aligned faults on a GPU ("misaligned
+    address"); the emulator ran it (GCC had split the load into four 4-byte ones), so a kernel
+    staging its output 8 bytes off a 16-byte boundary passed every CPU test."""
+    fn = hazards.get_function("vector_copy")
+    said = r"misaligned address: reads 16 bytes at 0x[0-9a-f]+, not 16-byte aligned"
+    with pytest.raises(EmulatorError, match=said):
+        fn.launch(1, 1, (torch.zeros(4), torch.randn(8), offset))
+
+
+@pytest.mark.parametrize("store", [0, 1])
+def test_a_misaligned_shared_vector_access_faults_and_an_aligned_one_passes(hazards, store):
+    fn = hazards.get_function("shared_vector")
+    said = rf"misaligned address: {'writes' if store else 'reads'} 16 bytes at 0x[0-9a-f]+, not"
+    for offset in (4, 8, 12):
+        with pytest.raises(EmulatorError, match=said):
+            fn.launch(1, 1, (torch.zeros(4, dtype=torch.int32), offset, store))
+    out = torch.zeros(4, dtype=torch.int32)
+    fn.launch(1, 1, (out, 16, store))
+    assert out.tolist() == ([100, 101, 102, 103] if store else [4, 5, 6, 7])
+
+
 def test_out_of_range_dynamic_shared_read(shared_oob):
     fn = shared_oob.get_function("dynamic_read_index")
     with pytest.raises(EmulatorError, match="out-of-bounds shared-memory access: reads"):

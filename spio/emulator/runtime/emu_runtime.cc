@@ -2516,6 +2516,18 @@ inline void on_access(unsigned long addr, std::size_t n, bool write) {
     if (f == nullptr || !spio::emu::g_rt.check) return;  // host code (launch glue) is not checked
     spio::emu::detail::check_access(f, addr, n, write);
 }
+/// An access the compiler took to be naturally aligned (from its type): the GPU faults where it is not.
+inline void on_aligned_access(unsigned long addr, std::size_t n, bool write) {
+    spio::emu::detail::Fiber *f = spio::emu::g_rt.cur;
+    if (f == nullptr || !spio::emu::g_rt.check) return;
+    if (addr % n && !(addr >= reinterpret_cast<uintptr_t>(f->stack_lo) &&
+                      addr < reinterpret_cast<uintptr_t>(f->stack_hi))) {
+        spio::emu::detail::fail(f, spio::emu::detail::format(
+            "misaligned address: %s %zu bytes at %#lx, not %zu-byte aligned (a GPU faults)",
+            write ? "writes" : "reads", n, addr, n));
+    }
+    spio::emu::detail::check_access(f, addr, n, write);
+}
 }  // namespace
 
 // -fsanitize=thread instrumentation (GCC's and clang's): a call before every load and store, with
@@ -2524,10 +2536,10 @@ inline void on_access(unsigned long addr, std::size_t n, bool write) {
 // instrumented, and volatile accesses call these same callbacks (see build.py).
 #define SPIO_EMU_CALLBACKS(n)                                                                      \
     extern "C" __attribute__((visibility("hidden"))) void __tsan_read##n(void *addr) {            \
-        on_access(reinterpret_cast<unsigned long>(addr), n, false);                                \
+        on_aligned_access(reinterpret_cast<unsigned long>(addr), n, false);                        \
     }                                                                                              \
     extern "C" __attribute__((visibility("hidden"))) void __tsan_write##n(void *addr) {           \
-        on_access(reinterpret_cast<unsigned long>(addr), n, true);                                 \
+        on_aligned_access(reinterpret_cast<unsigned long>(addr), n, true);                         \
     }                                                                                              \
     extern "C" __attribute__((visibility("hidden"))) void __tsan_unaligned_read##n(void *addr) {  \
         on_access(reinterpret_cast<unsigned long>(addr), n, false);                                \
