@@ -18,7 +18,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass, field
-from numbers import Integral
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +247,32 @@ def _int_range(kind: str) -> tuple[int, int]:
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
 
+def gpu_packing_problem(kind: str, arg: Any) -> str | None:
+    """What a GPU launch (spio.cuda.driver) would do with scalar `arg` for a parameter of `kind`
+    where that differs from what the emulator passes, else None. The driver packs a Python int
+    as an int32 and a float as a float32, refuses a bool as ambiguous, and refuses an argument of
+    other bytes than its parameter's: an int for a float parameter would reach the kernel as the
+    int's bits, an int for a long long or a bool parameter would be refused."""
+    if kind == "p" or kind[0] == "s":
+        return None
+    if isinstance(arg, bool):
+        return "a GPU launch refuses a Python bool as ambiguous: pass an int"
+    integer = isinstance(arg, Integral)
+    if kind in ("i4", "u4") and integer:
+        if not -(2**31) <= int(arg) < 2**31:
+            return f"a GPU launch packs an int as an int32, which {arg} does not fit in"
+        return None
+    if kind == "f4" and isinstance(arg, Real) and not integer:
+        return None
+    given = "an int as an int32" if integer else "a float as a float32"
+    if not isinstance(arg, Real):
+        return None  # (the emulator's own checks name what it takes)
+    return (
+        f"a GPU launch passes {given}, other bytes than the parameter's: spio's kernels take "
+        "int and unsigned parameters as ints, float ones as floats"
+    )
+
+
 @dataclass(frozen=True)
 class EmuFunction:
     """One kernel of an EmuModule; `launch` runs it on CPU tensors."""
@@ -339,11 +365,14 @@ class EmuFunction:
         check: bool = True,
         seed: int | None = None,
         shared_offset: int = 0,
+        gpu_rules: bool = False,
     ) -> None:
         """Run the kernel on CPU tensors; raises EmulatorError for a hazard (check=True).
         `shared_offset`: the dynamic shared buffer starts that many bytes (a multiple of 16 below
         1024) past a multiple of 1024, as a GPU may start it (it promises 16-byte alignment):
-        kernels that align their buffers themselves are tested with it."""
+        kernels that align their buffers themselves are tested with it. `gpu_rules`: take the
+        scalar arguments only as a GPU launch of the same values does (`gpu_packing_problem`),
+        as spio's kernels launch: a value it would refuse, or pass as other bytes, is refused."""
         import torch
 
         grid3 = _dims(grid, "grid", _MAX_GRID)
@@ -379,6 +408,11 @@ class EmuFunction:
                 f"modules of their own"
             )
         kinds = self._signature(loaded)
+        if gpu_rules:
+            for i, (kind, arg) in enumerate(zip(kinds, args, strict=False)):
+                problem = gpu_packing_problem(kind, arg)
+                if problem is not None:
+                    raise TypeError(f"argument {i} of kernel {self.name} ({kind}): {problem}")
         slots, ranges, copies, keep = self._marshal(kinds, tuple(args), check)
         if not self._logged:
             self._logged.append(True)

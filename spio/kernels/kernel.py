@@ -155,6 +155,7 @@ class Kernel:
                 shared_mem_bytes=self.shared_mem_bytes,
                 seed=_emulator_order_seed(),
                 shared_offset=_emulator_shared_offset(),
+                gpu_rules=True,
             )
         else:
             raise ValueError(f"spio kernels run on CUDA devices or the CPU emulator, got {device}")

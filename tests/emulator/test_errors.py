@@ -444,6 +444,69 @@ def test_bad_scalar_arguments(scalars, index, value, error, match):
     assert not args[0].any()  # nothing ran
 
 
+GPU_RULES = r"""
+extern "C" __global__ void f4(double *o, float v) { o[0] = v; }
+extern "C" __global__ void f8(double *o, double v) { o[0] = v; }
+extern "C" __global__ void b(double *o, bool v) { o[0] = v; }
+extern "C" __global__ void i8(double *o, long long v) { o[0] = double(v); }
+extern "C" __global__ void u4(double *o, unsigned v) { o[0] = v; }
+extern "C" __global__ void i4(double *o, int v) { o[0] = v; }
+"""
+
+
+@pytest.mark.parametrize(
+    "kernel,value,match",
+    [
+        ("f4", 2, r"argument 1 of kernel f4 \(f4\): a GPU launch passes an int as an int32"),
+        ("f8", 0.1, r"\(f8\): a GPU launch passes a float as a float32"),
+        ("b", True, r"\(b\): a GPU launch refuses a Python bool as ambiguous"),
+        ("b", 1, r"\(b\): a GPU launch passes an int as an int32"),
+        ("i8", 5, r"\(i8\): a GPU launch passes an int as an int32"),
+        ("i4", True, r"\(i4\): a GPU launch refuses a Python bool"),
+        ("u4", 2**31, r"\(u4\): a GPU launch packs an int as an int32, which 2147483648 does"),
+    ],
+)
+def test_gpu_rules_refuse_what_a_gpu_launch_would_refuse_or_garble(kernel, value, match):
+    """spio's kernels launch in the emulator with gpu_rules: an int for a float parameter had
+    run as that number here and would reach a GPU kernel as the int's bits (1.4e-45 for 1); an
+    int for a long long or bool parameter, or a bool anywhere, which the GPU launch refuses, had
+    run here. Without gpu_rules the emulator takes each (its own API)."""
+    module = emulator.load_module(GPU_RULES, name="emu_test_gpu_rules")
+    out = torch.zeros(1, dtype=torch.float64)
+    with pytest.raises(TypeError, match=match):
+        module.get_function(kernel).launch(1, 1, (out, value), gpu_rules=True)
+    assert not out.any()  # nothing ran
+    module.get_function(kernel).launch(1, 1, (out, value))
+    assert out.item() == pytest.approx(float(value))
+
+
+@pytest.mark.parametrize("kernel,value", [("f4", 2.5), ("i4", -7), ("u4", 2**31 - 1)])
+def test_gpu_rules_take_what_a_gpu_launch_packs_as_the_parameter(kernel, value):
+    module = emulator.load_module(GPU_RULES, name="emu_test_gpu_rules")
+    out = torch.zeros(1, dtype=torch.float64)
+    module.get_function(kernel).launch(1, 1, (out, value), gpu_rules=True)
+    assert out.item() == value
+
+
+def test_spio_kernels_launch_in_the_emulator_with_gpu_rules(monkeypatch):
+    from spio.emulator.module import EmuFunction
+    from spio.functional import conv2d_gw8
+
+    seen = []
+    launch = EmuFunction.launch
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("gpu_rules"))
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(EmuFunction, "launch", spy)
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    x = torch.randn(1, 8, 3, 3, dtype=torch.float16, requires_grad=True)
+    w = torch.randn(8, 8, 3, 3, dtype=torch.float16, requires_grad=True)
+    conv2d_gw8(x, w, padding_y=1, padding_x=1).sum().backward()  # FProp, DGrad, WGrad's two
+    assert len(seen) >= 3 and all(seen), seen
+
+
 def test_a_pointer_argument_must_be_a_cpu_tensor(scalars):
     args = _scalar_args()
     args[0] = torch.zeros(6, dtype=torch.float64, device="meta")
