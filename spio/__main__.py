@@ -154,6 +154,9 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
             damaged.append(str(error))
             continue
         by_arch.setdefault(meta_path.relative_to(folder).parts[0], []).append(meta)
+    for model_path in sorted(folder.glob("sm_*/**/*.ubj")):  # a model without its metadata
+        if not model_path.with_suffix(".json").exists():
+            damaged.append(f"perf model {model_path} has no metadata ({model_path.stem}.json)")
 
     def listed(meta: dict, key: str) -> list:
         """meta[key] where it is a list, else [] (null, or a damaged file: info never crashes)."""

@@ -500,11 +500,12 @@ def test_info_names_a_damaged_model_file(tmp_path, monkeypatch):
     assert out.returncode == 1 and "is unreadable" in out.stdout, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("damage", ["missing", "flipped byte"])
+@pytest.mark.parametrize("damage", ["missing", "flipped byte", "no metadata"])
 def test_info_names_a_missing_or_changed_model_file(damage, tmp_path, monkeypatch):
     """A model file gone from beside its metadata, or whose bytes are not the SHA-256 its
     metadata records, is named by info (which loads no model) and not counted as covering its
-    pass: at first use spio would ignore it and pick configs by the heuristic."""
+    pass: at first use spio would ignore it and pick configs by the heuristic. A model file
+    without its metadata had gone unmentioned (info reads the metadata files)."""
     import shutil as sh
 
     from spio import __main__ as cli
@@ -515,6 +516,8 @@ def test_info_names_a_missing_or_changed_model_file(damage, tmp_path, monkeypatc
     model = models / "sm_90" / "conv2d_gw8_dgrad.ubj"
     if damage == "missing":
         model.unlink()
+    elif damage == "no metadata":
+        model.with_suffix(".json").unlink()
     else:
         data = bytearray(model.read_bytes())
         data[len(data) // 2] ^= 0x01
@@ -522,7 +525,11 @@ def test_info_names_a_missing_or_changed_model_file(damage, tmp_path, monkeypatc
     monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
     rows = [value for _, value in cli._perf_model_rows([])]
     assert rows[0].startswith("sm_90: fprop, wgrad (measured on"), rows
-    problem = "is missing" if damage == "missing" else "is corrupted or replaced"
+    problem = {
+        "missing": "is missing",
+        "flipped byte": "is corrupted or replaced",
+        "no metadata": "has no metadata (conv2d_gw8_dgrad.json)",
+    }[damage]
     assert rows[1].startswith(f"BAD SETTING: SPIO_PERF_MODELS={models}: perf model {model} "), rows
     assert problem in rows[1] and len(rows) == 2, rows
 

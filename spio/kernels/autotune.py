@@ -333,6 +333,11 @@ _default_cache = None
 _timing = threading.Lock()
 
 
+class AutotuneFailed(RuntimeError):
+    """No candidate config of a layer could be timed (each failed to build, to launch, or gave
+    no time): select_config runs the untuned pick instead."""
+
+
 def autotune(
     family: Any,
     params: Conv2dGw8Params,
@@ -350,7 +355,8 @@ def autotune(
     `family` is a spio.kernels.families.Family; `identity` the device's DeviceIdentity; `timer`
     defaults to `default_timer`; `cache` to DiskCache("autotune"). A config that fails to build
     or launch, or whose time is not a positive finite number (NaN, say), counts as infinitely slow
-    (logged); RuntimeError when every one does, ValueError for no candidates.
+    (logged); AutotuneFailed (a RuntimeError) when every one does, ValueError for no
+    candidates.
     """
     if not candidates:
         raise ValueError(f"autotune of {family.name} needs at least one candidate config")
@@ -384,7 +390,7 @@ def autotune(
                 release()
         best = min(range(len(candidates)), key=lambda i: times[i])
         if not math.isfinite(times[best]):
-            raise RuntimeError(
+            raise AutotuneFailed(
                 f"autotune of {family.name} for {params.encode()}: all {len(candidates)} "
                 "candidate configs failed"
             )

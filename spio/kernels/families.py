@@ -30,7 +30,10 @@ from .kernel import Kernel
 class Family:
     """One kernel family: its configs, kernels, heuristic, and the pass whose bytes it moves.
     `make_kernel` makes the kernel spio runs for a config (for WGrad, the reduction variant
-    `uses_partial_sums` picks), so what is compiled, timed and modelled is what runs."""
+    `uses_partial_sums` picks), so what is compiled, timed and modelled is what runs; for FProp
+    and DGrad it is the variant of contiguous weights and an fp32 bias, which stands in (in
+    autotuning, sampling and the models) for the `__wcl` and `__belem` twins a channels_last or
+    half model runs: the same tile and bytes, the weights read in another order (untimed)."""
 
     name: str
     pass_: str  # the Conv2dStats pass: fprop, dgrad or wgrad

@@ -39,6 +39,7 @@ from .conv2d_gw8_factory import H200_CLASS, Machine, machine_of
 from .conv2d_gw8_params import Conv2dGw8Params
 from .families import FAMILIES, Family, family_of
 from .kernel import cuda_ordinal
+from .perf_samples import ARCH_NAME
 from .stats import Conv2dStats
 from .trees import TreeEnsemble, read_ubjson
 
@@ -289,7 +290,10 @@ def check_models_setting() -> None:
 
 
 def model_path(folder: Path, family: str, arch: str, device_name: str | None = None) -> Path:
-    """`<folder>/<arch>[/<device-slug>]/<family>.ubj`."""
+    """`<folder>/<arch>[/<device-slug>]/<family>.ubj`; ValueError for an arch that is not
+    one (a name such as `../x` would put the file elsewhere)."""
+    if not ARCH_NAME.fullmatch(arch):
+        raise ValueError(f"perf model arch must be an arch such as sm_90, got {arch!r}")
     base = Path(folder) / arch
     if device_name is not None:
         base = base / device_slug(device_name)
@@ -436,11 +440,17 @@ def _check_meta(
         raise PerfModelError(
             f"perf model {path} predicts {meta.get('target')!r}; this spio reads {TARGET!r}"
         )
-    if meta.get("feature_version") != FEATURE_VERSION:
+    version = meta.get("feature_version")
+    if type(version) is not int or version != FEATURE_VERSION:  # (not True, not 1.0)
+        newer = type(version) is int and version > FEATURE_VERSION
         raise PerfModelError(
-            f"perf model {path} was trained on feature set version "
-            f"{meta.get('feature_version')!r}; this spio computes version {FEATURE_VERSION} "
-            "(retrain it with scripts/train_perf_model.py)"
+            f"perf model {path} was trained on feature set version {version!r}; this spio "
+            f"computes version {FEATURE_VERSION} ("
+            + (
+                "a newer spio trained it: upgrade spio to use it)"
+                if newer
+                else "retrain it with scripts/train_perf_model.py)"
+            )
         )
     features = meta.get("features")
     if not isinstance(features, list) or tuple(features) != feature_names(family):
@@ -522,16 +532,19 @@ def check_model_slot(folder: Path, meta_path: Path, meta: dict) -> None:
 
 
 def _check_batch_sizes(path: Path, meta: dict) -> None:
-    """PerfModelError unless `batch_sizes`, where present, is a list of positive integers."""
+    """PerfModelError unless `batch_sizes`, where present, is a non-empty list of positive
+    integers (an empty one would have read as a model trusted at every batch size)."""
     sizes = meta.get("batch_sizes")
     if sizes is None:
         return
-    if not isinstance(sizes, list) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes
+    if (
+        not isinstance(sizes, list)
+        or not sizes
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)
     ):
         raise PerfModelError(
             f"perf model metadata {path.with_suffix('.json')} has batch_sizes {sizes!r}; "
-            "expected a list of positive integers"
+            "expected a non-empty list of positive integers"
         )
 
 
@@ -608,6 +621,12 @@ def loadable_models(
             if not path.is_file():
                 _absent_model_file(path)  # (none there, for this device or arch: no model)
                 continue
+            meta_path = path.with_suffix(".json")
+            if not (meta_path.is_symlink() or meta_path.exists()):
+                raise PerfModelError(
+                    f"perf model {path} has no metadata: {meta_path.name} is missing beside it "
+                    "(copy both files train_perf_model.py writes)"
+                )
             yield load_model_cached(path, family.name, identity)
         except (PerfModelError, OSError) as error:  # OSError: also a folder it cannot enter
             _warn_once(("bad", str(path)), "ignoring perf model: %s", error)
@@ -811,12 +830,17 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
             untuned.encode(),
         )
         return untuned  # not memoised, so that a later call outside the capture tunes
+    how = "heuristic" if model is None else f"model {model.path.parent.name}/{model.path.name}"
+    config = untuned
     if tune:
-        config = autotune.autotune(family, params, device, identity, candidates, model=model)
-        how = "autotune"
-    else:
-        config = untuned
-        how = "heuristic" if model is None else f"model {model.path.parent.name}/{model.path.name}"
+        try:
+            config = autotune.autotune(family, params, device, identity, candidates, model=model)
+            how = "autotune"
+        except autotune.AutotuneFailed as error:  # (each config's failure was logged)
+            # The untuned pick may well run (out of memory for timing's inputs, say); it is
+            # remembered for this process, not on disk, so a later process tunes again.
+            logger.warning("%s; running the untuned pick %s", error, untuned.encode())
+            how += " (autotune failed)"
     with _lock:
         remember(_selected, key, (config, how), MAX_SELECTED)
     return config
@@ -836,7 +860,8 @@ def _selection_key(
 
 def selection_source(family: Family, params: Conv2dGw8Params, device: Any) -> str:
     """How select_config chose `family`'s config for `params` on `device` under the current
-    settings: "model <arch>/<file>", "heuristic" (no model applies, or no GPU), "autotune", or
+    settings: "model <arch>/<file>", "heuristic" (no model applies, or no GPU), "autotune",
+    either of the first two with " (autotune failed)" where no candidate could be timed, or
     "not selected" where it has not chosen one (yet, or since clear_caches)."""
     identity = device_identity(device)
     if identity is None:

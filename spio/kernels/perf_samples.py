@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from .stats import Conv2dStats
 CONFIG_COLUMNS = tuple(
     dict.fromkeys(name for family in FAMILIES.values() for name in family.config_fields)
 )
+#: An arch column's value: sm_ and the compute capability's digits (sm_90, sm_90a).
+ARCH_NAME = re.compile(r"sm_\d+[a-z]?")
 PARAM_COLUMNS = ("n", "c", "h", "w", "pad_h", "pad_w", "r", "s", "has_bias", "dtype")
 _BASE_COLUMNS = ("family", "arch", "device", "driver", "spio_version", "synthetic")
 SAMPLE_COLUMNS = (
@@ -142,7 +145,7 @@ def _flag(row: dict[str, str], column: str) -> bool:
 def parse_sample(row: dict[str, str]) -> Sample:
     """The Sample of a CSV row; ValueError naming the bad column otherwise. A config column
     missing or empty takes the field's default (a CSV from before the field existed)."""
-    family = get_family(row.get("family") or "")
+    family = get_family((row.get("family") or "").strip())
     if None in row:  # csv.DictReader's key for fields past the header's
         extra = len(row[None])  # type: ignore[index]
         raise ValueError(
@@ -153,6 +156,11 @@ def parse_sample(row: dict[str, str]) -> Sample:
     missing = [c for c in needed + ("time_us", "date") if row.get(c) is None]
     if missing:
         raise ValueError(f"{family.name} sample rows need columns {', '.join(missing)}")
+    arch = row["arch"].strip()
+    if not ARCH_NAME.fullmatch(arch):  # (a model is written to a folder of this name)
+        raise ValueError(
+            f"perf sample column arch needs an arch such as sm_90, got {row['arch']!r}"
+        )
     params = Conv2dGw8Params(
         n=_int(row, "n"),
         c=_int(row, "c"),
@@ -183,7 +191,7 @@ def parse_sample(row: dict[str, str]) -> Sample:
         variant = LEGACY_WGRAD_VARIANT if family.pass_ == "wgrad" and not synthetic else ""
     return Sample(
         family=family.name,
-        arch=row["arch"],
+        arch=arch,
         device=row["device"],
         driver=row["driver"],
         spio_version=row["spio_version"],
@@ -200,7 +208,7 @@ def read_samples(path: str | os.PathLike) -> tuple[list[Sample], list[str]]:
     """(samples, comment lines) of a sample CSV; lines starting with '#' are comments."""
     comments: list[str] = []
     lines: list[str] = []
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:  # (a spreadsheet's BOM)
         for line in f:
             (comments if line.startswith("#") else lines).append(line)
     if not lines:
@@ -222,7 +230,7 @@ def check_sample_columns(path: str | os.PathLike) -> None:
     path = Path(path)
     if not path.exists() or path.stat().st_size == 0:
         return
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         header = next((line for line in f if not line.startswith("#")), "").strip()
     if header.split(",") == list(SAMPLE_COLUMNS):
         with open(path, "rb") as f:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 
 import pytest
@@ -96,6 +97,25 @@ def test_first_use_times_the_top_k_then_the_disk_cache_answers(tuned, monkeypatc
     assert [family for family, _ in tuned.calls] == ["conv2d_gw8_dgrad"] * 4 + [
         "conv2d_gw8_wgrad"
     ] * 4
+
+
+def test_a_layer_no_candidate_of_which_can_be_timed_runs_the_untuned_pick(tuned, caplog):
+    """Every candidate failing (out of memory for timing's inputs, say) had failed the layer's
+    call with a RuntimeError, and every later call tuned and failed again: now it runs the
+    model's pick, with a warning, tuned no more in this process (nothing written to disk)."""
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    model = next(pm.loadable_models(family, H200))
+    pick = model.rank(LAYER, family.configs(LAYER))[0]
+    tuned.fail = {c.encode() for c in family.configs(LAYER)}
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        kernel = conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert dict(kernel.info)["config"] == pick and len(tuned.calls) == 4
+    assert f"all 4 candidate configs failed; running the untuned pick {pick.encode()}" in (
+        caplog.text
+    )
+    assert pm.selection_source(family, LAYER, FakeCuda()).endswith(" (autotune failed)")
+    assert conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda()) == kernel
+    assert len(tuned.calls) == 4  # not tuned again
 
 
 def test_inside_a_graph_capture_tuning_waits_for_a_later_call(tuned, monkeypatch, caplog):

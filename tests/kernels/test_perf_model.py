@@ -1024,6 +1024,9 @@ def test_unjudged_variants_are_the_picks_other_image_counts(models):
         "batch_sizes",
         "batch_sizes of zero",
         "batch_sizes of a bool",
+        "batch_sizes empty",  # had read as trusted at every batch size
+        "feature_version a bool",  # True == 1 had passed
+        "feature_version newer",
         "config_values",
         "config_values of an unknown field",
         "a tree's child out of range",  # XGBoost loaded it, then crashed predicting (SIGSEGV)
@@ -1070,6 +1073,7 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
             "batch_sizes": ("batch_sizes", "128"),
             "batch_sizes of zero": ("batch_sizes", [32, 0]),
             "batch_sizes of a bool": ("batch_sizes", [32, True]),
+            "batch_sizes empty": ("batch_sizes", []),
             "config_values": ("config_values", {"block_n": "1"}),
             "config_values of an unknown field": ("config_values", {"block_m": [1]}),
         }[damage]
@@ -1081,12 +1085,18 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
             meta = json.loads(dst.with_suffix(".json").read_text())
             del meta["model_sha256"]
             dst.with_suffix(".json").write_text(json.dumps(meta))
+    elif damage.startswith("feature_version"):
+        meta = json.loads(dst.with_suffix(".json").read_text())
+        meta["feature_version"] = True if "bool" in damage else pm.FEATURE_VERSION + 1
+        dst.with_suffix(".json").write_text(json.dumps(meta))
     elif damage == "model_sha256 not a string":
         meta = json.loads(dst.with_suffix(".json").read_text())
         meta["model_sha256"] = 1
         dst.with_suffix(".json").write_text(json.dumps(meta))
-    with pytest.raises(pm.PerfModelError, match=str(dst.with_suffix("")) + r"\.(ubj|json)"):
+    with pytest.raises(pm.PerfModelError, match=str(dst.with_suffix("")) + r"\.(ubj|json)") as e:
         pm.PerfModel.load(dst)
+    if damage == "feature_version newer":  # retraining with this spio is not the remedy
+        assert "a newer spio trained it: upgrade spio to use it" in str(e.value)
 
     monkeypatch.setenv("SPIO_PERF_MODELS", str(tmp_path))
     params = unseen_layers(1)[0]
@@ -1100,7 +1110,13 @@ def test_corrupted_model_gives_a_clear_error_or_a_logged_fallback(
 
 @pytest.mark.parametrize(
     "damage",
-    ["model file missing beside its metadata", "a folder", "a dangling link", "no entry"],
+    [
+        "model file missing beside its metadata",
+        "metadata missing beside the model file",
+        "a folder",
+        "a dangling link",
+        "no entry",
+    ],
 )
 def test_a_model_file_that_is_not_there_as_meant_is_warned_of_and_skipped(
     fake_device, models, tmp_path, monkeypatch, caplog, damage
@@ -1114,6 +1130,8 @@ def test_a_model_file_that_is_not_there_as_meant_is_warned_of_and_skipped(
     dst = _place(models, tmp_path, family.name, "sm_90")
     if damage == "model file missing beside its metadata":
         dst.unlink()
+    elif damage == "metadata missing beside the model file":  # (a raw OSError had been logged)
+        dst.with_suffix(".json").unlink()
     elif damage == "a folder":
         dst.unlink()
         dst.mkdir()
@@ -1137,6 +1155,7 @@ def test_a_model_file_that_is_not_there_as_meant_is_warned_of_and_skipped(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     said = {
         "model file missing beside its metadata": "is missing (its metadata",
+        "metadata missing beside the model file": "has no metadata: conv2d_gw8_fprop.json is",
         "a folder": "is not a file",
         "a dangling link": "is not a file",
         "no entry": "Permission denied",

@@ -151,12 +151,15 @@ def test_comments_and_an_empty_file(tmp_path):
         ("has_bias", "yes", "column has_bias needs 0 or 1, got 'yes'"),
         ("has_bias", "True", "column has_bias needs 0 or 1, got 'True'"),
         ("synthetic", "2", "column synthetic needs 0 or 1, got '2'"),
+        ("arch", "../../spio/perf_models/sm_90", "column arch needs an arch such as sm_90, got"),
+        ("arch", "", "column arch needs an arch such as sm_90, got ''"),
     ],
 )
 def test_a_bad_cell_is_refused_naming_its_column(tmp_path, column, value, message):
     """A cell that is not a number had raised int()'s or float()'s bare message, naming neither
     the column nor the value's place; a has_bias of 'yes' had read as False (the sample then
-    counted for the layer without a bias)."""
+    counted for the layer without a bias); an arch of ../.. had the trainer write its model
+    outside --out (over a shipped one), an empty one where spio never looks."""
     path = tmp_path / "s.csv"
     ps.append_samples(path, [_wgrad_sample()])
     rows = [line.split(",") for line in path.read_text().splitlines()]
@@ -165,3 +168,20 @@ def test_a_bad_cell_is_refused_naming_its_column(tmp_path, column, value, messag
     bad.write_text("\n".join(",".join(row) for row in rows) + "\n")
     with pytest.raises(ValueError, match=f"data row 1.*{message}"):
         ps.read_samples(bad)
+
+
+def test_a_spreadsheets_bom_and_spaces_around_family_and_arch_are_read(tmp_path):
+    """A CSV saved by a spreadsheet starts with a UTF-8 BOM: its first column had read as
+    '\\ufefffamily' ("kernel family must be one of ..., got ''"), and a family with a space
+    before it was refused where the other text columns are stripped."""
+    path = tmp_path / "s.csv"
+    ps.append_samples(path, [_wgrad_sample()])
+    header, row = path.read_text().splitlines()
+    cells = row.split(",")
+    cells[0], cells[1] = f" {cells[0]}", f"{cells[1]} "
+    odd = tmp_path / "odd.csv"
+    odd.write_text("\ufeff" + header + "\n" + ",".join(cells) + "\n", encoding="utf-8")
+    (sample,) = ps.read_samples(odd)[0]
+    assert sample == ps.read_samples(path)[0][0]
+    assert ps.append_samples(odd, [_wgrad_sample()]) == 1  # its header is SAMPLE_COLUMNS
+    assert len(ps.read_samples(odd)[0]) == 2
