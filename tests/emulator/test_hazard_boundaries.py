@@ -66,6 +66,19 @@ extern "C" __global__ void extra_arrival(int *out, int arrivals) {
     __syncthreads();
     out[threadIdx.x] = 1;
 }
+/// thread 0 inits an mbarrier for `threads` arrivals; every thread then arrives and waits.
+/// `order` 0: nothing orders the init before the other threads' arrivals; 1: a __syncthreads
+/// does; 2: a __syncwarp does (one warp).
+extern "C" __global__ void init_order(int *out, int threads, int order) {
+    __shared__ __align__(8) unsigned long long bar;
+    if (threadIdx.x == 0) spio::mbarrier_init(&bar, threads);
+    if (order == 1) __syncthreads();
+    if (order == 2) __syncwarp();
+    spio::mbarrier_arrive_expect_tx(&bar, 0);
+    spio::mbarrier_wait_parity(&bar, 0);
+    out[threadIdx.x] = 1;
+}
+
 /// lanes 0..15 exit, then the others shuffle on the full warp (index order: they exit first).
 extern "C" __global__ void exit_then_shuffle(int *out) {
     const int lane = threadIdx.x;
@@ -277,3 +290,23 @@ def test_a_plain_read_of_an_mbarrier_is_reported(kernels):
     fn.launch(1, 32, (out, 0))
     with pytest.raises(EmulatorError, match="a byte of an mbarrier"):
         fn.launch(1, 32, (out, 1))
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_an_mbarrier_used_before_its_init_is_ordered_is_reported(kernels, seed):
+    """Another thread's arrival on an mbarrier in the barrier interval of its init, with nothing
+    ordering the two, may meet the barrier's word before the init on a GPU. The emulator had
+    reported it only where its thread order ran that thread first (not in index order, as
+    `spio check` and SPIO_EMULATE=1 run: a WGrad TMA kernel initialising its barrier after the
+    block barrier passed there)."""
+    fn = kernels.get_function("init_order")
+    said = r"mbarrier_arrive_expect_tx on the mbarrier at 0x[0-9a-f]+, which "
+    said += r"thread \(0,0,0\) initialised in this barrier interval: no __syncthreads"
+    if seed is not None:  # (a shuffled order may run an arrival before the init itself)
+        said = f"(?:{said}|which mbarrier_init has not initialised)"
+    with pytest.raises(EmulatorError, match=said):
+        fn.launch(1, 64, (torch.zeros(64, dtype=torch.int32), 64, 0), seed=seed)
+    for threads, order in [(64, 1), (32, 2)]:  # a __syncthreads, or a __syncwarp of its warp
+        out = torch.zeros(threads, dtype=torch.int32)
+        fn.launch(1, threads, (out, threads, order), seed=seed)
+        assert out.tolist() == [1] * threads

@@ -135,6 +135,9 @@ struct StoreSource {
 /// init_tid: the thread whose mbarrier_init made it; fenced: whether that thread has since run
 /// a fence that makes the init visible to the copy engine (the async proxy): fence_mbarrier_init
 /// or fence_proxy_async_shared (the CUDA Programming Guide's TMA examples use the latter).
+/// init_epoch, init_wep: the barrier interval and warp sync generation of the init (checked
+/// runs): another thread's use must be ordered after it (a __syncthreads, or a __syncwarp of
+/// its warp), as any read of what one thread wrote.
 struct MBarrier {
     unsigned expected = 0;
     unsigned pending = 0;
@@ -145,6 +148,7 @@ struct MBarrier {
     std::vector<uint32_t> seen;
     int init_tid = -1;
     bool fenced = false;
+    uint32_t init_epoch = 0, init_wep = 0;
 };
 
 /// Bulk copies that landed in the running block: the mbarrier, and how many of its phases had
@@ -1926,8 +1930,10 @@ namespace detail {
 /// The mbarrier at `bar` for `what`; fails unless mbarrier_init made it and, where `what` is the
 /// copy engine's use (`by_copy`: a bulk copy completing on it), the initialising thread has run
 /// a proxy fence since: without one the copy engine may meet a barrier not yet initialised for
-/// it. (Other threads' uses need only the block barrier after the init, which the code's own
-/// ordering gives; the emulator does not check it.)
+/// it. In a checked run another thread's use must also be ordered after the init (a
+/// __syncthreads, or a __syncwarp of the initialising thread's warp, between them): unordered, it
+/// may meet the barrier's word before the init on a GPU, and whether the emulator's thread
+/// order ran the init first would decide the result.
 MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what,
                       bool by_copy = false) {
     require_shared(f, bar, 8, 8, what);
@@ -1937,6 +1943,19 @@ MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what,
                        reinterpret_cast<unsigned long>(bar)));
     }
     const MBarrier &b = it->second;
+    if (g_rt.check && !by_copy && b.init_epoch == g_rt.epoch && b.init_tid != f->tid) {
+        const Fiber &initiator = g_rt.fibers[b.init_tid];
+        const Accesses init{b.init_epoch, b.init_wep, 1u << initiator.lane,
+                            static_cast<uint16_t>(b.init_tid),
+                            static_cast<uint16_t>(initiator.warp)};
+        if (!ordered(init, f)) {
+            fail(f, format("%s on the mbarrier at %#lx, which %s initialised in this barrier "
+                           "interval: no __syncthreads (or __syncwarp of its warp) orders the "
+                           "init before this use",
+                           what, reinterpret_cast<unsigned long>(bar),
+                           thread_name(b.init_tid).c_str()));
+        }
+    }
     if (by_copy && !b.fenced) {
         fail(f, format("%s on the mbarrier at %#lx, whose mbarrier_init (by thread %d) no "
                        "fence_mbarrier_init or fence_proxy_async_shared of that thread has made "
@@ -2002,6 +2021,8 @@ void mbarrier_init(unsigned long long *bar, unsigned count) {
     b = detail::MBarrier{};
     b.expected = b.pending = count;
     b.init_tid = f->tid;
+    b.init_epoch = g_rt.epoch;
+    b.init_wep = g_rt.warps[f->warp].sync_gen;
     if (g_rt.check) {  // its 8 bytes are the barrier's alone from now on (detail::kBarrierBytes)
         std::size_t off;
         detail::shared_region(reinterpret_cast<uintptr_t>(bar), 8, &off);
