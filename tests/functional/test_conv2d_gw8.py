@@ -598,6 +598,18 @@ class TestEmulateSeam:
         with pytest.raises(ValueError, match="filter R in 1..5, got 7"):
             conv2d_gw8(x, torch.randn(16, 8, 7, 3).half())
 
+    def test_an_empty_batch_takes_the_layout_f_conv2d_gives(self, monkeypatch):
+        """An empty NCHW batch with a channels_last weight: F.conv2d gives a contiguous output
+        (strides (576, 36, 6, 1)); so must spio, though a batch of images takes the weight's
+        layout then."""
+        monkeypatch.setenv("SPIO_EMULATE", "1")
+        x = torch.randn(0, 16, 6, 6).half()
+        w = torch.randn(16, 8, 3, 3).half().to(memory_format=torch.channels_last)
+        want = F.conv2d(x, w, None, 1, 1, 1, 2).stride()
+        assert conv2d_gw8(x, w, None, 1, 1, 1).stride() == want
+        assert torch.ops.spio.conv2d_gw8(x, w, None, 1, 1, 1).stride() == want
+        assert public_conv2d_gw8(x, w, None, 1, 1, 1).stride() == want  # (the eager path)
+
     @pytest.mark.parametrize(
         "dtype, images, sizes",
         [

@@ -274,3 +274,31 @@ def test_a_layer_met_at_many_batch_sizes_keeps_bounded_choices_sharing_headers(m
     for n in range(1, 9):
         _kernels.fprop_kernel(Conv2dGw8Params(n, 16, 6, 6), torch.device("cuda", 0))
         assert 1 <= len(pm._selected) <= 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bias_dtype", ["half", torch.float32, None])
+def test_every_kernel_a_call_launches_is_one_spio_compile_builds(dtype, bias_dtype):
+    """`spio compile` builds each family's runnable_kernels; the kernels a layer's calls
+    launch (Layer.kernels, both gradient-dtype pairs of a partials WGrad) must be among them,
+    or a half model's first backward compiles at run time (runnable_kernels had been the
+    oracle of the compile test itself, and lost the half-bias sums unseen)."""
+    from spio.kernels.families import FAMILIES
+
+    x = torch.randn(2, 16, 6, 5, dtype=dtype)
+    w = torch.randn(16, 8, 3, 3, dtype=dtype)
+    b = (
+        None
+        if bias_dtype is None
+        else torch.randn(16, dtype=dtype if bias_dtype == "half" else bias_dtype)
+    )
+    layer = _kernels.layer(x, w, b, 1, 1)
+    launched = layer.kernels(w, b, _kernels.ALL_PASSES, (True, True, b is not None), False)
+    assert any(k.name.startswith("sum_slots__") for k in launched)  # a partials WGrad
+    buildable = set()
+    for family in FAMILIES.values():
+        for kernel in launched:
+            if kernel.name.split("__")[0] == family.name:
+                config = kernel.info_value("config")
+                buildable |= {k.name for k in family.runnable_kernels(layer.params, config)}
+    assert {k.name for k in launched} <= buildable

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import spio.functional
 from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, DGRAD, FPROP, WGRAD, pass_mask, pass_names
 from spio.functional.conv2d_gw8_op import conv2d_gw8, conv2d_gw8_backward
@@ -206,10 +207,14 @@ def test_opcheck_with_passes():
 
 
 @pytest.mark.parametrize("passes", [8, -1])
-def test_bad_passes_raise_value_error(passes):
+def test_bad_passes_raise_value_error(passes, monkeypatch):
     x, w = torch.randn(1, 8, 4, 4), torch.randn(8, 8, 3, 3)
     with pytest.raises(ValueError, match=r"passes in 0\.\.7 \(bits fprop=1, dgrad=2, wgrad=4\)"):
         conv2d_gw8(x, w, None, 1, 1, 1, 1, 1, passes)
+    # spio.functional's eager path (kernels in the emulator, or on a GPU) checks them too.
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    with pytest.raises(ValueError, match=r"passes in 0\.\.7 \(bits fprop=1, dgrad=2, wgrad=4\)"):
+        spio.functional.conv2d_gw8(x.half(), w.half(), None, 1, 1, 1, 1, 1, passes)
     with pytest.raises(ValueError, match=r"passes in 0\.\.7"):
         conv2d_gw8_backward(x, x, w, 1, 1, [True, True, True], passes)
 

@@ -637,7 +637,8 @@ def test_bad_out_is_rejected():
 
 def test_out_may_share_a_buffer_with_operands_but_no_bytes():
     """Disjoint views of one buffer had been refused as sharing memory (the storages were
-    compared), and a bias in out's bytes had been taken (the bias was not checked)."""
+    compared), and a bias in out's bytes had been taken (the bias was not checked). The bias
+    starts at out's first byte past its end: adjacent is disjoint."""
     from spio.check import error_ratio
     from spio.reference import conv2d_gw8_fprop_ref, conv2d_gw8_tolerance
 
@@ -647,7 +648,7 @@ def test_out_may_share_a_buffer_with_operands_but_no_bytes():
     buffer = torch.full((2 * size + 16,), float("nan"), dtype=torch.float16)
     n, c, h, w_ = params.output_shape
     out = buffer[:size].view(n, h, w_, c).permute(0, 3, 1, 2)  # then the bias, then x
-    bias = buffer[size + 8 : size + 16].copy_(t["bias"])
+    bias = buffer[size : size + 8].copy_(t["bias"])
     x = buffer[size + 16 :].view(t["x"].shape).copy_(t["x"])
     y = fd.fprop(x, t["w"], bias, params, out=out)
     assert y.data_ptr() == out.data_ptr()
@@ -1221,3 +1222,12 @@ def test_a_config_of_the_other_family_is_a_type_error():
         fd.make_kernel(layer, wg.Conv2dGw8WgradConfig())
     with pytest.raises(TypeError, match="needs a Conv2dGw8WgradConfig, got Conv2dGw8Config"):
         wg.make_kernel(layer, fd.Conv2dGw8Config())
+
+
+def test_a_block_may_have_exactly_the_shared_memory_limit():
+    """A kernel needing MAX_SHARED_BYTES fits; one byte more does not (no config of the layer
+    table lands on the limit, so the boundary is pinned here)."""
+    limit = fd.MAX_SHARED_BYTES
+    assert fd.check_shared_mem(limit, "k", tma=False) == limit
+    with pytest.raises(ValueError, match=f"k needs {limit + 1} bytes of shared memory"):
+        fd.check_shared_mem(limit + 1, "k", tma=False)

@@ -831,7 +831,8 @@ def test_batched_gradients(monkeypatch, emulate, call):
 def test_functional_and_forward_mode_differentiation_fall_back(monkeypatch, emulate, caplog):
     """torch.func.grad and jvp, and forward-mode AD, work on a layer as on nn.Conv2d: PyTorch
     runs no custom op's autograd formula under them and spio has no forward-mode formula, so the
-    layer computes those calls with F.conv2d and logs why (once per reason)."""
+    layer computes those calls with F.conv2d and logs why (once per reason). A 3x5 filter padded
+    (1, 2): the fallback's padding given as (pad_w, pad_h) had passed with square ones."""
     import torch.autograd.forward_ad as fwAD
 
     from spio.layers import conv2d_gw8 as module
@@ -839,8 +840,8 @@ def test_functional_and_forward_mode_differentiation_fall_back(monkeypatch, emul
     monkeypatch.setenv("SPIO_EMULATE", emulate)
     monkeypatch.setattr(module, "_logged_fallbacks", set())
     torch.manual_seed(0)
-    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
-    ref = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+    layer = Conv2dGw8(16, 16, (3, 5), padding=(1, 2), groups=2).half()
+    ref = nn.Conv2d(16, 16, (3, 5), padding=(1, 2), groups=2).half()
     ref.load_state_dict(layer.state_dict())
     x = torch.randn(2, 16, 6, 5).half()
     t = torch.randn_like(x)
@@ -1271,6 +1272,28 @@ def test_hyperparameters_set_after_construction_are_used_as_nn_conv2d_uses_them(
     assert m.spio_kernels(x) == []
     with pytest.raises(ValueError, match=f"Conv2dGw8 needs {said}.*torch_module"):
         torch.jit.script(m)
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+@pytest.mark.parametrize("groups", [1, 4])
+def test_groups_set_after_construction_fail_as_in_nn_conv2d(monkeypatch, emulate, groups):
+    """A weight [16, 8, 3, 3] no longer fits groups set after construction: nn.Conv2d raises
+    PyTorch's error, and so must the layer (the op takes groups=1 as implied by the weight, and
+    would run the grouped convolution nn.Conv2d refuses)."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    m = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    ref = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(1, 16, 6, 6).half()
+    m(x)  # a first call, before the change
+    for conv in (m, ref):
+        conv.groups = groups
+    with pytest.raises(RuntimeError) as want:
+        ref(x)
+    with pytest.raises(RuntimeError) as got:
+        m(x)
+    assert str(got.value) == str(want.value)
 
 
 def test_tracing_a_layer_stores_no_attribute(recwarn):
