@@ -525,6 +525,25 @@ extern "C" __global__ void shared_vector(unsigned *out, int offset, int store) {
     }
 }
 
+/// 16 bytes of 8-byte alignment, legal at any 8-byte boundary.
+struct Pair {
+    long long a, b;
+};
+
+/// out[1..2] = x[1..2], copied as one Pair at an 8-byte (not 16-byte) boundary.
+extern "C" __global__ void struct_copy(long long *out, const long long *x) {
+    *reinterpret_cast<Pair *>(out + 1) = *reinterpret_cast<const Pair *>(x + 1);
+}
+
+/// out[0..1] = the Pair of shared memory at an 8-byte boundary, read as one.
+extern "C" __global__ void struct_read(long long *out, const long long *x) {
+    __shared__ Pair s[3];
+    long long *words = reinterpret_cast<long long *>(s);
+    for (int i = 0; i < 6; ++i) words[i] = x[i];
+    const Pair p = *reinterpret_cast<const Pair *>(words + 1);
+    out[0] = p.a, out[1] = p.b;
+}
+
 /// Each half of the warp works on its own mask: a __syncwarp, a shuffle and a ballot. `bad` 1:
 /// the upper half names the whole warp in its __syncwarp, which the lower half never joins;
 /// `bad` 2: the shuffle reads the lane 16 away, in the other half, outside its mask.

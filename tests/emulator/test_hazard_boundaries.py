@@ -79,6 +79,23 @@ extern "C" __global__ void init_order(int *out, int threads, int order) {
     out[threadIdx.x] = 1;
 }
 
+/// thread 0 inits an mbarrier and announces 16 bytes; thread 32 (another warp) issues the bulk
+/// copy, after a __syncthreads where `ordered`, else unordered with the init.
+extern "C" __global__ void bulk_by_other(float *out, const float *x, int ordered) {
+    __shared__ __align__(16) float dst[4];
+    __shared__ __align__(8) unsigned long long bar;
+    if (threadIdx.x == 0) {
+        spio::mbarrier_init(&bar, 1);
+        spio::fence_mbarrier_init();
+        spio::mbarrier_arrive_expect_tx(&bar, 16);
+    }
+    if (ordered) __syncthreads();
+    if (threadIdx.x == 32) spio::cp_async_bulk_g2s(dst, x, 16, &bar);
+    __syncthreads();
+    spio::mbarrier_wait_parity(&bar, 0);
+    if (threadIdx.x < 4) out[threadIdx.x] = dst[threadIdx.x];
+}
+
 /// lanes 0..15 exit, then the others shuffle on the full warp (index order: they exit first).
 extern "C" __global__ void exit_then_shuffle(int *out) {
     const int lane = threadIdx.x;
@@ -310,3 +327,19 @@ def test_an_mbarrier_used_before_its_init_is_ordered_is_reported(kernels, seed):
         out = torch.zeros(threads, dtype=torch.int32)
         fn.launch(1, threads, (out, threads, order), seed=seed)
         assert out.tolist() == [1] * threads
+
+
+@pytest.mark.parametrize("seed", [None, 1, 3])
+def test_a_bulk_copy_issued_before_its_mbarriers_init_is_ordered_is_reported(kernels, seed):
+    """The copy's issue, by another thread than the init's, is a use of the barrier too (it had
+    been left out of the check: index order passed it)."""
+    fn = kernels.get_function("bulk_by_other")
+    x = torch.randn(4)
+    said = r"cp_async_bulk_g2s on the mbarrier at 0x[0-9a-f]+, which thread \(0,0,0\) initial"
+    if seed is not None:
+        said = f"(?:{said}|which mbarrier_init has not initialised)"
+    with pytest.raises(EmulatorError, match=said):
+        fn.launch(1, 64, (torch.zeros(4), x, 0), seed=seed)
+    out = torch.zeros(4)
+    fn.launch(1, 64, (out, x, 1), seed=seed)
+    assert torch.equal(out, x)

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <random>
@@ -1943,7 +1944,7 @@ MBarrier &mbarrier_at(Fiber *f, unsigned long long *bar, const char *what,
                        reinterpret_cast<unsigned long>(bar)));
     }
     const MBarrier &b = it->second;
-    if (g_rt.check && !by_copy && b.init_epoch == g_rt.epoch && b.init_tid != f->tid) {
+    if (g_rt.check && b.init_epoch == g_rt.epoch && b.init_tid != f->tid) {
         const Fiber &initiator = g_rt.fibers[b.init_tid];
         const Accesses init{b.init_epoch, b.init_wep, 1u << initiator.lane,
                             static_cast<uint16_t>(b.init_tid),
@@ -2537,19 +2538,49 @@ inline void on_access(unsigned long addr, std::size_t n, bool write) {
     if (f == nullptr || !spio::emu::g_rt.check) return;  // host code (launch glue) is not checked
     spio::emu::detail::check_access(f, addr, n, write);
 }
-/// An access the compiler took to be naturally aligned (from its type): the GPU faults where it is not.
-inline void on_aligned_access(unsigned long addr, std::size_t n, bool write) {
+}  // namespace
+
+// -fsanitize=alignment instrumentation of a checked kernel (build.py; GCC's and clang's): a call
+// where a pointer dereferenced, or a reference bound, is not aligned as its type requires (a
+// uint4 at an 8-byte boundary), which a GPU faults on ("misaligned address"). The data is the
+// sanitizer's: where, the type, log2 of its alignment, and what the code did.
+namespace {
+struct UbsanLocation {
+    const char *file;
+    uint32_t line, column;
+};
+struct UbsanType {
+    uint16_t kind, info;
+    char name[1];
+};
+struct UbsanTypeMismatch {
+    UbsanLocation where;
+    const UbsanType *type;
+    unsigned char log_alignment, check_kind;  // 0: a load, 1: a store, 2..4: see on_misaligned
+};
+void on_misaligned(const UbsanTypeMismatch *data, unsigned long addr) {
     spio::emu::detail::Fiber *f = spio::emu::g_rt.cur;
-    if (f == nullptr || !spio::emu::g_rt.check) return;
-    if (addr % n && !(addr >= reinterpret_cast<uintptr_t>(f->stack_lo) &&
-                      addr < reinterpret_cast<uintptr_t>(f->stack_hi))) {
-        spio::emu::detail::fail(f, spio::emu::detail::format(
-            "misaligned address: %s %zu bytes at %#lx, not %zu-byte aligned (a GPU faults)",
-            write ? "writes" : "reads", n, addr, n));
-    }
-    spio::emu::detail::check_access(f, addr, n, write);
+    if (f == nullptr || !spio::emu::g_rt.check || data == nullptr) return;  // (host code)
+    const unsigned long align = 1ul << data->log_alignment;
+    if (addr % align == 0) return;  // (a null pointer's call: that check is not compiled in)
+    const char *file = data->where.file ? std::strrchr(data->where.file, '/') : nullptr;
+    static const char *const kHow[] = {"reads", "writes", "binds a reference to",
+                                        "accesses a member of", "calls a member function of"};
+    const char *how = data->check_kind < 5 ? kHow[data->check_kind] : "uses";
+    spio::emu::detail::fail(f, spio::emu::detail::format(
+        "misaligned address: %s %s at %#lx, not %lu-byte aligned as its type needs (a GPU "
+        "faults), at %s:%u", how, data->type ? data->type->name : "a value", addr, align,
+        file ? file + 1 : (data->where.file ? data->where.file : "?"), data->where.line));
 }
 }  // namespace
+extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_type_mismatch_v1(void *data,
+                                                                                      void *ptr) {
+    on_misaligned(static_cast<const UbsanTypeMismatch *>(data), reinterpret_cast<unsigned long>(ptr));
+}
+extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_type_mismatch_v1_abort(
+    void *data, void *ptr) {
+    on_misaligned(static_cast<const UbsanTypeMismatch *>(data), reinterpret_cast<unsigned long>(ptr));
+}
 
 // -fsanitize=thread instrumentation (GCC's and clang's): a call before every load and store, with
 // its address (sizes 1..16 that are powers of two; clang calls the `unaligned` ones where it cannot
@@ -2557,10 +2588,10 @@ inline void on_aligned_access(unsigned long addr, std::size_t n, bool write) {
 // instrumented, and volatile accesses call these same callbacks (see build.py).
 #define SPIO_EMU_CALLBACKS(n)                                                                      \
     extern "C" __attribute__((visibility("hidden"))) void __tsan_read##n(void *addr) {            \
-        on_aligned_access(reinterpret_cast<unsigned long>(addr), n, false);                        \
+        on_access(reinterpret_cast<unsigned long>(addr), n, false);                                \
     }                                                                                              \
     extern "C" __attribute__((visibility("hidden"))) void __tsan_write##n(void *addr) {           \
-        on_aligned_access(reinterpret_cast<unsigned long>(addr), n, true);                         \
+        on_access(reinterpret_cast<unsigned long>(addr), n, true);                                 \
     }                                                                                              \
     extern "C" __attribute__((visibility("hidden"))) void __tsan_unaligned_read##n(void *addr) {  \
         on_access(reinterpret_cast<unsigned long>(addr), n, false);                                \
