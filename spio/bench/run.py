@@ -128,8 +128,9 @@ def spio_kernel(params: Conv2dGw8Params, pass_: str, device=None):
 
 def selected_by(kernel, pass_: str, device) -> str:
     """How the tile config of `kernel` (spio_kernel's, for `pass_` on `device`) was chosen, as
-    select_config recorded it: "model <arch>/<file>", "heuristic" or "autotune". Recorded with
-    each bench row."""
+    select_config recorded it: "model <arch>/<file>", "heuristic" or "autotune" (the first two
+    with " (autotune failed)" where autotuning could time no candidate). Recorded with each
+    bench row."""
     from ..kernels import perf_model as pm
     from ..kernels.families import FAMILY_OF_PASS
 

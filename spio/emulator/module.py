@@ -247,6 +247,14 @@ def _int_range(kind: str) -> tuple[int, int]:
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
 
+def _as_float32(value: float) -> float:
+    """value rounded to float32 (inf where it overflows)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
 def gpu_packing_problem(kind: str, arg: Any) -> str | None:
     """What a GPU launch (spio.cuda.driver) would do with scalar `arg` for a parameter of `kind`
     where that differs from what the emulator passes, else None. The driver packs a Python int
@@ -263,6 +271,9 @@ def gpu_packing_problem(kind: str, arg: Any) -> str | None:
             return f"a GPU launch packs an int as an int32, which {arg} does not fit in"
         return None
     if kind == "f4" and isinstance(arg, Real) and not integer:
+        value = float(arg)
+        if math.isfinite(value) and not math.isfinite(_as_float32(value)):
+            return f"a GPU launch refuses the float {value!r}, which does not fit in float32"
         return None
     given = "an int as an int32" if integer else "a float as a float32"
     if not isinstance(arg, Real):

@@ -21,8 +21,8 @@ from .spec import (
 
 #: Macro names: upper case, as C++ code names its macros and no other identifier.
 _MACRO_NAME = re.compile(r"[A-Z][A-Z0-9_]*\Z")
-#: Prefixes of the CUDA headers' own macros (cuda_fp16.h tests NV_IS_DEVICE, of nv/target).
-CUDA_MACRO_PREFIXES = ("NV_", "CUDA_", "CUDART_")
+#: A C++14 digit separator (1'024), which is no quote.
+_DIGIT_SEPARATOR = re.compile(r"(?<=[0-9A-Fa-f])'(?=[0-9A-Fa-f])")
 
 
 def _float_literal(spec: str, key: str, value: float, single: bool = False) -> str:
@@ -130,11 +130,6 @@ class MacroSpec:
                     f"replaces no identifier of the headers after it (cuda_fp16.h names a "
                     f"parameter h), got {key!r}"
                 )
-            if key.startswith(CUDA_MACRO_PREFIXES):
-                raise ValueError(
-                    f"MacroSpec: macro name {key!r} has a prefix of the CUDA headers' own "
-                    f"macros ({', '.join(CUDA_MACRO_PREFIXES)})"
-                )
             defines.append((key, self._replacement(key, value)))
         object.__setattr__(self, "_defines", tuple(defines))
 
@@ -159,7 +154,7 @@ class MacroSpec:
                 or "/*" in value
                 or "*/" in value
                 or value.count('"') % 2
-                or value.count("'") % 2
+                or _DIGIT_SEPARATOR.sub("", value).count("'") % 2
             ):
                 raise ValueError(
                     f"{label}: macro {key!r} text must be non-empty, on one line, without "

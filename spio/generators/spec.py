@@ -103,10 +103,19 @@ CUDA_TYPE_NAMES = frozenset(
 #: CUDA's built-in variables.
 CUDA_BUILTINS = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize"})
 #: Macros of the C and C++ standard headers that CUDA's headers (or the CPU emulator's host
-#: compiler) bring in: a generated name equal to one is replaced by the preprocessor.
+#: compiler) bring in: a generated name equal to one is replaced by the preprocessor. Those of
+#: <climits>, <cstdint> and <cfloat> by their pattern (INT32_MAX, SIZE_MAX, UINT_LEAST8_MAX, ...).
 STANDARD_MACROS = frozenset(
-    "NULL assert offsetof errno EOF INFINITY NAN CHAR_BIT INT_MAX INT_MIN UINT_MAX".split()
+    "NULL assert offsetof errno EOF INFINITY NAN HUGE_VAL HUGE_VALF CHAR_BIT MB_LEN_MAX".split()
 )
+_LIMIT_MACRO = re.compile(
+    r"(?:U?INT(?:8|16|32|64|PTR|MAX)?|U?INT_(?:LEAST|FAST)(?:8|16|32|64)|S?CHAR|UCHAR|U?SHRT"
+    r"|U?LONG|U?LLONG|SIZE|PTRDIFF|WCHAR|WINT|SIG_ATOMIC|(?:FLT|DBL|LDBL)(?:_TRUE)?)"
+    r"_(?:MAX|MIN|C|EPSILON|DIG|MANT_DIG|MAX_EXP|MIN_EXP|MAX_10_EXP|MIN_10_EXP|WIDTH)\Z"
+)
+#: Prefixes of the CUDA headers' own macros (cuda_fp16.h tests NV_IS_DEVICE, of nv/target;
+#: cuda.h defines CUDA_VERSION, cuda_runtime_api.h CUDART_VERSION).
+CUDA_MACRO_PREFIXES = ("NV_", "CUDA_", "CUDART_")
 #: Namespaces a generated class of the name would clash with.
 NAMESPACES = frozenset({"spio", "std"})
 
@@ -115,7 +124,8 @@ def check_identifier(spec: str, what: str, name: object, macro: bool = False) ->
     """Return `name` if it is a usable C++ identifier, else raise ValueError naming spec and value.
 
     Rejects empty and non-ASCII names, C++ keywords, CUDA's type names and built-in variables,
-    the standard headers' macros (`NULL`, `assert`, ...), the namespaces `spio` (spio's
+    the standard headers' macros (`NULL`, `assert`, `INT32_MAX`, ...) and names of the CUDA
+    headers' macro prefixes (`NV_`, `CUDA_`, `CUDART_`), the namespaces `spio` (spio's
     headers') and `std`, reserved names (`__x`, `_X`) and, but for a `macro`'s name, `SPIO_`
     names (spio's headers and the CPU emulator define macros of that prefix).
     """
@@ -127,8 +137,13 @@ def check_identifier(spec: str, what: str, name: object, macro: bool = False) ->
         raise ValueError(f"{spec}: {what} {name!r} is the name of a CUDA type")
     if name in CUDA_BUILTINS:  # (macros in the CPU emulator: a kernel using one would not build)
         raise ValueError(f"{spec}: {what} {name!r} is a CUDA built-in variable")
-    if name in STANDARD_MACROS:
+    if name in STANDARD_MACROS or _LIMIT_MACRO.match(name):
         raise ValueError(f"{spec}: {what} {name!r} is a macro of the standard headers")
+    if name.startswith(CUDA_MACRO_PREFIXES):
+        raise ValueError(
+            f"{spec}: {what} {name!r} has a prefix of the CUDA headers' own macros "
+            f"({', '.join(CUDA_MACRO_PREFIXES)})"
+        )
     if name in NAMESPACES:
         raise ValueError(f"{spec}: {what} {name!r} is the name of a namespace")
     if name.startswith("SPIO_") and not macro:

@@ -464,6 +464,7 @@ extern "C" __global__ void i4(double *o, int v) { o[0] = v; }
         ("i8", 5, r"\(i8\): a GPU launch passes an int as an int32"),
         ("i4", True, r"\(i4\): a GPU launch refuses a Python bool"),
         ("u4", 2**31, r"\(u4\): a GPU launch packs an int as an int32, which 2147483648 does"),
+        ("f4", 1e40, r"\(f4\): a GPU launch refuses the float 1e\+40, which does not fit in"),
     ],
 )
 def test_gpu_rules_refuse_what_a_gpu_launch_would_refuse_or_garble(kernel, value, match):
@@ -477,7 +478,7 @@ def test_gpu_rules_refuse_what_a_gpu_launch_would_refuse_or_garble(kernel, value
         module.get_function(kernel).launch(1, 1, (out, value), gpu_rules=True)
     assert not out.any()  # nothing ran
     module.get_function(kernel).launch(1, 1, (out, value))
-    assert out.item() == pytest.approx(float(value))
+    assert out.item() == pytest.approx(float(value) if value != 1e40 else float("inf"))
 
 
 @pytest.mark.parametrize("kernel,value", [("f4", 2.5), ("i4", -7), ("u4", 2**31 - 1)])

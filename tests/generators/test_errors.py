@@ -368,6 +368,11 @@ def test_bad_header_name():
         (lambda: TensorSpec("T", "float", {"null": 4}), "'NULL' is a macro of the standard"),
         (lambda: IndexSpec("I", {"assert": 4}), "'assert' is a macro of the standard"),
         (lambda: MacroSpec({"NV_IS_DEVICE": 1}), "prefix of the CUDA headers' own macros"),
+        (lambda: TensorSpec("T", "float", {"int32_max": 4}), "'INT32_MAX' is a macro of"),
+        (lambda: TensorSpec("T", "float", {"size_max": 4}), "'SIZE_MAX' is a macro of"),
+        (lambda: TensorSpec("T", "float", {"uint_least8_max": 4}), "'UINT_LEAST8_MAX' is a"),
+        (lambda: TensorSpec("T", "float", {"cudart_version": 4}), "prefix of the CUDA headers'"),
+        (lambda: TensorSpec("CUDA_T", "float", {"n": 4}), "prefix of the CUDA headers'"),
     ],
 )
 def test_names_that_are_macros_or_namespaces_elsewhere_are_refused(spec, message):
@@ -383,3 +388,9 @@ def test_names_that_are_macros_or_namespaces_elsewhere_are_refused(spec, message
 def test_macro_text_that_would_break_the_header_is_refused(text):
     with pytest.raises(ValueError, match="block comments or an unpaired quote"):
         MacroSpec({"SPIO_A": text})
+
+
+@pytest.mark.parametrize("text", ["1'024", "0x1'F", "1'000'000"])
+def test_macro_text_may_use_digit_separators(text):
+    """A C++14 digit separator is no quote (the unpaired-quote rule had refused 1'024)."""
+    assert f"#define SPIO_A {text}" in generate([MacroSpec({"SPIO_A": text})], "m.h")
