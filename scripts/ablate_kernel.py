@@ -152,12 +152,19 @@ RIGHT_RESULTS = frozenset(
 
 def result_of(family_name: str, params, kernel, args: list, device):
     """The output of one call of `kernel` on launch arguments `args` as spio runs it
-    (autotune.pass_call), as a new fp32 tensor: FProp/DGrad's out, WGrad's dw."""
+    (autotune.pass_call), as a new fp32 tensor: FProp/DGrad's out, WGrad's dw. What the call
+    writes into is NaN first (FProp/DGrad's out, shared by every variant checked on `args`;
+    WGrad's partial sums), so that an element a variant leaves unwritten shows as NaN, not as
+    the value an earlier kernel wrote there."""
     from spio.kernels import autotune
 
-    value = autotune.pass_call(family_name, params, kernel, args, device)()
-    out = value[0] if family_name.endswith("wgrad") else args[0]
-    return out.float().clone()
+    if family_name.endswith("wgrad"):
+        from spio.kernels.conv2d_gw8_wgrad_factory import wgrad
+
+        return wgrad(args[2], args[3], params, kernel=kernel, poison=True)[0].float().clone()
+    args[0].fill_(float("nan"))
+    autotune.pass_call(family_name, params, kernel, args, device)()
+    return args[0].float().clone()
 
 
 def difference(reference, result, exact: bool) -> str | None:

@@ -785,7 +785,7 @@ def compiled_jobs(monkeypatch):
     monkeypatch.setattr(nvrtc, "supported_archs", lambda: supported_arch + experimental_arch)
 
     layers = [
-        Conv2dGw8Params(n=1, c=16, h=5, w=6, padding=1, r=3, s=3),
+        Conv2dGw8Params(n=1, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),
         Conv2dGw8Params(n=2, c=8, h=4, w=3, padding=0, r=1, s=2, dtype="bf16"),
     ]
     monkeypatch.setattr(spio.kernels.layer_sets, "compile_layer_set", lambda: layers)
@@ -892,6 +892,10 @@ def test_compile_builds_every_kernel_spio_runs_with_progress(compiled_jobs, caps
     assert set(names) == wanted
     assert any(name.endswith("__wcl") for name in names if "_fprop__" in name)
     assert any(name.endswith("__wcl") for name in names if "_dgrad__" in name)
+    # (runnable_kernels is spio compile's own list: the variants named here are checked apart)
+    biased_fprop = [n for n in names if "_fprop__" in n and "_bias1_" in n]
+    assert biased_fprop and any(n.endswith("__belem") for n in biased_fprop)
+    assert any(n.endswith("__wcl__belem") for n in biased_fprop)
     assert not any("bias1" in name for name in names if "_dgrad__" in name)
     # The sums into a half model's gradients too, as the op runs them (only fp32's had been built).
     for params in compile_layer_set():

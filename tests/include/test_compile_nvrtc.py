@@ -1,4 +1,6 @@
-"""Every spio header compiles with NVRTC for each supported arch, alone and all together.
+"""Every spio header but thread/bulk_copy.h (sm_90 only; its kernels' builds and
+tests/emulator/test_tensor_copy.py compile it) compiles with NVRTC for each supported arch,
+alone and all together.
 
 Each header gets a small kernel that really uses every primitive it defines, so ptxas sees the
 instructions. Checks: the PTX holds each expected instruction, ptxas reports no spills and no

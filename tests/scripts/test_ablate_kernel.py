@@ -794,6 +794,12 @@ def test_result_of_emulated_kernels_tells_right_variants_from_ablations(pass_):
     broken = ablate.build_variant(base, "no-loads")
     with pytest.raises(EmulatorError, match="which no thread of this block has written"):
         ablate.result_of(family.name, params, broken, args, cpu)
+    # A variant that writes no output differs from full: out is NaN before each call (it had
+    # held full's output, so a variant writing nothing passed as right).
+    silent = ("SPIO_ABLATE_STORES",) if pass_ == "wgrad" else ablate.VARIANTS["pipeline-only"]
+    result = ablate.result_of(family.name, params, base.with_defines(silent), args, cpu)
+    assert ablate.difference(reference, result, exact=pass_ != "wgrad") is not None
+    assert torch.isnan(result).all()
 
 
 def test_a_variant_whose_check_fails_to_run_is_reported(fake_gpu, monkeypatch, capsys):

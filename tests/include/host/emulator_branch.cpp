@@ -1,4 +1,5 @@
-/// Host test: under SPIO_EMULATOR every primitive forwards to ::spio::emu::<same name>(<same args>).
+/// Host test: under SPIO_EMULATOR the mma, ldmatrix and cp.async primitives forward to
+/// ::spio::emu::<same name>(<same args>) (bulk_copy.h's are run in tests/emulator instead).
 ///
 /// emu_prelude.h declares the emulator's functions with the signatures of docs/primitives.md; this
 /// file defines them as recorders, calls each spio:: primitive (and each spio::mma overload) and
