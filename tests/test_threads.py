@@ -285,3 +285,90 @@ def test_keyed_locks_threads_racing_for_a_new_key_get_the_same_lock():
     for t in threads:
         t.join()
     assert len(got) == 2 and got[0] is got[1]
+
+
+def _run_script(source: str, timeout: float = 60) -> str:
+    """`source` run by a fresh interpreter in the repository (where it can fork freely); its
+    stdout, after checking that it exited 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(source)],
+        capture_output=True,
+        encoding="utf-8",
+        timeout=timeout,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_a_child_forked_while_a_thread_holds_a_keyed_lock_can_take_it():
+    """A thread of the parent building a kernel holds its key's lock; a child forked meanwhile
+    had found it held for ever (no thread of the child would release it)."""
+    out = _run_script(
+        """
+        import os, threading, time
+        from spio.locks import KeyedLocks
+        locks = KeyedLocks()
+        held, done = threading.Event(), threading.Event()
+        def build():
+            with locks["kernel"]:
+                held.set()
+                done.wait()
+        threading.Thread(target=build).start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if locks["kernel"].acquire(timeout=5) else 1)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        done.set()
+        print("child took the lock" if code == 0 else "child waited in vain")
+        """
+    )
+    assert out.strip() == "child took the lock"
+
+
+def test_a_fork_during_an_emulated_launch_waits_for_it():
+    """The emulator's launch lock, held by another thread's launch, had been held for ever in a
+    child forked meanwhile (7 of 10 children hung in the audit's repro)."""
+    out = _run_script(
+        """
+        import os, threading, time
+        from spio.emulator import module
+        held = threading.Event()
+        def launch():  # a launch in progress: the lock held for a while
+            with module._launch_lock:
+                held.set()
+                time.sleep(0.5)
+        thread = threading.Thread(target=launch)
+        thread.start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if module._launch_lock.acquire(timeout=5) else 1)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        thread.join()
+        print("child launched" if code == 0 else "child hung")
+        """
+    )
+    assert out.strip() == "child launched"
+
+
+def test_a_forked_childs_exit_leaves_the_parents_build_folder():
+    """tempfile.TemporaryDirectory's finalizer ran at a forked child's exit and removed the
+    folder its parent's compiler was writing into (the build then failed with "can't create
+    ... .o")."""
+    out = _run_script(
+        """
+        import os, sys
+        from pathlib import Path
+        from spio.emulator import build
+        with build._build_folder() as folder:
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)
+            os.waitpid(pid, 0)
+            print("kept" if Path(folder).is_dir() else "removed")
+        print("removed after" if not Path(folder).exists() else "left after")
+        """
+    )
+    assert out.split() == ["kept", "removed", "after"]

@@ -17,6 +17,7 @@ the file's folder is mounted noexec, EmuModule loads a memory copy of it (`modul
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import os
@@ -28,6 +29,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -387,11 +389,19 @@ def _sweep_once() -> None:
         sweep_build_folders()
 
 
-def _build_folder(kind: str = "") -> tempfile.TemporaryDirectory[str]:
+@contextlib.contextmanager
+def _build_folder(kind: str = "") -> Iterator[str]:
     """A temporary folder for one build (`kind` "rt-" for a runtime object), named for this
-    process."""
+    process, removed when the build ends by the process that made it alone: a forked child that
+    exits (tempfile.TemporaryDirectory's finalizer runs at exit) had removed a folder its parent's
+    compiler was writing into."""
     _sweep_once()
-    return tempfile.TemporaryDirectory(prefix=f"spio-emu-{kind}{os.getpid()}-")
+    pid = os.getpid()
+    folder = tempfile.mkdtemp(prefix=f"spio-emu-{kind}{pid}-")
+    try:
+        yield folder
+    finally:
+        _remove_private(Path(folder), pid)
 
 
 def sweep_build_folders(root: Path | None = None) -> list[Path]:

@@ -78,6 +78,13 @@ class _Loaded:
 #: its file (dlopen loads a file once); and the SIGSEGV handler a launch installs and puts back
 #: is the process's, so launches of different libraries must not overlap either.
 _launch_lock = threading.Lock()
+# A fork waits for a launch in progress (another thread's) to end: a child forked mid-launch
+# found the lock held for ever, and the runtime's globals and signal handler mid-launch.
+os.register_at_fork(
+    before=_launch_lock.acquire,
+    after_in_parent=_launch_lock.release,
+    after_in_child=_launch_lock.release,
+)
 
 
 def noexec(folder: Path) -> bool:

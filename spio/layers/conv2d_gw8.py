@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeGuard, TypeVar
@@ -44,6 +46,31 @@ _HALF = (torch.float16, torch.bfloat16)
 _FULL = (torch.float32, torch.float64)
 _logged_fallbacks: set[str] = set()
 _Conv = TypeVar("_Conv", bound=nn.Conv2d)
+
+#: spio.precompile and scan_modules run a model once with PyTorch's convolution standing in for
+#: spio's in its layers, in their own thread alone (other threads' calls of those layers, an
+#: inference server's say, run as ever): how many such runs are in progress in the process (a
+#: plain int, so that a call looks no further while it is 0), and each thread's layers.
+_stand_in_runs = 0
+_stand_in = threading.local()
+_stand_in_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def pytorch_standing_in(layers: Iterable[nn.Module]):
+    """Within the block, calls of `layers` made by this thread run PyTorch's convolution (their
+    passes as if none), and no other thread's; the layers themselves are not changed."""
+    global _stand_in_runs
+    previous: frozenset[int] = getattr(_stand_in, "ids", frozenset())
+    _stand_in.ids = previous | {id(layer) for layer in layers}
+    with _stand_in_lock:
+        _stand_in_runs += 1
+    try:
+        yield
+    finally:
+        _stand_in.ids = previous
+        with _stand_in_lock:
+            _stand_in_runs -= 1
 
 
 #: What a Conv2dGw8 takes as padding, as its errors say.
@@ -555,8 +582,11 @@ class Conv2dGw8(nn.Conv2d):
             y = _with_fp32_bias(self._conv_forward, input, weight, self.bias)
             _log_fallback_once(f"the layer {reason}")
             return y
+        passes = self._pass_bits
+        if _stand_in_runs and id(self) in getattr(_stand_in, "ids", ()):  # (pytorch_standing_in)
+            passes = 0
         return conv2d_gw8_layer(
-            input, weight, self.bias, self._padding_ints(weight), self.groups, self._pass_bits
+            input, weight, self.bias, self._padding_ints(weight), self.groups, passes
         )
 
     def spio_kernels(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -33,6 +34,7 @@ from spio.layers.conv2d_gw8 import (
     fixed_ineligibility,
     ineligibility,
     mendable_problem,
+    pytorch_standing_in,
     receive_hooks,
     resolve_padding,
     restore_problem,
@@ -600,35 +602,33 @@ def _stand_in_calls(
 ) -> int:
     """Run model(*inputs, **kwargs) once (`_forward_once`, autograd on if `training`) with PyTorch's
     convolution standing in for spio's in `layers`, calling on_call(module, input) before each
-    of their calls; returns how many there were. The layers' passes are restored afterwards."""
-    passes = {id(m): m._pass_bits for m in layers}
+    of their calls; returns how many there were. Only this thread's calls count and run
+    PyTorch's convolution (pytorch_standing_in): the layers are not changed, and other threads'
+    calls of them meanwhile run, and are counted, as ever."""
+    ids = {id(m) for m in layers}
+    thread = threading.get_ident()
     calls = 0
     strays = 0
 
     def before(module: Conv2dGw8, args: tuple, kwargs: dict) -> None:
         nonlocal calls, strays
-        if id(module) not in passes:  # a module sharing a layer's hooks: the conv it replaced
+        if threading.get_ident() != thread:  # another thread's call (the hooks are the module's)
+            return
+        if id(module) not in ids:  # a module sharing a layer's hooks: the conv it replaced
             strays += 1
             return
         input = _call_input(args, kwargs)
         if input is not None:
             calls += 1
             on_call(module, input)
-        module._pass_bits = 0  # PyTorch's convolution runs this call: nothing is built
-
-    def after(module: Conv2dGw8, args: tuple, output: object) -> None:
-        if id(module) in passes:
-            module._pass_bits = passes[id(module)]
 
     handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in layers]
-    handles += [m.register_forward_hook(after) for m in layers]
     try:
-        _forward_once(model, inputs, kwargs, grad=training)
+        with pytorch_standing_in(layers):
+            _forward_once(model, inputs, kwargs, grad=training)
     finally:
         for handle in handles:
             handle.remove()
-        for module in layers:
-            module._pass_bits = passes[id(module)]
     if strays:
         logger.warning(
             "%d calls of an nn.Conv2d that spio.transform replaced: the model reaches it other "

@@ -633,3 +633,43 @@ def test_a_model_whose_calls_run_no_kernel_is_warned_of(emulated, caplog):
     with caplog.at_level(logging.WARNING, logger="spio"):
         assert spio.precompile(model, x, progress=False) == []
     assert "none of the 5 Conv2dGw8 calls runs spio's kernels" in caplog.text
+
+
+def test_other_threads_calls_during_precompile_run_spio_and_are_not_its_own(monkeypatch):
+    """precompile (and scan_modules) had run the model with each layer's passes set to none and
+    set back after, state every thread shares: an inference thread's calls meanwhile ran
+    PyTorch's convolution, and were counted and built for; two precompiles at once could leave
+    a layer's passes at none for good. Now only precompile's own thread's calls stand in."""
+    import threading
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    model = transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2))).half()
+    x = torch.randn(1, 16, 5, 5).half().to(memory_format=torch.channels_last)
+    served_x = torch.randn(1, 16, 6, 6).half().to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        model(served_x)  # its kernel built before: the served call only launches
+    launched = []
+    real = kernel_module.Kernel.launch
+
+    def spy(self, args, device):
+        launched.append((threading.get_ident(), self.name))
+        return real(self, args, device)
+
+    monkeypatch.setattr(kernel_module.Kernel, "launch", spy)
+    served = []
+
+    def serve(module, args):  # during precompile's run, another thread calls the layer
+        if threading.current_thread() is threading.main_thread():
+            thread = threading.Thread(target=lambda: served.append(model(served_x)))
+            thread.start()
+            thread.join()
+
+    handle = model[0].register_forward_pre_hook(serve)
+    kernels = precompile(model, x, training=False, progress=False)
+    handle.remove()
+    assert model[0].spio_passes == ("fprop", "dgrad", "wgrad")
+    here = threading.get_ident()
+    assert [n.split("__")[0] for t, n in launched if t != here] == ["conv2d_gw8_fprop"]
+    assert not [n for t, n in launched if t == here]  # precompile's run: PyTorch's convolution
+    assert [k.info_value("params").h for k in kernels] == [5]  # its own input's kernel alone
+    assert served[0].shape == (1, 16, 6, 6)
