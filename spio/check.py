@@ -502,8 +502,10 @@ def _gpu_torch_cannot_use() -> str | None:
 
     if torch.version.cuda is not None or getattr(torch.version, "hip", None):
         return None  # (a ROCm build has no CUDA either, but is no CPU build)
-    from .cuda import driver
-
+    try:  # (a source tree without the built extension, run from a checkout: no GPU either)
+        from .cuda import driver
+    except ImportError:
+        return None
     try:
         count = driver.device_count()
     except Exception:  # no driver: no GPU to speak of

@@ -1,5 +1,7 @@
 """`python -m spio check` in the CPU emulator: passes on the real kernels, fails on a broken one."""
 
+import sys
+
 import pytest
 import torch
 
@@ -545,6 +547,15 @@ def test_check_runs_where_the_kernels_run(monkeypatch, capsys):
     said = "is a CPU build, so no GPU is available to it (spio's driver sees 1)"
     assert said in capsys.readouterr().out
     with pytest.raises(RuntimeError, match=r"none is available \(torch .* is a CPU build"):
+        check.resolve_device("cuda")
+    # spio's source tree without the built driver extension (`python -m spio check` in a
+    # checkout installed with `pip install .`): the emulator, where it had been an ImportError.
+    import spio.cuda
+
+    monkeypatch.setitem(sys.modules, "spio.cuda.driver", None)
+    monkeypatch.delattr(spio.cuda, "driver")
+    assert check.resolve_device(None) == "cpu"
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU; none is available$"):
         check.resolve_device("cuda")
 
 

@@ -449,7 +449,7 @@ def _check_meta(
             + (
                 "a newer spio trained it: upgrade spio to use it)"
                 if newer
-                else "retrain it with scripts/train_perf_model.py)"
+                else "retrain it with scripts/train_perf_model.py of spio's source)"
             )
         )
     features = meta.get("features")
