@@ -17,6 +17,7 @@ from tests.conftest import REPO
 #: perf model loader's messages point to the shipped models' README.
 SHIPPED_NOTES = ("spio/perf_models/README.md",)
 
+
 def _tracked_package_files() -> list[str]:
     """The package's files under git (none outside a git checkout, e.g. in an sdist)."""
     return subprocess.run(
