@@ -347,10 +347,13 @@ def _sticky(error: BaseException, device: str) -> bool:
     or any other error (a code not in that list, or PyTorch's own exceptions for the same
     errors: "an illegal memory access was encountered", ...) after which the context no longer
     synchronises."""
-    from .cuda import driver
-
-    if isinstance(error, driver.CudaError) and error.code in driver._STICKY_ERRORS:
-        return True
+    try:
+        from .cuda import driver
+    except ImportError:  # a source tree without the built extension: no CUDA error either
+        pass
+    else:
+        if isinstance(error, driver.CudaError) and error.code in driver._STICKY_ERRORS:
+            return True
     if not device.startswith("cuda"):
         return False
     import torch

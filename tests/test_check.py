@@ -557,6 +557,8 @@ def test_check_runs_where_the_kernels_run(monkeypatch, capsys):
     assert check.resolve_device(None) == "cpu"
     with pytest.raises(RuntimeError, match="needs a CUDA GPU; none is available$"):
         check.resolve_device("cuda")
+    # and a failed emulated run is a failure, not that ImportError (_sticky imported the driver)
+    assert check._sticky(RuntimeError("wrong store"), "cpu") is False
 
 
 def test_the_check_runs_the_config_spio_picks_on_the_gpu(monkeypatch, tmp_path):

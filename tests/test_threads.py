@@ -372,3 +372,22 @@ def test_a_forked_childs_exit_leaves_the_parents_build_folder():
         """
     )
     assert out.split() == ["kept", "removed", "after"]
+
+
+def test_a_fork_by_the_launching_thread_itself_does_not_wait_for_itself():
+    """A signal handler runs in the launching thread between its launch's statements, with the
+    launch lock held; one that forks had waited for ever on the fork hook's acquire of it."""
+    out = _run_script(
+        """
+        import os
+        from spio.emulator import module
+        with module._launch_lock:  # as a launch holds it
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+        print("forked")
+        """,
+        timeout=20,
+    )
+    assert out.strip() == "forked"

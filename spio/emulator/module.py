@@ -77,9 +77,11 @@ class _Loaded:
 #: A library's runtime keeps one launch's state in globals, shared by every EmuModule that loads
 #: its file (dlopen loads a file once); and the SIGSEGV handler a launch installs and puts back
 #: is the process's, so launches of different libraries must not overlap either.
-_launch_lock = threading.Lock()
+_launch_lock = threading.RLock()
 # A fork waits for a launch in progress (another thread's) to end: a child forked mid-launch
-# found the lock held for ever, and the runtime's globals and signal handler mid-launch.
+# found the lock held for ever, and the runtime's globals and signal handler mid-launch. (An
+# RLock: a signal handler that forks, run by the launching thread between its launch's
+# statements, takes it again where a Lock would wait for itself.)
 os.register_at_fork(
     before=_launch_lock.acquire,
     after_in_parent=_launch_lock.release,

@@ -7,7 +7,7 @@ import inspect
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeGuard, TypeVar
 
 import torch
@@ -47,30 +47,46 @@ _FULL = (torch.float32, torch.float64)
 _logged_fallbacks: set[str] = set()
 _Conv = TypeVar("_Conv", bound=nn.Conv2d)
 
-#: spio.precompile and scan_modules run a model once with PyTorch's convolution standing in for
-#: spio's in its layers, in their own thread alone (other threads' calls of those layers, an
-#: inference server's say, run as ever): how many such runs are in progress in the process (a
-#: plain int, so that a call looks no further while it is 0), and each thread's layers.
-_stand_in_runs = 0
-_stand_in = threading.local()
+
+class StandIn:
+    """One run of a model by spio.precompile or scan_modules with PyTorch's convolution standing
+    in for spio's in `ids` (the layers' ids): for calls from the thread that runs it (`owner`)
+    and from threads started during the run (the model's own: nn.DataParallel's, a pool that
+    starts its threads on first use), not from threads that were there before it (an inference
+    server's, say), whose calls run as ever. The layers themselves are not changed."""
+
+    def __init__(self, layers: Iterable[nn.Module]) -> None:
+        self.ids = frozenset(id(layer) for layer in layers)
+        self.owner = threading.get_ident()
+        self.existing = frozenset(t.ident for t in threading.enumerate()) - {self.owner}
+
+    def covers(self, layer: nn.Module) -> bool:
+        """Whether this call of `layer` (the current thread's) runs PyTorch's convolution."""
+        return id(layer) in self.ids and threading.get_ident() not in self.existing
+
+
+#: The StandIn runs in progress in the process (a call looks no further while there are none).
+_stand_ins: tuple[StandIn, ...] = ()
 _stand_in_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def pytorch_standing_in(layers: Iterable[nn.Module]):
-    """Within the block, calls of `layers` made by this thread run PyTorch's convolution (their
-    passes as if none), and no other thread's; the layers themselves are not changed."""
-    global _stand_in_runs
-    previous: frozenset[int] = getattr(_stand_in, "ids", frozenset())
-    _stand_in.ids = previous | {id(layer) for layer in layers}
+def pytorch_standing_in(layers: Iterable[nn.Module]) -> Iterator[StandIn]:
+    """Within the block, calls of `layers` the run covers (StandIn) run PyTorch's convolution."""
+    global _stand_ins
+    run = StandIn(layers)
     with _stand_in_lock:
-        _stand_in_runs += 1
+        _stand_ins = (*_stand_ins, run)
     try:
-        yield
+        yield run
     finally:
-        _stand_in.ids = previous
         with _stand_in_lock:
-            _stand_in_runs -= 1
+            _stand_ins = tuple(r for r in _stand_ins if r is not run)
+
+
+def _standing_in(layer: nn.Module) -> bool:
+    """Whether a run of pytorch_standing_in covers this call of `layer`."""
+    return any(run.covers(layer) for run in _stand_ins)
 
 
 #: What a Conv2dGw8 takes as padding, as its errors say.
@@ -583,7 +599,9 @@ class Conv2dGw8(nn.Conv2d):
             _log_fallback_once(f"the layer {reason}")
             return y
         passes = self._pass_bits
-        if _stand_in_runs and id(self) in getattr(_stand_in, "ids", ()):  # (pytorch_standing_in)
+        # (pytorch_standing_in; not while torch.compile traces, which would guard on _stand_ins
+        # and recompile when a precompile runs in another thread)
+        if not torch.compiler.is_compiling() and _stand_ins and _standing_in(self):
             passes = 0
         return conv2d_gw8_layer(
             input, weight, self.bias, self._padding_ints(weight), self.groups, passes

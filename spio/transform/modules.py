@@ -602,33 +602,35 @@ def _stand_in_calls(
 ) -> int:
     """Run model(*inputs, **kwargs) once (`_forward_once`, autograd on if `training`) with PyTorch's
     convolution standing in for spio's in `layers`, calling on_call(module, input) before each
-    of their calls; returns how many there were. Only this thread's calls count and run
-    PyTorch's convolution (pytorch_standing_in): the layers are not changed, and other threads'
-    calls of them meanwhile run, and are counted, as ever."""
-    ids = {id(m) for m in layers}
-    thread = threading.get_ident()
+    of their calls; returns how many there were. Only the calls of this thread, and of threads
+    started during the run (the model's own, as nn.DataParallel's are), count and run PyTorch's
+    convolution (pytorch_standing_in): the layers are not changed, and the calls of threads that
+    were there before (an inference server's) run as ever, uncounted."""
     calls = 0
     strays = 0
+    lock = threading.Lock()  # (the model's threads may call at once)
+    with pytorch_standing_in(layers) as run:
 
-    def before(module: Conv2dGw8, args: tuple, kwargs: dict) -> None:
-        nonlocal calls, strays
-        if threading.get_ident() != thread:  # another thread's call (the hooks are the module's)
-            return
-        if id(module) not in ids:  # a module sharing a layer's hooks: the conv it replaced
-            strays += 1
-            return
-        input = _call_input(args, kwargs)
-        if input is not None:
-            calls += 1
-            on_call(module, input)
+        def before(module: Conv2dGw8, args: tuple, kwargs: dict) -> None:
+            nonlocal calls, strays
+            if threading.get_ident() in run.existing:  # another thread's call, not this run's
+                return
+            if not run.covers(module):  # a module sharing a layer's hooks: the conv it replaced
+                with lock:
+                    strays += 1
+                return
+            input = _call_input(args, kwargs)
+            if input is not None:
+                with lock:
+                    calls += 1
+                    on_call(module, input)
 
-    handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in layers]
-    try:
-        with pytorch_standing_in(layers):
+        handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in layers]
+        try:
             _forward_once(model, inputs, kwargs, grad=training)
-    finally:
-        for handle in handles:
-            handle.remove()
+        finally:
+            for handle in handles:
+                handle.remove()
     if strays:
         logger.warning(
             "%d calls of an nn.Conv2d that spio.transform replaced: the model reaches it other "

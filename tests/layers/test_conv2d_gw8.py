@@ -1704,3 +1704,22 @@ def test_a_weight_not_4_d_fails_as_in_nn_conv2d(monkeypatch):
     with pytest.raises(RuntimeError, match="weight should have at least three dimensions"):
         layer(x)
     assert layer.spio_kernels(x) == []
+
+
+def test_a_compiled_layer_does_not_recompile_while_a_precompile_runs_elsewhere():
+    """The forward's check for spio.precompile's stand-in runs is not traced: Dynamo had
+    guarded on it, and a compiled call made while a precompile ran (in another thread) compiled
+    the frame again (under set_stance("fail_on_recompile"), an error)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from spio.layers import conv2d_gw8 as module
+
+    torch._dynamo.reset()
+    layer = Conv2dGw8(16, 16, 3, padding=1, groups=2).half()
+    counter = CompileCounter()
+    compiled = torch.compile(layer, backend=counter, fullgraph=True)
+    x = torch.randn(1, 16, 5, 5).half()
+    compiled(x)
+    with module.pytorch_standing_in([nn.Conv2d(8, 8, 1)]):  # a run in progress, of other layers
+        compiled(x)
+    assert counter.frame_count == 1

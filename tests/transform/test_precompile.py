@@ -656,20 +656,54 @@ def test_other_threads_calls_during_precompile_run_spio_and_are_not_its_own(monk
         return real(self, args, device)
 
     monkeypatch.setattr(kernel_module.Kernel, "launch", spy)
-    served = []
+    served, go, done = [], threading.Event(), threading.Event()
 
-    def serve(module, args):  # during precompile's run, another thread calls the layer
+    def server():  # a thread of the process before the run, serving the model
+        go.wait()
+        served.append(model(served_x))
+        done.set()
+
+    thread = threading.Thread(target=server)
+    thread.start()
+
+    def serve(module, args):  # during precompile's run, the server calls the layer
         if threading.current_thread() is threading.main_thread():
-            thread = threading.Thread(target=lambda: served.append(model(served_x)))
-            thread.start()
-            thread.join()
+            go.set()
+            done.wait()
 
     handle = model[0].register_forward_pre_hook(serve)
     kernels = precompile(model, x, training=False, progress=False)
     handle.remove()
+    thread.join()
     assert model[0].spio_passes == ("fprop", "dgrad", "wgrad")
     here = threading.get_ident()
     assert [n.split("__")[0] for t, n in launched if t != here] == ["conv2d_gw8_fprop"]
     assert not [n for t, n in launched if t == here]  # precompile's run: PyTorch's convolution
     assert [k.info_value("params").h for k in kernels] == [5]  # its own input's kernel alone
     assert served[0].shape == (1, 16, 6, 6)
+
+
+def test_a_model_that_calls_its_layers_on_threads_of_its_own_is_scanned_whole(monkeypatch):
+    """A model running branches on threads it starts (as nn.DataParallel's parallel_apply does):
+    their calls are the run's, found and standing in (the first thread-local form had found
+    none of them, and launched spio's kernels from them during precompile)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+            self.b = nn.Conv2d(16, 16, 1, groups=2)
+
+        def forward(self, x):
+            with ThreadPoolExecutor(2) as pool:
+                a, b = pool.submit(self.a, x), pool.submit(self.b, x)
+                return a.result() + b.result()
+
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    model = transform(Branchy()).half()
+    x = torch.randn(1, 16, 5, 5).half().to(memory_format=torch.channels_last)
+    launched = spy_on_launches(monkeypatch)
+    assert sorted((p.r, p.s) for p in spio.scan_modules(model, x)) == [(1, 1), (3, 3)]
+    kernels = precompile(model, x, training=False, progress=False)
+    assert len(kernels) == 2 and launched == []
