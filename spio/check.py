@@ -342,17 +342,24 @@ class ContextLost(RuntimeError):
         self.result = result
 
 
+def _driver() -> Any:
+    """spio's CUDA driver module, or None in a source tree without the built extension (`python
+    -m spio check` in a checkout installed with `pip install .`), where there is no GPU either."""
+    try:
+        from .cuda import driver
+    except ImportError:
+        return None
+    return driver
+
+
 def _sticky(error: BaseException, device: str) -> bool:
     """Whether `error` left the GPU context unusable: a sticky CUDA error from spio's driver,
     or any other error (a code not in that list, or PyTorch's own exceptions for the same
     errors: "an illegal memory access was encountered", ...) after which the context no longer
     synchronises."""
-    try:
-        from .cuda import driver
-    except ImportError:  # a source tree without the built extension: no CUDA error either
-        pass
-    else:
-        if isinstance(error, driver.CudaError) and error.code in driver._STICKY_ERRORS:
+    driver = _driver()
+    if driver is not None and isinstance(error, driver.CudaError):
+        if error.code in driver._STICKY_ERRORS:
             return True
     if not device.startswith("cuda"):
         return False
@@ -505,9 +512,8 @@ def _gpu_torch_cannot_use() -> str | None:
 
     if torch.version.cuda is not None or getattr(torch.version, "hip", None):
         return None  # (a ROCm build has no CUDA either, but is no CPU build)
-    try:  # (a source tree without the built extension, run from a checkout: no GPU either)
-        from .cuda import driver
-    except ImportError:
+    driver = _driver()
+    if driver is None:
         return None
     try:
         count = driver.device_count()

@@ -21,6 +21,14 @@ def spio_logger(monkeypatch):
     return log.logger
 
 
+def _run(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    """`args` run in a fresh process, with `env` added to this one's environment; its output
+    as text."""
+    return subprocess.run(
+        args, capture_output=True, encoding="utf-8", timeout=timeout, env=dict(os.environ, **env)
+    )
+
+
 @pytest.mark.parametrize("value,level", [("1", logging.INFO), (" 2 ", logging.DEBUG)])
 def test_levels(monkeypatch, spio_logger, value, level):
     monkeypatch.setenv("SPIO_LOGGER", value)
@@ -58,13 +66,7 @@ def test_a_bad_value_warns_and_keeps_the_default_level(monkeypatch, spio_logger,
 
 
 def test_import_spio_with_a_bad_value_warns_and_works():
-    out = subprocess.run(
-        [sys.executable, "-c", "import spio; print(spio.__version__)"],
-        capture_output=True,
-        encoding="utf-8",
-        timeout=120,
-        env=dict(os.environ, SPIO_LOGGER="debug"),
-    )
+    out = _run([sys.executable, "-c", "import spio; print(spio.__version__)"], SPIO_LOGGER="debug")
     assert out.returncode == 0, out.stderr
     assert "SPIO_LOGGER must be" in out.stderr and "'debug'" in out.stderr
 
@@ -83,13 +85,7 @@ def test_the_bad_value_warning_names_the_users_import_line(tmp_path):
     for line in lines:
         script = folder / "user_script.py"
         script.write_text(f"x = 1\n{line}\n")
-        out = subprocess.run(
-            [sys.executable, str(script)],
-            capture_output=True,
-            encoding="utf-8",
-            timeout=120,
-            env=dict(os.environ, SPIO_LOGGER="debug"),
-        )
+        out = _run([sys.executable, str(script)], SPIO_LOGGER="debug")
         assert out.returncode == 0, out.stderr
         assert f"{script}:2: UserWarning: SPIO_LOGGER must be" in out.stderr, out.stderr
 
@@ -97,12 +93,12 @@ def test_the_bad_value_warning_names_the_users_import_line(tmp_path):
 def test_the_bad_value_warning_is_shown_once_by_a_command_with_compile_workers(tmp_path):
     """Each compile worker imports spio: it had warned again, once per worker, through the
     command's progress bar."""
-    out = subprocess.run(
+    out = _run(
         [sys.executable, "-m", "spio", "compile", "--sample", "2", "--arch", "sm_90"],
-        capture_output=True,
-        encoding="utf-8",
         timeout=600,
-        env=dict(os.environ, SPIO_LOGGER="debug", SPIO_WORKERS="2", SPIO_CACHE_DIR=str(tmp_path)),
+        SPIO_LOGGER="debug",
+        SPIO_WORKERS="2",
+        SPIO_CACHE_DIR=str(tmp_path),
     )
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("SPIO_LOGGER must be") == 1, out.stderr
@@ -131,12 +127,11 @@ def test_the_command_line_shows_warnings_off_the_progress_bars(tmp_path):
     cache folder"). The program shows them through spio's handler, which clears the bars."""
     afile = tmp_path / "afile"
     afile.touch()
-    out = subprocess.run(
+    out = _run(
         [sys.executable, "-m", "spio", "compile", "--arch", "sm_90", "--sample", "2"],
-        capture_output=True,
-        encoding="utf-8",
         timeout=300,
-        env=dict(os.environ, SPIO_CACHE_DIR=str(afile), SPIO_LOGGER=""),
+        SPIO_CACHE_DIR=str(afile),
+        SPIO_LOGGER="",
     )
     assert out.returncode == 0, out.stderr
     lines = out.stderr.replace("\r", "\n").splitlines()
@@ -167,13 +162,7 @@ def test_the_spio_command_shows_the_bad_value_as_its_other_warnings():
     ):
         if not os.path.exists(command[0]):
             continue
-        out = subprocess.run(
-            [*command, "--version"],
-            capture_output=True,
-            encoding="utf-8",
-            timeout=120,
-            env=dict(os.environ, SPIO_LOGGER="debug"),
-        )
+        out = _run([*command, "--version"], SPIO_LOGGER="debug")
         assert out.returncode == 0, out.stderr
         assert out.stderr == (
             "spio WARNING: SPIO_LOGGER must be 0 or empty (off), 1 (info) or 2 (debug), got "
@@ -181,11 +170,5 @@ def test_the_spio_command_shows_the_bad_value_as_its_other_warnings():
         ), (command, out.stderr)
     # `python -m` of another of spio's modules has no command to show it: Python's warning
     # (the command's deferral had lost it there).
-    out = subprocess.run(
-        [sys.executable, "-m", "spio.bench.sanitize"],
-        capture_output=True,
-        encoding="utf-8",
-        timeout=120,
-        env=dict(os.environ, SPIO_LOGGER="debug"),
-    )
+    out = _run([sys.executable, "-m", "spio.bench.sanitize"], SPIO_LOGGER="debug")
     assert "UserWarning: SPIO_LOGGER must be" in out.stderr, out.stderr

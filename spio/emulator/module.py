@@ -284,9 +284,9 @@ def gpu_packing_problem(kind: str, arg: Any) -> str | None:
         if math.isfinite(value) and not math.isfinite(_as_float32(value)):
             return f"a GPU launch refuses the float {value!r}, which does not fit in float32"
         return None
-    given = "an int as an int32" if integer else "a float as a float32"
     if not isinstance(arg, Real):
         return None  # (the emulator's own checks name what it takes)
+    given = "an int as an int32" if integer else "a float as a float32"
     return (
         f"a GPU launch passes {given}, other bytes than the parameter's: spio's kernels take "
         "int and unsigned parameters as ints, float ones as floats"

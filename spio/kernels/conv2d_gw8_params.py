@@ -70,11 +70,10 @@ def _as_bool(value: Any) -> bool | None:
     """value as a bool where it is one (as_bool), or an integer 0 or 1 (as has_bias has always
     taken them; numpy's and a 0-d tensor's too, as every int field takes them: as_integer);
     else None."""
-    if as_bool(value) is not None:
-        return as_bool(value)
-    if as_integer(value) in (0, 1):
-        return bool(as_integer(value))
-    return None
+    flag = as_bool(value)
+    if flag is None and as_integer(value) in (0, 1):
+        flag = bool(as_integer(value))
+    return flag
 
 
 def check_params(params: Any, where: str) -> None:

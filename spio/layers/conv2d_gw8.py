@@ -50,15 +50,15 @@ _Conv = TypeVar("_Conv", bound=nn.Conv2d)
 
 class StandIn:
     """One run of a model by spio.precompile or scan_modules with PyTorch's convolution standing
-    in for spio's in `ids` (the layers' ids): for calls from the thread that runs it (`owner`)
-    and from threads started during the run (the model's own: nn.DataParallel's, a pool that
+    in for spio's in `ids` (the layers' ids): for calls from the thread that runs it and from
+    threads started during the run (the model's own: nn.DataParallel's, a pool that
     starts its threads on first use), not from threads that were there before it (an inference
     server's, say), whose calls run as ever. The layers themselves are not changed."""
 
     def __init__(self, layers: Iterable[nn.Module]) -> None:
         self.ids = frozenset(id(layer) for layer in layers)
-        self.owner = threading.get_ident()
-        self.existing = frozenset(t.ident for t in threading.enumerate()) - {self.owner}
+        # (the threads there before it but this one)
+        self.existing = frozenset(t.ident for t in threading.enumerate()) - {threading.get_ident()}
 
     def covers(self, layer: nn.Module) -> bool:
         """Whether this call of `layer` (the current thread's) runs PyTorch's convolution."""

@@ -152,17 +152,15 @@ def transform(
     note = f" ({excluded} excluded)" if excluded else ""
     convs = [m for m in replacements.values() if isinstance(m, Conv2dGw8)]
     if any(m.spio_passes != PASSES for m in convs):  # some passes left to PyTorch: say how many
-        counts = ", ".join(f"{p} {sum(p in m.spio_passes for m in convs)}" for p in PASSES)
-        note += f"; spio runs {counts} of their passes"
+        note += f"; spio runs {_pass_counts(convs)} of their passes"
     logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
     if respecified:  # a second transform, with include: what it made of the layers it found
         layers = [layer for layer, _ in respecified.values()]
-        counts = ", ".join(f"{p} {sum(p in m.spio_passes for m in layers)}" for p in PASSES)
         logger.info(
             "spio.transform set the passes of %d Conv2dGw8 layers by include: spio runs %s "
             "of their passes",
             len(layers),
-            counts,
+            _pass_counts(layers),
         )
     # Nothing taken, excluded, or taken before (a second call): the user sees why at the default
     # level.
@@ -173,6 +171,11 @@ def transform(
         log = logger.warning if reason in mendable or none_taken else logger.debug
         log("spio.transform kept %d nn.Conv2d: %s", count, reason)
     return model
+
+
+def _pass_counts(layers: list[Conv2dGw8]) -> str:
+    """How many of `layers` run each pass on spio's kernels: "fprop 2, dgrad 2, wgrad 0"."""
+    return ", ".join(f"{p} {sum(p in m.spio_passes for m in layers)}" for p in PASSES)
 
 
 def _keep(conv: nn.Conv2d, skipped: dict[int, str], mendable: Counter[str]) -> bool:
@@ -615,7 +618,7 @@ def _stand_in_calls(
             nonlocal calls, strays
             if threading.get_ident() in run.existing:  # another thread's call, not this run's
                 return
-            if not run.covers(module):  # a module sharing a layer's hooks: the conv it replaced
+            if id(module) not in run.ids:  # a module sharing a layer's hooks: the conv it replaced
                 with lock:
                     strays += 1
                 return

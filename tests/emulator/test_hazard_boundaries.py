@@ -13,6 +13,15 @@ KILL = r"""
 #include "spio/thread/bulk_copy.h"
 #include "spio/warp/ldmatrix.h"
 
+/// thread 0 initialises the mbarrier at `bar` for one arrival and fences the init for the copy
+/// engine.
+__device__ void init_by_thread_0(unsigned long long *bar) {
+    if (threadIdx.x == 0) {
+        spio::mbarrier_init(bar, 1);
+        spio::fence_mbarrier_init();
+    }
+}
+
 /// thread 0 stores one byte at out[n]: one past the end of a byte tensor.
 extern "C" __global__ void byte_past_end(unsigned char *out, int n) {
     if (threadIdx.x == 0) out[n] = 1;
@@ -41,10 +50,7 @@ extern "C" __global__ void dyn_first_byte(int *out, int fill) {
 extern "C" __global__ void under_announced(float *out, const float *in, int announced) {
     __shared__ __align__(16) float buf[64];
     __shared__ __align__(8) unsigned long long bar;
-    if (threadIdx.x == 0) {
-        spio::mbarrier_init(&bar, 1);
-        spio::fence_mbarrier_init();
-    }
+    init_by_thread_0(&bar);
     __syncthreads();
     if (threadIdx.x == 0) {
         spio::mbarrier_arrive_expect_tx(&bar, announced);
@@ -57,10 +63,7 @@ extern "C" __global__ void under_announced(float *out, const float *in, int anno
 /// `arrivals` threads arrive on an mbarrier initialised for one arrival (each announcing 0).
 extern "C" __global__ void extra_arrival(int *out, int arrivals) {
     __shared__ __align__(8) unsigned long long bar;
-    if (threadIdx.x == 0) {
-        spio::mbarrier_init(&bar, 1);
-        spio::fence_mbarrier_init();
-    }
+    init_by_thread_0(&bar);
     __syncthreads();
     if (threadIdx.x < arrivals) spio::mbarrier_arrive_expect_tx(&bar, 0);
     __syncthreads();
@@ -84,11 +87,8 @@ extern "C" __global__ void init_order(int *out, int threads, int order) {
 extern "C" __global__ void bulk_by_other(float *out, const float *x, int ordered) {
     __shared__ __align__(16) float dst[4];
     __shared__ __align__(8) unsigned long long bar;
-    if (threadIdx.x == 0) {
-        spio::mbarrier_init(&bar, 1);
-        spio::fence_mbarrier_init();
-        spio::mbarrier_arrive_expect_tx(&bar, 16);
-    }
+    init_by_thread_0(&bar);
+    if (threadIdx.x == 0) spio::mbarrier_arrive_expect_tx(&bar, 16);
     if (ordered) __syncthreads();
     if (threadIdx.x == 32) spio::cp_async_bulk_g2s(dst, x, 16, &bar);
     __syncthreads();
@@ -174,10 +174,7 @@ extern "C" __global__ void cp_async_tail(float *out, const float *x, int offset)
 /// thread 0 reads an initialised mbarrier's word with a plain load (`peek` 1).
 extern "C" __global__ void peek_mbarrier(unsigned long long *out, int peek) {
     __shared__ __align__(8) unsigned long long bar;
-    if (threadIdx.x == 0) {
-        spio::mbarrier_init(&bar, 1);
-        spio::fence_mbarrier_init();
-    }
+    init_by_thread_0(&bar);
     __syncthreads();
     if (threadIdx.x == 0) out[0] = peek ? bar : 1ull;
 }
