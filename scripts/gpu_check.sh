@@ -53,7 +53,8 @@
 # When build or info fails (e.g. `spio info` finds that the driver extension does not load),
 # the remaining steps are skipped. A compact summary (step, status, seconds) is printed last, and
 # written to OUT_DIR/summary.txt a line at a time as each step ends (so a run cut off by an outer
-# timeout still leaves one); calls a step makes besides its main one keep within its limit. The
+# timeout still leaves one; a TERM or INT prints it, its total line "STOPPED by a signal", and
+# exits 143); calls a step makes besides its main one keep within its limit. The
 # exit status is 1 if any step failed, timed out or was skipped (the perf step stops itself before
 # its limit, so running out of time there is not a failure; nor is timm or perf left out when the
 # budget is spent before them, or leaves them too little time).
@@ -161,7 +162,13 @@ stop_step() {
     else
         log "stopped by a signal"
     fi
-    pack
+    if [[ -f "$OUT_DIR/summary.txt" ]]; then  # the steps that ended, printed last as ever
+        printf '%-10s %-64s %5d\n' total "STOPPED by a signal" "$SECONDS" >>"$OUT_DIR/summary.txt"
+        pack
+        cat "$OUT_DIR/summary.txt"
+    else
+        pack
+    fi
     exit 143
 }
 trap stop_step TERM INT HUP
@@ -476,6 +483,7 @@ EOF
             return 200
         fi
     fi
+    ((budget > 450)) && budget=450  # perf_sample.py's MAX_BUDGET_S (a longer step has spare time)
     [[ -s "$csv" ]] && before=$(($(wc -l <"$csv") - 1))  # data rows, past the header
     timeout -k 10 "$(cap "$1")" "$PYTHON" scripts/perf_sample.py --csv "$csv" \
         --budget-s "$budget" --batches 128 32 --dtypes fp16 --max-configs 100 --round 25 \

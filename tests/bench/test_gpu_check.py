@@ -407,16 +407,22 @@ def test_a_seed_that_cannot_be_read_still_leaves_a_sweep(stand_ins, tmp_path):
     assert f"PASS: 3 rows; seed {tmp_path / 'no_such.csv'} not read"[:60] in perf, perf
 
 
-def test_the_perf_steps_arguments_are_perf_samples(stand_ins, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "limits", [{}, {"GPU_CHECK_PERF_SECONDS": "500", "GPU_CHECK_BUDGET": "600"}]
+)
+def test_the_perf_steps_arguments_are_perf_samples(
+    stand_ins, tmp_path, monkeypatch, capsys, limits
+):
     """The arguments the step gives perf_sample.py (printed by the stand-in) parse: run with them
-    on a machine without a GPU, perf_sample gets past its argument checks to its no-GPU exit."""
+    on a machine without a GPU, perf_sample gets past its argument checks to its no-GPU exit.
+    With a perf step longer than perf_sample's longest budget too (it had failed at once)."""
     import shlex
 
     import torch
 
     from tests.conftest import load_script
 
-    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="perf")
+    out = _run(stand_ins, tmp_path / "out", GPU_CHECK_ONLY="perf", **limits)
     log = (tmp_path / "out" / "perf.log").read_text()
     line = next(line for line in log.splitlines() if "perf_sample.py" in line)
     argv = shlex.split(line.split("perf_sample.py", 1)[1])
@@ -596,6 +602,9 @@ def test_a_signal_to_the_script_ends_the_running_step(stand_ins, tmp_path):
     assert "stopped by a signal; the running step's processes are ended" in out
     summary = (out_dir / "summary.txt").read_text()
     assert "tests " in summary and "timm " not in summary
+    # The summary is still printed last (the run tool shows the output's tail), with its end.
+    assert out.rstrip().endswith(summary.rstrip()), out
+    assert summary.rstrip().splitlines()[-1].startswith("total      STOPPED by a signal")
 
 
 def test_the_steps_after_wheels_import_from_where_it_installed(stand_ins, tmp_path):
