@@ -139,8 +139,9 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
     )
 
     folder = models_dir()
+    shipped = folder == PACKAGED_MODELS_DIR
     if not folder.is_dir():  # a mistyped SPIO_PERF_MODELS must not pass for "no models"
-        if folder == PACKAGED_MODELS_DIR:
+        if shipped:
             return [("perf models", f"{_BROKEN}, the shipped models' folder {folder} is missing")]
         return [("perf models", f"{_BAD_SETTING}: {models_setting_problem()}")]
     by_arch: dict[str, list[dict]] = {}
@@ -177,9 +178,7 @@ def _perf_model_rows(gpu_archs: list[str]) -> list[tuple[str, str]]:
         )
     if not rows:
         rows.append(f"none in {folder}")
-    label = (
-        _BROKEN if folder == PACKAGED_MODELS_DIR else f"{_BAD_SETTING}: SPIO_PERF_MODELS={folder}"
-    )
+    label = _BROKEN if shipped else f"{_BAD_SETTING}: SPIO_PERF_MODELS={folder}"
     rows.extend(f"{label}: {problem}" for problem in damaged)
     for ordinal, arch in enumerate(gpu_archs):
         if arch not in by_arch:
@@ -759,8 +758,7 @@ def _run_command(args: argparse.Namespace) -> int:
         sys.stdout.flush()  # here, where a reader that went away is caught, not at exit
         return status
     except BrokenPipeError:  # `spio compile | head`: the reader has what it wanted; no traceback
-        # Python flushes stdout again at exit: pointed at devnull, that flush cannot fail too.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return 141  # as a shell reports a command ended by SIGPIPE (128 + 13)
     except ValueError as error:  # spio's convention: a bad SPIO_X setting's message starts "SPIO_"
         if not str(error).startswith("SPIO_"):
@@ -775,21 +773,30 @@ def _run_command(args: argparse.Namespace) -> int:
         print(f"spio {args.command}: cannot write its output: {failure}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 as a shell reports SIGINT
-        print(f"\nspio {args.command}: interrupted", file=sys.stderr)
+        print(_interrupted(args.command), end="", file=sys.stderr)
         return 130
+
+
+def _interrupted(command: str) -> str:
+    """What spio says on stderr when Ctrl-C stops a command (a line of its own)."""
+    return f"\nspio {command}: interrupted\n"
 
 
 def _output_failure() -> OSError | None:
     """The error writing stdout gives (tried with a line end, as a failed write leaves nothing
-    buffered to flush), or None where it takes writes; on an error stdout is pointed at devnull
-    (Python flushes it again at exit, which must not fail too)."""
+    buffered to flush), or None where it takes writes; on an error stdout is pointed at devnull."""
     try:
         sys.stdout.write("\n")
         sys.stdout.flush()
     except OSError as error:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_devnull()
         return error
     return None
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at devnull: Python flushes it again at exit, which then cannot fail."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def run() -> None:
@@ -806,7 +813,7 @@ def run() -> None:
     status = _run_command(args)
 
     def interrupted(signum: int, frame: object) -> None:
-        os.write(sys.stderr.fileno(), f"\nspio {args.command}: interrupted\n".encode())
+        os.write(sys.stderr.fileno(), _interrupted(args.command).encode())
         os._exit(130)
 
     signal.signal(signal.SIGINT, interrupted)

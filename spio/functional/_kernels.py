@@ -44,7 +44,13 @@ from spio.kernels.kernel import Kernel, KernelFactory
 from spio.log import logger
 from spio.memo import remember
 
-from .checks import check_args, device_problem, memory_format, weight_grad_channels_last
+from .checks import (
+    KERNEL_DTYPES,
+    check_args,
+    device_problem,
+    memory_format,
+    weight_grad_channels_last,
+)
 
 #: The passes of a convolution, and their bits in a call's `passes` (those running spio's kernels).
 PASSES = ("fprop", "dgrad", "wgrad")
@@ -101,14 +107,16 @@ def torch_fprop(input: Tensor, weight: Tensor, bias: Tensor | None, padding: tup
     had been rounded to half before it was added, as nn.Conv2d's is under autocast. Any other
     bias is cast to the input's dtype."""
     groups = weight.shape[0] // GROUP_WIDTH
-    if bias is not None and bias.dtype == torch.float32 and input.dtype in _HALF_DTYPES:
+    if bias is not None and bias.dtype == torch.float32 and input.dtype in KERNEL_DTYPES:
         y = torch.nn.functional.conv2d(input, weight, None, padding=padding, groups=groups)
-        return (y.float() + bias.view(-1, 1, 1)).to(input.dtype)  # (C, H, W) last, batched or not
+        return plus_fp32_bias(y, bias, input.dtype)
     b = None if bias is None else bias.to(input.dtype)
     return torch.nn.functional.conv2d(input, weight, b, padding=padding, groups=groups)
 
 
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
+def plus_fp32_bias(y: Tensor, bias: Tensor, dtype: torch.dtype) -> Tensor:
+    """y + bias, added in fp32 and rounded to `dtype` once (C, H, W last, batched or not)."""
+    return (y.float() + bias.view(-1, 1, 1)).to(dtype)
 
 
 def torch_grads(
@@ -466,10 +474,11 @@ class Layer:
         The kernel is wgrad_kernel's choice: per-warp partial sums then a sum (the same bits on
         every run), or, for layers whose partial sums would pass PARTIAL_BYTES, fp32 atomics
         (the last bits vary from run to run). Under torch.use_deterministic_algorithms(True)
-        the partial sums always, or PyTorch where that buffer would pass MAX_PARTIAL_BYTES."""
+        the partial sums always: the chosen config's, or where its buffer would pass
+        MAX_PARTIAL_BYTES the best-ranked config's whose buffer fits; PyTorch's where none does."""
         deterministic = torch.are_deterministic_algorithms_enabled()
         kernel = self.wgrad_kernel(with_bias, deterministic)
-        if kernel is None:  # deterministic mode, partial sums too big: PyTorch's, in fp32
+        if kernel is None:  # deterministic, every config's partial sums too big: PyTorch's, fp32
             return _pytorch_wgrad(input, grad_output, self.params, with_bias)
         if deterministic:
             _log_deterministic_once()
@@ -712,7 +721,8 @@ def _log_deterministic_once() -> None:
 
 
 def _pytorch_wgrad(input, grad_output, params: Conv2dGw8Params, with_bias: bool):
-    """dw (and dbias) from PyTorch, for layers whose partial-sum buffer would be too large."""
+    """dw (and dbias) from PyTorch, for layers whose partial-sum buffer would be too large in
+    every config (deterministic mode)."""
     # In fp32, as the kernel accumulates: fp16/bf16 values are exact in fp32 (and in TF32).
     weight = torch.empty(params.weight_shape, dtype=torch.float32, device=input.device)
     _, dw = torch_grads(grad_output.float(), input.float(), weight, params.padding, False, True)

@@ -16,7 +16,8 @@ from torch import Tensor
 from spio import emulator
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
 
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+#: The dtypes spio's kernels take (activations and weights).
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def emulate_enabled() -> bool:
@@ -62,7 +63,7 @@ def autocast_operands(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The operands as the kernels get them: inside an autocast region, cast as the custom op
     casts them (cast_for_autocast); outside one, as they are."""
-    dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
+    dtype = autocast_dtype(input.device.type)
     if dtype is None:
         return input, weight, bias
     return cast_for_autocast(input, weight, bias, dtype)
@@ -290,7 +291,7 @@ def check_args(
         raise ValueError(
             f"conv2d_gw8 needs weight dtype equal to input dtype {input.dtype}, got {weight.dtype}"
         )
-    if kernel_dtype and uses_kernels(input.device) and input.dtype not in _KERNEL_DTYPES:
+    if kernel_dtype and uses_kernels(input.device) and input.dtype not in KERNEL_DTYPES:
         device = input.device.type
         raise kernel_dtype_error(device, input.dtype, torch.is_autocast_enabled(device))
 

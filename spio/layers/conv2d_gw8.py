@@ -22,6 +22,7 @@ from torch.nn.utils import parametrize
 from spio.functional import _kernels
 from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
 from spio.functional.checks import (
+    KERNEL_DTYPES,
     autocast_dtype,
     autocast_operands,
     check_args,
@@ -42,7 +43,6 @@ from spio.kernels.conv2d_gw8_params import (
 from spio.kernels.kernel import Kernel
 from spio.log import logger
 
-_HALF = (torch.float16, torch.bfloat16)
 _FULL = (torch.float32, torch.float64)
 _logged_fallbacks: set[str] = set()
 _Conv = TypeVar("_Conv", bound=nn.Conv2d)
@@ -205,6 +205,13 @@ def module_ineligibility(module: nn.Module) -> str | None:
     return mendable_problem(module)
 
 
+def conv_arguments(conv: nn.Conv2d) -> dict[str, Any]:
+    """conv's nn.Conv2d constructor arguments but bias, device and dtype, as it holds them."""
+    names = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
+             "groups", "padding_mode")  # fmt: skip
+    return {name: getattr(conv, name) for name in names}
+
+
 def fixed_ineligibility(module: nn.Module) -> str | None:
     """Why `module` cannot be replaced by a Conv2dGw8 for a reason its user cannot mend (its
     class, its arguments, a forward set on the instance), or None. Asked first: a module's weight
@@ -212,16 +219,7 @@ def fixed_ineligibility(module: nn.Module) -> str | None:
     if parametrize.type_before_parametrizations(module) is not nn.Conv2d:
         return f"is a {type(module).__name__}, not exactly nn.Conv2d"
     assert isinstance(module, nn.Conv2d)  # a parametrized one's class derives from nn.Conv2d
-    reason = ineligibility(
-        module.in_channels,
-        module.out_channels,
-        module.kernel_size,
-        module.stride,
-        module.padding,
-        module.dilation,
-        module.groups,
-        module.padding_mode,
-    )
+    reason = ineligibility(**conv_arguments(module))
     if reason is not None:
         return reason
     if "forward" in vars(module):
@@ -248,13 +246,14 @@ def weight_problem(conv: nn.Conv2d, undo: bool = False) -> str | None:
     """Why conv's weight keeps it from being replaced, or None: a weight that is not a
     Parameter, which a replacement could not share (torch.nn.utils.prune and the deprecated
     torch.nn.utils.weight_norm set a plain tensor at each call, as FullyShardedDataParallel with
-    use_orig_params=False does), or a shard (weight_shard). A user can mend either: transform
+    use_orig_params=False does), or a shard (_weight_shard). A user can mend either: transform
     warns of them. `undo`: the mend named is for untransform's replacement, not transform's."""
     if parametrize.is_parametrized(conv, "weight"):
         return None
-    if not isinstance(conv._parameters.get("weight"), nn.Parameter):
+    weight = conv._parameters.get("weight")
+    if not isinstance(weight, nn.Parameter):
         return _weight_setter(conv, undo)
-    return weight_shard(conv, undo)
+    return _weight_shard(conv, weight, undo)
 
 
 def _weight_setter(conv: nn.Conv2d, undo: bool) -> str:
@@ -289,14 +288,14 @@ def _before_wrapping(undo: bool) -> str:
     return f"{'untransform' if undo else 'transform'} the model before wrapping it"
 
 
-def weight_shard(conv: nn.Conv2d, undo: bool = False) -> str | None:
-    """Why conv's weight Parameter is a shard, or None if it is whole. A wrapper that shards
-    parameters (FSDP1's FullyShardedDataParallel, FSDP2's fully_shard on an ancestor) keeps a
-    shard in the module between calls and swaps the full weight in at each call, on this module
-    object: a module put in its place would keep the shard (a 1-D view, or a DTensor) and fail.
+def _weight_shard(conv: nn.Conv2d, weight: nn.Parameter, undo: bool) -> str | None:
+    """Why conv's weight Parameter (not parametrized) is a shard, or None if it is whole. A
+    wrapper that shards parameters (FSDP1's FullyShardedDataParallel, FSDP2's fully_shard on an
+    ancestor) keeps a shard in the module between calls and swaps the full weight in at each
+    call, on this module object: a module put in its place would keep the shard (a 1-D view, or
+    a DTensor) and fail.
     `undo`: the mend named is for untransform's replacement."""
-    weight = conv._parameters.get("weight")
-    if weight is None or parametrize.is_parametrized(conv, "weight") or is_lazy(weight):
+    if is_lazy(weight):
         return None  # (an uninitialised weight has no shape yet)
     dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor before it is loaded
     if dtensor is not None and isinstance(weight, dtensor.DTensor):
@@ -661,18 +660,18 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
         problem = device_problem(input.device)
         if problem is not None:
             return problem
-    dtype = autocast_dtype("cuda" if input.is_cuda else input.device.type)
+    dtype = autocast_dtype(input.device.type)
     if dtype is not None:
         if torch.float64 in (input.dtype, weight.dtype, getattr(bias, "dtype", None)):
             return "float64 tensors under autocast"
-        if kernels and dtype not in _HALF:
+        if kernels and dtype not in KERNEL_DTYPES:
             return f"autocast to {dtype}"
         return None
     if input.dtype != weight.dtype:
         return f"input {input.dtype} and weight {weight.dtype} differ"
     if bias is not None and bias.dtype not in (input.dtype, torch.float32):
         return f"bias {bias.dtype} with input {input.dtype}"
-    if kernels and input.dtype not in _HALF:
+    if kernels and input.dtype not in KERNEL_DTYPES:
         return f"{input.dtype} {input.device.type} tensors outside autocast"
     return None
 
@@ -695,13 +694,12 @@ def _with_fp32_bias(
         bias is None
         or bias.dtype != torch.float32
         or tuple(bias.shape) != (weight.shape[0],)
-        or input.dtype not in _HALF
+        or input.dtype not in KERNEL_DTYPES
         or weight.dtype != input.dtype
         or autocast_dtype(input.device.type) is not None
     ):
         return conv(input, weight, bias)
-    y = conv(input, weight, None)
-    return (y.float() + bias.view(-1, 1, 1)).to(input.dtype)  # (C, H, W) last, batched or not
+    return _kernels.plus_fp32_bias(conv(input, weight, None), bias, input.dtype)
 
 
 def _route(input: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[bool, str | None]:
@@ -773,20 +771,7 @@ def _sharing(cls: type[_Conv], module: nn.Conv2d) -> _Conv:
     """A `cls` with module's hyperparameters, training mode, and Parameters, buffers and
     submodules (the same objects, not copies): weight and bias, and any a user or library added,
     so that state_dict keys and what an optimizer holds stay as they were."""
-    # Ignores: torch annotates these attributes for convolutions of any dimension
-    # (tuple[int, ...]); an nn.Conv2d's are pairs, which its constructor takes.
-    new = cls(
-        module.in_channels,
-        module.out_channels,
-        module.kernel_size,  # type: ignore[arg-type]
-        stride=module.stride,  # type: ignore[arg-type]
-        padding=module.padding,  # type: ignore[arg-type]
-        dilation=module.dilation,  # type: ignore[arg-type]
-        groups=module.groups,
-        bias=module.bias is not None,
-        padding_mode=module.padding_mode,
-        device="meta",
-    )
+    new = cls(**conv_arguments(module), bias=module.bias is not None, device="meta")
     for name, parameter in module._parameters.items():  # weight, bias (maybe None), any added
         new.register_parameter(name, parameter)
     if parametrize.is_parametrized(module):

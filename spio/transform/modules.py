@@ -24,13 +24,14 @@ from spio.functional._kernels import (
     pass_mask,
     too_large_to_launch,
 )
-from spio.functional.checks import autocast_dtype
+from spio.functional.checks import KERNEL_DTYPES, autocast_dtype
 from spio.kernels import autotune
 from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, as_bool, dtype_name
 from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
     compiled_in_place,
+    conv_arguments,
     fixed_ineligibility,
     ineligibility,
     mendable_problem,
@@ -202,20 +203,9 @@ def _may_become_eligible(conv: nn.Conv2d) -> bool:
     sets its in_channels, could make an eligible nn.Conv2d: all else is known before it."""
     if not (isinstance(conv, LazyModuleMixin) and conv.has_uninitialized_params()):
         return False
-    channels = conv.out_channels  # (eligible only with as many input channels)
-    return (
-        ineligibility(
-            channels,
-            channels,
-            conv.kernel_size,
-            conv.stride,
-            conv.padding,
-            conv.dilation,
-            conv.groups,
-            conv.padding_mode,
-        )
-        is None
-    )
+    # (eligible only with as many input channels as output channels)
+    arguments = {**conv_arguments(conv), "in_channels": conv.out_channels}
+    return ineligibility(**arguments) is None
 
 
 def untransform(model: nn.Module) -> nn.Module:
@@ -316,9 +306,9 @@ def _activation_dtype(x: torch.Tensor) -> str | None:
     outside autocast, float64: the layer runs PyTorch's convolution). On the meta device, where
     nothing runs and autocast does not apply, a model's layers are listed as fp16."""
     region = autocast_dtype(x.device.type)
-    if region in (torch.float16, torch.bfloat16) and x.dtype != torch.float64:
+    if region in KERNEL_DTYPES and x.dtype != torch.float64:
         return dtype_name(region)
-    if x.dtype in (torch.float16, torch.bfloat16):
+    if x.dtype in KERNEL_DTYPES:
         return dtype_name(x.dtype)
     return "fp16" if x.device.type == "meta" else None
 
@@ -457,8 +447,7 @@ def _forward_once(model: nn.Module, inputs: tuple, kwargs: dict | None, grad: bo
     ]
     buffers = list({id(b): b for _, _, b, _ in slots}.values())
     kwargs = kwargs or {}
-    given = (*inputs, *kwargs.values())
-    tensors = [*(t for t in given if isinstance(t, torch.Tensor)), *model.parameters()]
+    tensors = [*_tensors_in((inputs, kwargs)), *model.parameters()]  # (nested inputs too)
     gpus = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
     with contextlib.ExitStack() as versions:
         # Version counters are set back on leaving, after the values (inference tensors keep
@@ -526,7 +515,7 @@ def precompile(
     _check_model(model, "precompile", kwargs)
     model = _unwrapped(model)
     training = model.training if training is None else training
-    layers = list({id(m): m for m in model.modules() if isinstance(m, Conv2dGw8)}.values())
+    layers = [m for m in model.modules() if isinstance(m, Conv2dGw8)]  # (each once)
     start = time.perf_counter()
     to_tune: list[int] = []  # per call, how many of its passes it leaves to tune
 
