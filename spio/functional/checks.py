@@ -86,13 +86,15 @@ def functorch_transform_active() -> bool:
     return peek is not None and peek() is not None
 
 
-def derivative_transform(*tensors: Tensor | None) -> str | None:
+def derivative_transform(*tensors: Tensor | None, traced: bool = False) -> str | None:
     """The forward-mode or functional differentiation under way that spio's op cannot run in,
     or None: torch.func.grad/jvp (and friends) anywhere on the transform stack, or tensors with a
     forward-mode tangent (torch.autograd.forward_ad, or torch.func.jvp's, seen at the op's
     autograd kernel). PyTorch runs a custom op's autograd formula in neither, and spio has no
-    forward-mode formula. Not asked under torch.compile."""
-    if torch.compiler.is_compiling():
+    forward-mode formula. Under torch.compile asked only where `traced`: at the op's autograd
+    kernel, which runs in the trace's fake-tensor calls, not in code Dynamo traces (it cannot
+    trace the functorch stack's query, and a layer's forward under it cannot fall back)."""
+    if torch.compiler.is_compiling() and not traced:
         return None
     if functorch_transform_active():
         from torch._C._functorch import TransformType

@@ -413,13 +413,18 @@ def _refuse_derivative_transforms(op) -> None:
     generated = make_autograd_impl(op._opoverload, op)
 
     def kernel(keyset, *args, **kwargs):
-        reason = derivative_transform(*(a for a in args if isinstance(a, Tensor)))
+        reason = derivative_transform(*(a for a in args if isinstance(a, Tensor)), traced=True)
         if reason is not None:
+            mend = (  # (a layer's forward cannot ask under torch.compile, so cannot fall back)
+                "spio.untransform the model, or use F.conv2d, for these derivatives inside "
+                "torch.compile"
+                if torch.compiler.is_compiling()
+                else "Use a spio.layers.Conv2dGw8 module, which falls back to PyTorch's "
+                "convolution there, or F.conv2d"
+            )
             raise RuntimeError(
                 f"{op._qualname} cannot run {reason}: PyTorch does not run a custom op's "
-                "autograd formula there, and spio has no forward-mode formula. Use a "
-                "spio.layers.Conv2dGw8 module, which falls back to PyTorch's convolution "
-                "there, or F.conv2d"
+                f"autograd formula there, and spio has no forward-mode formula. {mend}"
             )
         return generated(keyset, *args, **kwargs)
 

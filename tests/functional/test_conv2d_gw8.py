@@ -1335,11 +1335,14 @@ def test_the_op_refuses_forward_mode_tangents_instead_of_dropping_them():
     torch.testing.assert_close(y, F.conv2d(x, w, None, 1, 1, 1, 2))
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("transform", ["jvp", "grad", "vjp", "jacrev"])
-def test_the_op_refuses_torch_func_derivatives_instead_of_a_zero_tangent(transform):
+def test_the_op_refuses_torch_func_derivatives_instead_of_a_zero_tangent(transform, compiled):
     """Under torch.func.jvp the generated autograd kernel ran the op below autograd and the
     tangent came back as zeros; under grad, vjp and jacrev PyTorch failed with an error about
-    setup_context. Both now raise spio's error, pointing to the module and F.conv2d."""
+    setup_context. Both now raise spio's error, pointing to the module and F.conv2d. Under
+    torch.compile too, where the jvp's tangent had still come back as zeros (the check was
+    skipped while compiling, also where the op's autograd kernel runs in AOTAutograd's trace)."""
     x, w = torch.randn(2, 16, 6, 6), torch.randn(16, 8, 3, 3)
 
     def f(x):
@@ -1352,8 +1355,13 @@ def test_the_op_refuses_torch_func_derivatives_instead_of_a_zero_tangent(transfo
         "jacrev": lambda: torch.func.jacrev(lambda x: f(x).sum())(x),
     }[transform]
     kind = "jvp" if transform == "jvp" else "grad"
+    if compiled:
+        torch._dynamo.reset()
+        call = torch.compile(call, backend="aot_eager")
     with pytest.raises(RuntimeError, match=f"cannot run inside torch.func's {kind} transform"):
         call()
+    if compiled:
+        return
     # The backward op too (a jvp through a gradient: a Hessian-vector product).
     y = torch.randn(2, 16, 6, 6)
     with pytest.raises(RuntimeError, match="spio::conv2d_gw8_backward cannot run inside"):

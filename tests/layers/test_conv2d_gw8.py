@@ -860,6 +860,20 @@ def test_functional_and_forward_mode_differentiation_fall_back(monkeypatch, emul
     assert sum("torch.func's jvp transform" in m for m in messages) == 1
 
 
+def test_compiled_torch_func_derivatives_of_a_layer_raise_not_zeros():
+    """Inside torch.compile a layer's forward cannot ask for torch.func's transforms (Dynamo
+    cannot trace the query), so it cannot fall back: torch.compile(jvp(...)) of a transformed
+    model had returned an all-zero tangent, silently (the op's autograd kernel skipped its check
+    while compiling). It now raises spio's error, naming the mend that works there."""
+    torch.manual_seed(0)
+    model = spio.transform(nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)))
+    x, t = torch.randn(2, 16, 6, 6), torch.randn(2, 16, 6, 6)
+    torch._dynamo.reset()
+    jvp = torch.compile(lambda x, t: torch.func.jvp(model, (x,), (t,))[1], backend="aot_eager")
+    with pytest.raises(RuntimeError, match="jvp transform.*untransform the model, or use F.conv2d"):
+        jvp(x, t)
+
+
 @pytest.mark.parametrize("emulate", ["0", "1"])
 def test_fallbacks_take_a_half_layers_fp32_bias(monkeypatch, emulate):
     """A half layer may hold an fp32 bias (spio's kernels add it in fp32), which F.conv2d
