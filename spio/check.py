@@ -262,6 +262,12 @@ def kernel_as_run(
     return with_tensor_copies(kernel, torch.device(device))
 
 
+def kernel_of_run(params: Conv2dGw8Params, pass_: str, config, device: str, index: int):
+    """The kernel of a pass's run `index` (`held` and `atomic` say which variant): the one
+    precompile builds and run_jobs runs."""
+    return kernel_as_run(params, pass_, config, device, held(index, pass_), atomic(index, pass_))
+
+
 def configs_to_run(
     params: Conv2dGw8Params, pass_: str, extra: int, seed: int, device: str = "cpu"
 ) -> list:
@@ -314,9 +320,7 @@ def run_jobs(
         case = f"{params.encode()} {config.encode()}{run_kind(index, pass_)}"
         lost = False
         try:
-            kernel = None
-            if atomic(index, pass_):
-                kernel = kernel_as_run(params, pass_, config, device, atomic=True)
+            kernel = kernel_of_run(params, pass_, config, device, index)
             ratio = run_one(
                 params, pass_, config, device, kernel=kernel, as_held=held(index, pass_)
             )
@@ -425,9 +429,7 @@ def precompile(
     kernels: dict[str, Any] = {}
     for (pass_, dtype), runs in jobs.items():
         for index, (params, config) in enumerate(runs):
-            kernel = kernel_as_run(
-                params, pass_, config, device, held(index, pass_), atomic(index, pass_)
-            )
+            kernel = kernel_of_run(params, pass_, config, device, index)
             # The sum_slots kernels into the gradients' dtypes: fp32, and for a held run its
             # half gradients too (run_one compares them with the fp32 ones).
             sums = [("fp32", "fp32")] + ([(dtype, dtype)] if held(index, pass_) else [])

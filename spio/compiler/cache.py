@@ -3,7 +3,8 @@
 Entries are written to a temporary file and renamed into place, carry a checksum that is verified on
 load (a bad entry is a miss and is rebuilt), and are built under a file lock so that N processes
 asking for the same key build it once. When the cache folder cannot be written (read-only, full),
-the cache warns once and keeps entries in memory for the rest of the process.
+the cache warns once and keeps entries in memory (the last MEMORY_ENTRIES or fewer: one dropped is
+built again).
 """
 
 from __future__ import annotations
@@ -306,8 +307,8 @@ class DiskCache:
 #: there may hold another program's files: those are not spio's to delete.
 _OWN_FILE = re.compile(r"[0-9a-f]{64}\.(?:bin|bin\.lock|so)(?:\.[0-9a-f]+\.tmp)?")
 
-#: The folder spio makes in a namespace folder (the emulator's library copies).
-_OWN_SUBFOLDER = "lib"
+#: The folder spio makes in a namespace folder (the emulator's library copies, spio.emulator.build).
+LIBRARY_FOLDER = "lib"
 
 
 def own_files(folder: Path) -> list[Path]:
@@ -316,8 +317,8 @@ def own_files(folder: Path) -> list[Path]:
     (a user's move of it to a larger disk), but not the lib/ subfolder, which spio makes
     itself: a link there, to a folder of the user's, had had its files removed."""
     found: list[Path] = []
-    for where in (folder, folder / _OWN_SUBFOLDER):
-        if where.name == _OWN_SUBFOLDER and where.is_symlink():
+    for where in (folder, folder / LIBRARY_FOLDER):
+        if where.name == LIBRARY_FOLDER and where.is_symlink():
             continue
         try:
             entries = list(os.scandir(where))
@@ -346,7 +347,7 @@ def remove_own_files(folder: Path) -> tuple[int, int, list[OSError]]:
             errors.append(error)
             continue
         count, total = count + 1, total + size
-    for empty in (folder / _OWN_SUBFOLDER, folder):
+    for empty in (folder / LIBRARY_FOLDER, folder):
         try:
             empty.rmdir()  # only when empty; not a link to a folder either
         except OSError:

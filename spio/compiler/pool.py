@@ -1,6 +1,7 @@
 """A lazily created process pool that compiles many kernels in parallel, with a progress bar.
 
-SPIO_WORKERS sets the most processes (default: the CPUs this process may use, its affinity);
+SPIO_WORKERS sets the most processes (default: usable_cores(), the CPUs its affinity allows, fewer
+under a cgroup CPU quota);
 a sweep of fewer jobs starts no more processes than it has jobs. Workers share the disk
 cache, so the parent and later processes find every cubin a sweep compiled; each job is compiled
 into the parent's cache folder as it was when the job was submitted.

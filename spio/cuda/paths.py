@@ -302,45 +302,38 @@ def _find_include(
     if chosen is not None:
         if has_all(chosen):
             return chosen
-        if not chosen.is_dir():
-            raise CudaNotFoundError(
-                f"{env.path_shown('SPIO_CUDA_INCLUDE')} is not a folder. Set it to the CUDA "
-                f"include folder that holds {required}, or unset it to let spio search its "
-                "usual places"
-            )
         missing = ", ".join(h for h in headers if not (chosen / h).is_file())
+        problem = "is not a folder" if not chosen.is_dir() else f"holds no {missing}"
         raise CudaNotFoundError(
-            f"{env.path_shown('SPIO_CUDA_INCLUDE')} holds no {missing}. Set it to the CUDA "
-            f"include folder that holds {required}, or unset it to let spio search its usual "
-            "places"
+            f"{env.path_shown('SPIO_CUDA_INCLUDE')} {problem}. Set it to the CUDA include folder "
+            f"that holds {required}, or unset it to let spio search its usual places"
         )
     looked: list[str] = []
-    places: list[tuple[Path, str]] = []
-    if nvrtc is not None:
-        places += [(inc, f"beside {nvrtc}") for inc in includes_beside(nvrtc)]
     cands = _candidates()
     if prefer_major is not None:
         # Stable sort: the preferred major's, then those of an unknown major (toolkits), last
         # another major's wheels (whose headers NVRTC of the preferred major fails to compile).
         cands.sort(key=lambda c: 0 if c.major == prefer_major else 1 if c.major is None else 2)
-    for cand in cands:
-        places += [(inc, cand.origin) for inc in cand.includes]
+
+    def places():
+        if nvrtc is not None:
+            yield from ((inc, f"beside {nvrtc}") for inc in includes_beside(nvrtc))
+        for cand in cands:
+            yield from ((inc, cand.origin) for inc in cand.includes)
+        if nvrtc is None:  # last, the headers of the libnvrtc the dynamic loader finds
+            loaded = _ask_loader(looked)
+            if loaded is not None:
+                origin = f"beside {loaded}, found by the dynamic loader"
+                yield from ((inc, origin) for inc in includes_beside(loaded))
+
     seen: set[Path] = set()
-    for include, origin in places:
+    for include, origin in places():
         if include in seen:
             continue
         seen.add(include)
         if has_all(include):
             return include
         looked.append(f"{include} ({origin})")
-    if nvrtc is None:  # last, the headers of the libnvrtc the dynamic loader finds
-        loaded = _ask_loader(looked)
-        for include in includes_beside(loaded) if loaded is not None else []:
-            if include in seen:
-                continue
-            if has_all(include):
-                return include
-            looked.append(f"{include} (beside {loaded}, found by the dynamic loader)")
     raise CudaNotFoundError(
         f"CUDA headers ({required}) not found. Install them with "
         "`pip install nvidia-cuda-runtime-cu12`, set SPIO_CUDA_INCLUDE to the folder holding "

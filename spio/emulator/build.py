@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ..compiler import digest
-from ..compiler.cache import DiskCache, hash_key, write_atomically
+from ..compiler.cache import LIBRARY_FOLDER, DiskCache, hash_key, write_atomically
 from ..compiler.compile import checked_headers
 from ..cuda import paths
 from ..env import flag
@@ -442,26 +442,29 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def _toolchain_identity(cxx: str) -> tuple:
+    """What decides every object the emulator builds besides its own source and flags: this
+    recipe, the runtime's sources, the compiler (its command, wrappers included, version and
+    environment), the CPU and the CUDA headers."""
+    return (
+        recipe_digest(),
+        runtime_digest(),
+        command_words(cxx),
+        compiler_version(cxx),
+        compiler_environment(),
+        platform.machine(),
+        _cuda_identity(),
+    )
+
+
 def _runtime_objects(cxx: str, workdir: Path) -> list[Path]:
     """The runtime, context-switch and closing-guard objects, compiled once and cached."""
-    arch = platform.machine()
     ucontext = use_ucontext()
     sources = ["emu_runtime.cc", *([] if ucontext else ["fiber_switch_x86_64.S"]), "emu_tls_end.cc"]
     flags = [*_BASE_FLAGS, *_include_flags([]), *(["-DSPIO_EMU_UCONTEXT"] if ucontext else [])]
     out: list[Path] = []
     for src in sources:
-        key = hash_key(
-            "emu-runtime",
-            recipe_digest(),
-            src,
-            runtime_digest(),
-            command_words(cxx),  # the command, flags and wrappers included
-            compiler_version(cxx),
-            compiler_environment(),
-            flags,
-            arch,
-            _cuda_identity(),
-        )
+        key = hash_key("emu-runtime", src, flags, *_toolchain_identity(cxx))
 
         def build(src: str = src) -> tuple[bytes, dict]:
             with _build_folder("rt-") as tmp:
@@ -526,15 +529,6 @@ def _scan_kernels(cxx: str, cu: Path, include: list[str], name: str) -> list[str
     return kernels
 
 
-def _bundled_needs_rewrite() -> bool:
-    root = paths.bundled_include_dir()
-    return any(
-        "__shared__" in (text := p.read_text(encoding="utf-8", errors="replace"))
-        and _EXTERN_SHARED_RE.search(text)
-        for p in root.rglob("*.h")
-    )
-
-
 #: Library files known good in this process: the cache's path -> the file to load (that path,
 #: or its copy in the private folder when the cache could not be written).
 _files: dict[Path, Path] = {}
@@ -572,7 +566,7 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
     """A file holding exactly `payload` to dlopen: `<cache>/emulator/lib/<key>.so`, checked once
     per process and rewritten when missing or different, else a copy in the private folder."""
     global _warned
-    target = _cache.folder / "lib" / f"{key}.so"
+    target = _cache.folder / LIBRARY_FOLDER / f"{key}.so"
     with _files_lock:
         known = _files.get(target)
         if known is not None and known.is_file():
@@ -639,23 +633,16 @@ def build_library(
     kernel_flags = [*flags, *(KERNEL_CHECK_FLAGS if checked else ())]
     key = hash_key(
         "emu-lib",
-        recipe_digest(),
         source,
         sorted(headers.items()),
-        command_words(cxx),
-        compiler_version(cxx),
-        compiler_environment(),
         kernel_flags,
         checked,
-        runtime_digest(),
         bundled_digest(),
-        _cuda_identity(),
-        platform.machine(),
         use_ucontext(),
+        *_toolchain_identity(cxx),
     )
 
     def build() -> tuple[bytes, dict]:
-        start = time.perf_counter()
         with _build_folder() as tmp:
             work = Path(tmp)
             inc = work / "include"
@@ -663,16 +650,9 @@ def build_library(
                 dest = inc / hname
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_text(rewrite_extern_shared(text), encoding="utf-8")
+            # (spio/include declares no `extern __shared__` array: only kernel sources and
+            # in-memory headers are rewritten; tests/emulator/test_errors.py checks it.)
             bundled = paths.bundled_include_dir()
-            if _bundled_needs_rewrite():
-                copy = work / "bundled"
-                for path in bundled.rglob("*"):
-                    if path.is_file():
-                        dest = copy / path.relative_to(bundled)
-                        dest.parent.mkdir(parents=True, exist_ok=True)
-                        rewritten = rewrite_extern_shared(path.read_text(encoding="utf-8"))
-                        dest.write_text(rewritten, encoding="utf-8")
-                bundled = copy
             cu = work / f"{file_stem(name)}.cu"
             cu.write_text(rewrite_extern_shared(source), encoding="utf-8")
             include = _include_flags([inc, bundled, work])
@@ -710,8 +690,7 @@ def build_library(
                 ],
                 f"linking {name} for the CPU emulator",
             )
-            seconds = time.perf_counter() - start
-            return lib.read_bytes(), {"kernels": kernels, "seconds": seconds}
+            return lib.read_bytes(), {"kernels": kernels}
 
     start = time.perf_counter()
     if use_cache:

@@ -415,7 +415,9 @@ class EmuFunction:
             raise ValueError(
                 f"shared_offset must be a multiple of 16 in 0..1008, got {shared_offset!r}"
             )
-        loaded = self.module._load(check)
+        if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
+            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        loaded = self.module._load(check)  # (builds the library: every argument checked first)
         static = self.module.static_shared_bytes(check)
         if shared_mem_bytes + static > MAX_SHARED_BYTES:
             # The static count is the module's, not this kernel's: every kernel's __shared__
@@ -445,8 +447,6 @@ class EmuFunction:
         cfg.ranges = flat
         cfg.num_ranges = len(ranges)
         cfg.check = int(bool(check))
-        if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
-            raise TypeError(f"seed must be an int or None, got {seed!r}")
         cfg.seed = 0 if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
         cfg.shuffle = 0 if seed is None else 1
         cfg.dynamic_offset = shared_offset

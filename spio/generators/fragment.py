@@ -129,11 +129,6 @@ class FragmentSpec:
         """The C++ class this spec defines."""
         return self.name
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(rows, columns) of the fragment's matrix."""
-        return FRAGMENT_TYPES[self.fragment_type]
-
     def defined_names(self) -> tuple[str, ...]:
         """Global names this spec defines."""
         return (self.name,)

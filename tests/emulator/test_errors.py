@@ -709,6 +709,20 @@ def test_errors_after_a_multiline_extern_shared_keep_their_line_numbers():
         emulator.load_module(src, name="late_error")
 
 
+def test_no_bundled_header_declares_an_extern_shared_array():
+    """The emulator rewrites `extern __shared__ T name[];` in kernel sources and in-memory
+    headers only: spio/include is put on the include path as it is."""
+    from spio.cuda.paths import bundled_include_dir
+    from spio.emulator.build import _EXTERN_SHARED_RE
+
+    declaring = [
+        str(path)
+        for path in bundled_include_dir().rglob("*")
+        if path.is_file() and _EXTERN_SHARED_RE.search(path.read_text(encoding="utf-8"))
+    ]
+    assert declaring == []
+
+
 def test_a_module_name_is_only_a_label(tmp_path):
     """A name with `/` had failed with FileNotFoundError, and one with `../` wrote its source
     outside the build folder."""
