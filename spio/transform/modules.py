@@ -96,67 +96,111 @@ def transform(
         logger.info("spio.transform set the passes of 1 Conv2dGw8: %s", model.spio_passes)
         return model
     if Conv2dGw8.match(model):
-        passes = _passes(include, "", model)
-        if not passes:
-            logger.info("spio.transform replaced 0 of 1 nn.Conv2d modules (1 excluded)")
-            return model
-        logger.info("spio.transform replaced 1 of 1 nn.Conv2d modules")
-        replacement = Conv2dGw8.from_torch_module(model, passes)
-        receive_hooks(replacement, model)
-        return replacement
+        return _transform_conv(model, include)
+    # Every convolution decided first (include is asked, and its answers checked, before the
+    # model changes: an error leaves it as it was), then replaced.
+    plan = _plan(model, include)
+    _apply(plan)
+    _log_plan(plan, model)
+    return model
+
+
+def _transform_conv(conv: nn.Conv2d, include: Callable | None) -> nn.Module:
+    """transform of a model that is itself an eligible nn.Conv2d: its replacement, or conv as
+    it is where include keeps it."""
+    passes = _passes(include, "", conv)
+    if not passes:
+        logger.info("spio.transform replaced 0 of 1 nn.Conv2d modules (1 excluded)")
+        return conv
+    logger.info("spio.transform replaced 1 of 1 nn.Conv2d modules")
+    replacement = Conv2dGw8.from_torch_module(conv, passes)
+    receive_hooks(replacement, conv)
+    return replacement
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What transform does to a model, decided before anything in it changes."""
+
+    #: By id, each nn.Conv2d decided: its Conv2dGw8, or itself where include keeps it as it is.
+    replacements: dict[int, nn.Conv2d] = dataclasses.field(default_factory=dict)
+    #: By id, the nn.Conv2d replaced (their hooks go to their replacements).
+    originals: dict[int, nn.Conv2d] = dataclasses.field(default_factory=dict)
+    #: (parent, name, id of the conv) for the places of the convs in replacements.
+    places: list[tuple[nn.Module, str, int]] = dataclasses.field(default_factory=list)
+    #: By id, the Conv2dGw8 layers met (transformed before) and the passes include gave them.
+    respecified: dict[int, tuple[Conv2dGw8, tuple[str, ...]]] = dataclasses.field(
+        default_factory=dict
+    )
+    #: By id, the distinct ineligible modules kept, and why.
+    skipped: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: The reasons among skipped's a user can mend (a weight, a compile), and how many convs each.
+    mendable: Counter[str] = dataclasses.field(default_factory=Counter)
+
+
+def _plan(model: nn.Module, include: Callable | None) -> _Plan:
+    """transform's decisions for model (not itself an eligible nn.Conv2d), model unchanged:
+    include asked about each convolution once, by its first name, and its answers checked."""
     names: dict[int, str] = {}  # each module's first name
     for name, module in model.named_modules(remove_duplicate=False):
         names.setdefault(id(module), name)
-    # First decide every convolution (include is asked, and its answers checked, before the
-    # model changes: an error leaves it as it was), then replace.
-    replacements: dict[int, nn.Conv2d] = {}
-    originals: dict[int, nn.Conv2d] = {}
-    skipped: dict[int, str] = {}  # distinct ineligible modules, and why
-    places: list[tuple[nn.Module, str, int]] = []
-    respecified: dict[int, tuple[Conv2dGw8, tuple[str, ...]]] = {}  # Conv2dGw8s include set
-    excluded = 0
-    mendable: Counter[str] = Counter()  # kept for their weights or compiles: a user can mend these
+    plan = _Plan()
     if isinstance(model, nn.Conv2d) and not isinstance(model, Conv2dGw8):  # match said no: why
-        _keep(model, skipped, mendable)
+        _keep(model, plan.skipped, plan.mendable)
     for parent in list(model.modules()):
         prefix = names.get(id(parent), "")
         for name, child in list(parent._modules.items()):
-            if isinstance(child, Conv2dGw8) and include is not None:
-                if id(child) not in respecified:
-                    child_name = f"{prefix}.{name}" if prefix else name
-                    respecified[id(child)] = (child, _passes(include, child_name, child))
+            if isinstance(child, Conv2dGw8):
+                if include is not None and id(child) not in plan.respecified:
+                    passes = _passes(include, _qualified(prefix, name), child)
+                    plan.respecified[id(child)] = (child, passes)
                 continue
-            if not isinstance(child, nn.Conv2d) or isinstance(child, Conv2dGw8):
+            if not isinstance(child, nn.Conv2d):
                 continue
-            if id(child) not in replacements and id(child) not in skipped:
-                if _keep(child, skipped, mendable):
+            if id(child) not in plan.replacements and id(child) not in plan.skipped:
+                if _keep(child, plan.skipped, plan.mendable):
                     continue
-                passes = _passes(include, f"{prefix}.{name}" if prefix else name, child)
+                passes = _passes(include, _qualified(prefix, name), child)
                 if not passes:
-                    replacements[id(child)] = child  # kept as it is, wherever it appears
-                    excluded += 1
+                    plan.replacements[id(child)] = child  # kept as it is, wherever it appears
                     continue
-                replacements[id(child)] = Conv2dGw8.from_torch_module(child, passes)
-                originals[id(child)] = child
-            if id(child) in replacements:
-                places.append((parent, name, id(child)))
-    for parent, name, key in places:
+                plan.replacements[id(child)] = Conv2dGw8.from_torch_module(child, passes)
+                plan.originals[id(child)] = child
+            if id(child) in plan.replacements:
+                plan.places.append((parent, name, id(child)))
+    return plan
+
+
+def _qualified(prefix: str, name: str) -> str:
+    """The name of submodule `name` of the module named `prefix`, as named_modules gives it."""
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _apply(plan: _Plan) -> None:
+    """transform's changes: each replacement put in its places with its original's hooks, and
+    the passes include gave set on the Conv2dGw8 layers met."""
+    for parent, name, key in plan.places:
         # A conv within a conv replaced too goes into the replacement (which shares its
         # submodules; the replaced one is dropped).
-        _set_child(replacements.get(id(parent), parent), name, replacements[key])
-    for key, original in originals.items():
-        receive_hooks(replacements[key], original)
-    for layer, passes in respecified.values():
+        _set_child(plan.replacements.get(id(parent), parent), name, plan.replacements[key])
+    for key, original in plan.originals.items():
+        receive_hooks(plan.replacements[key], original)
+    for layer, passes in plan.respecified.values():
         layer.spio_passes = passes
-    replaced = len(replacements) - excluded
-    total = len(replacements) + len(skipped)
+
+
+def _log_plan(plan: _Plan, model: nn.Module) -> None:
+    """transform's log lines once plan is applied to model: how many convolutions it replaced,
+    how it set the passes of the Conv2dGw8 layers met, and why it kept the others."""
+    convs = [m for m in plan.replacements.values() if isinstance(m, Conv2dGw8)]
+    excluded = len(plan.replacements) - len(convs)  # (include's: kept as they are)
+    total = len(plan.replacements) + len(plan.skipped)
     note = f" ({excluded} excluded)" if excluded else ""
-    convs = [m for m in replacements.values() if isinstance(m, Conv2dGw8)]
     if any(m.spio_passes != PASSES for m in convs):  # some passes left to PyTorch: say how many
         note += f"; spio runs {_pass_counts(convs)} of their passes"
-    logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", replaced, total, note)
-    if respecified:  # a second transform, with include: what it made of the layers it found
-        layers = [layer for layer, _ in respecified.values()]
+    logger.info("spio.transform replaced %d of %d nn.Conv2d modules%s", len(convs), total, note)
+    if plan.respecified:  # a second transform, with include: what it made of the layers it found
+        layers = [layer for layer, _ in plan.respecified.values()]
         logger.info(
             "spio.transform set the passes of %d Conv2dGw8 layers by include: spio runs %s "
             "of their passes",
@@ -165,13 +209,14 @@ def transform(
         )
     # Nothing taken, excluded, or taken before (a second call): the user sees why at the default
     # level.
-    none_taken = not replacements and not any(isinstance(m, Conv2dGw8) for m in model.modules())
-    for reason, count in Counter(skipped.values()).most_common():
+    none_taken = not plan.replacements and not any(
+        isinstance(m, Conv2dGw8) for m in model.modules()
+    )
+    for reason, count in Counter(plan.skipped.values()).most_common():
         # (every reason a warning where nothing was taken: the user sees why at the default
         # level; else only those the user can mend)
-        log = logger.warning if reason in mendable or none_taken else logger.debug
+        log = logger.warning if reason in plan.mendable or none_taken else logger.debug
         log("spio.transform kept %d nn.Conv2d: %s", count, reason)
-    return model
 
 
 def _pass_counts(layers: list[Conv2dGw8]) -> str:
