@@ -35,6 +35,7 @@ from spio.kernels.conv2d_gw8_factory import tensor_copies
 from spio.kernels.conv2d_gw8_params import (
     GROUP_WIDTH,
     Conv2dGw8Params,
+    as_bool,
     as_integer,
     image_bytes,
     weight_grad_bytes,
@@ -63,8 +64,8 @@ def pass_mask(passes: Iterable[str] | int) -> int:
     """The `passes` bits of pass names ("fprop", "dgrad", "wgrad"), or of bits already (the op's
     `passes` argument: an int, or an integer such as numpy's). TypeError for a value of another
     type (a bool, a float, None, names that are not strings), ValueError for unknown names or
-    bits out of range; the callers (Conv2dGw8.spio_passes, transform's include check) say what
-    they take, in the error's type."""
+    bits out of range; its callers (pass_mask_or_flag: Conv2dGw8.spio_passes, transform's
+    include check) say what they take, in the error's type."""
     if isinstance(passes, bool):  # an int to Python, but no bits: the callers take it first
         raise TypeError(f"conv2d_gw8 passes must be pass names or bits, got {passes!r}")
     bits = as_integer(passes)
@@ -82,6 +83,25 @@ def pass_mask(passes: Iterable[str] | int) -> int:
     for name in names:
         mask |= PASS_BITS[name]
     return mask
+
+
+def pass_mask_or_flag(value: object, takes: str, bits: bool = True) -> int:
+    """The `passes` bits of value: every pass for True, none for False (numpy's bools and 0-d
+    bool tensors too: as_bool), else pass_mask's; with `bits` False, of pass names only. An
+    error names `takes` (what the caller takes) and value, of pass_mask's type: the one parser
+    of Conv2dGw8.spio_passes and of transform's include answers."""
+    flag = as_bool(value)
+    if flag is not None:
+        return ALL_PASSES if flag else 0
+    try:
+        passes = value
+        if not bits:  # (names as a tuple: an integer, or a 0-d integer tensor, is a TypeError)
+            if not isinstance(value, (str, Iterable)):
+                raise TypeError
+            passes = (value,) if isinstance(value, str) else tuple(value)
+        return pass_mask(passes)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{takes}, got {value!r}") from None
 
 
 def pass_names(mask: int) -> tuple[str, ...]:

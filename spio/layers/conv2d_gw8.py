@@ -20,7 +20,7 @@ from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
 
 from spio.functional import _kernels
-from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask, pass_names
+from spio.functional._kernels import ALL_PASSES, PASSES, pass_mask_or_flag, pass_names
 from spio.functional.checks import (
     KERNEL_DTYPES,
     autocast_dtype,
@@ -37,7 +37,6 @@ from spio.kernels.conv2d_gw8_params import (
     GROUP_WIDTH,
     MAX_FILTER,
     MIN_FILTER,
-    as_bool,
     as_integer,
 )
 from spio.kernels.kernel import Kernel
@@ -517,17 +516,11 @@ class Conv2dGw8(nn.Conv2d):
 
     @spio_passes.setter
     def spio_passes(self, passes: bool | int | Iterable[str]) -> None:
-        flag = as_bool(passes)
-        if flag is not None:
-            self._pass_bits = ALL_PASSES if flag else 0
-            return
-        try:
-            self._pass_bits = pass_mask(passes)
-        except (TypeError, ValueError) as error:
-            raise type(error)(
-                f"Conv2dGw8.spio_passes must be True, False, pass names among {PASSES} or "
-                f"bits 0..{ALL_PASSES}, got {passes!r}"
-            ) from None
+        self._pass_bits = pass_mask_or_flag(
+            passes,
+            f"Conv2dGw8.spio_passes must be True, False, pass names among {PASSES} or "
+            f"bits 0..{ALL_PASSES}",
+        )
 
     def extra_repr(self) -> str:
         text = super().extra_repr()

@@ -21,12 +21,12 @@ from tqdm import tqdm
 from spio.functional._kernels import (
     PASSES,
     images_per_launch,
-    pass_mask,
+    pass_mask_or_flag,
     too_large_to_launch,
 )
 from spio.functional.checks import KERNEL_DTYPES, autocast_dtype
 from spio.kernels import autotune
-from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, as_bool, dtype_name
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, dtype_name
 from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
@@ -129,9 +129,7 @@ class _Plan:
     #: (parent, name, id of the conv) for the places of the convs in replacements.
     places: list[tuple[nn.Module, str, int]] = dataclasses.field(default_factory=list)
     #: By id, the Conv2dGw8 layers met (transformed before) and the passes include gave them.
-    respecified: dict[int, tuple[Conv2dGw8, tuple[str, ...]]] = dataclasses.field(
-        default_factory=dict
-    )
+    respecified: dict[int, tuple[Conv2dGw8, int]] = dataclasses.field(default_factory=dict)
     #: By id, the distinct ineligible modules kept, and why.
     skipped: dict[int, str] = dataclasses.field(default_factory=dict)
     #: The reasons among skipped's a user can mend (a weight, a compile), and how many convs each.
@@ -323,26 +321,19 @@ def _set_child(parent: nn.Module, name: str, child: nn.Module) -> None:
         parent._initialize()
 
 
-def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> tuple[str, ...]:
-    """The passes spio runs for `conv` by include's answer (empty: keep conv as it is). An
-    answer that is none of True, False, a pass name or pass names is an error naming it, as
+def _passes(include: Callable | None, name: str, conv: nn.Conv2d) -> int:
+    """The passes spio runs for `conv` by include's answer, as bits (0: keep conv as it is).
+    An answer that is none of True, False, a pass name or pass names is an error naming it, as
     Conv2dGw8.spio_passes gives for the same value: TypeError for an answer of another type
-    (1.0, None, a number), ValueError for unknown pass names."""
+    (1.0, None, a number: bits are spio_passes', not include's), ValueError for unknown pass
+    names. (numpy's bool is a bool: np.prod(conv.kernel_size) < 49.)"""
     answer = True if include is None else include(name, conv)
-    flag = as_bool(answer)  # (numpy's bool too: np.prod(conv.kernel_size) < 49)
-    if flag is not None:
-        return PASSES if flag else ()
-    try:
-        if not isinstance(answer, (str, Iterable)):  # bits are spio_passes', not include's
-            raise TypeError
-        passes = (answer,) if isinstance(answer, str) else tuple(answer)
-        pass_mask(passes)
-    except (TypeError, ValueError) as error:
-        raise type(error)(
-            f"spio.transform: include({name!r}, conv) must return True, False or pass names "
-            f"among {PASSES}, got {answer!r}"
-        ) from None
-    return passes
+    return pass_mask_or_flag(
+        answer,
+        f"spio.transform: include({name!r}, conv) must return True, False or pass names "
+        f"among {PASSES}",
+        bits=False,
+    )
 
 
 def _activation_dtype(x: torch.Tensor) -> str | None:
