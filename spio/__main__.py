@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import signal
@@ -10,9 +11,13 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .args import non_empty, positive_int
 from .env import SETTINGS
+
+if TYPE_CHECKING:
+    from .kernels.kernel import Kernel
 
 _BROKEN = "BROKEN INSTALL"
 _BAD_SETTING = "BAD SETTING"
@@ -480,44 +485,77 @@ COMPILE_CHUNK = 32
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    import random
-
+    """`spio compile`: every kernel spio runs, for the layer set's layers, compiled for each
+    arch, a table row a compile. Exit 1 where one failed or spilled; 2, compiling nothing, for
+    an argument or setup problem (_compile_setup_problem)."""
     from . import supported_arch
-    from .compiler import CompileResult, check_arch, compile_many
-    from .compiler.compile import toolchain_identity
-    from .cuda import nvrtc
-    from .kernels.conv2d_gw8_wgrad_factory import SUM_ENTRY
-    from .kernels.families import FAMILIES
-    from .kernels.layer_sets import compile_layer_set
+    from .compiler import check_arch
 
     # A repeated --arch once: compiling every kernel twice for it would only double the time.
     archs = list(dict.fromkeys(args.arch)) if args.arch else [check_arch(a) for a in supported_arch]
+    problem = _compile_setup_problem(args, archs)
+    if problem is not None:
+        print(f"spio compile: {problem}", file=sys.stderr)
+        return 2
+    pairs = _compile_pairs(args)
+    print(
+        f"compiling the kernels spio runs for {_count(len(pairs), 'config')} (each operand "
+        f"layout of FProp and DGrad, and the sum_slots kernels after partials WGrad kernels, "
+        f"into each gradient dtype) for {', '.join(archs)}"
+    )
+    tally = _compile_table(pairs, archs)
+    print(
+        f"{_count(tally.kernels, 'kernel')}, {tally.sums} of them sum_slots (run after partials "
+        "WGrad kernels)"
+    )
+    print(
+        f"{tally.compiles} compiles: {tally.failures} failed, {tally.spills} spilled, "
+        f"{tally.warned} with warnings"
+    )
+    return 1 if tally.failures or tally.spills else 0
+
+
+def _compile_setup_problem(args: argparse.Namespace, archs: list[str]) -> str | None:
+    """Why `spio compile` compiles nothing (exit 2), before making a kernel: a --kernel that
+    names no family, --seed without --sample, NVRTC or the CUDA headers not found, or an arch
+    this NVRTC cannot compile for; None where none is so."""
+    from .compiler.compile import toolchain_identity
+    from .cuda import nvrtc
+    from .kernels.families import FAMILIES
+
     names = args.kernel or []
-    families = [f for f in FAMILIES if not names or any(name in f for name in names)]
     unmatched = [name for name in names if not any(name in f for f in FAMILIES)]
     if unmatched:
-        print(
-            f"spio compile: no kernel family matches {', '.join(map(repr, unmatched))}; "
-            f"families: {', '.join(FAMILIES)}",
-            file=sys.stderr,
+        return (
+            f"no kernel family matches {', '.join(map(repr, unmatched))}; "
+            f"families: {', '.join(FAMILIES)}"
         )
-        return 2
     if args.seed is not None and not args.sample:
-        print("spio compile: --seed picks --sample's configs; give --sample too", file=sys.stderr)
-        return 2
+        return "--seed picks --sample's configs; give --sample too"
     try:  # what every compile needs: one line now, not a FAILED line for each kernel
         toolchain_identity()
     except (OSError, RuntimeError) as error:  # CudaNotFoundError, NvrtcError
-        print(
-            f"spio compile: setup error: nothing was compiled: {error}\n"
-            "`python -m spio info` shows where spio looked for its tools",
-            file=sys.stderr,
+        return (
+            f"setup error: nothing was compiled: {error}\n"
+            "`python -m spio info` shows where spio looked for its tools"
         )
-        return 2
     problem = nvrtc.archs_lacking(archs)
     if problem is not None:
-        print(f"spio compile: nothing was compiled: {problem}", file=sys.stderr)
-        return 2
+        return f"nothing was compiled: {problem}"
+    return None
+
+
+def _compile_pairs(args: argparse.Namespace) -> dict[str, tuple]:
+    """The (family, layer, config) of each config `spio compile` compiles the kernels of: every
+    config of the layer set's layers in the families --kernel names (default: all), in order,
+    or --sample of them at random (--seed, default 0)."""
+    import random
+
+    from .kernels.families import FAMILIES
+    from .kernels.layer_sets import compile_layer_set
+
+    names = args.kernel or []
+    families = [f for f in FAMILIES if not names or any(name in f for name in names)]
     # (layer, config) pairs by their family, layer and config, the parts of their kernel's name
     # (a variant only adds a suffix), so that --sample picks as it would among the kernels,
     # generating only the ones it picks.
@@ -531,13 +569,32 @@ def cmd_compile(args: argparse.Namespace) -> int:
         keys = random.Random(args.seed or 0).sample(keys, args.sample)
     elif args.sample:
         print(f"--sample {args.sample} is at least the {len(keys)} configs there are: all of them")
+    return {key: pairs[key] for key in keys}
+
+
+@dataclasses.dataclass
+class _CompileTally:
+    """What `spio compile` counted: the kernels made (`sums` of them sum_slots kernels), the
+    compiles (a kernel for an arch), and those that failed, spilled or warned."""
+
+    kernels: int = 0
+    sums: int = 0
+    compiles: int = 0
+    failures: int = 0
+    spills: int = 0
+    warned: int = 0
+
+
+def _compile_table(pairs: dict[str, tuple], archs: list[str]) -> _CompileTally:
+    """Make, compile for each of `archs` and report, a table row each, the kernels of `pairs`
+    (_compile_pairs), with a progress bar of the configs done; returns the counts."""
     from tqdm import tqdm
 
-    print(
-        f"compiling the kernels spio runs for {_count(len(keys), 'config')} (each operand "
-        f"layout of FProp and DGrad, and the sum_slots kernels after partials WGrad kernels, "
-        f"into each gradient dtype) for {', '.join(archs)}"
-    )
+    from .compiler import compile_many
+    from .kernels.conv2d_gw8_wgrad_factory import SUM_ENTRY
+    from .kernels.families import FAMILIES
+
+    keys = list(pairs)
     # A kernel's name is its key less the batch size, and a variant's suffix at most this long.
     name_width = max(len(key) for key in keys) + len("__wcl__belem")
     arch_width = max(len(arch) for arch in archs)  # sm_100 and sm_120 are wider than sm_90
@@ -547,7 +604,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     # memory (~15 GB for the full sweep).
     bar = tqdm(total=len(keys), desc="compiling kernels", unit="config")
     seen: set[str] = set()
-    compiles = kernels = sums = failures = spills = warned = 0
+    tally = _CompileTally()
     for start in range(0, len(keys), COMPILE_CHUNK):
         chunk = keys[start : start + COMPILE_CHUNK]
         made = []
@@ -559,38 +616,40 @@ def cmd_compile(args: argparse.Namespace) -> int:
             {k.name: k for k in made if k.name not in seen}.values(), key=lambda k: k.name
         )
         seen.update(k.name for k in chosen)
-        kernels += len(chosen)
-        sums += sum(1 for k in chosen if k.entry == SUM_ENTRY)
+        tally.kernels += len(chosen)
+        tally.sums += sum(1 for k in chosen if k.entry == SUM_ENTRY)
         jobs = [(kernel, arch) for kernel in chosen for arch in archs]
-        compiles += len(jobs)
+        tally.compiles += len(jobs)
         results = compile_many([k.compile_job(a) for k, a in jobs], progress=False)
         for (kernel, arch), result in zip(jobs, results, strict=True):
             head = f"{kernel.name:<{name_width}}  {arch:<{arch_width}}"
-            if not isinstance(result, CompileResult):
-                failures += 1
-                bar.write(f"{head}  FAILED: {result}")
-                continue
-            usage = result.resources.get(kernel.entry)
-            if usage is None:
-                failures += 1
-                bar.write(f"{head}  FAILED: no entry {kernel.entry}")
-                continue
-            spilled = usage.spill_stores + usage.spill_loads
-            spills += spilled > 0
-            warnings = result.warnings  # read from the log on each access
-            warned += bool(warnings)
-            smem = usage.shared_bytes + kernel.shared_mem_bytes
-            flags = ("  SPILLS" if spilled else "") + ("  WARNINGS" if warnings else "")
-            bar.write(f"{head}  {usage.registers:4d}  {spilled:8d}  {smem:7d}{flags}")
-            for line in warnings:
-                bar.write(f"    {line}")
+            for line in _compile_rows(head, kernel, result, tally):
+                bar.write(line)
         bar.update(len(chunk))
     bar.close()
-    print(
-        f"{_count(kernels, 'kernel')}, {sums} of them sum_slots (run after partials WGrad kernels)"
-    )
-    print(f"{compiles} compiles: {failures} failed, {spills} spilled, {warned} with warnings")
-    return 1 if failures or spills else 0
+    return tally
+
+
+def _compile_rows(head: str, kernel: Kernel, result: object, tally: _CompileTally) -> list[str]:
+    """The table's row for `kernel`'s compile `result` (a CompileResult, or the error), which
+    `head` begins (its name and arch), and its compiler warnings; counted in `tally`."""
+    from .compiler import CompileResult
+
+    if not isinstance(result, CompileResult):
+        tally.failures += 1
+        return [f"{head}  FAILED: {result}"]
+    usage = result.resources.get(kernel.entry)
+    if usage is None:
+        tally.failures += 1
+        return [f"{head}  FAILED: no entry {kernel.entry}"]
+    spilled = usage.spill_stores + usage.spill_loads
+    tally.spills += spilled > 0
+    warnings = result.warnings  # read from the log on each access
+    tally.warned += bool(warnings)
+    smem = usage.shared_bytes + kernel.shared_mem_bytes
+    flags = ("  SPILLS" if spilled else "") + ("  WARNINGS" if warnings else "")
+    row = f"{head}  {usage.registers:4d}  {spilled:8d}  {smem:7d}{flags}"
+    return [row, *(f"    {line}" for line in warnings)]
 
 
 def cmd_check(args: argparse.Namespace) -> int:
