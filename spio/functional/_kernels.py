@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -200,18 +201,29 @@ def with_tensor_copies(kernel: Kernel | None, device: torch.device) -> Kernel | 
 
 def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.device, **options):
     key = (factory.name, params, device, tuple(sorted(options.items())), tensor_copies())
-    kernel = _chosen.get(key)
-    if kernel is None:
-        chosen = with_tensor_copies(factory.get_kernel(params, device, **options), device)
-        kernel = _keep(_chosen, key, chosen, device)
-    return kernel
+    return _recalled_or_made(
+        _chosen,
+        key,
+        device,
+        lambda: with_tensor_copies(factory.get_kernel(params, device, **options), device),
+    )
 
 
-def _keep(store: dict, key: Hashable, kernel: Kernel | None, device: torch.device) -> Kernel | None:
-    """Remember `kernel` as the choice for `key`, unless autotuning had to wait
-    (autotune.deferred): while `device` captures a CUDA graph, or while spio.precompile
-    collects what to tune. That choice serves this call only (see
+_K = TypeVar("_K", bound=Kernel | None)
+
+
+def _recalled_or_made(
+    store: dict, key: Hashable, device: torch.device, make: Callable[[], _K]
+) -> _K:
+    """The kernel chosen for `key` in `store`, or else make()'s, remembered there as the choice
+    unless autotuning had to wait (autotune.deferred): while `device` captures a CUDA graph, or
+    while spio.precompile collects what to tune. That choice serves this call only (see
     spio.kernels.perf_model.select_config), so that a later call tunes."""
+    try:  # (one read: another thread may empty store between a test and a read)
+        return store[key]
+    except KeyError:
+        pass
+    kernel = make()
     if not autotune.deferred(device):
         remember(store, key, kernel, MAX_CHOICES)
     return kernel
@@ -460,21 +472,23 @@ class Layer:
 
     def fprop_kernel(self, layout: tuple[bool, bool]) -> Kernel:
         """The FProp kernel reading weight and bias as `layout` (weights_cl, bias_elem) says."""
-        kernel = self._fprop.get(layout)
-        if kernel is None:
-            base = fprop_kernel(self.params, self.device)
-            kernel = conv2d_gw8_factory.variant(base, *layout)
-            _keep(self._fprop, layout, kernel, self.device)
-        return kernel
+        return _recalled_or_made(
+            self._fprop,
+            layout,
+            self.device,
+            lambda: conv2d_gw8_factory.variant(fprop_kernel(self.params, self.device), *layout),
+        )
 
     def dgrad_kernel(self, weights_cl: bool) -> Kernel:
         """The DGrad kernel, reading channels_last weights when `weights_cl`."""
-        kernel = self._dgrad.get(weights_cl)
-        if kernel is None:
-            base = dgrad_kernel(self._dgrad_params, self.device)
-            kernel = conv2d_gw8_factory.variant(base, weights_cl, False)
-            _keep(self._dgrad, weights_cl, kernel, self.device)
-        return kernel
+        return _recalled_or_made(
+            self._dgrad,
+            weights_cl,
+            self.device,
+            lambda: conv2d_gw8_factory.variant(
+                dgrad_kernel(self._dgrad_params, self.device), weights_cl, False
+            ),
+        )
 
     def wgrad(
         self,
@@ -512,11 +526,12 @@ class Layer:
 
     def wgrad_kernel(self, with_bias: bool, deterministic: bool) -> Kernel | None:
         """wgrad_kernel's choice for this layer (None: PyTorch computes dw)."""
-        key = (with_bias, deterministic)
-        if key in self._wgrad:
-            return self._wgrad[key]
-        kernel = wgrad_kernel(self.params, self.device, with_bias, deterministic)
-        return _keep(self._wgrad, key, kernel, self.device)
+        return _recalled_or_made(
+            self._wgrad,
+            (with_bias, deterministic),
+            self.device,
+            lambda: wgrad_kernel(self.params, self.device, with_bias, deterministic),
+        )
 
 
 class _TorchLayer(Layer):
