@@ -553,18 +553,9 @@ def precompile(
     training = model.training if training is None else training
     layers = [m for m in model.modules() if isinstance(m, Conv2dGw8)]  # (each once)
     start = time.perf_counter()
-    to_tune: list[int] = []  # per call, how many of its passes it leaves to tune
-
-    if layers and autotune.autotune_enabled():  # find the layers to tune; build their candidates
-        with autotune.collecting() as wanted:
-
-            def collect(module: Conv2dGw8, input: torch.Tensor) -> None:
-                known = len(wanted)
-                module.spio_kernels(input, backward=training, double_backward=double_backward)
-                to_tune.append(len(wanted) - known)
-
-            _stand_in_calls(model, layers, inputs, kwargs, training, collect)
-        _build_candidates(wanted, progress)
+    to_tune = _candidates_to_tune(
+        model, layers, inputs, kwargs, training, double_backward, progress
+    )
     found: dict[tuple[torch.device, str], Kernel] = {}
     timing = tqdm(
         total=sum(to_tune),
@@ -583,25 +574,7 @@ def precompile(
         calls = _stand_in_calls(model, layers, inputs, kwargs, training, choose)
     finally:
         timing.close()
-    if not layers:
-        logger.warning(
-            "spio.precompile: the model has no Conv2dGw8 layers (spio.transform makes them); "
-            "nothing to build"
-        )
-    elif not calls:
-        logger.warning(
-            "spio.precompile: the model called none of its %d Conv2dGw8 layers (a model "
-            "traced by torch.fx or scripted calls spio's op without them); nothing was built",
-            len(layers),
-        )
-    elif not found:
-        logger.warning(
-            "spio.precompile: none of the %d Conv2dGw8 calls runs spio's kernels (fp32 outside "
-            "torch.autocast, float64, CPU tensors without SPIO_EMULATE=1, a GPU spio's kernels "
-            "do not run on, or every pass left to PyTorch: the layers' own warnings say which); "
-            "nothing to build",
-            calls,
-        )
+    _warn_if_nothing_to_build(layers, calls, len(found))
     failures: dict[str, str] = {}
     for device in dict.fromkeys(device for device, _ in found):
         kernels = [k for (d, _), k in found.items() if d == device]
@@ -618,6 +591,58 @@ def precompile(
         time.perf_counter() - start,
     )
     return list(found.values())
+
+
+def _candidates_to_tune(
+    model: nn.Module,
+    layers: list[Conv2dGw8],
+    inputs: tuple,
+    kwargs: dict | None,
+    training: bool,
+    double_backward: bool,
+    progress: bool,
+) -> list[int]:
+    """precompile's first stand-in run, with SPIO_AUTOTUNE=1 and Conv2dGw8 layers: finds the
+    layers' passes not tuned yet and builds their candidate configs' kernels (_build_candidates)
+    for the timing run. Returns, per call, how many of its passes it leaves to tune (none
+    without autotuning)."""
+    to_tune: list[int] = []
+    if not (layers and autotune.autotune_enabled()):
+        return to_tune
+    with autotune.collecting() as wanted:
+
+        def collect(module: Conv2dGw8, input: torch.Tensor) -> None:
+            known = len(wanted)
+            module.spio_kernels(input, backward=training, double_backward=double_backward)
+            to_tune.append(len(wanted) - known)
+
+        _stand_in_calls(model, layers, inputs, kwargs, training, collect)
+    _build_candidates(wanted, progress)
+    return to_tune
+
+
+def _warn_if_nothing_to_build(layers: list[Conv2dGw8], calls: int, kernels: int) -> None:
+    """precompile's warning, saying why, where it found no kernel to build among `calls` calls
+    of `layers`: no Conv2dGw8 layers, none called, or no call that runs spio's kernels."""
+    if not layers:
+        logger.warning(
+            "spio.precompile: the model has no Conv2dGw8 layers (spio.transform makes them); "
+            "nothing to build"
+        )
+    elif not calls:
+        logger.warning(
+            "spio.precompile: the model called none of its %d Conv2dGw8 layers (a model "
+            "traced by torch.fx or scripted calls spio's op without them); nothing was built",
+            len(layers),
+        )
+    elif not kernels:
+        logger.warning(
+            "spio.precompile: none of the %d Conv2dGw8 calls runs spio's kernels (fp32 outside "
+            "torch.autocast, float64, CPU tensors without SPIO_EMULATE=1, a GPU spio's kernels "
+            "do not run on, or every pass left to PyTorch: the layers' own warnings say which); "
+            "nothing to build",
+            calls,
+        )
 
 
 def _stand_in_calls(
