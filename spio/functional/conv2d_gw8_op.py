@@ -129,8 +129,9 @@ def conv2d_gw8_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_input, grad_weight, grad_bias) of conv2d_gw8, computing only where output_mask is True.
 
-    A gradient not asked for is returned as an empty tensor. grad_input has the input's dtype and
-    memory format; grad_weight (the weight's memory format) and grad_bias are fp32 (float64 for
+    A gradient not asked for is returned as an empty tensor. grad_input has the input's dtype,
+    channels_last where the input or the weight is (as F.conv2d's); grad_weight (the weight's
+    memory format) and grad_bias are fp32 (float64 for
     float64 inputs): the caller casts them to the parameters' dtypes. `passes` as for conv2d_gw8
     (its dgrad and wgrad bits).
     """

@@ -372,6 +372,27 @@ def test_weight_grad_keeps_a_channels_last_weights_layout():
     torch.library.opcheck(conv2d_gw8_backward, (dy, x, w, 1, 1, [False, True, False]))
 
 
+@pytest.mark.parametrize("passes", [7, 3, 0])
+@pytest.mark.parametrize("weight_cl", [False, True], ids=["w_nchw", "w_nhwc"])
+def test_the_plain_call_and_the_op_give_the_weight_grad_one_layout(monkeypatch, passes, weight_cl):
+    """The plain call's backward (its eager path) and the op's give dw in the weight's layout,
+    also where PyTorch computes it (passes without WGrad), whose dw had followed the input's
+    layout in the plain call alone (a fuzzer's find; the values were equal)."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    torch.manual_seed(0)
+    fmt = torch.contiguous_format if weight_cl else torch.channels_last  # x the other way
+    x = torch.randn(2, 16, 5, 6, dtype=torch.half).contiguous(memory_format=fmt)
+    w = torch.randn(16, 8, 3, 3, dtype=torch.half)
+    if weight_cl:
+        w = w.contiguous(memory_format=torch.channels_last)
+    w.requires_grad_()
+    dy = torch.randn(2, 16, 5, 6, dtype=torch.half)
+    (plain,) = torch.autograd.grad(public_conv2d_gw8(x, w, None, 1, 1, 1, passes=passes), w, dy)
+    (op,) = torch.autograd.grad(conv2d_gw8(x, w, None, 1, 1, 1, 1, 1, passes), w, dy)
+    assert plain.stride() == op.stride() == w.stride()
+    assert torch.equal(plain, op)
+
+
 @pytest.mark.parametrize("emulate", ["0", "1"])
 def test_without_a_weight_grad_the_input_is_not_kept_for_backward(monkeypatch, emulate):
     """Only the weight gradient reads the input: with a frozen weight its memory is freed after
