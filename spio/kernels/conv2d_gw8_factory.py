@@ -376,10 +376,10 @@ def estimated_cost(
     default_config therefore keeps to one image per block: only measurements (a perf model trained
     on such configs, autotuning) choose more."""
     geo = _Geometry.of(params, igrad)
-    tiles_y = math.ceil(geo.out_h / config.block_p)
-    tiles_x = math.ceil(geo.out_w / config.block_q)
-    groups = math.ceil(params.groups / config.groups) * config.groups
-    blocks = math.ceil(params.n / config.block_n) * tiles_y * tiles_x * (groups // config.groups)
+    tiles = grid_tiles(params, config, igrad)
+    tiles_y, tiles_x = tiles["y"], tiles["x"]
+    groups = tiles["c8"] * config.groups
+    blocks = math.prod(tiles.values())
     useful = geo.out_h * geo.out_w * params.groups
     in_x = config.block_q + params.s - 1
     read = tiles_y * (config.block_p + params.r - 1) * tiles_x * in_x
@@ -430,8 +430,9 @@ def ragged(params: Conv2dGw8Params, block_n: int) -> bool:
     return params.n % block_n != 0
 
 
-def _tiles(params: Conv2dGw8Params, config: Conv2dGw8Config, igrad: bool) -> dict[str, int]:
-    """Blocks along each dimension of the grid, outermost first."""
+def grid_tiles(params: Conv2dGw8Params, config, igrad: bool = False) -> dict[str, int]:
+    """Blocks along each dimension of the grid, outermost first: of the output's tiles (with
+    `igrad`, dx's; WGrad's config tiles dy, the output of igrad=False)."""
     geo = _Geometry.of(params, igrad)
     return {
         "n": math.ceil(params.n / config.block_n),
@@ -484,7 +485,7 @@ def generate_header(
     element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups
     in_x = config.block_q + params.s - 1
-    tiles = _tiles(params, config, igrad)
+    tiles = grid_tiles(params, config, igrad)
     k, r, s = params.c, params.r, params.s
 
     # PyTorch's channels_last weight is [K, R, S, 8] in memory.
@@ -586,7 +587,7 @@ def make_kernel(
         + ("__belem" if bias_elem else "")
         + ("__tmaio" if tma_stores else "__tma" if tma else "__swz" if swizzled else "")
     )
-    blocks = math.prod(_tiles(params, config, igrad).values())
+    blocks = math.prod(grid_tiles(params, config, igrad).values())
     kind = "dgrad" if igrad else "fprop"
     # The code does not depend on the batch size (given at launch) beyond `ragged`: neither does
     # the name, so kernels of one layer and config share one build, whatever their grids.
@@ -637,19 +638,23 @@ def variant(kernel: Kernel, weights_cl: bool, bias_elem: bool) -> Kernel:
     flags say."""
     if (weights_cl, bias_elem) == (kernel.info_value("weights_cl"), kernel.info_value("bias_elem")):
         return kernel
-    params, igrad = kernel.info_value("params"), kernel.info_value("igrad")
-    config, swizzled = kernel.info_value("config"), bool(kernel.info_value("swizzled"))
-    tma, tma_stores = bool(kernel.info_value("tma")), bool(kernel.info_value("tma_stores"))
-    return make_kernel(params, config, igrad, weights_cl, bias_elem, swizzled, tma, tma_stores)
+    return _remade(kernel, weights_cl=weights_cl, bias_elem=bias_elem)
+
+
+#: make_kernel's arguments, as a kernel's info records them.
+_MAKE_ARGUMENTS = ("params", "config", "igrad", "weights_cl", "bias_elem", "swizzled", "tma",
+                   "tma_stores")  # fmt: skip
+
+
+def _remade(kernel: Kernel, **changes: Any) -> Kernel:
+    """make_kernel with `kernel`'s arguments (its info), but for `changes`."""
+    return make_kernel(**{name: kernel.info_value(name) for name in _MAKE_ARGUMENTS} | changes)
 
 
 def with_swizzled_stages(kernel: Kernel) -> Kernel:
     """`kernel` (same params, config, operand layouts) with its input rows staged swizzled
     (stage_layout): the layout scripts/ablate_kernel.py times against the group-major one."""
-    info = dict(kernel.info)
-    return make_kernel(
-        info["params"], info["config"], info["igrad"], info["weights_cl"], info["bias_elem"], True
-    )
+    return _remade(kernel, swizzled=True, tma=False, tma_stores=False)
 
 
 #: SPIO_TMA's values, and what each moves by tensor copies (sm_90's TMA): (the input rows of
@@ -669,16 +674,7 @@ def with_tma_stages(kernel: Kernel, stores: bool = False) -> Kernel:
     """`kernel` (same params, config, operand layouts) with its input rows brought in by tensor
     copies into swizzled stages (sm_90 and newer), and with `stores` its output rows stored by
     tensor copies too: what scripts/ablate_kernel.py times against cp.async and plain stores."""
-    info = dict(kernel.info)
-    return make_kernel(
-        info["params"],
-        info["config"],
-        info["igrad"],
-        info["weights_cl"],
-        info["bias_elem"],
-        tma=True,
-        tma_stores=stores,
-    )
+    return _remade(kernel, tma=True, tma_stores=stores)
 
 
 def input_box(kernel: Kernel) -> tuple[int, int]:

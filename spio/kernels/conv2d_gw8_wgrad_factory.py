@@ -10,7 +10,7 @@ import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..generators import (
     FragmentSpec,
@@ -34,6 +34,7 @@ from .conv2d_gw8_factory import (
     _check_shapes,
     check_layer,
     check_shared_mem,
+    grid_tiles,
     latency_cover,
     nhwc_operand,
     ragged,
@@ -218,10 +219,10 @@ def estimated_cost(
     overrun and sector waste included) relative to the ideal, plus the cross-block reduction spio
     runs for this config (partial sums written and summed, or atomics), divided by how well the
     resident blocks cover DRAM latency on `machine`."""
-    tiles_y = math.ceil(params.p / config.block_p)
-    tiles_x = math.ceil(params.q / config.block_q)
-    groups = math.ceil(params.groups / config.groups) * config.groups
-    blocks = math.ceil(params.n / config.block_n) * tiles_y * tiles_x * (groups // config.groups)
+    tiles = grid_tiles(params, config)
+    tiles_y, tiles_x = tiles["y"], tiles["x"]
+    groups = tiles["c8"] * config.groups
+    blocks = math.prod(tiles.values())
     useful = params.p * params.q * params.groups * params.n
     n_run = math.ceil(params.n / config.block_n) * config.block_n
     x_read = tiles_y * (config.block_p + params.r - 1) * tiles_x * (config.block_q + params.s - 1)
@@ -253,20 +254,10 @@ def default_config(params: Conv2dGw8Params, machine: Machine = H200_CLASS) -> Co
     return min(configs(params), key=lambda c: heuristic_key(params, c, machine))
 
 
-def _tiles(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> dict[str, int]:
-    """Blocks along each dimension of the grid, outermost first."""
-    return {
-        "n": math.ceil(params.n / config.block_n),
-        "c8": math.ceil(params.groups / config.groups),
-        "y": math.ceil(params.p / config.block_p),
-        "x": math.ceil(params.q / config.block_q),
-    }
-
-
 def partial_slots(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
     """Slots of the partial-sum buffers with `partials`: one per warp of a dy tile (all groups of
     a warp's column runs share a slot, each writing its own channels)."""
-    tiles = _tiles(params, config)
+    tiles = grid_tiles(params, config)
     return tiles["n"] * tiles["y"] * tiles["x"] * _warps_x8(config)
 
 
@@ -356,7 +347,7 @@ def generate_header(
     tensor maps)."""
     c8 = params.groups
     in_x = config.block_q + params.s - 1
-    tiles = _tiles(params, config)
+    tiles = grid_tiles(params, config)
     warps_x8 = _warps_x8(config)
     specs: list[Spec] = [
         MacroSpec(
@@ -462,7 +453,7 @@ def make_kernel(
             f"partial sums would take {partial_bytes(params, config)} bytes, more than the "
             f"{MAX_TENSOR_BYTES} a kernel takes; the atomic kernel (partials=False) has none"
         )
-    blocks = math.prod(_tiles(params, config).values())
+    blocks = math.prod(grid_tiles(params, config).values())
     # The code does not depend on the batch size (given at launch) beyond `ragged`: neither
     # does the name.
     name = (
@@ -493,16 +484,20 @@ def make_kernel(
 def with_swizzled_stages(kernel: Kernel) -> Kernel:
     """`kernel` (same params, config and reduction) with its x and dy rows staged swizzled
     (stage_layout): the layout scripts/ablate_kernel.py times against the group-major one."""
-    info = dict(kernel.info)
-    return make_kernel(info["params"], info["config"], info["partials"], swizzled=True)
+    return _remade(kernel, swizzled=True, tma=False)
 
 
 def with_tma_stages(kernel: Kernel) -> Kernel:
     """`kernel` (same params, config and reduction) with its x and dy rows brought in by tensor
     copies into swizzled buffers (sm_90 and newer): the loader scripts/ablate_kernel.py times
     against cp.async."""
-    info = dict(kernel.info)
-    return make_kernel(info["params"], info["config"], info["partials"], tma=True)
+    return _remade(kernel, tma=True)
+
+
+def _remade(kernel: Kernel, **changes: Any) -> Kernel:
+    """make_kernel with `kernel`'s arguments (its info), but for `changes`."""
+    names = ("params", "config", "partials", "swizzled", "tma")
+    return make_kernel(**{name: kernel.info_value(name) for name in names} | changes)
 
 
 def row_boxes(kernel: Kernel) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -637,12 +632,16 @@ def wgrad(
     device = x.device
     dw_dtype, dbias_dtype = dtypes or (torch.float32, torch.float32)
     if kernel.info_value("partials"):
-        slots, w_size, c, summing = _partials_plan(kernel, params, dw_dtype, dbias_dtype)
-        dw_part = torch.empty(slots * w_size, dtype=torch.float32, device=device)
-        dbias_part = torch.empty(slots * c, dtype=torch.float32, device=device) if c else None
+        slots, dw_size, dbias_size, summing = _partials_plan(kernel, params, dw_dtype, dbias_dtype)
+        dw_part = torch.empty(slots * dw_size, dtype=torch.float32, device=device)
+        dbias_part = (
+            torch.empty(slots * dbias_size, dtype=torch.float32, device=device)
+            if params.has_bias
+            else None
+        )
         layout = torch.channels_last if channels_last else torch.contiguous_format
         dw = torch.empty(params.weight_shape, dtype=dw_dtype, device=device, memory_format=layout)
-        dbias = torch.empty(params.c, dtype=dbias_dtype, device=device) if c else None
+        dbias = torch.empty(params.c, dtype=dbias_dtype, device=device) if params.has_bias else None
         if poison:
             for buffer in (dw_part, dbias_part, dw, dbias):
                 if buffer is not None:
@@ -675,11 +674,11 @@ def _partials_plan(kernel: Kernel, params: Conv2dGw8Params, dw_dtype, dbias_dtyp
     plan = _partials_plans.get(key)
     if plan is None:
         slots = partial_slots(params, kernel.info_value("config"))
-        w_size, c = slot_columns(params)
+        dw_size, dbias_size = slot_columns(params)
         summing = sum_kernel(
             params, gradient_dtype_name(dw_dtype), gradient_dtype_name(dbias_dtype)
         )
-        plan = remember(_partials_plans, key, (slots, w_size, c, summing), MAX_PLANS)
+        plan = remember(_partials_plans, key, (slots, dw_size, dbias_size, summing), MAX_PLANS)
     return plan
 
 

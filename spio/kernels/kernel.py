@@ -69,7 +69,9 @@ class Kernel:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_mem_bytes: int
-    # Extra values describing the instance (params, config), for logs and perf models.
+    # What make_kernel was given (params, config, variant flags such as tma, weights_cl,
+    # partials): the launch wrappers read them to lay out and check their arguments, the
+    # variant helpers to make a sibling kernel, logs and perf tools to describe it.
     info: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:

@@ -107,7 +107,7 @@ def features(family: Family, params: Conv2dGw8Params, configs: Sequence) -> np.n
     smem = np.array([family.shared_mem_bytes(params, c) for c in configs], dtype=np.float64)
     threads = np.array([c.threads for c in configs], dtype=np.float64)
     cg, bp, bq = cfg["groups"], cfg["block_p"], cfg["block_q"]
-    stages = cfg.get("stages", np.full(len(configs), 2.0))
+    stages = cfg["stages"]
     groups_run = np.ceil(g / cg) * cg
     # The shipped models were trained on this formula, which charges waste to blocks that hold
     # all of an odd group count (e.g. 3 groups in blocks of 4); conv2d_gw8_factory.sector_waste
@@ -801,25 +801,24 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     from . import autotune
 
     key, folder, top_k = _selection_key(family, params, identity, device)
-    tune = top_k is not None
     hit = _selected.get(key)
     if hit is not None:
         return hit[0]
     ranked, model = rank_configs(family, params, identity, folder)
     untuned = ranked[0]  # without a model, the heuristic's default_config for this GPU
-    if tune:
-        candidates = ranked[:top_k]
-        candidates += [
-            c for c in unjudged_variants(family, model, ranked[0], ranked) if c not in candidates
-        ]
-        if autotune.want(family, params, device, identity, candidates):
-            return untuned  # spio.precompile builds the candidates first; not memoised
+    how = "heuristic" if model is None else f"model {model.path.parent.name}/{model.path.name}"
+    if top_k is None:  # autotuning off
+        return _remember(key, untuned, how)
+    candidates = ranked[:top_k]
+    candidates += [
+        c for c in unjudged_variants(family, model, untuned, ranked) if c not in candidates
+    ]
+    if autotune.want(family, params, device, identity, candidates):
+        return untuned  # spio.precompile builds the candidates first; not memoised
     if autotune.deferred(device):
-        winner = autotune.cached_winner(family, params, identity, candidates) if tune else None
+        winner = autotune.cached_winner(family, params, identity, candidates)
         if winner is not None:  # tuned before (this process or another): what eager calls run
-            with _lock:
-                remember(_selected, key, (winner, "autotune"), MAX_SELECTED)
-            return winner
+            return _remember(key, winner, "autotune")
         _warn_once(  # (once a family: a key per layer would grow with every batch size met)
             ("capture", family.name),
             "autotune: %s %s is first used inside a CUDA graph capture, where nothing can be "
@@ -830,17 +829,18 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
             untuned.encode(),
         )
         return untuned  # not memoised, so that a later call outside the capture tunes
-    how = "heuristic" if model is None else f"model {model.path.parent.name}/{model.path.name}"
-    config = untuned
-    if tune:
-        try:
-            config = autotune.autotune(family, params, device, identity, candidates, model=model)
-            how = "autotune"
-        except autotune.AutotuneFailed as error:  # (each config's failure was logged)
-            # The untuned pick may well run (out of memory for timing's inputs, say); it is
-            # remembered for this process, not on disk, so a later process tunes again.
-            logger.warning("%s; running the untuned pick %s", error, untuned.encode())
-            how += " (autotune failed)"
+    try:
+        config = autotune.autotune(family, params, device, identity, candidates, model=model)
+    except autotune.AutotuneFailed as error:  # (each config's failure was logged)
+        # The untuned pick may well run (out of memory for timing's inputs, say); it is
+        # remembered for this process, not on disk, so a later process tunes again.
+        logger.warning("%s; running the untuned pick %s", error, untuned.encode())
+        return _remember(key, untuned, how + " (autotune failed)")
+    return _remember(key, config, "autotune")
+
+
+def _remember(key: tuple, config: Any, how: str) -> Any:
+    """Memoise select_config's choice `config` for `key`, chosen as `how` says; returns it."""
     with _lock:
         remember(_selected, key, (config, how), MAX_SELECTED)
     return config
