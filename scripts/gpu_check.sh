@@ -127,6 +127,10 @@ if ! mkdir -p -- "$OUT_DIR" 2>/dev/null || [[ ! -w "$OUT_DIR" ]]; then
     usage_error "cannot write OUT_DIR '$OUT_DIR'"
 fi
 OUT_DIR=$(cd -- "$OUT_DIR" && pwd)
+# An earlier run's summary goes first: a signal before this run's is begun must not print that
+# one as this run's (nor pack it).
+rm -f -- "$OUT_DIR/summary.txt"
+SUMMARY_ENDED=0  # 1 once the summary has its total line
 cd "$REPO" || exit 1
 PYTHON=${PYTHON:-python}
 BUDGET=${GPU_CHECK_BUDGET:-470}
@@ -163,7 +167,10 @@ stop_step() {
         log "stopped by a signal"
     fi
     if [[ -f "$OUT_DIR/summary.txt" ]]; then  # the steps that ended, printed last as ever
-        printf '%-10s %-64s %5d\n' total "STOPPED by a signal" "$SECONDS" >>"$OUT_DIR/summary.txt"
+        if ((!SUMMARY_ENDED)); then
+            printf '%-10s %-64s %5d\n' total "STOPPED by a signal" "$SECONDS" \
+                >>"$OUT_DIR/summary.txt"
+        fi
         pack
         cat "$OUT_DIR/summary.txt"
     else
@@ -699,6 +706,7 @@ done
 
 printf '%-10s %-64s %5d\n' total "$([[ $FAILED -eq 0 ]] && echo PASS || echo FAIL)" "$SECONDS" \
     >>"$OUT_DIR/summary.txt"
+SUMMARY_ENDED=1
 if [[ -n "${GPU_CHECK_ARCHIVE:-}" ]]; then  # before the summary, which is printed last
     pack && log "packed $OUT_DIR into $GPU_CHECK_ARCHIVE"
 fi

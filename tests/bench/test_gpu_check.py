@@ -432,6 +432,38 @@ def test_the_perf_steps_arguments_are_perf_samples(
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def test_a_signal_before_the_summary_prints_no_earlier_runs(stand_ins, tmp_path):
+    """A TERM while the run starts (before its summary is begun) in an OUT_DIR used before: the
+    earlier run's summary had been printed, as this run's, with PASS lines and a second total."""
+    import signal
+    import time
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "summary.txt").write_text("gpu_check summary (OLD RUN)\ntotal      PASS  100\n")
+    slow = _executable(tmp_path / "slow_python", "#!/usr/bin/env bash\nsleep 3\necho Python 3\n")
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), str(out_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        encoding="utf-8",
+        env=dict(stand_ins, PYTHON=str(slow)),
+        cwd=REPO,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)  # the script alone: its --version call runs on
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, out
+    assert "stopped by a signal" in out
+    assert "OLD RUN" not in out and "PASS" not in out, out
+    assert not (out_dir / "summary.txt").exists()
+
+
 def test_archive_packs_the_output_folder(stand_ins, tmp_path):
     import tarfile
 

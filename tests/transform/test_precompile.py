@@ -707,3 +707,39 @@ def test_a_model_that_calls_its_layers_on_threads_of_its_own_is_scanned_whole(mo
     assert sorted((p.r, p.s) for p in spio.scan_modules(model, x)) == [(1, 1), (3, 3)]
     kernels = precompile(model, x, training=False, progress=False)
     assert len(kernels) == 2 and launched == []
+
+
+@pytest.mark.parametrize("where", ["top", "list", "dict_kwarg"])
+def test_the_forward_run_forks_the_rng_of_gpus_in_nested_inputs(monkeypatch, where):
+    """precompile's forward run puts back the random state of every GPU its inputs are on
+    (dropout draws there): inputs in lists, tuples and dicts, too, as where_faster finds them.
+    A GPU reached only through a nested input had been left out (a tensor that says it is on
+    cuda:1 stands in for one, the fork recorded)."""
+    import contextlib
+
+    forked = []
+
+    @contextlib.contextmanager
+    def fork_rng(devices=None, **kwargs):
+        forked.append(list(devices))
+        yield
+
+    monkeypatch.setattr(torch.random, "fork_rng", fork_rng)
+
+    class OnGpu1(torch.Tensor):
+        is_cuda = property(lambda self: True)
+        device = property(lambda self: torch.device("cuda", 1))
+
+    t = torch.zeros(1).as_subclass(OnGpu1)
+    inputs, kwargs = {
+        "top": ((t,), None),
+        "list": (([t],), None),
+        "dict_kwarg": ((), {"d": {"a": t}}),
+    }[where]
+
+    class Takes(nn.Module):
+        def forward(self, *args, **kwargs):
+            return None
+
+    modules._forward_once(Takes(), inputs, kwargs, grad=False)
+    assert forked == [[1]]
