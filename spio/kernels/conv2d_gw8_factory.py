@@ -12,6 +12,7 @@ import collections
 import itertools
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,41 @@ ELEMENT_TYPES = {"fp16": ("__half", "__half2"), "bf16": ("__nv_bfloat16", "__nv_
 FRAGMENT_ELEMENTS = {"fp16": "f16", "bf16": "bf16"}
 
 
+def check_config(
+    config: Any,
+    name: str,
+    fields: tuple[str, ...],
+    mma_k_error: Callable[[], str | None],
+    *,
+    runs: str,
+    run_width: int,
+    name_warps: bool = False,
+) -> None:
+    """The checks both kernels' tile configs share, in this order: every one of `fields` a
+    positive int (not a bool), stages >= 2, mma_k (`mma_k_error` gives the message of a bad one;
+    called only once the fields are ints), block_q a multiple of `run_width` times the `runs`
+    field (a warp's columns), 32..1024 threads a block (with `name_warps`, the message also gives
+    the warps). Raises ValueError naming `name`, the config's class."""
+    for field in fields:
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # bool: "True"
+            raise ValueError(f"{name} needs {field} a positive int, got {value!r}")
+    if config.stages < 2:
+        raise ValueError(f"{name} needs stages >= 2, got {config.stages}")
+    error = mma_k_error()
+    if error is not None:
+        raise ValueError(error)
+    warp_columns = run_width * getattr(config, runs)
+    if config.block_q % warp_columns:
+        raise ValueError(
+            f"{name} needs block_q a multiple of {run_width} * {runs} = {warp_columns}, "
+            f"got {config.block_q}"
+        )
+    if not 32 <= config.threads <= 1024:
+        warps = f" ({config.warps} warps)" if name_warps else ""
+        raise ValueError(f"{name} needs 32..1024 threads per block, got {config.threads}{warps}")
+
+
 @dataclass(frozen=True, order=True)
 class Conv2dGw8Config:
     """A tile config: groups (of 8 channels) per block, output rows and columns per block, the
@@ -63,24 +99,21 @@ class Conv2dGw8Config:
     block_n: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("groups", "block_p", "block_q", "warp_q16", "stages", "mma_k", "block_n"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # bool: "True"
-                raise ValueError(f"Conv2dGw8Config needs {name} a positive int, got {value!r}")
-        if self.stages < 2:
-            raise ValueError(f"Conv2dGw8Config needs stages >= 2, got {self.stages}")
+        fields = ("groups", "block_p", "block_q", "warp_q16", "stages", "mma_k", "block_n")
+        check_config(
+            self,
+            "Conv2dGw8Config",
+            fields,
+            self._mma_k_error,
+            runs="warp_q16",
+            run_width=16,
+            name_warps=True,
+        )
+
+    def _mma_k_error(self) -> str | None:
         if self.mma_k not in (8, 16):
-            raise ValueError(f"Conv2dGw8Config needs mma_k 8 or 16, got {self.mma_k}")
-        if self.block_q % (16 * self.warp_q16):
-            raise ValueError(
-                f"Conv2dGw8Config needs block_q a multiple of 16 * warp_q16 = "
-                f"{16 * self.warp_q16}, got {self.block_q}"
-            )
-        if not 32 <= self.threads <= 1024:
-            raise ValueError(
-                f"Conv2dGw8Config needs 32..1024 threads per block, got {self.threads} "
-                f"({self.warps} warps)"
-            )
+            return f"Conv2dGw8Config needs mma_k 8 or 16, got {self.mma_k}"
+        return None
 
     @property
     def warps(self) -> int:

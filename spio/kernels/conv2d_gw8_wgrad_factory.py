@@ -32,6 +32,7 @@ from .conv2d_gw8_factory import (
     Machine,
     _check_dtype,
     _check_shapes,
+    check_config,
     check_layer,
     check_shared_mem,
     grid_tiles,
@@ -88,26 +89,18 @@ class Conv2dGw8WgradConfig:
     mma_k: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("groups", "block_p", "block_q", "block_n", "warp_q8", "stages", "mma_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # bool: "True"
-                raise ValueError(f"Conv2dGw8WgradConfig needs {name} a positive int, got {value!r}")
-        if self.stages < 2:
-            raise ValueError(f"Conv2dGw8WgradConfig needs stages >= 2, got {self.stages}")
+        fields = ("groups", "block_p", "block_q", "block_n", "warp_q8", "stages", "mma_k")
+        check_config(
+            self, "Conv2dGw8WgradConfig", fields, self._mma_k_error, runs="warp_q8", run_width=8
+        )
+
+    def _mma_k_error(self) -> str | None:
         if self.mma_k not in (8, 16) or self.warp_q8 % (self.mma_k // 8):
-            raise ValueError(
+            return (
                 f"Conv2dGw8WgradConfig needs mma_k 8, or 16 with an even warp_q8; got mma_k "
                 f"{self.mma_k}, warp_q8 {self.warp_q8}"
             )
-        if self.block_q % (8 * self.warp_q8):
-            raise ValueError(
-                f"Conv2dGw8WgradConfig needs block_q a multiple of 8 * warp_q8 = "
-                f"{8 * self.warp_q8}, got {self.block_q}"
-            )
-        if not 32 <= self.threads <= 1024:
-            raise ValueError(
-                f"Conv2dGw8WgradConfig needs 32..1024 threads per block, got {self.threads}"
-            )
+        return None
 
     @property
     def warps(self) -> int:
