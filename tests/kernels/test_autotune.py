@@ -426,7 +426,8 @@ def test_kernel_inputs_match_the_kernels_argument_order():
     assert tuple(dgrad[0].shape) == params.input_shape and dgrad[3] is None
     assert dgrad[4] == params.n
     wgrad = autotune.kernel_inputs("conv2d_gw8_wgrad", params, "cpu")
-    assert wgrad[0].dtype == torch.float32 and tuple(wgrad[0].shape) == params.weight_shape
+    assert wgrad[:2] == [None, None]  # dw and dbias: wgrad, which pass_call runs, makes its own
+    assert tuple(wgrad[2].shape) == params.input_shape and wgrad[2].dtype == torch.bfloat16
     assert tuple(wgrad[3].shape) == params.output_shape and wgrad[4] == params.n
     a, b = (autotune.kernel_inputs("conv2d_gw8_fprop", params, "cpu", seed) for seed in (0, 1))
     assert not torch.equal(a[1], b[1])  # rotated input sets differ
@@ -669,18 +670,18 @@ def test_default_timer_makes_new_inputs_for_another_pass_of_the_same_layer(monke
 
 def test_kernel_inputs_follow_each_pass_where_the_output_is_smaller_than_the_input():
     """Unpadded, a layer's output is smaller than its input: DGrad reads the output gradient and
-    writes the input's, WGrad reads the input then the output gradient, and a layer without a
-    bias gets no bias gradient."""
+    writes the input's, WGrad reads the input then the output gradient (and gets no dw or
+    dbias buffer, with a bias or without: wgrad makes its own)."""
     params = P(n=2, c=16, h=7, w=6, padding=0)
     assert params.output_shape != params.input_shape
     dgrad = autotune.kernel_inputs("conv2d_gw8_dgrad", params, "cpu")
     assert [tuple(dgrad[i].shape) for i in (0, 1)] == [params.input_shape, params.output_shape]
     wgrad = autotune.kernel_inputs("conv2d_gw8_wgrad", params, "cpu")
-    assert wgrad[1] is None
+    assert wgrad[:2] == [None, None]  # dw and dbias: wgrad, which pass_call runs, makes its own
     assert [tuple(wgrad[i].shape) for i in (2, 3)] == [params.input_shape, params.output_shape]
     with_bias = dataclasses.replace(params, has_bias=True)
     biased = autotune.kernel_inputs("conv2d_gw8_wgrad", with_bias, "cpu")
-    assert tuple(biased[1].shape) == (16,) and not biased[1].any()  # zeroed, to accumulate into
+    assert biased[:2] == [None, None]  # a bias's gradient too
 
 
 def test_pass_call_gives_a_tma_kernel_its_inputs_tensor_map():
