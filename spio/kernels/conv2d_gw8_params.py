@@ -6,6 +6,7 @@ Importing this module does not import torch; only `Conv2dGw8Params.from_tensors`
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ MIN_FILTER, MAX_FILTER = 1, 5
 
 #: Activation dtypes the kernels take, by short name.
 DTYPES = ("fp16", "bf16")
+#: Bytes per element: activations and weights in fp16/bf16; bias and weight gradient in fp32.
+ACTIVATION_BYTES = 2
+FP32_BYTES = 4
 #: The largest activation tensor a kernel takes, in bytes: the kernels index with C++ ints.
 #: spio.functional runs larger batches in chunks of images.
 MAX_TENSOR_BYTES = 2**31 - 1
@@ -325,12 +329,13 @@ class Conv2dGw8Params:
 def image_bytes(params: Conv2dGw8Params) -> int:
     """Bytes of one image of the layer's larger activation tensor (input or output; 2-byte
     elements)."""
-    return params.c * max(params.h * params.w, params.p * params.q) * 2
+    per_image = max(math.prod(params.input_shape[1:]), math.prod(params.output_shape[1:]))
+    return per_image * ACTIVATION_BYTES
 
 
 def weight_grad_bytes(params: Conv2dGw8Params) -> int:
     """Bytes of the layer's fp32 weight gradient, its largest weight-side tensor."""
-    return params.c * GROUP_WIDTH * params.r * params.s * 4
+    return math.prod(params.weight_shape) * FP32_BYTES
 
 
 def check_tensor_bytes(params: Conv2dGw8Params) -> None:

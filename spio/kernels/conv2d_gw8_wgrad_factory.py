@@ -53,6 +53,7 @@ from .conv2d_gw8_params import (
     check_tensor_bytes,
 )
 from .kernel import Kernel, KernelFactory, entry_symbol
+from .stats import Conv2dStats
 
 if TYPE_CHECKING:
     import torch
@@ -292,7 +293,7 @@ def part_specs(params: Conv2dGw8Params, element: str) -> list[Spec]:
 
 def slot_columns(params: Conv2dGw8Params) -> tuple[int, int]:
     """fp32 values per partial-sum slot: (dw's, dbias's; 0 without has_bias)."""
-    return math.prod(params.weight_shape), params.c if params.has_bias else 0
+    return Conv2dStats(params).weight_elements, params.c if params.has_bias else 0
 
 
 def partial_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:

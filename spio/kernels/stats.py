@@ -7,16 +7,20 @@ kernel that re-reads halos or spills shows up as lower bandwidth.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from .conv2d_gw8_params import GROUP_WIDTH, Conv2dGw8Params, check_params
+from . import conv2d_gw8_params
+from .conv2d_gw8_params import (
+    ACTIVATION_BYTES,
+    FP32_BYTES,
+    GROUP_WIDTH,
+    Conv2dGw8Params,
+    check_params,
+)
 
 #: The three passes of training, by name.
 PASSES = ("fprop", "dgrad", "wgrad")
-
-#: Bytes per element: activations and weights in fp16/bf16; bias and weight gradient in fp32.
-ACTIVATION_BYTES = 2
-FP32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -31,19 +35,16 @@ class Conv2dStats:
     @property
     def input_bytes(self) -> int:
         """Size of x (or dx) in bytes."""
-        p = self.params
-        return p.n * p.c * p.h * p.w * ACTIVATION_BYTES
+        return math.prod(self.params.input_shape) * ACTIVATION_BYTES
 
     @property
     def output_bytes(self) -> int:
         """Size of y (or dy) in bytes."""
-        p = self.params
-        return p.n * p.c * p.p * p.q * ACTIVATION_BYTES
+        return math.prod(self.params.output_shape) * ACTIVATION_BYTES
 
     @property
     def weight_elements(self) -> int:
-        p = self.params
-        return p.c * GROUP_WIDTH * p.r * p.s
+        return math.prod(self.params.weight_shape)
 
     @property
     def weight_bytes(self) -> int:
@@ -53,7 +54,7 @@ class Conv2dStats:
     @property
     def weight_grad_bytes(self) -> int:
         """Size of dw, which the WGrad kernel writes in fp32."""
-        return self.weight_elements * FP32_BYTES
+        return conv2d_gw8_params.weight_grad_bytes(self.params)
 
     @property
     def bias_bytes(self) -> int:
