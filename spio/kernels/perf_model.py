@@ -459,17 +459,27 @@ def _check_meta(
             f"{FEATURE_VERSION} of {name} is {list(feature_names(family))}"
         )
     if identity is not None:
-        if meta.get("arch") != identity.arch:
-            raise PerfModelError(
-                f"perf model {path} was trained for {meta.get('arch')!r}, not for the device's "
-                f"{identity.arch}"
-            )
-        slug = meta.get("device_slug")
-        if slug is not None and slug != identity.slug:
-            raise PerfModelError(
-                f"perf model {path} was measured on {meta.get('device')!r}, not on {identity.name}"
-            )
+        arch = identity.arch
+        _check_made_for(path, meta, arch, f"the device's {arch}", identity.slug, identity.name)
     return family
+
+
+def _check_made_for(
+    path: Path, meta: dict, arch: str, arch_named: str, slug: str | None, device_named: str
+) -> None:
+    """PerfModelError unless the metadata's arch is `arch` and its device_slug, where it has one
+    and `slug` is given, is `slug`: a model trained for the arch, and measured on the device,
+    where spio would use it (a device's, or a folder's). `arch_named` and `device_named` name
+    the expected arch and device in the message."""
+    if meta.get("arch") != arch:
+        raise PerfModelError(
+            f"perf model {path} was trained for {meta.get('arch')!r}, not for {arch_named}"
+        )
+    recorded = meta.get("device_slug")
+    if slug is not None and recorded is not None and recorded != slug:
+        raise PerfModelError(
+            f"perf model {path} was measured on {meta.get('device')!r}, not on {device_named}"
+        )
 
 
 def _read_model_file(path: Path, meta: dict) -> bytes:
@@ -518,17 +528,9 @@ def check_model_slot(folder: Path, meta_path: Path, meta: dict) -> None:
     parts = meta_path.relative_to(folder).parts  # arch, [device slug,] file
     if len(parts) > 3:
         raise PerfModelError(f"perf model {path} is not where spio looks for one")
-    if meta.get("arch") != parts[0]:
-        raise PerfModelError(
-            f"perf model {path} was trained for {meta.get('arch')!r}, not for the {parts[0]} "
-            "of its folder"
-        )
-    slug = meta.get("device_slug")
-    if len(parts) == 3 and slug is not None and slug != parts[1]:
-        raise PerfModelError(
-            f"perf model {path} was measured on {meta.get('device')!r}, not on the device of "
-            f"its folder ({parts[1]})"
-        )
+    slug = parts[1] if len(parts) == 3 else None  # (a folder of its own: a device's model)
+    arch_named = f"the {parts[0]} of its folder"
+    _check_made_for(path, meta, parts[0], arch_named, slug, f"the device of its folder ({slug})")
 
 
 def _check_batch_sizes(path: Path, meta: dict) -> None:
@@ -667,8 +669,9 @@ def rank_configs(
     configs = family.configs(params)
     if not configs:
         raise ValueError(f"{family.name} has no tile config for layer {params.encode()}")
+    looked_in = models_dir() if folder is None else Path(folder)
     found = False
-    for model in loadable_models(family, identity, folder):
+    for model in loadable_models(family, identity, looked_in):
         found = True
         gap = model.coverage_gap(params)
         if gap is None and not any(model.measured(c) for c in configs):  # it would rank none
@@ -692,7 +695,6 @@ def rank_configs(
             reason,
             level=logger.info,
         )
-    looked_in = models_dir() if folder is None else Path(folder)
     if not looked_in.is_dir():  # a typo must not pass for "no models" (info level, hidden)
         problem = models_setting_problem() if looked_in == models_dir() else None
         problem = problem or f"the perf models' folder {looked_in} is missing"
@@ -704,7 +706,7 @@ def rank_configs(
             family.name,
             identity.arch,
             identity.name,
-            folder or models_dir(),
+            looked_in,
             level=logger.info,
         )
     return heuristic_ranking(family, params, configs, identity.machine), None
