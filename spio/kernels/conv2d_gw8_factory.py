@@ -594,10 +594,11 @@ def make_kernel(
 ) -> Kernel:
     """The FProp (or, with igrad, DGrad) kernel for `params` with tile `config`; `weights_cl`
     reads channels_last weights, `bias_elem` (FProp with a bias) a bias in the activations'
-    dtype, `swizzled` stages input rows pixel-major (see generate_header; spio runs the
-    group-major kernels, scripts/ablate_kernel.py times the other), `tma` fills those stages by
-    tensor copies (sm_90 and newer only; implies `swizzled`), `tma_stores` also stores the output
-    rows by tensor copies (implies `tma`). The tile loop is the same in every variant."""
+    dtype, `swizzled` stages input rows pixel-major (see generate_header; by default spio runs
+    the group-major kernels, with SPIO_TMA the tensor-copy ones, and scripts/ablate_kernel.py
+    times the others), `tma` fills those stages by tensor copies (sm_90 and newer only; implies
+    `swizzled`), `tma_stores` also stores the output rows by tensor copies (implies `tma`). The
+    tile loop is the same in every variant."""
     if type(igrad) is not bool:  # (its header would define SPIO_CONV_IGRAD as int(igrad))
         raise TypeError(f"conv2d_gw8 make_kernel needs igrad True or False, got {igrad!r}")
     if config is not None and not isinstance(config, Conv2dGw8Config):

@@ -424,7 +424,8 @@ def make_kernel(
     (partial_slots(params, config) slots) instead of adding them atomically; the caller sums the
     slots (see `wgrad`). The result then does not depend on the order the blocks run in.
     `swizzled`: x and dy rows staged pixel-major, swizzled (conv2d_gw8_factory.stage_layout;
-    spio runs the group-major kernels, scripts/ablate_kernel.py times the other). `tma`: those
+    by default spio runs the group-major kernels, with SPIO_TMA the tensor-copy ones, and
+    scripts/ablate_kernel.py times the others). `tma`: those
     rows brought in by tensor copies (sm_90 and newer only; implies `swizzled`).
     """
     if config is not None and not isinstance(config, Conv2dGw8WgradConfig):
