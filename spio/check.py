@@ -207,12 +207,12 @@ def run_one(
 HELD_PASSES = ("fprop", "dgrad")
 
 
-def held(index: int, pass_: str) -> bool:
+def held(index: int) -> bool:
     """Whether a pass's run `index` (of one dtype) has its operands as a half-precision model
-    holds them (run_one's `as_held`): every other one, the odd ones. (All had read an fp32 bias
-    and contiguous weights, so a kernel reading a bf16 bias as fp16 passed the check; and all
-    WGrad runs had summed into fp32 contiguous gradients, so a sum_slots that wrote a
-    channels_last dw in the contiguous layout passed it: mutation testing, 2026-12-06.)"""
+    holds them (run_one's `as_held`): every other one, the odd ones, in every pass. (All had
+    read an fp32 bias and contiguous weights, so a kernel reading a bf16 bias as fp16 passed the
+    check; and all WGrad runs had summed into fp32 contiguous gradients, so a sum_slots that
+    wrote a channels_last dw in the contiguous layout passed it: mutation testing, 2026-12-06.)"""
     return index % 2 == 1
 
 
@@ -225,7 +225,7 @@ def atomic(index: int, pass_: str) -> bool:
 
 def run_kind(index: int, pass_: str) -> str:
     """How run `index` of a pass runs, for its failure line: "" or " (as held)" or " (atomic)"."""
-    return " (as held)" if held(index, pass_) else " (atomic)" if atomic(index, pass_) else ""
+    return " (as held)" if held(index) else " (atomic)" if atomic(index, pass_) else ""
 
 
 def _held_layout(params: Conv2dGw8Params, pass_: str) -> tuple[bool, bool]:
@@ -240,12 +240,12 @@ def kernel_as_run(
     config,
     device: str,
     as_held: bool = False,
-    atomic: bool = False,
+    use_atomics: bool = False,
 ):
     """The kernel spio runs for this pass, layer and config on `device`: its family's (for
-    WGrad, per-warp partial sums and sum_slots while they fit, else atomics; with `atomic`,
-    atomics), reading the operands as held where `as_held` (FProp and DGrad), with its rows
-    moved by tensor copies where SPIO_TMA asks for them and the device has them."""
+    WGrad, per-warp partial sums and sum_slots while they fit, else atomics; with
+    `use_atomics`, atomics), reading the operands as held where `as_held` (FProp and DGrad),
+    with its rows moved by tensor copies where SPIO_TMA asks for them and the device has them."""
     import torch
 
     from .functional._kernels import with_tensor_copies
@@ -253,7 +253,7 @@ def kernel_as_run(
     from .kernels import conv2d_gw8_wgrad_factory as wg
     from .kernels.families import FAMILY_OF_PASS
 
-    if atomic and pass_ == "wgrad":
+    if use_atomics and pass_ == "wgrad":
         kernel = wg.make_kernel(params, config, partials=False)
     else:
         kernel = FAMILY_OF_PASS[pass_].make_kernel(params, config)
@@ -265,7 +265,7 @@ def kernel_as_run(
 def kernel_of_run(params: Conv2dGw8Params, pass_: str, config, device: str, index: int):
     """The kernel of a pass's run `index` (`held` and `atomic` say which variant): the one
     precompile builds and run_jobs runs."""
-    return kernel_as_run(params, pass_, config, device, held(index, pass_), atomic(index, pass_))
+    return kernel_as_run(params, pass_, config, device, held(index), atomic(index, pass_))
 
 
 def configs_to_run(
@@ -321,9 +321,7 @@ def run_jobs(
         lost = False
         try:
             kernel = kernel_of_run(params, pass_, config, device, index)
-            ratio = run_one(
-                params, pass_, config, device, kernel=kernel, as_held=held(index, pass_)
-            )
+            ratio = run_one(params, pass_, config, device, kernel=kernel, as_held=held(index))
         except Exception as error:  # a launch or build error is a failure, not a crash
             ratio, case = math.inf, f"{case}: {type(error).__name__}: {error}"
             lost = _sticky(error, device)
@@ -432,7 +430,7 @@ def precompile(
             kernel = kernel_of_run(params, pass_, config, device, index)
             # The sum_slots kernels into the gradients' dtypes: fp32, and for a held run its
             # half gradients too (run_one compares them with the fp32 ones).
-            sums = [("fp32", "fp32")] + ([(dtype, dtype)] if held(index, pass_) else [])
+            sums = [("fp32", "fp32")] + ([(dtype, dtype)] if held(index) else [])
             for pair in sums:
                 kernels.update((k.name, k) for k in with_sums([kernel], pair))
     failures = build_kernels(kernels.values(), torch.device(device))

@@ -666,11 +666,10 @@ def test_the_quick_checks_run_every_variant_of_every_pass():
     was of the bias-free layer) and no atomic WGrad; the quick GPU check, its 7 layers."""
     for layers in (check.QUICK_EMULATOR_LAYERS, check.GPU_LAYERS[:4] + check.GPU_LAYERS[-3:]):
         indices = range(len(layers))
-        assert any(check.held(i, "fprop") and layers[i].has_bias for i in indices)
-        assert any(check.held(i, "wgrad") and layers[i].has_bias for i in indices)
+        assert any(check.held(i) and layers[i].has_bias for i in indices)  # (FProp's, WGrad's)
         assert any(check.atomic(i, "wgrad") for i in indices)
         assert not any(check.atomic(i, "fprop") or check.atomic(i, "dgrad") for i in indices)
-        assert not any(check.atomic(i, "wgrad") and check.held(i, "wgrad") for i in indices)
+        assert not any(check.atomic(i, "wgrad") and check.held(i) for i in indices)
 
 
 def test_the_full_emulator_check_runs_some_picks_as_held():
@@ -679,7 +678,7 @@ def test_the_full_emulator_check_runs_some_picks_as_held():
     for pass_ in PASSES:
         jobs = check.check_jobs("cpu", check.EMULATOR_LAYERS, pass_, "fp16", 1)
         picks = {params: check.configs_to_run(params, pass_, 0, 0)[0] for params, _ in jobs}
-        held_picks = [i for i, (p, c) in enumerate(jobs) if check.held(i, pass_) and c == picks[p]]
+        held_picks = [i for i, (p, c) in enumerate(jobs) if check.held(i) and c == picks[p]]
         assert len(held_picks) == len(check.EMULATOR_LAYERS) // 2, pass_
 
 
