@@ -308,9 +308,10 @@ class EmuFunction:
         return text.split(",") if text else []
 
     def _marshal(self, kinds: list[str], args: tuple, check: bool):
-        """Slots for the C++ side, registered ranges, (original, copy) pairs to copy back, and the
-        ctypes buffers of struct arguments, which must stay alive until the launch returns (their
-        slots hold the buffers' addresses)."""
+        """Slots for the C++ side, registered ranges, (original, copy, original_bytes,
+        copy_bytes) tuples of the tensors to copy back (the bytes: byte views of each one's span,
+        _guarded_copy's), and the ctypes buffers of struct arguments, which must stay alive until
+        the launch returns (their slots hold the buffers' addresses)."""
         import torch
 
         if len(args) != len(kinds):
