@@ -191,6 +191,14 @@ class DiskCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(path, data)
 
+    def _store_or_warn(self, path: Path, payload: bytes, meta: dict) -> None:
+        """_store, or where the folder cannot be written, the warning (once) that entries are
+        kept in memory only (the caller keeps it there)."""
+        try:
+            self._store(path, payload, meta)
+        except OSError as error:
+            self._warn_once(error)
+
     def get(self, key: str) -> tuple[bytes, dict] | None:
         """The entry for `key` (payload, meta), from memory or disk; None on a miss."""
         path = self.path(key)
@@ -245,10 +253,7 @@ class DiskCache:
                 self._remember(path, entry)
                 return entry[0], entry[1], True
             payload, meta = build()
-            try:
-                self._store(path, payload, meta)
-            except OSError as error:
-                self._warn_once(error)
+            self._store_or_warn(path, payload, meta)
         finally:
             if lock is not None:
                 lock.release()
@@ -264,10 +269,7 @@ class DiskCache:
         process can (the worker's write may have met a folder removed meanwhile), else kept in
         memory, warning once, as for an entry this process could not store."""
         path = self.path(key)
-        try:
-            self._store(path, payload, meta)
-        except OSError as error:
-            self._warn_once(error)
+        self._store_or_warn(path, payload, meta)
         self._remember(path, (payload, meta))
 
     def discard(self, key: str) -> None:

@@ -279,7 +279,7 @@ def compile_cubin(
             raise CompileError(error.name, log, error.result, arch) from None
         seconds = time.perf_counter() - start
         if _lines_here:
-            logger.info("compiled %s for %s in %.2f s", name, arch, seconds)
+            log_build(name, arch, False, seconds)
         return out.cubin, _meta(out.log, out.ptx, seconds)
 
     key = ""
@@ -291,7 +291,7 @@ def compile_cubin(
         start = time.perf_counter()
         cubin, meta, cached = _cubin_cache.get_or_build(key, build)
         if cached and _lines_here:  # (a build logged itself)
-            logger.info("cached %s for %s in %.2f s", name, arch, time.perf_counter() - start)
+            log_build(name, arch, True, time.perf_counter() - start)
     return CompileResult(
         cubin=cubin,
         arch=arch,
@@ -316,6 +316,14 @@ def keep_in_memory(result: CompileResult) -> None:
     then saying once that its folder cannot be written."""
     if result.key and not _cubin_cache.on_disk(result.key):
         _cubin_cache.keep(result.key, result.cubin, _meta(result.log, result.ptx, result.seconds))
+
+
+def log_build(name: str, arch: str, cached: bool, seconds: float, where: str = "") -> None:
+    """The one log line (info) of a kernel's compile: "compiled <name> for <arch> in <s> s", or
+    "cached ..." where the cache had it; `where` ends it (pool.report: " (in a compile
+    worker)"). The record names the caller's line (stacklevel)."""
+    verb = "cached" if cached else "compiled"
+    logger.info(f"{verb} %s for %s in %.2f s{where}", name, arch, seconds, stacklevel=2)
 
 
 #: Whether compile_cubin logs its "compiled"/"cached" line in this process: not in a compile

@@ -52,7 +52,13 @@ from ..env import integer
 from ..log import WORKER_MARK, logger
 from .arch import builds_for, check_arch
 from .cache import cache_root
-from .compile import CompileResult, as_compile_worker, compile_cubin, keep_in_memory
+from .compile import (
+    CompileResult,
+    as_compile_worker,
+    compile_cubin,
+    keep_in_memory,
+    log_build,
+)
 
 
 @dataclass(frozen=True)
@@ -297,12 +303,8 @@ def report(
     from the job's hand-over to its result (no job waits in the pool's queue: see _round).
     Returns `result`."""
     if isinstance(result, CompileResult):
-        if result.cached:
-            logger.info("cached %s for %s in %.2f s (in a compile worker)", job.name, job.arch,
-                        waited)  # fmt: skip
-        else:
-            logger.info("compiled %s for %s in %.2f s (in a compile worker)", job.name, job.arch,
-                        result.seconds)  # fmt: skip
+        seconds = waited if result.cached else result.seconds
+        log_build(job.name, job.arch, result.cached, seconds, " (in a compile worker)")
     return result
 
 
