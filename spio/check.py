@@ -361,7 +361,7 @@ def _sticky(error: BaseException, device: str) -> bool:
     synchronises."""
     driver = _driver()
     if driver is not None and isinstance(error, driver.CudaError):
-        if error.code in driver._STICKY_ERRORS:
+        if error.code in driver.STICKY_ERRORS:
             return True
     if not device.startswith("cuda"):
         return False

@@ -47,7 +47,8 @@ class CudaError(RuntimeError):
     ) -> None: ...
     def __reduce__(self) -> tuple[type[CudaError], tuple[int, str, str, str, str]]: ...
 
-_STICKY_ERRORS: frozenset[int]
+#: CUDA error codes that leave the context unusable (sticky).
+STICKY_ERRORS: frozenset[int]
 
 def _sticky_note(code: int) -> str: ...
 def _probe_library(path: str) -> None: ...
@@ -196,6 +197,7 @@ __all__ = [
     "Module",
     "Pointer",
     "PrimaryContext",
+    "STICKY_ERRORS",
     "UInt32",
     "UInt64",
     "built_with_cuda_version",

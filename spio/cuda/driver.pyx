@@ -306,12 +306,12 @@ cdef object _make_error(CUresult r, str call, str detail=""):
 #: asynchronous one: an illegal or misaligned address, a launch timeout, a device-side assert
 #: (another library's kernel's, say PyTorch's index checks), a hardware stack error, an illegal
 #: instruction, an invalid address space or program counter, a failed launch.
-_STICKY_ERRORS = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
+STICKY_ERRORS = frozenset({700, 702, 710, 714, 715, 716, 717, 718, 719})
 
 
 def _sticky_note(code: int) -> str:
     """What a launch error adds for a sticky error `code`: it may be an earlier launch's."""
-    if code not in _STICKY_ERRORS:
+    if code not in STICKY_ERRORS:
         return ""
     return ("; this error may be an earlier asynchronous launch's (a launch reports the "
             "context's sticky error): CUDA_LAUNCH_BLOCKING=1 makes the kernel that failed "
@@ -1292,6 +1292,7 @@ __all__ = [
     "Module",
     "Pointer",
     "PrimaryContext",
+    "STICKY_ERRORS",
     "UInt32",
     "UInt64",
     "built_with_cuda_version",

@@ -538,6 +538,8 @@ def test_launch_errors_that_may_be_an_earlier_launchs_say_so():
     assert driver._sticky_note(719) == note  # CUDA_ERROR_LAUNCH_FAILED
     assert driver._sticky_note(710) == note  # CUDA_ERROR_ASSERT: e.g. PyTorch's index checks
     assert driver._sticky_note(701) == ""  # out of resources: this launch's own
+    # spio.check reads the same list (public) to stop at a sticky error
+    assert {700, 710, 719} <= driver.STICKY_ERRORS and 701 not in driver.STICKY_ERRORS
 
 
 def test_the_driver_library_setting(monkeypatch, tmp_path):
