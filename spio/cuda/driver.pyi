@@ -204,6 +204,7 @@ __all__ = [
     "device_attributes",
     "device_count",
     "driver_version",
+    "encode_tensor_map_tiled",
     "init",
     "library_path",
     "retain_primary_context",

@@ -563,7 +563,8 @@ def test_a_run_cut_off_still_leaves_the_summary_of_the_steps_it_finished(stand_i
     assert lines[1].startswith("gpu_check summary")
     assert lines[2].split() == ["step", "status", "sec"]
     steps = {line.split()[0]: line for line in lines[3:]}
-    assert list(steps)[:2] == ["wheels", "build"] and "timm" not in steps and "total" not in steps
+    assert list(steps)[:2] == ["wheels", "build"] and "timm" not in steps
+    assert list(steps)[-1] == "total" and "STOPPED by a signal" in steps["total"]
     for step in ("build", "info", "check", "bench", "ablate", "memcheck", "racecheck", "tests"):
         assert " PASS" in steps[step], steps[step]
     # The archive too (GPU_CHECK_ARCHIVE): packed after every step and when stopped; it had
