@@ -164,6 +164,31 @@ def _dims(value: Any, what: str, limits: tuple[int, int, int]) -> tuple[int, int
     return dims  # type: ignore[return-value]
 
 
+def _launch_dims(
+    grid: Any, block: Any, shared_mem_bytes: int, shared_offset: int, seed: int | None
+) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """A launch's arguments checked, in this order (grid, block, threads per block, shared bytes,
+    `shared_offset`, seed), before anything is built: the grid and block as three dims each."""
+    grid3 = _dims(grid, "grid", _MAX_GRID)
+    block3 = _dims(block, "block", _MAX_BLOCK)
+    threads = math.prod(block3)
+    if threads > MAX_THREADS_PER_BLOCK:
+        raise ValueError(
+            f"a block has at most {MAX_THREADS_PER_BLOCK} threads, got {threads} (block={block!r})"
+        )
+    if not isinstance(shared_mem_bytes, int) or isinstance(shared_mem_bytes, bool):
+        raise TypeError(f"shared_mem_bytes must be an int, got {shared_mem_bytes!r}")
+    if shared_mem_bytes < 0:
+        raise ValueError(f"shared_mem_bytes must be an int >= 0, got {shared_mem_bytes!r}")
+    if not isinstance(shared_offset, int) or shared_offset % 16 or not 0 <= shared_offset < 1024:
+        raise ValueError(
+            f"shared_offset must be a multiple of 16 in 0..1008, got {shared_offset!r}"
+        )
+    if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
+        raise TypeError(f"seed must be an int or None, got {seed!r}")
+    return grid3, block3
+
+
 def _span(t: Any) -> tuple[int, int]:
     """[lo, hi) bytes a tensor's elements occupy."""
     if t.numel() == 0:
@@ -396,28 +421,7 @@ class EmuFunction:
         as spio's kernels launch: a value it would refuse, or pass as other bytes, is refused."""
         import torch
 
-        grid3 = _dims(grid, "grid", _MAX_GRID)
-        block3 = _dims(block, "block", _MAX_BLOCK)
-        threads = math.prod(block3)
-        if threads > MAX_THREADS_PER_BLOCK:
-            raise ValueError(
-                f"a block has at most {MAX_THREADS_PER_BLOCK} threads, got {threads} "
-                f"(block={block!r})"
-            )
-        if not isinstance(shared_mem_bytes, int) or isinstance(shared_mem_bytes, bool):
-            raise TypeError(f"shared_mem_bytes must be an int, got {shared_mem_bytes!r}")
-        if shared_mem_bytes < 0:
-            raise ValueError(f"shared_mem_bytes must be an int >= 0, got {shared_mem_bytes!r}")
-        if (
-            not isinstance(shared_offset, int)
-            or shared_offset % 16
-            or not 0 <= shared_offset < 1024
-        ):
-            raise ValueError(
-                f"shared_offset must be a multiple of 16 in 0..1008, got {shared_offset!r}"
-            )
-        if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
-            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        grid3, block3 = _launch_dims(grid, block, shared_mem_bytes, shared_offset, seed)
         loaded = self.module._load(check)  # (builds the library: every argument checked first)
         static = self.module.static_shared_bytes(check)
         if shared_mem_bytes + static > MAX_SHARED_BYTES:
