@@ -642,12 +642,12 @@ def _compile_rows(head: str, kernel: Kernel, result: object, tally: _CompileTall
     if usage is None:
         tally.failures += 1
         return [f"{head}  FAILED: no entry {kernel.entry}"]
-    spilled = usage.spill_stores + usage.spill_loads
-    tally.spills += spilled > 0
+    tally.spills += usage.spills
     warnings = result.warnings  # read from the log on each access
     tally.warned += bool(warnings)
     smem = usage.shared_bytes + kernel.shared_mem_bytes
-    flags = ("  SPILLS" if spilled else "") + ("  WARNINGS" if warnings else "")
+    flags = ("  SPILLS" if usage.spills else "") + ("  WARNINGS" if warnings else "")
+    spilled = usage.spill_stores + usage.spill_loads
     row = f"{head}  {usage.registers:4d}  {spilled:8d}  {smem:7d}{flags}"
     return [row, *(f"    {line}" for line in warnings)]
 
