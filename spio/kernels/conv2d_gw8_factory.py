@@ -33,6 +33,8 @@ from .kernel import Kernel, KernelFactory, entry_symbol
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from .conv2d_gw8_wgrad_factory import Conv2dGw8WgradConfig
+
 SOURCE_FILE = "conv2d_gw8.cu"
 HEADER_NAME = "conv2d_gw8_gen.h"
 
@@ -173,6 +175,12 @@ def row_pitch(pixels: int, swizzled: bool, tma: bool = False) -> int:
     return pixels if swizzled else pad_odd(pixels)
 
 
+def input_columns(params: Conv2dGw8Params, config: Conv2dGw8Config | Conv2dGw8WgradConfig) -> int:
+    """The input columns a tile of config.block_q output columns reads: its block_q plus the
+    filter's S - 1 halo (FProp's x, DGrad's dy, WGrad's x)."""
+    return config.block_q + params.s - 1
+
+
 def tma_align(groups: int) -> int:
     """The byte alignment of a stage that tensor copies fill with `groups` 16-byte chunks a pixel:
     the repeat of their swizzle (8 rows of its span, the span 16 * groups bytes: 32, 64 or 128;
@@ -250,7 +258,7 @@ def shared_mem_bytes(
     """Dynamic shared memory of one block: the input-row stages (row_pitch), the weights and the
     two output staging rows (output_pitch); with `tma`, also room to align the stages (tma_align;
     dynamic shared memory starts 16-byte aligned) and one mbarrier a stage."""
-    in_x = config.block_q + params.s - 1
+    in_x = input_columns(params, config)
     extra = tma_room(config.groups, config.stages) if tma or tma_stores else 0
     return (
         config.stages * config.groups * row_pitch(in_x, swizzled, tma or tma_stores) * 16
@@ -414,7 +422,7 @@ def estimated_cost(
     groups = tiles["c8"] * config.groups
     blocks = math.prod(tiles.values())
     useful = geo.out_h * geo.out_w * params.groups
-    in_x = config.block_q + params.s - 1
+    in_x = input_columns(params, config)
     read = tiles_y * (config.block_p + params.r - 1) * tiles_x * in_x
     computed = tiles_y * config.block_p * tiles_x * config.block_q * groups
     traffic = (read * groups + useful) / (2 * useful)
@@ -517,7 +525,7 @@ def generate_header(
     geo = _Geometry.of(params, igrad)
     element, pair = ELEMENT_TYPES[params.dtype]
     c8 = params.groups
-    in_x = config.block_q + params.s - 1
+    in_x = input_columns(params, config)
     tiles = grid_tiles(params, config, igrad)
     k, r, s = params.c, params.r, params.s
 
@@ -715,7 +723,7 @@ def input_box(kernel: Kernel) -> tuple[int, int]:
     """(groups, pixels) of the box of the row map (row_map) a `tma` kernel reads its input (x or
     dy) through: the block's groups across its input columns."""
     params, config = kernel.info_value("params"), kernel.info_value("config")
-    return config.groups, config.block_q + params.s - 1
+    return config.groups, input_columns(params, config)
 
 
 def output_box(kernel: Kernel) -> tuple[int, int]:

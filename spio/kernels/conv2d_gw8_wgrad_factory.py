@@ -36,6 +36,7 @@ from .conv2d_gw8_factory import (
     check_layer,
     check_shared_mem,
     grid_tiles,
+    input_columns,
     latency_cover,
     nhwc_operand,
     ragged,
@@ -127,7 +128,7 @@ def shared_mem_bytes(
     """`stages` slots of x rows plus R + stages slots of dy rows (the ring and a zero row), each
     row_pitch chunks a group; with `tma`, also room to align the rows (tma_align) and one
     mbarrier a stage."""
-    x_row = config.groups * row_pitch(config.block_q + params.s - 1, swizzled, tma) * 16
+    x_row = config.groups * row_pitch(input_columns(params, config), swizzled, tma) * 16
     dy_row = config.groups * row_pitch(config.block_q, swizzled, tma) * 16
     extra = tma_room(config.groups, config.stages) if tma else 0
     return config.stages * x_row + (params.r + config.stages) * dy_row + extra
@@ -219,7 +220,7 @@ def estimated_cost(
     blocks = math.prod(tiles.values())
     useful = params.p * params.q * params.groups * params.n
     n_run = math.ceil(params.n / config.block_n) * config.block_n
-    x_read = tiles_y * (config.block_p + params.r - 1) * tiles_x * (config.block_q + params.s - 1)
+    x_read = tiles_y * (config.block_p + params.r - 1) * tiles_x * input_columns(params, config)
     dy_read = tiles_y * config.block_p * tiles_x * config.block_q
     traffic = (x_read + dy_read) * groups * n_run / (2 * useful)
     if uses_partial_sums(params, config):  # each slot written once, then read by sum_slots
@@ -340,7 +341,7 @@ def generate_header(
     rows arrive by tensor copies (sm_90; swizzled, aligned; the kernel then takes x's and dy's
     tensor maps)."""
     c8 = params.groups
-    in_x = config.block_q + params.s - 1
+    in_x = input_columns(params, config)
     tiles = grid_tiles(params, config)
     warps_x8 = _warps_x8(config)
     specs: list[Spec] = [
@@ -499,7 +500,7 @@ def row_boxes(kernel: Kernel) -> tuple[tuple[int, int], tuple[int, int]]:
     """(groups, pixels) of a `tma` WGrad kernel's x and dy row boxes (row_map): a box is one row
     of a step, the block's groups across its Block::x + S - 1 columns of x or Block::x of dy."""
     params, config = kernel.info_value("params"), kernel.info_value("config")
-    return (config.groups, config.block_q + params.s - 1), (config.groups, config.block_q)
+    return (config.groups, input_columns(params, config)), (config.groups, config.block_q)
 
 
 def _launch(kernel: Kernel, dw, dbias, x, dy, images: int, device) -> None:
