@@ -416,16 +416,14 @@ def _refuse_derivative_transforms(op) -> None:
     def kernel(keyset, *args, **kwargs):
         reason = derivative_transform(*(a for a in args if isinstance(a, Tensor)), traced=True)
         if reason is not None:
-            mend = (  # (a layer's forward cannot ask under torch.compile, so cannot fall back)
-                "spio.untransform the model, or use F.conv2d, for these derivatives inside "
-                "torch.compile"
-                if torch.compiler.is_compiling()
-                else "Use a spio.layers.Conv2dGw8 module, which falls back to PyTorch's "
-                "convolution there, or F.conv2d"
-            )
+            # (One wording for both: where a compiled graph meets this, torch 2.13 reports
+            # is_compiling(), torch 2.11's Dynamo fake-tensor run does not. A layer's forward
+            # cannot ask inside torch.compile, so cannot fall back there.)
             raise RuntimeError(
                 f"{op._qualname} cannot run {reason}: PyTorch does not run a custom op's "
-                f"autograd formula there, and spio has no forward-mode formula. {mend}"
+                "autograd formula there, and spio has no forward-mode formula. Use F.conv2d, "
+                "or a spio.layers.Conv2dGw8 module, which falls back to PyTorch's convolution "
+                "there outside torch.compile (inside it, spio.untransform the model)"
             )
         return generated(keyset, *args, **kwargs)
 
