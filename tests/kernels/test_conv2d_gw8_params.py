@@ -136,20 +136,32 @@ def test_bool_and_one_element_tensors_are_not_ints():
     assert Conv2dGw8Params(n=np.array(2), c=16, h=3, w=3).n == 2  # a 0-d integer array is one
 
 
-@given(
-    n=st.integers(1, 512),
-    c8=st.integers(1, 128),
-    h=st.integers(5, 300),
-    w=st.integers(5, 300),
-    ph=st.integers(0, 4),
-    pw=st.integers(0, 4),
-    r=st.integers(1, 5),
-    s=st.integers(1, 5),
-    has_bias=st.booleans(),
-    dtype=st.sampled_from(["fp16", "bf16"]),
-)
-def test_encode_decode_round_trip(n, c8, h, w, ph, pw, r, s, has_bias, dtype):
-    p = Conv2dGw8Params(n, 8 * c8, h, w, (ph, pw), r, s, has_bias, dtype)
+def layers(max_padding: int, dtypes: tuple[str, ...] = ("fp16",)) -> st.SearchStrategy:
+    """Random layers: N up to 512, C up to 1024, 5 to 300 pixels a side, R and S 1..5, padding
+    up to `max_padding` each way, with or without a bias, of `dtypes`."""
+
+    def layer(n, c8, h, w, ph, pw, r, s, has_bias, dtype):
+        return Conv2dGw8Params(n, 8 * c8, h, w, (ph, pw), r, s, has_bias, dtype)
+
+    pad = st.integers(0, max_padding)
+    filter_size = st.integers(1, 5)
+    return st.builds(
+        layer,
+        st.integers(1, 512),
+        st.integers(1, 128),
+        st.integers(5, 300),
+        st.integers(5, 300),
+        pad,
+        pad,
+        filter_size,
+        filter_size,
+        st.booleans(),
+        st.sampled_from(dtypes),
+    )
+
+
+@given(p=layers(max_padding=4, dtypes=("fp16", "bf16")))
+def test_encode_decode_round_trip(p):
     text = p.encode()
     assert " " not in text and "/" not in text
     assert Conv2dGw8Params.decode(text) == p

@@ -2,10 +2,10 @@
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from spio.kernels import Conv2dGw8Params, Conv2dStats
 from spio.kernels.conv2d_gw8_params import image_bytes, weight_grad_bytes
+from tests.kernels.test_conv2d_gw8_params import layers
 
 
 def test_hand_computed_3x3():
@@ -84,26 +84,16 @@ def test_arithmetic_intensity_divides_by_the_bytes_of_its_own_pass():
     assert stats.arithmetic_intensity("dgrad") == pytest.approx(92160 / 4864)
 
 
-@given(
-    n=st.integers(1, 512),
-    c8=st.integers(1, 128),
-    h=st.integers(5, 300),
-    w=st.integers(5, 300),
-    ph=st.integers(0, 2),
-    pw=st.integers(0, 2),
-    r=st.integers(1, 5),
-    s=st.integers(1, 5),
-    has_bias=st.booleans(),
-)
-def test_byte_counts_agree_with_the_params_modules(n, c8, h, w, ph, pw, r, s, has_bias):
+@given(params=layers(max_padding=2))
+def test_byte_counts_agree_with_the_params_modules(params):
     """The layer's sizes, written once (conv2d_gw8_params's shapes and element sizes): the
     stats' counts, the params module's size limits and WGrad's slot columns give the same
     numbers, and the hand-written ones."""
     from spio.kernels.conv2d_gw8_wgrad_factory import slot_columns
 
-    params = Conv2dGw8Params(n, 8 * c8, h, w, (ph, pw), r, s, has_bias)
     stats = Conv2dStats(params)
-    c, p, q = 8 * c8, params.p, params.q
+    n, c, h, w, p, q = params.n, params.c, params.h, params.w, params.p, params.q
+    r, s, has_bias = params.r, params.s, params.has_bias
     assert stats.input_bytes == n * c * h * w * 2 and stats.output_bytes == n * c * p * q * 2
     assert n * image_bytes(params) == max(stats.input_bytes, stats.output_bytes)
     assert stats.weight_elements == c * 8 * r * s
