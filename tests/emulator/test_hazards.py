@@ -243,7 +243,7 @@ def test_a_16_byte_struct_of_8_byte_alignment_may_sit_at_an_8_byte_boundary(haza
     form of the check, by access size, had failed it."""
     out = torch.zeros(4, dtype=torch.int64)
     hazards.get_function(kernel).launch(1, 1, (out, torch.arange(8, dtype=torch.int64)))
-    assert out.tolist() == [0, 1, 2, 0] if kernel == "struct_copy" else [1, 2, 0, 0]
+    assert out.tolist() == ([0, 1, 2, 0] if kernel == "struct_copy" else [1, 2, 0, 0])
 
 
 def test_out_of_range_dynamic_shared_read(shared_oob):

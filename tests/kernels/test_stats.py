@@ -84,7 +84,7 @@ def test_arithmetic_intensity_divides_by_the_bytes_of_its_own_pass():
     assert stats.arithmetic_intensity("dgrad") == pytest.approx(92160 / 4864)
 
 
-@given(params=layers(max_padding=2))
+@given(params=layers(max_padding=2, dtypes=("fp16", "bf16")))
 def test_byte_counts_agree_with_the_params_modules(params):
     """The layer's sizes, written once (conv2d_gw8_params's shapes and element sizes): the
     stats' counts, the params module's size limits and WGrad's slot columns give the same
