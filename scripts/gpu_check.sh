@@ -166,16 +166,11 @@ stop_step() {
     else
         log "stopped by a signal"
     fi
-    if [[ -f "$OUT_DIR/summary.txt" ]]; then  # the steps that ended, printed last as ever
-        if ((!SUMMARY_ENDED)); then
-            printf '%-10s %-64s %5d\n' total "STOPPED by a signal" "$SECONDS" \
-                >>"$OUT_DIR/summary.txt"
-        fi
-        pack
-        cat "$OUT_DIR/summary.txt"
-    else
-        pack
+    if [[ -f "$OUT_DIR/summary.txt" ]] && ((!SUMMARY_ENDED)); then  # the steps that ended
+        printf '%-10s %-64s %5d\n' total "STOPPED by a signal" "$SECONDS" >>"$OUT_DIR/summary.txt"
     fi
+    pack
+    [[ -f "$OUT_DIR/summary.txt" ]] && cat "$OUT_DIR/summary.txt"  # printed last, as ever
     exit 143
 }
 trap stop_step TERM INT HUP

@@ -509,7 +509,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         "WGrad kernels)"
     )
     print(
-        f"{tally.compiles} compiles: {tally.failures} failed, {tally.spills} spilled, "
+        f"{tally.kernels * len(archs)} compiles: {tally.failures} failed, {tally.spills} spilled, "
         f"{tally.warned} with warnings"
     )
     return 1 if tally.failures or tally.spills else 0
@@ -574,12 +574,11 @@ def _compile_pairs(args: argparse.Namespace) -> dict[str, tuple]:
 
 @dataclasses.dataclass
 class _CompileTally:
-    """What `spio compile` counted: the kernels made (`sums` of them sum_slots kernels), the
-    compiles (a kernel for an arch), and those that failed, spilled or warned."""
+    """What `spio compile` counted: the kernels made (`sums` of them sum_slots kernels), and the
+    compiles (a kernel for an arch: kernels x archs) that failed, spilled or warned."""
 
     kernels: int = 0
     sums: int = 0
-    compiles: int = 0
     failures: int = 0
     spills: int = 0
     warned: int = 0
@@ -619,7 +618,6 @@ def _compile_table(pairs: dict[str, tuple], archs: list[str]) -> _CompileTally:
         tally.kernels += len(chosen)
         tally.sums += sum(1 for k in chosen if k.entry == SUM_ENTRY)
         jobs = [(kernel, arch) for kernel in chosen for arch in archs]
-        tally.compiles += len(jobs)
         results = compile_many([k.compile_job(a) for k, a in jobs], progress=False)
         for (kernel, arch), result in zip(jobs, results, strict=True):
             head = f"{kernel.name:<{name_width}}  {arch:<{arch_width}}"

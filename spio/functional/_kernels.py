@@ -50,6 +50,7 @@ from .checks import (
     KERNEL_DTYPES,
     check_args,
     device_problem,
+    in_format,
     memory_format,
     weight_grad_channels_last,
 )
@@ -384,7 +385,9 @@ class Layer:
                 grad_output, input, weight, self.params.padding, torch_input, torch_weight
             )
             dx = torch_dx if torch_input else dx
-            dw = torch_dw if torch_weight else dw
+            if torch_weight:  # (PyTorch's follows the input's layout: the weight's, as spio's)
+                assert torch_dw is not None
+                dw = in_format(torch_dw, memory_format(weight))
         if dw is not None and dw.dtype != dw_dtype:  # PyTorch's: the input's dtype, or fp32
             dw = dw.to(dw_dtype)
         if need_bias:
@@ -472,7 +475,8 @@ class Layer:
 
     def fprop_kernel(self, layout: tuple[bool, bool]) -> Kernel:
         """The FProp kernel reading weight and bias as `layout` (weights_cl, bias_elem) says."""
-        return _recalled_or_made(
+        # (Each call: a hit is one read, with no closure made; Kernel has no __bool__.)
+        return self._fprop.get(layout) or _recalled_or_made(
             self._fprop,
             layout,
             self.device,
@@ -481,7 +485,7 @@ class Layer:
 
     def dgrad_kernel(self, weights_cl: bool) -> Kernel:
         """The DGrad kernel, reading channels_last weights when `weights_cl`."""
-        return _recalled_or_made(
+        return self._dgrad.get(weights_cl) or _recalled_or_made(
             self._dgrad,
             weights_cl,
             self.device,
@@ -525,8 +529,9 @@ class Layer:
         )  # fmt: skip
 
     def wgrad_kernel(self, with_bias: bool, deterministic: bool) -> Kernel | None:
-        """wgrad_kernel's choice for this layer (None: PyTorch computes dw)."""
-        return _recalled_or_made(
+        """wgrad_kernel's choice for this layer (None: PyTorch computes dw; a None kept goes on
+        to _recalled_or_made, which finds it)."""
+        return self._wgrad.get((with_bias, deterministic)) or _recalled_or_made(
             self._wgrad,
             (with_bias, deterministic),
             self.device,

@@ -334,6 +334,23 @@ def weight_grad_channels_last(weight: Tensor) -> bool:
     return memory_format(weight) is torch.channels_last
 
 
+def fresh_strides(shape: tuple[int, ...], fmt: torch.memory_format) -> tuple[int, ...]:
+    """The strides torch.empty(shape, memory_format=fmt) gives a 4-D tensor (NCHW or NHWC)."""
+    n, c, h, w = shape
+    if fmt == torch.channels_last:
+        return (h * w * c, 1, w * c, c)
+    return (c * h * w, h * w, w, 1)
+
+
+def in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
+    """t with exactly the strides of a fresh tensor in fmt (the fake impls promise those; for
+    1x1 images NHWC's strides would pass is_contiguous too, but PyTorch's convolution gives
+    these)."""
+    if t.stride() == fresh_strides(tuple(t.shape), fmt):
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=fmt).copy_(t)
+
+
 def conv_format(input: Tensor, weight: Tensor) -> torch.memory_format:
     """The memory format PyTorch's convolution gives its output and input gradient (cuDNN's rule
     and its CPU backends'): channels_last when the input or the weight is laid out NHWC, else

@@ -33,7 +33,9 @@ from .checks import (
     conv_format,
     derivative_transform,
     emulate_enabled,
+    fresh_strides,  # noqa: F401 (as it was: tests import it from here)
     gradients_wanted,
+    in_format,
     kernel_dtype_error,
     memory_format,
     uses_kernels,
@@ -51,23 +53,6 @@ __all__ = [
 
 def _empty(shape, like: Tensor, fmt: torch.memory_format, dtype=None) -> Tensor:
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device, memory_format=fmt)
-
-
-def fresh_strides(shape: tuple[int, ...], fmt: torch.memory_format) -> tuple[int, ...]:
-    """The strides torch.empty(shape, memory_format=fmt) gives a 4-D tensor (NCHW or NHWC)."""
-    n, c, h, w = shape
-    if fmt == torch.channels_last:
-        return (h * w * c, 1, w * c, c)
-    return (c * h * w, h * w, w, 1)
-
-
-def in_format(t: Tensor, fmt: torch.memory_format) -> Tensor:
-    """t with exactly the strides of a fresh tensor in fmt (the fake impls promise those; for
-    1x1 images NHWC's strides would pass is_contiguous too, but PyTorch's convolution gives
-    these)."""
-    if t.stride() == fresh_strides(tuple(t.shape), fmt):
-        return t
-    return _empty(t.shape, t, fmt).copy_(t)
 
 
 def _grad_dtype(grad_output: Tensor) -> torch.dtype:

@@ -39,11 +39,10 @@ from .checks import (
     functorch_transform_active,
     gradients_wanted,
     has_forward_tangent,
-    memory_format,
+    in_format,
     uses_kernels,
 )
 from .conv2d_gw8_op import conv2d_gw8 as conv2d_gw8_op
-from .conv2d_gw8_op import in_format
 from .onnx_export import exported_conv2d, onnx_exporting
 
 
@@ -79,8 +78,6 @@ class _Conv2dGw8(torch.autograd.Function):
         dx, dw, db = ctx.layer.backward(grad_output, input, weight, mask, ctx.passes, dtypes)
         if dx is not None:
             dx = in_format(dx, ctx.input_format)
-        if dw is not None:  # (PyTorch's, where WGrad is not spio's, follows the input's layout)
-            dw = in_format(dw, memory_format(weight))
         return dx, dw, db, None, None
 
 

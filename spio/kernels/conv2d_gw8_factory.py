@@ -683,14 +683,10 @@ def variant(kernel: Kernel, weights_cl: bool, bias_elem: bool) -> Kernel:
     return _remade(kernel, weights_cl=weights_cl, bias_elem=bias_elem)
 
 
-#: make_kernel's arguments, as a kernel's info records them.
-_MAKE_ARGUMENTS = ("params", "config", "igrad", "weights_cl", "bias_elem", "swizzled", "tma",
-                   "tma_stores")  # fmt: skip
-
-
 def _remade(kernel: Kernel, **changes: Any) -> Kernel:
-    """make_kernel with `kernel`'s arguments (its info), but for `changes`."""
-    return make_kernel(**{name: kernel.info_value(name) for name in _MAKE_ARGUMENTS} | changes)
+    """make_kernel with `kernel`'s arguments (its info: what make_kernel was given), but for
+    `changes`."""
+    return make_kernel(**dict(kernel.info) | changes)
 
 
 def with_swizzled_stages(kernel: Kernel) -> Kernel:

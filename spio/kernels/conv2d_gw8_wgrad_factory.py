@@ -54,7 +54,6 @@ from .conv2d_gw8_params import (
     check_tensor_bytes,
 )
 from .kernel import Kernel, KernelFactory, entry_symbol
-from .stats import Conv2dStats
 
 if TYPE_CHECKING:
     import torch
@@ -294,7 +293,7 @@ def part_specs(params: Conv2dGw8Params, element: str) -> list[Spec]:
 
 def slot_columns(params: Conv2dGw8Params) -> tuple[int, int]:
     """fp32 values per partial-sum slot: (dw's, dbias's; 0 without has_bias)."""
-    return Conv2dStats(params).weight_elements, params.c if params.has_bias else 0
+    return math.prod(params.weight_shape), params.c if params.has_bias else 0
 
 
 def partial_bytes(params: Conv2dGw8Params, config: Conv2dGw8WgradConfig) -> int:
@@ -491,9 +490,9 @@ def with_tma_stages(kernel: Kernel) -> Kernel:
 
 
 def _remade(kernel: Kernel, **changes: Any) -> Kernel:
-    """make_kernel with `kernel`'s arguments (its info), but for `changes`."""
-    names = ("params", "config", "partials", "swizzled", "tma")
-    return make_kernel(**{name: kernel.info_value(name) for name in names} | changes)
+    """make_kernel with `kernel`'s arguments (its info: what make_kernel was given), but for
+    `changes`."""
+    return make_kernel(**dict(kernel.info) | changes)
 
 
 def row_boxes(kernel: Kernel) -> tuple[tuple[int, int], tuple[int, int]]:

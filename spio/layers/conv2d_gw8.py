@@ -204,11 +204,13 @@ def module_ineligibility(module: nn.Module) -> str | None:
     return mendable_problem(module)
 
 
+#: The nn.Conv2d arguments ineligibility judges (all but bias, device and dtype).
+_CONV_ARGUMENTS = tuple(inspect.signature(ineligibility).parameters)
+
+
 def conv_arguments(conv: nn.Conv2d) -> dict[str, Any]:
     """conv's nn.Conv2d constructor arguments but bias, device and dtype, as it holds them."""
-    names = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
-             "groups", "padding_mode")  # fmt: skip
-    return {name: getattr(conv, name) for name in names}
+    return {name: getattr(conv, name) for name in _CONV_ARGUMENTS}
 
 
 def fixed_ineligibility(module: nn.Module) -> str | None:
@@ -532,9 +534,7 @@ class Conv2dGw8(nn.Conv2d):
     def make(cls, *args: Any, **kwargs: Any) -> nn.Conv2d:
         """A Conv2dGw8 when nn.Conv2d(*args, **kwargs) is eligible, else that nn.Conv2d."""
         arguments = _bind_conv2d_args(args, kwargs)
-        reason = ineligibility(
-            **{k: arguments[k] for k in inspect.signature(ineligibility).parameters}
-        )
+        reason = ineligibility(**{k: arguments[k] for k in _CONV_ARGUMENTS})
         if reason is not None:
             logger.debug("make_conv2d keeps nn.Conv2d: %s", reason)
             return nn.Conv2d(**arguments)
