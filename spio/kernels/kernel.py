@@ -73,8 +73,11 @@ class Kernel:
     # partials): the launch wrappers read them to lay out and check their arguments, the
     # variant helpers to make a sibling kernel, logs and perf tools to describe it.
     info: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    # info as a dict, for info_value (set by __post_init__)
+    _info_map: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_info_map", dict(self.info))  # (frozen: the one way to set it)
         live = _live_by_name.get(self.name)
         if live is None:
             _live_by_name[self.name] = self
@@ -87,12 +90,9 @@ class Kernel:
         return hash(self.name)
 
     def info_value(self, key: str, default: Any = None) -> Any:
-        """One value of `info` ("params", "config", ...), or default. (Read on every launch of
-        spio's layers: a scan of a few pairs, no dict made.)"""
-        for name, value in self.info:
-            if name == key:
-                return value
-        return default
+        """One value of `info` ("params", "config", ...), or default. (Read several times on
+        every launch of spio's layers: one dict lookup.)"""
+        return self._info_map.get(key, default)
 
     @property
     def source(self) -> str:
