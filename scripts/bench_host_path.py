@@ -58,6 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     steps = max(1, args.calls // 4)
     print(f"{'Conv2dGw8 module, forward + backward':36s} "
           f"{host_us_per_call(train_step, steps, args.repeats)[0]:8.2f}")  # fmt: skip
+    # The floor of any layer whose backward is Python: the same step through an autograd.Function
+    # that only allocates its output and gradients (no spio), so that the step's line less this
+    # one is spio's own host cost.
+    floor = _empty_function(torch)
+    wg, bg = w.clone().requires_grad_(), b.clone().requires_grad_()
+
+    def floor_step():
+        floor.apply(xg, wg, bg).backward(dy)
+
+    print(f"{'autograd.Function floor, fwd + bwd':36s} "
+          f"{host_us_per_call(floor_step, steps, args.repeats)[0]:8.2f}")  # fmt: skip
     # The parts: the forward recording the graph (no backward), and the kernel wrappers alone
     # (Layer's fprop, dgrad, wgrad as the backward calls them), to tell their cost from the
     # module's routing and checks and the autograd Function's Python around them.
@@ -74,6 +85,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, call in parts.items():
         print(f"{name:36s} {host_us_per_call(call, steps, args.repeats)[0]:8.2f}")
     return 0
+
+
+def _empty_function(torch):
+    """An autograd.Function of (x, weight, bias) that computes nothing: its forward saves x and
+    weight and returns an empty output, its backward empty gradients for all three."""
+
+    class Empty(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias):
+            ctx.save_for_backward(x, weight)
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, weight = ctx.saved_tensors
+            return torch.empty_like(x), torch.empty_like(weight), weight.new_empty(weight.shape[0])
+
+    return Empty
 
 
 if __name__ == "__main__":

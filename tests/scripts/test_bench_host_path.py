@@ -13,6 +13,7 @@ CASES = (
     "torch.ops.spio.conv2d_gw8",
     "Conv2dGw8 module, no grad",
     "Conv2dGw8 module, forward + backward",
+    "autograd.Function floor, fwd + bwd",
     "Conv2dGw8 module, forward with grad",
     "wrapper Layer.fprop",
     "wrapper Layer.dgrad",
