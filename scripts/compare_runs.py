@@ -132,6 +132,19 @@ def _ratio(value: float | None, fmt: str) -> str:
     return f"{100 * value:.0f} %" if fmt == "%" else format(value, fmt)
 
 
+def _targets(share: float | None, speedup: float | None) -> str:
+    """ "met", or "not met" and what falls short, precise enough that a figure rounded onto a
+    target (89.96 % shown as 90 %) is not read as reaching it."""
+    if share is None or speedup is None:
+        return "not met: no " + ("copy" if share is None else "cuDNN") + " time"
+    short = []
+    if share < TARGET_COPY_SHARE:
+        short.append(f"{100 * share:.2f} % < {100 * TARGET_COPY_SHARE:g} %")
+    if speedup < TARGET_SPEEDUP:
+        short.append(f"{speedup:.3f}× < {TARGET_SPEEDUP:g}×")
+    return "not met: " + ", ".join(short) if short else "met"
+
+
 def bench_report(new: Bench, old: Bench | None, headline: tuple[str, int] = HEADLINE) -> str:
     """Markdown: the headline layer against the targets, every case, and a summary."""
     out = [f"New: {new.description}" + (f"  \nOld: {old.description}" if old else "")]
@@ -143,18 +156,12 @@ def bench_report(new: Bench, old: Bench | None, headline: tuple[str, int] = HEAD
             continue
         was = old.cases.get((layer, n, pass_)) if old else None
         share, speedup = case.copy_share, case.speedup
-        met = (
-            share is not None
-            and speedup is not None
-            and share >= TARGET_COPY_SHARE
-            and speedup >= TARGET_SPEEDUP
-        )
         row = [
             pass_,
             _us(case.spio),
             _ratio(share, "%"),
             _ratio(speedup, ".2f") + ("×" if speedup is not None else ""),
-            "met" if met else "not met",
+            _targets(share, speedup),
         ]
         if old:
             row += [
@@ -251,10 +258,15 @@ def _bench_summary(new: Bench, old: Bench | None) -> str:
 _SECTION = re.compile(r"^(?P<gpu>.+), layer (?P<layer>\S+) N=(?P<n>\d+) (?P<dtype>\w+)$")
 _ROW = re.compile(
     r"^(?P<pass>fprop|dgrad|wgrad)\s+(?P<variant>\S+(?: alone)?)\s+(?P<us>\d+\.\d+)\s+"
-    r"(?P<gbps>\d+)\s+(?:(?P<vs>\d+\.\d\d)\s+)?(?P<rest>.*)$"
+    r"(?P<gbps>\d+)(?:\s+(?P<vs>\d+\.\d\d))?(?:\s+(?P<rest>.*))?$"
 )
 _PROBLEM = re.compile(
     r"^(fprop|dgrad|wgrad)\s+\S+.*(WRONG|failed:|not built|did not build|not checked)"
+)
+#: A problem with a row timed just before it: the variant's results (ablate_kernel.py prints the
+#: timing first, then checks the results against `full`'s).
+_RESULT_PROBLEM = re.compile(
+    r"^(?P<pass>fprop|dgrad|wgrad)\s+(?P<variant>\S+)\s+(?P<what>WRONG results|results not checked)"
 )
 
 
@@ -271,37 +283,45 @@ class AblateKey:
 @dataclass
 class Ablate:
     times: dict[AblateKey, list[float]]  # in the log's order of first appearance
+    vs_full: dict[AblateKey, list[float]]  # the log's own "vs full" column, where printed
     problems: list[str]  # WRONG results, failures, variants not built
+    flagged: dict[AblateKey, str]  # timed rows whose results were wrong or not checked
 
 
 def read_ablate(path: Path) -> Ablate:
     """scripts/ablate_kernel.py's output (gpu_check's ablate.log or copies.log): every timed row
     under its section's layer, N and dtype."""
-    times: dict[AblateKey, list[float]] = {}
-    problems: list[str] = []
+    found = Ablate({}, {}, [], {})
     section = None
     last_config: dict[str, str] = {}  # by pass, in the section
+    last_row: dict[tuple[str, str], AblateKey] = {}  # by (pass, variant), in the section
     for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         line = line.rstrip()
         if match := _SECTION.match(line):
             section = (match["layer"], int(match["n"]), match["dtype"])
-            last_config = {}
+            last_config, last_row = {}, {}
             continue
         if section is None:
             continue
         if match := _ROW.match(line):
-            pass_, variant, rest = match["pass"], match["variant"], match["rest"]
+            pass_, variant, rest = match["pass"], match["variant"], match["rest"] or ""
             if variant in ("copy", "read"):  # the pass's bytes, whatever the config
                 config = ""
             elif re.fullmatch(r"[a-z0-9_]+", rest):
                 config = last_config[pass_] = rest
             else:  # WGrad's whole wrappers, timed after their config's kernels
                 config = last_config.get(pass_, "")
-            key = AblateKey(*section, pass_, config, variant)
-            times.setdefault(key, []).append(float(match["us"]))
+            key = last_row[pass_, variant] = AblateKey(*section, pass_, config, variant)
+            found.times.setdefault(key, []).append(float(match["us"]))
+            if match["vs"] is not None:
+                found.vs_full.setdefault(key, []).append(float(match["vs"]))
         elif _PROBLEM.match(line):
-            problems.append(f"{section[0]} N={section[1]}: {line}")
-    return Ablate(times, problems)
+            found.problems.append(f"{section[0]} N={section[1]}: {line}")
+            result = _RESULT_PROBLEM.match(line)
+            if result and (result["pass"], result["variant"]) in last_row:
+                what = "WRONG" if result["what"].startswith("WRONG") else "not checked"
+                found.flagged[last_row[result["pass"], result["variant"]]] = what
+    return found
 
 
 def ablate_report(new: Ablate, old: Ablate | None) -> str:
@@ -313,14 +333,22 @@ def ablate_report(new: Ablate, old: Ablate | None) -> str:
         full_key = AblateKey(key.layer, key.n, key.dtype, key.pass_, key.config, "full")
         full = new.times.get(full_key) if key.config else None
         count = f" ({len(values)}×)" if len(values) > 1 else ""
+        logged = new.vs_full.get(key, [])
+        if key.variant == "full" or not full:
+            vs = ""
+        elif len(values) == 1 and len(full) == 1 and len(logged) == 1:
+            vs = f"{logged[0]:.2f}"  # the log's own, from the unrounded times
+        else:
+            vs = f"{time / statistics.median(full):.2f}"
+        flag = new.flagged.get(key)
         row = [
             key.layer,
             str(key.n),
             key.pass_,
             key.config,
-            key.variant,
+            key.variant + (f" ({flag})" if flag else ""),
             f"{time:.1f}{count}",
-            f"{time / statistics.median(full):.2f}" if full and key.variant != "full" else "",
+            vs,
         ]
         if old is not None:
             was = old.times.get(key)
@@ -371,47 +399,60 @@ def probe_report(new: dict[str, tuple[float, int]], old: dict | None) -> str:
 # ---- a whole run -----------------------------------------------------------------------------
 
 
+def _bench_csvs(folder: Path) -> dict[str, Path]:
+    """A run's plain bench CSVs by file name: gpu_check's `bench/`, or a committed run's top
+    level (where older records keep them)."""
+    found = {p.name: p for p in sorted(folder.glob("bench_*.csv"))}
+    found.update({p.name: p for p in sorted((folder / "bench").glob("bench_*.csv"))})
+    return found
+
+
 def run_report(new: Path, old: Path | None, headline: tuple[str, int] = HEADLINE) -> str:
-    """Every part both folders hold (the new one's alone where the old lacks it)."""
+    """Every part both folders hold (the new one's alone where the old lacks it, said so)."""
     parts = [f"# {new} against {old}" if old else f"# {new}"]
     summary = new / "summary.txt"
     if summary.is_file():
         parts.append("## gpu_check summary\n\n```\n" + summary.read_text().rstrip() + "\n```")
-    for csv_path in sorted((new / "bench").glob("bench_*.csv")):
-        was = old / "bench" / csv_path.name if old else None
-        parts.append(
-            f"## bench ({csv_path.relative_to(new)})\n\n"
-            + bench_report(
-                read_bench(csv_path), read_bench(was) if was and was.is_file() else None, headline
-            )
-        )
-        tma = new / "bench_tma" / csv_path.name
-        if tma.is_file():
+    plain, olds = _bench_csvs(new), _bench_csvs(old) if old else {}
+    tensor_copies = {p.name: p for p in sorted((new / "bench_tma").glob("bench_*.csv"))}
+    for name in sorted(plain.keys() | tensor_copies.keys()):
+        if name in plain:
+            was = olds.get(name)
+            lacking = f"\n\n({old} has no {name}: the new run alone)" if old and not was else ""
             parts.append(
-                f"## bench with tensor copies ({tma.relative_to(new)}) against "
-                f"{csv_path.relative_to(new)}, the same run\n\n"
-                + bench_report(read_bench(tma), read_bench(csv_path), headline)
+                f"## bench ({plain[name].relative_to(new)}){lacking}\n\n"
+                + bench_report(read_bench(plain[name]), was and read_bench(was), headline)
             )
-    for name in ("ablate.log", "copies.log"):
-        log = new / name
-        if log.is_file():
-            was = old / name if old else None
+        if name in tensor_copies:
+            tma = tensor_copies[name]
+            against = (
+                f"against {plain[name].relative_to(new)}, the same run"
+                if name in plain
+                else "alone (the run has no plain bench)"
+            )
             parts.append(
-                f"## {name}\n\n"
-                + ablate_report(
-                    read_ablate(log), read_ablate(was) if was and was.is_file() else None
+                f"## bench with tensor copies ({tma.relative_to(new)}) {against}\n\n"
+                + bench_report(
+                    read_bench(tma), plain.get(name) and read_bench(plain[name]), headline
                 )
             )
-    probe = new / "probe.log"
-    if probe.is_file():
-        was = old / "probe.log" if old else None
-        parts.append(
-            "## probe.log\n\n"
-            + probe_report(read_probe(probe), read_probe(was) if was and was.is_file() else None)
-        )
+    for name in ("ablate.log", "copies.log", "probe.log"):
+        log = new / name
+        if not log.is_file():
+            continue
+        was = old / name if old else None
+        if was is not None and not was.is_file():
+            was = None
+        lacking = f"\n\n({old} has no {name}: the new run alone)" if old and not was else ""
+        if name == "probe.log":
+            table = probe_report(read_probe(log), was and read_probe(was))
+        else:
+            table = ablate_report(read_ablate(log), was and read_ablate(was))
+        parts.append(f"## {name}{lacking}\n\n{table}")
     if len(parts) == 1:
         raise ValueError(
-            f"{new}: no summary.txt, bench/bench_*.csv, ablate.log, copies.log or probe.log"
+            f"{new}: no summary.txt, bench CSV (bench_*.csv, bench/, bench_tma/), ablate.log, "
+            "copies.log or probe.log"
         )
     return "\n\n".join(parts)
 
