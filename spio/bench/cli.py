@@ -51,7 +51,11 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
         sizes = tuple(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))  # once each
     except ValueError:
         raise argparse.ArgumentTypeError(f"batch sizes must be integers, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
+    if not sizes:
+        raise argparse.ArgumentTypeError(
+            f"needs one or more comma-separated positive integers, got {text!r}"
+        )
+    if min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
     return sizes
 

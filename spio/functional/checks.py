@@ -16,6 +16,10 @@ from torch import Tensor
 from spio import emulator
 from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
 
+#: The largest padding taken: PyTorch's convolution's own limit (a larger one it refuses, or,
+#: past int64, fails on with internal errors), where spio's layers and calls fall back to it.
+MAX_PADDING = 2**62 - 1
+
 #: The dtypes spio's kernels take (activations and weights).
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -260,7 +264,8 @@ def check_args(
         )
     if groups != 1 and groups != c // GROUP_WIDTH:
         raise ValueError(
-            f"conv2d_gw8 needs groups = C / 8 = {_shown(c // GROUP_WIDTH)}, got {groups}"
+            f"conv2d_gw8 needs groups = C / 8 = {_shown(c // GROUP_WIDTH)} (or 1, implied by the "
+            f"weight), got {groups}"
         )
     for name, value in (("R", r), ("S", s)):
         if not MIN_FILTER <= value <= MAX_FILTER:
@@ -269,6 +274,10 @@ def check_args(
             )
     if padding_y < 0 or padding_x < 0:
         raise ValueError(f"conv2d_gw8 needs non-negative padding, got ({padding_y}, {padding_x})")
+    if padding_y > MAX_PADDING or padding_x > MAX_PADDING:
+        raise ValueError(
+            f"conv2d_gw8 needs padding at most {MAX_PADDING}, got ({padding_y}, {padding_x})"
+        )
     if input.shape[2] < 1 or input.shape[3] < 1:
         h, w = _shown(input.shape[2:])
         raise ValueError(f"conv2d_gw8 needs an input image of at least 1x1, got {h}x{w}")

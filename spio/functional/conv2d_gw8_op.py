@@ -120,6 +120,7 @@ def conv2d_gw8_backward(
     float64 inputs): the caller casts them to the parameters' dtypes. `passes` as for conv2d_gw8
     (its dgrad and wgrad bits).
     """
+    _check_backward_tensors(grad_output, input, weight)
     check_passes(passes)
     layer = None
     if uses_kernels(input.device):  # input and weight validated once per call signature
@@ -167,6 +168,16 @@ _documented(conv2d_gw8)
 _documented(conv2d_gw8_backward)
 
 
+def _check_backward_tensors(grad_output, input, weight) -> None:
+    """TypeError naming the backward's tensor argument that is not a tensor (its schema lets
+    None through)."""
+    for name, t in (("grad_output", grad_output), ("input", input), ("weight", weight)):
+        if not isinstance(t, Tensor):
+            raise TypeError(
+                f"conv2d_gw8_backward needs {name} to be a tensor, got {type(t).__name__}"
+            )
+
+
 def _check_backward_args(
     grad_output, input, weight, padding_y, padding_x, output_mask, layer=None
 ) -> None:
@@ -195,6 +206,7 @@ def _check_backward_args(
 @conv2d_gw8_backward.register_fake
 def _conv2d_gw8_backward_fake(grad_output, input, weight, padding_y, padding_x, output_mask,
                               passes=ALL_PASSES):  # fmt: skip
+    _check_backward_tensors(grad_output, input, weight)
     check_passes(passes)
     _check_backward_args(grad_output, input, weight, padding_y, padding_x, output_mask)
     need_input, need_weight, need_bias = output_mask

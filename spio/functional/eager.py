@@ -240,8 +240,13 @@ def _check_types(
     check_tensors(input, weight, bias)
     for name, value in zip(_INT_ARGUMENTS, ints, strict=True):
         # (A SymInt is one, but its __index__ would specialize a compiled graph to its value.)
-        if not isinstance(value, torch.SymInt) and as_integer(value) is None:
+        if isinstance(value, torch.SymInt):
+            continue
+        integer = as_integer(value)
+        if integer is None:
             raise TypeError(f"conv2d_gw8 needs an integer {name}, got {value!r}")
+        if not -(2**63) <= integer < 2**63:  # (the op's schema would fail on it unnamed)
+            raise ValueError(f"conv2d_gw8 needs {name} within int64, got {value!r}")
 
 
 def _script_as_the_op() -> None:

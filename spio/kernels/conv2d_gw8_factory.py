@@ -27,7 +27,13 @@ from ..generators import (
     TensorSpec,
     generate,
 )
-from .conv2d_gw8_params import Conv2dGw8Params, check_params, check_tensor_bytes, torch_dtype
+from .conv2d_gw8_params import (
+    Conv2dGw8Params,
+    as_integer,
+    check_params,
+    check_tensor_bytes,
+    torch_dtype,
+)
 from .kernel import Kernel, KernelFactory, entry_symbol
 
 if TYPE_CHECKING:
@@ -58,15 +64,22 @@ def check_config(
     run_width: int,
     name_warps: bool = False,
 ) -> None:
-    """The checks both kernels' tile configs share, in this order: every one of `fields` a
-    positive int (not a bool), stages >= 2, mma_k (`mma_k_error` gives the message of a bad one;
-    called only once the fields are ints), block_q a multiple of `run_width` times the `runs`
-    field (a warp's columns), 32..1024 threads a block (with `name_warps`, the message also gives
-    the warps). Raises ValueError naming `name`, the config's class."""
+    """The checks both kernels' tile configs share, in this order: every one of `fields` an
+    integer (as_integer: numpy's are kept as ints; not a bool, which would be encoded "gTrue"),
+    positive, stages >= 2, mma_k (`mma_k_error` gives the message of a bad one; called only once
+    the fields are ints), block_q a multiple of `run_width` times the `runs` field (a warp's
+    columns), 32..1024 threads a block (with `name_warps`, the message also gives the warps).
+    Raises TypeError for a field that is not an integer, else ValueError, naming `name`, the
+    config's class."""
     for field in fields:
         value = getattr(config, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # bool: "True"
+        integer = as_integer(value)
+        if integer is None:
+            raise TypeError(f"{name} needs an integer {field}, got {value!r}")
+        if integer < 1:
             raise ValueError(f"{name} needs {field} a positive int, got {value!r}")
+        if type(value) is not int:  # (frozen: the one way to set it)
+            object.__setattr__(config, field, integer)
     if config.stages < 2:
         raise ValueError(f"{name} needs stages >= 2, got {config.stages}")
     error = mma_k_error()
@@ -590,6 +603,13 @@ def generate_header(
     return generate(specs)
 
 
+def check_flags(where: str, **flags: Any) -> None:
+    """TypeError naming the first of `flags` that is not True or False."""
+    for name, value in flags.items():
+        if type(value) is not bool:
+            raise TypeError(f"{where} needs {name} True or False, got {value!r}")
+
+
 def make_kernel(
     params: Conv2dGw8Params,
     config: Conv2dGw8Config | None = None,
@@ -607,8 +627,17 @@ def make_kernel(
     times the others), `tma` fills those stages by tensor copies (sm_90 and newer only; implies
     `swizzled`), `tma_stores` also stores the output rows by tensor copies (implies `tma`). The
     tile loop is the same in every variant."""
-    if type(igrad) is not bool:  # (its header would define SPIO_CONV_IGRAD as int(igrad))
-        raise TypeError(f"conv2d_gw8 make_kernel needs igrad True or False, got {igrad!r}")
+    check_params(params, "conv2d_gw8 make_kernel")
+    # (igrad: its header would define SPIO_CONV_IGRAD as int(igrad); the others pick variants)
+    check_flags(
+        "conv2d_gw8 make_kernel",
+        igrad=igrad,
+        weights_cl=weights_cl,
+        bias_elem=bias_elem,
+        swizzled=swizzled,
+        tma=tma,
+        tma_stores=tma_stores,
+    )
     if config is not None and not isinstance(config, Conv2dGw8Config):
         raise TypeError(
             f"conv2d_gw8 make_kernel needs a Conv2dGw8Config, got {type(config).__name__}"
@@ -840,6 +869,8 @@ def _check_out(out, shape: tuple, dtype, device, *operands) -> None:
     no operand's memory (blocks would read what others have written)."""
     import torch
 
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"conv2d_gw8 out must be a tensor or None, got {type(out).__name__}")
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
         raise ValueError(
             f"conv2d_gw8 out must be {dtype} of shape {tuple(shape)} on {device}, got "
@@ -869,6 +900,22 @@ def _bytes_spanned(t) -> tuple[int, int]:
     """[first, last + 1) byte addresses of a tensor with elements."""
     last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def check_call(where: str, params: Any, kernel: Any, **tensors: Any) -> None:
+    """TypeError naming the argument of a launch function (`where`: "conv2d_gw8 fprop", ...)
+    that is not of its kind: params a Conv2dGw8Params, kernel a Kernel or None, each of
+    `tensors` a tensor (a bias, `bias`, may be None). For callers that have not validated
+    their arguments; the shapes and dtypes are _check_shapes' and _check_dtype's."""
+    import torch
+
+    check_params(params, where)
+    if kernel is not None and not isinstance(kernel, Kernel):
+        raise TypeError(f"{where} needs kernel to be a Kernel or None, got {type(kernel).__name__}")
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
+            kind = "a tensor or None" if name == "bias" else "a tensor"
+            raise TypeError(f"{where} needs {name} to be {kind}, got {type(t).__name__}")
 
 
 def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:
@@ -925,6 +972,7 @@ def fprop(
     import torch
 
     if not validated:
+        check_call("conv2d_gw8 fprop", params, kernel, x=x, weight=weight, bias=bias)
         _check_dtype(params, x, weight)
         _check_shapes(params, x=x, weight=weight, bias=bias)
     kernel = kernel or make_kernel(params, config)
@@ -954,6 +1002,7 @@ def dgrad(
     import torch
 
     if not validated:
+        check_call("conv2d_gw8 dgrad", params, kernel, dy=dy, weight=weight)
         _check_dtype(params, dy, weight)
         _check_shapes(params, dy=dy, weight=weight)
     kernel = kernel or make_kernel(params, config, igrad=True)

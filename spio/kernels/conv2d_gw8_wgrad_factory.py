@@ -32,7 +32,9 @@ from .conv2d_gw8_factory import (
     Machine,
     _check_dtype,
     _check_shapes,
+    check_call,
     check_config,
+    check_flags,
     check_layer,
     check_shared_mem,
     grid_tiles,
@@ -428,6 +430,8 @@ def make_kernel(
     scripts/ablate_kernel.py times the others). `tma`: those
     rows brought in by tensor copies (sm_90 and newer only; implies `swizzled`).
     """
+    check_params(params, "conv2d_gw8_wgrad make_kernel")
+    check_flags("conv2d_gw8_wgrad make_kernel", partials=partials, swizzled=swizzled, tma=tma)
     if config is not None and not isinstance(config, Conv2dGw8WgradConfig):
         raise TypeError(
             f"conv2d_gw8_wgrad make_kernel needs a Conv2dGw8WgradConfig, got "
@@ -620,8 +624,11 @@ def wgrad(
     import torch
 
     if not validated:
+        check_call("conv2d_gw8 wgrad", params, kernel, x=x, dy=dy)
         _check_dtype(params, x, dy)
         _check_shapes(params, x=x, dy=dy)
+        if dtypes is not None:
+            _check_gradient_dtypes(dtypes)
     kernel = kernel or make_kernel(params, config)
     check_layer(kernel, params, "wgrad")
     device = x.device
@@ -675,6 +682,28 @@ def _partials_plan(kernel: Kernel, params: Conv2dGw8Params, dw_dtype, dbias_dtyp
         )
         plan = remember(_partials_plans, key, (slots, dw_size, dbias_size, summing), MAX_PLANS)
     return plan
+
+
+def _check_gradient_dtypes(dtypes: Any) -> None:
+    """wgrad's `dtypes` must be a pair of (dw, dbias) torch dtypes among fp32, fp16 and bf16:
+    TypeError for what is not a pair of dtypes, ValueError for another dtype (an int32 dw would
+    be the sums truncated)."""
+    import torch
+
+    if (
+        not isinstance(dtypes, (tuple, list))
+        or len(dtypes) != 2
+        or not all(isinstance(d, torch.dtype) for d in dtypes)
+    ):
+        raise TypeError(
+            f"conv2d_gw8 wgrad needs dtypes a (dw, dbias) pair of torch dtypes, got {dtypes!r}"
+        )
+    allowed = (torch.float32, torch.float16, torch.bfloat16)
+    if any(d not in allowed for d in dtypes):
+        raise ValueError(
+            "conv2d_gw8 wgrad needs dtypes (dw, dbias) among torch.float32, torch.float16 and "
+            f"torch.bfloat16, got {tuple(dtypes)}"
+        )
 
 
 def gradient_dtype_name(dtype) -> str:

@@ -228,9 +228,14 @@ class KernelFactory:
                 f"{where} needs a device: a torch.device, a string or a GPU ordinal, got {device!r}"
             )
         if isinstance(device, (str, int)):  # as a string "cuda" had the heuristic's config
-            device = (
-                torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-            )
+            try:
+                device = (
+                    torch.device("cuda", device)
+                    if isinstance(device, int)
+                    else torch.device(device)
+                )
+            except RuntimeError as error:  # "gpu", a negative ordinal: torch's reason, named
+                raise ValueError(f"{where} needs a device, got {device!r}: {error}") from None
         return self.make_kernel(params, select_config(self, params, device, **options), **options)
 
 

@@ -8,7 +8,9 @@ kernel that re-reads halos or spills shows up as lower bandwidth.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+from typing import Any
 
 from . import conv2d_gw8_params
 from .conv2d_gw8_params import (
@@ -97,16 +99,24 @@ class Conv2dStats:
 
     def effective_bandwidth(self, seconds: float, pass_: str) -> float:
         """Bytes per second of pass_ when its kernel took `seconds`."""
-        if not seconds > 0:
-            raise ValueError(f"effective_bandwidth needs a positive time, got {seconds}")
-        return self.bytes(pass_) / seconds
+        return self.bytes(pass_) / _check_seconds(seconds, "effective_bandwidth")
 
     def throughput(self, seconds: float, pass_: str) -> float:
         """FLOP/s of pass_ when its kernel took `seconds`."""
-        if not seconds > 0:
-            raise ValueError(f"throughput needs a positive time, got {seconds}")
+        seconds = _check_seconds(seconds, "throughput")
         _check_pass(pass_)
         return self.flops / seconds
+
+
+def _check_seconds(seconds: Any, where: str) -> float:
+    """`seconds` if it is a positive time: TypeError for what is not a real number (a string, None,
+    a bool), ValueError for zero, negatives and NaN."""
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(f"{where} needs seconds as a number, got {seconds!r}")
+    value = float(seconds)
+    if not value > 0:
+        raise ValueError(f"{where} needs a positive time, got {seconds}")
+    return value
 
 
 def _check_pass(pass_: str) -> str:

@@ -206,7 +206,8 @@ def test_bench_names_why_a_layer_shape_is_refused(text, said):
     [
         ("--passes", ",", "passes must be a comma-separated subset of fprop,dgrad,wgrad, got ','"),
         ("--passes", "fprop,bprop", "passes must be a comma-separated subset"),
-        ("--batch-sizes", ",", "batch sizes must be positive, got ','"),
+        ("--batch-sizes", ",", "needs one or more comma-separated positive integers, got ','"),
+        ("--batch-sizes", "", "needs one or more comma-separated positive integers, got ''"),
         ("--batch-sizes", "32,-1", "batch sizes must be positive, got '32,-1'"),
         ("--batch-sizes", "32,x", "batch sizes must be integers, got '32,x'"),
     ],

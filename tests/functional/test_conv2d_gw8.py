@@ -800,8 +800,16 @@ def _bad_calls():
             lambda: conv2d_gw8(torch.randn(1, 16, 4, 0), w, None, 1, 1, 2),
             "input image of at least 1x1, got 4x0",
         ),
-        ("groups", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 4), "groups = C / 8 = 2, got 4"),
-        ("groups 0", lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 0), "groups = C / 8 = 2, got 0"),
+        (
+            "groups",
+            lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 4),
+            "groups = C / 8 = 2 (or 1, implied by the weight), got 4",
+        ),
+        (
+            "groups 0",
+            lambda: conv2d_gw8(x, w, None, 1, 1, 1, 1, 0),
+            "groups = C / 8 = 2 (or 1, implied by the weight), got 0",
+        ),
         ("R", lambda: conv2d_gw8(x, torch.randn(16, 8, 7, 3)), "filter R in 1..5, got 7"),
         ("S", lambda: conv2d_gw8(x, torch.randn(16, 8, 3, 6)), "filter S in 1..5, got 6"),
         ("R 0", lambda: conv2d_gw8(x, torch.randn(16, 8, 0, 3), None, 1, 1, 1), "R in 1..5, got 0"),
@@ -1271,7 +1279,9 @@ def test_kernel_path_validates_once_per_signature_and_bad_calls_still_raise(monk
     for _ in range(2):
         with pytest.raises(ValueError, match="needs stride 1, got 2"):
             conv2d_gw8(x, w, b, 2, 1, 1, 1, 2)
-        with pytest.raises(ValueError, match="needs groups = C / 8 = 2, got 3"):
+        with pytest.raises(
+            ValueError, match=r"needs groups = C / 8 = 2 \(or 1, implied by the weight\), got 3"
+        ):
             conv2d_gw8(x, w, b, 1, 1, 1, 1, 3)
     dy = torch.randn(first.shape).half()
     dx, dw, db = conv2d_gw8_backward(dy, x, w, 1, 1, [True, True, True])
@@ -1583,3 +1593,36 @@ def test_errors_under_dynamic_shapes_name_values_not_symbols():
         with pytest.raises(Exception, match=re.escape(said)):
             compiled(torch.randn(x_shape), torch.randn(w_shape))
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_the_backward_op_names_an_operand_that_is_not_a_tensor(monkeypatch, emulate):
+    """Its schema lets None through: None for grad_output or input ended in an AttributeError
+    (".shape", ".device"), and None for the weight in one where the kernels run."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    x = torch.randn(1, 16, 6, 6, dtype=torch.float16)
+    w = torch.randn(16, 8, 3, 3, dtype=torch.float16)
+    dy = torch.randn(1, 16, 6, 6, dtype=torch.float16)
+    for i, name in enumerate(("grad_output", "input", "weight")):
+        args = [dy, x, w]
+        args[i] = None
+        for backward in (conv2d_gw8_backward, torch.ops.spio.conv2d_gw8_backward):
+            with pytest.raises(TypeError) as error:
+                backward(*args, 1, 1, [True, True, True])
+            assert (
+                str(error.value) == f"conv2d_gw8_backward needs {name} to be a tensor, got NoneType"
+            )
+
+
+@pytest.mark.parametrize("emulate", ["0", "1"])
+def test_paddings_past_pytorchs_limit_are_named(monkeypatch, emulate):
+    """Past int64 the op's schema failed unnamed ("Expected a value of type 'int' ... found type
+    'int'"), and where the kernels run PyTorch's fallback convolution with a C++ overflow."""
+    monkeypatch.setenv("SPIO_EMULATE", emulate)
+    x = torch.randn(1, 16, 6, 6, dtype=torch.float16)
+    w = torch.randn(16, 8, 3, 3, dtype=torch.float16)
+    limit = r"^conv2d_gw8 needs padding at most 4611686018427387903, "
+    with pytest.raises(ValueError, match=limit + r"got \(4611686018427387904, 0\)$"):
+        public_conv2d_gw8(x, w, None, 1, 2**62, 0)
+    with pytest.raises(ValueError, match=r"^conv2d_gw8 needs padding(_y within int64| at most)"):
+        public_conv2d_gw8(x, w, None, 1, 2**70, 0)

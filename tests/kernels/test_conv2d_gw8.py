@@ -6,6 +6,7 @@ import itertools
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,12 +62,24 @@ def test_sector_waste_charges_only_blocks_that_split_pixels():
         dict(block_q=16, warp_q16=2),
         dict(groups=64, block_q=64),
         dict(block_n=0),
-        dict(groups=True),  # equal to groups=1, but encoded "gTrue"
     ],
 )
 def test_bad_configs_are_rejected(bad):
     with pytest.raises(ValueError, match="Conv2dGw8Config needs"):
         fd.Conv2dGw8Config(**bad)
+
+
+@pytest.mark.parametrize("field", ["groups", "block_p", "block_q", "stages", "block_n"])
+def test_config_fields_of_the_wrong_type_are_type_errors_and_numpys_ints_count(field):
+    # groups=True equals groups=1 but would be encoded "gTrue"; a float, a string or None is
+    # not an integer either. A numpy integer is one (as for Conv2dGw8Params), kept as an int.
+    for bad in (True, 8.0, "8", None):
+        with pytest.raises(TypeError, match=rf"^Conv2dGw8Config needs an integer {field}, got "):
+            fd.Conv2dGw8Config(**{field: bad})
+    default = getattr(fd.Conv2dGw8Config(), field)
+    config = fd.Conv2dGw8Config(**{field: np.int64(default)})
+    assert type(getattr(config, field)) is int and config == fd.Conv2dGw8Config()
+    assert config.encode() == fd.Conv2dGw8Config().encode()
 
 
 def test_kernel_names_encode_params_and_config():

@@ -345,3 +345,110 @@ def test_has_bias_takes_integers_of_other_types_as_every_int_field_does():
     assert Conv2dGw8Params(1, 16, 3, 3, has_bias=torch.tensor(0)).has_bias is False
     with pytest.raises(ValueError, match="has_bias True or False, got np.int64"):
         Conv2dGw8Params(1, 16, 3, 3, has_bias=np.int64(2))
+
+
+def test_the_launch_functions_name_an_argument_of_the_wrong_kind():
+    """The low-level fprop, dgrad and wgrad, and make_kernel given a config, had not checked
+    their params, tensors, out or kernel: each ended in an AttributeError naming an attribute
+    (a tuple's 'dtype', an int's 'shape', a string's 'source_file'); make_kernel given a name
+    blamed "configs"; make_kernel's variant flags took any value ("no" built the __wcl kernel)."""
+    from spio.kernels import conv2d_gw8_factory as fd
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    p = Conv2dGw8Params(1, 16, 6, 6)
+    x = torch.randn(p.input_shape, dtype=torch.float16)
+    dy = torch.randn(p.output_shape, dtype=torch.float16)
+    w = torch.randn(p.weight_shape, dtype=torch.float16)
+    calls = {
+        "conv2d_gw8 fprop needs a Conv2dGw8Params, got None": lambda: fd.fprop(x, w, None, None),
+        "conv2d_gw8 dgrad needs a Conv2dGw8Params, got (1, 16, 6, 6)": lambda: fd.dgrad(
+            dy, w, (1, 16, 6, 6)
+        ),
+        "conv2d_gw8 wgrad needs a Conv2dGw8Params, got None": lambda: wg.wgrad(x, dy, None),
+        "conv2d_gw8 fprop needs x to be a tensor, got NoneType": lambda: fd.fprop(None, w, None, p),
+        "conv2d_gw8 fprop needs bias to be a tensor or None, got int": lambda: fd.fprop(x, w, 1, p),
+        "conv2d_gw8 dgrad needs weight to be a tensor, got list": lambda: fd.dgrad(dy, [1], p),
+        "conv2d_gw8 wgrad needs dy to be a tensor, got str": lambda: wg.wgrad(x, "dy", p),
+        "conv2d_gw8 fprop needs kernel to be a Kernel or None, got str": lambda: fd.fprop(
+            x, w, None, p, kernel="k"
+        ),
+        "conv2d_gw8 out must be a tensor or None, got int": lambda: fd.fprop(x, w, None, p, out=5),
+        "conv2d_gw8 make_kernel needs a Conv2dGw8Params, got None": lambda: fd.make_kernel(
+            None, fd.Conv2dGw8Config()
+        ),
+        "conv2d_gw8 make_kernel needs a Conv2dGw8Params, got 'n1' "
+        "(Conv2dGw8Params.decode reads an encoded name)": lambda: fd.make_kernel("n1"),
+        "conv2d_gw8_wgrad make_kernel needs a Conv2dGw8Params, got None": lambda: wg.make_kernel(
+            None, wg.Conv2dGw8WgradConfig()
+        ),
+        "conv2d_gw8 make_kernel needs weights_cl True or False, got 'no'": lambda: fd.make_kernel(
+            p, weights_cl="no"
+        ),
+        "conv2d_gw8 make_kernel needs tma_stores True or False, got 1": lambda: fd.make_kernel(
+            p, tma_stores=1
+        ),
+        "conv2d_gw8_wgrad make_kernel needs partials True or False, got None": lambda: (
+            wg.make_kernel(p, partials=None)
+        ),
+        "conv2d_gw8 wgrad needs dtypes a (dw, dbias) pair of torch dtypes, got ('fp32', 'fp32')": (
+            lambda: wg.wgrad(x, dy, p, dtypes=("fp32", "fp32"))
+        ),
+    }
+    for said, call in calls.items():
+        with pytest.raises(TypeError) as error:
+            call()
+        assert str(error.value) == said
+
+
+def test_wgrad_refuses_gradient_dtypes_it_would_truncate_into():
+    """dtypes=(torch.int32, ...) gave an int32 dw of truncated sums, silently, on the atomic
+    path (the partials path named a float64 one without naming `dtypes`)."""
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    p = Conv2dGw8Params(1, 16, 6, 6)
+    x = torch.randn(p.input_shape, dtype=torch.float16)
+    dy = torch.randn(p.output_shape, dtype=torch.float16)
+    config = wg.default_config(p)
+    for partials in (True, False):
+        kernel = wg.make_kernel(p, config, partials=partials)
+        for dtypes in ((torch.int32, torch.float32), (torch.float32, torch.float64)):
+            with pytest.raises(ValueError) as error:
+                wg.wgrad(x, dy, p, kernel=kernel, dtypes=dtypes)
+            assert str(error.value) == (
+                "conv2d_gw8 wgrad needs dtypes (dw, dbias) among torch.float32, torch.float16 "
+                f"and torch.bfloat16, got {dtypes}"
+            )
+
+
+def test_get_kernel_names_a_device_torch_cannot_read():
+    """A bad device string or a negative ordinal reached torch.device, whose RuntimeError named
+    neither get_kernel nor the argument."""
+    from spio.kernels import conv2d_gw8_kernel_factory as F
+
+    p = Conv2dGw8Params(1, 8, 4, 4)
+    get = "conv2d_gw8_kernel_factory.get_kernel"
+    for device, torchs in (("gpu", "Expected one of"), (-1, "Device index must not be negative")):
+        with pytest.raises(ValueError) as error:
+            F.get_kernel(p, device)
+        assert str(error.value).startswith(f"{get} needs a device, got {device!r}: {torchs}")
+
+
+def test_stats_times_must_be_numbers():
+    """A string or None time ended in Python's "'>' not supported" TypeError."""
+    import numpy as np
+
+    from spio.kernels.stats import Conv2dStats
+
+    stats = Conv2dStats(Conv2dGw8Params(1, 8, 4, 4))
+    for where, call in (
+        ("effective_bandwidth", stats.effective_bandwidth),
+        ("throughput", stats.throughput),
+    ):
+        for bad in ("1e-3", None, True):
+            with pytest.raises(TypeError) as error:
+                call(bad, "fprop")
+            assert str(error.value) == f"{where} needs seconds as a number, got {bad!r}"
+        for bad in (0, -1.0, float("nan")):
+            with pytest.raises(ValueError, match=f"^{where} needs a positive time"):
+                call(bad, "fprop")
+        assert call(np.float32(0.5), "fprop") == call(0.5, "fprop")

@@ -1,6 +1,7 @@
 """WGrad kernel: NVRTC builds for every arch, and dw (and dbias) against the float64 reference in
 the CPU emulator (sampled configs in CI, more with -m slow) and on a GPU (-m cuda)."""
 
+import numpy as np
 import pytest
 
 import spio
@@ -41,12 +42,18 @@ def test_default_kernels_fit_the_launch_limits():
         dict(block_q=12),
         dict(block_q=8, warp_q8=2),
         dict(groups=64),
-        dict(groups=True),
     ],  # fmt: skip
 )
 def test_bad_configs_are_rejected(bad):
     with pytest.raises(ValueError, match="Conv2dGw8WgradConfig needs"):
         wg.Conv2dGw8WgradConfig(**bad)
+
+
+def test_config_fields_of_the_wrong_type_are_type_errors():
+    for bad in (True, 2.0, "2", None):
+        with pytest.raises(TypeError, match="^Conv2dGw8WgradConfig needs an integer stages, got "):
+            wg.Conv2dGw8WgradConfig(stages=bad)
+    assert wg.Conv2dGw8WgradConfig(stages=np.int32(4)) == wg.Conv2dGw8WgradConfig(stages=4)
 
 
 @pytest.mark.parametrize(

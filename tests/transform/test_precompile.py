@@ -743,3 +743,23 @@ def test_the_forward_run_forks_the_rng_of_gpus_in_nested_inputs(monkeypatch, whe
 
     modules._forward_once(Takes(), inputs, kwargs, grad=False)
     assert forked == [[1]]
+
+
+def test_flags_of_the_wrong_kind_are_named(monkeypatch):
+    """training=1 reached torch.set_grad_enabled, whose TypeError named neither precompile nor
+    the argument; double_backward and progress took any value as true or false. numpy's bools
+    count, as elsewhere in spio's API."""
+    import numpy as np
+
+    monkeypatch.delenv("SPIO_EMULATE", raising=False)  # (nothing is built either way)
+    model, x = _model(torch.float64), _input(torch.float64)
+    for name, allowed in (
+        ("training", "True, False or None"),
+        ("double_backward", "True or False"),
+        ("progress", "True or False"),
+    ):
+        for bad in (1, "no"):
+            with pytest.raises(TypeError) as error:
+                precompile(model, x, **({"progress": False} | {name: bad}))
+            assert str(error.value) == f"spio.precompile needs {name} {allowed}, got {bad!r}"
+    assert precompile(model, x, training=np.True_, progress=np.False_) == []

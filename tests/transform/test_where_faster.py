@@ -470,3 +470,11 @@ def test_timing_forks_the_timing_gpus_random_number_state(monkeypatch):
     model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)).half()
     where_faster(model, torch.randn(2, 16, 8, 8).half())
     assert forked[-1] == [1]
+
+
+def test_training_of_the_wrong_kind_is_named():
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=2)).half()
+    x = torch.randn(2, 16, 8, 8).half()
+    with pytest.raises(TypeError) as error:
+        where_faster(model, x, training="yes", timer=FakeTimer())
+    assert str(error.value) == "spio.transform.where_faster needs training True or False, got 'yes'"
