@@ -562,8 +562,13 @@ class Conv2dGw8(nn.Conv2d):
         reason = module_ineligibility(module)
         if reason is not None:
             raise ValueError(f"Conv2dGw8.from_torch_module: the module {reason}")
+        bits = pass_mask_or_flag(
+            passes,
+            f"Conv2dGw8.from_torch_module needs passes True, False, pass names among {PASSES} "
+            f"or bits 0..{ALL_PASSES}",
+        )
         new = _sharing(cls, module)
-        new.spio_passes = passes
+        new.spio_passes = bits
         return new
 
     def to_torch_module(self) -> nn.Conv2d:

@@ -1737,3 +1737,18 @@ def test_a_compiled_layer_does_not_recompile_while_a_precompile_runs_elsewhere()
     with module.pytorch_standing_in([nn.Conv2d(8, 8, 1)]):  # a run in progress, of other layers
         compiled(x)
     assert counter.frame_count == 1
+
+
+def test_from_torch_module_names_its_own_passes_argument():
+    """A bad `passes` was reported as "Conv2dGw8.spio_passes must be ...", the attribute it
+    sets, not the argument the caller gave."""
+    conv = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    takes = (
+        "Conv2dGw8.from_torch_module needs passes True, False, pass names among "
+        "('fprop', 'dgrad', 'wgrad') or bits 0..7"
+    )
+    for bad, kind in ((1.0, TypeError), ("x", ValueError), (9, ValueError)):
+        with pytest.raises(kind) as error:
+            Conv2dGw8.from_torch_module(conv, passes=bad)
+        assert str(error.value) == f"{takes}, got {bad!r}"
+    assert Conv2dGw8.from_torch_module(conv, passes=("fprop",)).spio_passes == ("fprop",)
