@@ -443,7 +443,12 @@ class EmuFunction:
         slots, ranges, copies, keep = self._marshal(kinds, tuple(args), check)
         if not self._logged:
             self._logged.append(True)
-            logger.info("emulating %s on the CPU", self.name)
+            # (A module's name, where its function's own does not hold it: sum_slots' entry,
+            # spio_sum_slots, is one symbol for every layer's build.)
+            named = (
+                self.name if self.module.name in self.name else f"{self.name} of {self.module.name}"
+            )
+            logger.info("emulating %s on the CPU", named)
         cfg = _Launch()
         cfg.grid[:] = grid3
         cfg.block[:] = block3

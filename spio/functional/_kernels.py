@@ -338,8 +338,6 @@ class Layer:
 
     def forward(self, input: Tensor, weight: Tensor, bias: Tensor | None, passes: int) -> Tensor:
         """y, by spio's FProp if `passes` has FPROP, else by PyTorch (same dtype and layout)."""
-        if not self._layout_checked:
-            self._check_layout(input, passes)
         if passes & FPROP:
             return self.fprop(input, weight, bias)
         return torch_fprop(input, weight, bias, self.params.padding)
@@ -397,26 +395,26 @@ class Layer:
                 db = db.to(db_dtype)
         return dx, dw, db
 
-    def _check_layout(self, input: Tensor, passes: int) -> None:
-        """On a layer's first call: whether spio's passes on the GPU will copy the activations
-        in and out of the NHWC layout the kernels read, which the user can avoid; logged once
-        per process, as every layer of an NCHW model does it."""
+    def _check_layout(self, activation: Tensor) -> None:
+        """At a layer's first pass on spio's kernels: whether its activation (x, or dy for
+        DGrad) is copied into the NHWC layout the kernels read, on a GPU, which the user can
+        avoid; logged once per process, as every layer of an NCHW model does it. Asked where a
+        pass runs, not at the forward (PyTorch may run it: then nothing is copied)."""
         global _layout_logged
-        if not passes:  # PyTorch's convolution runs every pass: no copies yet
-            return
         self._layout_checked = True
         if (
             _layout_logged
             or self.device.type != "cuda"
-            or input.is_contiguous(memory_format=torch.channels_last)
+            or activation.is_contiguous(memory_format=torch.channels_last)
         ):
             return
         _layout_logged = True
         logger.warning(
-            "conv2d_gw8 %s: the input is not a contiguous channels_last tensor. spio's kernels "
-            "read NHWC, so each call copies the input into it, and an NCHW result back (the "
-            "gradients too): up to twice the memory traffic of the convolution itself. Convert "
-            "the model and its inputs: .to(memory_format=torch.channels_last). (Logged once.)",
+            "conv2d_gw8 %s: an activation is not a contiguous channels_last tensor. spio's "
+            "kernels read and write NHWC, so each pass copies its activations into that layout "
+            "(and an NCHW model's results back): up to twice the memory traffic of the "
+            "convolution itself. Convert the model and its inputs: "
+            ".to(memory_format=torch.channels_last). (Logged once.)",
             self.params.encode(),
         )
 
@@ -462,12 +460,16 @@ class Layer:
         )
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if not self._layout_checked:
+            self._check_layout(input)
         kernel = self.fprop_kernel(conv2d_gw8_factory.operand_layout(weight, bias))
         return conv2d_gw8_factory.fprop(
             input, weight, bias, self.params, kernel=kernel, validated=True
         )
 
     def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
+        if not self._layout_checked:
+            self._check_layout(grad_output)
         kernel = self.dgrad_kernel(conv2d_gw8_factory.operand_layout(weight)[0])
         return conv2d_gw8_factory.dgrad(
             grad_output, weight, self._dgrad_params, kernel=kernel, validated=True
@@ -514,6 +516,8 @@ class Layer:
         (the last bits vary from run to run). Under torch.use_deterministic_algorithms(True)
         the partial sums always: the chosen config's, or where its buffer would pass
         MAX_PARTIAL_BYTES the best-ranked config's whose buffer fits; PyTorch's where none does."""
+        if not self._layout_checked:
+            self._check_layout(input)
         deterministic = torch.are_deterministic_algorithms_enabled()
         kernel = self.wgrad_kernel(with_bias, deterministic)
         if kernel is None:  # deterministic, every config's partial sums too big: PyTorch's, fp32

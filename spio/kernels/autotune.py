@@ -364,7 +364,13 @@ def autotune(
     def build() -> tuple[bytes, dict]:
         run = timer or default_timer
         for config, error in unmade.items():
-            logger.warning("autotune: %s %s failed: %s", family.name, config.encode(), error)
+            logger.warning(
+                "autotune: %s %s of layer %s failed: %s",
+                family.name,
+                config.encode(),
+                params.encode(),
+                error,
+            )
         prepare = getattr(run, "prepare", None)
         if prepare is not None:
             prepare([k for k in kernels if k is not None], identity.arch)
@@ -380,7 +386,11 @@ def autotune(
                     except Exception as error:  # one broken config must not stop tuning
                         seconds = math.inf
                         logger.warning(
-                            "autotune: %s %s failed: %s", family.name, config.encode(), error
+                            "autotune: %s %s of layer %s failed: %s",
+                            family.name,
+                            config.encode(),
+                            params.encode(),
+                            error,
                         )
                 times.append(seconds)
             release = getattr(run, "release", None)

@@ -604,6 +604,21 @@ class Conv2dGw8(nn.Conv2d):
             input, weight, self.bias, self._padding_ints(weight), self.groups, passes
         )
 
+    def _why_no_kernels(self, input: Tensor) -> str:
+        """Why a call on `input` for which spio_kernels found none launches no spio kernel,
+        for spio.precompile's warning: the device, the fallback's reason, or the passes."""
+        kernels, reason = _route(input, self.weight, self.bias)
+        if not kernels:
+            if input.device.type == "cpu":
+                return "CPU tensors without SPIO_EMULATE=1 (PyTorch's convolution runs them)"
+            return f"{input.device.type} tensors (PyTorch's convolution runs them)"
+        if not self._pass_bits:
+            return "every pass left to PyTorch (spio_passes is empty)"
+        ineligible = self._ineligibility_now(self.weight)
+        if reason is not None or ineligible is not None:
+            return f"a fallback to F.conv2d: {reason or f'the layer {ineligible}'}"
+        return "no pass the call runs left to spio (spio_passes)"
+
     def spio_kernels(
         self, input: Tensor, backward: bool | None = None, double_backward: bool = False
     ) -> list[Kernel]:
@@ -661,17 +676,34 @@ def _unsupported(input: Tensor, weight: Tensor, bias: Tensor | None, kernels: bo
     dtype = autocast_dtype(input.device.type)
     if dtype is not None:
         if torch.float64 in (input.dtype, weight.dtype, getattr(bias, "dtype", None)):
-            return "float64 tensors under autocast"
+            return (
+                "float64 tensors under autocast (which leaves float64 as it is: convert the "
+                "model and its inputs to float32 for autocast to cast them)"
+            )
         if kernels and dtype not in KERNEL_DTYPES:
-            return f"autocast to {dtype}"
+            return f"autocast to {dtype} (spio's kernels take {_HALF_NAMES}: autocast to one)"
         return None
     if input.dtype != weight.dtype:
         return f"input {input.dtype} and weight {weight.dtype} differ"
     if bias is not None and bias.dtype not in (input.dtype, torch.float32):
         return f"bias {bias.dtype} with input {input.dtype}"
     if kernels and input.dtype not in KERNEL_DTYPES:
-        return f"{input.dtype} {input.device.type} tensors outside autocast"
+        if torch.float64 in (input.dtype, weight.dtype):
+            mend = (
+                ", and autocast leaves float64 as it is: convert the model with .half() or "
+                ".bfloat16(), or to float32 and run it under torch.autocast"
+            )
+        else:
+            mend = ": run the model under torch.autocast, or convert it with .half() or .bfloat16()"
+        return (
+            f"{input.dtype} {input.device.type} tensors outside autocast (spio's kernels take "
+            f"{_HALF_NAMES}{mend})"
+        )
     return None
+
+
+#: The dtypes spio's kernels take, as the fallback's reasons name them.
+_HALF_NAMES = "torch.float16 and torch.bfloat16"
 
 
 def _with_fp32_bias(

@@ -569,17 +569,22 @@ def precompile(
         disable=not progress or not sum(to_tune),
     )
 
+    why_not: Counter[str] = Counter()  # calls that launch no spio kernel, by why
+
     def choose(module: Conv2dGw8, input: torch.Tensor) -> None:
-        for kernel in module.spio_kernels(input, training, double_backward):
+        kernels = module.spio_kernels(input, training, double_backward)
+        if not kernels:
+            why_not[module._why_no_kernels(input)] += 1
+        for kernel in kernels:
             found.setdefault((input.device, kernel.name), kernel)
         if to_tune:  # the calls come in the same order: this one has tuned its passes
             timing.update(to_tune.pop(0))
 
     try:
-        calls = _stand_in_calls(model, layers, inputs, kwargs, training, choose)
+        calls, strays = _stand_in_calls(model, layers, inputs, kwargs, training, choose)
     finally:
         timing.close()
-    _warn_if_nothing_to_build(layers, calls, len(found))
+    _warn_if_nothing_to_build(layers, calls, len(found), strays, why_not)
     failures: dict[str, str] = {}
     for device in dict.fromkeys(device for device, _ in found):
         kernels = [k for (d, _), k in found.items() if d == device]
@@ -636,13 +641,24 @@ def _candidates_to_tune(
     return to_tune
 
 
-def _warn_if_nothing_to_build(layers: list[Conv2dGw8], calls: int, kernels: int) -> None:
+def _warn_if_nothing_to_build(
+    layers: list[Conv2dGw8], calls: int, kernels: int, strays: int, why_not: Counter[str]
+) -> None:
     """precompile's warning, saying why, where it found no kernel to build among `calls` calls
-    of `layers`: no Conv2dGw8 layers, none called, or no call that runs spio's kernels."""
+    of `layers`: no Conv2dGw8 layers; none called (`strays`: calls of the nn.Conv2d they
+    replaced, warned of already); or no call that runs spio's kernels (`why_not`: the calls by
+    their reason, from Conv2dGw8._why_no_kernels)."""
     if not layers:
         logger.warning(
             "spio.precompile: the model has no Conv2dGw8 layers (spio.transform makes them); "
             "nothing to build"
+        )
+    elif not calls and strays:
+        logger.warning(
+            "spio.precompile: the model called none of its %d Conv2dGw8 layers, but %d times "
+            "the nn.Conv2d they replaced (above); nothing was built",
+            len(layers),
+            strays,
         )
     elif not calls:
         logger.warning(
@@ -651,12 +667,12 @@ def _warn_if_nothing_to_build(layers: list[Conv2dGw8], calls: int, kernels: int)
             len(layers),
         )
     elif not kernels:
+        reasons = "; ".join(f"{count} of {reason}" for reason, count in why_not.most_common())
         logger.warning(
-            "spio.precompile: none of the %d Conv2dGw8 calls runs spio's kernels (fp32 outside "
-            "torch.autocast, float64, CPU tensors without SPIO_EMULATE=1, a GPU spio's kernels "
-            "do not run on, or every pass left to PyTorch: the layers' own warnings say which); "
-            "nothing to build",
+            "spio.precompile: none of the %d Conv2dGw8 calls runs spio's kernels (calls by "
+            "why: %s); nothing to build",
             calls,
+            reasons,
         )
 
 
@@ -667,10 +683,11 @@ def _stand_in_calls(
     kwargs: dict | None,
     training: bool,
     on_call: Callable[[Conv2dGw8, torch.Tensor], object],
-) -> int:
+) -> tuple[int, int]:
     """Run model(*inputs, **kwargs) once (`_forward_once`, autograd on if `training`) with PyTorch's
     convolution standing in for spio's in `layers`, calling on_call(module, input) before each
-    of their calls; returns how many there were. Only the calls of this thread, and of threads
+    of their calls; returns how many there were, and how many calls went to the nn.Conv2d
+    a layer replaced (warned of here). Only the calls of this thread, and of threads
     started during the run (the model's own, as nn.DataParallel's are), count and run PyTorch's
     convolution (pytorch_standing_in): the layers are not changed, and the calls of threads that
     were there before (an inference server's) run as ever, uncounted."""
@@ -707,7 +724,7 @@ def _stand_in_calls(
             "nn.ModuleDict before transforming",
             strays,
         )
-    return calls
+    return calls, strays
 
 
 def _build_candidates(wanted: autotune.Wanted, progress: bool) -> None:

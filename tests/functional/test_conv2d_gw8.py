@@ -1292,14 +1292,19 @@ def test_kernel_path_validates_once_per_signature_and_bad_calls_still_raise(monk
 
 
 def test_activations_not_in_channels_last_are_logged_once_on_the_gpu(monkeypatch, caplog):
-    """spio's kernels read NHWC: an NCHW model pays a copy in and out per call, which the user
-    can avoid. The first layer call that would copy says so, once per process; channels_last
-    inputs, layers PyTorch runs wholly (passes 0) and the CPU say nothing. (The layer's kernels
+    """spio's kernels read NHWC: an NCHW model pays a copy in and out per pass, which the user
+    can avoid. The first pass on spio's kernels that copies says so, once per process;
+    channels_last inputs, passes PyTorch runs (forward with FProp left to it: it had warned
+    there, in evaluation too, where nothing is copied) and the CPU say nothing. (The kernels
     are stubbed out: this machine may have no GPU; the check runs before them.)"""
     from spio.functional import _kernels
 
     monkeypatch.setattr(_kernels, "_layout_logged", False)
-    monkeypatch.setattr(_kernels.Layer, "fprop", lambda self, x, w, b: x)
+    monkeypatch.setattr(_kernels.Layer, "fprop_kernel", lambda self, layout: None)
+    monkeypatch.setattr(_kernels.Layer, "dgrad_kernel", lambda self, weights_cl: None)
+    factory = _kernels.conv2d_gw8_factory
+    monkeypatch.setattr(factory, "fprop", lambda x, w, b, p, kernel, validated: x)
+    monkeypatch.setattr(factory, "dgrad", lambda dy, w, p, kernel, validated: dy)
     params = Conv2dGw8Params(n=2, c=16, h=8, w=8)
     x = torch.randn(params.input_shape, dtype=torch.float16)
     w = torch.randn(params.weight_shape, dtype=torch.float16)
@@ -1309,9 +1314,10 @@ def test_activations_not_in_channels_last_are_logged_once_on_the_gpu(monkeypatch
         _kernels.Layer(params, cuda).forward(x.to(memory_format=torch.channels_last), w, None, 7)
         _kernels.Layer(params, cuda).forward(x, w, None, 0)
         _kernels.Layer(params, torch.device("cpu")).forward(x, w, None, 7)
-        assert warnings() == []
         layer = _kernels.Layer(params, cuda)
-        layer.forward(x, w, None, _kernels.DGRAD)  # spio's DGrad would copy dy and dx
+        layer.forward(x, w, None, _kernels.DGRAD)  # FProp by PyTorch: no copy
+        assert warnings() == []
+        layer.dgrad(x, w)  # spio's DGrad copies dy (and dx back)
         assert len(warnings()) == 1
         layer.forward(x, w, None, 7)
         _kernels.Layer(params, cuda).forward(x, w, None, 7)

@@ -335,7 +335,9 @@ def test_fallback_logs_once(monkeypatch, caplog):
     torch.testing.assert_close(y2, y1)
     messages = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
     assert messages == [
-        "Conv2dGw8 falls back to F.conv2d: torch.float32 cpu tensors outside autocast"
+        "Conv2dGw8 falls back to F.conv2d: torch.float32 cpu tensors outside autocast (spio's "
+        "kernels take torch.float16 and torch.bfloat16: run the model under torch.autocast, or "
+        "convert it with .half() or .bfloat16())"
     ]
 
 
@@ -378,7 +380,9 @@ def test_a_compiled_fallback_says_why_and_stays_one_graph(monkeypatch, caplog, f
     torch.testing.assert_close(y, F.conv2d(x, m.weight, m.bias, padding=1, groups=2))
     messages = [r.getMessage() for r in caplog.records]
     assert messages == [
-        "Conv2dGw8 falls back to F.conv2d: torch.float32 cpu tensors outside autocast"
+        "Conv2dGw8 falls back to F.conv2d: torch.float32 cpu tensors outside autocast (spio's "
+        "kernels take torch.float16 and torch.bfloat16: run the model under torch.autocast, or "
+        "convert it with .half() or .bfloat16())"
     ]
 
 
@@ -1131,7 +1135,10 @@ def test_autocast_to_another_dtype_falls_back_where_kernels_run(monkeypatch, cap
         torch.set_autocast_dtype("cpu", was)
     torch.testing.assert_close(y, F.conv2d(x, m.weight, m.bias, padding=1, groups=2))
     if emulate == "1":
-        assert "Conv2dGw8 falls back to F.conv2d: autocast to torch.float32" in caplog.text
+        assert (
+            "Conv2dGw8 falls back to F.conv2d: autocast to torch.float32 (spio's kernels take "
+            "torch.float16 and torch.bfloat16: autocast to one)"
+        ) in caplog.text
         assert not calls
     else:
         assert "falls back" not in caplog.text
@@ -1752,3 +1759,24 @@ def test_from_torch_module_names_its_own_passes_argument():
             Conv2dGw8.from_torch_module(conv, passes=bad)
         assert str(error.value) == f"{takes}, got {bad!r}"
     assert Conv2dGw8.from_torch_module(conv, passes=("fprop",)).spio_passes == ("fprop",)
+
+
+def test_the_dtype_fallbacks_say_what_to_do(monkeypatch, caplog):
+    """The fallback a transformed fp32 or float64 model meets first had said only what it saw
+    ("torch.float32 cpu tensors outside autocast"), where the layout and pruning warnings say
+    what to do; float64 is told of autocast's leaving it as it is."""
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    monkeypatch.setattr("spio.layers.conv2d_gw8._logged_fallbacks", set())
+    m = make_conv2d(16, 16, 3, padding=1, groups=2).double()
+    x = torch.randn(1, 16, 6, 6, dtype=torch.float64)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        m(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            m(x)
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        "torch.float64 cpu tensors outside autocast (spio's kernels take torch.float16 and "
+        "torch.bfloat16, and autocast leaves float64 as it is: convert the model with .half() "
+        "or .bfloat16(), or to float32 and run it under torch.autocast)",
+        "float64 tensors under autocast (which leaves float64 as it is: convert the model and "
+        "its inputs to float32 for autocast to cast them)",
+    ]

@@ -382,11 +382,11 @@ def test_layout_warning_survives_a_call_without_spio_passes(caplog, monkeypatch)
     monkeypatch.setattr(_kernels, "_layout_logged", False)
     params = Conv2dGw8Params(1, 16, 4, 4)
     layer = _kernels.Layer(params, torch.device("cuda"))
-    nchw = torch.empty(1, 16, 4, 4)
+    nchw = torch.randn(1, 16, 4, 4)
     with caplog.at_level(logging.WARNING, logger="spio"):
-        layer._check_layout(nchw, 0)
+        layer.forward(nchw, torch.randn(params.weight_shape), None, 0)  # PyTorch's, on the CPU
         assert "channels_last" not in caplog.text
-        layer._check_layout(nchw, _kernels.ALL_PASSES)
+        layer._check_layout(nchw)  # as the first pass on spio's kernels asks
     assert "not a contiguous channels_last tensor" in caplog.text
 
 
@@ -633,6 +633,61 @@ def test_a_model_whose_calls_run_no_kernel_is_warned_of(emulated, caplog):
     with caplog.at_level(logging.WARNING, logger="spio"):
         assert spio.precompile(model, x, progress=False) == []
     assert "none of the 5 Conv2dGw8 calls runs spio's kernels" in caplog.text
+
+
+def test_the_nothing_to_build_warning_says_why_each_call_runs_none(monkeypatch, caplog):
+    """It had listed every possible cause and sent the reader to "the layers' own warnings",
+    which CPU tensors without the emulator and passes left to PyTorch never give (and a
+    fallback's, once per process, may have gone before)."""
+    monkeypatch.delenv("SPIO_EMULATE", raising=False)
+    model, x = _model(), _input()
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert spio.precompile(model, x, progress=False) == []
+    assert (
+        "none of the 5 Conv2dGw8 calls runs spio's kernels (calls by why: 5 of CPU tensors "
+        "without SPIO_EMULATE=1 (PyTorch's convolution runs them)); nothing to build"
+    ) in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("SPIO_EMULATE", "1")
+    for layer in model.modules():
+        if isinstance(layer, spio.layers.Conv2dGw8):
+            layer.spio_passes = False
+    model.first.spio_passes = True
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert spio.precompile(model.float(), x.float(), progress=False) == []
+    said = caplog.text
+    assert "calls by why: 4 of every pass left to PyTorch (spio_passes is empty); 1 of a " in said
+    assert "fallback to F.conv2d: torch.float32 cpu tensors outside autocast" in said
+    caplog.clear()
+    model.half().first.spio_passes = ("dgrad",)  # in inference: nothing for spio to run
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert spio.precompile(model, x, training=False, progress=False) == []
+    assert "1 of no pass the call runs left to spio (spio_passes)" in caplog.text
+
+
+def test_calls_of_the_replaced_conv_are_not_blamed_on_tracing(caplog):
+    """A conv reached through a plain list runs the nn.Conv2d transform replaced: the warning
+    said so, and then that the model called no layer "(a model traced by torch.fx or scripted
+    calls spio's op without them)", a cause that was not this one."""
+
+    class Listed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1, groups=2).half()
+            self.convs = [self.conv]  # not registered: transform cannot replace this entry
+
+        def forward(self, x):
+            return self.convs[0](x)
+
+    model = transform(Listed())
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert precompile(model, _input()[:, :16], progress=False) == []
+    assert "1 calls of an nn.Conv2d that spio.transform replaced" in caplog.text
+    assert (
+        "the model called none of its 1 Conv2dGw8 layers, but 1 times the nn.Conv2d they "
+        "replaced (above); nothing was built"
+    ) in caplog.text
+    assert "traced by torch.fx" not in caplog.text
 
 
 def test_other_threads_calls_during_precompile_run_spio_and_are_not_its_own(monkeypatch):
