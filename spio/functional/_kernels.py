@@ -339,6 +339,8 @@ class Layer:
     def forward(self, input: Tensor, weight: Tensor, bias: Tensor | None, passes: int) -> Tensor:
         """y, by spio's FProp if `passes` has FPROP, else by PyTorch (same dtype and layout)."""
         if passes & FPROP:
+            if not self._layout_checked:
+                self._check_layout(input)
             return self.fprop(input, weight, bias)
         return torch_fprop(input, weight, bias, self.params.padding)
 
@@ -365,6 +367,11 @@ class Layer:
         need_input, need_weight, need_bias = mask
         dw_dtype, db_dtype = dtypes or (torch.float32, torch.float32)
         dx = dw = db = None
+        if not self._layout_checked:  # (before _dy_for_both lays dy out NHWC)
+            spio_dgrad = need_input and passes & DGRAD
+            spio_wgrad = need_weight and passes & WGRAD
+            if spio_dgrad or spio_wgrad:
+                self._check_layout(grad_output, *([input] if spio_wgrad else []))
         if need_input and need_weight and passes & DGRAD and passes & WGRAD:
             grad_output = self._dy_for_both(grad_output)
         if need_input and passes & DGRAD:
@@ -395,17 +402,19 @@ class Layer:
                 db = db.to(db_dtype)
         return dx, dw, db
 
-    def _check_layout(self, activation: Tensor) -> None:
-        """At a layer's first pass on spio's kernels: whether its activation (x, or dy for
-        DGrad) is copied into the NHWC layout the kernels read, on a GPU, which the user can
-        avoid; logged once per process, as every layer of an NCHW model does it. Asked where a
-        pass runs, not at the forward (PyTorch may run it: then nothing is copied)."""
+    def _check_layout(self, *activations: Tensor | None) -> None:
+        """At a layer's first pass on spio's kernels (its forward's FProp, its backward's DGrad
+        or WGrad): whether its activations (x, dy) are copied into the NHWC layout the kernels
+        read, on a GPU, which the user can avoid; logged once per process, as every layer of an
+        NCHW model does it. Not asked where PyTorch runs the pass: nothing is copied there."""
         global _layout_logged
         self._layout_checked = True
         if (
             _layout_logged
             or self.device.type != "cuda"
-            or activation.is_contiguous(memory_format=torch.channels_last)
+            or all(
+                t is None or t.is_contiguous(memory_format=torch.channels_last) for t in activations
+            )
         ):
             return
         _layout_logged = True
@@ -460,16 +469,12 @@ class Layer:
         )
 
     def fprop(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        if not self._layout_checked:
-            self._check_layout(input)
         kernel = self.fprop_kernel(conv2d_gw8_factory.operand_layout(weight, bias))
         return conv2d_gw8_factory.fprop(
             input, weight, bias, self.params, kernel=kernel, validated=True
         )
 
     def dgrad(self, grad_output: Tensor, weight: Tensor) -> Tensor:
-        if not self._layout_checked:
-            self._check_layout(grad_output)
         kernel = self.dgrad_kernel(conv2d_gw8_factory.operand_layout(weight)[0])
         return conv2d_gw8_factory.dgrad(
             grad_output, weight, self._dgrad_params, kernel=kernel, validated=True
@@ -516,8 +521,6 @@ class Layer:
         (the last bits vary from run to run). Under torch.use_deterministic_algorithms(True)
         the partial sums always: the chosen config's, or where its buffer would pass
         MAX_PARTIAL_BYTES the best-ranked config's whose buffer fits; PyTorch's where none does."""
-        if not self._layout_checked:
-            self._check_layout(input)
         deterministic = torch.are_deterministic_algorithms_enabled()
         kernel = self.wgrad_kernel(with_bias, deterministic)
         if kernel is None:  # deterministic, every config's partial sums too big: PyTorch's, fp32

@@ -29,6 +29,7 @@ from ..generators import (
 )
 from .conv2d_gw8_params import (
     Conv2dGw8Params,
+    as_bool,
     as_integer,
     check_params,
     check_tensor_bytes,
@@ -603,11 +604,16 @@ def generate_header(
     return generate(specs)
 
 
-def check_flags(where: str, **flags: Any) -> None:
-    """TypeError naming the first of `flags` that is not True or False."""
+def check_flags(where: str, **flags: Any) -> tuple[bool, ...]:
+    """`flags`' values as plain bools (as_bool: numpy's and 0-d bool tensors count, as
+    elsewhere in spio's API), in order; TypeError naming the first that is not a bool."""
+    plain = []
     for name, value in flags.items():
-        if type(value) is not bool:
+        flag = as_bool(value)
+        if flag is None:
             raise TypeError(f"{where} needs {name} True or False, got {value!r}")
+        plain.append(flag)
+    return tuple(plain)
 
 
 def make_kernel(
@@ -629,7 +635,7 @@ def make_kernel(
     tile loop is the same in every variant."""
     check_params(params, "conv2d_gw8 make_kernel")
     # (igrad: its header would define SPIO_CONV_IGRAD as int(igrad); the others pick variants)
-    check_flags(
+    igrad, weights_cl, bias_elem, swizzled, tma, tma_stores = check_flags(
         "conv2d_gw8 make_kernel",
         igrad=igrad,
         weights_cl=weights_cl,

@@ -431,7 +431,9 @@ def make_kernel(
     rows brought in by tensor copies (sm_90 and newer only; implies `swizzled`).
     """
     check_params(params, "conv2d_gw8_wgrad make_kernel")
-    check_flags("conv2d_gw8_wgrad make_kernel", partials=partials, swizzled=swizzled, tma=tma)
+    partials, swizzled, tma = check_flags(
+        "conv2d_gw8_wgrad make_kernel", partials=partials, swizzled=swizzled, tma=tma
+    )
     if config is not None and not isinstance(config, Conv2dGw8WgradConfig):
         raise TypeError(
             f"conv2d_gw8_wgrad make_kernel needs a Conv2dGw8WgradConfig, got "

@@ -617,7 +617,18 @@ class Conv2dGw8(nn.Conv2d):
         ineligible = self._ineligibility_now(self.weight)
         if reason is not None or ineligible is not None:
             return f"a fallback to F.conv2d: {reason or f'the layer {ineligible}'}"
-        return "no pass the call runs left to spio (spio_passes)"
+        x = input.unsqueeze(0) if input.dim() == 3 else input
+        x, weight, bias = autocast_operands(x, self.weight, self.bias)
+        layer = _kernels.layer(x, weight, bias, *self._padding_ints(self.weight))
+        if isinstance(layer, _kernels._TorchLayer):
+            return (
+                "an empty batch, or one image's tensors past the kernels' limit (PyTorch's "
+                "convolution runs the layer)"
+            )
+        return (
+            "no pass the call runs left to spio (spio_passes; under deterministic algorithms, "
+            "a WGrad whose partial sums fit in no config's limit runs PyTorch's)"
+        )
 
     def spio_kernels(
         self, input: Tensor, backward: bool | None = None, double_backward: bool = False

@@ -1293,18 +1293,17 @@ def test_kernel_path_validates_once_per_signature_and_bad_calls_still_raise(monk
 
 def test_activations_not_in_channels_last_are_logged_once_on_the_gpu(monkeypatch, caplog):
     """spio's kernels read NHWC: an NCHW model pays a copy in and out per pass, which the user
-    can avoid. The first pass on spio's kernels that copies says so, once per process;
-    channels_last inputs, passes PyTorch runs (forward with FProp left to it: it had warned
-    there, in evaluation too, where nothing is copied) and the CPU say nothing. (The kernels
-    are stubbed out: this machine may have no GPU; the check runs before them.)"""
+    can avoid. The first pass on spio's kernels that copies says so (FProp at the forward,
+    DGrad or WGrad at the backward), once per process; channels_last inputs, passes PyTorch
+    runs (FProp left to it had warned at the forward, in evaluation too, where nothing is
+    copied) and the CPU say nothing. (The passes are stubbed out: this machine may have no GPU;
+    the check runs before them.)"""
     from spio.functional import _kernels
 
     monkeypatch.setattr(_kernels, "_layout_logged", False)
-    monkeypatch.setattr(_kernels.Layer, "fprop_kernel", lambda self, layout: None)
-    monkeypatch.setattr(_kernels.Layer, "dgrad_kernel", lambda self, weights_cl: None)
-    factory = _kernels.conv2d_gw8_factory
-    monkeypatch.setattr(factory, "fprop", lambda x, w, b, p, kernel, validated: x)
-    monkeypatch.setattr(factory, "dgrad", lambda dy, w, p, kernel, validated: dy)
+    monkeypatch.setattr(_kernels.Layer, "fprop", lambda self, x, w, b: x)
+    monkeypatch.setattr(_kernels.Layer, "dgrad", lambda self, dy, w: dy)
+    monkeypatch.setattr(_kernels.Layer, "wgrad", lambda self, x, dy, bias, dtypes, **kw: (x, None))
     params = Conv2dGw8Params(n=2, c=16, h=8, w=8)
     x = torch.randn(params.input_shape, dtype=torch.float16)
     w = torch.randn(params.weight_shape, dtype=torch.float16)
@@ -1317,13 +1316,44 @@ def test_activations_not_in_channels_last_are_logged_once_on_the_gpu(monkeypatch
         layer = _kernels.Layer(params, cuda)
         layer.forward(x, w, None, _kernels.DGRAD)  # FProp by PyTorch: no copy
         assert warnings() == []
-        layer.dgrad(x, w)  # spio's DGrad copies dy (and dx back)
+        layer.backward(x, x, w, (True, False, False), _kernels.DGRAD)  # spio's DGrad copies dy
         assert len(warnings()) == 1
         layer.forward(x, w, None, 7)
         _kernels.Layer(params, cuda).forward(x, w, None, 7)
     assert len(warnings()) == 1
     message = warnings()[0].getMessage()
     assert params.encode() in message and ".to(memory_format=torch.channels_last)" in message
+
+
+def test_the_layout_warning_of_a_backward_and_of_a_chunked_layer(monkeypatch, caplog):
+    """Asked in the passes themselves it had missed two copies: DGrad and WGrad both on spio
+    (the backward lays dy out NHWC once for both, so DGrad's dy looked channels_last and WGrad's
+    x went unasked), and a batch run in chunks (whose passes are its own)."""
+    from spio.functional import _kernels
+
+    monkeypatch.setattr(_kernels.Layer, "dgrad", lambda self, dy, w: dy)
+    monkeypatch.setattr(_kernels.Layer, "wgrad", lambda self, x, dy, bias, dtypes, **kw: (x, None))
+    monkeypatch.setattr(_kernels._ChunkedLayer, "fprop", lambda self, x, w, b: x)
+    params = Conv2dGw8Params(n=4, c=16, h=8, w=8)
+    x = torch.randn(params.input_shape, dtype=torch.float16)
+    w = torch.randn(params.weight_shape, dtype=torch.float16)
+    cuda = torch.device("cuda")
+    said = lambda: [r for r in caplog.records if "not a contiguous channels_last" in r.message]  # noqa: E731
+    both = _kernels.DGRAD | _kernels.WGRAD
+    with caplog.at_level("WARNING", logger="spio"):
+        monkeypatch.setattr(_kernels, "_layout_logged", False)
+        layer = _kernels.Layer(params, cuda)
+        layer.forward(x, w, None, both)  # FProp by PyTorch
+        assert said() == []
+        layer.backward(x, x, w, (True, True, False), both)
+        assert len(said()) == 1
+        monkeypatch.setattr(_kernels, "_layout_logged", False)
+        nhwc_dy = x.to(memory_format=torch.channels_last)  # WGrad copies x alone
+        _kernels.Layer(params, cuda).backward(nhwc_dy, x, w, (False, True, False), _kernels.WGRAD)
+        assert len(said()) == 2
+        monkeypatch.setattr(_kernels, "_layout_logged", False)
+        _kernels._ChunkedLayer(params, cuda, 2).forward(x, w, None, 7)
+        assert len(said()) == 3
 
 
 def test_flop_counter_counts_the_ops(monkeypatch):
@@ -1618,6 +1648,19 @@ def test_the_backward_op_names_an_operand_that_is_not_a_tensor(monkeypatch, emul
             assert (
                 str(error.value) == f"conv2d_gw8_backward needs {name} to be a tensor, got NoneType"
             )
+
+
+def test_the_backward_ops_fake_names_an_operand_that_is_not_a_tensor():
+    """Under a FakeTensorMode (torch.compile's tracing) the op runs its fake implementation,
+    which had ended in an AttributeError for None too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.randn(1, 16, 6, 6, dtype=torch.float16)
+        w = torch.randn(16, 8, 3, 3, dtype=torch.float16)
+        with pytest.raises(TypeError) as error:
+            torch.ops.spio.conv2d_gw8_backward(None, x, w, 1, 1, [True, True, True])
+    assert str(error.value) == "conv2d_gw8_backward needs grad_output to be a tensor, got NoneType"
 
 
 @pytest.mark.parametrize("emulate", ["0", "1"])

@@ -398,6 +398,13 @@ def test_the_launch_functions_name_an_argument_of_the_wrong_kind():
         with pytest.raises(TypeError) as error:
             call()
         assert str(error.value) == said
+    # numpy's bools and 0-d bool tensors count, as elsewhere in the API, held as plain bools.
+    import numpy as np
+
+    wcl = fd.make_kernel(p, weights_cl=np.True_)
+    assert wcl.name.endswith("__wcl") and wcl.info_value("weights_cl") is True
+    atomic = wg.make_kernel(p, partials=torch.tensor(False))
+    assert atomic == wg.make_kernel(p) and atomic.info_value("partials") is False
 
 
 def test_wgrad_refuses_gradient_dtypes_it_would_truncate_into():

@@ -662,7 +662,17 @@ def test_the_nothing_to_build_warning_says_why_each_call_runs_none(monkeypatch, 
     model.half().first.spio_passes = ("dgrad",)  # in inference: nothing for spio to run
     with caplog.at_level(logging.WARNING, logger="spio"):
         assert spio.precompile(model, x, training=False, progress=False) == []
-    assert "1 of no pass the call runs left to spio (spio_passes)" in caplog.text
+    assert "1 of no pass the call runs left to spio (spio_passes;" in caplog.text
+    caplog.clear()
+    for layer in model.modules():
+        if isinstance(layer, spio.layers.Conv2dGw8):
+            layer.spio_passes = True
+    with caplog.at_level(logging.WARNING, logger="spio"):  # N = 0: PyTorch's convolution
+        assert spio.precompile(model, x[:0], progress=False) == []
+    assert (
+        "calls by why: 5 of an empty batch, or one image's tensors past the kernels' limit "
+        "(PyTorch's convolution runs the layer)); nothing to build"
+    ) in caplog.text
 
 
 def test_calls_of_the_replaced_conv_are_not_blamed_on_tracing(caplog):
