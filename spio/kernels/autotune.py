@@ -361,16 +361,19 @@ def autotune(
     cache = _cache() if cache is None else cache
     key, kernels, unmade = _tuning(family, params, identity, candidates)
 
+    def failed(config: Any, error: object) -> None:  # (the layer too: many may be tuning)
+        logger.warning(
+            "autotune: %s %s of layer %s failed: %s",
+            family.name,
+            config.encode(),
+            params.encode(),
+            error,
+        )
+
     def build() -> tuple[bytes, dict]:
         run = timer or default_timer
         for config, error in unmade.items():
-            logger.warning(
-                "autotune: %s %s of layer %s failed: %s",
-                family.name,
-                config.encode(),
-                params.encode(),
-                error,
-            )
+            failed(config, error)
         prepare = getattr(run, "prepare", None)
         if prepare is not None:
             prepare([k for k in kernels if k is not None], identity.arch)
@@ -385,13 +388,7 @@ def autotune(
                             raise ValueError(f"its time was {seconds!r} s")
                     except Exception as error:  # one broken config must not stop tuning
                         seconds = math.inf
-                        logger.warning(
-                            "autotune: %s %s of layer %s failed: %s",
-                            family.name,
-                            config.encode(),
-                            params.encode(),
-                            error,
-                        )
+                        failed(config, error)
                 times.append(seconds)
             release = getattr(run, "release", None)
             if release is not None:
