@@ -587,11 +587,10 @@ class _CompileTally:
 def _compile_table(pairs: dict[str, tuple], archs: list[str]) -> _CompileTally:
     """Make, compile for each of `archs` and report, a table row each, the kernels of `pairs`
     (_compile_pairs), with a progress bar of the configs done; returns the counts."""
-    from tqdm import tqdm
-
     from .compiler import compile_many
     from .kernels.conv2d_gw8_wgrad_factory import SUM_ENTRY
     from .kernels.families import FAMILIES
+    from .log import progress_bar
 
     keys = list(pairs)
     # A kernel's name is its key less the batch size, and a variant's suffix at most this long.
@@ -601,7 +600,7 @@ def _compile_table(pairs: dict[str, tuple], archs: list[str]) -> _CompileTally:
     # In chunks of configs, each made, compiled and reported before the next is made: the whole
     # layer set at once had held every kernel's source and every compile's cubin and PTX in
     # memory (~15 GB for the full sweep).
-    bar = tqdm(total=len(keys), desc="compiling kernels", unit="config")
+    bar = progress_bar(total=len(keys), desc="compiling kernels", unit="config")
     seen: set[str] = set()
     tally = _CompileTally()
     for start in range(0, len(keys), COMPILE_CHUNK):

@@ -311,11 +311,11 @@ def run_jobs(
     device: str, pass_: str, dtype: str, jobs: Sequence[tuple[Conv2dGw8Params, Any]]
 ) -> PassResult:
     """Run one pass's (layer, config) runs, as check_jobs draws them, into its PassResult."""
-    from tqdm import tqdm
+    from .log import progress_bar
 
     result = PassResult(pass_, dtype)
     for index, (params, config) in enumerate(
-        tqdm(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run")
+        progress_bar(jobs, desc=f"{pass_} {dtype}", leave=False, unit="run")
     ):
         case = f"{params.encode()} {config.encode()}{run_kind(index, pass_)}"
         lost = False

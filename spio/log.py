@@ -113,6 +113,25 @@ def _add_handler(level: int) -> None:
         logger.addHandler(handler)
 
 
+#: Seconds between a progress bar's redraws where its stream is not a terminal (a CI log, a
+#: file): tqdm's 0.1 s there wrote a frame ten times a second, which a long `spio compile` turns
+#: into megabytes of one line. A bar still shows its first and last frames.
+NON_TTY_INTERVAL = 30.0
+
+
+def progress_bar(*args, **kwargs):
+    """tqdm.tqdm(*args, **kwargs), redrawn at most every NON_TTY_INTERVAL seconds where its
+    stream (`file`, else stderr) is not a terminal, unless `mininterval` is given: spio's
+    progress bars, one rule for all."""
+    import tqdm
+
+    stream = kwargs.get("file") or sys.stderr
+    isatty = getattr(stream, "isatty", None)
+    if "mininterval" not in kwargs and not (isatty is not None and isatty()):
+        kwargs["mininterval"] = NON_TTY_INTERVAL
+    return tqdm.tqdm(*args, **kwargs)
+
+
 def logger_setting_problem() -> str | None:
     """What is wrong with SPIO_LOGGER's value, or None where it is one of the levels."""
     text = os.environ.get("SPIO_LOGGER", "")

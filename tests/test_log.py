@@ -172,3 +172,31 @@ def test_the_spio_command_shows_the_bad_value_as_its_other_warnings():
     # (the command's deferral had lost it there).
     out = _run([sys.executable, "-m", "spio.bench.sanitize"], SPIO_LOGGER="debug")
     assert "UserWarning: SPIO_LOGGER must be" in out.stderr, out.stderr
+
+
+def test_progress_bars_redraw_rarely_where_their_stream_is_no_terminal():
+    """tqdm redraws every 0.1 s: into a CI log or a file that is ten frames a second of one
+    line (`spio check --quick` wrote 2.5 KB of them in 12 s; a long `spio compile`, megabytes).
+    Where the stream is no terminal spio's bars redraw every NON_TTY_INTERVAL seconds, still
+    showing their first and last frames; on a terminal as tqdm does."""
+    import io
+    import time
+
+    from spio.log import NON_TTY_INTERVAL, progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, interval in ((io.StringIO(), NON_TTY_INTERVAL), (Terminal(), 0.1)):
+        with progress_bar(total=40, file=stream, desc="work", ascii=True) as bar:
+            assert bar.mininterval == interval
+            for _ in range(40):
+                time.sleep(0.01)
+                bar.update()
+        frames = stream.getvalue().count("work:")
+        if interval == NON_TTY_INTERVAL:
+            assert frames == 2, stream.getvalue()  # 0/40 and 40/40
+        else:
+            assert frames > 2
+    assert progress_bar(total=1, file=io.StringIO(), mininterval=1).mininterval == 1

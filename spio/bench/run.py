@@ -365,11 +365,11 @@ def sweep(
     """The rows of every case, measure(*case) -> (its rows, whether the sweep may go on), under
     a progress bar; with `csv_path`, the rows so far written there after each case
     (write_rows_so_far). Stops at a case after which the CUDA context is unusable."""
-    from tqdm import tqdm
+    from ..log import progress_bar
 
     rows: list = []
     writable = True
-    for case in tqdm(cases, desc=desc, unit=unit):
+    for case in progress_bar(cases, desc=desc, unit=unit):
         case_rows, go_on = measure(*case)
         rows += case_rows
         if csv_path is not None and rows and writable:

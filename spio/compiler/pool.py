@@ -494,7 +494,7 @@ def compile_many(
     WorkerDiedError for a job whose worker process died twice). `workers` defaults to
     default_workers(); with 1, or a single job, or in a daemonic process (which may start
     none), the jobs run in this process."""
-    from tqdm import tqdm
+    from ..log import progress_bar
 
     if workers is None:
         workers = default_workers()
@@ -504,7 +504,7 @@ def compile_many(
             f"got {workers!r}"
         )
     jobs = list(jobs)
-    bar = tqdm(total=len(jobs), desc=desc, unit="kernel", disable=not progress or not jobs)
+    bar = progress_bar(total=len(jobs), desc=desc, unit="kernel", disable=not progress or not jobs)
     try:
         # A daemonic process (a multiprocessing.Pool's worker, a DataLoader's) may start none.
         if workers == 1 or len(jobs) <= 1 or multiprocessing.current_process().daemon:

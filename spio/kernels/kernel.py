@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..env import integer
 from ..locks import KeyedLocks
-from ..log import logger
+from ..log import logger, progress_bar
 
 if TYPE_CHECKING:
     from ..compiler import CompileResult
@@ -467,8 +467,6 @@ def _build_emulated(kernels: list[Kernel], progress: bool) -> list[Any]:
     """Each kernel's checked emulator library (what its launch loads), or the exception."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    from tqdm import tqdm
-
     from ..compiler.pool import default_workers
     from ..emulator.build import build_library
 
@@ -483,7 +481,7 @@ def _build_emulated(kernels: list[Kernel], progress: bool) -> list[Any]:
     try:
         futures = {pool.submit(build, k): i for i, k in enumerate(kernels)}
         results: list[Any] = [None] * len(kernels)
-        for future in tqdm(
+        for future in progress_bar(
             as_completed(futures),
             desc=desc,
             total=len(kernels),

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
-from tqdm import tqdm
 
 from spio.functional._kernels import (
     PASSES,
@@ -40,7 +39,7 @@ from spio.layers.conv2d_gw8 import (
     resolve_padding,
     restore_problem,
 )
-from spio.log import logger
+from spio.log import logger, progress_bar
 
 #: What transform's `include` may answer: True (spio runs every pass), False (the convolution
 #: stays as it is), or the names of the passes spio runs ("fprop", "dgrad", "wgrad"; none is False).
@@ -562,7 +561,7 @@ def precompile(
         model, layers, inputs, kwargs, training, double_backward, progress
     )
     found: dict[tuple[torch.device, str], Kernel] = {}
-    timing = tqdm(
+    timing = progress_bar(
         total=sum(to_tune),
         desc="timing the candidate configs of spio layers (SPIO_AUTOTUNE=1)",
         unit="layer pass",
