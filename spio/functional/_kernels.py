@@ -367,16 +367,16 @@ class Layer:
         need_input, need_weight, need_bias = mask
         dw_dtype, db_dtype = dtypes or (torch.float32, torch.float32)
         dx = dw = db = None
-        if not self._layout_checked:  # (before _dy_for_both lays dy out NHWC)
-            spio_dgrad = need_input and passes & DGRAD
-            spio_wgrad = need_weight and passes & WGRAD
-            if spio_dgrad or spio_wgrad:
-                self._check_layout(grad_output, *([input] if spio_wgrad else []))
-        if need_input and need_weight and passes & DGRAD and passes & WGRAD:
+        spio_dgrad = bool(need_input and passes & DGRAD)
+        spio_wgrad = bool(need_weight and passes & WGRAD)
+        # (The layout before _dy_for_both lays dy out NHWC.)
+        if not self._layout_checked and (spio_dgrad or spio_wgrad):
+            self._check_layout(grad_output, *([input] if spio_wgrad else []))
+        if spio_dgrad and spio_wgrad:
             grad_output = self._dy_for_both(grad_output)
-        if need_input and passes & DGRAD:
+        if spio_dgrad:
             dx = self.dgrad(grad_output, weight)
-        if need_weight and passes & WGRAD:
+        if spio_wgrad:
             assert input is not None, "callers keep the input for a weight gradient"
             cl = weight_grad_channels_last(weight)  # dw in the weight's layout
             dw, db = self.wgrad(input, grad_output, need_bias, dtypes, channels_last=cl)

@@ -14,7 +14,12 @@ import torch.autograd.forward_ad as forward_ad
 from torch import Tensor
 
 from spio import emulator
-from spio.kernels.conv2d_gw8_params import GROUP_WIDTH, MAX_FILTER, MIN_FILTER
+from spio.kernels.conv2d_gw8_params import (
+    GROUP_WIDTH,
+    MAX_FILTER,
+    MIN_FILTER,
+    check_tensor_arguments,
+)
 
 #: The largest padding taken: PyTorch's convolution's own limit (a larger one it refuses, or,
 #: past int64, fails on with internal errors), where spio's layers and calls fall back to it.
@@ -198,10 +203,7 @@ def check_tensors(input: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     if isinstance(input, Tensor) and isinstance(weight, Tensor):  # every call: kept cheap
         if bias is None or isinstance(bias, Tensor):
             return
-    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
-        if not isinstance(t, Tensor) and not (name == "bias" and t is None):
-            kind = "a tensor or None" if name == "bias" else "a tensor"
-            raise TypeError(f"conv2d_gw8 needs {name} to be {kind}, got {type(t).__name__}")
+    check_tensor_arguments("conv2d_gw8", ("bias",), input=input, weight=weight, bias=bias)
 
 
 def _shown(value: Any) -> Any:

@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from spio.kernels.conv2d_gw8_params import check_tensor_arguments
+
 from . import _kernels
 from ._kernels import ALL_PASSES, check_passes
 from .checks import (
@@ -171,11 +173,9 @@ _documented(conv2d_gw8_backward)
 def _check_backward_tensors(grad_output, input, weight) -> None:
     """TypeError naming the backward's tensor argument that is not a tensor (its schema lets
     None through)."""
-    for name, t in (("grad_output", grad_output), ("input", input), ("weight", weight)):
-        if not isinstance(t, Tensor):
-            raise TypeError(
-                f"conv2d_gw8_backward needs {name} to be a tensor, got {type(t).__name__}"
-            )
+    check_tensor_arguments(
+        "conv2d_gw8_backward", grad_output=grad_output, input=input, weight=weight
+    )
 
 
 def _check_backward_args(

@@ -29,9 +29,10 @@ from ..generators import (
 )
 from .conv2d_gw8_params import (
     Conv2dGw8Params,
-    as_bool,
+    as_flag,
     as_integer,
     check_params,
+    check_tensor_arguments,
     check_tensor_bytes,
     torch_dtype,
 )
@@ -605,15 +606,9 @@ def generate_header(
 
 
 def check_flags(where: str, **flags: Any) -> tuple[bool, ...]:
-    """`flags`' values as plain bools (as_bool: numpy's and 0-d bool tensors count, as
+    """`flags`' values as plain bools (as_flag: numpy's and 0-d bool tensors count, as
     elsewhere in spio's API), in order; TypeError naming the first that is not a bool."""
-    plain = []
-    for name, value in flags.items():
-        flag = as_bool(value)
-        if flag is None:
-            raise TypeError(f"{where} needs {name} True or False, got {value!r}")
-        plain.append(flag)
-    return tuple(plain)
+    return tuple(as_flag(where, name, value) for name, value in flags.items())
 
 
 def make_kernel(
@@ -913,15 +908,10 @@ def check_call(where: str, params: Any, kernel: Any, **tensors: Any) -> None:
     that is not of its kind: params a Conv2dGw8Params, kernel a Kernel or None, each of
     `tensors` a tensor (a bias, `bias`, may be None). For callers that have not validated
     their arguments; the shapes and dtypes are _check_shapes' and _check_dtype's."""
-    import torch
-
     check_params(params, where)
     if kernel is not None and not isinstance(kernel, Kernel):
         raise TypeError(f"{where} needs kernel to be a Kernel or None, got {type(kernel).__name__}")
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor) and not (name == "bias" and t is None):
-            kind = "a tensor or None" if name == "bias" else "a tensor"
-            raise TypeError(f"{where} needs {name} to be {kind}, got {type(t).__name__}")
+    check_tensor_arguments(where, ("bias",), **tensors)
 
 
 def _check_dtype(params: Conv2dGw8Params, *tensors) -> None:

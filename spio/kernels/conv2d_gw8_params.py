@@ -70,6 +70,26 @@ def as_bool(value: Any) -> bool | None:
     return None
 
 
+def as_flag(where: str, name: str, value: Any, allowed: str = "True or False") -> bool:
+    """value as a plain bool (as_bool); else TypeError naming `where`, the argument, what it
+    takes (`allowed`) and the value."""
+    flag = as_bool(value)
+    if flag is None:
+        raise TypeError(f"{where} needs {name} {allowed}, got {value!r}")
+    return flag
+
+
+def check_tensor_arguments(where: str, optional: tuple[str, ...] = (), **tensors: Any) -> None:
+    """TypeError naming `where` and the first of `tensors` that is not a tensor (those named in
+    `optional` may be None). Imports torch only when called."""
+    import torch
+
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) and not (name in optional and t is None):
+            kind = "a tensor or None" if name in optional else "a tensor"
+            raise TypeError(f"{where} needs {name} to be {kind}, got {type(t).__name__}")
+
+
 def _as_bool(value: Any) -> bool | None:
     """value as a bool where it is one (as_bool), or an integer 0 or 1 (as has_bias has always
     taken them; numpy's and a 0-d tensor's too, as every int field takes them: as_integer);

@@ -604,6 +604,15 @@ class Conv2dGw8(nn.Conv2d):
             input, weight, self.bias, self._padding_ints(weight), self.groups, passes
         )
 
+    def _kernel_operands(
+        self, input: Tensor, weight: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None, tuple[int, int]]:
+        """(x, weight, bias, padding) as a call on `input` gives them to the kernels: a batch
+        of one for a 3-D input, cast as autocast casts them; `weight` the layer's as read once."""
+        x = input.unsqueeze(0) if input.dim() == 3 else input
+        x, cast_weight, bias = autocast_operands(x, weight, self.bias)
+        return x, cast_weight, bias, self._padding_ints(weight)
+
     def _why_no_kernels(self, input: Tensor) -> str:
         """Why a call on `input` for which spio_kernels found none launches no spio kernel,
         for spio.precompile's warning: the device, the fallback's reason, or the passes."""
@@ -617,10 +626,8 @@ class Conv2dGw8(nn.Conv2d):
         ineligible = self._ineligibility_now(self.weight)
         if reason is not None or ineligible is not None:
             return f"a fallback to F.conv2d: {reason or f'the layer {ineligible}'}"
-        x = input.unsqueeze(0) if input.dim() == 3 else input
-        x, weight, bias = autocast_operands(x, self.weight, self.bias)
-        layer = _kernels.layer(x, weight, bias, *self._padding_ints(self.weight))
-        if isinstance(layer, _kernels._TorchLayer):
+        x, weight, bias, padding = self._kernel_operands(input, self.weight)
+        if isinstance(_kernels.layer(x, weight, bias, *padding), _kernels._TorchLayer):
             return (
                 "an empty batch, or one image's tensors past the kernels' limit (PyTorch's "
                 "convolution runs the layer)"
@@ -647,9 +654,7 @@ class Conv2dGw8(nn.Conv2d):
         kernels, reason = _route(input, own_weight, self.bias)
         if not kernels or reason is not None or self._ineligibility_now(own_weight) is not None:
             return []
-        x = input.unsqueeze(0) if input.dim() == 3 else input
-        x, weight, bias = autocast_operands(x, own_weight, self.bias)
-        padding = self._padding_ints(own_weight)
+        x, weight, bias, padding = self._kernel_operands(input, own_weight)
         layer = _kernels.layer(x, weight, bias, *padding)
         grad = torch.is_grad_enabled() if backward is None else backward
         # Gradients autograd cannot show now (a bool: `needs` holds bools).

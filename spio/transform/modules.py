@@ -25,7 +25,7 @@ from spio.functional._kernels import (
 )
 from spio.functional.checks import KERNEL_DTYPES, autocast_dtype
 from spio.kernels import autotune
-from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, as_bool, dtype_name
+from spio.kernels.conv2d_gw8_params import Conv2dGw8Params, as_flag, dtype_name
 from spio.kernels.kernel import Kernel, build_kernels
 from spio.layers.conv2d_gw8 import (
     Conv2dGw8,
@@ -548,13 +548,13 @@ def precompile(
     Returns the kernels; raises RuntimeError naming any kernel that failed to build.
     """
     _check_model(model, "precompile", kwargs)
-    double_backward = _flag("precompile", "double_backward", double_backward)
-    progress = _flag("precompile", "progress", progress)
+    double_backward = as_flag("spio.precompile", "double_backward", double_backward)
+    progress = as_flag("spio.precompile", "progress", progress)
     model = _unwrapped(model)
     if training is None:
         training = model.training
     else:
-        training = _flag("precompile", "training", training, "True, False or None")
+        training = as_flag("spio.precompile", "training", training, "True, False or None")
     layers = [m for m in model.modules() if isinstance(m, Conv2dGw8)]  # (each once)
     start = time.perf_counter()
     to_tune = _candidates_to_tune(
@@ -600,16 +600,6 @@ def precompile(
         time.perf_counter() - start,
     )
     return list(found.values())
-
-
-def _flag(where: str, name: str, value: object, allowed: str = "True or False") -> bool:
-    """value as a bool (a bool, numpy's, a 0-d bool tensor: as_bool); else TypeError naming the
-    function, the argument, what it takes (`allowed`) and the value (torch's own error, where a
-    value reached set_grad_enabled, named neither)."""
-    flag = as_bool(value)
-    if flag is None:
-        raise TypeError(f"spio.{where} needs {name} {allowed}, got {value!r}")
-    return flag
 
 
 def _candidates_to_tune(
@@ -772,7 +762,7 @@ def where_faster(
     (its replicas are other modules): time its `.module` on one GPU's part of the batch.
     """
     _check_model(model, "transform.where_faster", kwargs)
-    training = _flag("transform.where_faster", "training", training)
+    training = as_flag("spio.transform.where_faster", "training", training)
     # Its replicas over several GPUs would be the modules met, not those transform replaces.
     model = _unwrapped(model, "spio.transform.where_faster")
     # The GPU first: inputs elsewhere are refused before the forward pass (whose fallback
