@@ -121,3 +121,71 @@ def spy_on_launches(monkeypatch, names: bool = False) -> list[str]:
 
     monkeypatch.setattr(Kernel, "launch", spy)
     return launched
+
+
+#: The toolchain memos (module, function): what a process found once (NVRTC's identity, the CUDA
+#: headers' folder and identity), computed at first use and kept. A test that fakes NVRTC's
+#: version or library, or the headers' folder, and then compiles or keys a compile, fills them
+#: with what it faked unless it forgets them after (`forget_toolchain`); every later test of the
+#: process then keys its compiles apart from the compile pool's workers (spawned, so computing
+#: their own), and a cubin a worker cached was not found by its parent (two tests of
+#: tests/compiler/test_pool.py failed so, after tests/test_main.py's faked NVRTC 12.4 in the
+#: same pytest worker).
+TOOLCHAIN_MEMOS = (
+    ("spio.compiler.compile", "_nvrtc_identity"),
+    ("spio.compiler.compile", "_cuda_include_dir"),
+    ("spio.compiler.compile", "_cuda_headers_identity"),
+    ("spio.emulator.build", "_cuda_include"),
+    ("spio.emulator.build", "_cuda_identity"),
+)
+
+
+def _toolchain_memos() -> list:
+    """The memo functions of TOOLCHAIN_MEMOS whose modules are imported (none is imported for
+    a test that did not), but one a test has replaced meanwhile (its monkeypatch is undone
+    after `forget_toolchain` runs)."""
+    memos = [getattr(sys.modules[m], name) for m, name in TOOLCHAIN_MEMOS if m in sys.modules]
+    return [memo for memo in memos if hasattr(memo, "cache_clear")]
+
+
+def forget_toolchain_memos() -> None:
+    for memo in _toolchain_memos():
+        memo.cache_clear()
+
+
+@pytest.fixture
+def forget_toolchain():
+    """The toolchain memos (TOOLCHAIN_MEMOS) forgotten after the test: for a test that fakes
+    NVRTC or the CUDA headers, so that it leaves none of its fakes to later tests (every test
+    starts without them: _toolchain_memos_left_true)."""
+    yield
+    forget_toolchain_memos()
+
+
+@functools.cache
+def _true_toolchain_value(memo):
+    """A memo's value computed afresh (its wrapped function), once a process; None where it
+    cannot be computed here (no NVRTC, no headers)."""
+    try:
+        return memo.__wrapped__()
+    except Exception:
+        return None
+
+
+@pytest.fixture(autouse=True)
+def _toolchain_memos_left_true():
+    """Each test computes the toolchain memos afresh (~6 ms where it compiles), and after it
+    they hold what this machine has: one that holds a test's fake is forgotten, and the test
+    fails naming it (it should ask for `forget_toolchain`). Forgotten before every test, so
+    that a test that fakes them fails whichever tests ran before it in its process."""
+    forget_toolchain_memos()
+    yield
+    faked = []
+    for memo in _toolchain_memos():
+        if memo.cache_info().currsize and memo() != _true_toolchain_value(memo):
+            faked.append(f"{memo.__module__}.{memo.__name__}")
+            memo.cache_clear()
+    assert not faked, (
+        f"this test left {', '.join(faked)} holding a faked toolchain: later tests would key "
+        "their compiles apart from the compile pool's workers; ask for `forget_toolchain`"
+    )

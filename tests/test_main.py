@@ -811,7 +811,9 @@ def test_compile_keeps_its_columns_with_a_wider_arch(compiled_jobs, capsys):
     assert {row.index("FAILED") for row in rows} == {header.index("regs")}
 
 
-def test_compile_for_an_arch_nvrtc_lacks_is_one_error(compiled_jobs, monkeypatch, capsys, caplog):
+def test_compile_for_an_arch_nvrtc_lacks_is_one_error(
+    compiled_jobs, monkeypatch, capsys, caplog, forget_toolchain
+):
     """NVRTC 12.4 (torch 2.6's) stops at sm_90: `spio compile --arch sm_100` had made every
     kernel a FAILED line with NVRTC's "invalid value for --gpu-architecture"; now one line
     naming the NVRTC and the arch, exit 2, nothing compiled, and no warning first that sm_100

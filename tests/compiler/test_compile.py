@@ -68,7 +68,7 @@ def test_broken_kernel_raises_with_nvrtc_log(cache_dir):
     assert info.value.arch == "sm_80"
 
 
-def test_a_failure_for_an_arch_nvrtc_lacks_says_so(cache_dir, monkeypatch):
+def test_a_failure_for_an_arch_nvrtc_lacks_says_so(cache_dir, monkeypatch, forget_toolchain):
     """Where the NVRTC found has no such arch (sm_100 before NVRTC 12.8), its own log said only
     "invalid value for --gpu-architecture"; the error now says which NVRTC and what to do.
     (This NVRTC is made to lack sm_90: its compile for it fails, as an older one's would.)"""
@@ -355,16 +355,6 @@ def test_a_compile_that_warns_keeps_the_warning_and_one_that_does_not_has_none(c
         assert compile_cubin(TENSOR_CORE_KERNEL, "sm_80", name="clean.cu").warnings == []
 
 
-@pytest.fixture
-def fresh_digests():
-    """Recompute NVRTC's identity before and after the test (spio/include's digest is read at
-    every lookup)."""
-    nvrtc_identity = compile_module._nvrtc_identity
-    nvrtc_identity.cache_clear()
-    yield
-    nvrtc_identity.cache_clear()  # the original: a test may have patched the module's name
-
-
 def key_of(arch="sm_80", options=(), **flags):
     opts = compile_module.nvrtc_options(arch, **flags) + list(options)
     return compile_module.cubin_key(TENSOR_CORE_KERNEL, arch, {}, opts)
@@ -377,7 +367,7 @@ def use_bundled_copy(monkeypatch, folder):
     return folder
 
 
-def test_cache_key_changes_with_a_bundled_header(tmp_path, monkeypatch, fresh_digests):
+def test_cache_key_changes_with_a_bundled_header(tmp_path, monkeypatch, forget_toolchain):
     """In the same process too: a cubin compiled after an edit must not be filed under the key
     of the headers as they were (a fresh process would then load it for the unedited ones)."""
     include = use_bundled_copy(monkeypatch, tmp_path / "include")
@@ -390,7 +380,9 @@ def test_cache_key_changes_with_a_bundled_header(tmp_path, monkeypatch, fresh_di
     assert key_of() == before
 
 
-def test_cache_key_does_not_depend_on_where_spio_is_installed(tmp_path, monkeypatch, fresh_digests):
+def test_cache_key_does_not_depend_on_where_spio_is_installed(
+    tmp_path, monkeypatch, forget_toolchain
+):
     """The -I folders spio adds are in the key by content, not by path: moving the
     installation keeps the cache."""
     use_bundled_copy(monkeypatch, tmp_path / "site-a" / "include")
@@ -400,7 +392,7 @@ def test_cache_key_does_not_depend_on_where_spio_is_installed(tmp_path, monkeypa
     assert here[1] != there[1] and here[0] == there[0]
 
 
-def test_cache_key_changes_with_nvrtc_identity(monkeypatch, fresh_digests):
+def test_cache_key_changes_with_nvrtc_identity(monkeypatch, forget_toolchain):
     version, libraries = compile_module._nvrtc_identity()
     assert version == nvrtc.version() and len(libraries) >= 1
     before = key_of()
@@ -411,7 +403,7 @@ def test_cache_key_changes_with_nvrtc_identity(monkeypatch, fresh_digests):
     assert key_of() != before
 
 
-def test_nvrtc_identity_follows_the_library_file(tmp_path, monkeypatch, fresh_digests):
+def test_nvrtc_identity_follows_the_library_file(tmp_path, monkeypatch, forget_toolchain):
     real = nvrtc.library_path()
     copy = tmp_path / "libnvrtc.so.12"
     with open(real, "rb") as src, open(copy, "wb") as dst:
@@ -424,13 +416,13 @@ def test_nvrtc_identity_follows_the_library_file(tmp_path, monkeypatch, fresh_di
     assert compile_module._nvrtc_identity() != first
 
 
-def test_cache_key_changes_with_cuda_headers(monkeypatch, fresh_digests):
+def test_cache_key_changes_with_cuda_headers(monkeypatch, forget_toolchain):
     before = key_of()
     monkeypatch.setattr(compile_module, "_cuda_headers_identity", lambda: "other headers")
     assert key_of() != before
 
 
-def test_cache_key_keeps_every_option_but_spios_include_folders(fresh_digests):
+def test_cache_key_keeps_every_option_but_spios_include_folders(forget_toolchain):
     base = compile_module.nvrtc_options("sm_80")
     before = compile_module.cubin_key(TENSOR_CORE_KERNEL, "sm_80", {}, base)
     assert key_of(line_info=True) != before
@@ -483,7 +475,7 @@ def test_a_failure_without_a_log_names_nvrtcs_result(monkeypatch):
     assert str(info.value) == "NVRTC failed to compile k.cu (NVRTC_ERROR_INVALID_INPUT):\n(no log)"
 
 
-def test_cache_key_changes_with_the_source_and_a_headers_text(fresh_digests):
+def test_cache_key_changes_with_the_source_and_a_headers_text(forget_toolchain):
     base = compile_module.nvrtc_options("sm_80")
 
     def key(source=TENSOR_CORE_KERNEL, headers=None):
@@ -494,7 +486,7 @@ def test_cache_key_changes_with_the_source_and_a_headers_text(fresh_digests):
     assert key(headers={"gen.h": "#define V 1\n"}) != key(headers={"gen.h": "#define V 2\n"})
 
 
-def test_nvrtc_identity_follows_the_builtins_library(tmp_path, monkeypatch, fresh_digests):
+def test_nvrtc_identity_follows_the_builtins_library(tmp_path, monkeypatch, forget_toolchain):
     """libnvrtc-builtins is loaded beside libnvrtc and holds code NVRTC compiles in: a new
     build of it alone is a new compiler."""
     lib, builtins = tmp_path / "libnvrtc.so.12", tmp_path / "libnvrtc-builtins.so.12.8"
