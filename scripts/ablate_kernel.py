@@ -51,6 +51,8 @@ defined in its generated header. An ablated kernel computes garbage; only its ti
     tma-stores   FProp/DGrad, tma with its output rows stored by tensor copies too (one thread a
                  staged row, from swizzled staging; right results): the stores add ~12 µs over
                  no-stores (runs 6-7) where a copy moves as many bytes both ways in 38
+    tma-l2-128, tma-l2-256  tma with its tensor maps asking L2 to fetch 128 or 256 bytes at once
+                 (their L2 promotion; right results): CUTLASS's maps ask 128, spio's none
 
 --config also takes a family's trial configs (WGrad's with 8 column runs a warp): correct in the
 emulator, outside the space spio picks from until a GPU has timed them.
@@ -129,9 +131,14 @@ TMA = {
     "tma-pipeline-only": "pipeline-only",
     "tma-no-stores": "no-stores",
     "tma-stores": "full",
+    "tma-l2-128": "full",
+    "tma-l2-256": "full",
 }
 #: The TMA variants whose output rows leave by tensor copies too (`tma_stores`; FProp and DGrad).
 TMA_STORES = frozenset({"tma-stores"})
+#: The TMA variants whose tensor maps ask L2 for more than a copy's sectors at once (make_kernel's
+#: `tma_l2`, in bytes: CUTLASS's maps ask 128, spio's none).
+TMA_L2 = {"tma-l2-128": 128, "tma-l2-256": 256}
 
 #: Variants whose results must be the real kernel's: each is run once on the first input set and
 #: its output compared with `full`'s (a timing of wrong results would look like a gain).
@@ -140,6 +147,7 @@ RIGHT_RESULTS = frozenset(
         "swizzled",
         "tma",
         "tma-stores",
+        *TMA_L2,
         "ldg",
         "l2-256",
         "stores-cs",
@@ -195,7 +203,8 @@ def build_variant(kernel, name: str):
         return factory.with_swizzled_stages(kernel).with_defines(VARIANTS[SWIZZLED[name]])
     if name in TMA_STORES:  # FProp/DGrad's alone (variant_applies)
         return fd.with_tma_stages(kernel, stores=True).with_defines(VARIANTS[TMA[name]])
-    return factory.with_tma_stages(kernel).with_defines(VARIANTS[TMA[name]])
+    l2 = TMA_L2.get(name, 0)
+    return factory.with_tma_stages(kernel, l2=l2).with_defines(VARIANTS[TMA[name]])
 
 
 def first_line(error: BaseException) -> str:

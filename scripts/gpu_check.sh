@@ -321,7 +321,8 @@ step_ablate() {
     # (`stores-cs`: 1 % slower), and rows through registers in the full kernel (`ldg`: slower on
     # 3 of 5 configs, although `ldg-pipeline-only` read at up to 3.0 TB/s); by run 8, input
     # zeros by shared-memory stores instead of zero-filling copies (FProp/DGrad level, WGrad
-    # 3-8 % slower on most configs: reverted).
+    # 3-8 % slower on most configs: reverted); by run 7, the per-row barrier (`no-sync`: FProp
+    # 1.00, DGrad 1.01, WGrad 0.95 of full; dropped in 2026-12-07 for the kernel budget's room).
     local deadline=$((SECONDS + $1 - 10)) rc=0 out_of_time=0 layers
     # ablate ARGS...: one ablate_kernel.py process with the step's time left; with CAP=N set,
     # at most N seconds of it.
@@ -349,16 +350,17 @@ step_ablate() {
     #    pipeline alone: the fix to time if the probe step's grouped rows read slower than rows
     #    in order.
     ablate --layer 64c_64x64_3x3 \
-        --variants full no-stores no-mma no-loads skeleton loads-only pipeline-only no-sync \
+        --variants full no-stores no-mma no-loads skeleton loads-only pipeline-only \
         swizzled swizzled-loads-only swizzled-pipeline-only
     # The rows by tensor copies (tma: one thread a row, into the swizzled buffers; the read
     # probe's bulk copies read 3.0-3.4 TB/s in run 6), and FProp/DGrad's output rows stored by
     # them too (tma-stores; tma-no-stores: what plain stores cost behind such loads), in a
     # process of their own: they have never run on a GPU, and a fault there would end the
     # process's other timings with it; at most 75 s, so that a copy that never lands leaves the
-    # later parts their time.
+    # later parts their time. With them, the maps asking L2 to fetch 128 bytes at once
+    # (tma-l2-128: CUTLASS's maps ask 128, spio's none; tma-l2-256 is left to a run of its own).
     CAP=75 ablate --layer 64c_64x64_3x3 --variants full tma tma-stores tma-no-stores \
-        tma-loads-only tma-pipeline-only
+        tma-loads-only tma-pipeline-only tma-l2-128
     # The swizzled stages on two more FProp tile widths of the headline layer (run 7's
     # pipeline-only configs: their group-major pipeline-only times are run 7's, 37.9 and 40.1 us).
     ablate --layer 64c_64x64_3x3 --passes fprop --config g8_p64_q64_w2_s4_k16 g8_p64_q16_w1_s4_k16 \

@@ -28,6 +28,11 @@ TENSOR_MAP_BYTES = 128
 #: The swizzle spans, in bytes, and their CUtensorMapSwizzle values (cuda.h).
 SWIZZLE_MODES = {0: 0, 32: 1, 64: 2, 128: 3}
 
+#: The L2 promotion spans, in bytes, and their CUtensorMapL2promotion values (cuda.h): how much
+#: L2 fetches from DRAM at once for a copy's sectors (0: what it fetches for plain loads). The
+#: emulator has no L2: its maps leave it out.
+L2_PROMOTIONS = {0: 0, 64: 1, 128: 2, 256: 3}
+
 #: CUtensorMapDataType of each element size: the copies move bits, so unsigned integers stand for
 #: every type of that size (fp16 and bf16 are UINT16).
 DATA_TYPES = {1: 0, 2: 1, 4: 2, 8: 4}
@@ -41,7 +46,8 @@ MAX_RANK = 5
 @dataclass(frozen=True)
 class TensorMap:
     """A tiled tensor map: `dims` (elements) and `strides` (bytes, of dims[1:]) innermost first,
-    `box` the elements one copy moves along each dim, `swizzle` the span in bytes (0: none)."""
+    `box` the elements one copy moves along each dim, `swizzle` the span in bytes (0: none),
+    `l2_promotion` the L2 promotion in bytes (L2_PROMOTIONS; 0: none)."""
 
     address: int
     element_bytes: int
@@ -49,12 +55,14 @@ class TensorMap:
     strides: tuple[int, ...]
     box: tuple[int, ...]
     swizzle: int = 0
+    l2_promotion: int = 0
 
     def __post_init__(self) -> None:
         numbers = {
             "address": self.address,
             "element_bytes": self.element_bytes,
             "swizzle": self.swizzle,
+            "l2_promotion": self.l2_promotion,
         }
         for field in ("dims", "strides", "box"):
             numbers |= {f"{field}[{i}]": v for i, v in enumerate(getattr(self, field))}
@@ -99,14 +107,25 @@ class TensorMap:
                 f"a {self.swizzle}-byte swizzle needs a box inner dim of at most {self.swizzle} "
                 f"bytes, got {inner}"
             )
+        if self.l2_promotion not in L2_PROMOTIONS:
+            raise ValueError(
+                f"l2_promotion must be 0, 64, 128 or 256 bytes, got {self.l2_promotion}"
+            )
 
     @classmethod
-    def of_tensor(cls, t: Any, order: tuple[int, ...], box: tuple[int, ...], swizzle: int = 0):
+    def of_tensor(
+        cls,
+        t: Any,
+        order: tuple[int, ...],
+        box: tuple[int, ...],
+        swizzle: int = 0,
+        l2_promotion: int = 0,
+    ):
         """The map of torch tensor `t` with dims `order` (t's dim indices, innermost first, the
-        first of stride 1), boxes of `box` elements. A dim of extent 1 is only ever read at
-        index 0, so its stride, which PyTorch leaves free (a tensor contiguous in a memory
-        format may report any), is taken as the dense one: the stride below it times its
-        extent."""
+        first of stride 1), boxes of `box` elements, `swizzle` and `l2_promotion` as the
+        class's. A dim of extent 1 is only ever read at index 0, so its stride, which PyTorch
+        leaves free (a tensor contiguous in a memory format may report any), is taken as the
+        dense one: the stride below it times its extent."""
         if t.numel() == 0:
             raise ValueError("a tensor map needs a non-empty tensor")
         if sorted(order) != list(range(t.dim())):
@@ -133,6 +152,7 @@ class TensorMap:
             strides=tuple(strides),
             box=tuple(box),
             swizzle=swizzle,
+            l2_promotion=l2_promotion,
         )
 
     @property
@@ -154,13 +174,14 @@ class TensorMap:
             self.strides,
             self.box,
             SWIZZLE_MODES[self.swizzle],
+            L2_PROMOTIONS[self.l2_promotion],
         )
 
     def emulator_bytes(self) -> bytes:
         """The map in the emulator's layout: 16 little-endian 64-bit words: the magic, the
         address, rank | element bytes << 8 | swizzle bytes << 16, dims 0-4 (1 where unused),
         strides of dims 1-4 (0 where unused), box dims 0-4 as 32-bit halves (1 where unused),
-        one zero word."""
+        one zero word. (No L2 promotion: the emulator has no L2.)"""
         rank = len(self.dims)
         dims = list(self.dims) + [1] * (MAX_RANK - rank)
         strides = list(self.strides) + [0] * (MAX_RANK - rank)

@@ -227,13 +227,14 @@ def check_shared_mem(smem: int, what: str, tma: bool) -> int:
     return smem
 
 
-def row_map(t, groups: int, pixels: int):
+def row_map(t, groups: int, pixels: int, l2_promotion: int = 0):
     """The tensor map a `tma` kernel reads the rows of `t` (N, C, H, W, channels_last) through:
     dims C, W, H, N, innermost first; a box is one staged row, `groups` groups across `pixels`
-    columns, swizzled as the stages are (tma_swizzle)."""
+    columns, swizzled as the stages are (tma_swizzle); `l2_promotion` as make_kernel's `tma_l2`."""
     from ..cuda.tensor_map import TensorMap
 
-    return TensorMap.of_tensor(t, (1, 3, 2, 0), (8 * groups, pixels, 1, 1), tma_swizzle(groups))
+    box = (8 * groups, pixels, 1, 1)
+    return TensorMap.of_tensor(t, (1, 3, 2, 0), box, tma_swizzle(groups), l2_promotion)
 
 
 #: Launch arguments of recent row maps (row_map_argument), newest last, and the lock of its
@@ -243,19 +244,19 @@ _MAP_ARGUMENTS_LOCK = threading.Lock()
 MAP_ARGUMENTS_KEPT = 256
 
 
-def row_map_argument(t, groups: int, pixels: int, device):
-    """row_map(t, groups, pixels)'s launch argument on `device`, encoded once for a tensor of
-    that address, shape, strides and dtype (what the map holds) and kept among the last
+def row_map_argument(t, groups: int, pixels: int, device, l2_promotion: int = 0):
+    """row_map(t, groups, pixels, l2_promotion)'s launch argument on `device`, encoded once for a
+    tensor of that address, shape, strides and dtype (what the map holds) and kept among the last
     MAP_ARGUMENTS_KEPT: a training step meets the same activations' addresses again (PyTorch's
     caching allocator), and encoding a call's two maps took ~29 µs of host time (CPU, emulator
     layout), against ~4 µs kept."""
-    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, device, groups, pixels)
+    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, device, groups, pixels, l2_promotion)
     with _MAP_ARGUMENTS_LOCK:
         argument = _MAP_ARGUMENTS.get(key)
         if argument is not None:
             _MAP_ARGUMENTS.move_to_end(key)
             return argument
-    argument = row_map(t, groups, pixels).argument(device)  # (outside the lock: it may raise)
+    argument = row_map(t, groups, pixels, l2_promotion).argument(device)  # (may raise: unlocked)
     with _MAP_ARGUMENTS_LOCK:
         _MAP_ARGUMENTS[key] = argument
         if len(_MAP_ARGUMENTS) > MAP_ARGUMENTS_KEPT:
@@ -611,6 +612,21 @@ def check_flags(where: str, **flags: Any) -> tuple[bool, ...]:
     return tuple(as_flag(where, name, value) for name, value in flags.items())
 
 
+def check_tma_l2(where: str, tma_l2: Any) -> int:
+    """make_kernel's `tma_l2` as an int, the L2 promotion in bytes (0, 64, 128 or 256) of the
+    tensor maps a `tma` kernel takes; TypeError or ValueError naming `where` and the value."""
+    from ..cuda.tensor_map import L2_PROMOTIONS
+
+    value = as_integer(tma_l2)
+    if value is None:
+        raise TypeError(f"{where} needs tma_l2 an int (bytes of L2 promotion), got {tma_l2!r}")
+    if value not in L2_PROMOTIONS:
+        raise ValueError(
+            f"{where} needs tma_l2 0, 64, 128 or 256 (bytes of L2 promotion), got {value}"
+        )
+    return value
+
+
 def make_kernel(
     params: Conv2dGw8Params,
     config: Conv2dGw8Config | None = None,
@@ -620,14 +636,17 @@ def make_kernel(
     swizzled: bool = False,
     tma: bool = False,
     tma_stores: bool = False,
+    tma_l2: int = 0,
 ) -> Kernel:
     """The FProp (or, with igrad, DGrad) kernel for `params` with tile `config`; `weights_cl`
     reads channels_last weights, `bias_elem` (FProp with a bias) a bias in the activations'
     dtype, `swizzled` stages input rows pixel-major (see generate_header; by default spio runs
     the group-major kernels, with SPIO_TMA the tensor-copy ones, and scripts/ablate_kernel.py
     times the others), `tma` fills those stages by tensor copies (sm_90 and newer only; implies
-    `swizzled`), `tma_stores` also stores the output rows by tensor copies (implies `tma`). The
-    tile loop is the same in every variant."""
+    `swizzled`), `tma_stores` also stores the output rows by tensor copies (implies `tma`),
+    `tma_l2` (bytes: 0, 64, 128 or 256; implies `tma`) has L2 fetch that much at once for the
+    copies (their tensor maps' L2 promotion; CUTLASS asks 128, spio by default none). The tile
+    loop is the same in every variant."""
     check_params(params, "conv2d_gw8 make_kernel")
     # (igrad: its header would define SPIO_CONV_IGRAD as int(igrad); the others pick variants)
     igrad, weights_cl, bias_elem, swizzled, tma, tma_stores = check_flags(
@@ -639,13 +658,14 @@ def make_kernel(
         tma=tma,
         tma_stores=tma_stores,
     )
+    tma_l2 = check_tma_l2("conv2d_gw8 make_kernel", tma_l2)
     if config is not None and not isinstance(config, Conv2dGw8Config):
         raise TypeError(
             f"conv2d_gw8 make_kernel needs a Conv2dGw8Config, got {type(config).__name__}"
         )
     config = config or default_config(params, igrad)
     check_tensor_bytes(params)
-    tma = tma or tma_stores
+    tma = tma or tma_stores or tma_l2 > 0
     swizzled = swizzled or tma
     smem = check_shared_mem(
         shared_mem_bytes(params, config, swizzled, tma, tma_stores),
@@ -658,6 +678,7 @@ def make_kernel(
         + ("__wcl" if weights_cl else "")
         + ("__belem" if bias_elem else "")
         + ("__tmaio" if tma_stores else "__tma" if tma else "__swz" if swizzled else "")
+        + (f"__l2p{tma_l2}" if tma_l2 else "")  # (the same code: another launch's maps)
     )
     blocks = math.prod(grid_tiles(params, config, igrad).values())
     kind = "dgrad" if igrad else "fprop"
@@ -686,6 +707,7 @@ def make_kernel(
             ("igrad", igrad),
             ("weights_cl", weights_cl),
             ("bias_elem", bias_elem),
+            ("tma_l2", tma_l2),
             ("tma_stores", tma_stores),
             ("tma", tma),
             ("swizzled", swizzled),
@@ -722,7 +744,7 @@ def _remade(kernel: Kernel, **changes: Any) -> Kernel:
 def with_swizzled_stages(kernel: Kernel) -> Kernel:
     """`kernel` (same params, config, operand layouts) with its input rows staged swizzled
     (stage_layout): the layout scripts/ablate_kernel.py times against the group-major one."""
-    return _remade(kernel, swizzled=True, tma=False, tma_stores=False)
+    return _remade(kernel, swizzled=True, tma=False, tma_stores=False, tma_l2=0)
 
 
 #: SPIO_TMA's values, and what each moves by tensor copies (sm_90's TMA): (the input rows of
@@ -738,11 +760,12 @@ def tensor_copies() -> tuple[bool, bool]:
     return TENSOR_COPIES[choice("SPIO_TMA", tuple(TENSOR_COPIES))]
 
 
-def with_tma_stages(kernel: Kernel, stores: bool = False) -> Kernel:
+def with_tma_stages(kernel: Kernel, stores: bool = False, l2: int = 0) -> Kernel:
     """`kernel` (same params, config, operand layouts) with its input rows brought in by tensor
-    copies into swizzled stages (sm_90 and newer), and with `stores` its output rows stored by
-    tensor copies too: what scripts/ablate_kernel.py times against cp.async and plain stores."""
-    return _remade(kernel, tma=True, tma_stores=stores)
+    copies into swizzled stages (sm_90 and newer), with `stores` its output rows stored by
+    tensor copies too, and with `l2` their maps' L2 promotion (make_kernel's `tma_l2`): what
+    scripts/ablate_kernel.py times against cp.async and plain stores."""
+    return _remade(kernel, tma=True, tma_stores=stores, tma_l2=l2)
 
 
 def input_box(kernel: Kernel) -> tuple[int, int]:
@@ -764,10 +787,11 @@ def map_arguments(kernel: Kernel, out, source, device) -> list:
     output `out` and input `source` (NHWC), as launch arguments (row_map_argument): none for
     the others."""
     maps = []
+    l2 = kernel.info_value("tma_l2", 0)
     if kernel.info_value("tma"):
-        maps.append(row_map_argument(source, *input_box(kernel), device))
+        maps.append(row_map_argument(source, *input_box(kernel), device, l2))
     if kernel.info_value("tma_stores"):
-        maps.append(row_map_argument(out, *output_box(kernel), device))
+        maps.append(row_map_argument(out, *output_box(kernel), device, l2))
     return maps
 
 

@@ -37,6 +37,7 @@ from .conv2d_gw8_factory import (
     check_flags,
     check_layer,
     check_shared_mem,
+    check_tma_l2,
     grid_tiles,
     input_columns,
     latency_cover,
@@ -419,6 +420,7 @@ def make_kernel(
     partials: bool = False,
     swizzled: bool = False,
     tma: bool = False,
+    tma_l2: int = 0,
 ) -> Kernel:
     """The WGrad kernel for `params` with tile `config` (bias gradient too when has_bias).
 
@@ -428,12 +430,14 @@ def make_kernel(
     `swizzled`: x and dy rows staged pixel-major, swizzled (conv2d_gw8_factory.stage_layout;
     by default spio runs the group-major kernels, with SPIO_TMA the tensor-copy ones, and
     scripts/ablate_kernel.py times the others). `tma`: those
-    rows brought in by tensor copies (sm_90 and newer only; implies `swizzled`).
+    rows brought in by tensor copies (sm_90 and newer only; implies `swizzled`). `tma_l2`:
+    their maps' L2 promotion in bytes (0, 64, 128 or 256; implies `tma`), as FProp's make_kernel.
     """
     check_params(params, "conv2d_gw8_wgrad make_kernel")
     partials, swizzled, tma = check_flags(
         "conv2d_gw8_wgrad make_kernel", partials=partials, swizzled=swizzled, tma=tma
     )
+    tma_l2 = check_tma_l2("conv2d_gw8_wgrad make_kernel", tma_l2)
     if config is not None and not isinstance(config, Conv2dGw8WgradConfig):
         raise TypeError(
             f"conv2d_gw8_wgrad make_kernel needs a Conv2dGw8WgradConfig, got "
@@ -441,6 +445,7 @@ def make_kernel(
         )
     config = config or default_config(params)
     check_tensor_bytes(params)
+    tma = tma or tma_l2 > 0
     swizzled = swizzled or tma
     smem = check_shared_mem(
         shared_mem_bytes(params, config, swizzled, tma),
@@ -462,6 +467,7 @@ def make_kernel(
         + ("__ragged" if ragged(params, config.block_n) else "")
         + ("__partials" if partials else "")
         + ("__tma" if tma else "__swz" if swizzled else "")
+        + (f"__l2p{tma_l2}" if tma_l2 else "")  # (the same code: another launch's maps)
     )
     entry = entry_symbol(name)
     return Kernel(
@@ -476,6 +482,7 @@ def make_kernel(
             ("params", params),
             ("config", config),
             ("partials", partials),
+            ("tma_l2", tma_l2),
             ("tma", tma),
             ("swizzled", swizzled),
         ),
@@ -485,14 +492,14 @@ def make_kernel(
 def with_swizzled_stages(kernel: Kernel) -> Kernel:
     """`kernel` (same params, config and reduction) with its x and dy rows staged swizzled
     (stage_layout): the layout scripts/ablate_kernel.py times against the group-major one."""
-    return _remade(kernel, swizzled=True, tma=False)
+    return _remade(kernel, swizzled=True, tma=False, tma_l2=0)
 
 
-def with_tma_stages(kernel: Kernel) -> Kernel:
+def with_tma_stages(kernel: Kernel, l2: int = 0) -> Kernel:
     """`kernel` (same params, config and reduction) with its x and dy rows brought in by tensor
-    copies into swizzled buffers (sm_90 and newer): the loader scripts/ablate_kernel.py times
-    against cp.async."""
-    return _remade(kernel, tma=True)
+    copies into swizzled buffers (sm_90 and newer), with `l2` their maps' L2 promotion
+    (make_kernel's `tma_l2`): the loader scripts/ablate_kernel.py times against cp.async."""
+    return _remade(kernel, tma=True, tma_l2=l2)
 
 
 def _remade(kernel: Kernel, **changes: Any) -> Kernel:
@@ -513,8 +520,8 @@ def _launch(kernel: Kernel, dw, dbias, x, dy, images: int, device) -> None:
     `tma` kernel takes."""
     args = [dw, dbias, x, dy, images]
     if kernel.info_value("tma"):
-        x_box, dy_box = row_boxes(kernel)
-        args += [row_map_argument(x, *x_box, device), row_map_argument(dy, *dy_box, device)]
+        (x_box, dy_box), l2 = row_boxes(kernel), kernel.info_value("tma_l2", 0)
+        args += [row_map_argument(x, *x_box, device, l2), row_map_argument(dy, *dy_box, device, l2)]
     kernel.launch(args, device)
 
 

@@ -953,6 +953,10 @@ def test_fake_driver_tensor_map_gets_the_maps_arguments(fake_libcuda):
         w = struct.unpack("<16Q", m2.cuda_bytes())
         assert (w[0] >> 24) & 0xFF == mode and w[0] & 0xFF == 1 and (w[0] >> 8) & 0xFF == 2
     assert struct.unpack("<16Q", TensorMap(0x7000, 4, (4,), (), (4,)).cuda_bytes())[0] & 0xFF == 2
+    for l2, mode in ((64, 1), (128, 2), (256, 3)):  # CU_TENSOR_MAP_L2_PROMOTION_L2_<l2>B
+        m2 = TensorMap(0x7000, 2, (16, 5), (32,), (16, 3), 32, l2)
+        w = struct.unpack("<16Q", m2.cuda_bytes())
+        assert w[0] == 1 | 2 << 8 | 1 << 24 | mode << 32, hex(w[0])
     class Device:
         type = "cuda"
     arg = m.argument(Device())

@@ -42,6 +42,8 @@ def make(**changes):
         (dict(box=(4, 34, 1, 1), swizzle=0), "multiple of 16 bytes, got 8"),
         (dict(swizzle=16), "swizzle must be 0, 32, 64 or 128 bytes, got 16"),
         (dict(swizzle=64), "64-byte swizzle needs a box inner dim of at most 64 bytes, got 128"),
+        (dict(l2_promotion=32), "l2_promotion must be 0, 64, 128 or 256 bytes, got 32"),
+        (dict(l2_promotion=512), "l2_promotion must be 0, 64, 128 or 256 bytes, got 512"),
     ],
 )
 def test_each_driver_rule_is_checked_and_named(changes, message):
@@ -57,6 +59,7 @@ def test_each_driver_rule_is_checked_and_named(changes, message):
         (dict(dims=(64, 66, 64.0, 128)), r"dims\[2\] must be an int, got 64.0"),
         (dict(box=(64, "34", 1, 1)), r"box\[1\] must be an int, got '34'"),
         (dict(swizzle=None), "swizzle must be an int, got None"),
+        (dict(l2_promotion=128.0), "l2_promotion must be an int, got 128.0"),
     ],
 )
 def test_fields_of_another_type_are_refused_by_name(changes, message):
@@ -110,6 +113,14 @@ def test_of_tensor_needs_each_dim_once(order):
     x = torch.zeros(2, 16, 4, 4, dtype=torch.half).to(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match=r"must name each of the tensor's 4 dims once, got \("):
         TensorMap.of_tensor(x, order, (16,) + (1,) * (len(order) - 1))
+
+
+def test_l2_promotion_is_kept_and_left_out_of_the_emulator_layout():
+    """The emulator has no L2: a map's promotion is the driver's alone (test_driver.py)."""
+    x = torch.zeros(3, 16, 5, 7, dtype=torch.half).to(memory_format=torch.channels_last)
+    m = TensorMap.of_tensor(x, (1, 3, 2, 0), (16, 9, 1, 1), swizzle=32, l2_promotion=256)
+    assert m.l2_promotion == 256 and make().l2_promotion == 0
+    assert make(l2_promotion=128).emulator_bytes() == make().emulator_bytes()
 
 
 def test_argument_on_the_cpu_is_the_emulator_layout():

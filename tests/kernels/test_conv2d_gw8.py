@@ -971,6 +971,59 @@ def test_tma_stages_with_a_ragged_batch_and_wide_channels(device):
         assert ratio <= 1.0, f"{kernel.name}: worst error {ratio:.3g} times the tolerance"
 
 
+def test_tma_l2_promotion_is_the_tma_kernel_with_its_maps_promoted(monkeypatch):
+    """make_kernel's tma_l2 (scripts/ablate_kernel.py's tma-l2-128 and -256) builds the tma
+    kernel's code under a name of its own, and its launches pass every map (input rows, and
+    with tma_stores the output rows) that promotion; it implies tma, and the swizzled stages
+    drop it. Emulated: the same results (the emulator has no L2)."""
+    from spio.check import run_one
+
+    def code(kernel):  # the header's lines but its guard's and the entry's name
+        return [
+            line
+            for line in kernel.headers[0][1].splitlines()
+            if "SPIO_GEN_" not in line and "SPIO_KERNEL_ENTRY" not in line
+        ]
+
+    pass_, params, config = SWIZZLED_CASES[0]
+    tma = fd.make_kernel(params, config, tma=True)
+    for l2 in (64, 128, 256):
+        kernel = fd.make_kernel(params, config, tma_l2=l2)
+        assert kernel.info_value("tma") and kernel.info_value("tma_l2") == l2
+        assert kernel.name == f"{tma.name}__l2p{l2}" and code(kernel) == code(tma)
+        assert fd.with_tma_stages(fd.make_kernel(params, config), l2=l2) == kernel
+    assert tma.info_value("tma_l2") == 0 and fd.with_tma_stages(tma).name == tma.name
+    stores = fd.make_kernel(params, config, tma_stores=True, tma_l2=128)
+    assert stores.name.endswith("__tmaio__l2p128")
+    assert not fd.with_swizzled_stages(stores).info_value("tma_l2")
+    assert fd.with_swizzled_stages(stores).name.endswith("__swz")
+    asked = []
+    real = fd.row_map_argument
+
+    def spy(t, groups, pixels, device, l2_promotion=0):
+        asked.append(l2_promotion)
+        return real(t, groups, pixels, device, l2_promotion)
+
+    monkeypatch.setattr(fd, "row_map_argument", spy)
+    shape = (params.n, params.c, params.h, params.w)
+    out = torch.empty(shape, dtype=torch.half).to(memory_format=torch.channels_last)
+    source = torch.zeros_like(out)
+    maps = fd.map_arguments(stores, out, source, torch.device("cpu"))
+    assert len(maps) == 2 and asked == [128, 128]
+    assert fd.row_map(source, 1, 8, 256).l2_promotion == 256
+    ratio = run_one(params, pass_, config, "cpu", kernel=fd.make_kernel(params, config, tma_l2=256))
+    assert ratio <= 1.0
+    for value, error, said in [
+        (100, ValueError, "needs tma_l2 0, 64, 128 or 256 (bytes of L2 promotion), got 100"),
+        ("128", TypeError, "needs tma_l2 an int (bytes of L2 promotion), got '128'"),
+        (True, TypeError, "needs tma_l2 an int (bytes of L2 promotion), got True"),
+    ]:
+        with pytest.raises(error) as raised:
+            fd.make_kernel(params, config, tma_l2=value)
+        assert str(raised.value) == f"conv2d_gw8 make_kernel {said}"
+    assert fd.make_kernel(params, config, tma_l2=np.int64(128)).info_value("tma_l2") == 128
+
+
 @pytest.mark.parametrize("groups,pixels", [(8, 34), (4, 18), (2, 66), (1, 20)])
 def test_tma_stage_layout_is_where_tensor_copies_land(groups, pixels):
     """The stages a `tma` kernel is built with put each element where a tensor copy with
@@ -1100,9 +1153,9 @@ def test_tma_store_kernel_flags_names_and_shared_memory():
 
 def test_row_map_arguments_are_encoded_once_per_tensor(monkeypatch):
     """A row map's launch argument is encoded once for a tensor's address, shape, strides and
-    dtype (and box): the same tensor, or another at the same address and of the same shape,
-    gets the kept one; another address, shape or box, a new one; the oldest beyond
-    MAP_ARGUMENTS_KEPT are dropped. What is kept is what encoding gives."""
+    dtype (and box and L2 promotion): the same tensor, or another at the same address and of the
+    same shape, gets the kept one; another address, shape, box or promotion, a new one; the
+    oldest beyond MAP_ARGUMENTS_KEPT are dropped. What is kept is what encoding gives."""
     monkeypatch.setattr(fd, "_MAP_ARGUMENTS", type(fd._MAP_ARGUMENTS)())
     monkeypatch.setattr(fd, "MAP_ARGUMENTS_KEPT", 3)
     cpu = torch.device("cpu")
@@ -1117,7 +1170,7 @@ def test_row_map_arguments_are_encoded_once_per_tensor(monkeypatch):
     assert fd.row_map_argument(x, 2, 16, cpu) is first and len(fd._MAP_ARGUMENTS) == 3
     fd.row_map_argument(x[:1], 2, 16, cpu)  # another shape: the least recently used (x, 24) goes
     assert len(fd._MAP_ARGUMENTS) == 3 and fd.row_map_argument(x, 2, 16, cpu) is first
-    assert all(key[-1] == 16 for key in fd._MAP_ARGUMENTS)
+    assert all(key[-2:] == (16, 0) for key in fd._MAP_ARGUMENTS)  # pixels, L2 promotion
     # Two tensors at one address, of one shape and dtype, with other strides: two maps.
     storage = torch.zeros(2 * 4 * 16 * 16, dtype=torch.half)
     dense = storage[: 2 * 4 * 8 * 16].view(2, 4, 8, 16).permute(0, 3, 1, 2)
@@ -1126,6 +1179,9 @@ def test_row_map_arguments_are_encoded_once_per_tensor(monkeypatch):
     for t in (dense, wide):
         assert fd.row_map_argument(t, 2, 16, cpu) == fd.row_map(t, 2, 16).emulator_bytes()
     assert fd.row_map_argument(dense, 2, 16, cpu) != fd.row_map_argument(wide, 2, 16, cpu)
+    # Another L2 promotion: a map of its own (the same bytes in the emulator's layout).
+    promoted = fd.row_map_argument(x, 2, 16, cpu, 128)
+    assert promoted is not fd.row_map_argument(x, 2, 16, cpu) and promoted == first
 
 
 @pytest.mark.parametrize("groups,pixels", [(8, 32), (4, 16), (2, 64), (1, 48)])

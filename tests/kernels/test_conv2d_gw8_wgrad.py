@@ -863,6 +863,35 @@ def test_tma_rows_build_for_sm_90_and_their_maps():
     assert kernel.shared_mem_bytes - swizzled.shared_mem_bytes == rows + fd.tma_align(2) - 16 + 24
 
 
+def test_tma_l2_promotion_is_the_tma_kernel_with_its_maps_promoted(monkeypatch):
+    """make_kernel's tma_l2 (scripts/ablate_kernel.py's tma-l2-*) is the tma kernel under a name
+    of its own, whose launches pass x's and dy's maps that promotion; it implies tma, the
+    swizzled stages drop it, and a value of no promotion is refused by name. Emulated: the
+    same results (the emulator has no L2)."""
+    from spio.kernels import conv2d_gw8_factory as fd
+
+    params, config = SWIZZLED_CASES[0]
+    tma = wg.make_kernel(params, config, partials=True, tma=True)
+    kernel = wg.make_kernel(params, config, partials=True, tma_l2=128)
+    assert kernel.info_value("tma") and kernel.info_value("tma_l2") == 128
+    assert kernel.name == f"{tma.name}__l2p128" and tma.info_value("tma_l2") == 0
+    assert wg.with_tma_stages(wg.make_kernel(params, config, partials=True), l2=128) == kernel
+    assert wg.with_swizzled_stages(kernel).name == tma.name.replace("__tma", "__swz")
+    asked = []
+    real = wg.row_map_argument
+
+    def spy(t, groups, pixels, device, l2_promotion=0):
+        asked.append(l2_promotion)
+        return real(t, groups, pixels, device, l2_promotion)
+
+    monkeypatch.setattr(wg, "row_map_argument", spy)
+    ratio = run_one(params, "wgrad", config, "cpu", kernel=kernel)
+    assert ratio <= 1.0 and asked and set(asked) == {128} and len(asked) % 2 == 0
+    with pytest.raises(ValueError, match="conv2d_gw8_wgrad make_kernel needs tma_l2 0, 64, 128"):
+        wg.make_kernel(params, config, tma_l2=32)
+    assert fd.check_tma_l2("here", np.int32(64)) == 64
+
+
 def test_sum_kernels_follow_the_dtypes_asked_for():
     """sum_kernels gives the sum_slots kernels of the gradient dtypes asked for, as with_sums
     does, not fp32's whatever the dtypes; none for an atomic kernel."""

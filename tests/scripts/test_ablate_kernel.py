@@ -101,9 +101,10 @@ def test_swizzled_variants_are_the_swizzled_kernel_with_their_partners_switches(
 
 
 def test_tma_variants_are_the_tma_kernel_with_their_partners_switches(base_kernels):
-    """Each tma variant is make_kernel(tma=True) (tma-stores: with tma_stores too) with the
-    switches of the variant it names, under a name of its own; WGrad's keep its reduction and
-    have no pipeline-only, nor tensor-copy stores (its output is the weight gradient)."""
+    """Each tma variant is make_kernel(tma=True) (tma-stores: with tma_stores too; tma-l2-*:
+    with their maps' L2 promotion) with the switches of the variant it names, under a name of
+    its own; WGrad's keep its reduction and have no pipeline-only, nor tensor-copy stores (its
+    output is the weight gradient)."""
     from spio.kernels import conv2d_gw8_factory as fd
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
@@ -116,19 +117,21 @@ def test_tma_variants_are_the_tma_kernel_with_their_partners_switches(base_kerne
             assert applies == (pass_ != "wgrad" or not fprop_dgrad)
             if applies:
                 built = ablate.build_variant(kernel, name)
-                stores = name == "tma-stores"
+                stores, l2 = name == "tma-stores", ablate.TMA_L2.get(name, 0)
                 rebuilt = (
                     fd.with_tma_stages(kernel, stores)
                     if stores
-                    else factory.with_tma_stages(kernel)
+                    else factory.with_tma_stages(kernel, l2=l2)
                 )
                 expected = rebuilt.with_defines(ablate.VARIANTS[partner])
                 assert built.headers == expected.headers and built.info_value("tma")
                 assert bool(built.info_value("tma_stores")) == stores
+                assert built.info_value("tma_l2") == l2 and built.name == expected.name
                 assert built.info[:2] == kernel.info[:2]  # params, config
                 names.add(built.name)
-        assert len(names) == (3 if pass_ == "wgrad" else 5) and kernel.name not in names
-    assert ablate.TMA_STORES <= ablate.RIGHT_RESULTS
+        assert len(names) == (5 if pass_ == "wgrad" else 7) and kernel.name not in names
+    assert ablate.TMA_STORES <= ablate.RIGHT_RESULTS and set(ablate.TMA_L2) <= ablate.RIGHT_RESULTS
+    assert set(ablate.TMA_L2) <= set(ablate.TMA)
 
 
 @pytest.mark.parametrize("variant", ["pipeline-only", "ldg-pipeline-only"])
@@ -446,14 +449,16 @@ def test_gpu_check_ablate_step_names_its_variants_and_puts_the_wanted_parts_firs
     text = (REPO / "scripts" / "gpu_check.sh").read_text(encoding="utf-8")
     assert "CAP=75 ablate --layer 64c_64x64_3x3 --variants full tma " in text
     assert calls[1][:2] == ["--layer", "64c_64x64_3x3"] and "--passes" not in calls[1]
-    assert set(args[1].variants) == {"full", *ablate.TMA}
+    assert set(args[1].variants) == {"full", *ablate.TMA} - {"tma-l2-256"}
     assert not any(v.startswith("tma") for a in args[:1] + args[2:] for v in a.variants if a)
     assert all("$layers" not in argv for argv in calls[:-1])
     # Settled by run 6, left out: FProp's unroll-r, WGrad's unmasked and copy-branch on every
     # layer, stagger (DRAM camping), several images per block on the small layers; by run 7: the
-    # L2 prefetch hint, streaming stores, rows through registers in the full kernel.
+    # L2 prefetch hint, streaming stores, rows through registers in the full kernel, the per-row
+    # barrier.
     named = {v for a in args for v in a.variants} | {c for a in args for c in a.config or ()}
     settled = {"unroll-r", "unmasked", "copy-branch", "stagger", "loads-stagger", "l2-256"}
+    settled |= {"no-sync"}
     assert not named & (settled | {"stores-cs", "ldg", "ldg-loads-only"})
     assert not any(c.endswith(("_n2", "_n4", "_n8")) for c in named)
 
