@@ -77,6 +77,9 @@ def test_a_chunked_backward_lays_out_dy_a_chunk_at_a_time(monkeypatch):
     x.requires_grad_()
     image = 16 * 6 * 7 * 2
     monkeypatch.setattr(_kernels, "MAX_TENSOR_BYTES", image)  # one image a chunk
+    # (A store of its own: the layers keyed by the call's signature, not by the limit, would
+    # keep a chunked one for every later test of the process, or give this test a whole one.)
+    monkeypatch.setattr(_kernels, "_layers", {})
     dy = torch.randn(4, 16, 6, 7, dtype=torch.float16)  # NCHW
     seen = _dy_arguments(monkeypatch)
     conv(x).backward(dy)
