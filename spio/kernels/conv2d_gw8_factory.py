@@ -318,8 +318,7 @@ def configs(params: Conv2dGw8Params, igrad: bool = False) -> list[Conv2dGw8Confi
     """Every tile config worth trying for this layer, in a fixed order: FProp's, or with
     `igrad` DGrad's (whose convolution maps dy to dx)."""
     check_params(params, "conv2d_gw8 configs")
-    if type(igrad) is not bool:
-        raise TypeError(f"conv2d_gw8 configs needs igrad True or False, got {igrad!r}")
+    igrad = as_flag("conv2d_gw8 configs", "igrad", igrad)  # (numpy's bools count, as elsewhere)
     geo = _Geometry.of(params, igrad)
     max_groups = 1 << math.ceil(math.log2(params.groups))  # no more than the layer has, rounded
     max_q = max(16, 16 * math.ceil(geo.out_w / 16))

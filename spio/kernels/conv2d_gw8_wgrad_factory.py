@@ -707,18 +707,22 @@ def _check_gradient_dtypes(dtypes: Any) -> None:
         raise TypeError(
             f"conv2d_gw8 wgrad needs dtypes a (dw, dbias) pair of torch dtypes, got {dtypes!r}"
         )
-    allowed = (torch.float32, torch.float16, torch.bfloat16)
-    if any(d not in allowed for d in dtypes):
+    if any(d not in _gradient_dtype_names() for d in dtypes):
         raise ValueError(
             "conv2d_gw8 wgrad needs dtypes (dw, dbias) among torch.float32, torch.float16 and "
             f"torch.bfloat16, got {tuple(dtypes)}"
         )
 
 
-def gradient_dtype_name(dtype) -> str:
+def _gradient_dtype_names() -> dict:
+    """The dtypes WGrad writes its gradients in, and their names (sum_kernel's dtype names)."""
     import torch
 
-    names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def gradient_dtype_name(dtype) -> str:
+    names = _gradient_dtype_names()
     if dtype not in names:
         raise ValueError(f"WGrad gradients are fp32, fp16 or bf16, got {dtype}")
     return names[dtype]

@@ -206,17 +206,17 @@ class KernelFactory:
         """
         import torch
 
-        from .conv2d_gw8_params import check_params
+        from .conv2d_gw8_params import as_flag, check_params
         from .perf_model import select_config
 
         where = f"{self.name}_kernel_factory.get_kernel"
         check_params(params, where)
-        for option, value in options.items():
+        for option in options:
             if option not in self.options:
                 takes = ", ".join(self.options) or "none"
                 raise TypeError(f"{where} takes no option {option!r} (its options: {takes})")
-            if type(value) is not bool:
-                raise TypeError(f"{where} needs {option} True or False, got {value!r}")
+        # (Plain bools, as make_kernel's flags: numpy's and 0-d bool tensors count.)
+        options = {option: as_flag(where, option, value) for option, value in options.items()}
         # (A torch.device, or what is one by its `type`, as the tests' stand-ins for GPUs.)
         if not (
             device is None

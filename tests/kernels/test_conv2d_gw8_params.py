@@ -1,5 +1,6 @@
 """Conv2dGw8Params: derived shapes, validation, encode/decode, from_tensors."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -317,6 +318,10 @@ def test_the_kernel_apis_name_an_argument_of_the_wrong_kind():
             call()
         assert str(error.value) == said
     assert F.get_kernel(p, "cpu", igrad=True).name.startswith("conv2d_gw8_dgrad")
+    # numpy's bools count, as make_kernel's flags do (and are held as plain bools)
+    dgrad = F.get_kernel(p, "cpu", igrad=np.bool_(True))
+    assert dgrad.name.startswith("conv2d_gw8_dgrad") and type(dgrad.info_value("igrad")) is bool
+    assert F.configs(p, igrad=np.True_) == F.configs(p, igrad=True)
 
 
 def test_has_bias_takes_numpys_and_torchs_bools_and_a_bias_must_be_floating_point():
