@@ -96,3 +96,18 @@ def load_via_regs(kernel):
     """`kernel` as scripts/ablate_kernel.py's `ldg` timing variant (input rows through registers
     instead of cp.async): a variant timed as a candidate fix must compute the same results."""
     return kernel.with_defines(load_script("ablate_kernel").VARIANTS["ldg"])
+
+
+def spy_on_map_promotions(monkeypatch, factory) -> list[int]:
+    """From now on (until monkeypatch undoes it), record the L2 promotion of every row map
+    argument `factory` (conv2d_gw8_factory or conv2d_gw8_wgrad_factory) asks for, in order, in
+    the list returned; the arguments are still made."""
+    asked: list[int] = []
+    real = factory.row_map_argument
+
+    def spy(t, groups, pixels, device, l2_promotion=0):
+        asked.append(l2_promotion)
+        return real(t, groups, pixels, device, l2_promotion)
+
+    monkeypatch.setattr(factory, "row_map_argument", spy)
+    return asked

@@ -24,6 +24,7 @@ from tests.kernels.conv2d_gw8_cases import (
     check,
     load_via_regs,
     sample_configs,
+    spy_on_map_promotions,
 )
 
 PASSES = ("fprop", "dgrad")
@@ -997,14 +998,7 @@ def test_tma_l2_promotion_is_the_tma_kernel_with_its_maps_promoted(monkeypatch):
     assert stores.name.endswith("__tmaio__l2p128")
     assert not fd.with_swizzled_stages(stores).info_value("tma_l2")
     assert fd.with_swizzled_stages(stores).name.endswith("__swz")
-    asked = []
-    real = fd.row_map_argument
-
-    def spy(t, groups, pixels, device, l2_promotion=0):
-        asked.append(l2_promotion)
-        return real(t, groups, pixels, device, l2_promotion)
-
-    monkeypatch.setattr(fd, "row_map_argument", spy)
+    asked = spy_on_map_promotions(monkeypatch, fd)
     shape = (params.n, params.c, params.h, params.w)
     out = torch.empty(shape, dtype=torch.half).to(memory_format=torch.channels_last)
     source = torch.zeros_like(out)

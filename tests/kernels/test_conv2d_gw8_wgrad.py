@@ -17,6 +17,7 @@ from tests.kernels.conv2d_gw8_cases import (
     check,
     load_via_regs,
     sample_configs,
+    spy_on_map_promotions,
 )
 
 
@@ -877,14 +878,7 @@ def test_tma_l2_promotion_is_the_tma_kernel_with_its_maps_promoted(monkeypatch):
     assert kernel.name == f"{tma.name}__l2p128" and tma.info_value("tma_l2") == 0
     assert wg.with_tma_stages(wg.make_kernel(params, config, partials=True), l2=128) == kernel
     assert wg.with_swizzled_stages(kernel).name == tma.name.replace("__tma", "__swz")
-    asked = []
-    real = wg.row_map_argument
-
-    def spy(t, groups, pixels, device, l2_promotion=0):
-        asked.append(l2_promotion)
-        return real(t, groups, pixels, device, l2_promotion)
-
-    monkeypatch.setattr(wg, "row_map_argument", spy)
+    asked = spy_on_map_promotions(monkeypatch, wg)
     ratio = run_one(params, "wgrad", config, "cpu", kernel=kernel)
     assert ratio <= 1.0 and asked and set(asked) == {128} and len(asked) % 2 == 0
     with pytest.raises(ValueError, match="conv2d_gw8_wgrad make_kernel needs tma_l2 0, 64, 128"):
