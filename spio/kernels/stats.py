@@ -55,7 +55,8 @@ class Conv2dStats:
 
     @property
     def weight_grad_bytes(self) -> int:
-        """Size of dw, which the WGrad kernel writes in fp32."""
+        """Size of dw counted in fp32, whatever dtype spio writes it in (the weight's, as PyTorch
+        does; the performance models' features were made with this count)."""
         return conv2d_gw8_params.weight_grad_bytes(self.params)
 
     @property
