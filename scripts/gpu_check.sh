@@ -19,8 +19,8 @@
 #   bench      python -m spio bench --quick --out OUT_DIR/bench
 #   overhead   scripts/bench_launch.py (µs per driver launch) and scripts/bench_op_overhead.py
 #              (µs per custom-op / module call over F.conv2d's)
-#   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma, stores or
-#              barriers switched off, to show where their time goes (and FProp's input pipeline
+#   ablate     scripts/ablate_kernel.py: the headline layer's kernels with loads, mma or stores
+#              switched off, to show where their time goes (and FProp's input pipeline
 #              alone, and each pass with its input rows staged swizzled, and brought in by
 #              tensor copies), the small and 1x3 layers; last, on every bench layer, each
 #              pass swizzled against group-major and
