@@ -10,6 +10,8 @@ import types
 
 import pytest
 
+from tests.conftest import forget_toolchain_memos
+
 PRIMITIVES = r"""
 #include "spio/warp/mma.h"
 #include "spio/warp/ldmatrix.h"
@@ -888,11 +890,9 @@ def cuda_include(tmp_path, monkeypatch):
     folder = tmp_path / "include"
     folder.mkdir()
     monkeypatch.setattr(build.paths, "find_cuda_include", lambda: folder)
-    build._cuda_include.cache_clear()
-    build._cuda_identity.cache_clear()
+    forget_toolchain_memos()  # (the emulator's headers' folder and identity among them)
     yield folder
-    build._cuda_include.cache_clear()
-    build._cuda_identity.cache_clear()
+    forget_toolchain_memos()
 
 
 def _find_clang() -> str | None:
