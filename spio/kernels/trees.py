@@ -29,6 +29,10 @@ _LAYOUTS = {"i": ">b", "U": ">B", "I": ">h", "l": ">i", "L": ">q", "d": ">f", "D
 _NUMBERS: dict[int, np.dtype] = {ord(m): np.dtype(f) for m, f in _LAYOUTS.items()}
 _SCALARS: dict[int, struct.Struct] = {ord(m): struct.Struct(f) for m, f in _LAYOUTS.items()}
 _MAX_NESTING = 64
+#: Markers of values that take no bytes (null, true, false; no-op): a typed container of them
+#: could claim a count as large as the bytes left for each of many nested containers, a crafted
+#: file of n bytes asking ~n^2/16 elements (32 KB: 15 s and 527 MB). xgboost writes none.
+_EMPTY_MARKERS = frozenset(map(ord, "ZTFN"))
 #: Errors of a model's fields missing or of another type (a list where a dict belongs, an
 #: infinite count): its trees do not read.
 _UNREADABLE = (KeyError, TypeError, IndexError, AttributeError, OverflowError)
@@ -91,6 +95,11 @@ class _Reader:
         if self.data[self.pos : self.pos + 1] == b"$":
             self.pos += 1
             typed = self.marker()
+            if typed in _EMPTY_MARKERS:  # elements of no bytes: the count bounds nothing
+                raise ValueError(
+                    f"UBJSON typed container of {chr(typed)!r} (elements of no bytes) at offset "
+                    f"{self.pos - 1}"
+                )
             if self.take(1) != b"#":
                 raise ValueError(f"UBJSON typed container without a count at offset {self.pos}")
             count = self.length()
