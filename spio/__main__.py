@@ -407,9 +407,19 @@ def _nvrtc_problem(library, error: Exception) -> str:
 
 
 def _cache_problem(root) -> str | None:
-    """Why spio cannot keep its cache in `root` (a file there, or a folder it cannot create or
-    write a file in), or None. It tries, as the cache does: a permission check (os.access)
-    passes for root everywhere, e.g. in /proc. Folders and the file it makes are removed."""
+    """Why spio cannot keep its cache in `root` (a folder another user could put files in, a
+    file there, or a folder it cannot create or write a file in), or None. It tries, as the
+    cache does: a permission check (os.access) passes for root everywhere, e.g. in /proc.
+    Folders and the file it makes are removed."""
+    from .compiler.cache import why_untrusted
+
+    distrust = why_untrusted(root)
+    if distrust is not None:
+        return (
+            f"{root}: NOT USED ({distrust}: another user could put kernels there); make it "
+            "yours and not writable by others (chmod o-w), or set SPIO_CACHE_DIR to a folder of "
+            "your own, else every process builds its kernels again"
+        )
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

@@ -1076,6 +1076,24 @@ def test_info_says_why_the_cache_folder_is_not_writable(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
+def test_info_says_a_cache_folder_others_can_write_is_not_used(tmp_path, monkeypatch, capsys):
+    """A cache folder every user can write (no sticky bit) is not used (another user could put
+    kernels there that spio would run): info's cache row says so, and why; exit 0, as for an
+    unwritable one (kernels are then kept in memory)."""
+    from spio import __main__ as cli
+
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o777)
+    monkeypatch.setenv("SPIO_CACHE_DIR", str(root))
+    assert cli.cmd_info(None) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cache ")]
+    assert f"{root}: NOT USED ({root} is writable by every user: another user" in row, row
+    assert "chmod o-w" in row and "SPIO_CACHE_DIR" in row
+    root.chmod(0o1777)  # as /tmp: used
+    assert cli._cache_problem(root) is None
+
+
 def test_info_leaves_a_cache_folder_another_process_filled_meanwhile(tmp_path, monkeypatch):
     """info removes the folders it made, but not one that another process's cache has written
     to since: it stops there, and the cache is fine."""

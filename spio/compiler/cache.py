@@ -5,6 +5,13 @@ load (a bad entry is a miss and is rebuilt), and are built under a file lock so 
 asking for the same key build it once. When the cache folder cannot be written (read-only, full),
 the cache warns once and keeps entries in memory (the last MEMORY_ENTRIES or fewer: one dropped is
 built again).
+
+The checksum says an entry is whole, not who wrote it, and an emulator library from the cache is
+native code run in this process: the cache uses a folder (and its parents) only where no other
+user could have put files there (`why_untrusted`: owned by this user or root, and not writable by
+others but with the sticky bit, as /tmp), and an entry only where its file is so too; else it
+warns once and keeps entries in memory, as for a folder it cannot write. It makes its folders and
+files writable by no one but their owner and group, whatever the umask.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import struct
 import threading
 from collections.abc import Callable
@@ -50,16 +58,60 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("spio"))
 
 
+def why_untrusted(path: Path, folder: bool = True) -> str | None:
+    """Why another user may have put or changed what `path` holds, or None where no one but this
+    user and root could have: `path` (a folder, or with `folder` False a file) owned by someone
+    else, or writable by others (a folder with the sticky bit excepted: others may add to it,
+    not replace what is in it), or for a folder, so is one of the folders above it. A path that
+    does not exist (or cannot be looked at) is judged by the folders above it: what spio makes
+    there is its own, and what it cannot look at it cannot read either."""
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a link loop: nothing can be read through it either
+        return None
+    chain = [real, *real.parents] if folder else [real]
+    for here in chain:
+        try:
+            status = os.stat(here)
+        except OSError:  # not there (or not a folder, or not searchable): nothing to read
+            continue
+        if status.st_uid not in (os.getuid(), 0):
+            return f"{here} belongs to user id {status.st_uid}"
+        sticky = stat.S_ISDIR(status.st_mode) and status.st_mode & stat.S_ISVTX
+        if status.st_mode & stat.S_IWOTH and not sticky:
+            return f"{here} is writable by every user"
+    return None
+
+
+def make_folder(folder: Path) -> None:
+    """`folder` and the folders it is in, made where missing, each writable by no one but its
+    owner and group whatever the umask (Path.mkdir(parents=True) makes the parents 0o777 less the
+    umask: every user's, under umask 0)."""
+    missing = []
+    here = folder
+    while not here.is_dir():
+        missing.append(here)
+        if here.parent == here:
+            break
+        here = here.parent
+    for made in reversed(missing):
+        try:
+            os.mkdir(made, 0o775)
+        except FileExistsError:  # another process made it meanwhile
+            pass
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """Write `data` to a new file next to `path`, then rename it into place: readers see the old
-    file or the whole new one, and a partial temporary file never stays. The file gets 0o666
-    less the umask, as any new file does (mkstemp's would be 0o600: a cache built by one user,
-    e.g. while a container image is built, must be readable by others as the umask allows)."""
+    file or the whole new one, and a partial temporary file never stays. The file gets 0o664
+    less the umask (mkstemp's would be 0o600: a cache built by one user, e.g. while a container
+    image is built, must be readable by others as the umask allows; never writable by others,
+    whose change to an entry the cache would then not trust)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         tmp = path.with_name(f"{path.name}.{secrets.token_hex(6)}.tmp")
         try:
-            fd = os.open(tmp, flags, 0o666)
+            fd = os.open(tmp, flags, 0o664)
             break
         except FileExistsError:
             continue
@@ -165,16 +217,46 @@ class DiskCache:
                 error,
             )
 
+    def untrusted(self) -> bool:
+        """Whether the folder may hold another user's files (why_untrusted): then
+        nothing is read from it or written to it, and this says so once (a warning)."""
+        reason = why_untrusted(self.folder)
+        if reason is None:
+            return False
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "spio does not use its cache folder %s: %s, so another user could have put "
+                "kernels there that this process would run. Compiled kernels are kept in memory "
+                "for this process only. Make the folder, and those above it, yours and not "
+                "writable by others (chmod o-w), or set SPIO_CACHE_DIR to a folder of your own.",
+                self.folder,
+                reason,
+            )
+        return True
+
     def _load(self, path: Path, rebuilding: bool = False) -> tuple[bytes, dict] | None:
-        """The entry in `path`, or None. `rebuilding`: the last look before a build (under the
-        file lock), which alone says that a damaged entry is rebuilt (a lookup looks three
-        times)."""
+        """The entry in `path`, or None (also where the folder or the file may hold another
+        user's bytes: `untrusted`). `rebuilding`: the last look before a build (under the file
+        lock), which alone says that a damaged entry is rebuilt (a lookup looks three times)."""
+        if self.untrusted():
+            return None
         try:
-            blob = path.read_bytes()
+            with open(path, "rb") as f:
+                status = os.fstat(f.fileno())  # (the file read, not one at its path later)
+                blob = f.read()
         except FileNotFoundError:
             return None
         except OSError as error:
             logger.debug("cache read failed for %s: %s", path, error)
+            return None
+        if status.st_uid not in (os.getuid(), 0) or status.st_mode & stat.S_IWOTH:
+            logger.info(
+                "cache entry %s is not used (user id %d's, mode %o); building it again",
+                path.name,
+                status.st_uid,
+                stat.S_IMODE(status.st_mode),
+            )
             return None
         entry = _decode(blob)
         if entry is None and rebuilding:
@@ -188,7 +270,7 @@ class DiskCache:
         try:
             write_atomically(path, data)
         except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_folder(path.parent)
             write_atomically(path, data)
 
     def _store_or_warn(self, path: Path, payload: bytes, meta: dict) -> None:
@@ -230,11 +312,15 @@ class DiskCache:
         if entry is not None:
             return entry[0], entry[1], True
         path = self.path(key)
+        if self.untrusted():  # build, keep in memory: nothing written there, no lock file
+            payload, meta = build()
+            self._remember(path, (payload, meta))
+            return payload, meta, False
         import filelock
 
         lock: filelock.FileLock | None = None
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            make_folder(self.folder)
             lock = filelock.FileLock(str(path) + ".lock")
             _acquire_saying_so(lock)
         except OSError as error:  # read-only or full cache folder: build, keep in memory
@@ -261,15 +347,17 @@ class DiskCache:
         return payload, meta, False
 
     def on_disk(self, key: str) -> bool:
-        """Whether the entry for `key` is on disk (not read, nor checked)."""
-        return self.path(key).is_file()
+        """Whether the entry for `key` is on disk (not read, nor checked) in a folder the cache
+        uses (not `untrusted`)."""
+        return not self.untrusted() and self.path(key).is_file()
 
     def keep(self, key: str, payload: bytes, meta: dict) -> None:
         """Keep an entry built elsewhere (a compile worker) that is not on disk: stored if this
         process can (the worker's write may have met a folder removed meanwhile), else kept in
         memory, warning once, as for an entry this process could not store."""
         path = self.path(key)
-        self._store_or_warn(path, payload, meta)
+        if not self.untrusted():
+            self._store_or_warn(path, payload, meta)
         self._remember(path, (payload, meta))
 
     def discard(self, key: str) -> None:

@@ -25,6 +25,7 @@ import platform
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -35,7 +36,14 @@ from pathlib import Path
 from typing import TypedDict
 
 from ..compiler import digest
-from ..compiler.cache import LIBRARY_FOLDER, DiskCache, hash_key, write_atomically
+from ..compiler.cache import (
+    LIBRARY_FOLDER,
+    DiskCache,
+    hash_key,
+    make_folder,
+    why_untrusted,
+    write_atomically,
+)
 from ..compiler.compile import checked_headers
 from ..cuda import paths
 from ..env import flag
@@ -538,8 +546,15 @@ _warned = False
 
 
 def _same_content(path: Path, payload: bytes) -> bool:
+    """Whether the file at `path` holds exactly `payload` and no other user could change it
+    (this user's or root's, not writable by others: in a folder only they can write, then, what
+    is loaded is what was compared)."""
     try:
-        return path.stat().st_size == len(payload) and path.read_bytes() == payload
+        with open(path, "rb") as f:
+            status = os.fstat(f.fileno())
+            if status.st_uid not in (os.getuid(), 0) or status.st_mode & stat.S_IWOTH:
+                return False
+            return status.st_size == len(payload) and f.read() == payload
     except OSError:  # missing, unreadable (another user's 0600 file), or not a file
         return False
 
@@ -564,18 +579,22 @@ def _private_folder() -> Path:
 
 def _library_file(key: str, payload: bytes, name: str) -> Path:
     """A file holding exactly `payload` to dlopen: `<cache>/emulator/lib/<key>.so`, checked once
-    per process and rewritten when missing or different, else a copy in the private folder."""
+    per process and rewritten when missing or different, else a copy in the private folder (also
+    where another user could change files in lib/: cache.why_untrusted)."""
     global _warned
     target = _cache.folder / LIBRARY_FOLDER / f"{key}.so"
     with _files_lock:
         known = _files.get(target)
         if known is not None and known.is_file():
             return known
-        if _same_content(target, payload):
+        reason = why_untrusted(target.parent)
+        if reason is None and _same_content(target, payload):
             _files[target] = target
             return target
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            if reason is not None:
+                raise PermissionError(reason)  # (not written there: to the private folder)
+            make_folder(target.parent)
             write_atomically(target, payload)
             _files[target] = target
             return target
@@ -592,7 +611,17 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
                 "space, or set SPIO_CACHE_DIR (or TMPDIR) to a writable folder."
             ) from error
         # One warning per process; none when the cache already warned that it cannot be written.
-        if not _warned and not _cache.warned:
+        if not _warned and not _cache.warned and reason is not None:
+            logger.warning(
+                "spio does not load emulator libraries from its cache folder %s (%s: another "
+                "user could swap one there); they are written to %s for this process only. Make "
+                "the folder yours and not writable by others (chmod o-w), or set SPIO_CACHE_DIR "
+                "to a folder of your own.",
+                target.parent,
+                reason,
+                path.parent,
+            )
+        elif not _warned and not _cache.warned:
             logger.warning(
                 "spio cannot write emulator libraries to its cache folder %s (%s); they are "
                 "written to %s for this process only. Set SPIO_CACHE_DIR to a writable folder.",

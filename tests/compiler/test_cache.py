@@ -77,7 +77,9 @@ def test_relative_and_home_paths_are_made_absolute(monkeypatch, tmp_path):
     assert cache_root() == tmp_path / "home" / "c"
 
 
-@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+@pytest.mark.parametrize(
+    "umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600), (0, 0o664)]
+)
 def test_entries_are_as_readable_as_the_umask_allows(tmp_path, monkeypatch, umask, mode):
     """Not mkstemp's 0o600: a cache built by one user (say, while a container image is built)
     must be readable by the users who run it, unless the umask says otherwise."""
@@ -287,3 +289,85 @@ def test_keep_stores_an_entry_where_it_can_and_warns_only_where_it_cannot(tmp_pa
         blocked.keep("b", b"B", {})
     assert caplog.text.count("cannot write its cache folder") == 1
     assert blocked.get("a") == (b"A", {}) and blocked.get("b") == (b"B", {})
+
+
+def test_under_umask_0_nothing_spio_makes_is_writable_by_others(tmp_path):
+    """Folders and files had been 0o777 and 0o666 under umask 0 (some containers and CI jobs):
+    another user could then replace an entry, and with it code the process runs. Now no more
+    than the group may write them (and the cache trusts what it made)."""
+    old = os.umask(0)
+    try:
+        cache = DiskCache("things", root=tmp_path / "a" / "b")
+        cache.get_or_build("k", lambda: (b"x", {}))
+    finally:
+        os.umask(old)
+    for made in (tmp_path / "a", tmp_path / "a" / "b", cache.folder, cache.path("k")):
+        assert not made.stat().st_mode & stat.S_IWOTH, made
+    assert DiskCache("things", root=tmp_path / "a" / "b").get("k") == (b"x", {})
+
+
+def _entry_made_then(tmp_path, change):
+    """A cache's entry "k" made as spio makes it, then `change(folder)` done to it; returns a
+    fresh cache (another process) on the same folder."""
+    DiskCache("things", root=tmp_path / "root").get_or_build("k", lambda: (b"real", {}))
+    change(tmp_path / "root")
+    return DiskCache("things", root=tmp_path / "root")
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda root: root.chmod(0o777), "is writable by every user"),
+        (lambda root: (root / "things").chmod(0o777), "is writable by every user"),
+        (lambda root: root.parent.chmod(0o777), "is writable by every user"),  # above it
+    ],
+    ids=["root", "namespace", "parent"],
+)
+def test_a_folder_others_can_write_is_neither_read_nor_written(tmp_path, caplog, change, reason):
+    """Its entries' checksums say only that they are whole: another user could have written
+    one (an emulator library is native code run in this process; reproduced by a helper's
+    audit). The cache then builds, keeps in memory, writes nothing there (no lock file either),
+    and says why once."""
+    fresh = _entry_made_then(tmp_path, change)
+    before = sorted(p.name for p in (tmp_path / "root" / "things").iterdir())
+    built = []
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert fresh.get("k") is None and not fresh.on_disk("k")
+        assert fresh.get_or_build("k", lambda: built.append(1) or (b"new", {})) == (
+            b"new",
+            {},
+            False,
+        )
+        fresh.keep("j", b"other", {})
+        assert fresh.get("k") == (b"new", {})  # from memory
+    assert built == [1] and sorted(p.name for p in fresh.folder.iterdir()) == before
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "spio does not use its cache folder" in warning and reason in warning
+    assert "chmod o-w" in warning and "SPIO_CACHE_DIR" in warning
+
+
+def test_a_sticky_folder_others_can_write_is_used(tmp_path, caplog):
+    """As /tmp: others may add files to it, not replace those in it."""
+    fresh = _entry_made_then(tmp_path, lambda root: root.chmod(0o1777))
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        assert fresh.get("k") == (b"real", {})
+    assert not caplog.records
+
+
+def test_an_entry_others_can_write_or_anothers_is_built_again(tmp_path, caplog):
+    """In a folder the cache uses, an entry file writable by others, or another user's (a
+    sticky folder's), is not read: built again, and the new file replaces it."""
+    changes = [lambda root: (root / "things" / "k.bin").chmod(0o666)]
+    if os.getuid() == 0:  # (only root can give a file away)
+        changes.append(lambda root: os.chown(root / "things" / "k.bin", 65534, -1))
+    for change in changes:
+        for old in (tmp_path / "root").rglob("*"):
+            old.unlink() if old.is_file() else None
+        fresh = _entry_made_then(tmp_path, change)
+        with caplog.at_level(logging.INFO, logger="spio"):
+            assert fresh.get("k") is None
+            assert fresh.get_or_build("k", lambda: (b"again", {}))[:2] == (b"again", {})
+        status = fresh.path("k").stat()
+        assert status.st_uid == os.getuid() and not status.st_mode & stat.S_IWOTH
+        assert DiskCache("things", root=tmp_path / "root").get("k") == (b"again", {})
+        assert "cache entry k.bin is not used" in caplog.text

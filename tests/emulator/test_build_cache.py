@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from spio.compiler import cache as cache_module
 from spio.compiler.cache import DiskCache
 from spio.emulator import build
 
@@ -460,3 +461,63 @@ def test_build_folders_of_dead_processes_are_swept(monkeypatch, tmp_path):
     shutil.rmtree(private)
     again = build._private_folder()
     assert again.is_dir() and again != private
+
+
+def test_a_library_folder_others_can_write_is_not_loaded_from(monkeypatch, tmp_path, tiny, caplog):
+    """A library in a lib/ folder every user can write could be swapped between its check and
+    its load (native code run in this process): the private folder's copy is loaded instead."""
+    key, (payload, _) = tiny
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    lib_folder.mkdir(parents=True)
+    (lib_folder / f"{key}.so").write_bytes(payload)
+    lib_folder.chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        path = _build().path
+    assert path.parent == _private_folders(tmp_path)[0] and path.read_bytes() == payload
+    _loads(path)
+    (warning,) = _warnings(caplog)
+    assert "is writable by every user" in warning and str(lib_folder) in warning
+
+
+@pytest.mark.parametrize("change", ["writable", "another user's"])
+def test_a_library_file_others_could_change_is_written_again(monkeypatch, tmp_path, tiny, change):
+    """The right bytes in a file writable by others, or another user's, are not loaded as they
+    are: written again (this user's, not writable by others), then loaded."""
+    if change == "another user's" and os.getuid() != 0:
+        pytest.skip("only root can give a file to another user")
+    key, (payload, _) = tiny
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    lib_folder.mkdir(parents=True)
+    planted = lib_folder / f"{key}.so"
+    planted.write_bytes(payload)
+    if change == "writable":
+        planted.chmod(0o666)
+    else:
+        os.chown(planted, 65534, -1)
+    before = planted.stat().st_ino
+    path = _build().path
+    status = path.stat()
+    assert path == planted and status.st_ino != before  # replaced, not the planted file
+    assert status.st_uid == os.getuid() and not status.st_mode & 0o002
+    _loads(path)
+
+
+def test_an_entry_in_a_cache_others_can_write_is_built_again_not_loaded(
+    monkeypatch, tmp_path, tiny, caplog
+):
+    """The helper's reproduction: another user writes an entry (whole, its checksum right) into
+    a cache folder every user can write; the library is built here instead, and loaded from the
+    private folder."""
+    key, (payload, meta) = tiny
+    root = tmp_path / "cache"
+    _use_cache(monkeypatch, tmp_path, tiny, root)
+    root.chmod(0o777)
+    forged = bytes([payload[0]]) + b"forged" + payload[7:]
+    (root / "emulator" / f"{key}.bin").write_bytes(cache_module._encode(forged, meta))
+    monkeypatch.setattr(build, "_cache", DiskCache("emulator"))  # a later process's
+    with caplog.at_level(logging.WARNING, logger="spio"):
+        lib = _build()
+    assert lib.path.parent == _private_folders(tmp_path)[0]
+    assert b"forged" not in lib.path.read_bytes()[:16]  # built here, not the planted bytes
+    _loads(lib.path)
+    assert any("spio does not use its cache folder" in w for w in _warnings(caplog))
