@@ -12,7 +12,7 @@
 # run. The whole run keeps within GPU_CHECK_BUDGET seconds (default 470, under 8 minutes): a step
 # gets the smaller of its own limit and the time left, and is SKIPPED when under 20 s are left.
 # The steps run in order of value, so a short budget still gets correctness and the benchmark.
-#   wheels     carried wheels in .whl/ -> /tmp/site (PYTHONPATH), if .whl/ exists
+#   wheels     carried wheels in .whl/ -> a new folder under $TMPDIR (PYTHONPATH), if .whl/ exists
 #   build      pip install --no-build-isolation --no-deps --no-index -e .
 #   info       python -m spio info, nvidia-smi
 #   check      python -m spio check --device cuda --quick
@@ -133,6 +133,11 @@ rm -f -- "$OUT_DIR/summary.txt"
 SUMMARY_ENDED=0  # 1 once the summary has its total line
 cd "$REPO" || exit 1
 PYTHON=${PYTHON:-python}
+# Where the wheels step installs: a folder of this run's own, removed at its end (a fixed path
+# such as /tmp/site, made first by another user, would keep their packages there, which
+# `pip install --target` only warns about, first on every later step's PYTHONPATH).
+SITE=$(mktemp -d "${TMPDIR:-/tmp}/spio-gpu-site.XXXXXX") || exit 1
+trap 'rm -rf -- "$SITE"' EXIT
 BUDGET=${GPU_CHECK_BUDGET:-470}
 MIN_STEP_SECONDS=20
 # The timm step took 33 s in run 5, 47 s in run 6 (with where_faster), 50 s in run 7 (with its
@@ -229,9 +234,9 @@ step_wheels() {
         echo "no wheels in .whl/: nothing to install"
         return 200
     fi
-    timeout -k 10 "$limit" "$PYTHON" -m pip install --no-index --no-deps --target /tmp/site \
+    timeout -k 10 "$limit" "$PYTHON" -m pip install --no-index --no-deps --target "$SITE" \
         "${wheels[@]}" || return $?
-    NOTE="${#wheels[@]} wheels"  # (run_step puts /tmp/site on PYTHONPATH)
+    NOTE="${#wheels[@]} wheels"  # (run_step puts $SITE on PYTHONPATH)
 }
 
 step_build() {
@@ -659,8 +664,8 @@ run_step() {
     STEP_PID=""
     NOTE=$(<"$note_file")
     rm -f "$note_file"
-    # The wheels step installs into /tmp/site; what runs after it imports from there.
-    [[ $name == wheels && $rc -eq 0 ]] && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    # The wheels step installs into $SITE; what runs after it imports from there.
+    [[ $name == wheels && $rc -eq 0 ]] && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
     local took=$((SECONDS - started))
     case $rc in
         0) status="PASS" ;;

@@ -641,10 +641,13 @@ def test_a_signal_to_the_script_ends_the_running_step(stand_ins, tmp_path):
 
 
 def test_the_steps_after_wheels_import_from_where_it_installed(stand_ins, tmp_path):
-    """The wheels step installs into /tmp/site; every later step's Python must find them there
-    (PYTHONPATH), now that steps run in a subshell whose exports do not come back."""
+    """The wheels step installs into a folder of the run's own (a fixed /tmp/site, made first by
+    another user, would keep their packages: a helper's security audit); every later step's
+    Python must find them there (PYTHONPATH), now that steps run in a subshell whose exports do
+    not come back; the folder is removed at the end."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
+    (tmp_path / "tmp").mkdir()
     shutil.copy(SCRIPT, repo / "scripts" / "gpu_check.sh")
     (repo / ".whl").mkdir()
     (repo / ".whl" / "platformdirs-0-py3-none-any.whl").write_text("")
@@ -653,12 +656,16 @@ def test_the_steps_after_wheels_import_from_where_it_installed(stand_ins, tmp_pa
         capture_output=True,
         encoding="utf-8",
         timeout=120,
-        env=dict(stand_ins, GPU_CHECK_ONLY="wheels info", PYTHONPATH=""),
+        env=dict(
+            stand_ins, GPU_CHECK_ONLY="wheels info", PYTHONPATH="", TMPDIR=str(tmp_path / "tmp")
+        ),
         cwd=repo,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "wheels     PASS: 1 wheels" in out.stdout
-    assert "PYTHONPATH=/tmp/site)" in (tmp_path / "out" / "info.log").read_text()
+    info = (tmp_path / "out" / "info.log").read_text()
+    (site,) = re.findall(r"PYTHONPATH=(\S*/spio-gpu-site\.\w+)\)", info)
+    assert Path(site).parent == tmp_path / "tmp" and not Path(site).exists()
 
 
 def test_the_tests_step_order_is_kept_where_pytest_would_group_fixture_set_ups(tmp_path):
