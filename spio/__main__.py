@@ -417,7 +417,7 @@ def _cache_problem(root) -> str | None:
     if distrust is not None:
         return (
             f"{root}: NOT USED ({distrust}: another user could put kernels there); make it "
-            "yours and not writable by others (chmod o-w), or set SPIO_CACHE_DIR to a folder of "
+            "yours and not writable by others (chmod go-w), or set SPIO_CACHE_DIR to a folder of "
             "your own, else every process builds its kernels again"
         )
     existing = root

@@ -1089,7 +1089,7 @@ def test_info_says_a_cache_folder_others_can_write_is_not_used(tmp_path, monkeyp
     assert cli.cmd_info(None) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cache ")]
     assert f"{root}: NOT USED ({root} is writable by every user: another user" in row, row
-    assert "chmod o-w" in row and "SPIO_CACHE_DIR" in row
+    assert "chmod go-w" in row and "SPIO_CACHE_DIR" in row
     root.chmod(0o1777)  # as /tmp: used
     assert cli._cache_problem(root) is None
 

@@ -8,14 +8,16 @@ built again).
 
 The checksum says an entry is whole, not who wrote it, and an emulator library from the cache is
 native code run in this process: the cache uses a folder (and its parents) only where no other
-user could have put files there (`why_untrusted`: owned by this user or root, and not writable by
-others but with the sticky bit, as /tmp), and an entry only where its file is so too; else it
-warns once and keeps entries in memory, as for a folder it cannot write. It makes its folders and
-files writable by no one but their owner and group, whatever the umask.
+user could have put files there (`why_untrusted`: each folder and link on the way owned by this
+user or root, and no folder writable by others, nor by a group but the user's own, but with the
+sticky bit, as /tmp), and an entry only where its file is so too; else it warns once and keeps
+entries in memory, as for a folder it cannot write. It makes its folders and files writable by
+their owner alone, whatever the umask.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -58,35 +60,86 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("spio"))
 
 
-def why_untrusted(path: Path, folder: bool = True) -> str | None:
-    """Why another user may have put or changed what `path` holds, or None where no one but this
-    user and root could have: `path` (a folder, or with `folder` False a file) owned by someone
-    else, or writable by others (a folder with the sticky bit excepted: others may add to it,
-    not replace what is in it), or for a folder, so is one of the folders above it. A path that
-    does not exist (or cannot be looked at) is judged by the folders above it: what spio makes
-    there is its own, and what it cannot look at it cannot read either."""
+#: The most links why_untrusted follows in one path (Linux's own limit is 40).
+MAX_LINKS = 40
+
+
+@functools.cache
+def _own_group(gid: int) -> bool:
+    """Whether group `gid` is this user's private group (its primary group, named as the user,
+    with no other member): where it may write, only this user may (Debian's and Ubuntu's
+    umask 002 makes caches group-writable, for such a group alone)."""
     try:
-        real = path.resolve()
-    except (OSError, RuntimeError):  # a link loop: nothing can be read through it either
+        import grp
+        import pwd
+
+        group, user = grp.getgrgid(gid), pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return False
+    return gid == os.getgid() and group.gr_name == user and set(group.gr_mem) <= {user}
+
+
+def why_changeable(here: Path, status: os.stat_result) -> str | None:
+    """Why another user could change what `here` (a folder or file, `status` its lstat) holds,
+    or None: owned by someone but this user and root, or writable by others, or by a group but
+    this user's own (a folder with the sticky bit excepted: others may add to it, as to /tmp,
+    but not replace what is in it)."""
+    if status.st_uid not in (os.getuid(), 0):
+        return f"{here} belongs to user id {status.st_uid}"
+    if stat.S_ISDIR(status.st_mode) and status.st_mode & stat.S_ISVTX:
         return None
-    chain = [real, *real.parents] if folder else [real]
-    for here in chain:
-        try:
-            status = os.stat(here)
-        except OSError:  # not there (or not a folder, or not searchable): nothing to read
-            continue
-        if status.st_uid not in (os.getuid(), 0):
-            return f"{here} belongs to user id {status.st_uid}"
-        sticky = stat.S_ISDIR(status.st_mode) and status.st_mode & stat.S_ISVTX
-        if status.st_mode & stat.S_IWOTH and not sticky:
-            return f"{here} is writable by every user"
+    if status.st_mode & stat.S_IWOTH:
+        return f"{here} is writable by every user"
+    if status.st_mode & stat.S_IWGRP and not _own_group(status.st_gid):
+        return f"{here} is writable by group id {status.st_gid}"
     return None
 
 
+def why_untrusted(path: Path) -> str | None:
+    """Why another user may have put or changed what `path` (a folder or file) holds, or None
+    where no one but this user and root could have: each folder from the root to `path`, each
+    link met on the way (its owner; the folders it leads through are walked too) and `path`
+    itself, judged by why_changeable. What does not exist (or cannot be looked at) is not judged:
+    what spio makes there is its own, and what it cannot look at it cannot read either."""
+    current = Path("/")
+    pending = list(Path(os.path.abspath(path)).parts[1:])
+    links = 0
+    try:
+        reason = why_changeable(current, os.lstat(current))
+    except OSError:
+        return None
+    while pending and reason is None:
+        name = pending.pop(0)
+        if name == "..":
+            current = current.parent
+            continue
+        here = current / name
+        try:
+            status = os.lstat(here)
+        except OSError:  # not there (or not a folder, or not searchable): nothing to read
+            return None
+        if stat.S_ISLNK(status.st_mode):
+            if status.st_uid not in (os.getuid(), 0):  # (its folder was judged: `current`)
+                return f"{here} is a link of user id {status.st_uid}"
+            links += 1
+            if links > MAX_LINKS:
+                return None  # a loop: nothing can be read through it either
+            target = Path(os.readlink(here))
+            if target.is_absolute():
+                current, pending = Path("/"), [*target.parts[1:], *pending]
+                reason = why_changeable(current, os.lstat(current))
+            else:
+                pending = [*target.parts, *pending]
+            continue
+        reason = why_changeable(here, status)
+        current = here
+    return reason
+
+
 def make_folder(folder: Path) -> None:
-    """`folder` and the folders it is in, made where missing, each writable by no one but its
-    owner and group whatever the umask (Path.mkdir(parents=True) makes the parents 0o777 less the
-    umask: every user's, under umask 0)."""
+    """`folder` and the folders it is in, made where missing, each writable by its owner alone
+    whatever the umask (Path.mkdir(parents=True) makes the parents 0o777 less the umask: every
+    user's, under umask 0)."""
     missing = []
     here = folder
     while not here.is_dir():
@@ -96,22 +149,22 @@ def make_folder(folder: Path) -> None:
         here = here.parent
     for made in reversed(missing):
         try:
-            os.mkdir(made, 0o775)
+            os.mkdir(made, 0o755)
         except FileExistsError:  # another process made it meanwhile
             pass
 
 
 def write_atomically(path: Path, data: bytes) -> None:
     """Write `data` to a new file next to `path`, then rename it into place: readers see the old
-    file or the whole new one, and a partial temporary file never stays. The file gets 0o664
+    file or the whole new one, and a partial temporary file never stays. The file gets 0o644
     less the umask (mkstemp's would be 0o600: a cache built by one user, e.g. while a container
     image is built, must be readable by others as the umask allows; never writable by others,
-    whose change to an entry the cache would then not trust)."""
+    nor by a group, whose change to an entry the cache would then not trust)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         tmp = path.with_name(f"{path.name}.{secrets.token_hex(6)}.tmp")
         try:
-            fd = os.open(tmp, flags, 0o664)
+            fd = os.open(tmp, flags, 0o644)
             break
         except FileExistsError:
             continue
@@ -229,7 +282,7 @@ class DiskCache:
                 "spio does not use its cache folder %s: %s, so another user could have put "
                 "kernels there that this process would run. Compiled kernels are kept in memory "
                 "for this process only. Make the folder, and those above it, yours and not "
-                "writable by others (chmod o-w), or set SPIO_CACHE_DIR to a folder of your own.",
+                "writable by others (chmod go-w), or set SPIO_CACHE_DIR to a folder of your own.",
                 self.folder,
                 reason,
             )
@@ -250,13 +303,9 @@ class DiskCache:
         except OSError as error:
             logger.debug("cache read failed for %s: %s", path, error)
             return None
-        if status.st_uid not in (os.getuid(), 0) or status.st_mode & stat.S_IWOTH:
-            logger.info(
-                "cache entry %s is not used (user id %d's, mode %o); building it again",
-                path.name,
-                status.st_uid,
-                stat.S_IMODE(status.st_mode),
-            )
+        distrust = why_changeable(path, status)
+        if distrust is not None:
+            logger.info("cache entry %s is not used (%s); building it again", path.name, distrust)
             return None
         entry = _decode(blob)
         if entry is None and rebuilding:
@@ -321,7 +370,7 @@ class DiskCache:
         lock: filelock.FileLock | None = None
         try:
             make_folder(self.folder)
-            lock = filelock.FileLock(str(path) + ".lock")
+            lock = filelock.FileLock(str(path) + ".lock", mode=0o600)  # (a reader could block it)
             _acquire_saying_so(lock)
         except OSError as error:  # read-only or full cache folder: build, keep in memory
             self._warn_once(error)

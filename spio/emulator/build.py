@@ -41,6 +41,7 @@ from ..compiler.cache import (
     DiskCache,
     hash_key,
     make_folder,
+    why_changeable,
     why_untrusted,
     write_atomically,
 )
@@ -552,7 +553,7 @@ def _same_content(path: Path, payload: bytes) -> bool:
     try:
         with open(path, "rb") as f:
             status = os.fstat(f.fileno())
-            if status.st_uid not in (os.getuid(), 0) or status.st_mode & stat.S_IWOTH:
+            if why_changeable(path, status) is not None:
                 return False
             return status.st_size == len(payload) and f.read() == payload
     except OSError:  # missing, unreadable (another user's 0600 file), or not a file
@@ -569,12 +570,25 @@ def _private_folder() -> Path:
     where the process is killed, by a later process's sweep: named for it)."""
     global _private
     # (Made again where it has gone: a process of another PID namespace sharing the temporary
-    # folder, to which this one looks dead, sweeps it after an hour untouched.)
-    if _private is None or not _private.is_dir():
+    # folder, to which this one looks dead, sweeps it after an hour untouched; and where what
+    # is there now is not the folder mkdtemp made: another user could make one of its name,
+    # which `ls` shows, once it has gone.)
+    if _private is None or not _is_own_private(_private):
         _sweep_once()
         _private = Path(tempfile.mkdtemp(prefix=f"spio-emu-lib-{os.getpid()}-"))
         atexit.register(_remove_private, _private, os.getpid())
     return _private
+
+
+def _is_own_private(folder: Path) -> bool:
+    """Whether `folder` is a folder (not a link) of this user's that no one else may enter."""
+    try:
+        status = os.lstat(folder)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid() and not status.st_mode & 0o077
+    )
 
 
 def _library_file(key: str, payload: bytes, name: str) -> Path:
@@ -586,7 +600,8 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
     with _files_lock:
         known = _files.get(target)
         if known is not None and known.is_file():
-            return known
+            if known == target or _is_own_private(known.parent):  # (not another's, since)
+                return known
         reason = why_untrusted(target.parent)
         if reason is None and _same_content(target, payload):
             _files[target] = target
@@ -615,7 +630,7 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
             logger.warning(
                 "spio does not load emulator libraries from its cache folder %s (%s: another "
                 "user could swap one there); they are written to %s for this process only. Make "
-                "the folder yours and not writable by others (chmod o-w), or set SPIO_CACHE_DIR "
+                "the folder yours and not writable by others (chmod go-w), or set SPIO_CACHE_DIR "
                 "to a folder of your own.",
                 target.parent,
                 reason,

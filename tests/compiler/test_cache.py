@@ -78,7 +78,7 @@ def test_relative_and_home_paths_are_made_absolute(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600), (0, 0o664)]
+    "umask, mode", [(0o022, 0o644), (0o002, 0o644), (0o077, 0o600), (0, 0o644)]
 )
 def test_entries_are_as_readable_as_the_umask_allows(tmp_path, monkeypatch, umask, mode):
     """Not mkstemp's 0o600: a cache built by one user (say, while a container image is built)
@@ -293,8 +293,9 @@ def test_keep_stores_an_entry_where_it_can_and_warns_only_where_it_cannot(tmp_pa
 
 def test_under_umask_0_nothing_spio_makes_is_writable_by_others(tmp_path):
     """Folders and files had been 0o777 and 0o666 under umask 0 (some containers and CI jobs):
-    another user could then replace an entry, and with it code the process runs. Now no more
-    than the group may write them (and the cache trusts what it made)."""
+    another user could then replace an entry, and with it code the process runs. Now only
+    their owner may write them (and the cache trusts what it made); its lock files are the
+    owner's alone (a reader's lock on one had blocked every build of that entry)."""
     old = os.umask(0)
     try:
         cache = DiskCache("things", root=tmp_path / "a" / "b")
@@ -302,7 +303,8 @@ def test_under_umask_0_nothing_spio_makes_is_writable_by_others(tmp_path):
     finally:
         os.umask(old)
     for made in (tmp_path / "a", tmp_path / "a" / "b", cache.folder, cache.path("k")):
-        assert not made.stat().st_mode & stat.S_IWOTH, made
+        assert not made.stat().st_mode & (stat.S_IWOTH | stat.S_IWGRP), made
+    assert stat.S_IMODE(Path(str(cache.path("k")) + ".lock").stat().st_mode) == 0o600
     assert DiskCache("things", root=tmp_path / "a" / "b").get("k") == (b"x", {})
 
 
@@ -343,7 +345,7 @@ def test_a_folder_others_can_write_is_neither_read_nor_written(tmp_path, caplog,
     assert built == [1] and sorted(p.name for p in fresh.folder.iterdir()) == before
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "spio does not use its cache folder" in warning and reason in warning
-    assert "chmod o-w" in warning and "SPIO_CACHE_DIR" in warning
+    assert "chmod go-w" in warning and "SPIO_CACHE_DIR" in warning
 
 
 def test_a_sticky_folder_others_can_write_is_used(tmp_path, caplog):
@@ -371,3 +373,55 @@ def test_an_entry_others_can_write_or_anothers_is_built_again(tmp_path, caplog):
         assert status.st_uid == os.getuid() and not status.st_mode & stat.S_IWOTH
         assert DiskCache("things", root=tmp_path / "root").get("k") == (b"again", {})
         assert "cache entry k.bin is not used" in caplog.text
+
+
+def _as_root():
+    if os.getuid() != 0:
+        pytest.skip("only root can give a file or link to another user or group")
+
+
+def test_a_folder_a_group_can_write_is_used_only_where_the_group_is_the_users_own(tmp_path):
+    """A group-writable folder let any member of a shared group (HPC projects' gid 100) replace
+    entries (reproduced by a helper as a member of root's group); the user's private group
+    (Debian's and Ubuntu's umask 002) is the user alone."""
+    _as_root()
+    root = tmp_path / "root"
+    DiskCache("things", root=root).get_or_build("k", lambda: (b"real", {}))
+    root.chmod(0o775)
+    os.chown(root, -1, 65534)  # nogroup: not root's own
+    assert cache.why_untrusted(root) == f"{root} is writable by group id 65534"
+    assert DiskCache("things", root=root).get("k") is None
+    os.chown(root, -1, os.getgid())
+    own = cache._own_group(os.getgid())
+    assert (cache.why_untrusted(root) is None) == own
+    if own:
+        assert DiskCache("things", root=root).get("k") == (b"real", {})
+
+
+def test_a_link_on_the_way_is_judged_with_the_folders_it_leads_through(tmp_path):
+    """A link another user owns, or one in a folder every user can write, could be pointed
+    elsewhere between spio's check and its use (a helper flipped one until the victim loaded
+    its library); the folders a link leads through are judged as any on the way."""
+    safe = tmp_path / "safe"
+    safe.mkdir()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / "link").symlink_to(safe)
+    assert cache.why_untrusted(shared / "link") == f"{shared} is writable by every user"
+    (tmp_path / "own").symlink_to(safe)  # this user's link in a folder of this user's
+    assert cache.why_untrusted(tmp_path / "own" / "sub") is None
+    (tmp_path / "through").symlink_to(shared / "link")  # through the shared folder
+    assert cache.why_untrusted(tmp_path / "through") == f"{shared} is writable by every user"
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    (tmp_path / "to-open").symlink_to(open_folder)
+    assert cache.why_untrusted(tmp_path / "to-open") == f"{open_folder} is writable by every user"
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert cache.why_untrusted(tmp_path / "loop") is None  # nothing can be read through it
+    if os.getuid() == 0:
+        os.lchown(tmp_path / "own", 65534, -1)
+        assert cache.why_untrusted(tmp_path / "own") == (
+            f"{tmp_path / 'own'} is a link of user id 65534"
+        )

@@ -12,6 +12,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -112,7 +113,7 @@ def test_the_compilers_include_path_is_part_of_the_key(monkeypatch, tmp_path):
 
 def test_library_files_are_readable_as_the_umask_allows(monkeypatch, tmp_path, tiny):
     """A cache filled as root (spio.precompile in a Docker image build) serves other users."""
-    for umask, mode in ((0o022, 0o644), (0o002, 0o664), (0o077, 0o600)):
+    for umask, mode in ((0o022, 0o644), (0o002, 0o644), (0o077, 0o600)):
         root = tmp_path / f"cache-{umask:03o}"
         old = os.umask(umask)
         try:
@@ -521,3 +522,20 @@ def test_an_entry_in_a_cache_others_can_write_is_built_again_not_loaded(
     assert b"forged" not in lib.path.read_bytes()[:16]  # built here, not the planted bytes
     _loads(lib.path)
     assert any("spio does not use its cache folder" in w for w in _warnings(caplog))
+
+
+def test_a_private_folder_made_again_by_another_is_not_used(monkeypatch, tmp_path, tiny):
+    """The private folder may go while the process runs (a sweep); another user could then make
+    one of its name (`ls` shows it) and have spio write and load a library there (reproduced by
+    a helper): what is there must be a folder of this user's that no one else may enter."""
+    _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")  # (no private folder yet)
+    first = build._private_folder()
+    assert build._private_folder() == first  # kept while it is this user's own
+    shutil.rmtree(first)
+    first.mkdir()
+    first.chmod(0o777)  # made again by someone else (as another user's, an open folder)
+    second = build._private_folder()
+    assert second != first and stat.S_IMODE(second.stat().st_mode) == 0o700
+    first.rmdir()
+    first.symlink_to(second)  # a link of that name is not the folder either
+    assert build._private_folder() == second  # (the current one, judged by its own path)
