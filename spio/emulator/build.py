@@ -611,6 +611,11 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
                 raise PermissionError(reason)  # (not written there: to the private folder)
             make_folder(target.parent)
             write_atomically(target, payload)
+            # Judged again now that every folder on the way exists: one missing at the first
+            # look may have been made meanwhile by another user, who could then swap the file.
+            reason = why_untrusted(target.parent)
+            if reason is not None:
+                raise PermissionError(reason)
             _files[target] = target
             return target
         except OSError as error:

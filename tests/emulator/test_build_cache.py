@@ -539,3 +539,24 @@ def test_a_private_folder_made_again_by_another_is_not_used(monkeypatch, tmp_pat
     first.rmdir()
     first.symlink_to(second)  # a link of that name is not the folder either
     assert build._private_folder() == second  # (the current one, judged by its own path)
+
+
+def test_a_library_folder_made_by_another_after_the_first_look_is_not_loaded_from(
+    monkeypatch, tmp_path, tiny
+):
+    """lib/ missing at the first look, then made by another user before spio's own mkdir (a
+    race in a sticky shared root): spio wrote into it and loaded by path, which its maker could
+    swap; the folder is judged again after the write, and the private copy loaded instead."""
+    key, (payload, _) = tiny
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    real_make = build.make_folder
+
+    def made_by_another(folder):
+        real_make(folder)
+        folder.chmod(0o777)  # as another user's open folder would be
+
+    monkeypatch.setattr(build, "make_folder", made_by_another)
+    path = _build().path
+    assert not lib_folder.exists() or path.parent != lib_folder
+    assert path.parent == _private_folders(tmp_path)[0] and path.read_bytes() == payload
+    _loads(path)
