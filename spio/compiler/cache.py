@@ -68,7 +68,10 @@ MAX_LINKS = 40
 def _own_group(gid: int) -> bool:
     """Whether group `gid` is this user's private group (its primary group, named as the user,
     with no other member): where it may write, only this user may (Debian's and Ubuntu's
-    umask 002 makes caches group-writable, for such a group alone)."""
+    umask 002 makes caches group-writable, for such a group alone). Never group 0, root's,
+    which container platforms give as primary group to users of any id."""
+    if gid == 0:
+        return False
     try:
         import grp
         import pwd
@@ -102,7 +105,8 @@ def why_untrusted(path: Path) -> str | None:
     itself, judged by why_changeable. What does not exist (or cannot be looked at) is not judged:
     what spio makes there is its own, and what it cannot look at it cannot read either."""
     current = Path("/")
-    pending = list(Path(os.path.abspath(path)).parts[1:])
+    # (Not os.path.abspath: it drops `..` by the text, where the kernel takes it after a link.)
+    pending = list(Path(os.getcwd(), path).parts[1:])
     links = 0
     try:
         reason = why_changeable(current, os.lstat(current))
@@ -134,6 +138,18 @@ def why_untrusted(path: Path) -> str | None:
         reason = why_changeable(here, status)
         current = here
     return reason
+
+
+def _owner_only(lock: Path) -> None:
+    """A lock file of this user's made 0600 where an older spio left it readable by others
+    (filelock keeps an existing file's mode): a reader may take the lock, and hold off builds."""
+    try:
+        status = os.lstat(lock)
+        mine = stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid()
+        if mine and stat.S_IMODE(status.st_mode) != 0o600:
+            os.chmod(lock, 0o600)
+    except OSError:  # none yet (filelock makes it 0600), or not ours to change
+        pass
 
 
 def make_folder(folder: Path) -> None:
@@ -370,6 +386,7 @@ class DiskCache:
         lock: filelock.FileLock | None = None
         try:
             make_folder(self.folder)
+            _owner_only(Path(str(path) + ".lock"))
             lock = filelock.FileLock(str(path) + ".lock", mode=0o600)  # (a reader could block it)
             _acquire_saying_so(lock)
         except OSError as error:  # read-only or full cache folder: build, keep in memory

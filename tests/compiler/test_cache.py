@@ -425,3 +425,33 @@ def test_a_link_on_the_way_is_judged_with_the_folders_it_leads_through(tmp_path)
         assert cache.why_untrusted(tmp_path / "own") == (
             f"{tmp_path / 'own'} is a link of user id 65534"
         )
+
+
+def test_root_s_group_is_never_a_private_one():
+    """Container platforms run users of any id with primary group 0 (a third helper rewrote a
+    group-writable root cache so): group 0 may not write where spio reads."""
+    assert cache._own_group(0) is False
+
+
+def test_a_dotdot_after_a_link_is_taken_where_the_kernel_takes_it(tmp_path):
+    """`abs/../x` is x beside the link's target, not beside the link (os.path.abspath had
+    dropped the `..` by the text, judging a folder the kernel never opens)."""
+    open_folder = tmp_path / "open"
+    (open_folder / "inner").mkdir(parents=True)
+    open_folder.chmod(0o777)
+    (tmp_path / "abs").symlink_to(open_folder / "inner")
+    assert cache.why_untrusted(tmp_path / "abs" / ".." / "x") == (
+        f"{open_folder} is writable by every user"
+    )
+
+
+def test_a_lock_file_an_older_spio_left_readable_is_made_the_owners_alone(tmp_path):
+    """filelock keeps an existing lock file's mode: one left 0644 let any reader take the lock
+    and hold off every build of that entry."""
+    cache_ = DiskCache("things", root=tmp_path)
+    cache_.folder.mkdir(parents=True)
+    lock = Path(str(cache_.path("k")) + ".lock")
+    lock.write_bytes(b"")
+    lock.chmod(0o644)
+    cache_.get_or_build("k", lambda: (b"x", {}))
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
