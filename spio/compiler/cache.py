@@ -106,7 +106,8 @@ def why_untrusted(path: Path) -> str | None:
     what spio makes there is its own, and what it cannot look at it cannot read either."""
     current = Path("/")
     # (Not os.path.abspath: it drops `..` by the text, where the kernel takes it after a link.)
-    pending = list(Path(os.getcwd(), path).parts[1:])
+    path = Path(path)
+    pending = list((path if path.is_absolute() else Path(os.getcwd(), path)).parts[1:])
     links = 0
     try:
         reason = why_changeable(current, os.lstat(current))
@@ -128,7 +129,10 @@ def why_untrusted(path: Path) -> str | None:
             links += 1
             if links > MAX_LINKS:
                 return None  # a loop: nothing can be read through it either
-            target = Path(os.readlink(here))
+            try:
+                target = Path(os.readlink(here))
+            except OSError:  # gone meanwhile: judged again at the next look
+                return None
             if target.is_absolute():
                 current, pending = Path("/"), [*target.parts[1:], *pending]
                 reason = why_changeable(current, os.lstat(current))
