@@ -98,12 +98,13 @@ def why_changeable(here: Path, status: os.stat_result) -> str | None:
     return None
 
 
-def why_untrusted(path: Path) -> str | None:
+def why_untrusted(path: Path, must_exist: bool = False) -> str | None:
     """Why another user may have put or changed what `path` (a folder or file) holds, or None
     where no one but this user and root could have: each folder from the root to `path`, each
     link met on the way (its owner; the folders it leads through are walked too) and `path`
     itself, judged by why_changeable. What does not exist (or cannot be looked at) is not judged:
-    what spio makes there is its own, and what it cannot look at it cannot read either."""
+    what spio makes there is its own, and what it cannot look at it cannot read either; but with
+    `must_exist` (a file spio has just written, about to be used) it is a reason."""
     current = Path("/")
     # (Not os.path.abspath: it drops `..` by the text, where the kernel takes it after a link.)
     path = Path(path)
@@ -122,17 +123,17 @@ def why_untrusted(path: Path) -> str | None:
         try:
             status = os.lstat(here)
         except OSError:  # not there (or not a folder, or not searchable): nothing to read
-            return None
+            return f"{here} is missing" if must_exist else None
         if stat.S_ISLNK(status.st_mode):
             if status.st_uid not in (os.getuid(), 0):  # (its folder was judged: `current`)
                 return f"{here} is a link of user id {status.st_uid}"
             links += 1
-            if links > MAX_LINKS:
-                return None  # a loop: nothing can be read through it either
+            if links > MAX_LINKS:  # a loop: nothing can be read through it either
+                return f"{here} is in a loop of links" if must_exist else None
             try:
                 target = Path(os.readlink(here))
             except OSError:  # gone meanwhile: judged again at the next look
-                return None
+                return f"{here} is gone" if must_exist else None
             if target.is_absolute():
                 current, pending = Path("/"), [*target.parts[1:], *pending]
                 reason = why_changeable(current, os.lstat(current))
@@ -145,15 +146,23 @@ def why_untrusted(path: Path) -> str | None:
 
 
 def _owner_only(lock: Path) -> None:
-    """A lock file of this user's made 0600 where an older spio left it readable by others
-    (filelock keeps an existing file's mode): a reader may take the lock, and hold off builds."""
+    """A lock file that is not this user's own (a regular 0600 file of one link, as filelock
+    makes it) removed, so that filelock makes one that is: an older spio's 0644 one, or another
+    user's in a sticky folder, let a reader take the lock and hold off builds for good (a mode
+    changed now would not take back a descriptor opened before). OSError where it cannot be
+    removed (the caller then builds in memory)."""
     try:
         status = os.lstat(lock)
-        mine = stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid()
-        if mine and stat.S_IMODE(status.st_mode) != 0o600:
-            os.chmod(lock, 0o600)
-    except OSError:  # none yet (filelock makes it 0600), or not ours to change
-        pass
+    except FileNotFoundError:
+        return
+    own = (
+        stat.S_ISREG(status.st_mode)
+        and status.st_uid == os.getuid()
+        and status.st_nlink == 1
+        and stat.S_IMODE(status.st_mode) == 0o600
+    )
+    if not own:
+        os.unlink(lock)  # (the name only: a hard link's file is left as it is)
 
 
 def make_folder(folder: Path) -> None:

@@ -613,7 +613,7 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
             write_atomically(target, payload)
             # Judged again now that every folder on the way exists: one missing at the first
             # look may have been made meanwhile by another user, who could then swap the file.
-            reason = why_untrusted(target.parent)
+            reason = why_untrusted(target, must_exist=True)
             if reason is not None:
                 raise PermissionError(reason)
             _files[target] = target

@@ -166,7 +166,7 @@ def test_a_wait_for_another_process_is_said(tmp_path, monkeypatch, caplog):
             textwrap.dedent(
                 f"""
                 import sys, time, filelock
-                with filelock.FileLock({str(store.path("k")) + ".lock"!r}):
+                with filelock.FileLock({str(store.path("k")) + ".lock"!r}, mode=0o600):
                     print("held", flush=True)
                     time.sleep(1.5)
                 """
@@ -445,13 +445,35 @@ def test_a_dotdot_after_a_link_is_taken_where_the_kernel_takes_it(tmp_path):
     )
 
 
-def test_a_lock_file_an_older_spio_left_readable_is_made_the_owners_alone(tmp_path):
+def test_a_lock_file_an_older_spio_left_readable_is_made_anew_the_owners_alone(tmp_path):
     """filelock keeps an existing lock file's mode: one left 0644 let any reader take the lock
-    and hold off every build of that entry."""
+    and hold off every build of that entry, for good (a mode changed after the reader opened it
+    takes nothing back: a fourth helper held one so). It is removed, and filelock makes a 0600
+    one: the build goes on while the old file is still locked."""
+    import fcntl
+    import threading
+
     cache_ = DiskCache("things", root=tmp_path)
     cache_.folder.mkdir(parents=True)
     lock = Path(str(cache_.path("k")) + ".lock")
     lock.write_bytes(b"")
     lock.chmod(0o644)
-    cache_.get_or_build("k", lambda: (b"x", {}))
-    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+    held = os.open(lock, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # (a reader's lock on the old file)
+    try:
+        done = threading.Thread(target=cache_.get_or_build, args=("k", lambda: (b"x", {})))
+        done.start()
+        done.join(timeout=20)
+        assert not done.is_alive(), "the build waited for the old lock file's holder"
+    finally:
+        os.close(held)
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600 and cache_.get("k") == (b"x", {})
+
+
+def test_a_path_that_must_exist_is_untrusted_where_a_part_is_missing(tmp_path):
+    """A file spio has just written and is about to use: a folder on the way gone meanwhile
+    (moved away by another user during the look) is a reason, not nothing to read."""
+    assert cache.why_untrusted(tmp_path / "gone" / "f") is None
+    assert cache.why_untrusted(tmp_path / "gone" / "f", must_exist=True) == (
+        f"{tmp_path / 'gone'} is missing"
+    )

@@ -560,3 +560,23 @@ def test_a_library_folder_made_by_another_after_the_first_look_is_not_loaded_fro
     assert not lib_folder.exists() or path.parent != lib_folder
     assert path.parent == _private_folders(tmp_path)[0] and path.read_bytes() == payload
     _loads(path)
+
+
+def test_a_library_folder_moved_away_during_the_second_look_is_not_loaded_from(
+    monkeypatch, tmp_path, tiny
+):
+    """The fourth helper's forced race: the folder another user made is moved away during both
+    looks (each then met nothing to judge) and back before the load; the look after the write
+    asks for the file itself, which must be there."""
+    key, (payload, _) = tiny
+    lib_folder = _use_cache(monkeypatch, tmp_path, tiny, tmp_path / "cache")
+    real_write = build.write_atomically
+
+    def write_then_moved_away(path, data):
+        real_write(path, data)
+        if path.parent == lib_folder:
+            lib_folder.rename(tmp_path / "away")  # (as another user's mv during the look)
+
+    monkeypatch.setattr(build, "write_atomically", write_then_moved_away)
+    path = _build().path
+    assert path.parent == _private_folders(tmp_path)[0] and path.read_bytes() == payload
