@@ -411,14 +411,13 @@ def _cache_problem(root) -> str | None:
     file there, or a folder it cannot create or write a file in), or None. It tries, as the
     cache does: a permission check (os.access) passes for root everywhere, e.g. in /proc.
     Folders and the file it makes are removed."""
-    from .compiler.cache import why_untrusted
+    from .compiler.cache import TRUST_ADVICE, why_untrusted
 
     distrust = why_untrusted(root)
     if distrust is not None:
         return (
-            f"{root}: NOT USED ({distrust}: another user could put kernels there); make it "
-            "yours and not writable by others (chmod go-w), or set SPIO_CACHE_DIR to a folder of "
-            "your own, else every process builds its kernels again"
+            f"{root}: NOT USED ({distrust}: another user could put kernels there); "
+            f"{TRUST_ADVICE}, else every process builds its kernels again"
         )
     existing = root
     while not existing.exists() and existing != existing.parent:

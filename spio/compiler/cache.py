@@ -60,6 +60,13 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("spio"))
 
 
+#: What to do about a folder why_untrusted distrusts (the cache's warning, the emulator's,
+#: `spio info`'s row).
+TRUST_ADVICE = (
+    "make the folder, and those above it, yours and not writable by others (chmod go-w), or set "
+    "SPIO_CACHE_DIR to a folder of your own"
+)
+
 #: The most links why_untrusted follows in one path (Linux's own limit is 40).
 MAX_LINKS = 40
 
@@ -145,7 +152,7 @@ def why_untrusted(path: Path, must_exist: bool = False) -> str | None:
     return reason
 
 
-def _owner_only(lock: Path) -> None:
+def _remove_foreign_lock(lock: Path) -> None:
     """A lock file that is not this user's own (a regular 0600 file of one link, as filelock
     makes it) removed, so that filelock makes one that is: an older spio's 0644 one, or another
     user's in a sticky folder, let a reader take the lock and hold off builds for good (a mode
@@ -310,10 +317,10 @@ class DiskCache:
             logger.warning(
                 "spio does not use its cache folder %s: %s, so another user could have put "
                 "kernels there that this process would run. Compiled kernels are kept in memory "
-                "for this process only. Make the folder, and those above it, yours and not "
-                "writable by others (chmod go-w), or set SPIO_CACHE_DIR to a folder of your own.",
+                "for this process only. %s.",
                 self.folder,
                 reason,
+                TRUST_ADVICE[0].upper() + TRUST_ADVICE[1:],
             )
         return True
 
@@ -390,23 +397,19 @@ class DiskCache:
         if entry is not None:
             return entry[0], entry[1], True
         path = self.path(key)
-        if self.untrusted():  # build, keep in memory: nothing written there, no lock file
-            payload, meta = build()
-            self._remember(path, (payload, meta))
-            return payload, meta, False
+        if self.untrusted():  # nothing written there, no lock file either
+            return self._build_in_memory(path, build)
         import filelock
 
         lock: filelock.FileLock | None = None
         try:
             make_folder(self.folder)
-            _owner_only(Path(str(path) + ".lock"))
+            _remove_foreign_lock(Path(str(path) + ".lock"))
             lock = filelock.FileLock(str(path) + ".lock", mode=0o600)  # (a reader could block it)
             _acquire_saying_so(lock)
-        except OSError as error:  # read-only or full cache folder: build, keep in memory
+        except OSError as error:  # read-only or full cache folder
             self._warn_once(error)
-            payload, meta = build()
-            self._remember(path, (payload, meta))
-            return payload, meta, False
+            return self._build_in_memory(path, build)
         except NotImplementedError as error:  # filelock 3 where the file system has no flock
             # (Lustre mounted noflock, some FUSE mounts): build unlocked; the entry is still
             # written whole (write_atomically), at worst by two processes at once.
@@ -422,6 +425,14 @@ class DiskCache:
         finally:
             if lock is not None:
                 lock.release()
+        self._remember(path, (payload, meta))
+        return payload, meta, False
+
+    def _build_in_memory(
+        self, path: Path, build: Callable[[], tuple[bytes, dict]]
+    ) -> tuple[bytes, dict, bool]:
+        """get_or_build's answer where the folder is not used: built, kept in memory only."""
+        payload, meta = build()
         self._remember(path, (payload, meta))
         return payload, meta, False
 

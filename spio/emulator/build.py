@@ -38,6 +38,7 @@ from typing import TypedDict
 from ..compiler import digest
 from ..compiler.cache import (
     LIBRARY_FOLDER,
+    TRUST_ADVICE,
     DiskCache,
     hash_key,
     make_folder,
@@ -548,8 +549,8 @@ _warned = False
 
 def _same_content(path: Path, payload: bytes) -> bool:
     """Whether the file at `path` holds exactly `payload` and no other user could change it
-    (this user's or root's, not writable by others: in a folder only they can write, then, what
-    is loaded is what was compared)."""
+    (cache.why_changeable: in a folder only this user and root can write, then, what is loaded
+    is what was compared)."""
     try:
         with open(path, "rb") as f:
             status = os.fstat(f.fileno())
@@ -634,12 +635,11 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
         if not _warned and not _cache.warned and reason is not None:
             logger.warning(
                 "spio does not load emulator libraries from its cache folder %s (%s: another "
-                "user could swap one there); they are written to %s for this process only. Make "
-                "the folder yours and not writable by others (chmod go-w), or set SPIO_CACHE_DIR "
-                "to a folder of your own.",
+                "user could swap one there); they are written to %s for this process only. %s.",
                 target.parent,
                 reason,
                 path.parent,
+                TRUST_ADVICE[0].upper() + TRUST_ADVICE[1:],
             )
         elif not _warned and not _cache.warned:
             logger.warning(
