@@ -2,8 +2,9 @@
 
 Appends one CSV row per (family, layer, config): family, arch, device name, driver, layer params,
 config fields, median time per launch (CUDA events after warm-up, inputs rotated when they fit in
-L2), effective bandwidth and spio version. scripts/train_perf_model.py trains the performance
-models from these rows.
+L2), effective bandwidth, spio version and the variant timed: the kernel as spio runs it on this
+GPU, its rows moved by tensor copies where SPIO_TMA asks (perf_samples.kernel_variant).
+scripts/train_perf_model.py trains the performance models from these rows.
 
 Work comes in resumable chunks: rows already in the CSV for this device are skipped, and the run
 stops after --budget-s seconds (at most 450, so a chunk stays under 8 minutes); repeated runs
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     from spio.cuda import driver
     from spio.kernels import autotune
     from spio.kernels.conv2d_gw8_wgrad_factory import sum_kernels
-    from spio.kernels.families import FAMILIES, get_family
+    from spio.kernels.families import FAMILIES, get_family, with_tensor_copies
     from spio.kernels.perf_model import identity_of
     from spio.kernels.perf_samples import (
         Sample,
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             todo = [
                 c
                 for c in configs
-                if sample_key(family.name, name, params, c, kernel_variant(family, params, c))
+                if sample_key(family.name, name, params, c, kernel_variant(family, params, c, arch))
                 not in done
             ]
             if todo:
@@ -246,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     def compile_layer(index: int):
         began = time.monotonic()
         family, params, todo = work[index]
-        kernels = [family.make_kernel(params, c) for c in todo]
+        # As spio runs them on this GPU (tensor copies where SPIO_TMA asks: the variant says).
+        kernels = [with_tensor_copies(family.make_kernel(params, c), arch) for c in todo]
         # And the sum a partials WGrad's timed call runs (its build failing fails those calls).
         sums = sum_kernels(kernels)
         jobs = [k.compile_job(arch) for k in [*kernels, *sums]]
@@ -311,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                         config=config,
                         seconds=seconds,
                         date=datetime.date.today().isoformat(),
-                        variant=kernel_variant(family, params, config),
+                        variant=kernel_variant(family, params, config, arch),
                     )
                 )
             measured += append_samples(args.csv, rows)  # after each layer: a stop loses little

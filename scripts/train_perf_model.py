@@ -91,12 +91,13 @@ def dedupe(samples: Sequence[Sample]) -> list[Sample]:
 
 
 def runs_as_sampled(samples: Sequence[Sample]) -> list[Sample]:
-    """The samples that timed what spio runs for their config (kernel_variant; synthetic ones
-    have no kernel), printing how many others are left out: e.g. WGrad samples of the atomic
-    kernel alone, measured before spio ran partial sums and timed its whole WGrad."""
+    """The samples that timed what spio runs for their config (kernel_variant on the sample's
+    arch, under this process's SPIO_TMA; synthetic ones have no kernel), printing how many others
+    are left out: e.g. WGrad samples of the atomic kernel alone, measured before spio ran partial
+    sums and timed its whole WGrad, or samples of tensor-copy kernels where SPIO_TMA is unset."""
     kept, left_out = [], defaultdict(int)
     for sample in samples:
-        runs = kernel_variant(get_family(sample.family), sample.params, sample.config)
+        runs = kernel_variant(get_family(sample.family), sample.params, sample.config, sample.arch)
         if sample.synthetic or sample.variant == runs:
             kept.append(sample)
         else:

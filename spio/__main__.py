@@ -597,13 +597,15 @@ def _compile_table(pairs: dict[str, tuple], archs: list[str]) -> _CompileTally:
     """Make, compile for each of `archs` and report, a table row each, the kernels of `pairs`
     (_compile_pairs), with a progress bar of the configs done; returns the counts."""
     from .compiler import compile_many
+    from .kernels.conv2d_gw8_factory import tensor_copies
     from .kernels.conv2d_gw8_wgrad_factory import SUM_ENTRY
-    from .kernels.families import FAMILIES
+    from .kernels.families import FAMILIES, with_tensor_copies
     from .log import progress_bar
 
     keys = list(pairs)
     # A kernel's name is its key less the batch size, and a variant's suffix at most this long.
-    name_width = max(len(key) for key in keys) + len("__wcl__belem")
+    suffix = "__wcl__belem" + ("__tmaio" if tensor_copies()[0] else "")
+    name_width = max(len(key) for key in keys) + len(suffix)
     arch_width = max(len(arch) for arch in archs)  # sm_100 and sm_120 are wider than sm_90
     print(f"{'kernel':<{name_width}}  {'arch':<{arch_width}}  regs  spill(B)  smem(B)")
     # In chunks of configs, each made, compiled and reported before the next is made: the whole
@@ -625,7 +627,8 @@ def _compile_table(pairs: dict[str, tuple], archs: list[str]) -> _CompileTally:
         seen.update(k.name for k in chosen)
         tally.kernels += len(chosen)
         tally.sums += sum(1 for k in chosen if k.entry == SUM_ENTRY)
-        jobs = [(kernel, arch) for kernel in chosen for arch in archs]
+        # Each as spio runs it on the arch (with SPIO_TMA, sm_90's moving rows by tensor copies).
+        jobs = [(with_tensor_copies(k, arch), arch) for k in chosen for arch in archs]
         results = compile_many([k.compile_job(a) for k, a in jobs], progress=False)
         for (kernel, arch), result in zip(jobs, results, strict=True):
             head = f"{kernel.name:<{name_width}}  {arch:<{arch_width}}"

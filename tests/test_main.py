@@ -911,6 +911,34 @@ def test_compile_builds_every_kernel_spio_runs_with_progress(compiled_jobs, caps
     assert f"{len(names)} kernels, {sums} of them sum_slots (run after partials" in out
 
 
+@pytest.mark.parametrize("setting", ["loads", "loads+stores"])
+def test_compile_builds_for_sm_90_the_tensor_copy_kernels_spio_would_run(
+    setting, compiled_jobs, capsys, monkeypatch
+):
+    """With SPIO_TMA set, each kernel is built for an arch as spio runs it there: on sm_90 with
+    its rows moved by tensor copies (WGrad's in only; sum_slots moves no rows), on sm_80 not."""
+    from spio.__main__ import main
+
+    monkeypatch.setenv("SPIO_TMA", setting)
+    main(["compile", "--arch", "sm_80", "--arch", "sm_90"])
+    out = capsys.readouterr().out
+    by_arch = {arch: [n for n, a in compiled_jobs if a == arch] for arch in ("sm_80", "sm_90")}
+    assert len(by_arch["sm_80"]) == len(by_arch["sm_90"]) > 0
+    assert not any("__tma" in name for name in by_arch["sm_80"])
+    stores = "__tmaio" if setting == "loads+stores" else "__tma"
+    for name in by_arch["sm_90"]:
+        if name.startswith("sum_slots"):
+            assert "__tma" not in name
+        elif name.startswith("conv2d_gw8_wgrad"):
+            assert name.endswith("__tma"), name
+        else:  # every config of these small layers fits with tensor copies
+            assert name.endswith(stores), name
+        assert name in out  # its row in the table
+    assert {n.replace("__tmaio", "").replace("__tma", "") for n in by_arch["sm_90"]} == set(
+        by_arch["sm_80"]
+    )
+
+
 def test_compile_makes_compiles_and_reports_a_chunk_of_configs_at_a_time(
     compiled_jobs, monkeypatch, capsys
 ):

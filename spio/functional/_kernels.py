@@ -30,7 +30,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from spio.kernels import autotune, conv2d_gw8_factory, conv2d_gw8_params
+from spio.kernels import autotune, conv2d_gw8_factory, conv2d_gw8_params, families
 from spio.kernels import conv2d_gw8_wgrad_factory as wf
 from spio.kernels.conv2d_gw8_factory import tensor_copies
 from spio.kernels.conv2d_gw8_params import (
@@ -180,24 +180,27 @@ MAX_CHOICES = 16384
 def with_tensor_copies(kernel: Kernel | None, device: torch.device) -> Kernel | None:
     """`kernel` as SPIO_TMA asks: with its rows moved by tensor copies where `device` has them
     (an sm_90 or newer GPU, or the CPU emulator), else as it is; also as it is where its config
-    would need more shared memory that way (logged)."""
-    from spio.compiler.arch import has_bulk_copies
+    would need more shared memory that way (logged). (families.with_tensor_copies, which
+    autotuning and perf sampling apply too.)"""
     from spio.kernels.perf_model import device_identity
 
-    loads, stores = tensor_copies()
-    if kernel is None or not loads:
+    if kernel is None or not tensor_copies()[0]:
         return kernel
+    arch = None  # the CPU emulator
     if getattr(device, "type", None) != "cpu":  # a GPU, or None (no device: the plain kernel)
         identity = device_identity(device)
-        if identity is None or not has_bulk_copies(identity.arch):
+        if identity is None:
             return kernel
-    try:
-        if kernel.source_file == wf.SOURCE_FILE:
-            return wf.with_tma_stages(kernel)
-        return conv2d_gw8_factory.with_tma_stages(kernel, stores)
-    except ValueError as error:  # the stages, aligned for the copies, past a block's limit
-        logger.info("conv2d_gw8: SPIO_TMA left out for %s: %s", kernel.name, error)
-        return kernel
+        arch = identity.arch
+    made = families.with_tensor_copies(kernel, arch)
+    if made is kernel and tensor_copies(arch)[0]:  # asked for, but the stages would not fit
+        logger.info(
+            "conv2d_gw8: SPIO_TMA left out for %s: its stages with tensor copies would pass a "
+            "block's %d bytes of shared memory",
+            kernel.name,
+            conv2d_gw8_factory.MAX_SHARED_BYTES,
+        )
+    return made
 
 
 def _kernel(factory: KernelFactory, params: Conv2dGw8Params, device: torch.device, **options):

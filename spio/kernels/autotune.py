@@ -11,7 +11,9 @@ candidates build all at once.
 
 The timing helpers here (`kernel_inputs`, `time_kernel`) are also what scripts/perf_sample.py uses
 to measure the data the models are trained on. They time a pass as spio runs it: a WGrad time
-includes its reduction (zeroing and atomics, or partial sums and their sum).
+includes its reduction (zeroing and atomics, or partial sums and their sum), and the kernels
+timed move their rows as spio's would on that GPU (by tensor copies where SPIO_TMA asks:
+`families.with_tensor_copies`), so a tuned pick is the fastest of what would run.
 """
 
 from __future__ import annotations
@@ -281,14 +283,17 @@ def cache_key(
 
 
 def make_kernels(
-    family: Any, params: Conv2dGw8Params, candidates: Sequence
+    family: Any, params: Conv2dGw8Params, candidates: Sequence, arch: str
 ) -> tuple[list[Any], dict[Any, Exception]]:
-    """(each candidate's kernel, None for one that cannot be made; config -> why not)."""
+    """(each candidate's kernel as spio runs it on `arch` (with tensor copies where SPIO_TMA
+    asks: families.with_tensor_copies), None for one that cannot be made; config -> why not)."""
+    from .families import with_tensor_copies
+
     kernels: list[Any] = []
     unmade: dict[Any, Exception] = {}
     for config in candidates:
         try:
-            kernels.append(family.make_kernel(params, config))
+            kernels.append(with_tensor_copies(family.make_kernel(params, config), arch))
         except Exception as error:  # a config that cannot be made counts as slowest
             unmade[config] = error
             kernels.append(None)
@@ -453,10 +458,11 @@ def cached_winner(
 def _tuning(
     family: Any, params: Conv2dGw8Params, identity: Any, candidates: Sequence
 ) -> tuple[str, list, dict]:
-    """(the autotune cache key of `params` over `candidates`, their kernels (None where one
-    could not be made), {config: why its kernel could not be made}): the key covers the kernels'
-    code, so a changed kernel is timed again."""
-    kernels, unmade = make_kernels(family, params, candidates)
+    """(the autotune cache key of `params` over `candidates`, their kernels as run on
+    `identity`'s arch (None where one could not be made), {config: why its kernel could not be
+    made}): the key covers the kernels' code, so a changed kernel, or the same config with its
+    rows moved otherwise (SPIO_TMA), is timed again."""
+    kernels, unmade = make_kernels(family, params, candidates, identity.arch)
     return (
         cache_key(family.name, params, identity, candidates, code_digest(kernels)),
         kernels,

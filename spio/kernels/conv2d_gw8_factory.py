@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..compiler.arch import has_bulk_copies
 from ..compiler.occupancy import LIMITS, RESERVED_SHARED_PER_BLOCK, SmLimits, limits_of
 from ..env import choice
 from ..generators import (
@@ -753,10 +754,16 @@ def with_swizzled_stages(kernel: Kernel) -> Kernel:
 TENSOR_COPIES = {"off": (False, False), "loads": (True, False), "loads+stores": (True, True)}
 
 
-def tensor_copies() -> tuple[bool, bool]:
-    """(input rows, FProp/DGrad output rows) by tensor copies, as SPIO_TMA says (unset: off);
-    ValueError for a value that is none of TENSOR_COPIES'."""
-    return TENSOR_COPIES[choice("SPIO_TMA", tuple(TENSOR_COPIES))]
+def tensor_copies(arch: str | None = None) -> tuple[bool, bool]:
+    """(input rows, FProp/DGrad output rows) by tensor copies, as SPIO_TMA says (unset: off),
+    in kernels run on `arch` ('sm_90'): neither on an arch without tensor copies
+    (has_bulk_copies). `arch` None: as the setting says (the CPU emulator runs them all).
+    ValueError for a setting that is none of TENSOR_COPIES', whatever the arch.
+    (Whether a config's stages fit with them: families.Family.tensor_copies.)"""
+    copies = TENSOR_COPIES[choice("SPIO_TMA", tuple(TENSOR_COPIES))]
+    if arch is not None and not has_bulk_copies(arch):
+        return False, False
+    return copies
 
 
 def with_tma_stages(kernel: Kernel, stores: bool = False, l2: int = 0) -> Kernel:

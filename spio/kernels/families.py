@@ -44,7 +44,8 @@ class Family:
     # H200-class GPU) after its other arguments.
     heuristic_key: Callable[..., tuple]  # (params, config): the heuristic's order, ascending
     default_config: Callable[..., Any]  # (params)
-    shared_mem_bytes: Callable[[Conv2dGw8Params, Any], int]  # dynamic, per block
+    # (params, config, swizzled=False, tma=False[, tma_stores=False]): dynamic, per block
+    shared_mem_bytes: Callable[..., int]
     # Config fields the heuristic's cost cannot weigh; autotuning tries the pick's variants in them.
     heuristic_ignores: tuple[str, ...] = ()
     # (config field, values the heuristic cannot judge: no GPU had run them when they came) pairs:
@@ -82,6 +83,23 @@ class Family:
             return [kernel, *(wg.sum_kernel(params, *pair) for pair in wg.sum_dtype_pairs(params))]
         elems = (False, True) if self.reads_bias and params.has_bias else (False,)
         return [fd.variant(kernel, cl, elem) for cl in (False, True) for elem in elems]
+
+    def tensor_copies(
+        self, params: Conv2dGw8Params, config: Any, arch: str | None
+    ) -> tuple[bool, bool]:
+        """(input rows, output rows) moved by tensor copies in the kernel spio runs for `config`
+        on `arch` (None: the CPU emulator): what SPIO_TMA asks there
+        (conv2d_gw8_factory.tensor_copies; output rows in FProp and DGrad only), or neither
+        where the config's stages would pass a block's shared memory with them (the cp.async
+        kernel then runs). Autotuning, perf sampling and the models follow it, as the
+        layers do (`with_tensor_copies`)."""
+        loads, stores = fd.tensor_copies(arch)
+        stores = stores and self.pass_ != "wgrad"
+        if not loads:
+            return False, False
+        extra = {"tma_stores": True} if stores else {}
+        smem = self.shared_mem_bytes(params, config, swizzled=True, tma=True, **extra)
+        return (True, stores) if smem <= fd.MAX_SHARED_BYTES else (False, False)
 
     @property
     def config_fields(self) -> tuple[str, ...]:
@@ -141,6 +159,33 @@ FAMILIES: dict[str, Family] = {
 
 #: pass ("fprop", "dgrad", "wgrad") -> the family that computes it.
 FAMILY_OF_PASS: dict[str, Family] = {family.pass_: family for family in FAMILIES.values()}
+
+
+def family_of_kernel(kernel: Kernel) -> Family:
+    """The family of a kernel the factories made (FProp, DGrad or WGrad, whatever its variant);
+    ValueError for another kernel."""
+    if kernel.source_file == wg.SOURCE_FILE:
+        return FAMILIES["conv2d_gw8_wgrad"]
+    if kernel.source_file == fd.SOURCE_FILE:
+        return FAMILIES["conv2d_gw8_dgrad" if kernel.info_value("igrad") else "conv2d_gw8_fprop"]
+    raise ValueError(f"{kernel.name} is no kernel of a conv2d_gw8 family")
+
+
+def with_tensor_copies(kernel: Kernel, arch: str | None) -> Kernel:
+    """`kernel` (same params, config, operand layouts and reduction) as spio runs it on `arch`
+    (None: the CPU emulator): with its rows moved by tensor copies where Family.tensor_copies
+    says so, else `kernel` itself (as is a kernel of no family, such as sum_slots: it moves no
+    rows)."""
+    if kernel.source_file not in (fd.SOURCE_FILE, wg.SOURCE_FILE):
+        return kernel
+    family = family_of_kernel(kernel)
+    params, config = kernel.info_value("params"), kernel.info_value("config")
+    loads, stores = family.tensor_copies(params, config, arch)
+    if not loads:
+        return kernel
+    if family.pass_ == "wgrad":
+        return wg.with_tma_stages(kernel)
+    return fd.with_tma_stages(kernel, stores)
 
 
 def family_of(factory_name: str, options: dict[str, Any]) -> Family | None:

@@ -49,15 +49,28 @@ LEGACY_WGRAD_VARIANT = "atomic-kernel-only"
 WGRAD_PARTIALS_VARIANT = "partials-2"
 
 
-def kernel_variant(family: Family, params: Conv2dGw8Params, config: Any) -> str:
-    """What a sample of this family and config times, as spio runs it: "" for FProp and DGrad
-    (one launch); for WGrad WGRAD_PARTIALS_VARIANT (partial sums, then sum_slots) or "atomic"
-    (dw zeroed, then the atomic kernel), whichever `uses_partial_sums` picks."""
-    if family.pass_ != "wgrad":
-        return ""
-    from .conv2d_gw8_wgrad_factory import uses_partial_sums
+#: What a sample's variant adds where the kernel timed moved its rows by tensor copies
+#: (Family.tensor_copies): input rows, and FProp/DGrad's output rows too. Samples of the cp.async
+#: kernels (every sample before 2026-12-07) name neither.
+TMA_VARIANTS = {(True, False): "tma", (True, True): "tma-stores"}
 
-    return WGRAD_PARTIALS_VARIANT if uses_partial_sums(params, config) else "atomic"
+
+def kernel_variant(family: Family, params: Conv2dGw8Params, config: Any, arch: str) -> str:
+    """What a sample of this family and config times on `arch`, as spio runs it there, its
+    parts joined by '+': for WGrad its reduction, WGRAD_PARTIALS_VARIANT (partial sums, then
+    sum_slots) or "atomic" (dw zeroed, then the atomic kernel), whichever `uses_partial_sums`
+    picks (FProp and DGrad: one launch, no part); then TMA_VARIANTS' name where the kernel moves
+    its rows by tensor copies (as SPIO_TMA asks: Family.tensor_copies). "" for FProp and DGrad
+    through cp.async."""
+    parts = []
+    if family.pass_ == "wgrad":
+        from .conv2d_gw8_wgrad_factory import uses_partial_sums
+
+        parts.append(WGRAD_PARTIALS_VARIANT if uses_partial_sums(params, config) else "atomic")
+    copies = family.tensor_copies(params, config, arch)
+    if copies in TMA_VARIANTS:
+        parts.append(TMA_VARIANTS[copies])
+    return "+".join(parts)
 
 
 @dataclass(frozen=True)

@@ -535,6 +535,45 @@ def test_a_timer_may_prepare_all_candidates_before_timing(tmp_path):
     assert events == [("prepare", "sm_90", candidates)] + [("time",)] * 3
 
 
+@pytest.mark.parametrize("setting", ["loads", "loads+stores"])
+def test_tuning_times_the_kernels_with_the_tensor_copies_spio_runs(tuned, monkeypatch, setting):
+    """With SPIO_TMA set, the candidates timed on an sm_90 GPU are the tensor-copy kernels that
+    spio then runs for the layer (on an sm_86, the cp.async ones), and their winner is cached
+    apart from the cp.async kernels': a change of setting tunes again."""
+    names = []
+
+    class Naming(FakeTimer):
+        def __call__(self, family, params, kernel, device):
+            names.append(kernel.name)
+            return super().__call__(family, params, kernel, device)
+
+    monkeypatch.setattr(autotune, "default_timer", Naming())
+    suffix = {"loads": "__tma", "loads+stores": "__tmaio"}[setting]
+
+    def tune(arch, value):
+        """The kernel names timed tuning FProp and WGrad of LAYER in a new process."""
+        identity = pm.DeviceIdentity(arch, f"GPU {arch}", "13.0")
+        monkeypatch.setattr(pm, "device_identity", lambda d: identity)
+        monkeypatch.setenv("SPIO_TMA", value)
+        names.clear()
+        new_process(monkeypatch)
+        conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+        conv2d_gw8_wgrad_kernel_factory.get_kernel(LAYER, FakeCuda())
+        return list(names)
+
+    copied = tune("sm_90", setting)
+    assert len(copied) == 8
+    for name in copied:  # (WGrad stores no rows)
+        assert name.endswith("__tma" if name.startswith("conv2d_gw8_wgrad") else suffix), name
+    plain = tune("sm_90", "off")
+    assert len(plain) == 8 and not any("__tma" in name for name in plain), plain
+    assert tune("sm_90", setting) == []  # still cached, as the cp.async kernels' entry
+    # An sm_86 has no tensor copies: the setting changes nothing timed, nor the entry.
+    older = tune("sm_86", setting)
+    assert len(older) == 8 and not any("__tma" in name for name in older), older
+    assert tune("sm_86", "off") == []
+
+
 def test_importing_selection_modules_loads_neither_xgboost_nor_torch():
     import subprocess
     import sys

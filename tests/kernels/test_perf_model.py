@@ -3,6 +3,7 @@ noise), model lookup and fallbacks in get_kernel, selection speed, and perf_samp
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -119,11 +120,13 @@ def test_samples_name_the_wgrad_reduction_spio_runs(monkeypatch, tmp_path, capsy
     params = P(8, 32, 16, 16, padding=1)
     wgrad, fprop = pm.FAMILIES["conv2d_gw8_wgrad"], pm.FAMILIES["conv2d_gw8_fprop"]
     config = wgrad.configs(params)[0]
-    assert ps.kernel_variant(fprop, params, fprop.configs(params)[0]) == ""
-    assert ps.kernel_variant(wgrad, params, config) == ps.WGRAD_PARTIALS_VARIANT == "partials-2"
+    monkeypatch.delenv("SPIO_TMA", raising=False)
+    assert ps.kernel_variant(fprop, params, fprop.configs(params)[0], "sm_90") == ""
+    assert ps.kernel_variant(wgrad, params, config, "sm_90") == ps.WGRAD_PARTIALS_VARIANT
+    assert ps.WGRAD_PARTIALS_VARIANT == "partials-2"
     assert wgrad.make_kernel(params, config).name.endswith("__partials")
     monkeypatch.setattr(wg, "PARTIAL_BYTES", 16)  # no partial-sum buffer fits: atomics
-    assert ps.kernel_variant(wgrad, params, config) == "atomic"
+    assert ps.kernel_variant(wgrad, params, config, "sm_90") == "atomic"
     assert not wgrad.make_kernel(params, config).name.endswith("__partials")
     monkeypatch.undo()
 
@@ -143,6 +146,65 @@ def test_samples_name_the_wgrad_reduction_spio_runs(monkeypatch, tmp_path, capsy
     assert "samples that timed 'partials' where spio runs 'partials-2'" in out
     # Nor a sample of it when a sweep resumes: the key tells the two apart.
     assert samples[0].key() != samples[4].key()
+
+
+@pytest.mark.parametrize("setting", ["loads", "loads+stores"])
+def test_samples_name_the_tensor_copies_spio_runs(monkeypatch, capsys, setting):
+    """With SPIO_TMA set, a sample's variant names the tensor copies of the kernel spio runs for
+    its config on the sample's arch (none before sm_90, nor where the stages would not fit), the
+    kernel perf sampling and autotuning make is that kernel, and training keeps only samples of
+    what runs under its own setting."""
+    from spio.kernels.families import with_tensor_copies
+
+    train = load_script("train_perf_model")
+    monkeypatch.setenv("SPIO_TMA", setting)
+    stores = setting == "loads+stores"
+    params = P(8, 64, 32, 32, padding=1)
+    seen = collections.Counter()
+    for family in pm.FAMILIES.values():
+        configs = family.configs(params)
+        for config in configs[:: max(1, len(configs) // 12)]:
+            for arch in ("sm_80", "sm_89", "sm_90"):
+                variant = ps.kernel_variant(family, params, config, arch)
+                kernel = with_tensor_copies(family.make_kernel(params, config), arch)
+                tma, tmaio = kernel.info_value("tma"), bool(kernel.info_value("tma_stores"))
+                assert tma == ("tma" in variant), (family.name, config, arch, variant)
+                assert tmaio == variant.endswith("tma-stores"), (family.name, config, variant)
+                assert (arch == "sm_90") or not tma  # no tensor copies before sm_90
+                seen[(family.pass_, variant)] += 1
+    expected = {("fprop", "tma"), ("dgrad", "tma"), ("wgrad", "partials-2+tma")}
+    if stores:  # WGrad stores no rows
+        expected = {("fprop", "tma-stores"), ("dgrad", "tma-stores"), ("wgrad", "partials-2+tma")}
+    assert expected <= set(seen), seen
+
+    # A config whose stages fit only without tensor copies in, or (with their output staging
+    # smaller) with copies out too, runs and is sampled as it fits.
+    wide = P(8, 64, 64, 64, padding=1)
+    fprop = pm.FAMILIES["conv2d_gw8_fprop"]
+    config = next(
+        c
+        for c in fprop.configs(wide)
+        if fprop.shared_mem_bytes(wide, c, swizzled=True, tma=True) > fd.MAX_SHARED_BYTES
+    )
+    kernel = with_tensor_copies(fprop.make_kernel(wide, config), "sm_90")
+    assert ps.kernel_variant(fprop, wide, config, "sm_90") == ("tma-stores" if stores else "")
+    assert kernel.info_value("tma") == kernel.info_value("tma_stores") == stores
+
+    # Training under this setting keeps the tensor-copy samples and leaves out the cp.async ones
+    # (and the reverse with SPIO_TMA unset).
+    family = pm.FAMILIES["conv2d_gw8_fprop"]
+    config = family.configs(params)[0]
+
+    def sample(variant):
+        return ps.Sample(family.name, "sm_90", "GPU", "13.0", "0", False, params, config, 1e-5,
+                         "", variant)  # fmt: skip
+
+    tma, plain = sample("tma-stores" if stores else "tma"), sample("")
+    assert tma.key() != plain.key()  # a resumed sweep times the other again
+    assert train.runs_as_sampled([tma, plain]) == [tma]
+    assert "samples that timed 'none' where spio runs 'tma" in capsys.readouterr().out
+    monkeypatch.delenv("SPIO_TMA")
+    assert train.runs_as_sampled([tma, plain]) == [plain]
 
 
 def test_features_agree_with_the_kernels():
@@ -438,7 +500,7 @@ def test_fill_rows_stand_in_for_the_shapes_the_samples_lack(tmp_path, capsys, mo
     family = pm.FAMILIES["conv2d_gw8_wgrad"]
     measured = [  # as measured on a GPU, each row timing what spio runs for its config
         dataclasses.replace(
-            s, synthetic=False, variant=ps.kernel_variant(family, s.params, s.config)
+            s, synthetic=False, variant=ps.kernel_variant(family, s.params, s.config, s.arch)
         )
         for s in ps.read_samples(syn.CSV_PATH)[0]
         if s.family == family.name

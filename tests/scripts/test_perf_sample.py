@@ -106,3 +106,39 @@ def test_a_wgrad_sweep_builds_each_partials_kernels_sum_with_it(failing_builds, 
     sums = [n for n in names if n.startswith("sum_slots")]
     layer = Conv2dGw8Params.decode("n1_" + partials[0].split("__")[1])  # (its name's layer)
     assert sums == [sum_kernel(layer).name]
+
+
+@pytest.mark.parametrize("setting", ["off", "loads", "loads+stores"])
+def test_a_sweep_times_and_names_the_tensor_copies_spio_runs(
+    setting, failing_builds, tmp_path, monkeypatch
+):
+    """On an sm_90 GPU with SPIO_TMA set, the kernels timed are those spio runs there (their rows
+    by tensor copies), and each row's variant says so; a resumed sweep under another setting
+    times the configs again, as other variants."""
+    import spio.compiler
+    from spio.kernels import autotune
+    from spio.kernels.perf_samples import read_samples
+
+    timed: list[str] = []
+    monkeypatch.setattr(spio.compiler, "compile_many", lambda jobs, **k: [None] * len(jobs))
+
+    def time_kernel(family, params, kernel, arg_sets, device, **k):
+        timed.append(kernel.name)
+        return 1e-5
+
+    monkeypatch.setattr(autotune, "time_kernel", time_kernel)
+    suffix, variant = {"off": ("", ""), "loads": ("__tma", "tma"),
+                       "loads+stores": ("__tmaio", "tma-stores")}[setting]  # fmt: skip
+    monkeypatch.setenv("SPIO_TMA", setting)
+    assert perf_sample.main(sweep_args(tmp_path, "conv2d_gw8_fprop")) == 0
+    assert len(timed) == 4 and all(name.endswith(suffix) for name in timed), timed
+    if setting == "off":
+        assert not any("__tma" in name for name in timed)
+    samples = read_samples(tmp_path / "samples.csv")[0]
+    assert [s.variant for s in samples] == [variant] * 4
+    # The other setting's kernels are other samples: timed again, not skipped.
+    monkeypatch.setenv("SPIO_TMA", "off" if setting != "off" else "loads")
+    timed.clear()
+    assert perf_sample.main(sweep_args(tmp_path, "conv2d_gw8_fprop")) == 0
+    assert len(timed) == 4
+    assert len(read_samples(tmp_path / "samples.csv")[0]) == 8
