@@ -46,7 +46,8 @@
 #              the performance model; a partial sweep is still useful: it takes 25 configs of each
 #              layer and pass in turn, the picks first, so that every shape gets some);
 #              GPU_CHECK_PERF_SEED=CSV continues from earlier samples (a CSV an older spio wrote
-#              too)
+#              too); with SPIO_TMA set (e.g. SPIO_TMA=loads GPU_CHECK_ONLY="wheels build perf"),
+#              it samples the tensor-copy kernels spio then runs, their rows named so
 # GPU_CHECK_ARCHIVE=FILE.tgz also packs OUT_DIR into that one file after every step, at the end
 # and when stopped by a signal (for transports that bring back only a few files). GPU_CHECK_ONLY="wheels build info perf" runs only the steps
 # named (e.g. a second call that spends what device time is left on perf samples).
