@@ -495,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
             "measured_on": sorted({s.device for s in trained}),
             "drivers": sorted({s.driver for s in trained}),
             "spio_versions": sorted({s.spio_version for s in trained}),
+            # The kernel variants timed (perf_samples.kernel_variant; "" the plain FProp/DGrad
+            # kernels, "tma" theirs by tensor copies, ...), --fill rows' too.
+            "variants": sorted({s.variant for s in trained}),
             "synthetic": synthetic,
             "rows": len(trained),
             "layers": len({s.params.encode() for s in trained}),

@@ -549,11 +549,15 @@ def test_fill_rows_stand_in_for_the_shapes_the_samples_lack(tmp_path, capsys, mo
     assert filled["rows"] == len(new) + len(older) and filled["fill_rows"] == len(older)
     assert filled["fill_layers"] == sorted({s.params.encode() for s in older})
     assert filled["fill_sources"] == ["older.csv"]
+    timed = {s.variant for s in new}  # as spio runs each config: partial sums or atomics
+    assert ps.WGRAD_PARTIALS_VARIANT in timed and "atomic-kernel-only" not in timed
+    assert filled["variants"] == sorted(timed | {"atomic-kernel-only"})
     assert filled["layers"] == len({s.params.encode() for s in measured})
     assert filled["heldout_layers"] > 0 and set(filled["heldout_layer_keys"]) <= new_keys
     assert f"({len(older)} of them --fill rows)" in filled["metrics_from"]
     plain = train("plain", "--holdout", "0.4")
     assert plain["rows"] == len(new) and "fill_rows" not in plain
+    assert plain["variants"] == sorted(timed)
     assert plain["heldout_layer_keys"] == filled["heldout_layer_keys"]  # drawn from new shapes
     models = [pm.model_path(tmp_path / d, family.name, "sm_90") for d in ("filled", "plain")]
     assert models[0].read_bytes() != models[1].read_bytes()
