@@ -8,8 +8,9 @@ follows from the arch's per-SM limits (CUDA programming guide, compute capabilit
 nvdisasm is installed, each kernel's main loop is read from its SASS too (spio.compiler.sass):
 instructions a warp issues per row step. Where a shipped performance model covers the layer on
 an H200 (sm_90), its pick, which is what spio runs there, follows as a row of its own ("sm_90,
-model"). No GPU is needed. Commit the output under docs/perf/ so that register, shared-memory or
-instruction-count regressions show in review:
+model"). Each kernel is built as spio runs it on its arch (with SPIO_TMA set, sm_90's with tensor
+copies; docs/perf/resources.md is made without it). No GPU is needed. Commit the output under
+docs/perf/ so that register, shared-memory or instruction-count regressions show in review:
 
     python scripts/resource_report.py --out docs/perf/resources.md
 """
@@ -28,7 +29,7 @@ from spio.compiler.cache import write_atomically
 from spio.compiler.occupancy import LIMITS, blocks_per_sm
 from spio.compiler.sass import find_nvdisasm, loop_report
 from spio.kernels.conv2d_gw8_factory import TYPICAL_GPU, typical_machine
-from spio.kernels.families import FAMILIES
+from spio.kernels.families import FAMILIES, with_tensor_copies
 from spio.kernels.perf_model import PACKAGED_MODELS_DIR, DeviceIdentity, rank_configs
 
 #: The GPU whose shipped models' picks the report adds (what spio runs on it).
@@ -76,11 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         for family in FAMILIES.values():
             for arch in spio.supported_arch:
                 config = family.default_config(params, machine=typical_machine(arch))
-                row = (layer.name, family, config, family.make_kernel(params, config))
-                jobs.append((row, arch, False))
+                kernel = with_tensor_copies(family.make_kernel(params, config), arch)
+                jobs.append(((layer.name, family, config, kernel), arch, False))
             ranked, model = rank_configs(family, params, H200, PACKAGED_MODELS_DIR)
             if model is not None:
-                row = (layer.name, family, ranked[0], family.make_kernel(params, ranked[0]))
+                kernel = with_tensor_copies(family.make_kernel(params, ranked[0]), "sm_90")
+                row = (layer.name, family, ranked[0], kernel)
                 jobs.append((row, "sm_90", True))
     results = compile_many([row[3].compile_job(arch) for row, arch, _ in jobs], desc="compiling")
     # The instructions per step are counted on a build with only a full step's code in the loop:

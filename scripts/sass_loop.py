@@ -5,7 +5,8 @@ row step of the main loop (per barrier), with the mma, ldmatrix and cp.async amo
 the kernel's registers and resident blocks per SM (spio.compiler.occupancy). Fewer instructions
 for the same mma and loads is work a warp no longer has to issue; whether that makes a kernel
 faster only a GPU can say. The count is of a full step: WGrad is built without the careful copy
-of its step that only the steps at a tile's edges take (Family.full_step_defines).
+of its step that only the steps at a tile's edges take (Family.full_step_defines). Each kernel is
+built as spio runs it on --arch (with SPIO_TMA set, sm_90's with tensor copies).
 
     python scripts/sass_loop.py             # each family's heuristic config on the bench layers
     python scripts/sass_loop.py --family conv2d_gw8_wgrad \\
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from spio.compiler.occupancy import LIMITS, blocks_per_sm
     from spio.compiler.sass import find_nvdisasm, loop_report
     from spio.kernels import Conv2dGw8Params
-    from spio.kernels.families import FAMILIES, get_family
+    from spio.kernels.families import FAMILIES, get_family, with_tensor_copies
 
     try:
         families = [get_family(args.family)] if args.family else list(FAMILIES.values())
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     # --against, the same two of the variant. Builds equal to another are compiled once.
     builds = []
     for family, params, config in cases:
-        kernel = family.make_kernel(params, config)
+        kernel = with_tensor_copies(family.make_kernel(params, config), args.arch)  # (SPIO_TMA)
         versions = [kernel]
         if args.against:
             versions.append(build_variant(kernel, args.against))

@@ -101,7 +101,7 @@ def runs_as_sampled(samples: Sequence[Sample]) -> list[Sample]:
         if sample.synthetic or sample.variant == runs:
             kept.append(sample)
         else:
-            left_out[(sample.family, sample.variant or "none", runs)] += 1
+            left_out[(sample.family, sample.variant or "none", runs or "none")] += 1
     for (family, timed, runs), count in sorted(left_out.items()):
         print(
             f"train_perf_model: leaving out {count} {family} samples that timed {timed!r} where "

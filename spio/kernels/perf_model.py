@@ -791,7 +791,8 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     from its ranking) where no model applies, including a batch size the model does not cover
     and a layer none of whose configs it measured. No
     device or a CPU device: the analytic heuristic for an H200-class GPU. Selections are memoised
-    per process, by the settings (SPIO_PERF_MODELS, SPIO_AUTOTUNE, SPIO_AUTOTUNE_TOPK) too; the
+    per process, by the settings (SPIO_PERF_MODELS, SPIO_AUTOTUNE, SPIO_AUTOTUNE_TOPK, SPIO_TMA)
+    too; the
     layers' kernel caches of spio.functional._kernels above them keep a layer's first choice. Inside
     a CUDA graph capture autotuning waits: the untuned pick serves that call only. So it does while
     spio.precompile collects the layers to tune (autotune.collecting), which records them.
@@ -852,12 +853,15 @@ def _selection_key(
     family: Family, params: Conv2dGw8Params, identity: DeviceIdentity, device: Any
 ) -> tuple[tuple, Path, int | None]:
     """(select_config's memo key, the models folder, SPIO_AUTOTUNE_TOPK or None when autotuning
-    is off): the settings are part of the key."""
+    is off): the settings are part of the key, SPIO_TMA's tensor copies on this arch too
+    (autotuning times the kernels with them: its winner under one setting is not the other's)."""
     from . import autotune
+    from .conv2d_gw8_factory import tensor_copies
 
     folder = models_dir()
     top_k = autotune.top_k() if autotune.autotune_enabled() else None
-    return (family.name, params, identity, str(folder), top_k, device.index), folder, top_k
+    copies = tensor_copies(identity.arch)
+    return (family.name, params, identity, str(folder), top_k, copies, device.index), folder, top_k
 
 
 def selection_source(family: Family, params: Conv2dGw8Params, device: Any) -> str:

@@ -561,6 +561,15 @@ def test_tuning_times_the_kernels_with_the_tensor_copies_spio_runs(tuned, monkey
         conv2d_gw8_wgrad_kernel_factory.get_kernel(LAYER, FakeCuda())
         return list(names)
 
+    # In one process too: the selections remembered under one setting are not the other's.
+    monkeypatch.setenv("SPIO_TMA", "off")
+    new_process(monkeypatch)
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    monkeypatch.setenv("SPIO_TMA", setting)
+    names.clear()
+    conv2d_gw8_kernel_factory.get_kernel(LAYER, FakeCuda())
+    assert len(names) == 4 and all(name.endswith(suffix) for name in names), names
+
     copied = tune("sm_90", setting)
     assert len(copied) == 8
     for name in copied:  # (WGrad stores no rows)

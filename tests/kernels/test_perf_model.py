@@ -205,6 +205,7 @@ def test_samples_name_the_tensor_copies_spio_runs(monkeypatch, capsys, setting):
     assert "samples that timed 'none' where spio runs 'tma" in capsys.readouterr().out
     monkeypatch.delenv("SPIO_TMA")
     assert train.runs_as_sampled([tma, plain]) == [plain]
+    assert f"samples that timed {tma.variant!r} where spio runs 'none'" in capsys.readouterr().out
 
 
 def test_features_agree_with_the_kernels():

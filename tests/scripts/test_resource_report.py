@@ -58,3 +58,30 @@ def test_the_report_adds_what_the_shipped_models_pick_on_an_h200(monkeypatch, ca
     }
     assert picked == expected
     assert picked["wgrad"] != FAMILIES["conv2d_gw8_wgrad"].default_config(params).encode()
+
+
+def test_each_kernel_is_built_as_spio_runs_it_on_its_arch(monkeypatch, capsys):
+    """With SPIO_TMA set, the sm_90 rows (the heuristic's and the model's picks) are the
+    tensor-copy kernels spio runs there, the sm_86 rows the cp.async ones."""
+    from spio.bench.layers import layer_table
+
+    jobs = []
+
+    def compile_many(batch, **k):
+        jobs.extend((job.name.removesuffix(".cu"), job.arch) for job in batch)
+        return [RuntimeError("not compiled in this test")] * len(batch)
+
+    monkeypatch.setenv("SPIO_TMA", "loads+stores")
+    monkeypatch.setattr(resource_report, "layer_table", lambda: [layer_table()[0]])
+    monkeypatch.setattr(resource_report.spio, "supported_arch", ("sm_86", "sm_90"))
+    monkeypatch.setattr(resource_report, "compile_many", compile_many)
+    resource_report.main(["--n", "128"])
+    capsys.readouterr()
+    newer = [name for name, arch in jobs if arch == "sm_90"]
+    older = [name for name, arch in jobs if arch == "sm_86"]
+    assert len(newer) > len(older) > 0  # (sm_90's model picks too)
+    assert not any("__tma" in name for name in older), older
+    for name in newer:  # (WGrad's full-step builds too)
+        wgrad = name.startswith("conv2d_gw8_wgrad")
+        name = name.removesuffix("__variant_wgrad_unmasked")
+        assert name.endswith("__tma" if wgrad else "__tmaio"), name

@@ -96,3 +96,25 @@ def test_against_a_variant_compares_each_kernel_and_sums_up(capsys):
     assert "against copy-branch: instructions a step a median" in out
     assert "of copy-branch's" in out
     assert "(from" in out and "0 of 1 rose" in out
+
+
+def test_each_kernel_is_built_as_spio_runs_it_on_the_arch(monkeypatch, capsys):
+    """With SPIO_TMA set, the kernel counted on sm_90 is the tensor-copy one spio runs there (and
+    its full-step build too), on sm_86 the cp.async one."""
+    import spio.compiler
+
+    built = {}
+
+    def compile_many(batch, **k):
+        for job in batch:
+            built.setdefault(job.arch, []).append(job.name.removesuffix(".cu"))
+        raise SystemExit("stop after recording")
+
+    monkeypatch.setenv("SPIO_TMA", "loads")
+    monkeypatch.setattr(spio.compiler, "compile_many", compile_many)
+    case = ["--family", "conv2d_gw8_fprop", "--layer", "n128_c64_h64_w64_pad1x1_r3_s3_bias0_fp16"]
+    for arch in ("sm_86", "sm_90"):
+        with pytest.raises(SystemExit, match="stop after recording"):
+            sass_loop.main([*case, "--arch", arch])
+    assert built["sm_90"] and all("__tma" in name for name in built["sm_90"]), built
+    assert built["sm_86"] and not any("__tma" in name for name in built["sm_86"]), built
