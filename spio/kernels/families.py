@@ -91,8 +91,8 @@ class Family:
         on `arch` (None: the CPU emulator): what SPIO_TMA asks there
         (conv2d_gw8_factory.tensor_copies; output rows in FProp and DGrad only), or neither
         where the config's stages would pass a block's shared memory with them (the cp.async
-        kernel then runs). Autotuning, perf sampling and the models follow it, as the
-        layers do (`with_tensor_copies`)."""
+        kernel then runs). Autotuning, perf sampling, the models' training and `spio compile`
+        follow it, as the layers do (`with_tensor_copies`)."""
         loads, stores = fd.tensor_copies(arch)
         stores = stores and self.pass_ != "wgrad"
         if not loads:
