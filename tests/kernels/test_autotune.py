@@ -576,7 +576,7 @@ def test_tuning_times_the_kernels_with_the_tensor_copies_spio_runs(tuned, monkey
         assert name.endswith("__tma" if name.startswith("conv2d_gw8_wgrad") else suffix), name
     plain = tune("sm_90", "off")
     assert len(plain) == 8 and not any("__tma" in name for name in plain), plain
-    assert tune("sm_90", setting) == []  # still cached, as the cp.async kernels' entry
+    assert tune("sm_90", setting) == []  # its entry still on disk, beside the cp.async ones
     # An sm_86 has no tensor copies: the setting changes nothing timed, nor the entry.
     older = tune("sm_86", setting)
     assert len(older) == 8 and not any("__tma" in name for name in older), older

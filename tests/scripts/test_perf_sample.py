@@ -120,6 +120,7 @@ def test_a_sweep_times_and_names_the_tensor_copies_spio_runs(
     from spio.kernels.perf_samples import read_samples
 
     timed: list[str] = []
+    # The fixture's stand-in GPU, its compiles made to succeed and its timings faked.
     monkeypatch.setattr(spio.compiler, "compile_many", lambda jobs, **k: [None] * len(jobs))
 
     def time_kernel(family, params, kernel, arg_sets, device, **k):
