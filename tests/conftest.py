@@ -44,6 +44,21 @@ def run_spio(*args: str, env: dict | None = None, timeout: float = 120):
 # launch); a run may set its own seed, and a test may set another for itself.
 os.environ.setdefault("SPIO_EMULATOR_ORDER_SEED", "1")
 
+#: Settings that choose which kernels, configs or paths spio runs: the tests set each where they
+#: test it, and assume spio's defaults elsewhere, so a value from the shell that runs pytest
+#: (say SPIO_TMA=loads, kept from a GPU session) is left out of the run (pytest's header names
+#: it) rather than failing tests that assume the default.
+CHOICE_SETTINGS = ("SPIO_TMA", "SPIO_AUTOTUNE", "SPIO_AUTOTUNE_TOPK", "SPIO_PERF_MODELS",
+                   "SPIO_EMULATE")  # fmt: skip
+LEFT_OUT = {name: os.environ.pop(name) for name in CHOICE_SETTINGS if name in os.environ}
+
+
+def pytest_report_header(config):
+    if LEFT_OUT:
+        settings = ", ".join(f"{name}={value!r}" for name, value in LEFT_OUT.items())
+        return f"spio settings left out of the tests (they assume the defaults): {settings}"
+    return None
+
 
 #: The most workers `pytest -n auto` (pytest-xdist) starts: each imports torch and builds and
 #: runs emulated kernels, so one per core of a many-core machine would ask for more memory than

@@ -783,6 +783,7 @@ def compiled_jobs(monkeypatch):
     from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 
     monkeypatch.setattr(nvrtc, "supported_archs", lambda: supported_arch + experimental_arch)
+    monkeypatch.setenv("SPIO_TMA", "off")
 
     layers = [
         Conv2dGw8Params(n=1, c=16, h=5, w=6, padding=1, r=3, s=3, has_bias=True),

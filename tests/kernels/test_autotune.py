@@ -56,6 +56,7 @@ def models(tmp_path_factory):
 def tuned(monkeypatch, tmp_path, models):
     """SPIO_AUTOTUNE=1 on a fake H200 with a temporary cache folder and a fake timer."""
     monkeypatch.setenv("SPIO_AUTOTUNE", "1")
+    monkeypatch.setenv("SPIO_TMA", "off")
     monkeypatch.setenv("SPIO_AUTOTUNE_TOPK", "4")
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("SPIO_PERF_MODELS", str(models))
@@ -997,6 +998,7 @@ def test_collecting_records_a_layer_whose_cache_entry_is_unusable(entry, monkeyp
     monkeypatch.setenv("SPIO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "_default_cache", None)
     family = pm.FAMILIES["conv2d_gw8_fprop"]
+    monkeypatch.setenv("SPIO_TMA", "off")
     candidates = family.configs(LAYER)[:3]
     code = autotune.code_digest([family.make_kernel(LAYER, c) for c in candidates])
     key = autotune.cache_key(family.name, LAYER, H200, candidates, code)
