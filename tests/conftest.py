@@ -53,6 +53,12 @@ CHOICE_SETTINGS = ("SPIO_TMA", "SPIO_AUTOTUNE", "SPIO_AUTOTUNE_TOPK", "SPIO_PERF
 LEFT_OUT = {name: os.environ.pop(name) for name in CHOICE_SETTINGS if name in os.environ}
 
 
+def without_tensor_copies(name: str) -> str:
+    """A kernel's name less the suffix of a tensor-copy build (`__tma`, `__tmaio`, and any after
+    it), so that a check of its other suffixes holds whatever SPIO_TMA's default."""
+    return name.split("__tma")[0]
+
+
 def pytest_report_header(config):
     if LEFT_OUT:
         settings = ", ".join(f"{name}={value!r}" for name, value in LEFT_OUT.items())

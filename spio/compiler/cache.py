@@ -66,6 +66,8 @@ TRUST_ADVICE = (
     "make the folder, and those above it, yours and not writable by others (chmod go-w), or set "
     "SPIO_CACHE_DIR to a folder of your own"
 )
+#: The same, as a sentence of its own (the warnings').
+TRUST_ADVICE_SENTENCE = TRUST_ADVICE[0].upper() + TRUST_ADVICE[1:] + "."
 
 #: The most links why_untrusted follows in one path (Linux's own limit is 40).
 MAX_LINKS = 40
@@ -317,10 +319,10 @@ class DiskCache:
             logger.warning(
                 "spio does not use its cache folder %s: %s, so another user could have put "
                 "kernels there that this process would run. Compiled kernels are kept in memory "
-                "for this process only. %s.",
+                "for this process only. %s",
                 self.folder,
                 reason,
-                TRUST_ADVICE[0].upper() + TRUST_ADVICE[1:],
+                TRUST_ADVICE_SENTENCE,
             )
         return True
 

@@ -38,7 +38,7 @@ from typing import TypedDict
 from ..compiler import digest
 from ..compiler.cache import (
     LIBRARY_FOLDER,
-    TRUST_ADVICE,
+    TRUST_ADVICE_SENTENCE,
     DiskCache,
     hash_key,
     make_folder,
@@ -635,11 +635,11 @@ def _library_file(key: str, payload: bytes, name: str) -> Path:
         if not _warned and not _cache.warned and reason is not None:
             logger.warning(
                 "spio does not load emulator libraries from its cache folder %s (%s: another "
-                "user could swap one there); they are written to %s for this process only. %s.",
+                "user could swap one there); they are written to %s for this process only. %s",
                 target.parent,
                 reason,
                 path.parent,
-                TRUST_ADVICE[0].upper() + TRUST_ADVICE[1:],
+                TRUST_ADVICE_SENTENCE,
             )
         elif not _warned and not _cache.warned:
             logger.warning(

@@ -161,14 +161,14 @@ FAMILIES: dict[str, Family] = {
 FAMILY_OF_PASS: dict[str, Family] = {family.pass_: family for family in FAMILIES.values()}
 
 
-def family_of_kernel(kernel: Kernel) -> Family:
+def family_of_kernel(kernel: Kernel) -> Family | None:
     """The family of a kernel the factories made (FProp, DGrad or WGrad, whatever its variant);
-    ValueError for another kernel."""
+    None for another kernel (sum_slots, say)."""
     if kernel.source_file == wg.SOURCE_FILE:
         return FAMILIES["conv2d_gw8_wgrad"]
     if kernel.source_file == fd.SOURCE_FILE:
         return FAMILIES["conv2d_gw8_dgrad" if kernel.info_value("igrad") else "conv2d_gw8_fprop"]
-    raise ValueError(f"{kernel.name} is no kernel of a conv2d_gw8 family")
+    return None
 
 
 def with_tensor_copies(kernel: Kernel, arch: str | None) -> Kernel:
@@ -176,9 +176,9 @@ def with_tensor_copies(kernel: Kernel, arch: str | None) -> Kernel:
     (None: the CPU emulator): with its rows moved by tensor copies where Family.tensor_copies
     says so, else `kernel` itself (as is a kernel of no family, such as sum_slots: it moves no
     rows)."""
-    if kernel.source_file not in (fd.SOURCE_FILE, wg.SOURCE_FILE):
-        return kernel
     family = family_of_kernel(kernel)
+    if family is None:
+        return kernel
     params, config = kernel.info_value("params"), kernel.info_value("config")
     loads, stores = family.tensor_copies(params, config, arch)
     if not loads:

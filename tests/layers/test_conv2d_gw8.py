@@ -17,7 +17,7 @@ import spio
 from spio.layers import Conv2dGw8, make_conv2d
 from spio.layers.conv2d_gw8 import module_ineligibility, resolve_padding
 from spio.reference import conv2d_gw8_fprop_ref
-from tests.conftest import spy_on_launches
+from tests.conftest import spy_on_launches, without_tensor_copies
 
 INELIGIBLE = [
     ((16, 16, 3), dict(stride=2, groups=2), "stride 1"),
@@ -511,7 +511,7 @@ def test_under_autocast_the_eager_path_reads_the_weight_as_the_custom_op_does(mo
         weight = autocast_operands(x, layer.weight, layer.bias)[1]
     assert weight.dtype == torch.bfloat16 and not weight.is_contiguous()
     assert weight.is_contiguous(memory_format=torch.channels_last)
-    assert eager == op == [precompiled.name] and precompiled.name.split("__tma")[0].endswith(
+    assert eager == op == [precompiled.name] and without_tensor_copies(precompiled.name).endswith(
         "__wcl"
     )
     assert torch.equal(y_eager, y_op)
@@ -650,7 +650,7 @@ def test_channels_last_weight_and_half_bias_are_read_as_held(monkeypatch):
     check()
     assert copied == []
     names = [k.name for lay in _kernels._layers.values() for k in lay._fprop.values()]
-    assert any(n.split("__tma")[0].endswith("__wcl__belem") for n in names), names
+    assert any(without_tensor_copies(n).endswith("__wcl__belem") for n in names), names
     # Backward with the channels_last weight: dx from its DGrad variant.
     xg = x.detach().clone().requires_grad_()
     dy = torch.randn(2, 16, 6, 6).half()
@@ -658,7 +658,7 @@ def test_channels_last_weight_and_half_bias_are_read_as_held(monkeypatch):
     ref = conv2d_gw8_dgrad_ref(dy.double(), layer.weight.double(), (1, 0), x.shape[2:])
     torch.testing.assert_close(xg.grad.double(), ref, atol=3e-2, rtol=3e-2)
     assert any(
-        k.name.split("__tma")[0].endswith("__wcl")
+        without_tensor_copies(k.name).endswith("__wcl")
         for lay in _kernels._layers.values()
         for k in lay._dgrad.values()
     )

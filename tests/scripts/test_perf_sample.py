@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from tests.conftest import load_script
+from tests.conftest import load_script, without_tensor_copies
 
 perf_sample = load_script("perf_sample")
 
@@ -101,7 +101,7 @@ def test_a_wgrad_sweep_builds_each_partials_kernels_sum_with_it(failing_builds, 
 
     assert perf_sample.main(sweep_args(tmp_path, "conv2d_gw8_wgrad")) == 1
     (names,) = failing_builds
-    partials = [n for n in names if n.split("__tma")[0].endswith("__partials")]
+    partials = [n for n in names if without_tensor_copies(n).endswith("__partials")]
     assert partials, names  # (the first bench layer's picks use partial sums)
     sums = [n for n in names if n.startswith("sum_slots")]
     layer = Conv2dGw8Params.decode("n1_" + partials[0].split("__")[1])  # (its name's layer)
