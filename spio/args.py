@@ -50,6 +50,11 @@ def non_negative_float(text: str) -> float:
     return _checked(text, float, lambda v: v >= 0, "a number >= 0")
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0 (a time limit, say)."""
+    return _checked(text, float, lambda v: 0 < v < float("inf"), "a finite number > 0")
+
+
 def folder_write_error(folder: Path, create: bool = True) -> OSError | None:
     """Why no file can be written in `folder` (made first, with its parents, when `create`), or
     None: checked before minutes of work, so that a mistyped --out is not found only after them.

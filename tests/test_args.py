@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from spio.args import non_negative_float, positive_int, unit_fraction
+from spio.args import non_negative_float, positive_float, positive_int, unit_fraction
 from tests.conftest import REPO
 
 
@@ -15,6 +15,7 @@ from tests.conftest import REPO
         (positive_int, {"1": 1, "12": 12}, ["0", "-3", "1.5", "x", ""]),
         (unit_fraction, {"1": 1.0, "0.25": 0.25, "1e-3": 0.001}, ["0", "-0.1", "1.01", "nan", "x"]),
         (non_negative_float, {"0": 0.0, "2.5": 2.5}, ["-1", "-0.001", "nan", "x"]),
+        (positive_float, {"0.5": 0.5, "90": 90.0}, ["0", "-1", "nan", "inf", "x"]),
     ],
 )
 def test_values_are_taken_or_named(kind, good, bad):

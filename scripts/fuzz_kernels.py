@@ -1,0 +1,183 @@
+"""Random layers, tile configs and kernel variants in the CPU emulator, against float64 references.
+
+The tests emulate fixed layers (tests/kernels/conv2d_gw8_cases.py) with sampled configs; this
+draws everything at random instead, for as long as it is given: a layer (R, S, each side's
+padding, odd and tiny images, batch, groups, bias, fp16 or bf16), a pass, one of its configs
+and a variant (FProp/DGrad: operands as a half model holds them, swizzled stages, input rows by
+tensor copies, output rows too; WGrad: per-warp partial sums or atomics, swizzled, tensor
+copies), and checks the kernel on random inputs into NaN-poisoned outputs at the tolerance
+spio check uses (spio.check.run_one; hazard checks on). Each case is drawn from (--seed, its
+index) alone, so a failure's line reproduces it: `--seed S --case I`. Exit 1 on any failure.
+
+    python scripts/fuzz_kernels.py --minutes 60            # until an hour is up
+    python scripts/fuzz_kernels.py --seed 3 --case 41      # one case again
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import time
+import traceback
+
+from spio.args import non_negative_int, positive_float, positive_int, run_script
+
+PASSES = ("fprop", "dgrad", "wgrad")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One drawn case: the layer, pass, config and the kernel variant's flags."""
+
+    index: int
+    params: object  # Conv2dGw8Params
+    pass_: str
+    config: object
+    held: bool  # FProp/DGrad: channels_last weights (+ a half bias); WGrad: half, channels_last dw
+    partials: bool  # WGrad: per-warp partial sums and sum_slots (else atomics)
+    swizzled: bool
+    tma: bool  # input rows by tensor copies (implies swizzled)
+    tma_stores: bool  # FProp/DGrad: output rows by tensor copies too
+
+    def line(self) -> str:
+        flags = [name for name in ("held", "swizzled", "tma", "tma_stores") if getattr(self, name)]
+        if self.pass_ == "wgrad":
+            flags.insert(0, "partials" if self.partials else "atomic")
+        return (f"{self.pass_} {self.params.encode()} {self.config.encode()} "
+                f"[{' '.join(flags) or 'plain'}]")  # fmt: skip
+
+
+def draw_layer(rng: random.Random):
+    """A random layer small enough to emulate in seconds: mostly tiny images, sometimes one wide
+    or tall enough for several tiles, batches for several images a block, up to 16 groups."""
+    from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
+
+    r, s = rng.randint(1, 5), rng.randint(1, 5)
+    # Each side padded from 0 to past its filter (DGrad's padding R-1-pad goes negative).
+    pad_h, pad_w = rng.randint(0, r + 2), rng.randint(0, s + 2)
+    big = rng.random() < 0.2
+    h = rng.randint(max(1, r - 2 * pad_h), 40 if big else 12)
+    w = rng.randint(max(1, s - 2 * pad_w), 72 if big else 20)
+    n = rng.choice((1, 1, 2, 3, 4, 5, 8, 9)) if not big else 1
+    groups = rng.choice((1, 1, 2, 2, 3, 4, 5, 8, 16)) if not big else rng.randint(1, 3)
+    return Conv2dGw8Params(
+        n=n,
+        c=8 * groups,
+        h=h,
+        w=w,
+        padding=(pad_h, pad_w),
+        r=r,
+        s=s,
+        has_bias=rng.random() < 0.5,
+        dtype=rng.choice(("fp16", "bf16")),
+    )
+
+
+def draw_case(seed: int, index: int) -> Case:
+    """Case `index` of run `seed`: the same two numbers give the same case."""
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    rng = random.Random(f"{seed}:{index}")
+    params = draw_layer(rng)
+    pass_ = rng.choice(PASSES)
+    config = rng.choice(FAMILY_OF_PASS[pass_].configs(params))
+    tma = rng.random() < 0.4
+    return Case(
+        index=index,
+        params=params,
+        pass_=pass_,
+        config=config,
+        held=rng.random() < 0.5,
+        partials=pass_ == "wgrad" and rng.random() < 0.7,
+        swizzled=tma or rng.random() < 0.3,
+        tma=tma,
+        tma_stores=tma and pass_ != "wgrad" and rng.random() < 0.5,
+    )
+
+
+def build(case: Case):
+    """The case's kernel, or None where its stages do not fit shared memory with tensor copies
+    (make_kernel refuses those; spio runs such a config with cp.async)."""
+    from spio.kernels import conv2d_gw8_factory as fd
+    from spio.kernels import conv2d_gw8_wgrad_factory as wg
+
+    try:
+        if case.pass_ == "wgrad":
+            return wg.make_kernel(case.params, case.config, partials=case.partials,
+                                  swizzled=case.swizzled, tma=case.tma)  # fmt: skip
+        return fd.make_kernel(case.params, case.config, igrad=case.pass_ == "dgrad",
+                              swizzled=case.swizzled, tma=case.tma,
+                              tma_stores=case.tma_stores)  # fmt: skip
+    except ValueError as error:
+        if case.tma and "shared memory" in str(error):
+            return None
+        raise
+
+
+def run_case(case: Case) -> tuple[str, str]:
+    """("pass" | "fail" | "unfit", detail) of one case."""
+    from spio.check import run_one
+
+    kernel = build(case)
+    if kernel is None:
+        return "unfit", "stages do not fit shared memory with tensor copies"
+    try:
+        ratio = run_one(case.params, case.pass_, case.config, "cpu", seed=case.index,
+                        kernel=kernel, as_held=case.held)  # fmt: skip
+    except Exception:  # any error is a failure to report, not a reason to stop the run
+        return "fail", traceback.format_exc(limit=-3).rstrip()
+    if ratio <= 1.0:
+        return "pass", f"{ratio:.3f} of the tolerance"
+    return "fail", f"worst error {ratio:.3g} times the tolerance"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="the run's seed")
+    parser.add_argument("--minutes", type=positive_float, default=10.0,
+                        help="stop drawing cases after this long (default 10)")  # fmt: skip
+    parser.add_argument("--cases", type=positive_int, help="stop after this many cases")
+    parser.add_argument("--first", type=non_negative_int, default=0,
+                        help="index of the first case (to go on from an earlier run)")  # fmt: skip
+    parser.add_argument("--case", type=non_negative_int, help="run case CASE of --seed alone")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.case is not None:
+        indices = iter([args.case])
+    else:
+        stop = None if args.cases is None else args.first + args.cases
+        indices = iter(range(args.first, stop)) if stop is not None else _count(args.first)
+    deadline = time.monotonic() + 60 * args.minutes
+    counts = {"pass": 0, "fail": 0, "unfit": 0}
+    failed = []
+    for index in indices:
+        if args.case is None and time.monotonic() > deadline:
+            break
+        case = draw_case(args.seed, index)
+        started = time.monotonic()
+        outcome, detail = run_case(case)
+        counts[outcome] += 1
+        print(f"case {index}: {outcome} in {time.monotonic() - started:.1f} s: {case.line()}: "
+              f"{detail}", flush=True)  # fmt: skip
+        if outcome == "fail":
+            failed.append(f"--seed {args.seed} --case {index}: {case.line()}")
+    print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['unfit']} did not fit "
+          f"(seed {args.seed})")  # fmt: skip
+    for line in failed:
+        print(f"failed: python scripts/fuzz_kernels.py {line}")
+    return 1 if failed else 0
+
+
+def _count(first: int):
+    index = first
+    while True:
+        yield index
+        index += 1
+
+
+if __name__ == "__main__":
+    run_script(main)

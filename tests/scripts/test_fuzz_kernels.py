@@ -1,0 +1,95 @@
+"""scripts/fuzz_kernels.py: its cases are reproducible from (seed, index), valid and varied; it
+runs them in the emulator; a wrong result, an error and an unfit tensor-copy build are each
+reported as such, and a failure's line reproduces it."""
+
+import re
+from collections import Counter
+
+import pytest
+
+import spio.reference
+from tests.conftest import load_script
+
+fuzz = load_script("fuzz_kernels")
+
+
+def test_cases_reproduce_from_seed_and_index():
+    assert fuzz.draw_case(3, 41) == fuzz.draw_case(3, 41)
+    assert fuzz.draw_case(3, 41) != fuzz.draw_case(3, 42)
+    assert fuzz.draw_case(3, 41) != fuzz.draw_case(4, 41)
+
+
+def test_cases_are_valid_and_reach_every_variant():
+    from spio.kernels.families import FAMILY_OF_PASS
+
+    seen: Counter = Counter()
+    for index in range(300):
+        case = fuzz.draw_case(0, index)
+        p = case.params
+        assert p.p >= 1 and p.q >= 1, case.line()  # a non-empty output
+        assert case.config in FAMILY_OF_PASS[case.pass_].configs(p), case.line()
+        assert not case.tma or case.swizzled  # as make_kernel implies it
+        assert not case.tma_stores or (case.tma and case.pass_ != "wgrad")
+        seen.update([case.pass_, p.dtype, f"r{p.r}", f"s{p.s}"])
+        seen.update(
+            name for name in ("held", "swizzled", "tma", "tma_stores") if getattr(case, name)
+        )
+        seen["bias"] += p.has_bias
+        seen["images a block"] += getattr(case.config, "block_n", 1) > 1
+        negative = p.padding[0] > p.r - 1 or p.padding[1] > p.s - 1  # DGrad pads by R-1-pad
+        seen["negative dgrad padding"] += case.pass_ == "dgrad" and negative
+        if case.pass_ == "wgrad":
+            seen["partials" if case.partials else "atomic"] += 1
+    expected = ["fprop", "dgrad", "wgrad", "fp16", "bf16", "held", "swizzled", "tma"]
+    expected += ["tma_stores", "bias", "images a block", "negative dgrad padding"]
+    expected += ["partials", "atomic"]
+    expected += [f"{axis}{k}" for axis in "rs" for k in range(1, 6)]
+    assert all(seen[name] for name in expected), seen
+
+
+def test_cases_pass_in_the_emulator(monkeypatch, capsys):
+    assert fuzz.main(["--seed", "0", "--cases", "3"]) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^case \d+: pass in ", out, re.MULTILINE)) == 3, out
+    assert "3 passed, 0 failed, 0 did not fit (seed 0)" in out
+
+
+def test_a_wrong_result_fails_with_the_line_that_reproduces_it(monkeypatch, capsys):
+    """The references moved by 1: every kernel's result is then wrong by far more than the
+    tolerance, and the run says so (exit 1), with the command for each failed case."""
+    for name in ("conv2d_gw8_fprop_ref", "conv2d_gw8_dgrad_ref", "conv2d_gw8_wgrad_ref"):
+        real = getattr(spio.reference, name)
+        monkeypatch.setattr(spio.reference, name, lambda *a, real=real, **k: real(*a, **k) + 1)
+    assert fuzz.main(["--seed", "5", "--first", "7", "--cases", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "0 passed, 2 failed, 0 did not fit (seed 5)" in out
+    for index in (7, 8):
+        line = fuzz.draw_case(5, index).line()
+        assert f"failed: python scripts/fuzz_kernels.py --seed 5 --case {index}: {line}" in out
+
+
+def test_an_error_is_a_failure_and_the_run_goes_on(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("emulated fault")
+
+    monkeypatch.setattr("spio.check.run_one", broken)
+    assert fuzz.main(["--cases", "2"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("RuntimeError: emulated fault") == 2, out
+
+
+def test_a_tensor_copy_build_that_does_not_fit_is_counted_apart(monkeypatch, capsys):
+    case = next(c for c in map(lambda i: fuzz.draw_case(0, i), range(100)) if c.tma)
+    index = case.index
+
+    def refuse(*args, **kwargs):
+        raise ValueError("needs 300000 bytes of shared memory with tma=True, more than ...")
+
+    for module in ("conv2d_gw8_factory", "conv2d_gw8_wgrad_factory"):
+        monkeypatch.setattr(f"spio.kernels.{module}.make_kernel", refuse)
+    assert fuzz.main(["--seed", "0", "--case", str(index)]) == 0
+    assert "0 passed, 0 failed, 1 did not fit" in capsys.readouterr().out
+    # Without tensor copies the same refusal is an error, not a skip.
+    plain = next(c for c in map(lambda i: fuzz.draw_case(0, i), range(100)) if not c.tma)
+    with pytest.raises(ValueError, match="shared memory"):
+        fuzz.build(plain)
