@@ -7,10 +7,13 @@ is meaningful. Needs a CUDA GPU and timm; without either it exits with status 2 
     python scripts/timm_benchmark.py --model regnetx_002 --spio --amp-dtype bfloat16 \\
         --channels-last --bench train --batch-size 256 --img-size 224
 
---profile then profiles a few more steps of each variant (torch.profiler, CPU and CUDA) and prints
-where their GPU time goes: the costliest kernels per step, the kernel launches, memcpy/memset ops
-and host synchronisations, and which kernels took more time per step with spio than without.
-All variants are timed before any is profiled, so the profiler cannot slow a timing.
+--cuda-graph also times each variant's step captured in a CUDA graph and replayed, which takes
+the host's Python and launch work out of the step: what spio gains on the GPU where an eager step
+is bound by its host. --profile then profiles a few more steps of each variant (torch.profiler,
+CPU and CUDA) and prints where their GPU time goes: the costliest kernels per step, the kernel
+launches, memcpy/memset ops and host synchronisations, and which kernels took more time per step
+with spio than without. All variants are timed before any is profiled, so the profiler cannot
+slow a timing.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=positive_int, default=10, help="untimed steps first")
     parser.add_argument("--iters", type=positive_int, default=30, help="timed steps")
     parser.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="also time each variant's step captured once in a CUDA graph and replayed: the "
+        "GPU's time per step without the host's Python and launch work",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="after timing, profile each variant's steps and print its costliest GPU kernels, "
@@ -79,7 +88,9 @@ def missing_requirements() -> list[str]:
     return missing
 
 
-def _step_fn(model, args, x):
+def _step_fn(model, args, x, cache_casts: bool = True):
+    """The benchmark's step on `x`. `cache_casts`: autocast's cache of its weight casts, which a
+    step captured in a CUDA graph goes without, as PyTorch's CUDA-graph notes ask."""
     import torch
 
     dtype = getattr(torch, args.amp_dtype)
@@ -87,14 +98,14 @@ def _step_fn(model, args, x):
         model.eval()
 
         def step():
-            with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+            with torch.no_grad(), torch.autocast("cuda", dtype=dtype, cache_enabled=cache_casts):
                 model(x)
 
     else:
         model.train()
 
         def step():
-            with torch.autocast("cuda", dtype=dtype):
+            with torch.autocast("cuda", dtype=dtype, cache_enabled=cache_casts):
                 loss = model(x).float().logsumexp(-1).mean()
             loss.backward()
             for p in model.parameters():
@@ -130,15 +141,47 @@ def time_model(model, args) -> float:
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
+    return args.batch_size / median_seconds(step, args.iters)
+
+
+def median_seconds(call, iters: int) -> float:
+    """The median GPU time of `iters` calls of `call`, each between two CUDA events."""
+    import torch
+
     times = []
-    for _ in range(args.iters):
+    for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        step()
+        call()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return args.batch_size / statistics.median(times)
+    return statistics.median(times)
+
+
+def time_graphed(model, args) -> float:
+    """Median samples/s of args.iters replays of the model's step captured in one CUDA graph:
+    what the GPU takes per step once the host's Python and launches are out of the way (a
+    small model's eager step can be bound by them). After time_model, whose steps built and
+    loaded its kernels; warmed up again on a side stream before the capture, as PyTorch's
+    whole-network capture recipe does. The replays compute the eager step's work on the same
+    input (the gradients go to the graph's own memory)."""
+    import torch
+
+    step = _step_fn(model, args, example_input(args), cache_casts=False)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(args.warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    return args.batch_size / median_seconds(graph.replay, args.iters)
 
 
 # CUDA runtime calls that make the host wait for the GPU.
@@ -387,6 +430,26 @@ def print_profiles(variants: dict, results: dict[str, float], args) -> None:
             )
 
 
+def print_graphed(variants: dict, args) -> dict[str, float]:
+    """Time each variant's step in a CUDA graph (time_graphed) and print its samples/s, then
+    each spio variant's against pytorch's; a capture that fails says why, and the others go
+    on. Returns the samples/s of those that ran."""
+    graphed = {}
+    for name, model in variants.items():
+        t0 = time.perf_counter()
+        try:
+            graphed[name] = time_graphed(model, args)
+        except Exception as e:  # the eager timings stand; say why this one is missing
+            print(f"{name:8s} in a CUDA graph failed: {type(e).__name__}: {e}")
+            continue
+        print(f"{name:8s} {graphed[name]:10.1f} samples/s in a CUDA graph  "
+              f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
+    for name in ("spio", "spio-faster"):
+        if name in graphed and "pytorch" in graphed:
+            print(f"{name} / pytorch in CUDA graphs = {graphed[name] / graphed['pytorch']:.3f}")
+    return graphed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     missing = missing_requirements()
@@ -436,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("spio", "spio-faster"):
         if name in results:
             print(f"{name} / pytorch = {results[name] / results['pytorch']:.3f}")
+    if args.cuda_graph:
+        print_graphed(variants, args)
     if args.profile:
         print_profiles(variants, results, args)
     return 0

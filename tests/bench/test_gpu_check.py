@@ -68,7 +68,9 @@ if [[ "$*" == *"perf_sample.py"* && -n "${{FAKE_PERF_ROWS:-}}" ]]; then  # appen
     exit 0
 fi
 if [[ "$*" == *"timm_benchmark.py"* ]]; then
-    printf 'spio / pytorch = 0.835\nspio-faster / pytorch = 1.002\n'; exit 0
+    printf 'spio / pytorch = 0.835\nspio-faster / pytorch = 1.002\n'
+    printf 'spio / pytorch in CUDA graphs = 1.250\nspio-faster / pytorch in CUDA graphs = 1.300\n'
+    exit 0
 fi
 echo "python stand-in: $*"
 exit 0
@@ -150,7 +152,8 @@ def test_full_run_with_stand_ins_passes_and_prints_summary_last(stand_ins, tmp_p
         assert " PASS" in summary[step], summary[step]
         assert (out_dir / f"{step}.log").is_file()
     assert "3 passed" in summary["tests"]
-    assert "PASS: spio=0.835 spio-faster=1.002" in summary["timm"]  # whole, in the summary
+    # whole, in the summary: the eager ratios, then those of the steps in CUDA graphs
+    assert "PASS: spio=0.835 faster=1.002 graphed: spio=1.250 faster=1.300" in summary["timm"]
     memcheck_log = (out_dir / "memcheck.log").read_text()
     assert "--tool memcheck" in memcheck_log and "kns=spio_ " in memcheck_log
     # The perf step samples afresh (the stand-in sampler writes nothing).

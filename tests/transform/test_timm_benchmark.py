@@ -298,3 +298,75 @@ def test_copy_calls_count_copying_ops_by_input_shapes_per_step(bench):
     assert bench.format_copy_comparison("pytorch", calls, "spio", dict(calls)) == [
         "spio vs pytorch: the same copying ops per step"
     ]
+
+
+def test_cuda_graph_is_an_option(bench):
+    assert not bench.parse_args(["--model", "m"]).cuda_graph
+    assert bench.parse_args(["--model", "m", "--cuda-graph"]).cuda_graph
+
+
+def test_print_graphed_compares_each_spio_variant_and_survives_a_failure(
+    bench, monkeypatch, capsys
+):
+    def time_graphed(model, args):
+        if model == "F":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return {"P": 1000.0, "S": 1250.0}[model]
+
+    monkeypatch.setattr(bench, "time_graphed", time_graphed)
+    args = bench.parse_args(["--model", "m", "--cuda-graph"])
+    graphed = bench.print_graphed({"pytorch": "P", "spio": "S", "spio-faster": "F"}, args)
+    out = capsys.readouterr().out
+    assert graphed == {"pytorch": 1000.0, "spio": 1250.0}
+    assert "spio         1250.0 samples/s in a CUDA graph" in out
+    assert "spio-faster in a CUDA graph failed: RuntimeError: operation not permitted" in out
+    assert "spio / pytorch in CUDA graphs = 1.250" in out
+    assert "spio-faster / pytorch in CUDA graphs" not in out
+
+
+def test_captured_steps_go_without_autocast_cast_cache(bench, monkeypatch):
+    """The step captured in a graph enters autocast with cache_enabled=False (PyTorch's notes on
+    autocast and CUDA graphs); the eager step with autocast's default."""
+    import torch
+
+    seen = []
+    real = torch.autocast
+
+    def autocast(*args, **kwargs):
+        seen.append(kwargs.get("cache_enabled", True))
+        kwargs["enabled"] = False  # (no CUDA here)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    model, x = torch.nn.Linear(4, 3), torch.randn(2, 4)
+    for bench_kind in ("inference", "train"):
+        args = bench.parse_args(["--model", "m", "--bench", bench_kind])
+        bench._step_fn(model, args, x)()
+        bench._step_fn(model, args, x, cache_casts=False)()
+    assert seen == [True, False, True, False]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["train", "inference"])
+def test_time_graphed_replays_a_spio_model(bench, kind):
+    """A small model with spio layers (and a BatchNorm, as timm's have) is captured and replayed
+    in a CUDA graph, eager-timed first as main() does."""
+    import torch
+
+    import spio.transform
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3, padding=1),
+        torch.nn.Conv2d(64, 64, 3, padding=1, groups=8),
+        torch.nn.BatchNorm2d(64),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, padding=1, groups=8, bias=False),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+    )
+    model = spio.transform.transform(model).cuda().to(memory_format=torch.channels_last)
+    argv = ["--model", "m", "--bench", kind, "--batch-size", "8", "--img-size", "16"]
+    args = bench.parse_args(argv + ["--channels-last", "--warmup", "2", "--iters", "3"])
+    assert bench.time_model(model, args) > 0
+    assert bench.time_graphed(model, args) > 0
