@@ -164,8 +164,8 @@ def time_graphed(model, args) -> float:
     what the GPU takes per step once the host's Python and launches are out of the way (a
     small model's eager step can be bound by them). After time_model, whose steps built and
     loaded its kernels; warmed up again on a side stream before the capture, as PyTorch's
-    whole-network capture recipe does. The replays compute the eager step's work on the same
-    input (the gradients go to the graph's own memory)."""
+    whole-network capture recipe does. Each replay does the eager step's work on an input of
+    its size (the gradients go to the graph's own memory, as the eager step drops them)."""
     import torch
 
     step = _step_fn(model, args, example_input(args), cache_casts=False)
