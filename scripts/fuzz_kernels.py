@@ -6,8 +6,10 @@ padding, odd and tiny images, batch, groups, bias, fp16 or bf16), a pass, one of
 and a variant (FProp/DGrad: operands as a half model holds them, swizzled stages, input rows by
 tensor copies, output rows too; WGrad: per-warp partial sums or atomics, swizzled, tensor
 copies), and checks the kernel on random inputs into NaN-poisoned outputs at the tolerance
-spio check uses (spio.check.run_one; hazard checks on). Each case is drawn from (--seed, its
-index) alone, so a failure's line reproduces it: `--seed S --case I`. Exit 1 on any failure.
+spio check uses (spio.check.run_one; hazard checks on), with its blocks and threads run in a
+shuffled order and its shared memory at a random 16-byte offset, as a GPU may run and place
+them. Each case is drawn from (--seed, its index) alone, so a failure's line reproduces it:
+`--seed S --case I`. Exit 1 on any failure.
 
     python scripts/fuzz_kernels.py --minutes 60            # until an hour is up
     python scripts/fuzz_kernels.py --seed 3 --case 41      # one case again
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import random
 import time
 import traceback
@@ -39,13 +42,18 @@ class Case:
     swizzled: bool
     tma: bool  # input rows by tensor copies (implies swizzled)
     tma_stores: bool  # FProp/DGrad: output rows by tensor copies too
+    # How the emulator runs it: blocks and threads in an order shuffled by this seed, dynamic
+    # shared memory this many bytes past a 1024-byte boundary (as a GPU may place it).
+    order_seed: int
+    shared_offset: int
 
     def line(self) -> str:
         flags = [name for name in ("held", "swizzled", "tma", "tma_stores") if getattr(self, name)]
         if self.pass_ == "wgrad":
             flags.insert(0, "partials" if self.partials else "atomic")
         return (f"{self.pass_} {self.params.encode()} {self.config.encode()} "
-                f"[{' '.join(flags) or 'plain'}]")  # fmt: skip
+                f"[{' '.join(flags) or 'plain'}] order {self.order_seed} "
+                f"smem +{self.shared_offset}")  # fmt: skip
 
 
 def draw_layer(rng: random.Random):
@@ -93,6 +101,8 @@ def draw_case(seed: int, index: int) -> Case:
         swizzled=tma or rng.random() < 0.3,
         tma=tma,
         tma_stores=tma and pass_ != "wgrad" and rng.random() < 0.5,
+        order_seed=rng.randrange(1, 2**31),
+        shared_offset=16 * rng.randrange(64),
     )
 
 
@@ -122,11 +132,21 @@ def run_case(case: Case) -> tuple[str, str]:
     kernel = build(case)
     if kernel is None:
         return "unfit", "stages do not fit shared memory with tensor copies"
+    emulation = {"SPIO_EMULATOR_ORDER_SEED": str(case.order_seed),
+                 "SPIO_EMULATOR_SHARED_OFFSET": str(case.shared_offset)}  # fmt: skip
+    kept = {name: os.environ.get(name) for name in emulation}
+    os.environ.update(emulation)  # (read at each emulated launch)
     try:
         ratio = run_one(case.params, case.pass_, case.config, "cpu", seed=case.index,
                         kernel=kernel, as_held=case.held)  # fmt: skip
     except Exception:  # any error is a failure to report, not a reason to stop the run
         return "fail", traceback.format_exc(limit=-3).rstrip()
+    finally:
+        for name, value in kept.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     if ratio <= 1.0:
         return "pass", f"{ratio:.3f} of the tolerance"
     return "fail", f"worst error {ratio:.3g} times the tolerance"

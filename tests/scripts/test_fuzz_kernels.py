@@ -2,6 +2,7 @@
 runs them in the emulator; a wrong result, an error and an unfit tensor-copy build are each
 reported as such, and a failure's line reproduces it."""
 
+import os
 import re
 from collections import Counter
 
@@ -93,3 +94,26 @@ def test_a_tensor_copy_build_that_does_not_fit_is_counted_apart(monkeypatch, cap
     plain = next(c for c in map(lambda i: fuzz.draw_case(0, i), range(100)) if not c.tma)
     with pytest.raises(ValueError, match="shared memory"):
         fuzz.build(plain)
+
+
+def test_each_case_runs_in_its_own_order_and_shared_memory_offset(monkeypatch):
+    """The emulator's settings for a case's launches are the case's (read at each launch), and
+    the caller's come back afterwards."""
+    monkeypatch.setenv("SPIO_EMULATOR_ORDER_SEED", "1")
+    monkeypatch.delenv("SPIO_EMULATOR_SHARED_OFFSET", raising=False)
+    seen = []
+
+    def run_one(*args, **kwargs):
+        seen.append((os.environ["SPIO_EMULATOR_ORDER_SEED"],
+                     os.environ["SPIO_EMULATOR_SHARED_OFFSET"]))  # fmt: skip
+        return 0.5
+
+    monkeypatch.setattr("spio.check.run_one", run_one)
+    cases = [fuzz.draw_case(0, i) for i in range(2)]
+    for case in cases:
+        assert fuzz.run_case(case)[0] == "pass"
+    assert seen == [(str(c.order_seed), str(c.shared_offset)) for c in cases]
+    assert all(c.shared_offset % 16 == 0 and 0 <= c.shared_offset < 1024 for c in cases)
+    assert cases[0].order_seed != cases[1].order_seed
+    assert os.environ["SPIO_EMULATOR_ORDER_SEED"] == "1"
+    assert "SPIO_EMULATOR_SHARED_OFFSET" not in os.environ
