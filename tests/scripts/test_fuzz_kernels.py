@@ -117,3 +117,13 @@ def test_each_case_runs_in_its_own_order_and_shared_memory_offset(monkeypatch):
     assert cases[0].order_seed != cases[1].order_seed
     assert os.environ["SPIO_EMULATOR_ORDER_SEED"] == "1"
     assert "SPIO_EMULATOR_SHARED_OFFSET" not in os.environ
+
+
+@pytest.mark.slow
+def test_a_fuzz_sweep_passes(capsys):
+    """`pytest -m slow`'s share of the fuzzing: 300 drawn cases of a seed of their own (about
+    three minutes on one core), every one within its tolerance."""
+    code = fuzz.main(["--seed", "63", "--cases", "300"])
+    out = capsys.readouterr().out
+    assert code == 0, "\n".join(line for line in out.splitlines() if "fail" in line)
+    assert re.search(r"^\d+ passed, 0 failed, \d+ did not fit \(seed 63\)$", out, re.MULTILINE)
