@@ -9,22 +9,27 @@ copies), and checks the kernel on random inputs into NaN-poisoned outputs at the
 spio check uses (spio.check.run_one; hazard checks on), with its blocks and threads run in a
 shuffled order and its shared memory at a random 16-byte offset, as a GPU may run and place
 them. Each case is drawn from (--seed, its index) alone, so a failure's line reproduces it:
-`--seed S --case I`. Exit 1 on any failure.
+`--seed S --case I`. The kernels of --batch cases are built in parallel (SPIO_WORKERS) before
+they run. With --device cuda the cases run on the GPU instead (tensor copies only where it has
+them, sm_90; a sticky CUDA error ends the run, naming the case to go on from). Exit 1 on any
+failure, 2 for --device cuda without a GPU.
 
     python scripts/fuzz_kernels.py --minutes 60            # until an hour is up
     python scripts/fuzz_kernels.py --seed 3 --case 41      # one case again
+    python scripts/fuzz_kernels.py --device cuda --minutes 2
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import random
 import time
 import traceback
 
-from spio.args import non_negative_int, positive_float, positive_int, run_script
+from spio.args import no_gpu, non_negative_int, positive_float, positive_int, run_script
 
 PASSES = ("fprop", "dgrad", "wgrad")
 
@@ -106,41 +111,86 @@ def draw_case(seed: int, index: int) -> Case:
     )
 
 
-def build(case: Case):
-    """The case's kernel, or None where its stages do not fit shared memory with tensor copies
-    (make_kernel refuses those; spio runs such a config with cp.async)."""
+def build(case: Case, arch: str | None = None):
+    """The case's kernel as run_one launches it (held FProp/DGrad: the variant reading
+    channels_last weights, and a half bias), or None where it cannot run: tensor copies on a
+    GPU without them (`arch`: the GPU's; None, the emulator, runs them all), or stages that do
+    not fit shared memory with them (make_kernel refuses those; spio runs such a config with
+    cp.async)."""
+    from spio.compiler.arch import has_bulk_copies
     from spio.kernels import conv2d_gw8_factory as fd
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
 
+    if case.tma and arch is not None and not has_bulk_copies(arch):
+        return None
     try:
         if case.pass_ == "wgrad":
             return wg.make_kernel(case.params, case.config, partials=case.partials,
                                   swizzled=case.swizzled, tma=case.tma)  # fmt: skip
+        bias_elem = case.held and case.pass_ == "fprop" and case.params.has_bias
         return fd.make_kernel(case.params, case.config, igrad=case.pass_ == "dgrad",
-                              swizzled=case.swizzled, tma=case.tma,
-                              tma_stores=case.tma_stores)  # fmt: skip
+                              weights_cl=case.held, bias_elem=bias_elem, swizzled=case.swizzled,
+                              tma=case.tma, tma_stores=case.tma_stores)  # fmt: skip
     except ValueError as error:
         if case.tma and "shared memory" in str(error):
             return None
         raise
 
 
-def run_case(case: Case) -> tuple[str, str]:
-    """("pass" | "fail" | "unfit", detail) of one case."""
-    from spio.check import run_one
+def kernels_of(case: Case, kernel) -> list:
+    """What the case launches: its kernel and, for WGrad's partial sums, the sum_slots kernels
+    into fp32 gradients and, held, into the layer's dtype (run_one compares the two)."""
+    from spio.kernels.conv2d_gw8_wgrad_factory import with_sums
 
-    kernel = build(case)
+    found = with_sums([kernel])
+    if case.held:
+        found += with_sums([kernel], (case.params.dtype, case.params.dtype))
+    return found
+
+
+def prebuild(cases: list[Case], device: str, arch: str | None) -> None:
+    """Builds the cases' kernels in parallel into the disk cache (SPIO_WORKERS processes or
+    threads), so that each case's run only loads them; a case whose kernel cannot be made or
+    built fails at its run, which makes or builds it again."""
+    import torch
+
+    from spio.kernels.kernel import build_kernels
+
+    kernels = []
+    for case in cases:
+        try:
+            kernel = build(case, arch)
+        except Exception:  # its run reports it
+            continue
+        if kernel is not None:
+            kernels += kernels_of(case, kernel)
+    build_kernels(kernels, torch.device(device), progress=False)
+
+
+def run_case(case: Case, device: str = "cpu", arch: str | None = None) -> tuple[str, str]:
+    """("pass" | "fail" | "unfit" | "lost", detail) of one case on `device` ("cpu", the
+    emulator, or "cuda", whose `arch` it is). "lost": a failure that left the GPU unusable for
+    the rest of the process (a sticky CUDA error)."""
+    from spio.check import _sticky, run_one
+
+    try:
+        kernel = build(case, arch)
+    except Exception:  # a kernel spio would make for this config: a failure, not a stop
+        return "fail", traceback.format_exc(limit=-3).rstrip()
     if kernel is None:
+        if case.tma and arch is not None:
+            return "unfit", f"no tensor copies on {arch}"
         return "unfit", "stages do not fit shared memory with tensor copies"
     emulation = {"SPIO_EMULATOR_ORDER_SEED": str(case.order_seed),
                  "SPIO_EMULATOR_SHARED_OFFSET": str(case.shared_offset)}  # fmt: skip
     kept = {name: os.environ.get(name) for name in emulation}
-    os.environ.update(emulation)  # (read at each emulated launch)
+    os.environ.update(emulation)  # (read at each emulated launch; a GPU ignores them)
     try:
-        ratio = run_one(case.params, case.pass_, case.config, "cpu", seed=case.index,
+        ratio = run_one(case.params, case.pass_, case.config, device, seed=case.index,
                         kernel=kernel, as_held=case.held)  # fmt: skip
-    except Exception:  # any error is a failure to report, not a reason to stop the run
-        return "fail", traceback.format_exc(limit=-3).rstrip()
+    except Exception as error:  # any error is a failure to report, not a reason to stop the run
+        lost = device != "cpu" and _sticky(error, device)
+        return "lost" if lost else "fail", traceback.format_exc(limit=-3).rstrip()
     finally:
         for name, value in kept.items():
             if value is None:
@@ -161,11 +211,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--first", type=non_negative_int, default=0,
                         help="index of the first case (to go on from an earlier run)")  # fmt: skip
     parser.add_argument("--case", type=non_negative_int, help="run case CASE of --seed alone")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: the emulator (default); cuda: the GPU")  # fmt: skip
+    parser.add_argument("--batch", type=positive_int, default=16,
+                        help="cases whose kernels are built in parallel (default 16)")  # fmt: skip
     return parser.parse_args(argv)
+
+
+def device_arch(device: str) -> str | None:
+    """The GPU's arch for "cuda" (e.g. sm_90); None for the emulator."""
+    if device == "cpu":
+        return None
+    import torch
+
+    from spio.cuda import driver
+    from spio.kernels.kernel import cuda_ordinal
+
+    return driver.device_attributes(cuda_ordinal(torch.device(device)))["arch"]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return no_gpu("fuzz_kernels")
+    arch = device_arch(args.device)
     if args.case is not None:
         indices = iter([args.case])
     else:
@@ -174,21 +246,34 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + 60 * args.minutes
     counts = {"pass": 0, "fail": 0, "unfit": 0}
     failed = []
-    for index in indices:
-        if args.case is None and time.monotonic() > deadline:
+    lost = False
+    while not lost and (args.case is not None or time.monotonic() < deadline):
+        cases = [draw_case(args.seed, index) for index in itertools.islice(indices, args.batch)]
+        if not cases:
             break
-        case = draw_case(args.seed, index)
-        started = time.monotonic()
-        outcome, detail = run_case(case)
-        counts[outcome] += 1
-        print(f"case {index}: {outcome} in {time.monotonic() - started:.1f} s: {case.line()}: "
-              f"{detail}", flush=True)  # fmt: skip
-        if outcome == "fail":
-            failed.append(f"--seed {args.seed} --case {index}: {case.line()}")
+        prebuild(cases, args.device, arch)
+        for case in cases:
+            if args.case is None and time.monotonic() > deadline:
+                break
+            started = time.monotonic()
+            outcome, detail = run_case(case, args.device, arch)
+            lost = outcome == "lost"
+            counts["fail" if lost else outcome] += 1
+            print(f"case {case.index}: {outcome} in {time.monotonic() - started:.1f} s: "
+                  f"{case.line()}: {detail}", flush=True)  # fmt: skip
+            if outcome in ("fail", "lost"):
+                failed.append(f"--seed {args.seed} --case {case.index}: {case.line()}")
+            if lost:
+                print(f"the GPU is unusable in this process after that error (a sticky CUDA "
+                      f"error): go on with --first {case.index + 1}")  # fmt: skip
+                break
+        if args.case is not None:
+            break
     print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['unfit']} did not fit "
-          f"(seed {args.seed})")  # fmt: skip
+          f"(seed {args.seed}, {arch or 'emulator'})")  # fmt: skip
+    where = "" if args.device == "cpu" else f" --device {args.device}"
     for line in failed:
-        print(f"failed: python scripts/fuzz_kernels.py {line}")
+        print(f"failed: python scripts/fuzz_kernels.py{where} {line}")
     return 1 if failed else 0
 
 

@@ -26,6 +26,10 @@
 #              pass swizzled against group-major and
 #              WGrad's atomics against its partial sums (settled in run 6). Its time limit:
 #              GPU_CHECK_ABLATE_SECONDS (default 200)
+#   fuzz       only when GPU_CHECK_ONLY names it (n/a otherwise): scripts/fuzz_kernels.py on the
+#              GPU, random layers, configs and kernel variants (tensor copies among them, on
+#              sm_90) against float64 references until GPU_CHECK_FUZZ_SECONDS (default 150)
+#              runs out
 #   copies     only when GPU_CHECK_ONLY names it (n/a otherwise): spio bench --quick with
 #              SPIO_TMA=loads+stores (spio as it would run with tensor copies, against cuDNN in
 #              the same run; OUT_DIR/bench_tma), then scripts/ablate_kernel.py on every bench
@@ -87,6 +91,7 @@ STEPS=(
     "build:180"
     "info:60"
     "check:90"
+    "fuzz:${GPU_CHECK_FUZZ_SECONDS:-150}"
     "bench:200"
     "overhead:90"
     "ablate:${GPU_CHECK_ABLATE_SECONDS:-200}"
@@ -100,7 +105,7 @@ STEPS=(
 )
 
 # Steps that run only when GPU_CHECK_ONLY names them (a second call's work).
-OPT_IN_STEPS="copies"
+OPT_IN_STEPS="copies fuzz"
 
 for name in ${GPU_CHECK_ONLY:-}; do
     if [[ ! " ${STEPS[*]%%:*} " == *" $name "* ]]; then
@@ -260,6 +265,24 @@ step_info() {
 
 step_check() {
     timeout -k 10 "$1" "$PYTHON" -m spio check --device cuda --quick
+}
+
+# Cases are drawn until 45 s before the step's limit (their kernels are built 16 at a time first);
+# the seed is the run's date, so runs on different days draw different cases.
+FUZZ_MIN_SECONDS=60
+step_fuzz() {
+    if (($1 < FUZZ_MIN_SECONDS)); then
+        NOTE="${1}s left, under the ${FUZZ_MIN_SECONDS}s it needs"
+        return 200
+    fi
+    local minutes
+    minutes=$(awk -v s="$1" 'BEGIN { printf "%.2f", (s - 45) / 60 }')
+    timeout -k 10 "$(cap "$1")" "$PYTHON" scripts/fuzz_kernels.py --device cuda \
+        --minutes "$minutes" --seed "$(date -u +%Y%m%d)"
+    local rc=$?
+    # e.g. "412 passed, 0 failed, 37 did not fit (seed 20261207, sm_90)"
+    NOTE=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT_DIR/fuzz.log" | tail -n 1)
+    return "$rc"
 }
 
 sanitize() {

@@ -67,6 +67,10 @@ if [[ "$*" == *"perf_sample.py"* && -n "${{FAKE_PERF_ROWS:-}}" ]]; then  # appen
     for ((i = 0; i < FAKE_PERF_ROWS; i++)); do echo "L$i,128" >>"$2"; done
     exit 0
 fi
+if [[ "$*" == *"fuzz_kernels.py"* ]]; then
+    echo "python stand-in: $*"
+    echo "7 passed, 0 failed, 2 did not fit (seed 1, sm_90)"; exit 0
+fi
 if [[ "$*" == *"timm_benchmark.py"* ]]; then
     printf 'spio / pytorch = 0.835\nspio-faster / pytorch = 1.002\n'
     printf 'spio / pytorch in CUDA graphs = 1.250\nspio-faster / pytorch in CUDA graphs = 1.300\n'
@@ -123,8 +127,8 @@ def test_step_list_is_sane():
     limits = {name: int(limit) for name, limit in steps}
     # Correctness and the benchmark first: a short budget still gets them.
     assert names == [
-        "wheels", "build", "info", "check", "bench", "overhead", "ablate", "copies", "probe",
-        "memcheck", "racecheck", "tests", "timm", "perf",
+        "wheels", "build", "info", "check", "fuzz", "bench", "overhead", "ablate", "copies",
+        "probe", "memcheck", "racecheck", "tests", "timm", "perf",
     ]  # fmt: skip
     assert len(set(names)) == len(names)
     assert names.index("build") < min(names.index(n) for n in names if n not in ("wheels", "build"))
@@ -143,7 +147,7 @@ def test_full_run_with_stand_ins_passes_and_prints_summary_last(stand_ins, tmp_p
     assert out.returncode == 0, out.stdout + out.stderr
     tail = out.stdout.strip().splitlines()
     assert tail[-1].startswith("total") and "PASS" in tail[-1]
-    summary = {line.split()[0]: line for line in tail[-15:-1]}
+    summary = {line.split()[0]: line for line in tail[-16:-1]}  # a line a step
     wheels = list(REPO.glob(".whl/*.whl"))  # git-ignored: present after fetch_gpu_wheels.sh
     assert (f"PASS: {len(wheels)} wheels" if wheels else "n/a") in summary["wheels"]
     steps = ("build", "info", "check", "bench", "overhead", "ablate", "probe", "memcheck", "tests",
@@ -325,6 +329,28 @@ def test_the_copies_step_runs_only_when_named(stand_ins, tmp_path):
     assert args.variants == ["full", "tma", "tma-stores"] and len(args.layer) == len(layer_table())
 
 
+def test_the_fuzz_step_runs_only_when_named(stand_ins, tmp_path):
+    """Random kernels on the GPU are a second call's work: n/a in a full run; named, the fuzz
+    on the GPU until 45 s before the step's limit, seeded by the date, its summary line the
+    step's status."""
+    out = _run(stand_ins, tmp_path / "full")
+    fuzz = next(line for line in out.stdout.splitlines() if line.startswith("fuzz "))
+    assert "n/a (opt-in: GPU_CHECK_ONLY must name it)" in fuzz
+    out = _run(stand_ins, tmp_path / "named", GPU_CHECK_ONLY="fuzz", GPU_CHECK_FUZZ_SECONDS="105")
+    fuzz = next(line for line in out.stdout.splitlines() if line.startswith("fuzz "))
+    assert "PASS: 7 passed, 0 failed, 2 did not fit (seed 1, sm_90)" in fuzz, fuzz
+    log = (tmp_path / "named" / "fuzz.log").read_text()
+    call = next(line for line in log.splitlines() if "fuzz_kernels.py" in line)
+    argv = call.split("fuzz_kernels.py ")[1].split()
+    assert argv[:4] == ["--device", "cuda", "--minutes", "1.00"]
+    assert argv[4] == "--seed" and re.fullmatch(r"20\d{6}", argv[5]), argv
+    args = load_script("fuzz_kernels").parse_args(argv)
+    assert (args.device, args.minutes) == ("cuda", 1.0)
+    out = _run(stand_ins, tmp_path / "short", GPU_CHECK_ONLY="fuzz", GPU_CHECK_FUZZ_SECONDS="50")
+    fuzz = next(line for line in out.stdout.splitlines() if line.startswith("fuzz "))
+    assert "50s left, under the 60s it needs" in fuzz, fuzz
+
+
 def test_a_broken_install_skips_the_steps_after_it(stand_ins, tmp_path):
     """When `spio info` fails (e.g. the driver extension does not import), nothing after it can
     work: those steps are skipped instead of spending GPU time."""
@@ -487,7 +513,7 @@ def test_only_the_selected_steps_run(stand_ins, tmp_path):
     summary = out.stdout[out.stdout.index("gpu_check summary") :]
     status = {line.split()[0]: line.split()[1] for line in summary.splitlines()[2:] if line}
     assert all(status[step].startswith("PASS") for step in ("build", "info", "perf")), summary
-    assert summary.count("not selected (GPU_CHECK_ONLY)") == 11  # the opt-in copies step among them
+    assert summary.count("not selected (GPU_CHECK_ONLY)") == 12  # the opt-in steps among them
     assert not (tmp_path / "out" / "bench.log").exists()
 
 

@@ -52,7 +52,7 @@ def test_cases_pass_in_the_emulator(monkeypatch, capsys):
     assert fuzz.main(["--seed", "0", "--cases", "3"]) == 0
     out = capsys.readouterr().out
     assert len(re.findall(r"^case \d+: pass in ", out, re.MULTILINE)) == 3, out
-    assert "3 passed, 0 failed, 0 did not fit (seed 0)" in out
+    assert "3 passed, 0 failed, 0 did not fit (seed 0, emulator)" in out
 
 
 def test_a_wrong_result_fails_with_the_line_that_reproduces_it(monkeypatch, capsys):
@@ -63,7 +63,7 @@ def test_a_wrong_result_fails_with_the_line_that_reproduces_it(monkeypatch, caps
         monkeypatch.setattr(spio.reference, name, lambda *a, real=real, **k: real(*a, **k) + 1)
     assert fuzz.main(["--seed", "5", "--first", "7", "--cases", "2"]) == 1
     out = capsys.readouterr().out
-    assert "0 passed, 2 failed, 0 did not fit (seed 5)" in out
+    assert "0 passed, 2 failed, 0 did not fit (seed 5, emulator)" in out
     for index in (7, 8):
         line = fuzz.draw_case(5, index).line()
         assert f"failed: python scripts/fuzz_kernels.py --seed 5 --case {index}: {line}" in out
@@ -126,4 +126,68 @@ def test_a_fuzz_sweep_passes(capsys):
     code = fuzz.main(["--seed", "63", "--cases", "300"])
     out = capsys.readouterr().out
     assert code == 0, "\n".join(line for line in out.splitlines() if "fail" in line)
-    assert re.search(r"^\d+ passed, 0 failed, \d+ did not fit \(seed 63\)$", out, re.MULTILINE)
+    summary = r"^\d+ passed, 0 failed, \d+ did not fit \(seed 63, emulator\)$"
+    assert re.search(summary, out, re.MULTILINE)
+
+
+def _case(**wanted):
+    """The first case of seed 0 with the attributes `wanted` (pass_ among them)."""
+    for index in range(500):
+        case = fuzz.draw_case(0, index)
+        if all(getattr(case, name) == value for name, value in wanted.items()):
+            return case
+    raise AssertionError(f"no case with {wanted} among 500")
+
+
+@pytest.mark.parametrize(
+    "wanted",
+    [
+        {"pass_": "fprop", "held": True, "tma": False},
+        {"pass_": "dgrad", "held": True, "tma": True},
+        {"pass_": "wgrad", "held": True, "partials": True},
+        {"pass_": "wgrad", "held": False, "partials": False},
+    ],
+)
+def test_the_kernels_built_ahead_are_those_the_run_launches(monkeypatch, wanted):
+    """prebuild builds each case's kernel as run_one launches it (a held FProp/DGrad's variant
+    reading channels_last weights and a half bias) and WGrad's sum_slots kernels, so the runs
+    build nothing more."""
+    from spio.kernels import kernel as kernel_module
+    from spio.kernels.kernel import Kernel
+
+    case = _case(**wanted)
+    built, launched = [], []
+    real_build, real_launch = kernel_module.build_kernels, Kernel.launch
+
+    def build_kernels(kernels, device, progress=True):
+        built.extend(k.name for k in kernels)
+        return real_build(kernels, device, progress)
+
+    def launch(self, args, device):
+        launched.append(self.name)
+        return real_launch(self, args, device)
+
+    monkeypatch.setattr(kernel_module, "build_kernels", build_kernels)
+    monkeypatch.setattr(Kernel, "launch", launch)
+    fuzz.prebuild([case], "cpu", None)
+    assert fuzz.run_case(case)[0] == "pass"
+    assert launched and set(launched) <= set(built), (launched, built)
+
+
+def test_tensor_copies_on_a_gpu_without_them_do_not_fit():
+    case = _case(tma=True)
+    assert fuzz.build(case, "sm_80") is None and fuzz.build(case, "sm_90") is not None
+    assert fuzz.run_case(case, "cpu", "sm_86") == ("unfit", "no tensor copies on sm_86")
+
+
+def test_a_lost_gpu_ends_the_run_with_where_to_go_on(monkeypatch, capsys):
+    """After a sticky CUDA error every later run would fail with it: the run stops there, says
+    where to go on from, and fails."""
+    outcomes = iter([("pass", "0.4 of the tolerance"), ("lost", "illegal address")])
+    monkeypatch.setattr(fuzz, "prebuild", lambda cases, device, arch: None)
+    monkeypatch.setattr(fuzz, "run_case", lambda case, device, arch: next(outcomes))
+    assert fuzz.main(["--seed", "2", "--first", "10", "--cases", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "go on with --first 12" in out
+    assert "1 passed, 1 failed, 0 did not fit (seed 2, emulator)" in out
+    assert "failed: python scripts/fuzz_kernels.py --seed 2 --case 11" in out

@@ -10,6 +10,7 @@ GPU_SCRIPTS = {
     "ablate_kernel": [],
     "bench_launch": [],
     "bench_op_overhead": [],
+    "fuzz_kernels": ["--device", "cuda"],
     "perf_sample": ["--csv", "{tmp}/samples.csv"],
     "read_probe": [],
     "timm_benchmark": ["--model", "regnetx_002"],
