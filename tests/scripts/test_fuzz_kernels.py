@@ -191,3 +191,13 @@ def test_a_lost_gpu_ends_the_run_with_where_to_go_on(monkeypatch, capsys):
     assert "go on with --first 12" in out
     assert "1 passed, 1 failed, 0 did not fit (seed 2, emulator)" in out
     assert "failed: python scripts/fuzz_kernels.py --seed 2 --case 11" in out
+
+
+@pytest.mark.cuda
+def test_fuzz_cases_pass_on_the_gpu(capsys):
+    """A dozen drawn cases on the GPU (the tensor-copy ones on sm_90), each within its
+    tolerance: the gpu_check tests step's share of the fuzzing, where its opt-in step is not run."""
+    code = fuzz.main(["--device", "cuda", "--seed", "7", "--cases", "12"])
+    out = capsys.readouterr().out
+    assert code == 0, "\n".join(line for line in out.splitlines() if "fail" in line)
+    assert re.search(r"^\d+ passed, 0 failed, \d+ did not fit \(seed 7, sm_\d+a?\)$", out, re.M)
