@@ -11,6 +11,7 @@ GPU_SCRIPTS = {
     "bench_launch": [],
     "bench_op_overhead": [],
     "fuzz_kernels": ["--device", "cuda"],
+    "fuzz_layers": ["--device", "cuda"],
     "perf_sample": ["--csv", "{tmp}/samples.csv"],
     "read_probe": [],
     "timm_benchmark": ["--model", "regnetx_002"],
