@@ -140,8 +140,9 @@ def check_case(case: Case, device: str) -> tuple[list[str], dict[str, float]]:
     bias_dtype = half if case.setting == "half" else torch.float32
     want_x, want_w, want_b = case.grads
     # The operands as held (on a half grid, so that autocast's casts are exact).
-    x = laid_out(x64.to(half).to(held), case.x_layout).to(device).requires_grad_(want_x)
-    w = laid_out(w64.to(half).to(held), case.w_layout).to(device).requires_grad_(want_w)
+    # (Laid out where they live: a copy to the GPU would make a strided view contiguous.)
+    x = laid_out(x64.to(half).to(held).to(device), case.x_layout).requires_grad_(want_x)
+    w = laid_out(w64.to(half).to(held).to(device), case.w_layout).requires_grad_(want_w)
     b = None if b64 is None else b64.to(bias_dtype).to(device).requires_grad_(want_b)
     groups, (pad_h, pad_w) = p.c // 8, p.padding
     if case.module:
@@ -166,7 +167,7 @@ def check_case(case: Case, device: str) -> tuple[list[str], dict[str, float]]:
 
     with torch.autocast(device, dtype=half, enabled=case.setting == "autocast"):
         y = call()
-    dy = laid_out(dy64.to(half), case.dy_layout).to(device)
+    dy = laid_out(dy64.to(half).to(device), case.dy_layout)
     if y.requires_grad:
         y.backward(dy)
     # The float64 reference, of the operands as the call rounds them.
