@@ -8,7 +8,7 @@ output gradient contiguous, channels_last or a strided view; which of input, wei
 want gradients; a 3-D input to the module. The output and every gradient are compared with
 PyTorch's float64 convolution of the operands as rounded for the call, at the tolerances the
 kernel checks use (spio.reference), and their dtypes and the output's memory format with what
-`nn.Conv2d` gives. Where PyTorch's convolution runs FProp with an fp32 bias beside half
+`F.conv2d` gives. Where PyTorch's convolution runs FProp with an fp32 bias beside half
 operands, half an ulp of the convolution's magnitude more is allowed: spio rounds that
 convolution before adding the bias (documented in `functional._kernels.torch_fprop`). Each case
 is drawn from (--seed, its index) alone: `--seed S --case I` runs a failure again. Exit 1 on any
@@ -186,10 +186,15 @@ def check_case(case: Case, device: str) -> tuple[list[str], dict[str, float]]:
     ratios["y"] = error_ratio(y, yr.detach(), atol, tol.rtol)
     if y.dtype != half:
         problems.append(f"y is {y.dtype}, not {half}")
-    cl = torch.channels_last
-    if x.is_contiguous(memory_format=cl) or w.is_contiguous(memory_format=cl):
-        if not case.unbatched and not y.is_contiguous(memory_format=cl):
-            problems.append("y is not channels_last, as F.conv2d's would be")
+    # The output's memory format, F.conv2d's for operands laid out as the call's (its rule for
+    # tensors of both formats, as a 1x1 filter's, is PyTorch's own, and differs by device).
+    if not case.unbatched:
+        cl = torch.channels_last
+        like = F.conv2d(x.detach().to(half), w.detach().to(half), None, padding=p.padding,
+                        groups=groups)  # fmt: skip
+        if y.is_contiguous(memory_format=cl) != like.is_contiguous(memory_format=cl):
+            said = ("is", "is not") if like.is_contiguous(memory_format=cl) else ("is not", "is")
+            problems.append(f"y {said[1]} channels_last where F.conv2d's {said[0]}")
     dyr = dy.double().cpu()
     expected = (
         ("dx", x, xr, conv2d_gw8_tolerance(p, "dgrad", dyr, wr.detach(), safety=4.0)),

@@ -98,3 +98,13 @@ def test_the_emulator_setting_is_the_callers_again_after_a_run(monkeypatch):
         os.environ.get("SPIO_EMULATE")) or ([], {"y": 0.5}))  # fmt: skip
     assert fuzz.main(["--cases", "1"]) == 0
     assert seen == ["1"] and "SPIO_EMULATE" not in os.environ
+
+
+def test_an_output_in_another_memory_format_than_f_conv2d_gives_fails(monkeypatch, capsys):
+    """spio's output laid out contiguous whatever its operands: a channels_last case fails."""
+    from spio.functional import eager
+
+    case = _first(x_layout="channels_last", passes=7, unbatched=False)
+    monkeypatch.setattr(eager, "in_format", lambda t, fmt: t.contiguous())
+    assert fuzz.main(["--seed", "0", "--case", str(case.index)]) == 1
+    assert "y is not channels_last where F.conv2d's is" in capsys.readouterr().out
