@@ -63,7 +63,8 @@ class Case:
 
 def draw_layer(rng: random.Random):
     """A random layer small enough to emulate in seconds: mostly tiny images, sometimes one wide
-    or tall enough for several tiles, batches for several images a block, up to 16 groups."""
+    or tall enough for several tiles, batches for several images a block (up to 17), up to 16
+    groups."""
     from spio.kernels.conv2d_gw8_params import Conv2dGw8Params
 
     r, s = rng.randint(1, 5), rng.randint(1, 5)
@@ -72,7 +73,8 @@ def draw_layer(rng: random.Random):
     big = rng.random() < 0.2
     h = rng.randint(max(1, r - 2 * pad_h), 40 if big else 12)
     w = rng.randint(max(1, s - 2 * pad_w), 72 if big else 20)
-    n = rng.choice((1, 1, 2, 3, 4, 5, 8, 9)) if not big else 1
+    # Batches that fill blocks of 2, 4, 8 and 16 images, and that leave the last one part empty.
+    n = rng.choice((1, 1, 2, 3, 4, 5, 8, 9, 16, 17)) if not big else 1
     groups = rng.choice((1, 1, 2, 2, 3, 4, 5, 8, 16)) if not big else rng.randint(1, 3)
     return Conv2dGw8Params(
         n=n,

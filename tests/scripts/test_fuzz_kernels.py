@@ -36,13 +36,16 @@ def test_cases_are_valid_and_reach_every_variant():
             name for name in ("held", "swizzled", "tma", "tma_stores") if getattr(case, name)
         )
         seen["bias"] += p.has_bias
-        seen["images a block"] += getattr(case.config, "block_n", 1) > 1
+        block_n = getattr(case.config, "block_n", 1)
+        seen["images a block"] += block_n > 1
+        seen["whole blocks of 16 images"] += block_n == 16 and p.n % 16 == 0
         negative = p.padding[0] > p.r - 1 or p.padding[1] > p.s - 1  # DGrad pads by R-1-pad
         seen["negative dgrad padding"] += case.pass_ == "dgrad" and negative
         if case.pass_ == "wgrad":
             seen["partials" if case.partials else "atomic"] += 1
     expected = ["fprop", "dgrad", "wgrad", "fp16", "bf16", "held", "swizzled", "tma"]
-    expected += ["tma_stores", "bias", "images a block", "negative dgrad padding"]
+    expected += ["tma_stores", "bias", "images a block", "whole blocks of 16 images"]
+    expected += ["negative dgrad padding"]
     expected += ["partials", "atomic"]
     expected += [f"{axis}{k}" for axis in "rs" for k in range(1, 6)]
     assert all(seen[name] for name in expected), seen
