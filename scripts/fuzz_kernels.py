@@ -22,12 +22,14 @@ failure, 2 for --device cuda without a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import os
 import random
 import time
 import traceback
+from collections.abc import Iterator
 
 from spio.args import no_gpu, non_negative_int, positive_float, positive_int, run_script
 
@@ -183,29 +185,39 @@ def run_case(case: Case, device: str = "cpu", arch: str | None = None) -> tuple[
         if case.tma and arch is not None:
             return "unfit", f"no tensor copies on {arch}"
         return "unfit", "stages do not fit shared memory with tensor copies"
+    # (Read at each emulated launch; a GPU ignores them.)
     emulation = {"SPIO_EMULATOR_ORDER_SEED": str(case.order_seed),
                  "SPIO_EMULATOR_SHARED_OFFSET": str(case.shared_offset)}  # fmt: skip
-    kept = {name: os.environ.get(name) for name in emulation}
-    os.environ.update(emulation)  # (read at each emulated launch; a GPU ignores them)
     try:
-        ratio = run_one(case.params, case.pass_, case.config, device, seed=case.index,
-                        kernel=kernel, as_held=case.held)  # fmt: skip
+        with environment(emulation):
+            ratio = run_one(case.params, case.pass_, case.config, device, seed=case.index,
+                            kernel=kernel, as_held=case.held)  # fmt: skip
     except Exception as error:  # any error is a failure to report, not a reason to stop the run
         lost = device != "cpu" and _sticky(error, device)
         return "lost" if lost else "fail", traceback.format_exc(limit=-3).rstrip()
+    if ratio <= 1.0:
+        return "pass", f"{ratio:.3f} of the tolerance"
+    return "fail", f"worst error {ratio:.3g} times the tolerance"
+
+
+@contextlib.contextmanager
+def environment(settings: dict[str, str]):
+    """The environment variables `settings` set meanwhile; the caller's back afterwards."""
+    kept = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
     finally:
         for name, value in kept.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    if ratio <= 1.0:
-        return "pass", f"{ratio:.3f} of the tolerance"
-    return "fail", f"worst error {ratio:.3g} times the tolerance"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a fuzzing run (this script's and scripts/fuzz_layers.py's): which cases,
+    for how long, on which device."""
     parser.add_argument("--seed", type=non_negative_int, default=0, help="the run's seed")
     parser.add_argument("--minutes", type=positive_float, default=10.0,
                         help="stop drawing cases after this long (default 10)")  # fmt: skip
@@ -215,6 +227,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--case", type=non_negative_int, help="run case CASE of --seed alone")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: the emulator (default); cuda: the GPU")  # fmt: skip
+
+
+def case_indices(args: argparse.Namespace) -> Iterator[int]:
+    """The indices of the cases a run's options ask for (add_run_options), in order."""
+    if args.case is not None:
+        return iter([args.case])
+    if args.cases is not None:
+        return iter(range(args.first, args.first + args.cases))
+    return itertools.count(args.first)
+
+
+def print_failures(script: str, args: argparse.Namespace, failed: list[str]) -> None:
+    """A line a failed case (its `--seed S --case I` and description): the command that runs
+    it again."""
+    where = "" if args.device == "cpu" else f" --device {args.device}"
+    for line in failed:
+        print(f"failed: python scripts/{script}{where} {line}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_options(parser)
     parser.add_argument("--batch", type=positive_int, default=16,
                         help="cases whose kernels are built in parallel (default 16)")  # fmt: skip
     return parser.parse_args(argv)
@@ -240,11 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             return no_gpu("fuzz_kernels")
     arch = device_arch(args.device)
-    if args.case is not None:
-        indices = iter([args.case])
-    else:
-        stop = None if args.cases is None else args.first + args.cases
-        indices = iter(range(args.first, stop)) if stop is not None else _count(args.first)
+    indices = case_indices(args)
     deadline = time.monotonic() + 60 * args.minutes
     counts = {"pass": 0, "fail": 0, "unfit": 0}
     failed = []
@@ -273,17 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             break
     print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['unfit']} did not fit "
           f"(seed {args.seed}, {arch or 'emulator'})")  # fmt: skip
-    where = "" if args.device == "cpu" else f" --device {args.device}"
-    for line in failed:
-        print(f"failed: python scripts/fuzz_kernels.py{where} {line}")
+    print_failures("fuzz_kernels.py", args, failed)
     return 1 if failed else 0
-
-
-def _count(first: int):
-    index = first
-    while True:
-        yield index
-        index += 1
 
 
 if __name__ == "__main__":

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import random
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from spio.args import no_gpu, non_negative_int, positive_float, positive_int, run_script
+from spio.args import no_gpu, run_script
 
 #: How a case's operands are held: a half model (its bias half, or fp32 beside half operands,
 #: which spio takes and nn.Conv2d refuses), or fp32 operands under autocast (bias fp32).
@@ -62,20 +61,20 @@ class Case:
                 f"{wanted or 'none'}]")  # fmt: skip
 
 
-def _draw_layer(rng: random.Random):
-    """fuzz_kernels.draw_layer, the layers both fuzzers draw."""
+def _kernels_fuzz():
+    """scripts/fuzz_kernels.py, whose layers this draws too and whose run options it shares."""
     scripts = str(Path(__file__).resolve().parent)
     if scripts not in sys.path:
         sys.path.insert(0, scripts)
-    from fuzz_kernels import draw_layer
+    import fuzz_kernels
 
-    return draw_layer(rng)
+    return fuzz_kernels
 
 
 def draw_case(seed: int, index: int) -> Case:
     """Case `index` of run `seed`: the same two numbers give the same case."""
     rng = random.Random(f"layers {seed}:{index}")
-    params = _draw_layer(rng)
+    params = _kernels_fuzz().draw_layer(rng)
     setting = rng.choice(SETTINGS)
     if setting == "half, fp32 bias" and not params.has_bias:
         setting = "half"
@@ -226,15 +225,7 @@ def _grad_ratio(operand, reference, tol, problems: list[str], name: str) -> floa
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="the run's seed")
-    parser.add_argument("--minutes", type=positive_float, default=10.0,
-                        help="stop drawing cases after this long (default 10)")  # fmt: skip
-    parser.add_argument("--cases", type=positive_int, help="stop after this many cases")
-    parser.add_argument("--first", type=non_negative_int, default=0,
-                        help="index of the first case (to go on from an earlier run)")  # fmt: skip
-    parser.add_argument("--case", type=non_negative_int, help="run case CASE of --seed alone")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cpu: the emulator (default); cuda: the GPU")  # fmt: skip
+    _kernels_fuzz().add_run_options(parser)
     return parser.parse_args(argv)
 
 
@@ -245,49 +236,26 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             return no_gpu("fuzz_layers")
-    kept = os.environ.get("SPIO_EMULATE")
-    os.environ["SPIO_EMULATE"] = "1"  # CPU tensors (the cpu device's) run the emulated kernels
-    try:
-        return _run(args)
-    finally:
-        if kept is None:
-            os.environ.pop("SPIO_EMULATE")
-        else:
-            os.environ["SPIO_EMULATE"] = kept
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.case is not None:
-        indices = [args.case]
-    else:
-        stop = None if args.cases is None else args.first + args.cases
-        indices = range(args.first, stop) if stop is not None else _count(args.first)
+    fuzz = _kernels_fuzz()
     deadline = time.monotonic() + 60 * args.minutes
     counts = {"pass": 0, "fail": 0}
     failed = []
-    for index in indices:
-        if args.case is None and time.monotonic() > deadline:
-            break
-        case = draw_case(args.seed, index)
-        started = time.monotonic()
-        outcome, detail = run_case(case, args.device)
-        counts[outcome] += 1
-        print(f"case {index}: {outcome} in {time.monotonic() - started:.1f} s: {case.line()}: "
-              f"{detail}", flush=True)  # fmt: skip
-        if outcome == "fail":
-            failed.append(f"--seed {args.seed} --case {index}: {case.line()}")
+    # CPU tensors (the cpu device's) run spio's kernels, emulated.
+    with fuzz.environment({"SPIO_EMULATE": "1"}):
+        for index in fuzz.case_indices(args):
+            if args.case is None and time.monotonic() > deadline:
+                break
+            case = draw_case(args.seed, index)
+            started = time.monotonic()
+            outcome, detail = run_case(case, args.device)
+            counts[outcome] += 1
+            print(f"case {index}: {outcome} in {time.monotonic() - started:.1f} s: "
+                  f"{case.line()}: {detail}", flush=True)  # fmt: skip
+            if outcome == "fail":
+                failed.append(f"--seed {args.seed} --case {index}: {case.line()}")
     print(f"{counts['pass']} passed, {counts['fail']} failed (seed {args.seed}, {args.device})")
-    where = "" if args.device == "cpu" else f" --device {args.device}"
-    for line in failed:
-        print(f"failed: python scripts/fuzz_layers.py{where} {line}")
+    fuzz.print_failures("fuzz_layers.py", args, failed)
     return 1 if failed else 0
-
-
-def _count(first: int):
-    index = first
-    while True:
-        yield index
-        index += 1
 
 
 if __name__ == "__main__":
