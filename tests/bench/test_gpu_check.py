@@ -147,7 +147,10 @@ def test_full_run_with_stand_ins_passes_and_prints_summary_last(stand_ins, tmp_p
     assert out.returncode == 0, out.stdout + out.stderr
     tail = out.stdout.strip().splitlines()
     assert tail[-1].startswith("total") and "PASS" in tail[-1]
-    summary = {line.split()[0]: line for line in tail[-16:-1]}  # a line a step
+    listed = subprocess.run(["bash", str(SCRIPT), "--list"], capture_output=True, text=True)
+    steps_run = len(listed.stdout.split())
+    summary = {line.split()[0]: line for line in tail[-1 - steps_run : -1]}  # a line a step
+    assert set(summary) == {step.split(":")[0] for step in listed.stdout.split()}
     wheels = list(REPO.glob(".whl/*.whl"))  # git-ignored: present after fetch_gpu_wheels.sh
     assert (f"PASS: {len(wheels)} wheels" if wheels else "n/a") in summary["wheels"]
     steps = ("build", "info", "check", "bench", "overhead", "ablate", "probe", "memcheck", "tests",
