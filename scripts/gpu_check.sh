@@ -28,8 +28,8 @@
 #              GPU_CHECK_ABLATE_SECONDS (default 200)
 #   fuzz       only when GPU_CHECK_ONLY names it (n/a otherwise): scripts/fuzz_kernels.py on the
 #              GPU, random layers, configs and kernel variants (tensor copies among them, on
-#              sm_90) against float64 references until GPU_CHECK_FUZZ_SECONDS (default 150)
-#              runs out
+#              sm_90) against float64 references, then scripts/fuzz_layers.py (random layer
+#              calls, forward and backward), until GPU_CHECK_FUZZ_SECONDS (default 150) runs out
 #   copies     only when GPU_CHECK_ONLY names it (n/a otherwise): spio bench --quick with
 #              SPIO_TMA=loads+stores (spio as it would run with tensor copies, against cuDNN in
 #              the same run; OUT_DIR/bench_tma), then scripts/ablate_kernel.py on every bench
@@ -267,21 +267,33 @@ step_check() {
     timeout -k 10 "$1" "$PYTHON" -m spio check --device cuda --quick
 }
 
-# Cases are drawn until 45 s before the step's limit (their kernels are built 16 at a time first);
-# the seed is the run's date, so runs on different days draw different cases.
+# Cases are drawn until 45 s before the step's limit, two thirds of that time kernels (their
+# kernels built 16 at a time first), then layer calls; the seed is the run's date, so runs on
+# different days draw different cases.
 FUZZ_MIN_SECONDS=60
 step_fuzz() {
     if (($1 < FUZZ_MIN_SECONDS)); then
         NOTE="${1}s left, under the ${FUZZ_MIN_SECONDS}s it needs"
         return 200
     fi
-    local minutes
-    minutes=$(awk -v s="$1" 'BEGIN { printf "%.2f", (s - 45) / 60 }')
+    local seed kernels layers
+    seed=$(date -u +%Y%m%d)
+    kernels=$(awk -v s="$1" 'BEGIN { printf "%.2f", (s - 45) * 2 / 3 / 60 }')
+    layers=$(awk -v s="$1" 'BEGIN { printf "%.2f", (s - 45) / 3 / 60 }')
     timeout -k 10 "$(cap "$1")" "$PYTHON" scripts/fuzz_kernels.py --device cuda \
-        --minutes "$minutes" --seed "$(date -u +%Y%m%d)"
+        --minutes "$kernels" --seed "$seed"
     local rc=$?
-    # e.g. "412 passed, 0 failed, 37 did not fit (seed 20261207, sm_90)"
-    NOTE=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT_DIR/fuzz.log" | tail -n 1)
+    timeout -k 10 "$(cap "$1")" "$PYTHON" scripts/fuzz_layers.py --device cuda \
+        --minutes "$layers" --seed "$seed"
+    local rc_layers=$?
+    # e.g. "kernels 0/412 failed, layers 0/80 failed" (from their summary lines; short enough
+    # for the summary's status column after a FAIL)
+    NOTE=$(awk '
+        /^[0-9]+ passed, [0-9]+ failed, [0-9]+ did not fit/ { k = $3 + 0 "/" $1 + $3 " failed" }
+        /^[0-9]+ passed, [0-9]+ failed \(/ { l = $3 + 0 "/" $1 + $3 " failed" }
+        END { printf "kernels %s, layers %s", (k == "" ? "not run" : k), (l == "" ? "not run" : l) }
+    ' "$OUT_DIR/fuzz.log")
+    ((rc == 0)) && rc=$rc_layers
     return "$rc"
 }
 

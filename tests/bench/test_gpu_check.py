@@ -71,6 +71,11 @@ if [[ "$*" == *"fuzz_kernels.py"* ]]; then
     echo "python stand-in: $*"
     echo "7 passed, 0 failed, 2 did not fit (seed 1, sm_90)"; exit 0
 fi
+if [[ "$*" == *"fuzz_layers.py"* ]]; then
+    echo "python stand-in: $*"
+    echo "3 passed, ${{FAKE_LAYER_FAILURES:-0}} failed (seed 1, cuda)"
+    exit $((${{FAKE_LAYER_FAILURES:-0}} > 0))
+fi
 if [[ "$*" == *"timm_benchmark.py"* ]]; then
     printf 'spio / pytorch = 0.835\nspio-faster / pytorch = 1.002\n'
     printf 'spio / pytorch in CUDA graphs = 1.250\nspio-faster / pytorch in CUDA graphs = 1.300\n'
@@ -341,14 +346,19 @@ def test_the_fuzz_step_runs_only_when_named(stand_ins, tmp_path):
     assert "n/a (opt-in: GPU_CHECK_ONLY must name it)" in fuzz
     out = _run(stand_ins, tmp_path / "named", GPU_CHECK_ONLY="fuzz", GPU_CHECK_FUZZ_SECONDS="105")
     fuzz = next(line for line in out.stdout.splitlines() if line.startswith("fuzz "))
-    assert "PASS: 7 passed, 0 failed, 2 did not fit (seed 1, sm_90)" in fuzz, fuzz
+    assert "PASS: kernels 0/7 failed, layers 0/3 failed" in fuzz, fuzz
     log = (tmp_path / "named" / "fuzz.log").read_text()
-    call = next(line for line in log.splitlines() if "fuzz_kernels.py" in line)
-    argv = call.split("fuzz_kernels.py ")[1].split()
-    assert argv[:4] == ["--device", "cuda", "--minutes", "1.00"]
-    assert argv[4] == "--seed" and re.fullmatch(r"20\d{6}", argv[5]), argv
-    args = load_script("fuzz_kernels").parse_args(argv)
-    assert (args.device, args.minutes) == ("cuda", 1.0)
+    # 60 s of the 105 to draw cases in: two thirds of it kernels, then layer calls
+    for script, minutes in (("fuzz_kernels", "0.67"), ("fuzz_layers", "0.33")):
+        call = next(line for line in log.splitlines() if f"{script}.py" in line)
+        argv = call.split(f"{script}.py ")[1].split()
+        assert argv[:4] == ["--device", "cuda", "--minutes", minutes]
+        assert argv[4] == "--seed" and re.fullmatch(r"20\d{6}", argv[5]), argv
+        args = load_script(script).parse_args(argv)
+        assert (args.device, args.minutes) == ("cuda", float(minutes))
+    out = _run(stand_ins, tmp_path / "failed", GPU_CHECK_ONLY="fuzz", FAKE_LAYER_FAILURES="2")
+    fuzz = next(line for line in out.stdout.splitlines() if line.startswith("fuzz "))
+    assert "FAIL (exit 1): kernels 0/7 failed, layers 2/5 failed" in fuzz, fuzz
     out = _run(stand_ins, tmp_path / "short", GPU_CHECK_ONLY="fuzz", GPU_CHECK_FUZZ_SECONDS="50")
     fuzz = next(line for line in out.stdout.splitlines() if line.startswith("fuzz "))
     assert "50s left, under the 60s it needs" in fuzz, fuzz
