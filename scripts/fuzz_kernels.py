@@ -121,6 +121,7 @@ def build(case: Case, arch: str | None = None):
     GPU without them (`arch`: the GPU's; None, the emulator, runs them all), or stages that do
     not fit shared memory with them (make_kernel refuses those; spio runs such a config with
     cp.async)."""
+    from spio.check import held_layout
     from spio.compiler.arch import has_bulk_copies
     from spio.kernels import conv2d_gw8_factory as fd
     from spio.kernels import conv2d_gw8_wgrad_factory as wg
@@ -131,25 +132,15 @@ def build(case: Case, arch: str | None = None):
         if case.pass_ == "wgrad":
             return wg.make_kernel(case.params, case.config, partials=case.partials,
                                   swizzled=case.swizzled, tma=case.tma)  # fmt: skip
-        bias_elem = case.held and case.pass_ == "fprop" and case.params.has_bias
+        layout = held_layout(case.params, case.pass_) if case.held else (False, False)
+        weights_cl, bias_elem = layout
         return fd.make_kernel(case.params, case.config, igrad=case.pass_ == "dgrad",
-                              weights_cl=case.held, bias_elem=bias_elem, swizzled=case.swizzled,
+                              weights_cl=weights_cl, bias_elem=bias_elem, swizzled=case.swizzled,
                               tma=case.tma, tma_stores=case.tma_stores)  # fmt: skip
     except ValueError as error:
         if case.tma and "shared memory" in str(error):
             return None
         raise
-
-
-def kernels_of(case: Case, kernel) -> list:
-    """What the case launches: its kernel and, for WGrad's partial sums, the sum_slots kernels
-    into fp32 gradients and, held, into the layer's dtype (run_one compares the two)."""
-    from spio.kernels.conv2d_gw8_wgrad_factory import with_sums
-
-    found = with_sums([kernel])
-    if case.held:
-        found += with_sums([kernel], (case.params.dtype, case.params.dtype))
-    return found
 
 
 def prebuild(cases: list[Case], device: str, arch: str | None) -> None:
@@ -158,6 +149,7 @@ def prebuild(cases: list[Case], device: str, arch: str | None) -> None:
     built fails at its run, which makes or builds it again."""
     import torch
 
+    from spio.check import launched_by_run
     from spio.kernels.kernel import build_kernels
 
     kernels = []
@@ -167,7 +159,7 @@ def prebuild(cases: list[Case], device: str, arch: str | None) -> None:
         except Exception:  # its run reports it
             continue
         if kernel is not None:
-            kernels += kernels_of(case, kernel)
+            kernels += launched_by_run(kernel, case.held)
     build_kernels(kernels, torch.device(device), progress=False)
 
 

@@ -123,26 +123,24 @@ def check_case(case: Case, device: str) -> tuple[list[str], dict[str, float]]:
     import torch.nn.functional as F
 
     import spio.functional
-    from spio.check import error_ratio
+    from spio.check import error_ratio, random_inputs
     from spio.kernels.conv2d_gw8_params import torch_dtype
     from spio.layers import Conv2dGw8
     from spio.reference import conv2d_gw8_tolerance
 
     p = case.params
     half = torch_dtype(p.dtype)
-    gen = torch.Generator().manual_seed(case.index)
-    x64 = torch.randn(p.input_shape, generator=gen, dtype=torch.float64)
-    w64 = torch.randn(p.weight_shape, generator=gen, dtype=torch.float64) / 3
-    b64 = torch.randn(p.c, generator=gen, dtype=torch.float64) if p.has_bias else None
-    dy64 = torch.randn(p.output_shape, generator=gen, dtype=torch.float64)
+    # spio check's operands: x, w and dy in the layer's half type, an fp32 bias.
+    given = random_inputs(p, seed=case.index)
     held = torch.float32 if case.setting == "autocast" else half  # x's and w's dtype
     bias_dtype = half if case.setting == "half" else torch.float32
     want_x, want_w, want_b = case.grads
     # The operands as held (on a half grid, so that autocast's casts are exact).
     # (Laid out where they live: a copy to the GPU would make a strided view contiguous.)
-    x = laid_out(x64.to(half).to(held).to(device), case.x_layout).requires_grad_(want_x)
-    w = laid_out(w64.to(half).to(held).to(device), case.w_layout).requires_grad_(want_w)
-    b = None if b64 is None else b64.to(bias_dtype).to(device).requires_grad_(want_b)
+    x = laid_out(given["x"].to(held).to(device), case.x_layout).requires_grad_(want_x)
+    w = laid_out(given["w"].to(held).to(device), case.w_layout).requires_grad_(want_w)
+    b = given["bias"]
+    b = None if b is None else b.to(bias_dtype).to(device).requires_grad_(want_b)
     groups, (pad_h, pad_w) = p.c // 8, p.padding
     if case.module:
         layer = Conv2dGw8(p.c, p.c, (p.r, p.s), padding=p.padding, groups=groups,
@@ -166,7 +164,7 @@ def check_case(case: Case, device: str) -> tuple[list[str], dict[str, float]]:
 
     with torch.autocast(device, dtype=half, enabled=case.setting == "autocast"):
         y = call()
-    dy = laid_out(dy64.to(half).to(device), case.dy_layout)
+    dy = laid_out(given["dy"].to(device), case.dy_layout)
     if y.requires_grad:
         y.backward(dy)
     # The float64 reference, of the operands as the call rounds them.

@@ -153,7 +153,7 @@ def run_one(
     if kernel is None:
         kernel = kernel_as_run(params, pass_, config, device, as_held)
     elif as_held and pass_ in HELD_PASSES:  # a kernel given (a timing variant, say), as it
-        kernel = fd.variant(kernel, *_held_layout(params, pass_))  # reads operands held so
+        kernel = fd.variant(kernel, *held_layout(params, pass_))  # reads operands held so
     t = random_inputs(params, seed)
     if as_held:
         t["w"] = t["w"].contiguous(memory_format=torch.channels_last)
@@ -228,7 +228,7 @@ def run_kind(index: int, pass_: str) -> str:
     return " (as held)" if held(index) else " (atomic)" if atomic(index, pass_) else ""
 
 
-def _held_layout(params: Conv2dGw8Params, pass_: str) -> tuple[bool, bool]:
+def held_layout(params: Conv2dGw8Params, pass_: str) -> tuple[bool, bool]:
     """(weights_cl, bias_elem) of the operands as held: channels_last weights, and for FProp
     a bias in the activations' dtype (DGrad reads none)."""
     return True, pass_ == "fprop" and params.has_bias
@@ -258,7 +258,7 @@ def kernel_as_run(
     else:
         kernel = FAMILY_OF_PASS[pass_].make_kernel(params, config)
     if as_held and pass_ in HELD_PASSES:
-        kernel = fd.variant(kernel, *_held_layout(params, pass_))
+        kernel = fd.variant(kernel, *held_layout(params, pass_))
     return with_tensor_copies(kernel, torch.device(device))
 
 
@@ -421,18 +421,13 @@ def precompile(
     builds, spio's own code is at fault: its runs fail (exit 1, not a setup error's 2)."""
     import torch
 
-    from .kernels.conv2d_gw8_wgrad_factory import with_sums
     from .kernels.kernel import build_kernels
 
     kernels: dict[str, Any] = {}
-    for (pass_, dtype), runs in jobs.items():
+    for (pass_, _), runs in jobs.items():
         for index, (params, config) in enumerate(runs):
             kernel = kernel_of_run(params, pass_, config, device, index)
-            # The sum_slots kernels into the gradients' dtypes: fp32, and for a held run its
-            # half gradients too (run_one compares them with the fp32 ones).
-            sums = [("fp32", "fp32")] + ([(dtype, dtype)] if held(index) else [])
-            for pair in sums:
-                kernels.update((k.name, k) for k in with_sums([kernel], pair))
+            kernels.update((k.name, k) for k in launched_by_run(kernel, held(index)))
     failures = build_kernels(kernels.values(), torch.device(device))
     if kernels and len(failures) == len(kernels) and toolchain_problem(device) is not None:
         where = "the GPU" if device == "cuda" else "the CPU emulator"
@@ -441,6 +436,19 @@ def precompile(
             f"none of the {len(kernels)} kernels could be built for {where}, so nothing was "
             f"checked: {first}\n`python -m spio info` shows where spio looked for its tools"
         )
+
+
+def launched_by_run(kernel, as_held: bool = False) -> list:
+    """The kernels run_one launches for `kernel` (what to build before it runs): the kernel and,
+    for WGrad's partial sums, its sum_slots into fp32 gradients and, `as_held`, into the layer's
+    dtype too (run_one compares the two)."""
+    from .kernels.conv2d_gw8_wgrad_factory import with_sums
+
+    found = with_sums([kernel])
+    if as_held:
+        dtype = kernel.info_value("params").dtype
+        found += with_sums([kernel], (dtype, dtype))[1:]  # (the kernel itself is listed)
+    return found
 
 
 def run_check(

@@ -789,12 +789,11 @@ def select_config(factory: Any, params: Conv2dGw8Params, device: Any = None, **o
     pick's variants in fields the model cannot weigh (`unjudged_variants`), timed once and cached on
     disk); the analytic heuristic for the device's arch and SM count (SPIO_AUTOTUNE=1: the same,
     from its ranking) where no model applies, including a batch size the model does not cover
-    and a layer none of whose configs it measured. No
-    device or a CPU device: the analytic heuristic for an H200-class GPU. Selections are memoised
-    per process, by the settings (SPIO_PERF_MODELS, SPIO_AUTOTUNE, SPIO_AUTOTUNE_TOPK, SPIO_TMA)
-    too; the
-    layers' kernel caches of spio.functional._kernels above them keep a layer's first choice. Inside
-    a CUDA graph capture autotuning waits: the untuned pick serves that call only. So it does while
+    and a layer none of whose configs it measured. No device or a CPU device: the analytic
+    heuristic for an H200-class GPU. Selections are memoised per process, by the settings
+    (SPIO_PERF_MODELS, SPIO_AUTOTUNE, SPIO_AUTOTUNE_TOPK, SPIO_TMA) too; the layers' kernel
+    caches of spio.functional._kernels above them keep a layer's first choice. Inside a CUDA
+    graph capture autotuning waits: the untuned pick serves that call only. So it does while
     spio.precompile collects the layers to tune (autotune.collecting), which records them.
     """
     family = family_of(factory.name, options)

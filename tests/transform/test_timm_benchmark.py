@@ -348,12 +348,14 @@ def test_captured_steps_go_without_autocast_cast_cache(bench, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("kind", ["train", "inference"])
-def test_time_graphed_replays_a_spio_model(bench, kind):
+def test_time_graphed_replays_a_spio_model(bench, kind, monkeypatch):
     """A small model with spio layers (and a BatchNorm, as timm's have) is captured and replayed
-    in a CUDA graph, eager-timed first as main() does."""
+    in a CUDA graph, eager-timed first as main() does; its steps there run spio's kernels, every
+    pass of them in training."""
     import torch
 
     import spio.transform
+    from tests.conftest import spy_on_launches
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -369,4 +371,9 @@ def test_time_graphed_replays_a_spio_model(bench, kind):
     argv = ["--model", "m", "--bench", kind, "--batch-size", "8", "--img-size", "16"]
     args = bench.parse_args(argv + ["--channels-last", "--warmup", "2", "--iters", "3"])
     assert bench.time_model(model, args) > 0
+    launched = spy_on_launches(monkeypatch)
     assert bench.time_graphed(model, args) > 0
+    passes = {"conv2d_gw8_fprop"} | (
+        {"conv2d_gw8_dgrad", "conv2d_gw8_wgrad"} if kind == "train" else set()
+    )
+    assert passes <= set(launched), launched
